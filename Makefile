@@ -1,0 +1,48 @@
+# The README's two commands. Both install whatever is missing, then run.
+#   make demo   - the main job on examples/fleet (embedded PostgreSQL, no setup by hand)
+#   make test   - lint, types, layer contract and the whole test suite
+# Idempotent: a second run skips apt and pip unless pyproject.toml changed.
+
+SHELL := /bin/bash
+VENV  := .venv
+BIN   := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Debian packages the product and its tests drive for real.
+APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config git \
+	libvirt-dev libvirt-daemon-system qemu-system-x86 \
+	postgresql postgresql-contrib \
+	dnsmasq-base udhcpc iproute2 iptables \
+	util-linux e2fsprogs kmod busybox-static cpio
+
+.PHONY: demo test deps apt lint clean
+
+demo: deps
+	$(BIN)/gpuaas demo examples/fleet
+
+test: deps lint
+	$(BIN)/pytest -q
+
+lint: deps
+	$(BIN)/ruff check desired policies reconciler host_reconciler schemas tests
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+deps: $(STAMP)
+
+apt:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed$$' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing: $$missing"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+$(STAMP): pyproject.toml
+	@$(MAKE) --no-print-directory apt
+	@test -x $(BIN)/python || python3 -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) .gpuaas .mypy_cache .ruff_cache .pytest_cache

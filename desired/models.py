@@ -1,0 +1,403 @@
+"""Typed models of every desired-state kind.
+
+Field names follow the seed design documents (`fabric_claim_mode`,
+`fabric_vf_pci_address`, `storage_ownership`, `destructive_wipe_policy`,
+`allowed_gpu_counts`, `resource_profile`, ...). pydantic stays at this edge:
+the planner and host reconciler read these frozen models, never raw YAML.
+
+Models are strict: a string where an integer belongs is an error, not a
+coercion, and unknown fields are refused, so a typo never silently drops a
+setting an operator meant to change.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import ipaddress
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
+
+API_VERSION = "gpuaas.io/v1alpha1"
+
+PROFILE_SLICE_VM = "gpuaas-profile-slice-vm"
+PROFILE_BAREMETAL = "gpuaas-profile-baremetal"
+PROFILE_TAGS = frozenset({PROFILE_SLICE_VM, PROFILE_BAREMETAL})
+PROFILE_TAG_PREFIX = "gpuaas-profile-"
+
+NAME_RE = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
+PCI_RE = r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$"
+MAC_RE = r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$"
+DIGEST_RE = r"^[0-9a-f]{64}$"
+# A by-id name is what udev writes: no slash, no "..", no shell metacharacters.
+BY_ID_RE = r"^/dev/disk/by-id/[A-Za-z0-9][A-Za-z0-9._:+@-]{0,200}$"
+SSH_KEY_RE = r"^(ssh-(ed25519|rsa|dss)|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com) [A-Za-z0-9+/=]+( [^\n\r]{0,200})?$"
+
+Name = Annotated[str, Field(pattern=NAME_RE)]
+PciAddress = Annotated[str, Field(pattern=PCI_RE)]
+ByIdPath = Annotated[str, Field(pattern=BY_ID_RE)]
+_by_id = re.compile(BY_ID_RE)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class _Doc(_Model):
+    api_version: Literal["gpuaas.io/v1alpha1"] = Field(alias="apiVersion")
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
+
+
+# ---------------------------------------------------------------- vocabularies
+
+
+class CapacityShape(enum.StrEnum):
+    BAREMETAL = "baremetal"
+    GPU_SLICE = "gpu_slice"
+
+
+class Fabric(enum.StrEnum):
+    INFINIBAND = "infiniband"
+    ROCE = "roce"
+    ETHERNET = "ethernet"
+    NONE = "none"
+
+
+class TopologyRule(enum.StrEnum):
+    ANY_HEALTHY_SLOT = "any_healthy_slot"
+    NUMA_ALIGNED_PREFERRED = "numa_aligned_preferred"
+    NUMA_ALIGNED_REQUIRED = "numa_aligned_required"
+    FULL_HOST_SLOT_GROUP_REQUIRED = "full_host_slot_group_required"
+
+
+class AdminState(enum.StrEnum):
+    ACTIVE = "active"
+    DRAINING = "draining"
+    MAINTENANCE = "maintenance"
+
+
+class StorageMode(enum.StrEnum):
+    """Who owns the node's NVMe pool: tenant slices (raw) or the host share."""
+
+    SLICE = "slice"
+    SHARE = "share"
+
+
+class FabricClaimMode(enum.StrEnum):
+    PER_SLOT_VF = "per_slot_vf"
+    EXCLUSIVE_DEVICE = "exclusive_device"
+    SHARED_HOST = "shared_host"
+
+
+class SharingModel(enum.StrEnum):
+    EXCLUSIVE_DEVICE = "exclusive_device"
+    MIG_PARTITION = "mig_partition"
+    MDEV_VGPU = "mdev_vgpu"
+    TIME_SLICED = "time_sliced"
+    MPS = "mps"
+    SOFTWARE_SHARED = "software_shared"
+
+
+class AllocationState(enum.StrEnum):
+    PRESENT = "present"
+    RELEASED = "released"
+
+
+# ---------------------------------------------------------------------- Fleet
+
+
+class DhcpRange(_Model):
+    start: str
+    end: str
+
+
+class ManagementNetwork(_Model):
+    """The private management network every slice host runs for its VMs."""
+
+    subnet: str = "10.100.0.0/24"
+    gateway: str = "10.100.0.1"
+    dhcp_range: DhcpRange = DhcpRange(start="10.100.0.10", end="10.100.0.250")
+    bridge: Name = "gpuaasbr0"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ManagementNetwork:
+        net = ipaddress.ip_network(self.subnet, strict=True)
+        for label, value in (
+            ("gateway", self.gateway),
+            ("dhcp_range.start", self.dhcp_range.start),
+            ("dhcp_range.end", self.dhcp_range.end),
+        ):
+            if ipaddress.ip_address(value) not in net:
+                raise ValueError(f"{label} {value} is outside subnet {self.subnet}")
+        if ipaddress.ip_address(self.dhcp_range.start) > ipaddress.ip_address(self.dhcp_range.end):
+            raise ValueError("dhcp_range.start is after dhcp_range.end")
+        return self
+
+    @property
+    def network(self) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+        return ipaddress.ip_network(self.subnet)
+
+
+class Pool(_Model):
+    name: Name
+    description: str = ""
+
+
+class Region(_Model):
+    name: Name
+    pools: Annotated[tuple[Pool, ...], Strict(False)] = Field(min_length=1)
+
+
+class PlacementSettings(_Model):
+    policy: Literal["default", "first-fit", "k8s-least-allocated", "k8s-most-allocated", "seed-rank"] = "default"
+    max_claim_attempts: int = Field(default=5, ge=1, le=100)
+    # Expected request-size mix (GPU count -> share); weights the fragmentation score.
+    workload_mix: dict[Annotated[int, Strict(False)], float] = Field(default_factory=lambda: {1: 0.4, 2: 0.25, 4: 0.2, 8: 0.15})
+
+
+class Fleet(_Doc):
+    kind: Literal["Fleet"]
+    name: Name
+    regions: Annotated[tuple[Region, ...], Strict(False)] = Field(min_length=1)
+    management_network: ManagementNetwork = ManagementNetwork()
+    placement: PlacementSettings = PlacementSettings()
+    graceful_shutdown_timeout_s: int = Field(default=120, ge=1, le=3600)
+    readiness_timeout_s: int = Field(default=300, ge=1, le=3600)
+
+
+# ------------------------------------------------------------------------ Sku
+
+
+class Hugepages(_Model):
+    enabled: bool = False
+    page_size: Literal["2M", "1G"] = "1G"
+
+
+class VmProfile(_Model):
+    gpu_count: int = Field(ge=1, le=8)
+    vcpu_count: int = Field(ge=1, le=1024)
+    memory_mib: int = Field(ge=512)
+    hugepages: Hugepages = Hugepages()
+    guest_driver_profile: str | None = None
+    derived_from: str | None = None
+    notes: str = ""
+
+
+class ResourceProfile(_Model):
+    fabric: str | None = None
+    slice_unit_gpu_count: int = Field(default=1, ge=1)
+    default_slice_vm_profile: str | None = None
+    slice_vm_profiles: dict[str, VmProfile] = Field(default_factory=dict)
+
+
+class TopologyPolicy(_Model):
+    gpu_count_1: Annotated[TopologyRule, Strict(False)] = TopologyRule.ANY_HEALTHY_SLOT
+    gpu_count_2: Annotated[TopologyRule, Strict(False)] = TopologyRule.NUMA_ALIGNED_PREFERRED
+    gpu_count_4: Annotated[TopologyRule, Strict(False)] = TopologyRule.NUMA_ALIGNED_REQUIRED
+    gpu_count_8: Annotated[TopologyRule, Strict(False)] = TopologyRule.FULL_HOST_SLOT_GROUP_REQUIRED
+
+    def rule(self, gpu_count: int) -> TopologyRule:
+        return {
+            1: self.gpu_count_1,
+            2: self.gpu_count_2,
+            4: self.gpu_count_4,
+            8: self.gpu_count_8,
+        }.get(gpu_count, TopologyRule.NUMA_ALIGNED_REQUIRED)
+
+
+class Sku(_Doc):
+    kind: Literal["Sku"]
+    sku: Name
+    display_name: str = ""
+    capacity_shape: Annotated[CapacityShape, Strict(False)]
+    accelerator_vendor: Literal["nvidia", "amd"]
+    accelerator_model: Name
+    allowed_gpu_counts: Annotated[tuple[int, ...], Strict(False)] | None = None
+    gpu_count: int | None = Field(default=None, ge=1, le=8)
+    exclusive_node: bool = False
+    same_node_required: bool = True
+    network_fabric: Annotated[Fabric, Strict(False)]
+    topology_policy: TopologyPolicy = TopologyPolicy()
+    resource_profile: ResourceProfile = ResourceProfile()
+    gpu_hourly_price_minor: int = Field(ge=0)
+    currency: Literal["USD", "EUR"] = "USD"
+    active: bool = True
+
+    @model_validator(mode="after")
+    def _shape_fields(self) -> Sku:
+        if self.capacity_shape is CapacityShape.BAREMETAL:
+            if self.gpu_count is None:
+                raise ValueError("a baremetal SKU needs a fixed gpu_count")
+            if self.allowed_gpu_counts is not None:
+                raise ValueError("a baremetal SKU has a fixed gpu_count, not allowed_gpu_counts")
+            if not self.exclusive_node:
+                raise ValueError("a baremetal SKU must set exclusive_node: true")
+        else:
+            if not self.allowed_gpu_counts:
+                raise ValueError("a gpu_slice SKU needs allowed_gpu_counts")
+            if self.gpu_count is not None:
+                raise ValueError("a gpu_slice SKU uses allowed_gpu_counts, not gpu_count")
+            if self.exclusive_node:
+                raise ValueError("a gpu_slice SKU cannot be exclusive_node")
+        return self
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        if self.capacity_shape is CapacityShape.BAREMETAL:
+            return (self.gpu_count or 0,)
+        return tuple(sorted(set(self.allowed_gpu_counts or ())))
+
+
+# ---------------------------------------------------------------------- Image
+
+
+class Image(_Doc):
+    kind: Literal["Image"]
+    slug: Name
+    display_name: str = ""
+    version: str = "1"
+    target: Literal["vm_slice", "baremetal"]
+    family: Literal["ubuntu", "rocky", "debian", "custom"]
+    architecture: Literal["amd64", "arm64"]
+    accelerator_vendor: Literal["nvidia", "amd", "any"] = "any"
+    accelerator_model: str | None = None
+    network_fabric: Literal["infiniband", "roce", "ethernet", "none", "any"] = "any"
+    image_format: Literal["maas", "qcow2", "raw", "oci"]
+    source_type: Literal["maas", "platform_storage", "oci_artifact", "http"]
+    source_ref: str = Field(min_length=1, max_length=1024)
+    digest_sha256: str | None = None
+    size_bytes: int | None = Field(default=None, ge=0)
+    cloud_init_supported: bool = True
+    guest_agent_supported: bool = False
+    default_username: Name
+    driver_strategy: Literal["none", "preinstalled_nvidia", "preinstalled_rocm", "install_on_boot"]
+    compatible_skus: Annotated[tuple[Name, ...], Strict(False)] = ()
+    active: bool = True
+
+    @property
+    def immutable_source(self) -> bool:
+        # MAAS aliases are resolved by MAAS itself; every other artifact is pinned by digest.
+        return self.source_type != "maas"
+
+
+# ----------------------------------------------------------------------- Node
+
+
+class FirmwareProfile(_Model):
+    """Deploy-time firmware profile evidence recorded at onboarding.
+
+    Hosts report readiness again at run time; a host report wins over this.
+    """
+
+    version: str
+    ready: bool = False
+
+
+class Node(_Doc):
+    kind: Literal["Node"]
+    name: Name
+    region: Name
+    pool: Name
+    hardware_tags: Annotated[tuple[Name, ...], Strict(False)] = ()
+    profile_tags: Annotated[tuple[Name, ...], Strict(False)]
+    baremetal_sku: Name | None = None
+    admin_state: Annotated[AdminState, Strict(False)] = AdminState.ACTIVE
+    storage_mode: Annotated[StorageMode, Strict(False)] = StorageMode.SHARE
+    os_disk: ByIdPath
+    org: Name | None = None
+    firmware_profile: FirmwareProfile | None = None
+    management_network: ManagementNetwork | None = None
+
+    @property
+    def slice_tagged(self) -> bool:
+        return PROFILE_SLICE_VM in self.profile_tags
+
+    @property
+    def firmware_ready(self) -> bool:
+        return self.firmware_profile is not None and self.firmware_profile.ready
+
+
+# -------------------------------------------------------------------- SlotMap
+
+
+class CapacityMetadata(_Model):
+    storage_ownership: Literal["slice", "share", "host"] | None = None
+    destructive_wipe_policy: str | None = None
+    sku: Name | None = None
+
+
+class Blocker(_Model):
+    code: str
+    message: str
+
+
+class Slot(_Model):
+    slot_index: int = Field(ge=0, le=255)
+    gpu_pci_address: PciAddress
+    gpu_model: str
+    gpu_uuid: str | None = None
+    numa_node: int = Field(ge=0, le=64)
+    slot_group: Name
+    pcie_pair: Name | None = None
+    nvme_device: ByIdPath
+    network_fabric: Annotated[Fabric, Strict(False)]
+    fabric_vf_pci_address: PciAddress | None = None
+    fabric_parent_device: str | None = None
+    fabric_claim_mode: Annotated[FabricClaimMode, Strict(False)] | None = None
+    mac_address: Annotated[str, Field(pattern=MAC_RE)]
+    private_ip: str
+    vcpu_count: int | None = Field(default=None, ge=1)
+    memory_mib: int | None = Field(default=None, ge=512)
+    sharing_model: Annotated[SharingModel, Strict(False)] = SharingModel.EXCLUSIVE_DEVICE
+    max_claims: int = Field(default=1, ge=1)
+    parent_slot_id: str | None = None
+    compute_milli: int = Field(default=1000, ge=0)
+    capacity_metadata: CapacityMetadata = CapacityMetadata()
+    enabled: bool = True
+    blockers: Annotated[tuple[Blocker, ...], Strict(False)] = ()
+
+    @field_validator("private_ip")
+    @classmethod
+    def _ip(cls, value: str) -> str:
+        ipaddress.ip_address(value)
+        return value
+
+
+class SlotMap(_Doc):
+    kind: Literal["SlotMap"]
+    node: Name
+    approval_required: bool = False
+    slots: Annotated[tuple[Slot, ...], Strict(False)] = Field(min_length=1)
+
+
+# ----------------------------------------------------------------- Allocation
+
+
+class Allocation(_Doc):
+    kind: Literal["Allocation"]
+    id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{2,62}$")]
+    tenant: Name
+    sku: Name
+    gpu_count: int = Field(ge=1, le=8)
+    region: Name
+    image: Name | None = None
+    ssh_keys: Annotated[tuple[Annotated[str, Field(pattern=SSH_KEY_RE)], ...], Strict(False)] = ()
+    vm_profile: str | None = None
+    state: Annotated[AllocationState, Strict(False)] = AllocationState.PRESENT
+    requested_at: dt.datetime
+
+
+KINDS: dict[str, type[_Doc]] = {
+    "Fleet": Fleet,
+    "Sku": Sku,
+    "Image": Image,
+    "Node": Node,
+    "SlotMap": SlotMap,
+    "Allocation": Allocation,
+}
+
+
+def is_safe_by_id(path: str) -> bool:
+    return bool(_by_id.match(path))

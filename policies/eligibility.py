@@ -1,0 +1,91 @@
+"""Slot eligibility: may this approved slot ever be sold as a whole-GPU slice?
+
+Seeds 000 and 001: a slot is schedulable only with complete metadata
+(`storage_ownership: slice`, a wipe policy, a per-slot VF that no other slot
+on the node uses) and only as an exclusive whole device. Child slots,
+shared devices and fractional compute are reserved for later phases and must
+never be sold as whole-GPU slices by mistake.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from desired import models as m
+
+# Stable reason codes. Do not change the string values.
+NOT_APPROVED = "slot.not_approved"
+DISABLED = "slot.disabled"
+NO_STORAGE_OWNERSHIP = "slot.storage_not_slice"
+NO_WIPE_POLICY = "slot.no_wipe_policy"
+NOT_PER_SLOT_VF = "slot.fabric_not_per_slot_vf"
+NO_VF_ADDRESS = "slot.no_vf_address"
+SHARED_VF = "slot.vf_shared"
+NOT_EXCLUSIVE = "slot.not_exclusive_device"
+HAS_PARENT = "slot.child_slot"
+MULTI_CLAIM = "slot.max_claims"
+FRACTIONAL = "slot.fractional_compute"
+HAS_BLOCKERS = "slot.discovery_blockers"
+
+
+@dataclass(frozen=True, slots=True)
+class Ineligible:
+    code: str
+    field: str
+    message: str
+
+
+def slot_reasons(slot: m.Slot, *, vf_counts: Counter[str], approved: bool = True) -> list[Ineligible]:
+    """Every reason this slot can never be scheduled; empty means eligible.
+
+    `vf_counts` counts each fabric VF address across the node's slots, so a VF
+    reused by two slots disqualifies both.
+    """
+    out: list[Ineligible] = []
+    if not approved:
+        out.append(Ineligible(NOT_APPROVED, "approval_required", "slot map still has approval_required: true"))
+    if not slot.enabled:
+        out.append(Ineligible(DISABLED, "enabled", "slot is disabled"))
+    meta = slot.capacity_metadata
+    if meta.storage_ownership != "slice":
+        out.append(Ineligible(NO_STORAGE_OWNERSHIP, "capacity_metadata.storage_ownership",
+                              f"storage_ownership is {meta.storage_ownership!r}, not 'slice'"))
+    if not (meta.destructive_wipe_policy or "").strip():
+        out.append(Ineligible(NO_WIPE_POLICY, "capacity_metadata.destructive_wipe_policy",
+                              "no destructive_wipe_policy"))
+    if slot.fabric_claim_mode is not m.FabricClaimMode.PER_SLOT_VF:
+        mode = slot.fabric_claim_mode.value if slot.fabric_claim_mode else None
+        out.append(Ineligible(NOT_PER_SLOT_VF, "fabric_claim_mode",
+                              f"fabric_claim_mode is {mode!r}, not 'per_slot_vf'"))
+    if not slot.fabric_vf_pci_address:
+        out.append(Ineligible(NO_VF_ADDRESS, "fabric_vf_pci_address", "no fabric_vf_pci_address"))
+    elif vf_counts[slot.fabric_vf_pci_address] > 1:
+        out.append(Ineligible(SHARED_VF, "fabric_vf_pci_address",
+                              f"VF {slot.fabric_vf_pci_address} is used by another slot on this node"))
+    if slot.sharing_model is not m.SharingModel.EXCLUSIVE_DEVICE:
+        out.append(Ineligible(NOT_EXCLUSIVE, "sharing_model",
+                              f"sharing_model is {slot.sharing_model.value!r}, not 'exclusive_device'"))
+    if slot.parent_slot_id:
+        out.append(Ineligible(HAS_PARENT, "parent_slot_id", "child slot (parent_slot_id set)"))
+    if slot.max_claims != 1:
+        out.append(Ineligible(MULTI_CLAIM, "max_claims", f"max_claims is {slot.max_claims}, not 1"))
+    if slot.compute_milli < 1000:
+        out.append(Ineligible(FRACTIONAL, "compute_milli",
+                              f"compute_milli {slot.compute_milli} is below one whole GPU (1000)"))
+    if slot.blockers:
+        codes = ", ".join(b.code for b in slot.blockers)
+        out.append(Ineligible(HAS_BLOCKERS, "blockers", f"discovery blockers: {codes}"))
+    return out
+
+
+def vf_counts(slots: Iterable[m.Slot]) -> Counter[str]:
+    return Counter(s.fabric_vf_pci_address for s in slots if s.fabric_vf_pci_address)
+
+
+def eligible_slots(slot_map: m.SlotMap) -> dict[int, list[Ineligible]]:
+    """Reasons per slot_index for one node's map (empty list = eligible)."""
+    counts = vf_counts(slot_map.slots)
+    approved = not slot_map.approval_required
+    return {s.slot_index: slot_reasons(s, vf_counts=counts, approved=approved) for s in slot_map.slots}

@@ -1,0 +1,1 @@
+"""Subcommands of `gpuaas`; one module per group."""

@@ -1,0 +1,52 @@
+"""`gpuaas validate`: every problem at once, as FILE:LINE:COL: CODE: message."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from reconciler import sources, summary
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("validate", help="validate a desired-state repo")
+    p.add_argument("path", nargs="?", default=".", type=Path)
+    p.add_argument("--rev", help="read the tree at this git revision (no checkout)")
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    p.add_argument("--summary", action="store_true", help="also print the fleet summary")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = sources.load(args.path, args.rev)
+    errors, warnings = result.errors, result.warnings
+    state = result.state
+    counts = (f"{state.file_count} files, {len(state.nodes)} nodes, {len(state.slot_maps)} slot maps, "
+              f"{len(state.skus)} SKUs, {len(state.images)} images, {len(state.allocations)} allocations")
+    if args.output == "json":
+        doc: dict[str, Any] = {
+            "valid": not errors,
+            "revision": state.revision,
+            "errors": [e.as_dict() for e in errors],
+            "warnings": [w.as_dict() for w in warnings],
+            "counts": {"files": state.file_count, "nodes": len(state.nodes), "slot_maps": len(state.slot_maps),
+                       "skus": len(state.skus), "images": len(state.images),
+                       "allocations": len(state.allocations)},
+        }
+        if args.summary and not errors:
+            doc["summary"] = summary.fleet_summary(state)
+        print(json.dumps(doc, indent=2, default=str))
+        return 1 if errors else 0
+    for problem in errors + warnings:
+        print(problem.render(), file=sys.stdout if problem in warnings else sys.stderr)
+    if errors:
+        print(f"invalid: {len(errors)} error(s), {len(warnings)} warning(s) in {counts}", file=sys.stderr)
+        return 1
+    print(f"valid: {counts}; {len(warnings)} warning(s)")
+    if args.summary:
+        print()
+        print(summary.render_text(summary.fleet_summary(state)))
+    return 0

@@ -1,0 +1,31 @@
+"""Load and validate a desired-state repo from a directory or a git revision."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from desired import gitrepo, loading
+from policies import validation
+from reconciler.errors import PermanentError
+
+
+def load(path: Path, rev: str | None = None) -> loading.LoadResult:
+    """Read, parse and cross-check every file; problems are collected, not raised.
+
+    Raises PermanentError only when the source itself cannot be read (no such
+    directory, unknown revision).
+    """
+    if not path.exists():
+        raise PermanentError(f"{path}: no such directory", code="desired.path.missing")
+    try:
+        if rev is not None:
+            files = list(gitrepo.iter_revision(path, rev))
+            revision: str | None = gitrepo.resolve(path, rev)
+        else:
+            files = list(loading.iter_directory(path))
+            revision = gitrepo.head(path)
+    except gitrepo.RevisionError as e:
+        raise PermanentError(str(e), code=gitrepo.RevisionError.code) from e
+    result = validation.validate(loading.parse_files(files))
+    result.state.revision = revision
+    return result
