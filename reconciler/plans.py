@@ -1,0 +1,150 @@
+"""Plan values: what `planner.plan(desired, observed)` returns, and its inputs.
+
+This is the contract between the pure planner and the imperative shell
+(`apply` writes placements as claims; `plan`/`status` render them). Frozen
+dataclasses only; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+SlotKey = tuple[str, int]  # (node name, slot_index)
+
+
+class ClaimKind(enum.StrEnum):
+    NODE_EXCLUSIVE = "node_exclusive"
+    SLOT = "slot"
+
+
+class ClaimStatus(enum.StrEnum):
+    RESERVED = "reserved"
+    PROVISIONING = "provisioning"
+    ACTIVE = "active"
+    RELEASING = "releasing"
+    RELEASED = "released"
+    FAILED = "failed"
+
+
+LIVE_CLAIM_STATUSES = frozenset({
+    ClaimStatus.RESERVED, ClaimStatus.PROVISIONING, ClaimStatus.ACTIVE, ClaimStatus.RELEASING,
+})
+
+
+class SlotStatus(enum.StrEnum):
+    AVAILABLE = "available"
+    RESERVED = "reserved"
+    PROVISIONING = "provisioning"
+    ACTIVE = "active"
+    RELEASING = "releasing"
+    CLEANUP = "cleanup"
+    CLEANUP_BLOCKED = "cleanup_blocked"
+    FAILED = "failed"
+    DISABLED = "disabled"
+
+
+@dataclass(frozen=True, slots=True)
+class ExistingClaim:
+    """A live claim recorded in the store (input to the planner)."""
+
+    allocation_id: str
+    node: str
+    kind: ClaimKind
+    slot_index: int | None  # None for node_exclusive
+    status: ClaimStatus
+    tenant: str = ""
+
+
+def _empty() -> Mapping[Any, Any]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """Facts the planner cannot read from git, passed in as plain data.
+
+    - claims: every live claim (reserved..releasing);
+    - slot_status: slots that are not simply available or claimed
+      (cleanup, cleanup_blocked, failed, disabled); absent means available;
+    - firmware_ready: host-reported firmware readiness; overrides the
+      onboarding evidence in the Node document when present;
+    - unavailable_nodes: nodes failing health checks;
+    - placed: allocation ids that already hold claims (never placed twice).
+    """
+
+    claims: tuple[ExistingClaim, ...] = ()
+    slot_status: Mapping[SlotKey, SlotStatus] = field(default_factory=_empty)
+    firmware_ready: Mapping[str, bool] = field(default_factory=_empty)
+    unavailable_nodes: frozenset[str] = frozenset()
+    placed: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedProfile:
+    """VM profile snapshot: later SKU edits never change a running allocation."""
+
+    name: str
+    gpu_count: int
+    vcpu_count: int
+    memory_mib: int
+    hugepages_enabled: bool = False
+    hugepage_size: str | None = None
+    derived: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    node: str
+    slot_indexes: tuple[int, ...]  # empty for a baremetal lease
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    allocation_id: str
+    tenant: str
+    sku: str
+    capacity_shape: str  # "baremetal" | "gpu_slice"
+    gpu_count: int
+    region: str
+    node: str
+    slot_indexes: tuple[int, ...]  # every slot of the node for baremetal (all blocked)
+    profile: ResolvedProfile | None
+    image: str | None
+    # Next-best candidates, in order, for apply to try after a lost race.
+    alternatives: tuple[Candidate, ...] = ()
+
+    @property
+    def claim_kind(self) -> ClaimKind:
+        return ClaimKind.NODE_EXCLUSIVE if self.capacity_shape == "baremetal" else ClaimKind.SLOT
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """An allocation that cannot be placed now, with a stable code and a sentence."""
+
+    allocation_id: str
+    code: str
+    message: str
+    details: Mapping[str, Any] = field(default_factory=_empty)
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    allocation_id: str
+    node: str
+    slot_indexes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    placements: tuple[Placement, ...] = ()
+    pending: tuple[Pending, ...] = ()
+    releases: tuple[Release, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.placements or self.pending or self.releases)
