@@ -18,6 +18,8 @@ from reconciler.errors import GpuaasError
 COMMAND_MODULES = (
     "reconciler.commands.validate",
     "reconciler.commands.demo",
+    "reconciler.commands.host",
+    "reconciler.commands.bench",
 )
 
 
