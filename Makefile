@@ -7,11 +7,12 @@ SHELL := /bin/bash
 VENV  := .venv
 BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# Debian packages the product and its tests drive for real.
+# Debian packages the product and its tests drive for real
+# (linux-image-amd64: the kernel the end-to-end test boots under qemu TCG).
 APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config git \
 	libvirt-dev libvirt-daemon-system qemu-system-x86 \
 	postgresql postgresql-contrib \
-	dnsmasq-base udhcpc iproute2 iptables \
+	dnsmasq-base dnsmasq-utils udhcpc iproute2 iptables linux-image-amd64 \
 	util-linux e2fsprogs kmod busybox-static cpio
 
 .PHONY: demo test deps apt lint clean

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import git
 
-from desired import loading
+from desired import loading, yamlio
 
-_MAX_BLOB = loading.MAX_FILE_BYTES + 1
+_MAX_BLOB = yamlio.MAX_FILE_BYTES + 1
 
 
 class RevisionError(Exception):
@@ -33,17 +33,20 @@ def iter_revision(root: Path, rev: str) -> Iterator[tuple[str, bytes]]:
     top = Path(repo.working_tree_dir or root).resolve()
     prefix = Path(root).resolve().relative_to(top).as_posix()
     tree = commit.tree if prefix in ("", ".") else commit.tree / prefix
-    blobs = []
+    blobs: list[tuple[str, git.Blob]] = []
     for item in tree.traverse():
-        if item.type != "blob" or not item.path.endswith(loading.YAML_SUFFIXES):
+        if not isinstance(item, git.Blob):
             continue
-        rel = item.path if prefix in ("", ".") else item.path[len(prefix) + 1:]
+        path = str(item.path)
+        if not path.endswith(loading.YAML_SUFFIXES):
+            continue
+        rel = path if prefix in ("", ".") else path[len(prefix) + 1 :]
         if any(part in loading.SKIP_DIRS or part.startswith(".") for part in rel.split("/")[:-1]):
             continue
         blobs.append((rel, item))
     for rel, blob in sorted(blobs, key=lambda x: x[0]):
         # Oversized blobs are cut just past the limit: the reader refuses them by size.
-        yield rel, blob.data_stream.read(_MAX_BLOB)
+        yield rel, bytes(blob.data_stream.read(_MAX_BLOB))
 
 
 def resolve(root: Path, rev: str) -> str:

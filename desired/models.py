@@ -33,7 +33,10 @@ MAC_RE = r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$"
 DIGEST_RE = r"^[0-9a-f]{64}$"
 # A by-id name is what udev writes: no slash, no "..", no shell metacharacters.
 BY_ID_RE = r"^/dev/disk/by-id/[A-Za-z0-9][A-Za-z0-9._:+@-]{0,200}$"
-SSH_KEY_RE = r"^(ssh-(ed25519|rsa|dss)|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com) [A-Za-z0-9+/=]+( [^\n\r]{0,200})?$"
+SSH_KEY_RE = (
+    r"^(ssh-(ed25519|rsa|dss)|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com)"
+    r" [A-Za-z0-9+/=]+( [^\n\r]{0,200})?$"
+)
 
 Name = Annotated[str, Field(pattern=NAME_RE)]
 PciAddress = Annotated[str, Field(pattern=PCI_RE)]
@@ -131,7 +134,7 @@ class ManagementNetwork(_Model):
         ):
             if ipaddress.ip_address(value) not in net:
                 raise ValueError(f"{label} {value} is outside subnet {self.subnet}")
-        if ipaddress.ip_address(self.dhcp_range.start) > ipaddress.ip_address(self.dhcp_range.end):
+        if int(ipaddress.ip_address(self.dhcp_range.start)) > int(ipaddress.ip_address(self.dhcp_range.end)):
             raise ValueError("dhcp_range.start is after dhcp_range.end")
         return self
 
@@ -154,7 +157,9 @@ class PlacementSettings(_Model):
     policy: Literal["default", "first-fit", "k8s-least-allocated", "k8s-most-allocated", "seed-rank"] = "default"
     max_claim_attempts: int = Field(default=5, ge=1, le=100)
     # Expected request-size mix (GPU count -> share); weights the fragmentation score.
-    workload_mix: dict[Annotated[int, Strict(False)], float] = Field(default_factory=lambda: {1: 0.4, 2: 0.25, 4: 0.2, 8: 0.15})
+    workload_mix: dict[Annotated[int, Strict(False)], float] = Field(
+        default_factory=lambda: {1: 0.4, 2: 0.25, 4: 0.2, 8: 0.15}
+    )
 
 
 class Fleet(_Doc):

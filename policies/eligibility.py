@@ -50,30 +50,46 @@ def slot_reasons(slot: m.Slot, *, vf_counts: Counter[str], approved: bool = True
         out.append(Ineligible(DISABLED, "enabled", "slot is disabled"))
     meta = slot.capacity_metadata
     if meta.storage_ownership != "slice":
-        out.append(Ineligible(NO_STORAGE_OWNERSHIP, "capacity_metadata.storage_ownership",
-                              f"storage_ownership is {meta.storage_ownership!r}, not 'slice'"))
+        out.append(
+            Ineligible(
+                NO_STORAGE_OWNERSHIP,
+                "capacity_metadata.storage_ownership",
+                f"storage_ownership is {meta.storage_ownership!r}, not 'slice'",
+            )
+        )
     if not (meta.destructive_wipe_policy or "").strip():
-        out.append(Ineligible(NO_WIPE_POLICY, "capacity_metadata.destructive_wipe_policy",
-                              "no destructive_wipe_policy"))
+        out.append(
+            Ineligible(NO_WIPE_POLICY, "capacity_metadata.destructive_wipe_policy", "no destructive_wipe_policy")
+        )
     if slot.fabric_claim_mode is not m.FabricClaimMode.PER_SLOT_VF:
         mode = slot.fabric_claim_mode.value if slot.fabric_claim_mode else None
-        out.append(Ineligible(NOT_PER_SLOT_VF, "fabric_claim_mode",
-                              f"fabric_claim_mode is {mode!r}, not 'per_slot_vf'"))
+        out.append(
+            Ineligible(NOT_PER_SLOT_VF, "fabric_claim_mode", f"fabric_claim_mode is {mode!r}, not 'per_slot_vf'")
+        )
     if not slot.fabric_vf_pci_address:
         out.append(Ineligible(NO_VF_ADDRESS, "fabric_vf_pci_address", "no fabric_vf_pci_address"))
     elif vf_counts[slot.fabric_vf_pci_address] > 1:
-        out.append(Ineligible(SHARED_VF, "fabric_vf_pci_address",
-                              f"VF {slot.fabric_vf_pci_address} is used by another slot on this node"))
+        out.append(
+            Ineligible(
+                SHARED_VF,
+                "fabric_vf_pci_address",
+                f"VF {slot.fabric_vf_pci_address} is used by another slot on this node",
+            )
+        )
     if slot.sharing_model is not m.SharingModel.EXCLUSIVE_DEVICE:
-        out.append(Ineligible(NOT_EXCLUSIVE, "sharing_model",
-                              f"sharing_model is {slot.sharing_model.value!r}, not 'exclusive_device'"))
+        out.append(
+            Ineligible(
+                NOT_EXCLUSIVE, "sharing_model", f"sharing_model is {slot.sharing_model.value!r}, not 'exclusive_device'"
+            )
+        )
     if slot.parent_slot_id:
         out.append(Ineligible(HAS_PARENT, "parent_slot_id", "child slot (parent_slot_id set)"))
     if slot.max_claims != 1:
         out.append(Ineligible(MULTI_CLAIM, "max_claims", f"max_claims is {slot.max_claims}, not 1"))
     if slot.compute_milli < 1000:
-        out.append(Ineligible(FRACTIONAL, "compute_milli",
-                              f"compute_milli {slot.compute_milli} is below one whole GPU (1000)"))
+        out.append(
+            Ineligible(FRACTIONAL, "compute_milli", f"compute_milli {slot.compute_milli} is below one whole GPU (1000)")
+        )
     if slot.blockers:
         codes = ", ".join(b.code for b in slot.blockers)
         out.append(Ineligible(HAS_BLOCKERS, "blockers", f"discovery blockers: {codes}"))

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from desired import models as m
 from desired import problems as p
-from desired.loading import DesiredState, LoadResult
+from desired.loading import DesiredState, LoadResult, Source
 from policies import eligibility
 
 _DIGEST = re.compile(m.DIGEST_RE)
@@ -49,20 +49,37 @@ def _skus(state: DesiredState) -> Iterator[p.Problem]:
         if sku.allowed_gpu_counts is not None:
             for i, count in enumerate(sku.allowed_gpu_counts):
                 if count not in _VALID_COUNTS:
-                    yield src.at("allowed_gpu_counts", i, code=p.SKU_GPU_COUNTS,
-                                 message=f"GPU count {count} is not one of 1, 2, 4, 8")
+                    yield src.at(
+                        "allowed_gpu_counts",
+                        i,
+                        code=p.SKU_GPU_COUNTS,
+                        message=f"GPU count {count} is not one of 1, 2, 4, 8",
+                    )
         profiles = sku.resource_profile.slice_vm_profiles
         default = sku.resource_profile.default_slice_vm_profile
         if default is not None and default not in profiles:
-            yield src.at("resource_profile", "default_slice_vm_profile", code=p.SKU_PROFILE,
-                         message=f"default_slice_vm_profile {default!r} is not in slice_vm_profiles")
+            yield src.at(
+                "resource_profile",
+                "default_slice_vm_profile",
+                code=p.SKU_PROFILE,
+                message=f"default_slice_vm_profile {default!r} is not in slice_vm_profiles",
+            )
         if sku.capacity_shape is m.CapacityShape.GPU_SLICE and default is None:
-            yield src.at("resource_profile", code=p.SKU_PROFILE,
-                         message="a gpu_slice SKU needs resource_profile.default_slice_vm_profile")
+            yield src.at(
+                "resource_profile",
+                code=p.SKU_PROFILE,
+                message="a gpu_slice SKU needs resource_profile.default_slice_vm_profile",
+            )
         for pname, prof in profiles.items():
             if prof.derived_from is not None and prof.derived_from not in profiles:
-                yield src.at("resource_profile", "slice_vm_profiles", pname, "derived_from",
-                             code=p.SKU_PROFILE, message=f"derived_from {prof.derived_from!r} is not a profile of this SKU")
+                yield src.at(
+                    "resource_profile",
+                    "slice_vm_profiles",
+                    pname,
+                    "derived_from",
+                    code=p.SKU_PROFILE,
+                    message=f"derived_from {prof.derived_from!r} is not a profile of this SKU",
+                )
 
 
 def _images(state: DesiredState) -> Iterator[p.Problem]:
@@ -70,11 +87,15 @@ def _images(state: DesiredState) -> Iterator[p.Problem]:
         src = state.source("Image", slug)
         if image.digest_sha256 is None:
             if image.immutable_source:
-                yield src.at("source_type", code=p.IMAGE_DIGEST,
-                             message=f"digest_sha256 is required for source_type {image.source_type!r}")
+                yield src.at(
+                    "source_type",
+                    code=p.IMAGE_DIGEST,
+                    message=f"digest_sha256 is required for source_type {image.source_type!r}",
+                )
         elif not _DIGEST.match(image.digest_sha256):
-            yield src.at("digest_sha256", code=p.IMAGE_DIGEST,
-                         message="digest_sha256 must be 64 lowercase hex characters")
+            yield src.at(
+                "digest_sha256", code=p.IMAGE_DIGEST, message="digest_sha256 must be 64 lowercase hex characters"
+            )
         for i, sku in enumerate(image.compatible_skus):
             if sku not in state.skus:
                 yield src.at("compatible_skus", i, code=p.REF_UNRESOLVED, message=f"unknown SKU {sku!r}")
@@ -88,27 +109,39 @@ def _nodes(state: DesiredState) -> Iterator[p.Problem]:
             if node.region not in regions:
                 yield src.at("region", code=p.REF_UNRESOLVED, message=f"unknown region {node.region!r}")
             elif node.pool not in regions[node.region]:
-                yield src.at("pool", code=p.REF_UNRESOLVED,
-                             message=f"pool {node.pool!r} is not declared in region {node.region!r}")
+                yield src.at(
+                    "pool",
+                    code=p.REF_UNRESOLVED,
+                    message=f"pool {node.pool!r} is not declared in region {node.region!r}",
+                )
         profile = [t for t in node.profile_tags if t.startswith(m.PROFILE_TAG_PREFIX)]
         unknown = [t for t in node.profile_tags if t not in m.PROFILE_TAGS]
         misplaced = [t for t in node.hardware_tags if t.startswith(m.PROFILE_TAG_PREFIX)]
         if unknown:
-            yield src.at("profile_tags", code=p.NODE_PROFILE_TAGS,
-                         message=f"unknown profile tag(s) {', '.join(unknown)}; use {m.PROFILE_SLICE_VM} or {m.PROFILE_BAREMETAL}")
+            yield src.at(
+                "profile_tags",
+                code=p.NODE_PROFILE_TAGS,
+                message=f"unknown profile tag(s) {', '.join(unknown)}; "
+                f"use {m.PROFILE_SLICE_VM} or {m.PROFILE_BAREMETAL}",
+            )
         elif misplaced:
-            yield src.at("hardware_tags", code=p.NODE_PROFILE_TAGS,
-                         message=f"profile tag {misplaced[0]} belongs in profile_tags")
+            yield src.at(
+                "hardware_tags", code=p.NODE_PROFILE_TAGS, message=f"profile tag {misplaced[0]} belongs in profile_tags"
+            )
         elif len(profile) != 1:
-            yield src.at("profile_tags", code=p.NODE_PROFILE_TAGS,
-                         message=f"a node carries exactly one gpuaas profile tag, found {len(profile)}")
+            yield src.at(
+                "profile_tags",
+                code=p.NODE_PROFILE_TAGS,
+                message=f"a node carries exactly one gpuaas profile tag, found {len(profile)}",
+            )
         if node.baremetal_sku is not None:
             sku = state.skus.get(node.baremetal_sku)
             if sku is None:
                 yield src.at("baremetal_sku", code=p.REF_UNRESOLVED, message=f"unknown SKU {node.baremetal_sku!r}")
             elif sku.capacity_shape is not m.CapacityShape.BAREMETAL:
-                yield src.at("baremetal_sku", code=p.REF_UNRESOLVED,
-                             message=f"SKU {node.baremetal_sku!r} is not a baremetal SKU")
+                yield src.at(
+                    "baremetal_sku", code=p.REF_UNRESOLVED, message=f"SKU {node.baremetal_sku!r} is not a baremetal SKU"
+                )
 
 
 def management_network(state: DesiredState, node: m.Node | None) -> m.ManagementNetwork:
@@ -139,34 +172,64 @@ def _slot_maps(state: DesiredState) -> Iterator[p.Problem]:
                     continue
                 first = seen[key].setdefault(value, i)
                 if first != i:
-                    yield src.at("slots", i, fld, code=code,
-                                 message=f"{label} {value} is already used by slots[{first}] on node {node_name}")
+                    yield src.at(
+                        "slots",
+                        i,
+                        fld,
+                        code=code,
+                        message=f"{label} {value} is already used by slots[{first}] on node {node_name}",
+                    )
             if node is not None and slot.nvme_device == node.os_disk:
-                yield src.at("slots", i, "nvme_device", code=p.SLOT_OS_DISK,
-                             message=f"{slot.nvme_device} is the OS disk of node {node_name}; it can never be a slot disk")
+                yield src.at(
+                    "slots",
+                    i,
+                    "nvme_device",
+                    code=p.SLOT_OS_DISK,
+                    message=f"{slot.nvme_device} is the OS disk of node {node_name}; it can never be a slot disk",
+                )
             if ipaddress.ip_address(slot.private_ip) not in net:
-                yield src.at("slots", i, "private_ip", code=p.SLOT_IP_OUTSIDE_SUBNET,
-                             message=f"private_ip {slot.private_ip} is outside the node's subnet {net}")
+                yield src.at(
+                    "slots",
+                    i,
+                    "private_ip",
+                    code=p.SLOT_IP_OUTSIDE_SUBNET,
+                    message=f"private_ip {slot.private_ip} is outside the node's subnet {net}",
+                )
             owner = macs.setdefault(slot.mac_address, f"{node_name} slots[{i}]")
             if owner != f"{node_name} slots[{i}]":
-                yield src.at("slots", i, "mac_address", code=p.SLOT_DUPLICATE_MAC,
-                             message=f"MAC {slot.mac_address} is already used by {owner}")
+                yield src.at(
+                    "slots",
+                    i,
+                    "mac_address",
+                    code=p.SLOT_DUPLICATE_MAC,
+                    message=f"MAC {slot.mac_address} is already used by {owner}",
+                )
             if slot.capacity_metadata.sku is not None and slot.capacity_metadata.sku not in state.skus:
-                yield src.at("slots", i, "capacity_metadata", "sku", code=p.REF_UNRESOLVED,
-                             message=f"unknown SKU {slot.capacity_metadata.sku!r}")
+                yield src.at(
+                    "slots",
+                    i,
+                    "capacity_metadata",
+                    "sku",
+                    code=p.REF_UNRESOLVED,
+                    message=f"unknown SKU {slot.capacity_metadata.sku!r}",
+                )
         yield from _unschedulable(src, smap)
 
 
-def _unschedulable(src: object, smap: m.SlotMap) -> Iterator[p.Problem]:
-    assert hasattr(src, "at")
+def _unschedulable(src: Source, smap: m.SlotMap) -> Iterator[p.Problem]:
     reasons = eligibility.eligible_slots(smap)
     for i, slot in enumerate(smap.slots):
-        why = reasons[slot.slot_index] if slot.slot_index in reasons else []
+        why = reasons.get(slot.slot_index, [])
         if why:
             text = "; ".join(r.message for r in why)
             codes = ",".join(r.code for r in why)
-            yield src.at("slots", i, code=p.SLOT_UNSCHEDULABLE, severity=p.Severity.WARNING,
-                         message=f"node {smap.node} slot {slot.slot_index} can never be scheduled ({codes}): {text}")
+            yield src.at(
+                "slots",
+                i,
+                code=p.SLOT_UNSCHEDULABLE,
+                severity=p.Severity.WARNING,
+                message=f"node {smap.node} slot {slot.slot_index} can never be scheduled ({codes}): {text}",
+            )
 
 
 def _allocations(state: DesiredState) -> Iterator[p.Problem]:
@@ -178,8 +241,11 @@ def _allocations(state: DesiredState) -> Iterator[p.Problem]:
             yield src.at("sku", code=p.REF_UNRESOLVED, message=f"unknown SKU {alloc.sku!r}")
         elif alloc.gpu_count not in sku.counts:
             allowed = ", ".join(str(c) for c in sku.counts)
-            yield src.at("gpu_count", code=p.ALLOCATION_GPU_COUNT,
-                         message=f"SKU {alloc.sku} allows GPU counts {allowed}, not {alloc.gpu_count}")
+            yield src.at(
+                "gpu_count",
+                code=p.ALLOCATION_GPU_COUNT,
+                message=f"SKU {alloc.sku} allows GPU counts {allowed}, not {alloc.gpu_count}",
+            )
         if state.fleet is not None and alloc.region not in regions:
             yield src.at("region", code=p.REF_UNRESOLVED, message=f"unknown region {alloc.region!r}")
         if alloc.image is not None:
@@ -187,11 +253,21 @@ def _allocations(state: DesiredState) -> Iterator[p.Problem]:
             if image is None:
                 yield src.at("image", code=p.REF_UNRESOLVED, message=f"unknown image {alloc.image!r}")
             elif sku is not None and not _image_fits(image, sku):
-                yield src.at("image", code=p.ALLOCATION_IMAGE,
-                             message=f"image {alloc.image} is not compatible with SKU {alloc.sku}")
-        if alloc.vm_profile is not None and sku is not None and alloc.vm_profile not in sku.resource_profile.slice_vm_profiles:
-            yield src.at("vm_profile", code=p.ALLOCATION_PROFILE,
-                         message=f"SKU {alloc.sku} has no VM profile {alloc.vm_profile!r}")
+                yield src.at(
+                    "image",
+                    code=p.ALLOCATION_IMAGE,
+                    message=f"image {alloc.image} is not compatible with SKU {alloc.sku}",
+                )
+        if (
+            alloc.vm_profile is not None
+            and sku is not None
+            and alloc.vm_profile not in sku.resource_profile.slice_vm_profiles
+        ):
+            yield src.at(
+                "vm_profile",
+                code=p.ALLOCATION_PROFILE,
+                message=f"SKU {alloc.sku} has no VM profile {alloc.vm_profile!r}",
+            )
 
 
 def _image_fits(image: m.Image, sku: m.Sku) -> bool:

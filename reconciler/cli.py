@@ -17,6 +17,7 @@ from reconciler.errors import GpuaasError
 
 COMMAND_MODULES = (
     "reconciler.commands.validate",
+    "reconciler.commands.schema",
     "reconciler.commands.demo",
     "reconciler.commands.host",
     "reconciler.commands.bench",

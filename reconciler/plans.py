@@ -30,9 +30,14 @@ class ClaimStatus(enum.StrEnum):
     FAILED = "failed"
 
 
-LIVE_CLAIM_STATUSES = frozenset({
-    ClaimStatus.RESERVED, ClaimStatus.PROVISIONING, ClaimStatus.ACTIVE, ClaimStatus.RELEASING,
-})
+LIVE_CLAIM_STATUSES = frozenset(
+    {
+        ClaimStatus.RESERVED,
+        ClaimStatus.PROVISIONING,
+        ClaimStatus.ACTIVE,
+        ClaimStatus.RELEASING,
+    }
+)
 
 
 class SlotStatus(enum.StrEnum):

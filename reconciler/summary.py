@@ -31,35 +31,49 @@ def fleet_summary(state: DesiredState, firmware: Mapping[str, bool] | None = Non
         for why in reasons.values():
             for r in why:
                 reason_totals[r.code] += 1
-        nodes.append({
-            "name": name,
-            "region": node.region,
-            "pool": node.pool,
-            "capability": verdict.capability.value,
-            "why": [{"code": c, "message": msg} for c, msg in verdict.reasons],
-            "admin_state": node.admin_state.value,
-            "org": node.org,
-            "baremetal_sku": node.baremetal_sku,
-            "slots": {"total": len(reasons), "eligible": eligible},
-            "ineligible_slots": {
-                str(i): [r.code for r in why] for i, why in sorted(reasons.items()) if why
-            },
-        })
+        nodes.append(
+            {
+                "name": name,
+                "region": node.region,
+                "pool": node.pool,
+                "capability": verdict.capability.value,
+                "why": [{"code": c, "message": msg} for c, msg in verdict.reasons],
+                "admin_state": node.admin_state.value,
+                "org": node.org,
+                "baremetal_sku": node.baremetal_sku,
+                "slots": {"total": len(reasons), "eligible": eligible},
+                "ineligible_slots": {str(i): [r.code for r in why] for i, why in sorted(reasons.items()) if why},
+            }
+        )
     return {
         "revision": state.revision,
         "nodes": nodes,
-        "slots": {"eligible": slot_totals["eligible"], "ineligible": slot_totals["ineligible"],
-                  "ineligible_by_reason": dict(sorted(reason_totals.items()))},
+        "slots": {
+            "eligible": slot_totals["eligible"],
+            "ineligible": slot_totals["ineligible"],
+            "ineligible_by_reason": dict(sorted(reason_totals.items())),
+        },
         "skus": [
-            {"sku": s.sku, "capacity_shape": s.capacity_shape.value, "fabric": s.network_fabric.value,
-             "gpu_counts": list(s.counts), "price_minor_per_gpu_hour": s.gpu_hourly_price_minor,
-             "active": s.active}
+            {
+                "sku": s.sku,
+                "capacity_shape": s.capacity_shape.value,
+                "fabric": s.network_fabric.value,
+                "gpu_counts": list(s.counts),
+                "price_minor_per_gpu_hour": s.gpu_hourly_price_minor,
+                "active": s.active,
+            }
             for s in sorted(state.skus.values(), key=lambda s: s.sku)
         ],
         "images": sorted(state.images),
         "allocations": [
-            {"id": a.id, "tenant": a.tenant, "sku": a.sku, "gpu_count": a.gpu_count,
-             "region": a.region, "state": a.state.value}
+            {
+                "id": a.id,
+                "tenant": a.tenant,
+                "sku": a.sku,
+                "gpu_count": a.gpu_count,
+                "region": a.region,
+                "state": a.state.value,
+            }
             for a in sorted(state.allocations.values(), key=lambda a: (a.requested_at, a.id))
         ],
     }
@@ -90,7 +104,9 @@ def render_text(summary: dict[str, Any]) -> str:
         )
     lines += ["", f"Images: {', '.join(summary['images']) or '-'}", "", "Allocations:"]
     for a in summary["allocations"]:
-        lines.append(f"  {a['id']:<28} {a['tenant']:<14} {a['sku']:<24} {a['gpu_count']} GPU  {a['region']:<10} {a['state']}")
+        lines.append(
+            f"  {a['id']:<28} {a['tenant']:<14} {a['sku']:<24} {a['gpu_count']} GPU  {a['region']:<10} {a['state']}"
+        )
     if not summary["allocations"]:
         lines.append("  -")
     return "\n".join(lines)

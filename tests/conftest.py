@@ -1,3 +1,3 @@
 """Shared pytest setup. Fixture plugins live in tests/fixtures/ and are listed here."""
 
-pytest_plugins: list[str] = []
+pytest_plugins: list[str] = ["tests.fixtures.pg"]

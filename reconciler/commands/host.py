@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-HOST_COMMAND_MODULES: tuple[str, ...] = ()
+HOST_COMMAND_MODULES: tuple[str, ...] = ("host_reconciler.discovery.cli",)
 
 
 def register(sub: Any) -> None:

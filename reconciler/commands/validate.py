@@ -24,17 +24,24 @@ def run(args: argparse.Namespace) -> int:
     result = sources.load(args.path, args.rev)
     errors, warnings = result.errors, result.warnings
     state = result.state
-    counts = (f"{state.file_count} files, {len(state.nodes)} nodes, {len(state.slot_maps)} slot maps, "
-              f"{len(state.skus)} SKUs, {len(state.images)} images, {len(state.allocations)} allocations")
+    counts = (
+        f"{state.file_count} files, {len(state.nodes)} nodes, {len(state.slot_maps)} slot maps, "
+        f"{len(state.skus)} SKUs, {len(state.images)} images, {len(state.allocations)} allocations"
+    )
     if args.output == "json":
         doc: dict[str, Any] = {
             "valid": not errors,
             "revision": state.revision,
             "errors": [e.as_dict() for e in errors],
             "warnings": [w.as_dict() for w in warnings],
-            "counts": {"files": state.file_count, "nodes": len(state.nodes), "slot_maps": len(state.slot_maps),
-                       "skus": len(state.skus), "images": len(state.images),
-                       "allocations": len(state.allocations)},
+            "counts": {
+                "files": state.file_count,
+                "nodes": len(state.nodes),
+                "slot_maps": len(state.slot_maps),
+                "skus": len(state.skus),
+                "images": len(state.images),
+                "allocations": len(state.allocations),
+            },
         }
         if args.summary and not errors:
             doc["summary"] = summary.fleet_summary(state)
