@@ -8,7 +8,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-HOST_COMMAND_MODULES: tuple[str, ...] = ("host_reconciler.discovery.cli",)
+HOST_COMMAND_MODULES: tuple[str, ...] = (
+    "host_reconciler.discovery.cli",
+    "host_reconciler.command",
+)
 
 
 def register(sub: Any) -> None:

@@ -1,0 +1,244 @@
+"""The approval gate: does the hardware still match what git approved, slot by slot?
+
+`gate(approved, discovered)` is pure and runs on every pass of the host
+reconciler. A slot whose GPU, fabric VF, disk identity or NUMA node no longer
+matches the approved SlotMap is blocked, with a `Drift` per difference naming
+the approved (old) and discovered (new) value, and stays unschedulable until
+git approves the new identity. Every other slot stays in service: a
+renumbered VF on slot 3 never takes slots 0-2 and 4-7 out of the catalog.
+
+"New" values are what a fresh `gpuaas host discover` would propose for the
+same GPU (the candidate pairing), so the drift report reads as the edit the
+operator's next pull request would make. A value another approved slot
+already owns is never proposed.
+
+Besides identity, a slot whose approved disk is now mounted by the host or
+holds the OS is blocked too: seed rule "never touch a disk that is mounted or
+is the OS disk". Signatures are not checked here: a disk in tenant use
+carries the tenant's filesystem by design.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from desired import models as m
+from host_reconciler.discovery import candidates, facts
+
+# Stable codes. Do not change the string values.
+NOT_APPROVED = "gate.not_approved"
+GPU_MISSING = "drift.gpu_missing"
+NUMA_CHANGED = "drift.numa_node"
+VF_MISSING = "drift.vf_missing"
+VF_PARENT_CHANGED = "drift.vf_parent"
+FABRIC_PARENT_MISSING = "drift.fabric_parent_missing"
+DISK_MISSING = "drift.disk_missing"
+DISK_MOUNTED = "drift.disk_mounted"
+DISK_OS = "drift.disk_os"
+
+Value = str | int | bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class Drift:
+    slot_index: int
+    code: str
+    field: str  # the Slot field that no longer matches ("fabric_vf_pci_address")
+    old: Value  # what the approved SlotMap says
+    new: Value  # what the host shows now (None: gone, nothing to propose)
+    message: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "slot_index": self.slot_index,
+            "code": self.code,
+            "field": self.field,
+            "old": self.old,
+            "new": self.new,
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GateResult:
+    node: str
+    schedulable: tuple[int, ...]  # slot indexes that still match: keep selling them
+    blocked: Mapping[int, tuple[Drift, ...]] = field(default_factory=dict)
+    unapproved_gpus: tuple[str, ...] = ()  # GPUs on the host that no approved slot names
+
+    @property
+    def drifts(self) -> tuple[Drift, ...]:
+        return tuple(d for i in sorted(self.blocked) for d in self.blocked[i])
+
+    def is_schedulable(self, slot_index: int) -> bool:
+        return slot_index in self.schedulable
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "schedulable": list(self.schedulable),
+            "blocked": {str(i): [d.as_dict() for d in ds] for i, ds in sorted(self.blocked.items())},
+            "unapproved_gpus": list(self.unapproved_gpus),
+        }
+
+
+def gate(approved: m.SlotMap, discovered: facts.Discovery) -> GateResult:
+    """Compare every approved slot with what discovery sees now."""
+    proposal = candidates.pairings(discovered)
+    by_gpu = {p.gpu.pci_address: p for p in proposal}
+    by_index = {p.slot_index: p for p in proposal}
+    owned_gpus = {s.gpu_pci_address for s in approved.slots}
+    owned_vfs = {s.fabric_vf_pci_address for s in approved.slots if s.fabric_vf_pci_address}
+    owned_disks = {s.nvme_device for s in approved.slots}
+
+    blocked: dict[int, tuple[Drift, ...]] = {}
+    for slot in approved.slots:
+        if approved.approval_required:
+            found = [
+                Drift(
+                    slot.slot_index,
+                    NOT_APPROVED,
+                    "approval_required",
+                    False,
+                    True,
+                    f"slot map of {approved.node} still has approval_required: true",
+                )
+            ]
+        else:
+            pairing = by_gpu.get(slot.gpu_pci_address)
+            found = _gpu(slot, discovered, by_index.get(slot.slot_index), owned_gpus)
+            found += _fabric(slot, discovered, pairing, owned_vfs)
+            found += _disk(slot, discovered, pairing, owned_disks)
+        if found:
+            blocked[slot.slot_index] = tuple(found)
+    discovered_gpus = sorted(g.pci_address for g in discovered.gpus)
+    return GateResult(
+        node=approved.node,
+        schedulable=tuple(sorted(s.slot_index for s in approved.slots if s.slot_index not in blocked)),
+        blocked=blocked,
+        unapproved_gpus=tuple(a for a in discovered_gpus if a not in owned_gpus),
+    )
+
+
+def _gpu(
+    slot: m.Slot,
+    discovered: facts.Discovery,
+    same_index: candidates.Pairing | None,
+    owned: set[str],
+) -> list[Drift]:
+    gpu = discovered.gpu(slot.gpu_pci_address)
+    if gpu is None:
+        new = same_index.gpu.pci_address if same_index and same_index.gpu.pci_address not in owned else None
+        return [
+            Drift(
+                slot.slot_index,
+                GPU_MISSING,
+                "gpu_pci_address",
+                slot.gpu_pci_address,
+                new,
+                f"GPU {slot.gpu_pci_address} is gone" + (f"; discovery now proposes {new}" if new else ""),
+            )
+        ]
+    numa = candidates.slot_numa(gpu.numa_node)
+    if numa != slot.numa_node:
+        return [
+            Drift(
+                slot.slot_index,
+                NUMA_CHANGED,
+                "numa_node",
+                slot.numa_node,
+                numa,
+                f"GPU {gpu.pci_address} is on NUMA node {numa}, approved on {slot.numa_node}",
+            )
+        ]
+    return []
+
+
+def _fabric(
+    slot: m.Slot, discovered: facts.Discovery, pairing: candidates.Pairing | None, owned: set[str]
+) -> list[Drift]:
+    if slot.fabric_vf_pci_address:
+        vf = discovered.vf(slot.fabric_vf_pci_address)
+        if vf is None:
+            proposed = pairing.vf.pci_address if pairing and pairing.vf else None
+            new = proposed if proposed not in owned else None
+            return [
+                Drift(
+                    slot.slot_index,
+                    VF_MISSING,
+                    "fabric_vf_pci_address",
+                    slot.fabric_vf_pci_address,
+                    new,
+                    f"VF {slot.fabric_vf_pci_address} is gone" + (f"; discovery now proposes {new}" if new else ""),
+                )
+            ]
+        if slot.fabric_parent_device and vf.parent != slot.fabric_parent_device:
+            return [
+                Drift(
+                    slot.slot_index,
+                    VF_PARENT_CHANGED,
+                    "fabric_parent_device",
+                    slot.fabric_parent_device,
+                    vf.parent,
+                    f"VF {vf.pci_address} now belongs to {vf.parent}, approved under {slot.fabric_parent_device}",
+                )
+            ]
+        return []
+    if slot.fabric_parent_device and discovered.fabric_device(slot.fabric_parent_device) is None:
+        new = pairing.fabric.pci_address if pairing and pairing.fabric else None
+        return [
+            Drift(
+                slot.slot_index,
+                FABRIC_PARENT_MISSING,
+                "fabric_parent_device",
+                slot.fabric_parent_device,
+                new,
+                f"fabric device {slot.fabric_parent_device} is gone",
+            )
+        ]
+    return []
+
+
+def _disk(
+    slot: m.Slot, discovered: facts.Discovery, pairing: candidates.Pairing | None, owned: set[str]
+) -> list[Drift]:
+    disk = discovered.disk_by_id(slot.nvme_device)
+    if disk is None:
+        proposed = pairing.disk.by_id if pairing and pairing.disk else None
+        new = proposed if proposed not in owned else None
+        return [
+            Drift(
+                slot.slot_index,
+                DISK_MISSING,
+                "nvme_device",
+                slot.nvme_device,
+                new,
+                f"disk {slot.nvme_device} is gone" + (f"; discovery now proposes {new}" if new else ""),
+            )
+        ]
+    out = []
+    if disk.os_disk:
+        out.append(
+            Drift(
+                slot.slot_index,
+                DISK_OS,
+                "os_disk",
+                False,
+                True,
+                f"{slot.nvme_device} ({disk.name}) now holds the OS",
+            )
+        )
+    if disk.mounted:
+        out.append(
+            Drift(
+                slot.slot_index,
+                DISK_MOUNTED,
+                "mounted",
+                False,
+                True,
+                f"{slot.nvme_device} ({disk.name}) is mounted at {', '.join(disk.mountpoints)}",
+            )
+        )
+    return out

@@ -1,0 +1,100 @@
+"""`gpuaas request create|release`: what the portal bot runs against the desired-state repo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from reconciler import requests
+from reconciler.errors import PermanentError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("request", help="write (and commit) allocation requests as the portal bot")
+    rsub = p.add_subparsers(dest="request_command", metavar="ACTION")
+    rsub.required = True
+
+    c = rsub.add_parser("create", help="write allocations/<id>.yaml")
+    c.add_argument("--repo", type=Path, default=Path("."), help="desired-state checkout (default .)")
+    c.add_argument("--tenant", required=True)
+    c.add_argument("--sku", required=True)
+    c.add_argument("--gpus", type=int, required=True)
+    c.add_argument("--region", required=True)
+    c.add_argument("--image")
+    c.add_argument("--ssh-key", type=Path, action="append", default=[], help="public key file (repeatable)")
+    c.add_argument("--id", dest="allocation_id")
+    _git_flags(c)
+    c.set_defaults(func=run_create)
+
+    r = rsub.add_parser("release", help="set state: released, keeping comments and key order")
+    r.add_argument("allocation_id")
+    r.add_argument("--repo", type=Path, default=Path("."))
+    _git_flags(r)
+    r.set_defaults(func=run_release)
+
+
+def _git_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--commit", action="store_true", help="commit as the portal bot")
+    p.add_argument("--push", action="store_true", help="push the commit (implies --commit)")
+    p.add_argument("--remote", default="origin")
+    p.add_argument("--branch", default="main")
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+
+
+def _report(args: argparse.Namespace, written: requests.Written, verb: str) -> int:
+    if args.output == "json":
+        print(json.dumps({"id": written.allocation_id, "path": str(written.path), "commit": written.commit}))
+    else:
+        print(f"{verb} {written.allocation_id}: {written.path}" + (f" (commit {written.commit[:12]})" if written.commit else ""))
+    return 0
+
+
+def _rejected(args: argparse.Namespace, e: requests.RequestRejected) -> int:
+    if args.output == "json":
+        print(json.dumps({"error": e.code, "problems": [x.as_dict() for x in e.problems]}))
+    else:
+        for problem in e.problems:
+            print(problem.render(), file=sys.stderr)
+        print(f"error: {e.code}: request not written", file=sys.stderr)
+    return 1
+
+
+def run_create(args: argparse.Namespace) -> int:
+    keys = []
+    for path in args.ssh_key:
+        try:
+            keys.extend(line.strip() for line in path.read_text().splitlines() if line.strip())
+        except OSError as e:
+            raise PermanentError(f"{path}: {e.strerror}", code="request.ssh_key") from e
+    try:
+        written = requests.create(
+            args.repo,
+            tenant=args.tenant,
+            sku=args.sku,
+            gpus=args.gpus,
+            region=args.region,
+            image=args.image,
+            ssh_keys=keys,
+            allocation_id=args.allocation_id,
+            commit=args.commit or args.push,
+            push=(args.remote, args.branch) if args.push else None,
+        )
+    except requests.RequestRejected as e:
+        return _rejected(args, e)
+    return _report(args, written, "requested")
+
+
+def run_release(args: argparse.Namespace) -> int:
+    try:
+        written = requests.release(
+            args.repo,
+            args.allocation_id,
+            commit=args.commit or args.push,
+            push=(args.remote, args.branch) if args.push else None,
+        )
+    except requests.RequestRejected as e:
+        return _rejected(args, e)
+    return _report(args, written, "released")

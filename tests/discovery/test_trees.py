@@ -1,0 +1,196 @@
+"""Discovery on each recorded tree gives the expected candidate, compared as whole documents.
+
+Golden files hold the full `gpuaas host discover` output (YAML for every tree,
+JSON for the H200 host). Regenerate them after an intended change with
+GPUAAS_UPDATE_GOLDEN=1 .venv/bin/pytest tests/discovery, then review the diff.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from desired import models as m
+from host_reconciler.discovery import blockers, candidates, discovering
+from policies import eligibility
+from reconciler import cli, sources
+from tests.discovery.conftest import FLEET, GOLDEN, NODES, TREES
+
+UPDATE = os.environ.get("GPUAAS_UPDATE_GOLDEN") == "1"
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    status = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if UPDATE:
+        path.write_text(text)
+    assert path.exists(), f"missing golden file {path}; run with GPUAAS_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"{name} differs from its golden file"
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_candidate_yaml_matches_golden(
+    tree: str, trees: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, err = run_cli(capsys, "host", "discover", "--sysfs-root", str(trees[tree]))
+    assert (status, err) == (0, "")
+    check_golden(f"{tree}.yaml", out)
+
+
+def test_discovery_json_matches_golden(
+    trees: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, _ = run_cli(
+        capsys, "host", "discover", "--sysfs-root", str(trees["xe9680l-h200"]), "-o", "json"
+    )
+    assert status == 0
+    check_golden("xe9680l-h200.json", out)
+    doc = json.loads(out)
+    assert doc["candidate"]["approval_required"] is True
+    assert len(doc["discovery"]["gpus"]) == 8
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_candidate_is_the_node_example_map_plus_blockers(tree: str, trees: dict[str, Path]) -> None:
+    """The example fleet's approved maps describe these hosts: discovery agrees slot by slot."""
+    found = discovering.discover(trees[tree])
+    candidate = candidates.candidate_map(found, node=NODES[tree])
+    assert candidate.slot_map is not None
+    approved = m.SlotMap.model_validate(
+        yaml.safe_load((FLEET / "slotmaps" / f"{NODES[tree]}.yaml").read_text())
+    )
+    strip = {"blockers": (), "capacity_metadata": m.CapacityMetadata()}
+    got = [s.model_copy(update=strip) for s in candidate.slot_map.slots]
+    want = [s.model_copy(update=strip) for s in approved.slots]
+    assert got == want
+
+
+def test_h200_candidate_has_no_blocker(trees: dict[str, Path]) -> None:
+    candidate = candidates.candidate_map(discovering.discover(trees["xe9680l-h200"]), node="n1")
+    assert candidate.slot_map is not None
+    assert [s.blockers for s in candidate.slot_map.slots] == [()] * 8
+    assert candidate.spare_disks == ("/dev/disk/by-id/nvme-Dell_BOSS-N1_S6EXNA0W1OS",)
+
+
+def test_shared_parent_tree_blocks_every_slot(trees: dict[str, Path]) -> None:
+    candidate = candidates.candidate_map(
+        discovering.discover(trees["xe9680l-h200-shared-parent"]), node="h200-use1-c01"
+    )
+    assert candidate.slot_map is not None
+    slots = candidate.slot_map.slots
+    assert len(slots) == 8
+    for slot in slots:
+        codes = {b.code for b in slot.blockers}
+        assert {blockers.FABRIC_NO_VF, blockers.FABRIC_SHARED_PARENT} <= codes
+        assert slot.fabric_vf_pci_address is None
+        assert slot.fabric_parent_device == "0000:1a:00.0"
+    # Even once an operator removes approval_required, nothing is sellable.
+    approved = candidate.slot_map.model_copy(update={"approval_required": False})
+    assert all(eligibility.eligible_slots(approved).values())
+
+
+def test_mi300x_blockers_name_the_broken_slots(trees: dict[str, Path]) -> None:
+    candidate = candidates.candidate_map(
+        discovering.discover(trees["xe9680-mi300x-roce"]), node="mi300x-euw1-r01"
+    )
+    assert candidate.slot_map is not None
+    codes = {s.slot_index: [b.code for b in s.blockers] for s in candidate.slot_map.slots}
+    assert codes == {
+        0: [],
+        1: [],
+        2: [],
+        4: [],
+        3: [blockers.FABRIC_PORT_DOWN],
+        5: [blockers.DISK_SIGNATURE],
+        6: [blockers.GPU_NOT_VFIO],
+        7: [blockers.DISK_MOUNTED, blockers.DISK_SIGNATURE],
+    }
+    assert {s.network_fabric for s in candidate.slot_map.slots} == {m.Fabric.ROCE}
+    slot7 = candidate.slot_map.slots[7]
+    assert slot7.capacity_metadata.storage_ownership == "share"
+    assert slot7.capacity_metadata.destructive_wipe_policy is None
+
+
+def _fleet_repo(tmp: Path, slot_map: m.SlotMap, os_disk: str) -> Path:
+    repo = tmp / "repo"
+    (repo / "nodes").mkdir(parents=True)
+    (repo / "slotmaps").mkdir()
+    shutil.copy(FLEET / "fleet.yaml", repo / "fleet.yaml")
+    shutil.copytree(FLEET / "skus", repo / "skus")
+    region, pool = (
+        ("eu-west-1", "mi300x-roce") if "mi300x" in slot_map.node else ("us-east-1", "h200-slice")
+    )
+    node = {
+        "apiVersion": m.API_VERSION,
+        "kind": "Node",
+        "name": slot_map.node,
+        "region": region,
+        "pool": pool,
+        "profile_tags": [m.PROFILE_SLICE_VM],
+        "storage_mode": "slice",
+        "os_disk": os_disk,
+        "firmware_profile": {"version": "v1", "ready": True},
+    }
+    (repo / "nodes" / f"{slot_map.node}.yaml").write_text(yaml.safe_dump(node, sort_keys=False))
+    return repo
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_candidate_without_approval_required_passes_validation(
+    tree: str, trees: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, _ = run_cli(capsys, "host", "discover", "--sysfs-root", str(trees[tree]))
+    assert status == 0
+    doc = yaml.safe_load(out)
+    assert doc.pop("approval_required") is True
+    slot_map = m.SlotMap.model_validate(doc)
+    found = discovering.discover(trees[tree])
+    os_disk = found.os_disks[0].by_id
+    assert os_disk is not None
+    repo = _fleet_repo(tmp_path, slot_map, os_disk)
+    # The operator's edit: the same text minus one line.
+    text = "\n".join(line for line in out.splitlines() if line != "approval_required: true") + "\n"
+    (repo / "slotmaps" / f"{slot_map.node}.yaml").write_text(text)
+    result = sources.load(repo)
+    assert result.errors == [], [e.render() for e in result.errors]
+    assert set(result.state.slot_maps) == {slot_map.node}
+    status, out, _ = run_cli(capsys, "validate", str(repo))
+    assert status == 0 and out.splitlines()[-1].startswith("valid:")
+    # Blocked slots validate but are reported as never schedulable, by code.
+    unschedulable = {w.message.split()[3] for w in result.warnings}
+    blocked = {str(s.slot_index) for s in slot_map.slots if s.blockers}
+    assert unschedulable == blocked
+
+
+def test_discovery_is_read_only(trees: dict[str, Path]) -> None:
+    root = trees["xe9680-mi300x-roce"]
+
+    def snapshot() -> dict[str, tuple[int, int, int]]:
+        out = {}
+        for dirpath, dirnames, filenames in os.walk(root):
+            for name in dirnames + filenames:
+                st = os.lstat(os.path.join(dirpath, name))
+                out[os.path.join(dirpath, name)] = (st.st_mtime_ns, st.st_size, st.st_mode)
+        return out
+
+    before = snapshot()
+    discovering.discover(root)
+    assert snapshot() == before
+
+
+def test_node_defaults_to_hostname_and_facts_are_frozen(trees: dict[str, Path]) -> None:
+    found = discovering.discover(trees["xe9680l-h200"])
+    assert found.hostname == "h200-use1-s01"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        found.gpus[0].driver = "nvidia"  # type: ignore[misc]
