@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config git \
 	libvirt-dev libvirt-daemon-system qemu-system-x86 \
 	postgresql postgresql-contrib \
-	dnsmasq-base dnsmasq-utils udhcpc iproute2 iptables linux-image-amd64 \
+	dnsmasq-base dnsmasq-utils udhcpc iproute2 iptables openvswitch-switch linux-image-amd64 \
 	util-linux e2fsprogs kmod busybox-static cpio
 
 .PHONY: demo test deps apt lint clean

@@ -8,7 +8,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-BENCH_MODULES: tuple[str, ...] = ("host_reconciler.discovery.bench", "reconciler.commands.bench_plan")
+BENCH_MODULES: tuple[str, ...] = (
+    "reconciler.commands.bench_validate",
+    "host_reconciler.discovery.bench",
+    "reconciler.commands.bench_plan",
+)
 
 
 def register(sub: Any) -> None:

@@ -1,0 +1,136 @@
+"""The VM readiness gate: a slice is active only once its management endpoint answers.
+
+Seed 000 ("VM Readiness Gate"): never assume readiness after a fixed wait.
+Wait for the expected DHCP lease, then poll TCP :22 (or the image/profile's
+management port), and fail with structured output when the timeout passes.
+
+`LeaseReadiness` does exactly that in two stages sharing one deadline:
+1. dnsmasq's lease file holds an unexpired lease for the VM's MAC with the
+   reserved IP (a lease with another IP means the reservation was not in
+   force when the guest asked, and keeps the gate shut);
+2. a TCP connection to IP:port is accepted.
+
+Clock, sleep and connect are injectable, so the timeout logic is tested
+without real waits; the end-to-end test runs it against a booting guest.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from host_reconciler.drivers import addresses, dnsmasq, netns
+from reconciler.errors import TemporaryError
+
+
+class ReadinessTimeout(TemporaryError):
+    """The VM did not become ready in time; `stage` says which step never passed."""
+
+    code = "host.readiness.timeout"
+
+    def __init__(self, message: str, *, code: str, stage: str, waited_s: float) -> None:
+        super().__init__(message, code=code)
+        self.stage = stage
+        self.waited_s = waited_s
+
+
+@dataclass(frozen=True, slots=True)
+class ReadinessResult:
+    mac: str
+    ip: str
+    port: int
+    lease_s: float  # from the start of the wait until the lease was seen
+    ready_s: float  # from the start of the wait until the port accepted
+
+
+class ReadinessDriver(Protocol):
+    def wait_ready(self, mac: str, ip: str, port: int, timeout_s: float) -> ReadinessResult:
+        """Block until the lease and the port are there; ReadinessTimeout otherwise."""
+        ...
+
+
+Connect = Callable[[str, int, float], None]
+
+
+class LeaseReadiness:
+    """ReadinessDriver over a dnsmasq lease file and TCP connects (optionally in a netns)."""
+
+    def __init__(
+        self,
+        lease_file: Path,
+        *,
+        netns_name: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        connect: Connect | None = None,
+        poll_s: float = 1.0,
+        connect_timeout_s: float = 2.0,
+    ) -> None:
+        self._lease_file = lease_file
+        self._netns = netns.checked(netns_name)
+        self._clock = clock
+        self._wall = wall_clock
+        self._sleep = sleep
+        self._connect = connect or self._tcp_connect
+        self._poll = poll_s
+        self._connect_timeout = connect_timeout_s
+
+    def wait_ready(self, mac: str, ip: str, port: int, timeout_s: float) -> ReadinessResult:
+        mac = addresses.mac(mac)
+        ip = str(addresses.ipv4(ip))
+        if not 0 < port < 65536:
+            raise addresses.InvalidNetworkValue(f"not a TCP port: {port}", code="host.net.invalid_port")
+        start = self._clock()
+        deadline = start + timeout_s
+
+        seen: str | None = None
+        while True:
+            leases = [lease for lease in self._leases() if lease.mac == mac]
+            if any(lease.ip == ip for lease in leases):
+                break
+            if leases:
+                seen = leases[-1].ip
+            self._wait_or_fail(
+                deadline,
+                start,
+                stage="lease",
+                code="host.readiness.lease_timeout",
+                message=(
+                    f"no DHCP lease for {mac} with {ip} after {timeout_s:g}s" + (f" (it holds {seen})" if seen else "")
+                ),
+            )
+        lease_s = self._clock() - start
+
+        last_error = "no attempt"
+        while True:
+            remaining = deadline - self._clock()
+            try:
+                self._connect(ip, port, max(0.1, min(self._connect_timeout, remaining)))
+                break
+            except OSError as e:
+                last_error = e.strerror or type(e).__name__
+            self._wait_or_fail(
+                deadline,
+                start,
+                stage="port",
+                code="host.readiness.port_timeout",
+                message=f"{ip}:{port} not accepting after {timeout_s:g}s ({last_error})",
+            )
+        return ReadinessResult(mac, ip, port, lease_s, self._clock() - start)
+
+    def _leases(self) -> Sequence[dnsmasq.Lease]:
+        now = self._wall()
+        return [lease for lease in dnsmasq.read_leases(self._lease_file) if lease.expires == 0 or lease.expires > now]
+
+    def _wait_or_fail(self, deadline: float, start: float, *, stage: str, code: str, message: str) -> None:
+        now = self._clock()
+        if now >= deadline:
+            raise ReadinessTimeout(message, code=code, stage=stage, waited_s=now - start)
+        self._sleep(min(self._poll, deadline - now))
+
+    def _tcp_connect(self, ip: str, port: int, timeout: float) -> None:
+        netns.connect(self._netns, (ip, port), timeout)
