@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 # Debian packages the product and its tests drive for real
 # (linux-image-amd64: the kernel the end-to-end test boots under qemu TCG).
 APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config git \
-	libvirt-dev libvirt-daemon-system qemu-system-x86 \
+	libvirt-dev libvirt-daemon-system qemu-system-x86 qemu-utils genisoimage \
 	postgresql postgresql-contrib \
 	dnsmasq-base dnsmasq-utils udhcpc iproute2 iptables openvswitch-switch linux-image-amd64 \
 	util-linux e2fsprogs kmod busybox-static cpio

@@ -1,0 +1,96 @@
+"""The cloud-init NoCloud seed of a slice VM: user-data, meta-data, network-config.
+
+Rendered as JSON (YAML 1.2 is a superset of JSON; cloud-init reads it), so no
+value from a plan can break out of its field. SSH keys are checked against
+the same pattern desired-state validation uses. The seed ISO (volume id
+`cidata`) is packed by genisoimage from files this module wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from host_reconciler import domains
+from host_reconciler.drivers import tools
+from host_reconciler.hostplans import VmSpec
+from reconciler.errors import PermanentError
+
+# Same pattern as desired.models.SSH_KEY_RE (kept here: this layer reads plans, not YAML).
+_SSH_KEY = re.compile(
+    r"^(ssh-(ed25519|rsa|dss)|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com) "
+    r"[A-Za-z0-9+/=]+( [^\n\r]{0,200})?$"
+)
+_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+ISO_NAME = "seed.iso"
+
+
+class SeedError(PermanentError):
+    code = "host.seed.invalid"
+
+
+def render(vm: VmSpec) -> dict[str, bytes]:
+    """The seed files of `vm` (pure)."""
+    for key in vm.ssh_keys:
+        if not _SSH_KEY.match(key):
+            raise SeedError(
+                f"{vm.allocation_id}: an SSH key is not an OpenSSH public key",
+                code="host.seed.ssh_key",
+            )
+    user = vm.image.default_username if vm.image else "ubuntu"
+    if not _USER.match(user):
+        raise SeedError(f"{vm.allocation_id}: unusable default user {user!r}", code="host.seed.user")
+    boot = min(vm.bundles, key=lambda b: b.slot_index)
+    user_data = {
+        "hostname": vm.name,
+        "users": [
+            {
+                "name": user,
+                "shell": "/bin/bash",
+                "sudo": "ALL=(ALL) NOPASSWD:ALL",
+                "lock_passwd": True,
+                "ssh_authorized_keys": list(vm.ssh_keys),
+            }
+        ],
+        "ssh_pwauth": False,
+        "disable_root": True,
+    }
+    meta = {"instance-id": vm.uuid, "local-hostname": vm.name}
+    network = {
+        "version": 2,
+        "ethernets": {
+            "mgmt0": {
+                "match": {"macaddress": boot.mac_address.lower()},
+                "set-name": "mgmt0",
+                "dhcp4": True,
+            }
+        },
+    }
+    return {
+        "user-data": ("#cloud-config\n" + json.dumps(user_data, indent=1) + "\n").encode(),
+        "meta-data": (json.dumps(meta, indent=1) + "\n").encode(),
+        "network-config": (json.dumps(network, indent=1) + "\n").encode(),
+        "spec-digest": domains.seed_digest(vm).encode(),
+    }
+
+
+def pack_iso(seed_dir: Path) -> None:
+    """Pack the seed files of `seed_dir` into seed.iso (NoCloud, volume id cidata)."""
+    files = [str(seed_dir / n) for n in ("user-data", "meta-data", "network-config")]
+    res = tools.run(
+        [
+            "genisoimage",
+            "-quiet",
+            "-output",
+            str(seed_dir / ISO_NAME),
+            "-volid",
+            "cidata",
+            "-joliet",
+            "-rock",
+            *files,
+        ],
+        timeout=60,
+    )
+    if res.returncode != 0:
+        raise SeedError(f"genisoimage failed: {res.stderr.strip()}", code="host.seed.iso")

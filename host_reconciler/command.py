@@ -1,0 +1,185 @@
+"""`gpuaas host converge` (one pass) and `gpuaas host run` (the loop).
+
+    gpuaas host converge --node NAME [--dry-run] [--mode report|self-heal] [-o text|json]
+    gpuaas host run --node NAME [--interval S] [--passes N]
+
+Both read the node's plan from PostgreSQL as the node's own role
+(--db-role / $GPUAAS_HOST_DB_ROLE, password in $GPUAAS_HOST_DB_PASSWORD;
+row-level security shows no other node's plan), or from --plan-file (a
+host-plan JSON document, for labs), and write the node's status back (or to
+--status-file). Host settings come from --config / $GPUAAS_HOST_CONFIG.
+`--dry-run` prints the actions the pass would take and changes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from host_reconciler import converging, hostplans, reports, settings, wiring
+from host_reconciler.actions import DriftMode
+from reconciler.errors import GpuaasError, PermanentError, UsageError
+
+ENV_ROLE = "GPUAAS_HOST_DB_ROLE"
+ENV_PASSWORD = "GPUAAS_HOST_DB_PASSWORD"  # noqa: S105 -- the name of a variable, not a secret
+
+
+def register(sub: Any) -> None:
+    for name, helptext, fn in (
+        ("converge", "one pass: observe, diff, act, report", run_converge),
+        ("run", "converge in a loop (the host agent)", run_loop),
+    ):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--node", required=True, help="this host's node name")
+        p.add_argument("--config", type=Path, help=f"host settings JSON (default ${settings.ENV_CONFIG})")
+        p.add_argument("--mode", choices=[m.value for m in DriftMode], help="drift mode (default: settings)")
+        p.add_argument("--plan-file", type=Path, help="read the plan from this JSON file, not the database")
+        p.add_argument("--status-file", type=Path, help="with --plan-file: write the status JSON here")
+        p.add_argument("--db-url", help="PostgreSQL URL (default $GPUAAS_DATABASE_URL or the embedded one)")
+        p.add_argument("--db-role", help=f"the node's database role (default ${ENV_ROLE})")
+        p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+        if name == "converge":
+            p.add_argument("--dry-run", action="store_true", help="print the actions, change nothing")
+        else:
+            p.add_argument("--interval", type=float, help="seconds between passes (default: settings)")
+            p.add_argument("--passes", type=int, default=0, help="stop after N passes (0: run until signalled)")
+        p.set_defaults(func=fn)
+
+
+class _Source:
+    """Where the plan comes from and the status goes: the database, or files."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.node: str = args.node
+        self.plan_file: Path | None = args.plan_file
+        self.status_file: Path | None = args.status_file
+        self.conn: Any = None
+        if self.plan_file is None:
+            from host_reconciler import store
+            from reconciler.store import connections
+
+            url = connections.database_url(args.db_url)
+            role = args.db_role or os.environ.get(ENV_ROLE)
+            self.conn = store.connect(url, role=role, password=os.environ.get(ENV_PASSWORD))
+
+    def plan(self) -> hostplans.HostPlan | None:
+        if self.plan_file is not None:
+            try:
+                doc = json.loads(self.plan_file.read_text())
+            except (OSError, ValueError) as e:
+                raise UsageError(f"cannot read plan {self.plan_file}: {e}", code="host.plan.unreadable") from e
+            return hostplans.from_json(doc)
+        from host_reconciler import store
+
+        return store.read_plan(self.conn, self.node)
+
+    def report(self, result: converging.PassResult) -> None:
+        if result.dry_run:
+            return
+        if self.plan_file is not None:
+            if self.status_file is not None:
+                self.status_file.write_text(json.dumps(result.status.as_dict(), indent=2, default=str))
+            return
+        from host_reconciler import store
+
+        store.write_status(self.conn, result.status)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
+
+def _settings(args: argparse.Namespace) -> settings.HostSettings:
+    s = settings.load(args.node, args.config)
+    return settings.with_mode(s, DriftMode(args.mode)) if args.mode else s
+
+
+def _print(result: converging.PassResult, output: str) -> None:
+    if output == "json":
+        doc = result.status.as_dict()
+        doc["actions"] = [a.describe() for a in result.planned]
+        doc["executed"] = [{"action": a.describe(), "ms": round(ms, 3)} for a, ms in result.executed]
+        print(json.dumps(doc, indent=2, default=str))
+        return
+    title = "dry run: would run" if result.dry_run else "ran"
+    steps = result.planned if result.dry_run else tuple(a for a, _ in result.executed)
+    print(f"{title} {len(steps)} action(s)")
+    timings = dict(result.executed) if not result.dry_run else {}
+    for a in steps:
+        ms = f"  {timings[a]:8.1f} ms" if a in timings else ""
+        print(f"  {a.describe()}{ms}")
+    print(reports.status_text(result.status.as_dict()))
+
+
+def run_converge(args: argparse.Namespace) -> int:
+    s = _settings(args)
+    source = _Source(args)
+    drivers = wiring.drivers(s)
+    try:
+        plan = source.plan()
+        if plan is None:
+            raise PermanentError(f"no host plan for {args.node}", code="host.plan.none")
+        result = converging.Converger(s, drivers).converge(plan, dry_run=args.dry_run)
+        source.report(result)
+        _print(result, args.output)
+        return 0 if result.dry_run or not result.errors else 2
+    finally:
+        drivers.close()
+        source.close()
+
+
+def run_loop(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("gpuaas.host")
+    s = _settings(args)
+    interval = args.interval if args.interval is not None else s.poll_interval_s
+    stop = {"now": False}
+
+    def _stop(_sig: int, _frame: Any) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    source = _Source(args)
+    drivers = wiring.drivers(s)
+    converger = converging.Converger(s, drivers)
+    passes = 0
+    try:
+        while not stop["now"]:
+            wait = interval
+            try:
+                plan = source.plan()
+                if plan is None:
+                    log.info("no host plan for %s yet", args.node)
+                else:
+                    result = converger.converge(plan)
+                    source.report(result)
+                    if args.output == "json":
+                        print(json.dumps(result.status.as_dict(), default=str), flush=True)
+                    else:
+                        log.info("pass: %d action(s), %d error(s), converged=%s, %.0f ms",
+                                 len(result.executed), len(result.errors), result.status.converged,
+                                 result.ms)  # fmt: skip
+                    if result.retry_after is not None:
+                        wait = min(wait, max(result.retry_after, 0.5))
+            except GpuaasError as e:  # the pass failed as a whole (libvirt, database): try again
+                log.error("pass failed: %s: %s", e.code, e.message)
+                if isinstance(e, PermanentError) and e.code.startswith("host.settings"):
+                    raise
+            passes += 1
+            if args.passes and passes >= args.passes:
+                break
+            deadline = time.monotonic() + wait
+            while not stop["now"] and time.monotonic() < deadline:
+                time.sleep(min(0.2, wait))
+    finally:
+        drivers.close()
+        source.close()
+    print(f"stopped after {passes} pass(es)", file=sys.stderr)
+    return 0

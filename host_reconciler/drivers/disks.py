@@ -1,0 +1,520 @@
+"""Slot disks: guarded image writes, wipe, and the verification that frees a slot.
+
+The rule (seeds 000 and 003, ARCHITECTURE.md): never touch a disk that is
+mounted, is the OS disk, or is not the approved by-id path of the claimed
+slot; never take a device path from a user. Every destructive call goes
+through `guard`, which refuses unless all of these hold:
+
+1. the device is the claimed slot's disk AND the plan's approved disk of
+   that slot, spelled `/dev/disk/by-id/NAME` with a udev-safe NAME;
+2. `NAME` resolves (under the configured by-id root) to a block device;
+3. that block device, its partitions and its holders are not in
+   /proc/self/mountinfo nor /proc/swaps;
+4. it is not the OS disk, nor on the same whole disk as the OS disk;
+5. the kernel lets us open it with O_EXCL (a mounted or held block device
+   answers EBUSY), a last check the kernel itself enforces.
+
+Release: `wipefs -a`, then `blkdiscard` (zeroing as fallback, also when a
+discard does not read back as zeros), then `verify`: `blkid -p` finds no
+filesystem or partition signature and sampled blocks (first and last MiB
+plus random offsets, O_DIRECT) read back zero. Each step returns its
+evidence; the host status carries it and the central reconciler frees the
+slot only on verified evidence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import mmap
+import os
+import re
+import secrets
+import stat
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from host_reconciler import images
+from host_reconciler.drivers import tools
+from host_reconciler.observations import DiskObs
+from reconciler.errors import PermanentError, TemporaryError
+
+BY_ID_PREFIX = "/dev/disk/by-id/"
+_BY_ID_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+@-]{0,200}$")
+MiB = 1 << 20
+BLKID_NOTHING_FOUND = 2  # `blkid -p` exit status when no signature was found
+
+
+class DiskRefused(PermanentError):
+    """The guard said no; nothing was written."""
+
+    code = "host.disk.refused"
+
+    def __init__(self, message: str, *, code: str | None = None, device: str = "") -> None:
+        super().__init__(message, code=code)
+        self.device = device
+
+
+class WipeFailed(PermanentError):
+    code = "host.disk.wipe_failed"
+
+    def __init__(self, message: str, *, code: str | None = None, evidence: dict[str, Any] | None = None) -> None:
+        super().__init__(message, code=code)
+        self.evidence = evidence or {}
+
+
+class VerifyFailed(WipeFailed):
+    code = "host.disk.verify_failed"
+
+
+@dataclass(frozen=True, slots=True)
+class SlotDisk:
+    """The disk of one claimed slot, as the plan names it."""
+
+    slot_index: int
+    device: str  # the claimed bundle's by-id path
+    approved: str | None  # the plan's approved by-id path for this slot (plan.slots)
+    os_disk: str  # the node's OS disk by-id path
+
+
+@dataclass(frozen=True, slots=True)
+class DiskSettings:
+    by_id_root: Path = Path("/dev/disk/by-id")
+    mountinfo: Path = Path("/proc/self/mountinfo")
+    swaps: Path = Path("/proc/swaps")
+    sysfs_root: Path = Path("/sys")
+    sample_count: int = 64
+    sample_bytes: int = 64 * 1024
+    tool_timeout_s: float = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    majmin: str
+    mount_point: str
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Dev:
+    path: str  # resolved /dev node
+    rdev: int
+    majmin: str
+    members: frozenset[str] = field(default_factory=frozenset)  # itself, partitions, holders
+    whole: str = ""  # majmin of the whole disk
+
+
+class DiskDriver(Protocol):
+    def check(self, disk: SlotDisk) -> None: ...
+    def inspect(self, device: str, *, os_disk: str, probe: bool) -> DiskObs: ...
+    def write_image(
+        self, disk: SlotDisk, image: images.VerifiedImage, *, digest: str, image_format: str
+    ) -> dict[str, Any]: ...
+    def wipe(self, disk: SlotDisk) -> dict[str, Any]: ...
+    def verify(self, disk: SlotDisk) -> dict[str, Any]: ...
+    def in_use_by_mount(self, device: str) -> tuple[str, ...]: ...
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    out: list[Mount] = []
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        f = left.split()
+        if not sep or len(f) < 5:
+            continue
+        r = right.split()
+        out.append(Mount(f[2], _unescape(f[4]), _unescape(r[1]) if len(r) > 1 else ""))
+    return out
+
+
+def _unescape(s: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)
+
+
+def by_id_name(device: str) -> str:
+    """`/dev/disk/by-id/NAME` -> NAME, or DiskRefused."""
+    if not device.startswith(BY_ID_PREFIX):
+        raise DiskRefused(f"{device!r} is not a /dev/disk/by-id path", code="host.disk.not_by_id", device=device)
+    name = device[len(BY_ID_PREFIX) :]
+    if not _BY_ID_NAME.match(name):
+        raise DiskRefused(f"{device!r} is not a udev by-id name", code="host.disk.not_by_id", device=device)
+    return name
+
+
+class BlockDisks:
+    """The real DiskDriver over block devices, util-linux and qemu-img."""
+
+    def __init__(self, settings: DiskSettings | None = None) -> None:
+        self.settings = settings or DiskSettings()
+
+    # -- identity --------------------------------------------------------------------------
+    def _resolve(self, device: str) -> _Dev:
+        link = self.settings.by_id_root / by_id_name(device)
+        try:
+            real = os.path.realpath(link, strict=True)
+            st = os.stat(real)
+        except OSError as e:
+            raise DiskRefused(
+                f"{device} does not resolve to a device ({e.strerror})",
+                code="host.disk.missing",
+                device=device,
+            ) from e
+        if not stat.S_ISBLK(st.st_mode):
+            raise DiskRefused(
+                f"{device} -> {real} is not a block device",
+                code="host.disk.not_block",
+                device=device,
+            )
+        majmin = f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
+        sys_dir = self.settings.sysfs_root / "dev" / "block" / majmin
+        whole = majmin
+        members = {majmin}
+        try:
+            sys_real = Path(os.path.realpath(sys_dir, strict=True))
+            if (sys_real / "partition").exists():
+                whole = _read(sys_real.parent / "dev") or majmin
+            members |= _children_and_holders(sys_real)
+        except OSError:
+            pass  # no sysfs entry: only the node itself is checked
+        return _Dev(real, st.st_rdev, majmin, frozenset(members), whole)
+
+    def _mounts_of(self, dev: _Dev) -> tuple[str, ...]:
+        try:
+            mounts = parse_mountinfo(self.settings.mountinfo.read_text())
+        except OSError as e:
+            raise TemporaryError(f"cannot read {self.settings.mountinfo}: {e}", code="host.disk.mountinfo") from e
+        points: list[str] = []
+        for m in mounts:
+            hit = m.majmin in dev.members
+            if not hit and m.source.startswith("/"):
+                with contextlib.suppress(OSError):
+                    st = os.stat(m.source)
+                    hit = stat.S_ISBLK(st.st_mode) and f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}" in dev.members
+            if hit:
+                points.append(m.mount_point)
+        with contextlib.suppress(OSError):
+            for line in self.settings.swaps.read_text().splitlines()[1:]:
+                src = line.split()[0] if line.split() else ""
+                with contextlib.suppress(OSError):
+                    st = os.stat(src)
+                    if stat.S_ISBLK(st.st_mode) and f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}" in dev.members:
+                        points.append(f"[swap {src}]")
+        return tuple(points)
+
+    def in_use_by_mount(self, device: str) -> tuple[str, ...]:
+        return self._mounts_of(self._resolve(device))
+
+    def _is_os_disk(self, dev: _Dev, os_disk: str) -> bool:
+        try:
+            os_dev = self._resolve(os_disk)
+        except DiskRefused as e:
+            raise DiskRefused(
+                f"cannot resolve the OS disk {os_disk}: {e.message}; refusing to touch any disk",
+                code="host.disk.os_disk_unknown",
+                device=os_disk,
+            ) from e
+        return dev.whole == os_dev.whole or dev.majmin == os_dev.majmin or bool(dev.members & os_dev.members)
+
+    def guard(self, disk: SlotDisk) -> _Dev:
+        """Refuse unless `disk` may be written (see the module docstring)."""
+        if disk.approved is None or disk.device != disk.approved:
+            raise DiskRefused(
+                f"slot {disk.slot_index}: {disk.device} is not the approved disk of this slot "
+                f"({disk.approved or 'no approved disk'})",
+                code="host.disk.not_approved",
+                device=disk.device,
+            )
+        dev = self._resolve(disk.device)
+        if self._is_os_disk(dev, disk.os_disk):
+            raise DiskRefused(
+                f"slot {disk.slot_index}: {disk.device} ({dev.path}) is the OS disk",
+                code="host.disk.os_disk",
+                device=disk.device,
+            )
+        mounted = self._mounts_of(dev)
+        if mounted:
+            raise DiskRefused(
+                f"slot {disk.slot_index}: {disk.device} ({dev.path}) is mounted at {', '.join(mounted)}",
+                code="host.disk.mounted",
+                device=disk.device,
+            )
+        try:
+            fd = os.open(dev.path, os.O_RDONLY | os.O_EXCL | os.O_CLOEXEC)
+        except OSError as e:
+            raise DiskRefused(
+                f"slot {disk.slot_index}: {dev.path} is in use ({e.strerror})",
+                code="host.disk.in_use",
+                device=disk.device,
+            ) from e
+        os.close(fd)
+        return dev
+
+    def check(self, disk: SlotDisk) -> None:
+        """Raise DiskRefused unless `disk` could be written now (nothing is written)."""
+        self.guard(disk)
+
+    # -- observation -----------------------------------------------------------------------
+    def inspect(self, device: str, *, os_disk: str, probe: bool) -> DiskObs:
+        try:
+            dev = self._resolve(device)
+        except DiskRefused:
+            return DiskObs(device=device, present=False)
+        try:
+            is_os = self._is_os_disk(dev, os_disk)
+        except DiskRefused:
+            is_os = False
+        mounted = self._mounts_of(dev)
+        sigs = self._signatures(dev.path) if probe and not mounted else None
+        return DiskObs(device=device, present=True, mounted=mounted, signatures=sigs, os_disk=is_os)
+
+    def _signatures(self, path: str) -> tuple[str, ...]:
+        res = tools.run(["blkid", "-p", "-o", "export", path], timeout=60)
+        if res.returncode == BLKID_NOTHING_FOUND:
+            return ()
+        if res.returncode != 0:
+            raise TemporaryError(f"blkid -p {path} failed: {res.stderr.strip()}", code="host.disk.blkid")
+        kv = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
+        found = [f"{k}={kv[k]}" for k in ("TYPE", "PTTYPE", "USAGE") if k in kv]
+        return tuple(found) or ("unknown-signature",)
+
+    # -- destructive -----------------------------------------------------------------------
+    def write_image(
+        self, disk: SlotDisk, image: images.VerifiedImage, *, digest: str, image_format: str
+    ) -> dict[str, Any]:
+        """Write the verified image; re-hash first if the file changed since it was verified."""
+        if image.digest != digest:
+            raise images.ImageError(
+                f"verified digest {image.digest} is not the claim's {digest}",
+                code="host.image.digest_mismatch",
+            )
+        if not image.still_valid():
+            image = images.verify(Path(image.path), digest)
+        dev = self.guard(disk)
+        t0 = time.monotonic()
+        if image_format == "qcow2":
+            res = tools.run(
+                ["qemu-img", "convert", "-n", "-f", "qcow2", "-O", "raw", image.path, dev.path],
+                timeout=self.settings.tool_timeout_s,
+            )
+            if res.returncode != 0:
+                raise PermanentError(
+                    f"qemu-img convert to {dev.path} failed: {res.stderr.strip()}",
+                    code="host.disk.write_failed",
+                )
+            written = image.size
+        elif image_format == "raw":
+            written = self._copy_raw(Path(image.path), dev)
+        else:
+            raise images.ImageError(f"cannot write a {image_format!r} image", code="host.image.format")
+        return {
+            "device": disk.device,
+            "resolved": dev.path,
+            "image": image.path,
+            "digest": digest,
+            "format": image_format,
+            "bytes": written,
+            "ms": round((time.monotonic() - t0) * 1000, 1),
+        }
+
+    def _copy_raw(self, src: Path, dev: _Dev) -> int:
+        fd = _open_excl(dev.path, os.O_WRONLY)
+        written = 0
+        try:
+            size = os.lseek(fd, 0, os.SEEK_END)
+            if src.stat().st_size > size:
+                raise PermanentError(
+                    f"image {src} ({src.stat().st_size} B) is larger than {dev.path} ({size} B)",
+                    code="host.disk.too_small",
+                )
+            os.lseek(fd, 0, os.SEEK_SET)
+            with src.open("rb") as f:
+                while block := f.read(4 * MiB):
+                    view = memoryview(block)
+                    while view:
+                        n = os.write(fd, view)
+                        view = view[n:]
+                        written += n
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return written
+
+    def wipe(self, disk: SlotDisk) -> dict[str, Any]:
+        dev = self.guard(disk)
+        t0 = time.monotonic()
+        evidence: dict[str, Any] = {
+            "device": disk.device,
+            "resolved": dev.path,
+            "signatures_before": list(self._signatures(dev.path)),
+        }
+        wf = tools.run(["wipefs", "--all", dev.path], timeout=self.settings.tool_timeout_s)
+        evidence["wipefs"] = wf.as_dict()
+        if wf.returncode != 0:
+            raise WipeFailed(f"wipefs {dev.path} failed: {wf.stderr.strip()}", evidence=evidence)
+        bd = tools.run(["blkdiscard", dev.path], timeout=self.settings.tool_timeout_s)
+        evidence["blkdiscard"] = bd.as_dict()
+        method = "blkdiscard"
+        if bd.returncode != 0 or not self._samples_zero(dev.path, count=8):
+            # No discard support, or a discard that does not read back as zeros.
+            zo = tools.run(["blkdiscard", "--zeroout", dev.path], timeout=self.settings.tool_timeout_s)
+            evidence["zeroout"] = zo.as_dict()
+            method = "zeroout"
+            if zo.returncode != 0:
+                self._zero_fill(dev.path)
+                method = "zero-fill"
+        evidence.update(method=method, wiped_at=_now(), ms=round((time.monotonic() - t0) * 1000, 1))
+        return evidence
+
+    def _zero_fill(self, path: str) -> None:
+        fd = _open_excl(path, os.O_WRONLY)
+        try:
+            size = os.lseek(fd, 0, os.SEEK_END)
+            os.lseek(fd, 0, os.SEEK_SET)
+            zeros = bytes(4 * MiB)
+            left = size
+            while left:
+                n = os.write(fd, zeros[: min(left, len(zeros))])
+                left -= n
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _samples_zero(self, path: str, *, count: int) -> bool:
+        return not _read_samples(path, count=count, sample_bytes=self.settings.sample_bytes, seed=secrets.randbits(64))[
+            1
+        ]
+
+    def verify(self, disk: SlotDisk) -> dict[str, Any]:
+        dev = self.guard(disk)
+        t0 = time.monotonic()
+        res = tools.run(["blkid", "-p", "-o", "export", dev.path], timeout=120)
+        seed = secrets.randbits(64)
+        offsets, nonzero, size = _read_samples(
+            dev.path,
+            count=self.settings.sample_count,
+            sample_bytes=self.settings.sample_bytes,
+            seed=seed,
+        )
+        clean = res.returncode == BLKID_NOTHING_FOUND and not res.stdout.strip()
+        evidence: dict[str, Any] = {
+            "device": disk.device,
+            "resolved": dev.path,
+            "size_bytes": size,
+            "blkid_p": {"rc": res.returncode, "output": res.stdout.strip()},
+            "signature_clear": clean,
+            "samples": len(offsets),
+            "sample_bytes": self.settings.sample_bytes,
+            "sample_seed": seed,
+            "nonzero_offsets": nonzero[:16],
+            "sampled_zero": not nonzero,
+            "verified": clean and not nonzero,
+            "verified_at": _now(),
+            "ms": round((time.monotonic() - t0) * 1000, 1),
+        }
+        if not evidence["verified"]:
+            why = "blkid -p still finds a signature" if not clean else f"{len(nonzero)} sampled blocks are not zero"
+            raise VerifyFailed(f"slot {disk.slot_index}: {disk.device}: {why}", evidence=evidence)
+        return evidence
+
+
+def _open_excl(path: str, flags: int) -> int:
+    try:
+        return os.open(path, flags | os.O_EXCL | os.O_CLOEXEC)
+    except OSError as e:
+        raise DiskRefused(f"{path} is in use ({e.strerror})", code="host.disk.in_use", device=path) from e
+
+
+def _read_samples(path: str, *, count: int, sample_bytes: int, seed: int) -> tuple[list[int], list[int], int]:
+    """Read first/last MiB and `count` random blocks (O_DIRECT): (offsets, nonzero, size)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_DIRECT", 0))
+    try:
+        size = os.lseek(fd, 0, os.SEEK_END)
+        align = 4096
+        sample = max(align, sample_bytes // align * align)
+        offsets = sorted(set(_offsets(size, count=count, sample=sample, align=align, seed=seed)))
+        nonzero: list[int] = []
+        buf = mmap.mmap(-1, max(sample, MiB))
+        try:
+            for off in offsets:
+                length = min(MiB if off in (0, max(0, size - MiB)) else sample, size - off)
+                length = max(align, length // align * align)
+                n = os.preadv(fd, [memoryview(buf)[:length]], off)
+                if buf[:n].count(0) != n:
+                    nonzero.append(off)
+        finally:
+            buf.close()
+        return offsets, nonzero, size
+    finally:
+        os.close(fd)
+
+
+def _offsets(size: int, *, count: int, sample: int, align: int, seed: int) -> Iterator[int]:
+    if size <= MiB:
+        yield 0
+        return
+    yield 0
+    yield (size - MiB) // align * align
+    rng = _Rng(seed)
+    span = max(1, (size - sample) // align)
+    for _ in range(count):
+        yield rng.below(span) * align
+
+
+class _Rng:
+    """splitmix64: reproducible offsets from the recorded seed (audit can re-read them)."""
+
+    def __init__(self, seed: int) -> None:
+        self.state = seed & (2**64 - 1)
+
+    def below(self, n: int) -> int:
+        self.state = (self.state + 0x9E3779B97F4A7C15) & (2**64 - 1)
+        z = self.state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
+        return (z ^ (z >> 31)) % n
+
+
+def _children_and_holders(sys_dev: Path) -> set[str]:
+    found: set[str] = set()
+    for child in sys_dev.iterdir():
+        if (child / "partition").exists():
+            majmin = _read(child / "dev")
+            if majmin:
+                found.add(majmin)
+                with contextlib.suppress(OSError):
+                    found |= _holders(child)
+    found |= _holders(sys_dev)
+    return found
+
+
+def _holders(sys_dev: Path, depth: int = 0) -> set[str]:
+    out: set[str] = set()
+    holders = sys_dev / "holders"
+    if depth > 4 or not holders.is_dir():
+        return out
+    for h in holders.iterdir():
+        real = Path(os.path.realpath(h))
+        majmin = _read(real / "dev")
+        if majmin:
+            out.add(majmin)
+            out |= _holders(real, depth + 1)
+    return out
+
+
+def _read(p: Path) -> str:
+    try:
+        return p.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def slot_disk(slot_index: int, device: str, approved: Sequence[tuple[int, str]], os_disk: str) -> SlotDisk:
+    """Build the SlotDisk of a claimed slot from the plan's approved (slot_index, disk) list."""
+    return SlotDisk(slot_index, device, dict(approved).get(slot_index), os_disk)

@@ -1,0 +1,94 @@
+"""PCI/VFIO: is each slot's GPU and fabric VF bound to vfio-pci?
+
+Read-only by default: sysfs tells the bound driver (`driver` symlink) and the
+NUMA node. Binding is a host decision (seed 000: devices stay on vfio-pci
+while a node is in slice mode; driverctl at bootstrap), so `bind_vfio` works
+only when the host setting `vfio_bind` is on, through `driver_override`,
+`unbind` and `drivers_probe`: the kernel's documented sysfs interface.
+
+`SysfsPci(root)` reads any tree in the sysfs layout, so tests and the
+recorded trees under examples/sysfs/ exercise the same code as a real /sys.
+This machine has no GPU and no VFIO: `fakes.FakePci` stands in for binding
+behind the same Protocol.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Protocol
+
+from host_reconciler.observations import PciObs
+from reconciler.errors import PermanentError, TemporaryError
+
+VFIO = "vfio-pci"
+_PCI = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+
+
+class PciError(PermanentError):
+    code = "host.pci.error"
+
+
+class PciDriver(Protocol):
+    def inspect(self, address: str) -> PciObs: ...
+    def bind_vfio(self, address: str) -> None: ...
+
+
+def check_address(address: str) -> str:
+    if not _PCI.match(address):
+        raise PciError(f"not a PCI address: {address!r}", code="host.pci.invalid_address")
+    return address
+
+
+class SysfsPci:
+    def __init__(self, root: Path = Path("/sys"), *, allow_bind: bool = False) -> None:
+        self.root = root
+        self.allow_bind = allow_bind
+
+    def _dev(self, address: str) -> Path:
+        return self.root / "bus" / "pci" / "devices" / check_address(address)
+
+    def inspect(self, address: str) -> PciObs:
+        dev = self._dev(address)
+        if not dev.exists():
+            return PciObs(address, present=False)
+        driver = None
+        link = dev / "driver"
+        if link.is_symlink() or link.exists():
+            driver = os.path.basename(os.readlink(link)) if link.is_symlink() else link.resolve().name
+        numa: int | None = None
+        try:
+            numa = int((dev / "numa_node").read_text().strip())
+        except (OSError, ValueError):
+            numa = None
+        return PciObs(
+            address,
+            present=True,
+            driver=driver,
+            numa_node=numa if numa is None or numa >= 0 else None,
+        )
+
+    def bind_vfio(self, address: str) -> None:
+        if not self.allow_bind:
+            raise PciError(
+                f"{address} is not on {VFIO} and binding is off (host setting vfio_bind)",
+                code="host.pci.not_vfio",
+            )
+        dev = self._dev(address)
+        if not dev.exists():
+            raise PciError(f"{address} is not on the PCI bus", code="host.pci.missing")
+        try:
+            (dev / "driver_override").write_text(VFIO)
+            current = self.inspect(address).driver
+            if current and current != VFIO:
+                (dev / "driver" / "unbind").write_text(address)
+            if self.inspect(address).driver != VFIO:
+                (self.root / "bus" / "pci" / "drivers_probe").write_text(address)
+        except OSError as e:
+            raise TemporaryError(f"binding {address} to {VFIO} failed: {e}", code="host.pci.bind_failed") from e
+        if self.inspect(address).driver != VFIO:
+            raise PciError(
+                f"{address} did not bind to {VFIO} (is the vfio-pci module loaded?)",
+                code="host.pci.bind_failed",
+            )

@@ -1,0 +1,49 @@
+"""Running host tools (wipefs, blkdiscard, blkid, qemu-img, genisoimage) safely.
+
+argv lists only, never a shell; every value that reaches an argv was checked
+by its caller (a resolved block device, a path inside a state directory).
+A missing tool is a PermanentError (the host is not prepared), a timeout a
+TemporaryError.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from reconciler.errors import PermanentError, TemporaryError
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "argv": list(self.argv),
+            "rc": self.returncode,
+            "stdout": self.stdout[-2000:],
+            "stderr": self.stderr[-2000:],
+        }
+
+
+def run(argv: Sequence[str], *, timeout: float = 600.0) -> ToolResult:
+    if not argv or any(not isinstance(a, str) or "\x00" in a for a in argv):
+        raise PermanentError(f"refusing malformed argv {argv!r}", code="host.tool.argv")
+    try:
+        proc = subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except FileNotFoundError as e:
+        raise PermanentError(f"{argv[0]} is not installed on this host", code="host.tool.missing") from e
+    except subprocess.TimeoutExpired as e:
+        raise TemporaryError(f"{argv[0]} did not finish in {timeout:.0f}s", code="host.tool.timeout", delay=5.0) from e
+    return ToolResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)

@@ -1,0 +1,104 @@
+"""OS images in the host cache: where a claim's image lives, and its sha256.
+
+A claim names its image by `source_ref` (relative to the platform store)
+and `digest_sha256`. The host resolves `source_ref` only inside its image
+cache directory (never an absolute path, never `..`), and a disk is written
+only from a file whose sha256 equals the claim's digest (seed 000). The
+verification is remembered as the file's identity (inode, size, mtime), so
+the disk-write phase re-hashes only when the file changed in between.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from host_reconciler.hostplans import ImageRef
+from reconciler.errors import PermanentError, TemporaryError
+
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/+-]{0,1023}$")
+FORMATS = frozenset({"raw", "qcow2"})
+
+
+class ImageError(PermanentError):
+    code = "host.image.invalid"
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedImage:
+    path: str
+    digest: str
+    size: int
+    inode: int
+    mtime_ns: int
+
+    def still_valid(self) -> bool:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return False
+        return (st.st_size, st.st_ino, st.st_mtime_ns) == (self.size, self.inode, self.mtime_ns)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "path": self.path,
+            "digest": self.digest,
+            "size": self.size,
+            "inode": self.inode,
+            "mtime_ns": self.mtime_ns,
+        }
+
+
+def resolve(image_dir: Path, image: ImageRef) -> Path:
+    ref = image.source_ref
+    parts = Path(ref).parts
+    if not _REF.match(ref) or ref.startswith("/") or ".." in parts or "." in parts:
+        raise ImageError(
+            f"image source_ref {ref!r} is not a relative path in the image store",
+            code="host.image.bad_ref",
+        )
+    if image.image_format not in FORMATS:
+        raise ImageError(
+            f"image format {image.image_format!r} cannot be written to a raw disk",
+            code="host.image.format",
+        )
+    root = image_dir.resolve()
+    path = (root / ref).resolve()
+    if root not in path.parents:
+        raise ImageError(f"image {ref!r} resolves outside {root}", code="host.image.bad_ref")
+    return path
+
+
+def expected_digest(image: ImageRef) -> str:
+    if not image.digest_sha256 or not _DIGEST.match(image.digest_sha256):
+        raise ImageError(
+            f"image {image.slug} has no sha256 digest; an unverified image is never written",
+            code="host.image.no_digest",
+        )
+    return image.digest_sha256
+
+
+def sha256_file(path: Path, chunk: int = 4 << 20) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify(path: Path, digest: str) -> VerifiedImage:
+    try:
+        st = path.stat()
+    except FileNotFoundError as e:
+        raise TemporaryError(f"image {path} is not in the host cache yet", code="host.image.missing", delay=30.0) from e
+    got = sha256_file(path)
+    if got != digest:
+        raise ImageError(
+            f"image {path} has sha256 {got}, the claim says {digest}",
+            code="host.image.digest_mismatch",
+        )
+    return VerifiedImage(str(path), digest, st.st_size, st.st_ino, st.st_mtime_ns)

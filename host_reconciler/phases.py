@@ -1,0 +1,452 @@
+"""The steps behind every host action: provision and release phases, drift heals.
+
+One function per `actions.Step`, each idempotent: run twice, or again after
+a crash at any instant, it ends in the same state (a lease taken with
+link(2), files renamed into place, libvirt define replacing a definition,
+stop and undefine treating a missing domain as done, wipe and verify
+repeatable). Each re-checks the live state it acts on rather than trusting
+the pass-start observation, and returns extra facts for the journal (image
+identity, readiness timings, wipe evidence).
+
+Failures are exceptions of the project's two kinds; `converging` decides
+what a failure means (retry, failed VM, cleanup-blocked slot) in one place.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from host_reconciler import cloudinit, domains, images, topology
+from host_reconciler.actions import Action, Step
+from host_reconciler.drivers import disks as disk_driver
+from host_reconciler.drivers.disks import DiskDriver
+from host_reconciler.drivers.dnsmasq import DhcpDriver, reservation_for
+from host_reconciler.drivers.libvirt_driver import DomainDriver
+from host_reconciler.drivers.network import NetworkDriver
+from host_reconciler.drivers.pci import VFIO, PciDriver, PciError
+from host_reconciler.drivers.readiness import ReadinessDriver
+from host_reconciler.hostplans import HostPlan, VmSpec
+from host_reconciler.localstate import LocalState
+from host_reconciler.observations import DomainState
+from host_reconciler.settings import HostSettings
+from reconciler.errors import PermanentError, TemporaryError
+
+
+@dataclass
+class Drivers:
+    domains: DomainDriver
+    disks: DiskDriver
+    pci: PciDriver
+    dhcp: DhcpDriver
+    readiness: ReadinessDriver | None = None  # None: not checked (libvirt test driver, no guest)
+    network: NetworkDriver | None = None  # None: the bridge is managed elsewhere
+
+    def close(self) -> None:
+        self.domains.close()
+
+
+@dataclass
+class Context:
+    plan: HostPlan
+    settings: HostSettings
+    drivers: Drivers
+    state: LocalState
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    _topology: topology.HostTopology | None = field(default=None, repr=False)
+
+    def host_topology(self) -> topology.HostTopology:
+        """libvirt's NUMA cells; where libvirt has none (its test driver), discovery's."""
+        if self._topology is None:
+            topo = self.drivers.domains.topology()
+            if topo.source == "node-info" and self.settings.discovery_root is not None:
+                from host_reconciler.discovery import discovering
+
+                found = discovering.discover(self.settings.discovery_root)
+                topo = topology.from_numa_nodes([
+                    (n.node, n.cpus, [(h.size_kib, h.free) for h in n.hugepages])
+                    for n in found.numa_nodes
+                ])  # fmt: skip
+            self._topology = topo
+        return self._topology
+
+    def free_pages(self, size_kib: int, node: int) -> int:
+        topo = self.host_topology()
+        if topo.source == "discovery":
+            return topo.cell(node).page_count(size_kib)
+        return self.drivers.domains.free_pages(size_kib, node)
+
+    def options(self, vm: VmSpec | None = None) -> domains.DomainOptions:
+        seed = None
+        if vm is not None:
+            iso = self.state.seed_dir(vm.name) / cloudinit.ISO_NAME
+            seed = str(iso) if iso.exists() else None
+        return self.settings.domain_options(seed_iso=seed)
+
+    def digest(self, vm: VmSpec) -> str:
+        return domains.spec_digest(vm, self.plan.network, self.options())
+
+    def approved(self) -> list[tuple[int, str]]:
+        return [(s.slot_index, s.nvme_device) for s in self.plan.slots]
+
+    def slot_disk(self, vm: VmSpec, slot_index: int) -> disk_driver.SlotDisk:
+        for b in vm.bundles:
+            if b.slot_index == slot_index:
+                return disk_driver.slot_disk(slot_index, b.nvme_device, self.approved(), self.plan.os_disk)
+        raise PermanentError(f"slot {slot_index} is not a slot of {vm.allocation_id}", code="host.slot.unknown")
+
+    def placement(self, vm: VmSpec) -> topology.CpuPlacement:
+        return topology.place_vcpus(
+            vm,
+            self.plan.slots,
+            self.host_topology(),
+            reserved_per_cell=self.settings.reserved_cpus_per_cell,
+        )
+
+    def xml(self, vm: VmSpec) -> str:
+        return domains.build(
+            vm,
+            network=self.plan.network,
+            placement=self.placement(vm),
+            options=self.options(vm),
+            digest=self.digest(vm),
+        )
+
+
+Result = dict[str, Any]
+StepFn = Callable[[Context, Action, VmSpec | None], Result]
+
+
+def _vm(vm: VmSpec | None, action: Action) -> VmSpec:
+    if vm is None:
+        raise PermanentError(
+            f"{action.step} needs the plan entry of {action.allocation_id}",
+            code="host.plan.missing_vm",
+        )
+    return vm
+
+
+# -- provision -----------------------------------------------------------------------------
+
+
+def lease(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
+    v = _vm(vm, action)
+    held = ctx.state.read_leases()
+    for b in v.bundles:
+        if not ctx.state.acquire_lease(b.slot_index, v.allocation_id):
+            holder = ctx.state.read_leases().get(b.slot_index, held.get(b.slot_index))
+            raise TemporaryError(f"slot {b.slot_index} is still held by {holder}", code="host.lease.busy", delay=5.0)
+    return {}
+
+
+def host_checks(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
+    v = _vm(vm, action)
+    net = ctx.plan.network
+    if ctx.drivers.network is not None:
+        if ctx.settings.manage_network:
+            ctx.drivers.network.ensure_bridge(net)
+            ctx.drivers.network.ensure_nat(net)
+        elif not ctx.drivers.network.bridge_exists(net.bridge):
+            raise PermanentError(f"management bridge {net.bridge} is missing", code="host.network.no_bridge")
+    ctx.drivers.dhcp.ensure_running(net)
+    opts = ctx.options()
+    if opts.domain_type == "kvm" and not Path("/dev/kvm").exists():
+        raise PermanentError(
+            "/dev/kvm is missing: virtualization is off or kvm is not loaded",
+            code="host.kvm_missing",
+        )
+    placement = ctx.placement(v)
+    if v.hugepages:
+        size = topology.HUGEPAGE_KIB.get(v.hugepage_size or "1G")
+        if size is None:
+            raise PermanentError(f"hugepage size {v.hugepage_size!r} is not 1G or 2M", code="host.hugepages.size")
+        cells = placement.guest_cells or (topology.GuestCell(placement.nodeset[0], (), v.memory_mib),)
+        for cell in cells:
+            need = -(-cell.memory_mib * 1024 // size)
+            free = ctx.free_pages(size, cell.host_node)
+            if free < need:
+                raise PermanentError(
+                    f"{v.allocation_id} needs {need} x {v.hugepage_size or '1G'} pages on NUMA "
+                    f"node {cell.host_node}, the host has {free} free",
+                    code="host.hugepages.unavailable",
+                )
+    for b in v.bundles:
+        ctx.drivers.disks.check(ctx.slot_disk(v, b.slot_index))
+    return {"cpuset": placement.cpuset, "nodeset": list(placement.nodeset)}
+
+
+def vfio_check(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
+    v = _vm(vm, action)
+    bound: list[str] = []
+    for b in v.bundles:
+        for address in filter(None, (b.gpu_pci_address, b.fabric_vf_pci_address)):
+            dev = ctx.drivers.pci.inspect(address)
+            if not dev.present:
+                raise PciError(f"slot {b.slot_index}: {address} is not on the PCI bus", code="host.pci.missing")
+            if dev.driver == VFIO:
+                continue
+            if not ctx.settings.vfio_bind:
+                raise PciError(
+                    f"slot {b.slot_index}: {address} is bound to {dev.driver or 'no driver'}, "
+                    f"not {VFIO} (host bootstrap binds it; vfio_bind is off)",
+                    code="host.pci.not_vfio",
+                )
+            ctx.drivers.pci.bind_vfio(address)
+            bound.append(address)
+    return {"bound": bound} if bound else {}
+
+
+def image_verify(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
+    v = _vm(vm, action)
+    if v.image is None:
+        if ctx.settings.direct_kernel is not None:
+            return {"image": None, "skipped": "direct kernel boot"}
+        raise PermanentError(f"{v.allocation_id} names no image", code="host.image.none")
+    path = images.resolve(ctx.settings.image_dir, v.image)
+    verified = images.verify(path, images.expected_digest(v.image))
+    return {"image": verified.as_dict()}
+
+
+def cloud_init_seed(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
+    v = _vm(vm, action)
+    files = cloudinit.render(v)
+    ctx.state.install_seed(v.name, files, build=cloudinit.pack_iso)
+    return {}
+
+
+def dhcp_reservation(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
+    v = _vm(vm, action)
+    changed = ctx.drivers.dhcp.ensure_reservation(reservation_for(v, ctx.plan.network))
+    return {"changed": changed}
+
+
+def _domains_using(ctx: Context, device: str) -> list[str]:
+    return [name for name, d in ctx.drivers.domains.domains().items() if device in d.facts.disks and d.running]
+
+
+def disk_write(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
+    v = _vm(vm, action)
+    if v.image is None:
+        return {"skipped": "no image (direct kernel boot)"}
+    boot = v.bundles[domains.boot_bundle(v)]
+    users = _domains_using(ctx, boot.nvme_device)
+    if users:
+        raise disk_driver.DiskRefused(
+            f"{boot.nvme_device} is the disk of running domain(s) {', '.join(users)}",
+            code="host.disk.in_use_by_domain",
+            device=boot.nvme_device,
+        )
+    digest = images.expected_digest(v.image)
+    recorded = ctx.state.read_journal(v.allocation_id).get("image")
+    if isinstance(recorded, dict) and recorded.get("digest") == digest:
+        token = images.VerifiedImage(**recorded)
+    else:
+        token = images.verify(images.resolve(ctx.settings.image_dir, v.image), digest)
+    evidence = ctx.drivers.disks.write_image(
+        ctx.slot_disk(v, boot.slot_index), token, digest=digest, image_format=v.image.image_format
+    )
+    return {"disk_write": evidence}
+
+
+def define_start(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
+    v = _vm(vm, action)
+    ctx.drivers.domains.define(ctx.xml(v))
+    ctx.drivers.domains.start(v.name)
+    if ctx.drivers.network is not None and ctx.settings.manage_network:
+        ctx.drivers.network.isolate_ports(ctx.plan.network)  # the new tap forwards to no other VM
+    return {}
+
+
+def readiness(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
+    v = _vm(vm, action)
+    if ctx.drivers.readiness is None:
+        return {"readiness": "not checked (no readiness driver: libvirt test driver)"}
+    boot = v.bundles[domains.boot_bundle(v)]
+    r = ctx.drivers.readiness.wait_ready(
+        boot.mac_address.lower(),
+        boot.private_ip,
+        ctx.settings.readiness_port,
+        float(ctx.plan.readiness_timeout_s),
+    )
+    return {
+        "readiness": {
+            "ip": r.ip,
+            "port": r.port,
+            "lease_s": round(r.lease_s, 3),
+            "ready_s": round(r.ready_s, 3),
+        }
+    }
+
+
+# -- release -------------------------------------------------------------------------------
+
+
+def _running(state: DomainState | None) -> bool:
+    return state in (DomainState.RUNNING, DomainState.PAUSED)
+
+
+def graceful_stop(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
+    v = _vm(vm, action)
+    dd = ctx.drivers.domains
+    if not _running(dd.state(v.name)):
+        return {"graceful": True, "waited_s": 0.0}
+    dd.shutdown(v.name)
+    t0 = ctx.clock()
+    deadline = t0 + ctx.plan.graceful_timeout_s
+    while _running(dd.state(v.name)):
+        if ctx.clock() >= deadline:
+            return {"graceful": False, "waited_s": round(ctx.clock() - t0, 3)}
+        ctx.sleep(min(ctx.settings.graceful_poll_s, max(0.0, deadline - ctx.clock())))
+    return {"graceful": True, "waited_s": round(ctx.clock() - t0, 3)}
+
+
+def hard_stop(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
+    v = _vm(vm, action)
+    if not _running(ctx.drivers.domains.state(v.name)):
+        return {}
+    ctx.drivers.domains.destroy(v.name)
+    return {"hard_stopped": True}
+
+
+def undefine(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
+    v = _vm(vm, action)
+    if _running(ctx.drivers.domains.state(v.name)):
+        raise TemporaryError(f"{v.name} is still running; not undefining it", code="host.domain.still_running")
+    ctx.drivers.domains.undefine(v.name)
+    return {}
+
+
+def remove_reservation(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
+    v = _vm(vm, action)
+    removed = ctx.drivers.dhcp.remove_reservation(v.name)
+    seed = ctx.state.remove_seed(v.name)
+    return {"reservation_removed": removed, "seed_removed": seed}
+
+
+def _one_slot(action: Action) -> int:
+    if len(action.slot_indexes) != 1:
+        raise PermanentError(f"{action.step} acts on one slot, got {action.slot_indexes}", code="host.action.slots")
+    return action.slot_indexes[0]
+
+
+def wipe(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
+    v = _vm(vm, action)
+    slot = _one_slot(action)
+    sd = ctx.slot_disk(v, slot)
+    users = sorted(n for n, d in ctx.drivers.domains.domains().items() if sd.device in d.facts.disks)
+    if users:  # a defined domain (running or not) still names this disk: never wipe under it
+        raise TemporaryError(
+            f"slot {slot}: {sd.device} belongs to domain(s) {', '.join(users)}",
+            code="host.disk.in_use_by_domain",
+            delay=5.0,
+        )
+    evidence = ctx.drivers.disks.wipe(sd)
+    ctx.state.write_wipe(slot, v.allocation_id, wiped=True, verified=False, blocked=None, evidence={"wipe": evidence})
+    return {"method": evidence.get("method")}
+
+
+def verify(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
+    v = _vm(vm, action)
+    slot = _one_slot(action)
+    evidence = ctx.drivers.disks.verify(ctx.slot_disk(v, slot))
+    ctx.state.write_wipe(
+        slot,
+        v.allocation_id,
+        wiped=True,
+        verified=True,
+        blocked=None,
+        evidence={"verify": evidence},
+    )
+    return {}
+
+
+def report_free(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
+    v = _vm(vm, action)
+    slot = _one_slot(action)
+    rec = ctx.state.read_wipes().get(slot)
+    if rec is None or rec.allocation_id != v.allocation_id or not rec.verified:
+        raise PermanentError(f"slot {slot} has no verified wipe for {v.allocation_id}", code="host.wipe.unproven")
+    ctx.state.release_lease(slot, v.allocation_id)
+    return {}
+
+
+# -- drift heals ---------------------------------------------------------------------------
+
+
+def start_domain(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
+    ctx.drivers.domains.start(_vm(vm, action).name)
+    return {}
+
+
+def redefine_domain(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
+    v = _vm(vm, action)
+    ctx.drivers.domains.define(ctx.xml(v))
+    return {"note": "persistent definition replaced; a running VM picks it up at its next boot"}
+
+
+def _planned_names(ctx: Context) -> set[str]:
+    return {v.name for v in (*ctx.plan.vms, *ctx.plan.releases)}
+
+
+def remove_orphan_domain(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
+    name = action.target
+    if not name.startswith(domains.PREFIX) or name in _planned_names(ctx):
+        raise PermanentError(f"{name!r} is not an orphan of this host", code="host.heal.not_orphan")
+    ctx.drivers.domains.destroy(name)
+    ctx.drivers.domains.undefine(name)
+    return {}
+
+
+def remove_stale_reservation(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
+    if action.target in {v.name for v in ctx.plan.vms}:
+        raise PermanentError(f"{action.target} belongs to a planned VM", code="host.heal.not_orphan")
+    return {"removed": ctx.drivers.dhcp.remove_reservation(action.target)}
+
+
+def remove_orphan_seed(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
+    if action.target in _planned_names(ctx):
+        raise PermanentError(f"{action.target} belongs to a plan entry", code="host.heal.not_orphan")
+    return {"removed": ctx.state.remove_seed(action.target)}
+
+
+def remove_orphan_lease(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
+    slot = _one_slot(action)
+    holder = ctx.state.read_leases().get(slot)
+    planned = {v.allocation_id for v in (*ctx.plan.vms, *ctx.plan.releases)}
+    if holder is None or holder in planned:
+        return {}
+    disk = next((s.nvme_device for s in ctx.plan.slots if s.slot_index == slot), None)
+    if disk and any(disk in d.facts.disks for d in ctx.drivers.domains.domains().values()):
+        raise TemporaryError(f"slot {slot} disk is still attached to a domain", code="host.heal.lease_in_use")
+    ctx.state.release_lease(slot, holder)
+    return {"released": holder}
+
+
+STEPS: dict[Step, StepFn] = {
+    Step.LEASE: lease,
+    Step.HOST_CHECKS: host_checks,
+    Step.VFIO_CHECK: vfio_check,
+    Step.IMAGE_VERIFY: image_verify,
+    Step.CLOUD_INIT_SEED: cloud_init_seed,
+    Step.DHCP_RESERVATION: dhcp_reservation,
+    Step.DISK_WRITE: disk_write,
+    Step.DEFINE_START: define_start,
+    Step.READINESS: readiness,
+    Step.GRACEFUL_STOP: graceful_stop,
+    Step.HARD_STOP: hard_stop,
+    Step.UNDEFINE: undefine,
+    Step.REMOVE_RESERVATION: remove_reservation,
+    Step.WIPE: wipe,
+    Step.VERIFY: verify,
+    Step.REPORT_FREE: report_free,
+    Step.START_DOMAIN: start_domain,
+    Step.REDEFINE_DOMAIN: redefine_domain,
+    Step.REMOVE_ORPHAN_DOMAIN: remove_orphan_domain,
+    Step.REMOVE_STALE_RESERVATION: remove_stale_reservation,
+    Step.REMOVE_ORPHAN_SEED: remove_orphan_seed,
+    Step.REMOVE_ORPHAN_LEASE: remove_orphan_lease,
+}

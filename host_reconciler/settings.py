@@ -1,0 +1,176 @@
+"""Host settings: what one node's host reconciler needs that is not in its plan.
+
+Read from a JSON file (`gpuaas host ... --config FILE`, or
+$GPUAAS_HOST_CONFIG), every key optional except where noted; the defaults
+are a production host's. Tests and the demo point the same settings at a
+libvirt test driver, a temp state dir, a temp by-id directory of symlinks
+to loop devices, and a network namespace.
+
+    {
+      "libvirt_uri": "qemu:///system",
+      "state_dir": "/var/lib/gpuaas/host",
+      "image_dir": "/var/lib/gpuaas/images",
+      "by_id_root": "/dev/disk/by-id",
+      "sysfs_root": "/sys",
+      "discovery_root": null,          # a sysfs root to run the discovery gate on ("/" on a host)
+      "vfio_bind": false,              # bind GPUs/VFs to vfio-pci if needed (explicit opt-in)
+      "drift_mode": "report",          # or "self-heal"
+      "domain_type": null,             # kvm | qemu | test (null: from the URI)
+      "firmware": "efi",
+      "bridge_kind": "linux",          # or "ovs" (ovs_db, ovs_datapath: netdev | system)
+      "reserved_cpus_per_cell": 0,
+      "manage_network": true,          # ensure bridge + NAT + port isolation
+      "netns": null,                   # run bridge, dnsmasq and readiness inside this netns
+      "dhcp_state_dir": null,          # dnsmasq state (default <state_dir>/dnsmasq)
+      "readiness_port": 22,
+      "readiness": "lease-tcp",        # or "none" (test driver: no guest ever boots)
+      "pci": "sysfs",                  # or "fake-vfio" (no GPUs on this machine)
+      "poll_interval_s": 10
+    }
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from host_reconciler.actions import DriftMode
+from host_reconciler.domains import DirectKernel, DomainOptions
+from host_reconciler.drivers.disks import DiskSettings
+from reconciler.errors import PermanentError
+
+ENV_CONFIG = "GPUAAS_HOST_CONFIG"
+
+
+class SettingsError(PermanentError):
+    code = "host.settings.invalid"
+
+
+@dataclass(frozen=True, slots=True)
+class HostSettings:
+    node: str
+    libvirt_uri: str = "qemu:///system"
+    state_dir: Path = Path("/var/lib/gpuaas/host")
+    image_dir: Path = Path("/var/lib/gpuaas/images")
+    by_id_root: Path = Path("/dev/disk/by-id")
+    mountinfo: Path = Path("/proc/self/mountinfo")
+    sysfs_root: Path = Path("/sys")
+    discovery_root: Path | None = None
+    vfio_bind: bool = False
+    drift_mode: DriftMode = DriftMode.REPORT
+    domain_type: str | None = None
+    firmware: Literal["efi", "bios"] = "efi"
+    bridge_kind: Literal["linux", "ovs"] = "linux"
+    ovs_db: str | None = None  # OVSDB address (default: ovs-vsctl's)
+    ovs_datapath: Literal["netdev", "system"] = "netdev"  # netdev: userspace, no kernel datapath
+    reserved_cpus_per_cell: int = 0
+    direct_kernel: DirectKernel | None = None
+    manage_network: bool = True
+    netns: str | None = None
+    dhcp_state_dir: Path | None = None
+    readiness_port: int = 22
+    readiness: Literal["lease-tcp", "none"] = "lease-tcp"
+    pci: Literal["sysfs", "fake-vfio"] = "sysfs"
+    poll_interval_s: float = 10.0
+    graceful_poll_s: float = 0.5
+    wipe_sample_count: int = 64
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def domain_options(self, *, seed_iso: str | None = None) -> DomainOptions:
+        from host_reconciler.drivers.libvirt_driver import default_domain_type
+
+        return DomainOptions(
+            domain_type=self.domain_type or default_domain_type(self.libvirt_uri),
+            firmware=self.firmware,
+            bridge_kind=self.bridge_kind,
+            seed_iso=seed_iso,
+            direct_kernel=self.direct_kernel,
+            reserved_cpus_per_cell=self.reserved_cpus_per_cell,
+        )
+
+    def disk_settings(self) -> DiskSettings:
+        return DiskSettings(
+            by_id_root=self.by_id_root,
+            mountinfo=self.mountinfo,
+            sysfs_root=Path("/sys"),
+            sample_count=self.wipe_sample_count,
+        )
+
+    @property
+    def dnsmasq_dir(self) -> Path:
+        return self.dhcp_state_dir or self.state_dir / "dnsmasq"
+
+
+_PATHS = {
+    "state_dir",
+    "image_dir",
+    "by_id_root",
+    "mountinfo",
+    "sysfs_root",
+    "discovery_root",
+    "dhcp_state_dir",
+}
+
+
+def from_dict(node: str, doc: dict[str, Any]) -> HostSettings:
+    known = {f.name for f in fields(HostSettings)} - {"node", "extra"}
+    unknown = sorted(set(doc) - known)
+    if unknown:
+        raise SettingsError(f"unknown host settings: {', '.join(unknown)}", code="host.settings.unknown")
+    values: dict[str, Any] = {}
+    for k, v in doc.items():
+        if k in _PATHS:
+            values[k] = Path(v) if v is not None else None
+        elif k == "drift_mode":
+            try:
+                values[k] = DriftMode(v)
+            except ValueError as e:
+                raise SettingsError(f"drift_mode must be report or self-heal, not {v!r}") from e
+        elif k == "direct_kernel":
+            values[k] = DirectKernel(**v) if v else None
+        else:
+            values[k] = v
+    s = HostSettings(node=node, **values)
+    if s.firmware not in ("efi", "bios") or s.bridge_kind not in ("linux", "ovs"):
+        raise SettingsError("firmware must be efi|bios and bridge_kind linux|ovs")
+    if s.ovs_datapath not in ("netdev", "system"):
+        raise SettingsError("ovs_datapath must be netdev or system")
+    if s.readiness not in ("lease-tcp", "none") or s.pci not in ("sysfs", "fake-vfio"):
+        raise SettingsError("readiness must be lease-tcp|none and pci sysfs|fake-vfio")
+    return s
+
+
+def load(node: str, path: Path | None = None) -> HostSettings:
+    p = path or (Path(os.environ[ENV_CONFIG]) if os.environ.get(ENV_CONFIG) else None)
+    if p is None:
+        return HostSettings(node=node)
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise SettingsError(f"cannot read host settings {p}: {e}", code="host.settings.unreadable") from e
+    if not isinstance(doc, dict):
+        raise SettingsError(f"{p} must hold a JSON object")
+    return from_dict(node, doc)
+
+
+def to_dict(s: HostSettings) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in fields(HostSettings):
+        if f.name in ("node", "extra"):
+            continue
+        v = getattr(s, f.name)
+        if isinstance(v, Path):
+            v = str(v)
+        elif f.name == "direct_kernel" and v is not None:
+            v = {"kernel": v.kernel, "initrd": v.initrd, "cmdline": v.cmdline}
+        elif f.name == "drift_mode":
+            v = str(v)
+        out[f.name] = v
+    return out
+
+
+def with_mode(s: HostSettings, mode: DriftMode) -> HostSettings:
+    return replace(s, drift_mode=mode)

@@ -1,0 +1,173 @@
+"""The host side of PostgreSQL: read this node's plan, write this node's status.
+
+A host connects as its own node role (`gpuaas_create_node_role`, migration
+0050); row-level security makes `host_plans`, `host_status` and
+`host_slot_status` show and accept only that node's rows, so a host cannot
+read another node's plan or write another node's status even if its code
+asked to. The central reconciler (table owner) reads every node's status for
+`gpuaas drift`.
+
+psycopg errors become project errors here (`reconciler.store.errors`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from host_reconciler import hostplans
+from host_reconciler.statuses import HostStatus
+from reconciler.errors import PermanentError
+from reconciler.store import errors
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCredentials:
+    node: str
+    role: str
+    password: str
+
+
+def connect(
+    url: str, *, role: str | None = None, password: str | None = None, autocommit: bool = True
+) -> psycopg.Connection[Any]:
+    kwargs: dict[str, Any] = {"application_name": "gpuaas-host", "connect_timeout": 10}
+    if role is not None:
+        kwargs["user"] = role
+    if password is not None:
+        kwargs["password"] = password
+    with errors.wrapped("connect to PostgreSQL"):
+        return psycopg.connect(url, autocommit=autocommit, **kwargs)
+
+
+def create_node_role(conn: psycopg.Connection[Any], node: str, password: str) -> NodeCredentials:
+    """Create (or re-key) the login role of `node` (run as the central reconciler's role)."""
+    with errors.wrapped(f"create the role of node {node}"):
+        row = conn.execute("SELECT gpuaas_create_node_role(%s, %s)", (node, password)).fetchone()
+    if row is None:
+        raise PermanentError(f"no role created for {node}", code="host.store.role")
+    return NodeCredentials(node, str(row[0]), password)
+
+
+def read_plan(conn: psycopg.Connection[Any], node: str) -> hostplans.HostPlan | None:
+    """This node's plan, or None when the central reconciler wrote none (or RLS hides it)."""
+    with errors.wrapped(f"read the host plan of {node}"):
+        row = conn.execute("SELECT generation, spec FROM host_plans WHERE node_name = %s", (node,)).fetchone()
+    if row is None:
+        return None
+    generation, spec = row
+    doc = dict(spec if isinstance(spec, dict) else json.loads(spec))
+    doc["generation"] = int(generation)
+    doc.setdefault("node", node)
+    try:
+        plan = hostplans.from_json(doc)
+    except (TypeError, KeyError, ValueError) as e:
+        raise PermanentError(f"host plan of {node} does not decode: {e}", code="host.plan.invalid") from e
+    if plan.node != node:
+        raise PermanentError(f"host plan row of {node} names node {plan.node}", code="host.plan.wrong_node")
+    return plan
+
+
+_STATUS_SQL = """
+INSERT INTO host_status (node_name, observed_generation, reported_at, healthy, phase_timings,
+                         drift, errors, details)
+VALUES (%(node)s, %(gen)s, now(), %(healthy)s, %(timings)s, %(drift)s, %(errors)s, %(details)s)
+ON CONFLICT (node_name) DO UPDATE SET
+    observed_generation = EXCLUDED.observed_generation, reported_at = now(),
+    healthy = EXCLUDED.healthy, phase_timings = EXCLUDED.phase_timings,
+    drift = EXCLUDED.drift, errors = EXCLUDED.errors, details = EXCLUDED.details
+"""
+
+# wipe_reported_at moves only when the wipe report itself changes, so it says
+# when the evidence was first reported (claim_cleanup_proven compares it with
+# the release request).
+_SLOT_SQL = """
+INSERT INTO host_slot_status AS h (node_name, slot_index, observed_generation, allocation_id,
+    vm_state, vm_ready_at, wipe_allocation_id, wipe_state, wipe_evidence, wipe_error,
+    wipe_reported_at, phase_timings, drift, updated_at)
+VALUES (%(node)s, %(slot)s, %(gen)s, %(alloc)s, %(vm_state)s, %(ready_at)s::timestamptz,
+    %(wipe_alloc)s, %(wipe_state)s, %(evidence)s, %(wipe_error)s,
+    CASE WHEN %(wipe_state)s::text IS NULL THEN NULL ELSE now() END, %(timings)s, %(drift)s, now())
+ON CONFLICT (node_name, slot_index) DO UPDATE SET
+    observed_generation = EXCLUDED.observed_generation, allocation_id = EXCLUDED.allocation_id,
+    vm_state = EXCLUDED.vm_state, vm_ready_at = EXCLUDED.vm_ready_at,
+    wipe_allocation_id = EXCLUDED.wipe_allocation_id, wipe_state = EXCLUDED.wipe_state,
+    wipe_evidence = EXCLUDED.wipe_evidence, wipe_error = EXCLUDED.wipe_error,
+    wipe_reported_at = CASE
+        WHEN EXCLUDED.wipe_state IS NULL THEN NULL
+        WHEN h.wipe_state IS DISTINCT FROM EXCLUDED.wipe_state
+          OR h.wipe_allocation_id IS DISTINCT FROM EXCLUDED.wipe_allocation_id
+          OR h.wipe_evidence IS DISTINCT FROM EXCLUDED.wipe_evidence THEN now()
+        ELSE h.wipe_reported_at END,
+    phase_timings = EXCLUDED.phase_timings, drift = EXCLUDED.drift, updated_at = now()
+"""
+
+
+def write_status(conn: psycopg.Connection[Any], status: HostStatus) -> None:
+    """Write the node row and every slot row of `status` in one transaction."""
+    doc = status.as_dict()
+    details = {k: doc[k] for k in ("generation", "mode", "converged", "pending", "vms", "pass_ms",
+                                   "reported_at")}  # fmt: skip
+    timings = {v["allocation_id"]: v["phase_timings"] for v in doc["vms"]}
+    with errors.wrapped(f"write the host status of {status.node}"), conn.transaction():
+        conn.execute(_STATUS_SQL, {
+            "node": status.node, "gen": status.observed_generation, "healthy": status.healthy,
+            "timings": Jsonb(timings), "drift": Jsonb(doc["drift"]), "errors": Jsonb(doc["errors"]),
+            "details": Jsonb(details),
+        })  # fmt: skip
+        for s in doc["slots"]:
+            conn.execute(_SLOT_SQL, {
+                "node": status.node, "slot": s["slot_index"], "gen": status.observed_generation,
+                "alloc": s["allocation_id"], "vm_state": s["vm_state"], "ready_at": s["vm_ready_at"],
+                "wipe_alloc": s["wipe_allocation_id"], "wipe_state": s["wipe_state"],
+                "evidence": Jsonb(s["wipe_evidence"]), "wipe_error": s["wipe_error"],
+                "timings": Jsonb(s["phase_timings"]),
+                "drift": Jsonb([{**d, "state": s["state"]} for d in s["drift"]]),
+            })  # fmt: skip
+
+
+def read_status(conn: psycopg.Connection[Any], node: str | None = None) -> list[dict[str, Any]]:
+    """Node status rows with their slot rows (all visible nodes, or one)."""
+    where = "WHERE s.node_name = %s" if node else ""
+    with errors.wrapped("read host status"):
+        rows = conn.execute(
+            f"""SELECT s.node_name, s.observed_generation, s.reported_at, s.healthy, s.drift,
+                       s.errors, s.details, p.generation
+                FROM host_status s LEFT JOIN host_plans p USING (node_name)
+                {where} ORDER BY s.node_name""",  # noqa: S608 -- fixed fragment, value bound
+            (node,) if node else (),
+        ).fetchall()
+        slot_rows = conn.execute(
+            f"""SELECT node_name, slot_index, allocation_id, vm_state, wipe_state, wipe_error,
+                       wipe_evidence, drift, updated_at
+                FROM host_slot_status s {where} ORDER BY node_name, slot_index""",  # noqa: S608
+            (node,) if node else (),
+        ).fetchall()
+    slots: dict[str, list[dict[str, Any]]] = {}
+    for r in slot_rows:
+        slots.setdefault(r[0], []).append({
+            "slot_index": r[1], "allocation_id": r[2], "vm_state": r[3], "wipe_state": r[4],
+            "wipe_error": r[5], "wipe_evidence": r[6], "drift": r[7], "updated_at": str(r[8]),
+        })  # fmt: skip
+    return [
+        {"node": r[0], "observed_generation": r[1], "reported_at": str(r[2]), "healthy": r[3],
+         "drift": r[4], "errors": r[5], "details": r[6], "plan_generation": r[7],
+         "slots": slots.get(r[0], [])}
+        for r in rows
+    ]  # fmt: skip
+
+
+def write_plan(conn: psycopg.Connection[Any], plan: hostplans.HostPlan, revision: str | None = None) -> None:
+    """Write a host plan (what the central reconciler does; used by tests, demo and bench)."""
+    spec = hostplans.to_json(plan)
+    with errors.wrapped(f"write the host plan of {plan.node}"):
+        conn.execute(
+            """INSERT INTO host_plans (node_name, generation, spec, revision) VALUES (%s, %s, %s, %s)
+               ON CONFLICT (node_name) DO UPDATE SET generation = EXCLUDED.generation,
+                   spec = EXCLUDED.spec, revision = EXCLUDED.revision, updated_at = now()""",
+            (plan.node, plan.generation, Jsonb(spec), revision),
+        )

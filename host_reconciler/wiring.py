@@ -1,0 +1,44 @@
+"""Build the real drivers a host's settings ask for (the one place that picks them).
+
+psycopg picks its libpq implementation in one function; so does this module
+for the host drivers: libvirt, block disks, PCI (sysfs, or the fake on a
+host without GPUs), dnsmasq, the readiness gate and the bridge (Linux or OVS).
+"""
+
+from __future__ import annotations
+
+from host_reconciler import fakes
+from host_reconciler.drivers.disks import BlockDisks
+from host_reconciler.drivers.dnsmasq import DnsmasqDhcp, DnsmasqServer
+from host_reconciler.drivers.libvirt_driver import LibvirtDomains
+from host_reconciler.drivers.network import LinuxBridgeNetwork, NetworkDriver
+from host_reconciler.drivers.ovs import OvsNetwork
+from host_reconciler.drivers.pci import PciDriver, SysfsPci
+from host_reconciler.drivers.readiness import LeaseReadiness, ReadinessDriver
+from host_reconciler.phases import Drivers
+from host_reconciler.settings import HostSettings
+
+
+def drivers(settings: HostSettings) -> Drivers:
+    server = DnsmasqServer(settings.dnsmasq_dir, netns_name=settings.netns)
+    pci: PciDriver
+    if settings.pci == "fake-vfio":
+        pci = fakes.FakePci(all_present=True, allow_bind=settings.vfio_bind)
+    else:
+        pci = SysfsPci(settings.sysfs_root, allow_bind=settings.vfio_bind)
+    readiness: ReadinessDriver | None = None
+    if settings.readiness == "lease-tcp":
+        readiness = LeaseReadiness(server.lease_file, netns_name=settings.netns)
+    network: NetworkDriver
+    if settings.bridge_kind == "ovs":
+        network = OvsNetwork(settings.netns, db=settings.ovs_db, datapath_type=settings.ovs_datapath)
+    else:
+        network = LinuxBridgeNetwork(settings.netns)
+    return Drivers(
+        domains=LibvirtDomains(settings.libvirt_uri),
+        disks=BlockDisks(settings.disk_settings()),
+        pci=pci,
+        dhcp=DnsmasqDhcp(server),
+        readiness=readiness,
+        network=network,
+    )

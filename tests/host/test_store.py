@@ -1,0 +1,117 @@
+"""Host plans and status in a real PostgreSQL, with one role per node and row-level security.
+
+    central (owner) writes plans for node-a and node-b, creates both node roles
+    node-a's role: reads node-a's plan only, writes node-a's status only
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from host_reconciler import hostplans as hp
+from host_reconciler import store
+from host_reconciler.actions import Drift, DriftCode, DriftMode
+from host_reconciler.statuses import HostStatus, SlotReport
+from reconciler import cli
+from reconciler.errors import GpuaasError
+from reconciler.plans import SlotStatus
+from tests.host.conftest import NETWORK
+
+
+def add_node(conn: psycopg.Connection[Any], name: str) -> None:
+    conn.execute(
+        """INSERT INTO nodes (name, region, pool, admin_state, storage_mode, os_disk, capability,
+                              management_network)
+           VALUES (%s, 'us-east-1', 'h200-slice', 'active', 'slice', '/dev/disk/by-id/nvme-OS',
+                   'both_capable', %s)""",
+        (name, Jsonb({"bridge": "gpuaasbr0"})),
+    )
+
+
+def plan(node: str, generation: int = 1) -> hp.HostPlan:
+    b = hp.SlotBundle(0, "0000:1b:00.0", "0000:1a:00.1", "/dev/disk/by-id/nvme-S0", "52:54:00:00:00:01",
+                      "10.100.0.10", 0)
+    vm = hp.VmSpec(f"alloc-{node}", "acme", (b,), vcpu_count=2, memory_mib=1024)
+    return hp.HostPlan(node, generation, NETWORK, "/dev/disk/by-id/nvme-OS", vms=(vm,), slots=(b,))
+
+
+def status(node: str, *, drift: tuple[Drift, ...] = (), wipe: dict[str, Any] | None = None) -> HostStatus:
+    slot = SlotReport(0, SlotStatus.AVAILABLE if wipe else SlotStatus.ACTIVE, f"alloc-{node}",
+                      "absent" if wipe else "ready", None, None, f"alloc-{node}" if wipe else None,
+                      "verified" if wipe else None, wipe or {}, None, {"lease": 1.5}, drift, schedulable=bool(wipe))
+    return HostStatus(node, 1, 1, DriftMode.REPORT, True, True, (slot,), (), drift, (), ())
+
+
+@pytest.fixture
+def two_nodes(db_url: str) -> dict[str, store.NodeCredentials]:
+    with store.connect(db_url) as conn:
+        creds = {}
+        for node in ("node-a", "node-b"):
+            add_node(conn, node)
+            store.write_plan(conn, plan(node))
+            creds[node] = store.create_node_role(conn, node, f"pw-{node}")
+        store.write_status(conn, status("node-b"))  # node-b already reported once
+    return creds
+
+
+def test_node_role_cannot_read_another_nodes_plan_or_write_its_status(
+    db_url: str, two_nodes: dict[str, store.NodeCredentials]
+) -> None:
+    a = two_nodes["node-a"]
+    with store.connect(db_url, role=a.role, password=a.password) as conn:
+        assert store.read_plan(conn, "node-a") == plan("node-a")
+        assert store.read_plan(conn, "node-b") is None  # invisible, not an error
+        assert conn.execute("SELECT count(*) FROM host_plans").fetchone() == (1,)
+        store.write_status(conn, status("node-a"))
+        assert [n["node"] for n in store.read_status(conn)] == ["node-a"]
+        with pytest.raises(GpuaasError):
+            store.write_status(conn, status("node-b", drift=(Drift(DriftCode.DISK_MOUNTED, 0, "forged"),)))
+        with pytest.raises(GpuaasError), store.errors.wrapped("read role map"):
+            conn.execute("SELECT * FROM host_node_roles").fetchall()
+        changed = conn.execute("UPDATE host_status SET healthy = false WHERE node_name = 'node-b'")
+        assert changed.rowcount == 0
+        with pytest.raises(psycopg.Error):
+            conn.execute("UPDATE host_plans SET generation = 99 WHERE node_name = 'node-a'")
+    with store.connect(db_url) as central:
+        rows = {n["node"]: n for n in store.read_status(central)}
+        assert rows["node-b"]["drift"] == [] and rows["node-b"]["healthy"] is True
+        assert rows["node-a"]["observed_generation"] == 1
+        assert central.execute("SELECT generation FROM host_plans WHERE node_name = 'node-a'").fetchone() == (1,)
+
+
+def test_status_rows_carry_the_wipe_proof_the_central_reconciler_checks(
+    db_url: str, two_nodes: dict[str, store.NodeCredentials]
+) -> None:
+    a = two_nodes["node-a"]
+    evidence = {"device": "/dev/disk/by-id/nvme-S0", "signature_clear": True, "sampled_zero": True}
+    with store.connect(db_url, role=a.role, password=a.password) as conn:
+        store.write_status(conn, status("node-a", wipe=evidence))
+        first = conn.execute("SELECT wipe_reported_at FROM host_slot_status WHERE node_name='node-a'").fetchone()
+        store.write_status(conn, status("node-a", wipe=evidence))  # same evidence: time stays
+        again = conn.execute("SELECT wipe_reported_at FROM host_slot_status WHERE node_name='node-a'").fetchone()
+        assert first == again
+        row = conn.execute(
+            "SELECT wipe_state, wipe_evidence, vm_state FROM host_slot_status WHERE node_name='node-a'").fetchone()
+    assert row is not None and row[0] == "verified" and row[1] == evidence and row[2] == "absent"
+
+
+def test_drift_command_renders_the_fleet(
+    db_url: str, two_nodes: dict[str, store.NodeCredentials], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with store.connect(db_url) as conn:
+        store.write_status(conn, status("node-a", drift=(
+            Drift(DriftCode.RESERVATION_MISSING, 0, "DHCP reservation of gpuaas-alloc-node-a is missing",
+                  allocation_id="alloc-node-a", expected="52:54:00:00:00:01,10.100.0.10"),)))
+    assert cli.main(["drift", "-o", "markdown", "--db-url", db_url]) == 0
+    md = capsys.readouterr().out
+    assert "| node-a | 0 | `drift.reservation.missing` |" in md
+    assert cli.main(["drift", "-o", "json", "--db-url", db_url, "--exit-code"]) == 3
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["total"] == 1 and [n["node"] for n in doc["nodes"]] == ["node-a", "node-b"]
+    assert cli.main(["drift", "--db-url", db_url, "--node", "node-b"]) == 0
+    assert "no drift" in capsys.readouterr().out
