@@ -32,7 +32,10 @@ def iter_revision(root: Path, rev: str) -> Iterator[tuple[str, bytes]]:
         raise RevisionError(f"unknown revision {rev!r}") from e
     top = Path(repo.working_tree_dir or root).resolve()
     prefix = Path(root).resolve().relative_to(top).as_posix()
-    tree = commit.tree if prefix in ("", ".") else commit.tree / prefix
+    try:
+        tree = commit.tree if prefix in ("", ".") else commit.tree / prefix
+    except KeyError as e:
+        raise RevisionError(f"{prefix} does not exist at revision {rev}") from e
     blobs: list[tuple[str, git.Blob]] = []
     for item in tree.traverse():
         if not isinstance(item, git.Blob):

@@ -18,9 +18,19 @@ from reconciler.errors import GpuaasError
 COMMAND_MODULES = (
     "reconciler.commands.validate",
     "reconciler.commands.schema",
+    "reconciler.commands.request",
     "reconciler.commands.demo",
     "reconciler.commands.host",
     "reconciler.commands.bench",
+    "reconciler.commands.drift",
+    "reconciler.commands.fleet",
+    "reconciler.commands.simulate",
+    "reconciler.commands.plan",
+    "reconciler.commands.status",
+    "reconciler.commands.run",
+    "reconciler.commands.history",
+    "reconciler.commands.db",
+    "reconciler.commands.apply",
 )
 
 

@@ -75,16 +75,15 @@ def diff(base: DesiredState, head: DesiredState, firmware: Mapping[str, bool] | 
                 changes.append(Change(kind, name, "disabled"))
             elif before[name] != after[name]:
                 changes.append(Change(kind, name, "changed", _changed_fields(before[name], after[name])))
-    if (base.fleet is None) != (head.fleet is None) or (base.fleet and head.fleet and base.fleet != head.fleet):
-        fields = _changed_fields(base.fleet, head.fleet) if base.fleet and head.fleet else ()
-        changes.append(Change("Fleet", (head.fleet or base.fleet).name if (head.fleet or base.fleet) else "", "changed", fields))
+    changes.extend(_fleet_change(base, head))
 
     cap_before = _capabilities(base, firmware)
     cap_after = _capabilities(head, firmware)
+    none: tuple[str | None, tuple[str, ...]] = (None, ())
     capabilities = [
-        CapabilityChange(node, cap_before.get(node, (None, ()))[0], cap_after.get(node, (None, ()))[0], cap_after.get(node, (None, ()))[1])
+        CapabilityChange(node, cap_before.get(node, none)[0], cap_after.get(node, none)[0], cap_after.get(node, none)[1])
         for node in sorted(set(cap_before) | set(cap_after))
-        if cap_before.get(node, (None, ()))[0] != cap_after.get(node, (None, ()))[0]
+        if cap_before.get(node, none)[0] != cap_after.get(node, none)[0]
     ]
     slots_before = _schedulable(base)
     slots_after = _schedulable(head)
@@ -106,6 +105,16 @@ def diff(base: DesiredState, head: DesiredState, firmware: Mapping[str, bool] | 
         schedulable_gpus_after=sum(1 for ok, _ in slots_after.values() if ok),
         ineligible_after=ineligible,
     )
+
+
+def _fleet_change(base: DesiredState, head: DesiredState) -> list[Change]:
+    if base.fleet is None and head.fleet is not None:
+        return [Change("Fleet", head.fleet.name, "added")]
+    if base.fleet is not None and head.fleet is None:
+        return [Change("Fleet", base.fleet.name, "disabled")]
+    if base.fleet is not None and head.fleet is not None and base.fleet != head.fleet:
+        return [Change("Fleet", head.fleet.name, "changed", _changed_fields(base.fleet, head.fleet))]
+    return []
 
 
 def _changed_fields(a: Any, b: Any) -> tuple[str, ...]:

@@ -12,6 +12,9 @@ BENCH_MODULES: tuple[str, ...] = (
     "reconciler.commands.bench_validate",
     "host_reconciler.discovery.bench",
     "reconciler.commands.bench_plan",
+    "host_reconciler.bench",
+    "reconciler.commands.bench_claims",
+    "reconciler.commands.bench_gitops",
 )
 
 

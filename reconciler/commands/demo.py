@@ -33,4 +33,38 @@ def run(args: argparse.Namespace) -> int:
         raise PermanentError(f"{len(result.errors)} validation error(s) in {args.path}", code="demo.invalid")
     _heading("fleet summary")
     print(summary.render_text(summary.fleet_summary(result.state)))
+    _claims_demo(args.path)
+    _gitops_demo(args.path)
+    _host_demo(args.path)
     return 0
+
+
+def _claims_demo(fleet: Path) -> None:
+    """Embedded PostgreSQL, the fleet applied as claims (placements, pending reasons), re-applied, checked."""
+    from reconciler import claims_demo
+
+    claims_demo.run(fleet)
+
+
+def _gitops_demo(fleet: Path) -> None:
+    """A PR's plan in markdown, the merge applied by the reconciler loop, then status (reconciler.gitops_demo)."""
+    from reconciler import gitops_demo
+    from reconciler.store import connections
+
+    gitops_demo.run(fleet, connections.database_url())
+
+
+def _host_demo(fleet: Path) -> None:
+    """Two example nodes' host reconcilers converge, drift, report (needs root: loop devices, a netns)."""
+    from host_reconciler import demo as host_demo
+    from host_reconciler import lab
+
+    try:
+        lab.check_host()
+    except PermanentError as e:
+        _heading("host reconcilers")
+        print(f"skipped: {e.code}: {e.message}")
+        return
+    from reconciler.store import connections
+
+    host_demo.run_demo(connections.database_url(), fleet=fleet)

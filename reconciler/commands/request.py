@@ -63,7 +63,7 @@ def _rejected(args: argparse.Namespace, e: requests.RequestRejected) -> int:
 
 
 def run_create(args: argparse.Namespace) -> int:
-    keys = []
+    keys: list[str] = []
     for path in args.ssh_key:
         try:
             keys.extend(line.strip() for line in path.read_text().splitlines() if line.strip())

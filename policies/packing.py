@@ -1,0 +1,175 @@
+"""Packing scores: which node, and which slots on it, a slice should take.
+
+Every policy ranks the same facts about one candidate placement (`Option`)
+and picks the slots inside a node (`in_node`). Lower keys are better.
+
+Baselines, selectable by name for comparison:
+
+- `first-fit`: lowest node, lowest slots;
+- `k8s-least-allocated` / `k8s-most-allocated`: Kubernetes NodeResourcesFit
+  scores, `(capacity - requested) * 100 / capacity` and
+  `requested * 100 / capacity` after the pod, ties to the lowest node;
+- `seed-rank`: seed 002's ranking, single-NUMA fit, then fewest remaining
+  slots, then fewest NUMA groups, then slot index, then node.
+
+`default` follows the fragmentation-gradient idea (FGD, "Beware of
+Fragmentation", USENIX ATC'23): a node's fragmentation is the expected number
+of its free GPUs that a request drawn from the workload mix could not use
+(`stranded`), and a placement should raise that expectation as little as
+possible. On top of that gradient it keeps two rules of seed 000: a slice
+never opens a clean node while a node already in slice use can take it, and
+the NUMA-aligned shape beats a split one. Among equal gradients it prefers
+the node holding more allocations: a node empties only when its last
+allocation leaves, so one more allocation delays that least on a node that
+already waits on many (with memoryless lease lengths the delay is 1/(k+1)
+of a lease); then the node whose oldest allocation is oldest, since lease
+lengths are heavy-tailed and an old lease tends to run on.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from desired.models import TopologyRule
+from policies import topology as t
+
+
+class Policy(enum.StrEnum):
+    DEFAULT = "default"
+    FIRST_FIT = "first-fit"
+    LEAST_ALLOCATED = "k8s-least-allocated"
+    MOST_ALLOCATED = "k8s-most-allocated"
+    SEED_RANK = "seed-rank"
+
+
+BASELINES = (Policy.FIRST_FIT, Policy.LEAST_ALLOCATED, Policy.MOST_ALLOCATED, Policy.SEED_RANK)
+ALL = (Policy.DEFAULT, *BASELINES)
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """One request class of the expected workload: size, topology rule, weight."""
+
+    gpu_count: int
+    rule: TopologyRule
+    weight: float
+
+
+Mix = tuple[Demand, ...]
+
+
+def mix(shares: Mapping[int, float], rules: Mapping[int, TopologyRule], *,
+        whole_node: bool) -> Mix:
+    """The demands one node view faces.
+
+    `shares` is the fleet's expected request-size mix (GPU count -> share of
+    requests); `rules` the SKU's topology rule for each count it sells. A
+    count the SKU does not sell still matters as a whole-node demand when the
+    node can also be leased as baremetal (`whole_node`).
+    """
+    out = []
+    for g in sorted(shares):
+        w = float(shares[g])
+        if w <= 0:
+            continue
+        if g in rules:
+            out.append(Demand(g, rules[g], w))
+        elif whole_node and g >= 8:
+            out.append(Demand(g, TopologyRule.FULL_HOST_SLOT_GROUP_REQUIRED, w))
+    return tuple(out)
+
+
+def fragmentation(lay: t.Layout, free: int, demands: Mix) -> float:
+    """Expected free GPUs stranded for a request drawn from `demands`."""
+    return sum(d.weight * t.stranded(lay, free, d.gpu_count, d.rule) for d in demands)
+
+
+def gradient(lay: t.Layout, free: int, take: int, demands: Mix) -> float:
+    """How much taking `take` raises the node's fragmentation (FGD's score)."""
+    return fragmentation(lay, free & ~take, demands) - fragmentation(lay, free, demands)
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """Facts about one candidate placement on one node, for ranking."""
+
+    choice: t.Choice
+    free_before: int
+    free_after: int
+    size: int
+    gradient: float
+    opens: bool  # the node had no claim on its sellable slots before
+
+    @property
+    def first_position(self) -> int:
+        return (self.choice.mask & -self.choice.mask).bit_length() - 1
+
+
+def in_node(policy: Policy, lay: t.Layout, free: int, options: Iterable[t.Choice],
+            demands: Mix) -> t.Choice | None:
+    """The slots a policy takes on a node, among the topology-safe choices."""
+    opts = list(options)
+    if not opts:
+        return None
+    if policy is Policy.DEFAULT:
+        return min(opts, key=lambda c: (c.tier, gradient(lay, free, c.mask, demands), t.positions(c.mask)))
+    if policy is Policy.SEED_RANK:
+        return min(opts, key=lambda c: (c.groups_used, t.positions(c.mask)))
+    # first-fit and the Kubernetes scores know nothing of topology: lowest slots.
+    return min(opts, key=lambda c: t.positions(c.mask))
+
+
+def option(policy: Policy, lay: t.Layout, free: int, g: int, rule: TopologyRule, *,
+           demands: Mix) -> Option | None:
+    """The policy's best placement of `g` GPUs on a node with this free mask."""
+    choice = in_node(policy, lay, free, t.choices(lay, free, g, rule), demands)
+    if choice is None:
+        return None
+    before = t.popcount(free & lay.full)
+    return Option(choice, before, before - g, lay.size,
+                  gradient(lay, free, choice.mask, demands), (free & lay.full) == lay.full)
+
+
+def rank(policy: Policy, o: Option) -> tuple[float, ...]:
+    """Node-level key (lower wins) from facts that are equal for symmetric nodes."""
+    if policy is Policy.DEFAULT:
+        return (float(o.opens), float(o.choice.tier), round(o.gradient, 9))
+    if policy is Policy.LEAST_ALLOCATED:
+        return (-float(o.free_after * 100 // o.size),)
+    if policy is Policy.MOST_ALLOCATED:
+        return (-float((o.size - o.free_after) * 100 // o.size),)
+    if policy is Policy.SEED_RANK:
+        single = o.choice.groups_used == 1
+        return (0.0 if single else 1.0, float(o.free_after), float(o.choice.groups_used))
+    return ()
+
+
+def slot_tiebreak(policy: Policy) -> bool:
+    """Does the policy break node ties by slot index before node order (seed 002)?"""
+    return policy is Policy.SEED_RANK
+
+
+def node_key(policy: Policy, order: int, allocations: int, oldest: float = 0.0) -> tuple[float, ...]:
+    """Tie-break among nodes with equal rank: deterministic, node order last.
+
+    `default` prefers the node that holds more allocations, then the one whose
+    oldest allocation was requested earliest (`oldest`, seconds): cloud lease
+    lengths are heavy-tailed, so an allocation that has already run long is
+    likely to run on, and a node pinned by it loses little by taking one more.
+    """
+    if policy is Policy.DEFAULT:
+        return (-allocations, oldest, order)
+    return (order,)
+
+
+def baremetal_key(policy: Policy, order: int, slice_capable: bool) -> tuple[int, ...]:
+    """Which empty node a whole-node lease takes.
+
+    `default` leases nodes that cannot serve slices first, so slice-capable
+    hosts stay available to both products; baselines take the lowest node.
+    """
+    if policy is Policy.DEFAULT:
+        return (int(slice_capable), order)
+    return (order,)

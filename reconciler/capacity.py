@@ -1,0 +1,324 @@
+"""The capacity read model: what can be launched now, per region x SKU, and why not more.
+
+Seed 000 ("Marketplace Capacity Accounting", "Capacity Read Models"): users
+see product availability, not raw slot internals, and a launchable count may
+be lower than the raw free slots. Here:
+
+- `launchable` for each allowed GPU count of a SKU is how many more requests
+  of exactly that size the planner's own engine would place, one after the
+  other, on the current claims (then forgotten: nothing is claimed). Sizes of
+  one SKU, and slice versus baremetal SKUs on the same hosts, compete for the
+  same GPUs: the counts are alternatives, never to be added up;
+- every free (unclaimed) slot that cannot carry the SKU gets exactly one
+  reason (`Blocked`): cleanup, draining, fabric, tenant boundary, ...; free
+  usable GPUs that a size still cannot use are `stranded_gpus` of that size
+  (topology: no safe set of that many on one node);
+- baremetal SKUs count whole nodes, with the same kind of reasons (a node
+  with any slice claim is not baremetal-free: `slice_active`);
+- node summaries carry capability, the derived mode, slots by status, the
+  live allocations and, for a draining node, whether it is drained yet.
+
+Pure: desired state and observed facts in, plain values out.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter, defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from desired import models as m
+from desired.loading import DesiredState
+from policies import fabric
+from reconciler import placing, plans
+from reconciler import topology as topo
+
+PROBE_PREFIX = "capacity-probe-"
+# Stop counting after this many placements of one size (a 10,000-node fleet has 80,000 GPUs).
+DEFAULT_LIMIT = 100_000
+
+
+class Blocked(enum.StrEnum):
+    """Why a free slot (or an unleased node) cannot be launched now. Stable values."""
+
+    CLEANUP = "cleanup"  # released, waiting for the wipe proof
+    CLEANUP_BLOCKED = "cleanup_blocked"  # the wipe failed; blocked until repair
+    FAILED = "failed"
+    DISABLED = "disabled"
+    INELIGIBLE = "ineligible"  # slot metadata incomplete (policies.eligibility)
+    UNHEALTHY = "unhealthy"
+    MAINTENANCE = "maintenance"
+    DRAINING = "draining"
+    NOT_SLICE_READY = "not_slice_ready"  # tag, firmware readiness or slot approval missing
+    FABRIC = "fabric"  # the slot's fabric does not carry the SKU's promise
+    PINNED = "pinned_to_other_sku"
+    TENANT_BOUNDARY = "tenant_boundary"  # node dedicated to an organisation
+    SLICE_ACTIVE = "slice_active"  # baremetal: slice claims live on the node
+    OTHER = "other"
+
+
+_SLOT_STATUS_REASON = {
+    plans.SlotStatus.CLEANUP: Blocked.CLEANUP,
+    plans.SlotStatus.RELEASING: Blocked.CLEANUP,
+    plans.SlotStatus.CLEANUP_BLOCKED: Blocked.CLEANUP_BLOCKED,
+    plans.SlotStatus.FAILED: Blocked.FAILED,
+    plans.SlotStatus.DISABLED: Blocked.DISABLED,
+}
+
+
+def _empty() -> Mapping[str, int]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Size:
+    gpu_count: int
+    launchable: int  # more requests of exactly this size that fit now
+    stranded_gpus: int = 0  # usable free GPUs this size cannot use (topology)
+    limit_code: str | None = None  # why not one more (the planner's reason code)
+    limit_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """One product in one region: slots (gpu_slice) or nodes (baremetal)."""
+
+    region: str
+    sku: str
+    capacity_shape: str
+    unit: str  # "slot" | "node"
+    total: int  # units of this product declared in the region
+    in_use: int  # held by a live claim
+    free: int  # not held (total - in_use)
+    usable: int  # free and launchable for a tenant without a dedicated node
+    not_launchable: Mapping[str, int] = field(default_factory=_empty)  # Blocked value -> units
+    sizes: tuple[Size, ...] = ()
+    dedicated: Mapping[str, tuple[Size, ...]] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSummary:
+    name: str
+    region: str
+    pool: str
+    org: str | None
+    admin_state: str
+    healthy: bool
+    capability: str
+    capability_reasons: tuple[str, ...]
+    mode: str
+    slots: Mapping[str, int]  # slot status (or "ineligible") -> count
+    allocations: tuple[str, ...]  # allocations holding live claims here
+    drained: bool  # draining or maintenance, and nothing left on it (no claim, no cleanup)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadModel:
+    offers: tuple[Offer, ...] = ()
+    nodes: tuple[NodeSummary, ...] = ()
+
+    def launchable(self) -> dict[tuple[str, str, int], int]:
+        """(region, sku, gpu_count) -> launchable, for comparisons (PR plans)."""
+        return {(o.region, o.sku, s.gpu_count): s.launchable for o in self.offers for s in o.sizes}
+
+
+def read_model(desired: DesiredState, observed: plans.Observed, *, policy: str | None = None,
+               limit: int = DEFAULT_LIMIT) -> ReadModel:
+    engine = placing.Engine(desired, observed, policy=policy)
+    by_node: dict[str, list[plans.ExistingClaim]] = defaultdict(list)
+    for c in observed.claims:
+        by_node[c.node].append(c)
+    nodes = tuple(_node_summary(engine, f, by_node.get(f.name, [])) for f in engine.facts)
+    offers: list[Offer] = []
+    regions = sorted({f.region for f in engine.facts})
+    for sku in sorted(desired.skus.values(), key=lambda s: s.sku):
+        if not sku.active:
+            continue
+        for region in regions:
+            facts = [f for f in engine.facts if f.region == region]
+            if sku.capacity_shape is m.CapacityShape.BAREMETAL:
+                offer = _baremetal_offer(engine, sku, region, facts, by_node=by_node, limit=limit)
+            else:
+                offer = _slice_offer(engine, sku, region, facts, by_node=by_node, limit=limit)
+            if offer is not None:
+                offers.append(offer)
+    return ReadModel(tuple(offers), nodes)
+
+
+# ------------------------------------------------------------------- sizes
+
+
+def fill(engine: placing.Engine, sku: str, region: str, gpu_count: int, *, tenant: str = "",
+         limit: int = DEFAULT_LIMIT) -> tuple[int, placing.Refused | None]:
+    """Place probe requests of one size until refused; forget them; return the count and the refusal."""
+    placed: list[str] = []
+    refusal: placing.Refused | None = None
+    try:
+        while len(placed) < limit:
+            probe = f"{PROBE_PREFIX}{len(placed)}"
+            out = engine.place(placing.Request(probe, tenant, sku, gpu_count, region))
+            if isinstance(out, placing.Refused):
+                refusal = out
+                break
+            placed.append(probe)
+    finally:
+        for probe in placed:
+            engine.release(probe)
+    return len(placed), refusal
+
+
+def _sizes(engine: placing.Engine, sku: m.Sku, region: str, *, usable: int, tenant: str,
+           limit: int) -> tuple[Size, ...]:
+    out = []
+    slice_sku = sku.capacity_shape is m.CapacityShape.GPU_SLICE
+    for g in sku.counts:
+        n, refusal = fill(engine, sku.sku, region, g, tenant=tenant, limit=limit)
+        stranded = max(0, usable - n * g) if slice_sku else 0
+        out.append(Size(g, n, stranded, refusal.code if refusal else None, refusal.message if refusal else None))
+    return tuple(out)
+
+
+def _dedicated(engine: placing.Engine, sku: m.Sku, region: str, facts: list[topo.NodeFacts],
+               limit: int) -> Mapping[str, tuple[Size, ...]]:
+    orgs = sorted({f.org for f in facts if f.org})
+    out = {}
+    for org in orgs:
+        usable = engine.free_gpus(sku.sku, region, org)
+        out[org] = _sizes(engine, sku, region, usable=usable, tenant=org, limit=limit)
+    return MappingProxyType(out)
+
+
+# ------------------------------------------------------------------- slices
+
+
+def _node_reason(f: topo.NodeFacts) -> Blocked | None:
+    if not f.healthy:
+        return Blocked.UNHEALTHY
+    if f.admin_state is m.AdminState.MAINTENANCE:
+        return Blocked.MAINTENANCE
+    if f.admin_state is m.AdminState.DRAINING:
+        return Blocked.DRAINING
+    return None
+
+
+def _slot_reason(sku: m.Sku, f: topo.NodeFacts, s: topo.SlotFacts) -> Blocked | None:
+    """The first reason, in this order: slot state, slot metadata, node, capability, fabric, tenant."""
+    mismatch = fabric.slot_mismatch(sku, s.slot)
+    checks = (
+        _SLOT_STATUS_REASON.get(s.status),
+        Blocked.INELIGIBLE if s.ineligible else None,
+        _node_reason(f),
+        None if f.slice_capable else Blocked.NOT_SLICE_READY,
+        None if mismatch is None else Blocked.PINNED if mismatch.code == fabric.SKU_PINNED else Blocked.FABRIC,
+        Blocked.TENANT_BOUNDARY if f.org else None,
+    )
+    return next((c for c in checks if c is not None), None)
+
+
+def _slice_offer(engine: placing.Engine, sku: m.Sku, region: str, facts: list[topo.NodeFacts], *,
+                 by_node: Mapping[str, list[plans.ExistingClaim]], limit: int) -> Offer | None:
+    total = in_use = 0
+    blocked: Counter[str] = Counter()
+    serving = []
+    for f in facts:
+        slots = [s for s in f.slots if s.gpu_model == sku.accelerator_model]
+        if not slots:
+            continue
+        serving.append(f)
+        held = _held_slots(f, by_node.get(f.name, []))
+        for s in slots:
+            total += 1
+            if s.index in held and s.status not in _SLOT_STATUS_REASON:
+                in_use += 1
+                continue
+            reason = _slot_reason(sku, f, s)
+            if reason is not None:
+                blocked[reason.value] += 1
+    if not total:
+        return None
+    usable = engine.free_gpus(sku.sku, region)
+    accounted = total - in_use - sum(blocked.values())
+    if accounted != usable:  # a rule only the engine knows; keep the totals honest
+        blocked[Blocked.OTHER.value] += accounted - usable
+    sizes = _sizes(engine, sku, region, usable=usable, tenant="", limit=limit)
+    return Offer(region, sku.sku, sku.capacity_shape.value, "slot", total, in_use, total - in_use, usable,
+                 MappingProxyType(dict(sorted(blocked.items()))), sizes,
+                 _dedicated(engine, sku, region, serving, limit))
+
+
+def _held_slots(f: topo.NodeFacts, claims: list[plans.ExistingClaim]) -> set[int]:
+    if any(c.kind is plans.ClaimKind.NODE_EXCLUSIVE for c in claims):
+        return {s.index for s in f.slots}
+    return {c.slot_index for c in claims if c.slot_index is not None}
+
+
+# ---------------------------------------------------------------- baremetal
+
+
+def _baremetal_offer(engine: placing.Engine, sku: m.Sku, region: str, facts: list[topo.NodeFacts], *,
+                     by_node: Mapping[str, list[plans.ExistingClaim]], limit: int) -> Offer | None:
+    serving = [f for f in facts if f.baremetal_sku == sku.sku]
+    if not serving:
+        return None
+    in_use = 0
+    blocked: Counter[str] = Counter()
+    for f in serving:
+        claims = by_node.get(f.name, [])
+        if any(c.kind is plans.ClaimKind.NODE_EXCLUSIVE for c in claims):
+            in_use += 1
+            continue
+        reason = _whole_reason(sku, f, claims)
+        if reason is not None:
+            blocked[reason.value] += 1
+    usable = len(serving) - in_use - sum(blocked.values())
+    sizes = _sizes(engine, sku, region, usable=usable, tenant="", limit=limit)
+    return Offer(region, sku.sku, sku.capacity_shape.value, "node", len(serving), in_use, len(serving) - in_use,
+                 usable, MappingProxyType(dict(sorted(blocked.items()))), sizes,
+                 _dedicated(engine, sku, region, serving, limit))
+
+
+def _whole_reason(sku: m.Sku, f: topo.NodeFacts, claims: list[plans.ExistingClaim]) -> Blocked | None:
+    """The first reason, in this order: node, fabric, slice claims, cleanup, tenant."""
+    fabric_ok = not f.slots or any(fabric.fabric_serves(sku.network_fabric, s.fabric) for s in f.slots)
+    checks = (
+        _node_reason(f),
+        None if fabric_ok else Blocked.FABRIC,
+        Blocked.SLICE_ACTIVE if claims else None,
+        Blocked.CLEANUP_BLOCKED if any(s.status is plans.SlotStatus.CLEANUP_BLOCKED for s in f.slots) else None,
+        Blocked.CLEANUP if f.cleanup_pending else None,
+        Blocked.TENANT_BOUNDARY if f.org else None,
+    )
+    return next((c for c in checks if c is not None), None)
+
+
+# -------------------------------------------------------------------- nodes
+
+
+def _node_summary(engine: placing.Engine, f: topo.NodeFacts, claims: list[plans.ExistingClaim]) -> NodeSummary:
+    by_slot: dict[int, plans.ClaimStatus] = {}
+    for c in claims:
+        if c.kind is plans.ClaimKind.NODE_EXCLUSIVE:
+            by_slot.update({s.index: c.status for s in f.slots})
+        elif c.slot_index is not None:
+            by_slot[c.slot_index] = c.status
+    slots: Counter[str] = Counter()
+    for s in f.slots:
+        if s.status is not plans.SlotStatus.AVAILABLE:
+            slots[s.status.value] += 1
+        elif s.index in by_slot:
+            slots[by_slot[s.index].value] += 1
+        elif s.ineligible:
+            slots["ineligible"] += 1
+        else:
+            slots[plans.SlotStatus.AVAILABLE.value] += 1
+    parked = f.admin_state is not m.AdminState.ACTIVE
+    return NodeSummary(
+        name=f.name, region=f.region, pool=f.pool, org=f.org, admin_state=f.admin_state.value, healthy=f.healthy,
+        capability=f.capability.capability.value,
+        capability_reasons=tuple(code for code, _ in f.capability.reasons),
+        mode=engine.mode(f.name).value, slots=MappingProxyType(dict(sorted(slots.items()))),
+        allocations=tuple(sorted({c.allocation_id for c in claims})),
+        drained=parked and not claims and f.cleanup_pending == 0,
+    )

@@ -1,0 +1,131 @@
+"""`gpuaas db start|stop|status|url|migrate|check`: the database the reconciler keeps its claims in.
+
+Without GPUAAS_DATABASE_URL (or --db-url), commands use a private PostgreSQL
+under the state dir (`.gpuaas/`, GPUAAS_STATE_DIR, --state-dir), started on
+first use and reused afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from reconciler.store import connections
+
+
+def add_database_arguments(p: argparse.ArgumentParser) -> None:
+    """--db-url and --state-dir, shared by every command that talks to the store."""
+    p.add_argument("--db-url", help="PostgreSQL URL (default $GPUAAS_DATABASE_URL, else the embedded server)")
+    p.add_argument("--state-dir", type=Path, default=None,
+                   help="embedded server state directory (default $GPUAAS_STATE_DIR or .gpuaas)")
+
+
+def database_url(args: argparse.Namespace) -> str:
+    return connections.database_url(getattr(args, "db_url", None), getattr(args, "state_dir", None))
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("db", help="the PostgreSQL store: start, stop, status, url, migrate, check")
+    dsub = p.add_subparsers(dest="db_command", metavar="DB_COMMAND")
+    dsub.required = True
+    for name, helptext, func in (
+        ("start", "start the embedded server (initialised on first use)", _start),
+        ("stop", "stop the embedded server", _stop),
+        ("status", "is the embedded server running, and where", _status),
+        ("url", "print the database URL in use", _url),
+        ("migrate", "apply pending schema migrations", _migrate),
+        ("check", "run the invariant queries; exit 1 naming any violation", _check),
+    ):
+        c = dsub.add_parser(name, help=helptext)
+        add_database_arguments(c)
+        if name in ("status", "check"):
+            c.add_argument("-o", "--output", choices=("text", "json"), default="text")
+        c.set_defaults(func=func)
+
+
+def _external(args: argparse.Namespace) -> str | None:
+    return getattr(args, "db_url", None) or connections.external_url()
+
+
+def _start(args: argparse.Namespace) -> int:
+    from reconciler.store import embedded
+
+    if _external(args):
+        print("an external database is configured (GPUAAS_DATABASE_URL/--db-url): nothing to start")
+        return 0
+    server = embedded.ensure(connections.state_dir(args.state_dir))
+    print(f"running (pid {server.pid()}): {server.url()}")
+    return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    from reconciler.store import embedded
+
+    if _external(args):
+        print("an external database is configured (GPUAAS_DATABASE_URL/--db-url): nothing to stop")
+        return 0
+    stopped = embedded.stop(embedded.server_for(connections.state_dir(args.state_dir)))
+    print("stopped" if stopped else "not running")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    """Exit 0 when the server runs, 3 when it does not (pg_ctl status does the same)."""
+    from reconciler.store import embedded
+
+    external = _external(args)
+    if external:
+        doc: dict[str, Any] = {"external": True, "url": external}
+        running = True
+    else:
+        st = embedded.status(connections.state_dir(args.state_dir))
+        running = st.running
+        doc = {"external": False, "initialized": st.initialized, "running": st.running, "pid": st.pid,
+               "url": st.url, "state_dir": str(st.state_dir), "data_dir": str(st.data_dir),
+               "log_file": str(st.log_file)}
+    if args.output == "json":
+        print(json.dumps(doc, indent=2))
+    elif external:
+        print(f"external database: {external}")
+    else:
+        state = "running" if doc["running"] else ("stopped" if doc["initialized"] else "not initialised")
+        pid = f" (pid {doc['pid']})" if doc["pid"] else ""
+        print(f"{state}{pid}\n  url:      {doc['url']}\n  data dir: {doc['data_dir']}\n  log:      {doc['log_file']}")
+    return 0 if running else 3
+
+
+def _url(args: argparse.Namespace) -> int:
+    from reconciler.store import embedded
+
+    print(_external(args) or embedded.server_for(connections.state_dir(args.state_dir)).url())
+    return 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    from reconciler.store import migrations
+
+    with connections.connect(database_url(args), autocommit=True) as conn:
+        ran = migrations.migrate(conn)
+    print(f"applied {', '.join(ran)}" if ran else "schema is up to date")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from reconciler.store import checks, migrations
+
+    with connections.connect(database_url(args), autocommit=True) as conn:
+        migrations.migrate(conn)
+        violations = checks.run(conn)
+    if args.output == "json":
+        print(json.dumps({"ok": not violations, "checks": [c.name for c in checks.CHECKS],
+                          "violations": [{"name": v.name, "description": v.description, "count": v.count,
+                                          "sample": list(v.sample)} for v in violations]}, indent=2))
+    elif violations:
+        for v in violations:
+            print(f"violation: {v.render()}", file=sys.stderr)
+    else:
+        print(f"ok: {len(checks.CHECKS)} invariants hold")
+    return 1 if violations else 0

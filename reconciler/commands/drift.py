@@ -1,0 +1,31 @@
+"""`gpuaas drift [-o text|markdown|json] [--node NAME]`: the fleet's drift for operator review.
+
+Reads what every host reported (host_status.drift: per slot, with stable
+codes) as the central reconciler's role, and renders it. Exit status 0 when
+no drift was found; with --exit-code, 3 when some node reports drift (so cron
+and CI can alert on it).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("drift", help="render the drift the hosts reported")
+    p.add_argument("-o", "--output", choices=("text", "markdown", "json"), default="text")
+    p.add_argument("--node", help="only this node")
+    p.add_argument("--exit-code", action="store_true", help="exit 3 when any drift is reported")
+    p.add_argument("--db-url", help="PostgreSQL URL (default $GPUAAS_DATABASE_URL or the embedded one)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from host_reconciler import reports, store
+    from reconciler.store import connections
+
+    with store.connect(connections.database_url(args.db_url)) as conn:
+        nodes = store.read_status(conn, args.node)
+    print(reports.RENDERERS[args.output](nodes), end="" if args.output == "markdown" else "\n")
+    return 3 if args.exit_code and any(n.get("drift") for n in nodes) else 0

@@ -1,0 +1,72 @@
+"""`gpuaas history [-n N] [-o text|json]`: the reconciliations recorded in the database, newest first.
+
+Like Flux's status history: revision, what triggered it (a new revision or
+a retry, and from which source), when it started, how long it took, its
+result (changed, unchanged, error), its counts and its errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+from typing import Any
+
+from reconciler.commands import db
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("history", help="recent reconciliations (revision, result, counts, errors)")
+    p.add_argument("-n", type=int, default=20, help="how many (default 20)")
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    db.add_database_arguments(p)
+    p.set_defaults(func=run)
+
+
+_SHOWN = ("placed", "pending", "releasing", "slots_freed", "inventory_changes", "validation_errors")
+
+
+def as_row(r: Any) -> dict[str, Any]:
+    took = (r.finished_at - r.started_at).total_seconds() if r.finished_at else None
+    return {"id": r.id, "revision": r.revision, "source": r.source, "reconciler": r.reconciler,
+            "started_at": r.started_at, "finished_at": r.finished_at, "seconds": took, "result": r.result,
+            "counts": r.counts, "errors": r.errors}
+
+
+def _message(row: dict[str, Any]) -> str:
+    errors = row["errors"] or []
+    if errors:
+        first = errors[0]
+        if isinstance(first, dict):
+            text = first.get("text") or f"{first.get('code')}: {first.get('message')}"
+        else:
+            text = str(first)
+        return str(text) + (f" (+{len(errors) - 1} more)" if len(errors) > 1 else "")
+    return " ".join(f"{k}={row['counts'][k]}" for k in _SHOWN if row["counts"].get(k))
+
+
+def render_text(rows: list[dict[str, Any]]) -> str:
+    out = [f"{'ID':>5}  {'REVISION':<12}  {'RESULT':<9}  {'STARTED (UTC)':<19}  {'TOOK':>7}  {'TRIGGER':<7}  "
+           f"{'SOURCE':<30}  MESSAGE"]
+    for r in rows:
+        started = r["started_at"].astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S") if r["started_at"] else "-"
+        took = f"{r['seconds']:.2f}s" if r["seconds"] is not None else "-"
+        trigger, _, source = r["source"].partition(" ")
+        source = source if len(source) <= 30 else "..." + source[-27:]
+        out.append(f"{r['id']:>5}  {(r['revision'] or '-')[:12]:<12}  {r['result']:<9}  {started:<19}  {took:>7}  "
+                   f"{trigger or '-':<7}  {source or '-':<30}  {_message(r)}")
+    if not rows:
+        out.append("  (no reconciliation recorded yet)")
+    return "\n".join(out)
+
+
+def run(args: argparse.Namespace) -> int:
+    from reconciler.store import connections, history, migrations
+
+    with connections.connect(db.database_url(args), autocommit=True) as conn:
+        rows = [as_row(r) for r in history.recent(conn, args.n)] if migrations.applied(conn) else []
+    if args.output == "json":
+        print(json.dumps(rows, indent=2, default=str))
+    else:
+        print(render_text(rows))
+    return 0

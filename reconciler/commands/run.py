@@ -1,0 +1,107 @@
+"""`gpuaas run [PATH] [--interval S] [--remote NAME --branch B] [--once]`: the GitOps loop.
+
+Without --remote: watch the local checkout PATH and reconcile its committed
+HEAD on every commit (the working tree is never read: commit to apply).
+With --remote/--branch: fetch that branch every --interval seconds into the
+clone at PATH and reconcile the fetched commit. Either way pending work is
+retried every --interval seconds, every reconciliation is recorded (see
+`gpuaas history`), and SIGTERM or SIGINT finishes the reconciliation in
+progress and exits 0. See reconciler/watching.py for the rules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from reconciler.commands import db
+from reconciler.errors import UsageError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("run", help="the reconciler loop: watch a checkout or poll a remote branch")
+    p.add_argument("path", nargs="?", default=Path("."), type=Path, help="desired-state checkout (default .)")
+    p.add_argument("--interval", type=float, default=30.0,
+                   help="seconds between retries of pending work (and between remote polls); default 30")
+    p.add_argument("--remote", help="poll this remote (with --branch) instead of watching the checkout")
+    p.add_argument("--branch", help="branch of --remote to reconcile")
+    p.add_argument("--once", action="store_true", help="reconcile the current revision (and retry), then exit")
+    p.add_argument("--debounce-ms", type=int, default=200, help="watch mode: group file events (default 200)")
+    p.add_argument("--policy", help="placement policy override (default: the Fleet's)")
+    db.add_database_arguments(p)
+    p.set_defaults(func=run)
+
+
+def _log(text: str) -> None:
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
+    print(f"{now} {text}", flush=True)
+
+
+@contextmanager
+def stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM and SIGINT set `stop` (the loop finishes its reconciliation, then returns)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        if not stop.is_set():
+            _log(f"{signal.Signals(signum).name}: finishing the current reconciliation, then exiting")
+        stop.set()
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _check(args: argparse.Namespace) -> None:
+    if bool(args.remote) != bool(args.branch):
+        raise UsageError("--remote and --branch go together")
+    if args.interval <= 0:
+        raise UsageError("--interval must be positive")
+    if args.policy:
+        from policies import packing
+
+        try:
+            packing.Policy(args.policy)
+        except ValueError as e:
+            raise UsageError(f"unknown placement policy {args.policy!r}", code="plan.policy_unknown") from e
+
+
+def run(args: argparse.Namespace) -> int:
+    from reconciler import watching
+    from reconciler.store import connections, migrations
+
+    _check(args)
+    url = db.database_url(args)
+    with connections.connect(url, autocommit=True) as conn:
+        migrations.migrate(conn)
+    stop = threading.Event()
+    with stop_on_signals(stop):
+        source: watching.Revisions
+        if args.remote:
+            source = watching.RemoteBranch(args.path, args.remote, args.branch, stop, retry_delay=args.interval)
+        else:
+            source = watching.LocalHead(args.path, stop, debounce_ms=args.debounce_ms)
+        _log(f"gpuaas run: {source.label}, retry every {args.interval:g}s" + (" (once)" if args.once else ""))
+        loop = watching.Loop(args.path, source, lambda: connections.connect(url, autocommit=True), stop=stop,
+                             interval=args.interval, policy=args.policy, log=lambda e: _log(e.render()))
+        try:
+            last = loop.run(once=args.once)
+        finally:
+            source.close()
+    if stop.is_set():
+        _log("stopped")
+    if args.once and last is not None and last.kind in ("invalid", "error"):
+        return 1
+    return 0

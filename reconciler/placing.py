@@ -1,0 +1,577 @@
+"""The placement engine: one in-memory fleet, placing and releasing requests.
+
+`Engine` is built once from desired state plus observed facts, then answers
+`place(request)` and `release(allocation_id)` in time independent of the
+fleet size (see `reconciler.packing_index`). `planner.plan()` and the
+simulator both drive this class, so what the simulator measures is what the
+planner does.
+
+Pure: no I/O, no clock, no randomness; same inputs and same call sequence
+give the same answers.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from desired import models as m
+from desired.loading import DesiredState
+from policies import fabric, modes, packing, profiles
+from policies import topology as t
+from reconciler import plans, reasons
+from reconciler import topology as topo
+from reconciler.packing_index import SliceIndex, WholeNodeIndex
+
+DEFAULT_SHARES: Mapping[int, float] = MappingProxyType({1: 0.4, 2: 0.25, 4: 0.2, 8: 0.15})
+_MISSING: Any = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    allocation_id: str
+    tenant: str
+    sku: str
+    gpu_count: int
+    region: str
+    vm_profile: str | None = None
+    requested_at: float = 0.0  # seconds on any fixed scale; only the order matters
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    node: str
+    slot_indexes: tuple[int, ...]
+    capacity_shape: m.CapacityShape
+    profile: profiles.Profile | None
+    alternatives: tuple[plans.Candidate, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    code: str
+    message: str
+    details: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    """A validated request shape (SKU, count, profile), cached per engine."""
+
+    sku: m.Sku
+    rule: m.TopologyRule
+    profile: profiles.Profile | None
+
+
+class _Node:
+    __slots__ = (
+        "all_mask",
+        "allocs",
+        "exclusive",
+        "facts",
+        "id",
+        "name",
+        "since",
+        "slot_indexes",
+        "views",
+        "whole_ok",
+        "wholes",
+    )
+
+    def __init__(self, nid: int, facts: topo.NodeFacts) -> None:
+        self.id = nid
+        self.facts = facts
+        self.name = facts.name
+        self.slot_indexes = tuple(s.index for s in facts.slots)
+        self.all_mask = (1 << len(self.slot_indexes)) - 1
+        self.allocs: dict[str, int] = {}  # allocation id -> claimed positions
+        self.since: dict[str, float] = {}  # allocation id -> requested_at
+        self.exclusive: str | None = None
+        # (index, layout id, layout) per slice SKU this node serves
+        self.views: list[tuple[SliceIndex, int, t.Layout]] = []
+        self.wholes: list[WholeNodeIndex] = []
+        # may be leased whole once empty: active, healthy, every slot cleaned
+        self.whole_ok = facts.active and facts.cleanup_pending == 0
+
+    @property
+    def claimed(self) -> int:
+        out = 0
+        for mask in self.allocs.values():
+            out |= mask
+        return out
+
+
+class Engine:
+    """Placement state of one fleet under one policy."""
+
+    def __init__(self, desired: DesiredState, observed: plans.Observed | None = None, *,
+                 policy: str | None = None, shares: Mapping[int, float] | None = None) -> None:
+        observed = observed or plans.Observed()
+        fleet = desired.fleet
+        name = policy or (fleet.placement.policy if fleet else packing.Policy.DEFAULT.value)
+        try:
+            self.policy = packing.Policy(name)
+        except ValueError:
+            known = ", ".join(p.value for p in packing.ALL)
+            raise ValueError(f"unknown placement policy {name!r}; known: {known}") from None
+        self._seed_rank = packing.slot_tiebreak(self.policy)
+        if shares is None:
+            shares = fleet.placement.workload_mix if fleet else DEFAULT_SHARES
+        self.shares = dict(shares)
+        self.skus = desired.skus
+        self.warnings: list[str] = []
+        self.facts = topo.inventory(desired, observed)
+        self.nodes = [_Node(i, f) for i, f in enumerate(self.facts)]
+        self.by_name = {n.name: n for n in self.nodes}
+        self._requested = {a.id: a.requested_at.timestamp() for a in desired.allocations.values()}
+        self.where: dict[str, _Node] = {}  # allocation id -> node
+        # interning and memo tables
+        self._layouts: list[t.Layout] = []
+        self._layout_ids: dict[tuple[Any, ...], int] = {}
+        self._raw_layouts: dict[tuple[Any, ...], int] = {}
+        self._mixes: list[packing.Mix] = []
+        self._mix_ids: dict[packing.Mix, int] = {}
+        self._sig_of: dict[tuple[int, int], int] = {}
+        self._sig_ids: dict[tuple[Any, ...], int] = {}
+        self._ranks: dict[tuple[int, int, m.TopologyRule], dict[int, tuple[float, ...] | None]] = {}
+        self._choices: dict[tuple[int, int, int, m.TopologyRule, int], t.Choice | None] = {}
+        self._specs: dict[tuple[str, int, str | None], _Spec | Refused] = {}
+        self._static: dict[tuple[str, str, str], Refused | None] = {}
+        # partitions
+        self._slice_parts: dict[tuple[str, str, str | None, int], SliceIndex] = {}
+        self._whole_parts: dict[tuple[str, str, str | None], WholeNodeIndex] = {}
+        self._slice_lists_cache: dict[tuple[str, str, str], list[SliceIndex]] = {}
+        self._whole_lists_cache: dict[tuple[str, str, str], list[WholeNodeIndex]] = {}
+        self.empty_nodes = 0
+        self._build_views()
+        self._load_claims(observed.claims)
+        for node in self.nodes:
+            if not node.allocs:
+                self.empty_nodes += 1
+            self._index(node)
+
+    # ------------------------------------------------------------------ build
+
+    def _layout_id(self, node: _Node, positions: list[int]) -> tuple[int, t.Layout]:
+        slots = node.facts.slots
+        raw = (tuple((p, slots[p].group, slots[p].pair) for p in positions), node.slot_indexes)
+        lid = self._raw_layouts.get(raw)
+        if lid is not None:
+            return lid, self._layouts[lid]
+        groups: dict[str, dict[str, list[int]]] = {}
+        for p in positions:
+            s = slots[p]
+            unit = s.pair if s.pair is not None else f"\0{p}"
+            groups.setdefault(s.group, {}).setdefault(unit, []).append(p)
+        lay = t.layout(g.values() for g in groups.values())
+        key = (lay.groups, node.slot_indexes)
+        lid = self._layout_ids.get(key)
+        if lid is None:
+            lid = self._layout_ids[key] = len(self._layouts)
+            self._layouts.append(lay)
+        self._raw_layouts[raw] = lid
+        return lid, self._layouts[lid]
+
+    def _mix_id(self, mix: packing.Mix) -> int:
+        mid = self._mix_ids.get(mix)
+        if mid is None:
+            mid = self._mix_ids[mix] = len(self._mixes)
+            self._mixes.append(mix)
+        return mid
+
+    def _whole_skus(self, f: topo.NodeFacts) -> list[m.Sku]:
+        sku = self.skus.get(f.baremetal_sku or "")
+        if sku is None or sku.capacity_shape is not m.CapacityShape.BAREMETAL:
+            return []
+        if f.slots and not any(fabric.fabric_serves(sku.network_fabric, s.fabric) for s in f.slots):
+            return []
+        return [sku]
+
+    def _build_views(self) -> None:
+        slice_skus = sorted((s for s in self.skus.values() if s.capacity_shape is m.CapacityShape.GPU_SLICE),
+                            key=lambda s: s.sku)
+        for node in self.nodes:
+            f = node.facts
+            if not f.active:
+                continue
+            wholes = self._whole_skus(f)
+            for sku in wholes:
+                part = self._whole_parts.setdefault((sku.sku, f.region, f.org), WholeNodeIndex())
+                part.members += 1
+                node.wholes.append(part)
+            if not f.slice_capable:
+                continue
+            for sku in slice_skus:
+                positions = [p for p, s in enumerate(f.slots)
+                             if s.sellable and fabric.slot_mismatch(sku, s.slot) is None]
+                if not positions:
+                    continue
+                lid, lay = self._layout_id(node, positions)
+                rules = {g: sku.topology_policy.rule(g) for g in sku.counts}
+                mix = packing.mix(self.shares, rules, whole_node=bool(wholes))
+                key = (sku.sku, f.region, f.org, self._mix_id(mix))
+                view = self._slice_parts.get(key)
+                if view is None:
+                    view = self._slice_parts[key] = SliceIndex(key[3])
+                node.views.append((view, lid, lay))
+
+    def _load_claims(self, claims: Iterable[plans.ExistingClaim]) -> None:
+        for c in sorted(claims, key=lambda c: (c.allocation_id, c.node, c.slot_index or -1)):
+            node = self.by_name.get(c.node)
+            if node is None:
+                self.warnings.append(f"claim of {c.allocation_id} on unknown node {c.node}")
+                continue
+            prev = self.where.get(c.allocation_id)
+            if prev is not None and prev is not node:
+                self.warnings.append(f"allocation {c.allocation_id} holds claims on {prev.name} and {node.name}")
+            self.where.setdefault(c.allocation_id, node)
+            node.since[c.allocation_id] = self._requested.get(c.allocation_id, 0.0)
+            if c.kind is plans.ClaimKind.NODE_EXCLUSIVE:
+                node.exclusive = c.allocation_id
+                node.allocs[c.allocation_id] = node.all_mask
+                continue
+            try:
+                pos = node.slot_indexes.index(c.slot_index if c.slot_index is not None else -1)
+            except ValueError:
+                self.warnings.append(f"claim of {c.allocation_id} on unknown slot {c.node}/{c.slot_index}")
+                continue
+            node.allocs[c.allocation_id] = node.allocs.get(c.allocation_id, 0) | (1 << pos)
+
+    # ------------------------------------------------------------ index upkeep
+
+    def _sig(self, lid: int, mask: int) -> int:
+        sig = self._sig_of.get((lid, mask))
+        if sig is None:
+            canon = t.signature(self._layouts[lid], mask)
+            sig = self._sig_ids.setdefault(canon, len(self._sig_ids))
+            self._sig_of[(lid, mask)] = sig
+        return sig
+
+    def _index(self, node: _Node) -> None:
+        claimed = node.claimed
+        key = packing.node_key(self.policy, node.id, len(node.allocs),
+                               min(node.since.values()) if node.since else 0.0)
+        for part, lid, lay in node.views:
+            free = lay.full & ~claimed
+            part.add(node.id, self._sig(lid, free), (lid, free), free.bit_count(), key)
+        if not node.allocs and node.whole_ok:
+            wkey = packing.baremetal_key(self.policy, node.id, bool(node.views))
+            for w in node.wholes:
+                w.empty.add(node.id, wkey)
+
+    def _unindex(self, node: _Node) -> None:
+        for part, _, _ in node.views:
+            part.remove(node.id)
+        if not node.allocs:
+            for w in node.wholes:
+                w.empty.discard(node.id)
+
+    def _claim(self, node: _Node, allocation_id: str, mask: int, *, exclusive: bool, since: float) -> None:
+        self._unindex(node)
+        if not node.allocs:
+            self.empty_nodes -= 1
+        node.allocs[allocation_id] = mask
+        node.since[allocation_id] = since
+        if exclusive:
+            node.exclusive = allocation_id
+        self.where[allocation_id] = node
+        self._index(node)
+
+    def release(self, allocation_id: str) -> bool:
+        """Free every slot the allocation holds (its cleanup is assumed done)."""
+        node = self.where.pop(allocation_id, None)
+        if node is None:
+            return False
+        self._unindex(node)
+        del node.allocs[allocation_id]
+        del node.since[allocation_id]
+        if node.exclusive == allocation_id:
+            node.exclusive = None
+        if not node.allocs:
+            self.empty_nodes += 1
+        self._index(node)
+        return True
+
+    # ------------------------------------------------------------------ place
+
+    def spec(self, sku_name: str, gpu_count: int, vm_profile: str | None = None) -> _Spec | Refused:
+        key = (sku_name, gpu_count, vm_profile)
+        out = self._specs.get(key)
+        if out is None:
+            out = self._specs[key] = self._make_spec(sku_name, gpu_count, vm_profile)
+        return out
+
+    def _make_spec(self, sku_name: str, gpu_count: int, vm_profile: str | None) -> _Spec | Refused:
+        sku = self.skus.get(sku_name)
+        if sku is None:
+            return Refused(reasons.SKU_UNKNOWN, f"no SKU named {sku_name}")
+        if not sku.active:
+            return Refused(reasons.SKU_INACTIVE, f"SKU {sku_name} is not active")
+        if gpu_count not in sku.counts:
+            allowed = ", ".join(str(c) for c in sku.counts)
+            return Refused(reasons.GPU_COUNT, f"SKU {sku_name} sells {allowed} GPU(s), not {gpu_count}",
+                           MappingProxyType({"allowed": sku.counts, "gpu_count": gpu_count}))
+        prof = profiles.resolve(sku, gpu_count, vm_profile)
+        if isinstance(prof, profiles.ProfileError):
+            return Refused(prof.code, prof.message)
+        return _Spec(sku, sku.topology_policy.rule(gpu_count), prof)
+
+    def place(self, req: Request, *, alternatives: int = 0) -> Placed | Refused:
+        """Choose and claim slots for one request; the claim stays until `release`."""
+        spec = self.spec(req.sku, req.gpu_count, req.vm_profile)
+        if isinstance(spec, Refused):
+            return spec
+        if req.allocation_id in self.where:
+            node = self.where[req.allocation_id]
+            return Placed(node.name, self._slots(node, node.allocs[req.allocation_id]),
+                          spec.sku.capacity_shape, spec.profile)
+        whole = spec.sku.capacity_shape is m.CapacityShape.BAREMETAL
+        pick = self._pick_whole(req) if whole else self._pick_slice(req, spec.rule)
+        if pick is None:
+            return self.explain(req)
+        node, mask = pick
+        alts: tuple[plans.Candidate, ...] = ()
+        if alternatives > 0:
+            alts = self._alternatives(req, spec.rule, node, alternatives)
+        self._claim(node, req.allocation_id, mask, exclusive=whole, since=req.requested_at)
+        return Placed(node.name, self._slots(node, mask), spec.sku.capacity_shape, spec.profile, alts)
+
+    def _slots(self, node: _Node, mask: int) -> tuple[int, ...]:
+        return tuple(node.slot_indexes[p] for p in t.positions(mask))
+
+    def _slice_lists(self, sku: str, region: str, tenant: str) -> list[SliceIndex]:
+        key = (sku, region, tenant)
+        parts = self._slice_lists_cache.get(key)
+        if parts is None:
+            parts = self._slice_lists_cache[key] = [
+                p for (s, r, org, _), p in sorted(self._slice_parts.items(), key=lambda kv: kv[1].mix_id)
+                if s == sku and r == region and org in (None, tenant)]
+        return parts
+
+    def _whole_lists(self, sku: str, region: str, tenant: str) -> list[WholeNodeIndex]:
+        key = (sku, region, tenant)
+        parts = self._whole_lists_cache.get(key)
+        if parts is None:
+            parts = self._whole_lists_cache[key] = [
+                p for (s, r, org), p in sorted(self._whole_parts.items(), key=lambda kv: str(kv[0]))
+                if s == sku and r == region and org in (None, tenant)]
+        return parts
+
+    def _pick_whole(self, req: Request) -> tuple[_Node, int] | None:
+        best: tuple[tuple[int, ...], int] | None = None
+        for part in self._whole_lists(req.sku, req.region, req.tenant):
+            top = part.empty.peek()
+            if top is not None and (best is None or top < best):
+                best = top
+        if best is None:
+            return None
+        node = self.nodes[best[1]]
+        return node, node.all_mask
+
+    def _rank(self, part: SliceIndex, sig: int, g: int, rule: m.TopologyRule) -> tuple[float, ...] | None:
+        lid, mask = next(iter(part.buckets[sig]))
+        opt = packing.option(self.policy, self._layouts[lid], mask, g, rule, demands=self._mixes[part.mix_id])
+        return None if opt is None else packing.rank(self.policy, opt)
+
+    def _choice(self, lid: int, mask: int, g: int, rule: m.TopologyRule, mix_id: int) -> t.Choice:
+        key = (lid, mask, g, rule, mix_id)
+        if key in self._choices:
+            c = self._choices[key]
+        else:
+            lay = self._layouts[lid]
+            c = self._choices[key] = packing.in_node(self.policy, lay, mask, t.choices(lay, mask, g, rule),
+                                                     self._mixes[mix_id])
+        if c is None:
+            raise AssertionError("a ranked signature always has a choice")
+        return c
+
+    def _pick_slice(self, req: Request, rule: m.TopologyRule) -> tuple[_Node, int] | None:
+        tied = self._best_signatures(req, rule)
+        if not tied:
+            return None
+        g = req.gpu_count
+        best: tuple[tuple[int, ...], SliceIndex, int, int, int] | None = None
+        for part, sig in tied:
+            for (lid, mask), heap in part.buckets[sig].items():
+                top = heap.peek()
+                if top is None:
+                    continue
+                key = top[0]
+                if self._seed_rank:
+                    first = self._choice(lid, mask, g, rule, part.mix_id).mask
+                    key = (self.nodes[top[1]].slot_indexes[(first & -first).bit_length() - 1], *key)
+                if best is None or key < best[0]:
+                    best = (key, part, lid, mask, top[1])
+        if best is None:
+            return None
+        _, part, lid, mask, nid = best
+        return self.nodes[nid], self._choice(lid, mask, g, rule, part.mix_id).mask
+
+    def _best_signatures(self, req: Request, rule: m.TopologyRule) -> list[tuple[SliceIndex, int]]:
+        """The free patterns, across the request's partitions, that the policy ranks first."""
+        g = req.gpu_count
+        best_rank: tuple[float, ...] | None = None
+        tied: list[tuple[SliceIndex, int]] = []
+        for part in self._slice_lists(req.sku, req.region, req.tenant):
+            rkey = (part.mix_id, g, rule)
+            ranks = self._ranks.get(rkey)
+            if ranks is None:
+                ranks = self._ranks[rkey] = {}
+            for sig in part.sig_count:
+                r = ranks.get(sig, _MISSING)
+                if r is _MISSING:
+                    r = ranks[sig] = self._rank(part, sig, g, rule)
+                if r is None:
+                    continue
+                if best_rank is None or r < best_rank:
+                    best_rank = r
+                    tied = [(part, sig)]
+                elif r == best_rank:
+                    tied.append((part, sig))
+        return tied
+
+    def _alternatives(self, req: Request, rule: m.TopologyRule, chosen: _Node,
+                      count: int) -> tuple[plans.Candidate, ...]:
+        """Next-best nodes for apply to try after a lost race, in order."""
+        whole = self.skus[req.sku].capacity_shape is m.CapacityShape.BAREMETAL
+        excluded = [chosen]
+        out: list[plans.Candidate] = []
+        self._unindex(chosen)
+        try:
+            while len(out) < count:
+                pick = self._pick_whole(req) if whole else self._pick_slice(req, rule)
+                if pick is None:
+                    break
+                node, mask = pick
+                out.append(plans.Candidate(node.name, () if whole else self._slots(node, mask)))
+                self._unindex(node)
+                excluded.append(node)
+        finally:
+            for node in excluded:
+                self._index(node)
+        return tuple(out)
+
+    # ---------------------------------------------------------------- reasons
+
+    def explain(self, req: Request) -> Refused:
+        """Why nothing can take this request now, most fundamental reason first."""
+        spec = self.spec(req.sku, req.gpu_count, req.vm_profile)
+        if isinstance(spec, Refused):
+            return spec
+        key = (req.sku, req.region, req.tenant)
+        static = self._static.get(key, _MISSING)
+        if static is _MISSING:
+            static = self._static[key] = self._static_reason(spec.sku, req.region, req.tenant)
+        if static is not None:
+            return static  # type: ignore[no-any-return]
+        sku, g = spec.sku, req.gpu_count
+        if sku.capacity_shape is m.CapacityShape.BAREMETAL:
+            parts = self._whole_lists(req.sku, req.region, req.tenant)
+            members = sum(p.members for p in parts)
+            return Refused(reasons.NO_EMPTY_NODE,
+                           f"all {members} node(s) that lease {sku.sku} in {req.region} hold claims or wait "
+                           "for cleanup proof; a baremetal lease needs a node with no claim at all",
+                           MappingProxyType({"candidate_nodes": members}))
+        parts = self._slice_lists(req.sku, req.region, req.tenant)
+        free = sum(p.free_gpus for p in parts)
+        with_free = sum(p.nodes_with_free for p in parts)
+        nodes = sum(len(p) for p in parts)
+        details = MappingProxyType({"free_gpus": free, "nodes_with_free": with_free, "candidate_nodes": nodes,
+                                    "gpu_count": g, "rule": spec.rule.value})
+        if free >= g:
+            return Refused(reasons.TOPOLOGY,
+                           f"{free} free GPU(s) on {with_free} node(s) serve {sku.sku} in {req.region}, but no "
+                           f"node has a topology-safe set of {g} ({spec.rule.value})", details)
+        return Refused(reasons.CAPACITY,
+                       f"only {free} free GPU(s) on {with_free} node(s) serve {sku.sku} in {req.region}; "
+                       f"{g} requested", details)
+
+    def _static_reason(  # noqa: PLR0911  # one early return per reason, most fundamental first
+            self, sku: m.Sku, region: str, tenant: str) -> Refused | None:
+        """Reasons that do not depend on claims: region, SKU, fabric, readiness, tenant, admin."""
+        facts = [f for f in self.facts if f.region == region]
+        if not facts:
+            return Refused(reasons.NO_NODE, f"no node is declared in region {region}")
+        whole = sku.capacity_shape is m.CapacityShape.BAREMETAL
+        if whole:
+            serving = [f for f in facts if f.baremetal_sku == sku.sku]
+            if not serving:
+                return Refused(reasons.NO_NODE, f"no node in {region} is leased as {sku.sku}")
+            fabric_ok = [f for f in serving if not f.slots
+                         or any(fabric.fabric_serves(sku.network_fabric, s.fabric) for s in f.slots)]
+            ready = fabric_ok
+        else:
+            serving = [f for f in facts if any(s.gpu_model == sku.accelerator_model for s in f.slots)]
+            if not serving:
+                return Refused(reasons.NO_NODE, f"no node in {region} has {sku.accelerator_model} slots for "
+                                                f"{sku.sku}")
+            fabric_ok = [f for f in serving if any(s.gpu_model == sku.accelerator_model
+                                                   and fabric.fabric_serves(sku.network_fabric, s.fabric)
+                                                   for s in f.slots)]
+            ready = [f for f in fabric_ok if f.slice_capable and any(
+                not s.ineligible and fabric.slot_mismatch(sku, s.slot) is None for s in f.slots)]
+        if not fabric_ok:
+            have = sorted({s.fabric.value for f in serving for s in f.slots})
+            return Refused(reasons.FABRIC,
+                           f"{sku.sku} needs {sku.network_fabric.value} fabric; the {len(serving)} node(s) in "
+                           f"{region} that could serve it offer only {', '.join(have) or 'no fabric'}",
+                           MappingProxyType({"fabrics": tuple(have), "nodes": len(serving)}))
+        if not ready:
+            why = Counter(code for f in fabric_ok for code, _ in f.capability.reasons)
+            if not why:
+                why = Counter(code for f in fabric_ok for s in f.slots for code in s.ineligible)
+            text = ", ".join(f"{c} x{n}" for c, n in sorted(why.items())) or "no eligible slot"
+            return Refused(reasons.NOT_SLICE_READY,
+                           f"the {len(fabric_ok)} node(s) in {region} with {sku.accelerator_model} "
+                           f"{sku.network_fabric.value} slots are not slice-capable yet ({text})",
+                           MappingProxyType({"nodes": len(fabric_ok), "why": dict(why)}))
+        mine = [f for f in ready if f.org in (None, tenant)]
+        if not mine:
+            orgs = sorted({f.org or "" for f in ready})
+            return Refused(reasons.TENANT_BOUNDARY,
+                           f"every node in {region} that serves {sku.sku} is dedicated to another "
+                           f"organisation ({', '.join(orgs)}); tenant {tenant} may not use them",
+                           MappingProxyType({"orgs": tuple(orgs)}))
+        admin = [f for f in mine if f.admin_state is m.AdminState.ACTIVE]
+        if not admin:
+            draining = sum(1 for f in mine if f.admin_state is m.AdminState.DRAINING)
+            code = reasons.DRAINING if draining else reasons.MAINTENANCE
+            state = "draining" if draining else "in maintenance"
+            return Refused(code, f"the only {len(mine)} node(s) in {region} that serve {sku.sku} are {state}; "
+                                 "they take nothing new",
+                           MappingProxyType({"draining": draining, "maintenance": len(mine) - draining}))
+        if not any(f.healthy for f in admin):
+            return Refused(reasons.UNHEALTHY,
+                           f"the only {len(admin)} node(s) in {region} that serve {sku.sku} fail health checks",
+                           MappingProxyType({"nodes": len(admin)}))
+        return None
+
+    # ----------------------------------------------------------------- status
+
+    def node_facts(self, name: str) -> modes.NodeFacts:
+        """The facts `policies.modes` derives a node's mode from, as of now."""
+        node = self.by_name[name]
+        f = node.facts
+        claimed = node.claimed
+        slot_claims = 0 if node.exclusive else claimed.bit_count()
+        sellable = sum(1 for p, s in enumerate(f.slots) if s.sellable and not claimed >> p & 1)
+        return modes.NodeFacts(
+            capability=f.capability.capability, admin_state=f.admin_state, healthy=f.healthy,
+            storage_mode=f.storage_mode, slot_claims=slot_claims, exclusive_claim=node.exclusive is not None,
+            cleanup_slots=sum(1 for s in f.slots if s.status is plans.SlotStatus.CLEANUP),
+            blocked_slots=sum(1 for s in f.slots if s.status is plans.SlotStatus.CLEANUP_BLOCKED),
+            free_slots=0 if node.exclusive else sellable,
+        )
+
+    def mode(self, name: str) -> modes.Mode:
+        return modes.mode(self.node_facts(name))
+
+    def slice_parts(self, sku: str) -> list[SliceIndex]:
+        """Every partition of one slice SKU (any region, any org)."""
+        return [p for (s, _, _, _), p in self._slice_parts.items() if s == sku]
+
+    def free_gpus(self, sku: str, region: str, tenant: str = "") -> int:
+        return sum(p.free_gpus for p in self._slice_lists(sku, region, tenant))

@@ -1,0 +1,106 @@
+"""`plan(desired, observed) -> Plan`: placements, releases, and a reason for the rest.
+
+The pure centre of the central reconciler. Allocations are placed oldest
+request first (then by id), each one seeing the claims of those placed
+before it, through the same `placing.Engine` the simulator measures. An
+allocation marked released that still holds claims becomes a Release; one
+that already holds claims is never placed again; one that cannot be placed
+becomes a Pending with a stable code (`reconciler.reasons`) and a sentence.
+
+Same input, same plan: no I/O, no clock, no randomness.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from types import MappingProxyType
+
+from desired import models as m
+from desired.loading import DesiredState
+from policies import profiles
+from reconciler import placing, plans
+
+
+def plan(desired: DesiredState, observed: plans.Observed, *, policy: str | None = None) -> plans.Plan:
+    """Decide where every pending allocation goes, or say exactly why it cannot.
+
+    `policy` overrides `fleet.placement.policy` (one of `policies.packing.Policy`).
+    """
+    engine = placing.Engine(desired, observed, policy=policy)
+    by_alloc: dict[str, list[plans.ExistingClaim]] = defaultdict(list)
+    for claim in observed.claims:
+        by_alloc[claim.allocation_id].append(claim)
+    releases = _releases(desired, engine, by_alloc)
+    held = set(by_alloc) | set(observed.placed)
+    attempts = (desired.fleet.placement.max_claim_attempts if desired.fleet else 5) - 1
+    placements: list[plans.Placement] = []
+    pending: list[plans.Pending] = []
+    todo = sorted((a for a in desired.allocations.values()
+                   if a.state is m.AllocationState.PRESENT and a.id not in held),
+                  key=lambda a: (a.requested_at, a.id))
+    for alloc in todo:
+        req = placing.Request(alloc.id, alloc.tenant, alloc.sku, alloc.gpu_count, alloc.region, alloc.vm_profile,
+                              alloc.requested_at.timestamp())
+        out = engine.place(req, alternatives=attempts)
+        if isinstance(out, placing.Refused):
+            pending.append(plans.Pending(alloc.id, out.code, out.message, MappingProxyType(dict(out.details))))
+            continue
+        sku = desired.skus[alloc.sku]
+        placements.append(plans.Placement(
+            allocation_id=alloc.id, tenant=alloc.tenant, sku=alloc.sku,
+            capacity_shape=out.capacity_shape.value, gpu_count=alloc.gpu_count, region=alloc.region,
+            node=out.node, slot_indexes=out.slot_indexes, profile=_snapshot(out.profile),
+            image=alloc.image or default_image(desired, sku), alternatives=out.alternatives,
+        ))
+    return plans.Plan(tuple(placements), tuple(pending), releases)
+
+
+def _releases(desired: DesiredState, engine: placing.Engine,
+              by_alloc: dict[str, list[plans.ExistingClaim]]) -> tuple[plans.Release, ...]:
+    out: list[plans.Release] = []
+    for aid in sorted(by_alloc):
+        alloc = desired.allocations.get(aid)
+        claims = by_alloc[aid]
+        if alloc is None or alloc.state is not m.AllocationState.RELEASED:
+            continue
+        if all(c.status is plans.ClaimStatus.RELEASING for c in claims):
+            continue  # already on its way out
+        per_node: dict[str, set[int]] = defaultdict(set)
+        for c in claims:
+            if c.kind is plans.ClaimKind.NODE_EXCLUSIVE:
+                node = engine.by_name.get(c.node)
+                per_node[c.node].update(node.slot_indexes if node else ())
+            elif c.slot_index is not None:
+                per_node[c.node].add(c.slot_index)
+        out.extend(plans.Release(aid, node, tuple(sorted(slots))) for node, slots in sorted(per_node.items()))
+    return tuple(out)
+
+
+def _snapshot(p: profiles.Profile | None) -> plans.ResolvedProfile | None:
+    if p is None:
+        return None
+    return plans.ResolvedProfile(p.name, p.gpu_count, p.vcpu_count, p.memory_mib,
+                                 p.hugepages_enabled, p.hugepage_size, p.derived)
+
+
+def default_image(desired: DesiredState, sku: m.Sku) -> str | None:
+    """The image an allocation gets when it names none.
+
+    An active image of the right target that lists this SKU wins (the
+    accelerator-specific image the seeds prefer), then one matching the
+    vendor; ties go to the lowest slug.
+    """
+    target = "baremetal" if sku.capacity_shape is m.CapacityShape.BAREMETAL else "vm_slice"
+    listed: list[str] = []
+    generic: list[str] = []
+    for slug in sorted(desired.images):
+        image = desired.images[slug]
+        if not image.active or image.target != target:
+            continue
+        if image.compatible_skus:
+            if sku.sku in image.compatible_skus:
+                listed.append(slug)
+        elif image.accelerator_vendor in ("any", sku.accelerator_vendor):
+            generic.append(slug)
+    found = listed or generic
+    return found[0] if found else None

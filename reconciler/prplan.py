@@ -1,0 +1,163 @@
+"""A pull request's plan: what merging head would do, composed from the pure parts.
+
+`compose(base, head, observed)` runs, with no I/O:
+
+- `inventory_diff.diff(base, head)`: inventory added, changed or disabled,
+  slots becoming (un)schedulable with their eligibility reasons, capability
+  changes;
+- `planner.plan(head, observed)`: placements (node, slots, VM profile),
+  pending allocations (code and sentence) and releases;
+- `planner.plan(base, observed)`: what would happen without the PR, so a
+  pending allocation that was already pending for the same reason is not
+  counted as a change;
+- node modes before (base) and after (head with its plan applied), so a node
+  set to draining, or a node taking its first slice, shows up;
+- `capacity.read_model` before and after: launchable counts per region x SKU
+  x GPU count.
+
+`offline_observed(base)` is the state implied by base alone, for CI without
+a database: base planned from empty claims, its placements taken as claims.
+
+A PrPlan with validation errors in head plans nothing (`errors` set, the rest
+empty); the command exits 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from desired import problems as p
+from desired.loading import DesiredState
+from reconciler import capacity, inventory_diff, placing, planner, plans
+
+
+@dataclass(frozen=True, slots=True)
+class NodeChange:
+    """A node whose capability or derived mode changes."""
+
+    node: str
+    capability_before: str | None
+    capability_after: str | None
+    mode_before: str | None
+    mode_after: str | None
+    why: tuple[str, ...] = ()  # capability reason codes after the change
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityChange:
+    region: str
+    sku: str
+    gpu_count: int
+    before: int
+    after: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrPlan:
+    base_revision: str | None
+    head_revision: str | None
+    offline: bool
+    errors: tuple[p.Problem, ...] = ()  # head validation errors: nothing is planned
+    base_errors: tuple[p.Problem, ...] = ()  # base was invalid: its state is partial
+    inventory: inventory_diff.InventoryDiff = field(default_factory=inventory_diff.InventoryDiff)
+    nodes: tuple[NodeChange, ...] = ()
+    plan: plans.Plan = field(default_factory=plans.Plan)
+    base_pending: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # id -> code
+    capacity_before: capacity.ReadModel = field(default_factory=capacity.ReadModel)
+    capacity_after: capacity.ReadModel = field(default_factory=capacity.ReadModel)
+    # Allocations holding claims that head no longer declares at all: nothing releases them
+    # (only `state: released` does), so a reviewer should see them.
+    orphaned: tuple[str, ...] = ()
+
+    @property
+    def valid(self) -> bool:
+        return not self.errors
+
+    @property
+    def new_pending(self) -> tuple[plans.Pending, ...]:
+        """Pending allocations that are new, or pending for another reason than without the PR."""
+        return tuple(x for x in self.plan.pending if self.base_pending.get(x.allocation_id) != x.code)
+
+    @property
+    def capacity_changes(self) -> tuple[CapacityChange, ...]:
+        before, after = self.capacity_before.launchable(), self.capacity_after.launchable()
+        return tuple(CapacityChange(r, s, g, before.get((r, s, g), 0), after.get((r, s, g), 0))
+                     for r, s, g in sorted(set(before) | set(after))
+                     if before.get((r, s, g), 0) != after.get((r, s, g), 0))
+
+    @property
+    def changed(self) -> bool:
+        """Would merging change anything? (terraform -detailed-exitcode: 2)"""
+        return bool(self.inventory.changes or self.inventory.slots or self.nodes or self.plan.placements
+                    or self.plan.releases or self.new_pending)
+
+
+def offline_observed(base: DesiredState, *, policy: str | None = None) -> plans.Observed:
+    """The claims base implies on its own: plan it from no claims, keep what it placed."""
+    return after(plans.Observed(), planner.plan(base, plans.Observed(), policy=policy))
+
+
+def after(observed: plans.Observed, plan: plans.Plan) -> plans.Observed:
+    """Observed as it will be once `plan` is applied: placements claimed, releases in cleanup."""
+    releasing = {r.allocation_id for r in plan.releases}
+    claims = [replace(c, status=plans.ClaimStatus.RELEASING) if c.allocation_id in releasing else c
+              for c in observed.claims]
+    slot_status = dict(observed.slot_status)
+    for r in plan.releases:
+        for idx in r.slot_indexes:
+            slot_status[(r.node, idx)] = plans.SlotStatus.CLEANUP
+    for pl in plan.placements:
+        if pl.claim_kind is plans.ClaimKind.NODE_EXCLUSIVE:
+            claims.append(plans.ExistingClaim(pl.allocation_id, pl.node, pl.claim_kind, None,
+                                              plans.ClaimStatus.RESERVED, pl.tenant))
+        else:
+            claims.extend(plans.ExistingClaim(pl.allocation_id, pl.node, pl.claim_kind, idx,
+                                              plans.ClaimStatus.RESERVED, pl.tenant) for idx in pl.slot_indexes)
+    return replace(observed, claims=tuple(claims), slot_status=MappingProxyType(slot_status),
+                   placed=observed.placed | {pl.allocation_id for pl in plan.placements})
+
+
+def invalid(base_revision: str | None, head_revision: str | None, errors: tuple[p.Problem, ...], *,
+            offline: bool) -> PrPlan:
+    return PrPlan(base_revision, head_revision, offline, errors=errors)
+
+
+def compose(base: DesiredState, head: DesiredState, observed: plans.Observed, *, offline: bool,
+            base_errors: tuple[p.Problem, ...] = (), policy: str | None = None) -> PrPlan:
+    """Everything merging head would do, given the claims in `observed`."""
+    head_plan = planner.plan(head, observed, policy=policy)
+    base_plan = planner.plan(base, observed, policy=policy)
+    observed_after = after(observed, head_plan)
+    diff = inventory_diff.diff(base, head, firmware=observed.firmware_ready)
+    return PrPlan(
+        base_revision=base.revision, head_revision=head.revision, offline=offline, base_errors=base_errors,
+        inventory=diff,
+        nodes=_node_changes(base, head, observed, observed_after=observed_after, diff=diff, policy=policy),
+        plan=head_plan,
+        base_pending=MappingProxyType({x.allocation_id: x.code for x in base_plan.pending}),
+        capacity_before=capacity.read_model(base, observed, policy=policy),
+        capacity_after=capacity.read_model(head, observed_after, policy=policy),
+        orphaned=tuple(sorted({c.allocation_id for c in observed.claims} - set(head.allocations))),
+    )
+
+
+def _modes(state: DesiredState, observed: plans.Observed, policy: str | None) -> dict[str, tuple[str, str]]:
+    engine = placing.Engine(state, observed, policy=policy)
+    return {f.name: (f.capability.capability.value, engine.mode(f.name).value) for f in engine.facts}
+
+
+def _node_changes(base: DesiredState, head: DesiredState, observed: plans.Observed, *,
+                  observed_after: plans.Observed, diff: inventory_diff.InventoryDiff,
+                  policy: str | None) -> tuple[NodeChange, ...]:
+    before = _modes(base, observed, policy)
+    now = _modes(head, observed_after, policy)
+    why = {c.node: c.why for c in diff.capabilities}
+    out = []
+    for name in sorted(set(before) | set(now)):
+        cap_b, mode_b = before.get(name, (None, None))
+        cap_a, mode_a = now.get(name, (None, None))
+        if (cap_b, mode_b) != (cap_a, mode_a):
+            out.append(NodeChange(name, cap_b, cap_a, mode_b, mode_a, why.get(name, ())))
+    return tuple(out)

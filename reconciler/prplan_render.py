@@ -1,0 +1,274 @@
+"""Render a PrPlan as text (terminal), markdown (a PR comment) or JSON-ready data.
+
+The markdown starts with a hidden marker (`MARKER`) so a CI job can find and
+update its previous comment instead of adding a new one, then a summary
+table; every list follows in a collapsible `<details>` section (open when it
+is short), so a large PR stays readable.
+
+Pure: values in, strings and dicts out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reconciler import capacity, plans
+from reconciler.prplan import PrPlan
+
+MARKER = "<!-- gpuaas-plan -->"
+OPEN_BELOW = 10  # sections with at most this many rows render expanded
+_SYMBOL = {"added": "+", "changed": "~", "disabled": "-"}
+
+
+def short(rev: str | None) -> str:
+    if rev is None:
+        return "(empty)"
+    return rev[:12] if len(rev) == 40 else rev
+
+
+def _slots(idx: tuple[int, ...]) -> str:
+    return ",".join(str(i) for i in idx) if idx else "whole node"
+
+
+def _arrow(a: object, b: object, sep: str = "->") -> str:
+    return f"{a or '-'} {sep} {b or '-'}"
+
+
+def headline(pr: PrPlan) -> str:
+    if not pr.valid:
+        return f"{len(pr.errors)} validation error(s) in head; nothing planned"
+    if not pr.changed:
+        return "no changes"
+    parts = []
+    inv = len(pr.inventory.changes)
+    if inv:
+        parts.append(f"{inv} inventory change(s)")
+    if pr.nodes:
+        parts.append(f"{len(pr.nodes)} node(s) change capability or mode")
+    parts.append(f"{len(pr.plan.placements)} to place")
+    parts.append(f"{len(pr.plan.pending)} pending ({len(pr.new_pending)} new)")
+    parts.append(f"{len(pr.plan.releases)} to release")
+    return ", ".join(parts)
+
+
+def slot_groups(pr: PrPlan) -> dict[tuple[str, bool, tuple[str, ...]], list[int]]:
+    """Slot changes grouped by (node, schedulable after, reasons), slot indexes in order."""
+    out: dict[tuple[str, bool, tuple[str, ...]], list[int]] = {}
+    for s in pr.inventory.slots:
+        out.setdefault((s.node, s.schedulable_after, s.reasons), []).append(s.slot_index)
+    return out
+
+
+def ineligible_groups(pr: PrPlan) -> dict[tuple[str, tuple[str, ...]], list[int]]:
+    """Slots of the slot maps this change adds or edits that head still cannot schedule, with the reasons."""
+    touched = {c.name for c in pr.inventory.changes if c.kind in ("SlotMap", "Node") and c.action != "disabled"}
+    changed = {(s.node, s.slot_index) for s in pr.inventory.slots}
+    out: dict[tuple[str, tuple[str, ...]], list[int]] = {}
+    for node in sorted(touched & set(pr.inventory.ineligible_after)):
+        for idx, reasons in sorted(pr.inventory.ineligible_after[node].items()):
+            if (node, idx) not in changed:
+                out.setdefault((node, reasons), []).append(idx)
+    return out
+
+
+# ------------------------------------------------------------------- json
+
+
+def as_dict(pr: PrPlan) -> dict[str, Any]:
+    inv = pr.inventory
+    new = {x.allocation_id for x in pr.new_pending}
+    return {
+        "base": pr.base_revision,
+        "head": pr.head_revision,
+        "offline": pr.offline,
+        "valid": pr.valid,
+        "changed": pr.changed,
+        "errors": [e.as_dict() for e in pr.errors],
+        "base_errors": [e.as_dict() for e in pr.base_errors],
+        "summary": headline(pr),
+        "inventory": {
+            "changes": [{"kind": c.kind, "name": c.name, "action": c.action, "fields": list(c.fields)}
+                        for c in inv.changes],
+            "slots": [{"node": s.node, "slot_index": s.slot_index, "schedulable_before": s.schedulable_before,
+                       "schedulable_after": s.schedulable_after, "reasons": list(s.reasons)} for s in inv.slots],
+            "schedulable_gpus_before": inv.schedulable_gpus_before,
+            "schedulable_gpus_after": inv.schedulable_gpus_after,
+            "ineligible_after": {n: {str(i): list(r) for i, r in sorted(slots.items())}
+                                 for n, slots in sorted(inv.ineligible_after.items())},
+        },
+        "nodes": [{"node": n.node, "capability_before": n.capability_before, "capability_after": n.capability_after,
+                   "mode_before": n.mode_before, "mode_after": n.mode_after, "why": list(n.why)} for n in pr.nodes],
+        "placements": [_placement(x) for x in pr.plan.placements],
+        "pending": [{"allocation_id": x.allocation_id, "code": x.code, "message": x.message,
+                     "new": x.allocation_id in new, "details": dict(x.details)} for x in pr.plan.pending],
+        "releases": [{"allocation_id": r.allocation_id, "node": r.node, "slot_indexes": list(r.slot_indexes)}
+                     for r in pr.plan.releases],
+        "orphaned": list(pr.orphaned),
+        "capacity": [{"region": c.region, "sku": c.sku, "gpu_count": c.gpu_count, "before": c.before,
+                      "after": c.after} for c in pr.capacity_changes],
+        "launchable_after": capacity_rows(pr.capacity_after),
+    }
+
+
+def _placement(x: plans.Placement) -> dict[str, Any]:
+    return {"allocation_id": x.allocation_id, "tenant": x.tenant, "sku": x.sku, "gpu_count": x.gpu_count,
+            "region": x.region, "node": x.node, "slot_indexes": list(x.slot_indexes),
+            "capacity_shape": x.capacity_shape, "vm_profile": x.profile.name if x.profile else None,
+            "vcpu_count": x.profile.vcpu_count if x.profile else None,
+            "memory_mib": x.profile.memory_mib if x.profile else None, "image": x.image}
+
+
+def capacity_rows(model: capacity.ReadModel) -> list[dict[str, Any]]:
+    return [{"region": o.region, "sku": o.sku, "unit": o.unit, "usable": o.usable,
+             "launchable": {str(s.gpu_count): s.launchable for s in o.sizes},
+             "not_launchable": dict(o.not_launchable)} for o in model.offers]
+
+
+# ------------------------------------------------------------------- text
+
+
+def _text_inventory(pr: PrPlan) -> list[str]:
+    inv = pr.inventory
+    if not (inv.changes or inv.slots):
+        return []
+    out = ["", "Inventory:"]
+    out += [f"  {_SYMBOL.get(c.action, '?')} {c.kind} {c.name}" + (f" ({', '.join(c.fields)})" if c.fields else "")
+            for c in inv.changes]
+    delta = inv.schedulable_gpus_after - inv.schedulable_gpus_before
+    out.append(f"  schedulable slots: {inv.schedulable_gpus_before} -> {inv.schedulable_gpus_after} ({delta:+d})")
+    for (node, now, reasons), idx in slot_groups(pr).items():
+        verb = "become schedulable" if now else "stop being schedulable"
+        why = f": {', '.join(reasons)}" if reasons else ""
+        out.append(f"    {node} slots [{_slots(tuple(idx))}] {verb}{why}")
+    unschedulable = ineligible_groups(pr)
+    if unschedulable:
+        out.append("  not schedulable in head:")
+        out += [f"    {node} slots [{_slots(tuple(idx))}]: {', '.join(reasons)}"
+                for (node, reasons), idx in unschedulable.items()]
+    return out
+
+
+def _text_nodes(pr: PrPlan) -> list[str]:
+    if not pr.nodes:
+        return []
+    out = ["", "Nodes:"]
+    for n in pr.nodes:
+        line = f"  {n.node:<24} capability {_arrow(n.capability_before, n.capability_after):<34}"
+        line += f" mode {_arrow(n.mode_before, n.mode_after)}"
+        if n.why:
+            line += f"  ({', '.join(n.why)})"
+        out.append(line.rstrip())
+    return out
+
+
+def _text_allocations(pr: PrPlan) -> list[str]:
+    out = []
+    if pr.plan.placements:
+        out += ["", "Placements:"]
+        for x in pr.plan.placements:
+            prof = f" profile {x.profile.name}" if x.profile else ""
+            out.append(f"  + {x.allocation_id:<24} {x.gpu_count}x {x.sku} -> {x.node} slots [{_slots(x.slot_indexes)}]"
+                       f"{prof} (tenant {x.tenant})")
+    if pr.plan.pending:
+        new = {x.allocation_id for x in pr.new_pending}
+        out += ["", "Pending:"]
+        for y in pr.plan.pending:
+            tag = "new" if y.allocation_id in new else "unchanged"
+            out.append(f"  ! {y.allocation_id:<24} {y.code} ({tag}): {y.message}")
+    if pr.plan.releases:
+        out += ["", "Releases:"]
+        out += [f"  - {r.allocation_id:<24} {r.node} slots [{_slots(r.slot_indexes)}] -> cleanup"
+                for r in pr.plan.releases]
+    if pr.orphaned:
+        out += ["", "warning: allocations holding claims are no longer declared (set `state: released` to free "
+                    "them): " + ", ".join(pr.orphaned)]
+    return out
+
+
+def render_text(pr: PrPlan) -> str:
+    out = [f"Plan: {short(pr.base_revision)} -> {short(pr.head_revision)}"
+           + (" (offline: base state planned from no claims)" if pr.offline else " (against the database)")]
+    if not pr.valid:
+        out += ["", *(e.render() for e in pr.errors), "", f"Plan: {headline(pr)}."]
+        return "\n".join(out)
+    if pr.base_errors:
+        out.append(f"note: base has {len(pr.base_errors)} validation error(s); its state is partial")
+    out += _text_inventory(pr) + _text_nodes(pr) + _text_allocations(pr)
+    if pr.capacity_changes:
+        out += ["", "Launchable capacity (before -> after):"]
+        out += [f"  {c.region:<12} {c.sku:<26} {c.gpu_count} GPU: {c.before} -> {c.after}"
+                for c in pr.capacity_changes]
+    out += ["", f"Plan: {headline(pr)}."]
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------- markdown
+
+
+def _cell(value: object) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: list[str], rows: list[list[object]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _details(title: str, header: list[str], rows: list[list[object]]) -> list[str]:
+    if not rows:
+        return []
+    attr = " open" if len(rows) <= OPEN_BELOW else ""
+    return ["", f"<details{attr}><summary><b>{title}</b> ({len(rows)})</summary>", "",
+            *_table(header, rows), "", "</details>"]
+
+
+def render_markdown(pr: PrPlan) -> str:
+    out = [MARKER, f"### gpuaas plan: `{short(pr.base_revision)}` → `{short(pr.head_revision)}`", ""]
+    if not pr.valid:
+        out += [f"**Invalid: {len(pr.errors)} validation error(s); nothing was planned.**", ""]
+        out += _table(["File", "Line", "Code", "Message"],
+                      [[f"`{e.file}:{e.line}:{e.column}`", e.line, f"`{e.code}`", e.message] for e in pr.errors])
+        return "\n".join(out) + "\n"
+    inv = pr.inventory
+    new = {x.allocation_id for x in pr.new_pending}
+    delta = inv.schedulable_gpus_after - inv.schedulable_gpus_before
+    out += _table(["", "Count"], [
+        ["Inventory changes", len(inv.changes)],
+        ["Schedulable slots", f"{inv.schedulable_gpus_before} → {inv.schedulable_gpus_after} ({delta:+d})"],
+        ["Nodes changing capability or mode", len(pr.nodes)],
+        ["Allocations to place", len(pr.plan.placements)],
+        ["Allocations pending", f"{len(pr.plan.pending)} ({len(new)} new)"],
+        ["Releases", len(pr.plan.releases)],
+    ])
+    out += ["", f"**{headline(pr)}**" + (" (offline: base state planned from no claims)" if pr.offline else "")]
+    if pr.base_errors:
+        out += ["", f"> base has {len(pr.base_errors)} validation error(s); its state is partial"]
+    if pr.orphaned:
+        out += ["", "> **warning:** allocations holding claims are no longer declared (set `state: released` "
+                    "to free them): " + ", ".join(f"`{a}`" for a in pr.orphaned)]
+    out += _details("Inventory", ["", "Kind", "Name", "Fields"],
+                    [[_SYMBOL.get(c.action, "?") + " " + c.action, c.kind, f"`{c.name}`", ", ".join(c.fields)]
+                     for c in inv.changes])
+    out += _details("Slot eligibility", ["Node", "Slots", "Schedulable", "Reasons"],
+                    [[f"`{node}`", _slots(tuple(idx)), "no → yes" if now else "yes → no",
+                      ", ".join(f"`{r}`" for r in reasons)] for (node, now, reasons), idx in slot_groups(pr).items()])
+    out += _details("Slots still not schedulable (added or changed nodes)", ["Node", "Slots", "Reasons"],
+                    [[f"`{node}`", _slots(tuple(idx)), ", ".join(f"`{r}`" for r in reasons)]
+                     for (node, reasons), idx in ineligible_groups(pr).items()])
+    out += _details("Nodes: capability and mode", ["Node", "Capability", "Mode", "Why"],
+                    [[f"`{n.node}`", _arrow(n.capability_before, n.capability_after, "→"),
+                      _arrow(n.mode_before, n.mode_after, "→"), ", ".join(f"`{w}`" for w in n.why)] for n in pr.nodes])
+    out += _details("Placements", ["Allocation", "Tenant", "Request", "Node", "Slots", "VM profile"],
+                    [[f"`{x.allocation_id}`", x.tenant, f"{x.gpu_count}x {x.sku}", f"`{x.node}`",
+                      _slots(x.slot_indexes),
+                      f"{x.profile.name} ({x.profile.vcpu_count} vCPU, {x.profile.memory_mib} MiB)"
+                      if x.profile else "-"] for x in pr.plan.placements])
+    out += _details("Pending", ["Allocation", "Code", "Reason", "New"],
+                    [[f"`{y.allocation_id}`", f"`{y.code}`", y.message, "yes" if y.allocation_id in new else "no"]
+                     for y in pr.plan.pending])
+    out += _details("Releases", ["Allocation", "Node", "Slots"],
+                    [[f"`{r.allocation_id}`", f"`{r.node}`", _slots(r.slot_indexes)] for r in pr.plan.releases])
+    out += _details("Launchable capacity", ["Region", "SKU", "GPUs", "Before", "After"],
+                    [[c.region, f"`{c.sku}`", c.gpu_count, c.before, c.after] for c in pr.capacity_changes])
+    return "\n".join(out) + "\n"

@@ -1,0 +1,246 @@
+"""Apply a Plan: placements become claims, pending reasons and releases are recorded.
+
+Each placement is one transaction and one round trip: `gpuaas_place`
+(schemas/sql/0004) locks the allocation, the node row and the chosen slots
+with SKIP LOCKED, re-checks them, and writes the claims with their snapshot,
+the slot and allocation status and a provisioning.requested outbox event, or
+writes nothing. A lost race (a row locked or taken by another reconciler, or
+a constraint refusing the claim) is retried with the planner's next
+candidate; after `max_attempts` candidates the allocation stays pending with
+the reason. The connection must be in autocommit mode: every statement here
+is its own transaction unless a fault hook asks for an explicit one.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from reconciler.errors import PermanentError
+from reconciler.plans import Pending, Placement, Plan, Release, ResolvedProfile
+from reconciler.store import errors
+from reconciler.store.connections import Connection
+
+# Test hook: called with a point name inside the placement transaction
+# ("claims_inserted": after the claims, slots, allocation and outbox are
+# written, before COMMIT). Raising there must leave nothing behind.
+Fault = Callable[[str], None]
+
+# Stable pending codes written by apply itself (the planner brings its own).
+CONFLICT_EXHAUSTED = "claim.conflict_exhausted"
+CANDIDATES_REFUSED = "claim.candidates_refused"
+
+
+class Outcome(enum.StrEnum):
+    PLACED = "placed"
+    LOST_RACE = "lost_race"
+    REFUSED = "refused"
+    BUSY = "busy"  # another reconciler holds the allocation row right now
+    NOT_PENDING = "not_pending"  # already placed (or released) by someone
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    node: str
+    slot_indexes: tuple[int, ...]
+    outcome: Outcome
+    detail: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementResult:
+    allocation_id: str
+    outcome: Outcome  # PLACED, or why the last attempt stopped
+    node: str | None = None
+    slot_indexes: tuple[int, ...] = ()
+    claim_ids: tuple[str, ...] = ()
+    attempts: tuple[Attempt, ...] = ()
+    pending_code: str | None = None
+    pending_message: str | None = None
+
+    @property
+    def placed(self) -> bool:
+        return self.outcome is Outcome.PLACED
+
+    @property
+    def conflicts(self) -> int:
+        return sum(1 for a in self.attempts if a.outcome is Outcome.LOST_RACE)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingResult:
+    allocation_id: str
+    code: str
+    message: str
+    changed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseResult:
+    allocation_id: str
+    outcome: str  # releasing | cancelled | unchanged | unknown
+    node: str | None = None
+    slot_indexes: tuple[int, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        return self.outcome in ("releasing", "cancelled")
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    placements: tuple[PlacementResult, ...] = ()
+    pending: tuple[PendingResult, ...] = ()
+    releases: tuple[ReleaseResult, ...] = ()
+    cancelled: tuple[str, ...] = field(default=())
+
+    @property
+    def placed(self) -> tuple[PlacementResult, ...]:
+        return tuple(p for p in self.placements if p.placed)
+
+    @property
+    def conflicts_retried(self) -> int:
+        return sum(p.conflicts for p in self.placements)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.placed or any(p.changed for p in self.pending)
+                    or any(r.changed for r in self.releases) or self.cancelled
+                    or any(p.pending_code for p in self.placements))
+
+
+def _require_autocommit(conn: Connection) -> None:
+    if not conn.autocommit:
+        raise PermanentError("apply needs an autocommit connection (one transaction per placement)",
+                             code="db.apply.autocommit")
+
+
+def _candidates(placement: Placement, max_attempts: int) -> list[tuple[str, tuple[int, ...]]]:
+    out = [(placement.node, tuple(placement.slot_indexes))]
+    for alt in placement.alternatives:
+        cand = (alt.node, tuple(alt.slot_indexes))
+        if cand not in out:
+            out.append(cand)
+    return out[:max(1, max_attempts)]
+
+
+_PLACE = "SELECT outcome, detail, claim_ids FROM gpuaas_place(%s, %s, %s, %s, %s::jsonb, %s, %s)"
+
+
+def _profile_json(profile: ResolvedProfile | None) -> str | None:
+    if profile is None:
+        return None
+    return json.dumps({"name": profile.name, "gpu_count": profile.gpu_count, "vcpu_count": profile.vcpu_count,
+                       "memory_mib": profile.memory_mib, "hugepages_enabled": profile.hugepages_enabled,
+                       "hugepage_size": profile.hugepage_size, "derived": profile.derived})
+
+
+def _try(conn: Connection, placement: Placement, node: str, slots: tuple[int, ...], *, revision: str | None,
+         fault: Fault | None) -> tuple[Outcome, str | None, tuple[str, ...]]:
+    args = (placement.allocation_id, node, list(slots), placement.claim_kind.value, _profile_json(placement.profile),
+            placement.image, revision)
+    try:
+        if fault is None:
+            row = conn.execute(_PLACE, args).fetchone()
+        else:
+            with conn.transaction():
+                row = conn.execute(_PLACE, args).fetchone()
+                if row is not None and row[0] == Outcome.PLACED:
+                    fault("claims_inserted")
+    except psycopg.Error as e:
+        err = errors.translate(e, f"place {placement.allocation_id} on {node}")
+        if isinstance(err, errors.ConstraintRefused) and err.lost_race:
+            return Outcome.LOST_RACE, f"{err.code}: {err.message}", ()
+        if isinstance(err, errors.SerializationConflict):
+            return Outcome.LOST_RACE, f"{err.code}: {err.message}", ()
+        raise err from e
+    if row is None:  # pragma: no cover - the function always returns one row
+        raise PermanentError("gpuaas_place returned nothing", code="db.apply.no_result")
+    outcome, detail, ids = row
+    return Outcome(outcome), detail, tuple(str(i) for i in ids or ())
+
+
+def place(conn: Connection, placement: Placement, *, revision: str | None = None, max_attempts: int = 5,
+          fault: Fault | None = None) -> PlacementResult:
+    """Claim the placement's node/slots, or its next candidates after a lost race."""
+    _require_autocommit(conn)
+    attempts: list[Attempt] = []
+    for node, slots in _candidates(placement, max_attempts):
+        outcome, detail, ids = _try(conn, placement, node, slots, revision=revision, fault=fault)
+        attempts.append(Attempt(node, slots, outcome, detail))
+        if outcome is Outcome.PLACED:
+            return PlacementResult(placement.allocation_id, outcome, node, slots, ids, tuple(attempts))
+        if outcome in (Outcome.BUSY, Outcome.NOT_PENDING, Outcome.UNKNOWN):
+            return PlacementResult(placement.allocation_id, outcome, attempts=tuple(attempts))
+    raced = sum(1 for a in attempts if a.outcome is Outcome.LOST_RACE)
+    code = CONFLICT_EXHAUSTED if raced else CANDIDATES_REFUSED
+    tried = "; ".join(f"{a.node}{list(a.slot_indexes)}: {a.detail}" for a in attempts)
+    message = (f"lost the race for all {len(attempts)} candidate(s); retried on the next reconciliation ({tried})"
+               if raced else f"every candidate was refused on re-check ({tried})")
+    record_pending(conn, Pending(placement.allocation_id, code, message,
+                                 {"attempts": [[a.node, list(a.slot_indexes), a.outcome.value] for a in attempts]}))
+    last = attempts[-1].outcome if attempts else Outcome.LOST_RACE
+    return PlacementResult(placement.allocation_id, last, attempts=tuple(attempts),
+                           pending_code=code, pending_message=message)
+
+
+def record_pending(conn: Connection, pending: Pending) -> PendingResult:
+    """Store why an allocation waits; no write when the reason is unchanged."""
+    details: dict[str, Any] = dict(pending.details)
+    with errors.wrapped(f"record pending reason of {pending.allocation_id}"):
+        cur = conn.execute(
+            "UPDATE allocations SET pending_code = %s, pending_message = %s, pending_details = %s,"
+            " pending_since = coalesce(pending_since, now()), updated_at = now()"
+            " WHERE id = %s AND status = 'pending'"
+            " AND (pending_code, pending_message) IS DISTINCT FROM (%s, %s)",
+            (pending.code, pending.message, Jsonb(details), pending.allocation_id, pending.code,
+             pending.message))
+    return PendingResult(pending.allocation_id, pending.code, pending.message, cur.rowcount > 0)
+
+
+def release(conn: Connection, rel: Release, *, revision: str | None = None) -> ReleaseResult:
+    """Desired state says released: claims -> releasing, slots -> cleanup (no freeing here)."""
+    _require_autocommit(conn)
+    with errors.wrapped(f"release {rel.allocation_id}"):
+        row = conn.execute("SELECT outcome, node, slot_indexes FROM gpuaas_release(%s, %s)",
+                           (rel.allocation_id, revision)).fetchone()
+    if row is None:  # pragma: no cover
+        raise PermanentError("gpuaas_release returned nothing", code="db.apply.no_result")
+    outcome, node, idx = row
+    return ReleaseResult(rel.allocation_id, str(outcome), node, tuple(int(i) for i in idx or ()))
+
+
+def cancel_unplaced(conn: Connection) -> tuple[str, ...]:
+    """Allocations released in git before they were ever placed are simply released."""
+    with errors.wrapped("release unplaced allocations"):
+        rows = conn.execute(
+            "UPDATE allocations SET status = 'released', released_at = now(), pending_code = NULL,"
+            " pending_message = NULL, pending_details = NULL, pending_since = NULL, updated_at = now(),"
+            " status_changed_at = now()"
+            " WHERE status = 'pending' AND desired_state = 'released' RETURNING id").fetchall()
+    return tuple(sorted(str(r[0]) for r in rows))
+
+
+def apply(conn: Connection, plan: Plan, *, revision: str | None = None, max_attempts: int = 5,
+          fault: Fault | None = None) -> ApplyResult:
+    """Write the whole plan: releases, placements (one transaction each), pending reasons."""
+    _require_autocommit(conn)
+    releases = tuple(release(conn, r, revision=revision) for r in plan.releases)
+    placements = tuple(place(conn, p, revision=revision, max_attempts=max_attempts, fault=fault)
+                       for p in plan.placements)
+    pending = tuple(record_pending(conn, p) for p in plan.pending)
+    cancelled = cancel_unplaced(conn)
+    return ApplyResult(placements, pending, releases, cancelled)
+
+
+def placed_nodes(result: ApplyResult) -> Sequence[str]:
+    nodes = {p.node for p in result.placed if p.node}
+    nodes |= {r.node for r in result.releases if r.node and r.changed}
+    return sorted(nodes)

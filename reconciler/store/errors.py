@@ -1,0 +1,91 @@
+"""psycopg errors become project errors with stable codes; none leak.
+
+Constraint and trigger refusals carry the constraint name (triggers raise with
+`CONSTRAINT = ...`), which maps to a stable `claim.*` code. A refusal caused
+by a concurrent writer is a lost race, worth the planner's next candidate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+from psycopg import errors as pge
+
+from reconciler.errors import PermanentError, TemporaryError
+
+# constraint or trigger name -> stable code. Do not change the string values.
+CONSTRAINT_CODES = {
+    "claims_one_live_per_slot": "claim.slot_taken",
+    "claims_node_exclusive": "claim.node_overlap",
+    "claims_slot_claimable": "claim.slot_not_claimable",
+    "claims_node_claimable": "claim.node_not_claimable",
+    "claims_allocation_pending": "claim.allocation_not_pending",
+    "claims_allocation_one_node": "claim.allocation_other_node",
+    "claims_created_live": "claim.created_not_live",
+    "claims_immutable": "claim.immutable",
+    "claims_status_transition": "claim.bad_transition",
+    "claims_release_needs_proof": "claim.release_needs_proof",
+    "claims_no_delete": "claim.no_delete",
+    "claims_kind_shape": "claim.kind_shape",
+    "claims_slot_of_node": "claim.slot_of_other_node",
+    "slots_free_without_claim": "slot.free_with_live_claim",
+    "slots_claimed_needs_claim": "slot.claimed_without_claim",
+}
+
+# Refusals a concurrent placement can cause: the next candidate may succeed.
+RACE_CODES = frozenset({
+    "claim.slot_taken", "claim.node_overlap", "claim.slot_not_claimable",
+    "claim.allocation_not_pending",
+})
+
+
+class DatabaseUnavailable(TemporaryError):
+    code = "db.unavailable"
+
+
+class DatabaseError(PermanentError):
+    code = "db.error"
+
+
+class ConstraintRefused(PermanentError):
+    """The database refused a write that would break an invariant."""
+
+    code = "db.constraint"
+
+    def __init__(self, message: str, *, code: str | None = None, constraint: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.constraint = constraint
+
+    @property
+    def lost_race(self) -> bool:
+        return self.code in RACE_CODES
+
+
+class SerializationConflict(TemporaryError):
+    code = "db.conflict"
+
+
+def translate(e: psycopg.Error, doing: str) -> PermanentError | TemporaryError:
+    """The project error for a psycopg error (the caller raises it `from e`)."""
+    diag = e.diag
+    first = (diag.message_primary or str(e)).strip()
+    if isinstance(e, pge.IntegrityError):
+        name = diag.constraint_name
+        code = CONSTRAINT_CODES.get(name or "", "db.constraint")
+        return ConstraintRefused(f"{doing}: {first}", code=code, constraint=name)
+    if isinstance(e, pge.SerializationFailure | pge.DeadlockDetected | pge.LockNotAvailable):
+        return SerializationConflict(f"{doing}: {first}", delay=0.05)
+    if isinstance(e, psycopg.OperationalError | psycopg.InterfaceError):
+        return DatabaseUnavailable(f"{doing}: {first}")
+    return DatabaseError(f"{doing}: {first}")
+
+
+@contextmanager
+def wrapped(doing: str) -> Iterator[None]:
+    """Run a block; a psycopg error leaves it as a project error."""
+    try:
+        yield
+    except psycopg.Error as e:
+        raise translate(e, doing) from e

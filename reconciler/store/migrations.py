@@ -1,0 +1,112 @@
+"""Versioned SQL migrations: schemas/sql/NNNN_name.sql, applied in order, once.
+
+Each file runs in its own transaction and is recorded in schema_migrations
+with a checksum; a recorded file that changed afterwards is an error, never
+silently re-run. A session advisory lock keeps two processes from migrating
+at once. Numbers 0001-0049 belong to the claims store; later features add
+0050 and up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from reconciler.errors import PermanentError
+from reconciler.store import errors
+from reconciler.store.connections import Connection
+
+_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_LOCK_KEY = 0x67707561_6173  # "gpuaas"
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: str
+    name: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()
+
+
+def sql_dir() -> Path:
+    """schemas/sql, wherever the `schemas` package lives (checkout, editable or wheel install)."""
+    package = importlib.import_module("schemas")
+    for entry in getattr(package, "__path__", []):
+        candidate = Path(entry) / "sql"
+        if candidate.is_dir():
+            return candidate
+    return Path(__file__).resolve().parents[2] / "schemas" / "sql"
+
+
+def available() -> list[Migration]:
+    found = []
+    for entry in sorted(sql_dir().iterdir()):
+        match = _FILE.match(entry.name)
+        if match:
+            found.append(Migration(match.group(1), match.group(2), entry.read_text(encoding="utf-8")))
+    versions = [m.version for m in found]
+    dupes = sorted({v for v in versions if versions.count(v) > 1})
+    if dupes:
+        raise PermanentError(f"two migrations share version(s) {', '.join(dupes)}", code="db.migration.duplicate")
+    return sorted(found, key=lambda m: m.version)
+
+
+def applied(conn: Connection) -> dict[str, str]:
+    """version -> checksum of every recorded migration ({} on an empty database)."""
+    with errors.wrapped("read schema_migrations"):
+        exists = conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL").fetchone()
+        if not exists or not exists[0]:
+            return {}
+        rows = conn.execute("SELECT version, checksum FROM schema_migrations").fetchall()
+    return {str(v): str(c) for v, c in rows}
+
+
+def migrate(conn: Connection) -> list[str]:
+    """Apply every pending migration; returns the versions applied (empty: nothing to do).
+
+    Needs a connection outside a transaction; it is left in autocommit mode.
+    """
+    if not conn.autocommit:
+        conn.commit()
+        conn.autocommit = True
+    todo = available()
+    done = applied(conn)
+    _check_unchanged(todo, done)
+    if all(m.version in done for m in todo):
+        return []
+    ran: list[str] = []
+    with errors.wrapped("migrate"):
+        conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
+        try:
+            with conn.transaction():
+                conn.execute(
+                    "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                    " version text PRIMARY KEY, name text NOT NULL, checksum text NOT NULL,"
+                    " applied_at timestamptz NOT NULL DEFAULT now())")
+            done = applied(conn)  # another process may have migrated while we waited
+            _check_unchanged(todo, done)
+            for m in todo:
+                if m.version in done:
+                    continue
+                with conn.transaction():
+                    conn.execute(m.sql.encode())
+                    conn.execute("INSERT INTO schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
+                                 (m.version, m.name, m.checksum))
+                ran.append(m.version)
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
+    return ran
+
+
+def _check_unchanged(todo: list[Migration], done: dict[str, str]) -> None:
+    for m in todo:
+        if m.version in done and done[m.version] != m.checksum:
+            raise PermanentError(
+                f"migration {m.version}_{m.name}.sql changed after it was applied; "
+                "add a new migration instead of editing an applied one", code="db.migration.changed")

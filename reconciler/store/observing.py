@@ -1,0 +1,66 @@
+"""Read what the planner cannot learn from git: claims, slot states, host facts.
+
+`observe` returns the planner's `Observed` value; nothing here writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from psycopg.rows import class_row
+
+from reconciler.plans import ClaimKind, ClaimStatus, ExistingClaim, Observed, SlotKey, SlotStatus
+from reconciler.store import errors
+from reconciler.store.connections import Connection
+
+_LIVE = ("reserved", "provisioning", "active", "releasing")
+
+
+@dataclass(frozen=True, slots=True)
+class _ClaimRow:
+    allocation_id: str
+    node: str
+    claim_kind: str
+    slot_index: int | None
+    status: str
+    tenant: str
+
+
+def observe(conn: Connection) -> Observed:
+    with errors.wrapped("read observed state"):
+        claims = conn.cursor(row_factory=class_row(_ClaimRow)).execute(
+            "SELECT c.allocation_id, n.name AS node, c.claim_kind, c.slot_index, c.status, a.tenant"
+            " FROM allocation_resource_claims c JOIN nodes n ON n.id = c.node_id"
+            " JOIN allocations a ON a.id = c.allocation_id"
+            " WHERE c.status = ANY(%s) ORDER BY n.name, c.slot_index NULLS FIRST, c.allocation_id",
+            (list(_LIVE),)).fetchall()
+        # Slots that are neither free nor simply claimed.
+        odd = conn.execute(
+            "SELECT n.name, s.slot_index, s.status FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id"
+            " WHERE s.status IN ('releasing', 'cleanup', 'cleanup_blocked', 'failed', 'disabled')").fetchall()
+        hosts = conn.execute("SELECT node_name, healthy, firmware_ready FROM host_status").fetchall()
+        placed = conn.execute(
+            "SELECT id FROM allocations WHERE status <> 'pending'"
+            " UNION SELECT DISTINCT allocation_id FROM allocation_resource_claims").fetchall()
+    slot_status: dict[SlotKey, SlotStatus] = {(str(n), int(i)): SlotStatus(str(s)) for n, i, s in odd}
+    return Observed(
+        claims=tuple(ExistingClaim(allocation_id=c.allocation_id, node=c.node, kind=ClaimKind(c.claim_kind),
+                                   slot_index=c.slot_index, status=ClaimStatus(c.status), tenant=c.tenant)
+                     for c in claims),
+        slot_status=MappingProxyType(slot_status),
+        firmware_ready=MappingProxyType({str(n): bool(f) for n, _, f in hosts if f is not None}),
+        unavailable_nodes=frozenset(str(n) for n, healthy, _ in hosts if healthy is False),
+        placed=frozenset(str(r[0]) for r in placed),
+    )
+
+
+def free_slots(conn: Connection) -> dict[str, list[int]]:
+    """Claimable slots per node (available, eligible, on a present active node)."""
+    with errors.wrapped("read free slots"):
+        rows = conn.execute(
+            "SELECT n.name, array_agg(s.slot_index ORDER BY s.slot_index)"
+            " FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id"
+            " WHERE s.status = 'available' AND s.present AND s.eligible AND n.present"
+            " AND n.admin_state = 'active' GROUP BY n.name ORDER BY n.name").fetchall()
+    return {str(name): [int(i) for i in idx] for name, idx in rows}

@@ -1,0 +1,189 @@
+"""Read models for `gpuaas status` and `gpuaas plan`: the desired state the store holds, allocations with claims.
+
+`desired_state(conn)` rebuilds a DesiredState from the inventory rows the
+last sync wrote (present rows only), so status needs no git checkout and
+shows exactly what the database reconciles against. Fleet regions are not
+stored: they are derived from the nodes. A node's management network is
+stored resolved; it is dropped again when it equals the fleet's.
+
+Nothing here writes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg.rows import dict_row
+from pydantic import ValidationError
+
+from desired import models as m
+from desired.loading import DesiredState
+from reconciler.errors import PermanentError
+from reconciler.store import errors
+from reconciler.store.connections import Connection
+
+_DOC = {"apiVersion": m.API_VERSION}
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimView:
+    node: str
+    slot_index: int | None
+    kind: str
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationView:
+    id: str
+    tenant: str
+    sku: str
+    gpu_count: int
+    region: str
+    desired_state: str
+    status: str
+    node: str | None
+    slot_indexes: tuple[int, ...]
+    vm_profile: str | None
+    pending_code: str | None
+    pending_message: str | None
+    claims: tuple[ClaimView, ...]
+    placed_at: dt.datetime | None
+    active_at: dt.datetime | None
+
+
+def _rows(conn: Connection, query: str) -> list[dict[str, Any]]:
+    return conn.cursor(row_factory=dict_row).execute(query).fetchall()
+
+
+def current_revision(conn: Connection) -> str | None:
+    """The revision the inventory was last synced from (the newest successful reconciliation)."""
+    with errors.wrapped("read the current revision"):
+        row = conn.execute("SELECT revision FROM reconciliations WHERE result IN ('changed', 'unchanged')"
+                           " AND revision IS NOT NULL ORDER BY id DESC LIMIT 1").fetchone()
+        if row is None:
+            row = conn.execute("SELECT revision FROM desired_revisions ORDER BY recorded_at DESC LIMIT 1").fetchone()
+    return str(row[0]) if row else None
+
+
+def desired_state(conn: Connection) -> DesiredState:
+    with errors.wrapped("read the stored inventory"):
+        fleet = _rows(conn, "SELECT name, management_network, placement, graceful_shutdown_timeout_s,"
+                            " readiness_timeout_s FROM fleet_settings")
+        skus = _rows(conn, "SELECT * FROM sku_catalog WHERE present ORDER BY sku")
+        images = _rows(conn, "SELECT * FROM os_images WHERE present ORDER BY slug")
+        nodes = _rows(conn, "SELECT * FROM nodes WHERE present ORDER BY name")
+        slots = _rows(conn, "SELECT n.name AS node, s.* FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id"
+                            " WHERE s.present AND n.present ORDER BY n.name, s.slot_index")
+        allocations = _rows(conn, "SELECT * FROM allocations WHERE present ORDER BY id")
+    state = DesiredState(revision=current_revision(conn))
+    try:
+        network = fleet[0]["management_network"] if fleet else None
+        if fleet:
+            state.fleet = m.Fleet.model_validate(_fleet(fleet[0], nodes))
+        state.skus = {r["sku"]: m.Sku.model_validate(_sku(r)) for r in skus}
+        state.images = {r["slug"]: m.Image.model_validate(_image(r)) for r in images}
+        state.nodes = {r["name"]: m.Node.model_validate(_node(r, network)) for r in nodes}
+        by_node: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in slots:
+            by_node[r["node"]].append(r)
+        state.slot_maps = {name: m.SlotMap.model_validate(_slot_map(name, rows)) for name, rows in by_node.items()}
+        state.allocations = {r["id"]: m.Allocation.model_validate(_allocation(r)) for r in allocations}
+    except ValidationError as e:
+        raise PermanentError(f"the stored inventory does not read back as desired state: {e}",
+                             code="db.inventory.unreadable") from e
+    return state
+
+
+def _fleet(r: dict[str, Any], nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    regions: dict[str, set[str]] = defaultdict(set)
+    for n in nodes:
+        regions[n["region"]].add(n["pool"])
+    return {**_DOC, "kind": "Fleet", "name": r["name"], "management_network": r["management_network"],
+            "placement": r["placement"], "graceful_shutdown_timeout_s": r["graceful_shutdown_timeout_s"],
+            "readiness_timeout_s": r["readiness_timeout_s"],
+            "regions": [{"name": reg, "pools": [{"name": p} for p in sorted(pools)]}
+                        for reg, pools in sorted(regions.items())] or [{"name": "none", "pools": [{"name": "none"}]}]}
+
+
+def _sku(r: dict[str, Any]) -> dict[str, Any]:
+    baremetal = r["capacity_shape"] == m.CapacityShape.BAREMETAL.value
+    return {**_DOC, "kind": "Sku", "sku": r["sku"], "display_name": r["display_name"],
+            "capacity_shape": r["capacity_shape"], "accelerator_vendor": r["accelerator_vendor"],
+            "accelerator_model": r["accelerator_model"],
+            "allowed_gpu_counts": None if baremetal else list(r["allowed_gpu_counts"]),
+            "gpu_count": r["gpu_count"] if baremetal else None, "exclusive_node": r["exclusive_node"],
+            "network_fabric": r["network_fabric"], "topology_policy": r["topology_policy"],
+            "resource_profile": r["resource_profile"], "gpu_hourly_price_minor": r["gpu_hourly_price_minor"],
+            "currency": r["currency"], "active": r["active"]}
+
+
+_IMAGE_FIELDS = ("slug", "display_name", "version", "target", "family", "architecture", "accelerator_vendor",
+                 "accelerator_model", "network_fabric", "image_format", "source_type", "source_ref", "digest_sha256",
+                 "size_bytes", "cloud_init_supported", "guest_agent_supported", "default_username",
+                 "driver_strategy", "compatible_skus", "active")
+
+
+def _image(r: dict[str, Any]) -> dict[str, Any]:
+    return {**_DOC, "kind": "Image", **{k: r[k] for k in _IMAGE_FIELDS}}
+
+
+def _node(r: dict[str, Any], fleet_network: Any) -> dict[str, Any]:
+    firmware = None
+    if r["firmware_version"] is not None:
+        firmware = {"version": r["firmware_version"], "ready": r["firmware_ready"]}
+    network = r["management_network"]
+    return {**_DOC, "kind": "Node", "name": r["name"], "region": r["region"], "pool": r["pool"],
+            "hardware_tags": list(r["hardware_tags"]), "profile_tags": list(r["profile_tags"]),
+            "baremetal_sku": r["baremetal_sku"], "admin_state": r["admin_state"], "storage_mode": r["storage_mode"],
+            "os_disk": r["os_disk"], "org": r["org"], "firmware_profile": firmware,
+            "management_network": None if network == fleet_network else network}
+
+
+_SLOT_FIELDS = ("slot_index", "gpu_pci_address", "gpu_model", "gpu_uuid", "numa_node", "slot_group", "pcie_pair",
+                "nvme_device", "network_fabric", "fabric_vf_pci_address", "fabric_parent_device",
+                "fabric_claim_mode", "mac_address", "vcpu_count", "memory_mib", "sharing_model", "max_claims",
+                "parent_slot_id", "compute_milli", "capacity_metadata", "blockers", "enabled")
+
+
+def _slot_map(node: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    slots = [{**{k: r[k] for k in _SLOT_FIELDS}, "private_ip": str(r["private_ip"])} for r in rows]
+    return {**_DOC, "kind": "SlotMap", "node": node, "approval_required": not all(r["approved"] for r in rows),
+            "slots": slots}
+
+
+def _allocation(r: dict[str, Any]) -> dict[str, Any]:
+    return {**_DOC, "kind": "Allocation", "id": r["id"], "tenant": r["tenant"], "sku": r["sku"],
+            "gpu_count": r["gpu_count"], "region": r["region"], "image": r["image"], "ssh_keys": list(r["ssh_keys"]),
+            "vm_profile": r["vm_profile"], "state": r["desired_state"], "requested_at": r["requested_at"]}
+
+
+def allocations(conn: Connection, *, include_released: bool = False) -> list[AllocationView]:
+    """Allocations with their status, placement and claims (live ones, or all with include_released)."""
+    with errors.wrapped("read allocations"):
+        rows = _rows(conn, "SELECT a.*, n.name AS node FROM allocations a LEFT JOIN nodes n ON n.id = a.node_id"
+                           " ORDER BY a.requested_at, a.id")
+        claims = conn.execute(
+            "SELECT c.allocation_id, n.name, c.slot_index, c.claim_kind, c.status FROM allocation_resource_claims c"
+            " JOIN nodes n ON n.id = c.node_id ORDER BY c.allocation_id, c.slot_index NULLS FIRST").fetchall()
+    by_alloc: dict[str, list[ClaimView]] = defaultdict(list)
+    for aid, node, idx, kind, status in claims:
+        by_alloc[str(aid)].append(ClaimView(str(node), idx, str(kind), str(status)))
+    out = []
+    for r in rows:
+        if not include_released and (r["status"] == "released" or (r["status"] == "pending" and not r["present"])):
+            continue
+        placement = r["placement"] or {}
+        profile = placement.get("profile")
+        profile_name = profile.get("name") if isinstance(profile, dict) else profile
+        out.append(AllocationView(
+            id=r["id"], tenant=r["tenant"], sku=r["sku"], gpu_count=r["gpu_count"], region=r["region"],
+            desired_state=r["desired_state"], status=r["status"], node=r["node"],
+            slot_indexes=tuple(int(i) for i in placement.get("slot_indexes") or ()),
+            vm_profile=profile_name or r["vm_profile"], pending_code=r["pending_code"],
+            pending_message=r["pending_message"], claims=tuple(by_alloc.get(r["id"], ())),
+            placed_at=r["placed_at"], active_at=r["active_at"]))
+    return out

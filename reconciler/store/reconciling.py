@@ -1,0 +1,134 @@
+"""One reconciliation of a desired-state revision against the store.
+
+sync inventory -> absorb host reports -> observe -> plan (pure) -> apply ->
+write host plans -> record the run in history. This is what `gpuaas apply`
+runs once and what the watch loop runs for every new revision. Several
+reconcilers may run it at once against one database: syncs serialise on an
+advisory lock, placements on the allocation row, and a revision applied
+twice changes nothing the second time.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from desired.loading import DesiredState
+from reconciler.errors import GpuaasError, PermanentError
+from reconciler.plans import Observed, Plan
+from reconciler.store import applying, cleanup, errors, history, hostplans, inventory, observing
+from reconciler.store.connections import Connection
+
+Planner = Callable[[DesiredState, Observed], Plan]
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileResult:
+    run_id: int
+    revision: str
+    sync: inventory.SyncResult
+    absorbed: cleanup.AbsorbResult
+    plan: Plan
+    applied: applying.ApplyResult
+    host_plans: tuple[hostplans.Written, ...]
+
+    @property
+    def changed(self) -> bool:
+        return (self.sync.changed or self.absorbed.changed or self.applied.changed
+                or any(w.changed for w in self.host_plans))
+
+    def counts(self) -> dict[str, int]:
+        a = self.applied
+        return {
+            "inventory_changes": len(self.sync.changes),
+            "placed": len(a.placed),
+            "pending": len({p.allocation_id for p in a.pending}
+                           | {p.allocation_id for p in a.placements if not p.placed}),
+            "releasing": sum(1 for r in a.releases if r.outcome == "releasing"),
+            "cancelled": len(a.cancelled) + sum(1 for r in a.releases if r.outcome == "cancelled"),
+            "conflicts_retried": a.conflicts_retried,
+            "slots_freed": sum(1 for f in self.absorbed.freed if f.outcome == "freed"),
+            "claims_moved": self.absorbed.moved,
+            "host_plans_written": sum(1 for w in self.host_plans if w.changed),
+        }
+
+
+def default_planner() -> Planner:
+    """reconciler.planner.plan, imported lazily (the pure planner lives in its own module)."""
+    try:
+        module = importlib.import_module("reconciler.planner")
+    except ImportError as e:
+        raise PermanentError("the planner (reconciler.planner) is not available", code="plan.planner_missing") from e
+    plan: Callable[..., Plan] = module.plan
+
+    def run(desired: DesiredState, observed: Observed) -> Plan:
+        return plan(desired, observed)
+
+    return run
+
+
+def max_attempts(state: DesiredState) -> int:
+    return state.fleet.placement.max_claim_attempts if state.fleet else 5
+
+
+def reconcile(conn: Connection, state: DesiredState, *, source: str = "", planner: Planner | None = None,
+              fault: applying.Fault | None = None) -> ReconcileResult:
+    """Bring the store to `state`; every step is recorded in one history row."""
+    planner = planner or default_planner()
+    revision = inventory.revision_key(state)
+    run_id = history.start(conn, revision=revision, source=source)
+    try:
+        synced = inventory.sync(conn, state)
+        absorbed = cleanup.absorb(conn)
+        plan = planner(state, observing.observe(conn))
+        applied = applying.apply(conn, plan, revision=synced.revision, max_attempts=max_attempts(state),
+                                 fault=fault)
+        touched: list[str] | None = None
+        if not synced.changed:
+            touched = sorted(set(applying.placed_nodes(applied)) | set(absorbed.nodes) | _unplanned(conn))
+        written = tuple(hostplans.write(conn, touched, revision=synced.revision))
+    except GpuaasError as e:
+        history.finish(conn, run_id, result="error", problems=[{"code": e.code, "message": e.message}])
+        raise
+    except Exception as e:  # a bug: still leave a finished history row behind, then surface it
+        history.finish(conn, run_id, result="error", problems=[{"code": "gpuaas.bug", "message": repr(e)}])
+        raise
+    result = ReconcileResult(run_id, synced.revision, synced, absorbed, plan, applied, written)
+    history.finish(conn, run_id, result="changed" if result.changed else "unchanged", counts=result.counts())
+    return result
+
+
+def _unplanned(conn: Connection) -> set[str]:
+    """Present nodes that have no host plan yet (first apply after they were added)."""
+    with errors.wrapped("list nodes without a host plan"):
+        rows = conn.execute("SELECT n.name FROM nodes n LEFT JOIN host_plans h ON h.node_name = n.name"
+                            " WHERE n.present AND h.node_name IS NULL").fetchall()
+    return {str(r[0]) for r in rows}
+
+
+def summary(result: ReconcileResult) -> dict[str, Any]:
+    """Plain data for `-o json` and for the history of the gitops loop."""
+    a = result.applied
+    return {
+        "revision": result.revision,
+        "changed": result.changed,
+        "counts": result.counts(),
+        "inventory": [c.render() for c in result.sync.changes],
+        "placements": [
+            {"allocation_id": p.allocation_id, "node": p.node, "slot_indexes": list(p.slot_indexes),
+             "claim_ids": list(p.claim_ids), "attempts": len(p.attempts), "conflicts": p.conflicts}
+            for p in a.placed],
+        "pending": (
+            [{"allocation_id": p.allocation_id, "code": p.code, "message": p.message} for p in a.pending]
+            + [{"allocation_id": p.allocation_id, "code": p.pending_code or f"claim.{p.outcome.value}",
+                "message": p.pending_message or (p.attempts[-1].detail if p.attempts else "")}
+               for p in a.placements if not p.placed]),
+        "releases": [{"allocation_id": r.allocation_id, "outcome": r.outcome, "node": r.node,
+                      "slot_indexes": list(r.slot_indexes)} for r in a.releases],
+        "cancelled": list(a.cancelled),
+        "freed": [{"node": f.node, "slot_index": f.slot_index, "allocation_id": f.allocation_id,
+                   "outcome": f.outcome} for f in result.absorbed.freed],
+        "host_plans": [{"node": w.node, "generation": w.generation} for w in result.host_plans if w.changed],
+    }

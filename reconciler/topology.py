@@ -1,0 +1,177 @@
+"""The fleet's topology: region -> pool -> node -> slot group -> PCIe pair -> slot.
+
+`inventory()` folds desired state and observed facts (firmware readiness,
+slot health and cleanup state, node health, live claims) into one plain
+record per node: the only input the packing index is built from. `graph()`
+turns the same records into a networkx tree with the device identities on
+the slot vertices, for explanations and for operators; the planner never
+walks it per request (it keeps bucketed indexes instead, see
+`reconciler.packing_index`).
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import networkx as nx
+
+from desired import models as m
+from desired.loading import DesiredState
+from policies import capability, eligibility
+from reconciler import plans
+
+# Slot states that keep a slot out of placement even when nobody claims it.
+NOT_SELLABLE = frozenset({
+    plans.SlotStatus.CLEANUP, plans.SlotStatus.CLEANUP_BLOCKED,
+    plans.SlotStatus.FAILED, plans.SlotStatus.DISABLED,
+})
+# Slot states that block a whole-node lease: no cleanup proof yet.
+NO_CLEANUP_PROOF = frozenset({plans.SlotStatus.CLEANUP, plans.SlotStatus.CLEANUP_BLOCKED})
+
+
+@dataclass(frozen=True, slots=True)
+class SlotFacts:
+    """One approved slot with its device identities and schedulability."""
+
+    index: int
+    group: str
+    pair: str | None
+    numa_node: int
+    gpu_model: str
+    gpu_pci_address: str
+    fabric: m.Fabric
+    fabric_vf_pci_address: str | None
+    nvme_device: str
+    mac_address: str
+    pinned_sku: str | None
+    ineligible: tuple[str, ...]  # eligibility reason codes; empty = eligible
+    status: plans.SlotStatus  # observed state other than claims (available if none)
+    slot: m.Slot
+
+    @property
+    def sellable(self) -> bool:
+        return not self.ineligible and self.status not in NOT_SELLABLE
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """One node as the planner sees it."""
+
+    name: str
+    region: str
+    pool: str
+    org: str | None
+    admin_state: m.AdminState
+    healthy: bool
+    firmware_ready: bool
+    storage_mode: m.StorageMode
+    baremetal_sku: str | None
+    capability: capability.CapabilityVerdict
+    slots: tuple[SlotFacts, ...]  # slot_index order
+    node: m.Node
+
+    @property
+    def active(self) -> bool:
+        return self.healthy and self.admin_state is m.AdminState.ACTIVE
+
+    @property
+    def slice_capable(self) -> bool:
+        return self.capability.slice_capable
+
+    @property
+    def cleanup_pending(self) -> int:
+        return sum(1 for s in self.slots if s.status in NO_CLEANUP_PROOF)
+
+
+def node_facts(node: m.Node, slot_map: m.SlotMap | None, *,
+               slot_status: Mapping[plans.SlotKey, plans.SlotStatus],
+               firmware_ready: bool, healthy: bool) -> NodeFacts:
+    slots: list[SlotFacts] = []
+    if slot_map is not None:
+        reasons = eligibility.eligible_slots(slot_map)
+        for s in sorted(slot_map.slots, key=lambda s: s.slot_index):
+            status = slot_status.get((node.name, s.slot_index), plans.SlotStatus.AVAILABLE)
+            slots.append(SlotFacts(
+                s.slot_index, s.slot_group, s.pcie_pair, s.numa_node, s.gpu_model, s.gpu_pci_address,
+                s.network_fabric, s.fabric_vf_pci_address, s.nvme_device, s.mac_address,
+                s.capacity_metadata.sku, tuple(r.code for r in reasons[s.slot_index]), status, s,
+            ))
+    eligible = sum(1 for s in slots if not s.ineligible)
+    verdict = capability.node_capability(node, firmware_ready=firmware_ready, eligible_slots=eligible)
+    return NodeFacts(node.name, node.region, node.pool, node.org, node.admin_state, healthy,
+                     firmware_ready, node.storage_mode, node.baremetal_sku, verdict, tuple(slots), node)
+
+
+def inventory(desired: DesiredState, observed: plans.Observed) -> tuple[NodeFacts, ...]:
+    """Every declared node, in name order, with observed facts folded in."""
+    out = []
+    for name in sorted(desired.nodes):
+        node = desired.nodes[name]
+        ready = observed.firmware_ready.get(name, node.firmware_ready)
+        out.append(node_facts(node, desired.slot_maps.get(name), slot_status=observed.slot_status,
+                              firmware_ready=ready, healthy=name not in observed.unavailable_nodes))
+    return tuple(out)
+
+
+Vertex = tuple[str, ...]
+
+
+def graph(nodes: Iterable[NodeFacts], claims: Iterable[plans.ExistingClaim] = ()) -> nx.DiGraph[Vertex]:
+    """The topology tree; live claims are set on the slots (and nodes) they hold.
+
+    Vertex ids are string tuples: ("region", r), ("pool", r, p), ("node", n),
+    ("group", n, g), ("pair", n, g, pair), ("slot", n, str(index)). Every
+    vertex has a `kind`; slots carry `index` as an int.
+    """
+    g: nx.DiGraph[Vertex] = nx.DiGraph()
+    for n in nodes:
+        region: Vertex = ("region", n.region)
+        pool: Vertex = ("pool", n.region, n.pool)
+        node: Vertex = ("node", n.name)
+        g.add_node(region, kind="region", name=n.region)
+        g.add_node(pool, kind="pool", name=n.pool)
+        g.add_edge(region, pool)
+        g.add_node(node, kind="node", name=n.name, org=n.org, admin_state=n.admin_state.value,
+                   healthy=n.healthy, capability=n.capability.capability.value,
+                   baremetal_sku=n.baremetal_sku, claim=None)
+        g.add_edge(pool, node)
+        for s in n.slots:
+            group: Vertex = ("group", n.name, s.group)
+            if group not in g:
+                g.add_node(group, kind="group", name=s.group, numa_node=s.numa_node)
+                g.add_edge(node, group)
+            parent = group
+            if s.pair is not None:
+                parent = ("pair", n.name, s.group, s.pair)
+                if parent not in g:
+                    g.add_node(parent, kind="pair", name=s.pair)
+                    g.add_edge(group, parent)
+            vertex: Vertex = ("slot", n.name, str(s.index))
+            g.add_node(vertex, kind="slot", index=s.index, gpu_model=s.gpu_model,
+                       gpu_pci_address=s.gpu_pci_address, fabric=s.fabric.value,
+                       fabric_vf_pci_address=s.fabric_vf_pci_address, nvme_device=s.nvme_device,
+                       mac_address=s.mac_address, status=s.status.value,
+                       ineligible=s.ineligible, sellable=s.sellable, claim=None)
+            g.add_edge(parent, vertex)
+    for c in claims:
+        if c.kind is plans.ClaimKind.NODE_EXCLUSIVE:
+            if ("node", c.node) in g:
+                g.nodes["node", c.node]["claim"] = c.allocation_id
+        elif ("slot", c.node, str(c.slot_index)) in g:
+            g.nodes["slot", c.node, str(c.slot_index)]["claim"] = c.allocation_id
+    return g
+
+
+def free_slots(g: nx.DiGraph[Vertex], node: str) -> list[int]:
+    """Sellable, unclaimed slot indexes of one node, read off the graph."""
+    if g.nodes["node", node].get("claim"):
+        return []
+    out = []
+    for v in nx.descendants(g, ("node", node)):
+        d = g.nodes[v]
+        if d["kind"] == "slot" and d["sellable"] and d["claim"] is None:
+            out.append(d["index"])
+    return sorted(out)

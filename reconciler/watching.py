@@ -1,0 +1,345 @@
+"""The GitOps loop: reconcile each new committed revision once, retry what waits, record everything.
+
+Where revisions come from (`Revisions`):
+
+- `LocalHead`: a local checkout. The loop reconciles the *committed* HEAD,
+  read straight from git objects (like `validate --rev`), never the working
+  tree: a half-saved file or an uncommitted experiment is not desired state,
+  and the revision recorded in history is a commit anyone can check out.
+  watchfiles watches the git directory (HEAD, refs/, packed-refs; objects/
+  and logs/ are ignored) with a short debounce, so a `git commit`, a merge,
+  a `git pull` or a `git checkout` wakes the loop at once.
+- `RemoteBranch`: a clone polled every `interval` seconds with gitpython
+  (`git fetch REMOTE +refs/heads/B:refs/remotes/REMOTE/B`, argv, no shell);
+  the tree is read at the fetched commit, the checkout is never touched.
+
+What the loop does with a revision (`Loop.step`):
+
+- a new revision is applied once: under the revision's advisory lock, unless
+  the history shows that some reconciler already applied it (or refused it
+  as invalid), or it is an ancestor of the newest applied revision (a stale
+  clone must not roll the fleet back). An invalid revision is recorded as an
+  error with every FILE:LINE problem and the last valid revision stays in
+  force, as in Flux;
+- every `interval` seconds, the current revision is reconciled again when
+  something may move: an allocation waits and the pure plan would now place
+  or release something (capacity freed), or claims wait for hosts and a host
+  reported since our last run (VM ready, wipe proof). Nothing to do records
+  nothing;
+- every reconciliation is one row in `reconciliations` (history module).
+
+Stopping: `stop` (a threading.Event, set by SIGTERM/SIGINT in the command)
+is checked between steps; a reconciliation in progress finishes its
+transactions first, then the loop returns.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Protocol
+
+import git
+
+from desired.loading import DesiredState
+from reconciler import planner, plans, sources
+from reconciler.errors import GpuaasError, TemporaryError
+from reconciler.store import connections, history, observing, reconciling, revisions
+
+# Only these paths under the git directory say "a ref may have moved".
+_GIT_REF_PATHS = ("HEAD", "packed-refs", "FETCH_HEAD", "ORIG_HEAD")
+_GIT_REF_DIRS = ("refs/",)
+BUSY_RECHECK_S = 1.0  # another reconciler holds the revision: look again this soon
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One thing the loop did (for the log line, and for tests)."""
+
+    kind: str  # applied | invalid | skipped | retried | error
+    revision: str | None
+    message: str = ""
+    run_id: int | None = None
+    counts: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    seconds: float = 0.0
+    changed: bool = False
+
+    def render(self) -> str:
+        rev = (self.revision or "-")[:12]
+        counts = " ".join(f"{k}={v}" for k, v in self.counts.items() if v)
+        took = f" in {self.seconds:.2f}s" if self.seconds else ""
+        text = f"{self.kind:<8} {rev:<12}{took}"
+        if self.kind in ("applied", "retried"):
+            text += " changed" if self.changed else " unchanged"
+        return " ".join(x for x in (text, counts, self.message) if x)
+
+
+class Revisions(Protocol):
+    label: str
+
+    def current(self) -> str | None:
+        """The revision to be in force now (None: nothing committed yet)."""
+
+    def wait(self, timeout: float) -> None:
+        """Return when a new revision may exist, after `timeout` seconds, or when the loop stops."""
+
+    def is_ancestor(self, older: str, newer: str) -> bool:
+        """Is `older` an ancestor of `newer` (both known locally)? False when unknown."""
+
+    def close(self) -> None: ...
+
+
+def _repo(path: Path) -> git.Repo:
+    try:
+        return git.Repo(path, search_parent_directories=True)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError) as e:
+        raise GpuaasError(f"{path} is not inside a git repository; the loop reconciles commits",
+                          code="gitops.not_a_repo") from e
+
+
+class _GitRevisions:
+    def __init__(self, path: Path, label: str) -> None:
+        self.path = path
+        self.repo = _repo(path)
+        self.label = label
+
+    def is_ancestor(self, older: str, newer: str) -> bool:
+        try:
+            return older != newer and bool(self.repo.is_ancestor(self.repo.commit(older), self.repo.commit(newer)))
+        except (git.GitCommandError, git.BadName, ValueError):
+            return False  # a revision this clone does not have
+
+    def close(self) -> None:
+        self.repo.close()
+
+
+class LocalHead(_GitRevisions):
+    """The committed HEAD of a local checkout, woken by watchfiles on the git directory."""
+
+    def __init__(self, path: Path, stop: threading.Event, *, debounce_ms: int = 200, step_ms: int = 20,
+                 tick_s: float = 1.0) -> None:
+        super().__init__(path, f"watch:{Path(path).resolve()}")
+        self.git_dirs = sorted({Path(self.repo.git_dir).resolve(), Path(self.repo.common_dir).resolve()})
+        self.stop = stop
+        self.debounce_ms, self.step_ms, self.tick_ms = debounce_ms, step_ms, max(1, int(tick_s * 1000))
+        self._changes: Any = None
+
+    def current(self) -> str | None:
+        try:
+            return str(self.repo.head.commit.hexsha)
+        except ValueError:  # an unborn branch: nothing committed yet
+            return None
+
+    def _wanted(self, _change: Any, path: str) -> bool:
+        for root in self.git_dirs:
+            try:
+                rel = Path(path).resolve().relative_to(root).as_posix()
+            except ValueError:
+                continue
+            return rel in _GIT_REF_PATHS or rel.startswith(_GIT_REF_DIRS)
+        return False
+
+    def wait(self, timeout: float) -> None:
+        if self.stop.is_set():
+            return
+        if self._changes is None:
+            import watchfiles
+
+            # yield_on_timeout: wake every tick so the loop can run retries and notice a stop.
+            self._changes = watchfiles.watch(
+                *self.git_dirs, watch_filter=self._wanted, debounce=self.debounce_ms, step=self.step_ms,
+                stop_event=self.stop, rust_timeout=min(self.tick_ms, max(1, int(timeout * 1000))),
+                yield_on_timeout=True, raise_interrupt=False)
+        next(self._changes, None)
+
+    def close(self) -> None:
+        if self._changes is not None:
+            self._changes.close()
+        super().close()
+
+
+class RemoteBranch(_GitRevisions):
+    """A branch of a remote, fetched into a local clone every poll."""
+
+    def __init__(self, path: Path, remote: str, branch: str, stop: threading.Event, *,
+                 retry_delay: float = 30.0) -> None:
+        super().__init__(path, f"git:{remote}/{branch}")
+        self.remote, self.branch, self.stop = remote, branch, stop
+        self.retry_delay = retry_delay  # after a failed fetch: the next poll, not a tight loop
+
+    def current(self) -> str | None:
+        ref = f"refs/remotes/{self.remote}/{self.branch}"
+        try:
+            self.repo.git.fetch(self.remote, f"+refs/heads/{self.branch}:{ref}")
+            return str(self.repo.commit(ref).hexsha)
+        except (git.GitCommandError, ValueError, git.BadName) as e:
+            raise TemporaryError(f"cannot fetch {self.remote}/{self.branch}: {str(e).strip()}",
+                                 code="gitops.fetch", delay=self.retry_delay) from e
+
+    def wait(self, timeout: float) -> None:
+        self.stop.wait(timeout)
+
+
+Connect = Callable[[], connections.Connection]
+Log = Callable[[Event], None]
+
+
+class Loop:
+    """The reconciler loop over one source of revisions and one database."""
+
+    def __init__(self, path: Path, source: Revisions, connect: Connect, *, stop: threading.Event,
+                 interval: float = 30.0, policy: str | None = None, log: Log | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.path, self.source, self.connect = path, source, connect
+        self.stop, self.interval, self.policy = stop, interval, policy
+        self.log = log or (lambda _e: None)
+        self.clock = clock
+        self.conn: connections.Connection | None = None
+        self.seen: str | None = None  # last revision handled (applied, refused or skipped)
+        self.state: DesiredState | None = None  # the valid desired state in force
+        self.last_started: dt.datetime | None = None  # our last reconciliation's start (DB clock)
+        self.next_retry = clock() + interval
+        self.not_before = 0.0  # back-off after an error or a busy revision
+
+    # -------------------------------------------------------------- plumbing
+
+    def _conn(self) -> connections.Connection:
+        if self.conn is None or self.conn.closed:
+            self.conn = self.connect()
+        return self.conn
+
+    def close(self) -> None:
+        if self.conn is not None and not self.conn.closed:
+            self.conn.close()
+        self.conn = None
+
+    def _emit(self, event: Event) -> Event:
+        self.log(event)
+        return event
+
+    def _planner(self) -> reconciling.Planner:
+        policy = self.policy
+
+        def run(desired: DesiredState, observed: plans.Observed) -> plans.Plan:
+            return planner.plan(desired, observed, policy=policy)
+
+        return run
+
+    # ------------------------------------------------------------------ step
+
+    def step(self) -> Event | None:
+        """Handle a new revision, or retry the current one when due. Never raises a GpuaasError."""
+        now = self.clock()
+        if now < self.not_before:
+            return None
+        try:
+            rev = self.source.current()
+            if rev is not None and rev != self.seen:
+                return self._new_revision(rev)
+            if now >= self.next_retry:
+                self.next_retry = now + self.interval
+                return self._retry()
+        except GpuaasError as e:
+            if isinstance(e, TemporaryError):
+                self.close()  # a fresh connection next time
+            self.not_before = self.clock() + (e.delay if isinstance(e, TemporaryError) else self.interval)
+            return self._emit(Event("error", self.seen, f"{e.code}: {e.message}"))
+        return None
+
+    def _new_revision(self, rev: str) -> Event:
+        conn = self._conn()
+        with revisions.try_lock(conn, rev) as mine:
+            if not mine:
+                self.not_before = self.clock() + BUSY_RECHECK_S
+                return self._emit(Event("skipped", rev, "another reconciler is applying this revision"))
+            who = revisions.applied_by(conn, rev)
+            if who is not None:
+                self._adopt(rev)
+                return self._emit(Event("skipped", rev, f"already applied by {who}"))
+            latest = revisions.latest_applied(conn)
+            if latest is not None and self.source.is_ancestor(rev, latest):
+                self.seen = rev
+                return self._emit(Event("skipped", rev, f"older than the applied revision {latest[:12]}"))
+            return self._apply(conn, rev)
+
+    def _adopt(self, rev: str) -> None:
+        """Take over a revision another reconciler applied: its state is ours for retries."""
+        loaded = sources.load(self.path, rev)
+        self.seen = rev
+        if not loaded.errors:
+            self.state = loaded.state
+
+    def _apply(self, conn: connections.Connection, rev: str) -> Event:
+        t0 = time.perf_counter()
+        loaded = sources.load(self.path, rev)
+        source = f"{revisions.APPLY_SOURCE} {self.source.label}"
+        if loaded.errors:
+            run_id = history.start(conn, revision=rev, source=source)
+            history.finish(conn, run_id, result="error", counts={revisions.INVALID_COUNT: len(loaded.errors)},
+                           problems=[{**e.as_dict(), "text": e.render()} for e in loaded.errors])
+            self.seen = rev
+            first = loaded.errors[0].render()
+            return self._emit(Event("invalid", rev, f"{len(loaded.errors)} validation error(s), first: {first}; "
+                                                    "the last valid revision stays in force", run_id,
+                                    seconds=time.perf_counter() - t0))
+        try:
+            result = reconciling.reconcile(conn, loaded.state, source=source, planner=self._planner())
+        except GpuaasError:
+            self.not_before = self.clock() + self.interval  # recorded in history by reconcile itself
+            raise
+        self.seen, self.state = rev, loaded.state
+        self.last_started = revisions.started_at(conn, result.run_id)
+        self.next_retry = self.clock() + self.interval
+        return self._emit(Event("applied", rev, "", result.run_id, MappingProxyType(result.counts()),
+                                time.perf_counter() - t0, result.changed))
+
+    def _retry(self) -> Event | None:
+        state, rev = self.state, self.seen
+        if state is None or rev is None:
+            return None
+        conn = self._conn()
+        if revisions.latest_applied(conn) != rev:
+            return None  # another revision is in force (a newer one we have not seen yet, or we are stale)
+        work = revisions.work(conn, self.last_started)
+        if not work.any:
+            return None
+        if not work.host_reports:
+            plan = planner.plan(state, observing.observe(conn), policy=self.policy)
+            if not (plan.placements or plan.releases):
+                return None
+        t0 = time.perf_counter()
+        with revisions.try_lock(conn, rev) as mine:
+            if not mine:
+                return None
+            result = reconciling.reconcile(conn, state, source=f"{revisions.RETRY_SOURCE} {self.source.label}",
+                                           planner=self._planner())
+        self.last_started = revisions.started_at(conn, result.run_id)
+        return self._emit(Event("retried", rev, "", result.run_id, MappingProxyType(result.counts()),
+                                time.perf_counter() - t0, result.changed))
+
+    # ------------------------------------------------------------------- run
+
+    def run(self, *, once: bool = False) -> Event | None:
+        """Loop until `stop` is set; returns the last event.
+
+        once=True handles the current revision, then retries it at once if
+        something waits (what a cron job wants), and returns.
+        """
+        last: Event | None = None
+        try:
+            while not self.stop.is_set():
+                last = self.step() or last
+                if once:
+                    self.next_retry = self.not_before = 0.0
+                    return self.step() or last
+                now = self.clock()
+                deadline = min(self.next_retry, self.not_before) if self.not_before > now else self.next_retry
+                self.source.wait(max(0.0, deadline - now))
+        finally:
+            self.close()
+        return last

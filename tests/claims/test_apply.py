@@ -1,0 +1,178 @@
+"""apply: one transaction per placement, next candidate after a lost race, nothing half-written."""
+
+from __future__ import annotations
+
+import pytest
+
+from desired.loading import DesiredState
+from reconciler.errors import GpuaasError
+from reconciler.plans import Candidate, Pending, Placement, Plan, Release, ResolvedProfile
+from reconciler.store import applying, checks, errors, hostplans
+from reconciler.store.connections import Connection
+from tests.claims import util
+
+NODE = "node-00000"
+PROFILE = ResolvedProfile(name="bench_1g_24c_64g", gpu_count=1, vcpu_count=24, memory_mib=65536)
+
+
+def slice_placement(alloc: str, node: str, slots: tuple[int, ...], *alts: Candidate) -> Placement:
+    return Placement(allocation_id=alloc, tenant="t", sku="bench-h200-slice", capacity_shape="gpu_slice",
+                     gpu_count=len(slots), region="bench-1", node=node, slot_indexes=slots, profile=PROFILE,
+                     image="bench-ubuntu-24.04", alternatives=tuple(alts))
+
+
+def baremetal_placement(alloc: str, node: str, *alts: str) -> Placement:
+    return Placement(allocation_id=alloc, tenant="t", sku="bench-h200-baremetal-8g", capacity_shape="baremetal",
+                     gpu_count=8, region="bench-1", node=node, slot_indexes=(), profile=None, image=None,
+                     alternatives=tuple(Candidate(n, ()) for n in alts))
+
+
+def test_a_placement_writes_claims_snapshot_slots_allocation_and_event(conn: Connection, fleet: DesiredState) -> None:
+    r = applying.place(conn, slice_placement("alloc-0000000", NODE, (2,)), revision="rev1")
+    assert r.placed and r.node == NODE and r.slot_indexes == (2,) and len(r.claim_ids) == 1
+    snap = conn.execute("SELECT resource_snapshot FROM allocation_resource_claims").fetchone()
+    assert snap is not None
+    s = snap[0]
+    assert s["profile"]["vcpu_count"] == 24 and s["image"]["digest_sha256"].endswith("1")
+    assert s["slot"]["nvme_device"].startswith("/dev/disk/by-id/") and s["slot"]["mac_address"]
+    assert s["slot"]["private_ip"] == "10.100.0.12" and s["price"]["gpu_hourly_price_minor"] == 450
+    assert util.slot_status(conn, NODE, 2) == "reserved"
+    a = util.allocation(conn, "alloc-0000000")
+    assert (a["status"], a["placed_revision"], a["capacity_shape"]) == ("reserved", "rev1", "gpu_slice")
+    assert util.count(conn, "SELECT count(*) FROM outbox WHERE event_type = 'provisioning.requested'"
+                      " AND aggregate_id = 'alloc-0000000'") == 1
+    assert checks.run(conn) == []
+
+
+def test_lost_race_takes_the_next_candidate(conn: Connection, fleet: DesiredState) -> None:
+    assert applying.place(conn, slice_placement("alloc-0000000", NODE, (0,))).placed
+    r = applying.place(conn, slice_placement("alloc-0000001", NODE, (0,), Candidate(NODE, (1,))))
+    assert r.placed and r.slot_indexes == (1,)
+    assert [a.outcome for a in r.attempts] == [applying.Outcome.LOST_RACE, applying.Outcome.PLACED]
+    assert r.conflicts == 1
+
+
+def test_after_bounded_tries_the_allocation_stays_pending_with_the_reason(conn: Connection,
+                                                                          fleet: DesiredState) -> None:
+    for i in range(3):
+        assert applying.place(conn, slice_placement(f"alloc-000000{i}", NODE, (i,))).placed
+    alts = [Candidate(NODE, (i,)) for i in range(1, 3)] + [Candidate("node-00001", (0,))]
+    r = applying.place(conn, slice_placement("alloc-0000009", NODE, (0,), *alts), max_attempts=3)
+    assert not r.placed and len(r.attempts) == 3  # the fourth candidate is never tried
+    assert r.pending_code == applying.CONFLICT_EXHAUSTED
+    a = util.allocation(conn, "alloc-0000009")
+    assert a["status"] == "pending" and a["pending_code"] == "claim.conflict_exhausted"
+    assert "lost the race" in a["pending_message"]
+
+
+def test_a_placed_allocation_is_never_placed_twice(conn: Connection, fleet: DesiredState) -> None:
+    assert applying.place(conn, slice_placement("alloc-0000000", NODE, (0,))).placed
+    again = applying.place(conn, slice_placement("alloc-0000000", "node-00001", (0,)))
+    assert again.outcome is applying.Outcome.NOT_PENDING
+    assert util.count(conn, "SELECT count(*) FROM allocation_resource_claims") == 1
+
+
+def test_refused_candidates_are_reported(conn: Connection, fleet: DesiredState) -> None:
+    conn.execute("UPDATE nodes SET admin_state = 'draining' WHERE name = %s", (NODE,))
+    r = applying.place(conn, slice_placement("alloc-0000000", NODE, (0,)))
+    assert not r.placed and r.pending_code == applying.CANDIDATES_REFUSED
+    assert "draining" in (r.attempts[0].detail or "")
+
+
+def test_wrong_slot_count_is_refused_by_the_database(conn: Connection, fleet: DesiredState) -> None:
+    r = applying.place(conn, slice_placement("alloc-0000000", NODE, (0, 1)))
+    assert r.attempts[0].outcome is applying.Outcome.REFUSED
+
+
+def test_baremetal_lease_blocks_slices_and_needs_an_idle_node(conn: Connection, fleet: DesiredState) -> None:
+    assert applying.place(conn, slice_placement("alloc-0000000", NODE, (0,))).placed
+    r = applying.place(conn, baremetal_placement("alloc-0000024", NODE, "node-00001"))
+    assert r.placed and r.node == "node-00001" and r.conflicts == 1
+    blocked = applying.place(conn, slice_placement("alloc-0000001", "node-00001", (3,)))
+    assert not blocked.placed
+    assert checks.run(conn) == []
+
+
+@pytest.mark.parametrize("shape", ["slice", "baremetal"])
+def test_failure_between_claim_insert_and_commit_leaves_nothing(conn: Connection, fleet: DesiredState,
+                                                                shape: str) -> None:
+    def boom(point: str) -> None:
+        assert point == "claims_inserted"
+        # The claims are visible inside the transaction at this point...
+        assert util.count(conn, "SELECT count(*) FROM allocation_resource_claims") > 0
+        raise RuntimeError("injected failure before COMMIT")
+
+    p = (slice_placement("alloc-0000000", NODE, (0,)) if shape == "slice"
+         else baremetal_placement("alloc-0000024", NODE))
+    with pytest.raises(RuntimeError, match="injected"):
+        applying.place(conn, p, fault=boom)
+    # ...and gone afterwards, with every other write of the placement.
+    assert util.count(conn, "SELECT count(*) FROM allocation_resource_claims") == 0
+    assert util.count(conn, "SELECT count(*) FROM outbox") == 0
+    assert util.slot_status(conn, NODE, 0) == "available"
+    assert util.allocation(conn, p.allocation_id)["status"] == "pending"
+    assert checks.run(conn) == []
+    assert applying.place(conn, p).placed  # and the allocation can still be placed
+
+
+def test_database_failure_inside_the_placement_rolls_back_and_is_wrapped(conn: Connection,
+                                                                         fleet: DesiredState) -> None:
+    """A failure raised by the database after the claim insert (the outbox write) undoes it all."""
+    conn.execute("""
+        CREATE FUNCTION fail_outbox() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'outbox unavailable'; END $$;
+        CREATE TRIGGER fail_outbox BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION fail_outbox();
+    """)
+    with pytest.raises(GpuaasError) as info:
+        applying.place(conn, slice_placement("alloc-0000000", NODE, (0,)))
+    assert not isinstance(info.value.__cause__, GpuaasError)  # wraps the psycopg error...
+    assert info.value.code.startswith("db.")  # ...as a project error with a code
+    assert util.count(conn, "SELECT count(*) FROM allocation_resource_claims") == 0
+    assert util.slot_status(conn, NODE, 0) == "available"
+
+
+def test_release_moves_claims_to_releasing_and_slots_to_cleanup(conn: Connection, fleet: DesiredState) -> None:
+    p = slice_placement("alloc-0000000", NODE, (4, 5))
+    conn.execute("UPDATE allocations SET gpu_count = 2 WHERE id = 'alloc-0000000'")
+    assert applying.place(conn, p).placed
+    r = applying.release(conn, Release("alloc-0000000", NODE, (4, 5)))
+    assert (r.outcome, r.node, r.slot_indexes) == ("releasing", NODE, (4, 5))
+    assert {util.slot_status(conn, NODE, i) for i in (4, 5)} == {"cleanup"}
+    assert util.allocation(conn, "alloc-0000000")["status"] == "releasing"
+    assert applying.release(conn, Release("alloc-0000000", NODE, (4, 5))).outcome == "unchanged"
+    assert checks.run(conn) == []
+
+
+def test_apply_records_pending_reasons_once(conn: Connection, fleet: DesiredState) -> None:
+    plan = Plan(pending=(Pending("alloc-0000003", "plan.sku_unavailable.capacity", "no free GPU"),))
+    first = applying.apply(conn, plan)
+    second = applying.apply(conn, plan)
+    assert first.pending[0].changed and not second.pending[0].changed
+    assert not second.changed
+    assert util.allocation(conn, "alloc-0000003")["pending_code"] == "plan.sku_unavailable.capacity"
+
+
+def test_host_plan_generation_moves_only_when_the_spec_changes(conn: Connection, fleet: DesiredState) -> None:
+    first = hostplans.write_one(conn, NODE)
+    assert first is not None and first.changed and first.generation == 1
+    again = hostplans.write_one(conn, NODE)
+    assert again is not None and not again.changed and again.generation == 1
+    assert applying.place(conn, slice_placement("alloc-0000000", NODE, (1,))).placed
+    bumped = hostplans.write_one(conn, NODE)
+    assert bumped is not None and bumped.changed and bumped.generation == 2
+    plan = hostplans.read(conn, NODE)
+    assert plan is not None and plan.generation == 2
+    (vm,) = plan.vms
+    assert vm.allocation_id == "alloc-0000000" and vm.vcpu_count == 24 and vm.memory_mib == 65536
+    assert vm.bundles[0].slot_index == 1 and vm.image is not None and vm.image.digest_sha256
+    assert len(plan.slots) == 8 and plan.releases == ()
+    # The snapshot wins over later edits of the slot map: the running VM keeps its bundle.
+    conn.execute("UPDATE node_resource_slots SET mac_address = '52:54:ff:ff:ff:ff' WHERE slot_index = 1")
+    plan2 = hostplans.build(conn, NODE)
+    assert plan2 is not None and plan2.vms[0].bundles[0].mac_address != "52:54:ff:ff:ff:ff"
+
+
+def test_psycopg_errors_never_leak(conn: Connection, fleet: DesiredState) -> None:
+    with pytest.raises(GpuaasError) as info, errors.wrapped("bad query"):
+        conn.execute("SELECT * FROM no_such_table")
+    assert info.value.code == "db.error"
