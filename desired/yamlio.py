@@ -63,6 +63,7 @@ _BOOL = "tag:yaml.org,2002:bool"
 _NULL = "tag:yaml.org,2002:null"
 _TIMESTAMP = "tag:yaml.org,2002:timestamp"
 _MAP = "tag:yaml.org,2002:map"
+_MERGE = "tag:yaml.org,2002:merge"
 _SEQ = "tag:yaml.org,2002:seq"
 _constructor = yaml.constructor.SafeConstructor()
 
@@ -157,17 +158,13 @@ def read_documents(name: str, data: bytes) -> Iterator[Document]:
         raise YamlProblem(p.YAML_TAB, "tab used for indentation; YAML indents with spaces", line, col)
     _check_flow_depth(text)
     try:
-        nodes = list(yaml.compose_all(text, Loader=_Loader))
+        yield from _build(name, text, data)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         raise YamlProblem(p.YAML_SYNTAX, _syntax_message(e), line, col) from None
     except yaml.YAMLError as e:
         raise YamlProblem(p.YAML_SYNTAX, str(e).splitlines()[0]) from None
-    for index, node in enumerate(n for n in nodes if n is not None):
-        budget = [MAX_NODES_PER_FILE]
-        value = _convert(node, 0, budget)
-        yield Document(name, index, value, int(node.start_mark.line) + 1, data, node)
 
 
 def _decode(data: bytes) -> str:
@@ -202,45 +199,164 @@ def _syntax_message(e: yaml.MarkedYAMLError) -> str:
     return "; ".join(parts) if parts else "malformed YAML"
 
 
-def _at(node: yaml.Node) -> tuple[int, int]:
-    return int(node.start_mark.line) + 1, int(node.start_mark.column) + 1
+def _pos(mark: Any) -> tuple[int, int]:
+    return int(mark.line) + 1, int(mark.column) + 1
 
 
-def _convert(node: yaml.Node, depth: int, budget: list[int]) -> Any:
-    if depth > MAX_DEPTH:
-        raise YamlProblem(p.YAML_TOO_DEEP, f"nesting deeper than {MAX_DEPTH} levels", *_at(node))
-    budget[0] -= 1
-    if budget[0] < 0:
-        raise YamlProblem(
-            p.YAML_ALIAS_BOMB,
-            f"document expands to more than {MAX_NODES_PER_FILE} values (alias expansion?)",
-            *_at(node),
-        )
-    tag = node.tag
-    if isinstance(node, yaml.ScalarNode):
-        return _scalar(node, tag)
-    if isinstance(node, yaml.SequenceNode):
-        if tag != _SEQ:
-            raise YamlProblem(p.YAML_UNSUPPORTED_TAG, f"tag {tag!r} is not allowed", *_at(node))
-        return [_convert(item, depth + 1, budget) for item in node.value]
-    if isinstance(node, yaml.MappingNode):
-        if tag != _MAP:
-            raise YamlProblem(p.YAML_UNSUPPORTED_TAG, f"tag {tag!r} is not allowed", *_at(node))
-        out: dict[str, Any] = {}
-        for key_node, value_node in node.value:
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
-                raise YamlProblem(p.YAML_KEY_NOT_STRING, "keys must be plain strings", *_at(key_node))
-            key = key_node.value
-            if key in out:
-                raise YamlProblem(p.YAML_DUPLICATE_KEY, f"duplicate key {key!r}", *_at(key_node))
-            out[key] = _convert(value_node, depth + 1, budget)
-        return out
-    raise YamlProblem(p.YAML_SYNTAX, "unexpected YAML node", *_at(node))  # pragma: no cover
+class _Frame:
+    """One open mapping or sequence while events stream in."""
+
+    __slots__ = ("anchor", "count", "key", "key_mark", "mark", "value")
+
+    def __init__(self, value: dict[str, Any] | list[Any], mark: Any, anchor: str | None) -> None:
+        self.value = value
+        self.mark = mark
+        self.anchor = anchor
+        self.key: str | None = None
+        self.key_mark: Any = None
+        self.count = 1  # values this container expands to, itself included
 
 
-def _scalar(node: yaml.ScalarNode, tag: str) -> Any:
+def _build(name: str, text: str, data: bytes) -> Iterator[Document]:
+    """Build plain values straight from libyaml's event stream.
+
+    No node tree is built (positions are recomposed lazily when a problem
+    needs one). This loop is the hot path of validating a large fleet, hence
+    the locals and the inlined common cases.
+    """
+    loader = _BaseLoader(text)
+    try:
+        yield from _events_to_documents(name, data, loader.get_event)
+    finally:
+        loader.dispose()
+
+
+def _too_many(mark: Any) -> YamlProblem:
+    return YamlProblem(
+        p.YAML_ALIAS_BOMB,
+        f"document expands to more than {MAX_NODES_PER_FILE} values (alias expansion?)",
+        *_pos(mark),
+    )
+
+
+def _events_to_documents(name: str, data: bytes, get: Any) -> Iterator[Document]:  # noqa: PLR0912, PLR0915
+    scalar_ev, alias_ev = yaml.ScalarEvent, yaml.AliasEvent
+    map_start, seq_start = yaml.MappingStartEvent, yaml.SequenceStartEvent
+    map_end, seq_end = yaml.MappingEndEvent, yaml.SequenceEndEvent
+    doc_end, stream_end = yaml.DocumentEndEvent, yaml.StreamEndEvent
+    stack: list[_Frame] = []
+    top: _Frame | None = None
+    top_is_map = False
+    anchors: dict[str, tuple[Any, int]] = {}
+    budget = MAX_NODES_PER_FILE
+    root: Any = None
+    root_mark: Any = None
+    index = 0
+    while True:
+        ev = get()
+        kind = ev.__class__
+        if kind is scalar_ev:
+            if top is not None and top_is_map and top.key is None:
+                if ev.tag is None and ev.implicit[0] and _resolve(ev.value) == _MERGE:
+                    raise YamlProblem(p.YAML_KEY_NOT_STRING, "merge keys (<<) are not allowed", *_pos(ev.start_mark))
+                key = ev.value  # keys are their raw text: `1:` and `"1":` are the same key
+                if key in top.value:
+                    raise YamlProblem(p.YAML_DUPLICATE_KEY, f"duplicate key {key!r}", *_pos(ev.start_mark))
+                top.key = key
+                if ev.anchor:
+                    anchors[ev.anchor] = (key, 1)
+                continue
+            value: Any = ev.value if (ev.tag is None and not ev.implicit[0]) else _scalar(ev)
+            if ev.anchor:
+                anchors[ev.anchor] = (value, 1)
+            budget -= 1
+            if top is None:
+                root, root_mark = value, ev.start_mark
+            elif top_is_map:
+                top.value[top.key] = value  # type: ignore[index, call-overload]  # a dict when top_is_map
+                top.key = None
+                top.count += 1
+            else:
+                top.value.append(value)  # type: ignore[union-attr]  # top.value is a list here
+                top.count += 1
+        elif kind is map_start or kind is seq_start:
+            is_map = kind is map_start
+            if ev.tag not in (None, "!", _MAP if is_map else _SEQ):
+                raise YamlProblem(p.YAML_UNSUPPORTED_TAG, f"tag {ev.tag!r} is not allowed", *_pos(ev.start_mark))
+            if len(stack) >= MAX_DEPTH:
+                raise YamlProblem(p.YAML_TOO_DEEP, f"nesting deeper than {MAX_DEPTH} levels", *_pos(ev.start_mark))
+            if top is not None and top_is_map and top.key is None:
+                raise YamlProblem(p.YAML_KEY_NOT_STRING, "keys must be plain strings", *_pos(ev.start_mark))
+            top = _Frame({} if is_map else [], ev.start_mark, ev.anchor)
+            top_is_map = is_map
+            stack.append(top)
+        elif kind is map_end or kind is seq_end or kind is alias_ev:
+            if kind is alias_ev:
+                if ev.anchor not in anchors:
+                    raise YamlProblem(p.YAML_SYNTAX, f"unknown anchor {ev.anchor!r}", *_pos(ev.start_mark))
+                value, count = anchors[ev.anchor]
+                budget -= count
+                mark = ev.start_mark
+                if top is not None and top_is_map and top.key is None:
+                    if isinstance(value, dict | list):
+                        raise YamlProblem(p.YAML_KEY_NOT_STRING, "keys must be plain strings", *_pos(mark))
+                    top.key = value
+                    continue
+            else:
+                frame = stack.pop()
+                value, count, mark = frame.value, frame.count, frame.mark
+                if frame.anchor:
+                    anchors[frame.anchor] = (value, count)
+                budget -= 1
+                top = stack[-1] if stack else None
+                top_is_map = top is not None and isinstance(top.value, dict)
+            if budget < 0:
+                raise _too_many(mark)
+            if top is None:
+                root, root_mark = value, mark
+            elif top_is_map:
+                top.value[top.key] = value  # type: ignore[index, call-overload]  # a dict when top_is_map
+                top.key = None
+                top.count += count
+            else:
+                top.value.append(value)  # type: ignore[union-attr]  # top.value is a list here
+                top.count += count
+        elif kind is doc_end:
+            if budget < 0:
+                raise _too_many(root_mark)
+            if root_mark is not None:
+                yield Document(name, index, root, int(root_mark.line) + 1, data)
+                index += 1
+            root, root_mark, anchors, budget = None, None, {}, MAX_NODES_PER_FILE
+        elif kind is stream_end:
+            return
+
+
+_resolve_cache: dict[str, str] = {}
+
+
+def _resolve(value: str) -> str:
+    """Implicit tag of a plain scalar (YAML 1.1 core rules, as PyYAML's SafeLoader)."""
+    tag = _resolve_cache.get(value)
+    if tag is None:
+        tag = _STR
+        for candidate, regexp in _BaseLoader.yaml_implicit_resolvers.get(value[:1], ()):
+            if regexp.match(value):
+                tag = str(candidate)
+                break
+        if len(_resolve_cache) > 65_536:
+            _resolve_cache.clear()
+        _resolve_cache[value] = tag
+    return tag
+
+
+def _scalar(ev: Any) -> Any:
+    tag = ev.tag
+    if tag in (None, "!"):
+        tag = _resolve(ev.value) if ev.implicit[0] else _STR
     if tag == _STR:
-        return node.value
+        return ev.value
+    node = yaml.ScalarNode(tag, ev.value, ev.start_mark, ev.end_mark)
     try:
         if tag == _INT:
             return _constructor.construct_yaml_int(node)
@@ -256,5 +372,5 @@ def _scalar(node: yaml.ScalarNode, tag: str) -> Any:
                 value = value.replace(tzinfo=dt.UTC)
             return value
     except (ValueError, yaml.YAMLError) as e:
-        raise YamlProblem(p.YAML_SYNTAX, f"bad scalar {node.value!r}: {e}", *_at(node)) from None
-    raise YamlProblem(p.YAML_UNSUPPORTED_TAG, f"tag {tag!r} is not allowed", *_at(node))
+        raise YamlProblem(p.YAML_SYNTAX, f"bad scalar {ev.value!r}: {e}", *_pos(ev.start_mark)) from None
+    raise YamlProblem(p.YAML_UNSUPPORTED_TAG, f"tag {tag!r} is not allowed", *_pos(ev.start_mark))

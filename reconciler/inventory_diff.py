@@ -81,7 +81,9 @@ def diff(base: DesiredState, head: DesiredState, firmware: Mapping[str, bool] | 
     cap_after = _capabilities(head, firmware)
     none: tuple[str | None, tuple[str, ...]] = (None, ())
     capabilities = [
-        CapabilityChange(node, cap_before.get(node, none)[0], cap_after.get(node, none)[0], cap_after.get(node, none)[1])
+        CapabilityChange(
+            node, cap_before.get(node, none)[0], cap_after.get(node, none)[0], cap_after.get(node, none)[1]
+        )
         for node in sorted(set(cap_before) | set(cap_after))
         if cap_before.get(node, none)[0] != cap_after.get(node, none)[0]
     ]

@@ -131,7 +131,11 @@ def create(
     path = root / rel
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
-    sha = _commit(root, path, f"request {allocation_id}: {gpus}x {sku} in {region} for {tenant}", push) if commit else None
+    sha = (
+        _commit(root, path, f"request {allocation_id}: {gpus}x {sku} in {region} for {tenant}", push)
+        if commit
+        else None
+    )
     return Written(allocation_id, path, sha)
 
 

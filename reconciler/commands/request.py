@@ -48,7 +48,10 @@ def _report(args: argparse.Namespace, written: requests.Written, verb: str) -> i
     if args.output == "json":
         print(json.dumps({"id": written.allocation_id, "path": str(written.path), "commit": written.commit}))
     else:
-        print(f"{verb} {written.allocation_id}: {written.path}" + (f" (commit {written.commit[:12]})" if written.commit else ""))
+        print(
+            f"{verb} {written.allocation_id}: {written.path}"
+            + (f" (commit {written.commit[:12]})" if written.commit else "")
+        )
     return 0
 
 
