@@ -42,6 +42,16 @@ Name = Annotated[str, Field(pattern=NAME_RE)]
 PciAddress = Annotated[str, Field(pattern=PCI_RE)]
 ByIdPath = Annotated[str, Field(pattern=BY_ID_RE)]
 _by_id = re.compile(BY_ID_RE)
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_IPV4 = re.compile(rf"^{_OCTET}(\.{_OCTET}){{3}}$")
+
+
+def ip_int(value: str) -> int:
+    """Integer of an IP address; the IPv4 fast path matters on 80,000-slot fleets."""
+    if _IPV4.match(value):
+        a, b, c, d = value.split(".")
+        return (int(a) << 24) | (int(b) << 16) | (int(c) << 8) | int(d)
+    return int(ipaddress.ip_address(value))
 
 
 class _Model(BaseModel):
@@ -366,7 +376,8 @@ class Slot(_Model):
     @field_validator("private_ip")
     @classmethod
     def _ip(cls, value: str) -> str:
-        ipaddress.ip_address(value)
+        if not _IPV4.match(value):
+            ipaddress.ip_address(value)  # IPv6 and anything unusual: the slow, complete check
         return value
 
 

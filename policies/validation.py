@@ -7,7 +7,6 @@ never be scheduled, so an operator sees why approved hardware sells nothing.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Iterator
 
@@ -158,6 +157,7 @@ def _slot_maps(state: DesiredState) -> Iterator[p.Problem]:
         if node is None:
             yield src.at("node", code=p.REF_UNRESOLVED, message=f"slot map for unknown node {node_name!r}")
         net = management_network(state, node).network
+        lo, hi = int(net.network_address), int(net.broadcast_address)
         seen: dict[str, dict[object, int]] = {k: {} for k in ("index", "gpu", "vf", "disk", "ip")}
         for i, slot in enumerate(smap.slots):
             checks: tuple[tuple[str, object, str, str, str], ...] = (
@@ -187,7 +187,8 @@ def _slot_maps(state: DesiredState) -> Iterator[p.Problem]:
                     code=p.SLOT_OS_DISK,
                     message=f"{slot.nvme_device} is the OS disk of node {node_name}; it can never be a slot disk",
                 )
-            if ipaddress.ip_address(slot.private_ip) not in net:
+            wrong_family = (":" in slot.private_ip) != (net.version == 6)
+            if wrong_family or not lo <= m.ip_int(slot.private_ip) <= hi:
                 yield src.at(
                     "slots",
                     i,

@@ -98,3 +98,24 @@ def test_unschedulable_slots_are_warnings_naming_why() -> None:
     assert len(warnings) == 8
     assert all(w.file == "slotmaps/h200-use1-c01.yaml" for w in warnings)
     assert all("per_slot_vf" in w.message for w in warnings)
+
+
+@pytest.mark.parametrize(
+    ("ip", "ok"),
+    [("10.100.0.10", True), ("10.100.0.300", False), ("10.100.0", False), ("fd00::10", True), ("010.1.1.1", False)],
+)
+def test_private_ip_parsing(ip: str, ok: bool) -> None:
+    from pydantic import ValidationError
+
+    from desired import models as m
+
+    fields = {
+        "slot_index": 0, "gpu_pci_address": "0000:1b:00.0", "gpu_model": "h200", "numa_node": 0,
+        "slot_group": "numa0", "nvme_device": "/dev/disk/by-id/nvme-a", "network_fabric": "infiniband",
+        "mac_address": "52:54:00:00:00:01", "private_ip": ip,
+    }  # fmt: skip
+    if ok:
+        assert m.Slot.model_validate(fields).private_ip == ip
+    else:
+        with pytest.raises(ValidationError):
+            m.Slot.model_validate(fields)
