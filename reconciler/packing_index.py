@@ -59,6 +59,22 @@ class NodeHeap:
     def nodes(self) -> Iterator[int]:
         return iter(self._keys)
 
+    def smallest(self, k: int) -> list[tuple[NodeKey, int]]:
+        """The k live heads in order, without popping: O(k log k) plus stale entries met."""
+        heap, keys = self._heap, self._keys
+        out: list[tuple[NodeKey, int]] = []
+        seen: set[int] = set()
+        frontier: list[tuple[tuple[NodeKey, int], int]] = [(heap[0], 0)] if heap else []
+        while frontier and len(out) < k:
+            (key, node), i = heapq.heappop(frontier)
+            if keys.get(node) == key and node not in seen:
+                seen.add(node)
+                out.append((key, node))
+            for child in (2 * i + 1, 2 * i + 2):
+                if child < len(heap):
+                    heapq.heappush(frontier, (heap[child], child))
+        return out
+
 
 BucketKey = tuple[int, int]  # (layout id, free mask)
 

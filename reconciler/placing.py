@@ -12,9 +12,8 @@ give the same answers.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -24,7 +23,9 @@ from policies import fabric, modes, packing, profiles
 from policies import topology as t
 from reconciler import plans, reasons
 from reconciler import topology as topo
-from reconciler.packing_index import SliceIndex, WholeNodeIndex
+from reconciler.packing_index import NodeKey, SliceIndex, WholeNodeIndex
+
+Refused = reasons.Refused  # the engine's answer when nothing can take a request
 
 DEFAULT_SHARES: Mapping[int, float] = MappingProxyType({1: 0.4, 2: 0.25, 4: 0.2, 8: 0.15})
 _MISSING: Any = object()
@@ -51,14 +52,7 @@ class Placed:
 
 
 @dataclass(frozen=True, slots=True)
-class Refused:
-    code: str
-    message: str
-    details: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-
-
-@dataclass(frozen=True, slots=True)
-class _Spec:
+class Spec:
     """A validated request shape (SKU, count, profile), cached per engine."""
 
     sku: m.Sku
@@ -138,7 +132,7 @@ class Engine:
         self._sig_ids: dict[tuple[Any, ...], int] = {}
         self._ranks: dict[tuple[int, int, m.TopologyRule], dict[int, tuple[float, ...] | None]] = {}
         self._choices: dict[tuple[int, int, int, m.TopologyRule, int], t.Choice | None] = {}
-        self._specs: dict[tuple[str, int, str | None], _Spec | Refused] = {}
+        self._specs: dict[tuple[str, int, str | None], Spec | Refused] = {}
         self._static: dict[tuple[str, str, str], Refused | None] = {}
         # partitions
         self._slice_parts: dict[tuple[str, str, str | None, int], SliceIndex] = {}
@@ -193,6 +187,7 @@ class Engine:
     def _build_views(self) -> None:
         slice_skus = sorted((s for s in self.skus.values() if s.capacity_shape is m.CapacityShape.GPU_SLICE),
                             key=lambda s: s.sku)
+        mix_of: dict[tuple[str, bool], int] = {}
         for node in self.nodes:
             f = node.facts
             if not f.active:
@@ -210,9 +205,12 @@ class Engine:
                 if not positions:
                     continue
                 lid, lay = self._layout_id(node, positions)
-                rules = {g: sku.topology_policy.rule(g) for g in sku.counts}
-                mix = packing.mix(self.shares, rules, whole_node=bool(wholes))
-                key = (sku.sku, f.region, f.org, self._mix_id(mix))
+                mid = mix_of.get((sku.sku, bool(wholes)))
+                if mid is None:
+                    rules = {g: sku.topology_policy.rule(g) for g in sku.counts}
+                    mid = mix_of[(sku.sku, bool(wholes))] = self._mix_id(
+                        packing.mix(self.shares, rules, whole_node=bool(wholes)))
+                key = (sku.sku, f.region, f.org, mid)
                 view = self._slice_parts.get(key)
                 if view is None:
                     view = self._slice_parts[key] = SliceIndex(key[3])
@@ -297,14 +295,14 @@ class Engine:
 
     # ------------------------------------------------------------------ place
 
-    def spec(self, sku_name: str, gpu_count: int, vm_profile: str | None = None) -> _Spec | Refused:
+    def spec(self, sku_name: str, gpu_count: int, vm_profile: str | None = None) -> Spec | Refused:
         key = (sku_name, gpu_count, vm_profile)
         out = self._specs.get(key)
         if out is None:
             out = self._specs[key] = self._make_spec(sku_name, gpu_count, vm_profile)
         return out
 
-    def _make_spec(self, sku_name: str, gpu_count: int, vm_profile: str | None) -> _Spec | Refused:
+    def _make_spec(self, sku_name: str, gpu_count: int, vm_profile: str | None) -> Spec | Refused:
         sku = self.skus.get(sku_name)
         if sku is None:
             return Refused(reasons.SKU_UNKNOWN, f"no SKU named {sku_name}")
@@ -317,7 +315,7 @@ class Engine:
         prof = profiles.resolve(sku, gpu_count, vm_profile)
         if isinstance(prof, profiles.ProfileError):
             return Refused(prof.code, prof.message)
-        return _Spec(sku, sku.topology_policy.rule(gpu_count), prof)
+        return Spec(sku, sku.topology_policy.rule(gpu_count), prof)
 
     def place(self, req: Request, *, alternatives: int = 0) -> Placed | Refused:
         """Choose and claim slots for one request; the claim stays until `release`."""
@@ -361,7 +359,7 @@ class Engine:
         return parts
 
     def _pick_whole(self, req: Request) -> tuple[_Node, int] | None:
-        best: tuple[tuple[int, ...], int] | None = None
+        best: tuple[NodeKey, int] | None = None
         for part in self._whole_lists(req.sku, req.region, req.tenant):
             top = part.empty.peek()
             if top is not None and (best is None or top < best):
@@ -393,7 +391,7 @@ class Engine:
         if not tied:
             return None
         g = req.gpu_count
-        best: tuple[tuple[int, ...], SliceIndex, int, int, int] | None = None
+        best: tuple[NodeKey, SliceIndex, int, int, int] | None = None
         for part, sig in tied:
             for (lid, mask), heap in part.buckets[sig].items():
                 top = heap.peek()
@@ -435,24 +433,49 @@ class Engine:
 
     def _alternatives(self, req: Request, rule: m.TopologyRule, chosen: _Node,
                       count: int) -> tuple[plans.Candidate, ...]:
-        """Next-best nodes for apply to try after a lost race, in order."""
-        whole = self.skus[req.sku].capacity_shape is m.CapacityShape.BAREMETAL
-        excluded = [chosen]
+        """Next-best nodes for apply to try after a lost race, in the policy's order.
+
+        Read-only: walks the heads of the ranked buckets without moving a node.
+        """
+        if self.skus[req.sku].capacity_shape is m.CapacityShape.BAREMETAL:
+            heads = sorted(h for part in self._whole_lists(req.sku, req.region, req.tenant)
+                           for h in part.empty.smallest(count + 1) if h[1] != chosen.id)
+            return tuple(plans.Candidate(self.nodes[nid].name, ()) for _, nid in heads[:count])
         out: list[plans.Candidate] = []
-        self._unindex(chosen)
-        try:
-            while len(out) < count:
-                pick = self._pick_whole(req) if whole else self._pick_slice(req, rule)
-                if pick is None:
-                    break
-                node, mask = pick
-                out.append(plans.Candidate(node.name, () if whole else self._slots(node, mask)))
-                self._unindex(node)
-                excluded.append(node)
-        finally:
-            for node in excluded:
-                self._index(node)
+        for group in self._ranked_groups(req, rule):
+            found = sorted(h for part, sig in group for h in self._heads(part, sig, req.gpu_count, rule, count + 1)
+                           if h[1] != chosen.id)
+            for _, nid, slots in found:
+                out.append(plans.Candidate(self.nodes[nid].name, slots))
+                if len(out) == count:
+                    return tuple(out)
         return tuple(out)
+
+    def _ranked_groups(self, req: Request, rule: m.TopologyRule) -> list[list[tuple[SliceIndex, int]]]:
+        """Every fitting free pattern of the request's partitions, grouped by rank, best first."""
+        g = req.gpu_count
+        groups: dict[tuple[float, ...], list[tuple[SliceIndex, int]]] = {}
+        for part in self._slice_lists(req.sku, req.region, req.tenant):
+            ranks = self._ranks.setdefault((part.mix_id, g, rule), {})
+            for sig in part.sig_count:
+                r = ranks.get(sig, _MISSING)
+                if r is _MISSING:
+                    r = ranks[sig] = self._rank(part, sig, g, rule)
+                if r is not None:
+                    groups.setdefault(r, []).append((part, sig))
+        return [groups[r] for r in sorted(groups)]
+
+    def _heads(self, part: SliceIndex, sig: int, g: int, rule: m.TopologyRule,
+               count: int) -> list[tuple[NodeKey, int, tuple[int, ...]]]:
+        """The first `count` nodes of every bucket of one pattern, with the slots each would take."""
+        out = []
+        for (lid, mask), heap in part.buckets[sig].items():
+            taken = self._choice(lid, mask, g, rule, part.mix_id).mask
+            for key, nid in heap.smallest(count):
+                node = self.nodes[nid]
+                first: NodeKey = (node.slot_indexes[(taken & -taken).bit_length() - 1],) if self._seed_rank else ()
+                out.append(((*first, *key), nid, self._slots(node, taken)))
+        return out
 
     # ---------------------------------------------------------------- reasons
 
@@ -464,13 +487,12 @@ class Engine:
         key = (req.sku, req.region, req.tenant)
         static = self._static.get(key, _MISSING)
         if static is _MISSING:
-            static = self._static[key] = self._static_reason(spec.sku, req.region, req.tenant)
+            static = self._static[key] = reasons.static_refusal(self.facts, spec.sku, req.region, req.tenant)
         if static is not None:
             return static  # type: ignore[no-any-return]
         sku, g = spec.sku, req.gpu_count
         if sku.capacity_shape is m.CapacityShape.BAREMETAL:
-            parts = self._whole_lists(req.sku, req.region, req.tenant)
-            members = sum(p.members for p in parts)
+            members = sum(p.members for p in self._whole_lists(req.sku, req.region, req.tenant))
             return Refused(reasons.NO_EMPTY_NODE,
                            f"all {members} node(s) that lease {sku.sku} in {req.region} hold claims or wait "
                            "for cleanup proof; a baremetal lease needs a node with no claim at all",
@@ -488,66 +510,6 @@ class Engine:
         return Refused(reasons.CAPACITY,
                        f"only {free} free GPU(s) on {with_free} node(s) serve {sku.sku} in {req.region}; "
                        f"{g} requested", details)
-
-    def _static_reason(  # noqa: PLR0911  # one early return per reason, most fundamental first
-            self, sku: m.Sku, region: str, tenant: str) -> Refused | None:
-        """Reasons that do not depend on claims: region, SKU, fabric, readiness, tenant, admin."""
-        facts = [f for f in self.facts if f.region == region]
-        if not facts:
-            return Refused(reasons.NO_NODE, f"no node is declared in region {region}")
-        whole = sku.capacity_shape is m.CapacityShape.BAREMETAL
-        if whole:
-            serving = [f for f in facts if f.baremetal_sku == sku.sku]
-            if not serving:
-                return Refused(reasons.NO_NODE, f"no node in {region} is leased as {sku.sku}")
-            fabric_ok = [f for f in serving if not f.slots
-                         or any(fabric.fabric_serves(sku.network_fabric, s.fabric) for s in f.slots)]
-            ready = fabric_ok
-        else:
-            serving = [f for f in facts if any(s.gpu_model == sku.accelerator_model for s in f.slots)]
-            if not serving:
-                return Refused(reasons.NO_NODE, f"no node in {region} has {sku.accelerator_model} slots for "
-                                                f"{sku.sku}")
-            fabric_ok = [f for f in serving if any(s.gpu_model == sku.accelerator_model
-                                                   and fabric.fabric_serves(sku.network_fabric, s.fabric)
-                                                   for s in f.slots)]
-            ready = [f for f in fabric_ok if f.slice_capable and any(
-                not s.ineligible and fabric.slot_mismatch(sku, s.slot) is None for s in f.slots)]
-        if not fabric_ok:
-            have = sorted({s.fabric.value for f in serving for s in f.slots})
-            return Refused(reasons.FABRIC,
-                           f"{sku.sku} needs {sku.network_fabric.value} fabric; the {len(serving)} node(s) in "
-                           f"{region} that could serve it offer only {', '.join(have) or 'no fabric'}",
-                           MappingProxyType({"fabrics": tuple(have), "nodes": len(serving)}))
-        if not ready:
-            why = Counter(code for f in fabric_ok for code, _ in f.capability.reasons)
-            if not why:
-                why = Counter(code for f in fabric_ok for s in f.slots for code in s.ineligible)
-            text = ", ".join(f"{c} x{n}" for c, n in sorted(why.items())) or "no eligible slot"
-            return Refused(reasons.NOT_SLICE_READY,
-                           f"the {len(fabric_ok)} node(s) in {region} with {sku.accelerator_model} "
-                           f"{sku.network_fabric.value} slots are not slice-capable yet ({text})",
-                           MappingProxyType({"nodes": len(fabric_ok), "why": dict(why)}))
-        mine = [f for f in ready if f.org in (None, tenant)]
-        if not mine:
-            orgs = sorted({f.org or "" for f in ready})
-            return Refused(reasons.TENANT_BOUNDARY,
-                           f"every node in {region} that serves {sku.sku} is dedicated to another "
-                           f"organisation ({', '.join(orgs)}); tenant {tenant} may not use them",
-                           MappingProxyType({"orgs": tuple(orgs)}))
-        admin = [f for f in mine if f.admin_state is m.AdminState.ACTIVE]
-        if not admin:
-            draining = sum(1 for f in mine if f.admin_state is m.AdminState.DRAINING)
-            code = reasons.DRAINING if draining else reasons.MAINTENANCE
-            state = "draining" if draining else "in maintenance"
-            return Refused(code, f"the only {len(mine)} node(s) in {region} that serve {sku.sku} are {state}; "
-                                 "they take nothing new",
-                           MappingProxyType({"draining": draining, "maintenance": len(mine) - draining}))
-        if not any(f.healthy for f in admin):
-            return Refused(reasons.UNHEALTHY,
-                           f"the only {len(admin)} node(s) in {region} that serve {sku.sku} fail health checks",
-                           MappingProxyType({"nodes": len(admin)}))
-        return None
 
     # ----------------------------------------------------------------- status
 

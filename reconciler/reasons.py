@@ -1,10 +1,23 @@
-"""Stable codes for every request the planner cannot place.
+"""Stable codes for every request the planner cannot place, and the static reasons.
 
 Do not change the string values: operators, the portal and tests match on
-them. Each Pending carries one of these plus a sentence and details.
+them. Each Pending carries one of these plus a sentence and details. The
+reasons that depend on claims (no empty node, topology, capacity) come from
+the engine's indexes (`placing.Engine.explain`); the ones that do not are
+worked out here from the node facts, most fundamental first.
 """
 
 from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from desired import models as m
+from policies import fabric
+from reconciler import topology as topo
 
 SKU_UNKNOWN = "plan.sku_unknown"
 SKU_INACTIVE = "plan.sku_inactive"
@@ -26,3 +39,70 @@ ALL = (
     SKU_UNKNOWN, SKU_INACTIVE, GPU_COUNT, NO_NODE, FABRIC, NOT_SLICE_READY, TENANT_BOUNDARY,
     DRAINING, MAINTENANCE, UNHEALTHY, NO_EMPTY_NODE, TOPOLOGY, CAPACITY,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    code: str
+    message: str
+    details: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+
+def static_refusal(  # noqa: PLR0911  # one early return per reason, most fundamental first
+        nodes: Sequence[topo.NodeFacts], sku: m.Sku, region: str, tenant: str) -> Refused | None:
+    """Reasons that do not depend on claims: region, SKU, fabric, readiness, tenant, admin."""
+    facts = [f for f in nodes if f.region == region]
+    if not facts:
+        return Refused(NO_NODE, f"no node is declared in region {region}")
+    whole = sku.capacity_shape is m.CapacityShape.BAREMETAL
+    if whole:
+        serving = [f for f in facts if f.baremetal_sku == sku.sku]
+        if not serving:
+            return Refused(NO_NODE, f"no node in {region} is leased as {sku.sku}")
+        fabric_ok = [f for f in serving if not f.slots
+                     or any(fabric.fabric_serves(sku.network_fabric, s.fabric) for s in f.slots)]
+        ready = fabric_ok
+    else:
+        serving = [f for f in facts if any(s.gpu_model == sku.accelerator_model for s in f.slots)]
+        if not serving:
+            return Refused(NO_NODE, f"no node in {region} has {sku.accelerator_model} slots for {sku.sku}")
+        fabric_ok = [f for f in serving if any(s.gpu_model == sku.accelerator_model
+                                               and fabric.fabric_serves(sku.network_fabric, s.fabric)
+                                               for s in f.slots)]
+        ready = [f for f in fabric_ok if f.slice_capable and any(
+            not s.ineligible and fabric.slot_mismatch(sku, s.slot) is None for s in f.slots)]
+    if not fabric_ok:
+        have = sorted({s.fabric.value for f in serving for s in f.slots})
+        return Refused(FABRIC,
+                       f"{sku.sku} needs {sku.network_fabric.value} fabric; the {len(serving)} node(s) in "
+                       f"{region} that could serve it offer only {', '.join(have) or 'no fabric'}",
+                       MappingProxyType({"fabrics": tuple(have), "nodes": len(serving)}))
+    if not ready:
+        why = Counter(code for f in fabric_ok for code, _ in f.capability.reasons)
+        if not why:
+            why = Counter(code for f in fabric_ok for s in f.slots for code in s.ineligible)
+        text = ", ".join(f"{c} x{n}" for c, n in sorted(why.items())) or "no eligible slot"
+        return Refused(NOT_SLICE_READY,
+                       f"the {len(fabric_ok)} node(s) in {region} with {sku.accelerator_model} "
+                       f"{sku.network_fabric.value} slots are not slice-capable yet ({text})",
+                       MappingProxyType({"nodes": len(fabric_ok), "why": dict(why)}))
+    mine = [f for f in ready if f.org in (None, tenant)]
+    if not mine:
+        orgs = sorted({f.org or "" for f in ready})
+        return Refused(TENANT_BOUNDARY,
+                       f"every node in {region} that serves {sku.sku} is dedicated to another "
+                       f"organisation ({', '.join(orgs)}); tenant {tenant} may not use them",
+                       MappingProxyType({"orgs": tuple(orgs)}))
+    admin = [f for f in mine if f.admin_state is m.AdminState.ACTIVE]
+    if not admin:
+        draining = sum(1 for f in mine if f.admin_state is m.AdminState.DRAINING)
+        code = DRAINING if draining else MAINTENANCE
+        state = "draining" if draining else "in maintenance"
+        return Refused(code, f"the only {len(mine)} node(s) in {region} that serve {sku.sku} are {state}; "
+                             "they take nothing new",
+                       MappingProxyType({"draining": draining, "maintenance": len(mine) - draining}))
+    if not any(f.healthy for f in admin):
+        return Refused(UNHEALTHY,
+                       f"the only {len(admin)} node(s) in {region} that serve {sku.sku} fail health checks",
+                       MappingProxyType({"nodes": len(admin)}))
+    return None

@@ -23,14 +23,6 @@ from desired.loading import DesiredState
 from policies import capability, eligibility
 from reconciler import plans
 
-# Slot states that keep a slot out of placement even when nobody claims it.
-NOT_SELLABLE = frozenset({
-    plans.SlotStatus.CLEANUP, plans.SlotStatus.CLEANUP_BLOCKED,
-    plans.SlotStatus.FAILED, plans.SlotStatus.DISABLED,
-})
-# Slot states that block a whole-node lease: no cleanup proof yet.
-NO_CLEANUP_PROOF = frozenset({plans.SlotStatus.CLEANUP, plans.SlotStatus.CLEANUP_BLOCKED})
-
 
 @dataclass(frozen=True, slots=True)
 class SlotFacts:
@@ -50,10 +42,7 @@ class SlotFacts:
     ineligible: tuple[str, ...]  # eligibility reason codes; empty = eligible
     status: plans.SlotStatus  # observed state other than claims (available if none)
     slot: m.Slot
-
-    @property
-    def sellable(self) -> bool:
-        return not self.ineligible and self.status not in NOT_SELLABLE
+    sellable: bool  # eligible and not waiting for cleanup, failed or disabled
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +61,7 @@ class NodeFacts:
     capability: capability.CapabilityVerdict
     slots: tuple[SlotFacts, ...]  # slot_index order
     node: m.Node
+    cleanup_pending: int  # slots without cleanup proof (cleanup, cleanup_blocked)
 
     @property
     def active(self) -> bool:
@@ -81,28 +71,32 @@ class NodeFacts:
     def slice_capable(self) -> bool:
         return self.capability.slice_capable
 
-    @property
-    def cleanup_pending(self) -> int:
-        return sum(1 for s in self.slots if s.status in NO_CLEANUP_PROOF)
-
 
 def node_facts(node: m.Node, slot_map: m.SlotMap | None, *,
                slot_status: Mapping[plans.SlotKey, plans.SlotStatus],
                firmware_ready: bool, healthy: bool) -> NodeFacts:
     slots: list[SlotFacts] = []
+    cleanup = 0
     if slot_map is not None:
         reasons = eligibility.eligible_slots(slot_map)
         for s in sorted(slot_map.slots, key=lambda s: s.slot_index):
             status = slot_status.get((node.name, s.slot_index), plans.SlotStatus.AVAILABLE)
+            why = tuple(r.code for r in reasons[s.slot_index])
             slots.append(SlotFacts(
                 s.slot_index, s.slot_group, s.pcie_pair, s.numa_node, s.gpu_model, s.gpu_pci_address,
                 s.network_fabric, s.fabric_vf_pci_address, s.nvme_device, s.mac_address,
-                s.capacity_metadata.sku, tuple(r.code for r in reasons[s.slot_index]), status, s,
+                s.capacity_metadata.sku, why, status, s,
+                # any reported state but available (cleanup, failed, disabled, or a claim
+                # state the claims did not show) keeps the slot off the market
+                sellable=not why and status is plans.SlotStatus.AVAILABLE,
             ))
+            if status is plans.SlotStatus.CLEANUP or status is plans.SlotStatus.CLEANUP_BLOCKED:
+                cleanup += 1
     eligible = sum(1 for s in slots if not s.ineligible)
     verdict = capability.node_capability(node, firmware_ready=firmware_ready, eligible_slots=eligible)
     return NodeFacts(node.name, node.region, node.pool, node.org, node.admin_state, healthy,
-                     firmware_ready, node.storage_mode, node.baremetal_sku, verdict, tuple(slots), node)
+                     firmware_ready, node.storage_mode, node.baremetal_sku, verdict, tuple(slots), node,
+                     cleanup)
 
 
 def inventory(desired: DesiredState, observed: plans.Observed) -> tuple[NodeFacts, ...]:

@@ -51,10 +51,18 @@ def _rows(path: Path) -> list[Any]:
 
 
 def _progress(label: str) -> simulating.Progress:
+    """Progress on stderr: a live line on a terminal, a line per 10% in logs."""
+    live = sys.stderr.isatty()
+    shown = [-1]
+
     def report(done: int, total: int) -> None:
-        end = "\n" if done >= total else ""
-        print(f"\r  {label}: {done}/{total} requests ({100 * done // total}%)", end=end, file=sys.stderr,
-              flush=True)
+        pct = 100 * done // total
+        if live:
+            end = "\n" if done >= total else ""
+            print(f"\r  {label}: {done}/{total} requests ({pct}%)", end=end, file=sys.stderr, flush=True)
+        elif pct // 10 > shown[0]:
+            shown[0] = pct // 10
+            print(f"  {label}: {done}/{total} requests ({pct}%)", file=sys.stderr, flush=True)
     return report
 
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from reconciler import placing, synthesizing
+from reconciler import placing, plans, synthesizing
 from reconciler import topology as topo
 from reconciler.packing_index import NodeHeap, SliceIndex
 from tests.placement.pictures import BAREMETAL, SLICE, world
@@ -24,6 +24,17 @@ def test_node_heap_orders_and_forgets() -> None:
     h.discard(1)
     h.discard(3)
     assert h.peek() is None and len(h) == 0
+
+
+def test_node_heap_smallest_walks_heads_without_popping() -> None:
+    h = NodeHeap()
+    for node in range(20):
+        h.add(node, (node % 7, node))
+    h.discard(0)
+    h.add(7, (99, 7))  # re-keyed: its old entry is stale
+    assert h.smallest(4) == [((0, 14), 14), ((1, 1), 1), ((1, 8), 8), ((1, 15), 15)]
+    assert h.peek() == ((0, 14), 14)  # nothing was popped
+    assert len(h.smallest(100)) == 19
 
 
 def test_node_heap_compacts_after_churn() -> None:
@@ -111,7 +122,6 @@ def test_engine_modes_follow_claims() -> None:
 
 def test_engine_reports_claims_it_cannot_map() -> None:
     w = world("n1: [....|....]")
-    from reconciler import plans
     observed = plans.Observed(claims=(
         plans.ExistingClaim("x1x", "ghost", plans.ClaimKind.SLOT, 0, plans.ClaimStatus.ACTIVE),
         plans.ExistingClaim("x2x", "n1", plans.ClaimKind.SLOT, 42, plans.ClaimStatus.ACTIVE),

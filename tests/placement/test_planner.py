@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from desired import models as m
-from reconciler import planner, plans, reasons, sources
+from reconciler import placing, planner, plans, reasons, sources
 from tests.placement import pictures
 from tests.placement.pictures import BAREMETAL, SLICE, world
 
@@ -147,3 +147,25 @@ def test_profile_is_snapshotted_into_the_placement() -> None:
     w.request(SLICE, 4)
     (p,) = w.plan().placements
     assert p.profile == plans.ResolvedProfile("h200_4g_96c_256g", 4, 96, 262144, derived=True)
+
+
+def test_plan_and_the_engine_agree_request_by_request() -> None:
+    """
+    n1: [ab..|....]
+    n2: [....|cc..]
+    n3: [....|....]
+    """
+    w = world(test_plan_and_the_engine_agree_request_by_request.__doc__)
+    asks = [(SLICE, 1), (SLICE, 2), (BAREMETAL, 8), (SLICE, 4), (SLICE, 1), (BAREMETAL, 8), (SLICE, 8)]
+    ids = [w.request(sku, gpus) for sku, gpus in asks]
+    result = w.plan()
+    engine = placing.Engine(w.desired, w.observed)
+    by_id = {p.allocation_id: (p.node, p.slot_indexes) for p in result.placements}
+    pending = {p.allocation_id: p.code for p in result.pending}
+    for aid, (sku, gpus) in zip(ids, asks, strict=True):
+        a = w.desired.allocations[aid]
+        out = engine.place(placing.Request(aid, a.tenant, sku, gpus, a.region, None, a.requested_at.timestamp()))
+        if isinstance(out, placing.Placed):
+            assert by_id[aid] == (out.node, out.slot_indexes)
+        else:
+            assert pending[aid] == out.code

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from reconciler import reasons
+from reconciler import plans, reasons
 from tests.placement.pictures import BAREMETAL, ROCE, SLICE, world
 
 # ------------------------------------------------------------- GPU counts
@@ -293,3 +293,13 @@ def test_unknown_region_has_no_node() -> None:
 
 def test_unknown_vm_profile_is_pending_with_a_profile_code() -> None:
     assert world("n1: [....|....]").place(SLICE, 1, vm_profile="nope") == "plan.profile.unknown"
+
+
+def test_host_reported_firmware_readiness_overrides_onboarding_evidence() -> None:
+    """
+    n1: [....|....] fw-off
+    n2: [....|....]
+    """
+    w = world(test_host_reported_firmware_readiness_overrides_onboarding_evidence.__doc__)
+    w.observed = plans.Observed(firmware_ready={"n1": True, "n2": False})
+    assert w.place(SLICE, 1) == ("n1", (0,))
