@@ -4,9 +4,14 @@
 # Idempotent: a second run skips apt and pip unless pyproject.toml changed.
 
 SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 VENV  := .venv
 BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Recorded host sysfs trees (discovery and the host demo read them); build.py is their source.
+SYSFS := examples/sysfs/.built
+# This machine's pip.conf names local mirrors that may be absent; their warnings are noise.
+QUIET_PIP := { grep -v '^WARNING: Location' || true; }
 # Debian packages the product and its tests drive for real
 # (linux-image-amd64: the kernel the end-to-end test boots under qemu TCG).
 APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config git \
@@ -28,7 +33,11 @@ lint: deps
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-deps: $(STAMP)
+deps: $(STAMP) $(SYSFS)
+
+$(SYSFS): examples/sysfs/build.py $(STAMP)
+	$(BIN)/python examples/sysfs/build.py
+	@touch $@
 
 apt:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed$$' || echo $$p; done); \
@@ -41,8 +50,8 @@ apt:
 $(STAMP): pyproject.toml
 	@$(MAKE) --no-print-directory apt
 	@test -x $(BIN)/python || python3 -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --upgrade pip 2>&1 | $(QUIET_PIP)
+	$(BIN)/pip install -q -e '.[dev]' 2>&1 | $(QUIET_PIP)
 	@touch $(STAMP)
 
 clean:

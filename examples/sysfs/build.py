@@ -24,7 +24,8 @@ Trees:
 Usage:
   python examples/sysfs/build.py              rebuild every tree in place
   python examples/sysfs/build.py --out DIR    build them under DIR instead
-A test checks the committed trees are what this script builds.
+`make demo` and `make test` build them (examples/sysfs/.built marks a finished build);
+tests build their own copies once per session.
 """
 
 from __future__ import annotations
