@@ -170,6 +170,12 @@ class PlacementSettings(_Model):
     workload_mix: dict[Annotated[int, Strict(False)], float] = Field(
         default_factory=lambda: {1: 0.4, 2: 0.25, 4: 0.2, 8: 0.15}
     )
+    lease_end_weight: float = Field(
+        default=1.0, ge=0, allow_inf_nan=False,
+        description="Policy default only: what one hour of delay in a host's emptying costs, in expected stranded "
+                    "GPUs (the unit of the fragmentation score), when a lease with a known end "
+                    "(Allocation.lease_hours) would outlast every lease already on the host. 0 keeps lease ends "
+                    "as a tie-break only.")
 
 
 class Fleet(_Doc):
@@ -403,6 +409,12 @@ class Allocation(_Doc):
     vm_profile: str | None = None
     state: Annotated[AllocationState, Strict(False)] = AllocationState.PRESENT
     requested_at: dt.datetime
+    lease_hours: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False,
+        description="Reserved term the customer bought, in hours, as the portal sends it (a product term, not an "
+                    "estimate): the lease ends lease_hours after requested_at. Absent for on-demand leases, which "
+                    "run until released. The default placement policy co-locates leases that end around the same "
+                    "time, so hosts empty together for whole-node requests (docs/placement.md).")
 
 
 KINDS: dict[str, type[_Doc]] = {

@@ -23,7 +23,7 @@ from policies import fabric, modes, packing, profiles
 from policies import topology as t
 from reconciler import plans, reasons
 from reconciler import topology as topo
-from reconciler.packing_index import NodeKey, SliceIndex, WholeNodeIndex
+from reconciler.packing_index import EndOrder, NodeKey, SliceIndex, WholeNodeIndex
 
 Refused = reasons.Refused  # the engine's answer when nothing can take a request
 
@@ -40,6 +40,16 @@ class Request:
     region: str
     vm_profile: str | None = None
     requested_at: float = 0.0  # seconds on any fixed scale; only the order matters
+    # When the lease's reserved term ends, on requested_at's scale (Allocation.lease_hours after
+    # requested_at); None for an on-demand lease that runs until released.
+    ends_at: float | None = None
+
+
+def lease_end(alloc: m.Allocation) -> float | None:
+    """When an allocation's reserved term ends (seconds, `requested_at`'s scale); None when on-demand."""
+    if alloc.lease_hours is None:
+        return None
+    return alloc.requested_at.timestamp() + alloc.lease_hours * packing.HOUR_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +74,7 @@ class _Node:
     __slots__ = (
         "all_mask",
         "allocs",
+        "ends",
         "exclusive",
         "facts",
         "id",
@@ -83,6 +94,7 @@ class _Node:
         self.all_mask = (1 << len(self.slot_indexes)) - 1
         self.allocs: dict[str, int] = {}  # allocation id -> claimed positions
         self.since: dict[str, float] = {}  # allocation id -> requested_at
+        self.ends: dict[str, float] = {}  # allocation id -> lease end (packing.NO_END without a term)
         self.exclusive: str | None = None
         # (index, layout id, layout) per slice SKU this node serves
         self.views: list[tuple[SliceIndex, int, t.Layout]] = []
@@ -112,6 +124,8 @@ class Engine:
             known = ", ".join(p.value for p in packing.ALL)
             raise ValueError(f"unknown placement policy {name!r}; known: {known}") from None
         self._seed_rank = packing.slot_tiebreak(self.policy)
+        self._by_end = packing.uses_lease_ends(self.policy)
+        self.lease_end_weight = fleet.placement.lease_end_weight if fleet else 1.0
         if shares is None:
             shares = fleet.placement.workload_mix if fleet else DEFAULT_SHARES
         self.shares = dict(shares)
@@ -121,6 +135,8 @@ class Engine:
         self.nodes = [_Node(i, f) for i, f in enumerate(self.facts)]
         self.by_name = {n.name: n for n in self.nodes}
         self._requested = {a.id: a.requested_at.timestamp() for a in desired.allocations.values()}
+        self._lease_ends = {a.id: end for a in desired.allocations.values()
+                            if (end := lease_end(a)) is not None}
         self.where: dict[str, _Node] = {}  # allocation id -> node
         # interning and memo tables
         self._layouts: list[t.Layout] = []
@@ -131,6 +147,8 @@ class Engine:
         self._sig_of: dict[tuple[int, int], int] = {}
         self._sig_ids: dict[tuple[Any, ...], int] = {}
         self._ranks: dict[tuple[int, int, m.TopologyRule], dict[int, tuple[float, ...] | None]] = {}
+        self._sorted_sigs: dict[tuple[SliceIndex, int, m.TopologyRule],
+                                tuple[int, list[tuple[tuple[float, ...], int]]]] = {}
         self._choices: dict[tuple[int, int, int, m.TopologyRule, int], t.Choice | None] = {}
         self._specs: dict[tuple[str, int, str | None], Spec | Refused] = {}
         self._static: dict[tuple[str, str, str], Refused | None] = {}
@@ -213,7 +231,7 @@ class Engine:
                 key = (sku.sku, f.region, f.org, mid)
                 view = self._slice_parts.get(key)
                 if view is None:
-                    view = self._slice_parts[key] = SliceIndex(key[3])
+                    view = self._slice_parts[key] = SliceIndex(key[3], by_end=self._by_end)
                 node.views.append((view, lid, lay))
 
     def _load_claims(self, claims: Iterable[plans.ExistingClaim]) -> None:
@@ -227,6 +245,7 @@ class Engine:
                 self.warnings.append(f"allocation {c.allocation_id} holds claims on {prev.name} and {node.name}")
             self.where.setdefault(c.allocation_id, node)
             node.since[c.allocation_id] = self._requested.get(c.allocation_id, 0.0)
+            node.ends[c.allocation_id] = self._lease_ends.get(c.allocation_id, packing.NO_END)
             if c.kind is plans.ClaimKind.NODE_EXCLUSIVE:
                 node.exclusive = c.allocation_id
                 node.allocs[c.allocation_id] = node.all_mask
@@ -252,9 +271,10 @@ class Engine:
         claimed = node.claimed
         key = packing.node_key(self.policy, node.id, len(node.allocs),
                                min(node.since.values()) if node.since else 0.0)
+        end = packing.node_end(node.ends.values()) if self._by_end else 0.0
         for part, lid, lay in node.views:
             free = lay.full & ~claimed
-            part.add(node.id, self._sig(lid, free), (lid, free), free.bit_count(), key)
+            part.add(node.id, self._sig(lid, free), (lid, free), free.bit_count(), key, end=end)
         if not node.allocs and node.whole_ok:
             wkey = packing.baremetal_key(self.policy, node.id, bool(node.views))
             for w in node.wholes:
@@ -267,12 +287,14 @@ class Engine:
             for w in node.wholes:
                 w.empty.discard(node.id)
 
-    def _claim(self, node: _Node, allocation_id: str, mask: int, *, exclusive: bool, since: float) -> None:
+    def _claim(self, node: _Node, allocation_id: str, mask: int, *, exclusive: bool, since: float,
+               end: float) -> None:
         self._unindex(node)
         if not node.allocs:
             self.empty_nodes -= 1
         node.allocs[allocation_id] = mask
         node.since[allocation_id] = since
+        node.ends[allocation_id] = end
         if exclusive:
             node.exclusive = allocation_id
         self.where[allocation_id] = node
@@ -286,6 +308,7 @@ class Engine:
         self._unindex(node)
         del node.allocs[allocation_id]
         del node.since[allocation_id]
+        del node.ends[allocation_id]
         if node.exclusive == allocation_id:
             node.exclusive = None
         if not node.allocs:
@@ -334,7 +357,8 @@ class Engine:
         alts: tuple[plans.Candidate, ...] = ()
         if alternatives > 0:
             alts = self._alternatives(req, spec.rule, node, alternatives)
-        self._claim(node, req.allocation_id, mask, exclusive=whole, since=req.requested_at)
+        self._claim(node, req.allocation_id, mask, exclusive=whole, since=req.requested_at,
+                    end=packing.NO_END if req.ends_at is None else req.ends_at)
         return Placed(node.name, self._slots(node, mask), spec.sku.capacity_shape, spec.profile, alts)
 
     def _slots(self, node: _Node, mask: int) -> tuple[int, ...]:
@@ -387,6 +411,8 @@ class Engine:
         return c
 
     def _pick_slice(self, req: Request, rule: m.TopologyRule) -> tuple[_Node, int] | None:
+        if self._by_end and req.ends_at is not None:
+            return self._pick_by_end(req, rule, req.ends_at)
         tied = self._best_signatures(req, rule)
         if not tied:
             return None
@@ -406,6 +432,75 @@ class Engine:
         if best is None:
             return None
         _, part, lid, mask, nid = best
+        return self.nodes[nid], self._choice(lid, mask, g, rule, part.mix_id).mask
+
+    def _sorted_signatures(self, part: SliceIndex, g: int,
+                           rule: m.TopologyRule) -> list[tuple[tuple[float, ...], int]]:
+        """The fitting free patterns present in one partition with their rank, best first.
+
+        Cached until a pattern appears in or leaves the partition (`sig_version`).
+        """
+        ckey = (part, g, rule)
+        cached = self._sorted_sigs.get(ckey)
+        if cached is not None and cached[0] == part.sig_version:
+            return cached[1]
+        ranks = self._ranks.get((part.mix_id, g, rule))
+        if ranks is None:
+            ranks = self._ranks[(part.mix_id, g, rule)] = {}
+        out = []
+        for sig in part.sig_count:
+            r = ranks.get(sig, _MISSING)
+            if r is _MISSING:
+                r = ranks[sig] = self._rank(part, sig, g, rule)
+            if r is not None:
+                out.append((r, sig))
+        out.sort()
+        self._sorted_sigs[ckey] = (part.sig_version, out)
+        return out
+
+    def _end_best(self, order: EndOrder, start: float, end: float,
+                  rank: tuple[float, ...]) -> tuple[NodeKey, int]:
+        """The best node of one free pattern for a lease from `start` to `end`, with its full key.
+
+        The first node that empties at or after `end` adds no delay and has
+        the least slack: every other node of the pattern empties before `end`
+        (or is empty, busy from `start`) and is delayed. Without one, the node
+        that empties last before `end` or an empty node, whichever is delayed less.
+        """
+        weight = self.lease_end_weight
+        hit = order.at_or_after(end)
+        if hit is not None and end > start:
+            return (*packing.lease_rank(rank, hit[0], start, end, weight), *hit[1]), hit[2]
+        best: tuple[NodeKey, int] | None = None
+        for entry in (hit, order.latest_before(end), order.first_empty()):
+            if entry is not None:
+                node_end, key, nid = entry
+                cand = (*packing.lease_rank(rank, node_end, start, end, weight), *key)
+                if best is None or cand < best[0]:
+                    best = (cand, nid)
+        if best is None:
+            raise AssertionError("an indexed pattern is never empty")
+        return best
+
+    def _pick_by_end(self, req: Request, rule: m.TopologyRule, end: float) -> tuple[_Node, int] | None:
+        """`default` for a lease with a known end: fragmentation gradient plus the delay it adds."""
+        g, start = req.gpu_count, req.requested_at
+        best: tuple[NodeKey, SliceIndex, int] | None = None
+        for part in self._slice_lists(req.sku, req.region, req.tenant):
+            ends = part.ends
+            if ends is None:
+                raise AssertionError("a policy that ranks by lease ends indexes them")
+            for rank, sig in self._sorted_signatures(part, g, rule):
+                # a lease's key is never below its pattern's rank: later patterns cannot win
+                if best is not None and rank > best[0][:3]:
+                    break
+                key, nid = self._end_best(ends[sig], start, end, rank)  # a fitting pattern has free slots
+                if best is None or key < best[0]:
+                    best = (key, part, nid)
+        if best is None:
+            return None
+        _, part, nid = best
+        lid, mask = part.place[nid][1]
         return self.nodes[nid], self._choice(lid, mask, g, rule, part.mix_id).mask
 
     def _best_signatures(self, req: Request, rule: m.TopologyRule) -> list[tuple[SliceIndex, int]]:
@@ -441,6 +536,8 @@ class Engine:
             heads = sorted(h for part in self._whole_lists(req.sku, req.region, req.tenant)
                            for h in part.empty.smallest(count + 1) if h[1] != chosen.id)
             return tuple(plans.Candidate(self.nodes[nid].name, ()) for _, nid in heads[:count])
+        if self._by_end and req.ends_at is not None:
+            return self._alternatives_by_end(req, rule, chosen, count, req.ends_at)
         out: list[plans.Candidate] = []
         for group in self._ranked_groups(req, rule):
             found = sorted(h for part, sig in group for h in self._heads(part, sig, req.gpu_count, rule, count + 1)
@@ -450,6 +547,26 @@ class Engine:
                 if len(out) == count:
                     return tuple(out)
         return tuple(out)
+
+    def _alternatives_by_end(self, req: Request, rule: m.TopologyRule, chosen: _Node, count: int,
+                             end: float) -> tuple[plans.Candidate, ...]:
+        """Next-best nodes under the lease-end key: the nodes around `end` in every fitting bucket."""
+        g, start, weight = req.gpu_count, req.requested_at, self.lease_end_weight
+        found: dict[int, tuple[NodeKey, tuple[int, ...]]] = {}
+        for part in self._slice_lists(req.sku, req.region, req.tenant):
+            ends = part.ends
+            if ends is None:
+                raise AssertionError("a policy that ranks by lease ends indexes them")
+            for rank, sig in self._sorted_signatures(part, g, rule):
+                for node_end, key, nid in ends[sig].around(end, count + 1):
+                    if nid == chosen.id or nid in found:
+                        continue
+                    lid, mask = part.place[nid][1]
+                    taken = self._choice(lid, mask, g, rule, part.mix_id).mask
+                    full = (*packing.lease_rank(rank, node_end, start, end, weight), *key)
+                    found[nid] = (full, self._slots(self.nodes[nid], taken))
+        best = sorted((key, nid, slots) for nid, (key, slots) in found.items())[:count]
+        return tuple(plans.Candidate(self.nodes[nid].name, slots) for _, nid, slots in best)
 
     def _ranked_groups(self, req: Request, rule: m.TopologyRule) -> list[list[tuple[SliceIndex, int]]]:
         """Every fitting free pattern of the request's partitions, grouped by rank, best first."""

@@ -1,7 +1,10 @@
 """Replay a request stream through the real placement engine.
 
 A request arrives, holds its GPUs for `duration_s`, then is released; a
-request nothing can take is dropped, not queued. Next to the real run the
+request nothing can take is dropped, not queued. `duration_s` is also the
+request's lease term (`Request.ends_at`, what `Allocation.lease_hours` tells
+the planner): only `default` reads it; `lease_ends=False` replays the same
+stream as on-demand leases without a known end. Next to the real run the
 simulator keeps the fluid bound: the same stream when a request is accepted
 whenever the pool's aggregate free GPUs cover it, as if GPUs could be moved
 freely between hosts. The gap between the two is what fragmentation and
@@ -46,6 +49,7 @@ class Result:
     engine_seconds: float
     acceptance_by_size: dict[str, float] = field(default_factory=dict)
     rejections: dict[str, int] = field(default_factory=dict)
+    lease_ends: bool = True  # requests carried their lease end (only `default` reads it)
 
     @property
     def gap(self) -> float:
@@ -62,7 +66,7 @@ class Result:
             "placements_per_second": round(self.placements_per_second, 1),
             "nodes": self.nodes, "pool_gpus": self.pool_gpus, "engine_seconds": round(self.engine_seconds, 3),
             "acceptance_by_size": {k: round(v, 6) for k, v in self.acceptance_by_size.items()},
-            "rejections": self.rejections,
+            "rejections": self.rejections, "lease_ends": self.lease_ends,
         }
 
 
@@ -125,8 +129,12 @@ class _Tally:
 
 def simulate(desired: DesiredState, rows: Sequence[WorkloadRow], *, policy: str | None = None,
              progress: Progress | None = None, clock: Callable[[], float] = time.perf_counter,
-             region: str | None = None) -> Result:
-    """Replay `rows` (sorted by arrival) against an empty fleet under `policy`."""
+             region: str | None = None, lease_ends: bool = True) -> Result:
+    """Replay `rows` (sorted by arrival) against an empty fleet under `policy`.
+
+    With `lease_ends`, each request carries its end (arrival + duration) as a
+    reserved term would; without, every lease is on-demand (no known end).
+    """
     engine = placing.Engine(desired, plans.Observed(), policy=policy)
     if region is None:
         regions = sorted({f.region for f in engine.facts})
@@ -151,7 +159,8 @@ def simulate(desired: DesiredState, rows: Sequence[WorkloadRow], *, policy: str 
         empty_area += engine.empty_nodes * (now - last_t)
         last_t = now
         aid = f"r{i}"
-        out = engine.place(placing.Request(aid, TENANT, row.sku, row.gpus, region, requested_at=now))
+        out = engine.place(placing.Request(aid, TENANT, row.sku, row.gpus, region, requested_at=now,
+                                           ends_at=now + row.duration_s if lease_ends else None))
         engine_s += clock() - started
         pool = pool_of.get(row.sku, "")
         tally.fluid(now, i, pool, row)
@@ -170,7 +179,7 @@ def simulate(desired: DesiredState, rows: Sequence[WorkloadRow], *, policy: str 
         placements_per_second=tally.offered / engine_s if engine_s > 0 else 0.0,
         nodes=len(engine.nodes), pool_gpus=capacity, engine_seconds=engine_s,
         acceptance_by_size={k: tally.by_size_accepted[k] / n for k, n in sorted(tally.by_size_offered.items())},
-        rejections=dict(sorted(tally.rejections.items())),
+        rejections=dict(sorted(tally.rejections.items())), lease_ends=lease_ends,
     )
 
 

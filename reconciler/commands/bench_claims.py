@@ -4,11 +4,21 @@ Each worker is a separate process with its own connection. It plans its
 share of the allocations first-fit over its own view of the free slots (nodes
 visited in a per-worker shuffled order, so workers mostly pick different
 nodes and sometimes collide), then places them one transaction each through
-`applying.place`, taking the next candidate after a lost race and re-reading
-the free slots for a second round when all candidates were lost. The timed
-part is only the placing. Afterwards the invariant checks run, and pgbench
-measures single-row-insert TPS with the same client count on the same server
-(same fsync/synchronous_commit settings) for comparison.
+`applying.place_many` (as `gpuaas apply` does: up to 100 placements per
+round trip, each committed on its own), taking the next candidate after a
+lost race and re-reading the free slots for a second round when all
+candidates were lost. The timed part is only the placing. Afterwards the
+invariant checks run. pgbench measures single-row-insert TPS with the same
+client count on the same server (same fsync/synchronous_commit settings):
+with the simple query protocol (pgbench's default) right before and right
+after the placing, the headline ratio being to the mean of the two (the WAL
+flush time of a shared disk drifts), and with prepared statements after.
+
+A CHECKPOINT (best effort: it needs a superuser or pg_checkpoint) runs before
+the placing and before pgbench, so neither is timed while the server writes
+back what the setup before it dirtied (creating the database and syncing the
+fleet write ~40 MB; WAL flushes queued behind that write-back took twice as
+long).
 
 Everything happens in a scratch database on the chosen server (the embedded
 one unless --db-url / GPUAAS_DATABASE_URL), dropped at the end.
@@ -112,14 +122,13 @@ def worker(job: Job, barrier: Any, results: Any) -> None:
     placed = claims = conflicts = 0
     for round_ in range(ROUNDS):
         lost: list[str] = []
-        for p in placements:
-            r = applying.place(conn, p, revision="bench", max_attempts=alternatives + 1)
+        for r in applying.place_many(conn, placements, revision="bench", max_attempts=alternatives + 1):
             conflicts += r.conflicts
             if r.placed:
                 placed += 1
                 claims += len(r.claim_ids)
             elif r.pending_code == applying.CONFLICT_EXHAUSTED:
-                lost.append(p.allocation_id)
+                lost.append(r.allocation_id)
         if not lost or round_ == ROUNDS - 1:
             unplanned += len(lost)
             break
@@ -132,7 +141,21 @@ def worker(job: Job, barrier: Any, results: Any) -> None:
                  "pending": unplanned, "started": started, "finished": finished})
 
 
-def _pgbench(url: str, clients: int, seconds: float) -> float | None:
+def _checkpoint(url: str) -> bool:
+    """CHECKPOINT if this role may (superuser or pg_checkpoint); False when it may not."""
+    import psycopg
+
+    from reconciler.store import connections
+
+    with connections.connect(url, autocommit=True) as conn:
+        try:
+            conn.execute("CHECKPOINT")
+        except psycopg.errors.InsufficientPrivilege:
+            return False
+    return True
+
+
+def _pgbench(url: str, clients: int, seconds: float, protocol: str = "simple") -> float | None:
     from reconciler.store import connections, embedded
 
     with connections.connect(url, autocommit=True) as conn:
@@ -148,7 +171,7 @@ def _pgbench(url: str, clients: int, seconds: float) -> float | None:
         script = Path(tmp) / "insert.sql"
         script.write_text("INSERT INTO bench_insert (v) VALUES (1);\n")
         done = subprocess.run(
-            [binary, "-n", "-f", str(script), "-c", str(clients), "-j", str(clients),
+            [binary, "-n", "-M", protocol, "-f", str(script), "-c", str(clients), "-j", str(clients),
              "-T", str(max(1, round(seconds))), url],
             capture_output=True, text=True, check=False, timeout=seconds + 120)
     match = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", done.stdout)
@@ -176,6 +199,8 @@ def run(args: argparse.Namespace) -> int:
             t0 = time.perf_counter()
             inventory.sync(conn, synthetic.fleet(**_fleet_args(args)))
             sync_s = time.perf_counter() - t0
+        checkpointed = _checkpoint(url)
+        before = None if args.no_pgbench else _pgbench(url, args.workers, args.pgbench_seconds)
         ctx = mp.get_context("spawn")
         barrier = ctx.Barrier(args.workers)
         results = ctx.Queue()
@@ -188,7 +213,12 @@ def run(args: argparse.Namespace) -> int:
             proc.join()
         with connections.connect(url, autocommit=True) as conn:
             violations = checks.run(conn)
-        pgbench = None if args.no_pgbench else _pgbench(url, args.workers, args.pgbench_seconds)
+        after = prepared = None
+        if not args.no_pgbench:
+            _checkpoint(url)
+            after = _pgbench(url, args.workers, args.pgbench_seconds)
+            prepared = _pgbench(url, args.workers, args.pgbench_seconds, "prepared")
+        pgbench = (before + after) / 2 if before and after else None
         settings = _settings(url)
     finally:
         if not args.keep:
@@ -205,8 +235,12 @@ def run(args: argparse.Namespace) -> int:
         "violations": [v.render() for v in violations],
         "conflicts_retried": sum(r["conflicts"] for r in reports),
         "pending": sum(r["pending"] for r in reports),
-        "pgbench_insert_tps": pgbench,
+        "pgbench_insert_tps": round(pgbench, 1) if pgbench else None,
+        "pgbench_insert_tps_before_after": [before, after] if pgbench else None,
         "claims_vs_pgbench": round(claims / wall / pgbench, 3) if pgbench and wall > 0 else None,
+        "pgbench_insert_tps_prepared": prepared,
+        "claims_vs_pgbench_prepared": round(claims / wall / prepared, 3) if prepared and wall > 0 else None,
+        "checkpointed": checkpointed,
         "inventory_sync_seconds": round(sync_s, 3),
         "server": settings,
         "database": "scratch " + ("(kept) " + url if args.keep else "(dropped)"),
@@ -231,10 +265,16 @@ def render_text(doc: dict[str, Any]) -> str:
         f"  pending                {doc['pending']}",
     ]
     if doc["pgbench_insert_tps"] is not None:
-        lines.append(f"  pgbench insert TPS     {doc['pgbench_insert_tps']:.1f} ({doc['workers']} client(s)); "
+        b, a = doc["pgbench_insert_tps_before_after"]
+        lines.append(f"  pgbench insert TPS     {doc['pgbench_insert_tps']:.1f} ({doc['workers']} client(s), simple "
+                     f"protocol, mean of {b:.0f} before and {a:.0f} after); "
                      f"claims/s = {100 * (doc['claims_vs_pgbench'] or 0):.0f}% of it")
+    if doc["pgbench_insert_tps_prepared"] is not None:
+        lines.append(f"  pgbench insert TPS     {doc['pgbench_insert_tps_prepared']:.1f} (prepared); claims/s = "
+                     f"{100 * (doc['claims_vs_pgbench_prepared'] or 0):.0f}% of it")
     s = doc["server"]
     lines.append(f"  server                 PostgreSQL {s.get('server_version')}, fsync={s.get('fsync')}, "
-                 f"synchronous_commit={s.get('synchronous_commit')}; inventory sync {doc['inventory_sync_seconds']}s")
+                 f"synchronous_commit={s.get('synchronous_commit')}; inventory sync {doc['inventory_sync_seconds']}s"
+                 + ("" if doc["checkpointed"] else "; no CHECKPOINT before timing (not permitted)"))
     lines += [f"  VIOLATION {v}" for v in doc["violations"]]
     return "\n".join(lines)

@@ -1,11 +1,14 @@
 """`gpuaas simulate`: replay a workload CSV through the real planner engine.
 
     gpuaas simulate --fleet DIR --workload FILE.csv [--policy NAME] [--json]
-    gpuaas simulate --fleet DIR --workload FILE.csv --compare [--json]
+    gpuaas simulate --fleet DIR --workload FILE.csv --compare [--json] [--no-lease-ends]
 
 The CSV header is `arrival_s,duration_s,sku,gpus` (`gpuaas fleet workload`
 writes one). A request arrives, holds its GPUs for `duration_s`, then is
-released; a rejected request is dropped, not queued. Progress goes to stderr.
+released; a rejected request is dropped, not queued. `duration_s` is also the
+lease term the request carries (what `Allocation.lease_hours` tells the
+planner; only `default` reads it); `--no-lease-ends` replays every request as
+an on-demand lease with no known end. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ def register(sub: Any) -> None:
     p.add_argument("--compare", action="store_true", help="run every policy on the same workload")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--region", help="region the requests ask for (default: the fleet's first)")
+    p.add_argument("--no-lease-ends", dest="lease_ends", action="store_false",
+                   help="requests carry no lease end (on-demand leases); default: duration_s is the lease term")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=run)
 
@@ -80,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         label = name or (result.state.fleet.placement.policy if result.state.fleet else "default")
         progress = None if args.quiet else _progress(label)
         results.append(simulating.simulate(result.state, rows, policy=name, progress=progress,
-                                           region=args.region))
+                                           region=args.region, lease_ends=args.lease_ends))
     if args.json:
         doc: Any = results[0].as_dict() if not args.compare else {
             "workload": str(args.workload), "fleet": str(args.fleet),
@@ -96,7 +101,8 @@ def render(results: list[simulating.Result]) -> str:
     first = results[0]
     lines = [
         f"{first.offered_requests} requests, {first.offered_gpus} GPUs offered to {first.nodes} nodes "
-        f"({', '.join(f'{k}: {v} GPUs' for k, v in sorted(first.pool_gpus.items()))})",
+        f"({', '.join(f'{k}: {v} GPUs' for k, v in sorted(first.pool_gpus.items()))}); "
+        f"lease ends {'known (duration_s)' if first.lease_ends else 'unknown (--no-lease-ends)'}",
         "",
         f"{'policy':<22} {'acceptance_gpu':>14} {'fluid_bound':>11} {'gap':>8} {'accepted':>9} "
         f"{'rej_w_cap':>9} {'empty_nodes':>11} {'placements/s':>12}",

@@ -1,14 +1,19 @@
 """Apply a Plan: placements become claims, pending reasons and releases are recorded.
 
-Each placement is one transaction and one round trip: `gpuaas_place`
-(schemas/sql/0004) locks the allocation, the node row and the chosen slots
-with SKIP LOCKED, re-checks them, and writes the claims with their snapshot,
-the slot and allocation status and a provisioning.requested outbox event, or
-writes nothing. A lost race (a row locked or taken by another reconciler, or
-a constraint refusing the claim) is retried with the planner's next
-candidate; after `max_attempts` candidates the allocation stays pending with
-the reason. The connection must be in autocommit mode: every statement here
-is its own transaction unless a fault hook asks for an explicit one.
+Each placement is one transaction: `gpuaas_place` (schemas/sql/0006) locks
+the allocation, the node row and the chosen slots with SKIP LOCKED, re-checks
+them, and writes the claims with their snapshot, the slot and allocation
+status and a provisioning.requested outbox event, or writes nothing. A lost
+race (a row locked or taken by another reconciler, or a constraint refusing
+the claim) is retried with the planner's next candidate; after
+`max_attempts` candidates the allocation stays pending with the reason.
+
+`place_many` sends up to `BATCH` placements in one round trip to the
+procedure `gpuaas_place_batch`, which commits each attempt on its own (the
+client's work and the network no longer sit between two commits); `place`
+is one of them. The connection must be in autocommit mode: every statement
+here is its own transaction unless a fault hook asks for an explicit one
+(the hook runs one `gpuaas_place` at a time inside a client transaction).
 """
 
 from __future__ import annotations
@@ -132,6 +137,10 @@ def _candidates(placement: Placement, max_attempts: int) -> list[tuple[str, tupl
 
 
 _PLACE = "SELECT outcome, detail, claim_ids FROM gpuaas_place(%s, %s, %s, %s, %s::jsonb, %s, %s)"
+_PLACE_BATCH = ("CALL gpuaas_place_batch(%s::text[], %s::text[], %s::jsonb[], %s::text[], %s::integer[],"
+                " %s::text[], %s::text[], %s::text)")
+BATCH = 100  # placements per round trip in place_many
+_FINAL = (Outcome.BUSY, Outcome.NOT_PENDING, Outcome.UNKNOWN)
 
 
 def _profile_json(profile: ResolvedProfile | None) -> str | None:
@@ -167,18 +176,15 @@ def _try(conn: Connection, placement: Placement, node: str, slots: tuple[int, ..
     return Outcome(outcome), detail, tuple(str(i) for i in ids or ())
 
 
-def place(conn: Connection, placement: Placement, *, revision: str | None = None, max_attempts: int = 5,
-          fault: Fault | None = None) -> PlacementResult:
-    """Claim the placement's node/slots, or its next candidates after a lost race."""
-    _require_autocommit(conn)
-    attempts: list[Attempt] = []
-    for node, slots in _candidates(placement, max_attempts):
-        outcome, detail, ids = _try(conn, placement, node, slots, revision=revision, fault=fault)
-        attempts.append(Attempt(node, slots, outcome, detail))
-        if outcome is Outcome.PLACED:
-            return PlacementResult(placement.allocation_id, outcome, node, slots, ids, tuple(attempts))
-        if outcome in (Outcome.BUSY, Outcome.NOT_PENDING, Outcome.UNKNOWN):
-            return PlacementResult(placement.allocation_id, outcome, attempts=tuple(attempts))
+def _finish(conn: Connection, placement: Placement, attempts: list[Attempt],
+            claim_ids: tuple[str, ...]) -> PlacementResult:
+    """The result of a placement's attempts; pending with the reason when its candidates ran out."""
+    last = attempts[-1] if attempts else None
+    if last is not None and last.outcome is Outcome.PLACED:
+        return PlacementResult(placement.allocation_id, last.outcome, last.node, last.slot_indexes, claim_ids,
+                               tuple(attempts))
+    if last is not None and last.outcome in _FINAL:
+        return PlacementResult(placement.allocation_id, last.outcome, attempts=tuple(attempts))
     raced = sum(1 for a in attempts if a.outcome is Outcome.LOST_RACE)
     code = CONFLICT_EXHAUSTED if raced else CANDIDATES_REFUSED
     tried = "; ".join(f"{a.node}{list(a.slot_indexes)}: {a.detail}" for a in attempts)
@@ -186,9 +192,77 @@ def place(conn: Connection, placement: Placement, *, revision: str | None = None
                if raced else f"every candidate was refused on re-check ({tried})")
     record_pending(conn, Pending(placement.allocation_id, code, message,
                                  {"attempts": [[a.node, list(a.slot_indexes), a.outcome.value] for a in attempts]}))
-    last = attempts[-1].outcome if attempts else Outcome.LOST_RACE
-    return PlacementResult(placement.allocation_id, last, attempts=tuple(attempts),
-                           pending_code=code, pending_message=message)
+    return PlacementResult(placement.allocation_id, last.outcome if last else Outcome.LOST_RACE,
+                           attempts=tuple(attempts), pending_code=code, pending_message=message)
+
+
+def place(conn: Connection, placement: Placement, *, revision: str | None = None, max_attempts: int = 5,
+          fault: Fault | None = None) -> PlacementResult:
+    """Claim the placement's node/slots, or its next candidates after a lost race."""
+    _require_autocommit(conn)
+    if fault is None:
+        return place_many(conn, [placement], revision=revision, max_attempts=max_attempts)[0]
+    attempts: list[Attempt] = []
+    ids: tuple[str, ...] = ()
+    for node, slots in _candidates(placement, max_attempts):
+        outcome, detail, ids = _try(conn, placement, node, slots, revision=revision, fault=fault)
+        attempts.append(Attempt(node, slots, outcome, detail))
+        if outcome is Outcome.PLACED or outcome in _FINAL:
+            break
+    return _finish(conn, placement, attempts, ids)
+
+
+def place_many(conn: Connection, placements: Sequence[Placement], *, revision: str | None = None,
+               max_attempts: int = 5) -> list[PlacementResult]:
+    """`place` for each placement, in order, `BATCH` of them per round trip; one transaction per attempt."""
+    _require_autocommit(conn)
+    out: list[PlacementResult] = []
+    for start in range(0, len(placements), BATCH):
+        out += _place_batch(conn, placements[start:start + BATCH], revision, max_attempts)
+    return out
+
+
+def _place_batch(conn: Connection, batch: Sequence[Placement], revision: str | None,
+                 max_attempts: int) -> list[PlacementResult]:
+    """One CALL for the batch; after a refusal the database raised (rare), one more from where it stopped."""
+    cands = [_candidates(p, max_attempts) for p in batch]
+    attempts: list[list[Attempt]] = [[] for _ in batch]
+    ids: list[tuple[str, ...]] = [() for _ in batch]
+    start, skip = 0, 0  # placement `start` first, minus the first `skip` of its candidates (already tried)
+    while start < len(batch):
+        todo = [(k, cands[k][skip:] if k == start else cands[k]) for k in range(start, len(batch))]
+        args = ([batch[k].allocation_id for k, _ in todo], [batch[k].claim_kind.value for k, _ in todo],
+                [_profile_json(batch[k].profile) for k, _ in todo], [batch[k].image for k, _ in todo],
+                [len(c) for _, c in todo], [node for _, c in todo for node, _ in c],
+                ["{" + ",".join(map(str, slots)) + "}" for _, c in todo for _, slots in c], revision)
+        with errors.wrapped(f"place {len(todo)} allocation(s)"):
+            row = conn.execute(_PLACE_BATCH, args).fetchone()
+        if row is None:  # pragma: no cover - CALL always returns its INOUT parameters
+            raise PermanentError("gpuaas_place_batch returned nothing", code="db.apply.no_result")
+        r_placement, r_candidate, r_outcome, r_detail, r_ids, sqlstate, constraint = row
+        stopped = None
+        for p, c, outcome, detail, claim_ids in zip(r_placement, r_candidate, r_outcome, r_detail, r_ids,
+                                                    strict=True):
+            k, cand = todo[p - 1]
+            node, slots = cand[c - 1]
+            if outcome == "error":  # always the last entry: the batch stopped there
+                err = errors.refusal(sqlstate, constraint, detail or "", f"place {batch[k].allocation_id} on {node}")
+                if not (isinstance(err, errors.SerializationConflict)
+                        or (isinstance(err, errors.ConstraintRefused) and err.lost_race)):
+                    for earlier in range(k):
+                        _finish(conn, batch[earlier], attempts[earlier], ids[earlier])
+                    raise err
+                attempts[k].append(Attempt(node, slots, Outcome.LOST_RACE, f"{err.code}: {err.message}"))
+                stopped = (k, len(cands[k]) - len(cand) + c)
+            else:
+                attempts[k].append(Attempt(node, slots, Outcome(outcome), detail))
+                ids[k] = tuple(claim_ids.split(",")) if claim_ids else ()
+        if stopped is None:
+            break
+        start, skip = stopped
+        if skip >= len(cands[start]):
+            start, skip = start + 1, 0
+    return [_finish(conn, p, a, d) for p, a, d in zip(batch, attempts, ids, strict=True)]
 
 
 def record_pending(conn: Connection, pending: Pending) -> PendingResult:
@@ -233,8 +307,9 @@ def apply(conn: Connection, plan: Plan, *, revision: str | None = None, max_atte
     """Write the whole plan: releases, placements (one transaction each), pending reasons."""
     _require_autocommit(conn)
     releases = tuple(release(conn, r, revision=revision) for r in plan.releases)
-    placements = tuple(place(conn, p, revision=revision, max_attempts=max_attempts, fault=fault)
-                       for p in plan.placements)
+    placements = (tuple(place(conn, p, revision=revision, max_attempts=max_attempts, fault=fault)
+                        for p in plan.placements) if fault is not None
+                  else tuple(place_many(conn, plan.placements, revision=revision, max_attempts=max_attempts)))
     pending = tuple(record_pending(conn, p) for p in plan.pending)
     cancelled = cancel_unplaced(conn)
     return ApplyResult(placements, pending, releases, cancelled)

@@ -67,16 +67,30 @@ class SerializationConflict(TemporaryError):
     code = "db.conflict"
 
 
+# SQLSTATEs of a concurrent writer getting in the way: serialization failure,
+# deadlock detected, lock not available.
+CONFLICT_STATES = frozenset({"40001", "40P01", "55P03"})
+
+
+def refusal(sqlstate: str, constraint: str | None, message: str, doing: str) -> PermanentError | TemporaryError:
+    """The project error for a refusal the database reported as parts (see `gpuaas_place_batch`)."""
+    first = message.strip()
+    if sqlstate.startswith("23"):  # integrity_constraint_violation
+        code = CONSTRAINT_CODES.get(constraint or "", "db.constraint")
+        return ConstraintRefused(f"{doing}: {first}", code=code, constraint=constraint)
+    if sqlstate in CONFLICT_STATES:
+        return SerializationConflict(f"{doing}: {first}", delay=0.05)
+    return DatabaseError(f"{doing}: {first}")
+
+
 def translate(e: psycopg.Error, doing: str) -> PermanentError | TemporaryError:
     """The project error for a psycopg error (the caller raises it `from e`)."""
     diag = e.diag
     first = (diag.message_primary or str(e)).strip()
     if isinstance(e, pge.IntegrityError):
-        name = diag.constraint_name
-        code = CONSTRAINT_CODES.get(name or "", "db.constraint")
-        return ConstraintRefused(f"{doing}: {first}", code=code, constraint=name)
+        return refusal("23000", diag.constraint_name, first, doing)
     if isinstance(e, pge.SerializationFailure | pge.DeadlockDetected | pge.LockNotAvailable):
-        return SerializationConflict(f"{doing}: {first}", delay=0.05)
+        return refusal("40001", None, first, doing)
     if isinstance(e, psycopg.OperationalError | psycopg.InterfaceError):
         return DatabaseUnavailable(f"{doing}: {first}")
     return DatabaseError(f"{doing}: {first}")

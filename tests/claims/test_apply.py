@@ -176,3 +176,80 @@ def test_psycopg_errors_never_leak(conn: Connection, fleet: DesiredState) -> Non
     with pytest.raises(GpuaasError) as info, errors.wrapped("bad query"):
         conn.execute("SELECT * FROM no_such_table")
     assert info.value.code == "db.error"
+
+
+# ---------------------------------------------------------------- many placements per round trip
+
+def _fail_claims_of(conn: Connection, allocation: str, errcode: str, constraint: str) -> None:
+    """A claim insert of `allocation` fails the way a guard would, with that SQLSTATE and constraint name."""
+    conn.execute(f"""
+        CREATE FUNCTION fail_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.allocation_id = '{allocation}' THEN
+                RAISE EXCEPTION 'injected refusal' USING ERRCODE = '{errcode}', CONSTRAINT = '{constraint}';
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER fail_claim BEFORE INSERT ON allocation_resource_claims
+            FOR EACH ROW EXECUTE FUNCTION fail_claim();
+    """.encode())
+
+
+def test_place_many_commits_each_placement_on_its_own_in_order(conn: Connection, fleet: DesiredState,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(applying, "BATCH", 5)  # 12 placements: three round trips
+    todo = [slice_placement(f"alloc-{i:07d}", f"node-{i // 8:05d}", (i % 8,)) for i in range(12)]
+    results = applying.place_many(conn, todo, revision="rev1")
+    assert [r.allocation_id for r in results] == [p.allocation_id for p in todo]
+    assert all(r.placed and len(r.claim_ids) == 1 for r in results)
+    assert util.count(conn, "SELECT count(DISTINCT xmin::text) FROM allocation_resource_claims") == 12
+    assert util.count(conn, "SELECT count(*) FROM outbox WHERE event_type = 'provisioning.requested'") == 12
+    assert checks.run(conn) == []
+    assert applying.place_many(conn, []) == []
+
+
+def test_place_many_takes_the_next_candidate_and_reports_each_attempt(conn: Connection,
+                                                                      fleet: DesiredState) -> None:
+    assert applying.place(conn, slice_placement("alloc-0000000", NODE, (0,))).placed
+    results = applying.place_many(conn, [
+        slice_placement("alloc-0000001", NODE, (0,), Candidate(NODE, (0,)), Candidate(NODE, (1,))),
+        slice_placement("alloc-0000002", NODE, (1,), Candidate(NODE, (2,))),
+        slice_placement("alloc-0000000", NODE, (3,)),
+    ])
+    first, second, third = results
+    assert first.placed and first.slot_indexes == (1,) and first.conflicts == 1  # duplicate candidate dropped
+    assert second.placed and second.slot_indexes == (2,) and second.conflicts == 1
+    assert third.outcome is applying.Outcome.NOT_PENDING
+    assert checks.run(conn) == []
+
+
+def test_place_many_goes_on_after_a_lost_race_the_database_raised(conn: Connection, fleet: DesiredState) -> None:
+    _fail_claims_of(conn, "alloc-0000001", "23505", "claims_one_live_per_slot")
+    results = applying.place_many(conn, [
+        slice_placement("alloc-0000000", NODE, (0,)),
+        slice_placement("alloc-0000001", NODE, (1,), Candidate(NODE, (2,))),
+        slice_placement("alloc-0000002", NODE, (3,)),
+    ])
+    assert [r.placed for r in results] == [True, False, True]
+    lost = results[1]
+    assert [a.outcome for a in lost.attempts] == [applying.Outcome.LOST_RACE] * 2
+    assert lost.attempts[1].slot_indexes == (2,) and "claim.slot_taken" in (lost.attempts[1].detail or "")
+    assert lost.pending_code == applying.CONFLICT_EXHAUSTED
+    assert util.allocation(conn, "alloc-0000001")["pending_code"] == applying.CONFLICT_EXHAUSTED
+    assert {util.slot_status(conn, NODE, i) for i in (1, 2)} == {"available"}
+    assert checks.run(conn) == []
+
+
+def test_place_many_stops_at_a_refusal_that_is_no_race(conn: Connection, fleet: DesiredState) -> None:
+    _fail_claims_of(conn, "alloc-0000001", "23514", "claims_allocation_one_node")
+    with pytest.raises(errors.ConstraintRefused) as info:
+        applying.place_many(conn, [
+            slice_placement("alloc-0000000", NODE, (0,)),
+            slice_placement("alloc-0000001", NODE, (1,), Candidate(NODE, (2,))),
+            slice_placement("alloc-0000002", NODE, (3,)),
+        ])
+    assert info.value.code == "claim.allocation_other_node"
+    assert util.allocation(conn, "alloc-0000000")["status"] == "reserved"  # committed before the refusal
+    assert [util.allocation(conn, a)["status"] for a in ("alloc-0000001", "alloc-0000002")] == ["pending"] * 2
+    assert util.count(conn, "SELECT count(*) FROM allocation_resource_claims") == 1
+    assert checks.run(conn) == []

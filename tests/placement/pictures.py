@@ -83,16 +83,27 @@ class World:
     _next: int = 0
 
     def request(self, sku: str, gpus: int, *, tenant: str = "t", region: str = REGION,
-                vm_profile: str | None = None, aid: str | None = None) -> str:
-        """Add a present allocation; returns its id."""
+                vm_profile: str | None = None, aid: str | None = None, lease_hours: float | None = None) -> str:
+        """Add a present allocation, requested `_next` minutes after EPOCH; returns its id."""
         self._next += 1
         aid = aid or f"req-{self._next:03d}"
         self.desired.allocations[aid] = m.Allocation.model_validate({
             "apiVersion": API, "kind": "Allocation", "id": aid, "tenant": tenant, "sku": sku,
             "gpu_count": gpus, "region": region, "vm_profile": vm_profile,
-            "requested_at": EPOCH + dt.timedelta(minutes=self._next),
+            "requested_at": EPOCH + dt.timedelta(minutes=self._next), "lease_hours": lease_hours,
         })
         return aid
+
+    def lease(self, letter: str, hours: float | None, *, sku: str = SLICE) -> None:
+        """Declare the allocation a picture letter stands for, requested at EPOCH for `hours`."""
+        held = [c for c in self.observed.claims if c.allocation_id == aid(letter)]
+        assert held, f"no claim of {aid(letter)} in the picture"
+        gpus = 8 if letter.isupper() else len(held)
+        self.desired.allocations[aid(letter)] = m.Allocation.model_validate({
+            "apiVersion": API, "kind": "Allocation", "id": aid(letter), "tenant": "t",
+            "sku": BAREMETAL if letter.isupper() else sku, "gpu_count": gpus, "region": REGION,
+            "requested_at": EPOCH, "lease_hours": hours,
+        })
 
     def plan(self, policy: str | None = None) -> plans.Plan:
         return planner.plan(self.desired, self.observed, policy=policy)

@@ -116,3 +116,83 @@ def test_node_key_default_prefers_the_node_with_more_allocations() -> None:
     assert pk.node_key(P.DEFAULT, 9, 2, oldest=100.0) < pk.node_key(P.DEFAULT, 1, 2, oldest=200.0)
     assert pk.node_key(P.FIRST_FIT, 1, 1) < pk.node_key(P.FIRST_FIT, 9, 3)
     assert pk.node_key(P.FIRST_FIT, 1, 1, oldest=200.0) < pk.node_key(P.FIRST_FIT, 9, 1, oldest=100.0)
+
+
+# ------------------------------------------------------------- lease ends
+
+H = pk.HOUR_S
+INF = pk.NO_END
+
+
+@pytest.mark.parametrize(("ends", "expected"), [
+    ([], pk.EMPTY),  # no allocation: empty already
+    ([2 * H, 9 * H, 5 * H], 9 * H),  # the last lease to end
+    ([2 * H, INF], INF),  # an on-demand lease never ends on schedule
+])
+def test_node_end(ends: list[float], expected: float) -> None:
+    assert pk.node_end(ends) == expected
+
+
+@pytest.mark.parametrize(("node_end", "start", "end", "extension", "slack"), [
+    (10 * H, 0.0, 4 * H, 0.0, 6 * H),  # ends inside the node's busy time: no delay, 6 h slack
+    (4 * H, 0.0, 4 * H, 0.0, 0.0),  # ends with the node's last lease: a perfect fit
+    (2 * H, 0.0, 4 * H, 2 * H, 0.0),  # outlasts the node's leases by 2 h
+    (pk.EMPTY, 1 * H, 4 * H, 3 * H, 0.0),  # an empty node is busy for the whole lease
+    (INF, 0.0, 4 * H, 0.0, INF),  # an on-demand lease pins the node: no delay, no fit
+    (-1 * H, 0.0, 4 * H, 5 * H, 0.0),  # a lease past its end (not released yet) counts from its end
+])
+def test_extension_and_slack(node_end: float, start: float, end: float, extension: float, slack: float) -> None:
+    assert pk.extension(node_end, start, end) == extension
+    assert pk.slack(node_end, start, end) == slack
+
+
+@pytest.mark.parametrize(("sig_rank", "node_end", "end", "weight", "expected"), [
+    # (opens, tier, gradient + weight x hours of delay, delay, slack)
+    # no delay: the gradient stays, the slack tells how tight the fit is
+    ((0.0, 0.0, 0.5), 10 * H, 4 * H, 1.0, (0.0, 0.0, 0.5, 0.0, 6 * H)),
+    # 2 hours of delay at 1 stranded GPU per hour
+    ((0.0, 0.0, 0.5), 2 * H, 4 * H, 1.0, (0.0, 0.0, 2.5, 2 * H, 0.0)),
+    ((0.0, 0.0, 0.5), 2 * H, 4 * H, 0.25, (0.0, 0.0, 1.0, 2 * H, 0.0)),
+    # weight 0: lease ends only break ties
+    ((0.0, 0.0, 0.5), 2 * H, 4 * H, 0.0, (0.0, 0.0, 0.5, 2 * H, 0.0)),
+    # opening a clean node and the topology tier are untouched
+    ((1.0, 2.0, 0.0), pk.EMPTY, 4 * H, 1.0, (1.0, 2.0, 4.0, 4 * H, 0.0)),
+])
+def test_lease_rank(sig_rank: tuple[float, ...], node_end: float, end: float, weight: float,
+                    expected: tuple[float, ...]) -> None:
+    assert pk.lease_rank(sig_rank, node_end, 0.0, end, weight) == pytest.approx(expected)
+
+
+_SAME_GRADIENT = [
+    # same pattern: a node the lease does not delay before one it delays
+    (((0.0, 0.0, 0.0), 5 * H), ((0.0, 0.0, 0.0), 3 * H)),
+    # both undelayed: the node that empties soonest after the lease (leases end together)
+    (((0.0, 0.0, 0.0), 5 * H), ((0.0, 0.0, 0.0), 9 * H)),
+    # a known end before an on-demand lease that never empties on schedule
+    (((0.0, 0.0, 0.0), 9 * H), ((0.0, 0.0, 0.0), INF)),
+    # both delayed: the smaller delay
+    (((0.0, 0.0, 0.0), 3 * H), ((0.0, 0.0, 0.0), 1 * H)),
+    # a used node before a clean one, an aligned set before a split one, whatever the ends
+    (((0.0, 0.0, 0.0), 1 * H), ((1.0, 0.0, 0.0), pk.EMPTY)),
+    (((0.0, 0.0, 0.0), 1 * H), ((0.0, 1.0, 0.0), 5 * H)),
+]
+
+
+@pytest.mark.parametrize(("weight", "better", "worse"), [
+    *((1.0, b, w) for b, w in _SAME_GRADIENT),
+    *((0.0, b, w) for b, w in _SAME_GRADIENT),  # weight 0: the ends still break ties
+    # a small rise in fragmentation beats an hour of delay ...
+    (1.0, ((0.0, 0.0, 0.6), 5 * H), ((0.0, 0.0, 0.0), 3 * H)),
+    # ... a large one does not
+    (1.0, ((0.0, 0.0, 0.0), 3 * H), ((0.0, 0.0, 1.5), 5 * H)),
+    # weight 0: the gradient alone
+    (0.0, ((0.0, 0.0, 0.0), 3 * H), ((0.0, 0.0, 0.6), 5 * H)),
+])
+def test_lease_rank_orders_nodes(weight: float, better: tuple[tuple[float, ...], float],
+                                 worse: tuple[tuple[float, ...], float]) -> None:
+    end = 4 * H  # a lease from 0 to 4 h, `weight` stranded GPUs per hour of delay
+    assert pk.lease_rank(better[0], better[1], 0.0, end, weight) < pk.lease_rank(worse[0], worse[1], 0.0, end, weight)
+
+
+def test_only_default_reads_lease_ends() -> None:
+    assert [p for p in pk.ALL if pk.uses_lease_ends(p)] == [P.DEFAULT]
