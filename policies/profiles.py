@@ -25,7 +25,7 @@ _NAMED = re.compile(r"^(?P<prefix>.*)_1g_(?P<vcpu>\d+)c_(?P<mem>\d+)g$")
 
 @dataclass(frozen=True, slots=True)
 class Profile:
-    """A resolved profile (the planner copies it into `plans.ResolvedProfile`)."""
+    """A resolved VM profile; plans carry it as `plans.ResolvedProfile` (the same type)."""
 
     name: str
     gpu_count: int

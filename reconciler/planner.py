@@ -17,7 +17,6 @@ from types import MappingProxyType
 
 from desired import models as m
 from desired.loading import DesiredState
-from policies import profiles
 from reconciler import placing, plans
 
 
@@ -49,7 +48,7 @@ def plan(desired: DesiredState, observed: plans.Observed, *, policy: str | None 
         placements.append(plans.Placement(
             allocation_id=alloc.id, tenant=alloc.tenant, sku=alloc.sku,
             capacity_shape=out.capacity_shape.value, gpu_count=alloc.gpu_count, region=alloc.region,
-            node=out.node, slot_indexes=out.slot_indexes, profile=_snapshot(out.profile),
+            node=out.node, slot_indexes=out.slot_indexes, profile=out.profile,
             image=alloc.image or default_image(desired, sku), alternatives=out.alternatives,
         ))
     return plans.Plan(tuple(placements), tuple(pending), releases)
@@ -74,13 +73,6 @@ def _releases(desired: DesiredState, engine: placing.Engine,
                 per_node[c.node].add(c.slot_index)
         out.extend(plans.Release(aid, node, tuple(sorted(slots))) for node, slots in sorted(per_node.items()))
     return tuple(out)
-
-
-def _snapshot(p: profiles.Profile | None) -> plans.ResolvedProfile | None:
-    if p is None:
-        return None
-    return plans.ResolvedProfile(p.name, p.gpu_count, p.vcpu_count, p.memory_mib,
-                                 p.hugepages_enabled, p.hugepage_size, p.derived)
 
 
 def default_image(desired: DesiredState, sku: m.Sku) -> str | None:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from policies import profiles
+
 SlotKey = tuple[str, int]  # (node name, slot_index)
 
 
@@ -88,17 +90,9 @@ class Observed:
     placed: frozenset[str] = frozenset()
 
 
-@dataclass(frozen=True, slots=True)
-class ResolvedProfile:
-    """VM profile snapshot: later SKU edits never change a running allocation."""
-
-    name: str
-    gpu_count: int
-    vcpu_count: int
-    memory_mib: int
-    hugepages_enabled: bool = False
-    hugepage_size: str | None = None
-    derived: bool = False
+# The VM profile snapshot: later SKU edits never change a running allocation.
+# One type for the policy that resolves it and the plan that carries it.
+ResolvedProfile = profiles.Profile
 
 
 @dataclass(frozen=True, slots=True)
