@@ -5,7 +5,8 @@
 --    INSERT/UPDATE statement (ExecRelCheck -> stringToNode), so the nine checks
 --    on claims, slots and allocations cost 15% of a placement; a domain's check
 --    is parsed once per session (typcache) and evaluated only when the column
---    is assigned. Same values allowed, same SQLSTATE (23514, check_violation).
+--    is assigned. Seven of them become domains: same values allowed, same
+--    SQLSTATE (23514, check_violation).
 --    Reading a column gives its base type (text, integer); only an array built
 --    from one (array_agg(status)) has the domain's array type, which clients
 --    do not know: cast first (array_agg(status::text)). claims_kind_shape spans
@@ -80,6 +81,17 @@ ALTER TABLE allocations
 
 CREATE TRIGGER slots_guard_status BEFORE UPDATE OF status ON node_resource_slots
     FOR EACH ROW EXECUTE FUNCTION slots_guard_status();
+
+-- A session that ran these PL/pgSQL functions before the retyping keeps their
+-- compiled form, prepared for text: "type of parameter ... does not match that
+-- when preparing the plan". Rewriting their pg_proc rows (same settings) makes
+-- every session compile them again on next use.
+ALTER FUNCTION claims_guard_insert() COST 100;
+ALTER FUNCTION claims_guard_update() COST 100;
+ALTER FUNCTION slots_guard_status() COST 100;
+ALTER FUNCTION gpuaas_release(text, text) COST 100;
+ALTER FUNCTION gpuaas_free_cleaned(text) COST 100;
+ALTER FUNCTION gpuaas_absorb_vm_states(text) COST 100;
 
 ALTER TABLE allocations SET (fillfactor = 50);
 
