@@ -5,8 +5,9 @@ Each module in BENCH_MODULES exposes `register(bench_subparsers)`.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from reconciler import commands
 
 BENCH_MODULES: tuple[str, ...] = (
     "reconciler.commands.bench_validate",
@@ -19,8 +20,4 @@ BENCH_MODULES: tuple[str, ...] = (
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("bench", help="benchmarks (plan, claims, validate)")
-    bsub = p.add_subparsers(dest="bench_command", metavar="BENCH")
-    bsub.required = True
-    for name in BENCH_MODULES:
-        importlib.import_module(name).register(bsub)
+    commands.register_group(sub, "bench", "benchmarks (validate, plan, claims, gitops, discover, host)", BENCH_MODULES)

@@ -5,8 +5,9 @@ Each module in HOST_COMMAND_MODULES exposes `register(host_subparsers)`.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from reconciler import commands
 
 HOST_COMMAND_MODULES: tuple[str, ...] = (
     "host_reconciler.discovery.cli",
@@ -15,8 +16,4 @@ HOST_COMMAND_MODULES: tuple[str, ...] = (
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("host", help="host-side commands: discover, converge, run")
-    hsub = p.add_subparsers(dest="host_command", metavar="HOST_COMMAND")
-    hsub.required = True
-    for name in HOST_COMMAND_MODULES:
-        importlib.import_module(name).register(hsub)
+    commands.register_group(sub, "host", "host-side commands: discover, converge, run", HOST_COMMAND_MODULES)
