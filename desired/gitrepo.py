@@ -7,6 +7,7 @@ the commit it recorded, whatever the working tree holds.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,36 @@ _MAX_BLOB = yamlio.MAX_FILE_BYTES + 1
 
 class RevisionError(Exception):
     code = "desired.git.revision"
+
+
+class RefNameError(ValueError):
+    code = "gitops.ref_name"
+
+
+# git check-ref-format's rules, plus no leading '-' (a name must never read as an option).
+_REF_FORBIDDEN = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
+
+
+def check_ref_name(name: str, what: str = "name") -> str:
+    """`name` if git would accept it as a branch or remote name; RefNameError (saying why) otherwise."""
+    why = None
+    if not name:
+        why = "is empty"
+    elif name.startswith("-"):
+        why = "starts with '-'"
+    elif _REF_FORBIDDEN.search(name):
+        why = "holds a space, a control character or one of ~ ^ : ? * [ \\"
+    elif ".." in name or "@{" in name or "//" in name or name == "@":
+        why = "holds '..', '@{' or '//', or is '@'"
+    elif name.startswith("/") or name.endswith(("/", ".", ".lock")):
+        why = "starts with '/' or ends with '/', '.' or '.lock'"
+    elif any(part.startswith(".") or part.endswith(".lock") for part in name.split("/")):
+        why = "has a component starting with '.' or ending with '.lock'"
+    elif len(name) > 255:
+        why = "is longer than 255 characters"
+    if why is not None:
+        raise RefNameError(f"{what} {name!r} {why}; git refuses it as a ref name")
+    return name
 
 
 def iter_revision(root: Path, rev: str) -> Iterator[tuple[str, bytes]]:

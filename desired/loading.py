@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,7 +100,15 @@ def iter_directory(root: Path) -> Iterator[tuple[str, bytes]]:
 
 # Below this many files one process is faster than starting a pool.
 PARALLEL_THRESHOLD = 2000
-_FILES: list[tuple[str, bytes]] = []
+# No progress from the pool for this long: something is wrong with it; parse in this process instead.
+WORKER_TIMEOUT_S = 120.0
+_POLL_S = 0.25  # how often a wait for the pool looks at `cancel`
+
+Cancel = Callable[[], bool]
+
+
+class Cancelled(Exception):
+    """The caller asked to stop (SIGTERM) while the tree was being parsed; nothing was produced."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,17 +118,23 @@ class _Parsed:
     value: Any
 
 
-def parse_files(files: Iterable[tuple[str, bytes]], *, workers: int | None = None) -> LoadResult:
+def parse_files(files: Iterable[tuple[str, bytes]], *, workers: int | None = None,
+                cancel: Cancel | None = None) -> LoadResult:
     """Parse and type every document; cross-file rules run in `policies.validation`.
 
-    Large trees are parsed by a pool of forked workers (libyaml's composer is
-    the cost, and it holds the GIL); results are merged in file order, so the
-    outcome is identical to a single-process run.
+    Large trees are parsed by a pool of workers (libyaml's composer is the
+    cost, and it holds the GIL); results are merged in file order, so the
+    outcome is identical to a single-process run. `cancel` is polled while
+    parsing: when it returns True, Cancelled is raised within a fraction of
+    a second and the workers are gone.
     """
     file_list = list(files)
     state = DesiredState(file_count=len(file_list))
     problems: list[p.Problem] = []
-    for (name, data), (parsed, found) in zip(file_list, _parse_all(file_list, workers), strict=True):
+    for i, ((name, data), (parsed, found)) in enumerate(
+            zip(file_list, _parse_all(file_list, workers, cancel), strict=True)):
+        if cancel is not None and i % 256 == 0 and cancel():
+            raise Cancelled
         problems.extend(found)
         for item in parsed:
             doc = Document(name, item.index, item.value, item.line, data)
@@ -131,27 +145,57 @@ def parse_files(files: Iterable[tuple[str, bytes]], *, workers: int | None = Non
 
 
 def _parse_all(
-    file_list: list[tuple[str, bytes]], workers: int | None
+    file_list: list[tuple[str, bytes]], workers: int | None, cancel: Cancel | None
 ) -> Iterator[tuple[list[_Parsed], list[p.Problem]]]:
     n = workers if workers is not None else (os.cpu_count() or 1)
-    if n <= 1 or len(file_list) < PARALLEL_THRESHOLD or "fork" not in mp.get_all_start_methods():
+    if n <= 1 or len(file_list) < PARALLEL_THRESHOLD or "forkserver" not in mp.get_all_start_methods():
         yield from (_parse_one(name, data) for name, data in file_list)
         return
-    global _FILES  # noqa: PLW0603  # fork shares it with the workers without pickling bytes
-    _FILES = file_list  # inherited by forked workers; only indexes cross the pipe
+    # forkserver, never fork: the caller may run threads (watchfiles' inotify thread, a
+    # database pool), and a child forked while another thread holds a lock can wait on it
+    # forever. The fork server is a clean single-threaded process that forks the workers.
+    step = max(1, len(file_list) // (n * 8))
+    chunks = [file_list[i:i + step] for i in range(0, len(file_list), step)]
+    done = 0
+    pool = _CONTEXT.Pool(n)
     try:
-        step = max(1, len(file_list) // (n * 8))
-        chunks = [(i, min(i + step, len(file_list))) for i in range(0, len(file_list), step)]
-        with mp.get_context("fork").Pool(n) as pool:
-            for chunk in pool.imap(_parse_range, chunks):
-                yield from chunk
+        results = pool.imap(_parse_chunk, chunks)
+        for _ in chunks:
+            waited = 0.0
+            while True:
+                if cancel is not None and cancel():
+                    raise Cancelled
+                try:
+                    chunk = results.next(timeout=_POLL_S)
+                    break
+                except mp.TimeoutError:
+                    waited += _POLL_S
+                    if waited >= WORKER_TIMEOUT_S:
+                        raise _PoolStuck from None
+            done += len(chunk)
+            yield from chunk
+        pool.close()
+    except _PoolStuck:
+        # Degrade, never hang: what the pool did not deliver is parsed here.
+        yield from (_parse_one(name, data) for name, data in file_list[done:])
     finally:
-        _FILES = []
+        pool.terminate()  # also joins: no worker outlives the parse
+        pool.join()
 
 
-def _parse_range(bounds: tuple[int, int]) -> list[tuple[list[_Parsed], list[p.Problem]]]:
+class _PoolStuck(Exception):
+    pass
+
+
+_CONTEXT = mp.get_context("forkserver") if "forkserver" in mp.get_all_start_methods() else mp.get_context()
+if "forkserver" in mp.get_all_start_methods():
+    # The fork server imports the parser once; every worker it forks starts warm.
+    _CONTEXT.set_forkserver_preload(["desired.loading"])
+
+
+def _parse_chunk(chunk: list[tuple[str, bytes]]) -> list[tuple[list[_Parsed], list[p.Problem]]]:
     # Plain values cross the pipe: pickling them is ~5x cheaper than pickling models.
-    return [_parse_one(name, data) for name, data in _FILES[bounds[0] : bounds[1]]]
+    return [_parse_one(name, data) for name, data in chunk]
 
 
 def _parse_one(name: str, data: bytes) -> tuple[list[_Parsed], list[p.Problem]]:

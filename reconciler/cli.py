@@ -11,7 +11,9 @@ import argparse
 import importlib
 import signal
 import sys
+import threading
 from collections.abc import Sequence
+from types import FrameType
 
 from reconciler.errors import GpuaasError
 
@@ -43,11 +45,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Terminated(BaseException):
+    """SIGTERM arrived before the command installed its own handling."""
+
+
+def _terminate(_signum: int, _frame: FrameType | None) -> None:
+    raise _Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    # Until a command installs its own handling (the loops stop cleanly on SIGTERM),
+    # SIGTERM unwinds like an exception: open transactions roll back, nothing half-done.
+    early = signal.getsignal(signal.SIGTERM) == signal.SIG_DFL and \
+        threading.current_thread() is threading.main_thread()
+    if early:
+        signal.signal(signal.SIGTERM, _terminate)
+    started = False
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        started = True
         status = args.func(args)
+    except _Terminated:
+        return 128 + signal.SIGTERM if started else 0  # before the command started nothing happened
     except GpuaasError as e:
         print(f"error: {e.code}: {e.message}", file=sys.stderr)
         return 1
@@ -55,6 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + signal.SIGINT
     except BrokenPipeError:
         return 0
+    finally:
+        if early:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return int(status or 0)
 
 

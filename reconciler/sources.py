@@ -9,11 +9,11 @@ from policies import validation
 from reconciler.errors import PermanentError
 
 
-def load(path: Path, rev: str | None = None) -> loading.LoadResult:
+def load(path: Path, rev: str | None = None, *, cancel: loading.Cancel | None = None) -> loading.LoadResult:
     """Read, parse and cross-check every file; problems are collected, not raised.
 
     Raises PermanentError only when the source itself cannot be read (no such
-    directory, unknown revision).
+    directory, unknown revision); loading.Cancelled when `cancel` says stop.
     """
     if not path.exists():
         raise PermanentError(f"{path}: no such directory", code="desired.path.missing")
@@ -26,6 +26,6 @@ def load(path: Path, rev: str | None = None) -> loading.LoadResult:
             revision = gitrepo.head(path)
     except gitrepo.RevisionError as e:
         raise PermanentError(str(e), code=gitrepo.RevisionError.code) from e
-    result = validation.validate(loading.parse_files(files))
+    result = validation.validate(loading.parse_files(files, cancel=cancel))
     result.state.revision = revision
     return result

@@ -46,9 +46,10 @@ from typing import Any, Protocol
 
 import git
 
-from desired.loading import DesiredState
+from desired import gitrepo
+from desired.loading import Cancelled, DesiredState
 from reconciler import planner, plans, sources
-from reconciler.errors import GpuaasError, TemporaryError
+from reconciler.errors import GpuaasError, TemporaryError, UsageError
 from reconciler.store import connections, history, observing, reconciling, revisions
 
 # Only these paths under the git directory say "a ref may have moved".
@@ -168,14 +169,25 @@ class RemoteBranch(_GitRevisions):
 
     def __init__(self, path: Path, remote: str, branch: str, stop: threading.Event, *,
                  retry_delay: float = 30.0) -> None:
+        # The names reach `git fetch`: git's ref-name rules (no leading '-') and a configured
+        # remote only, and they go after '--', so no value can become an option.
+        try:
+            gitrepo.check_ref_name(remote, "remote")
+            gitrepo.check_ref_name(branch, "branch")
+        except gitrepo.RefNameError as e:
+            raise UsageError(str(e), code=e.code) from e
         super().__init__(path, f"git:{remote}/{branch}")
+        if remote not in {r.name for r in self.repo.remotes}:
+            self.repo.close()
+            raise UsageError(f"no remote named {remote!r} in {self.repo.git_dir}; add it with `git remote add`",
+                             code="gitops.remote_unknown")
         self.remote, self.branch, self.stop = remote, branch, stop
         self.retry_delay = retry_delay  # after a failed fetch: the next poll, not a tight loop
 
     def current(self) -> str | None:
         ref = f"refs/remotes/{self.remote}/{self.branch}"
         try:
-            self.repo.git.fetch(self.remote, f"+refs/heads/{self.branch}:{ref}")
+            self.repo.git.fetch("--", self.remote, f"+refs/heads/{self.branch}:{ref}")
             return str(self.repo.commit(ref).hexsha)
         except (git.GitCommandError, ValueError, git.BadName) as e:
             raise TemporaryError(f"cannot fetch {self.remote}/{self.branch}: {str(e).strip()}",
@@ -188,13 +200,26 @@ class RemoteBranch(_GitRevisions):
 Connect = Callable[[], connections.Connection]
 Log = Callable[[Event], None]
 
+FRESH_RETRY_S = 1.0  # a new failure is retried this soon, on a fresh connection
+
+
+@dataclass(frozen=True, slots=True)
+class Failing:
+    """The loop has failed since `since` (its clock); the newest failure is `code` on `revision`."""
+
+    revision: str | None
+    code: str
+    message: str
+    since: float
+    tries: int  # failures in a row of this code on this revision
+
 
 class Loop:
     """The reconciler loop over one source of revisions and one database."""
 
     def __init__(self, path: Path, source: Revisions, connect: Connect, *, stop: threading.Event,
                  interval: float = 30.0, policy: str | None = None, log: Log | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_failing_s: float | None = None) -> None:
         self.path, self.source, self.connect = path, source, connect
         self.stop, self.interval, self.policy = stop, interval, policy
         self.log = log or (lambda _e: None)
@@ -205,6 +230,10 @@ class Loop:
         self.last_started: dt.datetime | None = None  # our last reconciliation's start (DB clock)
         self.next_retry = clock() + interval
         self.not_before = 0.0  # back-off after an error or a busy revision
+        self.attempting: str | None = None  # the revision the current step works on
+        self.failing: Failing | None = None
+        self.max_failing_s = max_failing_s
+        self.gave_up = False  # failing for longer than max_failing_s: run() returned
 
     # -------------------------------------------------------------- plumbing
 
@@ -233,23 +262,50 @@ class Loop:
     # ------------------------------------------------------------------ step
 
     def step(self) -> Event | None:
-        """Handle a new revision, or retry the current one when due. Never raises a GpuaasError."""
+        """Handle a new revision, or retry the current one when due. Never raises (a stop returns None)."""
         now = self.clock()
         if now < self.not_before:
             return None
+        self.attempting = self.seen
+        event: Event | None
         try:
             rev = self.source.current()
             if rev is not None and rev != self.seen:
-                return self._new_revision(rev)
-            if now >= self.next_retry:
+                self.attempting = rev
+                event = self._new_revision(rev)
+            elif now >= self.next_retry:
                 self.next_retry = now + self.interval
-                return self._retry()
+                event = self._retry()
+            else:
+                return None
+        except Cancelled:
+            return None  # stopping in the middle of a parse: nothing was written
         except GpuaasError as e:
-            if isinstance(e, TemporaryError):
-                self.close()  # a fresh connection next time
-            self.not_before = self.clock() + (e.delay if isinstance(e, TemporaryError) else self.interval)
-            return self._emit(Event("error", self.seen, f"{e.code}: {e.message}"))
-        return None
+            return self._failed(e.code, e.message, e.delay if isinstance(e, TemporaryError) else None)
+        except Exception as e:  # a bug must neither kill nor wedge the loop: logged, retried, counted as failing
+            return self._failed("gpuaas.bug", f"{type(e).__name__}: {e}", None)
+        self.failing = None  # the step went through: whatever failed before works again
+        return event
+
+    def _failed(self, code: str, message: str, delay: float | None) -> Event:
+        """Back off after a failure. The session that failed is never reused: whatever state it
+        cached (prepared statements, PL/pgSQL plans, an aborted transaction) goes with it, and the
+        first failure of a code on a revision is retried at once on a fresh connection."""
+        self.close()
+        now, rev, before = self.clock(), self.attempting, self.failing
+        same = before is not None and (before.revision, before.code) == (rev, code)
+        tries = before.tries + 1 if same and before is not None else 1
+        since = before.since if before is not None else now
+        self.failing = Failing(rev, code, message, since, tries)
+        wait = FRESH_RETRY_S if tries == 1 else min(self.interval, FRESH_RETRY_S * 2 ** (tries - 1))
+        self.not_before = now + max(wait, delay or 0.0)
+        self.next_retry = min(self.next_retry, self.not_before)  # a failed retry is tried again, too
+        note = ("retrying on a fresh connection" if tries == 1
+                else f"failing for {now - since:.0f}s, try {tries}, next in {self.not_before - now:.0f}s")
+        return self._emit(Event("error", rev, f"{code}: {message} ({note})"))
+
+    def failing_for(self) -> float:
+        return 0.0 if self.failing is None else self.clock() - self.failing.since
 
     def _new_revision(self, rev: str) -> Event:
         conn = self._conn()
@@ -269,14 +325,14 @@ class Loop:
 
     def _adopt(self, rev: str) -> None:
         """Take over a revision another reconciler applied: its state is ours for retries."""
-        loaded = sources.load(self.path, rev)
+        loaded = sources.load(self.path, rev, cancel=self.stop.is_set)
         self.seen = rev
         if not loaded.errors:
             self.state = loaded.state
 
     def _apply(self, conn: connections.Connection, rev: str) -> Event:
         t0 = time.perf_counter()
-        loaded = sources.load(self.path, rev)
+        loaded = sources.load(self.path, rev, cancel=self.stop.is_set)
         source = f"{revisions.APPLY_SOURCE} {self.source.label}"
         if loaded.errors:
             run_id = history.start(conn, revision=rev, source=source)
@@ -287,11 +343,8 @@ class Loop:
             return self._emit(Event("invalid", rev, f"{len(loaded.errors)} validation error(s), first: {first}; "
                                                     "the last valid revision stays in force", run_id,
                                     seconds=time.perf_counter() - t0))
-        try:
-            result = reconciling.reconcile(conn, loaded.state, source=source, planner=self._planner())
-        except GpuaasError:
-            self.not_before = self.clock() + self.interval  # recorded in history by reconcile itself
-            raise
+        # A failure is recorded in history by reconcile itself; step() backs off and retries.
+        result = reconciling.reconcile(conn, loaded.state, source=source, planner=self._planner())
         self.seen, self.state = rev, loaded.state
         self.last_started = revisions.started_at(conn, result.run_id)
         self.next_retry = self.clock() + self.interval
@@ -328,7 +381,9 @@ class Loop:
         """Loop until `stop` is set; returns the last event.
 
         once=True handles the current revision, then retries it at once if
-        something waits (what a cron job wants), and returns.
+        something waits or it failed (what a cron job wants), and returns.
+        With max_failing_s, a loop that has failed for longer than that
+        returns with `gave_up` set, so a supervisor sees it (exit non-zero).
         """
         last: Event | None = None
         try:
@@ -337,6 +392,12 @@ class Loop:
                 if once:
                     self.next_retry = self.not_before = 0.0
                     return self.step() or last
+                if self.max_failing_s is not None and self.failing is not None \
+                        and self.failing_for() > self.max_failing_s:
+                    self.gave_up = True
+                    f = self.failing
+                    return self._emit(Event("error", f.revision, f"failing for {self.failing_for():.0f}s "
+                                            f"(over {self.max_failing_s:g}s), last {f.code}: {f.message}; exiting"))
                 now = self.clock()
                 deadline = min(self.next_retry, self.not_before) if self.not_before > now else self.next_retry
                 self.source.wait(max(0.0, deadline - now))

@@ -6,7 +6,10 @@ With --remote/--branch: fetch that branch every --interval seconds into the
 clone at PATH and reconcile the fetched commit. Either way pending work is
 retried every --interval seconds, every reconciliation is recorded (see
 `gpuaas history`), and SIGTERM or SIGINT finishes the reconciliation in
-progress and exits 0. See reconciler/watching.py for the rules.
+progress and exits 0. A database that is down at start-up is waited for,
+as it is later. With --max-failing-seconds S the process exits 3 once it has
+failed for longer than S (so a supervisor sees a loop that cannot make
+progress). See reconciler/watching.py for the rules.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ def register(sub: Any) -> None:
     p.add_argument("--once", action="store_true", help="reconcile the current revision (and retry), then exit")
     p.add_argument("--debounce-ms", type=int, default=200, help="watch mode: group file events (default 200)")
     p.add_argument("--policy", help="placement policy override (default: the Fleet's)")
+    p.add_argument("--max-failing-seconds", type=float, metavar="S",
+                   help="exit 3 when every try has failed for longer than S seconds (default: never give up)")
     db.add_database_arguments(p)
     p.set_defaults(func=run)
 
@@ -69,6 +74,16 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("--remote and --branch go together")
     if args.interval <= 0:
         raise UsageError("--interval must be positive")
+    if args.max_failing_seconds is not None and args.max_failing_seconds <= 0:
+        raise UsageError("--max-failing-seconds must be positive")
+    if args.remote:
+        from desired import gitrepo
+
+        try:
+            gitrepo.check_ref_name(args.remote, "--remote")
+            gitrepo.check_ref_name(args.branch, "--branch")
+        except gitrepo.RefNameError as e:
+            raise UsageError(str(e), code=e.code) from e
     if args.policy:
         from policies import packing
 
@@ -78,16 +93,38 @@ def _check(args: argparse.Namespace) -> None:
             raise UsageError(f"unknown placement policy {args.policy!r}", code="plan.policy_unknown") from e
 
 
-def run(args: argparse.Namespace) -> int:
-    from reconciler import watching
+GAVE_UP = 3  # exit status: failing for longer than --max-failing-seconds
+
+
+def _migrate_when_up(url: str, stop: threading.Event, interval: float) -> bool:
+    """Migrate once the database answers; wait and retry while it does not (False: stopped first)."""
+    from reconciler.errors import TemporaryError
     from reconciler.store import connections, migrations
 
+    delay = 1.0
+    while not stop.is_set():
+        try:
+            with connections.connect(url, autocommit=True) as conn:
+                migrations.migrate(conn)
+            return True
+        except TemporaryError as e:
+            _log(f"waiting for the database: {e.code}: {e.message} (next try in {delay:g}s)")
+            stop.wait(delay)
+            delay = min(delay * 2, max(interval, 1.0))
+    return False
+
+
+def run(args: argparse.Namespace) -> int:
     _check(args)
-    url = db.database_url(args)
-    with connections.connect(url, autocommit=True) as conn:
-        migrations.migrate(conn)
     stop = threading.Event()
-    with stop_on_signals(stop):
+    with stop_on_signals(stop):  # first: a SIGTERM during start-up is a clean stop too
+        from reconciler import watching
+        from reconciler.store import connections
+
+        url = db.database_url(args)
+        if not _migrate_when_up(url, stop, args.interval):
+            _log("stopped")
+            return 0
         source: watching.Revisions
         if args.remote:
             source = watching.RemoteBranch(args.path, args.remote, args.branch, stop, retry_delay=args.interval)
@@ -95,13 +132,19 @@ def run(args: argparse.Namespace) -> int:
             source = watching.LocalHead(args.path, stop, debounce_ms=args.debounce_ms)
         _log(f"gpuaas run: {source.label}, retry every {args.interval:g}s" + (" (once)" if args.once else ""))
         loop = watching.Loop(args.path, source, lambda: connections.connect(url, autocommit=True), stop=stop,
-                             interval=args.interval, policy=args.policy, log=lambda e: _log(e.render()))
+                             interval=args.interval, policy=args.policy, log=lambda e: _log(e.render()),
+                             max_failing_s=args.max_failing_seconds)
         try:
             last = loop.run(once=args.once)
         finally:
             source.close()
+    if loop.gave_up:
+        return GAVE_UP
     if stop.is_set():
-        _log("stopped")
+        if loop.failing is not None:
+            _log(f"stopped while failing for {loop.failing_for():.0f}s: {loop.failing.code}")
+        else:
+            _log("stopped")
     if args.once and last is not None and last.kind in ("invalid", "error"):
         return 1
     return 0

@@ -27,7 +27,7 @@ def apply_forever(url: str, seed: int) -> None:
     import random
 
     from reconciler.plans import Release
-    from reconciler.store import applying, cleanup, connections, observing, synthetic
+    from reconciler.store import applying, cleanup, connections, history, observing, synthetic
     from tests.claims.test_kill import kill_fleet
 
     state = kill_fleet()
@@ -35,6 +35,8 @@ def apply_forever(url: str, seed: int) -> None:
     conn = connections.connect(url, autocommit=True)
     print("ready", flush=True)
     while True:
+        # Each round is a recorded reconciliation: a kill leaves its row running until swept.
+        run_id = history.start(conn, revision=f"kill-{seed}", source="kill-test")
         pending = [r[0] for r in conn.execute("SELECT id FROM allocations WHERE status = 'pending'"
                                                " AND desired_state = 'present' ORDER BY random() LIMIT 20")]
         for p in synthetic.first_fit(state, observing.free_slots(conn), pending, seed=rng.randrange(1 << 30),
@@ -59,6 +61,7 @@ def apply_forever(url: str, seed: int) -> None:
             " wipe_state = 'verified', wipe_evidence = EXCLUDED.wipe_evidence,"
             " wipe_reported_at = EXCLUDED.wipe_reported_at")
         cleanup.free_cleaned(conn)
+        history.finish(conn, run_id, result="changed")
 
 
 if __name__ == "__main__":

@@ -48,6 +48,20 @@ def test_sigkill_at_random_points_leaves_db_check_clean(db_url: str, conn: Conne
             proc.stderr.close()
         violations = checks.run(conn)
         assert violations == [], f"after kill {k}: {[v.render() for v in violations]}"
+    # One victim left alone for a while: the same session keeps placing both claim kinds
+    # (restarting victims often would hide a session that wedged on a mix of kinds).
+    proc = _victim(db_url, KILLS)
+    time.sleep(2.5)
+    alive = proc.poll() is None
+    proc.send_signal(signal.SIGKILL)
+    _, err = proc.communicate(timeout=30)
+    assert alive, err
+    assert checks.run(conn) == []
+    kinds = {str(k) for (k,) in conn.execute("SELECT DISTINCT claim_kind::text FROM allocation_resource_claims")}
+    assert kinds == {"slot", "node_exclusive"}
+    # No ghosts: every round a kill interrupted reads as abandoned, none as running.
+    assert util.count(conn, "SELECT count(*) FROM reconciliation_history WHERE result = 'running'") == 0
+    assert util.count(conn, "SELECT count(*) FROM reconciliation_history WHERE result = 'abandoned'") > 0
     placed = util.count(conn, "SELECT count(*) FROM allocation_resource_claims")
     freed = util.count(conn, "SELECT count(*) FROM allocation_resource_claims WHERE status = 'released'")
     assert placed > 0 and freed > 0  # the victims got real work done between kills

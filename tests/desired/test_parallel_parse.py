@@ -1,0 +1,72 @@
+"""Parsing large trees in a pool: same result as one process, never a hang, stoppable at once (issue 18)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from desired import loading
+from desired.problems import Severity
+
+FILES = loading.PARALLEL_THRESHOLD + 400
+TEMPLATE = (Path(__file__).resolve().parents[2] / "examples/fleet/images/ubuntu-24.04-gpuaas-slice.yaml").read_text()
+
+
+def _tree(n: int = FILES) -> list[tuple[str, bytes]]:
+    files = []
+    for i in range(n):
+        body = TEMPLATE.replace("ubuntu-24.04-gpuaas-slice", f"img-{i:05d}", 1)
+        if i % 997 == 0:  # a broken file here and there: problems must come back in order, too
+            body = "apiVersion: gpuaas.io/v1alpha1\nkind: Image\nslug: [\n"
+        files.append((f"images/img-{i:05d}.yaml", body.encode()))
+    assert TEMPLATE.count("ubuntu-24.04-gpuaas-slice") >= 1
+    return files
+
+
+def _summary(result: loading.LoadResult) -> tuple[list[str], list[str]]:
+    return sorted(result.state.images), [p.render() for p in result.problems if p.severity is Severity.ERROR]
+
+
+def test_the_pool_gives_what_one_process_gives() -> None:
+    files = _tree()
+    parallel = loading.parse_files(files, workers=2)
+    serial = loading.parse_files(files, workers=1)
+    assert _summary(parallel) == _summary(serial)
+    assert len(parallel.state.images) == FILES - len(range(0, FILES, 997))
+
+
+def test_the_pool_never_forks_the_calling_process() -> None:
+    # A fork of a process with threads (watchfiles, a DB pool) can wait forever on a lock
+    # some other thread held at the fork: the workers come from a clean fork server.
+    assert loading._CONTEXT.get_start_method() == "forkserver"
+
+
+def test_cancel_stops_a_parallel_parse_within_a_second_and_reaps_the_workers() -> None:
+    files = _tree(loading.PARALLEL_THRESHOLD * 6)
+    busy = threading.Event()  # a thread is running in this process, as in the watch loop
+    t = threading.Thread(target=busy.wait, daemon=True)
+    t.start()
+    asked: list[float] = []
+
+    def cancel() -> bool:
+        if not asked:
+            asked.append(time.monotonic() + 0.5)
+        return time.monotonic() >= asked[0]
+
+    with pytest.raises(loading.Cancelled):
+        loading.parse_files(files, workers=2, cancel=cancel)
+    took = time.monotonic() - asked[0]
+    busy.set()
+    assert took < 1.0, took
+    assert [c for c in mp.active_children() if c.name.startswith("ForkServerPoolWorker")] == []
+
+
+def test_a_stuck_pool_falls_back_to_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loading, "WORKER_TIMEOUT_S", 0.0)  # any wait at all counts as stuck
+    files = _tree()
+    result = loading.parse_files(files, workers=2)
+    assert _summary(result) == _summary(loading.parse_files(files, workers=1))

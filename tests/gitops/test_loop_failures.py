@@ -1,0 +1,182 @@
+"""The loop under failure: a poisoned session is replaced, persistent failure is visible, start-up waits.
+
+Every test drives the real loop against a real PostgreSQL and a real git
+repo; faults are made with real means (a session whose search_path hides
+the schema, a database socket that is not there yet, signals).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from urllib.parse import parse_qs, quote, urlsplit
+
+import pytest
+
+from reconciler import watching
+from reconciler.store import connections, errors, history, revisions
+from tests.gitops.conftest import Repo, claims, make_loop
+from tests.gitops.test_run_command import _env, _gpuaas, _wait_for_line
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_failing_session_is_replaced_and_the_revision_applies_on_a_fresh_one(
+        fleet_repo: Repo, db_url: str, conn: connections.Connection) -> None:
+    made: list[connections.Connection] = []
+
+    def connect() -> connections.Connection:
+        c = connections.connect(db_url, autocommit=True)
+        if not made:  # the first session is broken the way a stale plan cache breaks one: it errs on use
+            c.execute("SET search_path TO pg_catalog")
+        made.append(c)
+        return c
+
+    clock = Clock()
+    run = make_loop(fleet_repo, db_url)
+    loop = watching.Loop(fleet_repo.root, run.loop.source, connect, stop=run.stop, interval=3600.0,
+                         log=run.events.append, clock=clock)
+    try:
+        sha = fleet_repo.request("req-fresh", 1)
+        first = loop.step()
+        assert first is not None and first.kind == "error" and first.revision == sha
+        assert "fresh connection" in first.message
+        assert made[0].closed and loop.conn is None  # the failed session is gone
+        assert loop.failing is not None and loop.failing.tries == 1
+        assert loop.step() is None  # backing off
+        clock.now += watching.FRESH_RETRY_S
+        second = loop.step()
+        assert second is not None and second.kind == "applied" and second.revision == sha
+        assert loop.failing is None and len(made) == 2
+        assert len(claims(conn, "req-fresh")) == 1
+    finally:
+        loop.close()
+        run.loop.source.close()
+
+
+class _FixedHead:
+    """A revision source that never moves and whose waits pass time on the loop's clock."""
+
+    label = "fixed"
+
+    def __init__(self, sha: str, clock: Clock) -> None:
+        self.sha, self.clock = sha, clock
+
+    def current(self) -> str | None:
+        return self.sha
+
+    def wait(self, timeout: float) -> None:
+        self.clock.now += max(timeout, 0.5)
+
+    def is_ancestor(self, older: str, newer: str) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def test_failing_longer_than_max_failing_seconds_returns_gave_up(fleet_repo: Repo, tmp_path: Path) -> None:
+    clock = Clock()
+    nowhere = f"postgresql://gpuaas@/gpuaas?host={quote(str(tmp_path), safe='')}&port=5"
+    events: list[watching.Event] = []
+    loop = watching.Loop(fleet_repo.root, _FixedHead(fleet_repo.commit("x"), clock),
+                         lambda: connections.connect(nowhere, autocommit=True, connect_timeout=2),
+                         stop=threading.Event(), interval=30.0, log=events.append, clock=clock, max_failing_s=120.0)
+    last = loop.run()
+    assert loop.gave_up and last is not None and last.kind == "error" and "exiting" in last.message
+    tries = [e for e in events if e.kind == "error" and "db.unavailable" in e.message]
+    assert len(tries) >= 3  # retried with back-off before giving up
+    assert "fresh connection" in tries[0].message and "try 2" in tries[1].message
+
+
+def test_a_run_killed_mid_reconciliation_reads_as_abandoned_and_is_swept(db_url: str,
+                                                                          conn: connections.Connection) -> None:
+    victim = connections.connect(db_url, autocommit=True)
+    ghost = history.start(victim, revision="deadbeef", source="apply test")
+    alive = history.start(conn, revision="cafe", source="apply test")
+    assert {r.id: r.result for r in history.recent(conn)}[ghost] == "running"
+    victim.close()  # the process died: its backend goes away
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and {r.id: r.result for r in history.recent(conn)}[ghost] == "running":
+        time.sleep(0.05)
+    seen = {r.id: r.result for r in history.recent(conn)}
+    assert seen[ghost] == "abandoned" and seen[alive] == "running"  # a live run is never called abandoned
+    history.start(conn, revision="next", source="apply test")  # the next start sweeps for good
+    row = conn.execute("SELECT result, finished_at IS NOT NULL, errors -> 0 ->> 'code' FROM reconciliations"
+                       " WHERE id = %s", (ghost,)).fetchone()
+    assert row == ("abandoned", True, "gitops.reconciliation_abandoned")
+    assert revisions.latest_applied(conn) is None
+
+
+def _socket_dir(db_url: str) -> tuple[Path, str]:
+    query = parse_qs(urlsplit(db_url).query)
+    return Path(query["host"][0]), query["port"][0]
+
+
+@pytest.mark.slow
+def test_run_waits_for_the_database_at_start_up_then_applies(
+        fleet_repo: Repo, db_url: str, tmp_path: Path, conn: connections.Connection) -> None:
+    real_dir, port = _socket_dir(db_url)
+    later = tmp_path / "sock"
+    later.mkdir()
+    url = db_url.replace(quote(str(real_dir), safe=""), quote(str(later), safe=""))
+    assert url != db_url
+    proc = subprocess.Popen(_gpuaas("run", str(fleet_repo.root), "--db-url", url, "--interval", "60"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT)
+    try:
+        _wait_for_line(proc, "waiting for the database")
+        _wait_for_line(proc, "waiting for the database")  # it keeps trying, it does not exit
+        os.symlink(real_dir / f".s.PGSQL.{port}", later / f".s.PGSQL.{port}")  # the database comes up
+        _wait_for_line(proc, "applied", timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0 and "Traceback" not in out
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.3, 0.8])
+def test_sigterm_during_start_up_is_a_clean_exit(fleet_repo: Repo, tmp_path: Path, delay: float) -> None:
+    nowhere = f"postgresql://gpuaas@/gpuaas?host={quote(str(tmp_path), safe='')}&port=5"
+    proc = subprocess.Popen(_gpuaas("run", str(fleet_repo.root), "--db-url", nowhere),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0, out
+    assert time.monotonic() - t0 < 1.5, out  # honoured within about a second
+    assert "Traceback" not in out
+
+
+def test_run_refuses_option_like_remote_and_branch_names(fleet_repo: Repo, tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    for remote, branch in ((f"--upload-pack=touch {marker};", "main"), ("origin", "--upload-pack=x"),
+                           ("origin", "a..b")):
+        done = subprocess.run(_gpuaas("run", str(fleet_repo.root), "--once", f"--remote={remote}",
+                                      f"--branch={branch}", "--db-url", "postgresql://nowhere/x"),
+                              capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+        assert done.returncode == 1, done
+        assert "gitops.ref_name" in done.stderr and "Traceback" not in done.stderr
+    assert not marker.exists()
+
+
+def test_remote_branch_source_needs_a_configured_remote(fleet_repo: Repo) -> None:
+    with pytest.raises(errors.PermanentError) as e:
+        watching.RemoteBranch(fleet_repo.root, "not-configured", "main", threading.Event())
+    assert e.value.code == "gitops.remote_unknown"
+
