@@ -29,7 +29,7 @@ def register(sub: Any) -> None:
 def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
     """The whole status document (plain data), read from the database at `url`."""
     from reconciler.errors import PermanentError
-    from reconciler.store import connections, migrations, observing, readmodels
+    from reconciler.store import connections, history, migrations, observing, readmodels
 
     with connections.connect(url, autocommit=True) as conn:
         if not migrations.applied(conn):
@@ -38,11 +38,20 @@ def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
         state = readmodels.desired_state(conn)
         observed = observing.observe(conn)
         allocations = readmodels.allocations(conn)
+        health = history.health(conn)
     try:
         model = capacity.read_model(state, observed, policy=policy)
     except ValueError as e:
         raise PermanentError(str(e), code="status.policy_unknown") from e
-    return as_dict(state.revision, model, allocations)
+    doc = as_dict(state.revision, model, allocations)
+    doc["reconciliation"] = {
+        "last_applied_revision": health.last_applied_revision, "last_applied_at": health.last_applied_at,
+        "failing": {"since": health.failing_since, "failures": health.failures,
+                    "revision": health.failing_revision, "code": health.failing_code,
+                    "message": health.failing_message} if health.failing else None,
+        "invalid_revision": health.invalid_revision,
+    }
+    return doc
 
 
 def as_dict(revision: str | None, model: capacity.ReadModel, allocations: Sequence[Any]) -> dict[str, Any]:
@@ -103,7 +112,16 @@ def _size_notes(sizes: list[dict[str, Any]]) -> list[str]:
 
 
 def render_text(doc: dict[str, Any]) -> str:
-    out = [f"Status at revision {(doc['revision'] or '-')[:12]}", "",
+    out = [f"Status at revision {(doc['revision'] or '-')[:12]}"]
+    rec = doc.get("reconciliation") or {}
+    if rec.get("failing"):
+        f = rec["failing"]
+        out.append(f"  FAILING since {f['since']} ({f['failures']} failed reconciliation(s)), newest on "
+                   f"{(f['revision'] or '-')[:12]}: {f['code']}: {f['message']}")
+    if rec.get("invalid_revision"):
+        out.append(f"  revision {rec['invalid_revision'][:12]} is invalid (see `gpuaas history`); "
+                   "the last valid revision stays in force")
+    out += ["",
            "Capacity (launchable now, per allowed GPU count; sizes and shapes compete for the same GPUs):"]
     out.append(f"  {'REGION':<12} {'SKU':<26} {'UNIT':<5} {'TOTAL':>5} {'IN USE':>6} {'FREE':>5} "
                f"{'USABLE':>6}  {'LAUNCHABLE':<22} NOT LAUNCHABLE (free units)")

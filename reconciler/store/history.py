@@ -17,7 +17,7 @@ from typing import Any
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
-from reconciler.store import errors
+from reconciler.store import errors, revisions
 from reconciler.store.connections import Connection
 
 
@@ -69,3 +69,42 @@ def recent(conn: Connection, limit: int = 20) -> list[Reconciliation]:
         cur = conn.cursor(row_factory=class_row(Reconciliation))
         return cur.execute("SELECT id, revision, source, reconciler, started_at, finished_at, result, counts,"
                            " errors FROM reconciliation_history ORDER BY id DESC LIMIT %s", (limit,)).fetchall()
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """Is reconciliation making progress? What status, /readyz and /metrics say about the loop."""
+
+    last_applied_revision: str | None
+    last_applied_at: dt.datetime | None  # when the newest successful reconciliation finished
+    failing_since: dt.datetime | None  # first failed run after it (None: not failing)
+    failures: int  # failed runs since then
+    failing_revision: str | None
+    failing_code: str | None
+    failing_message: str | None
+    invalid_revision: str | None  # newest revision refused by validation after it (the last valid one stays)
+
+    @property
+    def failing(self) -> bool:
+        return self.failures > 0
+
+
+def health(conn: Connection) -> Health:
+    """Read-only: the newest success, and the failures (not validation refusals) recorded after it."""
+    with errors.wrapped("read reconciliation health"):
+        row = conn.execute(
+            "WITH ok AS (SELECT id, revision, finished_at FROM reconciliations"
+            "            WHERE result IN ('changed', 'unchanged') ORDER BY id DESC LIMIT 1),"
+            " after AS (SELECT h.* FROM reconciliation_history h"
+            "           WHERE h.id > coalesce((SELECT id FROM ok), 0)),"
+            " bad AS (SELECT * FROM after WHERE result IN ('error', 'abandoned') AND NOT counts ? %s),"
+            " newest AS (SELECT * FROM bad ORDER BY id DESC LIMIT 1)"
+            " SELECT (SELECT revision FROM ok), (SELECT finished_at FROM ok),"
+            "        (SELECT min(started_at) FROM bad), (SELECT count(*) FROM bad),"
+            "        (SELECT revision FROM newest), (SELECT errors -> -1 ->> 'code' FROM newest),"
+            "        (SELECT errors -> -1 ->> 'message' FROM newest),"
+            "        (SELECT revision FROM after WHERE counts ? %s ORDER BY id DESC LIMIT 1)",
+            (revisions.INVALID_COUNT, revisions.INVALID_COUNT)).fetchone()
+    if row is None:  # pragma: no cover - one row always
+        raise errors.DatabaseError("reconciliation health returned nothing")
+    return Health(row[0], row[1], row[2], int(row[3] or 0), row[4], row[5], row[6], row[7])

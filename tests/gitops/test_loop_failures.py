@@ -180,3 +180,46 @@ def test_remote_branch_source_needs_a_configured_remote(fleet_repo: Repo) -> Non
         watching.RemoteBranch(fleet_repo.root, "not-configured", "main", threading.Event())
     assert e.value.code == "gitops.remote_unknown"
 
+
+
+def test_status_reports_a_failing_loop_until_a_reconciliation_succeeds(
+        db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]) -> None:
+    from reconciler import cli
+
+    ok = history.start(conn, revision="aaaa", source="apply test")
+    history.finish(conn, ok, result="changed")
+    for _ in range(2):
+        bad = history.start(conn, revision="bbbb", source="apply test")
+        history.finish(conn, bad, result="error", problems=[{"code": "db.error", "message": "it broke"}])
+    invalid = history.start(conn, revision="cccc", source="apply test")
+    history.finish(conn, invalid, result="error", counts={revisions.INVALID_COUNT: 1}, problems=[])
+    health = history.health(conn)
+    assert health.failing and health.failures == 2 and health.failing_code == "db.error"
+    assert (health.last_applied_revision, health.failing_revision, health.invalid_revision) == ("aaaa", "bbbb",
+                                                                                                "cccc")
+    assert cli.main(["status", "--db-url", db_url]) == 0
+    text = capsys.readouterr().out
+    assert "FAILING since" in text and "db.error: it broke" in text and "cccc is invalid" in text
+    good = history.start(conn, revision="dddd", source="apply test")
+    history.finish(conn, good, result="unchanged")
+    assert not history.health(conn).failing
+    assert cli.main(["status", "--db-url", db_url, "-o", "json"]) == 0
+    assert '"failing": null' in capsys.readouterr().out
+
+
+def test_one_apply_places_baremetal_and_slice_requests_added_together_on_a_fresh_database(
+        tmp_path: Path, db_url: str, conn: connections.Connection) -> None:
+    import shutil
+
+    from reconciler import cli, requests
+    from tests.gitops.conftest import EXAMPLE
+
+    root = tmp_path / "fleet"
+    shutil.copytree(EXAMPLE, root)
+    requests.create(root, tenant="acme", sku="h200-sxm-baremetal-8g", gpus=8, region="us-east-1",
+                    allocation_id="req-bm")
+    requests.create(root, tenant="acme", sku="h200-sxm-slice", gpus=1, region="us-east-1", allocation_id="req-1g")
+    assert cli.main(["apply", str(root), "--db-url", db_url]) == 0
+    kinds = dict(conn.execute("SELECT allocation_id, min(claim_kind::text) FROM allocation_resource_claims"
+                              " WHERE allocation_id IN ('req-bm', 'req-1g') GROUP BY allocation_id").fetchall())
+    assert kinds == {"req-bm": "node_exclusive", "req-1g": "slot"}
