@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 from collections.abc import Callable, Iterable, Iterator
+from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,7 +102,7 @@ def iter_directory(root: Path) -> Iterator[tuple[str, bytes]]:
 # Below this many files one process is faster than starting a pool.
 PARALLEL_THRESHOLD = 2000
 # No progress from the pool for this long: something is wrong with it; parse in this process instead.
-WORKER_TIMEOUT_S = 120.0
+WORKER_TIMEOUT_S = 60.0
 _POLL_S = 0.25  # how often a wait for the pool looks at `cancel`
 
 Cancel = Callable[[], bool]
@@ -154,33 +155,34 @@ def _parse_all(
     # forkserver, never fork: the caller may run threads (watchfiles' inotify thread, a
     # database pool), and a child forked while another thread holds a lock can wait on it
     # forever. The fork server is a clean single-threaded process that forks the workers.
-    step = max(1, len(file_list) // (n * 8))
+    # ProcessPoolExecutor, not Pool: a worker that dies breaks the pool (BrokenProcessPool)
+    # instead of being replaced behind our back while we wait.
+    step = max(1, len(file_list) // (n * 32))
     chunks = [file_list[i:i + step] for i in range(0, len(file_list), step)]
     done = 0
-    pool = _CONTEXT.Pool(n)
+    pool = futures.ProcessPoolExecutor(n, mp_context=_CONTEXT)
     try:
-        results = pool.imap(_parse_chunk, chunks)
-        for _ in chunks:
+        pending = [pool.submit(_parse_chunk, c) for c in chunks]
+        for fut in pending:
             waited = 0.0
             while True:
                 if cancel is not None and cancel():
                     raise Cancelled
                 try:
-                    chunk = results.next(timeout=_POLL_S)
+                    chunk = fut.result(timeout=_POLL_S)
                     break
-                except mp.TimeoutError:
+                except futures.TimeoutError:
                     waited += _POLL_S
                     if waited >= WORKER_TIMEOUT_S:
                         raise _PoolStuck from None
             done += len(chunk)
             yield from chunk
-        pool.close()
-    except _PoolStuck:
+    except (_PoolStuck, futures.process.BrokenProcessPool, OSError):
         # Degrade, never hang: what the pool did not deliver is parsed here.
         yield from (_parse_one(name, data) for name, data in file_list[done:])
     finally:
-        pool.terminate()  # also joins: no worker outlives the parse
-        pool.join()
+        # Queued chunks are dropped; a worker finishes at most the small chunk it holds.
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 class _PoolStuck(Exception):

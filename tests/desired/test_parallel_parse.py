@@ -62,7 +62,7 @@ def test_cancel_stops_a_parallel_parse_within_a_second_and_reaps_the_workers() -
     took = time.monotonic() - asked[0]
     busy.set()
     assert took < 1.0, took
-    assert [c for c in mp.active_children() if c.name.startswith("ForkServerPoolWorker")] == []
+    assert mp.active_children() == []  # the workers are gone, not left running
 
 
 def test_a_stuck_pool_falls_back_to_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
