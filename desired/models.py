@@ -354,6 +354,36 @@ class Blocker(_Model):
     message: str
 
 
+# What sysfs reports, stripped: printable ASCII, no leading or trailing blank.
+SYSFS_TEXT_RE = r"^[!-~]([ -~]{0,62}[!-~])?$"
+WWID_RE = r"^(eui|nvme|uuid|naa)\.[0-9A-Za-z._-]{1,200}$"
+SECTOR_BYTES = 512
+
+
+class NvmeIdentity(_Model):
+    """The slot disk as discovery read it when the slot was approved (sysfs of the namespace).
+
+    The host reads the same attributes from the block device its by-id link
+    resolves to before every write, wipe and verify, and refuses on any
+    difference (`host.disk.identity_changed`): a re-pointed or reused by-id
+    link never sends a wipe to another disk. Every field recorded here is
+    compared; `size_bytes` always is. A loop device (lab hosts) is known by its
+    `backing_file` instead of a serial.
+    """
+
+    model: Annotated[str, Field(pattern=SYSFS_TEXT_RE)] | None = None
+    serial: Annotated[str, Field(pattern=SYSFS_TEXT_RE)] | None = None
+    wwid: Annotated[str, Field(pattern=WWID_RE)] | None = None
+    size_bytes: int = Field(ge=SECTOR_BYTES, le=2**63 - SECTOR_BYTES, multiple_of=SECTOR_BYTES)  # sysfs: sectors
+    backing_file: Annotated[str, Field(pattern=r"^/[^\x00-\x1f\x7f]{0,4095}$")] | None = None
+
+    @model_validator(mode="after")
+    def _identifies(self) -> NvmeIdentity:
+        if not (self.serial or self.wwid or self.backing_file):
+            raise ValueError("an identity needs a serial, a wwid or (loop devices) a backing_file, not a size alone")
+        return self
+
+
 class Slot(_Model):
     slot_index: int = Field(ge=0, le=255)
     gpu_pci_address: PciAddress
@@ -363,6 +393,7 @@ class Slot(_Model):
     slot_group: Name
     pcie_pair: Name | None = None
     nvme_device: ByIdPath
+    nvme_identity: NvmeIdentity | None = None  # recorded by discovery; absent: the by-id path alone
     network_fabric: Annotated[Fabric, Strict(False)]
     fabric_vf_pci_address: PciAddress | None = None
     fabric_parent_device: str | None = None

@@ -10,7 +10,12 @@ comes in through `Observed`. The rules:
   after that is drift, healed only in self-heal mode;
 - a release gets the release phases still unproven, per slot for wipe,
   verify and report-free, so a blocked slot stops only itself;
-- drift is reported per slot in both modes; self-heal adds the heal steps.
+- drift is reported per slot in both modes; self-heal adds the heal steps;
+- a slot whose disk guard refused the disk's identity (a blocked wipe
+  record with identity evidence, written by the phase that met it) reports
+  `drift.identity.changed` until an operator clears the block: the by-id path
+  no longer leads to the approved disk, and only a person (or git) decides
+  which disk is right.
 
 Ordering: releases first (they free leases and disks), then provisions, then
 heals.
@@ -18,7 +23,8 @@ heals.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from host_reconciler import domains
 from host_reconciler.actions import (
@@ -31,7 +37,7 @@ from host_reconciler.actions import (
     Step,
 )
 from host_reconciler.hostplans import HostPlan, SlotBundle, VmSpec
-from host_reconciler.observations import DomainObs, Observed, Progress
+from host_reconciler.observations import DomainObs, Observed, Progress, WipeRecord
 
 VFIO_DRIVER = "vfio-pci"
 
@@ -242,6 +248,18 @@ def _slot_drift(plan: HostPlan, bundle: SlotBundle, observed: Observed) -> Itera
                 expected="no signature",
                 observed=",".join(disk.signatures),
             )
+    refused = identity_refusal(observed.wipes.get(s))
+    if refused is not None:
+        rec = observed.wipes[s]
+        differs = [str(f) for f in refused.get("differs") or ()]
+        yield Drift(
+            DriftCode.IDENTITY_CHANGED,
+            s,
+            rec.blocked or f"slot {s} disk identity changed",
+            allocation_id=rec.allocation_id,
+            expected=_fields(refused.get("approved"), differs),
+            observed=_fields(refused.get("observed"), differs),
+        )
     for role, address in (("GPU", bundle.gpu_pci_address), ("VF", bundle.fabric_vf_pci_address)):
         dev = observed.pci.get(address) if address else None
         if dev is None:
@@ -261,6 +279,23 @@ def _slot_drift(plan: HostPlan, bundle: SlotBundle, observed: Observed) -> Itera
                 expected=VFIO_DRIVER,
                 observed=dev.driver or "none",
             )
+
+
+def identity_refusal(rec: WipeRecord | None) -> Mapping[str, Any] | None:
+    """The identity evidence of a slot blocked because its disk is not the approved one, else None."""
+    if rec is None or not rec.blocked:
+        return None
+    for step_evidence in rec.evidence.values():
+        found = step_evidence.get("identity") if isinstance(step_evidence, Mapping) else None
+        if isinstance(found, Mapping):
+            return found
+    return None
+
+
+def _fields(identity: object, names: list[str]) -> str | None:
+    if not isinstance(identity, Mapping):
+        return None
+    return " ".join(f"{n}={identity.get(n)}" for n in names) or None
 
 
 def _vm_drift(plan: HostPlan, vm: VmSpec, observed: Observed, options: domains.DomainOptions) -> Iterable[Drift]:

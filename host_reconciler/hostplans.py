@@ -3,11 +3,17 @@
 Written by the central reconciler (one row per node, with a generation) and
 read by that node's host reconciler only. Serialised as JSON in PostgreSQL
 (`host_plans.spec`); `to_json`/`from_json` are the only codec.
+
+Compatibility: a field added later is optional and left out of the JSON while
+it has no value (`disk_identities`), so a plan without it is byte-for-byte the
+plan an older writer made (no generation bump on upgrade) and an older host
+can still read it.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,6 +27,59 @@ def vm_name(allocation_id: str) -> str:
 
 def vm_uuid(allocation_id: str) -> str:
     return str(uuid.uuid5(_VM_NAMESPACE, allocation_id))
+
+
+IDENTITY_FIELDS = ("model", "serial", "wwid", "size_bytes", "backing_file")
+
+
+@dataclass(frozen=True, slots=True)
+class DiskIdentity:
+    """A slot disk's approved identity (SlotMap `nvme_identity`), as sysfs spells it.
+
+    Fields left None were not recorded and are not compared; `size_bytes` always is.
+    """
+
+    size_bytes: int
+    model: str | None = None
+    serial: str | None = None
+    wwid: str | None = None
+    backing_file: str | None = None  # a loop device (lab hosts)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The recorded fields only (the JSON of the plan and of evidence)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def differences(self, seen: DiskIdentity) -> list[str]:
+        """The fields this (approved) identity records that `seen` does not match, in a fixed order."""
+        return [f for f in IDENTITY_FIELDS if getattr(self, f) is not None and getattr(self, f) != getattr(seen, f)]
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any] | None) -> DiskIdentity | None:
+        if not doc:
+            return None
+        return cls(
+            size_bytes=int(doc["size_bytes"]),
+            model=_opt_str(doc.get("model")),
+            serial=_opt_str(doc.get("serial")),
+            wwid=_opt_str(doc.get("wwid")),
+            backing_file=_opt_str(doc.get("backing_file")),
+        )
+
+
+def _opt_str(v: object) -> str | None:
+    return None if v is None else str(v)
+
+
+@dataclass(frozen=True, slots=True)
+class SlotIdentity:
+    """The approved identity of one slot's disk.
+
+    Kept beside `HostPlan.slots`, not in the bundles: a bundle shapes the
+    domain and its spec digest, the identity only guards the disk.
+    """
+
+    slot_index: int
+    nvme_identity: DiskIdentity
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,15 +145,30 @@ class HostPlan:
     releases: tuple[VmSpec, ...] = ()  # allocations to stop, clean and wipe
     # Every approved slot of the node (free ones too), for drift and wipe checks.
     slots: tuple[SlotBundle, ...] = field(default=())
+    # The approved disk identity of the slots whose SlotMap records one.
+    disk_identities: tuple[SlotIdentity, ...] = ()
+
+    def nvme_identity(self, slot_index: int) -> DiskIdentity | None:
+        return next((i.nvme_identity for i in self.disk_identities if i.slot_index == slot_index), None)
 
 
 def to_json(plan: HostPlan) -> dict[str, Any]:
-    return asdict(plan)
+    doc = asdict(plan)
+    doc.pop("disk_identities")
+    if plan.disk_identities:
+        doc["disk_identities"] = [
+            {"slot_index": i.slot_index, "nvme_identity": i.nvme_identity.as_dict()} for i in plan.disk_identities
+        ]
+    return doc
 
 
 def from_json(doc: dict[str, Any]) -> HostPlan:
     def bundle(d: dict[str, Any]) -> SlotBundle:
         return SlotBundle(**d)
+
+    def identity(d: dict[str, Any]) -> SlotIdentity | None:
+        found = DiskIdentity.from_dict(d.get("nvme_identity"))
+        return SlotIdentity(int(d["slot_index"]), found) if found is not None else None
 
     def vm(d: dict[str, Any]) -> VmSpec:
         d = dict(d)
@@ -109,4 +183,5 @@ def from_json(doc: dict[str, Any]) -> HostPlan:
     d["vms"] = tuple(vm(v) for v in d.get("vms", ()))
     d["releases"] = tuple(vm(v) for v in d.get("releases", ()))
     d["slots"] = tuple(bundle(s) for s in d.get("slots", ()))
+    d["disk_identities"] = tuple(i for i in map(identity, d.get("disk_identities", ())) if i is not None)
     return HostPlan(**d)

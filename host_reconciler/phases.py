@@ -10,18 +10,27 @@ identity, readiness timings, wipe evidence).
 
 Failures are exceptions of the project's two kinds; `converging` decides
 what a failure means (retry, failed VM, cleanup-blocked slot) in one place.
+One refusal also leaves a mark on its slot, whatever phase met it: a disk
+whose identity is not the approved one (`host.disk.identity_changed`) blocks
+that slot the way a failed wipe does, with a blocked wipe record carrying the
+identity evidence (so `diff.drift` reports `drift.identity.changed` on every
+pass): nothing may write, wipe or free that disk until an operator or a new
+approval in git acts. `converging` records it for wipe and verify, as any
+cleanup failure; `host_checks` and `disk_write` record it themselves before
+re-raising, and drop their own mark once the slot's disk passes again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from host_reconciler import cloudinit, domains, images, topology
-from host_reconciler.actions import Action, Step
+from host_reconciler.actions import PROVISION_STEPS, Action, Step
 from host_reconciler.drivers import disks as disk_driver
 from host_reconciler.drivers.disks import DiskDriver
 from host_reconciler.drivers.dnsmasq import DhcpDriver, reservation_for
@@ -96,7 +105,13 @@ class Context:
     def slot_disk(self, vm: VmSpec, slot_index: int) -> disk_driver.SlotDisk:
         for b in vm.bundles:
             if b.slot_index == slot_index:
-                return disk_driver.slot_disk(slot_index, b.nvme_device, self.approved(), self.plan.os_disk)
+                return disk_driver.slot_disk(
+                    slot_index,
+                    b.nvme_device,
+                    self.approved(),
+                    self.plan.os_disk,
+                    self.plan.nvme_identity(slot_index),
+                )
         raise PermanentError(f"slot {slot_index} is not a slot of {vm.allocation_id}", code="host.slot.unknown")
 
     def placement(self, vm: VmSpec) -> topology.CpuPlacement:
@@ -175,8 +190,47 @@ def host_checks(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
                     code="host.hugepages.unavailable",
                 )
     for b in v.bundles:
-        ctx.drivers.disks.check(ctx.slot_disk(v, b.slot_index))
+        with _identity_blocks(ctx, v, b.slot_index, action.step):
+            ctx.drivers.disks.check(ctx.slot_disk(v, b.slot_index))
+    _unblock_identity(ctx, v, [b.slot_index for b in v.bundles])
     return {"cpuset": placement.cpuset, "nodeset": list(placement.nodeset)}
+
+
+@contextlib.contextmanager
+def _identity_blocks(ctx: Context, vm: VmSpec, slot: int, step: Step) -> Iterator[None]:
+    """Block `slot` when its disk is not the approved one (module docstring), then re-raise."""
+    try:
+        yield
+    except disk_driver.IdentityChanged as e:
+        ctx.state.write_wipe(
+            slot,
+            vm.allocation_id,
+            wiped=False,
+            verified=False,
+            blocked=f"{e.code}: {e.message}",
+            evidence={str(step): e.evidence},
+        )
+        raise
+
+
+def _unblock_identity(ctx: Context, vm: VmSpec, slots: list[int]) -> None:
+    """The disks of `slots` just passed the guard: drop the identity blocks an earlier pass left.
+
+    Only this allocation's own provisioning marks go (the link was fixed, or git
+    approved the new disk); a wipe or verify refusal of a release stays for an
+    operator, as every cleanup block does.
+    """
+    wipes = ctx.state.read_wipes()
+    for slot in slots:
+        rec = wipes.get(slot)
+        if (
+            rec is not None
+            and rec.allocation_id == vm.allocation_id
+            and not rec.wiped
+            and (rec.blocked or "").startswith(f"{disk_driver.IdentityChanged.code}:")
+            and any(k in PROVISION_STEPS for k in rec.evidence)
+        ):
+            ctx.state.clear_blocked(slot)
 
 
 def vfio_check(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
@@ -246,9 +300,11 @@ def disk_write(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
         token = images.VerifiedImage(**recorded)
     else:
         token = images.verify(images.resolve(ctx.settings.image_dir, v.image), digest)
-    evidence = ctx.drivers.disks.write_image(
-        ctx.slot_disk(v, boot.slot_index), token, digest=digest, image_format=v.image.image_format
-    )
+    with _identity_blocks(ctx, v, boot.slot_index, action.step):
+        evidence = ctx.drivers.disks.write_image(
+            ctx.slot_disk(v, boot.slot_index), token, digest=digest, image_format=v.image.image_format
+        )
+    _unblock_identity(ctx, v, [boot.slot_index])
     return {"disk_write": evidence}
 
 

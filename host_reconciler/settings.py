@@ -12,7 +12,7 @@ to loop devices, and a network namespace.
       "image_dir": "/var/lib/gpuaas/images",
       "by_id_root": "/dev/disk/by-id",
       "sysfs_root": "/sys",
-      "discovery_root": null,          # a sysfs root to run the discovery gate on ("/" on a host)
+      "discovery_root": "auto",        # the host root the discovery gate reads (see below); null: off
       "vfio_bind": false,              # bind GPUs/VFs to vfio-pci if needed (explicit opt-in)
       "drift_mode": "report",          # or "self-heal"
       "domain_type": null,             # kvm | qemu | test (null: from the URI)
@@ -27,6 +27,15 @@ to loop devices, and a network namespace.
       "pci": "sysfs",                  # or "fake-vfio" (no GPUs on this machine)
       "poll_interval_s": 10
     }
+
+The discovery gate (`host_reconciler.discovery`: GPUs, VFs, NUMA nodes, slot
+disks against the approved slots) runs by default wherever sysfs is there:
+"auto" is the root that holds `sysfs_root` ("/" for "/sys") when the host
+reads its PCI devices from sysfs (`pci: sysfs`) and `<sysfs_root>/class/block`
+exists. A lab host without GPUs (`pci: fake-vfio`) has no hardware to gate,
+so "auto" is off there. A path points the gate at a recorded tree
+(`examples/sysfs/...`); null turns it off. The disk guard's identity check
+does not depend on it: it always reads the real block device in /sys.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from host_reconciler.drivers.disks import DiskSettings
 from reconciler.errors import PermanentError
 
 ENV_CONFIG = "GPUAAS_HOST_CONFIG"
+AUTO: Literal["auto"] = "auto"
 
 
 class SettingsError(PermanentError):
@@ -58,7 +68,7 @@ class HostSettings:
     by_id_root: Path = Path("/dev/disk/by-id")
     mountinfo: Path = Path("/proc/self/mountinfo")
     sysfs_root: Path = Path("/sys")
-    discovery_root: Path | None = None
+    discovery_root: Path | Literal["auto"] | None = AUTO  # never "auto" once built: see __post_init__
     vfio_bind: bool = False
     drift_mode: DriftMode = DriftMode.REPORT
     domain_type: str | None = None
@@ -78,6 +88,10 @@ class HostSettings:
     graceful_poll_s: float = 0.5
     wipe_sample_count: int = 64
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.discovery_root == AUTO:
+            object.__setattr__(self, "discovery_root", default_discovery_root(self.sysfs_root, self.pci))
 
     def domain_options(self, *, seed_iso: str | None = None) -> DomainOptions:
         from host_reconciler.drivers.libvirt_driver import default_domain_type
@@ -104,6 +118,13 @@ class HostSettings:
         return self.dhcp_state_dir or self.state_dir / "dnsmasq"
 
 
+def default_discovery_root(sysfs_root: Path, pci: str) -> Path | None:
+    """What "auto" means (module docstring): the host root over `sysfs_root`, or None (off)."""
+    if pci != "sysfs" or not (sysfs_root / "class" / "block").is_dir():
+        return None
+    return sysfs_root.parent
+
+
 _PATHS = {
     "state_dir",
     "image_dir",
@@ -122,7 +143,9 @@ def from_dict(node: str, doc: dict[str, Any]) -> HostSettings:
         raise SettingsError(f"unknown host settings: {', '.join(unknown)}", code="host.settings.unknown")
     values: dict[str, Any] = {}
     for k, v in doc.items():
-        if k in _PATHS:
+        if k == "discovery_root" and v == AUTO:
+            values[k] = AUTO
+        elif k in _PATHS:
             values[k] = Path(v) if v is not None else None
         elif k == "drift_mode":
             try:

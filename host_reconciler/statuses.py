@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from host_reconciler import domains
+from host_reconciler import diff, domains
 from host_reconciler.actions import BLOCKING_DRIFT, Action, Drift, DriftMode, Step
 from host_reconciler.hostplans import HostPlan, VmSpec
 from host_reconciler.observations import Observed, WipeRecord
@@ -147,7 +147,7 @@ def wipe_evidence(rec: WipeRecord | None) -> dict[str, Any]:
     ev = dict(rec.evidence)
     verify = ev.get("verify") or {}
     wipe = ev.get("wipe") or {}
-    return {
+    doc: dict[str, Any] = {
         "device": verify.get("device") or wipe.get("device"),
         "resolved": verify.get("resolved") or wipe.get("resolved"),
         "method": wipe.get("method"),
@@ -160,6 +160,10 @@ def wipe_evidence(rec: WipeRecord | None) -> dict[str, Any]:
         "wipe": wipe,
         "verify": verify,
     }
+    refused = diff.identity_refusal(rec)
+    if refused is not None:  # why the slot is blocked: its disk is not the approved one
+        doc["identity"] = dict(refused)
+    return doc
 
 
 @dataclass

@@ -20,6 +20,12 @@ Pairing, in a stable order:
    is used only when nothing else is left, and carries `disk.os_disk`.
 4. MAC = 52:54 + the first 4 bytes of sha256("<node>:<slot_index>"); IP =
    the management network's DHCP start + slot_index (10.100.0.10 + slot).
+5. Each slot records its disk's identity as sysfs reports it
+   (`nvme_identity`: model, serial, wwid, size_bytes), so the approval names
+   the physical disk and not only a by-id link: the host refuses to write a
+   disk whose identity differs, and the gate reports it. A value the schema
+   cannot hold (non-ASCII, a wwid of an unknown form) is left out, never
+   guessed; a disk with neither serial nor wwid gets no identity.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ from reconciler.errors import PermanentError
 DEFAULT_WIPE_POLICY = "wipefs-blkdiscard-verify"
 NODE_INVALID = "discovery.node.invalid"
 _NAME = re.compile(m.NAME_RE)
+_SYSFS_TEXT = re.compile(m.SYSFS_TEXT_RE)
+_WWID = re.compile(m.WWID_RE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +285,19 @@ def pairings(discovery: facts.Discovery) -> tuple[Pairing, ...]:
     return tuple(out)
 
 
+def nvme_identity(disk: facts.NvmeNamespace) -> dict[str, Any] | None:
+    """The `nvme_identity` a slot records for `disk` (point 5 of the module docstring)."""
+    found: dict[str, Any] = {}
+    for key, value, pattern in (("model", disk.model, _SYSFS_TEXT), ("serial", disk.serial, _SYSFS_TEXT),
+                                ("wwid", disk.wwid, _WWID)):  # fmt: skip
+        if value and pattern.match(value):
+            found[key] = value
+    if not ({"serial", "wwid"} & set(found)) or disk.size_bytes < m.SECTOR_BYTES:
+        return None
+    found["size_bytes"] = disk.size_bytes
+    return found
+
+
 def _slot(
     p: Pairing,
     disk: facts.NvmeNamespace,
@@ -299,6 +320,9 @@ def _slot(
         "nvme_device": by_id,
         "network_fabric": p.fabric.fabric if p.fabric is not None else "none",
     }
+    identity = nvme_identity(disk)
+    if identity is not None:
+        slot["nvme_identity"] = identity
     if p.vf is not None:
         slot["fabric_vf_pci_address"] = p.vf.pci_address
     if p.fabric is not None:

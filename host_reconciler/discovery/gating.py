@@ -12,6 +12,11 @@ same GPU (the candidate pairing), so the drift report reads as the edit the
 operator's next pull request would make. A value another approved slot
 already owns is never proposed.
 
+A disk is its by-id path and, when the approval recorded one, its
+`nvme_identity`: a by-id link that now leads to a namespace with another
+serial, wwid, model or size (a re-pointed link, a swapped drive) is
+`drift.disk_identity`, with the differing fields old -> new.
+
 Besides identity, a slot whose approved disk is now mounted by the host or
 holds the OS is blocked too: seed rule "never touch a disk that is mounted or
 is the OS disk". Signatures are not checked here: a disk in tenant use
@@ -25,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from desired import models as m
+from host_reconciler import hostplans
 from host_reconciler.discovery import candidates, facts
 
 # Stable codes. Do not change the string values.
@@ -35,6 +41,7 @@ VF_MISSING = "drift.vf_missing"
 VF_PARENT_CHANGED = "drift.vf_parent"
 FABRIC_PARENT_MISSING = "drift.fabric_parent_missing"
 DISK_MISSING = "drift.disk_missing"
+DISK_IDENTITY_CHANGED = "drift.disk_identity"
 DISK_MOUNTED = "drift.disk_mounted"
 DISK_OS = "drift.disk_os"
 
@@ -218,7 +225,7 @@ def _disk(
                 f"disk {slot.nvme_device} is gone" + (f"; discovery now proposes {new}" if new else ""),
             )
         ]
-    out = []
+    out = _identity(slot, disk)
     if disk.os_disk:
         out.append(
             Drift(
@@ -242,3 +249,27 @@ def _disk(
             )
         )
     return out
+
+
+def _identity(slot: m.Slot, disk: facts.NvmeNamespace) -> list[Drift]:
+    if slot.nvme_identity is None:
+        return []
+    # The comparison the host's disk guard makes; discovery reads NVMe namespaces only,
+    # so an approved loop device's backing file never matches here.
+    approved = hostplans.DiskIdentity(**slot.nvme_identity.model_dump())
+    seen = hostplans.DiskIdentity(size_bytes=disk.size_bytes, model=disk.model, serial=disk.serial, wwid=disk.wwid)
+    differs = approved.differences(seen)
+    if not differs:
+        return []
+    return [
+        Drift(
+            slot.slot_index,
+            DISK_IDENTITY_CHANGED,
+            "nvme_identity",
+            " ".join(f"{f}={getattr(approved, f)}" for f in differs),
+            " ".join(f"{f}={getattr(seen, f)}" for f in differs),
+            f"{slot.nvme_device} now leads to {disk.name}, which is not the approved disk ("
+            + ", ".join(f"{f} {getattr(approved, f)!r} -> {getattr(seen, f)!r}" for f in differs)
+            + ")",
+        )
+    ]

@@ -8,10 +8,16 @@ through `guard`, which refuses unless all of these hold:
 1. the device is the claimed slot's disk AND the plan's approved disk of
    that slot, spelled `/dev/disk/by-id/NAME` with a udev-safe NAME;
 2. `NAME` resolves (under the configured by-id root) to a block device;
-3. that block device, its partitions and its holders are not in
+3. when the approval recorded the disk's identity (SlotMap `nvme_identity`:
+   model, serial, wwid, size; a loop device's backing file), that block
+   device's sysfs directory (`/sys/dev/block/MAJ:MIN`, which is
+   `/sys/class/block/<name>`) reports the same values, field by field
+   (`host.disk.identity_changed`): a by-id link re-pointed at another disk,
+   or a drive swapped into the slot, is never written;
+4. that block device, its partitions and its holders are not in
    /proc/self/mountinfo nor /proc/swaps;
-4. it is not the OS disk, nor on the same whole disk as the OS disk;
-5. the kernel lets us open it with O_EXCL (a mounted or held block device
+5. it is not the OS disk, nor on the same whole disk as the OS disk;
+6. the kernel lets us open it with O_EXCL (a mounted or held block device
    answers EBUSY), a last check the kernel itself enforces.
 
 Release: `wipefs -a`, then `blkdiscard` (zeroing as fallback, also when a
@@ -39,6 +45,7 @@ from typing import Any, Protocol
 
 from host_reconciler import images
 from host_reconciler.drivers import tools
+from host_reconciler.hostplans import DiskIdentity
 from host_reconciler.observations import DiskObs
 from reconciler.errors import PermanentError, TemporaryError
 
@@ -46,6 +53,7 @@ BY_ID_PREFIX = "/dev/disk/by-id/"
 _BY_ID_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+@-]{0,200}$")
 MiB = 1 << 20
 BLKID_NOTHING_FOUND = 2  # `blkid -p` exit status when no signature was found
+SECTOR_BYTES = 512  # sysfs `size` counts 512-byte sectors whatever the logical block size
 
 
 class DiskRefused(PermanentError):
@@ -56,6 +64,16 @@ class DiskRefused(PermanentError):
     def __init__(self, message: str, *, code: str | None = None, device: str = "") -> None:
         super().__init__(message, code=code)
         self.device = device
+
+
+class IdentityChanged(DiskRefused):
+    """The block device behind the approved by-id path is not the approved disk."""
+
+    code = "host.disk.identity_changed"
+
+    def __init__(self, message: str, *, device: str, evidence: dict[str, Any]) -> None:
+        super().__init__(message, device=device)
+        self.evidence = evidence  # device, resolved, identity: kept with the slot's wipe record
 
 
 class WipeFailed(PermanentError):
@@ -78,6 +96,7 @@ class SlotDisk:
     device: str  # the claimed bundle's by-id path
     approved: str | None  # the plan's approved by-id path for this slot (plan.slots)
     os_disk: str  # the node's OS disk by-id path
+    identity: DiskIdentity | None = None  # the approved identity of that disk; None: not recorded
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +226,29 @@ class BlockDisks:
     def in_use_by_mount(self, device: str) -> tuple[str, ...]:
         return self._mounts_of(self._resolve(device))
 
+    def identity_of(self, device: str) -> DiskIdentity:
+        """What sysfs says about the block device `device` resolves to now."""
+        return read_identity(self.settings.sysfs_root, self._resolve(device).majmin)
+
+    def _check_identity(self, disk: SlotDisk, dev: _Dev) -> None:
+        if disk.identity is None:
+            return
+        seen = read_identity(self.settings.sysfs_root, dev.majmin)
+        differs = disk.identity.differences(seen)
+        if not differs:
+            return
+        detail = ", ".join(f"{f} {getattr(disk.identity, f)!r} -> {getattr(seen, f)!r}" for f in differs)
+        raise IdentityChanged(
+            f"slot {disk.slot_index}: {disk.device} now resolves to {dev.path}, which is not the approved "
+            f"disk ({detail}); nothing was written",
+            device=disk.device,
+            evidence={
+                "device": disk.device,
+                "resolved": dev.path,
+                "identity": {"differs": differs, "approved": disk.identity.as_dict(), "observed": seen.as_dict()},
+            },
+        )
+
     def _is_os_disk(self, dev: _Dev, os_disk: str) -> bool:
         try:
             os_dev = self._resolve(os_disk)
@@ -228,6 +270,7 @@ class BlockDisks:
                 device=disk.device,
             )
         dev = self._resolve(disk.device)
+        self._check_identity(disk, dev)
         if self._is_os_disk(dev, disk.os_disk):
             raise DiskRefused(
                 f"slot {disk.slot_index}: {disk.device} ({dev.path}) is the OS disk",
@@ -515,6 +558,35 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
-def slot_disk(slot_index: int, device: str, approved: Sequence[tuple[int, str]], os_disk: str) -> SlotDisk:
-    """Build the SlotDisk of a claimed slot from the plan's approved (slot_index, disk) list."""
-    return SlotDisk(slot_index, device, dict(approved).get(slot_index), os_disk)
+def read_identity(sysfs_root: Path, majmin: str) -> DiskIdentity:
+    """The identity sysfs reports for block device MAJ:MIN (missing attributes read as None).
+
+    NVMe: the namespace's `size` and `wwid`, its controller's (or native
+    multipath subsystem's) `device/model` and `device/serial`; a loop device:
+    `size` and `loop/backing_file`. Values are stripped, as discovery reads them.
+    """
+    base = sysfs_root / "dev" / "block" / majmin
+    sectors = _read(base / "size")
+    return DiskIdentity(
+        size_bytes=int(sectors) * SECTOR_BYTES if sectors.isdigit() else 0,
+        model=_read(base / "device" / "model") or None,
+        serial=_read(base / "device" / "serial") or None,
+        wwid=_read(base / "wwid") or None,
+        backing_file=_read(base / "loop" / "backing_file") or None,
+    )
+
+
+def slot_disk(
+    slot_index: int,
+    device: str,
+    approved: Sequence[tuple[int, str]],
+    os_disk: str,
+    identity: DiskIdentity | None = None,
+) -> SlotDisk:
+    """Build the SlotDisk of a claimed slot from the plan's approved (slot_index, disk) list.
+
+    `identity` is the approved identity of that slot's disk; it is kept only
+    when `device` is the approved disk (otherwise the guard refuses anyway).
+    """
+    approved_disk = dict(approved).get(slot_index)
+    return SlotDisk(slot_index, device, approved_disk, os_disk, identity if device == approved_disk else None)

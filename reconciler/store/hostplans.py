@@ -7,7 +7,10 @@ The plan of a node is derived from the store alone, never from git directly:
   profile, image ref and digest, SSH keys), so a later SKU or slot-map edit
   changes no running VM;
 - releases: allocations whose claims on the node are releasing;
-- slots: every approved slot the node still declares, free ones too.
+- slots: every approved slot the node still declares, free ones too;
+- disk_identities: the approved disk identity of the slots whose slot map
+  records one (`nvme_identity`), which the host's disk guard compares with
+  the block device before every write, wipe and verify.
 
 The generation goes up only when the spec changes, so re-applying a revision
 leaves every plan (and every host) alone. Writers of one node are
@@ -81,7 +84,7 @@ def build(conn: Connection, node: str, generation: int = 0) -> codec.HostPlan | 
         (releasing if status == "releasing" else running)[str(alloc)].append((str(cid), snap))
     slots = conn.execute(
         "SELECT slot_index, gpu_pci_address, fabric_vf_pci_address, nvme_device, mac_address,"
-        " host(private_ip) AS private_ip, numa_node FROM node_resource_slots"
+        " host(private_ip) AS private_ip, numa_node, nvme_identity FROM node_resource_slots"
         " WHERE node_id = %s AND present AND approved ORDER BY slot_index", (node_id,)).fetchall()
     dhcp = net.get("dhcp_range", {})
     return codec.HostPlan(
@@ -96,7 +99,9 @@ def build(conn: Connection, node: str, generation: int = 0) -> codec.HostPlan | 
         slots=tuple(codec.SlotBundle(slot_index=int(i), gpu_pci_address=str(g), fabric_vf_pci_address=vf,
                                      nvme_device=str(d), mac_address=str(mac), private_ip=str(ip),
                                      numa_node=int(numa))
-                    for i, g, vf, d, mac, ip, numa in slots),
+                    for i, g, vf, d, mac, ip, numa, _ in slots),
+        disk_identities=tuple(codec.SlotIdentity(int(row[0]), identity) for row in slots
+                              if (identity := codec.DiskIdentity.from_dict(row[7])) is not None),
     )
 
 

@@ -84,10 +84,10 @@ NODES = _Table("nodes", "node", ("name",), (
     "management_network"), frozenset({"management_network"}))
 SLOTS = _Table("node_resource_slots", "slot", ("node_id", "slot_index"), (
     "gpu_model", "gpu_pci_address", "gpu_uuid", "numa_node", "slot_group", "pcie_pair", "nvme_device",
-    "network_fabric", "fabric_vf_pci_address", "fabric_parent_device", "fabric_claim_mode",
+    "nvme_identity", "network_fabric", "fabric_vf_pci_address", "fabric_parent_device", "fabric_claim_mode",
     "mac_address", "private_ip", "vcpu_count", "memory_mib", "sharing_model", "max_claims",
     "parent_slot_id", "compute_milli", "capacity_metadata", "blockers", "approved", "enabled",
-    "eligible", "ineligible_reasons"), frozenset({"capacity_metadata", "blockers"}))
+    "eligible", "ineligible_reasons"), frozenset({"nvme_identity", "capacity_metadata", "blockers"}))
 ALLOCATIONS = _Table("allocations", "allocation", ("id",), (
     "tenant", "sku", "gpu_count", "region", "image", "ssh_keys", "vm_profile", "desired_state",
     "requested_at"))
@@ -185,6 +185,7 @@ def _slot_rows(smap: m.SlotMap, node_id: Any) -> Iterable[Row]:
             "node_id": node_id, "slot_index": s.slot_index, "gpu_model": s.gpu_model,
             "gpu_pci_address": s.gpu_pci_address, "gpu_uuid": s.gpu_uuid, "numa_node": s.numa_node,
             "slot_group": s.slot_group, "pcie_pair": s.pcie_pair, "nvme_device": s.nvme_device,
+            "nvme_identity": s.nvme_identity.model_dump(mode="json", exclude_none=True) if s.nvme_identity else None,
             "network_fabric": s.network_fabric.value, "fabric_vf_pci_address": s.fabric_vf_pci_address,
             "fabric_parent_device": s.fabric_parent_device,
             "fabric_claim_mode": s.fabric_claim_mode.value if s.fabric_claim_mode else None,
@@ -222,7 +223,8 @@ def _plain_json(value: Any) -> Any:
 
 
 def _params(table: _Table, row: Row, revision: str) -> Row:
-    out = {k: _jsonb(v) if k in table.json_columns else v for k, v in row.items()}
+    # None stays SQL NULL (an optional JSON column such as nvme_identity), not JSON null.
+    out = {k: _jsonb(v) if k in table.json_columns and v is not None else v for k, v in row.items()}
     out["revision"] = revision
     return out
 

@@ -17,10 +17,10 @@ import pytest
 import yaml
 
 from desired import models as m
+from host_reconciler.discovery import candidates, discovering, facts, gating
 from host_reconciler.discovery import cli as discovery_cli
-from host_reconciler.discovery import discovering, facts, gating
 from reconciler import cli
-from tests.discovery.conftest import FLEET, move_pci_function
+from tests.discovery.conftest import FLEET, move_pci_function, relink
 
 APPROVED = FLEET / "slotmaps" / "h200-use1-s01.yaml"
 
@@ -208,3 +208,37 @@ def test_gate_reads_any_by_id_alias(approved: m.SlotMap, h200: facts.Discovery) 
     eui = next(a for a in disk.by_id_aliases if "eui." in a)
     slots = (approved.slots[0].model_copy(update={"nvme_device": eui}), *approved.slots[1:])
     assert gating.gate(approved.model_copy(update={"slots": slots}), h200).blocked == {}
+
+
+def _with_identities(approved: m.SlotMap, found: facts.Discovery) -> m.SlotMap:
+    """The approved map as discovery records it now: each slot with its disk's nvme_identity."""
+    slots = []
+    for s in approved.slots:
+        disk = found.disk_by_id(s.nvme_device)
+        assert disk is not None
+        identity = candidates.nvme_identity(disk)
+        slots.append(s.model_copy(update={"nvme_identity": m.NvmeIdentity.model_validate(identity)}))
+    return approved.model_copy(update={"slots": tuple(slots)})
+
+
+def test_recorded_identity_matches_the_host_it_was_read_from(approved: m.SlotMap, h200: facts.Discovery) -> None:
+    assert gating.gate(_with_identities(approved, h200), h200).blocked == {}
+
+
+def test_repointed_by_id_link_is_an_identity_change_of_that_slot_only(
+    approved: m.SlotMap, h200: facts.Discovery, tree_copy: Callable[[str], Path]
+) -> None:
+    """slot 0's by-id link now leads to nvme1n1 (slot 1's disk): the path still resolves, the disk is another."""
+    with_ids = _with_identities(approved, h200)
+    root = tree_copy("xe9680l-h200")
+    link = with_ids.slots[0].nvme_device.removeprefix("/")
+    relink(root, link, root / "dev" / "nvme1n1")
+    result = gating.gate(with_ids, discovering.discover(root))
+    assert list(result.blocked) == [0]
+    (drift,) = result.blocked[0]
+    assert (drift.code, drift.field) == (gating.DISK_IDENTITY_CHANGED, "nvme_identity")
+    assert drift.old == "serial=S6EXNA0W100 wwid=eui.0025388500001c0a"
+    assert drift.new == "serial=S6EXNA0W101 wwid=eui.0025388500013d0a"
+    assert "nvme1n1" in drift.message
+    # Without a recorded identity the same host passes: the by-id path alone cannot tell.
+    assert gating.gate(approved, discovering.discover(root)).blocked == {}

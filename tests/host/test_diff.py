@@ -185,12 +185,32 @@ def codes(found: list) -> list[tuple[int | None, str]]:
                                                  "0000:1c:00.1", "0000:1c:00.2"),)},
          [(2, DriftCode.IDENTITY_CHANGED)]),
         ("orphan lease", {"leases": {0: "alloc-a", 2: "alloc-zombie"}}, [(2, DriftCode.LEASE_ORPHAN)]),
+        ("disk identity refused", {"wipes": {1: WipeRecord(1, "alloc-r", True, True), 2: WipeRecord(
+            2, "alloc-x", False, False, blocked="host.disk.identity_changed: slot 2: ...", evidence={"wipe": {
+                "identity": {"differs": ["serial"], "approved": {"serial": "A"}, "observed": {"serial": "B"}}}})}},
+         [(2, DriftCode.IDENTITY_CHANGED)]),
+        ("a cleared identity block is no drift", {"wipes": {2: WipeRecord(2, "alloc-x", False, False, evidence={
+            "host_checks": {"identity": {"differs": ["serial"]}}})}}, []),
+        ("another cleanup block is no identity drift", {"wipes": {2: WipeRecord(
+            2, "alloc-x", True, False, blocked="host.disk.verify_failed: ...", evidence={"verify": {}})}}, []),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
 def test_drift(story: str, changes: dict, expected: list[tuple[int | None, str]]) -> None:
     assert codes(diff.drift(PLAN, replace_obs(ACTIVE, **changes), options=OPTS)) == [
         (s, str(c)) for s, c in expected]
+
+
+def test_identity_drift_names_the_approved_and_the_found_disk() -> None:
+    rec = WipeRecord(2, "alloc-x", False, False, blocked="host.disk.identity_changed: slot 2: not the approved disk",
+                     evidence={"disk_write": {"identity": {"differs": ["serial", "size_bytes"],
+                                                           "approved": {"serial": "A", "size_bytes": 512},
+                                                           "observed": {"serial": "B", "size_bytes": 1024}}}})
+    (found,) = diff.drift(PLAN, replace_obs(ACTIVE, wipes={2: rec}), options=OPTS)
+    assert (found.code, found.slot_index, found.allocation_id) == (DriftCode.IDENTITY_CHANGED, 2, "alloc-x")
+    assert (found.expected, found.observed) == ("serial=A size_bytes=512", "serial=B size_bytes=1024")
+    assert found.message == rec.blocked
+    assert found.heal is None  # self-heal never decides which disk is right
 
 
 def test_report_mode_never_heals_self_heal_does() -> None:
