@@ -71,6 +71,11 @@ def _gate(ctx: Context) -> tuple[tuple[GateFinding, ...], bool]:
     return tuple(GateFinding(d.slot_index, d.code, d.message, _s(d.old), _s(d.new)) for d in result.drifts), True
 
 
+def _identity(m: Any, found: Any) -> Any:
+    """The plan's approved disk identity as the SlotMap model spells it (the gate compares it every pass)."""
+    return None if found is None else m.NvmeIdentity.model_construct(**found.as_dict())
+
+
 def approved_slot_map(ctx: Context) -> Any:
     """The approved SlotMap the gate compares with, rebuilt from the plan's approved slots.
 
@@ -93,6 +98,7 @@ def approved_slot_map(ctx: Context) -> Any:
             fabric_parent_device=None,
             mac_address=s.mac_address,
             private_ip=s.private_ip,
+            nvme_identity=_identity(m, ctx.plan.nvme_identity(s.slot_index)),
         )
         for s in ctx.plan.slots
     )

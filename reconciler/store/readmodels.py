@@ -150,7 +150,8 @@ _SLOT_FIELDS = ("slot_index", "gpu_pci_address", "gpu_model", "gpu_uuid", "numa_
 
 
 def _slot_map(node: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    slots = [{**{k: r[k] for k in _SLOT_FIELDS}, "private_ip": str(r["private_ip"])} for r in rows]
+    slots = [{**{k: r[k] for k in _SLOT_FIELDS}, "private_ip": str(r["private_ip"]),
+              **({"nvme_identity": r["nvme_identity"]} if r.get("nvme_identity") else {})} for r in rows]
     return {**_DOC, "kind": "SlotMap", "node": node, "approval_required": not all(r["approved"] for r in rows),
             "slots": slots}
 
