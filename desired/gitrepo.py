@@ -8,12 +8,13 @@ the commit it recorded, whatever the working tree holds.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import git
 
 from desired import loading, yamlio
+from desired import problems as p
 
 _MAX_BLOB = yamlio.MAX_FILE_BYTES + 1
 
@@ -52,8 +53,17 @@ def check_ref_name(name: str, what: str = "name") -> str:
     return name
 
 
-def iter_revision(root: Path, rev: str) -> Iterator[tuple[str, bytes]]:
-    """Yield (path, bytes) of every YAML blob in `rev`, sorted by path."""
+_SYMLINK_MODE = "120000"
+_GITLINK_MODE = "160000"
+
+
+def revision_refs(root: Path, rev: str) -> list[loading.FileRef]:
+    """Every YAML file of `rev` under root as a FileRef (blob id as key, bytes read on demand), by path.
+
+    One `git ls-tree` lists the tree with modes and blob ids, so a caller with
+    a cache reads only blobs it has not parsed yet. A symlink in the tree
+    (mode 120000) is never resolved: it is refused with `desired.file.symlink`.
+    """
     try:
         repo = git.Repo(root, search_parent_directories=True)
         commit = repo.commit(rev)
@@ -63,24 +73,50 @@ def iter_revision(root: Path, rev: str) -> Iterator[tuple[str, bytes]]:
         raise RevisionError(f"unknown revision {rev!r}") from e
     top = Path(repo.working_tree_dir or root).resolve()
     prefix = Path(root).resolve().relative_to(top).as_posix()
-    try:
-        tree = commit.tree if prefix in ("", ".") else commit.tree / prefix
-    except KeyError as e:
-        raise RevisionError(f"{prefix} does not exist at revision {rev}") from e
-    blobs: list[tuple[str, git.Blob]] = []
-    for item in tree.traverse():
-        if not isinstance(item, git.Blob):
+    prefix = "" if prefix in ("", ".") else prefix
+    if prefix:
+        try:
+            commit.tree / prefix
+        except KeyError as e:
+            raise RevisionError(f"{prefix} does not exist at revision {rev}") from e
+    # The commit id is 40 hex characters and the path comes after '--': nothing here reads as an option.
+    listing = repo.git.ls_tree("-r", "-z", "--full-tree", commit.hexsha, "--", *([prefix] if prefix else []))
+    refs: list[loading.FileRef] = []
+    for entry in listing.split("\0"):
+        if not entry:
             continue
-        path = str(item.path)
-        if not path.endswith(loading.YAML_SUFFIXES):
+        meta, path = entry.split("\t", 1)
+        mode, kind, sha = meta.split(" ")
+        if kind != "blob" or mode == _GITLINK_MODE or not path.endswith(loading.YAML_SUFFIXES):
             continue
-        rel = path if prefix in ("", ".") else path[len(prefix) + 1 :]
+        rel = path[len(prefix) + 1:] if prefix else path
         if any(part in loading.SKIP_DIRS or part.startswith(".") for part in rel.split("/")[:-1]):
             continue
-        blobs.append((rel, item))
-    for rel, blob in sorted(blobs, key=lambda x: x[0]):
+        if mode == _SYMLINK_MODE:
+            refused = loading.Refused(p.FILE_SYMLINK, "is a symbolic link; only regular files inside the repo are read")
+            refs.append(loading.FileRef(rel, None, _constant(refused)))
+        else:
+            refs.append(loading.FileRef(rel, sha, _blob_reader(repo, sha)))
+    refs.sort(key=lambda r: r.name)
+    return refs
+
+
+def _constant(data: loading.FileData) -> Callable[[], loading.FileData]:
+    return lambda: data
+
+
+def _blob_reader(repo: git.Repo, sha: str) -> Callable[[], loading.FileData]:
+    def read() -> loading.FileData:
         # Oversized blobs are cut just past the limit: the reader refuses them by size.
-        yield rel, bytes(blob.data_stream.read(_MAX_BLOB))
+        return bytes(repo.odb.stream(bytes.fromhex(sha)).read(_MAX_BLOB))
+
+    return read
+
+
+def iter_revision(root: Path, rev: str) -> Iterator[tuple[str, loading.FileData]]:
+    """Yield (path, bytes or Refused) of every YAML file in `rev`, sorted by path."""
+    for ref in revision_refs(root, rev):
+        yield ref.name, ref.read()
 
 
 def resolve(root: Path, rev: str) -> str:

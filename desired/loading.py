@@ -7,11 +7,14 @@ the first bad file: a reviewer wants the whole list in one CI run.
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import multiprocessing as mp
 import os
-from collections.abc import Callable, Iterable, Iterator
+import stat
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,7 @@ from pydantic import ValidationError
 
 from desired import models as m
 from desired import problems as p
-from desired.yamlio import Document, YamlProblem, read_documents
+from desired.yamlio import MAX_FILE_BYTES, Document, YamlProblem, read_documents
 
 YAML_SUFFIXES = (".yaml", ".yml")
 SKIP_DIRS = frozenset({".git", ".venv", ".gpuaas", "node_modules", "__pycache__"})
@@ -87,16 +90,78 @@ class LoadResult:
         return [x for x in self.problems if x.severity is p.Severity.WARNING]
 
 
-def iter_directory(root: Path) -> Iterator[tuple[str, bytes]]:
-    """Yield (relative path, bytes) for every YAML file under root, sorted."""
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A file that is not read at all: a symlink, a FIFO, a device (the reason is reported at its path)."""
+
+    code: str
+    message: str
+
+
+FileData = bytes | Refused
+
+
+def blob_id(data: bytes) -> str:
+    """git's name for these bytes (`git hash-object`): the cache key of a working-tree file."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+def read_regular(path: Path) -> FileData:
+    """The bytes of a regular file, never following a symlink, never blocking on a FIFO or device.
+
+    At most MAX_FILE_BYTES + 1 bytes are read (the reader refuses the file by
+    size), so a file that grows while it is read cannot exhaust memory.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return Refused(p.FILE_SYMLINK, "is a symbolic link; only regular files inside the repo are read")
+        return Refused(p.FILE_UNREADABLE, f"cannot be read: {e.strerror}")
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return Refused(p.FILE_NOT_REGULAR, "is not a regular file (a FIFO, socket or device); it is not read")
+        chunks: list[bytes] = []
+        left = MAX_FILE_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError as e:
+        return Refused(p.FILE_UNREADABLE, f"cannot be read: {e.strerror}")
+    finally:
+        os.close(fd)
+
+
+def iter_directory(root: Path) -> Iterator[tuple[str, FileData]]:
+    """Yield (relative path, bytes or Refused) for every YAML file under root, sorted.
+
+    Symlinked directories are not entered; they are reported (as Refused) so a
+    link out of the repo is visible rather than silently skipped.
+    """
     found: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
+        kept = []
+        for d in sorted(dirnames):
+            if d in SKIP_DIRS or d.startswith("."):
+                continue
+            if os.path.islink(os.path.join(dirpath, d)):
+                found.append(os.path.relpath(os.path.join(dirpath, d), root))
+                continue
+            kept.append(d)
+        dirnames[:] = kept
         for name in filenames:
             if name.endswith(YAML_SUFFIXES):
                 found.append(os.path.relpath(os.path.join(dirpath, name), root))
     for rel in sorted(found):
-        yield rel, (root / rel).read_bytes()
+        path = root / rel
+        if path.is_symlink() and not rel.endswith(YAML_SUFFIXES):
+            yield rel, Refused(p.FILE_SYMLINK, "is a symbolic link to a directory; its files are not read")
+        else:
+            yield rel, read_regular(path)
 
 
 # Below this many files one process is faster than starting a pool.
@@ -119,34 +184,133 @@ class _Parsed:
     value: Any
 
 
-def parse_files(files: Iterable[tuple[str, bytes]], *, workers: int | None = None,
-                cancel: Cancel | None = None) -> LoadResult:
+@dataclass(frozen=True, slots=True)
+class FileRef:
+    """A file of a tree: its path, its content id when known (git blob id), and how to read it."""
+
+    name: str
+    key: str | None
+    read: Callable[[], FileData]
+
+
+@dataclass(slots=True)
+class _Blob:
+    """What one file's bytes parse and type to: reused for every later revision holding the same blob."""
+
+    name: str
+    file_problems: list[p.Problem]
+    docs: list[tuple[Document, Any, list[p.Problem]]]  # document, its model (None: refused), its problems
+    generation: int = 0
+
+
+class BlobCache:
+    """Parsed and typed documents by content id, kept between revisions (the watch loop, PR plans).
+
+    A new revision re-parses only blobs it has not seen. Entries unused for
+    two parses are dropped, so memory follows the tree, not its history.
+    The cache holds only what this process computed (never read from disk).
+    """
+
+    KEEP_GENERATIONS = 2
+
+    def __init__(self) -> None:
+        self._blobs: dict[str, _Blob] = {}
+        self.generation = 0
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._blobs)
+
+    def _get(self, key: str | None, name: str) -> _Blob | None:
+        blob = self._blobs.get(key) if key is not None else None
+        if blob is None:
+            return None
+        blob.generation = self.generation
+        return blob if blob.name == name else _renamed(blob, name)
+
+    def _put(self, key: str | None, blob: _Blob) -> None:
+        if key is not None:
+            blob.generation = self.generation
+            self._blobs[key] = blob
+
+    def _prune(self) -> None:
+        old = self.generation - self.KEEP_GENERATIONS + 1
+        for key in [k for k, b in self._blobs.items() if b.generation < old]:
+            del self._blobs[key]
+
+
+def _renamed(blob: _Blob, name: str) -> _Blob:
+    """The same bytes at another path: documents and problems name the new path."""
+    docs = [(Document(name, d.index, d.value, d.line, d.data), model,
+             [replace(x, file=name) for x in found]) for d, model, found in blob.docs]
+    return _Blob(name, [replace(x, file=name) for x in blob.file_problems], docs, blob.generation)
+
+
+def parse_files(files: Iterable[tuple[str, FileData]], *, workers: int | None = None,
+                cancel: Cancel | None = None, cache: BlobCache | None = None) -> LoadResult:
+    """Parse and type every document of (path, bytes) pairs; see `parse_refs`."""
+    refs = [FileRef(name, blob_id(data) if cache is not None and isinstance(data, bytes) else None,
+                    _constant(data)) for name, data in files]
+    return parse_refs(refs, workers=workers, cancel=cancel, cache=cache)
+
+
+def _constant(data: FileData) -> Callable[[], FileData]:
+    return lambda: data
+
+
+def parse_refs(refs: Sequence[FileRef], *, workers: int | None = None, cancel: Cancel | None = None,
+               cache: BlobCache | None = None) -> LoadResult:
     """Parse and type every document; cross-file rules run in `policies.validation`.
 
-    Large trees are parsed by a pool of workers (libyaml's composer is the
-    cost, and it holds the GIL); results are merged in file order, so the
-    outcome is identical to a single-process run. `cancel` is polled while
-    parsing: when it returns True, Cancelled is raised within a fraction of
-    a second and the workers are gone.
+    With a cache, a file whose content id was parsed before is not read
+    again. Large sets of new files are parsed by a pool of workers (libyaml's
+    composer is the cost, and it holds the GIL); results are merged in file
+    order, so the outcome is identical to a single-process run without a
+    cache. `cancel` is polled while reading and parsing: when it returns
+    True, Cancelled is raised within a fraction of a second and the workers
+    are gone.
     """
-    file_list = list(files)
-    state = DesiredState(file_count=len(file_list))
-    problems: list[p.Problem] = []
-    for i, ((name, data), (parsed, found)) in enumerate(
-            zip(file_list, _parse_all(file_list, workers, cancel), strict=True)):
-        if cancel is not None and i % 256 == 0 and cancel():
+    if cache is not None:
+        cache.generation += 1
+    blobs: list[_Blob | None] = [cache._get(r.key, r.name) if cache is not None else None for r in refs]
+    todo = [i for i, b in enumerate(blobs) if b is None]
+    files: list[tuple[str, FileData]] = []
+    for n, i in enumerate(todo):
+        if cancel is not None and n % 256 == 0 and cancel():
             raise Cancelled
-        problems.extend(found)
+        files.append((refs[i].name, refs[i].read()))
+    for n, (i, (name, data), (parsed, found)) in enumerate(
+            zip(todo, files, _parse_all(files, workers, cancel), strict=True)):
+        if cancel is not None and n % 256 == 0 and cancel():
+            raise Cancelled
+        docs = []
         for item in parsed:
+            assert isinstance(data, bytes)  # noqa: S101 - only bytes parse to documents
             doc = Document(name, item.index, item.value, item.line, data)
-            model = _type_document(doc, problems)
+            doc_problems: list[p.Problem] = []
+            docs.append((doc, _type_document(doc, doc_problems), doc_problems))
+        blobs[i] = _Blob(name, found, docs)
+        if cache is not None:
+            cache._put(refs[i].key, blobs[i])  # type: ignore[arg-type]
+    if cache is not None:
+        cache.hits += len(refs) - len(todo)
+        cache.misses += len(todo)
+        cache._prune()
+    state = DesiredState(file_count=len(refs))
+    problems: list[p.Problem] = []
+    for blob in blobs:
+        assert blob is not None  # noqa: S101 - every file was read or found above
+        problems.extend(blob.file_problems)
+        for doc, model, found in blob.docs:
+            problems.extend(found)
             if model is not None:
                 _register(state, doc, model, problems)
     return LoadResult(state, problems)
 
 
 def _parse_all(
-    file_list: list[tuple[str, bytes]], workers: int | None, cancel: Cancel | None
+    file_list: list[tuple[str, FileData]], workers: int | None, cancel: Cancel | None
 ) -> Iterator[tuple[list[_Parsed], list[p.Problem]]]:
     n = workers if workers is not None else (os.cpu_count() or 1)
     if n <= 1 or len(file_list) < PARALLEL_THRESHOLD or "forkserver" not in mp.get_all_start_methods():
@@ -195,12 +359,14 @@ if "forkserver" in mp.get_all_start_methods():
     _CONTEXT.set_forkserver_preload(["desired.loading"])
 
 
-def _parse_chunk(chunk: list[tuple[str, bytes]]) -> list[tuple[list[_Parsed], list[p.Problem]]]:
+def _parse_chunk(chunk: list[tuple[str, FileData]]) -> list[tuple[list[_Parsed], list[p.Problem]]]:
     # Plain values cross the pipe: pickling them is ~5x cheaper than pickling models.
     return [_parse_one(name, data) for name, data in chunk]
 
 
-def _parse_one(name: str, data: bytes) -> tuple[list[_Parsed], list[p.Problem]]:
+def _parse_one(name: str, data: FileData) -> tuple[list[_Parsed], list[p.Problem]]:
+    if isinstance(data, Refused):
+        return [], [p.Problem(data.code, data.message, name, 1, 1)]
     parsed: list[_Parsed] = []
     try:
         for doc in read_documents(name, data):

@@ -50,6 +50,9 @@ YAML_ALIAS_BOMB = "desired.yaml.alias_expansion"
 YAML_UNSUPPORTED_TAG = "desired.yaml.unsupported_tag"
 YAML_NOT_MAPPING = "desired.yaml.not_a_mapping"
 YAML_KEY_NOT_STRING = "desired.yaml.key_not_string"
+FILE_SYMLINK = "desired.file.symlink"
+FILE_NOT_REGULAR = "desired.file.not_regular"
+FILE_UNREADABLE = "desired.file.unreadable"
 
 # Documents and fields
 DOC_API_VERSION = "desired.document.api_version"

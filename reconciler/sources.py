@@ -9,23 +9,29 @@ from policies import validation
 from reconciler.errors import PermanentError
 
 
-def load(path: Path, rev: str | None = None, *, cancel: loading.Cancel | None = None) -> loading.LoadResult:
+def load(path: Path, rev: str | None = None, *, cancel: loading.Cancel | None = None,
+         cache: loading.BlobCache | None = None) -> loading.LoadResult:
     """Read, parse and cross-check every file; problems are collected, not raised.
 
-    Raises PermanentError only when the source itself cannot be read (no such
-    directory, unknown revision); loading.Cancelled when `cancel` says stop.
+    With `cache`, files whose content was parsed before (same git blob id) are
+    taken from it instead of being read and parsed again (the watch loop keeps
+    one across revisions). Raises PermanentError only when the source itself
+    cannot be read (no such directory, unknown revision); loading.Cancelled
+    when `cancel` says stop.
     """
     if not path.exists():
         raise PermanentError(f"{path}: no such directory", code="desired.path.missing")
     try:
         if rev is not None:
-            files = list(gitrepo.iter_revision(path, rev))
+            refs = gitrepo.revision_refs(path, rev)
             revision: str | None = gitrepo.resolve(path, rev)
+            parsed = loading.parse_refs(refs, cancel=cancel, cache=cache)
         else:
             files = list(loading.iter_directory(path))
             revision = gitrepo.head(path)
+            parsed = loading.parse_files(files, cancel=cancel, cache=cache)
     except gitrepo.RevisionError as e:
         raise PermanentError(str(e), code=gitrepo.RevisionError.code) from e
-    result = validation.validate(loading.parse_files(files, cancel=cancel))
+    result = validation.validate(parsed)
     result.state.revision = revision
     return result

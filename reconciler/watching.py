@@ -47,7 +47,7 @@ from typing import Any, Protocol
 import git
 
 from desired import gitrepo
-from desired.loading import Cancelled, DesiredState
+from desired.loading import BlobCache, Cancelled, DesiredState
 from reconciler import planner, plans, sources
 from reconciler.errors import GpuaasError, TemporaryError, UsageError
 from reconciler.store import connections, history, observing, reconciling, revisions
@@ -234,6 +234,7 @@ class Loop:
         self.failing: Failing | None = None
         self.max_failing_s = max_failing_s
         self.gave_up = False  # failing for longer than max_failing_s: run() returned
+        self.blobs = BlobCache()  # parsed documents by git blob id: a commit re-parses only what it changed
 
     # -------------------------------------------------------------- plumbing
 
@@ -325,14 +326,14 @@ class Loop:
 
     def _adopt(self, rev: str) -> None:
         """Take over a revision another reconciler applied: its state is ours for retries."""
-        loaded = sources.load(self.path, rev, cancel=self.stop.is_set)
+        loaded = sources.load(self.path, rev, cancel=self.stop.is_set, cache=self.blobs)
         self.seen = rev
         if not loaded.errors:
             self.state = loaded.state
 
     def _apply(self, conn: connections.Connection, rev: str) -> Event:
         t0 = time.perf_counter()
-        loaded = sources.load(self.path, rev, cancel=self.stop.is_set)
+        loaded = sources.load(self.path, rev, cancel=self.stop.is_set, cache=self.blobs)
         source = f"{revisions.APPLY_SOURCE} {self.source.label}"
         if loaded.errors:
             run_id = history.start(conn, revision=rev, source=source)
