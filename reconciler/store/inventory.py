@@ -142,6 +142,15 @@ def sync(conn: Connection, state: DesiredState) -> SyncResult:
     return SyncResult(revision, digest, new_revision, tuple(changes))
 
 
+def changed_nodes(changes: Iterable[Change]) -> set[str]:
+    """Nodes whose host plan inputs changed: the node row or one of its slots (a host plan reads
+    nothing else of the inventory but the fleet settings; SKU and image edits reach running VMs
+    only through claim snapshots, never by a sync)."""
+    out = {c.key for c in changes if c.kind == "node"}
+    out |= {c.key.rsplit(":", 1)[0] for c in changes if c.kind == "slot"}
+    return out
+
+
 # ------------------------------------------------------------------ rows
 
 

@@ -85,9 +85,10 @@ def reconcile(conn: Connection, state: DesiredState, *, source: str = "", planne
         plan = planner(state, observing.observe(conn))
         applied = applying.apply(conn, plan, revision=synced.revision, max_attempts=max_attempts(state),
                                  fault=fault)
-        touched: list[str] | None = None
-        if not synced.changed:
-            touched = sorted(set(applying.placed_nodes(applied)) | set(absorbed.nodes) | _unplanned(conn))
+        touched: list[str] | None = None  # None: every node's plan is rebuilt (a fleet-wide change)
+        if not any(c.kind == "fleet" for c in synced.changes):
+            touched = sorted(set(applying.placed_nodes(applied)) | set(absorbed.nodes) | _unplanned(conn)
+                             | inventory.changed_nodes(synced.changes))
         written = tuple(hostplans.write(conn, touched, revision=synced.revision))
     except GpuaasError as e:
         history.finish(conn, run_id, result="error", problems=[{"code": e.code, "message": e.message}])
