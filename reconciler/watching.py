@@ -50,7 +50,7 @@ from desired import gitrepo
 from desired.loading import BlobCache, Cancelled, DesiredState
 from reconciler import planner, plans, sources
 from reconciler.errors import GpuaasError, TemporaryError, UsageError
-from reconciler.store import connections, history, observing, reconciling, revisions
+from reconciler.store import connections, history, inventory, observing, reconciling, revisions
 
 # Only these paths under the git directory say "a ref may have moved".
 _GIT_REF_PATHS = ("HEAD", "packed-refs", "FETCH_HEAD", "ORIG_HEAD")
@@ -235,6 +235,7 @@ class Loop:
         self.max_failing_s = max_failing_s
         self.gave_up = False  # failing for longer than max_failing_s: run() returned
         self.blobs = BlobCache()  # parsed documents by git blob id: a commit re-parses only what it changed
+        self.inventory = inventory.Memory()  # rows the last sync wrote: a commit re-syncs only what it changed
 
     # -------------------------------------------------------------- plumbing
 
@@ -345,7 +346,8 @@ class Loop:
                                                     "the last valid revision stays in force", run_id,
                                     seconds=time.perf_counter() - t0))
         # A failure is recorded in history by reconcile itself; step() backs off and retries.
-        result = reconciling.reconcile(conn, loaded.state, source=source, planner=self._planner())
+        result = reconciling.reconcile(conn, loaded.state, source=source, planner=self._planner(),
+                                       memory=self.inventory)
         self.seen, self.state = rev, loaded.state
         self.last_started = revisions.started_at(conn, result.run_id)
         self.next_retry = self.clock() + self.interval
@@ -371,7 +373,7 @@ class Loop:
             if not mine:
                 return None
             result = reconciling.reconcile(conn, state, source=f"{revisions.RETRY_SOURCE} {self.source.label}",
-                                           planner=self._planner())
+                                           planner=self._planner(), memory=self.inventory)
         self.last_started = revisions.started_at(conn, result.run_id)
         return self._emit(Event("retried", rev, "", result.run_id, MappingProxyType(result.counts()),
                                 time.perf_counter() - t0, result.changed))

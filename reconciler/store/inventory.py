@@ -18,8 +18,9 @@ import hashlib
 import ipaddress
 import json
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from psycopg import sql
@@ -33,6 +34,7 @@ from reconciler.store.connections import Connection
 _LOCK_KEY = 0x67707561_0001
 
 Row = dict[str, Any]
+Item = tuple[tuple[Any, ...], tuple[Any, ...], Callable[[], Row]]  # key, documents, row builder
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,53 +95,176 @@ ALLOCATIONS = _Table("allocations", "allocation", ("id",), (
     "requested_at"))
 
 
-def content_hash(state: DesiredState) -> str:
-    """sha256 over every typed document, independent of file layout and comments."""
-    doc = {
-        "fleet": state.fleet.model_dump(mode="json") if state.fleet else None,
-        "skus": {k: v.model_dump(mode="json") for k, v in state.skus.items()},
-        "images": {k: v.model_dump(mode="json") for k, v in state.images.items()},
-        "nodes": {k: v.model_dump(mode="json") for k, v in state.nodes.items()},
-        "slot_maps": {k: v.model_dump(mode="json") for k, v in state.slot_maps.items()},
-        "allocations": {k: v.model_dump(mode="json") for k, v in state.allocations.items()},
-    }
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+def content_hash(state: DesiredState, memory: Memory | None = None) -> str:
+    """sha256 over every typed document, independent of file layout and comments.
+
+    A hash of per-document hashes, so a Memory that saw a document (the same
+    model object: the blob cache hands it out again) does not dump it again.
+    """
+    def one(obj: Any) -> str:
+        if memory is not None:
+            hit = memory.doc_hashes.get(id(obj))
+            if hit is not None and hit[0] is obj:
+                memory.doc_hashes_used[id(obj)] = hit
+                return hit[1]
+        digest = hashlib.sha256(json.dumps(obj.model_dump(mode="json"), sort_keys=True, default=str).encode())
+        value = digest.hexdigest()
+        if memory is not None:
+            memory.doc_hashes_used[id(obj)] = (obj, value)
+        return value
+
+    h = hashlib.sha256()
+    for kind, table in (("fleet", {"": state.fleet} if state.fleet else {}), ("skus", state.skus),
+                        ("images", state.images), ("nodes", state.nodes), ("slot_maps", state.slot_maps),
+                        ("allocations", state.allocations)):
+        for name in sorted(table):
+            h.update(f"{kind}\0{name}\0{one(table[name])}\n".encode())
+    if memory is not None:
+        memory.doc_hashes, memory.doc_hashes_used = memory.doc_hashes_used, {}
+    return h.hexdigest()
+
+
+@dataclass
+class _TableMemory:
+    current: dict[tuple[Any, ...], tuple[bool, tuple[Any, ...]]] = field(default_factory=dict)
+    idents: dict[tuple[Any, ...], tuple[Any, ...]] = field(default_factory=dict)  # docs the row was built from
+
+
+@dataclass
+class Memory:
+    """What the last sync of this process wrote or confirmed, so the next one costs what changed.
+
+    Trusted only while `inventory_generation` is the value our own last sync
+    left (no other writer since) and for at most REFRESH_EVERY syncs; then
+    every row is read and compared again. Rows are keyed by the documents
+    (model objects) they were built from: an unchanged blob yields the same
+    object, so its rows are neither rebuilt nor compared.
+    """
+
+    REFRESH_EVERY = 100
+
+    generation: int | None = None
+    syncs: int = 0
+    tables: dict[str, _TableMemory] = field(default_factory=dict)
+    node_ids: dict[str, Any] = field(default_factory=dict)
+    doc_hashes: dict[int, tuple[Any, str]] = field(default_factory=dict)
+    doc_hashes_used: dict[int, tuple[Any, str]] = field(default_factory=dict)
+    full_syncs: int = 0
+
+    def table(self, name: str) -> _TableMemory:
+        return self.tables.setdefault(name, _TableMemory())
+
+    def trusted(self, generation: int) -> bool:
+        return self.generation == generation and self.syncs % self.REFRESH_EVERY != 0
+
+    def forget(self) -> None:
+        self.tables.clear()
+        self.node_ids.clear()
+        self.full_syncs += 1
 
 
 def revision_key(state: DesiredState, digest: str | None = None) -> str:
     return state.revision or f"tree:{(digest or content_hash(state))[:16]}"
 
 
-def sync(conn: Connection, state: DesiredState) -> SyncResult:
-    """Project `state` into the inventory tables in one transaction."""
-    digest = content_hash(state)
+def sync(conn: Connection, state: DesiredState, *, memory: Memory | None = None) -> SyncResult:
+    """Project `state` into the inventory tables in one transaction.
+
+    With `memory` (kept by the watch loop across revisions), documents that
+    did not change since its last sync are neither turned into rows nor
+    compared; the result is the same as a sync without it.
+    """
+    try:
+        return _sync(conn, state, memory)
+    except BaseException:
+        if memory is not None:  # what it holds may never have been committed
+            memory.generation = None
+            memory.forget()
+        raise
+
+
+def _sync(conn: Connection, state: DesiredState, memory: Memory | None) -> SyncResult:
+    digest = content_hash(state, memory)
     revision = revision_key(state, digest)
     changes: list[Change] = []
     with errors.wrapped("sync inventory"), conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+        generation = _generation(conn)
+        trust = memory is not None and memory.trusted(generation)
+        if memory is not None and not trust:
+            memory.forget()
+
+        def mem(table: _Table) -> _TableMemory | None:
+            return memory.table(table.name) if memory is not None else None
+
         changes += _sync_fleet(conn, state, revision)
-        changes += _sync_table(conn, SKUS, [_sku_row(s) for s in state.skus.values()], revision)
-        changes += _sync_table(conn, IMAGES, [_image_row(i) for i in state.images.values()], revision)
-        changes += _sync_table(conn, NODES, [_node_row(state, n) for n in state.nodes.values()], revision)
-        node_ids = {str(name): node_id for name, node_id in conn.execute("SELECT name, id FROM nodes")}
-        slot_rows = [row for name, smap in sorted(state.slot_maps.items()) if name in node_ids
-                     for row in _slot_rows(smap, node_ids[name])]
+        changes += _sync_table(conn, SKUS, [((s.sku,), (s,), partial(_sku_row, s)) for s in state.skus.values()],
+                               revision, memory=mem(SKUS), trust=trust)
+        changes += _sync_table(conn, IMAGES, [((i.slug,), (i,), partial(_image_row, i))
+                                              for i in state.images.values()],
+                               revision, memory=mem(IMAGES), trust=trust)
+        fleet = state.fleet
+        changes += _sync_table(conn, NODES, [((n.name,), (n, state.slot_maps.get(n.name), fleet),
+                                              partial(_node_row, state, n)) for n in state.nodes.values()],
+                               revision, memory=mem(NODES), trust=trust)
+        node_ids = _node_ids(conn, state, memory, trust)
+        slot_items = [item for name, smap in sorted(state.slot_maps.items()) if name in node_ids
+                      for item in _slot_items(smap, node_ids[name])]
         names = {v: k for k, v in node_ids.items()}
-        changes += _sync_table(conn, SLOTS, slot_rows, revision,
-                               label=lambda key: f"{names.get(key[0], key[0])}:{key[1]}")
+        changes += _sync_table(conn, SLOTS, slot_items, revision,
+                               label=lambda key: f"{names.get(key[0], key[0])}:{key[1]}", memory=mem(SLOTS),
+                               trust=trust)
         _slot_statuses(conn)
-        changes += _sync_table(conn, ALLOCATIONS, [_allocation_row(a) for a in state.allocations.values()],
-                               revision)
+        changes += _sync_table(conn, ALLOCATIONS, [((a.id,), (a,), partial(_allocation_row, a))
+                                                   for a in state.allocations.values()],
+                               revision, memory=mem(ALLOCATIONS), trust=trust)
+        if changes:
+            generation = _bump_generation(conn)
+        if memory is not None:
+            memory.generation = generation
+            memory.syncs += 1
         new_revision = conn.execute("SELECT 1 FROM desired_revisions WHERE revision = %s",
                                     (revision,)).fetchone() is None
         if new_revision:
-            counts = {"nodes": len(state.nodes), "slots": len(slot_rows), "skus": len(state.skus),
+            counts = {"nodes": len(state.nodes), "slots": len(slot_items), "skus": len(state.skus),
                       "images": len(state.images), "allocations": len(state.allocations)}
             conn.execute(
                 "INSERT INTO desired_revisions (revision, content_hash, file_count, counts)"
                 " VALUES (%s, %s, %s, %s) ON CONFLICT (revision) DO NOTHING",
                 (revision, digest, state.file_count, _jsonb(counts)))
     return SyncResult(revision, digest, new_revision, tuple(changes))
+
+
+def _generation(conn: Connection) -> int:
+    row = conn.execute("SELECT generation FROM inventory_generation").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _bump_generation(conn: Connection) -> int:
+    row = conn.execute("UPDATE inventory_generation SET generation = generation + 1 RETURNING generation").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _node_ids(conn: Connection, state: DesiredState, memory: Memory | None, trust: bool) -> dict[str, Any]:
+    """name -> node id (ids never change: node rows are never deleted)."""
+    if memory is not None and trust and all(name in memory.node_ids for name in state.slot_maps
+                                            if name in state.nodes):
+        return memory.node_ids
+    ids = {str(name): node_id for name, node_id in conn.execute("SELECT name, id FROM nodes")}
+    if memory is not None:
+        memory.node_ids = ids
+    return ids
+
+
+def _slot_items(smap: m.SlotMap, node_id: Any) -> list[Item]:
+    rows: list[Row] = []
+
+    def row(i: int) -> Row:
+        if not rows:
+            rows.extend(_slot_rows(smap, node_id))
+        return rows[i]
+
+    return [((node_id, s.slot_index), (smap,), partial(row, i)) for i, s in enumerate(smap.slots)]
 
 
 def changed_nodes(changes: Iterable[Change]) -> set[str]:
@@ -244,16 +369,36 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def _sync_table(conn: Connection, table: _Table, rows: Sequence[Row], revision: str,
-                label: Any = None) -> list[Change]:
-    name = sql.Identifier(table.name)
-    keys = sql.SQL(", ").join(map(sql.Identifier, table.key))
-    cols = sql.SQL(", ").join(map(sql.Identifier, table.columns))
-    current: dict[tuple[Any, ...], tuple[bool, tuple[Any, ...]]] = {}
-    query = sql.SQL("SELECT {keys}, present, {cols} FROM {name}").format(keys=keys, cols=cols, name=name)
+def _same_docs(a: tuple[Any, ...] | None, b: tuple[Any, ...]) -> bool:
+    return a is not None and len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
+def _current(conn: Connection, table: _Table, memory: _TableMemory | None,
+             trust: bool) -> dict[tuple[Any, ...], tuple[bool, tuple[Any, ...]]]:
+    """key -> (present, desired columns) of every row: from a trusted memory, else read from the table."""
+    if memory is not None and trust:
+        return memory.current
+    current = {}
+    query = sql.SQL("SELECT {keys}, present, {cols} FROM {name}").format(
+        keys=sql.SQL(", ").join(map(sql.Identifier, table.key)),
+        cols=sql.SQL(", ").join(map(sql.Identifier, table.columns)), name=sql.Identifier(table.name))
     n = len(table.key)
     for rec in conn.execute(query):
         current[tuple(rec[:n])] = (bool(rec[n]), tuple(rec[n + 1:]))
+    if memory is not None:
+        memory.current, memory.idents = current, {}
+    return current
+
+
+def _sync_table(conn: Connection, table: _Table, items: Sequence[Item], revision: str, *,
+                label: Any = None, memory: _TableMemory | None = None, trust: bool = False) -> list[Change]:
+    """Write the differences between the desired rows and the table.
+
+    items: (key, documents the row is built from, row builder). With a
+    trusted memory, the table is not read and a row whose documents are the
+    very objects of the last sync is known to be in place already.
+    """
+    current = _current(conn, table, memory, trust)
 
     def show(key: tuple[Any, ...]) -> str:
         return str(label(key)) if label else ":".join(str(k) for k in key)
@@ -262,21 +407,41 @@ def _sync_table(conn: Connection, table: _Table, rows: Sequence[Row], revision: 
     updates: list[Row] = []
     changes: list[Change] = []
     wanted: set[tuple[Any, ...]] = set()
-    for row in rows:
-        key = tuple(row[k] for k in table.key)
+    written: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    for key, docs, build in items:
         wanted.add(key)
+        if memory is not None and trust and _same_docs(memory.idents.get(key), docs):
+            continue  # built from the same documents as the row already in place
+        row = build()
         values = tuple(_plain_json(row[c]) if c in table.json_columns else row[c] for c in table.columns)
+        if memory is not None:
+            memory.idents[key] = docs
         if key not in current:
             inserts.append(row)
+            written[key] = values
             changes.append(Change(table.kind, show(key), "added"))
             continue
         present, have = current[key]
         if not present or not _same(have, values):
             updates.append(row)
+            written[key] = values
             changes.append(Change(table.kind, show(key), "changed" if present else "restored"))
     gone = [key for key, (present, _) in current.items() if present and key not in wanted]
     changes += [Change(table.kind, show(key), "removed") for key in sorted(gone, key=str)]
+    if memory is not None:
+        for key, values in written.items():
+            memory.current[key] = (True, values)
+        for key in gone:
+            memory.current[key] = (False, memory.current[key][1])
+            memory.idents.pop(key, None)
 
+    _write(conn, table, inserts, updates, gone, revision=revision)
+    return changes
+
+
+def _write(conn: Connection, table: _Table, inserts: list[Row], updates: list[Row], gone: list[tuple[Any, ...]],
+           *, revision: str) -> None:
+    name = sql.Identifier(table.name)
     every = (*table.key, *table.columns)
     if inserts:
         stmt = sql.SQL("INSERT INTO {name} ({cols}, present, revision) VALUES ({vals}, true, %(revision)s)").format(
@@ -300,7 +465,6 @@ def _sync_table(conn: Connection, table: _Table, rows: Sequence[Row], revision: 
                                         for k in table.key))
         conn.cursor().executemany(stmt, [{**dict(zip(table.key, key, strict=True)), "revision": revision}
                                          for key in gone])
-    return changes
 
 
 def _slot_statuses(conn: Connection) -> None:

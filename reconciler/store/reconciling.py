@@ -74,13 +74,13 @@ def max_attempts(state: DesiredState) -> int:
 
 
 def reconcile(conn: Connection, state: DesiredState, *, source: str = "", planner: Planner | None = None,
-              fault: applying.Fault | None = None) -> ReconcileResult:
+              fault: applying.Fault | None = None, memory: inventory.Memory | None = None) -> ReconcileResult:
     """Bring the store to `state`; every step is recorded in one history row."""
     planner = planner or default_planner()
     revision = inventory.revision_key(state)
     run_id = history.start(conn, revision=revision, source=source)
     try:
-        synced = inventory.sync(conn, state)
+        synced = inventory.sync(conn, state, memory=memory)
         absorbed = cleanup.absorb(conn)
         plan = planner(state, observing.observe(conn))
         applied = applying.apply(conn, plan, revision=synced.revision, max_attempts=max_attempts(state),
