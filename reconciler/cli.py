@@ -33,16 +33,28 @@ COMMAND_MODULES = (
     "reconciler.commands.history",
     "reconciler.commands.db",
     "reconciler.commands.apply",
+    "reconciler.commands.serve",
+    "reconciler.commands.usage",
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpuaas", description="GitOps reconciler for a GPU cloud")
+    parser.add_argument("--version", action="version", version=f"gpuaas {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     return parser
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("gpuaas-reconciler")
+    except metadata.PackageNotFoundError:  # run from a tree that was never installed
+        return "unknown"
 
 
 class _Terminated(BaseException):

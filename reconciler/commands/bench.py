@@ -16,6 +16,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "host_reconciler.bench",
     "reconciler.commands.bench_claims",
     "reconciler.commands.bench_gitops",
+    "reconciler.commands.bench_serve",
 )
 
 

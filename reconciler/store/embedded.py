@@ -14,6 +14,14 @@ initdb refuses to run as root, so as root every server binary runs as the
 The server listens on its unix socket only, so servers of several checkouts
 or test sessions never fight over a TCP port; the socket falls back to a
 short /tmp directory when the state dir path is too long for a socket name.
+
+The `postgres` user must be able to walk down to the cluster. As root, a
+state dir below a directory others cannot search (root's home, `mktemp -d`)
+would be unreachable, so its server lives under
+`/var/lib/gpuaas/embedded/<sha256 of the state dir path>/` instead
+($GPUAAS_EMBEDDED_ROOT overrides that root): the same checkout always finds
+the same server, and `gpuaas` works from any directory. A cluster already
+initialised in the state dir itself stays where it is.
 """
 
 from __future__ import annotations
@@ -41,6 +49,8 @@ OWNER = "postgres"
 DEFAULT_DB = "gpuaas"
 _SOCKET_NAME_MAX = 107 - len(f"/.s.PGSQL.{PORT}")
 _CONF = "gpuaas.conf"
+ENV_ROOT = "GPUAAS_EMBEDDED_ROOT"
+DEFAULT_ROOT = Path("/var/lib/gpuaas/embedded")
 
 
 class EmbeddedError(PermanentError):
@@ -103,7 +113,22 @@ class Status:
 
 
 def server_for(state_dir: Path) -> Server:
-    return Server(Path(os.path.abspath(state_dir)) / "pg")
+    """The server of a state dir: in it, or (root, unreachable by `postgres`) under the embedded root."""
+    here = Path(os.path.abspath(state_dir))
+    if os.geteuid() != 0 or _searchable(here) or (here / "pg" / "data" / "PG_VERSION").exists():
+        return Server(here / "pg")
+    digest = hashlib.sha256(str(here).encode()).hexdigest()[:16]
+    return Server(embedded_root() / digest / "pg")
+
+
+def embedded_root() -> Path:
+    override = os.environ.get(ENV_ROOT)
+    return Path(os.path.abspath(override)) if override else DEFAULT_ROOT
+
+
+def _searchable(path: Path) -> bool:
+    """Every existing directory from / down to `path` can be searched by other users."""
+    return all(not p.exists() or bool(p.stat().st_mode & 0o001) for p in (path, *path.parents))
 
 
 def bin_dir() -> Path:
@@ -167,6 +192,14 @@ def _check_reachable(path: Path) -> None:
                 code="db.embedded.state_dir_unreachable")
 
 
+def _make_reachable(path: Path) -> None:
+    """Create `path` and its missing parents searchable by others (0755): the embedded root's layout."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    for p in reversed(missing):
+        p.mkdir(exist_ok=True)
+        p.chmod(0o755)
+
+
 def _pg_ctl(server: Server, action: str, *options: str) -> subprocess.CompletedProcess[str]:
     argv = [*_as_owner(), str(bin_dir() / "pg_ctl"), "-D", str(server.data_dir), "-w", *options, action]
     return _run(argv, f"pg_ctl {action}")
@@ -174,6 +207,8 @@ def _pg_ctl(server: Server, action: str, *options: str) -> subprocess.CompletedP
 
 @contextlib.contextmanager
 def _locked(server: Server) -> Iterator[None]:
+    if os.geteuid() == 0:
+        _make_reachable(server.lock_file.parent)
     server.lock_file.parent.mkdir(parents=True, exist_ok=True)
     with open(server.lock_file, "a+") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -207,6 +242,8 @@ def init(server: Server, *, durable: bool = True) -> bool:
     if server.initialized:
         return False
     ids = _owner_ids()
+    if ids is not None and not server.root.parent.exists():
+        _make_reachable(server.root.parent)
     server.root.parent.mkdir(parents=True, exist_ok=True)
     _check_reachable(server.root.parent)
     _own_dir(server.root, ids, 0o700)

@@ -1,0 +1,129 @@
+"""`gpuaas bench serve --nodes 10000`: latency of the read API and the dashboard on a big fleet.
+
+In a scratch database on the chosen server (the embedded one unless
+--db-url / GPUAAS_DATABASE_URL; dropped at the end): a synthetic fleet of N
+slice nodes (8 slots each) is synced, M allocations are placed first-fit
+(one transaction each, as `bench claims` does) and one reconciliation is
+recorded. Then `gpuaas serve` runs in this process on 127.0.0.1 and one
+keep-alive client times, each over --samples requests (wall time per
+request, client side): `GET /api/v1/allocations/{id}` (random placed ids),
+`GET /api/v1/capacity` (the first one computes the capacity model: reported
+on its own as the cold time; the rest are served from the snapshot cache),
+the dashboard `GET /` (first page of the grid) and `GET /metrics`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import statistics
+import threading
+import time
+from typing import Any
+
+from reconciler.commands import bench_claims, db
+from reconciler.errors import UsageError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("serve", help="read API p50 (allocations/{id}, capacity) and dashboard render time")
+    p.add_argument("--nodes", type=int, default=10_000)
+    p.add_argument("--requests", type=int, default=20_000, help="allocations placed before measuring")
+    p.add_argument("--samples", type=int, default=200, help="requests timed per endpoint")
+    p.add_argument("--keep", action="store_true", help="keep the scratch database")
+    p.add_argument("--json", action="store_true")
+    db.add_database_arguments(p)
+    p.set_defaults(func=run)
+
+
+def _stats(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    return {"n": len(ordered), "p50_ms": round(statistics.median(ordered) * 1000, 2),
+            "p95_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))] * 1000, 2),
+            "max_ms": round(ordered[-1] * 1000, 2)}
+
+
+def _timed(client: http.client.HTTPConnection, path: str) -> float:
+    t0 = time.perf_counter()
+    client.request("GET", path)
+    resp = client.getresponse()
+    body = resp.read()
+    took = time.perf_counter() - t0
+    if resp.status != 200:
+        raise UsageError(f"GET {path}: {resp.status} {body[:300]!r}", code="bench.serve.request_failed")
+    return took
+
+
+def _prepare(url: str, args: argparse.Namespace) -> tuple[list[str], dict[str, float]]:
+    from reconciler.store import applying, connections, history, inventory, migrations, observing, synthetic
+
+    fleet = {"nodes": args.nodes, "allocations": args.requests, "gpus": (1, 2, 4)}
+    with connections.connect(url, autocommit=True) as conn:
+        migrations.migrate(conn)
+        t0 = time.perf_counter()
+        state = synthetic.fleet(**fleet)
+        run_id = history.start(conn, revision="bench", source="bench serve")
+        inventory.sync(conn, state)
+        sync_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        placements = synthetic.first_fit(state, observing.free_slots(conn), sorted(state.allocations))
+        placed = [r.allocation_id for r in applying.place_many(conn, placements, revision="bench") if r.placed]
+        place_s = time.perf_counter() - t0
+        history.finish(conn, run_id, result="changed", counts={"placed": len(placed)})
+    return placed, {"sync_s": round(sync_s, 2), "place_s": round(place_s, 2)}
+
+
+def run(args: argparse.Namespace) -> int:
+    from reconciler.service import server
+
+    if args.nodes < 1 or args.requests < 1 or args.samples < 1:
+        raise UsageError("--nodes, --requests and --samples must be positive")
+    base = db.database_url(args)
+    name = f"gpuaas_bench_serve_{os.getpid()}"
+    bench_claims._create_db(base, name)
+    url = bench_claims._scratch_url(base, name)
+    try:
+        placed, setup = _prepare(url, args)
+        httpd = server.make_server(url, server.Settings(port=0, capacity_wait_s=3600.0, capacity_refresh_s=3600.0))
+        thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+        thread.start()
+        try:
+            host, port = str(httpd.server_address[0]), int(httpd.server_address[1])
+            client = http.client.HTTPConnection(host, port, timeout=3600)
+            rng = random.Random(0)  # noqa: S311 - which ids to ask for, not security
+            cold = _timed(client, "/api/v1/capacity")
+            results = {
+                "allocation": _stats([_timed(client, f"/api/v1/allocations/{rng.choice(placed)}")
+                                      for _ in range(args.samples)]),
+                "capacity_warm": _stats([_timed(client, "/api/v1/capacity") for _ in range(args.samples)]),
+                "dashboard": _stats([_timed(client, "/") for _ in range(max(5, args.samples // 10))]),
+                "node_page": _stats([_timed(client, f"/nodes/node-{rng.randrange(args.nodes):05d}")
+                                     for _ in range(max(5, args.samples // 10))]),
+                "metrics": _stats([_timed(client, "/metrics") for _ in range(max(5, args.samples // 10))]),
+            }
+            client.close()
+        finally:
+            httpd.shutdown()
+            httpd.server_close()
+            httpd.service.close()
+    finally:
+        if not args.keep:
+            bench_claims._drop_db(base, name)
+    doc = {"nodes": args.nodes, "slots": args.nodes * 8, "allocations_placed": len(placed), **setup,
+           "capacity_cold_s": round(cold, 2), **results,
+           "database": "scratch " + ("(kept) " + url if args.keep else "(dropped)")}
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(f"serve bench: {doc['nodes']} nodes ({doc['slots']} slots), {doc['allocations_placed']} allocations "
+              f"placed (sync {setup['sync_s']}s, placing {setup['place_s']}s)")
+        print(f"  capacity, first request (computes the model)  {doc['capacity_cold_s']} s")
+        for key, label in (("allocation", "GET /api/v1/allocations/{id}"), ("capacity_warm", "GET /api/v1/capacity"),
+                           ("dashboard", "GET / (dashboard)"), ("node_page", "GET /nodes/{name}"),
+                           ("metrics", "GET /metrics")):
+            s = results[key]
+            print(f"  {label:<46} p50 {s['p50_ms']:>9} ms  p95 {s['p95_ms']:>9} ms  (n={s['n']})")
+    return 0

@@ -1,0 +1,167 @@
+"""The capacity read model of `gpuaas status`, computed in the background and cached by database snapshot.
+
+The numbers are exactly `gpuaas status -o json`'s: the same readers
+(`readmodels`, `observing`, `history.health`), the same pure model
+(`capacity.read_model`) and the same document (`commands.status.as_dict`).
+What differs is when they are computed. Rebuilding the model reads and
+validates the whole inventory and runs the planner's engine until every
+size is refused: milliseconds for a small fleet, tens of seconds at 10,000
+nodes. So:
+
+- a computed document is keyed by the PostgreSQL snapshot it was read in
+  (`pg_current_snapshot()`: it changes whenever any write commits), and is
+  served as long as the key is unchanged;
+- when the key changed, one background thread recomputes (never two at
+  once, and not more often than `refresh_s`); a request waits up to
+  `wait_s` for it, then gets the previous document marked `stale`;
+- before the first document exists a request waits up to `wait_s`, then
+  gets `api.capacity_computing` (503, Retry-After).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from reconciler import capacity
+from reconciler.commands import status as status_command
+from reconciler.errors import GpuaasError, PermanentError, TemporaryError
+from reconciler.service.pool import Pool
+from reconciler.store.connections import Connection
+
+
+class CapacityComputing(TemporaryError):
+    code = "api.capacity_computing"
+
+
+@dataclass(frozen=True, slots=True)
+class Computed:
+    key: str  # the snapshot the document was read in
+    doc: dict[str, Any]  # the `gpuaas status -o json` document
+    as_of: dt.datetime
+    seconds: float  # how long computing it took
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    computed: Computed
+    stale: bool  # the store changed since (a newer document is being computed)
+
+
+def snapshot_key(conn: Connection) -> str:
+    row = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
+    return str(row[0]) if row else ""
+
+
+def status_document(conn: Connection, *, policy: str | None = None) -> dict[str, Any]:
+    """What `gpuaas status -o json` prints, read on `conn` (inside one read-only transaction)."""
+    from reconciler.store import history, migrations, observing, readmodels
+
+    if not migrations.applied(conn):
+        raise PermanentError("the database has no schema yet: nothing was reconciled (run `gpuaas run`)",
+                             code="status.no_schema")
+    state = readmodels.desired_state(conn)
+    observed = observing.observe(conn)
+    allocations = readmodels.allocations(conn)
+    health = history.health(conn)
+    try:
+        model = capacity.read_model(state, observed, policy=policy)
+    except ValueError as e:
+        raise PermanentError(str(e), code="status.policy_unknown") from e
+    doc = status_command.as_dict(state.revision, model, allocations)
+    doc["reconciliation"] = {
+        "last_applied_revision": health.last_applied_revision, "last_applied_at": health.last_applied_at,
+        "failing": {"since": health.failing_since, "failures": health.failures,
+                    "revision": health.failing_revision, "code": health.failing_code,
+                    "message": health.failing_message} if health.failing else None,
+        "invalid_revision": health.invalid_revision,
+    }
+    return doc
+
+
+class Cache:
+    def __init__(self, pool: Pool, *, policy: str | None = None, refresh_s: float = 10.0, wait_s: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._pool = pool
+        self._policy = policy
+        self.refresh_s = refresh_s
+        self.wait_s = wait_s
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._current: Computed | None = None
+        self._running = False
+        self._started_at = float("-inf")
+        self._error: GpuaasError | None = None
+        self._thread: threading.Thread | None = None
+
+    def _compute(self) -> None:
+        try:
+            t0 = time.perf_counter()
+            with self._pool.reading() as conn:
+                key = snapshot_key(conn)
+                doc = status_document(conn, policy=self._policy)
+            done = Computed(key, doc, dt.datetime.now(dt.UTC), time.perf_counter() - t0)
+            with self._cond:
+                self._current, self._error = done, None
+        except GpuaasError as e:
+            with self._cond:
+                self._error = e
+        except Exception as e:  # a bug must not leave waiters hanging; it is reported to them
+            with self._cond:
+                self._error = PermanentError(f"computing capacity failed: {e!r}", code="api.internal")
+        finally:
+            with self._cond:
+                self._running = False
+                self._cond.notify_all()
+
+    def _kick(self, key: str | None) -> None:
+        """Start a recompute unless one runs, the current one is fresh, or the last started too recently."""
+        cur = self._current
+        if self._running or (cur is not None and cur.key == key):
+            return
+        if cur is not None and self._clock() - self._started_at < self.refresh_s:
+            return
+        self._running = True
+        self._started_at = self._clock()
+        self._thread = threading.Thread(target=self._compute, name="gpuaas-capacity", daemon=True)
+        self._thread.start()
+
+    def get(self, *, wait_s: float | None = None) -> Answer:
+        """The newest document; see the module docstring for when it waits and when it is stale."""
+        with self._pool.reading() as conn:
+            key = snapshot_key(conn)
+        wait = self.wait_s if wait_s is None else wait_s
+        with self._cond:
+            self._kick(key)
+            if self._running and (self._current is None or self._current.key != key):
+                self._cond.wait_for(lambda: not self._running, timeout=wait)
+            cur = self._current
+            if cur is None:
+                if self._error is not None and not self._running:
+                    raise self._error
+                raise CapacityComputing("capacity is still being computed for the first time; retry shortly",
+                                        delay=max(1.0, self.wait_s))
+            return Answer(cur, stale=cur.key != key)
+
+    def peek(self) -> Answer | None:
+        """The newest document without waiting (metrics, dashboard); starts a refresh when the store changed."""
+        with self._pool.reading() as conn:
+            key = snapshot_key(conn)
+        with self._cond:
+            self._kick(key)
+            cur = self._current
+            return None if cur is None else Answer(cur, stale=cur.key != key)
+
+    def warm(self) -> None:
+        with self._cond:
+            self._kick(None)
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for a computation in flight (shutdown: its connection is closed when it ends)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)

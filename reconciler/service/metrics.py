@@ -1,0 +1,113 @@
+"""/metrics: a Prometheus collector that reads the store at scrape time.
+
+Nothing is counted in this process: every sample comes from PostgreSQL in
+one read-only transaction per scrape, so any number of `serve` replicas
+report the same values and a restart loses nothing. Launchable capacity
+comes from the capacity cache (`capacities`), never computed inside a
+scrape; its age is exported beside it. When the database cannot be read
+the scrape still succeeds with `gpuaas_database_up 0`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Iterator
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from reconciler.errors import GpuaasError
+from reconciler.service import capacities, reads
+from reconciler.service.pool import Pool
+from reconciler.store import history
+
+log = logging.getLogger("gpuaas.serve")
+
+
+def _gauge(name: str, doc: str, labels: list[str], values: dict[tuple[str, ...], float]) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, doc, labels=labels)
+    for key, value in sorted(values.items()):
+        g.add_metric(list(key), value)
+    return g
+
+
+class StoreCollector(Collector):
+    def __init__(self, pool: Pool, capacity: capacities.Cache) -> None:
+        self._pool = pool
+        self._capacity = capacity
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("gpuaas_database_up", "1 when the store could be read for this scrape")
+        try:
+            families = list(self._read())
+        except GpuaasError as e:
+            log.warning("metrics: %s: %s", e.code, e.message)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from families
+
+    def _read(self) -> Iterator[Metric]:
+        with self._pool.reading() as conn:
+            by_result, buckets, total = reads.reconciliation_counts(conn)
+            health = history.health(conn)
+            summary = reads.fleet_summary(conn)
+            now = conn.execute("SELECT now()").fetchone()
+        runs = CounterMetricFamily("gpuaas_reconciliations", "Reconciliations recorded, by result", labels=["result"])
+        for result in ("changed", "unchanged", "error", "abandoned", "running"):
+            runs.add_metric([result], by_result.get(result, 0))
+        yield runs
+        yield HistogramMetricFamily("gpuaas_reconcile_duration_seconds", "Duration of finished reconciliations",
+                                    buckets=[(str(b) if b != float("inf") else "+Inf", n) for b, n in buckets],
+                                    sum_value=total)
+        if health.last_applied_at is not None and now is not None:
+            age = (now[0] - health.last_applied_at).total_seconds()
+            yield GaugeMetricFamily("gpuaas_last_applied_age_seconds",
+                                    "Seconds since the newest successful reconciliation finished", value=age)
+        yield GaugeMetricFamily("gpuaas_reconciliation_failing",
+                                "1 while reconciliations fail after the newest success", value=int(health.failing))
+        yield GaugeMetricFamily("gpuaas_reconciliation_failures",
+                                "Failed reconciliations since the newest success", value=health.failures)
+        yield _gauge("gpuaas_allocations", "Allocations by state", ["state"],
+                     {(k,): v for k, v in summary["allocations"].items()})
+        yield _gauge("gpuaas_allocations_pending", "Pending allocations by reason code", ["reason"],
+                     {(k,): v for k, v in summary["pending_by_reason"].items()})
+        yield _gauge("gpuaas_slots", "Slots of present nodes by state (blocked: cleanup failed)", ["state"],
+                     {(k,): v for k, v in summary["slots"].items()})
+        yield GaugeMetricFamily("gpuaas_slots_cleanup_blocked", "Slots whose wipe failed, out of sale until repaired",
+                                value=summary["slots"].get("blocked", 0))
+        yield _gauge("gpuaas_nodes", "Present nodes by admin state", ["admin_state"],
+                     {(k,): v for k, v in summary["nodes"].items()})
+        yield _gauge("gpuaas_drift_findings", "Drift findings the hosts reported, by code", ["code"],
+                     {(k,): v for k, v in summary["drift_by_code"].items()})
+        yield GaugeMetricFamily("gpuaas_drift_reports_invalid", "Host drift reports that could not be read",
+                                value=len(summary["invalid_drift_reports"]))
+        yield from self._capacity_families()
+
+    def _capacity_families(self) -> Iterator[Metric]:
+        answer = self._capacity.peek()
+        if answer is None:
+            return
+        launchable = GaugeMetricFamily("gpuaas_capacity_launchable",
+                                       "More requests of exactly this size that would be placed now",
+                                       labels=["region", "sku", "gpu_count"])
+        for offer in answer.computed.doc["capacity"]:
+            for size in offer["sizes"]:
+                launchable.add_metric([offer["region"], offer["sku"], str(size["gpu_count"])], size["launchable"])
+        yield launchable
+        age = (dt.datetime.now(dt.UTC) - answer.computed.as_of).total_seconds()
+        yield GaugeMetricFamily("gpuaas_capacity_age_seconds", "Age of the capacity numbers above", value=age)
+
+
+def registry(pool: Pool, capacity: capacities.Cache) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(StoreCollector(pool, capacity))
+    return reg

@@ -1,0 +1,351 @@
+"""The HTTP side of `gpuaas serve`: listening, bearer tokens, health, and dispatch to API, dashboard, metrics.
+
+stdlib `http.server.ThreadingHTTPServer` (one thread per connection): every
+page is a few read-only queries, so a framework would add nothing but
+weight. Rules kept here:
+
+- it binds 127.0.0.1 unless told otherwise, and a non-loopback bind needs a
+  token file; with a token every request but /healthz needs
+  `Authorization: Bearer <token>` (compared in constant time);
+- a token file readable (or writable) by group or others is refused, as ssh
+  refuses such a key;
+- /healthz says the process is alive (no database); /readyz says the
+  database is reachable, the schema is there, the newest reconciliation is
+  recent enough (when --max-reconcile-age is set) and reconciliation is not
+  failing for longer than --failing-grace; otherwise 503 and the reason;
+- errors leave as `{"error": {"code", "message"}}` (an HTML page for the
+  dashboard's own pages), never a traceback.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import socket
+import stat
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from reconciler.errors import GpuaasError, PermanentError, TemporaryError, UsageError
+from reconciler.service import api, capacities, dashboard, metrics
+from reconciler.service.pool import Pool
+
+log = logging.getLogger("gpuaas.serve")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+_HTML_HEADERS = (
+    ("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; "
+                                "form-action 'self'; frame-ancestors 'none'"),
+    ("X-Frame-Options", "DENY"),
+    ("Referrer-Policy", "no-referrer"),
+)
+
+
+class ServeError(PermanentError):
+    code = "serve.error"
+
+
+# ------------------------------------------------------------ configuration
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """`HOST:PORT`, `[V6]:PORT`, `:PORT` (loopback) or `PORT`."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        host, port_text = "", text
+    host = host.strip("[]") or DEFAULT_HOST
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise UsageError(f"--listen takes HOST:PORT, not {text!r}", code="serve.listen_invalid") from None
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--listen port must be 0..65535, not {port}", code="serve.listen_invalid")
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve anywhere
+
+
+def load_token(path: Path) -> str:
+    """The bearer token in `path`; refused when group or others may read it, or when it is empty."""
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise ServeError(f"token file {path} is not a regular file", code="serve.token_file_invalid")
+        if st.st_mode & 0o077:
+            mode = stat.S_IMODE(st.st_mode)
+            raise ServeError(f"token file {path} is accessible by group or others (mode {mode:04o}); chmod 600 {path}",
+                             code="serve.token_file_permissions")
+        token = path.read_text(encoding="utf-8").strip()
+    except OSError as e:
+        raise ServeError(f"cannot read token file {path}: {e.strerror or e}", code="serve.token_file_unreadable") from e
+    except UnicodeDecodeError as e:
+        raise ServeError(f"token file {path} is not UTF-8 text", code="serve.token_file_invalid") from e
+    if not token or any(c.isspace() for c in token):
+        raise ServeError(f"token file {path} must hold one token (no spaces), and not be empty",
+                         code="serve.token_file_invalid")
+    return token
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    token: str | None = None
+    max_reconcile_age_s: float = 0.0  # 0: not checked (an idle loop records no reconciliation)
+    failing_grace_s: float = 300.0
+    refresh_s: int = 15
+    capacity_refresh_s: float = 10.0
+    capacity_wait_s: float = 2.0
+    policy: str | None = None
+    pool_size: int = 8
+
+    def check(self) -> None:
+        if not is_loopback(self.host) and self.token is None:
+            raise ServeError(f"listening on {self.host} (not loopback) needs --token-file: every request but "
+                             "/healthz must then carry that bearer token", code="serve.listen_needs_token")
+
+
+# ----------------------------------------------------------------- service
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+    headers: tuple[tuple[str, str], ...] = field(default=())
+
+
+def json_response(status: int, doc: Any, headers: Sequence[tuple[str, str]] = ()) -> Response:
+    return Response(status, json.dumps(doc, default=str, separators=(",", ":")).encode(), "application/json",
+                    tuple(headers))
+
+
+class Service:
+    """Everything a request needs; `respond` is the whole server minus sockets (tests call it directly too)."""
+
+    def __init__(self, url: str, settings: Settings) -> None:
+        self.settings = settings
+        self.pool = Pool(url, size=settings.pool_size)
+        self.capacity = capacities.Cache(self.pool, policy=settings.policy, refresh_s=settings.capacity_refresh_s,
+                                         wait_s=settings.capacity_wait_s)
+        self.ctx = api.Context(self.pool, self.capacity)
+        self.dashboard = dashboard.Dashboard(self.ctx, refresh_s=settings.refresh_s)
+        self.registry = metrics.registry(self.pool, self.capacity)
+
+    def close(self, timeout: float = 60.0) -> None:
+        self.pool.close()
+        self.capacity.join(timeout)
+
+    def authorized(self, headers: Mapping[str, str]) -> api.ApiError | None:
+        token = self.settings.token
+        if token is None:
+            return None
+        given = headers.get("Authorization") or ""
+        scheme, _, value = given.partition(" ")
+        challenge = (("WWW-Authenticate", 'Bearer realm="gpuaas"'),)
+        if scheme.lower() != "bearer" or not value.strip():
+            return api.ApiError(401, api.UNAUTHORIZED, "this server needs Authorization: Bearer <token>",
+                                headers=challenge)
+        if not hmac.compare_digest(value.strip().encode(), token.encode()):
+            return api.ApiError(401, api.TOKEN_INVALID, "the bearer token is not this server's", headers=challenge)
+        return None
+
+    def respond(self, method: str, target: str, headers: Mapping[str, str]) -> Response:  # noqa: PLR0911 - one return per outcome
+        parts = urlsplit(target)
+        path = unquote(parts.path) or "/"
+        query = parse_qs(parts.query)
+        html = not (path.startswith("/api/") or path in ("/healthz", "/readyz", "/metrics"))
+        try:
+            if method not in ("GET", "HEAD"):
+                raise api.ApiError(405, api.METHOD_NOT_ALLOWED, f"{method} is not allowed: this server is read-only",
+                                   headers=(("Allow", "GET, HEAD"),))
+            if path == "/healthz":
+                return json_response(200, {"status": "ok"})
+            refused = self.authorized(headers)
+            if refused is not None:
+                raise refused
+            return self._route(path, query)
+        except api.ApiError as e:
+            return self._error(e.status, e.code, e.message, html=html, headers=e.headers)
+        except TemporaryError as e:
+            retry = (("Retry-After", str(max(1, round(e.delay)))),)
+            code = api.DB_UNAVAILABLE if e.code == "db.unavailable" else e.code
+            return self._error(503, code, e.message, html=html, headers=retry)
+        except GpuaasError as e:
+            if e.code == "status.no_schema" or (e.code == "db.error" and not self._schema_applied()):
+                return self._error(503, api.NO_SCHEMA, "the database has no schema yet: nothing was reconciled",
+                                   html=html)
+            log.error("request failed: %s %s: %s: %s", method, path, e.code, e.message)
+            return self._error(500, e.code, e.message, html=html)
+        except Exception:
+            log.exception("request failed: %s %s", method, path)
+            return self._error(500, api.INTERNAL, "internal error; see the server log", html=html)
+
+    def _route(self, path: str, query: Mapping[str, Sequence[str]]) -> Response:
+        if path == api.PREFIX or path.startswith(api.PREFIX + "/"):
+            return json_response(200, api.handle(self.ctx, path, query))
+        if path == "/readyz":
+            ok, doc = self.readiness()
+            return json_response(200 if ok else 503, doc)
+        if path == "/metrics":
+            return Response(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
+        if path == "/":
+            return self._html(self.dashboard.fleet(query))
+        for prefix, page in (("/nodes/", self.dashboard.node), ("/allocations/", self.dashboard.allocation)):
+            if path.startswith(prefix) and len(path) > len(prefix) and "/" not in path[len(prefix):]:
+                return self._html(page(path[len(prefix):]))
+        raise api.ApiError(404, api.ROUTE_NOT_FOUND, f"no such page: {path}")
+
+    def _schema_applied(self) -> bool:
+        from reconciler.store import migrations
+
+        try:
+            with self.pool.reading() as conn:
+                return bool(migrations.applied(conn))
+        except GpuaasError:
+            return True  # cannot tell: report the original error
+
+    def _html(self, text: str) -> Response:
+        return Response(200, text.encode(), "text/html; charset=utf-8", _HTML_HEADERS)
+
+    def _error(self, status: int, code: str, message: str, *, html: bool,
+               headers: Sequence[tuple[str, str]] = ()) -> Response:
+        if html and status != 401:
+            try:
+                page = self.dashboard.error(status, code, message)
+                return Response(status, page.encode(), "text/html; charset=utf-8", (*_HTML_HEADERS, *headers))
+            except Exception:  # the error page itself failed: fall back to JSON
+                log.exception("error page failed")
+        return json_response(status, api.error_body(code, message), headers)
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        from reconciler.store import history, migrations
+
+        checks: dict[str, Any] = {"database": False}
+        try:
+            with self.pool.reading() as conn:
+                checks["database"] = True
+                if not migrations.applied(conn):
+                    return False, _not_ready(checks, "ready.no_schema", "the database has no schema yet")
+                health = history.health(conn)
+                row = conn.execute("SELECT now()").fetchone()
+        except GpuaasError as e:
+            return False, _not_ready(checks, "ready.db_unreachable", f"{e.code}: {e.message}")
+        now = row[0] if row else dt.datetime.now(dt.UTC)
+        checks["last_applied_revision"] = health.last_applied_revision
+        checks["last_applied_at"] = health.last_applied_at
+        limit = self.settings.max_reconcile_age_s
+        if limit > 0:
+            if health.last_applied_at is None:
+                return False, _not_ready(checks, "ready.never_reconciled", "no reconciliation has succeeded yet")
+            age = (now - health.last_applied_at).total_seconds()
+            checks["last_applied_age_s"] = round(age, 3)
+            if age > limit:
+                return False, _not_ready(checks, "ready.reconciliation_stale",
+                                         f"the newest successful reconciliation finished {age:.0f}s ago "
+                                         f"(over --max-reconcile-age {limit:g}s)")
+        if health.failing and health.failing_since is not None:
+            failing_for = (now - health.failing_since).total_seconds()
+            checks["failing"] = {"since": health.failing_since, "failures": health.failures,
+                                 "code": health.failing_code}
+            if failing_for >= self.settings.failing_grace_s:
+                return False, _not_ready(checks, "ready.reconciliation_failing",
+                                         f"reconciliation has failed for {failing_for:.0f}s ({health.failures} "
+                                         f"run(s)), newest: {health.failing_code}: {health.failing_message}")
+        return True, {"ready": True, "checks": checks}
+
+
+def _not_ready(checks: dict[str, Any], code: str, message: str) -> dict[str, Any]:
+    return {"ready": False, "checks": checks, **api.error_body(code, message)}
+
+
+# --------------------------------------------------------------------- HTTP
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: HTTPServer
+    protocol_version = "HTTP/1.1"
+    timeout = 30  # an idle keep-alive connection gives its thread back
+    disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed-ACK stall between them
+    server_version = "gpuaas-serve"
+    sys_version = ""
+
+    def _serve(self) -> None:
+        t0 = time.perf_counter()
+        resp = self.server.service.respond(self.command, self.path,
+                                           {"Authorization": self.headers.get("Authorization") or ""})
+        self.send_response(resp.status)
+        self.send_header("Content-Type", resp.content_type)
+        self.send_header("Content-Length", str(len(resp.body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        for name, value in resp.headers:
+            self.send_header(name, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(resp.body)
+        log.info("%s %s %d %.1fms", self.command, self.path.split("?", 1)[0], resp.status,
+                 (time.perf_counter() - t0) * 1000,
+                 extra={"event": "request", "method": self.command, "path": self.path.split("?", 1)[0],
+                        "status": resp.status, "ms": round((time.perf_counter() - t0) * 1000, 1)})
+
+    do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _serve
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug(format, *args)
+
+
+class HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], service: Service) -> None:
+        self.service = service
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, Handler)
+
+    @property
+    def url(self) -> str:
+        raw, port = self.server_address[0], self.server_address[1]
+        host = raw.decode() if isinstance(raw, bytes | bytearray) else str(raw)
+        shown = f"[{host}]" if ":" in host else host
+        return f"http://{shown}:{port}"
+
+
+def make_server(url: str, settings: Settings) -> HTTPServer:
+    """Bind (the caller runs `serve_forever` and, at the end, `shutdown` and `server_close`)."""
+    settings.check()
+    service = Service(url, settings)
+    try:
+        server = HTTPServer((settings.host, settings.port), service)
+    except OSError as e:
+        service.close()
+        raise ServeError(f"cannot listen on {settings.host}:{settings.port}: {e.strerror or e}",
+                         code="serve.listen_failed") from e
+    service.capacity.warm()
+    return server
+
+
+def token_from(path: str | os.PathLike[str] | None) -> str | None:
+    return None if path is None else load_token(Path(path))
