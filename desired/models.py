@@ -201,16 +201,18 @@ class VmProfile(_Model):
     vcpu_count: int = Field(ge=1, le=1024)
     memory_mib: int = Field(ge=512)
     hugepages: Hugepages = Hugepages()
-    guest_driver_profile: str | None = None
-    derived_from: str | None = None
+    guest_driver_profile: Name | None = None
+    derived_from: Name | None = None  # a key of slice_vm_profiles
     notes: str = ""
 
 
 class ResourceProfile(_Model):
     fabric: str | None = None
     slice_unit_gpu_count: int = Field(default=1, ge=1)
-    default_slice_vm_profile: str | None = None
-    slice_vm_profiles: dict[str, VmProfile] = Field(default_factory=dict)
+    default_slice_vm_profile: Name | None = None
+    # Keys are profile names: they reach claims, plans, the host and every report, so they follow the name rule.
+    slice_vm_profiles: dict[Name, VmProfile] = Field(
+        default_factory=dict, json_schema_extra={"additionalProperties": False})
 
 
 class TopologyPolicy(_Model):
@@ -437,7 +439,7 @@ class Allocation(_Doc):
     region: Name
     image: Name | None = None
     ssh_keys: Annotated[tuple[Annotated[str, Field(pattern=SSH_KEY_RE)], ...], Strict(False)] = ()
-    vm_profile: str | None = None
+    vm_profile: Name | None = None
     state: Annotated[AllocationState, Strict(False)] = AllocationState.PRESENT
     requested_at: dt.datetime
     lease_hours: float | None = Field(

@@ -5,6 +5,9 @@ update its previous comment instead of adding a new one, then a summary
 table; every list follows in a collapsible `<details>` section (open when it
 is short), so a large PR stays readable.
 
+Every value is escaped for the document it lands in (`schemas.rendering`):
+a hostile name or message renders as itself and changes no structure.
+
 Pure: values in, strings and dicts out.
 """
 
@@ -14,6 +17,7 @@ from typing import Any
 
 from reconciler import capacity, plans
 from reconciler.prplan import PrPlan
+from schemas import rendering
 
 MARKER = "<!-- gpuaas-plan -->"
 OPEN_BELOW = 10  # sections with at most this many rows render expanded
@@ -190,7 +194,7 @@ def render_text(pr: PrPlan) -> str:
            + (" (offline: base state planned from no claims)" if pr.offline else " (against the database)")]
     if not pr.valid:
         out += ["", *(e.render() for e in pr.errors), "", f"Plan: {headline(pr)}."]
-        return "\n".join(out)
+        return _lines(out)
     if pr.base_errors:
         out.append(f"note: base has {len(pr.base_errors)} validation error(s); its state is partial")
     out += _text_inventory(pr) + _text_nodes(pr) + _text_allocations(pr)
@@ -199,19 +203,32 @@ def render_text(pr: PrPlan) -> str:
         out += [f"  {c.region:<12} {c.sku:<26} {c.gpu_count} GPU: {c.before} -> {c.after}"
                 for c in pr.capacity_changes]
     out += ["", f"Plan: {headline(pr)}."]
-    return "\n".join(out)
+    return _lines(out)
+
+
+def _lines(out: list[str]) -> str:
+    # Each entry is one line: a newline or escape sequence in a value (a file name
+    # from git) must not start a line of its own in a terminal or a CI log.
+    return "\n".join(rendering.terminal_text(line) for line in out)
 
 
 # --------------------------------------------------------------- markdown
+# Every value from the repo or the plan goes through schemas.rendering (md_text,
+# md_code): a name, file name, revision or message can never open an HTML tag,
+# break a table cell, leave a <details> block or start a code span of its own.
 
 
-def _cell(value: object) -> str:
-    return str(value).replace("|", "\\|").replace("\n", " ")
+def _code(value: object) -> rendering.Markdown:
+    return rendering.md_code(value)
+
+
+def _codes(values: tuple[str, ...] | list[str]) -> rendering.Markdown:
+    return rendering.md_join(", ", (rendering.md_code(v) for v in values))
 
 
 def _table(header: list[str], rows: list[list[object]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    lines = [rendering.md_row(header), "|" + "---|" * len(header)]
+    lines += [rendering.md_row(row) for row in rows]
     return lines
 
 
@@ -219,16 +236,18 @@ def _details(title: str, header: list[str], rows: list[list[object]]) -> list[st
     if not rows:
         return []
     attr = " open" if len(rows) <= OPEN_BELOW else ""
-    return ["", f"<details{attr}><summary><b>{title}</b> ({len(rows)})</summary>", "",
+    return ["", f"<details{attr}><summary><b>{rendering.html_text(title)}</b> ({len(rows)})</summary>", "",
             *_table(header, rows), "", "</details>"]
 
 
 def render_markdown(pr: PrPlan) -> str:
-    out = [MARKER, f"### gpuaas plan: `{short(pr.base_revision)}` → `{short(pr.head_revision)}`", ""]
+    revs = f"{_code(short(pr.base_revision))} → {_code(short(pr.head_revision))}"
+    out = [MARKER, f"### gpuaas plan: {revs}", ""]
     if not pr.valid:
         out += [f"**Invalid: {len(pr.errors)} validation error(s); nothing was planned.**", ""]
         out += _table(["File", "Line", "Code", "Message"],
-                      [[f"`{e.file}:{e.line}:{e.column}`", e.line, f"`{e.code}`", e.message] for e in pr.errors])
+                      [[_code(f"{e.file}:{e.line}:{e.column}"), e.line, _code(e.code), e.message]
+                       for e in pr.errors])
         return "\n".join(out) + "\n"
     inv = pr.inventory
     new = {x.allocation_id for x in pr.new_pending}
@@ -241,34 +260,35 @@ def render_markdown(pr: PrPlan) -> str:
         ["Allocations pending", f"{len(pr.plan.pending)} ({len(new)} new)"],
         ["Releases", len(pr.plan.releases)],
     ])
-    out += ["", f"**{headline(pr)}**" + (" (offline: base state planned from no claims)" if pr.offline else "")]
+    out += ["", f"**{rendering.md_text(headline(pr))}**"
+            + (" (offline: base state planned from no claims)" if pr.offline else "")]
     if pr.base_errors:
         out += ["", f"> base has {len(pr.base_errors)} validation error(s); its state is partial"]
     if pr.orphaned:
         out += ["", "> **warning:** allocations holding claims are no longer declared (set `state: released` "
-                    "to free them): " + ", ".join(f"`{a}`" for a in pr.orphaned)]
+                    "to free them): " + _codes(pr.orphaned)]
     out += _details("Inventory", ["", "Kind", "Name", "Fields"],
-                    [[_SYMBOL.get(c.action, "?") + " " + c.action, c.kind, f"`{c.name}`", ", ".join(c.fields)]
+                    [[_SYMBOL.get(c.action, "?") + " " + c.action, c.kind, _code(c.name), ", ".join(c.fields)]
                      for c in inv.changes])
     out += _details("Slot eligibility", ["Node", "Slots", "Schedulable", "Reasons"],
-                    [[f"`{node}`", _slots(tuple(idx)), "no → yes" if now else "yes → no",
-                      ", ".join(f"`{r}`" for r in reasons)] for (node, now, reasons), idx in slot_groups(pr).items()])
+                    [[_code(node), _slots(tuple(idx)), "no → yes" if now else "yes → no", _codes(reasons)]
+                     for (node, now, reasons), idx in slot_groups(pr).items()])
     out += _details("Slots still not schedulable (added or changed nodes)", ["Node", "Slots", "Reasons"],
-                    [[f"`{node}`", _slots(tuple(idx)), ", ".join(f"`{r}`" for r in reasons)]
+                    [[_code(node), _slots(tuple(idx)), _codes(reasons)]
                      for (node, reasons), idx in ineligible_groups(pr).items()])
     out += _details("Nodes: capability and mode", ["Node", "Capability", "Mode", "Why"],
-                    [[f"`{n.node}`", _arrow(n.capability_before, n.capability_after, "→"),
-                      _arrow(n.mode_before, n.mode_after, "→"), ", ".join(f"`{w}`" for w in n.why)] for n in pr.nodes])
+                    [[_code(n.node), _arrow(n.capability_before, n.capability_after, "→"),
+                      _arrow(n.mode_before, n.mode_after, "→"), _codes(n.why)] for n in pr.nodes])
     out += _details("Placements", ["Allocation", "Tenant", "Request", "Node", "Slots", "VM profile"],
-                    [[f"`{x.allocation_id}`", x.tenant, f"{x.gpu_count}x {x.sku}", f"`{x.node}`",
+                    [[_code(x.allocation_id), x.tenant, f"{x.gpu_count}x {x.sku}", _code(x.node),
                       _slots(x.slot_indexes),
                       f"{x.profile.name} ({x.profile.vcpu_count} vCPU, {x.profile.memory_mib} MiB)"
                       if x.profile else "-"] for x in pr.plan.placements])
     out += _details("Pending", ["Allocation", "Code", "Reason", "New"],
-                    [[f"`{y.allocation_id}`", f"`{y.code}`", y.message, "yes" if y.allocation_id in new else "no"]
+                    [[_code(y.allocation_id), _code(y.code), y.message, "yes" if y.allocation_id in new else "no"]
                      for y in pr.plan.pending])
     out += _details("Releases", ["Allocation", "Node", "Slots"],
-                    [[f"`{r.allocation_id}`", f"`{r.node}`", _slots(r.slot_indexes)] for r in pr.plan.releases])
+                    [[_code(r.allocation_id), _code(r.node), _slots(r.slot_indexes)] for r in pr.plan.releases])
     out += _details("Launchable capacity", ["Region", "SKU", "GPUs", "Before", "After"],
-                    [[c.region, f"`{c.sku}`", c.gpu_count, c.before, c.after] for c in pr.capacity_changes])
+                    [[c.region, _code(c.sku), c.gpu_count, c.before, c.after] for c in pr.capacity_changes])
     return "\n".join(out) + "\n"

@@ -4,24 +4,43 @@ ruamel.yaml does the writing because a release must keep the file's comments
 and key order (an operator may have annotated it). Validation runs on the
 whole repo with the new bytes *before* anything is written or committed: an
 invalid request never lands, and the bot gets the error codes back.
+
+The bot writes only regular files inside the repo, never through a link: the
+repo is input too, and a symlinked `allocations/` or request file (or a hard
+link to a file elsewhere) would otherwise send the bot's write outside it.
+Every directory below the repo root is opened with O_NOFOLLOW, one level at a
+time; a new file is created with O_EXCL, an existing one is replaced by an
+atomic rename of a file written beside it, never opened for writing.
+Anything else is refused with `request.file.not_regular` and nothing is written.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import io
+import os
+import re
 import secrets
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 import git
 from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
 
 from desired import loading
 from desired import models as m
 from desired import problems as p
 from policies import validation
 from reconciler.errors import PermanentError
+
+NOT_REGULAR = "request.file.not_regular"
+_ID = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")  # the rule of models.Allocation.id, checked before any path is made
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 BOT_NAME = "gpuaas-portal-bot"
 BOT_EMAIL = "portal-bot@gpuaas.invalid"
@@ -112,8 +131,8 @@ def create(
 ) -> Written:
     now = now or dt.datetime.now(dt.UTC)
     allocation_id = allocation_id or new_id(now)
-    rel = f"{ALLOCATIONS_DIR}/{allocation_id}.yaml"
-    if (root / rel).exists():
+    rel = _request_file(allocation_id)
+    if _existing(root, rel):
         raise PermanentError(f"{rel} already exists", code="request.exists")
     data = render_request(
         allocation_id=allocation_id,
@@ -129,8 +148,10 @@ def create(
     if errors:
         raise RequestRejected(errors)
     path = root / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
+    with _directory(root, rel, create=True) as parent:
+        if parent is None:  # create=True makes every directory or raises
+            raise PermanentError(f"no directory for {rel}", code="request.file")
+        _create(parent, rel, data)
     sha = (
         _commit(root, path, f"request {allocation_id}: {gpus}x {sku} in {region} for {tenant}", push)
         if commit
@@ -140,22 +161,183 @@ def create(
 
 
 def release(root: Path, allocation_id: str, *, commit: bool = False, push: tuple[str, str] | None = None) -> Written:
+    # The reader skips links (desired.file.symlink), so a linked request file would be
+    # "not found"; the bot says what it refused instead.
+    _existing(root, _request_file(allocation_id))
     rel = _find(root, allocation_id)
     path = root / rel
-    y = _yaml()
-    docs = list(y.load_all(path.read_text()))
-    for doc in docs:
-        if isinstance(doc, dict) and doc.get("kind") == "Allocation" and doc.get("id") == allocation_id:
-            doc["state"] = m.AllocationState.RELEASED.value
-    buf = io.StringIO()
-    y.dump_all(docs, buf)
-    data = buf.getvalue().encode()
-    errors = check_repo_with(root, rel, data)
-    if errors:
-        raise RequestRejected(errors)
-    path.write_bytes(data)
+    with _directory(root, rel, create=False) as parent:
+        if parent is None:
+            raise PermanentError(f"{rel} is gone", code="request.not_found")
+        original, mode = _read_regular(parent, rel)
+        y = _yaml()
+        try:
+            docs = list(y.load_all(original.decode("utf-8")))
+        except (UnicodeDecodeError, YAMLError) as e:
+            raise PermanentError(f"{rel} changed while it was read: {e}", code="request.file") from e
+        for doc in docs:
+            if isinstance(doc, dict) and doc.get("kind") == "Allocation" and doc.get("id") == allocation_id:
+                doc["state"] = m.AllocationState.RELEASED.value
+        buf = io.StringIO()
+        y.dump_all(docs, buf)
+        data = buf.getvalue().encode()
+        errors = check_repo_with(root, rel, data)
+        if errors:
+            raise RequestRejected(errors)
+        _replace(parent, rel, data, mode)
     sha = _commit(root, path, f"release {allocation_id}", push) if commit else None
     return Written(allocation_id, path, sha)
+
+
+# ------------------------------------------------------------ safe file access
+
+
+def _not_regular(rel: str, what: str) -> PermanentError:
+    return PermanentError(f"{rel}: {what}; the portal bot writes only regular files inside the repo, "
+                          "never through a link", code=NOT_REGULAR)
+
+
+def _parts(rel: str) -> list[str]:
+    parts = rel.split("/")
+    if rel.startswith("/") or any(part in ("", ".", "..") for part in parts):
+        raise _not_regular(rel, "the path leaves the repo")
+    return parts
+
+
+def _name(rel: str) -> str:
+    return _parts(rel)[-1]
+
+
+@contextmanager
+def _directory(root: Path, rel: str, *, create: bool) -> Iterator[int | None]:
+    """The directory holding `rel` (relative to `root`), opened one level at a time without following a link.
+
+    Yields its descriptor, or None when a directory is missing and `create` is
+    False. The descriptor pins the directory that was checked: a link swapped
+    in afterwards changes nothing the bot writes.
+    """
+    parts = _parts(rel)
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise PermanentError(f"{root}: {e.strerror}", code="request.repo") from e
+    try:
+        for i, part in enumerate(parts[:-1]):
+            where = "/".join(parts[: i + 1])
+            try:
+                sub = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    yield None
+                    return
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass  # made meanwhile (or a link put there): the open below decides
+                except OSError as e:
+                    raise PermanentError(f"{where}: {e.strerror}", code="request.file") from e
+                sub = _open_dir(part, fd, where)
+            except OSError as e:
+                raise _dir_error(e, where) from e
+            os.close(fd)
+            fd = sub
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _open_dir(part: str, parent: int, where: str) -> int:
+    try:
+        return os.open(part, _DIR_FLAGS, dir_fd=parent)
+    except OSError as e:
+        raise _dir_error(e, where) from e
+
+
+def _dir_error(e: OSError, where: str) -> PermanentError:
+    if e.errno in (errno.ELOOP, errno.ENOTDIR):
+        return _not_regular(where, "is a symlink or not a directory")
+    return PermanentError(f"{where}: {e.strerror}", code="request.file")
+
+
+def _request_file(allocation_id: str) -> str:
+    if not _ID.match(allocation_id):
+        raise PermanentError(f"allocation id {allocation_id!r} is not 3-63 lowercase letters, digits or '-'",
+                             code="request.id")
+    return f"{ALLOCATIONS_DIR}/{allocation_id}.yaml"
+
+
+def _existing(root: Path, rel: str) -> bool:
+    """Whether `rel` is there as a regular file; a link or anything else on the way is refused."""
+    with _directory(root, rel, create=False) as parent:
+        mode = None if parent is None else _lmode(parent, rel)
+    if mode is not None and not stat.S_ISREG(mode):
+        raise _not_regular(rel, "is a symlink or not a regular file")
+    return mode is not None
+
+
+def _lmode(parent: int, rel: str) -> int | None:
+    """st_mode of `rel` itself (a link is not followed), or None when nothing is there."""
+    try:
+        return os.stat(_name(rel), dir_fd=parent, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return None
+
+
+def _read_regular(parent: int, rel: str) -> tuple[bytes, int]:
+    """The bytes and permission bits of `rel`, a regular file with one link (anything else: refused)."""
+    try:
+        fd = os.open(_name(rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _not_regular(rel, "is a symlink") from e
+        raise PermanentError(f"{rel}: {e.strerror}", code="request.file") from e
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(rel, "is not a regular file")
+        if st.st_nlink != 1:
+            raise _not_regular(rel, f"has {st.st_nlink} hard links")
+        return fh.read(), stat.S_IMODE(st.st_mode)
+
+
+def _write_new(parent: int, name: str, data: bytes, mode: int | None) -> None:
+    """Create `name` (O_EXCL: never over anything already there, a dangling link included) and write it."""
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            if mode is not None:
+                os.fchmod(fh.fileno(), mode)
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError:
+        _unlink(parent, name)
+        raise
+
+
+def _create(parent: int, rel: str, data: bytes) -> None:
+    try:
+        _write_new(parent, _name(rel), data, None)
+    except FileExistsError as e:
+        raise PermanentError(f"{rel} already exists", code="request.exists") from e
+    except OSError as e:
+        raise PermanentError(f"{rel}: {e.strerror}", code="request.file") from e
+
+
+def _replace(parent: int, rel: str, data: bytes, mode: int) -> None:
+    """Replace `rel` atomically: write a new file beside it, then rename it over the name (never through it)."""
+    tmp = f".{_name(rel)}.{secrets.token_hex(6)}.tmp"
+    try:
+        _write_new(parent, tmp, data, mode)
+        os.replace(tmp, _name(rel), src_dir_fd=parent, dst_dir_fd=parent)
+    except OSError as e:
+        _unlink(parent, tmp)
+        raise PermanentError(f"{rel}: {e.strerror}", code="request.file") from e
+
+
+def _unlink(parent: int, name: str) -> None:
+    with suppress(OSError):
+        os.unlink(name, dir_fd=parent)
 
 
 def _find(root: Path, allocation_id: str) -> str:

@@ -43,3 +43,108 @@ def test_every_package_says_what_it_is_for() -> None:
     for pkg in PACKAGES:
         doc = ast.get_docstring(ast.parse((ROOT / pkg / "__init__.py").read_text()))
         assert doc and len(doc) > 40, pkg
+
+
+# ------------------------------------------------- argv: data never becomes an option
+
+_SUBPROCESS_RUNNERS = {"run", "Popen", "call", "check_call", "check_output"}
+
+# Call sites whose argv this rule cannot prove safe, each with the reason it is.
+# Key: "path::function" (the function the call is in). A site drops out of here
+# once every value in its argv follows a literal "--" (or is a literal).
+ARGV_ALLOWED = {
+    "desired/gitrepo.py::revision_refs": "the value before '--' is commit.hexsha: 40 hex digits from git itself",
+    "reconciler/commands/bench_claims.py::_pgbench": "bench tool: protocol defaults to a literal, numbers are ints, "
+                                                      "the script is a temp path and the URL is the operator's own",
+    "reconciler/commands/bench_gitops.py::_git": "bench tool: every caller in the module passes literal git "
+                                                 "subcommands, options and paths it made itself",
+    "reconciler/commands/bench_gitops.py::measure": "bench tool: argv is sys.executable, literals, a temp path, "
+                                                    "ints and the operator's own database URL",
+    "reconciler/store/embedded.py::_run": "runner: pg_ctl/initdb argv built in this module from literals and "
+                                          "paths under the server's state dir",
+    "host_reconciler/drivers/netns.py::run": "runner: argv is built by the network drivers (ip, ovs-vsctl, "
+                                             "dnsmasq) from plan values that passed the desired-state patterns",
+    "host_reconciler/drivers/tools.py::run": "runner: argv is built by the disk and PCI drivers from approved "
+                                             "by-id paths and PCI addresses that passed the desired-state patterns",
+    "host_reconciler/lab.py::_run": "lab only: argv from literals, generated netns names and loop devices",
+    "host_reconciler/lab.py::LabHost.close": "lab only: a generated netns name (gpuaas-l<hex>), mount points "
+                                             "under the lab root (absolute paths) and /dev/loopN names",
+}
+
+
+def _argv_problems(args: list[ast.expr], *, program_first: bool) -> list[str]:
+    """Why an argv may let a value become an option ([] when every value is a literal or follows "--")."""
+    problems = []
+    for i, arg in enumerate(args):
+        if isinstance(arg, ast.Constant) and arg.value == "--":
+            break
+        if i == 0 and program_first:
+            continue  # the program itself, not an option
+        if isinstance(arg, ast.Constant):
+            continue  # a literal we wrote
+        if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant) \
+                and arg.values[0].value:
+            continue  # f"--opt={x}", f"+refs/heads/{b}": starts with our own text
+        problems.append(f"{ast.unparse(arg)!r} can start with '-' and is not after a literal '--'")
+    return problems
+
+
+def _argv_sites(tree: ast.Module) -> list[tuple[int, str, list[str]]]:
+    """(line, enclosing function, problems) of every subprocess.* and <repo>.git.<cmd>(...) call."""
+    found: list[tuple[int, str, list[str]]] = []
+
+    def visit(node: ast.AST, scope: list[str]) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = [*scope, child.name] if isinstance(
+                child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) else scope
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute):
+                f = child.func
+                where = ".".join(scope) or "<module>"
+                if isinstance(f.value, ast.Name) and f.value.id == "subprocess" and f.attr in _SUBPROCESS_RUNNERS:
+                    argv = child.args[0] if child.args else next(
+                        (k.value for k in child.keywords if k.arg == "args"), None)
+                    if isinstance(argv, ast.List | ast.Tuple):
+                        found.append((child.lineno, where, _argv_problems(list(argv.elts), program_first=True)))
+                    else:
+                        found.append((child.lineno, where, ["argv is built elsewhere; this rule cannot read it"]))
+                elif isinstance(f.value, ast.Attribute) and f.value.attr == "git":
+                    found.append((child.lineno, where, _argv_problems(list(child.args), program_first=False)))
+            visit(child, inner)
+
+    visit(tree, [])
+    return found
+
+
+def test_no_value_can_become_an_option_of_a_program_we_run() -> None:
+    """Every subprocess.* and GitPython repo.git.<cmd>(...) call puts values after a literal "--".
+
+    A branch, remote, node or device name that starts with '-' would otherwise
+    be read as an option (`git fetch --upload-pack=...`). Literals and
+    f-strings that start with our own text are safe; anything else must follow
+    a literal "--" or be in ARGV_ALLOWED with the reason it is safe.
+    """
+    offenders = []
+    for path in _sources(*PACKAGES):
+        rel = str(path.relative_to(ROOT))
+        for line, where, problems in _argv_sites(ast.parse(path.read_text())):
+            if problems and f"{rel}::{where}" not in ARGV_ALLOWED:
+                offenders += [f"{rel}:{line} ({where}): {p}" for p in problems]
+    assert offenders == []
+    assert all(len(reason) > 20 for reason in ARGV_ALLOWED.values())
+
+
+def test_the_argv_rule_catches_what_it_should() -> None:
+    cases = {
+        'subprocess.run(["git", "fetch", remote])': 1,
+        'subprocess.run(["git", "fetch", "--", remote, f"+refs/heads/{b}"])': 0,
+        'subprocess.run(["umount", "-l", str(point)])': 1,
+        'subprocess.run(argv)': 1,
+        'subprocess.run([binary, "-x", f"--db={db}"])': 0,
+        'repo.git.fetch(self.remote, "main")': 1,
+        'repo.git.fetch("--", self.remote, "main")': 0,
+        'repo.git.checkout("-b", "pr")': 0,
+        'repo.git.log(*args)': 1,
+    }
+    for code, expected in cases.items():
+        sites = _argv_sites(ast.parse(code))
+        assert len(sites) == 1 and len(sites[0][2]) == expected, (code, sites)

@@ -3,7 +3,8 @@
 Reads what every host reported (host_status.drift: per slot, with stable
 codes) as the central reconciler's role, and renders it. Exit status 0 when
 no drift was found; with --exit-code, 3 when some node reports drift (so cron
-and CI can alert on it).
+and CI can alert on it). A host's report is untrusted input: a malformed one
+shows as `drift.report.invalid` for that node (and counts as drift).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from reconciler.store import connections
 
     with store.connect(connections.database_url(args.db_url)) as conn:
-        nodes = store.read_status(conn, args.node)
+        # Hosts write their own reports: one malformed report is a finding of its node, not a crash.
+        nodes = reports.checked(store.read_status(conn, args.node))
     print(reports.RENDERERS[args.output](nodes), end="" if args.output == "markdown" else "\n")
-    return 3 if args.exit_code and any(n.get("drift") for n in nodes) else 0
+    return 3 if args.exit_code and any(n["drift"] for n in nodes) else 0

@@ -1,4 +1,10 @@
-"""`gpuaas request create|release`: what the portal bot runs against the desired-state repo."""
+"""`gpuaas request create|release`: what the portal bot runs against the desired-state repo.
+
+Every refusal exits 1 with `error: CODE: message` on stderr; with `-o json`
+the bot also gets `{"error": CODE, ...}` on stdout (a rejected request lists
+its problems; a refused file, such as a symlinked `allocations/<id>.yaml`,
+`request.file.not_regular`, says why).
+"""
 
 from __future__ import annotations
 
@@ -65,6 +71,13 @@ def _rejected(args: argparse.Namespace, e: requests.RequestRejected) -> int:
     return 1
 
 
+def _refused(args: argparse.Namespace, e: PermanentError) -> int:
+    if args.output == "json":
+        print(json.dumps({"error": e.code, "message": e.message}))
+    print(f"error: {e.code}: {e.message}", file=sys.stderr)
+    return 1
+
+
 def run_create(args: argparse.Namespace) -> int:
     keys: list[str] = []
     for path in args.ssh_key:
@@ -87,6 +100,8 @@ def run_create(args: argparse.Namespace) -> int:
         )
     except requests.RequestRejected as e:
         return _rejected(args, e)
+    except PermanentError as e:
+        return _refused(args, e)
     return _report(args, written, "requested")
 
 
@@ -100,4 +115,6 @@ def run_release(args: argparse.Namespace) -> int:
         )
     except requests.RequestRejected as e:
         return _rejected(args, e)
+    except PermanentError as e:
+        return _refused(args, e)
     return _report(args, written, "released")
