@@ -470,6 +470,10 @@ def _field_problems(doc: Document, error: ValidationError) -> Iterator[p.Problem
         elif kind == "extra_forbidden":
             line, col = doc.locate(loc)
             yield p.Problem(p.FIELD_UNKNOWN, f"unknown field '{dotted}'", doc.file, line, col)
+        elif loc and loc[-1] == "[key]":  # a bad mapping key: point at the key itself, name the mapping
+            line, col = doc.locate(loc[:-1])
+            yield p.Problem(p.FIELD_VALUE, f"key {str(loc[-2])!r} of '{_dotted(loc[:-2])}': {_message(item)}",
+                            doc.file, line, col)
         else:
             line, col = doc.locate_value(loc)
             code = p.FIELD_TYPE if kind.endswith("_type") or kind.endswith("_parsing") else p.FIELD_VALUE
