@@ -100,8 +100,22 @@ def vf_counts(slots: Iterable[m.Slot]) -> Counter[str]:
     return Counter(s.fabric_vf_pci_address for s in slots if s.fabric_vf_pci_address)
 
 
+# Memo by slot map object: the watch loop's blob cache hands out the same SlotMap object for
+# an unchanged file, and validation, inventory sync and the planner each ask for its reasons.
+# Keyed by id() with the object kept alive beside it, so an id is never reused while cached.
+_MEMO: dict[int, tuple[m.SlotMap, dict[int, list[Ineligible]]]] = {}
+_MEMO_MAX = 250_000
+
+
 def eligible_slots(slot_map: m.SlotMap) -> dict[int, list[Ineligible]]:
-    """Reasons per slot_index for one node's map (empty list = eligible)."""
+    """Reasons per slot_index for one node's map (empty list = eligible). Callers must not mutate it."""
+    hit = _MEMO.get(id(slot_map))
+    if hit is not None and hit[0] is slot_map:
+        return hit[1]
     counts = vf_counts(slot_map.slots)
     approved = not slot_map.approval_required
-    return {s.slot_index: slot_reasons(s, vf_counts=counts, approved=approved) for s in slot_map.slots}
+    out = {s.slot_index: slot_reasons(s, vf_counts=counts, approved=approved) for s in slot_map.slots}
+    if len(_MEMO) >= _MEMO_MAX:
+        _MEMO.clear()
+    _MEMO[id(slot_map)] = (slot_map, out)
+    return out

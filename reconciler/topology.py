@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import networkx as nx
 
@@ -99,14 +100,32 @@ def node_facts(node: m.Node, slot_map: m.SlotMap | None, *,
                      cleanup)
 
 
+# The facts of the last inventory() per node, reused when the node's documents are the same
+# objects (the watch loop's blob cache) and its observed inputs are equal: a revision that
+# changes one node rebuilds one node's facts. Replaced whole by each call (no growth).
+_FACTS: dict[str, tuple[tuple[Any, ...], NodeFacts]] = {}
+
+
 def inventory(desired: DesiredState, observed: plans.Observed) -> tuple[NodeFacts, ...]:
     """Every declared node, in name order, with observed facts folded in."""
+    global _FACTS  # noqa: PLW0603 - a memo, replaced whole per call
     out = []
+    used: dict[str, tuple[tuple[Any, ...], NodeFacts]] = {}
     for name in sorted(desired.nodes):
         node = desired.nodes[name]
+        smap = desired.slot_maps.get(name)
         ready = observed.firmware_ready.get(name, node.firmware_ready)
-        out.append(node_facts(node, desired.slot_maps.get(name), slot_status=observed.slot_status,
-                              firmware_ready=ready, healthy=name not in observed.unavailable_nodes))
+        healthy = name not in observed.unavailable_nodes
+        statuses = tuple(observed.slot_status.get((name, s.slot_index)) for s in smap.slots) if smap else ()
+        key = (node, smap, ready, healthy, statuses)
+        hit = _FACTS.get(name)
+        if hit is not None and hit[0][0] is node and hit[0][1] is smap and hit[0][2:] == key[2:]:
+            facts = hit[1]
+        else:
+            facts = node_facts(node, smap, slot_status=observed.slot_status, firmware_ready=ready, healthy=healthy)
+        used[name] = (key, facts)
+        out.append(facts)
+    _FACTS = used
     return tuple(out)
 
 
