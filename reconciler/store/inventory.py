@@ -92,7 +92,7 @@ SLOTS = _Table("node_resource_slots", "slot", ("node_id", "slot_index"), (
     "eligible", "ineligible_reasons"), frozenset({"nvme_identity", "capacity_metadata", "blockers"}))
 ALLOCATIONS = _Table("allocations", "allocation", ("id",), (
     "tenant", "sku", "gpu_count", "region", "image", "ssh_keys", "vm_profile", "desired_state",
-    "requested_at"))
+    "requested_at", "lease_hours"))
 
 
 def content_hash(state: DesiredState, memory: Memory | None = None) -> str:
@@ -338,7 +338,7 @@ def _allocation_row(a: m.Allocation) -> Row:
     return {
         "id": a.id, "tenant": a.tenant, "sku": a.sku, "gpu_count": a.gpu_count, "region": a.region,
         "image": a.image, "ssh_keys": list(a.ssh_keys), "vm_profile": a.vm_profile,
-        "desired_state": a.state.value, "requested_at": requested,
+        "desired_state": a.state.value, "requested_at": requested, "lease_hours": a.lease_hours,
     }
 
 

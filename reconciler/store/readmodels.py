@@ -159,7 +159,8 @@ def _slot_map(node: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
 def _allocation(r: dict[str, Any]) -> dict[str, Any]:
     return {**_DOC, "kind": "Allocation", "id": r["id"], "tenant": r["tenant"], "sku": r["sku"],
             "gpu_count": r["gpu_count"], "region": r["region"], "image": r["image"], "ssh_keys": list(r["ssh_keys"]),
-            "vm_profile": r["vm_profile"], "state": r["desired_state"], "requested_at": r["requested_at"]}
+            "vm_profile": r["vm_profile"], "state": r["desired_state"], "requested_at": r["requested_at"],
+            **({"lease_hours": r["lease_hours"]} if r.get("lease_hours") is not None else {})}
 
 
 def allocations(conn: Connection, *, include_released: bool = False) -> list[AllocationView]:
@@ -188,3 +189,24 @@ def allocations(conn: Connection, *, include_released: bool = False) -> list[All
             pending_message=r["pending_message"], claims=tuple(by_alloc.get(r["id"], ())),
             placed_at=r["placed_at"], active_at=r["active_at"]))
     return out
+
+
+def orphaned(conn: Connection) -> list[str]:
+    """Allocations holding live claims that the desired state no longer declares (their file was deleted).
+
+    Deleting a file never releases (only `state: released` does), so these
+    keep their claims until someone decides; `plan` warns about the same set.
+    """
+    with errors.wrapped("read orphaned allocations"):
+        rows = conn.execute(
+            "SELECT DISTINCT a.id FROM allocations a JOIN allocation_resource_claims c ON c.allocation_id = a.id"
+            " WHERE NOT a.present AND c.status IN ('reserved', 'provisioning', 'active', 'releasing')"
+            " ORDER BY a.id").fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def inventory_generation(conn: Connection) -> int:
+    """The counter every inventory write bumps (0 before the first sync): a saved plan pins it."""
+    with errors.wrapped("read the inventory generation"):
+        row = conn.execute("SELECT generation FROM inventory_generation").fetchone()
+    return int(row[0]) if row else 0
