@@ -13,8 +13,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reconciler.store import connections
-
 
 def add_database_arguments(p: argparse.ArgumentParser) -> None:
     """--db-url and --state-dir, shared by every command that talks to the store."""
@@ -24,6 +22,7 @@ def add_database_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def database_url(args: argparse.Namespace) -> str:
+    from reconciler.store import connections
     return connections.database_url(getattr(args, "db_url", None), getattr(args, "state_dir", None))
 
 
@@ -47,11 +46,12 @@ def register(sub: Any) -> None:
 
 
 def _external(args: argparse.Namespace) -> str | None:
+    from reconciler.store import connections
     return getattr(args, "db_url", None) or connections.external_url()
 
 
 def _start(args: argparse.Namespace) -> int:
-    from reconciler.store import embedded
+    from reconciler.store import connections, embedded
 
     if _external(args):
         print("an external database is configured (GPUAAS_DATABASE_URL/--db-url): nothing to start")
@@ -62,7 +62,7 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _stop(args: argparse.Namespace) -> int:
-    from reconciler.store import embedded
+    from reconciler.store import connections, embedded
 
     if _external(args):
         print("an external database is configured (GPUAAS_DATABASE_URL/--db-url): nothing to stop")
@@ -74,7 +74,7 @@ def _stop(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     """Exit 0 when the server runs, 3 when it does not (pg_ctl status does the same)."""
-    from reconciler.store import embedded
+    from reconciler.store import connections, embedded
 
     external = _external(args)
     if external:
@@ -98,14 +98,14 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _url(args: argparse.Namespace) -> int:
-    from reconciler.store import embedded
+    from reconciler.store import connections, embedded
 
     print(_external(args) or embedded.server_for(connections.state_dir(args.state_dir)).url())
     return 0
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    from reconciler.store import migrations
+    from reconciler.store import connections, migrations
 
     with connections.connect(database_url(args), autocommit=True) as conn:
         ran = migrations.migrate(conn)
@@ -114,7 +114,7 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from reconciler.store import checks, migrations
+    from reconciler.store import checks, connections, migrations
 
     with connections.connect(database_url(args), autocommit=True) as conn:
         migrations.migrate(conn)

@@ -10,7 +10,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from reconciler import sources, summary
 from reconciler.errors import PermanentError
 
 
@@ -25,6 +24,7 @@ def _heading(text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from reconciler import sources, summary
     _heading(f"validate {args.path}")
     result = sources.load(args.path)
     for problem in result.problems:

@@ -6,8 +6,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from desired import jsonschemas
-
 
 def register(sub: Any) -> None:
     p = sub.add_parser("schema", help="print or write JSON Schemas of the desired-state kinds")
@@ -17,6 +15,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from desired import jsonschemas
     schemas = jsonschemas.generate()
     if args.write:
         args.write.mkdir(parents=True, exist_ok=True)

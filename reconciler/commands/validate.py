@@ -8,8 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reconciler import sources, summary
-
 
 def register(sub: Any) -> None:
     p = sub.add_parser("validate", help="validate a desired-state repo")
@@ -21,6 +19,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from reconciler import sources, summary
     result = sources.load(args.path, args.rev)
     errors, warnings = result.errors, result.warnings
     state = result.state
