@@ -45,6 +45,8 @@ def register(sub: Any) -> None:
     p.add_argument("--nodes", type=int, default=0, help="slice hosts in the fleet (default: enough for the commits)")
     p.add_argument("--debounce-ms", type=int, default=200, help="watch debounce given to `gpuaas run`")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for one claim")
+    p.add_argument("--start-timeout", type=float, default=900.0,
+                   help="seconds to wait for the first (cold, full) apply of the base revision")
     p.add_argument("--keep", action="store_true", help="keep the scratch database and repo")
     p.add_argument("--json", action="store_true")
     db.add_database_arguments(p)
@@ -85,13 +87,25 @@ def _wait_applied(proc: subprocess.Popen[bytes], log: Path, timeout: float) -> N
     raise PermanentError(f"the reconciler did not apply the base revision: {tail}", code="bench.gitops.start")
 
 
+def _peak_rss_mib(pid: int) -> float | None:
+    """The reconciler's peak resident memory (VmHWM), read before it exits."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     k = max(0, min(len(ordered) - 1, round(q * (len(ordered) - 1))))
     return ordered[k]
 
 
-def measure(url: str, root: Path, *, commits: int, debounce_ms: int, timeout: float) -> dict[str, Any]:
+def measure(url: str, root: Path, *, commits: int, debounce_ms: int, timeout: float,
+            start_timeout: float = 900.0) -> dict[str, Any]:
     from reconciler import requests
     from reconciler.store import connections, migrations, synthetic
 
@@ -105,7 +119,9 @@ def measure(url: str, root: Path, *, commits: int, debounce_ms: int, timeout: fl
     latencies: list[float] = []
     commit_s: list[float] = []
     try:
-        _wait_applied(proc, log, 120.0)
+        started = time.monotonic()
+        _wait_applied(proc, log, start_timeout)
+        cold_start_s = time.monotonic() - started
         with connections.connect(url, autocommit=True) as conn:
             t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
             for i in range(commits):
@@ -129,6 +145,7 @@ def measure(url: str, root: Path, *, commits: int, debounce_ms: int, timeout: fl
                 latencies.append(time.perf_counter() - start)
                 commit_s.append(committed - start)
     finally:
+        peak_rss_mib = _peak_rss_mib(proc.pid)
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=30)
@@ -147,6 +164,8 @@ def measure(url: str, root: Path, *, commits: int, debounce_ms: int, timeout: fl
         "goal_p50_s": GOAL_P50_S,
         "goal_met": statistics.median(latencies) <= GOAL_P50_S,
         "reconciler_exit": proc.returncode,
+        "cold_start_s": round(cold_start_s, 2),
+        "reconciler_peak_rss_mib": peak_rss_mib,
     }
 
 
@@ -172,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
         _git(root, "init", "-q", "-b", "main")
         _git(root, "add", "-A")
         _git(root, "commit", "-q", "-m", "bench fleet")
-        result = measure(url, root, commits=args.commits, debounce_ms=args.debounce_ms, timeout=args.timeout)
+        result = measure(url, root, commits=args.commits, debounce_ms=args.debounce_ms, timeout=args.timeout,
+                         start_timeout=args.start_timeout)
         result["nodes"] = nodes
     finally:
         if not args.keep:
