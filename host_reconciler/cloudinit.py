@@ -1,7 +1,10 @@
 """The cloud-init NoCloud seed of a slice VM: user-data, meta-data, network-config.
 
 Rendered as JSON (YAML 1.2 is a superset of JSON; cloud-init reads it), so no
-value from a plan can break out of its field. SSH keys are checked against
+value from a plan can break out of its field. Written as UTF-8 text, never
+with backslash-u escapes: a character outside the Basic Multilingual Plane (an emoji
+in an SSH key comment) would be escaped as a surrogate pair, and cloud-init's
+YAML loader reads each half as a lone surrogate, not the character. SSH keys are checked against
 the same pattern desired-state validation uses. The seed ISO (volume id
 `cidata`) is packed by genisoimage from files this module wrote.
 """
@@ -68,11 +71,15 @@ def render(vm: VmSpec) -> dict[str, bytes]:
         },
     }
     return {
-        "user-data": ("#cloud-config\n" + json.dumps(user_data, indent=1) + "\n").encode(),
-        "meta-data": (json.dumps(meta, indent=1) + "\n").encode(),
-        "network-config": (json.dumps(network, indent=1) + "\n").encode(),
+        "user-data": ("#cloud-config\n" + _text(user_data)).encode("utf-8"),
+        "meta-data": _text(meta).encode("utf-8"),
+        "network-config": _text(network).encode("utf-8"),
         "spec-digest": domains.seed_digest(vm).encode(),
     }
+
+
+def _text(doc: object) -> str:
+    return json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
 
 
 def pack_iso(seed_dir: Path) -> None:

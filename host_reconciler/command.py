@@ -19,7 +19,9 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,9 @@ from reconciler.errors import GpuaasError, PermanentError, UsageError
 
 ENV_ROLE = "GPUAAS_HOST_DB_ROLE"
 ENV_PASSWORD = "GPUAAS_HOST_DB_PASSWORD"  # noqa: S105 -- the name of a variable, not a secret
+# Seconds between heartbeats of `host run`: well under the fleet's liveness TTL
+# (Fleet.host_liveness_ttl_seconds, default 90), also while one pass runs long.
+HEARTBEAT_S = 15.0
 
 
 def register(sub: Any) -> None:
@@ -61,13 +66,16 @@ class _Source:
         self.plan_file: Path | None = args.plan_file
         self.status_file: Path | None = args.status_file
         self.conn: Any = None
+        self.connect: Callable[[], Any] | None = None  # a new connection as this node (database mode)
         if self.plan_file is None:
             from host_reconciler import store
             from reconciler.store import connections
 
             url = connections.database_url(args.db_url)
             role = args.db_role or os.environ.get(ENV_ROLE)
-            self.conn = store.connect(url, role=role, password=os.environ.get(ENV_PASSWORD))
+            password = os.environ.get(ENV_PASSWORD)
+            self.connect = lambda: store.connect(url, role=role, password=password)
+            self.conn = self.connect()
 
     def plan(self) -> hostplans.HostPlan | None:
         if self.plan_file is not None:
@@ -91,9 +99,56 @@ class _Source:
 
         store.write_status(self.conn, result.status)
 
+    def heartbeat(self) -> None:
+        if self.conn is not None:
+            from host_reconciler import store
+
+            store.heartbeat(self.conn, self.node)
+
     def close(self) -> None:
         if self.conn is not None:
             self.conn.close()
+
+
+class _Heartbeat:
+    """Keeps host_status.reported_at fresh from its own thread and connection.
+
+    A pass may run for minutes (a readiness wait, a wipe); the node must not
+    look silent meanwhile. Failures are logged and retried at the next beat.
+    """
+
+    def __init__(self, connect: Callable[[], Any] | None, node: str, every: float) -> None:
+        self._connect, self._node, self._every = connect, node, every  # connect None: no database, no beat
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpuaas-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        if self._connect is not None:
+            self._thread.start()
+
+    def _run(self) -> None:
+        from host_reconciler import store
+
+        log = logging.getLogger("gpuaas.host")
+        conn: Any = None
+        try:
+            while not self._stop.wait(self._every):
+                try:
+                    conn = conn or (self._connect() if self._connect else None)
+                    store.heartbeat(conn, self._node)
+                except GpuaasError as e:
+                    log.warning("heartbeat failed: %s: %s", e.code, e.message)
+                    if conn is not None:
+                        conn.close()
+                    conn = None
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
 
 
 def _settings(args: argparse.Namespace) -> settings.HostSettings:
@@ -149,6 +204,8 @@ def run_loop(args: argparse.Namespace) -> int:
     source = _Source(args)
     drivers = wiring.drivers(s)
     converger = converging.Converger(s, drivers)
+    beat = _Heartbeat(source.connect, args.node, HEARTBEAT_S)
+    beat.start()
     passes = 0
     try:
         while not stop["now"]:
@@ -157,6 +214,7 @@ def run_loop(args: argparse.Namespace) -> int:
                 plan = source.plan()
                 if plan is None:
                     log.info("no host plan for %s yet", args.node)
+                    source.heartbeat()
                 else:
                     result = converger.converge(plan)
                     source.report(result)
@@ -179,6 +237,7 @@ def run_loop(args: argparse.Namespace) -> int:
             while not stop["now"] and time.monotonic() < deadline:
                 time.sleep(min(0.2, wait))
     finally:
+        beat.stop()
         drivers.close()
         source.close()
     print(f"stopped after {passes} pass(es)", file=sys.stderr)

@@ -130,6 +130,17 @@ def write_status(conn: psycopg.Connection[Any], status: HostStatus) -> None:
             })  # fmt: skip
 
 
+def heartbeat(conn: psycopg.Connection[Any], node: str) -> None:
+    """Say this host agent is alive (host_status.reported_at = now), without touching its last report.
+
+    The central reconciler marks a node unavailable when reported_at is older
+    than the fleet's `host_liveness_ttl_seconds` (view node_liveness, 0011).
+    """
+    with errors.wrapped(f"heartbeat of {node}"):
+        conn.execute("INSERT INTO host_status (node_name, reported_at) VALUES (%s, now())"
+                     " ON CONFLICT (node_name) DO UPDATE SET reported_at = now()", (node,))
+
+
 def read_status(conn: psycopg.Connection[Any], node: str | None = None) -> list[dict[str, Any]]:
     """Node status rows with their slot rows (all visible nodes, or one)."""
     where = "WHERE s.node_name = %s" if node else ""

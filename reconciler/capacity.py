@@ -47,6 +47,7 @@ class Blocked(enum.StrEnum):
     CLEANUP_BLOCKED = "cleanup_blocked"  # the wipe failed; blocked until repair
     FAILED = "failed"
     DISABLED = "disabled"
+    QUARANTINED = "quarantined"  # a permanent provision failure; an operator clears it
     INELIGIBLE = "ineligible"  # slot metadata incomplete (policies.eligibility)
     UNHEALTHY = "unhealthy"
     MAINTENANCE = "maintenance"
@@ -65,6 +66,7 @@ _SLOT_STATUS_REASON = {
     plans.SlotStatus.CLEANUP_BLOCKED: Blocked.CLEANUP_BLOCKED,
     plans.SlotStatus.FAILED: Blocked.FAILED,
     plans.SlotStatus.DISABLED: Blocked.DISABLED,
+    plans.SlotStatus.QUARANTINED: Blocked.QUARANTINED,
 }
 
 

@@ -35,6 +35,7 @@ COMMAND_MODULES = (
     "reconciler.commands.apply",
     "reconciler.commands.serve",
     "reconciler.commands.usage",
+    "reconciler.commands.slot",
 )
 
 

@@ -12,6 +12,7 @@ give the same answers.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -43,6 +44,8 @@ class Request:
     # When the lease's reserved term ends, on requested_at's scale (Allocation.lease_hours after
     # requested_at); None for an on-demand lease that runs until released.
     ends_at: float | None = None
+    # Nodes this request must not land on (where an earlier attempt of the allocation failed).
+    avoid: frozenset[str] = frozenset()
 
 
 def lease_end(alloc: m.Allocation) -> float | None:
@@ -50,6 +53,24 @@ def lease_end(alloc: m.Allocation) -> float | None:
     if alloc.lease_hours is None:
         return None
     return alloc.requested_at.timestamp() + alloc.lease_hours * packing.HOUR_S
+
+
+class Tier(enum.Enum):
+    """Which partitions of a (SKU, region) a tenant's request looks at."""
+
+    OWN = "own"  # nodes dedicated to the tenant (Node.org = tenant)
+    SHARED = "shared"  # nodes without an org
+    ANY = "any"  # both: what explanations and capacity counts see
+
+    def admits(self, org: str | None, tenant: str) -> bool:
+        if self is Tier.OWN:
+            return org is not None and org == tenant
+        if self is Tier.SHARED:
+            return org is None
+        return org is None or org == tenant
+
+
+_TIERS = (Tier.OWN, Tier.SHARED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,8 +176,9 @@ class Engine:
         # partitions
         self._slice_parts: dict[tuple[str, str, str | None, int], SliceIndex] = {}
         self._whole_parts: dict[tuple[str, str, str | None], WholeNodeIndex] = {}
-        self._slice_lists_cache: dict[tuple[str, str, str], list[SliceIndex]] = {}
-        self._whole_lists_cache: dict[tuple[str, str, str], list[WholeNodeIndex]] = {}
+        self._slice_lists_cache: dict[tuple[str, str, str, Tier], list[SliceIndex]] = {}
+        self._whole_lists_cache: dict[tuple[str, str, str, Tier], list[WholeNodeIndex]] = {}
+        self._tier = Tier.ANY  # which partitions a request sees; `place` narrows it (dedicated first)
         self.empty_nodes = 0
         self._build_views()
         self._load_claims(observed.claims)
@@ -350,36 +372,67 @@ class Engine:
             return Placed(node.name, self._slots(node, node.allocs[req.allocation_id]),
                           spec.sku.capacity_shape, spec.profile)
         whole = spec.sku.capacity_shape is m.CapacityShape.BAREMETAL
-        pick = self._pick_whole(req) if whole else self._pick_slice(req, spec.rule)
-        if pick is None:
-            return self.explain(req)
-        node, mask = pick
-        alts: tuple[plans.Candidate, ...] = ()
-        if alternatives > 0:
-            alts = self._alternatives(req, spec.rule, node, alternatives)
+        hidden = [n for name in sorted(req.avoid) if (n := self.by_name.get(name)) is not None]
+        for n in hidden:
+            self._unindex(n)
+        try:
+            found = self._pick_tiered(req, spec.rule, whole, alternatives)
+            if found is None:
+                return self.explain(req)
+        finally:
+            for n in hidden:
+                self._index(n)
+        node, mask, alts = found
         self._claim(node, req.allocation_id, mask, exclusive=whole, since=req.requested_at,
                     end=packing.NO_END if req.ends_at is None else req.ends_at)
         return Placed(node.name, self._slots(node, mask), spec.sku.capacity_shape, spec.profile, alts)
+
+    def _pick_tiered(self, req: Request, rule: m.TopologyRule, whole: bool,
+                     alternatives: int) -> tuple[_Node, int, tuple[plans.Candidate, ...]] | None:
+        """Dedicated nodes first: the tenant's own nodes (`org` = tenant), then shared ones (seed 002).
+
+        The policy ranks only inside a tier; a shared node is taken only when no
+        node of the tenant's own can take the request. Alternatives follow the
+        same order (the rest of the winning tier, then the shared tier).
+        """
+        try:
+            for i, tier in enumerate(_TIERS):
+                self._tier = tier
+                pick = self._pick_whole(req) if whole else self._pick_slice(req, rule)
+                if pick is None:
+                    continue
+                alts: list[plans.Candidate] = []
+                for later in _TIERS[i:]:
+                    if len(alts) >= alternatives:
+                        break
+                    self._tier = later
+                    seen = {c.node for c in alts}
+                    alts += [c for c in self._alternatives(req, rule, pick[0], alternatives)
+                             if c.node not in seen][:alternatives - len(alts)]
+                return pick[0], pick[1], tuple(alts)
+            return None
+        finally:
+            self._tier = Tier.ANY
 
     def _slots(self, node: _Node, mask: int) -> tuple[int, ...]:
         return tuple(node.slot_indexes[p] for p in t.positions(mask))
 
     def _slice_lists(self, sku: str, region: str, tenant: str) -> list[SliceIndex]:
-        key = (sku, region, tenant)
+        key = (sku, region, tenant, self._tier)
         parts = self._slice_lists_cache.get(key)
         if parts is None:
             parts = self._slice_lists_cache[key] = [
                 p for (s, r, org, _), p in sorted(self._slice_parts.items(), key=lambda kv: kv[1].mix_id)
-                if s == sku and r == region and org in (None, tenant)]
+                if s == sku and r == region and self._tier.admits(org, tenant)]
         return parts
 
     def _whole_lists(self, sku: str, region: str, tenant: str) -> list[WholeNodeIndex]:
-        key = (sku, region, tenant)
+        key = (sku, region, tenant, self._tier)
         parts = self._whole_lists_cache.get(key)
         if parts is None:
             parts = self._whole_lists_cache[key] = [
                 p for (s, r, org), p in sorted(self._whole_parts.items(), key=lambda kv: str(kv[0]))
-                if s == sku and r == region and org in (None, tenant)]
+                if s == sku and r == region and self._tier.admits(org, tenant)]
         return parts
 
     def _pick_whole(self, req: Request) -> tuple[_Node, int] | None:

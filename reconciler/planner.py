@@ -39,7 +39,8 @@ def plan(desired: DesiredState, observed: plans.Observed, *, policy: str | None 
                   key=lambda a: (a.requested_at, a.id))
     for alloc in todo:
         req = placing.Request(alloc.id, alloc.tenant, alloc.sku, alloc.gpu_count, alloc.region, alloc.vm_profile,
-                              alloc.requested_at.timestamp(), placing.lease_end(alloc))
+                              alloc.requested_at.timestamp(), placing.lease_end(alloc),
+                              observed.avoid.get(alloc.id, frozenset()))
         out = engine.place(req, alternatives=attempts)
         if isinstance(out, placing.Refused):
             pending.append(plans.Pending(alloc.id, out.code, out.message, MappingProxyType(dict(out.details))))

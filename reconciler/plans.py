@@ -52,6 +52,7 @@ class SlotStatus(enum.StrEnum):
     CLEANUP_BLOCKED = "cleanup_blocked"
     FAILED = "failed"
     DISABLED = "disabled"
+    QUARANTINED = "quarantined"  # a permanent provision failure; only an operator clears it
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +81,9 @@ class Observed:
     - firmware_ready: host-reported firmware readiness; overrides the
       onboarding evidence in the Node document when present;
     - unavailable_nodes: nodes failing health checks;
-    - placed: allocation ids that already hold claims (never placed twice).
+    - placed: allocation ids that already hold claims (never placed twice);
+    - avoid: per allocation, the nodes where an earlier attempt failed for
+      good (a reschedule never goes back there).
     """
 
     claims: tuple[ExistingClaim, ...] = ()
@@ -88,6 +91,7 @@ class Observed:
     firmware_ready: Mapping[str, bool] = field(default_factory=_empty)
     unavailable_nodes: frozenset[str] = frozenset()
     placed: frozenset[str] = frozenset()
+    avoid: Mapping[str, frozenset[str]] = field(default_factory=_empty)
 
 
 # The VM profile snapshot: later SKU edits never change a running allocation.

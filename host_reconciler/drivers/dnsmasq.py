@@ -18,6 +18,18 @@ The managed dnsmasq serves DHCP only (`--port=0`), on the bridge only
 (`static` range), so an unknown MAC on the bridge gets no address at all.
 It runs as a daemon with a pid file in its state dir, so it outlives a host
 reconciler restart; `start` finds it there and does nothing.
+
+dnsmasq started as root drops to an unprivileged user (`nobody` unless told
+otherwise) before it reads the hosts dir, and it reads that dir again on
+every SIGHUP: a hosts dir that user cannot reach is "bad dynamic directory
+...: Permission denied" in its log and no reservation is ever served. So
+`start` makes the dir reachable: the dnsmasq dir and its hosts dir are 0755,
+and the dnsmasq dir's parent (the host's state dir, 0700 on every lab and
+demo host) gets the search bit for others only (o+x: a name inside can be
+reached, nothing can be listed; the host's other state dirs stay 0700).
+Where a directory higher up still bars that user (one we do not own), the
+user is chosen explicitly instead: dnsmasq keeps the hosts dir owner's
+identity (`runs_as` says which).
 """
 
 from __future__ import annotations
@@ -25,8 +37,10 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import pwd
 import re
 import signal
+import stat
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -38,6 +52,7 @@ from host_reconciler.hostplans import Network, VmSpec
 from reconciler.errors import PermanentError, TemporaryError
 
 _CLIENT_ID = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2})*$")
+DEFAULT_USER = "nobody"  # dnsmasq's compiled-in user when run as root without --user
 _LEASE_TIME = re.compile(r"^([1-9][0-9]{0,6}[smhdw]?|infinite)$")
 
 
@@ -204,6 +219,7 @@ class DnsmasqServer:
         self._dns = tuple(str(addresses.ipv4(d)) for d in dns_servers)
         self._no_ping = no_ping
         self._user = user
+        self.runs_as = user or DEFAULT_USER  # the user dnsmasq runs as (start may choose another one)
 
     def argv(self, network: Network) -> list[str]:
         net = addresses.subnet(network)
@@ -231,9 +247,29 @@ class DnsmasqServer:
             args.append(f"--dhcp-option=option:dns-server,{','.join(self._dns)}")
         if self._no_ping:
             args.append("--no-ping")
-        if self._user is not None:
-            args.append(f"--user={self._user}")
+        if self._user is not None or self.runs_as != DEFAULT_USER:
+            args.append(f"--user={self.runs_as}")
         return args
+
+    def make_readable(self) -> str:
+        """Make the hosts dir reachable by the user dnsmasq runs as; returns that user (module docstring)."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.hosts_dir.mkdir(mode=0o755, exist_ok=True)
+        for d in (self.state_dir, self.hosts_dir):
+            d.chmod(0o755)
+        try:
+            who = pwd.getpwnam(self.runs_as)
+        except KeyError:
+            return self.runs_as  # dnsmasq itself refuses an unknown user, with a message
+        parent = self.state_dir.parent
+        st = parent.stat()
+        if st.st_uid == os.geteuid() and not _searchable(st, who) and not st.st_mode & stat.S_IXOTH:
+            parent.chmod(stat.S_IMODE(st.st_mode) | stat.S_IXOTH)
+        blocked = next((d for d in (self.hosts_dir, *self.hosts_dir.parents) if not _searchable(d.stat(), who)),
+                       None)
+        if blocked is not None:
+            self.runs_as = pwd.getpwuid(self.hosts_dir.stat().st_uid).pw_name
+        return self.runs_as
 
     def pid(self) -> int | None:
         """The pid of this dnsmasq if it is alive, else None (a stale pid file is ignored)."""
@@ -273,8 +309,7 @@ class DnsmasqServer:
     def start(self, network: Network) -> bool:
         if self.running():
             return False
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.hosts_dir.mkdir(mode=0o755, exist_ok=True)
+        self.make_readable()
         self.lease_file.touch(exist_ok=True)
         # dnsmasq forks, and its first process exits once the daemon started
         # (or failed to bind), so the exit status is meaningful.
@@ -349,6 +384,17 @@ class DnsmasqServer:
         except ProcessLookupError as e:
             raise DhcpServerDown("dnsmasq exited while being reloaded") from e
         return True
+
+
+def _searchable(st: os.stat_result, who: pwd.struct_passwd) -> bool:
+    """May `who` pass through a directory with this stat (root may pass anything)."""
+    if who.pw_uid == 0:
+        return True
+    if st.st_uid == who.pw_uid:
+        return bool(st.st_mode & stat.S_IXUSR)
+    if st.st_gid == who.pw_gid or st.st_gid in os.getgrouplist(who.pw_name, who.pw_gid):
+        return bool(st.st_mode & stat.S_IXGRP)
+    return bool(st.st_mode & stat.S_IXOTH)
 
 
 class DnsmasqDhcp:

@@ -23,7 +23,8 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-_SHOWN = ("placed", "pending", "releasing", "slots_freed", "inventory_changes", "validation_errors")
+_SHOWN = ("placed", "pending", "releasing", "slots_freed", "inventory_changes", "validation_errors",
+          "rescheduled", "provision_failed")
 
 
 def as_row(r: Any) -> dict[str, Any]:

@@ -29,7 +29,7 @@ def register(sub: Any) -> None:
 def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
     """The whole status document (plain data), read from the database at `url`."""
     from reconciler.errors import PermanentError
-    from reconciler.store import connections, history, migrations, observing, readmodels
+    from reconciler.store import connections, history, lifecycle, migrations, observing, readmodels
 
     with connections.connect(url, autocommit=True) as conn:
         if not migrations.applied(conn):
@@ -39,11 +39,15 @@ def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
         observed = observing.observe(conn)
         allocations = readmodels.allocations(conn)
         health = history.health(conn)
+        node_reasons = lifecycle.health_reasons(conn)
+        cycles = lifecycle.lifecycles(conn)
+        orphaned = readmodels.orphaned(conn)
     try:
         model = capacity.read_model(state, observed, policy=policy)
     except ValueError as e:
         raise PermanentError(str(e), code="status.policy_unknown") from e
     doc = as_dict(state.revision, model, allocations)
+    add_lifecycle(doc, node_reasons, cycles)
     doc["reconciliation"] = {
         "last_applied_revision": health.last_applied_revision, "last_applied_at": health.last_applied_at,
         "failing": {"since": health.failing_since, "failures": health.failures,
@@ -51,6 +55,10 @@ def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
                     "message": health.failing_message} if health.failing else None,
         "invalid_revision": health.invalid_revision,
     }
+    # Allocations holding claims whose file was deleted: only `state: released` frees them (as `plan` warns).
+    doc["orphaned"] = orphaned
+    for a in doc["allocations"]:
+        a["orphaned"] = a["id"] in orphaned
     return doc
 
 
@@ -118,6 +126,9 @@ def render_text(doc: dict[str, Any]) -> str:
         f = rec["failing"]
         out.append(f"  FAILING since {f['since']} ({f['failures']} failed reconciliation(s)), newest on "
                    f"{(f['revision'] or '-')[:12]}: {f['code']}: {f['message']}")
+    if doc.get("orphaned"):
+        out.append("  warning: allocations holding claims are no longer declared (set `state: released` to free "
+                   "them): " + ", ".join(doc["orphaned"]))
     if rec.get("invalid_revision"):
         out.append(f"  revision {rec['invalid_revision'][:12]} is invalid (see `gpuaas history`); "
                    "the last valid revision stays in force")
@@ -138,7 +149,7 @@ def render_text(doc: dict[str, Any]) -> str:
     for n in doc["nodes"]:
         slots = " ".join(f"{k}={v}" for k, v in n["slots"].items()) or "-"
         org = f" org={n['org']}" if n["org"] else ""
-        health = "" if n["healthy"] else " UNHEALTHY"
+        health = "" if n["healthy"] else _unhealthy(n)
         out.append(f"  {n['name']:<24} {n['region']:<12} {n['capability']:<16} {slots:<34} "
                    f"{_node_mode(n)}{org}{health}")
     out += ["", "Allocations:"]
@@ -151,10 +162,58 @@ def render_text(doc: dict[str, Any]) -> str:
                 f"{where:<28} claims={claims}")
         if a["vm_profile"]:
             line += f" profile={a['vm_profile']}"
+        if a.get("orphaned"):
+            line += " ORPHANED (no longer declared)"
         if a["pending"]:
             line += f"\n      {a['pending']['code']}: {a['pending']['message']}"
+        line += _lifecycle_text(a.get("lifecycle"), a["status"])
         out.append(line)
     return "\n".join(out)
+
+
+def add_lifecycle(doc: dict[str, Any], node_reasons: dict[str, list[dict[str, Any]]],
+                  cycles: dict[str, dict[str, Any]]) -> None:
+    """Node health reasons and each allocation's lifecycle (reconciler.store.lifecycle) into the document."""
+    for n in doc["nodes"]:
+        reasons = node_reasons.get(n["name"], [])
+        n["unavailable"] = any(r["code"] == "host.silent" for r in reasons)
+        n["health_reasons"] = reasons
+    for a in doc["allocations"]:
+        c = cycles.get(a["id"])
+        a["lifecycle"] = None if c is None else {
+            "state": c["state"], "host_phase": c["host_phase"], "boot_ip": c["boot_ip"],
+            "host_unreachable": bool(c["host_unreachable"]), "failed_attempts": c["failed_attempts"],
+            "failure": {"code": c["failure_code"], "message": c["failure_message"]} if c["failure_code"] else None,
+            "attempts": [{"attempt": t["attempt"], "node": t["node"], "phase": t["phase"], "code": t["code"],
+                          "message": t["message"], "outcome": t["outcome"], "quarantined": t["quarantined"]}
+                         for t in c["attempts"]]}
+
+
+def _unhealthy(n: dict[str, Any]) -> str:
+    reasons = n.get("health_reasons") or []
+    word = " UNAVAILABLE" if n.get("unavailable") else " UNHEALTHY"
+    return word + "".join(f"\n      {r['code']}: {r['message']}" for r in reasons)
+
+
+def _lifecycle_text(c: dict[str, Any] | None, status: str) -> str:
+    """The lifecycle line under an allocation, when it says more than its status does."""
+    if not c:
+        return ""
+    bits = [f"lifecycle={c['state']}"]
+    if c["host_phase"]:
+        bits.append(f"phase={c['host_phase']}")
+    if c["state"] == "ready" and c["boot_ip"]:
+        bits.append(f"ip={c['boot_ip']}")
+    if c["host_unreachable"]:
+        bits.append("HOST_UNREACHABLE (host silent; nothing is released)")
+    if c["failed_attempts"]:
+        bits.append(f"failed_attempts={c['failed_attempts']}")
+    if len(bits) == 1 and c["state"] == status and not c["failure"]:
+        return ""
+    out = "\n      " + " ".join(bits)
+    if c["failure"]:
+        out += f"\n      {c['failure']['code']}: {c['failure']['message']}"
+    return out
 
 
 def run(args: argparse.Namespace) -> int:

@@ -238,6 +238,14 @@ OPENAPI: dict[str, Any] = {
                     "private_ip": {"type": "string"}}},
                 "host": {"type": ["object", "null"], "properties": {
                     "vm_state": _STR_OR_NULL, "phase": _STR_OR_NULL, "reported_at": _STR_OR_NULL}},
+                "lifecycle": {"type": ["object", "null"], "properties": {
+                    "state": {"type": "string", "enum": ["pending", "reserved", "provisioning", "ready",
+                                                         "releasing", "cleanup", "released", "failed"]},
+                    "host_phase": _STR_OR_NULL, "boot_ip": _STR_OR_NULL, "host_unreachable": {"type": "boolean"},
+                    "failed_attempts": {"type": "integer"},
+                    "failure": {"type": ["object", "null"], "properties": {
+                        "code": {"type": "string"}, "message": {"type": "string"}}},
+                    "attempts": {"type": "array", "items": _OBJ}}},
                 "claims": {"type": "array", "items": _OBJ},
                 "requested_at": _STR_OR_NULL, "placed_at": _STR_OR_NULL, "active_at": _STR_OR_NULL,
                 "release_requested_at": _STR_OR_NULL, "released_at": _STR_OR_NULL,

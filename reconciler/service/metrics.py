@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from reconciler.errors import GpuaasError
 from reconciler.service import capacities, reads
 from reconciler.service.pool import Pool
-from reconciler.store import history
+from reconciler.store import history, lifecycle
 
 log = logging.getLogger("gpuaas.serve")
 
@@ -60,6 +60,7 @@ class StoreCollector(Collector):
             by_result, buckets, total = reads.reconciliation_counts(conn)
             health = history.health(conn)
             summary = reads.fleet_summary(conn)
+            cycle = lifecycle.summary(conn)
             now = conn.execute("SELECT now()").fetchone()
         runs = CounterMetricFamily("gpuaas_reconciliations", "Reconciliations recorded, by result", labels=["result"])
         for result in ("changed", "unchanged", "error", "abandoned", "running"):
@@ -90,6 +91,16 @@ class StoreCollector(Collector):
                      {(k,): v for k, v in summary["drift_by_code"].items()})
         yield GaugeMetricFamily("gpuaas_drift_reports_invalid", "Host drift reports that could not be read",
                                 value=len(summary["invalid_drift_reports"]))
+        yield _gauge("gpuaas_nodes_liveness", "Present nodes by host liveness (unavailable: silent past the TTL;"
+                     " unknown: never reported)", ["state"],
+                     {(k,): cycle["nodes_by_liveness"].get(k, 0) for k in ("live", "unavailable", "unknown")})
+        yield GaugeMetricFamily("gpuaas_allocations_host_unreachable",
+                                "Placed allocations whose host is silent past the TTL (never released for it)",
+                                value=cycle["allocations_host_unreachable"])
+        yield GaugeMetricFamily("gpuaas_slots_quarantined", "Slots quarantined after a permanent provision failure",
+                                value=cycle["slots_quarantined"])
+        yield _gauge("gpuaas_provision_attempts_failed", "Failed provision attempts, by what followed", ["outcome"],
+                     {(k,): cycle["failed_attempts"].get(k, 0) for k in ("rescheduled", "failed")})
         yield from self._capacity_families()
 
     def _capacity_families(self) -> Iterator[Metric]:

@@ -185,7 +185,8 @@ def allocation(conn: Connection, allocation_id: str) -> dict[str, Any] | None:
                          " FROM allocation_resource_claims c JOIN nodes n ON n.id = c.node_id"
                          " WHERE c.allocation_id = %s ORDER BY c.created_at, c.slot_index NULLS FIRST",
                    (allocation_id,))
-    live = [c for c in claims if c["status"] not in ("released", "failed")] or claims
+    live = [c for c in claims if c["status"] not in ("released", "failed")
+            and (doc["node"] is None or c["node"] == doc["node"])] or claims  # not a failed attempt's
     boot = next((c["slot"] for c in sorted(live, key=lambda c: c["slot_index"] if c["slot_index"] is not None
                                            else -1) if isinstance(c["slot"], dict)), None)
     doc["boot_slot"] = {"slot_index": boot.get("slot_index"), "mac_address": boot.get("mac_address"),
@@ -195,7 +196,27 @@ def allocation(conn: Connection, allocation_id: str) -> dict[str, Any] | None:
                       "release_requested_at": iso(c["release_requested_at"]), "released_at": iso(c["released_at"]),
                       "failed_at": iso(c["failed_at"])} for c in claims]
     doc["host"] = _host_view(conn, allocation_id, doc["node"])
+    doc["lifecycle"] = _lifecycle(conn, allocation_id)
     return doc
+
+
+def _lifecycle(conn: Connection, allocation_id: str) -> dict[str, Any] | None:
+    """The allocation's lifecycle (reconciler.store.lifecycle): state, host phase, boot IP, attempts, failure."""
+    from reconciler.store import lifecycle
+
+    c = lifecycle.lifecycles(conn, [allocation_id]).get(allocation_id)
+    if c is None:
+        return None
+    return {
+        "state": c["state"], "host_phase": c["host_phase"], "host_vm_state": c["host_vm_state"],
+        "boot_ip": c["boot_ip"], "host_unreachable": bool(c["host_unreachable"]),
+        "host_reported_at": iso(c["host_reported_at"]), "failed_attempts": int(c["failed_attempts"]),
+        "failure": {"code": c["failure_code"], "message": c["failure_message"], "at": iso(c["failed_at"])}
+        if c["failure_code"] else None,
+        "attempts": [{"attempt": t["attempt"], "node": t["node"], "slot_indexes": list(t["slot_indexes"] or ()),
+                      "phase": t["phase"], "code": t["code"], "message": t["message"], "outcome": t["outcome"],
+                      "quarantined": t["quarantined"], "failed_at": iso(t["failed_at"])} for t in c["attempts"]],
+    }
 
 
 def _host_view(conn: Connection, allocation_id: str, node: str | None) -> dict[str, Any] | None:

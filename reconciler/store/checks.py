@@ -65,19 +65,45 @@ CHECKS: tuple[Check, ...] = (
         WHERE a.placed_at IS NOT NULL
           AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.aggregate_id = a.id
                           AND o.event_type = 'provisioning.requested')"""),
+    # A failed attempt's claims (retired_claims, 0011) keep releasing while the allocation is placed again.
     Check("claims_of_unplaced", "live claim(s) of an allocation that is pending or released", """
         SELECT c.allocation_id || ' ' || a.status FROM allocation_resource_claims c
         JOIN allocations a ON a.id = c.allocation_id
         WHERE c.status IN ('reserved', 'provisioning', 'active', 'releasing')
-          AND a.status IN ('pending', 'released')"""),
+          AND a.status IN ('pending', 'released')
+          AND NOT EXISTS (SELECT 1 FROM retired_claims r WHERE r.claim_id = c.id)"""),
     Check("allocation_on_many_nodes", "allocation(s) with live claims on more than one node", """
-        SELECT allocation_id FROM allocation_resource_claims
+        SELECT allocation_id FROM allocation_resource_claims c
         WHERE status IN ('reserved', 'provisioning', 'active', 'releasing')
+          AND NOT EXISTS (SELECT 1 FROM retired_claims r WHERE r.claim_id = c.id)
         GROUP BY allocation_id HAVING count(DISTINCT node_id) > 1"""),
+    Check("retired_claim_not_released", "claim(s) of a failed attempt that are not releasing or released", """
+        SELECT c.allocation_id || ' ' || n.name || ':' || coalesce(c.slot_index::text, '*') || ' ' || c.status
+        FROM retired_claims r JOIN allocation_resource_claims c ON c.id = r.claim_id
+        JOIN nodes n ON n.id = c.node_id
+        WHERE c.status IN ('reserved', 'provisioning', 'active')"""),
+    Check("placed_on_failed_node", "allocation(s) holding claims on a node where an attempt failed", """
+        SELECT DISTINCT c.allocation_id || ' ' || t.node FROM allocation_resource_claims c
+        JOIN nodes n ON n.id = c.node_id
+        JOIN allocation_attempts t ON t.allocation_id = c.allocation_id AND t.node = n.name
+        WHERE c.status IN ('reserved', 'provisioning', 'active', 'releasing')
+          AND NOT EXISTS (SELECT 1 FROM retired_claims r WHERE r.claim_id = c.id)"""),
+    Check("attempt_without_retired_claims", "failed attempt(s) whose claims were not retired", """
+        SELECT t.allocation_id || ' #' || t.attempt FROM allocation_attempts t
+        WHERE NOT EXISTS (SELECT 1 FROM retired_claims r
+                          WHERE r.allocation_id = t.allocation_id AND r.attempt = t.attempt)"""),
+    Check("quarantine_without_evidence", "quarantined slot(s) without evidence", """
+        SELECT n.name || ':' || s.slot_index FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id
+        WHERE s.status = 'quarantined' AND s.quarantine IS NULL"""),
+    Check("exhausted_not_failed", "allocation(s) whose last attempt failed for good but that are not failed", """
+        SELECT a.id || ' ' || a.status FROM allocations a
+        JOIN allocation_attempts t ON t.allocation_id = a.id AND t.outcome = 'failed'
+        WHERE a.status NOT IN ('failed', 'releasing', 'released')"""),
     Check("slice_claim_count", "slice allocation(s) whose live slot claims differ from the GPU count", """
         SELECT a.id || ' ' || count(c.id) || '/' || a.gpu_count FROM allocations a
         JOIN allocation_resource_claims c ON c.allocation_id = a.id
              AND c.status IN ('reserved', 'provisioning', 'active', 'releasing')
+             AND NOT EXISTS (SELECT 1 FROM retired_claims r WHERE r.claim_id = c.id)
         WHERE a.capacity_shape = 'gpu_slice' AND a.status IN ('reserved', 'provisioning', 'active')
         GROUP BY a.id HAVING count(c.id) <> a.gpu_count"""),
 )

@@ -23,6 +23,7 @@ CONSTRAINT_CODES = {
     "claims_node_claimable": "claim.node_not_claimable",
     "claims_allocation_pending": "claim.allocation_not_pending",
     "claims_allocation_one_node": "claim.allocation_other_node",
+    "claims_not_on_failed_node": "claim.node_failed_before",
     "claims_created_live": "claim.created_not_live",
     "claims_immutable": "claim.immutable",
     "claims_status_transition": "claim.bad_transition",

@@ -18,7 +18,7 @@ from typing import Any
 from desired.loading import DesiredState
 from reconciler.errors import GpuaasError, PermanentError
 from reconciler.plans import Observed, Plan
-from reconciler.store import applying, cleanup, errors, history, hostplans, inventory, observing
+from reconciler.store import applying, cleanup, errors, history, hostplans, inventory, lifecycle, observing
 from reconciler.store.connections import Connection
 
 Planner = Callable[[DesiredState, Observed], Plan]
@@ -33,11 +33,13 @@ class ReconcileResult:
     plan: Plan
     applied: applying.ApplyResult
     host_plans: tuple[hostplans.Written, ...]
+    rescheduled: tuple[lifecycle.Rescheduled, ...] = ()
 
     @property
     def changed(self) -> bool:
         return (self.sync.changed or self.absorbed.changed or self.applied.changed
-                or any(w.changed for w in self.host_plans))
+                or any(w.changed for w in self.host_plans)
+                or any(r.outcome in ("rescheduled", "failed") for r in self.rescheduled))
 
     def counts(self) -> dict[str, int]:
         a = self.applied
@@ -52,6 +54,8 @@ class ReconcileResult:
             "slots_freed": sum(1 for f in self.absorbed.freed if f.outcome == "freed"),
             "claims_moved": self.absorbed.moved,
             "host_plans_written": sum(1 for w in self.host_plans if w.changed),
+            "rescheduled": sum(1 for r in self.rescheduled if r.outcome == "rescheduled"),
+            "provision_failed": sum(1 for r in self.rescheduled if r.outcome == "failed"),
         }
 
 
@@ -82,13 +86,15 @@ def reconcile(conn: Connection, state: DesiredState, *, source: str = "", planne
     try:
         synced = inventory.sync(conn, state, memory=memory)
         absorbed = cleanup.absorb(conn)
+        lifecycle.sync_settings(conn, state)
+        moved = lifecycle.reschedule(conn, max_attempts=lifecycle.fleet_settings(state)[1])
         plan = planner(state, observing.observe(conn))
         applied = applying.apply(conn, plan, revision=synced.revision, max_attempts=max_attempts(state),
                                  fault=fault)
         touched: list[str] | None = None  # None: every node's plan is rebuilt (a fleet-wide change)
         if not any(c.kind == "fleet" for c in synced.changes):
             touched = sorted(set(applying.placed_nodes(applied)) | set(absorbed.nodes) | _unplanned(conn)
-                             | inventory.changed_nodes(synced.changes))
+                             | inventory.changed_nodes(synced.changes) | {r.node for r in moved if r.node})
         written = tuple(hostplans.write(conn, touched, revision=synced.revision))
     except GpuaasError as e:
         history.finish(conn, run_id, result="error", problems=[{"code": e.code, "message": e.message}])
@@ -96,7 +102,7 @@ def reconcile(conn: Connection, state: DesiredState, *, source: str = "", planne
     except Exception as e:  # a bug: still leave a finished history row behind, then surface it
         history.finish(conn, run_id, result="error", problems=[{"code": "gpuaas.bug", "message": repr(e)}])
         raise
-    result = ReconcileResult(run_id, synced.revision, synced, absorbed, plan, applied, written)
+    result = ReconcileResult(run_id, synced.revision, synced, absorbed, plan, applied, written, moved)
     history.finish(conn, run_id, result="changed" if result.changed else "unchanged", counts=result.counts())
     return result
 
@@ -132,4 +138,7 @@ def summary(result: ReconcileResult) -> dict[str, Any]:
         "freed": [{"node": f.node, "slot_index": f.slot_index, "allocation_id": f.allocation_id,
                    "outcome": f.outcome} for f in result.absorbed.freed],
         "host_plans": [{"node": w.node, "generation": w.generation} for w in result.host_plans if w.changed],
+        "rescheduled": [{"allocation_id": r.allocation_id, "outcome": r.outcome, "node": r.node,
+                         "attempt": r.attempt, "code": r.code} for r in result.rescheduled
+                        if r.outcome in ("rescheduled", "failed")],
     }

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from psycopg.types.json import Jsonb
+
 from reconciler.plans import Placement
 
 
@@ -27,7 +29,7 @@ def apply_forever(url: str, seed: int) -> None:
     import random
 
     from reconciler.plans import Release
-    from reconciler.store import applying, cleanup, connections, history, observing, synthetic
+    from reconciler.store import applying, cleanup, connections, history, lifecycle, observing, synthetic
     from tests.claims.test_kill import kill_fleet
 
     state = kill_fleet()
@@ -37,14 +39,44 @@ def apply_forever(url: str, seed: int) -> None:
     while True:
         # Each round is a recorded reconciliation: a kill leaves its row running until swept.
         run_id = history.start(conn, revision=f"kill-{seed}", source="kill-test")
-        pending = [r[0] for r in conn.execute("SELECT id FROM allocations WHERE status = 'pending'"
-                                               " AND desired_state = 'present' ORDER BY random() LIMIT 20")]
-        for p in synthetic.first_fit(state, observing.free_slots(conn), pending, seed=rng.randrange(1 << 30),
-                                     idle=[r[0] for r in conn.execute(
-                                         "SELECT name FROM nodes n WHERE NOT EXISTS (SELECT 1 FROM"
-                                         " allocation_resource_claims c WHERE c.node_id = n.id AND c.status IN"
-                                         " ('reserved', 'provisioning', 'active', 'releasing'))")]):
+        pending = [r[0] for r in conn.execute("SELECT id FROM allocations a WHERE status = 'pending'"
+                                               " AND desired_state = 'present' AND NOT EXISTS (SELECT 1 FROM"
+                                               " allocation_attempts t WHERE t.allocation_id = a.id)"
+                                               " ORDER BY random() LIMIT 20")]
+        idle = [r[0] for r in conn.execute(
+            "SELECT name FROM nodes n WHERE NOT EXISTS (SELECT 1 FROM allocation_resource_claims c"
+            " WHERE c.node_id = n.id AND c.status IN ('reserved', 'provisioning', 'active', 'releasing'))")]
+        free = observing.free_slots(conn)
+        for p in synthetic.first_fit(state, free, pending, seed=rng.randrange(1 << 30), idle=idle):
             applying.place(conn, p)
+        # Rescheduled allocations go anywhere but where they failed (as the planner's `avoid` does).
+        for aid, avoid in sorted(lifecycle.avoided_nodes(conn).items())[:5]:
+            free = {n: s for n, s in observing.free_slots(conn).items() if n not in avoid}
+            for p in synthetic.first_fit(state, free, [aid], seed=rng.randrange(1 << 30),
+                                         idle=[n for n in idle if n not in avoid]):
+                applying.place(conn, p)
+        # Play a host failing some provisions for good (vfio_check), then the reschedule step.
+        for aid, node, slots in conn.execute(
+                "SELECT c.allocation_id, n.name, array_agg(c.slot_index) FROM allocation_resource_claims c"
+                " JOIN nodes n ON n.id = c.node_id JOIN allocations a ON a.id = c.allocation_id"
+                " WHERE a.status = 'reserved' AND c.status = 'reserved' AND c.claim_kind = 'slot'"
+                " GROUP BY 1, 2 ORDER BY random() LIMIT 2").fetchall():
+            vm = {"allocation_id": aid, "state": "failed", "phase": "vfio_check",
+                  "error": {"code": "host.pci.not_vfio", "message": "VF not on vfio-pci", "step": "vfio_check"}}
+            conn.execute("INSERT INTO host_status (node_name, details) VALUES (%s, %s)"
+                         " ON CONFLICT (node_name) DO UPDATE SET details = jsonb_build_object('vms',"
+                         " coalesce(host_status.details -> 'vms', '[]') || EXCLUDED.details -> 'vms')",
+                         (node, Jsonb({"vms": [vm]})))
+            for slot in slots:
+                conn.execute("INSERT INTO host_slot_status (node_name, slot_index, allocation_id, vm_state)"
+                             " VALUES (%s, %s, %s, 'failed') ON CONFLICT (node_name, slot_index) DO UPDATE SET"
+                             " allocation_id = EXCLUDED.allocation_id, vm_state = 'failed'", (node, slot, aid))
+        lifecycle.reschedule(conn, max_attempts=3)
+        # An operator clears a quarantined slot now and then.
+        for node, slot in conn.execute("SELECT n.name, s.slot_index FROM node_resource_slots s JOIN nodes n"
+                                       " ON n.id = s.node_id WHERE s.status = 'quarantined'"
+                                       " ORDER BY random() LIMIT 1").fetchall():
+            lifecycle.clear_quarantine(conn, node, slot)
         placed = [r[0] for r in conn.execute("SELECT id FROM allocations WHERE status = 'reserved'"
                                               " ORDER BY random() LIMIT 5")]
         for aid in placed:

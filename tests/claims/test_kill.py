@@ -65,6 +65,9 @@ def test_sigkill_at_random_points_leaves_db_check_clean(db_url: str, conn: Conne
     placed = util.count(conn, "SELECT count(*) FROM allocation_resource_claims")
     freed = util.count(conn, "SELECT count(*) FROM allocation_resource_claims WHERE status = 'released'")
     assert placed > 0 and freed > 0  # the victims got real work done between kills
+    # ... including reschedules after (played) host failures, with quarantined or cleared slots
+    assert util.count(conn, "SELECT count(*) FROM allocation_attempts WHERE outcome = 'rescheduled'") > 0
+    assert util.count(conn, "SELECT count(*) FROM retired_claims") > 0
     # The command operators run after an incident agrees.
     done = subprocess.run([sys.executable, "-m", "reconciler.cli", "db", "check", "--db-url", db_url],
                           check=False, cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -36,7 +36,7 @@ def test_example_fleet_plans_every_present_allocation() -> None:
     # the AMD request goes to the RoCE host, the baremetal lease to a baremetal-only host
     by_id = {p.allocation_id: p for p in result.placements}
     assert by_id["alloc-0005"].node == "mi300x-euw1-r01"
-    assert by_id["alloc-0004"].node == "h200-use1-b01"
+    assert by_id["alloc-0004"].node == "h200-use1-b02"  # acme-research's own node (dedicated first)
 
 
 def test_released_allocations_with_claims_become_releases() -> None:
