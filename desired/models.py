@@ -18,7 +18,17 @@ import ipaddress
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 API_VERSION = "gpuaas.io/v1alpha1"
 
@@ -44,6 +54,32 @@ ByIdPath = Annotated[str, Field(pattern=BY_ID_RE)]
 _by_id = re.compile(BY_ID_RE)
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _IPV4 = re.compile(rf"^{_OCTET}(\.{_OCTET}){{3}}$")
+IPV4_RE = _IPV4.pattern  # for the JSON Schemas: the same rule as the fast path
+
+# A timestamp with a time, as YAML 1.1 (PyYAML, the reader) resolves one, the calendar fields in range.
+# Unquoted it reaches the model as a datetime; quoted (what a JSON-minded writer produces,
+# "2026-11-20T09:05:00Z") as a string that must read the same way. No offset: UTC, as the reader does.
+TIMESTAMP_RE = (
+    r"^[0-9]{4}-(0?[1-9]|1[0-2])-(0?[1-9]|[12][0-9]|3[01])([Tt]|[ \t]+)([01]?[0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]"
+    r"(\.[0-9]*)?([ \t]*(Z|[-+]([01]?[0-9]|2[0-3])(:[0-5][0-9])?))?$"
+)
+_timestamp = re.compile(TIMESTAMP_RE)
+
+
+def _quoted_timestamp(value: object) -> object:
+    if not isinstance(value, str):
+        return value  # a datetime from the reader; anything else fails the strict datetime check
+    if not _timestamp.match(value):
+        raise ValueError(f"{value!r} is not a date and time like 2026-11-20T09:05:00Z")
+    node = yaml.ScalarNode("tag:yaml.org,2002:timestamp", value)
+    parsed = yaml.constructor.SafeConstructor().construct_yaml_timestamp(node)  # exactly as if unquoted
+    if not isinstance(parsed, dt.datetime):  # the pattern has a time: never a bare date
+        raise ValueError(f"{value!r} is not a date and time like 2026-11-20T09:05:00Z")
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)
+
+
+Timestamp = Annotated[dt.datetime, BeforeValidator(_quoted_timestamp),
+                      WithJsonSchema({"type": "string", "pattern": TIMESTAMP_RE})]
 
 
 def ip_int(value: str) -> int:
@@ -186,6 +222,14 @@ class Fleet(_Doc):
     placement: PlacementSettings = PlacementSettings()
     graceful_shutdown_timeout_s: int = Field(default=120, ge=1, le=3600)
     readiness_timeout_s: int = Field(default=300, ge=1, le=3600)
+    host_liveness_ttl_seconds: int = Field(
+        default=90, ge=5, le=86400,
+        description="A node whose host agent reported once and then stayed silent longer than this is "
+                    "unavailable: no new placements, its allocations flagged host_unreachable (never released).")
+    max_attempts: int = Field(
+        default=3, ge=1, le=20,
+        description="Provision attempts per allocation: after a permanent host failure the allocation is placed "
+                    "again on another node until this many attempts failed, then it is failed.")
 
 
 # ------------------------------------------------------------------------ Sku
@@ -430,9 +474,17 @@ class SlotMap(_Doc):
 # ----------------------------------------------------------------- Allocation
 
 
+# The host names a slice VM `gpuaas-<allocation id>` (host_reconciler.hostplans.vm_name): libvirt domain,
+# cloud-init hostname and DHCP reservation name. A hostname label is at most 63 characters (RFC 1035), so
+# the id must leave room for the prefix; checked here, where the id is declared, not at provision time.
+VM_NAME_PREFIX = "gpuaas-"
+DNS_LABEL_MAX = 63
+ALLOCATION_ID_MAX = DNS_LABEL_MAX - len(VM_NAME_PREFIX)
+
+
 class Allocation(_Doc):
     kind: Literal["Allocation"]
-    id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{2,62}$")]
+    id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{2,62}$", json_schema_extra={"maxLength": ALLOCATION_ID_MAX})]
     tenant: Name
     sku: Name
     gpu_count: int = Field(ge=1, le=8)
@@ -441,13 +493,22 @@ class Allocation(_Doc):
     ssh_keys: Annotated[tuple[Annotated[str, Field(pattern=SSH_KEY_RE)], ...], Strict(False)] = ()
     vm_profile: Name | None = None
     state: Annotated[AllocationState, Strict(False)] = AllocationState.PRESENT
-    requested_at: dt.datetime
+    requested_at: Timestamp
     lease_hours: float | None = Field(
         default=None, gt=0, allow_inf_nan=False,
         description="Reserved term the customer bought, in hours, as the portal sends it (a product term, not an "
                     "estimate): the lease ends lease_hours after requested_at. Absent for on-demand leases, which "
                     "run until released. The default placement policy co-locates leases that end around the same "
                     "time, so hosts empty together for whole-node requests (docs/placement.md).")
+
+    @field_validator("id")
+    @classmethod
+    def _id_fits_derived_names(cls, value: str) -> str:
+        if len(value) > ALLOCATION_ID_MAX:
+            raise ValueError(
+                f"allocation id is {len(value)} characters; at most {ALLOCATION_ID_MAX}: its VM name "
+                f"{VM_NAME_PREFIX}<id> is a hostname, a DNS label of at most {DNS_LABEL_MAX} characters")
+        return value
 
 
 KINDS: dict[str, type[_Doc]] = {

@@ -4,7 +4,9 @@ libyaml (through PyYAML's C composer) builds the node tree quickly; this
 module turns nodes into plain Python values itself so it can refuse what a
 desired-state file must never contain: duplicate keys, tabs used for
 indentation, non-UTF-8 bytes, alias expansion bombs, absurd nesting and
-non-core tags. Every refusal is a Problem with a position, never a traceback.
+non-core tags, an anchor defined twice in one document (PyYAML refuses it
+too; which value an alias meant would depend on the reader). Every refusal
+is a Problem with a position, never a traceback.
 
 Nesting is checked *before* libyaml sees the text: libyaml's composer recurses
 in C and crashes the interpreter on a few tens of thousands of nested brackets.
@@ -264,10 +266,12 @@ def _events_to_documents(name: str, data: bytes, get: Any) -> Iterator[Document]
                     raise YamlProblem(p.YAML_DUPLICATE_KEY, f"duplicate key {key!r}", *_pos(ev.start_mark))
                 top.key = key
                 if ev.anchor:
+                    _new_anchor(ev, anchors, stack)
                     anchors[ev.anchor] = (key, 1)
                 continue
             value: Any = ev.value if (ev.tag is None and not ev.implicit[0]) else _scalar(ev)
             if ev.anchor:
+                _new_anchor(ev, anchors, stack)
                 anchors[ev.anchor] = (value, 1)
             budget -= 1
             if top is None:
@@ -287,6 +291,8 @@ def _events_to_documents(name: str, data: bytes, get: Any) -> Iterator[Document]
                 raise YamlProblem(p.YAML_TOO_DEEP, f"nesting deeper than {MAX_DEPTH} levels", *_pos(ev.start_mark))
             if top is not None and top_is_map and top.key is None:
                 raise YamlProblem(p.YAML_KEY_NOT_STRING, "keys must be plain strings", *_pos(ev.start_mark))
+            if ev.anchor:
+                _new_anchor(ev, anchors, stack)
             top = _Frame({} if is_map else [], ev.start_mark, ev.anchor)
             top_is_map = is_map
             stack.append(top)
@@ -330,6 +336,13 @@ def _events_to_documents(name: str, data: bytes, get: Any) -> Iterator[Document]
             root, root_mark, anchors, budget = None, None, {}, MAX_NODES_PER_FILE
         elif kind is stream_end:
             return
+
+
+def _new_anchor(ev: Any, anchors: dict[str, Any], open_frames: list[_Frame]) -> None:
+    """Refuse an anchor already defined in this document (closed, or still open around this node)."""
+    if ev.anchor in anchors or any(f.anchor == ev.anchor for f in open_frames):
+        raise YamlProblem(p.YAML_DUPLICATE_ANCHOR, f"anchor &{ev.anchor} is defined twice in this document",
+                          *_pos(ev.start_mark))
 
 
 _resolve_cache: dict[str, str] = {}

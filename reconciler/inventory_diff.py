@@ -4,16 +4,46 @@ Pure: compares two DesiredStates (base and head of a pull request) and says,
 per kind and name, what changes, plus which nodes change capability and which
 slots become schedulable or stop being schedulable (with the reasons), so a
 reviewer sees the capacity a PR creates or removes before it merges.
+
+A changed document names its changed top-level fields (`fields`) and every
+changed value down to the leaf with its old and new value (`values`:
+`admin_state: active -> draining`, `slots[3].enabled: true -> false`, list
+items keyed by `slot_index` or `name` where they have one).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from desired.loading import DesiredState
 from policies import capability, eligibility
+
+MAX_VALUES = 20  # changed values listed per document; the rest are counted
+_SHOWN = 48  # characters of one value shown
+
+
+@dataclass(frozen=True, slots=True)
+class FieldChange:
+    """One changed value of a document: its path, the old and the new value (None: absent)."""
+
+    path: str
+    before: Any
+    after: Any
+
+    def render(self, arrow: str = "->") -> str:
+        return f"{self.path}: {_show(self.before)} {arrow} {_show(self.after)}"
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, dict):
+        return "{...}"
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= _SHOWN else text[:_SHOWN - 3] + "..."
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +52,15 @@ class Change:
     name: str
     action: str  # "added" | "changed" | "disabled"
     fields: tuple[str, ...] = ()
+    values: tuple[FieldChange, ...] = ()  # changed documents: old -> new of each changed value
+    more_values: int = 0  # changed values past MAX_VALUES, not listed
+
+    def rendered_values(self, arrow: str = "->") -> str:
+        """`path: old -> new; ...` (or the field names when no values are known)."""
+        if not self.values:
+            return ", ".join(self.fields)
+        more = f"; and {self.more_values} more" if self.more_values else ""
+        return "; ".join(v.render(arrow) for v in self.values) + more
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +113,7 @@ def diff(base: DesiredState, head: DesiredState, firmware: Mapping[str, bool] | 
             elif name not in after:
                 changes.append(Change(kind, name, "disabled"))
             elif before[name] != after[name]:
-                changes.append(Change(kind, name, "changed", _changed_fields(before[name], after[name])))
+                changes.append(_changed(kind, name, before[name], after[name]))
     changes.extend(_fleet_change(base, head))
 
     cap_before = _capabilities(base, firmware)
@@ -115,13 +154,45 @@ def _fleet_change(base: DesiredState, head: DesiredState) -> list[Change]:
     if base.fleet is not None and head.fleet is None:
         return [Change("Fleet", base.fleet.name, "disabled")]
     if base.fleet is not None and head.fleet is not None and base.fleet != head.fleet:
-        return [Change("Fleet", head.fleet.name, "changed", _changed_fields(base.fleet, head.fleet))]
+        return [_changed("Fleet", head.fleet.name, base.fleet, head.fleet)]
     return []
 
 
-def _changed_fields(a: Any, b: Any) -> tuple[str, ...]:
-    da, db = a.model_dump(), b.model_dump()
-    return tuple(sorted(k for k in set(da) | set(db) if da.get(k) != db.get(k)))
+def _changed(kind: str, name: str, a: Any, b: Any) -> Change:
+    da, db = a.model_dump(mode="json"), b.model_dump(mode="json")
+    fields = tuple(sorted(k for k in set(da) | set(db) if da.get(k) != db.get(k)))
+    values = list(_leaf_changes("", da, db))
+    return Change(kind, name, "changed", fields, tuple(values[:MAX_VALUES]), max(0, len(values) - MAX_VALUES))
+
+
+def _keyed(items: list[Any]) -> dict[str, Any] | None:
+    """List items by their `slot_index` or `name` when every item has a distinct one, else None."""
+    for key in ("slot_index", "name"):
+        if items and all(isinstance(x, dict) and key in x for x in items):
+            keys = [str(x[key]) for x in items]
+            if len(set(keys)) == len(keys):
+                return dict(zip(keys, items, strict=True))
+    return None
+
+
+def _leaf_changes(path: str, a: Any, b: Any) -> Iterator[FieldChange]:
+    """Every differing leaf of two JSON values, in path order; lists of scalars are one leaf."""
+    if a == b:
+        return
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            yield from _leaf_changes(f"{path}.{k}" if path else str(k), a.get(k), b.get(k))
+        return
+    if isinstance(a, list) and isinstance(b, list) and any(isinstance(x, dict) for x in a + b):
+        ka, kb = _keyed(a), _keyed(b)
+        if ka is None or kb is None:
+            ka = {str(i): x for i, x in enumerate(a)}
+            kb = {str(i): x for i, x in enumerate(b)}
+        order = sorted(set(ka) | set(kb), key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k))
+        for k in order:
+            yield from _leaf_changes(f"{path}[{k}]", ka.get(k), kb.get(k))
+        return
+    yield FieldChange(path, a, b)
 
 
 def _capabilities(state: DesiredState, firmware: Mapping[str, bool] | None) -> dict[str, tuple[str, tuple[str, ...]]]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from reconciler import capacity, plans
-from reconciler.prplan import PrPlan
+from reconciler.prplan import NodeChange, PrPlan
 from schemas import rendering
 
 MARKER = "<!-- gpuaas-plan -->"
@@ -36,6 +36,16 @@ def _slots(idx: tuple[int, ...]) -> str:
 
 def _arrow(a: object, b: object, sep: str = "->") -> str:
     return f"{a or '-'} {sep} {b or '-'}"
+
+
+def _moved(a: object, b: object, sep: str = "->") -> str:
+    """`a -> b` when the value changes; the value alone when it does not (`x -> x` is noise)."""
+    return _arrow(a, b, sep) if a != b else f"{a or '-'}"
+
+
+def node_changes(pr: PrPlan) -> list[NodeChange]:
+    """Nodes whose capability or mode really changes (a row with neither moving is left out)."""
+    return [n for n in pr.nodes if (n.capability_before, n.mode_before) != (n.capability_after, n.mode_after)]
 
 
 def headline(pr: PrPlan) -> str:
@@ -93,6 +103,8 @@ def as_dict(pr: PrPlan) -> dict[str, Any]:
         "inventory": {
             "changes": [{"kind": c.kind, "name": c.name, "action": c.action, "fields": list(c.fields)}
                         for c in inv.changes],
+            "values": [{"kind": c.kind, "name": c.name, "field": v.path, "before": v.before, "after": v.after}
+                       for c in inv.changes for v in c.values],
             "slots": [{"node": s.node, "slot_index": s.slot_index, "schedulable_before": s.schedulable_before,
                        "schedulable_after": s.schedulable_after, "reasons": list(s.reasons)} for s in inv.slots],
             "schedulable_gpus_before": inv.schedulable_gpus_before,
@@ -136,7 +148,7 @@ def _text_inventory(pr: PrPlan) -> list[str]:
     if not (inv.changes or inv.slots):
         return []
     out = ["", "Inventory:"]
-    out += [f"  {_SYMBOL.get(c.action, '?')} {c.kind} {c.name}" + (f" ({', '.join(c.fields)})" if c.fields else "")
+    out += [f"  {_SYMBOL.get(c.action, '?')} {c.kind} {c.name}" + (f" ({c.rendered_values()})" if c.fields else "")
             for c in inv.changes]
     delta = inv.schedulable_gpus_after - inv.schedulable_gpus_before
     out.append(f"  schedulable slots: {inv.schedulable_gpus_before} -> {inv.schedulable_gpus_after} ({delta:+d})")
@@ -153,12 +165,12 @@ def _text_inventory(pr: PrPlan) -> list[str]:
 
 
 def _text_nodes(pr: PrPlan) -> list[str]:
-    if not pr.nodes:
+    if not node_changes(pr):
         return []
     out = ["", "Nodes:"]
-    for n in pr.nodes:
-        line = f"  {n.node:<24} capability {_arrow(n.capability_before, n.capability_after):<34}"
-        line += f" mode {_arrow(n.mode_before, n.mode_after)}"
+    for n in node_changes(pr):
+        line = f"  {n.node:<24} capability {_moved(n.capability_before, n.capability_after):<34}"
+        line += f" mode {_moved(n.mode_before, n.mode_after)}"
         if n.why:
             line += f"  ({', '.join(n.why)})"
         out.append(line.rstrip())
@@ -245,9 +257,8 @@ def render_markdown(pr: PrPlan) -> str:
     out = [MARKER, f"### gpuaas plan: {revs}", ""]
     if not pr.valid:
         out += [f"**Invalid: {len(pr.errors)} validation error(s); nothing was planned.**", ""]
-        out += _table(["File", "Line", "Code", "Message"],
-                      [[_code(f"{e.file}:{e.line}:{e.column}"), e.line, _code(e.code), e.message]
-                       for e in pr.errors])
+        out += _table(["File", "Code", "Message"],  # FILE:LINE:COL once, as validate prints it
+                      [[_code(f"{e.file}:{e.line}:{e.column}"), _code(e.code), e.message] for e in pr.errors])
         return "\n".join(out) + "\n"
     inv = pr.inventory
     new = {x.allocation_id for x in pr.new_pending}
@@ -268,7 +279,7 @@ def render_markdown(pr: PrPlan) -> str:
         out += ["", "> **warning:** allocations holding claims are no longer declared (set `state: released` "
                     "to free them): " + _codes(pr.orphaned)]
     out += _details("Inventory", ["", "Kind", "Name", "Fields"],
-                    [[_SYMBOL.get(c.action, "?") + " " + c.action, c.kind, _code(c.name), ", ".join(c.fields)]
+                    [[_SYMBOL.get(c.action, "?") + " " + c.action, c.kind, _code(c.name), c.rendered_values("→")]
                      for c in inv.changes])
     out += _details("Slot eligibility", ["Node", "Slots", "Schedulable", "Reasons"],
                     [[_code(node), _slots(tuple(idx)), "no → yes" if now else "yes → no", _codes(reasons)]
@@ -277,8 +288,8 @@ def render_markdown(pr: PrPlan) -> str:
                     [[_code(node), _slots(tuple(idx)), _codes(reasons)]
                      for (node, reasons), idx in ineligible_groups(pr).items()])
     out += _details("Nodes: capability and mode", ["Node", "Capability", "Mode", "Why"],
-                    [[_code(n.node), _arrow(n.capability_before, n.capability_after, "→"),
-                      _arrow(n.mode_before, n.mode_after, "→"), _codes(n.why)] for n in pr.nodes])
+                    [[_code(n.node), _moved(n.capability_before, n.capability_after, "→"),
+                      _moved(n.mode_before, n.mode_after, "→"), _codes(n.why)] for n in node_changes(pr)])
     out += _details("Placements", ["Allocation", "Tenant", "Request", "Node", "Slots", "VM profile"],
                     [[_code(x.allocation_id), x.tenant, f"{x.gpu_count}x {x.sku}", _code(x.node),
                       _slots(x.slot_indexes),

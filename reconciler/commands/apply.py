@@ -1,9 +1,23 @@
-"""`gpuaas apply [PATH] [--rev REV] [-o text|json]`: reconcile one revision now.
+"""`gpuaas apply [PATH|PLANFILE] [--rev REV] [--allow-dirty] [-o text|json]`: reconcile one revision now.
 
 Sync the inventory, absorb host reports, plan, write claims (one transaction
 per placement), record releases, write host plans, and print what changed:
 placements, pending allocations with their reasons, releases. Applying the
 same revision again changes nothing and says so.
+
+What is applied is what history records:
+
+- PATH inside a git repository: the committed tree (`--rev`, default
+  `HEAD`), read from git objects like `gpuaas run`. When the working tree
+  under PATH differs from HEAD (a YAML file modified, added or deleted and
+  not committed), apply refuses (`apply.tree_dirty`, naming the files), so a
+  revision in history always holds what was placed. `--allow-dirty` applies
+  the working tree as it is instead, recorded as `tree:<hash>`, never as a
+  commit that does not contain it.
+- PATH outside git: the directory as it is, recorded as `tree:<hash>`.
+- PLANFILE (written by `gpuaas plan --out`): exactly that plan, refused
+  (`apply.plan_stale`) when the desired state or the database moved since it
+  was made (see `reconciler.planfiles`).
 """
 
 from __future__ import annotations
@@ -13,17 +27,27 @@ import json
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from reconciler import sources
 from reconciler.commands import db
-from reconciler.errors import PermanentError
+from reconciler.errors import PermanentError, UsageError
+
+if TYPE_CHECKING:
+    from desired import loading
+
+DIRTY_LISTED = 20  # files named in an apply.tree_dirty message; the rest are counted
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("apply", help="sync, plan and write claims for a desired-state revision")
-    p.add_argument("path", nargs="?", default=Path("."), type=Path)
-    p.add_argument("--rev", help="apply the tree at this git revision (default: the working tree)")
+    p = sub.add_parser("apply", help="sync, plan and write claims for a desired-state revision or a saved plan",
+                       allow_abbrev=False)
+    p.add_argument("path", nargs="?", default=Path("."), type=Path, metavar="PATH|PLANFILE",
+                   help="desired-state repo (default .), or a plan file written by `gpuaas plan --out`")
+    p.add_argument("--rev", help="apply the tree at this git revision (default: HEAD; outside git: the directory)")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="apply the working tree even where it differs from HEAD (recorded as tree:<hash>)")
+    p.add_argument("--repo", type=Path, help="with PLANFILE: the repo to read its head from (default: where it "
+                                             "was planned)")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text")
     p.add_argument("--policy", help="placement policy override (default: the Fleet's)")
     db.add_database_arguments(p)
@@ -33,7 +57,11 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from reconciler.store import connections, migrations, reconciling
 
-    loaded = sources.load(args.path, args.rev)
+    if args.path.is_file():
+        return _run_saved(args)
+    if args.repo is not None:
+        raise UsageError("--repo goes with a plan file; give the repo itself as PATH", code="apply.usage")
+    loaded = load(args.path, args.rev, allow_dirty=args.allow_dirty)
     if loaded.errors:
         for problem in loaded.errors:
             print(problem.render(), file=sys.stderr)
@@ -42,12 +70,127 @@ def run(args: argparse.Namespace) -> int:
     with connections.connect(db.database_url(args), autocommit=True) as conn:
         migrations.migrate(conn)
         result = reconciling.reconcile(conn, loaded.state, source=f"cli {args.path}", planner=planner)
+    _print(reconciling.summary(result), args.output)
+    return 0
+
+
+def load(path: Path, rev: str | None, *, allow_dirty: bool = False) -> loading.LoadResult:
+    """The desired state apply reconciles, with the revision history will record.
+
+    In git: the committed tree (`rev`, default HEAD). Without `rev`, a working
+    tree that differs from HEAD under `path` is refused unless `allow_dirty`,
+    and then read as it is with no commit as its revision (history records
+    `tree:<hash>`). Outside git (or before the first commit): the directory.
+    """
+    from desired import gitrepo
+    from reconciler import sources
+
+    if rev is not None:
+        if allow_dirty:
+            raise UsageError("--allow-dirty applies the working tree and --rev a commit: give one of them",
+                             code="apply.usage")
+        return sources.load(path, rev)
+    if not path.exists():
+        return sources.load(path)  # desired.path.missing
+    if gitrepo.head(path) is None:
+        return _as_tree(sources.load(path))
+    dirty = dirty_files(path)
+    if not dirty:
+        return sources.load(path, "HEAD")
+    if not allow_dirty:
+        listed = ", ".join(dirty[:DIRTY_LISTED]) + (f" and {len(dirty) - DIRTY_LISTED} more"
+                                                    if len(dirty) > DIRTY_LISTED else "")
+        raise PermanentError(
+            f"{len(dirty)} desired-state file(s) under {path} differ from HEAD: {listed}; apply reads the "
+            "committed tree, so commit them (or pass --allow-dirty to apply the working tree, recorded as "
+            "tree:<hash>, not as a commit)", code="apply.tree_dirty")
+    print(f"warning: applying the working tree: {len(dirty)} file(s) differ from HEAD; history records it as "
+          "tree:<hash>", file=sys.stderr)
+    return _as_tree(sources.load(path))
+
+
+def _as_tree(loaded: loading.LoadResult) -> loading.LoadResult:
+    loaded.state.revision = None  # no commit holds this tree: history records tree:<content hash>
+    return loaded
+
+
+def dirty_files(path: Path) -> list[str]:
+    """YAML files under `path` whose working copy differs from HEAD, as `path (how)`, sorted.
+
+    Compares exactly what the two readers would read: every YAML file of the
+    directory (by git blob id) against every YAML file of HEAD under `path`.
+    Untracked files git ignores are not desired state and are left out.
+    """
+    from desired import gitrepo, loading
+
+    try:
+        committed = {ref.name: ref.key for ref in gitrepo.revision_refs(path, "HEAD")}
+    except gitrepo.RevisionError:  # path itself is not in HEAD: every file in it is new
+        committed = {}
+    working: dict[str, str | None] = {}
+    for name, data in loading.iter_directory(path):
+        working[name] = loading.blob_id(data) if isinstance(data, bytes) else None
+    out: dict[str, str] = {}
+    for name in sorted(set(committed) | set(working)):
+        if name not in working:
+            out[name] = "deleted"
+        elif name not in committed:
+            out[name] = "untracked"
+        elif committed[name] != working[name]:
+            out[name] = "modified"
+    untracked = [name for name, how in out.items() if how == "untracked"]
+    for name in _ignored(path, untracked):
+        del out[name]
+    return [f"{name} ({how})" for name, how in out.items()]
+
+
+def _ignored(path: Path, names: list[str]) -> list[str]:
+    if not names:
+        return []
+    import git
+
+    try:
+        repo = git.Repo(path, search_parent_directories=True)
+        top = Path(repo.working_tree_dir or path).resolve()
+        prefix = path.resolve().relative_to(top)
+        full = {(prefix / name).as_posix(): name for name in names}
+        return [full[p] for p in repo.ignored(*full) if p in full]
+    except (git.GitError, ValueError):  # no answer from git: keep listing them
+        return []
+
+
+def _run_saved(args: argparse.Namespace) -> int:
+    """`gpuaas apply PLANFILE`: exactly the saved plan, or apply.plan_stale."""
+    from reconciler import planfiles
+    from reconciler.store import connections, inventory, migrations, reconciling
+
+    if args.rev is not None or args.allow_dirty or args.policy is not None:
+        raise UsageError("a saved plan fixes its revision and policy: --rev, --allow-dirty and --policy do not "
+                         "apply to it", code="apply.usage")
+    saved = planfiles.read(args.path)
+    repo = args.repo if args.repo is not None else Path(saved.repo)
+    loaded = planfiles.load_head(saved, repo)
+    if loaded.errors:  # the revision was valid when planned; a tree read again may not be
+        raise PermanentError(f"the planned head {saved.head_revision} has {len(loaded.errors)} validation error(s) "
+                             "now", code="apply.plan_stale")
+    planfiles.check_desired(saved, inventory.content_hash(loaded.state))
+    with connections.connect(db.database_url(args), autocommit=True) as conn:
+        migrations.migrate(conn)
+        planfiles.check_database(saved, planfiles.database_digest(conn))
+        result = reconciling.reconcile(conn, loaded.state, source=f"cli plan {args.path}",
+                                       planner=planfiles.guarded_planner(saved))
     doc = reconciling.summary(result)
-    if args.output == "json":
+    if args.output == "text":
+        print(f"applied saved plan {args.path} (head {saved.head_revision})")
+    _print(doc, args.output)
+    return 0
+
+
+def _print(doc: dict[str, Any], output: str) -> None:
+    if output == "json":
         print(json.dumps(doc, indent=2, default=str))
     else:
         print(render_text(doc))
-    return 0
 
 
 def _planner(policy: str | None) -> Any:

@@ -1,4 +1,6 @@
-"""`gpuaas plan [PATH] [--base REV] [--head REV] [-o text|markdown|json] [--detailed-exitcode] [--offline]`.
+"""`gpuaas plan [PATH] [--base REV] [--head REV] [-o text|markdown|json] [--offline] [--out FILE]`.
+
+Exit-code flags: `[--detailed-exitcode] [--fail-on-pending]`.
 
 What merging head would do. Head is `--head` (default HEAD; a directory
 outside git is read as it is). Against the database (default): claims and
@@ -10,7 +12,14 @@ claims head is planned against.
 
 Exit status: 1 on an error (head invalid: every FILE:LINE is printed and
 nothing is planned). With --detailed-exitcode, like `terraform plan
--detailed-exitcode`: 0 no change, 2 changes; without it, 0.
+-detailed-exitcode`: 0 no change, 2 changes; without it, 0. With
+--fail-on-pending: 3 when requests this change adds or alters would stay
+pending (a new pending allocation, or one pending for another reason than
+without the change), so CI cannot pass a PR that over-subscribes.
+
+`--out FILE` saves the plan for `gpuaas apply FILE` (`reconciler.planfiles`):
+the revisions, the content hash of head, a digest of the database state it
+was computed against and the decisions. Nothing is saved when head is invalid.
 """
 
 from __future__ import annotations
@@ -23,20 +32,26 @@ from typing import Any
 
 from desired import gitrepo
 from desired.loading import DesiredState
-from reconciler import plans, prplan, prplan_render, sources
+from reconciler import planfiles, plans, prplan, prplan_render, sources
 from reconciler.commands import db
 from reconciler.errors import PermanentError, UsageError
 
 EXIT_CHANGES = 2
+EXIT_PENDING = 3
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("plan", help="what merging a revision would do (a PR plan), with terraform-style exit codes")
+    # allow_abbrev=False: `--out` is its own flag, never an abbreviation of `--output`.
+    p = sub.add_parser("plan", help="what merging a revision would do (a PR plan), with terraform-style exit codes",
+                       allow_abbrev=False)
     p.add_argument("path", nargs="?", default=Path("."), type=Path, help="desired-state repo (default .)")
     p.add_argument("--base", help="base revision (default: what the database runs; offline: nothing)")
     p.add_argument("--head", help="revision to plan (default HEAD; the directory itself outside git)")
     p.add_argument("-o", "--output", choices=("text", "markdown", "json"), default="text")
     p.add_argument("--detailed-exitcode", action="store_true", help="exit 0 no change, 1 error, 2 changes")
+    p.add_argument("--fail-on-pending", action="store_true",
+                   help="exit 3 when requests this change adds or alters would stay pending")
+    p.add_argument("--out", type=Path, metavar="FILE", help="save the plan for `gpuaas apply FILE`")
     p.add_argument("--offline", action="store_true", help="no database: plan head against what base implies")
     p.add_argument("--policy", help="placement policy override (default: the Fleet's)")
     db.add_database_arguments(p)
@@ -48,46 +63,70 @@ def _load(path: Path, rev: str | None) -> tuple[DesiredState, tuple[Any, ...]]:
     return result.state, tuple(result.errors)
 
 
-def _online(args: argparse.Namespace) -> tuple[DesiredState, tuple[Any, ...], plans.Observed]:
+def _online(args: argparse.Namespace) -> tuple[DesiredState, tuple[Any, ...], plans.Observed, str]:
+    """Base, its problems, the observed state, and the digest a saved plan pins (planfiles.observed_digest)."""
     from reconciler.store import connections, migrations, observing, readmodels
 
-    with connections.connect(db.database_url(args), autocommit=True) as conn:
+    with connections.connect(db.database_url(args), autocommit=True) as conn, conn.transaction():
+        # One transaction (repeatable read): the observed state and its digest are one snapshot.
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         if not migrations.applied(conn):
             print("note: the database has no schema yet; planning against an empty fleet", file=sys.stderr)
             base, errors = _load(args.path, args.base) if args.base else (DesiredState(), ())
-            return base, errors, plans.Observed()
+            return base, errors, plans.Observed(), planfiles.observed_digest(plans.Observed(), 0)
         observed = observing.observe(conn)
+        digest = planfiles.observed_digest(observed, readmodels.inventory_generation(conn))
         if args.base:
             base, errors = _load(args.path, args.base)
-            return base, errors, observed
+            return base, errors, observed, digest
         current = readmodels.current_revision(conn)
         if current and not current.startswith("tree:") and gitrepo.head(args.path) is not None:
             try:
                 base, errors = _load(args.path, current)
-                return base, errors, observed
+                return base, errors, observed, digest
             except PermanentError:  # a revision this clone lacks: fall back to the stored inventory
                 pass
-        return readmodels.desired_state(conn), (), observed
+        return readmodels.desired_state(conn), (), observed, digest
 
 
 def run(args: argparse.Namespace) -> int:
     head_rev = args.head or ("HEAD" if gitrepo.head(args.path) is not None else None)
     head, head_errors = _load(args.path, head_rev)
+    digest = ""
     if head_errors:
         pr = prplan.invalid(args.base, head.revision, head_errors, offline=args.offline)
     else:
         if args.offline:
             base, base_errors = _load(args.path, args.base) if args.base else (DesiredState(), ())
             observed = _guard(lambda: prplan.offline_observed(base, policy=args.policy))
+            digest = planfiles.observed_digest(observed, 0)
         else:
-            base, base_errors, observed = _online(args)
+            base, base_errors, observed, digest = _online(args)
         pr = _guard(lambda: prplan.compose(base, head, observed, offline=args.offline, base_errors=base_errors,
                                            policy=args.policy))
     _print(pr, args.output)
     if not pr.valid:
         print(f"error: plan.invalid: {len(pr.errors)} validation error(s) in head; nothing planned", file=sys.stderr)
         return 1
+    if args.out is not None:
+        _save(args, pr, head, digest)
+    if args.fail_on_pending and pr.new_pending:
+        listed = ", ".join(f"{x.allocation_id} ({x.code})" for x in pr.new_pending)
+        print(f"error: plan.pending: {len(pr.new_pending)} request(s) this change adds or alters would stay "
+              f"pending: {listed}", file=sys.stderr)
+        return EXIT_PENDING
     return EXIT_CHANGES if args.detailed_exitcode and pr.changed else 0
+
+
+def _save(args: argparse.Namespace, pr: prplan.PrPlan, head: DesiredState, observed_digest: str) -> None:
+    from reconciler.store import inventory  # the content hash the sync records (imports the store driver)
+
+    desired_hash = inventory.content_hash(head)
+    doc = planfiles.document(pr, repo=args.path, head_revision=inventory.revision_key(head, desired_hash),
+                             desired_hash=desired_hash, observed=observed_digest, policy=args.policy)
+    planfiles.write(args.out, doc)
+    how = "offline: for review only, apply refuses it" if pr.offline else f"apply it with `gpuaas apply {args.out}`"
+    print(f"plan saved to {args.out} ({how})", file=sys.stderr)
 
 
 def _guard(fn: Any) -> Any:
