@@ -18,7 +18,7 @@ from pathlib import Path
 from host_reconciler import domains
 from host_reconciler.drivers import tools
 from host_reconciler.hostplans import VmSpec
-from reconciler.errors import PermanentError
+from schemas.errors import PermanentError
 
 # Same pattern as desired.models.SSH_KEY_RE (kept here: this layer reads plans, not YAML).
 _SSH_KEY = re.compile(

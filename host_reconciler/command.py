@@ -27,7 +27,7 @@ from typing import Any
 
 from host_reconciler import converging, hostplans, reports, settings, wiring
 from host_reconciler.actions import DriftMode
-from reconciler.errors import GpuaasError, PermanentError, UsageError
+from schemas.errors import GpuaasError, PermanentError, UsageError
 
 ENV_ROLE = "GPUAAS_HOST_DB_ROLE"
 ENV_PASSWORD = "GPUAAS_HOST_DB_PASSWORD"  # noqa: S105 -- the name of a variable, not a secret

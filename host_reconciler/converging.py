@@ -32,7 +32,7 @@ from host_reconciler.hostplans import HostPlan, VmSpec
 from host_reconciler.localstate import LocalState
 from host_reconciler.observations import Failure, Observed
 from host_reconciler.settings import HostSettings
-from reconciler.errors import GpuaasError, PermanentError, TemporaryError
+from schemas.errors import GpuaasError, PermanentError, TemporaryError
 
 log = logging.getLogger("gpuaas.host")
 

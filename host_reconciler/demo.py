@@ -38,7 +38,7 @@ import psycopg
 from host_reconciler import converging, hostplans, lab, reports, store, wiring
 from host_reconciler.actions import DriftMode
 from host_reconciler.phases import Drivers
-from reconciler.errors import PermanentError
+from schemas.errors import PermanentError
 
 DEMO_NODES = {
     # node: (recorded tree to copy, disk serial tag in the tree, tag of this node's disks)

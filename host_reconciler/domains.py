@@ -31,7 +31,7 @@ from typing import Literal
 
 from host_reconciler import topology
 from host_reconciler.hostplans import Network, VmSpec
-from reconciler.errors import PermanentError
+from schemas.errors import PermanentError
 
 NS = "https://gpuaas.io/xmlns/host-reconciler/1"
 PREFIX = "gpuaas-"  # every domain this reconciler owns is named gpuaas-<allocation>

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from host_reconciler.hostplans import ImageRef
-from reconciler.errors import PermanentError, TemporaryError
+from schemas.errors import PermanentError, TemporaryError
 
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 _REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/+-]{0,1023}$")

@@ -27,7 +27,7 @@ from typing import Any
 from host_reconciler import settings as hs
 from host_reconciler.drivers import disks
 from host_reconciler.drivers.dnsmasq import DnsmasqServer
-from reconciler.errors import PermanentError
+from schemas.errors import PermanentError
 
 TOOLS = ("losetup", "mkfs.ext4", "wipefs", "blkdiscard", "blkid", "ip", "iptables", "dnsmasq", "genisoimage")
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from host_reconciler.observations import Failure, PhaseRecord, Progress, WipeRecord
-from reconciler.errors import PermanentError, TemporaryError
+from schemas.errors import PermanentError, TemporaryError
 
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}$")
 

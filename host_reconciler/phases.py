@@ -42,7 +42,7 @@ from host_reconciler.hostplans import HostPlan, VmSpec
 from host_reconciler.localstate import LocalState
 from host_reconciler.observations import DomainState
 from host_reconciler.settings import HostSettings
-from reconciler.errors import PermanentError, TemporaryError
+from schemas.errors import PermanentError, TemporaryError
 
 
 @dataclass

@@ -49,7 +49,7 @@ from typing import Any, Literal
 from host_reconciler.actions import DriftMode
 from host_reconciler.domains import DirectKernel, DomainOptions
 from host_reconciler.drivers.disks import DiskSettings
-from reconciler.errors import PermanentError
+from schemas.errors import PermanentError
 
 ENV_CONFIG = "GPUAAS_HOST_CONFIG"
 AUTO: Literal["auto"] = "auto"

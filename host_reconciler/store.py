@@ -21,8 +21,8 @@ from psycopg.types.json import Jsonb
 
 from host_reconciler import hostplans
 from host_reconciler.statuses import HostStatus
-from reconciler.errors import PermanentError
 from reconciler.store import errors
+from schemas.errors import PermanentError
 
 
 @dataclass(frozen=True, slots=True)

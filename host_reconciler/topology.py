@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from host_reconciler.hostplans import SlotBundle, VmSpec
-from reconciler.errors import PermanentError
+from schemas.errors import PermanentError
 
 HUGEPAGE_KIB = {"1G": 1048576, "2M": 2048}
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from reconciler import sources
-from reconciler.errors import PermanentError
+from schemas.errors import PermanentError
 
 DEMO_DB = "gpuaas_demo_claims"
 

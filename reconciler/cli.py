@@ -15,7 +15,7 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
-from reconciler.errors import GpuaasError
+from schemas.errors import GpuaasError
 
 COMMAND_MODULES = (
     "reconciler.commands.validate",

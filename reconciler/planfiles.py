@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reconciler import plans, prplan, prplan_render, sources
-from reconciler.errors import PermanentError
+from schemas.errors import PermanentError
 
 if TYPE_CHECKING:
     from desired.loading import DesiredState, LoadResult

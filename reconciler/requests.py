@@ -36,7 +36,7 @@ from desired import loading
 from desired import models as m
 from desired import problems as p
 from policies import validation
-from reconciler.errors import PermanentError
+from schemas.errors import PermanentError
 
 NOT_REGULAR = "request.file.not_regular"
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")  # the rule of models.Allocation.id, checked before any path is made

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from desired import gitrepo, loading
 from policies import validation
-from reconciler.errors import PermanentError
+from schemas.errors import PermanentError
 
 
 def load(path: Path, rev: str | None = None, *, cancel: loading.Cancel | None = None,

@@ -50,8 +50,8 @@ import git
 from desired import gitrepo
 from desired.loading import BlobCache, Cancelled, DesiredState
 from reconciler import planner, plans, sources
-from reconciler.errors import GpuaasError, TemporaryError, UsageError
 from reconciler.store import connections, history, inventory, observing, reconciling, revisions
+from schemas.errors import GpuaasError, TemporaryError, UsageError
 
 # Only these paths under the git directory say "a ref may have moved".
 _GIT_REF_PATHS = ("HEAD", "packed-refs", "FETCH_HEAD", "ORIG_HEAD")

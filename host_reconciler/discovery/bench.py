@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from host_reconciler.discovery import candidates, discovering, gating, rendering
-from reconciler.errors import UsageError
+from schemas.errors import UsageError
 
 GOAL_MS = 200.0
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "sysfs" / "build.py"

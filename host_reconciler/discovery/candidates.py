@@ -41,7 +41,7 @@ from typing import Any
 from desired import models as m
 from host_reconciler.discovery import blockers as b
 from host_reconciler.discovery import facts
-from reconciler.errors import PermanentError
+from schemas.errors import PermanentError
 
 DEFAULT_WIPE_POLICY = "wipefs-blkdiscard-verify"
 NODE_INVALID = "discovery.node.invalid"

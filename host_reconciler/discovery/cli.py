@@ -21,7 +21,7 @@ from typing import Any
 from desired import loading
 from desired import models as m
 from host_reconciler.discovery import candidates, discovering, gating, rendering
-from reconciler.errors import PermanentError, UsageError
+from schemas.errors import PermanentError, UsageError
 
 EXIT_BLOCKED = 3
 SLOTMAP_INVALID = "gate.slotmap.invalid"

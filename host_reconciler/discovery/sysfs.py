@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import stat
 
-from reconciler.errors import PermanentError
+from schemas.errors import PermanentError
 
 ROOT_MISSING = "discovery.root.missing"
 ROOT_NOT_SYSFS = "discovery.root.not_sysfs"

@@ -12,7 +12,7 @@ import ipaddress
 import re
 
 from host_reconciler.hostplans import Network
-from reconciler.errors import PermanentError
+from schemas.errors import PermanentError
 
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 # Linux IFNAMSIZ is 16 with the NUL; keep to characters every tool accepts.

@@ -47,7 +47,7 @@ from host_reconciler import images
 from host_reconciler.drivers import tools
 from host_reconciler.hostplans import DiskIdentity
 from host_reconciler.observations import DiskObs
-from reconciler.errors import PermanentError, TemporaryError
+from schemas.errors import PermanentError, TemporaryError
 
 BY_ID_PREFIX = "/dev/disk/by-id/"
 _BY_ID_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+@-]{0,200}$")

@@ -21,7 +21,7 @@ import libvirt
 
 from host_reconciler import domains, topology
 from host_reconciler.observations import DomainObs, DomainState
-from reconciler.errors import PermanentError, TemporaryError
+from schemas.errors import PermanentError, TemporaryError
 
 
 class LibvirtError(TemporaryError):

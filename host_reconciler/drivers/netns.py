@@ -23,7 +23,7 @@ from typing import Any
 
 from pyroute2 import IPRoute
 
-from reconciler.errors import PermanentError
+from schemas.errors import PermanentError
 
 _CLONE_NEWNET = 0x40000000
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")

@@ -34,7 +34,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from host_reconciler.drivers import addresses, netns
 from host_reconciler.hostplans import Network
-from reconciler.errors import PermanentError
+from schemas.errors import PermanentError
 
 
 class NetworkError(PermanentError):

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from host_reconciler.observations import PciObs
-from reconciler.errors import PermanentError, TemporaryError
+from schemas.errors import PermanentError, TemporaryError
 
 VFIO = "vfio-pci"
 _PCI = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")

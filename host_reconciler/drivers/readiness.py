@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from host_reconciler.drivers import addresses, dnsmasq, netns
-from reconciler.errors import TemporaryError
+from schemas.errors import TemporaryError
 
 
 class ReadinessTimeout(TemporaryError):

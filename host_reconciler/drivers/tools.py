@@ -12,7 +12,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from reconciler.errors import PermanentError, TemporaryError
+from schemas.errors import PermanentError, TemporaryError
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reconciler.commands import db
-from reconciler.errors import PermanentError, UsageError
+from schemas.errors import PermanentError, UsageError
 
 if TYPE_CHECKING:
     from desired import loading

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.commands import db
-from reconciler.errors import PermanentError, UsageError
+from schemas.errors import PermanentError, UsageError
 
 ROUNDS = 3  # re-plan rounds per worker after every candidate of an allocation was lost
 

@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from reconciler.commands import db
-from reconciler.errors import PermanentError, UsageError
+from schemas.errors import PermanentError, UsageError
 
 GOAL_P50_S = 1.0
 _GIT_ENV = {"GIT_AUTHOR_NAME": "gpuaas-portal-bot", "GIT_AUTHOR_EMAIL": "portal-bot@gpuaas.invalid",

@@ -24,7 +24,7 @@ from typing import Any
 from desired import models as m
 from desired.loading import DesiredState
 from reconciler import placing, planner, plans, synthesizing
-from reconciler.errors import UsageError
+from schemas.errors import UsageError
 
 _EPOCH = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 _SIZES = ((1, 0.36), (2, 0.225), (4, 0.18), (8, 0.045))  # slice sizes; baremetal takes the rest (0.19)

@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from reconciler.commands import bench_claims, db
-from reconciler.errors import UsageError
+from schemas.errors import UsageError
 
 
 def register(sub: Any) -> None:

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from reconciler.errors import PermanentError
+from schemas.errors import PermanentError
 
 
 def register(sub: Any) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from reconciler import simulating, sources, synthesizing
-from reconciler.errors import UsageError
+from schemas.errors import UsageError
 
 _Dumper: type[Any] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 _OWNED = ("fleet.yaml", "skus", "images", "nodes", "slotmaps")

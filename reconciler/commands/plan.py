@@ -34,7 +34,7 @@ from desired import gitrepo
 from desired.loading import DesiredState
 from reconciler import planfiles, plans, prplan, prplan_render, sources
 from reconciler.commands import db
-from reconciler.errors import PermanentError, UsageError
+from schemas.errors import PermanentError, UsageError
 
 EXIT_CHANGES = 2
 EXIT_PENDING = 3

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler import requests
-from reconciler.errors import PermanentError
+from schemas.errors import PermanentError
 
 
 def register(sub: Any) -> None:

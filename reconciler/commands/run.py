@@ -25,7 +25,7 @@ from types import FrameType
 from typing import Any
 
 from reconciler.commands import db
-from reconciler.errors import UsageError
+from schemas.errors import UsageError
 
 
 def register(sub: Any) -> None:
@@ -98,8 +98,8 @@ GAVE_UP = 3  # exit status: failing for longer than --max-failing-seconds
 
 def _migrate_when_up(url: str, stop: threading.Event, interval: float) -> bool:
     """Migrate once the database answers; wait and retry while it does not (False: stopped first)."""
-    from reconciler.errors import TemporaryError
     from reconciler.store import connections, migrations
+    from schemas.errors import TemporaryError
 
     delay = 1.0
     while not stop.is_set():

@@ -22,7 +22,7 @@ from typing import Any
 
 from policies import packing
 from reconciler import simulating, sources
-from reconciler.errors import UsageError
+from schemas.errors import UsageError
 
 
 def register(sub: Any) -> None:

@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from reconciler.commands import db
-from reconciler.errors import UsageError
+from schemas.errors import UsageError
 
 
 def register(sub: Any) -> None:

@@ -28,8 +28,8 @@ def register(sub: Any) -> None:
 
 def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
     """The whole status document (plain data), read from the database at `url`."""
-    from reconciler.errors import PermanentError
     from reconciler.store import connections, history, lifecycle, migrations, observing, readmodels
+    from schemas.errors import PermanentError
 
     with connections.connect(url, autocommit=True) as conn:
         if not migrations.applied(conn):

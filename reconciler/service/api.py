@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reconciler.errors import GpuaasError
 from reconciler.service import capacities, reads, usages
 from reconciler.service.pool import Pool
+from schemas.errors import GpuaasError
 
 PREFIX = "/api/v1"
 

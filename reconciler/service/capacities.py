@@ -29,9 +29,9 @@ from typing import Any
 
 from reconciler import capacity
 from reconciler.commands import status as status_command
-from reconciler.errors import GpuaasError, PermanentError, TemporaryError
 from reconciler.service.pool import Pool
 from reconciler.store.connections import Connection
+from schemas.errors import GpuaasError, PermanentError, TemporaryError
 
 
 class CapacityComputing(TemporaryError):

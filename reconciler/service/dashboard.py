@@ -20,8 +20,8 @@ from urllib.parse import urlencode
 
 import jinja2
 
-from reconciler.errors import GpuaasError
 from reconciler.service import api, capacities, reads
+from schemas.errors import GpuaasError
 
 PAGE_SIZE = 100
 CAPACITY_WAIT_S = 0.5

@@ -22,10 +22,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from reconciler.errors import GpuaasError
 from reconciler.service import capacities, reads
 from reconciler.service.pool import Pool
 from reconciler.store import history, lifecycle
+from schemas.errors import GpuaasError
 
 log = logging.getLogger("gpuaas.serve")
 

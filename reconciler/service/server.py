@@ -37,9 +37,9 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from reconciler.errors import GpuaasError, PermanentError, TemporaryError, UsageError
 from reconciler.service import api, capacities, dashboard, metrics
 from reconciler.service.pool import Pool
+from schemas.errors import GpuaasError, PermanentError, TemporaryError, UsageError
 
 log = logging.getLogger("gpuaas.serve")
 

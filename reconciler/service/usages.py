@@ -17,9 +17,9 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from reconciler.errors import UsageError
 from reconciler.store import errors
 from reconciler.store.connections import Connection
+from schemas.errors import UsageError
 
 _SQL = """
 WITH w AS (

@@ -27,10 +27,10 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from reconciler.errors import PermanentError
 from reconciler.plans import Pending, Placement, Plan, Release, ResolvedProfile
 from reconciler.store import errors
 from reconciler.store.connections import Connection
+from schemas.errors import PermanentError
 
 # Test hook: called with a point name inside the placement transaction
 # ("claims_inserted": after the claims, slots, allocation and outbox are

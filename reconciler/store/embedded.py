@@ -42,7 +42,7 @@ from urllib.parse import quote
 import psycopg
 from psycopg import sql
 
-from reconciler.errors import PermanentError, TemporaryError
+from schemas.errors import PermanentError, TemporaryError
 
 PORT = 5432
 OWNER = "postgres"

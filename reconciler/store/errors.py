@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import psycopg
 from psycopg import errors as pge
 
-from reconciler.errors import PermanentError, TemporaryError
+from schemas.errors import PermanentError, TemporaryError
 
 # constraint or trigger name -> stable code. Do not change the string values.
 CONSTRAINT_CODES = {

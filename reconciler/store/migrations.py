@@ -15,9 +15,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from reconciler.errors import PermanentError
 from reconciler.store import errors
 from reconciler.store.connections import Connection
+from schemas.errors import PermanentError
 
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _LOCK_KEY = 0x67707561_6173  # "gpuaas"

@@ -21,9 +21,9 @@ from pydantic import ValidationError
 
 from desired import models as m
 from desired.loading import DesiredState
-from reconciler.errors import PermanentError
 from reconciler.store import errors
 from reconciler.store.connections import Connection
+from schemas.errors import PermanentError
 
 _DOC = {"apiVersion": m.API_VERSION}
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from desired.loading import DesiredState
-from reconciler.errors import GpuaasError, PermanentError
 from reconciler.plans import Observed, Plan
 from reconciler.store import applying, cleanup, errors, history, hostplans, inventory, lifecycle, observing
 from reconciler.store.connections import Connection
+from schemas.errors import GpuaasError, PermanentError
 
 Planner = Callable[[DesiredState, Observed], Plan]
 

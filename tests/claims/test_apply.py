@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from desired.loading import DesiredState
-from reconciler.errors import GpuaasError
 from reconciler.plans import Candidate, Pending, Placement, Plan, Release, ResolvedProfile
 from reconciler.store import applying, checks, errors, hostplans
 from reconciler.store.connections import Connection
+from schemas.errors import GpuaasError
 from tests.claims import util
 
 NODE = "node-00000"

@@ -14,7 +14,7 @@ import pytest
 from desired import models as m
 from host_reconciler.discovery import blockers as b
 from host_reconciler.discovery import candidates, facts, hosts
-from reconciler.errors import PermanentError
+from schemas.errors import PermanentError
 
 
 def _path(switch: str, dev: str) -> tuple[str, ...]:

@@ -9,7 +9,7 @@ import pytest
 
 from host_reconciler import demo, hostplans, lab
 from reconciler import cli
-from reconciler.errors import GpuaasError
+from schemas.errors import GpuaasError
 from tests.host.conftest import Lab
 
 

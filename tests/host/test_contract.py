@@ -16,8 +16,8 @@ import pytest
 
 from host_reconciler import converging, demo, lab, store, wiring
 from reconciler import sources
-from reconciler.errors import GpuaasError
 from reconciler.store import reconciling
+from schemas.errors import GpuaasError
 
 NODE = "h200-use1-s01"
 FLEET = Path(__file__).resolve().parents[2] / "examples" / "fleet"

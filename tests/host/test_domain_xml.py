@@ -15,7 +15,7 @@ import pytest
 from host_reconciler import domains, topology
 from host_reconciler import hostplans as hp
 from host_reconciler.drivers import libvirt_driver
-from reconciler.errors import GpuaasError, PermanentError
+from schemas.errors import GpuaasError, PermanentError
 from tests.host.conftest import NETWORK, SLOTS, node_xml
 
 

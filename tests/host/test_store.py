@@ -18,8 +18,8 @@ from host_reconciler import store
 from host_reconciler.actions import Drift, DriftCode, DriftMode
 from host_reconciler.statuses import HostStatus, SlotReport
 from reconciler import cli
-from reconciler.errors import GpuaasError
 from reconciler.plans import SlotStatus
+from schemas.errors import GpuaasError
 from tests.host.conftest import NETWORK
 
 

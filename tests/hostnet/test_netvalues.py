@@ -12,7 +12,7 @@ import pytest
 
 from host_reconciler.drivers import addresses, dnsmasq, network
 from host_reconciler.hostplans import Network, SlotBundle, VmSpec
-from reconciler.errors import GpuaasError
+from schemas.errors import GpuaasError
 
 NET = Network(
     subnet="10.100.0.0/24",

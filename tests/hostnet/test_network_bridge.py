@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from host_reconciler.drivers import network
-from reconciler.errors import GpuaasError
+from schemas.errors import GpuaasError
 
 from .conftest import Lab, in_ns, ip
 
