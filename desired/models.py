@@ -474,7 +474,7 @@ class SlotMap(_Doc):
 # ----------------------------------------------------------------- Allocation
 
 
-# The host names a slice VM `gpuaas-<allocation id>` (host_reconciler.hostplans.vm_name): libvirt domain,
+# The host names a slice VM `gpuaas-<allocation id>` (schemas.hostplans.vm_name): libvirt domain,
 # cloud-init hostname and DHCP reservation name. A hostname label is at most 63 characters (RFC 1035), so
 # the id must leave room for the prefix; checked here, where the id is declared, not at provision time.
 VM_NAME_PREFIX = "gpuaas-"

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from host_reconciler import converging, diff, lab, wiring
-from host_reconciler import hostplans as hp
 from host_reconciler.actions import Step
 from host_reconciler.drivers import disks
+from schemas import hostplans as hp
 
 NET = hp.Network("10.100.0.0/24", "10.100.0.1", "10.100.0.10", "10.100.0.250", "gpuaasbr0")
 GPUS = ("1b", "3c", "4b", "5c", "9a", "ba", "ca", "db")

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from host_reconciler import domains
 from host_reconciler.drivers import tools
-from host_reconciler.hostplans import VmSpec
 from schemas.errors import PermanentError
+from schemas.hostplans import VmSpec
 
 # Same pattern as desired.models.SSH_KEY_RE (kept here: this layer reads plans, not YAML).
 _SSH_KEY = re.compile(

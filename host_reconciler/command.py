@@ -25,10 +25,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from host_reconciler import converging, hostplans, reports, settings, wiring
+from host_reconciler import converging, reports, settings, wiring
 from host_reconciler.actions import DriftMode
+from schemas import hostplans
 from schemas.errors import GpuaasError, PermanentError, UsageError
 
+ENV_URL = "GPUAAS_DATABASE_URL"  # the same variable the central reconciler reads
 ENV_ROLE = "GPUAAS_HOST_DB_ROLE"
 ENV_PASSWORD = "GPUAAS_HOST_DB_PASSWORD"  # noqa: S105 -- the name of a variable, not a secret
 # Seconds between heartbeats of `host run`: well under the fleet's liveness TTL
@@ -47,7 +49,7 @@ def register(sub: Any) -> None:
         p.add_argument("--mode", choices=[m.value for m in DriftMode], help="drift mode (default: settings)")
         p.add_argument("--plan-file", type=Path, help="read the plan from this JSON file, not the database")
         p.add_argument("--status-file", type=Path, help="with --plan-file: write the status JSON here")
-        p.add_argument("--db-url", help="PostgreSQL URL (default $GPUAAS_DATABASE_URL or the embedded one)")
+        p.add_argument("--db-url", help=f"PostgreSQL URL (default ${ENV_URL}); the agent never starts a database")
         p.add_argument("--db-role", help=f"the node's database role (default ${ENV_ROLE})")
         p.add_argument("-o", "--output", choices=("text", "json"), default="text")
         if name == "converge":
@@ -69,9 +71,12 @@ class _Source:
         self.connect: Callable[[], Any] | None = None  # a new connection as this node (database mode)
         if self.plan_file is None:
             from host_reconciler import store
-            from reconciler.store import connections
 
-            url = connections.database_url(args.db_url)
+            url = args.db_url or os.environ.get(ENV_URL)
+            if not url:
+                raise UsageError(f"no database: pass --db-url or set {ENV_URL} (the host agent never starts "
+                                 "a database of its own), or run from files with --plan-file",
+                                 code="host.db.url_missing")
             role = args.db_role or os.environ.get(ENV_ROLE)
             password = os.environ.get(ENV_PASSWORD)
             self.connect = lambda: store.connect(url, role=role, password=password)

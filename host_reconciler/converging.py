@@ -28,11 +28,11 @@ from typing import Any
 
 from host_reconciler import diff, observing, phases, statuses
 from host_reconciler.actions import PER_SLOT_STEPS, Action, DriftMode, Flow, Step
-from host_reconciler.hostplans import HostPlan, VmSpec
 from host_reconciler.localstate import LocalState
 from host_reconciler.observations import Failure, Observed
 from host_reconciler.settings import HostSettings
 from schemas.errors import GpuaasError, PermanentError, TemporaryError
+from schemas.hostplans import HostPlan, VmSpec
 
 log = logging.getLogger("gpuaas.host")
 

@@ -36,8 +36,8 @@ from host_reconciler.actions import (
     Flow,
     Step,
 )
-from host_reconciler.hostplans import HostPlan, SlotBundle, VmSpec
 from host_reconciler.observations import DomainObs, Observed, Progress, WipeRecord
+from schemas.hostplans import HostPlan, SlotBundle, VmSpec
 
 VFIO_DRIVER = "vfio-pci"
 

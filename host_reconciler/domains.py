@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 from host_reconciler import topology
-from host_reconciler.hostplans import Network, VmSpec
 from schemas.errors import PermanentError
+from schemas.hostplans import Network, VmSpec
 
 NS = "https://gpuaas.io/xmlns/host-reconciler/1"
 PREFIX = "gpuaas-"  # every domain this reconciler owns is named gpuaas-<allocation>

@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from host_reconciler.hostplans import ImageRef
 from schemas.errors import PermanentError, TemporaryError
+from schemas.hostplans import ImageRef
 
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 _REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/+-]{0,1023}$")

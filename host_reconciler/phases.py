@@ -38,11 +38,11 @@ from host_reconciler.drivers.libvirt_driver import DomainDriver
 from host_reconciler.drivers.network import NetworkDriver
 from host_reconciler.drivers.pci import VFIO, PciDriver, PciError
 from host_reconciler.drivers.readiness import ReadinessDriver
-from host_reconciler.hostplans import HostPlan, VmSpec
 from host_reconciler.localstate import LocalState
 from host_reconciler.observations import DomainState
 from host_reconciler.settings import HostSettings
 from schemas.errors import PermanentError, TemporaryError
+from schemas.hostplans import HostPlan, VmSpec
 
 
 @dataclass

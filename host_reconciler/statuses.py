@@ -24,9 +24,9 @@ from typing import Any
 
 from host_reconciler import diff, domains
 from host_reconciler.actions import BLOCKING_DRIFT, Action, Drift, DriftMode, Step
-from host_reconciler.hostplans import HostPlan, VmSpec
 from host_reconciler.observations import Observed, WipeRecord
-from reconciler.plans import SlotStatus
+from schemas.hostplans import HostPlan, VmSpec
+from schemas.states import SlotStatus
 
 
 @dataclass(frozen=True, slots=True)

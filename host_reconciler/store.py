@@ -7,7 +7,7 @@ read another node's plan or write another node's status even if its code
 asked to. The central reconciler (table owner) reads every node's status for
 `gpuaas drift`.
 
-psycopg errors become project errors here (`reconciler.store.errors`).
+psycopg errors become project errors here (`schemas.dberrors`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from host_reconciler import hostplans
 from host_reconciler.statuses import HostStatus
-from reconciler.store import errors
+from schemas import dberrors, hostplans
 from schemas.errors import PermanentError
 
 
@@ -40,13 +39,13 @@ def connect(
         kwargs["user"] = role
     if password is not None:
         kwargs["password"] = password
-    with errors.wrapped("connect to PostgreSQL"):
+    with dberrors.wrapped("connect to PostgreSQL"):
         return psycopg.connect(url, autocommit=autocommit, **kwargs)
 
 
 def create_node_role(conn: psycopg.Connection[Any], node: str, password: str) -> NodeCredentials:
     """Create (or re-key) the login role of `node` (run as the central reconciler's role)."""
-    with errors.wrapped(f"create the role of node {node}"):
+    with dberrors.wrapped(f"create the role of node {node}"):
         row = conn.execute("SELECT gpuaas_create_node_role(%s, %s)", (node, password)).fetchone()
     if row is None:
         raise PermanentError(f"no role created for {node}", code="host.store.role")
@@ -55,7 +54,7 @@ def create_node_role(conn: psycopg.Connection[Any], node: str, password: str) ->
 
 def read_plan(conn: psycopg.Connection[Any], node: str) -> hostplans.HostPlan | None:
     """This node's plan, or None when the central reconciler wrote none (or RLS hides it)."""
-    with errors.wrapped(f"read the host plan of {node}"):
+    with dberrors.wrapped(f"read the host plan of {node}"):
         row = conn.execute("SELECT generation, spec FROM host_plans WHERE node_name = %s", (node,)).fetchone()
     if row is None:
         return None
@@ -113,7 +112,7 @@ def write_status(conn: psycopg.Connection[Any], status: HostStatus) -> None:
     details = {k: doc[k] for k in ("generation", "mode", "converged", "pending", "vms", "pass_ms",
                                    "reported_at")}  # fmt: skip
     timings = {v["allocation_id"]: v["phase_timings"] for v in doc["vms"]}
-    with errors.wrapped(f"write the host status of {status.node}"), conn.transaction():
+    with dberrors.wrapped(f"write the host status of {status.node}"), conn.transaction():
         conn.execute(_STATUS_SQL, {
             "node": status.node, "gen": status.observed_generation, "healthy": status.healthy,
             "timings": Jsonb(timings), "drift": Jsonb(doc["drift"]), "errors": Jsonb(doc["errors"]),
@@ -136,7 +135,7 @@ def heartbeat(conn: psycopg.Connection[Any], node: str) -> None:
     The central reconciler marks a node unavailable when reported_at is older
     than the fleet's `host_liveness_ttl_seconds` (view node_liveness, 0011).
     """
-    with errors.wrapped(f"heartbeat of {node}"):
+    with dberrors.wrapped(f"heartbeat of {node}"):
         conn.execute("INSERT INTO host_status (node_name, reported_at) VALUES (%s, now())"
                      " ON CONFLICT (node_name) DO UPDATE SET reported_at = now()", (node,))
 
@@ -144,7 +143,7 @@ def heartbeat(conn: psycopg.Connection[Any], node: str) -> None:
 def read_status(conn: psycopg.Connection[Any], node: str | None = None) -> list[dict[str, Any]]:
     """Node status rows with their slot rows (all visible nodes, or one)."""
     where = "WHERE s.node_name = %s" if node else ""
-    with errors.wrapped("read host status"):
+    with dberrors.wrapped("read host status"):
         rows = conn.execute(
             f"""SELECT s.node_name, s.observed_generation, s.reported_at, s.healthy, s.drift,
                        s.errors, s.details, p.generation
@@ -175,7 +174,7 @@ def read_status(conn: psycopg.Connection[Any], node: str | None = None) -> list[
 def write_plan(conn: psycopg.Connection[Any], plan: hostplans.HostPlan, revision: str | None = None) -> None:
     """Write a host plan (what the central reconciler does; used by tests, demo and bench)."""
     spec = hostplans.to_json(plan)
-    with errors.wrapped(f"write the host plan of {plan.node}"):
+    with dberrors.wrapped(f"write the host plan of {plan.node}"):
         conn.execute(
             """INSERT INTO host_plans (node_name, generation, spec, revision) VALUES (%s, %s, %s, %s)
                ON CONFLICT (node_name) DO UPDATE SET generation = EXCLUDED.generation,

@@ -25,8 +25,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from host_reconciler.hostplans import SlotBundle, VmSpec
 from schemas.errors import PermanentError
+from schemas.hostplans import SlotBundle, VmSpec
 
 HUGEPAGE_KIB = {"1G": 1048576, "2M": 2048}
 

@@ -34,6 +34,7 @@ from desired.loading import DesiredState
 from policies import fabric
 from reconciler import placing, plans
 from reconciler import topology as topo
+from schemas import states
 
 PROBE_PREFIX = "capacity-probe-"
 # Stop counting after this many placements of one size (a 10,000-node fleet has 80,000 GPUs).
@@ -61,12 +62,12 @@ class Blocked(enum.StrEnum):
 
 
 _SLOT_STATUS_REASON = {
-    plans.SlotStatus.CLEANUP: Blocked.CLEANUP,
-    plans.SlotStatus.RELEASING: Blocked.CLEANUP,
-    plans.SlotStatus.CLEANUP_BLOCKED: Blocked.CLEANUP_BLOCKED,
-    plans.SlotStatus.FAILED: Blocked.FAILED,
-    plans.SlotStatus.DISABLED: Blocked.DISABLED,
-    plans.SlotStatus.QUARANTINED: Blocked.QUARANTINED,
+    states.SlotStatus.CLEANUP: Blocked.CLEANUP,
+    states.SlotStatus.RELEASING: Blocked.CLEANUP,
+    states.SlotStatus.CLEANUP_BLOCKED: Blocked.CLEANUP_BLOCKED,
+    states.SlotStatus.FAILED: Blocked.FAILED,
+    states.SlotStatus.DISABLED: Blocked.DISABLED,
+    states.SlotStatus.QUARANTINED: Blocked.QUARANTINED,
 }
 
 
@@ -251,7 +252,7 @@ def _slice_offer(engine: placing.Engine, sku: m.Sku, region: str, facts: list[to
 
 
 def _held_slots(f: topo.NodeFacts, claims: list[plans.ExistingClaim]) -> set[int]:
-    if any(c.kind is plans.ClaimKind.NODE_EXCLUSIVE for c in claims):
+    if any(c.kind is states.ClaimKind.NODE_EXCLUSIVE for c in claims):
         return {s.index for s in f.slots}
     return {c.slot_index for c in claims if c.slot_index is not None}
 
@@ -268,7 +269,7 @@ def _baremetal_offer(engine: placing.Engine, sku: m.Sku, region: str, facts: lis
     blocked: Counter[str] = Counter()
     for f in serving:
         claims = by_node.get(f.name, [])
-        if any(c.kind is plans.ClaimKind.NODE_EXCLUSIVE for c in claims):
+        if any(c.kind is states.ClaimKind.NODE_EXCLUSIVE for c in claims):
             in_use += 1
             continue
         reason = _whole_reason(sku, f, claims)
@@ -288,7 +289,7 @@ def _whole_reason(sku: m.Sku, f: topo.NodeFacts, claims: list[plans.ExistingClai
         _node_reason(f),
         None if fabric_ok else Blocked.FABRIC,
         Blocked.SLICE_ACTIVE if claims else None,
-        Blocked.CLEANUP_BLOCKED if any(s.status is plans.SlotStatus.CLEANUP_BLOCKED for s in f.slots) else None,
+        Blocked.CLEANUP_BLOCKED if any(s.status is states.SlotStatus.CLEANUP_BLOCKED for s in f.slots) else None,
         Blocked.CLEANUP if f.cleanup_pending else None,
         Blocked.TENANT_BOUNDARY if f.org else None,
     )
@@ -299,22 +300,22 @@ def _whole_reason(sku: m.Sku, f: topo.NodeFacts, claims: list[plans.ExistingClai
 
 
 def _node_summary(engine: placing.Engine, f: topo.NodeFacts, claims: list[plans.ExistingClaim]) -> NodeSummary:
-    by_slot: dict[int, plans.ClaimStatus] = {}
+    by_slot: dict[int, states.ClaimStatus] = {}
     for c in claims:
-        if c.kind is plans.ClaimKind.NODE_EXCLUSIVE:
+        if c.kind is states.ClaimKind.NODE_EXCLUSIVE:
             by_slot.update({s.index: c.status for s in f.slots})
         elif c.slot_index is not None:
             by_slot[c.slot_index] = c.status
     slots: Counter[str] = Counter()
     for s in f.slots:
-        if s.status is not plans.SlotStatus.AVAILABLE:
+        if s.status is not states.SlotStatus.AVAILABLE:
             slots[s.status.value] += 1
         elif s.index in by_slot:
             slots[by_slot[s.index].value] += 1
         elif s.ineligible:
             slots["ineligible"] += 1
         else:
-            slots[plans.SlotStatus.AVAILABLE.value] += 1
+            slots[states.SlotStatus.AVAILABLE.value] += 1
     parked = f.admin_state is not m.AdminState.ACTIVE
     return NodeSummary(
         name=f.name, region=f.region, pool=f.pool, org=f.org, admin_state=f.admin_state.value, healthy=f.healthy,

@@ -25,6 +25,7 @@ from policies import topology as t
 from reconciler import plans, reasons
 from reconciler import topology as topo
 from reconciler.packing_index import EndOrder, NodeKey, SliceIndex, WholeNodeIndex
+from schemas import states
 
 Refused = reasons.Refused  # the engine's answer when nothing can take a request
 
@@ -268,7 +269,7 @@ class Engine:
             self.where.setdefault(c.allocation_id, node)
             node.since[c.allocation_id] = self._requested.get(c.allocation_id, 0.0)
             node.ends[c.allocation_id] = self._lease_ends.get(c.allocation_id, packing.NO_END)
-            if c.kind is plans.ClaimKind.NODE_EXCLUSIVE:
+            if c.kind is states.ClaimKind.NODE_EXCLUSIVE:
                 node.exclusive = c.allocation_id
                 node.allocs[c.allocation_id] = node.all_mask
                 continue
@@ -693,8 +694,8 @@ class Engine:
         return modes.NodeFacts(
             capability=f.capability.capability, admin_state=f.admin_state, healthy=f.healthy,
             storage_mode=f.storage_mode, slot_claims=slot_claims, exclusive_claim=node.exclusive is not None,
-            cleanup_slots=sum(1 for s in f.slots if s.status is plans.SlotStatus.CLEANUP),
-            blocked_slots=sum(1 for s in f.slots if s.status is plans.SlotStatus.CLEANUP_BLOCKED),
+            cleanup_slots=sum(1 for s in f.slots if s.status is states.SlotStatus.CLEANUP),
+            blocked_slots=sum(1 for s in f.slots if s.status is states.SlotStatus.CLEANUP_BLOCKED),
             free_slots=0 if node.exclusive else sellable,
         )
 

@@ -18,6 +18,7 @@ from types import MappingProxyType
 from desired import models as m
 from desired.loading import DesiredState
 from reconciler import placing, plans
+from schemas import states
 
 
 def plan(desired: DesiredState, observed: plans.Observed, *, policy: str | None = None) -> plans.Plan:
@@ -63,11 +64,11 @@ def _releases(desired: DesiredState, engine: placing.Engine,
         claims = by_alloc[aid]
         if alloc is None or alloc.state is not m.AllocationState.RELEASED:
             continue
-        if all(c.status is plans.ClaimStatus.RELEASING for c in claims):
+        if all(c.status is states.ClaimStatus.RELEASING for c in claims):
             continue  # already on its way out
         per_node: dict[str, set[int]] = defaultdict(set)
         for c in claims:
-            if c.kind is plans.ClaimKind.NODE_EXCLUSIVE:
+            if c.kind is states.ClaimKind.NODE_EXCLUSIVE:
                 node = engine.by_name.get(c.node)
                 per_node[c.node].update(node.slot_indexes if node else ())
             elif c.slot_index is not None:

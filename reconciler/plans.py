@@ -7,52 +7,15 @@ dataclasses only; nothing here does I/O.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from policies import profiles
+from schemas.states import ClaimKind, ClaimStatus, SlotStatus
 
 SlotKey = tuple[str, int]  # (node name, slot_index)
-
-
-class ClaimKind(enum.StrEnum):
-    NODE_EXCLUSIVE = "node_exclusive"
-    SLOT = "slot"
-
-
-class ClaimStatus(enum.StrEnum):
-    RESERVED = "reserved"
-    PROVISIONING = "provisioning"
-    ACTIVE = "active"
-    RELEASING = "releasing"
-    RELEASED = "released"
-    FAILED = "failed"
-
-
-LIVE_CLAIM_STATUSES = frozenset(
-    {
-        ClaimStatus.RESERVED,
-        ClaimStatus.PROVISIONING,
-        ClaimStatus.ACTIVE,
-        ClaimStatus.RELEASING,
-    }
-)
-
-
-class SlotStatus(enum.StrEnum):
-    AVAILABLE = "available"
-    RESERVED = "reserved"
-    PROVISIONING = "provisioning"
-    ACTIVE = "active"
-    RELEASING = "releasing"
-    CLEANUP = "cleanup"
-    CLEANUP_BLOCKED = "cleanup_blocked"
-    FAILED = "failed"
-    DISABLED = "disabled"
-    QUARANTINED = "quarantined"  # a permanent provision failure; only an operator clears it
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from types import MappingProxyType
 from desired import problems as p
 from desired.loading import DesiredState
 from reconciler import capacity, inventory_diff, placing, planner, plans
+from schemas import states
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,19 +103,19 @@ def offline_observed(base: DesiredState, *, policy: str | None = None) -> plans.
 def after(observed: plans.Observed, plan: plans.Plan) -> plans.Observed:
     """Observed as it will be once `plan` is applied: placements claimed, releases in cleanup."""
     releasing = {r.allocation_id for r in plan.releases}
-    claims = [replace(c, status=plans.ClaimStatus.RELEASING) if c.allocation_id in releasing else c
+    claims = [replace(c, status=states.ClaimStatus.RELEASING) if c.allocation_id in releasing else c
               for c in observed.claims]
     slot_status = dict(observed.slot_status)
     for r in plan.releases:
         for idx in r.slot_indexes:
-            slot_status[(r.node, idx)] = plans.SlotStatus.CLEANUP
+            slot_status[(r.node, idx)] = states.SlotStatus.CLEANUP
     for pl in plan.placements:
-        if pl.claim_kind is plans.ClaimKind.NODE_EXCLUSIVE:
+        if pl.claim_kind is states.ClaimKind.NODE_EXCLUSIVE:
             claims.append(plans.ExistingClaim(pl.allocation_id, pl.node, pl.claim_kind, None,
-                                              plans.ClaimStatus.RESERVED, pl.tenant))
+                                              states.ClaimStatus.RESERVED, pl.tenant))
         else:
             claims.extend(plans.ExistingClaim(pl.allocation_id, pl.node, pl.claim_kind, idx,
-                                              plans.ClaimStatus.RESERVED, pl.tenant) for idx in pl.slot_indexes)
+                                              states.ClaimStatus.RESERVED, pl.tenant) for idx in pl.slot_indexes)
     return replace(observed, claims=tuple(claims), slot_status=MappingProxyType(slot_status),
                    placed=observed.placed | {pl.allocation_id for pl in plan.placements})
 

@@ -23,6 +23,7 @@ from desired import models as m
 from desired.loading import DesiredState
 from policies import capability, eligibility
 from reconciler import plans
+from schemas import states
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +42,7 @@ class SlotFacts:
     mac_address: str
     pinned_sku: str | None
     ineligible: tuple[str, ...]  # eligibility reason codes; empty = eligible
-    status: plans.SlotStatus  # observed state other than claims (available if none)
+    status: states.SlotStatus  # observed state other than claims (available if none)
     slot: m.Slot
     sellable: bool  # eligible and not waiting for cleanup, failed or disabled
 
@@ -74,14 +75,14 @@ class NodeFacts:
 
 
 def node_facts(node: m.Node, slot_map: m.SlotMap | None, *,
-               slot_status: Mapping[plans.SlotKey, plans.SlotStatus],
+               slot_status: Mapping[plans.SlotKey, states.SlotStatus],
                firmware_ready: bool, healthy: bool) -> NodeFacts:
     slots: list[SlotFacts] = []
     cleanup = 0
     if slot_map is not None:
         reasons = eligibility.eligible_slots(slot_map)
         for s in sorted(slot_map.slots, key=lambda s: s.slot_index):
-            status = slot_status.get((node.name, s.slot_index), plans.SlotStatus.AVAILABLE)
+            status = slot_status.get((node.name, s.slot_index), states.SlotStatus.AVAILABLE)
             why = tuple(r.code for r in reasons[s.slot_index])
             slots.append(SlotFacts(
                 s.slot_index, s.slot_group, s.pcie_pair, s.numa_node, s.gpu_model, s.gpu_pci_address,
@@ -89,9 +90,9 @@ def node_facts(node: m.Node, slot_map: m.SlotMap | None, *,
                 s.capacity_metadata.sku, why, status, s,
                 # any reported state but available (cleanup, failed, disabled, or a claim
                 # state the claims did not show) keeps the slot off the market
-                sellable=not why and status is plans.SlotStatus.AVAILABLE,
+                sellable=not why and status is states.SlotStatus.AVAILABLE,
             ))
-            if status is plans.SlotStatus.CLEANUP or status is plans.SlotStatus.CLEANUP_BLOCKED:
+            if status is states.SlotStatus.CLEANUP or status is states.SlotStatus.CLEANUP_BLOCKED:
                 cleanup += 1
     eligible = sum(1 for s in slots if not s.ineligible)
     verdict = capability.node_capability(node, firmware_ready=firmware_ready, eligible_slots=eligible)
@@ -170,7 +171,7 @@ def graph(nodes: Iterable[NodeFacts], claims: Iterable[plans.ExistingClaim] = ()
                        ineligible=s.ineligible, sellable=s.sellable, claim=None)
             g.add_edge(parent, vertex)
     for c in claims:
-        if c.kind is plans.ClaimKind.NODE_EXCLUSIVE:
+        if c.kind is states.ClaimKind.NODE_EXCLUSIVE:
             if ("node", c.node) in g:
                 g.nodes["node", c.node]["claim"] = c.allocation_id
         elif ("slot", c.node, str(c.slot_index)) in g:

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from desired import models as m
-from host_reconciler import hostplans
 from host_reconciler.discovery import candidates, facts
+from schemas import hostplans
 
 # Stable codes. Do not change the string values.
 NOT_APPROVED = "gate.not_approved"

@@ -11,8 +11,8 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from host_reconciler.hostplans import Network
 from schemas.errors import PermanentError
+from schemas.hostplans import Network
 
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 # Linux IFNAMSIZ is 16 with the NUL; keep to characters every tool accepts.

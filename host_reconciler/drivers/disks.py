@@ -45,9 +45,9 @@ from typing import Any, Protocol
 
 from host_reconciler import images
 from host_reconciler.drivers import tools
-from host_reconciler.hostplans import DiskIdentity
 from host_reconciler.observations import DiskObs
 from schemas.errors import PermanentError, TemporaryError
+from schemas.hostplans import DiskIdentity
 
 BY_ID_PREFIX = "/dev/disk/by-id/"
 _BY_ID_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+@-]{0,200}$")

@@ -48,8 +48,8 @@ from pathlib import Path
 from typing import Protocol
 
 from host_reconciler.drivers import addresses, netns
-from host_reconciler.hostplans import Network, VmSpec
 from schemas.errors import PermanentError, TemporaryError
+from schemas.hostplans import Network, VmSpec
 
 _CLIENT_ID = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2})*$")
 DEFAULT_USER = "nobody"  # dnsmasq's compiled-in user when run as root without --user

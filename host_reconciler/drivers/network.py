@@ -33,8 +33,8 @@ from typing import Any, Protocol
 from pyroute2.netlink.exceptions import NetlinkError
 
 from host_reconciler.drivers import addresses, netns
-from host_reconciler.hostplans import Network
 from schemas.errors import PermanentError
+from schemas.hostplans import Network
 
 
 class NetworkError(PermanentError):

@@ -37,7 +37,7 @@ from host_reconciler.drivers.network import (
     ensure_gateway,
     l3_state,
 )
-from host_reconciler.hostplans import Network
+from schemas.hostplans import Network
 
 _DB = re.compile(r"^(unix:/[A-Za-z0-9_./-]+|tcp:[0-9.]+:[0-9]+)$")
 _LOCAL_OFPORT = 65534  # OpenFlow's LOCAL: the bridge's internal interface

@@ -69,18 +69,20 @@ def _scratch_url(base: str, name: str) -> str:
 def _create_db(base: str, name: str) -> None:
     from psycopg import sql
 
-    from reconciler.store import connections, errors
+    from reconciler.store import connections
+    from schemas import dberrors
 
-    with connections.connect(base, autocommit=True) as conn, errors.wrapped("create scratch database"):
+    with connections.connect(base, autocommit=True) as conn, dberrors.wrapped("create scratch database"):
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
 def _drop_db(base: str, name: str) -> None:
     from psycopg import sql
 
-    from reconciler.store import connections, errors
+    from reconciler.store import connections
+    from schemas import dberrors
 
-    with connections.connect(base, autocommit=True) as conn, errors.wrapped("drop scratch database"):
+    with connections.connect(base, autocommit=True) as conn, dberrors.wrapped("drop scratch database"):
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 

@@ -172,7 +172,8 @@ def measure(url: str, root: Path, *, commits: int, debounce_ms: int, timeout: fl
 def run(args: argparse.Namespace) -> int:
     from psycopg import conninfo, sql
 
-    from reconciler.store import connections, errors
+    from reconciler.store import connections
+    from schemas import dberrors
 
     if args.commits < 1:
         raise UsageError("--commits must be at least 1")
@@ -182,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
     base = db.database_url(args)
     name = f"gpuaas_bench_gitops_{uuid.uuid4().hex[:8]}"
     url = conninfo.make_conninfo(base, dbname=name)
-    with connections.connect(base, autocommit=True) as conn, errors.wrapped("create scratch database"):
+    with connections.connect(base, autocommit=True) as conn, dberrors.wrapped("create scratch database"):
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     tmp = Path(tempfile.mkdtemp(prefix="gpuaas-bench-gitops-"))
     try:
@@ -199,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
             import shutil
 
             shutil.rmtree(tmp, ignore_errors=True)
-            with connections.connect(base, autocommit=True) as conn, errors.wrapped("drop scratch database"):
+            with connections.connect(base, autocommit=True) as conn, dberrors.wrapped("drop scratch database"):
                 conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
     if args.json:
         print(json.dumps(result, indent=2))

@@ -24,6 +24,7 @@ from typing import Any
 from desired import models as m
 from desired.loading import DesiredState
 from reconciler import placing, planner, plans, synthesizing
+from schemas import states
 from schemas.errors import UsageError
 
 _EPOCH = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -50,11 +51,11 @@ def scenario(nodes: int, *, per_node: float = 1.0, seed: int = 0) -> tuple[Desir
         aid = f"old-{i:07d}"
         placed.add(aid)
         if i % 5 == 0:
-            claims.append(plans.ExistingClaim(aid, name, plans.ClaimKind.NODE_EXCLUSIVE, None,
-                                              plans.ClaimStatus.ACTIVE))
+            claims.append(plans.ExistingClaim(aid, name, states.ClaimKind.NODE_EXCLUSIVE, None,
+                                              states.ClaimStatus.ACTIVE))
         else:
             for s in range(4):  # one 4-GPU slice on NUMA group 0
-                claims.append(plans.ExistingClaim(aid, name, plans.ClaimKind.SLOT, s, plans.ClaimStatus.ACTIVE))
+                claims.append(plans.ExistingClaim(aid, name, states.ClaimKind.SLOT, s, states.ClaimStatus.ACTIVE))
     kinds = [(synthesizing.H200_SLICE, g, w) for g, w in _SIZES] + [(synthesizing.H200_BAREMETAL, 8, 0.19)]
     for i in range(int(nodes * per_node)):
         sku, g, _ = rnd.choices(kinds, [w for _, _, w in kinds])[0]

@@ -41,14 +41,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _claims_demo(fleet: Path) -> None:
     """Embedded PostgreSQL, the fleet applied as claims (placements, pending reasons), re-applied, checked."""
-    from reconciler import claims_demo
+    from reconciler.demo import claims as claims_demo
 
     claims_demo.run(fleet)
 
 
 def _gitops_demo(fleet: Path) -> None:
-    """A PR's plan in markdown, the merge applied by the reconciler loop, then status (reconciler.gitops_demo)."""
-    from reconciler import gitops_demo
+    """A PR's plan in markdown, the merge applied by the reconciler loop, then status (reconciler.demo.gitops)."""
+    from reconciler.demo import gitops as gitops_demo
     from reconciler.store import connections
 
     gitops_demo.run(fleet, connections.database_url())
@@ -56,8 +56,8 @@ def _gitops_demo(fleet: Path) -> None:
 
 def _host_demo(fleet: Path) -> None:
     """Two example nodes' host reconcilers converge, drift, report (needs root: loop devices, a netns)."""
-    from host_reconciler import demo as host_demo
     from host_reconciler import lab
+    from reconciler.demo import hosts as host_demo
 
     try:
         lab.check_host()

@@ -17,7 +17,8 @@ import psycopg
 from psycopg import conninfo
 from psycopg.pq import TransactionStatus
 
-from reconciler.store import connections, errors
+from reconciler.store import connections
+from schemas import dberrors
 
 READ_ONLY_OPTIONS = "-c default_transaction_read_only=on"
 _BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
@@ -63,13 +64,13 @@ class Pool:
         except psycopg.OperationalError as e:
             conn.close()
             if not pooled:
-                raise errors.translate(e, "start a read-only transaction") from e
+                raise dberrors.translate(e, "start a read-only transaction") from e
             conn = self._connect()  # the pooled one died with its server: one fresh try
-            with errors.wrapped("start a read-only transaction"):
+            with dberrors.wrapped("start a read-only transaction"):
                 conn.execute(_BEGIN)
         except psycopg.Error as e:
             conn.close()
-            raise errors.translate(e, "start a read-only transaction") from e
+            raise dberrors.translate(e, "start a read-only transaction") from e
         return conn
 
     @contextlib.contextmanager

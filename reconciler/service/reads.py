@@ -26,9 +26,9 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from reconciler.commands import history as history_command
-from reconciler.store import errors
 from reconciler.store import history as store_history
 from reconciler.store.connections import Connection
+from schemas import dberrors
 
 SLOT_STATES = ("available", "reserved", "provisioning", "active", "releasing", "cleanup", "blocked", "failed",
                "disabled", "ineligible", "drift")
@@ -57,7 +57,7 @@ def iso(value: Any) -> Any:
 
 
 def _rows(conn: Connection, query: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[dict[str, Any]]:
-    with errors.wrapped("read for the service"):
+    with dberrors.wrapped("read for the service"):
         return conn.cursor(row_factory=dict_row).execute(query, params).fetchall()
 
 

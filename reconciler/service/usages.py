@@ -17,8 +17,8 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from reconciler.store import errors
 from reconciler.store.connections import Connection
+from schemas import dberrors
 from schemas.errors import UsageError
 
 _SQL = """
@@ -64,7 +64,7 @@ def usage(conn: Connection, *, start: dt.datetime, end: dt.datetime, tenant: str
     if end <= start:
         raise UsageError(f"the window is empty: --to {end.isoformat()} is not after --from {start.isoformat()}",
                          code="usage.empty_window")
-    with errors.wrapped("read usage"):
+    with dberrors.wrapped("read usage"):
         rows = conn.cursor(row_factory=dict_row).execute(
             _SQL, {"from": start, "to": end, "tenant": tenant}).fetchall()
     allocations = [{

@@ -28,8 +28,8 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from reconciler.plans import Pending, Placement, Plan, Release, ResolvedProfile
-from reconciler.store import errors
 from reconciler.store.connections import Connection
+from schemas import dberrors
 from schemas.errors import PermanentError
 
 # Test hook: called with a point name inside the placement transaction
@@ -164,10 +164,10 @@ def _try(conn: Connection, placement: Placement, node: str, slots: tuple[int, ..
                 if row is not None and row[0] == Outcome.PLACED:
                     fault("claims_inserted")
     except psycopg.Error as e:
-        err = errors.translate(e, f"place {placement.allocation_id} on {node}")
-        if isinstance(err, errors.ConstraintRefused) and err.lost_race:
+        err = dberrors.translate(e, f"place {placement.allocation_id} on {node}")
+        if isinstance(err, dberrors.ConstraintRefused) and err.lost_race:
             return Outcome.LOST_RACE, f"{err.code}: {err.message}", ()
-        if isinstance(err, errors.SerializationConflict):
+        if isinstance(err, dberrors.SerializationConflict):
             return Outcome.LOST_RACE, f"{err.code}: {err.message}", ()
         raise err from e
     if row is None:  # pragma: no cover - the function always returns one row
@@ -235,7 +235,7 @@ def _place_batch(conn: Connection, batch: Sequence[Placement], revision: str | N
                 [_profile_json(batch[k].profile) for k, _ in todo], [batch[k].image for k, _ in todo],
                 [len(c) for _, c in todo], [node for _, c in todo for node, _ in c],
                 ["{" + ",".join(map(str, slots)) + "}" for _, c in todo for _, slots in c], revision)
-        with errors.wrapped(f"place {len(todo)} allocation(s)"):
+        with dberrors.wrapped(f"place {len(todo)} allocation(s)"):
             row = conn.execute(_PLACE_BATCH, args).fetchone()
         if row is None:  # pragma: no cover - CALL always returns its INOUT parameters
             raise PermanentError("gpuaas_place_batch returned nothing", code="db.apply.no_result")
@@ -246,9 +246,9 @@ def _place_batch(conn: Connection, batch: Sequence[Placement], revision: str | N
             k, cand = todo[p - 1]
             node, slots = cand[c - 1]
             if outcome == "error":  # always the last entry: the batch stopped there
-                err = errors.refusal(sqlstate, constraint, detail or "", f"place {batch[k].allocation_id} on {node}")
-                if not (isinstance(err, errors.SerializationConflict)
-                        or (isinstance(err, errors.ConstraintRefused) and err.lost_race)):
+                err = dberrors.refusal(sqlstate, constraint, detail or "", f"place {batch[k].allocation_id} on {node}")
+                if not (isinstance(err, dberrors.SerializationConflict)
+                        or (isinstance(err, dberrors.ConstraintRefused) and err.lost_race)):
                     for earlier in range(k):
                         _finish(conn, batch[earlier], attempts[earlier], ids[earlier])
                     raise err
@@ -268,7 +268,7 @@ def _place_batch(conn: Connection, batch: Sequence[Placement], revision: str | N
 def record_pending(conn: Connection, pending: Pending) -> PendingResult:
     """Store why an allocation waits; no write when the reason is unchanged."""
     details: dict[str, Any] = dict(pending.details)
-    with errors.wrapped(f"record pending reason of {pending.allocation_id}"):
+    with dberrors.wrapped(f"record pending reason of {pending.allocation_id}"):
         cur = conn.execute(
             "UPDATE allocations SET pending_code = %s, pending_message = %s, pending_details = %s,"
             " pending_since = coalesce(pending_since, now()), updated_at = now()"
@@ -282,7 +282,7 @@ def record_pending(conn: Connection, pending: Pending) -> PendingResult:
 def release(conn: Connection, rel: Release, *, revision: str | None = None) -> ReleaseResult:
     """Desired state says released: claims -> releasing, slots -> cleanup (no freeing here)."""
     _require_autocommit(conn)
-    with errors.wrapped(f"release {rel.allocation_id}"):
+    with dberrors.wrapped(f"release {rel.allocation_id}"):
         row = conn.execute("SELECT outcome, node, slot_indexes FROM gpuaas_release(%s, %s)",
                            (rel.allocation_id, revision)).fetchone()
     if row is None:  # pragma: no cover
@@ -293,7 +293,7 @@ def release(conn: Connection, rel: Release, *, revision: str | None = None) -> R
 
 def cancel_unplaced(conn: Connection) -> tuple[str, ...]:
     """Allocations released in git before they were ever placed are simply released."""
-    with errors.wrapped("release unplaced allocations"):
+    with dberrors.wrapped("release unplaced allocations"):
         rows = conn.execute(
             "UPDATE allocations SET status = 'released', released_at = now(), pending_code = NULL,"
             " pending_message = NULL, pending_details = NULL, pending_since = NULL, updated_at = now(),"

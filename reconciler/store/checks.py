@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reconciler.store import errors
 from reconciler.store.connections import Connection
+from schemas import dberrors
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +114,7 @@ DOUBLE_CLAIM_CHECKS = ("double_claims", "exclusive_overlap")
 def run(conn: Connection, *, sample: int = 5) -> list[Violation]:
     """Every violated invariant (empty list: the store is sound)."""
     found = []
-    with errors.wrapped("check invariants"):
+    with dberrors.wrapped("check invariants"):
         for check in CHECKS:
             rows = conn.execute(check.query.encode()).fetchall()
             if rows:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reconciler.store import errors
 from reconciler.store.connections import Connection
+from schemas import dberrors
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +47,7 @@ class AbsorbResult:
 
 def free_cleaned(conn: Connection, node: str | None = None) -> tuple[Freed, ...]:
     """Free every releasing slot (of one node, or all) whose host status proves the wipe."""
-    with errors.wrapped("free cleaned slots"), conn.transaction():
+    with dberrors.wrapped("free cleaned slots"), conn.transaction():
         rows = conn.execute("SELECT node, slot_index, allocation_id, outcome FROM gpuaas_free_cleaned(%s)",
                             (node,)).fetchall()
     return tuple(Freed(n, i, str(a), str(o)) for n, i, a, o in rows)
@@ -55,7 +55,7 @@ def free_cleaned(conn: Connection, node: str | None = None) -> tuple[Freed, ...]
 
 def absorb_vm_states(conn: Connection, node: str | None = None) -> int:
     """Move claims to provisioning/active from host VM reports; returns rows changed."""
-    with errors.wrapped("absorb host VM states"), conn.transaction():
+    with dberrors.wrapped("absorb host VM states"), conn.transaction():
         row = conn.execute("SELECT gpuaas_absorb_vm_states(%s)", (node,)).fetchone()
     return int(row[0]) if row else 0
 

@@ -14,7 +14,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import TupleRow
 
-from reconciler.store import embedded, errors
+from reconciler.store import embedded
+from schemas import dberrors
 
 ENV_URL = "GPUAAS_DATABASE_URL"
 ENV_STATE_DIR = "GPUAAS_STATE_DIR"
@@ -45,5 +46,5 @@ def database_url(explicit_url: str | None = None, state: Path | None = None) -> 
 def connect(url: str, *, autocommit: bool = False, **kwargs: Any) -> Connection:
     kwargs.setdefault("application_name", "gpuaas")
     kwargs.setdefault("connect_timeout", 10)
-    with errors.wrapped("connect to PostgreSQL"):
+    with dberrors.wrapped("connect to PostgreSQL"):
         return psycopg.connect(url, autocommit=autocommit, **kwargs)

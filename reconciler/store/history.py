@@ -17,8 +17,9 @@ from typing import Any
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
-from reconciler.store import errors, revisions
+from reconciler.store import revisions
 from reconciler.store.connections import Connection
+from schemas import dberrors
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,24 +41,24 @@ def reconciler_id() -> str:
 
 def sweep(conn: Connection) -> int:
     """Mark runs whose backend is gone as abandoned; returns how many."""
-    with errors.wrapped("sweep abandoned reconciliations"):
+    with dberrors.wrapped("sweep abandoned reconciliations"):
         row = conn.execute("SELECT gpuaas_sweep_abandoned()").fetchone()
     return int(row[0]) if row else 0
 
 
 def start(conn: Connection, *, revision: str | None, source: str = "") -> int:
     sweep(conn)
-    with errors.wrapped("record reconciliation start"):
+    with dberrors.wrapped("record reconciliation start"):
         row = conn.execute("INSERT INTO reconciliations (revision, source, reconciler) VALUES (%s, %s, %s)"
                            " RETURNING id", (revision, source, reconciler_id())).fetchone()
     if row is None:  # pragma: no cover - INSERT ... RETURNING always returns the row
-        raise errors.DatabaseError("reconciliations insert returned nothing")
+        raise dberrors.DatabaseError("reconciliations insert returned nothing")
     return int(row[0])
 
 
 def finish(conn: Connection, run_id: int, *, result: str, counts: Mapping[str, Any] | None = None,
            problems: Sequence[Any] = (), revision: str | None = None) -> None:
-    with errors.wrapped("record reconciliation end"):
+    with dberrors.wrapped("record reconciliation end"):
         conn.execute("UPDATE reconciliations SET finished_at = clock_timestamp(), result = %s, counts = %s,"
                      " errors = %s, revision = coalesce(%s, revision) WHERE id = %s",
                      (result, Jsonb(dict(counts or {})), Jsonb(list(problems)), revision, run_id))
@@ -65,7 +66,7 @@ def finish(conn: Connection, run_id: int, *, result: str, counts: Mapping[str, A
 
 def recent(conn: Connection, limit: int = 20) -> list[Reconciliation]:
     """The newest runs; a run whose process died reads as abandoned (no write: read-only callers too)."""
-    with errors.wrapped("read reconciliation history"):
+    with dberrors.wrapped("read reconciliation history"):
         cur = conn.cursor(row_factory=class_row(Reconciliation))
         return cur.execute("SELECT id, revision, source, reconciler, started_at, finished_at, result, counts,"
                            " errors FROM reconciliation_history ORDER BY id DESC LIMIT %s", (limit,)).fetchall()
@@ -91,7 +92,7 @@ class Health:
 
 def health(conn: Connection) -> Health:
     """Read-only: the newest success, and the failures (not validation refusals) recorded after it."""
-    with errors.wrapped("read reconciliation health"):
+    with dberrors.wrapped("read reconciliation health"):
         row = conn.execute(
             "WITH ok AS (SELECT id, revision, finished_at FROM reconciliations"
             "            WHERE result IN ('changed', 'unchanged') ORDER BY id DESC LIMIT 1),"
@@ -106,5 +107,5 @@ def health(conn: Connection) -> Health:
             "        (SELECT revision FROM after WHERE counts ? %s ORDER BY id DESC LIMIT 1)",
             (revisions.INVALID_COUNT, revisions.INVALID_COUNT)).fetchone()
     if row is None:  # pragma: no cover - one row always
-        raise errors.DatabaseError("reconciliation health returned nothing")
+        raise dberrors.DatabaseError("reconciliation health returned nothing")
     return Health(row[0], row[1], row[2], int(row[3] or 0), row[4], row[5], row[6], row[7])

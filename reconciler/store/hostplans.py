@@ -28,9 +28,9 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from host_reconciler import hostplans as codec
-from reconciler.store import errors
 from reconciler.store.connections import Connection
+from schemas import dberrors
+from schemas import hostplans as codec
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +111,7 @@ def _without_generation(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 def write_one(conn: Connection, node: str, *, revision: str | None = None) -> Written | None:
     """Rebuild one node's plan; bump the generation only if the spec changed."""
-    with errors.wrapped(f"write host plan of {node}"), conn.transaction():
+    with dberrors.wrapped(f"write host plan of {node}"), conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('gpuaas.host_plan'), hashtext(%s))", (node,))
         have = conn.execute("SELECT generation, spec FROM host_plans WHERE node_name = %s", (node,)).fetchone()
         plan = build(conn, node)
@@ -133,7 +133,7 @@ def write_one(conn: Connection, node: str, *, revision: str | None = None) -> Wr
 def write(conn: Connection, nodes: Iterable[str] | None = None, *, revision: str | None = None) -> list[Written]:
     """Rebuild the plans of `nodes` (default: every present node and every node holding claims)."""
     if nodes is None:
-        with errors.wrapped("list nodes for host plans"):
+        with dberrors.wrapped("list nodes for host plans"):
             rows = conn.execute(
                 "SELECT name FROM nodes n WHERE present OR EXISTS (SELECT 1 FROM allocation_resource_claims c"
                 " WHERE c.node_id = n.id AND c.status IN ('reserved', 'provisioning', 'active', 'releasing'))"
@@ -149,7 +149,7 @@ def write(conn: Connection, nodes: Iterable[str] | None = None, *, revision: str
 
 def read(conn: Connection, node: str) -> codec.HostPlan | None:
     """The stored plan of a node, decoded (what a host reconciler reads)."""
-    with errors.wrapped(f"read host plan of {node}"):
+    with dberrors.wrapped(f"read host plan of {node}"):
         row = conn.execute("SELECT spec FROM host_plans WHERE node_name = %s", (node,)).fetchone()
     return codec.from_json(row[0]) if row else None
 

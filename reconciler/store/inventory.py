@@ -28,8 +28,8 @@ from psycopg import sql
 from desired import models as m
 from desired.loading import DesiredState
 from policies import capability, eligibility, validation
-from reconciler.store import errors
 from reconciler.store.connections import Connection
+from schemas import dberrors
 
 _LOCK_KEY = 0x67707561_0001
 
@@ -187,7 +187,7 @@ def _sync(conn: Connection, state: DesiredState, memory: Memory | None) -> SyncR
     digest = content_hash(state, memory)
     revision = revision_key(state, digest)
     changes: list[Change] = []
-    with errors.wrapped("sync inventory"), conn.transaction():
+    with dberrors.wrapped("sync inventory"), conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
         generation = _generation(conn)
         trust = memory is not None and memory.trusted(generation)

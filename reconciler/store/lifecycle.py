@@ -37,8 +37,8 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from desired.loading import DesiredState
-from reconciler.store import errors
 from reconciler.store.connections import Connection
+from schemas import dberrors
 
 # Host error codes (SQL LIKE patterns) that implicate the node: the slots are
 # quarantined and the allocation is placed again elsewhere.
@@ -96,7 +96,7 @@ def fleet_settings(state: DesiredState) -> tuple[int, int]:
 def sync_settings(conn: Connection, state: DesiredState) -> bool:
     """Store the Fleet's lifecycle settings (written only when they change); True when written."""
     ttl, attempts = fleet_settings(state)
-    with errors.wrapped("store the lifecycle settings"):
+    with dberrors.wrapped("store the lifecycle settings"):
         cur = conn.execute(
             "UPDATE fleet_settings SET host_liveness_ttl_s = %s, max_attempts = %s"
             " WHERE (host_liveness_ttl_s, max_attempts) IS DISTINCT FROM (%s, %s)", (ttl, attempts, ttl, attempts))
@@ -107,12 +107,12 @@ def reschedule(conn: Connection, *, max_attempts: int,
                patterns: Iterable[str] = RESCHEDULE_PATTERNS) -> tuple[Rescheduled, ...]:
     """Act on every permanent provision failure the hosts reported: one transaction per allocation."""
     pats = list(patterns)
-    with errors.wrapped("find failed provisions"):
+    with dberrors.wrapped("find failed provisions"):
         ids = [str(r[0]) for r in conn.execute(
             "SELECT DISTINCT allocation_id FROM gpuaas_provision_failures(%s) ORDER BY 1", (pats,)).fetchall()]
     out = []
     for aid in ids:
-        with errors.wrapped(f"reschedule {aid}"), conn.transaction():
+        with dberrors.wrapped(f"reschedule {aid}"), conn.transaction():
             row = conn.execute("SELECT outcome, node, attempt, code, message FROM gpuaas_reschedule(%s, %s, %s)",
                                (aid, max_attempts, pats)).fetchone()
         if row is not None:
@@ -131,7 +131,7 @@ class Cleared:
 
 def clear_quarantine(conn: Connection, node: str, slot_index: int) -> Cleared:
     """An operator's decision: the slot returns to service (available, or disabled if git no longer offers it)."""
-    with errors.wrapped(f"clear the quarantine of {node}:{slot_index}"), conn.transaction():
+    with dberrors.wrapped(f"clear the quarantine of {node}:{slot_index}"), conn.transaction():
         row = conn.execute("SELECT outcome, status, evidence FROM gpuaas_clear_quarantine(%s, %s)",
                            (node, slot_index)).fetchone()
     if row is None:
@@ -141,7 +141,7 @@ def clear_quarantine(conn: Connection, node: str, slot_index: int) -> Cleared:
 
 def liveness(conn: Connection) -> dict[str, Liveness]:
     """Every present node's liveness (`unknown` for a node whose host never reported)."""
-    with errors.wrapped("read node liveness"):
+    with dberrors.wrapped("read node liveness"):
         rows = conn.execute("SELECT node_name, liveness, reported_at, silent_s, ttl_s FROM node_liveness"
                             " ORDER BY node_name").fetchall()
     return {str(n): Liveness(str(n), str(state), at, float(s) if s is not None else None, int(ttl))
@@ -149,7 +149,7 @@ def liveness(conn: Connection) -> dict[str, Liveness]:
 
 
 def silent_nodes(conn: Connection) -> frozenset[str]:
-    with errors.wrapped("read silent nodes"):
+    with dberrors.wrapped("read silent nodes"):
         rows = conn.execute("SELECT node_name FROM node_liveness WHERE liveness = 'unavailable'").fetchall()
     return frozenset(str(r[0]) for r in rows)
 
@@ -158,7 +158,7 @@ def lifecycles(conn: Connection, allocation_ids: Iterable[str] | None = None) ->
     """The lifecycle of each allocation (all, or the ones named), with its failed attempts."""
     ids = None if allocation_ids is None else list(allocation_ids)
     every = ids is None  # bound, not spliced: one query text for both cases
-    with errors.wrapped("read allocation lifecycles"):
+    with dberrors.wrapped("read allocation lifecycles"):
         rows = conn.cursor(row_factory=dict_row).execute(
             "SELECT * FROM allocation_lifecycle WHERE %(every)s OR allocation_id = ANY(%(ids)s)"
             " ORDER BY allocation_id", {"every": every, "ids": ids or []}).fetchall()
@@ -180,7 +180,7 @@ def lifecycles(conn: Connection, allocation_ids: Iterable[str] | None = None) ->
 
 def avoided_nodes(conn: Connection) -> dict[str, frozenset[str]]:
     """Per pending allocation, the nodes where an earlier attempt failed (the planner avoids them)."""
-    with errors.wrapped("read failed attempts"):
+    with dberrors.wrapped("read failed attempts"):
         rows = conn.execute(
             "SELECT t.allocation_id, array_agg(DISTINCT t.node) FROM allocation_attempts t"
             " JOIN allocations a ON a.id = t.allocation_id WHERE a.status = 'pending'"
@@ -198,7 +198,7 @@ def health_reasons(conn: Connection) -> dict[str, list[dict[str, Any]]]:
 
     A silent host (`host.silent`, with its last report and the TTL), and a
     host that reported itself unhealthy: its network findings (what
-    `healthy = false` is computed from) or, failing those, its errors.
+    `healthy = false` is computed from) or, failing those, its dberrors.
     """
     out: dict[str, list[dict[str, Any]]] = {}
     for node, live in liveness(conn).items():
@@ -206,7 +206,7 @@ def health_reasons(conn: Connection) -> dict[str, list[dict[str, Any]]]:
             out.setdefault(node, []).append({
                 "code": "host.silent", "message": live.reason,
                 "evidence": {"reported_at": live.reported_at, "silent_s": live.silent_s, "ttl_s": live.ttl_s}})
-    with errors.wrapped("read host health"):
+    with dberrors.wrapped("read host health"):
         rows = conn.execute("SELECT node_name, drift, errors FROM host_status WHERE healthy = false"
                             " ORDER BY node_name").fetchall()
     for node, drift, errs in rows:
@@ -228,7 +228,7 @@ def _finding(d: dict[str, Any]) -> dict[str, Any]:
 
 def summary(conn: Connection) -> dict[str, Any]:
     """Counts for /metrics: nodes by liveness, allocations flagged host_unreachable, quarantined slots, attempts."""
-    with errors.wrapped("read lifecycle counts"):
+    with dberrors.wrapped("read lifecycle counts"):
         live: dict[str, int] = dict(conn.execute("SELECT liveness, count(*) FROM node_liveness GROUP BY 1").fetchall())
         unreachable = conn.execute("SELECT count(*) FROM allocation_lifecycle WHERE host_unreachable").fetchone()
         quarantined = conn.execute("SELECT count(*) FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id"

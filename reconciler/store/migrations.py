@@ -10,13 +10,13 @@ at once. Numbers 0001-0049 belong to the claims store; later features add
 from __future__ import annotations
 
 import hashlib
-import importlib
 import re
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
-from reconciler.store import errors
 from reconciler.store.connections import Connection
+from schemas import dberrors
 from schemas.errors import PermanentError
 
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -35,13 +35,8 @@ class Migration:
 
 
 def sql_dir() -> Path:
-    """schemas/sql, wherever the `schemas` package lives (checkout, editable or wheel install)."""
-    package = importlib.import_module("schemas")
-    for entry in getattr(package, "__path__", []):
-        candidate = Path(entry) / "sql"
-        if candidate.is_dir():
-            return candidate
-    return Path(__file__).resolve().parents[2] / "schemas" / "sql"
+    """schemas/sql: package data of `schemas` (checkout, editable or wheel install)."""
+    return Path(str(resources.files("schemas") / "sql"))
 
 
 def available() -> list[Migration]:
@@ -59,7 +54,7 @@ def available() -> list[Migration]:
 
 def applied(conn: Connection) -> dict[str, str]:
     """version -> checksum of every recorded migration ({} on an empty database)."""
-    with errors.wrapped("read schema_migrations"):
+    with dberrors.wrapped("read schema_migrations"):
         exists = conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL").fetchone()
         if not exists or not exists[0]:
             return {}
@@ -81,7 +76,7 @@ def migrate(conn: Connection) -> list[str]:
     if all(m.version in done for m in todo):
         return []
     ran: list[str] = []
-    with errors.wrapped("migrate"):
+    with dberrors.wrapped("migrate"):
         conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
         try:
             with conn.transaction():

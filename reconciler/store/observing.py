@@ -10,9 +10,11 @@ from types import MappingProxyType
 
 from psycopg.rows import class_row
 
-from reconciler.plans import ClaimKind, ClaimStatus, ExistingClaim, Observed, SlotKey, SlotStatus
-from reconciler.store import errors, lifecycle
+from reconciler.plans import ExistingClaim, Observed, SlotKey
+from reconciler.store import lifecycle
 from reconciler.store.connections import Connection
+from schemas import dberrors
+from schemas.states import ClaimKind, ClaimStatus, SlotStatus
 
 _LIVE = ("reserved", "provisioning", "active", "releasing")
 
@@ -29,7 +31,7 @@ class _ClaimRow:
 
 
 def observe(conn: Connection) -> Observed:
-    with errors.wrapped("read observed state"):
+    with dberrors.wrapped("read observed state"):
         claims = conn.cursor(row_factory=class_row(_ClaimRow)).execute(
             "SELECT c.allocation_id, n.name AS node, c.claim_kind, c.slot_index, c.status, a.tenant,"
             " rc.attempt AS retired_attempt"
@@ -68,7 +70,7 @@ def observe(conn: Connection) -> Observed:
 
 def free_slots(conn: Connection) -> dict[str, list[int]]:
     """Claimable slots per node (available, eligible, on a present active node)."""
-    with errors.wrapped("read free slots"):
+    with dberrors.wrapped("read free slots"):
         rows = conn.execute(
             "SELECT n.name, array_agg(s.slot_index ORDER BY s.slot_index)"
             " FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id"

@@ -21,8 +21,8 @@ from pydantic import ValidationError
 
 from desired import models as m
 from desired.loading import DesiredState
-from reconciler.store import errors
 from reconciler.store.connections import Connection
+from schemas import dberrors
 from schemas.errors import PermanentError
 
 _DOC = {"apiVersion": m.API_VERSION}
@@ -61,7 +61,7 @@ def _rows(conn: Connection, query: str) -> list[dict[str, Any]]:
 
 def current_revision(conn: Connection) -> str | None:
     """The revision the inventory was last synced from (the newest successful reconciliation)."""
-    with errors.wrapped("read the current revision"):
+    with dberrors.wrapped("read the current revision"):
         row = conn.execute("SELECT revision FROM reconciliations WHERE result IN ('changed', 'unchanged')"
                            " AND revision IS NOT NULL ORDER BY id DESC LIMIT 1").fetchone()
         if row is None:
@@ -70,7 +70,7 @@ def current_revision(conn: Connection) -> str | None:
 
 
 def desired_state(conn: Connection) -> DesiredState:
-    with errors.wrapped("read the stored inventory"):
+    with dberrors.wrapped("read the stored inventory"):
         fleet = _rows(conn, "SELECT name, management_network, placement, graceful_shutdown_timeout_s,"
                             " readiness_timeout_s FROM fleet_settings")
         skus = _rows(conn, "SELECT * FROM sku_catalog WHERE present ORDER BY sku")
@@ -165,7 +165,7 @@ def _allocation(r: dict[str, Any]) -> dict[str, Any]:
 
 def allocations(conn: Connection, *, include_released: bool = False) -> list[AllocationView]:
     """Allocations with their status, placement and claims (live ones, or all with include_released)."""
-    with errors.wrapped("read allocations"):
+    with dberrors.wrapped("read allocations"):
         rows = _rows(conn, "SELECT a.*, n.name AS node FROM allocations a LEFT JOIN nodes n ON n.id = a.node_id"
                            " ORDER BY a.requested_at, a.id")
         claims = conn.execute(
@@ -197,7 +197,7 @@ def orphaned(conn: Connection) -> list[str]:
     Deleting a file never releases (only `state: released` does), so these
     keep their claims until someone decides; `plan` warns about the same set.
     """
-    with errors.wrapped("read orphaned allocations"):
+    with dberrors.wrapped("read orphaned allocations"):
         rows = conn.execute(
             "SELECT DISTINCT a.id FROM allocations a JOIN allocation_resource_claims c ON c.allocation_id = a.id"
             " WHERE NOT a.present AND c.status IN ('reserved', 'provisioning', 'active', 'releasing')"
@@ -207,6 +207,6 @@ def orphaned(conn: Connection) -> list[str]:
 
 def inventory_generation(conn: Connection) -> int:
     """The counter every inventory write bumps (0 before the first sync): a saved plan pins it."""
-    with errors.wrapped("read the inventory generation"):
+    with dberrors.wrapped("read the inventory generation"):
         row = conn.execute("SELECT generation FROM inventory_generation").fetchone()
     return int(row[0]) if row else 0

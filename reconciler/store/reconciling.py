@@ -17,8 +17,9 @@ from typing import Any
 
 from desired.loading import DesiredState
 from reconciler.plans import Observed, Plan
-from reconciler.store import applying, cleanup, errors, history, hostplans, inventory, lifecycle, observing
+from reconciler.store import applying, cleanup, history, hostplans, inventory, lifecycle, observing
 from reconciler.store.connections import Connection
+from schemas import dberrors
 from schemas.errors import GpuaasError, PermanentError
 
 Planner = Callable[[DesiredState, Observed], Plan]
@@ -109,7 +110,7 @@ def reconcile(conn: Connection, state: DesiredState, *, source: str = "", planne
 
 def _unplanned(conn: Connection) -> set[str]:
     """Present nodes that have no host plan yet (first apply after they were added)."""
-    with errors.wrapped("list nodes without a host plan"):
+    with dberrors.wrapped("list nodes without a host plan"):
         rows = conn.execute("SELECT n.name FROM nodes n LEFT JOIN host_plans h ON h.node_name = n.name"
                             " WHERE n.present AND h.node_name IS NULL").fetchall()
     return {str(r[0]) for r in rows}

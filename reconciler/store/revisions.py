@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from reconciler.store import errors
 from reconciler.store.connections import Connection
+from schemas import dberrors
 
 APPLY_SOURCE = "apply"  # history.source prefix of a new revision's application
 RETRY_SOURCE = "retry"  # history.source prefix of a periodic retry of the same revision
@@ -41,20 +41,20 @@ def lock_key(revision: str) -> int:
 def try_lock(conn: Connection, revision: str) -> Iterator[bool]:
     """Hold the revision's session lock for the block; yields False when another session holds it."""
     key = lock_key(revision)
-    with errors.wrapped("lock revision"):
+    with dberrors.wrapped("lock revision"):
         row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
     got = bool(row and row[0])
     try:
         yield got
     finally:
         if got and not conn.closed:
-            with errors.wrapped("unlock revision"):
+            with dberrors.wrapped("unlock revision"):
                 conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
 
 def applied_by(conn: Connection, revision: str) -> str | None:
     """The reconciler that finished applying (or refusing as invalid) `revision`, if any did."""
-    with errors.wrapped("read reconciliation history"):
+    with dberrors.wrapped("read reconciliation history"):
         row = conn.execute(
             "SELECT reconciler FROM reconciliations WHERE revision = %s"
             " AND (result IN ('changed', 'unchanged') OR (result = 'error' AND counts ? %s))"
@@ -64,7 +64,7 @@ def applied_by(conn: Connection, revision: str) -> str | None:
 
 def latest_applied(conn: Connection) -> str | None:
     """The revision of the newest successful reconciliation, whoever ran it (the loop, `gpuaas apply`)."""
-    with errors.wrapped("read reconciliation history"):
+    with dberrors.wrapped("read reconciliation history"):
         row = conn.execute(
             "SELECT revision FROM reconciliations WHERE result IN ('changed', 'unchanged')"
             " ORDER BY id DESC LIMIT 1").fetchone()
@@ -72,7 +72,7 @@ def latest_applied(conn: Connection) -> str | None:
 
 
 def started_at(conn: Connection, run_id: int) -> dt.datetime | None:
-    with errors.wrapped("read reconciliation history"):
+    with dberrors.wrapped("read reconciliation history"):
         row = conn.execute("SELECT started_at FROM reconciliations WHERE id = %s", (run_id,)).fetchone()
     return row[0] if row else None
 
@@ -89,7 +89,7 @@ class Work:
 
 def work(conn: Connection, since: dt.datetime | None) -> Work:
     """What a reconciliation of the same revision might move forward now (`since`: our last start)."""
-    with errors.wrapped("check for work"):
+    with dberrors.wrapped("check for work"):
         row = conn.execute(
             "SELECT EXISTS (SELECT 1 FROM allocations WHERE present AND status = 'pending'"
             "               AND desired_state = 'present'),"

@@ -6,8 +6,9 @@ import pytest
 
 from desired.loading import DesiredState
 from reconciler.plans import Candidate, Pending, Placement, Plan, Release, ResolvedProfile
-from reconciler.store import applying, checks, errors, hostplans
+from reconciler.store import applying, checks, hostplans
 from reconciler.store.connections import Connection
+from schemas import dberrors
 from schemas.errors import GpuaasError
 from tests.claims import util
 
@@ -173,7 +174,7 @@ def test_host_plan_generation_moves_only_when_the_spec_changes(conn: Connection,
 
 
 def test_psycopg_errors_never_leak(conn: Connection, fleet: DesiredState) -> None:
-    with pytest.raises(GpuaasError) as info, errors.wrapped("bad query"):
+    with pytest.raises(GpuaasError) as info, dberrors.wrapped("bad query"):
         conn.execute("SELECT * FROM no_such_table")
     assert info.value.code == "db.error"
 
@@ -242,7 +243,7 @@ def test_place_many_goes_on_after_a_lost_race_the_database_raised(conn: Connecti
 
 def test_place_many_stops_at_a_refusal_that_is_no_race(conn: Connection, fleet: DesiredState) -> None:
     _fail_claims_of(conn, "alloc-0000001", "23514", "claims_allocation_one_node")
-    with pytest.raises(errors.ConstraintRefused) as info:
+    with pytest.raises(dberrors.ConstraintRefused) as info:
         applying.place_many(conn, [
             slice_placement("alloc-0000000", NODE, (0,)),
             slice_placement("alloc-0000001", NODE, (1,), Candidate(NODE, (2,))),

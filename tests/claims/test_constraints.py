@@ -16,8 +16,9 @@ import psycopg
 import pytest
 
 from desired.loading import DesiredState
-from reconciler.store import connections, errors
+from reconciler.store import connections
 from reconciler.store.connections import Connection
+from schemas import dberrors
 from tests.claims import util
 
 A0, A1, A2 = "alloc-0000000", "alloc-0000001", "alloc-0000002"
@@ -29,11 +30,11 @@ NO_UNIQUE = "DROP INDEX claims_one_live_per_slot"
 NO_EXCLUSION = "ALTER TABLE allocation_resource_claims DROP CONSTRAINT claims_node_exclusive"
 
 
-def _refused(conn: Connection, action: Callable[[], object]) -> errors.ConstraintRefused:
+def _refused(conn: Connection, action: Callable[[], object]) -> dberrors.ConstraintRefused:
     with pytest.raises(psycopg.Error) as info:
         action()
-    err = errors.translate(info.value, "hand-made claim")
-    assert isinstance(err, errors.ConstraintRefused), err
+    err = dberrors.translate(info.value, "hand-made claim")
+    assert isinstance(err, dberrors.ConstraintRefused), err
     return err
 
 
@@ -202,7 +203,7 @@ def test_exclusive_and_slot_claims_race_in_both_orders(db_url: str, conn: Connec
     first, second = (exclusive, slot) if order == "exclusive first" else (slot, exclusive)
     err = _race(db_url, first, second)
     assert err is not None, "both claims committed"
-    refused = errors.translate(err, "racing claim")
+    refused = dberrors.translate(err, "racing claim")
     assert refused.code in ("claim.node_overlap", "claim.node_not_claimable"), refused
     assert util.count(conn, "SELECT count(*) FROM allocation_resource_claims") == 1
 
@@ -214,5 +215,5 @@ def test_two_claims_race_for_one_slot(db_url: str, conn: Connection, fleet: Desi
     err = _race(db_url, lambda c: util.insert_slot_claim(c, A0, NODE, 7),
                 lambda c: util.insert_slot_claim(c, A1, NODE, 7))
     assert err is not None
-    assert errors.translate(err, "racing claim").code == "claim.slot_taken"
+    assert dberrors.translate(err, "racing claim").code == "claim.slot_taken"
     assert util.count(conn, "SELECT count(*) FROM allocation_resource_claims") == 1

@@ -17,8 +17,9 @@ from desired import models as m
 from desired.loading import DesiredState
 from host_reconciler import store as host_store
 from reconciler.commands import status as status_command
-from reconciler.store import checks, errors, hostplans, lifecycle, observing, reconciling, synthetic
+from reconciler.store import checks, hostplans, lifecycle, observing, reconciling, synthetic
 from reconciler.store.connections import Connection
+from schemas import dberrors
 from tests.claims import util
 
 NOT_VFIO = ("vfio_check", "host.pci.not_vfio", "0000:19:00.1 is bound to mlx5_core, not vfio-pci")
@@ -249,7 +250,7 @@ def test_the_database_refuses_a_claim_on_a_node_where_the_allocation_failed(
                                   (aid, list(lifecycle.RESCHEDULE_PATTERNS))).fetchone() or ("",)
     assert outcome == "rescheduled"
     free = next(i for i in range(8) if i not in slots)
-    with pytest.raises(errors.ConstraintRefused) as caught, errors.wrapped("claim on the failed node"):
+    with pytest.raises(dberrors.ConstraintRefused) as caught, dberrors.wrapped("claim on the failed node"):
         util.insert_slot_claim(conn, aid, first, free)
     assert caught.value.code == "claim.node_failed_before"
     # the planner is told as well: the failed node is avoided for this allocation only
@@ -363,7 +364,7 @@ def test_connections_of_host_roles_heartbeat_only_their_own_node(conn: Connectio
     creds = host_store.create_node_role(conn, "node-00000", "pw-lifecycle-0")
     with host_store.connect(db_url, role=creds.role, password=creds.password) as own:
         host_store.heartbeat(own, "node-00000")
-        with pytest.raises(errors.DatabaseError):
+        with pytest.raises(dberrors.DatabaseError):
             host_store.heartbeat(own, "node-00001")
     assert lifecycle.liveness(conn)["node-00000"].liveness == "live"
     assert lifecycle.liveness(conn)["node-00001"].liveness == "unknown"

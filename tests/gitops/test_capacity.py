@@ -14,10 +14,11 @@ import pytest
 
 from desired.loading import DesiredState
 from reconciler import capacity, plans, prplan, sources
+from schemas import states
 from tests.gitops.conftest import make_fleet
 
 S01, S02 = "h200-use1-s01", "h200-use1-s02"
-SLOT = plans.ClaimKind.SLOT
+SLOT = states.ClaimKind.SLOT
 
 
 def _state(tmp_path: Path, edits: dict[str, tuple[str, str]] | None = None) -> DesiredState:
@@ -33,8 +34,8 @@ def _state(tmp_path: Path, edits: dict[str, tuple[str, str]] | None = None) -> D
     return result.state
 
 
-def _claim(alloc: str, node: str, idx: int | None, status: plans.ClaimStatus = plans.ClaimStatus.ACTIVE,
-           kind: plans.ClaimKind = SLOT) -> plans.ExistingClaim:
+def _claim(alloc: str, node: str, idx: int | None, status: states.ClaimStatus = states.ClaimStatus.ACTIVE,
+           kind: states.ClaimKind = SLOT) -> plans.ExistingClaim:
     return plans.ExistingClaim(alloc, node, kind, idx, status, "acme")
 
 
@@ -60,10 +61,10 @@ def _sizes(offer: capacity.Offer) -> dict[int, int]:
                  id="unhealthy"),
     pytest.param({}, plans.Observed(firmware_ready=MappingProxyType({S02: False})), {"not_slice_ready": 8},
                  {1: 8, 2: 4, 4: 2, 8: 1}, id="firmware not ready"),
-    pytest.param({}, plans.Observed(claims=(_claim("a", S01, 0, plans.ClaimStatus.RELEASING),),
-                                    slot_status=MappingProxyType({(S01, 0): plans.SlotStatus.CLEANUP})),
+    pytest.param({}, plans.Observed(claims=(_claim("a", S01, 0, states.ClaimStatus.RELEASING),),
+                                    slot_status=MappingProxyType({(S01, 0): states.SlotStatus.CLEANUP})),
                  {"cleanup": 1}, {1: 15, 2: 7, 4: 3, 8: 1}, id="cleanup"),
-    pytest.param({}, plans.Observed(slot_status=MappingProxyType({(S01, 3): plans.SlotStatus.CLEANUP_BLOCKED})),
+    pytest.param({}, plans.Observed(slot_status=MappingProxyType({(S01, 3): states.SlotStatus.CLEANUP_BLOCKED})),
                  {"cleanup_blocked": 1}, {1: 15, 2: 7, 4: 3, 8: 1}, id="cleanup blocked"),
 ])
 def test_why_free_slots_are_not_launchable(
@@ -102,7 +103,7 @@ def test_dedicated_nodes_are_counted_for_their_tenant(tmp_path: Path) -> None:
 
 def test_node_summaries_show_mode_slots_and_drained(tmp_path: Path) -> None:
     state = _state(tmp_path, {f"nodes/{S02}.yaml": ("admin_state: active", "admin_state: draining")})
-    observed = plans.Observed(claims=(_claim("a", S01, 0), _claim("b", S01, 1, plans.ClaimStatus.RESERVED)))
+    observed = plans.Observed(claims=(_claim("a", S01, 0), _claim("b", S01, 1, states.ClaimStatus.RESERVED)))
     nodes = {n.name: n for n in capacity.read_model(state, observed).nodes}
     assert nodes[S01].mode == "slice_active" and nodes[S01].allocations == ("a", "b")
     assert dict(nodes[S01].slots) == {"active": 1, "available": 6, "reserved": 1}
@@ -125,9 +126,9 @@ def test_after_applies_placements_and_releases(tmp_path: Path) -> None:
         releases=(plans.Release("old", S01, (0,)),))
     later = prplan.after(observed, plan)
     assert {(c.allocation_id, c.slot_index, c.status) for c in later.claims} == {
-        ("old", 0, plans.ClaimStatus.RELEASING), ("new", 0, plans.ClaimStatus.RESERVED),
-        ("new", 1, plans.ClaimStatus.RESERVED)}
-    assert later.slot_status[(S01, 0)] is plans.SlotStatus.CLEANUP and "new" in later.placed
+        ("old", 0, states.ClaimStatus.RELEASING), ("new", 0, states.ClaimStatus.RESERVED),
+        ("new", 1, states.ClaimStatus.RESERVED)}
+    assert later.slot_status[(S01, 0)] is states.SlotStatus.CLEANUP and "new" in later.placed
 
 
 def test_orphaned_allocations_are_reported(tmp_path: Path) -> None:

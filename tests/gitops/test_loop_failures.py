@@ -18,7 +18,8 @@ from urllib.parse import parse_qs, quote, urlsplit
 import pytest
 
 from reconciler import watching
-from reconciler.store import connections, errors, history, revisions
+from reconciler.store import connections, history, revisions
+from schemas import dberrors
 from tests.gitops.conftest import Repo, claims, make_loop
 from tests.gitops.test_run_command import _env, _gpuaas, _wait_for_line
 
@@ -176,7 +177,7 @@ def test_run_refuses_option_like_remote_and_branch_names(fleet_repo: Repo, tmp_p
 
 
 def test_remote_branch_source_needs_a_configured_remote(fleet_repo: Repo) -> None:
-    with pytest.raises(errors.PermanentError) as e:
+    with pytest.raises(dberrors.PermanentError) as e:
         watching.RemoteBranch(fleet_repo.root, "not-configured", "main", threading.Event())
     assert e.value.code == "gitops.remote_unknown"
 

@@ -31,8 +31,8 @@ from typing import Any
 
 import pytest
 
-from host_reconciler import hostplans as hp
 from host_reconciler import settings as hs
+from schemas import hostplans as hp
 
 NODE_XML = """<node>
   <cpu>

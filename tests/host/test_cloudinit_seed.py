@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from host_reconciler import cloudinit
-from host_reconciler import hostplans as hp
+from schemas import hostplans as hp
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGkq1pXK4n0mR2o1x0dYt1cJ3Yb0vW2e9o8G1q3hZpXa dev 😀 ünïcode@laptop"
 

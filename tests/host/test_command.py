@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from host_reconciler import demo, hostplans, lab
+from host_reconciler import lab
 from reconciler import cli
+from reconciler.demo import hosts as demo
+from schemas import hostplans
 from schemas.errors import GpuaasError
 from tests.host.conftest import Lab
 
@@ -39,6 +41,15 @@ def test_a_plan_for_another_node_is_refused(lab: Lab, capsys: pytest.CaptureFixt
     assert cli.main(["host", "converge", "--node", lab.node, "--config", str(lab.write_config()),
                      "--plan-file", str(plan_file)]) == 1
     assert "host.plan.wrong_node" in capsys.readouterr().err
+
+
+def test_host_agent_without_a_database_url_says_so_and_starts_no_database(
+        lab: Lab, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("GPUAAS_DATABASE_URL", raising=False)
+    monkeypatch.setenv("GPUAAS_STATE_DIR", str(tmp_path / "state"))
+    assert cli.main(["host", "converge", "--node", lab.node, "--config", str(lab.write_config())]) == 1
+    assert "host.db.url_missing" in capsys.readouterr().err
+    assert not (tmp_path / "state").exists()  # no embedded server was set up for the agent
 
 
 def test_unknown_host_settings_are_an_error(tmp_path: Path) -> None:

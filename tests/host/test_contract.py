@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from host_reconciler import converging, demo, lab, store, wiring
+from host_reconciler import converging, lab, store, wiring
 from reconciler import sources
+from reconciler.demo import hosts as demo
 from reconciler.store import reconciling
 from schemas.errors import GpuaasError
 

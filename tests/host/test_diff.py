@@ -12,7 +12,6 @@ from types import MappingProxyType
 import pytest
 
 from host_reconciler import diff, domains
-from host_reconciler import hostplans as hp
 from host_reconciler.actions import PROVISION_STEPS, DriftCode, DriftMode, Flow, Step
 from host_reconciler.observations import (
     DiskObs,
@@ -27,6 +26,7 @@ from host_reconciler.observations import (
     ReservationObs,
     WipeRecord,
 )
+from schemas import hostplans as hp
 
 NET = hp.Network("10.100.0.0/24", "10.100.0.1", "10.100.0.10", "10.100.0.250", "gpuaasbr0")
 OPTS = domains.DomainOptions(domain_type="test")

@@ -16,7 +16,7 @@ import pytest
 
 from host_reconciler import images
 from host_reconciler.drivers import disks
-from host_reconciler.hostplans import ImageRef
+from schemas.hostplans import ImageRef
 from tests.host.conftest import Loops
 
 

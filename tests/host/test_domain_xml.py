@@ -13,8 +13,8 @@ import libvirt
 import pytest
 
 from host_reconciler import domains, topology
-from host_reconciler import hostplans as hp
 from host_reconciler.drivers import libvirt_driver
+from schemas import hostplans as hp
 from schemas.errors import GpuaasError, PermanentError
 from tests.host.conftest import NETWORK, SLOTS, node_xml
 

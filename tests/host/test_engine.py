@@ -14,9 +14,9 @@ from pathlib import Path
 
 from host_reconciler import converging, wiring
 from host_reconciler.actions import Action, DriftCode, DriftMode, Step
-from host_reconciler.hostplans import HostPlan
 from host_reconciler.observations import DomainState
-from reconciler.plans import SlotStatus
+from schemas.hostplans import HostPlan
+from schemas.states import SlotStatus
 from tests.host.conftest import Lab
 
 

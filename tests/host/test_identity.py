@@ -22,14 +22,14 @@ from pathlib import Path
 import pytest
 
 from host_reconciler import converging, images, statuses, wiring
-from host_reconciler import hostplans as hp
 from host_reconciler import settings as hs
 from host_reconciler.actions import DriftCode
 from host_reconciler.discovery import candidates, discovering
 from host_reconciler.drivers import disks
 from reconciler import sources
-from reconciler.plans import SlotStatus
 from reconciler.store import connections, hostplans, inventory
+from schemas import hostplans as hp
+from schemas.states import SlotStatus
 from tests.discovery.conftest import load_build
 from tests.host.conftest import Lab, Loop, Loops
 

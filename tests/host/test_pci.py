@@ -83,8 +83,9 @@ def test_fake_follows_the_same_rules() -> None:
 def test_discovery_gate_runs_on_every_pass_and_blocks_only_the_swapped_disk(tmp_path: Path) -> None:
     import yaml
 
-    from host_reconciler import diff, hostplans, lab, observing, phases
+    from host_reconciler import diff, lab, observing, phases
     from host_reconciler.settings import HostSettings
+    from schemas import hostplans
     from tests.host.conftest import NETWORK
 
     doc = yaml.safe_load((EXAMPLE.parents[2] / "fleet" / "slotmaps" / "h200-use1-s01.yaml").read_text())

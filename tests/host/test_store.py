@@ -13,13 +13,13 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from host_reconciler import hostplans as hp
 from host_reconciler import store
 from host_reconciler.actions import Drift, DriftCode, DriftMode
 from host_reconciler.statuses import HostStatus, SlotReport
 from reconciler import cli
-from reconciler.plans import SlotStatus
+from schemas import hostplans as hp
 from schemas.errors import GpuaasError
+from schemas.states import SlotStatus
 from tests.host.conftest import NETWORK
 
 
@@ -71,7 +71,7 @@ def test_node_role_cannot_read_another_nodes_plan_or_write_its_status(
         assert [n["node"] for n in store.read_status(conn)] == ["node-a"]
         with pytest.raises(GpuaasError):
             store.write_status(conn, status("node-b", drift=(Drift(DriftCode.DISK_MOUNTED, 0, "forged"),)))
-        with pytest.raises(GpuaasError), store.errors.wrapped("read role map"):
+        with pytest.raises(GpuaasError), store.dberrors.wrapped("read role map"):
             conn.execute("SELECT * FROM host_node_roles").fetchall()
         changed = conn.execute("UPDATE host_status SET healthy = false WHERE node_name = 'node-b'")
         assert changed.rowcount == 0

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from pyroute2 import IPRoute
 
-from host_reconciler.hostplans import Network
+from schemas.hostplans import Network
 
 UDHCPC_SCRIPT = """#!/bin/sh
 # udhcpc calls this with the event in $1 and the lease in the environment.

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from host_reconciler.drivers import dnsmasq, network
-from host_reconciler.hostplans import SlotBundle, VmSpec
+from schemas.hostplans import SlotBundle, VmSpec
 
 from .conftest import Lab
 

@@ -41,8 +41,8 @@ import pytest
 from host_reconciler import domains, topology
 from host_reconciler.drivers import disks, dnsmasq, network, readiness
 from host_reconciler.drivers.libvirt_driver import LibvirtDomains
-from host_reconciler.hostplans import Network, SlotBundle, VmSpec
 from host_reconciler.observations import DomainState
+from schemas.hostplans import Network, SlotBundle, VmSpec
 
 from . import guest
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from host_reconciler.drivers import addresses, dnsmasq, network
-from host_reconciler.hostplans import Network, SlotBundle, VmSpec
 from schemas.errors import GpuaasError
+from schemas.hostplans import Network, SlotBundle, VmSpec
 
 NET = Network(
     subnet="10.100.0.0/24",

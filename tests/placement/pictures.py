@@ -29,6 +29,7 @@ from typing import Any
 from desired import models as m
 from desired.loading import DesiredState
 from reconciler import planner, plans
+from schemas import states
 
 API = m.API_VERSION
 REGION = "r1"
@@ -146,7 +147,7 @@ def world(picture: str | None) -> World:
     desired.skus = skus()
     regions: dict[str, None] = {REGION: None}
     claims: list[plans.ExistingClaim] = []
-    status: dict[plans.SlotKey, plans.SlotStatus] = {}
+    status: dict[plans.SlotKey, states.SlotStatus] = {}
     unhealthy: set[str] = set()
     placed: set[str] = set()
     for line in picture.splitlines():
@@ -181,16 +182,16 @@ def world(picture: str | None) -> World:
             for ci, ch in enumerate(chars):
                 slots.append(_slot(name, index, gi, ci // 2, roce=roce, approvable=ch != "-"))
                 if ch.islower():
-                    claims.append(plans.ExistingClaim(aid(ch), name, plans.ClaimKind.SLOT, index,
-                                                      plans.ClaimStatus.ACTIVE))
+                    claims.append(plans.ExistingClaim(aid(ch), name, states.ClaimKind.SLOT, index,
+                                                      states.ClaimStatus.ACTIVE))
                     placed.add(aid(ch))
                 elif ch.isupper() and (aid(ch), name) not in {(c.allocation_id, c.node) for c in claims}:
-                    claims.append(plans.ExistingClaim(aid(ch), name, plans.ClaimKind.NODE_EXCLUSIVE, None,
-                                                      plans.ClaimStatus.ACTIVE))
+                    claims.append(plans.ExistingClaim(aid(ch), name, states.ClaimKind.NODE_EXCLUSIVE, None,
+                                                      states.ClaimStatus.ACTIVE))
                     placed.add(aid(ch))
                 elif ch in "#~!":
-                    status[(name, index)] = {"#": plans.SlotStatus.FAILED, "~": plans.SlotStatus.CLEANUP,
-                                             "!": plans.SlotStatus.CLEANUP_BLOCKED}[ch]
+                    status[(name, index)] = {"#": states.SlotStatus.FAILED, "~": states.SlotStatus.CLEANUP,
+                                             "!": states.SlotStatus.CLEANUP_BLOCKED}[ch]
                 index += 1
         if slots:
             desired.slot_maps[name] = m.SlotMap.model_validate(

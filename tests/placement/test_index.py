@@ -9,6 +9,7 @@ import pytest
 from reconciler import placing, plans, synthesizing
 from reconciler import topology as topo
 from reconciler.packing_index import NodeHeap, SliceIndex
+from schemas import states
 from tests.placement.pictures import BAREMETAL, SLICE, world
 
 
@@ -123,8 +124,8 @@ def test_engine_modes_follow_claims() -> None:
 def test_engine_reports_claims_it_cannot_map() -> None:
     w = world("n1: [....|....]")
     observed = plans.Observed(claims=(
-        plans.ExistingClaim("x1x", "ghost", plans.ClaimKind.SLOT, 0, plans.ClaimStatus.ACTIVE),
-        plans.ExistingClaim("x2x", "n1", plans.ClaimKind.SLOT, 42, plans.ClaimStatus.ACTIVE),
+        plans.ExistingClaim("x1x", "ghost", states.ClaimKind.SLOT, 0, states.ClaimStatus.ACTIVE),
+        plans.ExistingClaim("x2x", "n1", states.ClaimKind.SLOT, 42, states.ClaimStatus.ACTIVE),
     ))
     engine = placing.Engine(w.desired, observed)
     assert len(engine.warnings) == 2

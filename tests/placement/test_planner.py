@@ -8,6 +8,7 @@ import pytest
 
 from desired import models as m
 from reconciler import placing, planner, plans, reasons, sources
+from schemas import states
 from tests.placement import pictures
 from tests.placement.pictures import BAREMETAL, SLICE, world
 
@@ -62,7 +63,7 @@ def test_released_allocations_with_claims_become_releases() -> None:
 def test_releasing_claims_are_not_released_twice_and_still_block() -> None:
     w = world("n1: [....|....]")
     w.observed = plans.Observed(claims=tuple(
-        plans.ExistingClaim("old", "n1", plans.ClaimKind.SLOT, s, plans.ClaimStatus.RELEASING) for s in range(8)))
+        plans.ExistingClaim("old", "n1", states.ClaimKind.SLOT, s, states.ClaimStatus.RELEASING) for s in range(8)))
     w.request(SLICE, 1, aid="old")
     w.desired.allocations["old"] = w.desired.allocations["old"].model_copy(
         update={"state": m.AllocationState.RELEASED})

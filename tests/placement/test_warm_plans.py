@@ -19,6 +19,7 @@ from desired.loading import DesiredState
 from policies import eligibility
 from reconciler import planner, plans, topology
 from reconciler.store import synthetic
+from schemas import states
 
 
 def _cold(desired: DesiredState, observed: plans.Observed) -> plans.Plan:
@@ -49,7 +50,7 @@ def _observe(rng: random.Random, state: DesiredState) -> plans.Observed:
     for name, smap in state.slot_maps.items():
         for s in smap.slots:
             if rng.random() < 0.1:
-                statuses[(name, s.slot_index)] = rng.choice([plans.SlotStatus.CLEANUP, plans.SlotStatus.FAILED])
+                statuses[(name, s.slot_index)] = rng.choice([states.SlotStatus.CLEANUP, states.SlotStatus.FAILED])
     nodes = sorted(state.nodes)
     return plans.Observed(slot_status=statuses,
                           firmware_ready={n: rng.random() < 0.9 for n in rng.sample(nodes, 2)},

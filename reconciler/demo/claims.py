@@ -26,7 +26,8 @@ def _heading(out: Out, text: str) -> None:
 def _database(out: Out) -> str:
     from psycopg import sql
 
-    from reconciler.store import connections, embedded, errors
+    from reconciler.store import connections, embedded
+    from schemas import dberrors
 
     external = connections.external_url()
     if external:
@@ -35,7 +36,7 @@ def _database(out: Out) -> str:
     state = connections.state_dir()
     server = embedded.ensure(state)
     out(f"embedded PostgreSQL under {state}/ (pid {server.pid()}), socket {server.socket_dir}")
-    with connections.connect(server.url("postgres"), autocommit=True) as conn, errors.wrapped("reset demo db"):
+    with connections.connect(server.url("postgres"), autocommit=True) as conn, dberrors.wrapped("reset demo db"):
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DEMO_DB)))
     embedded.create_database(server, DEMO_DB)
     return server.url(DEMO_DB)

@@ -35,9 +35,10 @@ from typing import Any
 
 import psycopg
 
-from host_reconciler import converging, hostplans, lab, reports, store, wiring
+from host_reconciler import converging, lab, reports, store, wiring
 from host_reconciler.actions import DriftMode
 from host_reconciler.phases import Drivers
+from schemas import hostplans
 from schemas.errors import PermanentError
 
 DEMO_NODES = {
@@ -45,7 +46,9 @@ DEMO_NODES = {
     "h200-use1-s01": ("xe9680l-h200", "S6EXNA0W1", "S6EXNA0W1"),
     "h200-euw1-s01": ("xe9680l-h200", "S6EXNA0W1", "S6EXNA0W3"),
 }
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+# The recorded sysfs trees sit beside the example fleet (examples/sysfs next to
+# examples/fleet): found from the fleet path given, not from this file's place.
+DEFAULT_FLEET = Path("examples/fleet")
 
 
 def _heading(out: Callable[[str], None], text: str) -> None:
@@ -98,6 +101,7 @@ class _Node:
 class _Demo:
     db_url: str
     out: Callable[[str], None]
+    sysfs: Path  # the recorded host trees
     nodes: dict[str, _Node] = field(default_factory=dict)
 
     def central_plan(self, node: str) -> hostplans.HostPlan:
@@ -109,7 +113,7 @@ class _Demo:
 
     def add(self, stack: ExitStack, node: str, root: Path) -> None:
         tree_name, old, new = DEMO_NODES.get(node, ("xe9680l-h200", "S6EXNA0W1", "S6EXNA0W1"))
-        tree = lab.retag_tree(EXAMPLES / "sysfs" / tree_name, root / node / "sysfs", old, new)
+        tree = lab.retag_tree(self.sysfs / tree_name, root / node / "sysfs", old, new)
         plan = self.central_plan(node)
         host = stack.enter_context(lab.lab_host(
             node, root / node, disk_paths=[s.nvme_device for s in plan.slots], os_disk=plan.os_disk,
@@ -181,8 +185,9 @@ def run_demo(
 ) -> None:
     """Converge two example nodes on lab hosts, inject drift, print status and the drift report."""
     root = workdir or Path(tempfile.mkdtemp(prefix="gpuaas-host-demo-", dir="/tmp"))
-    _ensure_plans(db_url, fleet or EXAMPLES / "fleet", list(nodes), out)
-    demo = _Demo(db_url, out)
+    fleet = fleet or DEFAULT_FLEET
+    _ensure_plans(db_url, fleet, list(nodes), out)
+    demo = _Demo(db_url, out, fleet.resolve().parent / "sysfs")
     try:
         with ExitStack() as stack:
             _heading(out, "lab hosts (libvirt test driver, loop devices, netns + dnsmasq)")
