@@ -18,12 +18,13 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from host_reconciler import converging, diff, lab, wiring
-from host_reconciler.actions import Step
-from host_reconciler.drivers import disks
 from schemas import hostplans as hp
+
+if TYPE_CHECKING:
+    from host_reconciler import converging, lab
+
 
 NET = hp.Network("10.100.0.0/24", "10.100.0.1", "10.100.0.10", "10.100.0.250", "gpuaasbr0")
 GPUS = ("1b", "3c", "4b", "5c", "9a", "ba", "ca", "db")
@@ -54,6 +55,7 @@ def _median(xs: list[float]) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    from host_reconciler import converging, lab, wiring
     lab.check_host()
     slots = _slots()
     out: dict[str, Any] = {"runs": args.runs}
@@ -93,6 +95,7 @@ def _plan(gen: int, slots: tuple[hp.SlotBundle, ...], **kw: Any) -> hp.HostPlan:
 def _converge(
     conv: converging.Converger, slots: tuple[hp.SlotBundle, ...], image: hp.ImageRef, runs: int
 ) -> dict[str, Any]:
+    from host_reconciler.actions import Step
     gen = 0
     first = None
     totals: list[float] = []
@@ -126,6 +129,7 @@ def _converge(
 def _drift(
     conv: converging.Converger, slots: tuple[hp.SlotBundle, ...], image: hp.ImageRef, runs: int
 ) -> dict[str, Any]:
+    from host_reconciler import diff
     vms = (_vm("drift-a", (slots[0],), image, 8), _vm("drift-b", (slots[2], slots[3]), image, 16),
            _vm("drift-c", slots[4:8], image, 64))  # fmt: skip
     plan = _plan(1000, slots, vms=vms)
@@ -147,6 +151,7 @@ def _drift(
 
 
 def _wipe(host: lab.LabHost, gib: int) -> dict[str, Any]:
+    from host_reconciler.drivers import disks
     by_id = f"/dev/disk/by-id/nvme-BENCH-WIPE{gib}G"
     dev = host.add_disk(by_id, gib << 10, fs="ext4")
     with open(dev, "r+b") as f:  # data spread over the disk, as a tenant leaves it

@@ -23,12 +23,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from host_reconciler import converging, reports, settings, wiring
-from host_reconciler.actions import DriftMode
 from schemas import hostplans
 from schemas.errors import GpuaasError, PermanentError, UsageError
+
+if TYPE_CHECKING:
+    from host_reconciler import converging, settings
 
 ENV_URL = "GPUAAS_DATABASE_URL"  # the same variable the central reconciler reads
 ENV_ROLE = "GPUAAS_HOST_DB_ROLE"
@@ -39,6 +40,8 @@ HEARTBEAT_S = 15.0
 
 
 def register(sub: Any) -> None:
+    from host_reconciler import settings
+    from host_reconciler.actions import DriftMode
     for name, helptext, fn in (
         ("converge", "one pass: observe, diff, act, report", run_converge),
         ("run", "converge in a loop (the host agent)", run_loop),
@@ -58,6 +61,9 @@ def register(sub: Any) -> None:
             p.add_argument("--interval", type=float, help="seconds between passes (default: settings)")
             p.add_argument("--passes", type=int, default=0, help="stop after N passes (0: run until signalled)")
         p.set_defaults(func=fn)
+    from host_reconciler import imagecommand
+
+    imagecommand.register(sub)
 
 
 class _Source:
@@ -157,11 +163,14 @@ class _Heartbeat:
 
 
 def _settings(args: argparse.Namespace) -> settings.HostSettings:
+    from host_reconciler import settings
+    from host_reconciler.actions import DriftMode
     s = settings.load(args.node, args.config)
     return settings.with_mode(s, DriftMode(args.mode)) if args.mode else s
 
 
 def _print(result: converging.PassResult, output: str) -> None:
+    from host_reconciler import reports
     if output == "json":
         doc = result.status.as_dict()
         doc["actions"] = [a.describe() for a in result.planned]
@@ -179,6 +188,7 @@ def _print(result: converging.PassResult, output: str) -> None:
 
 
 def run_converge(args: argparse.Namespace) -> int:
+    from host_reconciler import converging, wiring
     s = _settings(args)
     source = _Source(args)
     drivers = wiring.drivers(s)
@@ -196,6 +206,7 @@ def run_converge(args: argparse.Namespace) -> int:
 
 
 def run_loop(args: argparse.Namespace) -> int:
+    from host_reconciler import converging, wiring
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("gpuaas.host")
     s = _settings(args)

@@ -1,41 +1,66 @@
 """`gpuaas`: one console script, one module per subcommand group.
 
-Each module in COMMAND_MODULES exposes `register(subparsers)` and sets
-`func` on its parsers. Errors the user can cause are GpuaasError subclasses
+Each module in COMMANDS exposes `register(subparsers)` and sets `func` on
+its parsers. Command modules import only what building their parser needs
+(argparse, the standard library, light project modules); the heavy libraries
+(networkx, psycopg, gitpython, libvirt, pyroute2, ruamel, pydantic) are
+imported inside the command that runs, so `gpuaas validate --help` on a CI
+runner or `gpuaas host run` on a GPU host pays only for what it uses
+(tests/test_light_cli.py). Errors the user can cause are GpuaasError subclasses
 and print as `error: CODE: message` with exit status 1, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 from types import FrameType
 
+from reconciler.commands import (
+    apply,
+    bench,
+    db,
+    demo,
+    drift,
+    fleet,
+    history,
+    host,
+    plan,
+    request,
+    run,
+    schema,
+    serve,
+    simulate,
+    slot,
+    status,
+    usage,
+    validate,
+)
 from schemas.errors import GpuaasError
 
-COMMAND_MODULES = (
-    "reconciler.commands.validate",
-    "reconciler.commands.schema",
-    "reconciler.commands.request",
-    "reconciler.commands.demo",
-    "reconciler.commands.host",
-    "reconciler.commands.bench",
-    "reconciler.commands.drift",
-    "reconciler.commands.fleet",
-    "reconciler.commands.simulate",
-    "reconciler.commands.plan",
-    "reconciler.commands.status",
-    "reconciler.commands.run",
-    "reconciler.commands.history",
-    "reconciler.commands.db",
-    "reconciler.commands.apply",
-    "reconciler.commands.serve",
-    "reconciler.commands.usage",
-    "reconciler.commands.slot",
+# Listed in the order `gpuaas --help` shows them.
+COMMANDS = (
+    validate,
+    schema,
+    request,
+    demo,
+    host,
+    bench,
+    drift,
+    fleet,
+    simulate,
+    plan,
+    status,
+    run,
+    history,
+    db,
+    apply,
+    serve,
+    usage,
+    slot,
 )
 
 
@@ -44,8 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpuaas {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    for command in COMMANDS:
+        command.register(sub)
     return parser
 
 

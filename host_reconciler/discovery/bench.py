@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from host_reconciler.discovery import candidates, discovering, gating, rendering
 from schemas.errors import UsageError
 
 GOAL_MS = 200.0
@@ -71,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from host_reconciler.discovery import candidates, discovering, gating, rendering
     phases: dict[str, list[float]] = {
         "read sysfs": [],
         "candidate map": [],

@@ -16,18 +16,19 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from desired import loading
-from desired import models as m
-from host_reconciler.discovery import candidates, discovering, gating, rendering
 from schemas.errors import PermanentError, UsageError
+
+if TYPE_CHECKING:
+    from desired import models as m
 
 EXIT_BLOCKED = 3
 SLOTMAP_INVALID = "gate.slotmap.invalid"
 
 
 def register(sub: Any) -> None:
+    from host_reconciler.discovery import candidates
     p = sub.add_parser("discover", help="print a candidate slot map from this host's sysfs (never approves)")
     _common(p)
     p.add_argument("--node", help="node name for the slot map and MAC derivation (default: the host name)")
@@ -56,6 +57,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _node(args: argparse.Namespace, hostname: str | None) -> str:
+    from desired import models as m
+    from host_reconciler.discovery import candidates
     if args.node is not None:
         if not re.match(m.NAME_RE, args.node):
             raise UsageError(
@@ -67,6 +70,8 @@ def _node(args: argparse.Namespace, hostname: str | None) -> str:
 
 
 def run_discover(args: argparse.Namespace) -> int:
+    from desired import models as m
+    from host_reconciler.discovery import candidates, discovering, rendering
     discovery = discovering.discover(args.sysfs_root)
     node = _node(args, discovery.hostname)
     if not discovery.gpus and args.node is None:
@@ -78,6 +83,7 @@ def run_discover(args: argparse.Namespace) -> int:
 
 
 def load_slot_map(path: Path) -> m.SlotMap:
+    from desired import loading
     try:
         data = path.read_bytes()
     except OSError as e:
@@ -92,6 +98,7 @@ def load_slot_map(path: Path) -> m.SlotMap:
 
 
 def run_gate(args: argparse.Namespace) -> int:
+    from host_reconciler.discovery import discovering, gating
     approved = load_slot_map(args.slotmap)
     result = gating.gate(approved, discovering.discover(args.sysfs_root))
     if args.output == "json":

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 
-def register_group(sub: Any, name: str, help_text: str, modules: Sequence[str]) -> None:
-    """Add `gpuaas NAME ...` whose subcommands come from `modules` (each has `register(subparsers)`)."""
+class Command(Protocol):
+    """A command module: adds its parser(s) to `gpuaas` or to a group."""
+
+    def register(self, sub: Any) -> None: ...
+
+
+def register_group(sub: Any, name: str, help_text: str, commands: Sequence[Command]) -> None:
+    """Add `gpuaas NAME ...` whose subcommands come from `commands`."""
     p = sub.add_parser(name, help=help_text)
     gsub = p.add_subparsers(dest=f"{name}_command", metavar=name.upper() + "_COMMAND")
     gsub.required = True
-    for module in modules:
-        importlib.import_module(module).register(gsub)
+    for command in commands:
+        command.register(gsub)

@@ -1,24 +1,16 @@
-"""`gpuaas bench ...`: benchmarks that print the figures issues ask for.
-
-Each module in BENCH_MODULES exposes `register(bench_subparsers)`.
-"""
+"""`gpuaas bench ...`: benchmarks that print the figures issues ask for."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from host_reconciler import bench as host_bench
+from host_reconciler.discovery import bench as discovery_bench
 from reconciler import commands
-
-BENCH_MODULES: tuple[str, ...] = (
-    "reconciler.commands.bench_validate",
-    "host_reconciler.discovery.bench",
-    "reconciler.commands.bench_plan",
-    "host_reconciler.bench",
-    "reconciler.commands.bench_claims",
-    "reconciler.commands.bench_gitops",
-    "reconciler.commands.bench_serve",
-)
+from reconciler.commands import bench_claims, bench_gitops, bench_plan, bench_serve, bench_validate
 
 
 def register(sub: Any) -> None:
-    commands.register_group(sub, "bench", "benchmarks (validate, plan, claims, gitops, discover, host)", BENCH_MODULES)
+    commands.register_group(sub, "bench", "benchmarks (validate, plan, claims, gitops, discover, host)",
+                            (bench_validate, discovery_bench, bench_plan, host_bench, bench_claims, bench_gitops,
+                             bench_serve))

@@ -29,8 +29,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from reconciler.commands import db
 from schemas.errors import PermanentError, UsageError
 
@@ -55,6 +53,8 @@ def register(sub: Any) -> None:
 
 def write_fleet(root: Path, nodes: int) -> None:
     """A synthetic fleet as YAML files, one document per file."""
+    import yaml
+
     from reconciler.store import synthetic
 
     state = synthetic.fleet(nodes=nodes)

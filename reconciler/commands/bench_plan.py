@@ -19,13 +19,13 @@ import random
 import sys
 import time
 import tracemalloc
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from desired import models as m
-from desired.loading import DesiredState
-from reconciler import placing, planner, plans, synthesizing
-from schemas import states
 from schemas.errors import UsageError
+
+if TYPE_CHECKING:
+    from desired.loading import DesiredState
+    from reconciler import plans
 
 _EPOCH = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 _SIZES = ((1, 0.36), (2, 0.225), (4, 0.18), (8, 0.045))  # slice sizes; baremetal takes the rest (0.19)
@@ -42,6 +42,9 @@ def register(sub: Any) -> None:
 
 def scenario(nodes: int, *, per_node: float = 1.0, seed: int = 0) -> tuple[DesiredState, plans.Observed]:
     """A fleet with a quarter of its nodes busy and ~per_node new allocations per node."""
+    from desired import models as m
+    from reconciler import plans, synthesizing
+    from schemas import states
     desired = synthesizing.desired_state(synthesizing.fleet_documents(nodes, seed=seed))
     rnd = random.Random(seed)  # noqa: S311  # seeded, reproducible simulation input, not security
     claims: list[plans.ExistingClaim] = []
@@ -69,6 +72,7 @@ def scenario(nodes: int, *, per_node: float = 1.0, seed: int = 0) -> tuple[Desir
 
 
 def measure(nodes: int, *, per_node: float = 1.0, seed: int = 0) -> dict[str, Any]:
+    from reconciler import placing, planner
     desired, observed = scenario(nodes, per_node=per_node, seed=seed)
     gc.collect()
     t0 = time.perf_counter()

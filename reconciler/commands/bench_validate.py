@@ -17,11 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from desired import loading
-from policies import validation
-from reconciler import synthesizing
-from reconciler.commands import fleet
-
 
 def register(sub: Any) -> None:
     p = sub.add_parser("validate", help="time validation of a synthetic fleet (files: 2 per node)")
@@ -34,6 +29,8 @@ def register(sub: Any) -> None:
 
 
 def _ensure_fleet(root: Path, nodes: int) -> None:
+    from reconciler import synthesizing
+    from reconciler.commands import fleet
     marker = root / ".complete"
     if marker.exists():
         return
@@ -43,6 +40,8 @@ def _ensure_fleet(root: Path, nodes: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from desired import loading
+    from policies import validation
     root = args.dir or Path(tempfile.gettempdir()) / f"gpuaas-bench-fleet-{args.nodes}"
     _ensure_fleet(root, args.nodes)
     timings = []

@@ -1,19 +1,17 @@
 """`gpuaas host ...`: commands that run on a GPU host (discover, converge, run).
 
-Each module in HOST_COMMAND_MODULES exposes `register(host_subparsers)`.
+The only place the central reconciler's CLI reaches into the host agent.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from host_reconciler import command as host_command
+from host_reconciler.discovery import cli as discovery_cli
 from reconciler import commands
-
-HOST_COMMAND_MODULES: tuple[str, ...] = (
-    "host_reconciler.discovery.cli",
-    "host_reconciler.command",
-)
 
 
 def register(sub: Any) -> None:
-    commands.register_group(sub, "host", "host-side commands: discover, converge, run", HOST_COMMAND_MODULES)
+    commands.register_group(sub, "host", "host-side commands: discover, converge, run",
+                            (discovery_cli, host_command))

@@ -12,10 +12,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from reconciler import requests
 from schemas.errors import PermanentError
+
+if TYPE_CHECKING:
+    from reconciler import requests
 
 
 def register(sub: Any) -> None:
@@ -79,6 +81,7 @@ def _refused(args: argparse.Namespace, e: PermanentError) -> int:
 
 
 def run_create(args: argparse.Namespace) -> int:
+    from reconciler import requests
     keys: list[str] = []
     for path in args.ssh_key:
         try:
@@ -106,6 +109,7 @@ def run_create(args: argparse.Namespace) -> int:
 
 
 def run_release(args: argparse.Namespace) -> int:
+    from reconciler import requests
     try:
         written = requests.release(
             args.repo,

@@ -12,10 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from reconciler import capacity
 from reconciler.commands import db
+
+if TYPE_CHECKING:
+    from reconciler import capacity
 
 
 def register(sub: Any) -> None:
@@ -28,6 +30,7 @@ def register(sub: Any) -> None:
 
 def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
     """The whole status document (plain data), read from the database at `url`."""
+    from reconciler import capacity
     from reconciler.store import connections, history, lifecycle, migrations, observing, readmodels
     from schemas.errors import PermanentError
 
