@@ -49,8 +49,8 @@ import git
 
 from desired import gitrepo
 from desired.loading import BlobCache, Cancelled, DesiredState
-from reconciler import planner, plans, sources
-from reconciler.store import connections, history, inventory, observing, reconciling, revisions
+from reconciler import planner, reconciling, sources
+from reconciler.store import connections, history, inventory, observing, revisions
 from schemas.errors import GpuaasError, TemporaryError, UsageError
 
 # Only these paths under the git directory say "a ref may have moved".
@@ -257,12 +257,7 @@ class Loop:
         return event
 
     def _planner(self) -> reconciling.Planner:
-        policy = self.policy
-
-        def run(desired: DesiredState, observed: plans.Observed) -> plans.Plan:
-            return planner.plan(desired, observed, policy=policy)
-
-        return run
+        return reconciling.planner_for(self.policy)
 
     # ------------------------------------------------------------------ step
 

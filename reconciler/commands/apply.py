@@ -55,7 +55,8 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reconciler.store import connections, migrations, reconciling
+    from reconciler import reconciling
+    from reconciler.store import connections, migrations
 
     if args.path.is_file():
         return _run_saved(args)
@@ -66,10 +67,9 @@ def run(args: argparse.Namespace) -> int:
         for problem in loaded.errors:
             print(problem.render(), file=sys.stderr)
         raise PermanentError(f"{len(loaded.errors)} validation error(s): nothing applied", code="apply.invalid")
-    planner = _planner(args.policy)
     with connections.connect(db.database_url(args), autocommit=True) as conn:
         migrations.migrate(conn)
-        result = reconciling.reconcile(conn, loaded.state, source=f"cli {args.path}", planner=planner)
+        result = reconciling.reconcile(conn, loaded.state, policy=args.policy, source=f"cli {args.path}")
     _print(reconciling.summary(result), args.output)
     return 0
 
@@ -161,8 +161,8 @@ def _ignored(path: Path, names: list[str]) -> list[str]:
 
 def _run_saved(args: argparse.Namespace) -> int:
     """`gpuaas apply PLANFILE`: exactly the saved plan, or apply.plan_stale."""
-    from reconciler import planfiles
-    from reconciler.store import connections, inventory, migrations, reconciling
+    from reconciler import planfiles, reconciling
+    from reconciler.store import connections, inventory, migrations
 
     if args.rev is not None or args.allow_dirty or args.policy is not None:
         raise UsageError("a saved plan fixes its revision and policy: --rev, --allow-dirty and --policy do not "
@@ -191,15 +191,6 @@ def _print(doc: dict[str, Any], output: str) -> None:
         print(json.dumps(doc, indent=2, default=str))
     else:
         print(render_text(doc))
-
-
-def _planner(policy: str | None) -> Any:
-    from reconciler import planner
-
-    def plan(desired: Any, observed: Any) -> Any:
-        return planner.plan(desired, observed, policy=policy)
-
-    return plan
 
 
 def render_text(doc: dict[str, Any]) -> str:

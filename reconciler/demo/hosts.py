@@ -56,8 +56,8 @@ def _heading(out: Callable[[str], None], text: str) -> None:
 
 
 def _ensure_plans(db_url: str, fleet: Path, nodes: list[str], out: Callable[[str], None]) -> None:
-    from reconciler import sources
-    from reconciler.store import migrations, reconciling
+    from reconciler import reconciling, sources
+    from reconciler.store import migrations
 
     with store.connect(db_url) as conn:
         migrations.migrate(conn)  # idempotent: nothing to do after `gpuaas apply`

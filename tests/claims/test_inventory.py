@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from desired import models as m
-from reconciler import sources
-from reconciler.store import applying, checks, inventory, observing, reconciling
+from reconciler import reconciling, sources
+from reconciler.store import applying, checks, inventory, observing
 from reconciler.store.connections import Connection
 from tests.claims import util
 from tests.claims.conftest import small_fleet

@@ -16,8 +16,9 @@ from psycopg.types.json import Jsonb
 from desired import models as m
 from desired.loading import DesiredState
 from host_reconciler import store as host_store
+from reconciler import reconciling
 from reconciler.commands import status as status_command
-from reconciler.store import checks, hostplans, lifecycle, observing, reconciling, synthetic
+from reconciler.store import checks, hostplans, lifecycle, observing, synthetic
 from reconciler.store.connections import Connection
 from schemas import dberrors
 from tests.claims import util

@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from host_reconciler import converging, lab, store, wiring
-from reconciler import sources
+from reconciler import reconciling, sources
 from reconciler.demo import hosts as demo
-from reconciler.store import reconciling
 from schemas.errors import GpuaasError
 
 NODE = "h200-use1-s01"

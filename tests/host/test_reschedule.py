@@ -24,7 +24,8 @@ from desired.loading import DesiredState
 from host_reconciler import converging, wiring
 from host_reconciler import store as host_store
 from host_reconciler.fakes import FakePci
-from reconciler.store import checks, connections, lifecycle, reconciling
+from reconciler import reconciling
+from reconciler.store import checks, connections, lifecycle
 from tests.host.conftest import SLOTS, SSH_KEY, Lab
 
 API = m.API_VERSION

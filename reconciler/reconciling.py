@@ -1,4 +1,4 @@
-"""One reconciliation of a desired-state revision against the store.
+"""`reconcile(conn, state, policy=...)`: one reconciliation of a desired-state revision.
 
 sync inventory -> absorb host reports -> observe -> plan (pure) -> apply ->
 write host plans -> record the run in history. This is what `gpuaas apply`
@@ -10,17 +10,17 @@ twice changes nothing the second time.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from desired.loading import DesiredState
+from reconciler import planner as planning
 from reconciler.plans import Observed, Plan
 from reconciler.store import applying, cleanup, history, hostplans, inventory, lifecycle, observing
 from reconciler.store.connections import Connection
 from schemas import dberrors
-from schemas.errors import GpuaasError, PermanentError
+from schemas.errors import GpuaasError
 
 Planner = Callable[[DesiredState, Observed], Plan]
 
@@ -60,16 +60,11 @@ class ReconcileResult:
         }
 
 
-def default_planner() -> Planner:
-    """reconciler.planner.plan, imported lazily (the pure planner lives in its own module)."""
-    try:
-        module = importlib.import_module("reconciler.planner")
-    except ImportError as e:
-        raise PermanentError("the planner (reconciler.planner) is not available", code="plan.planner_missing") from e
-    plan: Callable[..., Plan] = module.plan
+def planner_for(policy: str | None = None) -> Planner:
+    """The pure planner with a packing policy fixed (None: the fleet's `placement.policy`)."""
 
     def run(desired: DesiredState, observed: Observed) -> Plan:
-        return plan(desired, observed)
+        return planning.plan(desired, observed, policy=policy)
 
     return run
 
@@ -78,10 +73,15 @@ def max_attempts(state: DesiredState) -> int:
     return state.fleet.placement.max_claim_attempts if state.fleet else 5
 
 
-def reconcile(conn: Connection, state: DesiredState, *, source: str = "", planner: Planner | None = None,
-              fault: applying.Fault | None = None, memory: inventory.Memory | None = None) -> ReconcileResult:
-    """Bring the store to `state`; every step is recorded in one history row."""
-    planner = planner or default_planner()
+def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = None, source: str = "",
+              planner: Planner | None = None, fault: applying.Fault | None = None,
+              memory: inventory.Memory | None = None) -> ReconcileResult:
+    """Bring the store to `state`; every step is recorded in one history row.
+
+    `planner` replaces the pure planner (a saved plan's guard, tests); otherwise
+    `policy` picks the packing policy.
+    """
+    planner = planner or planner_for(policy)
     revision = inventory.revision_key(state)
     run_id = history.start(conn, revision=revision, source=source)
     try:
