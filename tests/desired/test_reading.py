@@ -23,6 +23,8 @@ from desired import gitrepo, loading
 from policies import validation
 from reconciler import cli, sources
 
+pytestmark = pytest.mark.integration  # real git repositories and subprocesses
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fleet"
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "root:$6$not-a-real-hash-but-secret"  # noqa: S105 - a fake shadow line, the bait

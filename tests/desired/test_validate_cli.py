@@ -11,6 +11,8 @@ import pytest
 
 from reconciler import cli
 
+pytestmark = pytest.mark.integration  # real git repositories and subprocesses
+
 EXAMPLE = Path(__file__).parent.parent.parent / "examples" / "fleet"
 BROKEN = Path(__file__).parent / "broken"
 

@@ -12,6 +12,8 @@ import pytest
 from host_reconciler.discovery import sysfs
 from reconciler import cli
 
+pytestmark = pytest.mark.integration  # real git repositories and subprocesses
+
 PACKAGE = Path(__file__).resolve().parents[2] / "host_reconciler" / "discovery"
 
 

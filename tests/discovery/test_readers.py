@@ -11,6 +11,8 @@ import pytest
 
 from host_reconciler.discovery import blockers, candidates, discovering, disks, facts, hosts
 
+pytestmark = pytest.mark.integration  # real git repositories and subprocesses
+
 
 def _at(offset: int, magic: bytes, size: int = 70000) -> bytes:
     data = bytearray(size)
