@@ -7,6 +7,7 @@ never be scheduled, so an operator sees why approved hardware sells nothing.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Iterator
 
@@ -98,6 +99,38 @@ def _images(state: DesiredState) -> Iterator[p.Problem]:
         for i, sku in enumerate(image.compatible_skus):
             if sku not in state.skus:
                 yield src.at("compatible_skus", i, code=p.REF_UNRESOLVED, message=f"unknown SKU {sku!r}")
+        why = _source_ref_problem(image)
+        if why is not None:
+            yield src.at("source_ref", code=p.IMAGE_SOURCE_REF, message=why)
+        if not image.active and image.inactive_since is None:
+            yield src.at(
+                "active",
+                code=p.IMAGE_INACTIVE_SINCE,
+                message="active: false needs inactive_since (allocations requested before it keep the image, "
+                "later ones are refused)",
+            )
+
+
+_RELATIVE_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/+-]{0,1023}$")
+
+
+def _source_ref_problem(image: m.Image) -> str | None:
+    """Why `source_ref` cannot be fetched as its source_type says (the host reads it the same way)."""
+    ref = image.source_ref
+    scheme, _, rest = ref.partition("://")
+    if image.source_type == "http":
+        host = rest.split("/", 1)[0]
+        if scheme not in ("http", "https") or not host or any(c.isspace() for c in ref):
+            return f"source_type http needs an http:// or https:// URL, not {ref!r}"
+    elif image.source_type == "file":
+        if scheme != "file" or not rest.startswith("/") or "/../" in f"{rest}/" or any(c.isspace() for c in ref):
+            return f"source_type file needs a file:///ABSOLUTE/PATH URL, not {ref!r}"
+    elif image.source_type == "platform_storage":
+        parts = ref.split("/")
+        if not _RELATIVE_REF.match(ref) or ".." in parts or "." in parts or "" in parts:
+            return (f"source_type platform_storage needs a relative path under the image base URL "
+                    f"(letters, digits, . _ / + -; no '..'), not {ref!r}")  # fmt: skip
+    return None
 
 
 def _nodes(state: DesiredState) -> Iterator[p.Problem]:
@@ -149,8 +182,9 @@ def management_network(state: DesiredState, node: m.Node | None) -> m.Management
     return state.fleet.management_network if state.fleet else m.ManagementNetwork()
 
 
-def _slot_maps(state: DesiredState) -> Iterator[p.Problem]:
-    macs: dict[str, str] = {}
+def _slot_maps(state: DesiredState, macs: dict[str, str] | None = None) -> Iterator[p.Problem]:
+    """`macs`: MAC -> its first owner in maps validated before these (`policies.validating` checks one map)."""
+    macs = {} if macs is None else macs
     for node_name, smap in state.slot_maps.items():
         src = state.source("SlotMap", node_name)
         node = state.nodes.get(node_name)
@@ -259,6 +293,13 @@ def _allocations(state: DesiredState) -> Iterator[p.Problem]:
                     code=p.ALLOCATION_IMAGE,
                     message=f"image {alloc.image} is not compatible with SKU {alloc.sku}",
                 )
+            elif _refused_inactive(image, alloc):
+                yield src.at(
+                    "image",
+                    code=p.ALLOCATION_IMAGE_INACTIVE,
+                    message=f"image {alloc.image} is not offered since {image.inactive_since}; "
+                    f"this allocation was requested at {alloc.requested_at} (only earlier ones keep it)",
+                )
         if (
             alloc.vm_profile is not None
             and sku is not None
@@ -269,6 +310,17 @@ def _allocations(state: DesiredState) -> Iterator[p.Problem]:
                 code=p.ALLOCATION_PROFILE,
                 message=f"SKU {alloc.sku} has no VM profile {alloc.vm_profile!r}",
             )
+
+
+def _utc(t: dt.datetime) -> dt.datetime:
+    return t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)
+
+
+def _refused_inactive(image: m.Image, alloc: m.Allocation) -> bool:
+    """A new request of an image that is no longer offered; running (earlier) allocations keep it."""
+    if image.active or image.inactive_since is None or alloc.state is m.AllocationState.RELEASED:
+        return False
+    return _utc(alloc.requested_at) >= _utc(image.inactive_since)
 
 
 def _image_fits(image: m.Image, sku: m.Sku) -> bool:

@@ -49,6 +49,7 @@ import git
 
 from desired import gitrepo
 from desired.loading import BlobCache, Cancelled, DesiredState
+from policies import validating
 from reconciler import planner, reconciling, sources
 from reconciler.store import connections, history, inventory, observing, revisions
 from schemas.errors import GpuaasError, TemporaryError, UsageError
@@ -239,6 +240,7 @@ class Loop:
         self.applied_count = 0
         self.blobs = BlobCache()  # parsed documents by git blob id: a commit re-parses only what it changed
         self.inventory = inventory.Memory()  # rows the last sync wrote: a commit re-syncs only what it changed
+        self.checks = validating.Memo()  # cross-file problems per document: a commit re-checks only what it changed
 
     # -------------------------------------------------------------- plumbing
 
@@ -336,14 +338,16 @@ class Loop:
 
     def _adopt(self, rev: str) -> None:
         """Take over a revision another reconciler applied: its state is ours for retries."""
-        loaded = sources.load(self.path, rev, cancel=self.stop.is_set, cache=self.blobs)
+        loaded = sources.load(self.path, rev, cancel=self.stop.is_set, cache=self.blobs,
+                              memo=self.checks)
         self.seen = rev
         if not loaded.errors:
             self.state = loaded.state
 
     def _apply(self, conn: connections.Connection, rev: str) -> Event:
         t0 = time.perf_counter()
-        loaded = sources.load(self.path, rev, cancel=self.stop.is_set, cache=self.blobs)
+        loaded = sources.load(self.path, rev, cancel=self.stop.is_set, cache=self.blobs,
+                              memo=self.checks)
         source = f"{revisions.APPLY_SOURCE} {self.source.label}"
         if loaded.errors:
             run_id = history.start(conn, revision=rev, source=source)

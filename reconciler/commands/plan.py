@@ -28,13 +28,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from desired import gitrepo
-from desired.loading import DesiredState
-from reconciler import planfiles, plans, prplan, prplan_render, sources
-from reconciler.commands import db
+from reconciler.commands import blobcache, db
 from schemas.errors import PermanentError, UsageError
+
+if TYPE_CHECKING:
+    from desired.loading import DesiredState
+    from reconciler import plans, prplan
 
 EXIT_CHANGES = 2
 EXIT_PENDING = 3
@@ -55,16 +56,21 @@ def register(sub: Any) -> None:
     p.add_argument("--offline", action="store_true", help="no database: plan head against what base implies")
     p.add_argument("--policy", help="placement policy override (default: the Fleet's)")
     db.add_database_arguments(p)
+    blobcache.add_arguments(p)
     p.set_defaults(func=run)
 
 
-def _load(path: Path, rev: str | None) -> tuple[DesiredState, tuple[Any, ...]]:
-    result = sources.load(path, rev)
+def _load(path: Path, rev: str | None, reader: blobcache.Reader) -> tuple[DesiredState, tuple[Any, ...]]:
+    result = reader.load(path, rev)
     return result.state, tuple(result.errors)
 
 
-def _online(args: argparse.Namespace) -> tuple[DesiredState, tuple[Any, ...], plans.Observed, str]:
+def _online(args: argparse.Namespace,
+            reader: blobcache.Reader) -> tuple[DesiredState, tuple[Any, ...], plans.Observed, str]:
     """Base, its problems, the observed state, and the digest a saved plan pins (planfiles.observed_digest)."""
+    from desired import gitrepo
+    from desired.loading import DesiredState
+    from reconciler import planfiles, plans
     from reconciler.store import connections, migrations, observing, readmodels
 
     with connections.connect(db.database_url(args), autocommit=True) as conn, conn.transaction():
@@ -72,17 +78,17 @@ def _online(args: argparse.Namespace) -> tuple[DesiredState, tuple[Any, ...], pl
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         if not migrations.applied(conn):
             print("note: the database has no schema yet; planning against an empty fleet", file=sys.stderr)
-            base, errors = _load(args.path, args.base) if args.base else (DesiredState(), ())
+            base, errors = _load(args.path, args.base, reader) if args.base else (DesiredState(), ())
             return base, errors, plans.Observed(), planfiles.observed_digest(plans.Observed(), 0)
         observed = observing.observe(conn)
         digest = planfiles.observed_digest(observed, readmodels.inventory_generation(conn))
         if args.base:
-            base, errors = _load(args.path, args.base)
+            base, errors = _load(args.path, args.base, reader)
             return base, errors, observed, digest
         current = readmodels.current_revision(conn)
         if current and not current.startswith("tree:") and gitrepo.head(args.path) is not None:
             try:
-                base, errors = _load(args.path, current)
+                base, errors = _load(args.path, current, reader)
                 return base, errors, observed, digest
             except PermanentError:  # a revision this clone lacks: fall back to the stored inventory
                 pass
@@ -90,18 +96,22 @@ def _online(args: argparse.Namespace) -> tuple[DesiredState, tuple[Any, ...], pl
 
 
 def run(args: argparse.Namespace) -> int:
+    from desired import gitrepo
+    from desired.loading import DesiredState
+    from reconciler import planfiles, prplan
     head_rev = args.head or ("HEAD" if gitrepo.head(args.path) is not None else None)
-    head, head_errors = _load(args.path, head_rev)
+    reader = blobcache.open_reader(args)  # base and head share it: a document both hold is parsed once
+    head, head_errors = _load(args.path, head_rev, reader)
     digest = ""
     if head_errors:
         pr = prplan.invalid(args.base, head.revision, head_errors, offline=args.offline)
     else:
         if args.offline:
-            base, base_errors = _load(args.path, args.base) if args.base else (DesiredState(), ())
+            base, base_errors = _load(args.path, args.base, reader) if args.base else (DesiredState(), ())
             observed = _guard(lambda: prplan.offline_observed(base, policy=args.policy))
             digest = planfiles.observed_digest(observed, 0)
         else:
-            base, base_errors, observed, digest = _online(args)
+            base, base_errors, observed, digest = _online(args, reader)
         pr = _guard(lambda: prplan.compose(base, head, observed, offline=args.offline, base_errors=base_errors,
                                            policy=args.policy))
     _print(pr, args.output)
@@ -119,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _save(args: argparse.Namespace, pr: prplan.PrPlan, head: DesiredState, observed_digest: str) -> None:
+    from reconciler import planfiles
     from reconciler.store import inventory  # the content hash the sync records (imports the store driver)
 
     desired_hash = inventory.content_hash(head)
@@ -137,6 +148,7 @@ def _guard(fn: Any) -> Any:
 
 
 def _print(pr: prplan.PrPlan, output: str) -> None:
+    from reconciler import prplan_render
     if output == "json":
         print(json.dumps(prplan_render.as_dict(pr), indent=2, default=str))
     elif output == "markdown":

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from reconciler.commands import blobcache
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser("validate", help="validate a desired-state repo")
@@ -15,12 +17,17 @@ def register(sub: Any) -> None:
     p.add_argument("--rev", help="read the tree at this git revision (no checkout)")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text")
     p.add_argument("--summary", action="store_true", help="also print the fleet summary")
+    p.add_argument("--state-dir", type=Path, default=None,
+                   help="state directory holding the blob cache (default $GPUAAS_STATE_DIR or .gpuaas)")
+    blobcache.add_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from reconciler import sources, summary
-    result = sources.load(args.path, args.rev)
+    # The on-disk cache serves revisions (blob ids from git); a working tree is read and parsed as it is.
+    result = blobcache.open_reader(args).load(args.path, args.rev) if args.rev is not None \
+        else sources.load(args.path, args.rev)
     errors, warnings = result.errors, result.warnings
     state = result.state
     counts = (

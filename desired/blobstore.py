@@ -1,0 +1,350 @@
+"""Parsed blobs on disk, for CLI runs (`plan`, `validate --rev`, PR plans in CI).
+
+A git blob id names a file's bytes, so what libyaml made of those bytes can
+be kept under the state dir (`<state>/cache/`) and reused by the next run.
+The cache holds only the reader's output (the plain YAML values with their
+lines, the file's bytes for error positions, and the reader's own problems);
+typing (pydantic) and every cross-file rule run again on every load, so an
+entry can save time but can never make a wrong file valid.
+
+The cache is an optimization and is never trusted:
+
+- entries are keyed by blob id and the reader version (a hash of the reader's
+  source, PyYAML's and Python's version): another version's entries are
+  never read, and are dropped on the next write;
+- every entry carries an HMAC-SHA256 over version, blob id and payload, with
+  a random key made on first use (`key`, mode 0600): an entry this user's
+  runs did not write (foreign), or a damaged one, fails the check and is
+  parsed again; the payload is unpickled only after the check, by an
+  unpickler that knows no class but `datetime`'s, and must have the expected
+  shape and name the blob it is stored under;
+- the directory must be ours and writable by nobody else, the files ours
+  with mode 0600 and no symlinks; otherwise the cache is off for the run
+  and `note` says why;
+- writes are SQLite transactions (atomic: a run killed mid-write leaves the
+  previous content); a database that cannot be read is replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import errno
+import hashlib
+import hmac
+import io
+import os
+import pickle
+import secrets
+import sqlite3
+import stat
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+FORMAT = 1
+KEY_BYTES = 32
+DB_NAME = "blobs.sqlite3"
+KEY_NAME = "key"
+DEFAULT_STATE_DIR = Path(".gpuaas")  # as reconciler.store.connections (desired/ may not import it)
+ENV_STATE_DIR = "GPUAAS_STATE_DIR"
+MAX_ENTRIES = 200_000  # beyond this, the oldest entries not in the current tree are dropped
+_CHUNK = 500  # keys per SELECT (SQLite's variable limit is 999 on old builds)
+
+Note = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """What the reader made of one blob: its bytes, the reader's problems, its documents."""
+
+    data: bytes
+    problems: tuple[tuple[str, str, int, int], ...]  # code, message, line, column (the file is the caller's)
+    docs: tuple[tuple[int, int, Any], ...]  # index, line, plain value
+
+
+def default_dir() -> Path:
+    """`<state dir>/cache`: $GPUAAS_STATE_DIR or `.gpuaas`, as the database's state dir."""
+    env = os.environ.get(ENV_STATE_DIR)
+    return (Path(env) if env else DEFAULT_STATE_DIR) / "cache"
+
+
+def reader_version() -> str:
+    """Changes whenever the reader could read the same bytes differently."""
+    from desired import loading, models, yamlio
+
+    h = hashlib.sha256(f"format {FORMAT}\0python {sys.version_info[:2]}\0pyyaml {yaml.__version__}\0"
+                       f"libyaml {getattr(yaml, '__with_libyaml__', False)}\0".encode())
+    for module in (yamlio, loading, models):
+        h.update(Path(module.__file__ or "").read_bytes())
+    return h.hexdigest()[:32]
+
+
+class _Unpickler(pickle.Unpickler):
+    """Plain values only: containers and scalars, plus the datetime types YAML timestamps become."""
+
+    _ALLOWED = frozenset({("datetime", "datetime"), ("datetime", "date"), ("datetime", "timezone"),
+                          ("datetime", "timedelta")})
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self._ALLOWED:
+            return getattr(dt, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a cache entry")
+
+
+class DiskStore:
+    """The on-disk cache of one state dir. Open with `open_store`; every failure degrades to a miss."""
+
+    def __init__(self, directory: Path, secret: bytes, version: str, note: Note) -> None:
+        self.directory, self.version, self.note = directory, version, note
+        self._secret = secret
+        self.path = directory / DB_NAME
+        self.hits = self.rejected = self.written = 0
+        self._db: sqlite3.Connection | None = None
+        self.broken = False
+
+    # ------------------------------------------------------------- plumbing
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._db is None:
+            _private_file(self.path)
+            db = sqlite3.connect(self.path, timeout=5.0, isolation_level=None)
+            db.execute("CREATE TABLE IF NOT EXISTS blobs (version TEXT NOT NULL, blob TEXT NOT NULL,"
+                       " mac BLOB NOT NULL, payload BLOB NOT NULL, stamp INTEGER NOT NULL,"
+                       " PRIMARY KEY (version, blob)) WITHOUT ROWID")
+            self._db = db
+        return self._db
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def _mac(self, blob: str, payload: bytes) -> bytes:
+        return hmac.new(self._secret, f"{self.version}\0{blob}\0".encode() + payload, hashlib.sha256).digest()
+
+    def _broken(self, what: str, e: Exception) -> None:
+        self.note(f"blob cache {self.path}: {what}: {e}; parsing without it")
+        self.broken = True
+        self.close()
+
+    # ------------------------------------------------------------- reading
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, Entry]:
+        """The trusted entries among `keys` (a damaged or foreign entry is counted in `rejected`, never returned)."""
+        if self.broken or not keys:
+            return {}
+        found: dict[str, Entry] = {}
+        try:
+            db = self._connect()
+            unique = sorted(set(keys))
+            for i in range(0, len(unique), _CHUNK):
+                chunk = unique[i:i + _CHUNK]
+                rows = db.execute(f"SELECT blob, mac, payload FROM blobs WHERE version = ? AND blob IN "  # noqa: S608 - only placeholders are formatted in
+                                  f"({','.join('?' * len(chunk))})", (self.version, *chunk)).fetchall()
+                for blob, mac, payload in rows:
+                    entry = self._check(blob, mac, payload)
+                    if entry is None:
+                        self.rejected += 1
+                    else:
+                        found[blob] = entry
+        except sqlite3.Error as e:
+            self._broken("cannot be read", e)
+            return {}
+        self.hits += len(found)
+        return found
+
+    def _check(self, blob: Any, mac: Any, payload: Any) -> Entry | None:
+        if not (isinstance(blob, str) and isinstance(mac, bytes) and isinstance(payload, bytes)):
+            return None
+        if not hmac.compare_digest(mac, self._mac(blob, payload)):
+            return None  # written with another key (foreign) or damaged
+        try:
+            value = _Unpickler(io.BytesIO(payload)).load()
+        except Exception:  # whatever a damaged payload raises, the entry is a miss
+            return None
+        return _entry(blob, value)
+
+    # ------------------------------------------------------------- writing
+
+    def put_many(self, entries: Iterable[tuple[str, Entry]], *, keep: Iterable[str] = ()) -> None:
+        """Store entries in one transaction; drop other versions' entries, and old ones past MAX_ENTRIES."""
+        rows = []
+        now = int(time.time())
+        for blob, entry in entries:
+            payload = pickle.dumps((FORMAT, blob, entry.data, entry.problems, entry.docs), protocol=5)
+            rows.append((self.version, blob, self._mac(blob, payload), payload, now))
+        if not rows:
+            return
+        for attempt in (1, 2):
+            if self.broken and attempt == 1:
+                self._replace()
+            try:
+                db = self._connect()
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    db.executemany("INSERT OR REPLACE INTO blobs VALUES (?, ?, ?, ?, ?)", rows)
+                    db.execute("DELETE FROM blobs WHERE version <> ?", (self.version,))
+                    self._trim(db, set(keep) | {r[1] for r in rows})
+                    db.execute("COMMIT")
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
+                self.written += len(rows)
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" in str(e) or "busy" in str(e):
+                    self.note(f"blob cache {self.path} is busy (another run writes it); not updated")
+                    return
+                self._broken("cannot be written", e)
+            except sqlite3.Error as e:
+                self._broken("cannot be written", e)
+
+    def _trim(self, db: sqlite3.Connection, keep: set[str]) -> None:
+        (count,) = db.execute("SELECT count(*) FROM blobs").fetchone()
+        excess = int(count) - MAX_ENTRIES
+        if excess <= 0:
+            return
+        old = [b for (b,) in db.execute("SELECT blob FROM blobs ORDER BY stamp").fetchall() if b not in keep]
+        db.executemany("DELETE FROM blobs WHERE version = ? AND blob = ?", [(self.version, b) for b in old[:excess]])
+
+    def _replace(self) -> None:
+        """A database that cannot be read is removed and made again (it held nothing we could use)."""
+        self.close()
+        for suffix in ("", "-journal", "-wal", "-shm"):
+            try:
+                os.unlink(str(self.path) + suffix)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                self.note(f"blob cache {self.path}: cannot remove the damaged file: {e.strerror}")
+        self.broken = False
+
+
+def _entry(blob: str, value: Any) -> Entry | None:
+    """The entry a payload holds, or None when its shape is not what `put_many` writes."""
+    if not (isinstance(value, tuple) and len(value) == 5 and value[0] == FORMAT and value[1] == blob):
+        return None
+    _, _, data, problems, docs = value
+    if not (isinstance(data, bytes) and isinstance(problems, tuple) and isinstance(docs, tuple)):
+        return None
+    for item in problems:
+        if not (isinstance(item, tuple) and len(item) == 4 and isinstance(item[0], str)
+                and isinstance(item[1], str) and type(item[2]) is int and type(item[3]) is int):
+            return None
+    for item in docs:
+        if not (isinstance(item, tuple) and len(item) == 3 and type(item[0]) is int and type(item[1]) is int):
+            return None
+    if _git_blob_id(data) != blob:
+        return None  # the bytes are not the blob's: a position could point at the wrong text
+    return Entry(data, problems, docs)
+
+
+def _git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+def open_store(directory: Path | None = None, *, note: Note | None = None) -> DiskStore | None:
+    """The cache under `directory` (default `default_dir()`); None when it is not safe to use (`note` says why)."""
+    say = note or _stderr_note
+    directory = Path(directory) if directory is not None else default_dir()
+    try:
+        _private_dir(directory)
+        secret = _secret(directory / KEY_NAME)
+    except _Unsafe as e:
+        say(f"blob cache {directory}: {e}; parsing without it")
+        return None
+    except OSError as e:
+        say(f"blob cache {directory}: cannot be used ({e.strerror or e}); parsing without it")
+        return None
+    return DiskStore(directory, secret, reader_version(), say)
+
+
+def _stderr_note(text: str) -> None:
+    print(f"note: {text}", file=sys.stderr)
+
+
+class _Unsafe(Exception):
+    pass
+
+
+def _owned_private(st: os.stat_result, what: str) -> None:
+    if st.st_uid != os.geteuid():
+        raise _Unsafe(f"{what} belongs to another user (uid {st.st_uid})")
+    if st.st_mode & 0o022:
+        raise _Unsafe(f"{what} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})")
+
+
+def _private_dir(directory: Path) -> None:
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        directory.mkdir(mode=0o700)
+    st = os.lstat(directory)
+    if not stat.S_ISDIR(st.st_mode):
+        raise _Unsafe("is not a directory (a symlink or a file)")
+    _owned_private(st, "the directory")
+
+
+def _private_file(path: Path) -> None:
+    """Create `path` 0600 if missing; refuse a symlink, a non-regular file, or one another user can write."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise sqlite3.OperationalError(f"{path} is a symbolic link") from e
+        raise sqlite3.OperationalError(f"{path}: {e.strerror}") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise sqlite3.OperationalError(f"{path} is not a regular file")
+        try:
+            _owned_private(st, path.name)
+        except _Unsafe as e:
+            raise sqlite3.OperationalError(str(e)) from e
+    finally:
+        os.close(fd)
+
+
+def _secret(path: Path) -> bytes:
+    """The HMAC key: made once (O_EXCL, 0600, written then renamed into place), then only read."""
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+            wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(wfd, secrets.token_bytes(KEY_BYTES))
+                os.fsync(wfd)
+            finally:
+                os.close(wfd)
+            try:
+                os.link(tmp, path)  # never replaces a key another run made first
+            except FileExistsError:
+                pass
+            finally:
+                os.unlink(tmp)
+            continue
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise _Unsafe("the key file is a symbolic link") from e
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise _Unsafe("the key file is not a regular file")
+            _owned_private(st, "the key file")
+            if st.st_mode & 0o044:
+                raise _Unsafe(f"the key file is readable by group or others (mode {stat.S_IMODE(st.st_mode):o})")
+            key = os.read(fd, KEY_BYTES + 1)
+        finally:
+            os.close(fd)
+        if len(key) != KEY_BYTES:
+            raise _Unsafe("the key file is damaged (wrong length); remove the cache directory to start afresh")
+        return key
+    raise _Unsafe("the key file keeps disappearing")

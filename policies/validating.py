@@ -1,0 +1,162 @@
+"""Cross-file validation between revisions: each document's problems are kept and reused.
+
+`policies.validation` walks every document of a revision. Between two
+revisions of a large fleet almost every document is the very same model
+object (the blob cache hands it out again), so `Memo.validate` reruns the
+rules only for documents that changed, and for those whose inputs changed:
+
+- the context every rule may read (the Fleet, every SKU, every Image, in
+  order): when any of them is another object, everything is checked again;
+- a slot map also reads its own Node, and the first owner of each of its
+  MACs (MAC uniqueness is fleet wide): a global MAC index is rebuilt per
+  revision (one pass over the slots, no formatting) and a map is checked
+  again when an owner of one of its MACs outside it changed.
+
+Each document's problems are computed by the full rule (`validation`) run
+on a view of the state holding that one document, with a pre-seeded MAC
+index, so positions, messages and order are exactly those of a full run
+(tested over random edit sequences). On any doubt (an error inside the
+incremental path) it falls back to a full run and says why (`fallbacks`,
+`last_fallback`, a log line on the `gpuaas` logger).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from desired import models as m
+from desired import problems as p
+from desired.loading import DesiredState, LoadResult
+from policies import validation
+
+log = logging.getLogger("gpuaas.validation")
+
+_Context = tuple[Any, ...]
+
+
+@dataclass(slots=True)
+class _Kept:
+    obj: Any  # held so that its id() cannot be reused while the entry lives
+    doc: Any
+    inputs: tuple[Any, ...]  # other objects (and MAC owners) the problems were computed from
+    problems: tuple[p.Problem, ...]
+
+
+class Memo:
+    """Per-document problems of the last revisions validated, reused while their inputs are the same objects."""
+
+    def __init__(self) -> None:
+        self._context: _Context | None = None
+        self._kept: dict[tuple[str, str], _Kept] = {}
+        self.checked = 0  # documents whose rules ran in the last validate
+        self.reused = 0
+        self.fallbacks = 0
+        self.last_fallback = ""
+
+    def validate(self, result: LoadResult) -> LoadResult:
+        """Add cross-file problems to a parse result, exactly as `validation.validate` (returns the same object)."""
+        try:
+            found = list(self._problems(result.state))
+        except Exception as e:  # any doubt: forget everything, run the full rules
+            self.fallbacks += 1
+            self.last_fallback = f"{type(e).__name__}: {e}"
+            log.warning("incremental validation failed (%s); running the full validation", self.last_fallback)
+            self._kept, self._context = {}, None
+            return validation.validate(result)
+        result.problems.extend(found)
+        return result
+
+    # ----------------------------------------------------------------- rules
+
+    def _problems(self, state: DesiredState) -> Iterator[p.Problem]:
+        context = (state.fleet, *state.skus, *state.skus.values(), *state.images, *state.images.values())
+        if self._context is None or not _same(self._context, context):
+            self._kept.clear()  # every rule may read the fleet, the SKUs and the images
+        self._context = context
+        self.checked = self.reused = 0
+        kept, self._kept = self._kept, {}
+        owners = _mac_owners(state.slot_maps)
+
+        def map_inputs(name: str, smap: Any) -> tuple[Any, ...]:
+            return (state.nodes.get(name), *_outside_owners(name, smap, owners))
+
+        def map_rules(view: DesiredState) -> Iterator[p.Problem]:
+            ((name, smap),) = view.slot_maps.items()
+            macs = {mac: f"{node} slots[{i}]" for mac, node, i in _outside_owners(name, smap, owners)}
+            if name in state.nodes:
+                view.nodes = {name: state.nodes[name]}
+            return validation._slot_maps(view, macs=macs)
+
+        yield from validation._fleet(state)
+        for kind, attr, rules, inputs in (
+            ("Sku", "skus", validation._skus, _nothing),
+            ("Image", "images", validation._images, _nothing),
+            ("Node", "nodes", validation._nodes, _nothing),
+            ("SlotMap", "slot_maps", map_rules, map_inputs),
+            ("Allocation", "allocations", validation._allocations, _nothing),
+        ):
+            yield from self._each(kept, state, _Rule(kind, attr, rules, inputs))
+
+    def _each(self, kept: dict[tuple[str, str], _Kept], state: DesiredState, rule: _Rule) -> Iterator[p.Problem]:
+        table: Mapping[str, Any] = getattr(state, rule.attr)
+        for name, obj in table.items():
+            doc = state.sources[(rule.kind, name)].doc
+            wanted = rule.inputs(name, obj)
+            hit = kept.get((rule.kind, name))
+            if hit is not None and hit.obj is obj and hit.doc is doc and _same(hit.inputs, wanted):
+                self.reused += 1
+            else:
+                # The full rule over a view holding this one document: the same problems, positions, order.
+                view = DesiredState(fleet=state.fleet, skus=state.skus, images=state.images, sources=state.sources)
+                setattr(view, rule.attr, {name: obj})
+                hit = _Kept(obj, doc, wanted, tuple(rule.rules(view)))
+                self.checked += 1
+            self._kept[(rule.kind, name)] = hit
+            yield from hit.problems
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    kind: str
+    attr: str  # the DesiredState table it walks
+    rules: Callable[[DesiredState], Iterator[p.Problem]]
+    inputs: Callable[[str, Any], tuple[Any, ...]]  # what else its problems depend on, besides the context
+
+
+def _nothing(_name: str, _obj: Any) -> tuple[Any, ...]:
+    return ()
+
+
+def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    """Element-wise identity (names compared by value): the same objects, in the same order."""
+    return len(a) == len(b) and all(x is y or (type(x) is type(y) and isinstance(x, (str, int, tuple)) and x == y)
+                                    for x, y in zip(a, b, strict=True))
+
+
+def _mac_owners(slot_maps: Mapping[str, m.SlotMap]) -> dict[str, list[tuple[str, int]]]:
+    """MACs used by more than one slot: every (node, slot position) using it, in validation order."""
+    first: dict[str, tuple[str, int]] = {}
+    shared: dict[str, list[tuple[str, int]]] = {}
+    for name, smap in slot_maps.items():
+        for i, slot in enumerate(smap.slots):
+            mac = slot.mac_address
+            owner = first.setdefault(mac, (name, i))
+            if owner[0] != name or owner[1] != i:
+                shared.setdefault(mac, [owner]).append((name, i))
+    return shared
+
+
+def _outside_owners(name: str, smap: m.SlotMap,
+                    shared: dict[str, list[tuple[str, int]]]) -> tuple[tuple[str, str, int], ...]:
+    """(mac, node, slot) of the first owner of each of this map's MACs, where that owner is another map."""
+    if not shared:
+        return ()
+    out = []
+    for slot in smap.slots:
+        owners = shared.get(slot.mac_address)
+        if owners is not None and owners[0][0] != name:
+            out.append((slot.mac_address, owners[0][0], owners[0][1]))
+    return tuple(out)
