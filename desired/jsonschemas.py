@@ -166,8 +166,11 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "accelerator_model": "GPU model the image is built for (absent: any).",
         "network_fabric": "Fabric the image's drivers serve (infiniband, roce, ethernet, none, or any).",
         "image_format": "Artifact format: maas, qcow2, raw or oci.",
-        "source_type": "Where the artifact comes from: maas, platform_storage, oci_artifact or http.",
-        "source_ref": "Location of the artifact within its source (1-1024 characters).",
+        "source_type": "Where the artifact comes from: maas, platform_storage (a path under the fleet's or "
+                       "host's image base URL), oci_artifact, http (an http(s) URL) or file (a file:/// URL, "
+                       "labs).",
+        "source_ref": "Location of the artifact within its source (1-1024 characters): a relative path for "
+                      "platform_storage, an http:// or https:// URL for http, a file:/// URL for file.",
         "digest_sha256": "sha256 of the artifact, 64 lowercase hex characters; required unless source_type is "
                          "maas (verified before a disk is written).",
         "size_bytes": "Size of the artifact in bytes.",
@@ -177,7 +180,10 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "driver_strategy": "How GPU drivers get there: none, preinstalled_nvidia, preinstalled_rocm or "
                            "install_on_boot.",
         "compatible_skus": "SKUs this image may run on (empty: decided by vendor, model and fabric).",
-        "active": "False stops new allocations with this image.",
+        "active": "False stops new allocations with this image (requested at or after inactive_since); "
+                  "allocations requested before keep it.",
+        "inactive_since": "When the image stopped being offered (required with active: false); allocations "
+                          "requested before it keep the image.",
     },
     "Node": {
         "apiVersion": _API, "kind": "Always Node: one physical GPU host.",

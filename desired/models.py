@@ -332,7 +332,7 @@ class Image(_Doc):
     accelerator_model: str | None = None
     network_fabric: Literal["infiniband", "roce", "ethernet", "none", "any"] = "any"
     image_format: Literal["maas", "qcow2", "raw", "oci"]
-    source_type: Literal["maas", "platform_storage", "oci_artifact", "http"]
+    source_type: Literal["maas", "platform_storage", "oci_artifact", "http", "file"]
     source_ref: str = Field(min_length=1, max_length=1024)
     digest_sha256: str | None = None
     size_bytes: int | None = Field(default=None, ge=0)
@@ -342,6 +342,7 @@ class Image(_Doc):
     driver_strategy: Literal["none", "preinstalled_nvidia", "preinstalled_rocm", "install_on_boot"]
     compatible_skus: Annotated[tuple[Name, ...], Strict(False)] = ()
     active: bool = True
+    inactive_since: Timestamp | None = None
 
     @property
     def immutable_source(self) -> bool:

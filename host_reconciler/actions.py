@@ -20,6 +20,7 @@ class Step(enum.StrEnum):
     LEASE = "lease"
     HOST_CHECKS = "host_checks"
     VFIO_CHECK = "vfio_check"
+    IMAGE_FETCH = "image_fetch"
     IMAGE_VERIFY = "image_verify"
     CLOUD_INIT_SEED = "cloud_init_seed"
     DHCP_RESERVATION = "dhcp_reservation"
@@ -47,6 +48,7 @@ PROVISION_STEPS: tuple[Step, ...] = (
     Step.LEASE,
     Step.HOST_CHECKS,
     Step.VFIO_CHECK,
+    Step.IMAGE_FETCH,
     Step.IMAGE_VERIFY,
     Step.CLOUD_INIT_SEED,
     Step.DHCP_RESERVATION,

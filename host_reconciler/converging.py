@@ -97,12 +97,14 @@ class Converger:
                 mode=mode,
                 options=opts,
                 pass_ms=ms,
+                images=self._image_report(ctx, observed),
             )
             return PassResult(tuple(actions), (), (), status, observed, True, None, ms)
         with self.state.locked():
             observed = observing.observe(ctx, full=mode is DriftMode.SELF_HEAL)
             actions = diff.diff(plan, observed, options=opts, mode=mode)
             executed, errors = self._apply(ctx, actions)
+            self._enforce_image_budget(ctx)
             after = observing.observe(ctx)
             pending = diff.diff(plan, after, options=opts, mode=DriftMode.REPORT)
             found = diff.drift(plan, after, options=opts)
@@ -117,6 +119,7 @@ class Converger:
             mode=mode,
             options=opts,
             pass_ms=ms,
+            images=self._image_report(ctx, after),
         )
         delays = [e.delay for e in errors if e.retry]
         return PassResult(
@@ -229,6 +232,26 @@ class Converger:
                     evidence={str(action.step): evidence} if evidence else {},
                 )
         return err
+
+    def _enforce_image_budget(self, ctx: phases.Context) -> None:
+        """Keep the image cache within its budget after every pass (LRU; in-use and pinned images stay)."""
+        try:
+            ctx.enforce_image_budget()
+        except (GpuaasError, OSError) as e:
+            log.warning("image cache eviction failed: %s", e)
+
+    def _image_report(self, ctx: phases.Context, observed: Observed) -> statuses.ImageCacheReport:
+        try:
+            budget: int | None = self.settings.image_budget()
+        except OSError:
+            budget = None
+        return statuses.ImageCacheReport(
+            entries=tuple(observed.images[d] for d in sorted(observed.images)),
+            fetching=observed.image_fetches,
+            budget_bytes=budget,
+            in_use=tuple(sorted(ctx.images_in_use())),
+            pinned=tuple(sorted(self.settings.image_pins)),
+        )
 
     def _collect_garbage(self, plan: HostPlan, observed: Observed) -> None:
         """Forget the journals of allocations that left the plan and left nothing behind."""

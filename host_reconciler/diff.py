@@ -90,6 +90,12 @@ def _provision(plan: HostPlan, vm: VmSpec, observed: Observed, options: domains.
         Step.LEASE: all(observed.leases.get(s) == vm.allocation_id for s in slots),
         Step.HOST_CHECKS: Step.HOST_CHECKS in done or defined,
         Step.VFIO_CHECK: Step.VFIO_CHECK in done or defined,
+        # In the cache (whoever fetched it), or no longer needed: the disk is written. A cached
+        # image that went away before the disk write is fetched again.
+        Step.IMAGE_FETCH: vm.image is None
+        or (vm.image.digest_sha256 or "") in observed.images
+        or Step.DISK_WRITE in done
+        or dom is not None,
         Step.IMAGE_VERIFY: Step.IMAGE_VERIFY in done or dom is not None,
         Step.CLOUD_INIT_SEED: observed.seeds.get(vm.name) == domains.seed_digest(vm),
         Step.DHCP_RESERVATION: boot is not None

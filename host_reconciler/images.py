@@ -1,11 +1,23 @@
-"""OS images in the host cache: where a claim's image lives, and its sha256.
+"""OS images on the host: where a claim's image comes from, and its sha256.
 
-A claim names its image by `source_ref` (relative to the platform store)
-and `digest_sha256`. The host resolves `source_ref` only inside its image
-cache directory (never an absolute path, never `..`), and a disk is written
-only from a file whose sha256 equals the claim's digest (seed 000). The
-verification is remembered as the file's identity (inode, size, mtime), so
-the disk-write phase re-hashes only when the file changed in between.
+A claim names its image by `source_ref` and `digest_sha256` (required for
+every image a host fetches). `source_url` says where the host gets it:
+
+- an absolute `http://` / `https://` URL (Image `source_type: http`);
+- a `file:///PATH` URL (`source_type: file`, labs; off unless the host
+  setting `allow_file_images` is on);
+- a relative path (`source_type: platform_storage`): a file staged under the
+  host's image dir at that path if there is one (labs, pre-seeded hosts),
+  else the path joined to the host's `image_base_url` (the central
+  reconciler may also hand the host an absolute URL it resolved against a
+  fleet-level base). A relative ref never leaves the image dir: no absolute
+  path, no `..`.
+
+`fetching` puts the verified bytes into the content-addressed cache
+(`imagecache`, `<image_dir>/sha256/<hex>`), and a disk is written only from
+a file whose sha256 equals the claim's digest (seed 000). The verification
+is remembered as the file's identity (inode, size, mtime), so the
+disk-write phase re-hashes only when the file changed in between.
 """
 
 from __future__ import annotations
@@ -13,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +84,35 @@ def resolve(image_dir: Path, image: ImageRef) -> Path:
     if root not in path.parents:
         raise ImageError(f"image {ref!r} resolves outside {root}", code="host.image.bad_ref")
     return path
+
+
+def source_url(image: ImageRef, *, image_dir: Path, base_url: str | None, allow_file: bool) -> str:
+    """Where the host fetches `image` from (module docstring); ImageError when it cannot say."""
+    ref = image.source_ref
+    if image.image_format not in FORMATS:
+        raise ImageError(
+            f"image format {image.image_format!r} cannot be written to a raw disk",
+            code="host.image.format",
+        )
+    scheme = urllib.parse.urlsplit(ref).scheme
+    if scheme in ("http", "https"):
+        return ref
+    if scheme == "file":
+        if not allow_file:
+            raise ImageError(
+                f"image {image.slug} is a file:// image and this host does not take them (allow_file_images)",
+                code="host.image.file_source_off",
+            )
+        return ref
+    staged = resolve(image_dir, image)
+    if staged.is_file():
+        return staged.as_uri()
+    if base_url:
+        return urllib.parse.urljoin(base_url.rstrip("/") + "/", urllib.parse.quote(ref))
+    raise ImageError(
+        f"image {image.slug}: {ref!r} is not staged under {image_dir} and the host has no image_base_url",
+        code="host.image.no_source",
+    )
 
 
 def expected_digest(image: ImageRef) -> str:

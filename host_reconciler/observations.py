@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from host_reconciler.domains import DomainFacts
+from host_reconciler.imagecache import CacheEntry, PartialFetch
 
 
 def _empty() -> Mapping[Any, Any]:
@@ -125,3 +126,5 @@ class Observed:
     gate: tuple[GateFinding, ...] = ()
     gate_ran: bool = False
     network: tuple[str, ...] = ()  # management network problems (bridge, NAT, port isolation)
+    images: Mapping[str, CacheEntry] = field(default_factory=_empty)  # the image cache, by sha256 hex
+    image_fetches: tuple[PartialFetch, ...] = ()  # downloads left unfinished (resumed by image_fetch)

@@ -44,6 +44,7 @@ def observe(ctx: Context, *, full: bool = True) -> Observed:
 
         network = net_driver.problems(plan.network, drivers.network.observe(plan.network))
     gate, gate_ran = _gate(ctx) if full else ((), False)
+    cache = ctx.image_cache()
     return Observed(
         domains=drivers.domains.domains(),
         reservations={r.name: ReservationObs(r.name, r.mac, r.ip) for r in drivers.dhcp.reservations()},
@@ -57,6 +58,8 @@ def observe(ctx: Context, *, full: bool = True) -> Observed:
         gate=gate,
         gate_ran=gate_ran,
         network=network,
+        images={e.digest: e for e in cache.entries()},
+        image_fetches=tuple(cache.partials()),
     )
 
 

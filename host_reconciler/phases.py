@@ -23,13 +23,14 @@ re-raising, and drop their own mark once the slot's disk passes again.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from host_reconciler import cloudinit, domains, images, topology
+from host_reconciler import cloudinit, domains, fetching, imagecache, images, topology
 from host_reconciler.actions import PROVISION_STEPS, Action, Step
 from host_reconciler.drivers import disks as disk_driver
 from host_reconciler.drivers.disks import DiskDriver
@@ -43,6 +44,8 @@ from host_reconciler.observations import DomainState
 from host_reconciler.settings import HostSettings
 from schemas.errors import PermanentError, TemporaryError
 from schemas.hostplans import HostPlan, VmSpec
+
+log = logging.getLogger("gpuaas.host")
 
 
 @dataclass
@@ -98,6 +101,25 @@ class Context:
 
     def digest(self, vm: VmSpec) -> str:
         return domains.spec_digest(vm, self.plan.network, self.options())
+
+    def image_cache(self) -> imagecache.ImageCache:
+        return imagecache.ImageCache(self.settings.image_dir)
+
+    def images_in_use(self) -> set[str]:
+        """Digests a provisioning or active VM of this plan names: never evicted."""
+        return {vm.image.digest_sha256 for vm in self.plan.vms if vm.image is not None and vm.image.digest_sha256}
+
+    def enforce_image_budget(self, incoming: int = 0) -> list[str]:
+        """LRU-evict cached images (never in use, never pinned) so `incoming` more bytes fit the budget."""
+        evicted = self.image_cache().enforce(
+            budget=self.settings.image_budget(),
+            in_use=self.images_in_use(),
+            pinned=self.settings.image_pins,
+            incoming=incoming,
+        )
+        for d in evicted:
+            log.info("image cache: evicted sha256:%s (least recently used, over budget)", d)
+        return evicted
 
     def approved(self) -> list[tuple[int, str]]:
         return [(s.slot_index, s.nvme_device) for s in self.plan.slots]
@@ -254,14 +276,61 @@ def vfio_check(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
     return {"bound": bound} if bound else {}
 
 
+def _no_image(ctx: Context, v: VmSpec) -> Result:
+    if ctx.settings.direct_kernel is not None:
+        return {"image": None, "skipped": "direct kernel boot"}
+    raise PermanentError(f"{v.allocation_id} names no image", code="host.image.none")
+
+
+def image_fetch(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
+    """Seed 002 `image_stat_download`: the claim's image into the cache, by digest (module `fetching`)."""
+    v = _vm(vm, action)
+    if v.image is None:
+        return _no_image(ctx, v)
+    digest = images.expected_digest(v.image)
+    cache = ctx.image_cache()
+    if cache.lookup(digest) is not None:
+        cache.touch(digest)
+        return {"cached": True}
+    s = ctx.settings
+    url = images.source_url(v.image, image_dir=s.image_dir, base_url=s.image_base_url, allow_file=s.allow_file_images)
+
+    def make_room(incoming: int) -> None:
+        ctx.enforce_image_budget(incoming)
+        free = imagecache.free_bytes(cache.root)
+        if incoming > free:
+            raise TemporaryError(
+                f"image {v.image.slug if v.image else '?'} needs {incoming} bytes, {cache.root} has {free} free "
+                "after eviction (in-use and pinned images stay)",
+                code="host.image.no_space",
+                delay=60.0,
+            )
+
+    result = fetching.fetch(
+        cache,
+        url,
+        digest,
+        max_bytes=s.image_max_bytes,
+        timeout_s=s.image_fetch_timeout_s,
+        progress=fetching.ThrottledProgress(f"{v.image.slug} for {v.allocation_id}"),
+        make_room=make_room,
+        wait=False,  # another process fetching it: retry on a later pass, do not stall this one
+        allow_file=True,  # source_url already applied allow_file_images
+    )
+    log.info("image %s sha256:%s cached: %d bytes in %.1f s (resumed from %d, %d attempt(s))",
+             v.image.slug, digest, result.entry.size, result.seconds, result.resumed_from,
+             result.attempts)  # fmt: skip
+    doc = result.as_dict()
+    doc.pop("path", None)
+    return {"fetch": doc}
+
+
 def image_verify(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
     v = _vm(vm, action)
     if v.image is None:
-        if ctx.settings.direct_kernel is not None:
-            return {"image": None, "skipped": "direct kernel boot"}
-        raise PermanentError(f"{v.allocation_id} names no image", code="host.image.none")
-    path = images.resolve(ctx.settings.image_dir, v.image)
-    verified = images.verify(path, images.expected_digest(v.image))
+        return _no_image(ctx, v)
+    digest = images.expected_digest(v.image)
+    verified = images.verify(ctx.image_cache().path(digest), digest)
     return {"image": verified.as_dict()}
 
 
@@ -295,15 +364,18 @@ def disk_write(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
             device=boot.nvme_device,
         )
     digest = images.expected_digest(v.image)
+    cache = ctx.image_cache()
     recorded = ctx.state.read_journal(v.allocation_id).get("image")
     if isinstance(recorded, dict) and recorded.get("digest") == digest:
         token = images.VerifiedImage(**recorded)
     else:
-        token = images.verify(images.resolve(ctx.settings.image_dir, v.image), digest)
-    with _identity_blocks(ctx, v, boot.slot_index, action.step):
+        token = images.verify(cache.path(digest), digest)
+    # The digest's lock keeps an eviction (`gpuaas host image evict`) off the file while it is copied.
+    with cache.lock(digest, wait=False), _identity_blocks(ctx, v, boot.slot_index, action.step):
         evidence = ctx.drivers.disks.write_image(
             ctx.slot_disk(v, boot.slot_index), token, digest=digest, image_format=v.image.image_format
         )
+    cache.touch(digest)
     _unblock_identity(ctx, v, [boot.slot_index])
     return {"disk_write": evidence}
 
@@ -486,6 +558,7 @@ STEPS: dict[Step, StepFn] = {
     Step.LEASE: lease,
     Step.HOST_CHECKS: host_checks,
     Step.VFIO_CHECK: vfio_check,
+    Step.IMAGE_FETCH: image_fetch,
     Step.IMAGE_VERIFY: image_verify,
     Step.CLOUD_INIT_SEED: cloud_init_seed,
     Step.DHCP_RESERVATION: dhcp_reservation,

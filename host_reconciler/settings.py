@@ -25,8 +25,16 @@ to loop devices, and a network namespace.
       "readiness_port": 22,
       "readiness": "lease-tcp",        # or "none" (test driver: no guest ever boots)
       "pci": "sysfs",                  # or "fake-vfio" (no GPUs on this machine)
-      "poll_interval_s": 10
+      "poll_interval_s": 10,
+      "image_base_url": null,          # platform_storage images: <base>/<source_ref> (null: staged files only)
+      "image_max_bytes": 68719476736,  # cap on one image download (64 GiB, seed 002)
+      "image_cache_bytes": null,       # cache budget, LRU eviction above it (null: half its filesystem)
+      "image_pins": [],                # sha256:HEX digests never evicted here (besides in-use ones)
+      "allow_file_images": false,      # take file:// image URLs (labs)
+      "image_fetch_timeout_s": 60      # socket timeout of one image request
     }
+
+The image cache lives under `image_dir` (`sha256/<hex>`, see `imagecache`).
 
 The discovery gate (`host_reconciler.discovery`: GPUs, VFs, NUMA nodes, slot
 disks against the approved slots) runs by default wherever sysfs is there:
@@ -49,6 +57,7 @@ from typing import Any, Literal
 from host_reconciler.actions import DriftMode
 from host_reconciler.domains import DirectKernel, DomainOptions
 from host_reconciler.drivers.disks import DiskSettings
+from host_reconciler.imagecache import DEFAULT_MAX_BYTES, CacheError, default_budget, digest_hex
 from schemas.errors import PermanentError
 
 ENV_CONFIG = "GPUAAS_HOST_CONFIG"
@@ -87,6 +96,12 @@ class HostSettings:
     poll_interval_s: float = 10.0
     graceful_poll_s: float = 0.5
     wipe_sample_count: int = 64
+    image_base_url: str | None = None
+    image_max_bytes: int = DEFAULT_MAX_BYTES
+    image_cache_bytes: int | None = None
+    image_pins: tuple[str, ...] = ()
+    allow_file_images: bool = False
+    image_fetch_timeout_s: float = 60.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -116,6 +131,11 @@ class HostSettings:
     @property
     def dnsmasq_dir(self) -> Path:
         return self.dhcp_state_dir or self.state_dir / "dnsmasq"
+
+    def image_budget(self) -> int:
+        if self.image_cache_bytes is not None:
+            return self.image_cache_bytes
+        return default_budget(self.image_dir)
 
 
 def default_discovery_root(sysfs_root: Path, pci: str) -> Path | None:
@@ -154,6 +174,8 @@ def from_dict(node: str, doc: dict[str, Any]) -> HostSettings:
                 raise SettingsError(f"drift_mode must be report or self-heal, not {v!r}") from e
         elif k == "direct_kernel":
             values[k] = DirectKernel(**v) if v else None
+        elif k == "image_pins":
+            values[k] = _pins(v)
         else:
             values[k] = v
     s = HostSettings(node=node, **values)
@@ -163,7 +185,31 @@ def from_dict(node: str, doc: dict[str, Any]) -> HostSettings:
         raise SettingsError("ovs_datapath must be netdev or system")
     if s.readiness not in ("lease-tcp", "none") or s.pci not in ("sysfs", "fake-vfio"):
         raise SettingsError("readiness must be lease-tcp|none and pci sysfs|fake-vfio")
+    _check_images(s)
     return s
+
+
+def _pins(v: object) -> tuple[str, ...]:
+    if not isinstance(v, list):
+        raise SettingsError("image_pins must be a list of sha256:HEX digests")
+    try:
+        return tuple(digest_hex(str(d)) for d in v)
+    except CacheError as e:
+        raise SettingsError(f"image_pins: {e.message}") from e
+
+
+def _check_images(s: HostSettings) -> None:
+    for name in ("image_max_bytes", "image_cache_bytes"):
+        n = getattr(s, name)
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n <= 0):
+            raise SettingsError(f"{name} must be a positive integer of bytes, not {n!r}")
+    if s.image_base_url is not None:
+        from host_reconciler import fetching
+
+        try:
+            fetching.check_url(s.image_base_url, allow_file=True)
+        except PermanentError as e:
+            raise SettingsError(f"image_base_url: {e.message}") from e
 
 
 def load(node: str, path: Path | None = None) -> HostSettings:
@@ -191,6 +237,8 @@ def to_dict(s: HostSettings) -> dict[str, Any]:
             v = {"kernel": v.kernel, "initrd": v.initrd, "cmdline": v.cmdline}
         elif f.name == "drift_mode":
             v = str(v)
+        elif f.name == "image_pins":
+            v = [f"sha256:{d}" for d in v]
         out[f.name] = v
     return out
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from host_reconciler import diff, domains
 from host_reconciler.actions import BLOCKING_DRIFT, Action, Drift, DriftMode, Step
+from host_reconciler.imagecache import CacheEntry, PartialFetch
 from host_reconciler.observations import Observed, WipeRecord
 from schemas.hostplans import HostPlan, VmSpec
 from schemas.states import SlotStatus
@@ -107,6 +108,30 @@ class VmReport:
 
 
 @dataclass(frozen=True, slots=True)
+class ImageCacheReport:
+    """The node's image cache after the pass: `node_image_cache` rows and fetch progress."""
+
+    entries: tuple[CacheEntry, ...] = ()
+    fetching: tuple[PartialFetch, ...] = ()  # downloads not finished (bytes so far / total)
+    budget_bytes: int | None = None
+    in_use: tuple[str, ...] = ()  # digests the plan's VMs name (never evicted)
+    pinned: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        keep = set(self.in_use) | set(self.pinned)
+        return {
+            "budget_bytes": self.budget_bytes,
+            "used_bytes": sum(e.size for e in self.entries),
+            "cached": [
+                {**e.as_dict(), "in_use": e.digest in self.in_use, "pinned": e.digest in self.pinned,
+                 "evictable": e.digest not in keep}
+                for e in self.entries
+            ],
+            "fetching": [f.as_dict() for f in self.fetching],
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class HostStatus:
     node: str
     generation: int
@@ -121,6 +146,7 @@ class HostStatus:
     pending: tuple[str, ...]
     reported_at: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
     pass_ms: float = 0.0
+    images: ImageCacheReport = field(default_factory=ImageCacheReport)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -137,6 +163,7 @@ class HostStatus:
             "drift": [d.as_dict() for d in self.drift],
             "errors": [e.as_dict() for e in self.errors],
             "pending": list(self.pending),
+            "images": self.images.as_dict(),
         }
 
 
@@ -318,6 +345,7 @@ def build(
     mode: DriftMode,
     options: domains.DomainOptions,
     pass_ms: float = 0.0,
+    images: ImageCacheReport | None = None,
 ) -> HostStatus:
     slot_drift: dict[int | None, list[Drift]] = {}
     for d in drift:
@@ -343,6 +371,7 @@ def build(
         errors=tuple(errors),
         pending=tuple(a.describe() for a in pending),
         pass_ms=pass_ms,
+        images=images or ImageCacheReport(),
     )
 
 

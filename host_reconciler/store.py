@@ -12,6 +12,7 @@ psycopg errors become project errors here (`schemas.dberrors`).
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -110,7 +111,7 @@ def write_status(conn: psycopg.Connection[Any], status: HostStatus) -> None:
     """Write the node row and every slot row of `status` in one transaction."""
     doc = status.as_dict()
     details = {k: doc[k] for k in ("generation", "mode", "converged", "pending", "vms", "pass_ms",
-                                   "reported_at")}  # fmt: skip
+                                   "reported_at", "images")}  # fmt: skip
     timings = {v["allocation_id"]: v["phase_timings"] for v in doc["vms"]}
     with dberrors.wrapped(f"write the host status of {status.node}"), conn.transaction():
         conn.execute(_STATUS_SQL, {
@@ -127,6 +128,32 @@ def write_status(conn: psycopg.Connection[Any], status: HostStatus) -> None:
                 "timings": Jsonb(s["phase_timings"]),
                 "drift": Jsonb([{**d, "state": s["state"]} for d in s["drift"]]),
             })  # fmt: skip
+        _write_image_cache(conn, status)
+
+
+def _write_image_cache(conn: psycopg.Connection[Any], status: HostStatus) -> None:
+    """Replace the node's `node_image_cache` rows (0052) with what its cache holds now."""
+    entries = status.images.entries
+    conn.execute("DELETE FROM node_image_cache WHERE node_name = %s AND NOT (digest_sha256 = ANY(%s))",
+                 (status.node, [e.digest for e in entries]))  # fmt: skip
+    if entries:
+        with conn.cursor() as cur:
+            cur.executemany(
+                """INSERT INTO node_image_cache (node_name, digest_sha256, size_bytes, last_used_at)
+                   VALUES (%s, %s, %s, %s)
+                   ON CONFLICT (node_name, digest_sha256) DO UPDATE SET size_bytes = EXCLUDED.size_bytes,
+                       last_used_at = EXCLUDED.last_used_at, reported_at = now()""",
+                [(status.node, e.digest, e.size, dt.datetime.fromtimestamp(e.last_used, dt.UTC)) for e in entries],
+            )
+
+
+def read_image_cache(conn: psycopg.Connection[Any], node: str) -> list[dict[str, Any]]:
+    """This node's reported cache rows (what the central reconciler sees)."""
+    with dberrors.wrapped(f"read the image cache of {node}"):
+        rows = conn.execute(
+            "SELECT digest_sha256, size_bytes, last_used_at FROM node_image_cache WHERE node_name = %s"
+            " ORDER BY digest_sha256", (node,)).fetchall()  # fmt: skip
+    return [{"digest": r[0], "size_bytes": r[1], "last_used_at": r[2]} for r in rows]
 
 
 def heartbeat(conn: psycopg.Connection[Any], node: str) -> None:

@@ -83,6 +83,10 @@ class NodeHeap:
     def nodes(self) -> Iterator[int]:
         return iter(self._keys)
 
+    def key_of(self, node: int) -> NodeKey | None:
+        """The node's tie-break key, None when it is not in this heap."""
+        return self._keys.get(node)
+
     def smallest(self, k: int) -> list[tuple[NodeKey, int]]:
         """The k live heads in order, without popping: O(k log k) plus stale entries met."""
         if not self._built:

@@ -24,7 +24,7 @@ from policies import fabric, modes, packing, profiles
 from policies import topology as t
 from reconciler import plans, reasons
 from reconciler import topology as topo
-from reconciler.packing_index import EndOrder, NodeKey, SliceIndex, WholeNodeIndex
+from reconciler.packing_index import EndOrder, NodeHeap, NodeKey, SliceIndex, WholeNodeIndex
 from schemas import states
 
 Refused = reasons.Refused  # the engine's answer when nothing can take a request
@@ -47,6 +47,8 @@ class Request:
     ends_at: float | None = None
     # Nodes this request must not land on (where an earlier attempt of the allocation failed).
     avoid: frozenset[str] = frozenset()
+    # sha256 of the image the allocation boots; among equally packed nodes one that caches it wins.
+    image_digest: str | None = None
 
 
 def lease_end(alloc: m.Allocation) -> float | None:
@@ -54,6 +56,11 @@ def lease_end(alloc: m.Allocation) -> float | None:
     if alloc.lease_hours is None:
         return None
     return alloc.requested_at.timestamp() + alloc.lease_hours * packing.HOUR_S
+
+
+def _same_score(a: NodeKey, b: NodeKey) -> bool:
+    """Equal placement keys but for the node order (always the last element)."""
+    return a[:-1] == b[:-1]
 
 
 class Tier(enum.Enum):
@@ -160,6 +167,14 @@ class Engine:
         self._lease_ends = {a.id: end for a in desired.allocations.values()
                             if (end := lease_end(a)) is not None}
         self.where: dict[str, _Node] = {}  # allocation id -> node
+        # image digest -> ids of nodes whose host reported it cached (the warm-cache tie-break)
+        warm: dict[str, set[int]] = {}
+        for name, digests in observed.image_cache.items():
+            holder = self.by_name.get(name)
+            if holder is not None:
+                for d in digests:
+                    warm.setdefault(d, set()).add(holder.id)
+        self._warm: dict[str, frozenset[int]] = {d: frozenset(ids) for d, ids in warm.items()}
         # interning and memo tables
         self._layouts: list[t.Layout] = []
         self._layout_ids: dict[tuple[Any, ...], int] = {}
@@ -444,8 +459,27 @@ class Engine:
                 best = top
         if best is None:
             return None
+        if req.image_digest and best[1] not in self._warm.get(req.image_digest, ()):
+            warm: tuple[NodeKey, int] | None = None
+            for part in self._whole_lists(req.sku, req.region, req.tenant):
+                for nid in self._warm_candidates(req.image_digest, part.empty):
+                    key = part.empty.key_of(nid)
+                    if key is not None and _same_score(key, best[0]) and (warm is None or key < warm[0]):
+                        warm = (key, nid)
+            best = warm or best
         node = self.nodes[best[1]]
         return node, node.all_mask
+
+    _WARM_SCAN = 256  # above this many warm nodes, look only at the heads of the winning buckets
+
+    def _warm_candidates(self, digest: str | None, heap: NodeHeap) -> Iterable[int]:
+        """Nodes of `heap` that cache `digest`, the cheaper way round (few warm nodes, or the heap's heads)."""
+        warm = self._warm.get(digest or "", frozenset())
+        if not warm:
+            return ()
+        if len(warm) <= self._WARM_SCAN:
+            return warm
+        return [nid for _, nid in heap.smallest(self._WARM_SCAN // 8) if nid in warm]
 
     def _rank(self, part: SliceIndex, sig: int, g: int, rule: m.TopologyRule) -> tuple[float, ...] | None:
         lid, mask = next(iter(part.buckets[sig]))
@@ -485,8 +519,34 @@ class Engine:
                     best = (key, part, lid, mask, top[1])
         if best is None:
             return None
+        if req.image_digest:
+            best = self._warm_slice(req.image_digest, tied, g, rule, best)
         _, part, lid, mask, nid = best
         return self.nodes[nid], self._choice(lid, mask, g, rule, part.mix_id).mask
+
+    def _warm_slice(self, digest: str, tied: list[tuple[SliceIndex, int]], g: int, rule: m.TopologyRule,
+                    best: tuple[NodeKey, SliceIndex, int, int, int]) -> tuple[NodeKey, SliceIndex, int, int, int]:
+        """Among nodes packed exactly as well as `best`, the first that caches the image (else `best`).
+
+        Equal score = same free pattern rank (every tied signature) and the same
+        tie-break key but for the node order, its last element: the image never
+        buys a worse fit, a fuller node or a younger one.
+        """
+        if best[4] in self._warm.get(digest, ()):
+            return best
+        warm: tuple[NodeKey, SliceIndex, int, int, int] | None = None
+        for part, sig in tied:
+            for (lid, mask), heap in part.buckets[sig].items():
+                for nid in self._warm_candidates(digest, heap):
+                    key = heap.key_of(nid)
+                    if key is None:
+                        continue
+                    if self._seed_rank:
+                        first = self._choice(lid, mask, g, rule, part.mix_id).mask
+                        key = (self.nodes[nid].slot_indexes[(first & -first).bit_length() - 1], *key)
+                    if _same_score(key, best[0]) and (warm is None or key < warm[0]):
+                        warm = (key, part, lid, mask, nid)
+        return warm or best
 
     def _sorted_signatures(self, part: SliceIndex, g: int,
                            rule: m.TopologyRule) -> list[tuple[tuple[float, ...], int]]:
@@ -537,7 +597,11 @@ class Engine:
         return best
 
     def _pick_by_end(self, req: Request, rule: m.TopologyRule, end: float) -> tuple[_Node, int] | None:
-        """`default` for a lease with a known end: fragmentation gradient plus the delay it adds."""
+        """`default` for a lease with a known end: fragmentation gradient plus the delay it adds.
+
+        No warm-cache tie-break here: the key carries the lease-end delay, so
+        two candidates are almost never equal, and the image must not outweigh it.
+        """
         g, start = req.gpu_count, req.requested_at
         best: tuple[NodeKey, SliceIndex, int] | None = None
         for part in self._slice_lists(req.sku, req.region, req.tenant):

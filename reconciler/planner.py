@@ -39,19 +39,22 @@ def plan(desired: DesiredState, observed: plans.Observed, *, policy: str | None 
                    if a.state is m.AllocationState.PRESENT and a.id not in held),
                   key=lambda a: (a.requested_at, a.id))
     for alloc in todo:
+        sku_doc = desired.skus.get(alloc.sku)
+        image = alloc.image or (default_image(desired, sku_doc) if sku_doc is not None else None)
+        image_doc = desired.images.get(image) if image is not None else None
         req = placing.Request(alloc.id, alloc.tenant, alloc.sku, alloc.gpu_count, alloc.region, alloc.vm_profile,
                               alloc.requested_at.timestamp(), placing.lease_end(alloc),
-                              observed.avoid.get(alloc.id, frozenset()))
+                              observed.avoid.get(alloc.id, frozenset()),
+                              image_doc.digest_sha256 if image_doc is not None else None)
         out = engine.place(req, alternatives=attempts)
         if isinstance(out, placing.Refused):
             pending.append(plans.Pending(alloc.id, out.code, out.message, MappingProxyType(dict(out.details))))
             continue
-        sku = desired.skus[alloc.sku]
         placements.append(plans.Placement(
             allocation_id=alloc.id, tenant=alloc.tenant, sku=alloc.sku,
             capacity_shape=out.capacity_shape.value, gpu_count=alloc.gpu_count, region=alloc.region,
             node=out.node, slot_indexes=out.slot_indexes, profile=out.profile,
-            image=alloc.image or default_image(desired, sku), alternatives=out.alternatives,
+            image=image, alternatives=out.alternatives,
         ))
     return plans.Plan(tuple(placements), tuple(pending), releases)
 

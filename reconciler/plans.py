@@ -46,7 +46,10 @@ class Observed:
     - unavailable_nodes: nodes failing health checks;
     - placed: allocation ids that already hold claims (never placed twice);
     - avoid: per allocation, the nodes where an earlier attempt failed for
-      good (a reschedule never goes back there).
+      good (a reschedule never goes back there);
+    - image_cache: per node, the sha256 digests its host reported cached
+      (`node_image_cache`, 0052), for placement's tie-break among equally
+      packed candidates (never a reason to pack worse).
     """
 
     claims: tuple[ExistingClaim, ...] = ()
@@ -55,6 +58,7 @@ class Observed:
     unavailable_nodes: frozenset[str] = frozenset()
     placed: frozenset[str] = frozenset()
     avoid: Mapping[str, frozenset[str]] = field(default_factory=_empty)
+    image_cache: Mapping[str, frozenset[str]] = field(default_factory=_empty)
 
 
 # The VM profile snapshot: later SKU edits never change a running allocation.

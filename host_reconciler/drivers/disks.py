@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import hashlib
+import json
 import mmap
 import os
 import re
@@ -86,6 +88,16 @@ class WipeFailed(PermanentError):
 
 class VerifyFailed(WipeFailed):
     code = "host.disk.verify_failed"
+
+
+class WriteVerifyFailed(PermanentError):
+    """The disk does not read back as the image just written to it."""
+
+    code = "host.disk.write_verify_failed"
+
+    def __init__(self, message: str, *, evidence: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.evidence = evidence
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,9 +347,18 @@ class BlockDisks:
             )
         if not image.still_valid():
             image = images.verify(Path(image.path), digest)
+        if image_format not in images.FORMATS:
+            raise images.ImageError(f"cannot write a {image_format!r} image", code="host.image.format")
+        virtual = self._qcow2_size(image.path) if image_format == "qcow2" else image.size
         dev = self.guard(disk)
         t0 = time.monotonic()
         if image_format == "qcow2":
+            size = _device_size(dev.path)
+            if virtual > size:
+                raise PermanentError(
+                    f"image {image.path} is {virtual} B (virtual), larger than {dev.path} ({size} B)",
+                    code="host.disk.too_small",
+                )
             res = tools.run(
                 ["qemu-img", "convert", "-n", "-f", "qcow2", "-O", "raw", image.path, dev.path],
                 timeout=self.settings.tool_timeout_s,
@@ -347,11 +368,11 @@ class BlockDisks:
                     f"qemu-img convert to {dev.path} failed: {res.stderr.strip()}",
                     code="host.disk.write_failed",
                 )
-            written = image.size
-        elif image_format == "raw":
-            written = self._copy_raw(Path(image.path), dev)
+            written = virtual
         else:
-            raise images.ImageError(f"cannot write a {image_format!r} image", code="host.image.format")
+            written = self._copy_raw(Path(image.path), dev)
+        write_ms = round((time.monotonic() - t0) * 1000, 1)
+        check = self._verify_written(image, image_format, dev, written)
         return {
             "device": disk.device,
             "resolved": dev.path,
@@ -359,8 +380,51 @@ class BlockDisks:
             "digest": digest,
             "format": image_format,
             "bytes": written,
-            "ms": round((time.monotonic() - t0) * 1000, 1),
+            "ms": write_ms,
+            "verify": check,
         }
+
+    def _qcow2_size(self, path: str) -> int:
+        """The virtual size of a qcow2 we may convert: no backing file, no external data file."""
+        res = tools.run(["qemu-img", "info", "--output=json", "-f", "qcow2", path], timeout=120)
+        if res.returncode != 0:
+            raise images.ImageError(f"{path} is not a readable qcow2: {res.stderr.strip()}", code="host.image.format")
+        try:
+            info = json.loads(res.stdout)
+            size = int(info["virtual-size"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise images.ImageError(f"qemu-img info {path}: unreadable answer", code="host.image.format") from e
+        data = (info.get("format-specific") or {}).get("data") or {}
+        if info.get("backing-filename") or info.get("full-backing-filename") or data.get("data-file"):
+            # Converting would read another file of this host into a tenant's disk.
+            raise images.ImageError(
+                f"{path} names a backing or data file; only self-contained qcow2 images are written",
+                code="host.image.backing_file",
+            )
+        return size
+
+    def _verify_written(self, image: images.VerifiedImage, image_format: str, dev: _Dev, length: int) -> dict[str, Any]:
+        """Read back what was written: the raw bytes hash to the digest, or `qemu-img compare` agrees."""
+        t0 = time.monotonic()
+        detail: dict[str, Any]
+        if image_format == "raw":
+            got = _sha256_prefix(dev.path, length)
+            ok, detail = got == image.digest, {"method": "sha256", "sha256": got}
+        else:
+            target = json.dumps({"driver": "raw", "size": length,
+                                 "file": {"driver": "host_device", "filename": dev.path}})  # fmt: skip
+            res = tools.run(
+                ["qemu-img", "compare", "-f", "qcow2", image.path, f"json:{target}"],
+                timeout=self.settings.tool_timeout_s,
+            )
+            ok = res.returncode == 0
+            detail = {"method": "qemu-img compare", "rc": res.returncode, "output": (res.stdout + res.stderr).strip()}
+        evidence = {**detail, "bytes": length, "identical": ok, "ms": round((time.monotonic() - t0) * 1000, 1)}
+        if not ok:
+            raise WriteVerifyFailed(
+                f"{dev.path} does not read back as image {image.path} ({detail['method']})", evidence=evidence
+            )
+        return evidence
 
     def _copy_raw(self, src: Path, dev: _Dev) -> int:
         fd = _open_excl(dev.path, os.O_WRONLY)
@@ -461,6 +525,40 @@ class BlockDisks:
             why = "blkid -p still finds a signature" if not clean else f"{len(nonzero)} sampled blocks are not zero"
             raise VerifyFailed(f"slot {disk.slot_index}: {disk.device}: {why}", evidence=evidence)
         return evidence
+
+
+def _device_size(path: str) -> int:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.lseek(fd, 0, os.SEEK_END)
+    finally:
+        os.close(fd)
+
+
+def _sha256_prefix(path: str, length: int) -> str:
+    """sha256 of the first `length` bytes of `path`, read past the page cache (O_DIRECT where it can)."""
+    h = hashlib.sha256()
+    flags = os.O_RDONLY | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags | getattr(os, "O_DIRECT", 0))
+    except OSError:
+        fd = os.open(path, flags)
+    block = 4 * MiB
+    buf = mmap.mmap(-1, block)  # page aligned, as O_DIRECT wants
+    try:
+        left, off = length, 0
+        while left:
+            n = os.preadv(fd, [buf], off)
+            if n <= 0:
+                break
+            take = min(n, left)
+            h.update(memoryview(buf)[:take])
+            left -= take
+            off += take
+    finally:
+        buf.close()
+        os.close(fd)
+    return h.hexdigest()
 
 
 def _open_excl(path: str, flags: int) -> int:

@@ -51,6 +51,9 @@ def observe(conn: Connection) -> Observed:
             "SELECT id FROM allocations WHERE status <> 'pending'"
             " UNION SELECT DISTINCT c.allocation_id FROM allocation_resource_claims c"
             " WHERE NOT EXISTS (SELECT 1 FROM retired_claims rc WHERE rc.claim_id = c.id)").fetchall()
+        cached = conn.execute(
+            "SELECT node_name, array_agg(digest_sha256 ORDER BY digest_sha256) FROM node_image_cache"
+            " GROUP BY node_name").fetchall()
     silent = lifecycle.silent_nodes(conn)
     avoid = lifecycle.avoided_nodes(conn)
     slot_status: dict[SlotKey, SlotStatus] = {(str(n), int(i)): SlotStatus(str(s)) for n, i, s in odd}
@@ -65,6 +68,7 @@ def observe(conn: Connection) -> Observed:
         unavailable_nodes=frozenset(str(n) for n, healthy, _ in hosts if healthy is False) | silent,
         placed=frozenset(str(r[0]) for r in placed),
         avoid=MappingProxyType(avoid),
+        image_cache=MappingProxyType({str(n): frozenset(str(d) for d in ds) for n, ds in cached}),
     )
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from desired import loading
 from desired import models as m
-from host_reconciler import hostplans
+from schemas import hostplans
 
 DOC = """apiVersion: gpuaas.io/v1alpha1
 kind: Allocation

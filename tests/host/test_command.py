@@ -22,7 +22,8 @@ def test_converge_dry_run_prints_actions_and_changes_nothing(lab: Lab, capsys: p
     argv = ["host", "converge", "--node", lab.node, "--config", str(config), "--plan-file", str(plan_file)]
     assert cli.main([*argv, "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "dry run: would run 9 action(s)" in out and "provision:disk_write alloc-1" in out
+    assert "dry run: would run 10 action(s)" in out and "provision:disk_write alloc-1" in out
+    assert "provision:image_fetch alloc-1" in out
     assert not (Path(lab.settings_doc["state_dir"]) / "leases" / "slot-0.json").exists()
 
     status = lab.root / "status.json"

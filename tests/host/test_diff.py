@@ -11,7 +11,7 @@ from types import MappingProxyType
 
 import pytest
 
-from host_reconciler import diff, domains
+from host_reconciler import diff, domains, imagecache
 from host_reconciler.actions import PROVISION_STEPS, DriftCode, DriftMode, Flow, Step
 from host_reconciler.observations import (
     DiskObs,
@@ -79,7 +79,8 @@ def steps(actions: list, alloc: str | None = None) -> list[str]:
 @pytest.mark.parametrize(
     ("story", "observed", "expected"),
     [
-        ("nothing there yet: every phase", Observed(), [str(s) for s in PROVISION_STEPS]),
+        ("nothing there yet: every phase (no image: nothing to fetch)", Observed(),
+         [str(s) for s in PROVISION_STEPS if s is not Step.IMAGE_FETCH]),
         ("killed after the reservation: lease, seed, reservation proven",
          Observed(leases={0: "alloc-a"}, seeds={"gpuaas-alloc-a": SEED_A},
                   reservations={"gpuaas-alloc-a": RES_A}, progress={"alloc-a": done(Step.LEASE)}),
@@ -104,6 +105,39 @@ def steps(actions: list, alloc: str | None = None) -> list[str]:
 )
 def test_provision_phases(story: str, observed: Observed, expected: list[str]) -> None:
     assert steps(diff.diff(PLAN, observed, options=OPTS), "alloc-a") == expected
+
+
+IMAGE_HEX = "ab" * 32
+VM_I = dataclasses.replace(VM_A, image=hp.ImageRef("img", "images/img.qcow2", IMAGE_HEX, "qcow2"))
+PLAN_I = dataclasses.replace(PLAN, vms=(VM_I,))
+DIGEST_I = domains.spec_digest(VM_I, NET, OPTS)
+
+
+def _cached(hexd: str) -> dict[str, imagecache.CacheEntry]:
+    return {hexd: imagecache.CacheEntry(hexd, f"/c/sha256/{hexd}", 10, 0.0)}
+
+
+@pytest.mark.parametrize(
+    ("story", "observed", "fetch"),
+    [
+        ("not cached: fetched before it is verified", Observed(), True),
+        ("in the cache (whoever fetched it): no fetch", Observed(images=_cached(IMAGE_HEX)), False),
+        ("another image cached: fetched", Observed(images=_cached("cd" * 32)), True),
+        ("disk written, image evicted since: not fetched again",
+         Observed(progress={"alloc-a": Progress("alloc-a", DIGEST_I, MappingProxyType(
+             {str(s): PhaseRecord(1.0, "t") for s in PROVISION_STEPS[:PROVISION_STEPS.index(Step.DISK_WRITE) + 1]}
+         ))}), False),
+        ("fetched once, evicted before the disk write: fetched again",
+         Observed(progress={"alloc-a": Progress("alloc-a", DIGEST_I, MappingProxyType(
+             {str(s): PhaseRecord(1.0, "t") for s in (Step.LEASE, Step.IMAGE_FETCH)}))}), True),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_image_fetch_phase(story: str, observed: Observed, fetch: bool) -> None:
+    got = steps(diff.diff(PLAN_I, observed, options=OPTS), "alloc-a")
+    assert ("image_fetch" in got) is fetch
+    if fetch:  # before the digest check and the disk write
+        assert got.index("image_fetch") < got.index("image_verify") < got.index("disk_write")
 
 
 def test_failed_at_an_older_generation_is_retried() -> None:

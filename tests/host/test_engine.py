@@ -49,7 +49,7 @@ def test_converge_provisions_then_release_wipes_verifies_and_frees(lab: Lab) -> 
         assert slot_states(r) == {0: "active", 1: "available", 2: "active", 3: "active"}
         vm1 = next(v for v in r.status.vms if v.allocation_id == "alloc-1")
         assert set(vm1.phase_timings) == {str(s) for s in (
-            Step.LEASE, Step.HOST_CHECKS, Step.VFIO_CHECK, Step.IMAGE_VERIFY, Step.CLOUD_INIT_SEED,
+            Step.LEASE, Step.HOST_CHECKS, Step.VFIO_CHECK, Step.IMAGE_FETCH, Step.IMAGE_VERIFY, Step.CLOUD_INIT_SEED,
             Step.DHCP_RESERVATION, Step.DISK_WRITE, Step.DEFINE_START, Step.READINESS)}
         assert lab.slot_disks[0].backing.read_bytes()[:12] == lab.image.read_bytes()[:12]
         assert leftovers(lab, c) == {
@@ -198,8 +198,12 @@ def test_permanent_failure_fails_the_vm_until_a_new_generation(lab: Lab) -> None
         assert b"GPUAASLAB" not in lab.slot_disks[0].backing.read_bytes()[:64]  # nothing written
         assert c.converge(lab.plan(1, vms=(bad,))).planned == ()  # failed at generation 1: left alone
         retry = c.converge(lab.plan(2, vms=(bad,)))
-        # A new generation retries from the failed phase (the phases before it stay proven).
-        assert str(retry.planned[0].step) == "image_verify"
+        # A new generation retries from the failed phase (the phases before it stay proven): the
+        # staged file is hashed while it is copied into the cache, so the fetch is what fails.
+        assert str(retry.planned[0].step) == "image_fetch"
+        assert [e.code for e in retry.errors] == ["host.image.digest_mismatch"]
+        cache = Path(lab.settings_doc["image_dir"])
+        assert list((cache / "sha256").iterdir()) == [] and list((cache / "partial").iterdir()) == []
     finally:
         c.drivers.close()
 

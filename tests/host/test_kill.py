@@ -158,6 +158,8 @@ def test_kill_at_every_phase_then_restart_converges_without_leaks(kill_lab: Lab,
         running = lab.plan(2 * i + 1, vms=(vm,))
         released = lab.plan(2 * i + 2, releases=(vm,))
         name = hostplans.vm_name(alloc)
+        # Every round fetches its image again (else the cache proves image_fetch and it never runs).
+        shutil.rmtree(Path(lab.settings_doc["image_dir"]) / "sha256", ignore_errors=True)
 
         assert reconciler(lab, running, p_kill) == -signal.SIGKILL, f"not killed at {p_kill}"
         reconciler(lab, running)

@@ -112,7 +112,7 @@ def test_a_permanent_host_failure_moves_the_allocation_to_another_node(lab: Lab,
         first = host_pass(lab, conn, pci)
         vm = first.status.vms[0]
         expected = {"vf_not_on_vfio": ("vfio_check", "host.pci.not_vfio"),
-                    "image_digest_mismatch": ("image_verify", "host.image.digest_mismatch")}[failure]
+                    "image_digest_mismatch": ("image_fetch", "host.image.digest_mismatch")}[failure]
         assert (vm.state, vm.phase, vm.error and vm.error.code) == ("failed", *expected)
         reported = time.monotonic()
 

@@ -1,0 +1,171 @@
+"""`gpuaas host image ...`: the host's image cache by hand (pull, list, evict) and its figures.
+
+    gpuaas host image pull --url URL --digest sha256:HEX [--cache DIR] [--max-bytes N] [-o text|json]
+    gpuaas host image list [--cache DIR] [-o text|json]
+    gpuaas host image evict [--cache DIR] [--digest sha256:HEX ...] [--to-bytes N] [-o text|json]
+    gpuaas host image bench [--size-mib N] [--runs N] [-o text|json]        (root: a loop device)
+
+`--cache` defaults to the host settings' `image_dir` (--config or
+$GPUAAS_HOST_CONFIG), `--max-bytes` to its `image_max_bytes` (64 GiB).
+`pull` prints the cached path; on a digest mismatch, an image over the cap or
+an HTTP error it exits 1 with the code and leaves nothing in the cache (no
+partial file, no entry). `evict` never removes an image a provision on this
+host recorded (its journal under the settings' state dir) nor a pinned one
+(`image_pins`); `--digest` removes the named ones, `--to-bytes` the least
+recently used until the cache fits, and with neither it enforces the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from host_reconciler import fetching, imagecache, settings
+from host_reconciler.localstate import LocalState
+from schemas.errors import GpuaasError, UsageError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("image", help="the host image cache: pull, list, evict, bench")
+    isub = p.add_subparsers(dest="image_command", metavar="IMAGE_COMMAND")
+    isub.required = True
+
+    pull = isub.add_parser("pull", help="fetch and verify an image into the cache; print its path")
+    pull.add_argument("--url", required=True, help="http(s):// or file:// URL of the image")
+    pull.add_argument("--digest", required=True, help="sha256:HEX the image must hash to")
+    pull.add_argument("--max-bytes", type=int, help="refuse a larger image (default: settings, 64 GiB)")
+    pull.set_defaults(func=run_pull)
+
+    ls = isub.add_parser("list", help="the cached images, least recently used first")
+    ls.set_defaults(func=run_list)
+
+    ev = isub.add_parser("evict", help="remove cached images (never in-use or pinned ones)")
+    ev.add_argument("--digest", action="append", default=[], help="sha256:HEX to remove (repeatable)")
+    ev.add_argument("--to-bytes", type=int, help="remove least recently used images until the cache fits N bytes")
+    ev.set_defaults(func=run_evict)
+
+    bench = isub.add_parser("bench", help="pull throughput vs curl; qcow2 -> raw convert onto a loop device")
+    bench.add_argument("--size-mib", type=int, default=1024)
+    bench.add_argument("--runs", type=int, default=3)
+    bench.set_defaults(func=run_bench)
+
+    for q in (pull, ls, ev):
+        q.add_argument("--cache", type=Path, help="cache directory (default: the settings' image_dir)")
+        q.add_argument("--config", type=Path, help=f"host settings JSON (default ${settings.ENV_CONFIG})")
+    for q in (pull, ls, ev, bench):
+        q.add_argument("-o", "--output", choices=("text", "json"), default="text")
+
+
+def _settings(args: argparse.Namespace) -> settings.HostSettings:
+    return settings.load("local", getattr(args, "config", None))
+
+
+def _cache(args: argparse.Namespace, s: settings.HostSettings) -> imagecache.ImageCache:
+    return imagecache.ImageCache(args.cache or s.image_dir)
+
+
+def run_pull(args: argparse.Namespace) -> int:
+    s = _settings(args)
+    cache = _cache(args, s)
+    max_bytes = args.max_bytes if args.max_bytes is not None else s.image_max_bytes
+    if max_bytes <= 0:
+        raise UsageError("--max-bytes must be positive", code="host.image.bad_cap")
+    progress = fetching.ThrottledProgress(args.url, every_s=2.0) if args.output == "text" else None
+    try:
+        result = fetching.fetch(cache, args.url, args.digest, max_bytes=max_bytes,
+                                timeout_s=s.image_fetch_timeout_s, progress=progress,
+                                keep_partial=False)  # fmt: skip
+    except GpuaasError as e:
+        if args.output == "json":
+            print(json.dumps({"error": {"code": e.code, "message": e.message}}))
+            return 1
+        raise
+    if args.output == "json":
+        print(json.dumps(result.as_dict(), indent=2))
+    else:
+        print(result.entry.path)
+    return 0
+
+
+def _in_use(s: settings.HostSettings) -> set[str]:
+    """Digests recorded by a provision journal on this host (an allocation this host still knows)."""
+    state = LocalState(s.state_dir)
+    if not s.state_dir.is_dir():
+        return set()
+    found: set[str] = set()
+    for alloc in state.journal_allocations():
+        image = state.read_journal(alloc).get("image")
+        if isinstance(image, dict) and isinstance(image.get("digest"), str):
+            found.add(image["digest"])
+    return found
+
+
+def run_list(args: argparse.Namespace) -> int:
+    s = _settings(args)
+    cache = _cache(args, s)
+    entries = sorted(cache.entries(), key=lambda e: (e.last_used, e.digest))
+    partials = cache.partials()
+    if args.output == "json":
+        print(json.dumps({"cache": str(cache.root), "used_bytes": sum(e.size for e in entries),
+                          "images": [e.as_dict() for e in entries],
+                          "fetching": [f.as_dict() for f in partials]}, indent=2))  # fmt: skip
+        return 0
+    print(f"{cache.root}: {len(entries)} image(s), {sum(e.size for e in entries)} bytes")
+    for e in entries:
+        print(f"  sha256:{e.digest}  {e.size:>14}  last used {e.as_dict()['last_used']}")
+    for f in partials:
+        print(f"  sha256:{f.digest}  partial {f.bytes_done}/{f.total if f.total is not None else '?'}")
+    return 0
+
+
+def run_evict(args: argparse.Namespace) -> int:
+    s = _settings(args)
+    cache = _cache(args, s)
+    keep = _in_use(s) | set(s.image_pins)
+    refused: list[dict[str, str]] = []
+    evicted: list[str] = []
+    if args.digest:
+        for d in args.digest:
+            hexd = imagecache.digest_hex(d)
+            if hexd in keep:
+                refused.append({"digest": f"sha256:{hexd}", "why": "in use or pinned"})
+            elif cache.evict(hexd):
+                evicted.append(hexd)
+            else:
+                refused.append({"digest": f"sha256:{hexd}", "why": "not cached, or busy"})
+    else:
+        budget = args.to_bytes if args.to_bytes is not None else s.image_budget()
+        evicted = cache.enforce(budget=budget, in_use=keep, pinned=())
+    if args.output == "json":
+        print(json.dumps({"evicted": [f"sha256:{d}" for d in evicted], "refused": refused,
+                          "used_bytes": cache.used_bytes()}, indent=2))  # fmt: skip
+    else:
+        for d in evicted:
+            print(f"evicted sha256:{d}")
+        for r in refused:
+            print(f"kept {r['digest']}: {r['why']}", file=sys.stderr)
+    return 1 if refused else 0
+
+
+# -- figures ---------------------------------------------------------------------------------
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Pull throughput vs curl on the same file, and qcow2 -> raw onto a loop device (the disk guard on)."""
+    from host_reconciler import imagebench
+
+    out = imagebench.run(size_mib=args.size_mib, runs=args.runs)
+    if args.output == "json":
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"image: {out['size_bytes']} bytes, {args.runs} run(s) each, same server (127.0.0.1), same session")
+    print(f"pull_mib_s   {out['pull_mib_s']:10.1f}   (gpuaas fetch: Range-capable, sha256 while streaming, fsync)")
+    print(f"curl_mib_s   {out['curl_mib_s']:10.1f}   (curl -o FILE)")
+    print(f"pull/curl    {out['pull_vs_curl']:10.3f}")
+    print(f"qcow2_to_raw_ms {out['convert_ms']:10.1f}   (qemu-img convert -O raw onto a loop device, guarded)")
+    print(f"write_verify_ms {out['compare_ms']:10.1f}   (qemu-img compare read-back)")
+    return 0
+
