@@ -292,13 +292,19 @@ def release(conn: Connection, rel: Release, *, revision: str | None = None) -> R
 
 
 def cancel_unplaced(conn: Connection) -> tuple[str, ...]:
-    """Allocations released in git before they were ever placed are simply released."""
+    """Allocations released in git while they hold no claim are simply released.
+
+    That is one never placed (pending), and one that failed for good: its
+    attempts' claims were retired and go through cleanup on their own, so
+    the tenant's release ends it (`released`; the failure code, message and
+    attempts stay for the record).
+    """
     with dberrors.wrapped("release unplaced allocations"):
         rows = conn.execute(
             "UPDATE allocations SET status = 'released', released_at = now(), pending_code = NULL,"
             " pending_message = NULL, pending_details = NULL, pending_since = NULL, updated_at = now(),"
             " status_changed_at = now()"
-            " WHERE status = 'pending' AND desired_state = 'released' RETURNING id").fetchall()
+            " WHERE status IN ('pending', 'failed') AND desired_state = 'released' RETURNING id").fetchall()
     return tuple(sorted(str(r[0]) for r in rows))
 
 

@@ -7,6 +7,7 @@ details.vms); then one reconciliation runs, as the loop does.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -202,6 +203,32 @@ def test_a_failure_that_does_not_depend_on_the_node_fails_at_once_without_quaran
     for s in slots:
         util.report_wipe(conn, first, s, aid)
     reconciling.reconcile(conn, state)
+    assert util.slot_status(conn, first, slots[0]) == "available"
+    assert checks.run(conn) == []
+
+
+def test_a_failed_allocation_the_tenant_releases_is_released_and_keeps_its_record(
+        conn: Connection, three: tuple[DesiredState, str]) -> None:
+    state, aid = three
+    first, slots = where(conn, aid)
+    assert first is not None
+    report_vm_failure(conn, first, slots, aid, "cloud_init_seed", "host.seed.ssh_key", "key 0 is not an SSH key")
+    reconciling.reconcile(conn, state)
+    assert util.allocation(conn, aid)["status"] == "failed"
+    alloc = state.allocations[aid]
+    released = dataclasses.replace(
+        state, allocations={aid: alloc.model_copy(update={"state": m.AllocationState.RELEASED})})
+    result = reconciling.reconcile(conn, released)
+    assert aid in result.applied.cancelled
+    a = util.allocation(conn, aid)
+    assert a["status"] == "released" and a["failure_code"] == "lifecycle.provision_failed"
+    c = cycle(conn, aid)
+    assert c["state"] == "released" and [t["outcome"] for t in c["attempts"]] == ["failed"]
+    # the failed attempt's slots still go through cleanup, then are free
+    assert util.slot_status(conn, first, slots[0]) == "cleanup"
+    for s in slots:
+        util.report_wipe(conn, first, s, aid)
+    reconciling.reconcile(conn, released)
     assert util.slot_status(conn, first, slots[0]) == "available"
     assert checks.run(conn) == []
 
