@@ -1,20 +1,36 @@
 """Replay a request stream through the real placement engine.
 
-A request arrives, holds its GPUs for `duration_s`, then is released; a
-request nothing can take is dropped, not queued. `duration_s` is also the
-request's lease term (`Request.ends_at`, what `Allocation.lease_hours` tells
-the planner): only `default` reads it; `lease_ends=False` replays the same
-stream as on-demand leases without a known end. Next to the real run the
-simulator keeps the fluid bound: the same stream when a request is accepted
-whenever the pool's aggregate free GPUs cover it, as if GPUs could be moved
-freely between hosts. The gap between the two is what fragmentation and
-topology cost.
+A request arrives, holds its GPUs until it leaves, then is released; a
+request nothing can take is dropped, not queued. A row's `duration_s` is how
+long the allocation is used; `lease_s`, when the row has one, is the term
+the portal sent with it (`Allocation.lease_hours`): an upper bound, so the
+allocation leaves at `duration_s` or at `lease_s`, whichever comes first.
+What the planner is told about lease ends (`LeaseEnds`):
+
+- `terms` (the default): a request carries `lease_s` as its lease end when
+  the row has one, and is an on-demand lease (no known end) when it has none;
+- `none`: every request is on demand, whatever the rows say;
+- `exact`: every request carries its real departure as its lease end. An
+  oracle no planner has, kept to measure what perfect knowledge would be
+  worth; never the default.
+
+Only `default` reads lease ends; the baselines never do.
+
+Next to the real run the simulator keeps two bounds. The fluid bound: the
+same stream when a request is accepted whenever the pool's aggregate free
+GPUs cover it, as if GPUs could be moved freely between hosts. The repack
+bound (`repack_bound`): a request is accepted when the running allocations
+plus it fit the real hosts, topology rules included, once every allocation
+may move (first-fit decreasing of all of them at each arrival). The gap from
+a policy to the repack bound is what placement without migration costs; the
+gap between the two bounds is what topology costs even with migration.
 
 Pure apart from the wall clock used to time the engine (injectable).
 """
 
 from __future__ import annotations
 
+import enum
 import heapq
 import time
 from collections import Counter
@@ -24,12 +40,30 @@ from typing import Any
 
 from desired import models as m
 from desired.loading import DesiredState
+from policies import packing
 from policies import topology as t
 from reconciler import placing, plans
 from reconciler.synthesizing import Offer, WorkloadRow
 
 Progress = Callable[[int, int], None]
 TENANT = "simulated"
+
+
+class LeaseEnds(enum.StrEnum):
+    """What the planner is told about when each lease ends."""
+
+    TERMS = "terms"  # the row's lease_s, when it has one (the portal's term)
+    NONE = "none"  # nothing: every lease on demand
+    EXACT = "exact"  # the real departure: an oracle, for research only
+
+
+def lease_end(row: WorkloadRow, lease_ends: LeaseEnds) -> float | None:
+    """The lease end a request carries to the planner under `lease_ends`."""
+    if lease_ends is LeaseEnds.EXACT:
+        return row.departure_s
+    if lease_ends is LeaseEnds.TERMS and row.lease_s is not None:
+        return row.arrival_s + row.lease_s
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +83,9 @@ class Result:
     engine_seconds: float
     acceptance_by_size: dict[str, float] = field(default_factory=dict)
     rejections: dict[str, int] = field(default_factory=dict)
-    lease_ends: bool = True  # requests carried their lease end (only `default` reads it)
+    lease_ends: bool = True  # some requests carried a lease end (only `default` reads them)
+    lease_mode: str = LeaseEnds.TERMS.value
+    repack_bound_gpu: float | None = None  # computed once per workload (`repack_bound`), when asked
 
     @property
     def gap(self) -> float:
@@ -66,7 +102,10 @@ class Result:
             "placements_per_second": round(self.placements_per_second, 1),
             "nodes": self.nodes, "pool_gpus": self.pool_gpus, "engine_seconds": round(self.engine_seconds, 3),
             "acceptance_by_size": {k: round(v, 6) for k, v in self.acceptance_by_size.items()},
-            "rejections": self.rejections, "lease_ends": self.lease_ends,
+            "rejections": self.rejections, "lease_ends": self.lease_ends, "lease_mode": self.lease_mode,
+            "repack_bound_gpu": None if self.repack_bound_gpu is None else round(self.repack_bound_gpu, 6),
+            "gap_to_repack": None if self.repack_bound_gpu is None
+            else round(self.repack_bound_gpu - self.acceptance_gpu, 6),
         }
 
 
@@ -108,7 +147,7 @@ class _Tally:
         if self.fluid_free.get(pool, 0) >= row.gpus:
             self.fluid_free[pool] -= row.gpus
             self.fluid_gpus += row.gpus
-            heapq.heappush(self.fluid_departures, (now + row.duration_s, i, pool, row.gpus))
+            heapq.heappush(self.fluid_departures, (row.departure_s, i, pool, row.gpus))
 
     def outcome(self, i: int, aid: str, pool: str, row: WorkloadRow, out: placing.Placed | placing.Refused) -> None:
         self.offered += 1
@@ -120,25 +159,35 @@ class _Tally:
             self.accepted_gpus += row.gpus
             self.by_size_accepted[size] += 1
             self.free[pool] -= row.gpus
-            heapq.heappush(self.departures, (row.arrival_s + row.duration_s, i, aid, pool, row.gpus))
+            heapq.heappush(self.departures, (row.departure_s, i, aid, pool, row.gpus))
         else:
             self.rejections[out.code] += 1
             if self.free.get(pool, 0) >= row.gpus:
                 self.with_capacity += 1
 
 
+def _region(engine: placing.Engine, region: str | None) -> str:
+    if region is not None:
+        return region
+    regions = sorted({f.region for f in engine.facts})
+    return regions[0] if regions else ""
+
+
 def simulate(desired: DesiredState, rows: Sequence[WorkloadRow], *, policy: str | None = None,
              progress: Progress | None = None, clock: Callable[[], float] = time.perf_counter,
-             region: str | None = None, lease_ends: bool = True) -> Result:
+             region: str | None = None, lease_ends: LeaseEnds = LeaseEnds.TERMS,
+             repack_bound_gpu: float | None = None) -> Result:
     """Replay `rows` (sorted by arrival) against an empty fleet under `policy`.
 
-    With `lease_ends`, each request carries its end (arrival + duration) as a
-    reserved term would; without, every lease is on-demand (no known end).
+    `lease_ends` says what each request tells the planner about its end (see
+    `LeaseEnds`); departures are the rows' own (`WorkloadRow.departure_s`)
+    whatever the planner is told.
+    `repack_bound_gpu` (from `repack_bound`, the same for every policy) is
+    carried into the result.
     """
+    lease_ends = LeaseEnds(lease_ends)
     engine = placing.Engine(desired, plans.Observed(), policy=policy)
-    if region is None:
-        regions = sorted({f.region for f in engine.facts})
-        region = regions[0] if regions else ""
+    region = _region(engine, region)
     capacity = pool_gpus(desired)
     pool_of = {name: sku.accelerator_model for name, sku in desired.skus.items()}
     tally = _Tally(capacity)
@@ -147,6 +196,7 @@ def simulate(desired: DesiredState, rows: Sequence[WorkloadRow], *, policy: str 
     last_t = first_t = rows[0].arrival_s if rows else 0.0
     engine_s = 0.0
     step = max(1, len(rows) // 50)
+    told = 0  # requests that carried a lease end
     for i, row in enumerate(rows):
         now = row.arrival_s
         started = clock()
@@ -159,8 +209,9 @@ def simulate(desired: DesiredState, rows: Sequence[WorkloadRow], *, policy: str 
         empty_area += engine.empty_nodes * (now - last_t)
         last_t = now
         aid = f"r{i}"
-        out = engine.place(placing.Request(aid, TENANT, row.sku, row.gpus, region, requested_at=now,
-                                           ends_at=now + row.duration_s if lease_ends else None))
+        end = lease_end(row, lease_ends)
+        told += end is not None
+        out = engine.place(placing.Request(aid, TENANT, row.sku, row.gpus, region, requested_at=now, ends_at=end))
         engine_s += clock() - started
         pool = pool_of.get(row.sku, "")
         tally.fluid(now, i, pool, row)
@@ -179,21 +230,117 @@ def simulate(desired: DesiredState, rows: Sequence[WorkloadRow], *, policy: str 
         placements_per_second=tally.offered / engine_s if engine_s > 0 else 0.0,
         nodes=len(engine.nodes), pool_gpus=capacity, engine_seconds=engine_s,
         acceptance_by_size={k: tally.by_size_accepted[k] / n for k, n in sorted(tally.by_size_offered.items())},
-        rejections=dict(sorted(tally.rejections.items())), lease_ends=lease_ends,
+        rejections=dict(sorted(tally.rejections.items())), lease_ends=told > 0, lease_mode=lease_ends.value,
+        repack_bound_gpu=repack_bound_gpu,
     )
 
 
+class _Repacker:
+    """Whether a set of allocations fits the fleet when every one of them may move.
+
+    `live` holds a packing of the running allocations (a witness that they
+    fit). A request that fits beside them, first fit, is accepted as is;
+    otherwise every running allocation and the request are packed again from
+    scratch into `spare`, first-fit decreasing (whole hosts first, then by
+    size), and `spare` becomes the packing when all fit. Both are the real
+    engine under `first-fit`, so the topology rules are the planner's. A
+    request its pool's aggregate free GPUs cannot cover is refused without
+    a repack (no packing can hold it).
+    """
+
+    def __init__(self, desired: DesiredState, region: str | None) -> None:
+        first_fit = packing.Policy.FIRST_FIT.value
+        self.live = placing.Engine(desired, plans.Observed(), policy=first_fit)
+        self.spare = placing.Engine(desired, plans.Observed(), policy=first_fit)
+        self.region = _region(self.live, region)
+        self.whole = {name for name, sku in desired.skus.items()
+                      if sku.capacity_shape is m.CapacityShape.BAREMETAL}
+        self.running: dict[str, tuple[str, int]] = {}  # allocation id -> (sku, gpus), in arrival order
+        self.pool_of = {name: sku.accelerator_model for name, sku in desired.skus.items()}
+        self.free = pool_gpus(desired)
+        self.repacks = 0
+
+    def _request(self, aid: str, sku: str, gpus: int) -> placing.Request:
+        return placing.Request(aid, TENANT, sku, gpus, self.region)
+
+    def arrive(self, aid: str, sku: str, gpus: int) -> bool:
+        pool = self.pool_of.get(sku, "")
+        if isinstance(self.live.place(self._request(aid, sku, gpus)), placing.Placed):
+            self._take(aid, sku, gpus)
+            return True
+        if isinstance(self.live.spec(sku, gpus), placing.Refused) or self.free.get(pool, 0) < gpus:
+            return False  # no host could ever take it / no packing could
+        spare = self.spare
+        for held in list(spare.where):
+            spare.release(held)
+        items = [*self.running.items(), (aid, (sku, gpus))]
+        items.sort(key=lambda kv: (-kv[1][1], kv[1][0] not in self.whole))  # stable: arrival order last
+        self.repacks += 1
+        for held, (hsku, hgpus) in items:
+            if not isinstance(spare.place(self._request(held, hsku, hgpus)), placing.Placed):
+                return False
+        self.live, self.spare = spare, self.live
+        self._take(aid, sku, gpus)
+        return True
+
+    def _take(self, aid: str, sku: str, gpus: int) -> None:
+        self.running[aid] = (sku, gpus)
+        pool = self.pool_of.get(sku, "")
+        self.free[pool] = self.free.get(pool, 0) - gpus
+
+    def leave(self, aid: str) -> None:
+        held = self.running.pop(aid, None)
+        if held is not None:
+            self.live.release(aid)
+            pool = self.pool_of.get(held[0], "")
+            self.free[pool] = self.free.get(pool, 0) + held[1]
+
+
+def repack_bound(desired: DesiredState, rows: Sequence[WorkloadRow], *, region: str | None = None,
+                 progress: Progress | None = None) -> float:
+    """Accepted GPUs / offered GPUs when every running allocation may move at each arrival.
+
+    Departures are the rows' own (`WorkloadRow.departure_s`). A request is
+    accepted iff the running allocations plus it fit the fleet's hosts under
+    the topology rules after first-fit decreasing of all of them; a refused
+    request is dropped. An upper bound for any policy that never migrates,
+    up to the first-fit-decreasing heuristic (exact when sizes divide each
+    other, as 1, 2, 4, 8 on 8-GPU hosts do).
+    """
+    packer = _Repacker(desired, region)
+    departures: list[tuple[float, int, str]] = []
+    offered = accepted = 0
+    step = max(1, len(rows) // 50)
+    for i, row in enumerate(rows):
+        while departures and departures[0][0] <= row.arrival_s:
+            packer.leave(heapq.heappop(departures)[2])
+        aid = f"r{i}"
+        offered += row.gpus
+        if packer.arrive(aid, row.sku, row.gpus):
+            accepted += row.gpus
+            heapq.heappush(departures, (row.departure_s, i, aid))
+        if progress is not None and (i + 1) % step == 0:
+            progress(i + 1, len(rows))
+    return accepted / offered if offered else 1.0
+
+
 def read_rows(lines: Iterable[dict[str, str]]) -> list[WorkloadRow]:
-    """Rows from csv.DictReader records; raises ValueError naming the bad line."""
+    """Rows from csv.DictReader records; raises ValueError naming the bad line.
+
+    `lease_s` is optional, per file and per row: missing or empty is an on-demand lease.
+    """
     out = []
     for n, rec in enumerate(lines, start=2):
         try:
+            lease = (rec.get("lease_s") or "").strip()
             row = WorkloadRow(float(rec["arrival_s"]), float(rec["duration_s"]), rec["sku"].strip(),
-                              int(rec["gpus"]))
+                              int(rec["gpus"]), float(lease) if lease else None)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"line {n}: {e}") from e
         if row.duration_s < 0 or row.gpus < 1:
             raise ValueError(f"line {n}: duration_s must be >= 0 and gpus >= 1")
+        if row.lease_s is not None and not 0 < row.lease_s < float("inf"):
+            raise ValueError(f"line {n}: lease_s must be a positive number of seconds (or empty: on demand)")
         out.append(row)
     out.sort(key=lambda r: r.arrival_s)
     return out

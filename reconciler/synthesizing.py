@@ -5,16 +5,19 @@ groups, two PCIe pairs per group, a per-slot VF each, slice-tagged, firmware
 ready, one region) that also lease whole as `h200-sxm-baremetal-8g`, so
 both shapes compete for every host; `amd_share` turns that fraction of the
 hosts into MI300X RoCE slice hosts. `workload_rows()` draws a replayable
-request stream at a target offered load. Both are pure functions of their
-arguments (the seed is an argument); the CLI writes what they return.
+request stream at a target offered load, optionally with the lease term
+each request would carry (`lease_terms()`: the use rounded up to a product
+term, some customers buying longer than they use). Both are pure functions
+of their arguments (the seed is an argument); the CLI writes what they
+return.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from desired import models as m
@@ -168,15 +171,32 @@ def fleet_documents(nodes: int, *, amd_share: float = 0.0, seed: int = 0) -> Ite
 # ------------------------------------------------------------------ workloads
 
 WORKLOAD_HEADER = ("arrival_s", "duration_s", "sku", "gpus")
+LEASE_HEADER = (*WORKLOAD_HEADER, "lease_s")
 DEFAULT_MIX: Mapping[int, float] = {1: 0.40, 2: 0.25, 4: 0.20, 8: 0.05}
+# Product terms a customer picks from (1 hour, 1 day, 1 week); longer uses buy whole weeks.
+DEFAULT_TERMS: tuple[float, ...] = (3600.0, 86400.0, 604800.0)
 
 
 @dataclass(frozen=True, slots=True)
 class WorkloadRow:
+    """One request: arrival, how long it holds its GPUs, what it asks for.
+
+    `lease_s` is the term the portal sends with it (`Allocation.lease_hours`),
+    an upper bound: the allocation leaves at `duration_s`, or at `lease_s`
+    when that comes first (it ran to term). None: an on-demand lease.
+    """
+
     arrival_s: float
     duration_s: float
     sku: str
     gpus: int
+    lease_s: float | None = None
+
+    @property
+    def departure_s(self) -> float:
+        """When the allocation leaves: its use, cut at the end of its term."""
+        held = self.duration_s if self.lease_s is None else min(self.duration_s, self.lease_s)
+        return self.arrival_s + held
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +245,40 @@ def workload_rows(offers: list[Offer], *, load: float, requests: int, seed: int 
                     else rnd.lognormvariate(mu, duration_sigma))
         rows.append(WorkloadRow(round(now, 3), round(max(duration, 1.0), 3), sku, g))
     return rows
+
+
+def term_for(planned_s: float, terms: Sequence[float]) -> float:
+    """The shortest product term that covers `planned_s`; past the longest, whole multiples of it."""
+    for term in terms:
+        if planned_s <= term:
+            return term
+    longest = terms[-1]
+    return longest * math.ceil(planned_s / longest)
+
+
+def lease_terms(rows: Sequence[WorkloadRow], *, terms: Sequence[float] = DEFAULT_TERMS,
+                early_release: float = 0.0, seed: int = 0) -> list[WorkloadRow]:
+    """The same requests with the lease term each would carry (`lease_s`).
+
+    A customer buys the shortest term that covers the use it plans. Most plan
+    what they use (`duration_s`); an `early_release` share planned longer (up
+    to 10x: a job that finished early, a reservation kept "just in case") and
+    release early. Every term covers its use, so arrivals, durations and the
+    offered load are those of `rows`; only what the planner is told changes.
+    A separate random stream (from `seed`) draws the plans.
+    """
+    if not terms or any(t <= 0 for t in terms) or list(terms) != sorted(terms):
+        raise ValueError("terms must be positive and increasing")
+    if not 0.0 <= early_release <= 1.0:
+        raise ValueError("early_release must be between 0 and 1")
+    rnd = random.Random(seed * 7919 + 17)  # noqa: S311  # seeded, reproducible simulation input
+    out = []
+    for r in rows:
+        planned = r.duration_s
+        if rnd.random() < early_release:
+            planned = r.duration_s / rnd.uniform(0.1, 1.0)
+        out.append(replace(r, lease_s=term_for(planned, terms)))
+    return out
 
 
 def desired_state(files: Iterator[SynthFile] | list[SynthFile]) -> DesiredState:

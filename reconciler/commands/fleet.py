@@ -1,11 +1,16 @@
 """`gpuaas fleet synth|workload`: synthetic fleets and workloads for capacity planning.
 
     gpuaas fleet synth --nodes 1000 --out /tmp/fleet [--amd-share 0.1] [--seed 7]
-    gpuaas fleet workload --fleet /tmp/fleet --load 0.9 --requests 50000 --out w.csv
+    gpuaas fleet workload --fleet /tmp/fleet --load 0.9 --requests 50000 --out w.csv \
+        [--lease-terms [1h,24h,7d] [--early-release 0.3]]
 
 `synth` writes the examples/fleet layout (fleet.yaml, skus/, images/, nodes/,
 slotmaps/) and the result passes `gpuaas validate`. `workload` writes a CSV
-with the header `arrival_s,duration_s,sku,gpus` for `gpuaas simulate`.
+with the header `arrival_s,duration_s,sku,gpus` for `gpuaas simulate`; with
+`--lease-terms` a fifth column, `lease_s`: the term each request buys (its
+planned use rounded up to the shortest term that covers it), with an
+`--early-release` share of requests that planned up to 10x longer than they
+use. Arrivals and durations are the same with or without terms.
 """
 
 from __future__ import annotations
@@ -17,12 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from reconciler import simulating, sources, synthesizing
 from schemas.errors import UsageError
 
-_Dumper: type[Any] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 _OWNED = ("fleet.yaml", "skus", "images", "nodes", "slotmaps")
 
 
@@ -52,16 +53,25 @@ def register(sub: Any) -> None:
     w.add_argument("--mean-duration", type=float, default=3600.0, help="mean lease seconds")
     w.add_argument("--duration-sigma", type=float, default=1.0,
                    help="lognormal sigma of lease durations; 0 = exponential (default %(default)s)")
+    w.add_argument("--lease-terms", nargs="?", const="1h,24h,7d", default=None, metavar="TERMS",
+                   help="write lease_s: the planned use rounded up to these terms, seconds or with an s/m/h/d "
+                        "suffix (default when given without a value: %(const)s); without: on-demand leases")
+    w.add_argument("--early-release", type=float, default=0.0,
+                   help="with --lease-terms: share of requests that planned up to 10x longer than they use "
+                        "(default %(default)s)")
     w.set_defaults(func=run_workload)
 
 
 def _dump(path: Path, doc: dict[str, Any]) -> None:
+    import yaml
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    text = yaml.dump(doc, Dumper=dumper, sort_keys=False, default_flow_style=False, width=120)
     path.write_text(text, encoding="utf-8")
 
 
 def run_synth(args: argparse.Namespace) -> int:
+    from reconciler import synthesizing
     out: Path = args.out
     if args.nodes < 1:
         raise UsageError("--nodes must be at least 1")
@@ -99,7 +109,26 @@ def parse_mix(text: str) -> dict[int, float]:
     return out
 
 
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_terms(text: str) -> tuple[float, ...]:
+    """`1h,24h,7d` -> (3600.0, 86400.0, 604800.0); plain numbers are seconds."""
+    out = []
+    try:
+        for raw in text.split(","):
+            part = raw.strip().lower()
+            unit = _UNITS.get(part[-1:])
+            out.append(float(part[:-1]) * unit if unit is not None else float(part))
+    except ValueError as e:
+        raise UsageError(f"--lease-terms {text!r}: expected durations such as 1h,24h,7d ({e})") from e
+    if not out or any(not 0 < v < float("inf") for v in out) or out != sorted(set(out)):
+        raise UsageError(f"--lease-terms {text!r}: terms must be positive and increasing")
+    return tuple(out)
+
+
 def run_workload(args: argparse.Namespace) -> int:
+    from reconciler import simulating, sources, synthesizing
     result = sources.load(args.fleet)
     if result.errors:
         raise UsageError(f"{args.fleet} does not validate ({len(result.errors)} errors); run gpuaas validate")
@@ -111,18 +140,26 @@ def run_workload(args: argparse.Namespace) -> int:
     bare = [s for s in sorted(desired.skus) if desired.skus[s].capacity_shape.value == "baremetal"
             and any(n.baremetal_sku == s for n in desired.nodes.values())]
     baremetal = (bare[0], args.baremetal_share) if bare and args.baremetal_share > 0 else None
+    terms = parse_terms(args.lease_terms) if args.lease_terms is not None else None
     try:
         rows = synthesizing.workload_rows(offers, load=args.load, requests=args.requests, seed=args.seed,
                                           baremetal=baremetal, mean_duration_s=args.mean_duration,
                                           duration_sigma=args.duration_sigma)
+        if terms is not None:
+            rows = synthesizing.lease_terms(rows, terms=terms, early_release=args.early_release, seed=args.seed)
     except ValueError as e:
         raise UsageError(str(e)) from e
     handle = sys.stdout if str(args.out) == "-" else args.out.open("w", newline="", encoding="utf-8")
     try:
         writer = csv.writer(handle)
-        writer.writerow(synthesizing.WORKLOAD_HEADER)
-        for r in rows:
-            writer.writerow((r.arrival_s, r.duration_s, r.sku, r.gpus))
+        if terms is None:
+            writer.writerow(synthesizing.WORKLOAD_HEADER)
+            for r in rows:
+                writer.writerow((r.arrival_s, r.duration_s, r.sku, r.gpus))
+        else:
+            writer.writerow(synthesizing.LEASE_HEADER)
+            for r in rows:
+                writer.writerow((r.arrival_s, r.duration_s, r.sku, r.gpus, r.lease_s))
     finally:
         if handle is not sys.stdout:
             handle.close()

@@ -217,18 +217,19 @@ def test_end_order_queries() -> None:
 
 # --------------------------------------------------------------- simulate
 
-def test_simulate_passes_durations_as_lease_ends_only_default_reads_them() -> None:
+def test_simulate_passes_exact_departures_as_lease_ends_only_default_reads_them() -> None:
     desired = synthesizing.desired_state(synthesizing.fleet_documents(6))
     offers = simulating.offers(desired, dict(synthesizing.DEFAULT_MIX))
     rows = synthesizing.workload_rows(offers, load=1.0, requests=3000, seed=2,
                                       baremetal=(synthesizing.H200_BAREMETAL, 0.1), duration_sigma=1.5)
+    exact, none = simulating.LeaseEnds.EXACT, simulating.LeaseEnds.NONE
     for policy in ("first-fit", "seed-rank"):
-        a = simulating.simulate(desired, rows, policy=policy)
-        b = simulating.simulate(desired, rows, policy=policy, lease_ends=False)
+        a = simulating.simulate(desired, rows, policy=policy, lease_ends=exact)
+        b = simulating.simulate(desired, rows, policy=policy, lease_ends=none)
         assert (a.accepted_gpus, a.rejections) == (b.accepted_gpus, b.rejections)
         assert a.as_dict()["lease_ends"] is True and b.as_dict()["lease_ends"] is False
-    known = simulating.simulate(desired, rows, policy="default")
-    blind = simulating.simulate(desired, rows, policy="default", lease_ends=False)
+    known = simulating.simulate(desired, rows, policy="default", lease_ends=exact)
+    blind = simulating.simulate(desired, rows, policy="default", lease_ends=none)
     assert known.accepted_gpus != blind.accepted_gpus  # the ends change default's choices
 
 
