@@ -15,15 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any
 
 from desired import models as m
 from desired.loading import DesiredState
 from policies import capability, eligibility
 from reconciler import plans
 from schemas import states
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +141,8 @@ def graph(nodes: Iterable[NodeFacts], claims: Iterable[plans.ExistingClaim] = ()
     ("group", n, g), ("pair", n, g, pair), ("slot", n, str(index)). Every
     vertex has a `kind`; slots carry `index` as an int.
     """
+    import networkx as nx  # only the inspection graph needs it: planning and the CLI stay light
+
     g: nx.DiGraph[Vertex] = nx.DiGraph()
     for n in nodes:
         region: Vertex = ("region", n.region)
@@ -184,6 +187,8 @@ def free_slots(g: nx.DiGraph[Vertex], node: str) -> list[int]:
     if g.nodes["node", node].get("claim"):
         return []
     out = []
+    import networkx as nx
+
     for v in nx.descendants(g, ("node", node)):
         d = g.nodes[v]
         if d["kind"] == "slot" and d["sellable"] and d["claim"] is None:
