@@ -14,9 +14,12 @@ import hashlib
 import multiprocessing as mp
 import os
 import stat
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import threading
+import time
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field, replace
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -309,21 +312,27 @@ def parse_refs(refs: Sequence[FileRef], *, workers: int | None = None, cancel: C
         if cancel is not None and n % 256 == 0 and cancel():
             raise Cancelled
         files.append((refs[i].name, refs[i].read()))
-    for n, (i, (name, data), (parsed, found)) in enumerate(
-            zip(todo, files, _parse_all(files, workers, cancel), strict=True)):
-        if cancel is not None and n % 256 == 0 and cancel():
-            raise Cancelled
-        docs = []
-        for item in parsed:
-            assert isinstance(data, bytes)  # noqa: S101 - only bytes parse to documents
-            doc = Document(name, item.index, item.value, item.line, data)
-            doc_problems: list[p.Problem] = []
-            docs.append((doc, _type_document(doc, doc_problems), doc_problems))
-        blobs[i] = _Blob(name, found, docs)
-        if cache is not None:
-            cache._put(refs[i].key, blobs[i])  # type: ignore[arg-type]
-        if disk is not None:
-            _keep(stored, refs[i].key, data, parsed, found)
+    results = _parse_all(files, workers, cancel)
+    try:
+        for n, (i, (name, data), (parsed, found)) in enumerate(
+                zip(todo, files, results, strict=True)):
+            if cancel is not None and n % 256 == 0 and cancel():
+                raise Cancelled
+            docs = []
+            for item in parsed:
+                assert isinstance(data, bytes)  # noqa: S101 - only bytes parse to documents
+                doc = Document(name, item.index, item.value, item.line, data)
+                doc_problems: list[p.Problem] = []
+                docs.append((doc, _type_document(doc, doc_problems), doc_problems))
+            blobs[i] = _Blob(name, found, docs)
+            if cache is not None:
+                cache._put(refs[i].key, blobs[i])  # type: ignore[arg-type]
+            if disk is not None:
+                _keep(stored, refs[i].key, data, parsed, found)
+    finally:
+        # Closed at once, not when the traceback is freed: a Cancelled raised here must not
+        # leave the pool's workers running behind it.
+        results.close()
     if cache is not None:
         cache.hits += len(refs) - len(todo)
         cache.misses += len(todo)
@@ -383,7 +392,7 @@ def _from_disk(disk: DiskStore, refs: Sequence[FileRef], todo: list[int], blobs:
 
 def _parse_all(
     file_list: list[tuple[str, FileData]], workers: int | None, cancel: Cancel | None
-) -> Iterator[tuple[list[_Parsed], list[p.Problem]]]:
+) -> Generator[tuple[list[_Parsed], list[p.Problem]], None, None]:
     n = workers if workers is not None else (os.cpu_count() or 1)
     if n <= 1 or len(file_list) < PARALLEL_THRESHOLD or "forkserver" not in mp.get_all_start_methods():
         yield from (_parse_one(name, data) for name, data in file_list)
@@ -397,6 +406,7 @@ def _parse_all(
     chunks = [file_list[i:i + step] for i in range(0, len(file_list), step)]
     done = 0
     pool = futures.ProcessPoolExecutor(n, mp_context=_CONTEXT)
+    delivered = False
     try:
         pending = [pool.submit(_parse_chunk, c) for c in chunks]
         for fut in pending:
@@ -413,16 +423,60 @@ def _parse_all(
                         raise _PoolStuck from None
             done += len(chunk)
             yield from chunk
+        delivered = True
     except (_PoolStuck, futures.process.BrokenProcessPool, OSError):
-        # Degrade, never hang: what the pool did not deliver is parsed here.
+        # Degrade, never hang: the pool goes first (a hung worker must not outlive this
+        # parse), then what it did not deliver is parsed here.
+        _stop(pool, at_once=True)
         yield from (_parse_one(name, data) for name, data in file_list[done:])
     finally:
-        # Queued chunks are dropped; a worker finishes at most the small chunk it holds.
-        pool.shutdown(wait=True, cancel_futures=True)
+        # Also on Cancelled and on close() by the caller: queued chunks are dropped and
+        # the workers are stopped, each wait bounded.
+        _stop(pool, at_once=not delivered)
 
 
 class _PoolStuck(Exception):
     pass
+
+
+# An idle worker leaves on the shutdown sentinel in milliseconds; one that has not left by
+# then is stuck (or busy on work nobody wants any more) and is terminated, then killed.
+_LEAVE_S = 1.0
+_TERM_S = 0.3
+
+
+def _stop(pool: futures.ProcessPoolExecutor, *, at_once: bool) -> None:
+    """Shut the pool down and reap its workers without ever waiting unbounded.
+
+    `shutdown(wait=True)` joins every worker with no timeout, so one hung
+    worker (blocked on a queue lock a dead sibling held, say) hangs the
+    caller. Instead: ask the workers to leave, wait briefly (not at all when
+    `at_once`), then SIGTERM, then SIGKILL whoever is still there. Killed
+    workers make the pool's manager thread tear the queues down itself.
+    Calling it again is a no-op.
+    """
+    # The executor keeps its workers private and offers no way to terminate them before
+    # Python 3.14 (terminate_workers()); take them before shutdown() forgets them.
+    workers: list[BaseProcess] = list((getattr(pool, "_processes", None) or {}).values())
+    manager: threading.Thread | None = getattr(pool, "_executor_manager_thread", None)
+    pool.shutdown(wait=False, cancel_futures=True)
+    if not at_once:
+        _join_all(workers, _LEAVE_S)
+    for stop in (BaseProcess.terminate, BaseProcess.kill):
+        alive = [w for w in workers if w.is_alive()]
+        if not alive:
+            break
+        for w in alive:
+            stop(w)
+        _join_all(alive, _TERM_S if stop is BaseProcess.terminate else _LEAVE_S)
+    if manager is not None:
+        manager.join(_LEAVE_S)
+
+
+def _join_all(workers: list[BaseProcess], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for w in workers:
+        w.join(max(0.0, deadline - time.monotonic()))
 
 
 _CONTEXT = mp.get_context("forkserver") if "forkserver" in mp.get_all_start_methods() else mp.get_context()

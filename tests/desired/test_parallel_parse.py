@@ -11,6 +11,7 @@ import pytest
 
 from desired import loading
 from desired.problems import Severity
+from tests.desired import hanging
 
 FILES = loading.PARALLEL_THRESHOLD + 400
 TEMPLATE = (Path(__file__).resolve().parents[2] / "examples/fleet/images/ubuntu-24.04-gpuaas-slice.yaml").read_text()
@@ -70,3 +71,49 @@ def test_a_stuck_pool_falls_back_to_one_process(monkeypatch: pytest.MonkeyPatch)
     files = _tree()
     result = loading.parse_files(files, workers=2)
     assert _summary(result) == _summary(loading.parse_files(files, workers=1))
+
+
+def _with_a_hung_worker(tmp_path: Path) -> tuple[list[tuple[str, bytes]], Path]:
+    files = _tree()
+    pid_file = tmp_path / "hung.pid"
+    name, data = files[len(files) // 2]
+    files[len(files) // 2] = (name, hanging.HangsInWorker(data, pid_file))
+    return files, pid_file
+
+
+def _assert_gone(pid_file: Path) -> None:
+    # The hung worker really ran (and ignored SIGTERM), and is now killed and reaped:
+    # no process, not even a zombie, and nothing the pool still counts as a child.
+    pid = int(pid_file.read_text())
+    assert not Path(f"/proc/{pid}").exists(), pid
+    assert mp.active_children() == []
+
+
+def test_a_hung_worker_is_killed_and_its_files_parsed_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(loading, "WORKER_TIMEOUT_S", 1.0)
+    files, pid_file = _with_a_hung_worker(tmp_path)
+    started = time.monotonic()
+    result = loading.parse_files(files, workers=2)
+    took = time.monotonic() - started
+    assert took < hanging.HANG_S / 3, took  # bounded: never waits the worker out
+    assert _summary(result) == _summary(loading.parse_files([(n, bytes(d)) for n, d in files], workers=1))
+    _assert_gone(pid_file)
+
+
+def test_cancel_with_a_hung_worker_stops_within_a_second(tmp_path: Path) -> None:
+    files, pid_file = _with_a_hung_worker(tmp_path)
+    asked: list[float] = []
+
+    def cancel() -> bool:
+        # Ask only once the hung worker holds its chunk, so the stop has to deal with it.
+        if not asked and pid_file.exists():
+            asked.append(time.monotonic())
+        return bool(asked)
+
+    with pytest.raises(loading.Cancelled):
+        loading.parse_files(files, workers=2, cancel=cancel)
+    took = time.monotonic() - asked[0]
+    assert took < 1.0, took
+    _assert_gone(pid_file)
