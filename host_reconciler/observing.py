@@ -70,7 +70,7 @@ def _gate(ctx: Context) -> tuple[tuple[GateFinding, ...], bool]:
         return (), False
     from host_reconciler.discovery import discovering, gating
 
-    result = gating.gate(approved_slot_map(ctx), discovering.discover(root))
+    result = gating.compare(approved_slot_map(ctx), discovering.discover(root))
     return tuple(GateFinding(d.slot_index, d.code, d.message, _s(d.old), _s(d.new)) for d in result.drifts), True
 
 

@@ -4,9 +4,10 @@ discover: read the host (or a recorded tree with --sysfs-root) and print a
 candidate SlotMap with approval_required: true. It never writes a file:
 redirect the output into the fleet repo and open a pull request.
 
-gate: compare an approved SlotMap file with the host and print the drift,
-slot by slot. Exit status 0 when every approved slot still matches, 3 when
-at least one slot is blocked (1 stays reserved for errors).
+gate: decide, slot by slot, whether an approved SlotMap file may be sold on
+this host: the eligibility `gpuaas validate` applies, then the drift from the
+host. Exit status 0 when every slot is in service, 3 when at least one is
+ineligible or drifted (1 stays reserved for errors).
 """
 
 from __future__ import annotations
@@ -104,6 +105,9 @@ def run_gate(args: argparse.Namespace) -> int:
     if args.output == "json":
         sys.stdout.write(json.dumps(result.as_dict(), indent=2) + "\n")
     else:
+        for index, reasons in sorted(result.ineligible.items()):
+            for r in reasons:
+                print(f"slot {index}: ineligible: {r.code}: {r.field}: {r.message}")
         for drift in result.drifts:
             print(
                 f"slot {drift.slot_index}: blocked: {drift.code}: {drift.field}: "
@@ -111,7 +115,8 @@ def run_gate(args: argparse.Namespace) -> int:
             )
         print(
             f"{result.node}: {len(result.schedulable)} slot(s) in service, "
-            f"{len(result.blocked)} blocked"
+            f"{len(result.unschedulable)} blocked ({len(result.ineligible)} ineligible by policy, "
+            f"{len(result.blocked)} drifted from the host)"
             + (f"; GPUs not in the approved map: {', '.join(result.unapproved_gpus)}" if result.unapproved_gpus else "")
         )
-    return EXIT_BLOCKED if result.blocked else 0
+    return EXIT_BLOCKED if result.unschedulable else 0

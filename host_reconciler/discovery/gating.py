@@ -1,11 +1,22 @@
-"""The approval gate: does the hardware still match what git approved, slot by slot?
+"""The approval gate: may each approved slot be sold, given what the host shows now?
 
-`gate(approved, discovered)` is pure and runs on every pass of the host
-reconciler. A slot whose GPU, fabric VF, disk identity or NUMA node no longer
-matches the approved SlotMap is blocked, with a `Drift` per difference naming
-the approved (old) and discovered (new) value, and stays unschedulable until
-git approves the new identity. Every other slot stays in service: a
-renumbered VF on slot 3 never takes slots 0-2 and 4-7 out of the catalog.
+The decision has two halves, and `gate(approved, discovered)` (pure, behind
+`gpuaas host gate`) gives both:
+
+- desired state: `policies.eligibility`, the one function `gpuaas validate`,
+  inventory and the planner use. A slot that still lists discovery blockers,
+  shares its VF, is not `per_slot_vf`, or sits in a map with
+  `approval_required: true` is `ineligible` with the same reason codes
+  validate prints, so gate and validate never disagree about a map.
+- discovery: `compare(approved, discovered)`. A slot whose GPU, fabric VF,
+  disk identity or NUMA node no longer matches the approved SlotMap is
+  `blocked`, with a `Drift` per difference naming the approved (old) and
+  discovered (new) value, until git approves the new identity.
+
+Every other slot stays in service: a renumbered VF on slot 3 never takes
+slots 0-2 and 4-7 out of the catalog. The host reconciler's pass calls
+`compare` alone: its plan carries only slots the central reconciler already
+found eligible, and only their identity, not the metadata policy reads.
 
 "New" values are what a fresh `gpuaas host discover` would propose for the
 same GPU (the candidate pairing), so the drift report reads as the edit the
@@ -31,10 +42,11 @@ from typing import Any
 
 from desired import models as m
 from host_reconciler.discovery import candidates, facts
+from policies import eligibility
 from schemas import hostplans
 
-# Stable codes. Do not change the string values.
-NOT_APPROVED = "gate.not_approved"
+# Stable codes. Do not change the string values. (An unapproved map is
+# eligibility's `slot.not_approved`; the gate has no code of its own for it.)
 GPU_MISSING = "drift.gpu_missing"
 NUMA_CHANGED = "drift.numa_node"
 VF_MISSING = "drift.vf_missing"
@@ -71,13 +83,19 @@ class Drift:
 @dataclass(frozen=True, slots=True)
 class GateResult:
     node: str
-    schedulable: tuple[int, ...]  # slot indexes that still match: keep selling them
-    blocked: Mapping[int, tuple[Drift, ...]] = field(default_factory=dict)
+    schedulable: tuple[int, ...]  # slot indexes that are eligible and still match: keep selling them
+    blocked: Mapping[int, tuple[Drift, ...]] = field(default_factory=dict)  # drifted from the host
+    ineligible: Mapping[int, tuple[eligibility.Ineligible, ...]] = field(default_factory=dict)  # by policy
     unapproved_gpus: tuple[str, ...] = ()  # GPUs on the host that no approved slot names
 
     @property
     def drifts(self) -> tuple[Drift, ...]:
         return tuple(d for i in sorted(self.blocked) for d in self.blocked[i])
+
+    @property
+    def unschedulable(self) -> tuple[int, ...]:
+        """Slots out of service for either half: policy (what validate reports) or drift."""
+        return tuple(sorted({*self.blocked, *self.ineligible}))
 
     def is_schedulable(self, slot_index: int) -> bool:
         return slot_index in self.schedulable
@@ -86,13 +104,31 @@ class GateResult:
         return {
             "node": self.node,
             "schedulable": list(self.schedulable),
+            "unschedulable": list(self.unschedulable),
+            "ineligible": {
+                str(i): [{"code": r.code, "field": r.field, "message": r.message} for r in rs]
+                for i, rs in sorted(self.ineligible.items())
+            },
             "blocked": {str(i): [d.as_dict() for d in ds] for i, ds in sorted(self.blocked.items())},
             "unapproved_gpus": list(self.unapproved_gpus),
         }
 
 
 def gate(approved: m.SlotMap, discovered: facts.Discovery) -> GateResult:
-    """Compare every approved slot with what discovery sees now."""
+    """The whole decision: eligibility of the approved map, then its comparison with the host."""
+    compared = compare(approved, discovered)
+    ineligible = {i: tuple(why) for i, why in eligibility.eligible_slots(approved).items() if why}
+    return GateResult(
+        node=compared.node,
+        schedulable=tuple(i for i in compared.schedulable if i not in ineligible),
+        blocked=compared.blocked,
+        ineligible=ineligible,
+        unapproved_gpus=compared.unapproved_gpus,
+    )
+
+
+def compare(approved: m.SlotMap, discovered: facts.Discovery) -> GateResult:
+    """The discovery half: compare every approved slot's identity with what discovery sees now."""
     proposal = candidates.pairings(discovered)
     by_gpu = {p.gpu.pci_address: p for p in proposal}
     by_index = {p.slot_index: p for p in proposal}
@@ -102,22 +138,10 @@ def gate(approved: m.SlotMap, discovered: facts.Discovery) -> GateResult:
 
     blocked: dict[int, tuple[Drift, ...]] = {}
     for slot in approved.slots:
-        if approved.approval_required:
-            found = [
-                Drift(
-                    slot.slot_index,
-                    NOT_APPROVED,
-                    "approval_required",
-                    False,
-                    True,
-                    f"slot map of {approved.node} still has approval_required: true",
-                )
-            ]
-        else:
-            pairing = by_gpu.get(slot.gpu_pci_address)
-            found = _gpu(slot, discovered, by_index.get(slot.slot_index), owned_gpus)
-            found += _fabric(slot, discovered, pairing, owned_vfs)
-            found += _disk(slot, discovered, pairing, owned_disks)
+        pairing = by_gpu.get(slot.gpu_pci_address)
+        found = _gpu(slot, discovered, by_index.get(slot.slot_index), owned_gpus)
+        found += _fabric(slot, discovered, pairing, owned_vfs)
+        found += _disk(slot, discovered, pairing, owned_disks)
         if found:
             blocked[slot.slot_index] = tuple(found)
     discovered_gpus = sorted(g.pci_address for g in discovered.gpus)

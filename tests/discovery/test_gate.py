@@ -19,6 +19,7 @@ import yaml
 from desired import models as m
 from host_reconciler.discovery import candidates, discovering, facts, gating
 from host_reconciler.discovery import cli as discovery_cli
+from policies import eligibility
 from reconciler import cli
 from tests.discovery.conftest import FLEET, move_pci_function, relink
 
@@ -198,7 +199,9 @@ def test_unapproved_map_blocks_everything(approved: m.SlotMap, h200: facts.Disco
     pending = approved.model_copy(update={"approval_required": True})
     result = gating.gate(pending, h200)
     assert result.schedulable == ()
-    assert {d.code for d in result.drifts} == {gating.NOT_APPROVED}
+    assert result.blocked == {}  # nothing drifted: the map is not approved yet, by policy
+    assert {r.code for why in result.ineligible.values() for r in why} == {eligibility.NOT_APPROVED}
+    assert result.unschedulable == tuple(range(8))
 
 
 def test_gate_reads_any_by_id_alias(approved: m.SlotMap, h200: facts.Discovery) -> None:
