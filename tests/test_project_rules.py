@@ -48,6 +48,10 @@ def test_every_package_says_what_it_is_for() -> None:
 # ------------------------------------------------- argv: data never becomes an option
 
 _SUBPROCESS_RUNNERS = {"run", "Popen", "call", "check_call", "check_output"}
+# The host agent's own runners, and which positional argument is the argv.
+_HOST_RUNNERS = {("tools", "run"): 0, ("netns", "run"): 1}
+# Checks whose result cannot start with '-' (tools.operand refuses it; names match ^[A-Za-z0-9]).
+_VALIDATORS = {"operand", "ifname", "mac"}
 
 # Call sites whose argv this rule cannot prove safe, each with the reason it is.
 # Key: "path::function" (the function the call is in). A site drops out of here
@@ -62,10 +66,17 @@ ARGV_ALLOWED = {
                                                     "ints and the operator's own database URL",
     "reconciler/store/embedded.py::_run": "runner: pg_ctl/initdb argv built in this module from literals and "
                                           "paths under the server's state dir",
-    "host_reconciler/drivers/netns.py::run": "runner: argv is built by the network drivers (ip, ovs-vsctl, "
-                                             "dnsmasq) from plan values that passed the desired-state patterns",
-    "host_reconciler/drivers/tools.py::run": "runner: argv is built by the disk and PCI drivers from approved "
-                                             "by-id paths and PCI addresses that passed the desired-state patterns",
+    "host_reconciler/drivers/netns.py::run": "runner: it passes on the argv its callers give netns.run(ns, argv), "
+                                             "and each of those calls is an argv site of this rule",
+    "host_reconciler/drivers/tools.py::run": "runner: it passes on the argv its callers give tools.run(argv), "
+                                             "and each of those calls is an argv site of this rule",
+    "host_reconciler/drivers/dnsmasq.py::DnsmasqServer.start": "argv() is the configured binary followed only "
+                                                              "by f'--option=...' strings it builds itself",
+    **dict.fromkeys(
+        (f"host_reconciler/drivers/network.py::IptablesNat.{f}" for f in ("ensure", "remove", "_rule_present")),
+        "iptables rule specs from nat_rules(): our literal options around a subnet printed by ipaddress and a "
+        "bridge name checked by addresses.ifname, neither of which can start with '-'",
+    ),
     "host_reconciler/lab.py::_run": "lab only: argv from literals, generated netns names and loop devices",
     "host_reconciler/lab.py::LabHost.close": "lab only: a generated netns name (gpuaas-l<hex>), mount points "
                                              "under the lab root (absolute paths) and /dev/loopN names",
@@ -80,17 +91,36 @@ def _argv_problems(args: list[ast.expr], *, program_first: bool) -> list[str]:
             break
         if i == 0 and program_first:
             continue  # the program itself, not an option
-        if isinstance(arg, ast.Constant):
-            continue  # a literal we wrote
-        if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant) \
-                and arg.values[0].value:
-            continue  # f"--opt={x}", f"+refs/heads/{b}": starts with our own text
-        problems.append(f"{ast.unparse(arg)!r} can start with '-' and is not after a literal '--'")
+        if not _safe_value(arg):
+            problems.append(f"{ast.unparse(arg)!r} can start with '-' and is not after a literal '--'")
     return problems
 
 
+def _safe_value(arg: ast.expr) -> bool:
+    """Whether `arg` (one argv element) can never start with '-'."""
+    match arg:
+        case ast.Constant():
+            safe = True  # a literal we wrote
+        case ast.JoinedStr(values=[ast.Constant(value=str() as head), *_]):
+            safe = bool(head)  # f"--opt={x}", f"+refs/heads/{b}": starts with our own text
+        case ast.Call(func=ast.Attribute(attr=name) | ast.Name(id=name)):
+            safe = name in _VALIDATORS  # tools.operand(x), addresses.ifname(x): checked where it runs
+        case ast.Starred(value=inner):
+            safe = _safe_value(inner)
+        case ast.List(elts=elts) | ast.Tuple(elts=elts):
+            safe = all(_safe_value(e) for e in elts)
+        case ast.IfExp(body=body, orelse=orelse):
+            safe = _safe_value(body) and _safe_value(orelse)
+        case ast.ListComp(elt=elt) | ast.GeneratorExp(elt=elt):
+            safe = _safe_value(elt)
+        case _:
+            safe = False
+    return safe
+
+
 def _argv_sites(tree: ast.Module) -> list[tuple[int, str, list[str]]]:
-    """(line, enclosing function, problems) of every subprocess.* and <repo>.git.<cmd>(...) call."""
+    """(line, enclosing function, problems) of every subprocess.*, tools.run, netns.run and
+    <repo>.git.<cmd>(...) call."""
     found: list[tuple[int, str, list[str]]] = []
 
     def visit(node: ast.AST, scope: list[str]) -> None:
@@ -100,9 +130,12 @@ def _argv_sites(tree: ast.Module) -> list[tuple[int, str, list[str]]]:
             if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute):
                 f = child.func
                 where = ".".join(scope) or "<module>"
-                if isinstance(f.value, ast.Name) and f.value.id == "subprocess" and f.attr in _SUBPROCESS_RUNNERS:
-                    argv = child.args[0] if child.args else next(
-                        (k.value for k in child.keywords if k.arg == "args"), None)
+                runner = (f.value.id, f.attr) if isinstance(f.value, ast.Name) else None
+                if runner is not None and (runner in _HOST_RUNNERS or (
+                        runner[0] == "subprocess" and runner[1] in _SUBPROCESS_RUNNERS)):
+                    at = _HOST_RUNNERS.get(runner, 0)
+                    argv = child.args[at] if len(child.args) > at else next(
+                        (k.value for k in child.keywords if k.arg in ("args", "argv", "command")), None)
                     if isinstance(argv, ast.List | ast.Tuple):
                         found.append((child.lineno, where, _argv_problems(list(argv.elts), program_first=True)))
                     else:
@@ -116,7 +149,8 @@ def _argv_sites(tree: ast.Module) -> list[tuple[int, str, list[str]]]:
 
 
 def test_no_value_can_become_an_option_of_a_program_we_run() -> None:
-    """Every subprocess.* and GitPython repo.git.<cmd>(...) call puts values after a literal "--".
+    """Every subprocess.*, tools.run, netns.run and GitPython repo.git.<cmd>(...) call puts values
+    after a literal "--" or through a check that refuses a leading '-'.
 
     A branch, remote, node or device name that starts with '-' would otherwise
     be read as an option (`git fetch --upload-pack=...`). Literals and
@@ -144,6 +178,14 @@ def test_the_argv_rule_catches_what_it_should() -> None:
         'repo.git.fetch("--", self.remote, "main")': 0,
         'repo.git.checkout("-b", "pr")': 0,
         'repo.git.log(*args)': 1,
+        'tools.run(["wipefs", "--all", dev.path])': 1,
+        'tools.run(["wipefs", "--all", "--", dev.path], timeout=9)': 0,
+        'tools.run(argv)': 1,
+        'netns.run(ns, ["ip", "link", "del", name], code="x")': 1,
+        'netns.run(ns, ("sysctl", "-n", "net.ipv4.ip_forward"), code="x")': 0,
+        'netns.run(ns, [b, addresses.ifname(br), tools.operand(ip), *([] if c is None else [operand(c)])])': 0,
+        'netns.run(ns, [b, x, *([] if c is None else [c])])': 2,
+        'netns.run(ns, [b, *rest])': 1,
     }
     for code, expected in cases.items():
         sites = _argv_sites(ast.parse(code))

@@ -326,7 +326,7 @@ class BlockDisks:
         return DiskObs(device=device, present=True, mounted=mounted, signatures=sigs, os_disk=is_os)
 
     def _signatures(self, path: str) -> tuple[str, ...]:
-        res = tools.run(["blkid", "-p", "-o", "export", path], timeout=60)
+        res = tools.run(["blkid", "-p", "-o", "export", "--", path], timeout=60)
         if res.returncode == BLKID_NOTHING_FOUND:
             return ()
         if res.returncode != 0:
@@ -360,7 +360,7 @@ class BlockDisks:
                     code="host.disk.too_small",
                 )
             res = tools.run(
-                ["qemu-img", "convert", "-n", "-f", "qcow2", "-O", "raw", image.path, dev.path],
+                ["qemu-img", "convert", "-n", "-f", "qcow2", "-O", "raw", "--", image.path, dev.path],
                 timeout=self.settings.tool_timeout_s,
             )
             if res.returncode != 0:
@@ -386,7 +386,7 @@ class BlockDisks:
 
     def _qcow2_size(self, path: str) -> int:
         """The virtual size of a qcow2 we may convert: no backing file, no external data file."""
-        res = tools.run(["qemu-img", "info", "--output=json", "-f", "qcow2", path], timeout=120)
+        res = tools.run(["qemu-img", "info", "--output=json", "-f", "qcow2", "--", path], timeout=120)
         if res.returncode != 0:
             raise images.ImageError(f"{path} is not a readable qcow2: {res.stderr.strip()}", code="host.image.format")
         try:
@@ -414,7 +414,7 @@ class BlockDisks:
             target = json.dumps({"driver": "raw", "size": length,
                                  "file": {"driver": "host_device", "filename": dev.path}})  # fmt: skip
             res = tools.run(
-                ["qemu-img", "compare", "-f", "qcow2", image.path, f"json:{target}"],
+                ["qemu-img", "compare", "-f", "qcow2", "--", image.path, f"json:{target}"],
                 timeout=self.settings.tool_timeout_s,
             )
             ok = res.returncode == 0
@@ -457,16 +457,16 @@ class BlockDisks:
             "resolved": dev.path,
             "signatures_before": list(self._signatures(dev.path)),
         }
-        wf = tools.run(["wipefs", "--all", dev.path], timeout=self.settings.tool_timeout_s)
+        wf = tools.run(["wipefs", "--all", "--", dev.path], timeout=self.settings.tool_timeout_s)
         evidence["wipefs"] = wf.as_dict()
         if wf.returncode != 0:
             raise WipeFailed(f"wipefs {dev.path} failed: {wf.stderr.strip()}", evidence=evidence)
-        bd = tools.run(["blkdiscard", dev.path], timeout=self.settings.tool_timeout_s)
+        bd = tools.run(["blkdiscard", "--", dev.path], timeout=self.settings.tool_timeout_s)
         evidence["blkdiscard"] = bd.as_dict()
         method = "blkdiscard"
         if bd.returncode != 0 or not self._samples_zero(dev.path, count=8):
             # No discard support, or a discard that does not read back as zeros.
-            zo = tools.run(["blkdiscard", "--zeroout", dev.path], timeout=self.settings.tool_timeout_s)
+            zo = tools.run(["blkdiscard", "--zeroout", "--", dev.path], timeout=self.settings.tool_timeout_s)
             evidence["zeroout"] = zo.as_dict()
             method = "zeroout"
             if zo.returncode != 0:
@@ -497,7 +497,7 @@ class BlockDisks:
     def verify(self, disk: SlotDisk) -> dict[str, Any]:
         dev = self.guard(disk)
         t0 = time.monotonic()
-        res = tools.run(["blkid", "-p", "-o", "export", dev.path], timeout=120)
+        res = tools.run(["blkid", "-p", "-o", "export", "--", dev.path], timeout=120)
         seed = secrets.randbits(64)
         offsets, nonzero, size = _read_samples(
             dev.path,

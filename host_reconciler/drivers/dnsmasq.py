@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from host_reconciler.drivers import addresses, netns
+from host_reconciler.drivers import addresses, netns, tools
 from schemas.errors import PermanentError, TemporaryError
 from schemas.hostplans import Network, VmSpec
 
@@ -354,11 +354,15 @@ class DnsmasqServer:
         bridge = self.interface()
         if lease is None or bridge is None:
             return False
-        argv = [self._release_binary, bridge, lease.ip, lease.mac]
-        if lease.client_id is not None:
-            argv.append(lease.client_id)
+        # dhcp_release reads its operands by position and knows no "--"; each one
+        # comes from the lease file, so each is checked before it reaches the argv.
         try:
-            netns.run(self._netns, argv, code="host.dhcp.release_failed")
+            netns.run(
+                self._netns,
+                [self._release_binary, addresses.ifname(bridge), tools.operand(lease.ip), addresses.mac(lease.mac),
+                 *([] if lease.client_id is None else [tools.operand(lease.client_id)])],
+                code="host.dhcp.release_failed",
+            )  # fmt: skip
         except netns.CommandError as e:
             raise DhcpError(e.message, code="host.dhcp.release_failed") from e
         # dnsmasq handles the packet asynchronously; wait for the file to show it.

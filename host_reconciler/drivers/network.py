@@ -162,8 +162,8 @@ class IptablesNat:
 
     def ensure(self, network: Network) -> bool:
         changed = False
-        sysctl = ("sysctl", "-n", "net.ipv4.ip_forward")
-        if netns.run(self._netns, sysctl, code="host.network.sysctl_failed").stdout.strip() != "1":
+        forwarding = netns.run(self._netns, ("sysctl", "-n", "net.ipv4.ip_forward"), code="host.network.sysctl_failed")
+        if forwarding.stdout.strip() != "1":
             netns.run(
                 self._netns,
                 ("sysctl", "-q", "-w", "net.ipv4.ip_forward=1"),

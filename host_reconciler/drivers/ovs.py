@@ -41,6 +41,7 @@ from schemas.hostplans import Network
 
 _DB = re.compile(r"^(unix:/[A-Za-z0-9_./-]+|tcp:[0-9.]+:[0-9]+)$")
 _LOCAL_OFPORT = 65534  # OpenFlow's LOCAL: the bridge's internal interface
+_COMMAND_OPTIONS = frozenset({"--", "--may-exist", "--if-exists"})  # what _run's callers may pass
 
 
 class OvsNetwork:
@@ -168,11 +169,23 @@ class OvsNetwork:
     # -- helpers ----------------------------------------------------------------
 
     def _run(self, *args: str, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess[str]:
-        argv = [self._vsctl, f"--timeout={self._timeout}"]
-        if self._db is not None:
-            argv.append(f"--db={self._db}")
+        """ovs-vsctl with our global options, "--", then `args` (commands and their options).
+
+        After "--" ovs-vsctl still reads command options (`--may-exist`) and "--"
+        as a command separator, so every argument that starts with '-' must be
+        one of the literals we use: a bridge or port name never can.
+        """
+        for arg in args:
+            if arg.startswith("-") and arg not in _COMMAND_OPTIONS:
+                raise NetworkError(f"refusing {arg!r} as an ovs-vsctl argument", code="host.tool.argv")
         try:
-            return netns.run(self._netns, [*argv, *args], code="host.network.ovs_failed", ok=ok)
+            return netns.run(
+                self._netns,
+                [self._vsctl, f"--timeout={self._timeout}", *([] if self._db is None else [f"--db={self._db}"]),
+                 "--", *args],
+                code="host.network.ovs_failed",
+                ok=ok,
+            )
         except netns.CommandError as e:
             raise NetworkError(e.message, code="host.network.ovs_failed") from e
 

@@ -1,13 +1,17 @@
 """Running host tools (wipefs, blkdiscard, blkid, qemu-img, genisoimage) safely.
 
 argv lists only, never a shell; every value that reaches an argv was checked
-by its caller (a resolved block device, a path inside a state directory).
+by its caller (a resolved block device, a path inside a state directory) and
+is placed where it cannot be read as an option: after a literal "--", or
+through `operand()` for a tool or position where "--" is not understood.
+tests/test_project_rules.py scans every argv given to `run` for this.
 A missing tool is a PermanentError (the host is not prepared), a timeout a
 TemporaryError.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +33,19 @@ class ToolResult:
             "stdout": self.stdout[-2000:],
             "stderr": self.stderr[-2000:],
         }
+
+
+def operand(value: str | os.PathLike[str]) -> str:
+    """`value` as an argv operand, refused if a program could read it as an option.
+
+    For positions a literal "--" cannot protect: an option's argument, an
+    operand of a tool without "--" (dhcp_release), a command argument of
+    ovs-vsctl. An absolute path or a validated name always passes.
+    """
+    text = os.fspath(value)
+    if not text or text.startswith("-") or "\x00" in text:
+        raise PermanentError(f"refusing {text!r} as a command operand", code="host.tool.argv")
+    return text
 
 
 def run(argv: Sequence[str], *, timeout: float = 600.0) -> ToolResult:
