@@ -33,8 +33,10 @@ import http.client
 import json
 import logging
 import os
+import queue
 import re
 import stat
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -295,26 +297,58 @@ class _Job:
             self.cache.partial_meta(self.hexd).write_text(json.dumps(meta))
 
     def _stream(self, fd: int, body: IO[bytes] | http.client.HTTPResponse) -> bool:
-        while True:
-            block = body.read(CHUNK)
-            if not block:
-                break
-            if self.have + len(block) > self.max_bytes:
-                raise TooLarge(f"{self.url} sent more than the cap of {self.max_bytes} bytes")
-            view = memoryview(block)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-            self.hash.update(block)
-            self.have += len(block)
-            self.downloaded += len(block)
-            if self.progress is not None:
-                self.progress(self.have, self.total)
+        with _Hasher(self.hash) as hasher:  # every block fed is hashed before an error leaves here
+            while True:
+                block = body.read(CHUNK)
+                if not block:
+                    break
+                if self.have + len(block) > self.max_bytes:
+                    raise TooLarge(f"{self.url} sent more than the cap of {self.max_bytes} bytes")
+                view = memoryview(block)
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
+                hasher.feed(block)
+                self.have += len(block)
+                self.downloaded += len(block)
+                if self.progress is not None:
+                    self.progress(self.have, self.total)
         if self.total is not None and self.have < self.total:
             raise http.client.IncompleteRead(b"", self.total - self.have)
         if self.total is not None and self.have > self.total:
             raise _Restart
         return True
+
+
+class _Hasher:
+    """sha256 on a second thread while the first reads and writes.
+
+    hashlib drops the GIL while it hashes a large block, so hashing overlaps
+    the socket read and the file write instead of adding to them (about a
+    third of a pull's time when done inline). A bounded queue keeps at most a
+    few blocks in memory; leaving the block waits until every fed block is
+    hashed, so `hash` always covers exactly the bytes written.
+    """
+
+    def __init__(self, h: Any) -> None:
+        self._h = h
+        self._q: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
+        self._t = threading.Thread(target=self._work, name="image-sha256", daemon=True)
+
+    def _work(self) -> None:
+        while (block := self._q.get()) is not None:
+            self._h.update(block)
+
+    def feed(self, block: bytes) -> None:
+        self._q.put(block)
+
+    def __enter__(self) -> _Hasher:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._q.put(None)
+        self._t.join()
 
 
 def _why(e: BaseException) -> str:

@@ -20,14 +20,16 @@ import os
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from host_reconciler import fetching, imagecache, images
 from host_reconciler.drivers import disks
-from host_reconciler.imageserver import ImageServer
 from schemas.errors import PermanentError
 
 MiB = 1 << 20
@@ -38,6 +40,25 @@ def _run(*argv: str) -> str:
     if done.returncode != 0:
         raise PermanentError(f"{' '.join(argv)}: {done.stderr.strip()}", code="bench.command_failed")
     return done.stdout.strip()
+
+
+@contextmanager
+def _server_process(served: Path) -> Iterator[str]:
+    """The image server in a child process (both clients then time the same out-of-process server)."""
+    proc = subprocess.Popen([sys.executable, "-m", "host_reconciler.imageserver", str(served)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None  # noqa: S101 - stdout=PIPE above
+        port = int(proc.stdout.readline())
+        yield f"http://127.0.0.1:{port}/image.raw"
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _write_random(path: Path, size: int) -> str:
@@ -67,15 +88,18 @@ def run(*, size_mib: int, runs: int) -> dict[str, Any]:
         digest = _write_random(raw, size)
         pull_s: list[float] = []
         curl_s: list[float] = []
-        with ImageServer(served) as srv:
-            url = srv.url("image.raw")
+        with _server_process(served) as url:
             for i in range(runs):
                 cache = imagecache.ImageCache(root / f"cache-{i}")
+                # Each client starts with no dirty pages: curl leaves 1 GiB to write back, which
+                # would otherwise land on the next pull's fsync.
+                os.sync()
                 t = time.perf_counter()
                 fetching.fetch(cache, url, digest, max_bytes=size)
                 pull_s.append(time.perf_counter() - t)
                 shutil.rmtree(cache.root)
                 out = root / f"curl-{i}"
+                os.sync()
                 t = time.perf_counter()
                 _run("curl", "-s", "-f", "--noproxy", "*", "-o", str(out), url)
                 curl_s.append(time.perf_counter() - t)

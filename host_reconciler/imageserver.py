@@ -168,3 +168,22 @@ def _sendfile(h: http.server.BaseHTTPRequestHandler, f: Any, count: int) -> int:
             break
         sent += n
     return sent
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m host_reconciler.imageserver DIR`: serve DIR on 127.0.0.1, print the port, run until stdin closes.
+
+    The bench runs the server in its own process, so neither client it times
+    shares an interpreter (and its GIL) with the server.
+    """
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    with ImageServer(Path(args[0])) as srv:
+        print(srv.port, flush=True)
+        sys.stdin.read()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
