@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from schemas import hostplans
+from schemas import hostplans, output
 from schemas.errors import GpuaasError, PermanentError, UsageError
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def register(sub: Any) -> None:
         p.add_argument("--status-file", type=Path, help="with --plan-file: write the status JSON here")
         p.add_argument("--db-url", help=f"PostgreSQL URL (default ${ENV_URL}); the agent never starts a database")
         p.add_argument("--db-role", help=f"the node's database role (default ${ENV_ROLE})")
-        p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+        output.add_argument(p, "text")
         if name == "converge":
             p.add_argument("--dry-run", action="store_true", help="print the actions, change nothing")
         else:
@@ -169,13 +169,13 @@ def _settings(args: argparse.Namespace) -> settings.HostSettings:
     return settings.with_mode(s, DriftMode(args.mode)) if args.mode else s
 
 
-def _print(result: converging.PassResult, output: str) -> None:
+def _print(result: converging.PassResult, fmt: str) -> None:
     from host_reconciler import reports
-    if output == "json":
+    if output.structured(fmt):
         doc = result.status.as_dict()
         doc["actions"] = [a.describe() for a in result.planned]
         doc["executed"] = [{"action": a.describe(), "ms": round(ms, 3)} for a, ms in result.executed]
-        print(json.dumps(doc, indent=2, default=str))
+        output.emit(doc, fmt)
         return
     title = "dry run: would run" if result.dry_run else "ran"
     steps = result.planned if result.dry_run else tuple(a for a, _ in result.executed)
@@ -234,8 +234,8 @@ def run_loop(args: argparse.Namespace) -> int:
                 else:
                     result = converger.converge(plan)
                     source.report(result)
-                    if args.output == "json":
-                        print(json.dumps(result.status.as_dict(), default=str), flush=True)
+                    if output.structured(args.output):  # one record per pass: a JSON line, a YAML document
+                        output.emit(result.status.as_dict(), args.output, indent=None, stream=True)
                     else:
                         log.info("pass: %d action(s), %d error(s), converged=%s, %.0f ms",
                                  len(result.executed), len(result.errors), result.status.converged,

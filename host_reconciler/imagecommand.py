@@ -18,13 +18,13 @@ recently used until the cache fits, and with neither it enforces the budget.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from host_reconciler import fetching, imagecache, settings
 from host_reconciler.localstate import LocalState
+from schemas import output
 from schemas.errors import GpuaasError, UsageError
 
 
@@ -56,7 +56,7 @@ def register(sub: Any) -> None:
         q.add_argument("--cache", type=Path, help="cache directory (default: the settings' image_dir)")
         q.add_argument("--config", type=Path, help=f"host settings JSON (default ${settings.ENV_CONFIG})")
     for q in (pull, ls, ev, bench):
-        q.add_argument("-o", "--output", choices=("text", "json"), default="text")
+        output.add_argument(q, "text")
 
 
 def _settings(args: argparse.Namespace) -> settings.HostSettings:
@@ -79,12 +79,12 @@ def run_pull(args: argparse.Namespace) -> int:
                                 timeout_s=s.image_fetch_timeout_s, progress=progress,
                                 keep_partial=False)  # fmt: skip
     except GpuaasError as e:
-        if args.output == "json":
-            print(json.dumps({"error": {"code": e.code, "message": e.message}}))
+        if output.structured(args.output):
+            output.emit({"error": {"code": e.code, "message": e.message}}, args.output, indent=None)
             return 1
         raise
-    if args.output == "json":
-        print(json.dumps(result.as_dict(), indent=2))
+    if output.structured(args.output):
+        output.emit(result.as_dict(), args.output)
     else:
         print(result.entry.path)
     return 0
@@ -108,10 +108,10 @@ def run_list(args: argparse.Namespace) -> int:
     cache = _cache(args, s)
     entries = sorted(cache.entries(), key=lambda e: (e.last_used, e.digest))
     partials = cache.partials()
-    if args.output == "json":
-        print(json.dumps({"cache": str(cache.root), "used_bytes": sum(e.size for e in entries),
-                          "images": [e.as_dict() for e in entries],
-                          "fetching": [f.as_dict() for f in partials]}, indent=2))  # fmt: skip
+    if output.structured(args.output):
+        output.emit({"cache": str(cache.root), "used_bytes": sum(e.size for e in entries),
+                     "images": [e.as_dict() for e in entries],
+                     "fetching": [f.as_dict() for f in partials]}, args.output)  # fmt: skip
         return 0
     print(f"{cache.root}: {len(entries)} image(s), {sum(e.size for e in entries)} bytes")
     for e in entries:
@@ -139,9 +139,9 @@ def run_evict(args: argparse.Namespace) -> int:
     else:
         budget = args.to_bytes if args.to_bytes is not None else s.image_budget()
         evicted = cache.enforce(budget=budget, in_use=keep, pinned=())
-    if args.output == "json":
-        print(json.dumps({"evicted": [f"sha256:{d}" for d in evicted], "refused": refused,
-                          "used_bytes": cache.used_bytes()}, indent=2))  # fmt: skip
+    if output.structured(args.output):
+        output.emit({"evicted": [f"sha256:{d}" for d in evicted], "refused": refused,
+                     "used_bytes": cache.used_bytes()}, args.output)  # fmt: skip
     else:
         for d in evicted:
             print(f"evicted sha256:{d}")
@@ -158,8 +158,8 @@ def run_bench(args: argparse.Namespace) -> int:
     from host_reconciler import imagebench
 
     out = imagebench.run(size_mib=args.size_mib, runs=args.runs)
-    if args.output == "json":
-        print(json.dumps(out, indent=2))
+    if output.structured(args.output):
+        output.emit(out, args.output)
         return 0
     print(f"image: {out['size_bytes']} bytes, {args.runs} run(s) each, same server (127.0.0.1), same session")
     print(f"pull_mib_s   {out['pull_mib_s']:10.1f}   (gpuaas fetch: Range-capable, sha256 while streaming, fsync)")

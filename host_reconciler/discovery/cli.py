@@ -13,12 +13,12 @@ ineligible or drifted (1 stays reserved for errors).
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from schemas import output
 from schemas.errors import PermanentError, UsageError
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ def register(sub: Any) -> None:
     g = sub.add_parser("gate", help="compare an approved slot map with this host; report drift per slot")
     g.add_argument("slotmap", type=Path, help="the approved SlotMap YAML file")
     _common(g)
-    g.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    output.add_argument(g, "text")
     g.set_defaults(func=run_gate)
 
 
@@ -102,8 +102,8 @@ def run_gate(args: argparse.Namespace) -> int:
     from host_reconciler.discovery import discovering, gating
     approved = load_slot_map(args.slotmap)
     result = gating.gate(approved, discovering.discover(args.sysfs_root))
-    if args.output == "json":
-        sys.stdout.write(json.dumps(result.as_dict(), indent=2) + "\n")
+    if output.structured(args.output):
+        output.emit(result.as_dict(), args.output)
     else:
         for index, reasons in sorted(result.ineligible.items()):
             for r in reasons:

@@ -23,13 +23,13 @@ What is applied is what history records:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reconciler.commands import db
+from schemas import output
 from schemas.errors import PermanentError, UsageError
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def register(sub: Any) -> None:
                    help="apply the working tree even where it differs from HEAD (recorded as tree:<hash>)")
     p.add_argument("--repo", type=Path, help="with PLANFILE: the repo to read its head from (default: where it "
                                              "was planned)")
-    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    output.add_argument(p, "text")
     p.add_argument("--policy", help="placement policy override (default: the Fleet's)")
     db.add_database_arguments(p)
     p.set_defaults(func=run)
@@ -186,9 +186,9 @@ def _run_saved(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print(doc: dict[str, Any], output: str) -> None:
-    if output == "json":
-        print(json.dumps(doc, indent=2, default=str))
+def _print(doc: dict[str, Any], fmt: str) -> None:
+    if output.structured(fmt):
+        output.emit(doc, fmt)
     else:
         print(render_text(doc))
 

@@ -8,10 +8,11 @@ first use and reused afterwards.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from schemas import output
 
 
 def add_database_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,7 +42,7 @@ def register(sub: Any) -> None:
         c = dsub.add_parser(name, help=helptext)
         add_database_arguments(c)
         if name in ("status", "check"):
-            c.add_argument("-o", "--output", choices=("text", "json"), default="text")
+            output.add_argument(c, "text")
         c.set_defaults(func=func)
 
 
@@ -86,8 +87,8 @@ def _status(args: argparse.Namespace) -> int:
         doc = {"external": False, "initialized": st.initialized, "running": st.running, "pid": st.pid,
                "url": st.url, "state_dir": str(st.state_dir), "data_dir": str(st.data_dir),
                "log_file": str(st.log_file)}
-    if args.output == "json":
-        print(json.dumps(doc, indent=2))
+    if output.structured(args.output):
+        output.emit(doc, args.output)
     elif external:
         print(f"external database: {external}")
     else:
@@ -119,10 +120,10 @@ def _check(args: argparse.Namespace) -> int:
     with connections.connect(database_url(args), autocommit=True) as conn:
         migrations.migrate(conn)
         violations = checks.run(conn)
-    if args.output == "json":
-        print(json.dumps({"ok": not violations, "checks": [c.name for c in checks.CHECKS],
-                          "violations": [{"name": v.name, "description": v.description, "count": v.count,
-                                          "sample": list(v.sample)} for v in violations]}, indent=2))
+    if output.structured(args.output):
+        output.emit({"ok": not violations, "checks": [c.name for c in checks.CHECKS],
+                     "violations": [{"name": v.name, "description": v.description, "count": v.count,
+                                     "sample": list(v.sample)} for v in violations]}, args.output)
     elif violations:
         for v in violations:
             print(f"violation: {v.render()}", file=sys.stderr)

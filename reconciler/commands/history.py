@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 from typing import Any
 
 from reconciler.commands import db
+from schemas import output
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("history", help="recent reconciliations (revision, result, counts, errors)")
     p.add_argument("-n", type=int, default=20, help="how many (default 20)")
-    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    output.add_argument(p, "text")
     db.add_database_arguments(p)
     p.set_defaults(func=run)
 
@@ -66,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
 
     with connections.connect(db.database_url(args), autocommit=True) as conn:
         rows = [as_row(r) for r in history.recent(conn, args.n)] if migrations.applied(conn) else []
-    if args.output == "json":
-        print(json.dumps(rows, indent=2, default=str))
+    if output.structured(args.output):
+        output.emit(rows, args.output)
     else:
         print(render_text(rows))
     return 0

@@ -1,4 +1,4 @@
-"""`gpuaas plan [PATH] [--base REV] [--head REV] [-o text|markdown|json] [--offline] [--out FILE]`.
+"""`gpuaas plan [PATH] [--base REV] [--head REV] [-o text|markdown|json|yaml] [--offline] [--out FILE]`.
 
 Exit-code flags: `[--detailed-exitcode] [--fail-on-pending]`.
 
@@ -25,12 +25,12 @@ was computed against and the decisions. Nothing is saved when head is invalid.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reconciler.commands import blobcache, db
+from schemas import output
 from schemas.errors import PermanentError, UsageError
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def register(sub: Any) -> None:
     p.add_argument("path", nargs="?", default=Path("."), type=Path, help="desired-state repo (default .)")
     p.add_argument("--base", help="base revision (default: what the database runs; offline: nothing)")
     p.add_argument("--head", help="revision to plan (default HEAD; the directory itself outside git)")
-    p.add_argument("-o", "--output", choices=("text", "markdown", "json"), default="text")
+    output.add_argument(p, "text", "markdown")
     p.add_argument("--detailed-exitcode", action="store_true", help="exit 0 no change, 1 error, 2 changes")
     p.add_argument("--fail-on-pending", action="store_true",
                    help="exit 3 when requests this change adds or alters would stay pending")
@@ -147,11 +147,11 @@ def _guard(fn: Any) -> Any:
         raise UsageError(str(e), code="plan.policy_unknown") from e
 
 
-def _print(pr: prplan.PrPlan, output: str) -> None:
+def _print(pr: prplan.PrPlan, fmt: str) -> None:
     from reconciler import prplan_render
-    if output == "json":
-        print(json.dumps(prplan_render.as_dict(pr), indent=2, default=str))
-    elif output == "markdown":
+    if output.structured(fmt):
+        output.emit(prplan_render.as_dict(pr), fmt)
+    elif fmt == "markdown":
         print(prplan_render.render_markdown(pr), end="")
     else:
         print(prplan_render.render_text(pr))

@@ -9,11 +9,11 @@ its problems; a refused file, such as a symlinked `allocations/<id>.yaml`,
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from schemas import output
 from schemas.errors import PermanentError
 
 if TYPE_CHECKING:
@@ -49,12 +49,13 @@ def _git_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--push", action="store_true", help="push the commit (implies --commit)")
     p.add_argument("--remote", default="origin")
     p.add_argument("--branch", default="main")
-    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    output.add_argument(p, "text")
 
 
 def _report(args: argparse.Namespace, written: requests.Written, verb: str) -> int:
-    if args.output == "json":
-        print(json.dumps({"id": written.allocation_id, "path": str(written.path), "commit": written.commit}))
+    if output.structured(args.output):
+        output.emit({"id": written.allocation_id, "path": str(written.path), "commit": written.commit},
+                    args.output, indent=None)
     else:
         print(
             f"{verb} {written.allocation_id}: {written.path}"
@@ -64,8 +65,8 @@ def _report(args: argparse.Namespace, written: requests.Written, verb: str) -> i
 
 
 def _rejected(args: argparse.Namespace, e: requests.RequestRejected) -> int:
-    if args.output == "json":
-        print(json.dumps({"error": e.code, "problems": [x.as_dict() for x in e.problems]}))
+    if output.structured(args.output):
+        output.emit({"error": e.code, "problems": [x.as_dict() for x in e.problems]}, args.output, indent=None)
     else:
         for problem in e.problems:
             print(problem.render(), file=sys.stderr)
@@ -74,8 +75,8 @@ def _rejected(args: argparse.Namespace, e: requests.RequestRejected) -> int:
 
 
 def _refused(args: argparse.Namespace, e: PermanentError) -> int:
-    if args.output == "json":
-        print(json.dumps({"error": e.code, "message": e.message}))
+    if output.structured(args.output):
+        output.emit({"error": e.code, "message": e.message}, args.output, indent=None)
     print(f"error: {e.code}: {e.message}", file=sys.stderr)
     return 1
 

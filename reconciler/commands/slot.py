@@ -11,10 +11,10 @@ cleanup proof stays in cleanup; it becomes available when the proof comes.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from reconciler.commands import db
+from schemas import output
 from schemas.errors import UsageError
 
 
@@ -25,7 +25,7 @@ def register(sub: Any) -> None:
     c = actions.add_parser("clear", help="clear a slot's quarantine (the evidence is printed and kept in the outbox)")
     c.add_argument("node", help="node name")
     c.add_argument("slot", type=int, help="slot index")
-    c.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    output.add_argument(c, "text")
     db.add_database_arguments(c)
     c.set_defaults(func=run_clear)
 
@@ -37,9 +37,9 @@ def run_clear(args: argparse.Namespace) -> int:
         cleared = lifecycle.clear_quarantine(conn, args.node, args.slot)
     if cleared.outcome == "unknown":
         raise UsageError(f"no slot {args.slot} on node {args.node}", code="slot.unknown")
-    if args.output == "json":
-        print(json.dumps({"node": cleared.node, "slot_index": cleared.slot_index, "outcome": cleared.outcome,
-                          "status": cleared.status, "evidence": cleared.evidence}, indent=2, default=str))
+    if output.structured(args.output):
+        output.emit({"node": cleared.node, "slot_index": cleared.slot_index, "outcome": cleared.outcome,
+                     "status": cleared.status, "evidence": cleared.evidence}, args.output)
         return 0
     if cleared.outcome == "not_quarantined":
         print(f"{cleared.node}:{cleared.slot_index} is not quarantined (status {cleared.status})")

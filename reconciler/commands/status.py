@@ -10,11 +10,11 @@ desired state is the inventory the last reconciliation synced.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from reconciler.commands import db
+from schemas import output
 
 if TYPE_CHECKING:
     from reconciler import capacity
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 def register(sub: Any) -> None:
     p = sub.add_parser("status", help="capacity per region x SKU, nodes and allocations, from the database")
-    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    output.add_argument(p, "text")
     p.add_argument("--policy", help="placement policy override (default: the Fleet's)")
     db.add_database_arguments(p)
     p.set_defaults(func=run)
@@ -222,8 +222,8 @@ def _lifecycle_text(c: dict[str, Any] | None, status: str) -> str:
 def run(args: argparse.Namespace) -> int:
 
     doc = collect(db.database_url(args), policy=args.policy)
-    if args.output == "json":
-        print(json.dumps(doc, indent=2, default=str))
+    if output.structured(args.output):
+        output.emit(doc, args.output)
     else:
         print(render_text(doc))
     return 0

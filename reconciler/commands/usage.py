@@ -12,10 +12,10 @@ import argparse
 import csv
 import datetime as dt
 import io
-import json
 from typing import Any
 
 from reconciler.commands import db
+from schemas import output
 
 CSV_FIELDS = ("tenant", "allocation_id", "sku", "gpus", "usage_from", "usage_to", "gpu_hours",
               "gpu_hourly_price_minor", "currency", "amount_minor")
@@ -26,7 +26,7 @@ def register(sub: Any) -> None:
     p.add_argument("--from", dest="start", help="start, inclusive: YYYY-MM-DD or ISO 8601 (default: this month)")
     p.add_argument("--to", dest="end", help="end, exclusive: YYYY-MM-DD or ISO 8601 (default: now)")
     p.add_argument("--tenant", help="only this tenant")
-    p.add_argument("-o", "--output", choices=("text", "csv", "json"), default="text")
+    output.add_argument(p, "text", "csv")
     db.add_database_arguments(p)
     p.set_defaults(func=run)
 
@@ -73,8 +73,8 @@ def run(args: argparse.Namespace) -> int:
             doc = usages.usage(conn, start=start, end=end, tenant=args.tenant)
     finally:
         readers.close()
-    if args.output == "json":
-        print(json.dumps(doc, indent=2))
+    if output.structured(args.output):
+        output.emit(doc, args.output)
     elif args.output == "csv":
         print(render_csv(doc), end="")
     else:

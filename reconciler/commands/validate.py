@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from reconciler.commands import blobcache
+from schemas import output
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("validate", help="validate a desired-state repo")
     p.add_argument("path", nargs="?", default=".", type=Path)
     p.add_argument("--rev", help="read the tree at this git revision (no checkout)")
-    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    output.add_argument(p, "text")
     p.add_argument("--summary", action="store_true", help="also print the fleet summary")
     p.add_argument("--state-dir", type=Path, default=None,
                    help="state directory holding the blob cache (default $GPUAAS_STATE_DIR or .gpuaas)")
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         f"{state.file_count} files, {len(state.nodes)} nodes, {len(state.slot_maps)} slot maps, "
         f"{len(state.skus)} SKUs, {len(state.images)} images, {len(state.allocations)} allocations"
     )
-    if args.output == "json":
+    if output.structured(args.output):
         doc: dict[str, Any] = {
             "valid": not errors,
             "revision": state.revision,
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         }
         if args.summary and not errors:
             doc["summary"] = summary.fleet_summary(state)
-        print(json.dumps(doc, indent=2, default=str))
+        output.emit(doc, args.output)
         return 1 if errors else 0
     for problem in errors + warnings:
         print(problem.render(), file=sys.stdout if problem in warnings else sys.stderr)
