@@ -3,6 +3,12 @@
 Like Flux's status history: revision, what triggered it (a new revision or
 a retry, and from which source), when it started, how long it took, its
 result (changed, unchanged, error), its counts and its errors.
+
+`gpuaas history --allocation ID`: one allocation's lifecycle instead, oldest
+first: requested, each placement (attempt, node, slots), ready, each failed
+attempt with its code, phase and reason and what followed (reschedule or
+failed, slots quarantined), release, cleanup proven, released
+(`reconciler.store.lifecycle.transitions`), under its current state.
 """
 
 from __future__ import annotations
@@ -13,12 +19,14 @@ from typing import Any
 
 from reconciler.commands import db
 from schemas import output
+from schemas.errors import UsageError
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("history", help="recent reconciliations (revision, result, counts, errors)")
     p.add_argument("-n", type=int, default=20, help="how many (default 20)")
     output.add_argument(p, "text")
+    p.add_argument("--allocation", metavar="ID", help="one allocation's state changes and attempts instead")
     db.add_database_arguments(p)
     p.set_defaults(func=run)
 
@@ -61,9 +69,61 @@ def render_text(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def _cell(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def render_allocation(doc: dict[str, Any]) -> str:
+    c = doc["lifecycle"]
+    head = f"{doc['allocation_id']}  {c['state'].upper()}"
+    if c["node"]:
+        head += f" on {c['node']}"
+    if c["host_phase"]:
+        head += f" (host phase {c['host_phase']})"
+    if c["failed_attempts"]:
+        head += f"; {c['failed_attempts']} failed attempt(s)"
+    if c["failure_code"]:
+        head += f"; {c['failure_code']}: {c['failure_message']}"
+    if c["host_unreachable"]:
+        head += "; HOST_UNREACHABLE"
+    out = [head, f"  {'AT (UTC)':<19}  {'EVENT':<17}  {'STATE':<9}  {'NODE':<16}  {'TRY':>3}  DETAIL"]
+    for t in doc["transitions"]:
+        at = t["at"].astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+        d = t["details"]
+        detail = []
+        if d.get("slot_indexes"):
+            detail.append("slots " + ",".join(str(i) for i in d["slot_indexes"]))
+        if t["code"]:
+            detail.append(f"{t['code']}" + (f" in {d['phase']}" if d.get("phase") else "") + f": {t['message']}")
+        if d.get("next"):
+            detail.append(f"next {d['next']}" + (", slots quarantined" if d.get("quarantined") else ""))
+        out.append(f"  {at:<19}  {t['event']:<17}  {t['state']:<9}  {_cell(t['node']):<16}  "
+                   f"{_cell(t['attempt']):>3}  {'; '.join(detail)}".rstrip())
+    return "\n".join(out)
+
+
+def run_allocation(args: argparse.Namespace) -> int:
+    from reconciler.store import connections, lifecycle
+
+    with connections.connect(db.database_url(args), autocommit=True) as conn:
+        steps = lifecycle.transitions(conn, args.allocation)
+        current = lifecycle.lifecycles(conn, [args.allocation]).get(args.allocation)
+    if steps is None or current is None:
+        raise UsageError(f"no allocation {args.allocation!r} in the database", code="history.unknown_allocation")
+    current.pop("attempts", None)  # the transitions carry them
+    doc = {"allocation_id": args.allocation, "lifecycle": current, "transitions": [t.as_dict() for t in steps]}
+    if output.structured(args.output):
+        output.emit(doc, args.output)
+    else:
+        print(render_allocation(doc))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from reconciler.store import connections, history, migrations
 
+    if args.allocation is not None:
+        return run_allocation(args)
     with connections.connect(db.database_url(args), autocommit=True) as conn:
         rows = [as_row(r) for r in history.recent(conn, args.n)] if migrations.applied(conn) else []
     if output.structured(args.output):

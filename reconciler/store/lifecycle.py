@@ -241,3 +241,87 @@ def summary(conn: Connection) -> dict[str, Any]:
         "slots_quarantined": int(quarantined[0]) if quarantined else 0,
         "failed_attempts": {str(k): int(v) for k, v in attempts.items()},
     }
+
+
+# ------------------------------------------------------------------ transitions
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One step of an allocation's recorded lifecycle (`gpuaas history --allocation ID`)."""
+
+    at: dt.datetime
+    event: str  # requested | placed | ready | attempt_failed | release_requested | cleanup_proven | released | waiting
+    state: str  # the allocation's state after the step
+    node: str | None = None
+    attempt: int | None = None
+    code: str | None = None
+    message: str | None = None
+    details: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"at": self.at, "event": self.event, "state": self.state, "node": self.node, "attempt": self.attempt,
+                "code": self.code, "message": self.message, "details": self.details or {}}
+
+
+def transitions(conn: Connection, allocation_id: str) -> list[Transition] | None:
+    """The allocation's state changes and attempts, oldest first, from what the store keeps (None: unknown id).
+
+    The outbox is the durable record (placement, failed attempt, release,
+    released: each written in the transaction that made the change); the
+    claims add when an attempt became ready and when its cleanup was proven.
+    """
+    with dberrors.wrapped(f"read the lifecycle of {allocation_id}"):
+        alloc = conn.cursor(row_factory=dict_row).execute(
+            "SELECT requested_at, status, pending_code, pending_message, pending_since FROM allocations"
+            " WHERE id = %s", (allocation_id,)).fetchone()
+        if alloc is None:
+            return None
+        events = conn.execute("SELECT event_type, payload, created_at FROM outbox"
+                              " WHERE aggregate_type = 'allocation' AND aggregate_id = %s ORDER BY id",
+                              (allocation_id,)).fetchall()
+        claims = conn.execute("SELECT c.id::text, c.active_at, c.released_at FROM allocation_resource_claims c"
+                              " WHERE c.allocation_id = %s", (allocation_id,)).fetchall()
+    return timeline(alloc, [(str(t), p, at) for t, p, at in events],
+                    {str(i): (a, r) for i, a, r in claims})
+
+
+ClaimTimes = tuple[dt.datetime | None, dt.datetime | None]  # (active_at, released_at) of one claim
+
+
+def timeline(alloc: dict[str, Any], events: list[tuple[str, dict[str, Any], dt.datetime]],
+             claims: dict[str, ClaimTimes]) -> list[Transition]:
+    """Pure: the allocation row, its outbox events in order and its claims' times -> the transitions, by time."""
+    out = [Transition(alloc["requested_at"], "requested", "pending")]
+    attempt = 1
+    for kind, p, at in events:
+        node = p.get("node")
+        if kind == "provisioning.requested":
+            slots = list(p.get("slot_indexes") or [])
+            out.append(Transition(at, "placed", "reserved", node, attempt, details={
+                "slot_indexes": slots, "claim_kind": p.get("claim_kind"), "revision": p.get("revision")}))
+            times = [claims[c] for c in p.get("claim_ids") or [] if c in claims]
+            if times and all(a is not None for a, _ in times):
+                out.append(Transition(max(a for a, _ in times if a is not None), "ready", "ready", node, attempt))
+            if times and all(r is not None for _, r in times):
+                out.append(Transition(max(r for _, r in times if r is not None), "cleanup_proven", "cleanup",
+                                      node, attempt, details={"slot_indexes": slots}))
+        elif kind == "provisioning.failed":
+            again = p.get("next") == "reschedule"
+            out.append(Transition(at, "attempt_failed", "pending" if again else "failed", node, p.get("attempt"),
+                                  p.get("code"), p.get("message"), details={
+                                      "phase": p.get("phase"), "slot_indexes": list(p.get("slot_indexes") or []),
+                                      "quarantined": bool(p.get("quarantined")),
+                                      "next": "reschedule" if again else "failed"}))
+            attempt = int(p.get("attempt") or attempt) + 1
+        elif kind == "release.requested":
+            out.append(Transition(at, "release_requested", "releasing", node, details={
+                "slot_indexes": list(p.get("slot_indexes") or []), "revision": p.get("revision")}))
+        elif kind == "allocation.released":
+            out.append(Transition(at, "released", "released"))
+    if alloc["status"] == "pending" and alloc["pending_code"] and alloc["pending_since"] is not None:
+        out.append(Transition(alloc["pending_since"], "waiting", "pending",
+                              code=alloc["pending_code"], message=alloc["pending_message"]))
+    order = {"requested": 0, "placed": 1, "ready": 2, "attempt_failed": 3, "release_requested": 3,
+             "cleanup_proven": 4, "released": 5, "waiting": 6}
+    # Steps of one transaction share a timestamp: break ties by the lifecycle's own order.
+    return sorted(out, key=lambda t: (t.at, order[t.event]))
