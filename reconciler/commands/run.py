@@ -18,6 +18,7 @@ import argparse
 import datetime as dt
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -96,18 +97,27 @@ def _check(args: argparse.Namespace) -> None:
 GAVE_UP = 3  # exit status: failing for longer than --max-failing-seconds
 
 
-def _migrate_when_up(url: str, stop: threading.Event, interval: float) -> bool:
-    """Migrate once the database answers; wait and retry while it does not (False: stopped first)."""
+def _migrate_when_up(url: str, stop: threading.Event, interval: float, max_failing_s: float | None) -> bool:
+    """Migrate once the database answers; wait and retry while it does not.
+
+    False: stopped first, or unreachable for longer than max_failing_s (the
+    loop gives up the same way once running; the caller tells which).
+    """
     from reconciler.store import connections, migrations
     from schemas.errors import TemporaryError
 
-    delay = 1.0
+    delay, since = 1.0, time.monotonic()
     while not stop.is_set():
         try:
             with connections.connect(url, autocommit=True) as conn:
                 migrations.migrate(conn)
             return True
         except TemporaryError as e:
+            failing = time.monotonic() - since
+            if max_failing_s is not None and failing > max_failing_s:
+                _log(f"the database has been unreachable for {failing:.0f}s (over {max_failing_s:g}s), "
+                     f"last {e.code}: {e.message}; exiting")
+                return False
             _log(f"waiting for the database: {e.code}: {e.message} (next try in {delay:g}s)")
             stop.wait(delay)
             delay = min(delay * 2, max(interval, 1.0))
@@ -122,7 +132,9 @@ def run(args: argparse.Namespace) -> int:
         from reconciler.store import connections
 
         url = db.database_url(args)
-        if not _migrate_when_up(url, stop, args.interval):
+        if not _migrate_when_up(url, stop, args.interval, args.max_failing_seconds):
+            if not stop.is_set():
+                return GAVE_UP
             _log("stopped")
             return 0
         source: watching.Revisions

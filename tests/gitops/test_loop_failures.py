@@ -18,6 +18,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 import pytest
 
 from reconciler import watching
+from reconciler.commands.run import GAVE_UP
 from reconciler.store import connections, history, revisions
 from schemas import dberrors
 from tests.gitops.conftest import Repo, claims, make_loop
@@ -224,3 +225,83 @@ def test_one_apply_places_baremetal_and_slice_requests_added_together_on_a_fresh
     kinds = dict(conn.execute("SELECT allocation_id, min(claim_kind::text) FROM allocation_resource_claims"
                               " WHERE allocation_id IN ('req-bm', 'req-1g') GROUP BY allocation_id").fetchall())
     assert kinds == {"req-bm": "node_exclusive", "req-1g": "slot"}
+
+
+def test_run_exits_3_when_the_database_stays_unreachable_from_start_up(fleet_repo: Repo, tmp_path: Path) -> None:
+    nowhere = f"postgresql://gpuaas@/gpuaas?host={quote(str(tmp_path), safe='')}&port=5"
+    t0 = time.monotonic()
+    done = subprocess.run(_gpuaas("run", str(fleet_repo.root), "--db-url", nowhere, "--interval", "0.5",
+                                  "--max-failing-seconds", "1.5"),
+                          capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=30, check=False)
+    assert done.returncode == GAVE_UP, done
+    assert time.monotonic() - t0 < 10, done.stdout  # gave up soon after S, it did not wait forever
+    assert "waiting for the database" in done.stdout and "over 1.5s" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_run_exits_3_when_the_database_goes_away_and_stays_away(
+        fleet_repo: Repo, db_url: str, tmp_path: Path, conn: connections.Connection) -> None:
+    real_dir, port = _socket_dir(db_url)
+    via = tmp_path / "sock"
+    via.mkdir()
+    link = via / f".s.PGSQL.{port}"
+    os.symlink(real_dir / link.name, link)
+    url = db_url.replace(quote(str(real_dir), safe=""), quote(str(via), safe=""))
+    proc = subprocess.Popen(_gpuaas("run", str(fleet_repo.root), "--db-url", url, "--interval", "0.5",
+                                    "--max-failing-seconds", "2"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT)
+    try:
+        _wait_for_line(proc, "applied")
+        link.unlink()  # the database goes away: no new session can reach it ...
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"  # ... and the loop's is cut
+                     " WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        fleet_repo.request("req-while-down", 1)
+        t0 = time.monotonic()
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == GAVE_UP, out
+    assert time.monotonic() - t0 < 15, out
+    assert "over 2s" in out and "exiting" in out and "Traceback" not in out
+    assert claims(conn, "req-while-down") == []
+
+
+def test_a_revision_that_keeps_failing_in_the_database_does_not_hold_back_a_newer_one(
+        fleet_repo: Repo, db_url: str, conn: connections.Connection) -> None:
+    # A fault bound to one revision's content, on every session: the database refuses the
+    # allocation it adds (as a constraint or a bug in a statement would), on every try.
+    conn.execute("CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                 " IF NEW.id = 'req-poison' THEN RAISE EXCEPTION 'req-poison refused'; END IF;"
+                 " RETURN NEW; END $$")
+    conn.execute("CREATE TRIGGER refuse_poison BEFORE INSERT OR UPDATE ON allocations"
+                 " FOR EACH ROW EXECUTE FUNCTION refuse_poison()")
+    clock = Clock()
+    run = make_loop(fleet_repo, db_url)
+    loop = watching.Loop(fleet_repo.root, run.loop.source, lambda: connections.connect(db_url, autocommit=True),
+                         stop=run.stop, interval=30.0, log=run.events.append, clock=clock)
+    try:
+        bad = fleet_repo.request("req-poison", 1)
+        for tries in (1, 2, 3):  # the first on a fresh connection, then with back-off: it keeps failing
+            event = loop.step()
+            assert event is not None and event.kind == "error" and event.revision == bad, event
+            assert "req-poison refused" in event.message
+            assert loop.failing is not None and loop.failing.tries == tries
+            clock.now = loop.not_before
+        assert revisions.latest_applied(conn) is None
+        assert [r.result for r in history.recent(conn) if r.revision == bad][:3] == ["error"] * 3
+
+        # The next commit drops the poisoned request and asks for another: it is tried and applied.
+        (poison,) = fleet_repo.root.rglob("*req-poison*")
+        fleet_repo.remove(str(poison.relative_to(fleet_repo.root)))
+        fleet_repo.commit("drop req-poison")
+        good = fleet_repo.request("req-good", 2)
+        event = loop.step()
+        assert event is not None and event.kind == "applied" and event.revision == good, event
+        assert loop.failing is None and revisions.latest_applied(conn) == good
+        assert len(claims(conn, "req-good")) == 2 and claims(conn, "req-poison") == []
+    finally:
+        loop.close()
+        run.loop.source.close()
