@@ -25,6 +25,7 @@ from reconciler.commands import (
     db,
     demo,
     drift,
+    explain,
     fleet,
     history,
     host,
@@ -45,6 +46,7 @@ from schemas.errors import GpuaasError
 COMMANDS = (
     validate,
     schema,
+    explain,
     request,
     demo,
     host,

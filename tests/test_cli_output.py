@@ -32,7 +32,8 @@ def test_every_output_option_offering_json_offers_yaml() -> None:
     options = _output_options(cli.build_parser())
     with_json = {cmd for cmd, choices in options if "json" in choices}
     # The walk reaches nested commands of both agents; an empty walk would pass vacuously.
-    assert {"validate", "plan", "history", "db check", "host converge", "host image list", "host gate"} <= with_json
+    assert {"validate", "plan", "history", "db check", "host converge", "host image list", "host gate",
+            "explain"} <= with_json
     assert [cmd for cmd, choices in options if "json" in choices and "yaml" not in choices] == []
 
 
@@ -55,6 +56,8 @@ def _same_data(argv: list[str], capsys: pytest.CaptureFixture[str]) -> Any:
     ["validate", str(FLEET)],
     ["validate", str(FLEET), "--summary"],
     ["plan", str(FLEET), "--offline"],
+    ["explain", "Sku"],
+    ["explain", "SlotMap.slots.nvme_identity"],
 ])
 def test_yaml_is_the_json_data(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     data = _same_data(argv, capsys)
