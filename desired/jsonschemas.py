@@ -182,6 +182,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "compatible_skus": "SKUs this image may run on (empty: decided by vendor, model and fabric).",
         "active": "False stops new allocations with this image (requested at or after inactive_since); "
                   "allocations requested before keep it.",
+        "cache_pinned": "True: a host that caches this image never evicts it (a golden image kept warm); "
+                        "false: evictable once no VM of the host uses it.",
         "inactive_since": "When the image stopped being offered (required with active: false); allocations "
                           "requested before it keep the image.",
     },

@@ -343,6 +343,7 @@ class Image(_Doc):
     compatible_skus: Annotated[tuple[Name, ...], Strict(False)] = ()
     active: bool = True
     inactive_since: Timestamp | None = None
+    cache_pinned: bool = False
 
     @property
     def immutable_source(self) -> bool:

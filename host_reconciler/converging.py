@@ -236,6 +236,7 @@ class Converger:
     def _enforce_image_budget(self, ctx: phases.Context) -> None:
         """Keep the image cache within its budget after every pass (LRU; in-use and pinned images stay)."""
         try:
+            self.state.write_image_pins(ctx.plan.pinned_images)  # `gpuaas host image evict` keeps them too
             ctx.enforce_image_budget()
         except (GpuaasError, OSError) as e:
             log.warning("image cache eviction failed: %s", e)
@@ -250,7 +251,7 @@ class Converger:
             fetching=observed.image_fetches,
             budget_bytes=budget,
             in_use=tuple(sorted(ctx.images_in_use())),
-            pinned=tuple(sorted(self.settings.image_pins)),
+            pinned=tuple(sorted(ctx.images_pinned())),
         )
 
     def _collect_garbage(self, plan: HostPlan, observed: Observed) -> None:

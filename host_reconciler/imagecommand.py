@@ -90,6 +90,11 @@ def run_pull(args: argparse.Namespace) -> int:
     return 0
 
 
+def _catalog_pins(s: settings.HostSettings) -> set[str]:
+    """Digests the catalog pinned in the agent's last plan (its local state records them)."""
+    return LocalState(s.state_dir).read_image_pins() if s.state_dir.is_dir() else set()
+
+
 def _in_use(s: settings.HostSettings) -> set[str]:
     """Digests recorded by a provision journal on this host (an allocation this host still knows)."""
     state = LocalState(s.state_dir)
@@ -124,7 +129,7 @@ def run_list(args: argparse.Namespace) -> int:
 def run_evict(args: argparse.Namespace) -> int:
     s = _settings(args)
     cache = _cache(args, s)
-    keep = _in_use(s) | set(s.image_pins)
+    keep = _in_use(s) | set(s.image_pins) | _catalog_pins(s)
     refused: list[dict[str, str]] = []
     evicted: list[str] = []
     if args.digest:

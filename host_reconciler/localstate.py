@@ -87,6 +87,22 @@ class LocalState:
             d.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._lock_fd: int | None = None
 
+    # -- image pins the last plan carried (read by `gpuaas host image evict`) -----------------
+    def write_image_pins(self, digests: tuple[str, ...]) -> None:
+        path = self.root / "image-pins.json"
+        data = json.dumps(sorted(digests)).encode()
+        with contextlib.suppress(OSError):
+            if path.read_bytes() == data:
+                return
+        write_atomic(path, data)
+
+    def read_image_pins(self) -> set[str]:
+        try:
+            doc = json.loads((self.root / "image-pins.json").read_text())
+        except (OSError, ValueError):
+            return set()
+        return {str(d) for d in doc} if isinstance(doc, list) else set()
+
     # -- single instance ---------------------------------------------------------------------
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:

@@ -109,12 +109,16 @@ class Context:
         """Digests a provisioning or active VM of this plan names: never evicted."""
         return {vm.image.digest_sha256 for vm in self.plan.vms if vm.image is not None and vm.image.digest_sha256}
 
+    def images_pinned(self) -> set[str]:
+        """Digests pinned by this host's settings or by the catalog (the plan's `pinned_images`)."""
+        return set(self.settings.image_pins) | set(self.plan.pinned_images)
+
     def enforce_image_budget(self, incoming: int = 0) -> list[str]:
         """LRU-evict cached images (never in use, never pinned) so `incoming` more bytes fit the budget."""
         evicted = self.image_cache().enforce(
             budget=self.settings.image_budget(),
             in_use=self.images_in_use(),
-            pinned=self.settings.image_pins,
+            pinned=self.images_pinned(),
             incoming=incoming,
         )
         for d in evicted:

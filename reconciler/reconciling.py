@@ -85,6 +85,7 @@ def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = Non
     revision = inventory.revision_key(state)
     run_id = history.start(conn, revision=revision, source=source)
     try:
+        pins = hostplans.pinned_images(conn)
         synced = inventory.sync(conn, state, memory=memory)
         absorbed = cleanup.absorb(conn)
         lifecycle.sync_settings(conn, state)
@@ -93,7 +94,8 @@ def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = Non
         applied = applying.apply(conn, plan, revision=synced.revision, max_attempts=max_attempts(state),
                                  fault=fault)
         touched: list[str] | None = None  # None: every node's plan is rebuilt (a fleet-wide change)
-        if not any(c.kind == "fleet" for c in synced.changes):
+        # The fleet settings and the catalog's image pins are in every host plan.
+        if not any(c.kind == "fleet" for c in synced.changes) and hostplans.pinned_images(conn) == pins:
             touched = sorted(set(applying.placed_nodes(applied)) | set(absorbed.nodes) | _unplanned(conn)
                              | inventory.changed_nodes(synced.changes) | {r.node for r in moved if r.node})
         written = tuple(hostplans.write(conn, touched, revision=synced.revision))

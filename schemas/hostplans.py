@@ -147,6 +147,8 @@ class HostPlan:
     slots: tuple[SlotBundle, ...] = field(default=())
     # The approved disk identity of the slots whose SlotMap records one.
     disk_identities: tuple[SlotIdentity, ...] = ()
+    # sha256 hex digests the catalog pins (Image.cache_pinned): never evicted from this host's cache.
+    pinned_images: tuple[str, ...] = ()
 
     def nvme_identity(self, slot_index: int) -> DiskIdentity | None:
         return next((i.nvme_identity for i in self.disk_identities if i.slot_index == slot_index), None)
@@ -184,4 +186,5 @@ def from_json(doc: dict[str, Any]) -> HostPlan:
     d["releases"] = tuple(vm(v) for v in d.get("releases", ()))
     d["slots"] = tuple(bundle(s) for s in d.get("slots", ()))
     d["disk_identities"] = tuple(i for i in map(identity, d.get("disk_identities", ())) if i is not None)
+    d["pinned_images"] = tuple(str(x) for x in d.get("pinned_images", ()))
     return HostPlan(**d)

@@ -88,6 +88,7 @@ def build(conn: Connection, node: str, generation: int = 0) -> codec.HostPlan | 
         " WHERE node_id = %s AND present AND approved ORDER BY slot_index", (node_id,)).fetchall()
     dhcp = net.get("dhcp_range", {})
     return codec.HostPlan(
+        pinned_images=pinned_images(conn),
         node=node, generation=generation,
         network=codec.Network(subnet=str(net["subnet"]), gateway=str(net["gateway"]),
                               dhcp_start=str(dhcp.get("start", "")), dhcp_end=str(dhcp.get("end", "")),
@@ -107,6 +108,13 @@ def build(conn: Connection, node: str, generation: int = 0) -> codec.HostPlan | 
 
 def _without_generation(spec: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in spec.items() if k != "generation"}
+
+
+def pinned_images(conn: Connection) -> tuple[str, ...]:
+    """Digests of the images the catalog pins in every host's cache (`Image.cache_pinned`)."""
+    rows = conn.execute("SELECT digest_sha256 FROM os_images WHERE present AND cache_pinned"
+                        " AND digest_sha256 IS NOT NULL ORDER BY 1").fetchall()
+    return tuple(str(r[0]) for r in rows)
 
 
 def write_one(conn: Connection, node: str, *, revision: str | None = None) -> Written | None:

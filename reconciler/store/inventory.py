@@ -79,7 +79,7 @@ IMAGES = _Table("os_images", "image", ("slug",), (
     "display_name", "version", "target", "family", "architecture", "accelerator_vendor",
     "accelerator_model", "network_fabric", "image_format", "source_type", "source_ref", "digest_sha256",
     "size_bytes", "cloud_init_supported", "guest_agent_supported", "default_username", "driver_strategy",
-    "compatible_skus", "active"))
+    "compatible_skus", "active", "inactive_since", "cache_pinned"))
 NODES = _Table("nodes", "node", ("name",), (
     "region", "pool", "hardware_tags", "profile_tags", "baremetal_sku", "admin_state", "storage_mode",
     "os_disk", "org", "firmware_version", "firmware_ready", "capability", "capability_reasons",
@@ -483,7 +483,7 @@ def _sync_fleet(conn: Connection, state: DesiredState, revision: str) -> list[Ch
         "name": fleet.name, "management_network": fleet.management_network.model_dump(mode="json"),
         "placement": fleet.placement.model_dump(mode="json"),
         "graceful_shutdown_timeout_s": fleet.graceful_shutdown_timeout_s,
-        "readiness_timeout_s": fleet.readiness_timeout_s,
+        "readiness_timeout_s": fleet.graceful_timeout_seconds,  # the column keeps its first name
     }
     have = conn.execute("SELECT name, management_network, placement, graceful_shutdown_timeout_s,"
                         " readiness_timeout_s FROM fleet_settings").fetchone()

@@ -124,7 +124,7 @@ def _sku(r: dict[str, Any]) -> dict[str, Any]:
 _IMAGE_FIELDS = ("slug", "display_name", "version", "target", "family", "architecture", "accelerator_vendor",
                  "accelerator_model", "network_fabric", "image_format", "source_type", "source_ref", "digest_sha256",
                  "size_bytes", "cloud_init_supported", "guest_agent_supported", "default_username",
-                 "driver_strategy", "compatible_skus", "active")
+                 "driver_strategy", "compatible_skus", "active", "inactive_since", "cache_pinned")
 
 
 def _image(r: dict[str, Any]) -> dict[str, Any]:

@@ -103,3 +103,27 @@ def test_the_pass_evicts_down_to_the_budget_keeping_the_image_in_use(lab: Lab) -
     assert not r.errors, r.errors
     assert sorted(p.name for p in cache_dir.iterdir()) == [lab.digest]  # the old one went, the used one stayed
     assert r.status.as_dict()["images"]["used_bytes"] == 2 * MiB
+
+
+def test_a_catalog_pinned_image_stays_and_the_evict_command_keeps_it_too(lab: Lab) -> None:
+    s = lab.settings(image_cache_bytes=3 * MiB)
+    cache_dir = Path(lab.settings_doc["image_dir"]) / "sha256"
+    cache_dir.mkdir(parents=True)
+    olds = []
+    for _ in range(2):
+        data = os.urandom(2 * MiB)
+        hexd = hashlib.sha256(data).hexdigest()
+        (cache_dir / hexd).write_bytes(data)
+        os.utime(cache_dir / hexd, (1.0, 1.0))  # both used long ago: LRU alone would evict both
+        olds.append(hexd)
+    pinned, loose = olds
+    c = converging.Converger(s, wiring.drivers(s))
+    try:
+        r = c.converge(lab.plan(1, pinned_images=(pinned,)))
+    finally:
+        c.drivers.close()
+    assert not r.errors, r.errors
+    assert sorted(p.name for p in cache_dir.iterdir()) == [pinned]  # over budget alone, the loose one went
+    (entry,) = r.status.as_dict()["images"]["cached"]
+    assert entry["pinned"] and not entry["evictable"]
+    assert c.state.read_image_pins() == {pinned}  # what `gpuaas host image evict` keeps besides settings pins
