@@ -10,10 +10,14 @@ host-approved topology map, not a blind GPU count"):
 - `candidates.candidate_map(discovery, node=...) -> Candidate` pairs each GPU
   with a NUMA-local VF and disk into a candidate SlotMap with
   `approval_required: true` and per-slot blockers (`blockers` codes). Pure.
-- `gating.gate(approved, discovery) -> GateResult` compares an approved
-  SlotMap with discovery on every host-reconciler pass: a slot whose GPU, VF,
-  disk identity or NUMA node changed is blocked with its drift; the other
-  slots stay in service. Pure.
+- `proposals.node_document(candidate, discovery)` and `proposals.summary`
+  give the Node document proposed beside the candidate and the count of ready
+  and blocked slots. Pure.
+- `gating.gate(approved, discovery) -> GateResult` decides per slot: the
+  eligibility `gpuaas validate` applies (`policies.eligibility`), then
+  `gating.compare`, which the host reconciler runs on every pass: a slot whose
+  GPU, VF, disk identity or NUMA node changed is blocked with its drift; the
+  other slots stay in service. Pure.
 
 `cli` adds `gpuaas host discover` and `gpuaas host gate`; `bench` adds
 `gpuaas bench discover`.

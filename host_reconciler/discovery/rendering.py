@@ -1,10 +1,14 @@
 """Text forms of a candidate: YAML for the pull request, JSON for machines.
 
-YAML is the SlotMap document itself, preceded by a comment block with the
-evidence a reviewer needs (prerequisites, OS disk, NUMA, and per slot the
-GPU driver and IOMMU group, the VF's parent port state, link layer and GUID,
-the disk's size and state). Comments survive into the pull request and are
-ignored by the loader. JSON carries the candidate and the full discovery.
+YAML is the SlotMap document itself, preceded by a comment block that opens
+with the blocker summary (`7 slots ready, 1 blocked: disk.mounted (slot 3)`)
+and then gives the evidence a reviewer needs (prerequisites, OS disk, NUMA,
+and per slot the GPU driver and IOMMU group, the VF's parent port state, link
+layer and GUID, the disk's size and state). A second document follows: the
+proposed Node (`proposals.node_document`), its placeholders marked. Comments
+survive into the pull request and are ignored by the loader; the loader reads
+both documents from one file. JSON carries the candidate, the proposed Node,
+the summary and the full discovery.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any
 import yaml
 
 from desired import models as m
-from host_reconciler.discovery import candidates, facts, hosts
+from host_reconciler.discovery import candidates, facts, hosts, proposals
 
 _QUOTED = re.compile(f"{m.PCI_RE}|{m.MAC_RE}")
 
@@ -53,8 +57,9 @@ def _tb(n: int) -> str:
 
 def _header(candidate: candidates.Candidate, discovery: facts.Discovery) -> list[str]:
     lines = [
-        f"Candidate SlotMap from `gpuaas host discover` on host {discovery.hostname or '?'}"
+        f"Candidate SlotMap for node {candidate.node} from `gpuaas host discover`"
         f" (kernel {discovery.kernel or '?'}).",
+        proposals.summary(candidate).line() + ".",
         "Discovery proposes; git approves. Review every slot, resolve or drop slots with blockers,",
         "delete `approval_required: true`, and merge through a pull request.",
         "",
@@ -121,27 +126,51 @@ def _header(candidate: candidates.Candidate, discovery: facts.Discovery) -> list
     return lines
 
 
+def _comments(lines: list[str]) -> str:
+    return "".join(f"# {line}".rstrip() + "\n" for line in lines)
+
+
+def _dump(doc: dict[str, Any]) -> str:
+    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=4096)
+
+
+def _node_yaml(candidate: candidates.Candidate, discovery: facts.Discovery) -> str:
+    doc = proposals.node_document(candidate, discovery)
+    head = [
+        f"Proposed Node for {candidate.node}: keep it in this file or move it to nodes/{candidate.node}.yaml.",
+        f"Replace every {proposals.PLACEHOLDER} (validate refuses it): region and pool from fleet.yaml.",
+        "Add firmware_profile (version, ready) as recorded at onboarding, and baremetal_sku if the",
+        "host is also leased whole. A Node has no approval_required: admin_state:",
+        f"{proposals.PROPOSED_ADMIN_STATE.value} keeps the node out of the catalog until you set it active.",
+    ]
+    if doc["os_disk"] == proposals.PLACEHOLDER:
+        head.append("os_disk: discovery found no by-id path for the OS disk; name it by hand.")
+    return _comments(head) + _dump(doc)
+
+
 def to_yaml(candidate: candidates.Candidate, discovery: facts.Discovery) -> str:
-    head = "".join(f"# {line}".rstrip() + "\n" for line in _header(candidate, discovery))
+    head = _comments(_header(candidate, discovery))
     if candidate.slot_map is None:
         return head
-    body = yaml.dump(
-        slot_map_document(candidate.slot_map),
-        Dumper=_Dumper,
-        sort_keys=False,
-        default_flow_style=False,
-        allow_unicode=True,
-        width=4096,
-    )
-    return head + body
+    return head + _dump(slot_map_document(candidate.slot_map)) + "---\n" + _node_yaml(candidate, discovery)
 
 
 def to_json(candidate: candidates.Candidate, discovery: facts.Discovery) -> str:
     doc = {
         "node": candidate.node,
         "candidate": slot_map_document(candidate.slot_map) if candidate.slot_map is not None else None,
+        "node_document": proposals.node_document(candidate, discovery) if candidate.slot_map is not None else None,
+        "summary": _summary_dict(proposals.summary(candidate)),
         "spare_vfs": list(candidate.spare_vfs),
         "spare_disks": list(candidate.spare_disks),
         "discovery": discovery.as_dict(),
     }
     return json.dumps(doc, indent=2) + "\n"
+
+
+def _summary_dict(summary: proposals.Summary) -> dict[str, Any]:
+    return {
+        "ready": list(summary.ready),
+        "blocked": {str(i): list(codes) for i, codes in sorted(summary.blocked.items())},
+        "line": summary.line(),
+    }

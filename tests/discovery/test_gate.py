@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from desired import models as m
-from host_reconciler.discovery import candidates, discovering, facts, gating
+from host_reconciler.discovery import candidates, discovering, facts, gating, rendering
 from host_reconciler.discovery import cli as discovery_cli
 from policies import eligibility
 from reconciler import cli
@@ -27,7 +27,8 @@ APPROVED = FLEET / "slotmaps" / "h200-use1-s01.yaml"
 
 
 @pytest.fixture(scope="module")
-def approved() -> m.SlotMap:
+def example() -> m.SlotMap:
+    """The example map as committed."""
     return m.SlotMap.model_validate(yaml.safe_load(APPROVED.read_text()))
 
 
@@ -36,10 +37,23 @@ def h200(trees: dict[str, Path]) -> facts.Discovery:
     return discovering.discover(trees["xe9680l-h200"])
 
 
+@pytest.fixture
+def approved(example: m.SlotMap, h200: facts.Discovery) -> m.SlotMap:
+    """The example map with each disk's identity as discovery records it: eligible, so only drift blocks."""
+    return _with_identities(example, h200)
+
+
+@pytest.fixture
+def approved_file(approved: m.SlotMap, tmp_path: Path) -> Path:
+    path = tmp_path / "h200-use1-s01.yaml"
+    path.write_text(yaml.safe_dump(rendering.slot_map_document(approved), sort_keys=False))
+    return path
+
+
 def test_matching_host_keeps_every_slot(approved: m.SlotMap, h200: facts.Discovery) -> None:
     result = gating.gate(approved, h200)
     assert result.schedulable == tuple(range(8))
-    assert result.blocked == {}
+    assert result.blocked == {} and result.ineligible == {}
     assert result.unapproved_gpus == ()
 
 
@@ -63,18 +77,18 @@ def test_renumbered_vf_blocks_exactly_that_slot(
 
 
 def test_gate_command_reports_drift_and_exit_status(
-    approved: m.SlotMap,
+    approved_file: Path,
     trees: dict[str, Path],
     tree_copy: Callable[[str], Path],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert (
-        cli.main(["host", "gate", str(APPROVED), "--sysfs-root", str(trees["xe9680l-h200"])]) == 0
+        cli.main(["host", "gate", str(approved_file), "--sysfs-root", str(trees["xe9680l-h200"])]) == 0
     )
     assert "8 slot(s) in service, 0 blocked" in capsys.readouterr().out
     root = tree_copy("xe9680l-h200")
     move_pci_function(root, "0000:3a:00.1", "0000:3a:00.3")
-    status = cli.main(["host", "gate", str(APPROVED), "--sysfs-root", str(root), "-o", "json"])
+    status = cli.main(["host", "gate", str(approved_file), "--sysfs-root", str(root), "-o", "json"])
     assert status == discovery_cli.EXIT_BLOCKED == 3
     out = capsys.readouterr().out
     assert '"old": "0000:3a:00.1"' in out and '"new": "0000:3a:00.3"' in out
@@ -224,15 +238,15 @@ def _with_identities(approved: m.SlotMap, found: facts.Discovery) -> m.SlotMap:
     return approved.model_copy(update={"slots": tuple(slots)})
 
 
-def test_recorded_identity_matches_the_host_it_was_read_from(approved: m.SlotMap, h200: facts.Discovery) -> None:
-    assert gating.gate(_with_identities(approved, h200), h200).blocked == {}
+def test_recorded_identity_matches_the_host_it_was_read_from(example: m.SlotMap, h200: facts.Discovery) -> None:
+    assert gating.gate(_with_identities(example, h200), h200).blocked == {}
 
 
 def test_repointed_by_id_link_is_an_identity_change_of_that_slot_only(
-    approved: m.SlotMap, h200: facts.Discovery, tree_copy: Callable[[str], Path]
+    example: m.SlotMap, h200: facts.Discovery, tree_copy: Callable[[str], Path]
 ) -> None:
     """slot 0's by-id link now leads to nvme1n1 (slot 1's disk): the path still resolves, the disk is another."""
-    with_ids = _with_identities(approved, h200)
+    with_ids = _with_identities(example, h200)
     root = tree_copy("xe9680l-h200")
     link = with_ids.slots[0].nvme_device.removeprefix("/")
     relink(root, link, root / "dev" / "nvme1n1")
@@ -243,5 +257,6 @@ def test_repointed_by_id_link_is_an_identity_change_of_that_slot_only(
     assert drift.old == "serial=S6EXNA0W100 wwid=eui.0025388500001c0a"
     assert drift.new == "serial=S6EXNA0W101 wwid=eui.0025388500013d0a"
     assert "nvme1n1" in drift.message
-    # Without a recorded identity the same host passes: the by-id path alone cannot tell.
-    assert gating.gate(approved, discovering.discover(root)).blocked == {}
+    # Without a recorded identity the same host shows no drift: the by-id path alone cannot tell.
+    no_ids = tuple(s.model_copy(update={"nvme_identity": None}) for s in example.slots)
+    assert gating.gate(example.model_copy(update={"slots": no_ids}), discovering.discover(root)).blocked == {}

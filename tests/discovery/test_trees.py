@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from desired import models as m
-from host_reconciler.discovery import blockers, candidates, discovering
+from host_reconciler.discovery import blockers, candidates, discovering, proposals
 from policies import eligibility
 from reconciler import cli, sources
 from tests.discovery.conftest import FLEET, GOLDEN, NODES, TREES
@@ -141,55 +141,55 @@ def test_mi300x_blockers_name_the_broken_slots(trees: dict[str, Path]) -> None:
     assert slot7.capacity_metadata.destructive_wipe_policy is None
 
 
-def _fleet_repo(tmp: Path, slot_map: m.SlotMap, os_disk: str) -> Path:
-    repo = tmp / "repo"
-    (repo / "nodes").mkdir(parents=True)
-    (repo / "slotmaps").mkdir()
-    shutil.copy(FLEET / "fleet.yaml", repo / "fleet.yaml")
-    shutil.copytree(FLEET / "skus", repo / "skus")
-    region, pool = (
-        ("eu-west-1", "mi300x-roce") if "mi300x" in slot_map.node else ("us-east-1", "h200-slice")
-    )
-    node = {
-        "apiVersion": m.API_VERSION,
-        "kind": "Node",
-        "name": slot_map.node,
-        "region": region,
-        "pool": pool,
-        "profile_tags": [m.PROFILE_SLICE_VM],
-        "storage_mode": "slice",
-        "os_disk": os_disk,
-        "firmware_profile": {"version": "v1", "ready": True},
-    }
-    (repo / "nodes" / f"{slot_map.node}.yaml").write_text(yaml.safe_dump(node, sort_keys=False))
-    return repo
+# A new name per host: onboarding adds a node the example fleet does not have yet.
+NEW_NODES = {
+    "xe9680l-h200": ("h200-use1-s09", "us-east-1", "h200-slice"),
+    "xe9680l-h200-shared-parent": ("h200-use1-c09", "us-east-1", "h200-slice"),
+    "xe9680-mi300x-roce": ("mi300x-euw1-r09", "eu-west-1", "mi300x-roce"),
+}
 
 
 @pytest.mark.parametrize("tree", TREES)
-def test_candidate_without_approval_required_passes_validation(
+def test_candidate_and_proposed_node_validate_in_the_example_fleet(
     tree: str, trees: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    status, out, _ = run_cli(capsys, "host", "discover", "--sysfs-root", str(trees[tree]))
+    node, region, pool = NEW_NODES[tree]
+    status, out, _ = run_cli(capsys, "host", "discover", "--sysfs-root", str(trees[tree]), "--node", node)
     assert status == 0
-    doc = yaml.safe_load(out)
-    assert doc.pop("approval_required") is True
-    slot_map = m.SlotMap.model_validate(doc)
+    slot_doc, node_doc = yaml.safe_load_all(out)
+    assert slot_doc.pop("approval_required") is True
+    slot_map = m.SlotMap.model_validate(slot_doc)
     found = discovering.discover(trees[tree])
-    os_disk = found.os_disks[0].by_id
-    assert os_disk is not None
-    repo = _fleet_repo(tmp_path, slot_map, os_disk)
-    # The operator's edit: the same text minus one line.
+    assert (slot_map.node, node_doc["name"]) == (node, node)
+    assert found.os_disks[0].by_id is not None
+    assert node_doc["os_disk"] == found.os_disks[0].by_id
+    assert (node_doc["region"], node_doc["pool"]) == (proposals.PLACEHOLDER,) * 2
+    repo = tmp_path / "fleet"
+    shutil.copytree(FLEET, repo)
+    dropped = repo / "slotmaps" / f"{node}.yaml"
+    # Unfilled placeholders are refused, by field.
+    dropped.write_text(out)
+    refused = sources.load(repo).errors
+    assert {e.message.split("'")[1] for e in refused if e.code == "desired.field.value"} == {"region", "pool"}
+    # ... and the slot map then names a node that does not exist; nothing else is wrong.
+    assert {e.code for e in refused} == {"desired.field.value", "desired.ref.unresolved"}
+    # The operator's edit: delete one line, fill the two placeholders.
     text = "\n".join(line for line in out.splitlines() if line != "approval_required: true") + "\n"
-    (repo / "slotmaps" / f"{slot_map.node}.yaml").write_text(text)
+    text = text.replace("region: FILL-IN", f"region: {region}").replace("pool: FILL-IN", f"pool: {pool}")
+    dropped.write_text(text)
     result = sources.load(repo)
     assert result.errors == [], [e.render() for e in result.errors]
-    assert set(result.state.slot_maps) == {slot_map.node}
+    assert result.state.nodes[node].os_disk == node_doc["os_disk"]
+    assert result.state.slot_maps[node].slots == slot_map.slots
     status, out, _ = run_cli(capsys, "validate", str(repo))
     assert status == 0 and out.splitlines()[-1].startswith("valid:")
     # Blocked slots validate but are reported as never schedulable, by code.
-    unschedulable = {w.message.split()[3] for w in result.warnings}
-    blocked = {str(s.slot_index) for s in slot_map.slots if s.blockers}
-    assert unschedulable == blocked
+    unschedulable = {int(w.message.split()[3]) for w in result.warnings if w.message.startswith(f"node {node} ")}
+    assert unschedulable == {s.slot_index for s in slot_map.slots if s.blockers}
+    # ... and the summary at the top of the candidate counted the same slots.
+    summary = proposals.summary(candidates.candidate_map(found, node=node))
+    assert set(summary.blocked) == unschedulable
+    assert len(summary.ready) == len(slot_map.slots) - len(unschedulable)
 
 
 def test_discovery_is_read_only(trees: dict[str, Path]) -> None:
