@@ -221,7 +221,14 @@ class Fleet(_Doc):
     management_network: ManagementNetwork = ManagementNetwork()
     placement: PlacementSettings = PlacementSettings()
     graceful_shutdown_timeout_s: int = Field(default=120, ge=1, le=3600)
-    readiness_timeout_s: int = Field(default=300, ge=1, le=3600)
+    graceful_timeout_seconds: int = Field(
+        default=300, ge=30, le=900,
+        description="Seconds a new VM has to pass readiness (a DHCP lease of its private IP, TCP 22 answering, and "
+                    "the guest marker /var/lib/gpuaas/slice-ready announced to its host) before the provision "
+                    "counts as failed (30-900, seed 002).")
+    readiness_timeout_s: int | None = Field(
+        default=None, ge=30, le=900, json_schema_extra={"deprecated": True},
+        description="Deprecated: the earlier name of graceful_timeout_seconds (same meaning and range).")
     host_liveness_ttl_seconds: int = Field(
         default=90, ge=5, le=86400,
         description="A node whose host agent reported once and then stayed silent longer than this is "
@@ -230,6 +237,18 @@ class Fleet(_Doc):
         default=3, ge=1, le=20,
         description="Provision attempts per allocation: after a permanent host failure the allocation is placed "
                     "again on another node until this many attempts failed, then it is failed.")
+
+    @model_validator(mode="after")
+    def _one_readiness_timeout(self) -> Fleet:
+        # Fleet files written before the seed's name keep working; the two names may not disagree.
+        old = self.readiness_timeout_s
+        if old is None:
+            return self
+        if "graceful_timeout_seconds" in self.model_fields_set and old != self.graceful_timeout_seconds:
+            raise ValueError(f"readiness_timeout_s ({old}, deprecated) and graceful_timeout_seconds "
+                             f"({self.graceful_timeout_seconds}) disagree: keep graceful_timeout_seconds only")
+        object.__setattr__(self, "graceful_timeout_seconds", old)  # frozen model: set once, while validating
+        return self
 
 
 # ------------------------------------------------------------------------ Sku

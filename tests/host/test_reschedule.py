@@ -36,7 +36,7 @@ def desired(lab: Lab, *, digest: str) -> DesiredState:
     state = DesiredState()
     state.fleet = m.Fleet.model_validate({
         "apiVersion": API, "kind": "Fleet", "name": "lab",
-        "regions": [{"name": "r1", "pools": [{"name": "p1"}]}], "readiness_timeout_s": 5,
+        "regions": [{"name": "r1", "pools": [{"name": "p1"}]}], "graceful_timeout_seconds": 30,
         "placement": {"policy": "first-fit"},
         "graceful_shutdown_timeout_s": 2})
     state.skus[SKU] = m.Sku.model_validate({
