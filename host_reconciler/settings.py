@@ -1,8 +1,10 @@
 """Host settings: what one node's host reconciler needs that is not in its plan.
 
 Read from a JSON file (`gpuaas host ... --config FILE`, or
-$GPUAAS_HOST_CONFIG), every key optional except where noted; the defaults
-are a production host's. Tests and the demo point the same settings at a
+$GPUAAS_HOST_CONFIG), every key optional; the defaults are a production
+host's. docs/host-reconciler.md ("Host settings") has the table of every key
+with its type, default and meaning; tests/host/test_settings_docs.py keeps
+that table, and this example, in step with the fields below. Tests and the demo point the same settings at a
 libvirt test driver, a temp state dir, a temp by-id directory of symlinks
 to loop devices, and a network namespace.
 
@@ -11,14 +13,18 @@ to loop devices, and a network namespace.
       "state_dir": "/var/lib/gpuaas/host",
       "image_dir": "/var/lib/gpuaas/images",
       "by_id_root": "/dev/disk/by-id",
+      "mountinfo": "/proc/self/mountinfo",  # the disk guard never writes a mounted disk
       "sysfs_root": "/sys",
       "discovery_root": "auto",        # the host root the discovery gate reads (see below); null: off
       "vfio_bind": false,              # bind GPUs/VFs to vfio-pci if needed (explicit opt-in)
       "drift_mode": "report",          # or "self-heal"
       "domain_type": null,             # kvm | qemu | test (null: from the URI)
       "firmware": "efi",
-      "bridge_kind": "linux",          # or "ovs" (ovs_db, ovs_datapath: netdev | system)
+      "bridge_kind": "linux",          # or "ovs"
+      "ovs_db": null,                  # OVSDB address (null: ovs-vsctl's default)
+      "ovs_datapath": "netdev",        # or "system" (kernel datapath)
       "reserved_cpus_per_cell": 0,
+      "direct_kernel": null,           # lab: {"kernel", "initrd", "cmdline"} booted directly
       "manage_network": true,          # ensure bridge + NAT + port isolation
       "netns": null,                   # run bridge, dnsmasq and readiness inside this netns
       "dhcp_state_dir": null,          # dnsmasq state (default <state_dir>/dnsmasq)
@@ -26,6 +32,8 @@ to loop devices, and a network namespace.
       "readiness": "lease-tcp",        # or "none" (test driver: no guest ever boots)
       "pci": "sysfs",                  # or "fake-vfio" (no GPUs on this machine)
       "poll_interval_s": 10,
+      "graceful_poll_s": 0.5,          # state checks while a guest shuts down
+      "wipe_sample_count": 64,         # samples read back to verify a wipe
       "image_base_url": null,          # platform_storage images: <base>/<source_ref> (null: staged files only)
       "image_max_bytes": 68719476736,  # cap on one image download (64 GiB, seed 002)
       "image_cache_bytes": null,       # cache budget, LRU eviction above it (null: half its filesystem)
