@@ -4,9 +4,9 @@ Read from a JSON file (`gpuaas host ... --config FILE`, or
 $GPUAAS_HOST_CONFIG), every key optional; the defaults are a production
 host's. docs/host-reconciler.md ("Host settings") has the table of every key
 with its type, default and meaning; tests/host/test_settings_docs.py keeps
-that table, and this example, in step with the fields below. Tests and the demo point the same settings at a
-libvirt test driver, a temp state dir, a temp by-id directory of symlinks
-to loop devices, and a network namespace.
+that table, and this example, in step with the fields below. Tests and the
+demo point the same settings at a libvirt test driver, a temp state dir, a
+temp by-id directory of symlinks to loop devices, and a network namespace.
 
     {
       "libvirt_uri": "qemu:///system",
