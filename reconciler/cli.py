@@ -22,6 +22,7 @@ from types import FrameType
 from reconciler.commands import (
     apply,
     bench,
+    completion,
     db,
     demo,
     drift,
@@ -63,6 +64,7 @@ COMMANDS = (
     serve,
     usage,
     slot,
+    completion,
 )
 
 
