@@ -1,7 +1,7 @@
 """`gpuaas host converge` (one pass) and `gpuaas host run` (the loop).
 
     gpuaas host converge --node NAME [--dry-run] [--mode report|self-heal] [-o text|json]
-    gpuaas host run --node NAME [--interval S] [--passes N]
+    gpuaas host run --node NAME [--interval S] [--passes N] [--log-format text|json] [--metrics-listen HOST:PORT]
 
 Both read the node's plan from PostgreSQL as the node's own role
 (--db-role / $GPUAAS_HOST_DB_ROLE, password in $GPUAAS_HOST_DB_PASSWORD;
@@ -9,6 +9,9 @@ row-level security shows no other node's plan), or from --plan-file (a
 host-plan JSON document, for labs), and write the node's status back (or to
 --status-file). Host settings come from --config / $GPUAAS_HOST_CONFIG.
 `--dry-run` prints the actions the pass would take and changes nothing.
+`host run --log-format json` (or GPUAAS_LOG_FORMAT=json) logs one JSON object
+per line, each with `node` (schemas/logs.py); `--metrics-listen` serves
+/metrics and /healthz (host_reconciler/metrics.py; off by default).
 """
 
 from __future__ import annotations
@@ -18,18 +21,18 @@ import json
 import logging
 import os
 import signal
-import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from schemas import hostplans, output
+from schemas import hostplans, logs, output
 from schemas.errors import GpuaasError, PermanentError, UsageError
 
 if TYPE_CHECKING:
-    from host_reconciler import converging, settings
+    from host_reconciler import converging, metrics, settings
 
 ENV_URL = "GPUAAS_DATABASE_URL"  # the same variable the central reconciler reads
 ENV_ROLE = "GPUAAS_HOST_DB_ROLE"
@@ -60,6 +63,9 @@ def register(sub: Any) -> None:
         else:
             p.add_argument("--interval", type=float, help="seconds between passes (default: settings)")
             p.add_argument("--passes", type=int, default=0, help="stop after N passes (0: run until signalled)")
+            p.add_argument("--log-format", choices=logs.FORMATS, help="log lines (default $GPUAAS_LOG_FORMAT or text)")
+            p.add_argument("--metrics-listen", metavar="HOST:PORT",
+                           help="serve /metrics and /healthz here, e.g. 127.0.0.1:9101 (default: not served)")
         p.set_defaults(func=fn)
     from host_reconciler import imagecommand
 
@@ -206,8 +212,32 @@ def run_converge(args: argparse.Namespace) -> int:
 
 
 def run_loop(args: argparse.Namespace) -> int:
+    fmt = logs.choose(args.log_format)
+    with (logs.configured(fmt, text="%(asctime)s %(levelname)s %(name)s: %(message)s", defaults={"node": args.node}),
+          _metrics(args) as counted):
+        return _loop(args, counted)
+
+
+@contextmanager
+def _metrics(args: argparse.Namespace) -> Iterator[metrics.AgentMetrics]:
+    """The pass counters, served on --metrics-listen (if given) for as long as the loop runs."""
+    from host_reconciler import metrics
+
+    counted = metrics.AgentMetrics(args.node)
+    if not args.metrics_listen:
+        yield counted
+        return
+    served = metrics.Server(counted, args.metrics_listen)
+    logging.getLogger("gpuaas.host").info("metrics on %s/metrics, health on %s/healthz", served.url, served.url,
+                                          extra={"event": "host.metrics.serving", "url": served.url})
+    try:
+        yield counted
+    finally:
+        served.close()
+
+
+def _loop(args: argparse.Namespace, counted: metrics.AgentMetrics) -> int:
     from host_reconciler import converging, wiring
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("gpuaas.host")
     s = _settings(args)
     interval = args.interval if args.interval is not None else s.poll_interval_s
@@ -229,21 +259,21 @@ def run_loop(args: argparse.Namespace) -> int:
             try:
                 plan = source.plan()
                 if plan is None:
-                    log.info("no host plan for %s yet", args.node)
+                    log.info("no host plan for %s yet", args.node, extra={"event": "host.plan.none"})
                     source.heartbeat()
                 else:
                     result = converger.converge(plan)
+                    counted.record(result)
                     source.report(result)
                     if output.structured(args.output):  # one record per pass: a JSON line, a YAML document
                         output.emit(result.status.as_dict(), args.output, indent=None, stream=True)
                     else:
-                        log.info("pass: %d action(s), %d error(s), converged=%s, %.0f ms",
-                                 len(result.executed), len(result.errors), result.status.converged,
-                                 result.ms)  # fmt: skip
+                        _log_pass(log, result)
                     if result.retry_after is not None:
                         wait = min(wait, max(result.retry_after, 0.5))
             except GpuaasError as e:  # the pass failed as a whole (libvirt, database): try again
-                log.error("pass failed: %s: %s", e.code, e.message)
+                counted.failed()
+                log.error("pass failed: %s: %s", e.code, e.message, extra={"event": "host.pass.failed", "code": e.code})
                 if isinstance(e, PermanentError) and e.code.startswith("host.settings"):
                     raise
             passes += 1
@@ -256,5 +286,18 @@ def run_loop(args: argparse.Namespace) -> int:
         beat.stop()
         drivers.close()
         source.close()
-    print(f"stopped after {passes} pass(es)", file=sys.stderr)
+    log.info("stopped after %d pass(es)", passes, extra={"event": "host.stopped", "passes": passes})
     return 0
+
+
+def _log_pass(log: logging.Logger, result: converging.PassResult) -> None:
+    """One line per pass, one per step that failed (with its allocation: what an operator searches by)."""
+    log.info("pass: %d action(s), %d error(s), converged=%s, %.0f ms", len(result.executed), len(result.errors),
+             result.status.converged, result.ms,
+             extra={"event": "host.pass", "generation": result.status.generation, "actions": len(result.executed),
+                    "errors": len(result.errors), "converged": result.status.converged, "ms": round(result.ms, 1)})
+    for err in result.errors:
+        log.log(logging.WARNING if err.retry else logging.ERROR, "step %s of %s failed: %s: %s", err.step,
+                err.allocation_id, err.code, err.message,
+                extra={"event": "host.step.failed", "allocation": err.allocation_id, "step": err.step,
+                       "code": err.code, "retry": err.retry, "slots": list(err.slot_indexes)})

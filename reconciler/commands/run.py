@@ -9,13 +9,14 @@ retried every --interval seconds, every reconciliation is recorded (see
 progress and exits 0. A database that is down at start-up is waited for,
 as it is later. With --max-failing-seconds S the process exits 3 once it has
 failed for longer than S (so a supervisor sees a loop that cannot make
-progress). See reconciler/watching.py for the rules.
+progress). See reconciler/watching.py for the rules. `--log-format json`
+(or GPUAAS_LOG_FORMAT=json) prints each line as one JSON object (schemas/logs.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
+import logging
 import signal
 import threading
 import time
@@ -23,10 +24,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reconciler.commands import db
+from schemas import logs
 from schemas.errors import UsageError
+
+if TYPE_CHECKING:
+    from reconciler import watching
+
+log = logging.getLogger("gpuaas.run")
 
 
 def register(sub: Any) -> None:
@@ -41,13 +48,23 @@ def register(sub: Any) -> None:
     p.add_argument("--policy", help="placement policy override (default: the Fleet's)")
     p.add_argument("--max-failing-seconds", type=float, metavar="S",
                    help="exit 3 when every try has failed for longer than S seconds (default: never give up)")
+    p.add_argument("--log-format", choices=logs.FORMATS, help="log lines (default $GPUAAS_LOG_FORMAT or text)")
     db.add_database_arguments(p)
     p.set_defaults(func=run)
 
 
-def _log(text: str) -> None:
-    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
-    print(f"{now} {text}", flush=True)
+def _log(text: str, event: str, *, level: int = logging.INFO, **fields: Any) -> None:
+    log.log(level, text, extra={"event": event, **fields})
+
+
+# What each loop event is worth to an operator reading the log.
+_EVENT_LEVELS = {"invalid": logging.WARNING, "error": logging.ERROR}
+
+
+def _log_event(e: watching.Event) -> None:
+    fields = {"revision": e.revision, "run_id": e.run_id, "counts": dict(e.counts), "seconds": round(e.seconds, 3),
+              "changed": e.changed}
+    _log(e.render(), f"reconcile.{e.kind}", level=_EVENT_LEVELS.get(e.kind, logging.INFO), **fields)
 
 
 @contextmanager
@@ -59,7 +76,7 @@ def stop_on_signals(stop: threading.Event) -> Iterator[None]:
 
     def handler(signum: int, _frame: FrameType | None) -> None:
         if not stop.is_set():
-            _log(f"{signal.Signals(signum).name}: finishing the current reconciliation, then exiting")
+            _log(f"{signal.Signals(signum).name}: finishing the current reconciliation, then exiting", "run.signal")
         stop.set()
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -116,9 +133,10 @@ def _migrate_when_up(url: str, stop: threading.Event, interval: float, max_faili
             failing = time.monotonic() - since
             if max_failing_s is not None and failing > max_failing_s:
                 _log(f"the database has been unreachable for {failing:.0f}s (over {max_failing_s:g}s), "
-                     f"last {e.code}: {e.message}; exiting")
+                     f"last {e.code}: {e.message}; exiting", "run.gave_up", level=logging.ERROR, code=e.code)
                 return False
-            _log(f"waiting for the database: {e.code}: {e.message} (next try in {delay:g}s)")
+            _log(f"waiting for the database: {e.code}: {e.message} (next try in {delay:g}s)", "run.db_waiting",
+                 level=logging.WARNING, code=e.code)
             stop.wait(delay)
             delay = min(delay * 2, max(interval, 1.0))
     return False
@@ -126,6 +144,12 @@ def _migrate_when_up(url: str, stop: threading.Event, interval: float, max_faili
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
+    # stdout and no level in text: the lines `gpuaas run` has always printed.
+    with logs.configured(logs.choose(args.log_format), stream="stdout", text="%(asctime)s %(message)s"):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     with stop_on_signals(stop):  # first: a SIGTERM during start-up is a clean stop too
         from reconciler import watching
@@ -135,16 +159,17 @@ def run(args: argparse.Namespace) -> int:
         if not _migrate_when_up(url, stop, args.interval, args.max_failing_seconds):
             if not stop.is_set():
                 return GAVE_UP
-            _log("stopped")
+            _log("stopped", "run.stopped")
             return 0
         source: watching.Revisions
         if args.remote:
             source = watching.RemoteBranch(args.path, args.remote, args.branch, stop, retry_delay=args.interval)
         else:
             source = watching.LocalHead(args.path, stop, debounce_ms=args.debounce_ms)
-        _log(f"gpuaas run: {source.label}, retry every {args.interval:g}s" + (" (once)" if args.once else ""))
+        _log(f"gpuaas run: {source.label}, retry every {args.interval:g}s" + (" (once)" if args.once else ""),
+             "run.started")
         loop = watching.Loop(args.path, source, lambda: connections.connect(url, autocommit=True), stop=stop,
-                             interval=args.interval, policy=args.policy, log=lambda e: _log(e.render()),
+                             interval=args.interval, policy=args.policy, log=_log_event,
                              max_failing_s=args.max_failing_seconds)
         try:
             last = loop.run(once=args.once)
@@ -154,9 +179,10 @@ def run(args: argparse.Namespace) -> int:
         return GAVE_UP
     if stop.is_set():
         if loop.failing is not None:
-            _log(f"stopped while failing for {loop.failing_for():.0f}s: {loop.failing.code}")
+            _log(f"stopped while failing for {loop.failing_for():.0f}s: {loop.failing.code}", "run.stopped",
+                 code=loop.failing.code)
         else:
-            _log("stopped")
+            _log("stopped", "run.stopped")
     if args.once and last is not None and last.kind in ("invalid", "error"):
         return 1
     return 0
