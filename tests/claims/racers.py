@@ -25,7 +25,13 @@ def race(url: str, placements: list[Placement], barrier: Any, results: Any) -> N
 
 
 def apply_forever(url: str, seed: int) -> None:
-    """Place and release synthetic allocations until killed (the SIGKILL test's victim)."""
+    """Place and release synthetic allocations until killed (the SIGKILL test's victim).
+
+    Everything goes through one connection, for the process's whole life: a
+    line `placed <claim kind> <allocation> <backend pid>` is printed each time
+    a placement's kind differs from the previous one, so the test can see one
+    session place both kinds, one after the other, again and again.
+    """
     import random
 
     from reconciler.plans import Release
@@ -35,6 +41,15 @@ def apply_forever(url: str, seed: int) -> None:
     state = kill_fleet()
     rng = random.Random(seed)  # noqa: S311 - test randomness
     conn = connections.connect(url, autocommit=True)
+    last_kind = None
+
+    def place(p: Placement) -> None:
+        nonlocal last_kind
+        if applying.place(conn, p).placed and p.claim_kind is not last_kind:
+            last_kind = p.claim_kind
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+            print(f"placed {p.claim_kind.value} {p.allocation_id} {row[0] if row else None}", flush=True)
+
     print("ready", flush=True)
     while True:
         # Each round is a recorded reconciliation: a kill leaves its row running until swept.
@@ -48,13 +63,13 @@ def apply_forever(url: str, seed: int) -> None:
             " WHERE c.node_id = n.id AND c.status IN ('reserved', 'provisioning', 'active', 'releasing'))")]
         free = observing.free_slots(conn)
         for p in synthetic.first_fit(state, free, pending, seed=rng.randrange(1 << 30), idle=idle):
-            applying.place(conn, p)
+            place(p)
         # Rescheduled allocations go anywhere but where they failed (as the planner's `avoid` does).
         for aid, avoid in sorted(lifecycle.avoided_nodes(conn).items())[:5]:
             free = {n: s for n, s in observing.free_slots(conn).items() if n not in avoid}
             for p in synthetic.first_fit(state, free, [aid], seed=rng.randrange(1 << 30),
                                          idle=[n for n in idle if n not in avoid]):
-                applying.place(conn, p)
+                place(p)
         # Play a host failing some provisions for good (vfio_check), then the reschedule step.
         for aid, node, slots in conn.execute(
                 "SELECT c.allocation_id, n.name, array_agg(c.slot_index) FROM allocation_resource_claims c"
@@ -92,6 +107,15 @@ def apply_forever(url: str, seed: int) -> None:
             " ON CONFLICT (node_name, slot_index) DO UPDATE SET wipe_allocation_id = EXCLUDED.wipe_allocation_id,"
             " wipe_state = 'verified', wipe_evidence = EXCLUDED.wipe_evidence,"
             " wipe_reported_at = EXCLUDED.wipe_reported_at")
+        # ... and verified node cleanup for every releasing baremetal claim, so baremetal nodes
+        # come back and a long-lived session keeps switching between the two claim kinds.
+        conn.execute(
+            "INSERT INTO host_status (node_name, cleanup_allocation_id, cleanup_state, cleanup_reported_at)"
+            " SELECT DISTINCT ON (n.name) n.name, c.allocation_id, 'verified', clock_timestamp()"
+            " FROM allocation_resource_claims c JOIN nodes n ON n.id = c.node_id"
+            " WHERE c.status = 'releasing' AND c.claim_kind = 'node_exclusive' AND random() < 0.7"
+            " ON CONFLICT (node_name) DO UPDATE SET cleanup_allocation_id = EXCLUDED.cleanup_allocation_id,"
+            " cleanup_state = 'verified', cleanup_reported_at = EXCLUDED.cleanup_reported_at")
         cleanup.free_cleaned(conn)
         history.finish(conn, run_id, result="changed")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -20,7 +21,7 @@ KILLS = 12
 
 
 def kill_fleet() -> DesiredState:
-    return synthetic.fleet(nodes=6, baremetal_nodes=2, allocations=600, baremetal_allocations=20,
+    return synthetic.fleet(nodes=6, baremetal_nodes=2, allocations=1200, baremetal_allocations=150,
                            gpus=(1, 2, 4), seed=3)
 
 
@@ -48,17 +49,23 @@ def test_sigkill_at_random_points_leaves_db_check_clean(db_url: str, conn: Conne
             proc.stderr.close()
         violations = checks.run(conn)
         assert violations == [], f"after kill {k}: {[v.render() for v in violations]}"
-    # One victim left alone for a while: the same session keeps placing both claim kinds
-    # (restarting victims often would hide a session that wedged on a mix of kinds).
+    # One victim left alone for a while: ONE session (one process, one connection) places
+    # baremetal claims, then slice claims, then baremetal again. Restarting victims often would
+    # hide a session that wedged on a mix of kinds; a wedged one would stop switching.
     proc = _victim(db_url, KILLS)
     time.sleep(2.5)
     alive = proc.poll() is None
     proc.send_signal(signal.SIGKILL)
-    _, err = proc.communicate(timeout=30)
+    out, err = proc.communicate(timeout=30)
     assert alive, err
+    switches = [line.split()[1:] for line in out.splitlines() if line.startswith("placed ")]
+    order = [kind for kind, _, _ in switches]
+    assert len({session for _, _, session in switches}) == 1, (out, err)  # the same backend throughout
+    assert {("node_exclusive", "slot"), ("slot", "node_exclusive")} <= set(itertools.pairwise(order)), order
+    for kind, allocation, _ in switches:  # what the victim says it placed is in the store, of that kind
+        assert util.count(conn, "SELECT count(*) FROM allocation_resource_claims WHERE allocation_id = %s"
+                                " AND claim_kind::text = %s", allocation, kind) > 0, (kind, allocation)
     assert checks.run(conn) == []
-    kinds = {str(k) for (k,) in conn.execute("SELECT DISTINCT claim_kind::text FROM allocation_resource_claims")}
-    assert kinds == {"slot", "node_exclusive"}
     # No ghosts: every round a kill interrupted reads as abandoned, none as running.
     assert util.count(conn, "SELECT count(*) FROM reconciliation_history WHERE result = 'running'") == 0
     assert util.count(conn, "SELECT count(*) FROM reconciliation_history WHERE result = 'abandoned'") > 0
