@@ -70,10 +70,13 @@ def test_host_image_list_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_store_commands_yaml(db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """Commands reading the database: an empty history, the invariants, the fleet status."""
+    """Commands reading the database: the invariants, the fleet status, history, drift, usage."""
     assert _same_data(["db", "check", "--db-url", db_url], capsys)["ok"] is True
     assert "nodes" in _same_data(["status", "--db-url", db_url], capsys)
     assert _same_data(["history", "--db-url", db_url], capsys) == []
+    assert _same_data(["drift", "--db-url", db_url], capsys) == {"nodes": [], "total": 0}
+    window = ["--from", "2026-11-01T00:00:00Z", "--to", "2026-11-02T00:00:00Z"]  # fixed: the default ends now
+    assert "allocations" in json.dumps(_same_data(["usage", *window, "--db-url", db_url], capsys))
 
 
 @pytest.mark.parametrize(("value", "expected"), [
