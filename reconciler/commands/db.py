@@ -3,11 +3,17 @@
 Without GPUAAS_DATABASE_URL (or --db-url), commands use a private PostgreSQL
 under the state dir (`.gpuaas/`, GPUAAS_STATE_DIR, --state-dir), started on
 first use and reused afterwards.
+
+No command prints a database password: `db status` and `db url` show the
+URL with it replaced by `***` (`db url --show-password` prints it whole, for
+scripts). `db status` connects to an external database and exits 3 when it
+cannot (as for an embedded server that is not running).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,6 +49,9 @@ def register(sub: Any) -> None:
         add_database_arguments(c)
         if name in ("status", "check"):
             output.add_argument(c, "text")
+        if name == "url":
+            c.add_argument("--show-password", action="store_true",
+                           help="print the password too (default: replaced by ***)")
         c.set_defaults(func=func)
 
 
@@ -79,18 +88,23 @@ def _status(args: argparse.Namespace) -> int:
 
     external = _external(args)
     if external:
-        doc: dict[str, Any] = {"external": True, "url": external}
-        running = True
+        doc: dict[str, Any] = {"external": True, "url": redact(external), **_probe(external)}
+        running = doc["reachable"]
     else:
         st = embedded.status(connections.state_dir(args.state_dir))
         running = st.running
         doc = {"external": False, "initialized": st.initialized, "running": st.running, "pid": st.pid,
-               "url": st.url, "state_dir": str(st.state_dir), "data_dir": str(st.data_dir),
+               "url": redact(st.url), "state_dir": str(st.state_dir), "data_dir": str(st.data_dir),
                "log_file": str(st.log_file)}
     if output.structured(args.output):
         output.emit(doc, args.output)
     elif external:
-        print(f"external database: {external}")
+        print(f"external database: {doc['url']}")
+        if running:
+            print(f"  reachable: PostgreSQL {doc['server_version']} as {doc['user']}, "
+                  f"{doc['pending_migrations']} migration(s) pending")
+        else:
+            print(f"error: {doc['error']['code']}: {doc['error']['message']}", file=sys.stderr)
     else:
         state = "running" if doc["running"] else ("stopped" if doc["initialized"] else "not initialised")
         pid = f" (pid {doc['pid']})" if doc["pid"] else ""
@@ -101,8 +115,60 @@ def _status(args: argparse.Namespace) -> int:
 def _url(args: argparse.Namespace) -> int:
     from reconciler.store import connections, embedded
 
-    print(_external(args) or embedded.server_for(connections.state_dir(args.state_dir)).url())
+    url = _external(args) or embedded.server_for(connections.state_dir(args.state_dir)).url()
+    print(url if args.show_password else redact(url))
     return 0
+
+
+HIDDEN = "***"
+_DSN_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
+_QUERY_PASSWORD = re.compile(r"((?:^|&)password=)[^&]*")
+
+
+def redact(url: str) -> str:
+    """`url` with its password replaced: in the user info, a `password=` parameter, or a key=value DSN."""
+    if "://" not in url:
+        return _DSN_PASSWORD.sub(rf"\g<1>{HIDDEN}", url)
+    # Taken apart by hand: urllib drops an empty host (`postgresql:///db?host=/run/...`) and refuses odd ones.
+    scheme, after = url.split("://", 1)
+    end = min((i for i in (after.find(c) for c in "/?#") if i >= 0), default=len(after))
+    user, at, hosts = after[:end].rpartition("@")
+    if at and ":" in user:
+        user = user.split(":", 1)[0] + ":" + HIDDEN
+    path, q, tail = after[end:].partition("?")
+    query, hash_, fragment = tail.partition("#")
+    query = _QUERY_PASSWORD.sub(rf"\g<1>{HIDDEN}", query)
+    rest = f"{path}{q}{query}{hash_}{fragment}"
+    return f"{scheme}://{user}{at}{hosts}{rest}"
+
+
+def _probe(url: str) -> dict[str, Any]:
+    """Connect to an external database: who we are there and what is left to migrate, or why not."""
+    from reconciler.store import connections, migrations
+    from schemas.errors import GpuaasError
+
+    try:
+        with connections.connect(url, autocommit=True) as conn:
+            done = migrations.applied(conn)
+            user = conn.execute("SELECT current_user").fetchone()
+            version = conn.info.server_version
+    except GpuaasError as e:
+        return {"reachable": False, "error": {"code": e.code, "message": _scrub(e.message, url)}}
+    pending = sum(1 for m in migrations.available() if m.version not in done)
+    return {"reachable": True, "user": user[0] if user else None,
+            "server_version": f"{version // 10000}.{version % 10000}", "pending_migrations": pending}
+
+
+def _scrub(message: str, url: str) -> str:
+    """A driver message may quote the connection string it could not parse: never with the password."""
+    import psycopg
+    from psycopg import conninfo
+
+    try:
+        password = conninfo.conninfo_to_dict(url).get("password")
+    except psycopg.Error:  # unparsable: redact it where it is quoted whole
+        return message.replace(url, redact(url))
+    return message.replace(str(password), HIDDEN) if password else message
 
 
 def _migrate(args: argparse.Namespace) -> int:
