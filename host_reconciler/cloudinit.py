@@ -7,6 +7,13 @@ in an SSH key comment) would be escaped as a surrogate pair, and cloud-init's
 YAML loader reads each half as a lone surrogate, not the character. SSH keys are checked against
 the same pattern desired-state validation uses. The seed ISO (volume id
 `cidata`) is packed by genisoimage from files this module wrote.
+
+With a `GuestAnnounce` from the readiness gate, the seed also installs the
+guest side of seed 002's marker (`host_reconciler.drivers.guestmarker`): a
+constant script, run by a systemd unit, that waits for
+`/var/lib/gpuaas/slice-ready` and posts the VM's name and token to the host
+agent. The URL and the body are data files beside it, read with `cat`, so
+no value becomes shell text.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import re
 from pathlib import Path
 
 from host_reconciler import domains
-from host_reconciler.drivers import tools
+from host_reconciler.drivers import guestmarker, tools
 from schemas.errors import PermanentError
 from schemas.hostplans import VmSpec
 
@@ -33,8 +40,45 @@ class SeedError(PermanentError):
     code = "host.seed.invalid"
 
 
-def render(vm: VmSpec) -> dict[str, bytes]:
-    """The seed files of `vm` (pure)."""
+ANNOUNCER = "/usr/local/sbin/gpuaas-slice-ready"
+ANNOUNCE_URL = "/etc/gpuaas/slice-ready.url"
+ANNOUNCE_BODY = "/etc/gpuaas/slice-ready.body"
+UNIT = "gpuaas-slice-ready.service"
+
+# Posts once the marker exists, then again every minute (a restarted host agent hears it again).
+# curl where the image has it, else wget (busybox's too): both send the body as a form. No wget -T:
+# Debian's busybox wget is built without it (and crashes on it); the listener drops a stalled post.
+ANNOUNCER_SCRIPT = f"""#!/bin/sh
+# gpuaas: tell the host agent that {guestmarker.MARKER} exists (seed 002 readiness).
+marker={guestmarker.MARKER}
+while :; do
+  while [ ! -e "$marker" ]; do sleep 1; done
+  url="$(cat {ANNOUNCE_URL})"
+  if command -v curl >/dev/null 2>&1; then
+    curl -fsS -m 5 --data-binary @{ANNOUNCE_BODY} "$url" >/dev/null 2>&1
+  else
+    wget -q -O /dev/null --post-file {ANNOUNCE_BODY} "$url" >/dev/null 2>&1
+  fi && sleep 60 || sleep 2
+done
+"""
+
+UNIT_TEXT = f"""[Unit]
+Description=gpuaas: announce {guestmarker.MARKER} to the host agent
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+ExecStart={ANNOUNCER}
+Restart=always
+RestartSec=5
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def render(vm: VmSpec, *, announce: guestmarker.GuestAnnounce | None = None) -> dict[str, bytes]:
+    """The seed files of `vm` (pure); with `announce`, the guest announces its readiness marker."""
     for key in vm.ssh_keys:
         if not _SSH_KEY.match(key):
             raise SeedError(
@@ -59,6 +103,15 @@ def render(vm: VmSpec) -> dict[str, bytes]:
         "ssh_pwauth": False,
         "disable_root": True,
     }
+    if announce is not None:
+        user_data["write_files"] = [
+            {"path": ANNOUNCER, "permissions": "0755", "owner": "root:root", "content": ANNOUNCER_SCRIPT},
+            {"path": ANNOUNCE_URL, "permissions": "0600", "owner": "root:root", "content": announce.url},
+            {"path": ANNOUNCE_BODY, "permissions": "0600", "owner": "root:root", "content": announce.body},
+            {"path": f"/etc/systemd/system/{UNIT}", "permissions": "0644", "owner": "root:root",
+             "content": UNIT_TEXT},
+        ]
+        user_data["runcmd"] = [["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", "--no-block", UNIT]]
     meta = {"instance-id": vm.uuid, "local-hostname": vm.name}
     network = {
         "version": 2,

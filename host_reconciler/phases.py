@@ -59,6 +59,8 @@ class Drivers:
 
     def close(self) -> None:
         self.domains.close()
+        if self.readiness is not None:
+            self.readiness.close()
 
 
 @dataclass
@@ -340,7 +342,8 @@ def image_verify(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
 
 def cloud_init_seed(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
     v = _vm(vm, action)
-    files = cloudinit.render(v)
+    gate = ctx.drivers.readiness
+    files = cloudinit.render(v, announce=gate.announce_for(v.name, ctx.plan.network.gateway) if gate else None)
     ctx.state.install_seed(v.name, files, build=cloudinit.pack_iso)
     return {}
 
@@ -403,6 +406,8 @@ def readiness(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
         boot.private_ip,
         ctx.settings.readiness_port,
         float(ctx.plan.readiness_timeout_s),
+        name=v.name,
+        gateway=ctx.plan.network.gateway,
     )
     return {
         "readiness": {

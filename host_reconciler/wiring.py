@@ -10,6 +10,7 @@ from __future__ import annotations
 from host_reconciler import fakes
 from host_reconciler.drivers.disks import BlockDisks
 from host_reconciler.drivers.dnsmasq import DnsmasqDhcp, DnsmasqServer
+from host_reconciler.drivers.guestmarker import Announcements
 from host_reconciler.drivers.libvirt_driver import LibvirtDomains
 from host_reconciler.drivers.network import LinuxBridgeNetwork, NetworkDriver
 from host_reconciler.drivers.ovs import OvsNetwork
@@ -28,7 +29,8 @@ def drivers(settings: HostSettings) -> Drivers:
         pci = SysfsPci(settings.sysfs_root, allow_bind=settings.vfio_bind)
     readiness: ReadinessDriver | None = None
     if settings.readiness == "lease-tcp":
-        readiness = LeaseReadiness(server.lease_file, netns_name=settings.netns)
+        marker = Announcements(settings.state_dir / "guest-marker.key", netns_name=settings.netns)
+        readiness = LeaseReadiness(server.lease_file, netns_name=settings.netns, announcements=marker)
     network: NetworkDriver
     if settings.bridge_kind == "ovs":
         network = OvsNetwork(settings.netns, db=settings.ovs_db, datapath_type=settings.ovs_datapath)

@@ -3,12 +3,18 @@
 Seed 000 ("VM Readiness Gate"): never assume readiness after a fixed wait.
 Wait for the expected DHCP lease, then poll TCP :22 (or the image/profile's
 management port), and fail with structured output when the timeout passes.
+Seed 002 adds the guest marker `/var/lib/gpuaas/slice-ready`, bounded by the
+Fleet's `graceful_timeout_seconds` (the plan's `readiness_timeout_s`).
 
-`LeaseReadiness` does exactly that in two stages sharing one deadline:
+`LeaseReadiness` does exactly that in stages sharing one deadline:
 1. dnsmasq's lease file holds an unexpired lease for the VM's MAC with the
    reserved IP (a lease with another IP means the reservation was not in
    force when the guest asked, and keeps the gate shut);
-2. a TCP connection to IP:port is accepted.
+2. a TCP connection to IP:port is accepted;
+3. with `announcements` (`guestmarker.Announcements`), the guest announced
+   its marker from the reserved IP with its own token: `announce_for` gives
+   the seed what the guest must post. Without them (labs whose guests carry
+   no announcer), the gate stops after stage 2 and asks the seed for nothing.
 
 Clock, sleep and connect are injectable, so the timeout logic is tested
 without real waits; the end-to-end test runs it against a booting guest.
@@ -22,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from host_reconciler.drivers import addresses, dnsmasq, netns
+from host_reconciler.drivers import addresses, dnsmasq, guestmarker, netns
 from schemas.errors import TemporaryError
 
 
@@ -47,8 +53,20 @@ class ReadinessResult:
 
 
 class ReadinessDriver(Protocol):
-    def wait_ready(self, mac: str, ip: str, port: int, timeout_s: float) -> ReadinessResult:
-        """Block until the lease and the port are there; ReadinessTimeout otherwise."""
+    def announce_for(self, name: str, gateway: str) -> guestmarker.GuestAnnounce | None:
+        """What VM `name`'s seed must carry to announce its guest marker (None: this gate does not ask)."""
+        ...
+
+    def wait_ready(self, mac: str, ip: str, port: int, timeout_s: float, *,
+                   name: str | None = None, gateway: str | None = None) -> ReadinessResult:
+        """Block until the lease, the port (and VM `name`'s marker, heard on `gateway`) are there.
+
+        ReadinessTimeout otherwise.
+        """
+        ...
+
+    def close(self) -> None:
+        """Stop what the gate runs (the announcement listener)."""
         ...
 
 
@@ -69,8 +87,10 @@ class LeaseReadiness:
         connect: Connect | None = None,
         poll_s: float = 1.0,
         connect_timeout_s: float = 2.0,
+        announcements: guestmarker.Announcements | None = None,
     ) -> None:
         self._lease_file = lease_file
+        self._announcements = announcements
         self._netns = netns.checked(netns_name)
         self._clock = clock
         self._wall = wall_clock
@@ -79,8 +99,22 @@ class LeaseReadiness:
         self._poll = poll_s
         self._connect_timeout = connect_timeout_s
 
-    def wait_ready(self, mac: str, ip: str, port: int, timeout_s: float) -> ReadinessResult:
+    def announce_for(self, name: str, gateway: str) -> guestmarker.GuestAnnounce | None:
+        if self._announcements is None:
+            return None
+        self._announcements.forget(name)  # a new seed: only what this VM says from now on counts
+        return self._announcements.announce_for(name, gateway)
+
+    def close(self) -> None:
+        if self._announcements is not None:
+            self._announcements.close()
+
+    def wait_ready(self, mac: str, ip: str, port: int, timeout_s: float, *,
+                   name: str | None = None, gateway: str | None = None) -> ReadinessResult:
         mac = addresses.mac(mac)
+        if self._announcements is not None and name is not None and gateway is not None:
+            # A restarted agent listens again before it waits: the guest repeats its announcement.
+            self._announcements.listen(str(addresses.ipv4(gateway)))
         ip = str(addresses.ipv4(ip))
         if not 0 < port < 65536:
             raise addresses.InvalidNetworkValue(f"not a TCP port: {port}", code="host.net.invalid_port")
@@ -120,7 +154,27 @@ class LeaseReadiness:
                 code="host.readiness.port_timeout",
                 message=f"{ip}:{port} not accepting after {timeout_s:g}s ({last_error})",
             )
+        if self._announcements is not None and name is not None:
+            self._wait_marker(self._announcements, name, ip, deadline=deadline, start=start, timeout_s=timeout_s)
         return ReadinessResult(mac, ip, port, lease_s, self._clock() - start)
+
+    def _wait_marker(self, heard: guestmarker.Announcements, name: str, ip: str, *, deadline: float, start: float,
+                     timeout_s: float) -> None:
+        other: str | None = None
+        while True:
+            h = heard.heard(name)
+            if h is not None and h.ip == ip:
+                return
+            if h is not None:
+                other = h.ip
+            self._wait_or_fail(
+                deadline,
+                start,
+                stage="marker",
+                code="host.readiness.marker_timeout",
+                message=(f"{name} did not announce {guestmarker.MARKER} from {ip} after {timeout_s:g}s"
+                         + (f" (an announcement came from {other})" if other else "")),
+            )
 
     def _leases(self) -> Sequence[dnsmasq.Lease]:
         now = self._wall()

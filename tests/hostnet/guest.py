@@ -5,18 +5,22 @@ root-owned staging tree). Its /init loads the virtio NIC, SCSI disk and ACPI
 button modules of the host's Debian kernel, gets eth0's address with udhcpc,
 writes a marker onto the slot disk (/dev/sda), answers TCP 22 with busybox
 httpd and powers off on the ACPI power button (busybox acpid), which is what
-libvirt's graceful shutdown presses.
+libvirt's graceful shutdown presses. The files of a cloud-init seed's
+`write_files` go into the initramfs at their paths (`seed_files`); when the
+seed's announcer is among them, /init starts it and then creates
+/var/lib/gpuaas/slice-ready, as a real image's unit and setup would.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +65,13 @@ acpid -c /etc/acpi -l /tmp/acpid.log
 echo ok > /www/index.html
 httpd -p 22 -h /www
 echo "gpuaas-e2e: ready"
+# What the seed installs (write_files) runs as its systemd unit would; the image's setup then drops the marker.
+if [ -x /usr/local/sbin/gpuaas-slice-ready ]; then
+  /usr/local/sbin/gpuaas-slice-ready &
+  mkdir -p /var/lib/gpuaas
+  touch /var/lib/gpuaas/slice-ready
+  echo "gpuaas-e2e: marker /var/lib/gpuaas/slice-ready"
+fi
 while true; do sleep 3600; done
 """
 
@@ -153,14 +164,27 @@ class _Cpio:
         return out + b"\0" * (-len(out) % 512)
 
 
-def build_initramfs(kernel: Kernel, dest: Path, *, sector: int) -> list[str]:
-    """Write the initramfs to `dest`; return the module list it loads."""
+def seed_files(user_data: bytes) -> dict[str, tuple[bytes, int]]:
+    """A cloud-init user-data's `write_files` (the project's seeds are JSON below the header): path -> (data, mode)."""
+    doc = json.loads(user_data.decode("utf-8").split("\n", 1)[1])
+    return {f["path"]: (f["content"].encode("utf-8"), int(f.get("permissions", "0644"), 8))
+            for f in doc.get("write_files", [])}
+
+
+def build_initramfs(kernel: Kernel, dest: Path, *, sector: int,
+                    files: Mapping[str, tuple[bytes, int]] | None = None) -> list[str]:
+    """Write the initramfs to `dest` (with `files` at their absolute paths); return the module list it loads."""
     busybox = shutil.which("busybox")
     if busybox is None:
         raise FileNotFoundError("busybox")
     order = module_order(kernel.modules)
     cpio = _Cpio()
-    for d in ("bin", "dev", "modules", "proc", "sys", "tmp", "etc", "etc/acpi", "etc/acpi/PWRF"):
+    dirs = ["bin", "dev", "modules", "proc", "sys", "tmp", "etc", "etc/acpi", "etc/acpi/PWRF"]
+    for path in files or {}:
+        for parent in reversed(Path(path.lstrip("/")).parents[:-1]):  # usr, usr/local, ... (not ".")
+            if str(parent) not in dirs:
+                dirs.append(str(parent))
+    for d in dirs:
         cpio.dir(d)
     cpio.chardev("dev/console", 5, 1)
     cpio.file("bin/busybox", Path(busybox).read_bytes(), 0o755)
@@ -168,6 +192,8 @@ def build_initramfs(kernel: Kernel, dest: Path, *, sector: int) -> list[str]:
     cpio.file("udhcpc.sh", UDHCPC.encode(), 0o755)
     cpio.file("etc/acpi/PWRF/00000080", POWER_BUTTON.encode(), 0o755)
     cpio.file("marker", MARKER.ljust(512, b"\0"))
+    for path, (data, mode) in (files or {}).items():
+        cpio.file(path.lstrip("/"), data, mode)
     names = []
     for rel in order:
         name = Path(rel).name

@@ -7,13 +7,17 @@
     │                                       eth0 52:54:00:e2:e0:01     │
     │                                       udhcpc → 10.213.77.10      │
     │                                       httpd on :22               │
+    │ guest marker listener 10.213.77.1 ◀── the seed's announcer posts │
+    │                                       name + token (busybox wget)│
     │ /dev/disk/by-id/gpuaas-e2e-*-slot0 → /dev/loopN (ext4) = sda     │
     └──────────────────────────────────────────────────────────────────┘
 
 Provision: bridge + NAT + DHCP server, reservation, domain defined from the
 host reconciler's own XML builder (direct kernel boot of the Debian kernel
-with a busybox initramfs built here), start, port isolation, readiness gate
-(lease with the reserved IP, then TCP 22). Release: graceful shutdown (the
+with a busybox initramfs built here, carrying the cloud-init seed's
+write_files), start, port isolation, readiness gate (lease with the reserved
+IP, then TCP 22, then the guest marker /var/lib/gpuaas/slice-ready announced
+by the seed's own announcer script). Release: graceful shutdown (the
 guest's acpid powers off; hard stop after the timeout), undefine, reservation
 removed (lease released), then the slot disk is wiped and verified with the
 disk driver, after checking that it carried the guest's data.
@@ -27,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -38,11 +43,11 @@ from pathlib import Path
 
 import pytest
 
-from host_reconciler import domains, topology
-from host_reconciler.drivers import disks, dnsmasq, network, readiness
+from host_reconciler import cloudinit, domains, topology
+from host_reconciler.drivers import disks, dnsmasq, guestmarker, network, readiness
 from host_reconciler.drivers.libvirt_driver import LibvirtDomains
 from host_reconciler.observations import DomainState
-from schemas.hostplans import Network, SlotBundle, VmSpec
+from schemas.hostplans import DiskIdentity, Network, SlotBundle, VmSpec
 
 from . import guest
 
@@ -161,9 +166,6 @@ def test_e2e_guest_boots_gets_its_reservation_passes_readiness_and_is_wiped() ->
         slot_disk_path = stack.enter_context(_by_id_link(f"gpuaas-e2e-{tag}-slot0", slot_loop))
         os_disk_path = stack.enter_context(_by_id_link(f"gpuaas-e2e-{tag}-os", os_loop))
 
-        # -- guest boot files ------------------------------------------------------
-        initrd = work / "initrd.cpio"
-        guest.build_initramfs(kernel, initrd, sector=guest.MARKER_OFFSET // 512)
         vmlinuz = work / "vmlinuz"
         shutil.copyfile(kernel.vmlinuz, vmlinuz)
         console_log = work / "console.log"
@@ -202,6 +204,17 @@ def test_e2e_guest_boots_gets_its_reservation_passes_readiness_and_is_wiped() ->
         reservation = dnsmasq.reservation_for(vm, net)
         assert dhcp.ensure_reservation(reservation) is True
 
+        # -- guest boot files: the initramfs carries the seed's write_files -------------
+        heard = guestmarker.Announcements(secrets.token_bytes(32), port=0)  # port 0: no clash with a real agent
+        stack.callback(heard.close)
+        gate = readiness.LeaseReadiness(server.lease_file, poll_s=0.5, announcements=heard)
+        announce = gate.announce_for(vm.name, net.gateway)
+        assert announce is not None
+        seed = guest.seed_files(cloudinit.render(vm, announce=announce)["user-data"])
+        assert cloudinit.ANNOUNCER in seed and cloudinit.ANNOUNCE_BODY in seed
+        initrd = work / "initrd.cpio"
+        guest.build_initramfs(kernel, initrd, sector=guest.MARKER_OFFSET // 512, files=seed)
+
         # -- libvirt: private daemon, domain from the reconciler's builder ---------
         daemon = guest.Libvirtd(work / "libvirt")
         stack.callback(daemon.stop)
@@ -236,10 +249,9 @@ def test_e2e_guest_boots_gets_its_reservation_passes_readiness_and_is_wiped() ->
         assert network.problems(net, state) == (), state
         timings["provision_s"] = time.monotonic() - t0
 
-        # -- readiness gate: the reserved lease, then TCP 22 -----------------------
-        gate = readiness.LeaseReadiness(server.lease_file, poll_s=0.5)
+        # -- readiness gate: the reserved lease, then TCP 22, then the guest marker ---
         try:
-            result = gate.wait_ready(MAC, VM_IP, 22, READINESS_TIMEOUT_S)
+            result = gate.wait_ready(MAC, VM_IP, 22, READINESS_TIMEOUT_S, name=vm.name, gateway=net.gateway)
         except readiness.ReadinessTimeout as e:
             pytest.fail(
                 f"{e.code}: {e.message}\n--- guest console ---\n{_console(console_log)}\n"
@@ -249,6 +261,9 @@ def test_e2e_guest_boots_gets_its_reservation_passes_readiness_and_is_wiped() ->
         timings["ready_s"] = result.ready_s
         assert [(x.mac, x.ip) for x in dhcp.leases()] == [(MAC, VM_IP)]
         assert "gpuaas-e2e: ready" in _console(console_log)
+        assert "gpuaas-e2e: marker /var/lib/gpuaas/slice-ready" in _console(console_log)
+        marked = heard.heard(vm.name)
+        assert marked is not None and marked.ip == VM_IP  # from the VM itself, with its own token
 
         # -- release -------------------------------------------------------------
         t1 = time.monotonic()
@@ -277,7 +292,8 @@ def test_e2e_guest_boots_gets_its_reservation_passes_readiness_and_is_wiped() ->
 
         t2 = time.monotonic()
         driver = disks.BlockDisks(disks.DiskSettings(sample_count=32))
-        slot = disks.SlotDisk(0, slot_disk_path, approved=slot_disk_path, os_disk=os_disk_path)
+        approval = DiskIdentity(size_bytes=64 << 20, backing_file=os.path.realpath(slot_file))
+        slot = disks.SlotDisk(0, slot_disk_path, approved=slot_disk_path, os_disk=os_disk_path, identity=approval)
         wiped = driver.wipe(slot)
         verified = driver.verify(slot)
         timings["wipe_verify_s"] = time.monotonic() - t2

@@ -1,0 +1,192 @@
+"""The guest marker of seed 002's readiness: the guest says `/var/lib/gpuaas/slice-ready` exists.
+
+Readiness is a DHCP lease of the private IP, TCP 22, and that marker inside
+the guest. The host cannot read a guest's filesystem, so the guest tells it:
+its seed (`host_reconciler.cloudinit`) installs a small announcer that waits
+for the marker and then posts `name=<vm name>&token=<token>` to the host
+agent on the management bridge address (`Announcements`, an HTTP listener
+the agent runs). The token is an HMAC of the VM name under a per-host secret
+kept in the state dir, so only the VM whose seed carries it can mark itself
+ready (another VM on the bridge knows its own token only), and the post
+must come from the VM's reserved IP. The announcer repeats every minute, so
+a restarted agent hears it again without any state of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import os
+import re
+import secrets
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from host_reconciler.drivers import addresses, netns
+from schemas.errors import TemporaryError
+
+MARKER = "/var/lib/gpuaas/slice-ready"
+PATH = "/v1/slice-ready"
+DEFAULT_PORT = 8479
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
+_TOKEN = re.compile(r"^[0-9a-f]{32}$")
+_MAX_BODY = 1024
+_IP_FREEBIND = 15  # Linux: bind the bridge address before the bridge holds it (socket.IP_FREEBIND, 3.12+)
+
+
+class ListenError(TemporaryError):
+    """The announcement listener could not bind (the port is taken, the namespace is gone)."""
+
+    code = "host.readiness.marker_listen"
+
+
+@dataclass(frozen=True, slots=True)
+class GuestAnnounce:
+    """What a VM's seed carries so its guest can announce the marker: where to post, and what."""
+
+    url: str
+    body: str  # name=<vm name>&token=<hex>: form-encoded, values from a closed alphabet
+
+
+@dataclass(frozen=True, slots=True)
+class Heard:
+    ip: str  # the address the announcement came from
+    at: float  # the listener's clock
+
+
+def load_secret(path: Path) -> bytes:
+    """The host's announcement secret, created (0600, 32 random bytes) on first use."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with contextlib.suppress(FileExistsError):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(32))
+    data = path.read_bytes()
+    if len(data) < 16:
+        raise ValueError(f"{path} holds no usable secret")
+    return data
+
+
+class Announcements:
+    """An HTTP listener on the management bridge address that records which guests announced their marker."""
+
+    def __init__(self, secret: bytes | Path, *, port: int = DEFAULT_PORT, netns_name: str | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        # A path is read (or created) on first use, not when the agent wires its drivers up.
+        self._secret: bytes | None = secret if isinstance(secret, bytes) else None
+        self._secret_file = secret if isinstance(secret, Path) else None
+        self._port = port
+        self._netns = netns.checked(netns_name)
+        self._clock = clock
+        self._heard: dict[str, Heard] = {}
+        self._lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def token(self, name: str) -> str:
+        secret = self._secret
+        if secret is None and self._secret_file is not None:
+            secret = self._secret = load_secret(self._secret_file)
+        return hmac.new(secret or b"", name.encode(), hashlib.sha256).hexdigest()[:32]
+
+    def announce_for(self, name: str, gateway: str) -> GuestAnnounce:
+        """Listen on `gateway` (the bridge address the guest reaches) and say what the guest must post."""
+        if not _NAME.match(name):
+            raise ValueError(f"not a VM name: {name!r}")
+        address = str(addresses.ipv4(gateway))
+        self.listen(address)
+        return GuestAnnounce(f"http://{address}:{self.port}{PATH}", f"name={name}&token={self.token(name)}")
+
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1] if self._server is not None else self._port
+
+    def listen(self, address: str) -> None:
+        """Serve on address:port (kept when already there; moved when the address changed)."""
+        if self._server is not None and self._server.server_address[0] == address:
+            return
+        self.close()
+        try:
+            with netns.entered(self._netns):  # the socket belongs to the namespace it was made in
+                server = _Server((address, self._port), _handler(self))
+        except OSError as e:
+            raise ListenError(f"cannot listen for guest markers on {address}:{self._port}: "
+                              f"{e.strerror or type(e).__name__}") from e
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="gpuaas-guest-marker", daemon=True)
+        self._thread.start()
+
+    def heard(self, name: str) -> Heard | None:
+        with self._lock:
+            return self._heard.get(name)
+
+    def forget(self, name: str) -> None:
+        """Drop a VM's announcement (a new VM of the same name must announce again)."""
+        with self._lock:
+            self._heard.pop(name, None)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._server = self._thread = None
+
+    def record(self, body: bytes, ip: str) -> HTTPStatus:
+        """One announcement from `ip`: 204 recorded, 400 malformed, 403 a token that is not this name's."""
+        try:
+            form = urllib.parse.parse_qs(body.decode("ascii").strip(), strict_parsing=True, max_num_fields=4)
+        except (UnicodeDecodeError, ValueError):
+            return HTTPStatus.BAD_REQUEST
+        name, token = form.get("name", [""])[0], form.get("token", [""])[0]
+        if not _NAME.match(name) or not _TOKEN.match(token):
+            return HTTPStatus.BAD_REQUEST
+        if not hmac.compare_digest(token, self.token(name)):
+            return HTTPStatus.FORBIDDEN
+        with self._lock:
+            self._heard[name] = Heard(ip, self._clock())
+        return HTTPStatus.NO_CONTENT
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def server_bind(self) -> None:
+        self.socket.setsockopt(socket.IPPROTO_IP, _IP_FREEBIND, 1)
+        super().server_bind()
+
+
+def _handler(owner: Announcements) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "gpuaas-guest-marker"
+        timeout = 10  # a guest that opens and stalls holds one thread for this long at most
+
+        def do_POST(self) -> None:
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                length = 0
+            if self.path != PATH:
+                status = HTTPStatus.NOT_FOUND
+            elif not 0 < length <= _MAX_BODY:
+                status = HTTPStatus.BAD_REQUEST
+            else:
+                status = owner.record(self.rfile.read(length), self.client_address[0])
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # every guest posts every minute: no line per request
+
+    return Handler
