@@ -29,6 +29,7 @@ temp by-id directory of symlinks to loop devices, and a network namespace.
       "netns": null,                   # run bridge, dnsmasq and readiness inside this netns
       "dhcp_state_dir": null,          # dnsmasq state (default <state_dir>/dnsmasq)
       "readiness_port": 22,
+      "guest_marker_port": 8479,       # guests announce /var/lib/gpuaas/slice-ready to this port of the bridge
       "readiness": "lease-tcp",        # or "none" (test driver: no guest ever boots)
       "pci": "sysfs",                  # or "fake-vfio" (no GPUs on this machine)
       "poll_interval_s": 10,
@@ -99,6 +100,7 @@ class HostSettings:
     netns: str | None = None
     dhcp_state_dir: Path | None = None
     readiness_port: int = 22
+    guest_marker_port: int = 8479  # guests announce /var/lib/gpuaas/slice-ready here (drivers.guestmarker)
     readiness: Literal["lease-tcp", "none"] = "lease-tcp"
     pci: Literal["sysfs", "fake-vfio"] = "sysfs"
     poll_interval_s: float = 10.0
@@ -133,6 +135,7 @@ class HostSettings:
             by_id_root=self.by_id_root,
             mountinfo=self.mountinfo,
             sysfs_root=Path("/sys"),
+            identity_root=self.sysfs_root,
             sample_count=self.wipe_sample_count,
         )
 
@@ -194,7 +197,15 @@ def from_dict(node: str, doc: dict[str, Any]) -> HostSettings:
     if s.readiness not in ("lease-tcp", "none") or s.pci not in ("sysfs", "fake-vfio"):
         raise SettingsError("readiness must be lease-tcp|none and pci sysfs|fake-vfio")
     _check_images(s)
+    _check_ports(s)
     return s
+
+
+def _check_ports(s: HostSettings) -> None:
+    for name in ("readiness_port", "guest_marker_port"):
+        port = getattr(s, name)
+        if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+            raise SettingsError(f"{name} must be a TCP port (1-65535), not {port!r}")
 
 
 def _pins(v: object) -> tuple[str, ...]:
