@@ -58,6 +58,11 @@ def lease_end(alloc: m.Allocation) -> float | None:
     return alloc.requested_at.timestamp() + alloc.lease_hours * packing.HOUR_S
 
 
+def claim_order(c: plans.ExistingClaim) -> tuple[str, str, int]:
+    """The order claims are loaded in (an allocation's first node by name is where it is held)."""
+    return c.allocation_id, c.node, c.slot_index or -1
+
+
 def _same_score(a: NodeKey, b: NodeKey) -> bool:
     """Equal placement keys but for the node order (always the last element)."""
     return a[:-1] == b[:-1]
@@ -160,21 +165,17 @@ class Engine:
         self.shares = dict(shares)
         self.skus = desired.skus
         self.warnings: list[str] = []
-        self.facts = topo.inventory(desired, observed)
-        self.nodes = [_Node(i, f) for i, f in enumerate(self.facts)]
+        facts = topo.inventory(desired, observed)
+        self._facts: tuple[topo.NodeFacts, ...] | None = facts  # None: read again off the nodes (`facts`)
+        self.nodes = [_Node(i, f) for i, f in enumerate(facts)]
         self.by_name = {n.name: n for n in self.nodes}
         self._requested = {a.id: a.requested_at.timestamp() for a in desired.allocations.values()}
         self._lease_ends = {a.id: end for a in desired.allocations.values()
                             if (end := lease_end(a)) is not None}
         self.where: dict[str, _Node] = {}  # allocation id -> node
         # image digest -> ids of nodes whose host reported it cached (the warm-cache tie-break)
-        warm: dict[str, set[int]] = {}
-        for name, digests in observed.image_cache.items():
-            holder = self.by_name.get(name)
-            if holder is not None:
-                for d in digests:
-                    warm.setdefault(d, set()).add(holder.id)
-        self._warm: dict[str, frozenset[int]] = {d: frozenset(ids) for d, ids in warm.items()}
+        self._warm: dict[str, frozenset[int]] = {}
+        self.recache({}, observed.image_cache)
         # interning and memo tables
         self._layouts: list[t.Layout] = []
         self._layout_ids: dict[tuple[Any, ...], int] = {}
@@ -241,39 +242,43 @@ class Engine:
         return [sku]
 
     def _build_views(self) -> None:
-        slice_skus = sorted((s for s in self.skus.values() if s.capacity_shape is m.CapacityShape.GPU_SLICE),
-                            key=lambda s: s.sku)
-        mix_of: dict[tuple[str, bool], int] = {}
+        self._slice_skus = sorted((s for s in self.skus.values() if s.capacity_shape is m.CapacityShape.GPU_SLICE),
+                                  key=lambda s: s.sku)
+        self._mix_of: dict[tuple[str, bool], int] = {}
         for node in self.nodes:
-            f = node.facts
-            if not f.active:
+            self._view_node(node)
+
+    def _view_node(self, node: _Node) -> None:
+        """Put one (unindexed) node into the partitions its facts serve."""
+        f = node.facts
+        if not f.active:
+            return
+        wholes = self._whole_skus(f)
+        for sku in wholes:
+            part = self._whole_parts.setdefault((sku.sku, f.region, f.org), WholeNodeIndex())
+            part.members += 1
+            node.wholes.append(part)
+        if not f.slice_capable:
+            return
+        for sku in self._slice_skus:
+            positions = [p for p, s in enumerate(f.slots)
+                         if s.sellable and fabric.slot_mismatch(sku, s.slot) is None]
+            if not positions:
                 continue
-            wholes = self._whole_skus(f)
-            for sku in wholes:
-                part = self._whole_parts.setdefault((sku.sku, f.region, f.org), WholeNodeIndex())
-                part.members += 1
-                node.wholes.append(part)
-            if not f.slice_capable:
-                continue
-            for sku in slice_skus:
-                positions = [p for p, s in enumerate(f.slots)
-                             if s.sellable and fabric.slot_mismatch(sku, s.slot) is None]
-                if not positions:
-                    continue
-                lid, lay = self._layout_id(node, positions)
-                mid = mix_of.get((sku.sku, bool(wholes)))
-                if mid is None:
-                    rules = {g: sku.topology_policy.rule(g) for g in sku.counts}
-                    mid = mix_of[(sku.sku, bool(wholes))] = self._mix_id(
-                        packing.mix(self.shares, rules, whole_node=bool(wholes)))
-                key = (sku.sku, f.region, f.org, mid)
-                view = self._slice_parts.get(key)
-                if view is None:
-                    view = self._slice_parts[key] = SliceIndex(key[3], by_end=self._by_end)
-                node.views.append((view, lid, lay))
+            lid, lay = self._layout_id(node, positions)
+            mid = self._mix_of.get((sku.sku, bool(wholes)))
+            if mid is None:
+                rules = {g: sku.topology_policy.rule(g) for g in sku.counts}
+                mid = self._mix_of[(sku.sku, bool(wholes))] = self._mix_id(
+                    packing.mix(self.shares, rules, whole_node=bool(wholes)))
+            key = (sku.sku, f.region, f.org, mid)
+            view = self._slice_parts.get(key)
+            if view is None:
+                view = self._slice_parts[key] = SliceIndex(key[3], by_end=self._by_end)
+            node.views.append((view, lid, lay))
 
     def _load_claims(self, claims: Iterable[plans.ExistingClaim]) -> None:
-        for c in sorted(claims, key=lambda c: (c.allocation_id, c.node, c.slot_index or -1)):
+        for c in sorted(claims, key=claim_order):
             node = self.by_name.get(c.node)
             if node is None:
                 self.warnings.append(f"claim of {c.allocation_id} on unknown node {c.node}")
@@ -282,18 +287,123 @@ class Engine:
             if prev is not None and prev is not node:
                 self.warnings.append(f"allocation {c.allocation_id} holds claims on {prev.name} and {node.name}")
             self.where.setdefault(c.allocation_id, node)
-            node.since[c.allocation_id] = self._requested.get(c.allocation_id, 0.0)
-            node.ends[c.allocation_id] = self._lease_ends.get(c.allocation_id, packing.NO_END)
-            if c.kind is states.ClaimKind.NODE_EXCLUSIVE:
-                node.exclusive = c.allocation_id
-                node.allocs[c.allocation_id] = node.all_mask
+            self._load_claim(node, c)
+
+    def _load_claim(self, node: _Node, c: plans.ExistingClaim) -> None:
+        node.since[c.allocation_id] = self._requested.get(c.allocation_id, 0.0)
+        node.ends[c.allocation_id] = self._lease_ends.get(c.allocation_id, packing.NO_END)
+        if c.kind is states.ClaimKind.NODE_EXCLUSIVE:
+            node.exclusive = c.allocation_id
+            node.allocs[c.allocation_id] = node.all_mask
+            return
+        try:
+            pos = node.slot_indexes.index(c.slot_index if c.slot_index is not None else -1)
+        except ValueError:
+            self.warnings.append(f"claim of {c.allocation_id} on unknown slot {c.node}/{c.slot_index}")
+            return
+        node.allocs[c.allocation_id] = node.allocs.get(c.allocation_id, 0) | (1 << pos)
+
+    # ------------------------------------------- warm upkeep (reconciler.replanning)
+    #
+    # An engine kept across revisions is brought to what a fresh one would hold
+    # for the new desired state and observed claims, one node at a time. The
+    # node set (and so every node id, the last tie-break) must not change.
+
+    def reset_node(self, name: str, claims: Iterable[plans.ExistingClaim],
+                   facts: topo.NodeFacts | None = None) -> set[str]:
+        """Make one node exactly what `__init__` builds: new `facts` (when given) and exactly `claims`.
+
+        `claims` are the observed claims on this node in `claim_order`. Returns
+        the allocation ids held here before or now: their `where` may have
+        moved, and the caller settles each with `locate` once every node is reset.
+        """
+        node = self.by_name[name]
+        self._unindex(node)
+        if not node.allocs:
+            self.empty_nodes -= 1
+        touched = set(node.since)
+        node.allocs.clear()
+        node.since.clear()
+        node.ends.clear()
+        node.exclusive = None
+        if facts is not None:
+            self._refact(node, facts)
+        for c in claims:
+            self._load_claim(node, c)
+            touched.add(c.allocation_id)
+        if not node.allocs:
+            self.empty_nodes += 1
+        self._index(node)
+        return touched
+
+    def _refact(self, node: _Node, facts: topo.NodeFacts) -> None:
+        """Swap an unindexed, claimless node's facts and partitions (a new slot map, a drain, health)."""
+        for w in node.wholes:
+            w.members -= 1
+        node.views, node.wholes = [], []
+        node.facts = facts
+        node.slot_indexes = tuple(s.index for s in facts.slots)
+        node.all_mask = (1 << len(node.slot_indexes)) - 1
+        node.whole_ok = facts.active and facts.cleanup_pending == 0
+        self._view_node(node)
+        self._facts = None
+        # what was read off the old facts: partition lists (a partition may be new) and static refusals
+        self._slice_lists_cache.clear()
+        self._whole_lists_cache.clear()
+        self._static.clear()
+
+    def locate(self, allocation_id: str, nodes: Iterable[str]) -> None:
+        """Where an allocation is held: the first known node of its observed claims, as `_load_claims` picks."""
+        known = [n for n in nodes if n in self.by_name]
+        if known:
+            self.where[allocation_id] = self.by_name[min(known)]
+        else:
+            self.where.pop(allocation_id, None)
+
+    def retime(self, allocation_id: str, alloc: m.Allocation | None) -> bool:
+        """Read an allocation's request time and lease end from its new document (None: deleted).
+
+        True when either changed: the nodes holding it must be reset (their tie-break keys use them).
+        """
+        before = (self._requested.get(allocation_id), self._lease_ends.get(allocation_id))
+        if alloc is None:
+            self._requested.pop(allocation_id, None)
+            self._lease_ends.pop(allocation_id, None)
+            return before != (None, None)
+        self._requested[allocation_id] = alloc.requested_at.timestamp()
+        end = lease_end(alloc)
+        if end is None:
+            self._lease_ends.pop(allocation_id, None)
+        else:
+            self._lease_ends[allocation_id] = end
+        return before != (self._requested[allocation_id], end)
+
+    def recache(self, before: Mapping[str, frozenset[str]], after: Mapping[str, frozenset[str]]) -> None:
+        """Move the warm-image sets from one observed image cache to the next (only nodes that changed)."""
+        gone: dict[str, set[int]] = {}
+        came: dict[str, set[int]] = {}
+        for name in before.keys() | after.keys():
+            old, new = before.get(name, frozenset()), after.get(name, frozenset())
+            node = self.by_name.get(name)
+            if old == new or node is None:
                 continue
-            try:
-                pos = node.slot_indexes.index(c.slot_index if c.slot_index is not None else -1)
-            except ValueError:
-                self.warnings.append(f"claim of {c.allocation_id} on unknown slot {c.node}/{c.slot_index}")
-                continue
-            node.allocs[c.allocation_id] = node.allocs.get(c.allocation_id, 0) | (1 << pos)
+            for d in set(old) - set(new):
+                gone.setdefault(d, set()).add(node.id)
+            for d in set(new) - set(old):
+                came.setdefault(d, set()).add(node.id)
+        for d in gone.keys() | came.keys():
+            ids = (self._warm.get(d, frozenset()) - gone.get(d, set())) | came.get(d, set())
+            if ids:
+                self._warm[d] = frozenset(ids)
+            else:
+                self._warm.pop(d, None)
+
+    @property
+    def facts(self) -> tuple[topo.NodeFacts, ...]:
+        """Every node's facts, in node order."""
+        if self._facts is None:
+            self._facts = tuple(n.facts for n in self.nodes)
+        return self._facts
 
     # ------------------------------------------------------------ index upkeep
 

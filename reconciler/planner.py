@@ -26,7 +26,12 @@ def plan(desired: DesiredState, observed: plans.Observed, *, policy: str | None 
 
     `policy` overrides `fleet.placement.policy` (one of `policies.packing.Policy`).
     """
-    engine = placing.Engine(desired, observed, policy=policy)
+    return plan_with(placing.Engine(desired, observed, policy=policy), desired, observed)
+
+
+def plan_with(engine: placing.Engine, desired: DesiredState, observed: plans.Observed) -> plans.Plan:
+    """`plan` on an engine that already holds exactly `observed` for `desired` (a fresh one, or one
+    `reconciler.replanning` brought up to date); the engine keeps the placements it made."""
     by_alloc: dict[str, list[plans.ExistingClaim]] = defaultdict(list)
     for claim in observed.claims:
         by_alloc[claim.allocation_id].append(claim)

@@ -1,0 +1,167 @@
+"""Incremental planning for `gpuaas run`: one placement engine kept across revisions (issue 10).
+
+`planner.plan` builds a `placing.Engine` and its packing index for the whole
+fleet, about a second at 10,000 nodes. A commit changes one allocation or one
+node, so the watch loop keeps the engine of the last plan and brings it to
+what a fresh engine would hold for the new revision, one node at a time.
+The plan must equal `planner.plan(desired, observed)`; what makes it so:
+
+- The engine's claims are a cache of the *observed* claims, which the
+  reconciler re-reads from the database every revision. A node is reset to
+  exactly its observed claims when they differ from those loaded last time,
+  when this planner placed onto it in the last plan (applied or not: only
+  the database says), when its facts changed (a new Node or SlotMap object
+  from the blob cache, a drain, slot status, health, firmware), or when it
+  holds an allocation whose request time or lease term changed (tie-break
+  keys read them). Nothing this planner placed is ever believed.
+- What shapes the whole index (the Fleet document: policy, workload mix,
+  lease-end weight; the SKUs; the set of nodes, whose name order is every
+  node's id and last tie-break) rebuilds the engine cold, as does any error
+  in the incremental path, a change to most of the fleet, and every
+  `FULL_EVERY` plans. Each cold build is logged with its reason.
+
+Pure, like the planner: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from desired.loading import DesiredState
+from reconciler import placing, planner, plans
+from reconciler import topology as topo
+
+log = logging.getLogger("gpuaas.planning")
+
+FULL_EVERY = 500  # plans between cold rebuilds: bounds what a missed case could cost
+MOST_MIN = 32  # a sync resetting more than this and half the fleet builds cold instead
+
+
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    """The engine after the last plan, and the inputs it was brought to before planning."""
+
+    engine: placing.Engine
+    desired: DesiredState
+    observed: plans.Observed
+    by_node: dict[str, tuple[plans.ExistingClaim, ...]]  # observed claims per node, in claim_order
+    by_alloc: dict[str, set[str]]  # allocation id -> nodes of its observed claims
+    placed_on: frozenset[str]  # nodes the plan placed onto (engine state the database may not share)
+    age: int  # plans since the engine was built cold
+
+
+class _Cold(Exception):
+    """The incremental path declines; the message says why."""
+
+
+class WarmPlanner:
+    """A `reconciling.Planner` that keeps its engine between calls (`planner.plan`'s plans, faster)."""
+
+    def __init__(self, policy: str | None = None, *, full_every: int = FULL_EVERY) -> None:
+        self.policy = policy
+        self.full_every = full_every
+        self._kept: _Kept | None = None
+        self.cold = 0  # cold builds so far
+        self.last_cold = ""  # why the last one
+        self.last_reset = 0  # nodes the last warm plan reset
+
+    def __call__(self, desired: DesiredState, observed: plans.Observed) -> plans.Plan:
+        kept, self._kept = self._kept, None  # a plan that raises leaves no half-updated engine behind
+        by_node, by_alloc = _group(observed.claims)
+        engine: placing.Engine | None = None
+        why = "first plan"
+        if kept is not None:
+            try:
+                engine = self._sync(kept, desired, observed, by_node, by_alloc)
+            except _Cold as e:
+                why = str(e)
+            except Exception as e:  # any doubt: a fresh engine gives the right plan
+                why = f"incremental sync failed ({type(e).__name__}: {e})"
+                log.warning("%s; building the placement engine cold", why)
+        plan: plans.Plan | None = None
+        if engine is not None:
+            try:
+                plan = planner.plan_with(engine, desired, observed)
+            except Exception as e:
+                why = f"planning on the kept engine failed ({type(e).__name__}: {e})"
+                log.warning("%s; building the placement engine cold", why)
+        age = kept.age + 1 if kept is not None else 0
+        if plan is None:
+            self.cold += 1
+            self.last_cold = why
+            log.info("placement engine built cold: %s", why)
+            engine = placing.Engine(desired, observed, policy=self.policy)
+            plan = planner.plan_with(engine, desired, observed)
+            age = 0
+        assert engine is not None  # noqa: S101 - for the type checker: set on both paths
+        self._kept = _Kept(engine, desired, observed, by_node, by_alloc,
+                           frozenset(p.node for p in plan.placements), age)
+        return plan
+
+    def _sync(self, kept: _Kept, desired: DesiredState, observed: plans.Observed,
+              by_node: dict[str, tuple[plans.ExistingClaim, ...]],
+              by_alloc: dict[str, set[str]]) -> placing.Engine:
+        """The kept engine, reset node by node to what `placing.Engine(desired, observed)` holds."""
+        self._check_shape(kept, desired)
+        engine = kept.engine
+        engine.warnings.clear()  # they describe what a sync loaded; a kept list would only grow
+        facts = topo.inventory(desired, observed)
+        refacts: dict[str, topo.NodeFacts] = {}
+        for f, node in zip(facts, engine.nodes, strict=True):
+            if f.name != node.name:
+                raise _Cold(f"node order differs at {f.name}")
+            if f is not node.facts:
+                refacts[f.name] = f
+        reset = set(refacts) | kept.placed_on
+        for name in by_node.keys() | kept.by_node.keys():
+            if by_node.get(name) != kept.by_node.get(name):
+                reset.add(name)
+        for aid in self._retimed(engine, kept.desired, desired):
+            reset.update(by_alloc.get(aid, ()), kept.by_alloc.get(aid, ()))
+        reset &= engine.by_name.keys()  # claims on undeclared nodes are ignored, as a fresh engine does
+        if len(reset) > max(MOST_MIN, len(engine.nodes) // 2):  # resetting costs about what building costs
+            raise _Cold(f"{len(reset)} of {len(engine.nodes)} nodes changed")
+        touched: set[str] = set()
+        for name in sorted(reset):
+            touched |= engine.reset_node(name, by_node.get(name, ()), refacts.get(name))
+        for aid in touched:
+            engine.locate(aid, by_alloc.get(aid, ()))
+        if observed.image_cache is not kept.observed.image_cache:
+            engine.recache(kept.observed.image_cache, observed.image_cache)
+        self.last_reset = len(reset)
+        return engine
+
+    def _check_shape(self, kept: _Kept, desired: DesiredState) -> None:
+        """Raise `_Cold` when what shapes the whole index changed."""
+        before = kept.desired
+        if kept.age + 1 >= self.full_every:
+            raise _Cold(f"periodic full rebuild (every {self.full_every} plans)")
+        if desired.fleet is not before.fleet and desired.fleet != before.fleet:
+            raise _Cold("the Fleet document changed (policy, workload mix or lease weighting)")
+        if desired.skus != before.skus:
+            raise _Cold("SKUs changed")
+        if desired.nodes.keys() != before.nodes.keys():
+            raise _Cold("nodes were added or removed (node order is the last tie-break)")
+
+    @staticmethod
+    def _retimed(engine: placing.Engine, before: DesiredState, desired: DesiredState) -> Iterable[str]:
+        """Allocations whose request time or lease end changed (new documents only are read)."""
+        old, new = before.allocations, desired.allocations
+        if old is new:
+            return ()
+        out = [aid for aid, alloc in new.items() if old.get(aid) is not alloc and engine.retime(aid, alloc)]
+        out += [aid for aid in old.keys() - new.keys() if engine.retime(aid, None)]
+        return out
+
+
+def _group(claims: Iterable[plans.ExistingClaim]) -> tuple[dict[str, tuple[plans.ExistingClaim, ...]],
+                                                           dict[str, set[str]]]:
+    """Observed claims per node (in the order a fresh engine loads them) and nodes per allocation."""
+    by_node: dict[str, list[plans.ExistingClaim]] = {}
+    by_alloc: dict[str, set[str]] = {}
+    for c in sorted(claims, key=placing.claim_order):
+        by_node.setdefault(c.node, []).append(c)
+        by_alloc.setdefault(c.allocation_id, set()).add(c.node)
+    return {n: tuple(cs) for n, cs in by_node.items()}, by_alloc
