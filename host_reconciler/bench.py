@@ -160,7 +160,8 @@ def _wipe(host: lab.LabHost, gib: int) -> dict[str, Any]:
             f.write(os.urandom(1 << 20))
         os.fsync(f.fileno())
     d = disks.BlockDisks(disks.DiskSettings(by_id_root=host.by_id_root, sample_count=64))
-    target = disks.SlotDisk(99, by_id, by_id, "/dev/disk/by-id/nvme-BENCH-OS")
+    # Approved as discovery would record it: the loop device just made (backing file, size).
+    target = disks.SlotDisk(99, by_id, by_id, "/dev/disk/by-id/nvme-BENCH-OS", d.identity_of(by_id))
     t0 = time.perf_counter()
     wiped = d.wipe(target)
     t1 = time.perf_counter()

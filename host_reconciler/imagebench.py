@@ -140,7 +140,8 @@ def _convert(root: Path, qcow2: Path, size: int, runs: int) -> tuple[list[float]
             made[name] = f"/dev/disk/by-id/{name}"
         _run("mkfs.ext4", "-q", "-F", devices[0])
         driver = disks.BlockDisks(disks.DiskSettings(by_id_root=by_id))
-        slot = disks.slot_disk(0, made["nvme-BENCH-S0"], [(0, made["nvme-BENCH-S0"])], made["nvme-BENCH-OS"])
+        slot = disks.slot_disk(0, made["nvme-BENCH-S0"], [(0, made["nvme-BENCH-S0"])], made["nvme-BENCH-OS"],
+                               driver.identity_of(made["nvme-BENCH-S0"]))  # approved as just made
         token = images.verify(qcow2, images.sha256_file(qcow2))
         convert: list[float] = []
         compare: list[float] = []

@@ -5,7 +5,10 @@
     netns gpuaas-l<id>  the management bridge, NAT and a real dnsmasq, made by the drivers
     libvirt             test:///<root>/node.xml (private per connection: one "host" each)
     sysfs tree          optional: a recorded host tree (examples/sysfs/) for PCI, NUMA
-                        CPUs, hugepages and the discovery gate
+                        CPUs, hugepages, the discovery gate and disk identity: each slot
+                        disk's loop device stands in for the namespace its by-id name
+                        leads to in the tree (sys/dev/block/7:N -> that namespace), so the
+                        guard reads the identity discovery recorded for the approval
 
 Everything is removed on exit, also after an error: dnsmasq stopped, the
 namespace deleted, mounts undone, loop devices detached.
@@ -105,6 +108,7 @@ class LabHost:
     devices: dict[str, str] = field(default_factory=dict)  # by-id path -> /dev/loopN
     mounts: list[Path] = field(default_factory=list)
     settings_doc: dict[str, Any] = field(default_factory=dict)
+    sysfs_tree: Path | None = None
 
     def settings(self, **changes: Any) -> hs.HostSettings:
         return hs.from_dict(self.node, {**self.settings_doc, **changes})
@@ -121,6 +125,21 @@ class LabHost:
         if fs:
             _run(f"mkfs.{fs}", "-q", "-F", dev)
         return dev
+
+    def stand_in(self, by_id: str) -> None:
+        """Let the loop device of `by_id` read in the recorded tree as the disk `by_id` names there.
+
+        The disk guard reads a slot disk's identity from sysfs_root/dev/block/MAJ:MIN;
+        a recorded tree knows its NVMe namespaces by by-id name, a loop device by nothing.
+        A name the tree does not know is left alone: it reads as no identity.
+        """
+        if self.sysfs_tree is None:
+            return
+        with contextlib.suppress(OSError):
+            namespace = Path(os.readlink(self.sysfs_tree / "dev" / "disk" / "by-id" / disks.by_id_name(by_id))).name
+            rdev = os.stat(self.devices[by_id]).st_rdev
+            entry = self.sysfs_tree / "sys" / "dev" / "block" / f"{os.major(rdev)}:{os.minor(rdev)}"
+            entry.symlink_to(f"../../class/block/{namespace}")
 
     def mount(self, by_id: str) -> Path:
         """Make an ext4 on the disk and mount it on the host (drift injection)."""
@@ -159,12 +178,13 @@ def lab_host(
     by_id = root / "by-id"
     by_id.mkdir(exist_ok=True)
     ns = f"gpuaas-l{uuid.uuid4().hex[:8]}"
-    host = LabHost(node, root, ns, by_id, root / "images")
+    host = LabHost(node, root, ns, by_id, root / "images", sysfs_tree=sysfs_tree)
     try:
         _run("ip", "netns", "add", ns)
         host.add_disk(os_disk, 16, fs="ext4")
         for path in disk_paths:
             host.add_disk(path, disk_mb)
+            host.stand_in(path)
         doc: dict[str, Any] = {
             "libvirt_uri": node_xml(root / "node.xml"), "state_dir": str(root / "state"),
             "image_dir": str(host.image_dir), "by_id_root": str(by_id), "netns": ns, "readiness": "none",

@@ -11,7 +11,8 @@ identity, readiness timings, wipe evidence).
 Failures are exceptions of the project's two kinds; `converging` decides
 what a failure means (retry, failed VM, cleanup-blocked slot) in one place.
 One refusal also leaves a mark on its slot, whatever phase met it: a disk
-whose identity is not the approved one (`host.disk.identity_changed`) blocks
+whose identity is not the approved one (`host.disk.identity_changed`), or
+whose approval recorded no identity (`host.disk.identity_missing`), blocks
 that slot the way a failed wipe does, with a blocked wipe record carrying the
 identity evidence (so `diff.drift` reports `drift.identity.changed` on every
 pass): nothing may write, wipe or free that disk until an operator or a new
@@ -241,6 +242,10 @@ def _identity_blocks(ctx: Context, vm: VmSpec, slot: int, step: Step) -> Iterato
         raise
 
 
+# The refusals that block a slot on its disk identity (IdentityMissing is a kind of IdentityChanged).
+_IDENTITY_BLOCKS = (f"{disk_driver.IdentityChanged.code}:", f"{disk_driver.IdentityMissing.code}:")
+
+
 def _unblock_identity(ctx: Context, vm: VmSpec, slots: list[int]) -> None:
     """The disks of `slots` just passed the guard: drop the identity blocks an earlier pass left.
 
@@ -255,7 +260,7 @@ def _unblock_identity(ctx: Context, vm: VmSpec, slots: list[int]) -> None:
             rec is not None
             and rec.allocation_id == vm.allocation_id
             and not rec.wiped
-            and (rec.blocked or "").startswith(f"{disk_driver.IdentityChanged.code}:")
+            and (rec.blocked or "").startswith(_IDENTITY_BLOCKS)
             and any(k in PROVISION_STEPS for k in rec.evidence)
         ):
             ctx.state.clear_blocked(slot)

@@ -28,6 +28,7 @@ HAS_PARENT = "slot.child_slot"
 MULTI_CLAIM = "slot.max_claims"
 FRACTIONAL = "slot.fractional_compute"
 HAS_BLOCKERS = "slot.discovery_blockers"
+NO_DISK_IDENTITY = "disk.identity_missing"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,10 +91,20 @@ def slot_reasons(slot: m.Slot, *, vf_counts: Counter[str], approved: bool = True
         out.append(
             Ineligible(FRACTIONAL, "compute_milli", f"compute_milli {slot.compute_milli} is below one whole GPU (1000)")
         )
+    out += _disk_identity_reasons(slot)
     if slot.blockers:
         codes = ", ".join(b.code for b in slot.blockers)
         out.append(Ineligible(HAS_BLOCKERS, "blockers", f"discovery blockers: {codes}"))
     return out
+
+
+def _disk_identity_reasons(slot: m.Slot) -> list[Ineligible]:
+    # The approval must bind the disk, not its by-id name: the host refuses to
+    # write or wipe a slot disk whose approval records no identity.
+    if slot.nvme_identity is not None:
+        return []
+    return [Ineligible(NO_DISK_IDENTITY, "nvme_identity", "no nvme_identity recorded for the slot disk "
+                       "(`gpuaas host discover` proposes it in the candidate SlotMap)")]  # fmt: skip
 
 
 def vf_counts(slots: Iterable[m.Slot]) -> Counter[str]:

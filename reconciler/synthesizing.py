@@ -126,6 +126,7 @@ def _node(i: int, amd: bool) -> tuple[dict[str, Any], dict[str, Any]]:
             "slot_index": s, "gpu_pci_address": _pci(_GPU_BUS[s]), "gpu_model": model, "numa_node": group,
             "slot_group": f"numa{group}", "pcie_pair": f"numa{group}-pair{(s % 4) // 2}",
             "nvme_device": f"/dev/disk/by-id/nvme-SYN_{serial}_{s}", "network_fabric": fabric,
+            "nvme_identity": {"serial": f"{serial}_{s}", "size_bytes": 3840755982336},
             "fabric_vf_pci_address": _pci(_NIC_BUS[s], 1), "fabric_parent_device": _pci(_NIC_BUS[s]),
             "fabric_claim_mode": "per_slot_vf", "mac_address": _mac(i, s), "private_ip": f"10.100.0.{10 + s}",
             "capacity_metadata": {"storage_ownership": "slice", "destructive_wipe_policy": "wipefs-blkdiscard-verify"},

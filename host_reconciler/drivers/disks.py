@@ -8,9 +8,10 @@ through `guard`, which refuses unless all of these hold:
 1. the device is the claimed slot's disk AND the plan's approved disk of
    that slot, spelled `/dev/disk/by-id/NAME` with a udev-safe NAME;
 2. `NAME` resolves (under the configured by-id root) to a block device;
-3. when the approval recorded the disk's identity (SlotMap `nvme_identity`:
-   model, serial, wwid, size; a loop device's backing file), that block
-   device's sysfs directory (`/sys/dev/block/MAJ:MIN`, which is
+3. the approval recorded the disk's identity (SlotMap `nvme_identity`:
+   model, serial, wwid, size; a loop device's backing file), or nothing is
+   written (`host.disk.identity_missing`: the approval would bind a name,
+   not a disk), and that block device's sysfs directory (`/sys/dev/block/MAJ:MIN`, which is
    `/sys/class/block/<name>`) reports the same values, field by field
    (`host.disk.identity_changed`): a by-id link re-pointed at another disk,
    or a drive swapped into the slot, is never written;
@@ -78,6 +79,16 @@ class IdentityChanged(DiskRefused):
         self.evidence = evidence  # device, resolved, identity: kept with the slot's wipe record
 
 
+class IdentityMissing(IdentityChanged):
+    """The approval of this slot recorded no disk identity: nothing to compare, nothing written.
+
+    A kind of IdentityChanged so every caller that blocks a slot on a changed
+    identity blocks it here too, until a new approval records the identity.
+    """
+
+    code = "host.disk.identity_missing"
+
+
 class WipeFailed(PermanentError):
     code = "host.disk.wipe_failed"
 
@@ -117,6 +128,9 @@ class DiskSettings:
     mountinfo: Path = Path("/proc/self/mountinfo")
     swaps: Path = Path("/proc/swaps")
     sysfs_root: Path = Path("/sys")
+    # Where a disk's identity is read: the host's sysfs; a lab host's recorded tree, in
+    # which each loop device stands in for a recorded namespace (host_reconciler/lab.py).
+    identity_root: Path | None = None  # None: sysfs_root
     sample_count: int = 64
     sample_bytes: int = 64 * 1024
     tool_timeout_s: float = 3600.0
@@ -240,12 +254,22 @@ class BlockDisks:
 
     def identity_of(self, device: str) -> DiskIdentity:
         """What sysfs says about the block device `device` resolves to now."""
-        return read_identity(self.settings.sysfs_root, self._resolve(device).majmin)
+        return read_identity(self._identity_root, self._resolve(device).majmin)
+
+    @property
+    def _identity_root(self) -> Path:
+        return self.settings.identity_root or self.settings.sysfs_root
 
     def _check_identity(self, disk: SlotDisk, dev: _Dev) -> None:
+        seen = read_identity(self._identity_root, dev.majmin)
         if disk.identity is None:
-            return
-        seen = read_identity(self.settings.sysfs_root, dev.majmin)
+            raise IdentityMissing(
+                f"slot {disk.slot_index}: the approval of {disk.device} records no disk identity "
+                f"(SlotMap nvme_identity); nothing was written",
+                device=disk.device,
+                evidence={"device": disk.device, "resolved": dev.path,
+                          "identity": {"differs": [], "approved": None, "observed": seen.as_dict()}},
+            )  # fmt: skip
         differs = disk.identity.differences(seen)
         if not differs:
             return

@@ -38,6 +38,7 @@ def _slot(i: int, s: int, per_node: int) -> dict[str, Any]:
         "slot_index": s, "gpu_pci_address": f"0000:{s + 0x10:02x}:00.0", "gpu_model": "h200",
         "numa_node": 0 if s < per_node // 2 else 1, "slot_group": f"numa{0 if s < per_node // 2 else 1}",
         "nvme_device": f"/dev/disk/by-id/nvme-bench-{i:05d}-{s}",
+        "nvme_identity": {"serial": f"BENCH{i:05d}{s}", "size_bytes": 3840755982336},
         "network_fabric": "infiniband", "fabric_vf_pci_address": f"0000:{s + 0x80:02x}:00.1",
         "fabric_claim_mode": "per_slot_vf",
         "mac_address": f"52:54:{(i >> 16) & 255:02x}:{(i >> 8) & 255:02x}:{i & 255:02x}:{s:02x}",

@@ -221,8 +221,14 @@ class Lab:
             node=self.node, generation=generation, network=NETWORK, os_disk=self.os_disk.by_id,
             graceful_timeout_s=2, readiness_timeout_s=5, vms=vms, releases=releases,
             slots=tuple(self.bundle(s) for s in sorted(self.slot_disks)),
+            disk_identities=tuple(hp.SlotIdentity(s, self.identity(s)) for s in sorted(self.slot_disks)),
         )  # fmt: skip
         return replace(plan, **changes)
+
+    def identity(self, slot: int) -> hp.DiskIdentity:
+        """What the approval of slot `slot` records: its loop device's backing file and size."""
+        backing = self.slot_disks[slot].backing
+        return hp.DiskIdentity(size_bytes=backing.stat().st_size, backing_file=os.path.realpath(backing))
 
 
 def make_lab(tmp_path: Path, loops: Loops, ns: str, *, slots: int = 4, libvirt_uri: str | None = None,

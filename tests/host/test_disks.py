@@ -16,16 +16,23 @@ import pytest
 
 from host_reconciler import images
 from host_reconciler.drivers import disks
-from schemas.hostplans import ImageRef
-from tests.host.conftest import Loops
+from schemas.hostplans import DiskIdentity, ImageRef
+from tests.host.conftest import Loop, Loops
 
 
 def driver(loops: Loops) -> disks.BlockDisks:
     return disks.BlockDisks(disks.DiskSettings(by_id_root=loops.by_id_root, sample_count=16))
 
 
-def slot(i: int, loop_by_id: str, os_disk: str, approved: str | None = None) -> disks.SlotDisk:
-    return disks.SlotDisk(i, loop_by_id, approved if approved is not None else loop_by_id, os_disk)
+def approval(loop: Loop) -> DiskIdentity:
+    """What an approval of `loop` records (discovery of a loop device: backing file and size)."""
+    return DiskIdentity(size_bytes=loop.backing.stat().st_size, backing_file=os.path.realpath(loop.backing))
+
+
+def slot(i: int, loop: Loop, os_disk: str, approved: str | None = None, *, device: str | None = None) -> disks.SlotDisk:
+    """Slot `i` whose approved disk is `loop` (named `device`, its by-id path unless given)."""
+    by_id = device or loop.by_id
+    return disks.SlotDisk(i, by_id, approved if approved is not None else by_id, os_disk, approval(loop))
 
 
 def blkid(dev: str) -> subprocess.CompletedProcess[str]:
@@ -40,10 +47,10 @@ def test_wipe_and_verify_clear_a_loop_disk_and_record_evidence(loops: Loops) -> 
         f.write(b"tenant secret" * 1000)
     d = driver(loops)
     assert d.inspect(s0.by_id, os_disk=os_disk.by_id, probe=True).signatures
-    wipe = d.wipe(slot(0, s0.by_id, os_disk.by_id))
+    wipe = d.wipe(slot(0, s0, os_disk.by_id))
     assert wipe["method"] in ("blkdiscard", "zeroout", "zero-fill")
     assert any("ext4" in s for s in wipe["signatures_before"])
-    ev = d.verify(slot(0, s0.by_id, os_disk.by_id))
+    ev = d.verify(slot(0, s0, os_disk.by_id))
     assert ev["verified"] and ev["signature_clear"] and ev["sampled_zero"]
     assert ev["device"] == s0.by_id and ev["samples"] >= 16
     assert blkid(s0.device).returncode == 2  # nothing found
@@ -61,7 +68,7 @@ def test_wipe_refuses_mounted_disk_and_leaves_it_untouched(loops: Loops) -> None
     d = driver(loops)
     for call in (d.wipe, d.verify, d.check):
         with pytest.raises(disks.DiskRefused) as e:
-            call(slot(1, s1.by_id, os_disk.by_id))
+            call(slot(1, s1, os_disk.by_id))
         assert e.value.code == "host.disk.mounted"
     assert (point / "tenant.txt").read_text() == "still here"
     # (no byte hash here: the mounted ext4 itself writes its journal)
@@ -75,12 +82,12 @@ def test_wipe_refuses_the_os_disk_and_leaves_it_untouched(loops: Loops) -> None:
     d = driver(loops)
     # Even when a (bad) plan approves the OS disk as a slot disk.
     with pytest.raises(disks.DiskRefused) as e:
-        d.wipe(slot(0, os_disk.by_id, os_disk.by_id))
+        d.wipe(slot(0, os_disk, os_disk.by_id))
     assert e.value.code == "host.disk.os_disk"
     # A second by-id name for the same device is still the OS disk.
     (loops.by_id_root / "nvme-alias").symlink_to(os_disk.device)
     with pytest.raises(disks.DiskRefused) as e:
-        d.wipe(slot(0, "/dev/disk/by-id/nvme-alias", os_disk.by_id))
+        d.wipe(slot(0, os_disk, os_disk.by_id, device="/dev/disk/by-id/nvme-alias"))
     assert e.value.code == "host.disk.os_disk"
     assert os_disk.sha256() == before
     assert blkid(os_disk.device).returncode == 0
@@ -113,7 +120,7 @@ def test_wipe_refuses_when_the_os_disk_cannot_be_resolved(loops: Loops) -> None:
     s0 = loops.make("nvme-S0", fs="ext4")
     before = s0.sha256()
     with pytest.raises(disks.DiskRefused) as e:
-        driver(loops).wipe(slot(0, s0.by_id, "/dev/disk/by-id/nvme-missing-os"))
+        driver(loops).wipe(slot(0, s0, "/dev/disk/by-id/nvme-missing-os"))
     assert e.value.code == "host.disk.os_disk_unknown"
     assert s0.sha256() == before
 
@@ -122,10 +129,10 @@ def test_wipe_verify_fails_when_a_signature_survives(loops: Loops) -> None:
     os_disk = loops.make("nvme-OS", fs="ext4")
     s0 = loops.make("nvme-S0", fs="ext4")
     d = driver(loops)
-    d.wipe(slot(0, s0.by_id, os_disk.by_id))
+    d.wipe(slot(0, s0, os_disk.by_id))
     subprocess.run(["mkfs.ext4", "-q", s0.device], check=True)  # something wrote after the wipe
     with pytest.raises(disks.VerifyFailed) as e:
-        d.verify(slot(0, s0.by_id, os_disk.by_id))
+        d.verify(slot(0, s0, os_disk.by_id))
     assert e.value.evidence["signature_clear"] is False and e.value.evidence["verified"] is False
 
 
@@ -145,12 +152,12 @@ def test_image_is_written_only_when_its_digest_matches(loops: Loops, tmp_path: P
     token = images.verify(path, digest)
     img.write_bytes(os.urandom(1 << 20))  # the cached file changed after verification
     with pytest.raises(images.ImageError):
-        driver(loops).write_image(slot(0, s0.by_id, os_disk.by_id), token, digest=digest, image_format="raw")
+        driver(loops).write_image(slot(0, s0, os_disk.by_id), token, digest=digest, image_format="raw")
     assert s0.sha256() == before
     good = os.urandom(1 << 20)
     img.write_bytes(good)
     digest = hashlib.sha256(good).hexdigest()
-    ev = driver(loops).write_image(slot(0, s0.by_id, os_disk.by_id), images.verify(path, digest),
+    ev = driver(loops).write_image(slot(0, s0, os_disk.by_id), images.verify(path, digest),
                                    digest=digest, image_format="raw")
     assert ev["bytes"] == len(good)
     assert s0.backing.read_bytes()[: len(good)] == good

@@ -16,22 +16,26 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from host_reconciler import converging, images, statuses, wiring
 from host_reconciler import settings as hs
 from host_reconciler.actions import DriftCode
 from host_reconciler.discovery import candidates, discovering
 from host_reconciler.drivers import disks
+from policies import eligibility
 from reconciler import sources
 from reconciler.store import connections, hostplans, inventory
 from schemas import hostplans as hp
 from schemas.states import SlotStatus
 from tests.discovery.conftest import load_build
 from tests.host.conftest import Lab, Loop, Loops
+from tests.placement import pictures
 
 FLEET = Path(__file__).resolve().parents[2] / "examples" / "fleet"
 MiB = 1 << 20
@@ -120,6 +124,32 @@ def test_a_different_size_alone_is_refused(loops: Loops) -> None:
     assert blkid_type(a.device) == "ext4"
 
 
+def test_a_slot_whose_approval_records_no_identity_is_never_written(loops: Loops, tmp_path: Path) -> None:
+    os_disk = loops.make("nvme-OS", fs="ext4")
+    a = loops.make("nvme-A", 16, fs="ext4")
+    d = driver(loops)
+    unbound = disks.SlotDisk(0, a.by_id, a.by_id, os_disk.by_id, identity=None)
+    img = tmp_path / "store" / "img.raw"
+    img.parent.mkdir()
+    img.write_bytes(os.urandom(MiB))
+    digest = hashlib.sha256(img.read_bytes()).hexdigest()
+    token = images.verify(images.resolve(tmp_path / "store", hp.ImageRef("x", "img.raw", digest, "raw")), digest)
+    before = a.sha256()
+
+    def write(disk: disks.SlotDisk) -> object:
+        return d.write_image(disk, token, digest=digest, image_format="raw")
+
+    for call in (d.wipe, d.verify, d.check, write):
+        with pytest.raises(disks.IdentityMissing) as e:
+            call(unbound)
+        assert e.value.code == "host.disk.identity_missing"
+        assert isinstance(e.value, disks.IdentityChanged)  # blocks the slot the same way
+        assert e.value.evidence["identity"]["approved"] is None
+        assert e.value.evidence["identity"]["observed"] == identity_of(a).as_dict()
+    assert a.sha256() == before and blkid_type(a.device) == "ext4"
+    d.check(dataclasses.replace(unbound, identity=identity_of(a)))  # the same disk, once its identity is approved
+
+
 def test_identity_is_kept_only_for_the_approved_disk() -> None:
     ident = hp.DiskIdentity(size_bytes=512, serial="S1")
     approved = [(0, "/dev/disk/by-id/nvme-S0")]
@@ -205,7 +235,8 @@ def test_identity_travels_from_the_slot_map_to_the_host_plan(db_url: str) -> Non
         (s.slot_index, s.nvme_identity.serial if s.nvme_identity else None) for s in approved
     ]
     assert c01.nvme_identity(0) == hp.DiskIdentity.from_dict(stored[0])
-    assert s01.disk_identities == () and "disk_identities" not in raw[0]
+    assert [i.slot_index for i in s01.disk_identities] == list(range(8))  # every example records it
+    assert raw[0]["disk_identities"][0]["nvme_identity"]["serial"] == "S6EXNA0W100"
     assert not again.changed and not any(w.changed for w in rewritten)  # nothing churns
 
 
@@ -301,3 +332,60 @@ def test_provisioning_refuses_a_repointed_disk_until_the_link_is_right_again(lab
         assert victim.sha256() == before
     finally:
         c.drivers.close()
+
+
+def test_provisioning_refuses_a_slot_without_a_recorded_identity_until_git_approves_one(lab: Lab) -> None:
+    vm = lab.vm("alloc-1", (0,))
+    c = converger(lab)
+    try:
+        before = lab.slot_disks[0].sha256()
+        r = c.converge(lab.plan(1, vms=(vm,), disk_identities=()))  # an approval that names the disk only
+        assert [(e.step, e.code) for e in r.errors] == [("host_checks", "host.disk.identity_missing")]
+        assert lab.slot_disks[0].sha256() == before
+        assert slot(r, 0).state is SlotStatus.FAILED
+        (found,) = [d for d in r.status.drift if d.code is DriftCode.IDENTITY_CHANGED]
+        assert found.slot_index == 0 and "host.disk.identity_missing" in found.message
+        assert c.drivers.domains.domains() == {}
+
+        r = c.converge(approved_plan(lab, 2, vms=(vm,)))  # git records the identity: a new generation
+        assert not r.errors, r.errors
+        assert slot(r, 0).state is SlotStatus.ACTIVE
+        assert not [d for d in r.status.drift if d.code is DriftCode.IDENTITY_CHANGED]
+    finally:
+        c.drivers.close()
+
+
+# -- the central side -----------------------------------------------------------------------
+
+
+def without_identity(fleet: Path, node: str, slots: set[int]) -> None:
+    path = fleet / "slotmaps" / f"{node}.yaml"
+    doc = yaml.safe_load(path.read_text())
+    for s in doc["slots"]:
+        if s["slot_index"] in slots:
+            del s["nvme_identity"]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def test_validate_warns_that_a_slot_without_a_recorded_identity_can_never_be_scheduled(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet"
+    shutil.copytree(FLEET, fleet)
+    assert not [w for w in sources.load(fleet).warnings if "disk.identity_missing" in w.message]
+    without_identity(fleet, "h200-use1-s01", {3})
+    result = sources.load(fleet)
+    (warning,) = [w for w in result.warnings if w.file == "slotmaps/h200-use1-s01.yaml"]
+    assert warning.code == "desired.slot.unschedulable" and warning.severity.value == "warning"
+    assert "slot 3 can never be scheduled (disk.identity_missing)" in warning.message
+    reasons = eligibility.eligible_slots(result.state.slot_maps["h200-use1-s01"])
+    assert [r.code for r in reasons[3]] == [eligibility.NO_DISK_IDENTITY]
+    assert all(reasons[i] == [] for i in reasons if i != 3)
+
+
+def test_the_planner_never_places_on_a_slot_without_a_recorded_identity() -> None:
+    w = pictures.world("n1: [....|....]")
+    smap = w.desired.slot_maps["n1"]
+    bound = {6, 7}  # only these two slots record their disk's identity
+    w.desired.slot_maps["n1"] = smap.model_copy(update={"slots": [
+        s if s.slot_index in bound else s.model_copy(update={"nvme_identity": None}) for s in smap.slots]})
+    assert isinstance(w.place(pictures.SLICE, 4), str)  # pending: six of the eight slots are not sellable
+    assert w.place(pictures.SLICE, 2) == ("n1", (6, 7))

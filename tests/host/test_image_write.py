@@ -19,6 +19,7 @@ import pytest
 
 from host_reconciler import fetching, imagecache, images
 from host_reconciler.drivers import disks
+from schemas.hostplans import DiskIdentity
 from tests.host.conftest import Loop, Loops
 
 MiB = 1 << 20
@@ -35,7 +36,8 @@ def driver(loops: Loops) -> disks.BlockDisks:
 
 
 def slot(loop: Loop, os_disk: Loop, index: int = 0) -> disks.SlotDisk:
-    return disks.slot_disk(index, loop.by_id, [(index, loop.by_id)], os_disk.by_id)
+    approval = DiskIdentity(size_bytes=loop.backing.stat().st_size, backing_file=os.path.realpath(loop.backing))
+    return disks.slot_disk(index, loop.by_id, [(index, loop.by_id)], os_disk.by_id, approval)
 
 
 def fill(loop: Loop, byte: int) -> None:

@@ -68,6 +68,7 @@ def slot(lab: Lab, node: str, s: int) -> dict[str, Any]:
     return {
         "slot_index": s, "gpu_pci_address": gpu, "gpu_model": "h200", "numa_node": numa,
         "slot_group": f"numa{numa}", "nvme_device": lab.slot_disks[s].by_id, "network_fabric": "infiniband",
+        "nvme_identity": lab.identity(s).as_dict(),
         "fabric_claim_mode": "per_slot_vf", "fabric_vf_pci_address": vf,
         "mac_address": f"52:54:00:{'bb' if node == 'node-b' else 'aa'}:00:{s:02x}",
         "private_ip": f"10.100.0.{10 + s}",

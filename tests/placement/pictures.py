@@ -128,6 +128,7 @@ def _slot(name: str, index: int, group: int, pair: int, *, roce: bool, approvabl
         "slot_index": index, "gpu_pci_address": f"0000:{16 + index:02x}:00.0",
         "gpu_model": "mi300x" if roce else "h200", "numa_node": group, "slot_group": f"numa{group}",
         "pcie_pair": f"numa{group}-pair{pair}", "nvme_device": f"/dev/disk/by-id/nvme-{name}-{index}",
+        "nvme_identity": {"serial": f"PIC{name}{index}", "size_bytes": 3840755982336},
         "network_fabric": "roce" if roce else "infiniband",
         "mac_address": f"52:54:00:{n:02x}:{len(name):02x}:{index:02x}", "private_ip": f"10.100.0.{10 + index}",
         "capacity_metadata": {"storage_ownership": "slice", "destructive_wipe_policy": "wipefs-verify"},

@@ -33,6 +33,7 @@ def _slot(**over: Any) -> m.Slot:
     base: dict[str, Any] = {
         "slot_index": 0, "gpu_pci_address": "0000:1b:00.0", "gpu_model": "h200", "numa_node": 0,
         "slot_group": "numa0", "nvme_device": "/dev/disk/by-id/nvme-x", "network_fabric": "infiniband",
+        "nvme_identity": {"serial": "X1", "size_bytes": 3840755982336},
         "mac_address": "52:54:00:00:00:01", "private_ip": "10.100.0.10",
     }
     base.update(over)
