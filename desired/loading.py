@@ -469,8 +469,8 @@ def _stop(pool: futures.ProcessPoolExecutor, *, at_once: bool) -> None:
         for w in alive:
             stop(w)
         _join_all(alive, _TERM_S if stop is BaseProcess.terminate else _LEAVE_S)
-    if manager is not None:
-        manager.join(_LEAVE_S)
+    if manager is not None:  # it tears the queues down once the workers are gone; a stop does not wait long
+        manager.join(_TERM_S if at_once else _LEAVE_S)
 
 
 def _join_all(workers: list[BaseProcess], timeout: float) -> None:
