@@ -61,7 +61,12 @@ class ReconcileResult:
 
 
 def planner_for(policy: str | None = None) -> Planner:
-    """The pure planner with a packing policy fixed (None: the fleet's `placement.policy`)."""
+    """The pure planner with a packing policy fixed (None: the fleet's `placement.policy`).
+
+    Cold: a fresh placement engine per call (`gpuaas apply`, `plan`). The watch
+    loop (`gpuaas run`) passes `replanning.WarmPlanner(policy)` instead, which
+    keeps the engine between revisions and gives the same plans.
+    """
 
     def run(desired: DesiredState, observed: Observed) -> Plan:
         return planning.plan(desired, observed, policy=policy)

@@ -50,7 +50,7 @@ import git
 from desired import gitrepo
 from desired.loading import BlobCache, Cancelled, DesiredState
 from policies import validating
-from reconciler import planner, reconciling, sources
+from reconciler import reconciling, replanning, sources
 from reconciler.store import connections, history, inventory, observing, revisions
 from schemas.errors import GpuaasError, TemporaryError, UsageError
 
@@ -241,6 +241,8 @@ class Loop:
         self.blobs = BlobCache()  # parsed documents by git blob id: a commit re-parses only what it changed
         self.inventory = inventory.Memory()  # rows the last sync wrote: a commit re-syncs only what it changed
         self.checks = validating.Memo()  # cross-file problems per document: a commit re-checks only what it changed
+        # the placement engine of the last plan, reset per changed node: a commit re-plans at O(change)
+        self.plans = replanning.WarmPlanner(policy)
 
     # -------------------------------------------------------------- plumbing
 
@@ -259,7 +261,7 @@ class Loop:
         return event
 
     def _planner(self) -> reconciling.Planner:
-        return reconciling.planner_for(self.policy)
+        return self.plans
 
     # ------------------------------------------------------------------ step
 
@@ -379,7 +381,7 @@ class Loop:
         if not work.any:
             return None
         if not work.host_reports:
-            plan = planner.plan(state, observing.observe(conn), policy=self.policy)
+            plan = self.plans(state, observing.observe(conn))
             if not (plan.placements or plan.releases):
                 return None
         t0 = time.perf_counter()
