@@ -1,6 +1,6 @@
 """`gpuaas`: one console script, one module per subcommand group.
 
-Each module in COMMANDS exposes `register(subparsers)` and sets `func` on
+Each module `commands()` lists exposes `register(subparsers)` and sets `func` on
 its parsers. Command modules import only what building their parser needs
 (argparse, the standard library, light project modules); the heavy libraries
 (networkx, psycopg, gitpython, libvirt, pyroute2, ruamel, pydantic) are
@@ -18,54 +18,42 @@ import sys
 import threading
 from collections.abc import Sequence
 from types import FrameType
+from typing import Any
 
-from reconciler.commands import (
-    apply,
-    bench,
-    completion,
-    db,
-    demo,
-    drift,
-    explain,
-    fleet,
-    history,
-    host,
-    plan,
-    request,
-    run,
-    schema,
-    serve,
-    simulate,
-    slot,
-    status,
-    usage,
-    validate,
-)
 from schemas.errors import GpuaasError
 
-# Listed in the order `gpuaas --help` shows them.
-COMMANDS = (
-    validate,
-    schema,
-    explain,
-    request,
-    demo,
-    host,
-    bench,
-    drift,
-    fleet,
-    simulate,
-    plan,
-    status,
-    run,
-    history,
-    db,
-    apply,
-    serve,
-    usage,
-    slot,
-    completion,
-)
+
+def commands() -> tuple[Any, ...]:
+    """The command modules, in the order `gpuaas --help` shows them.
+
+    Imported here, not at the top: `main` installs its SIGTERM handling
+    before any command module loads, so a stop during start-up is clean.
+    """
+    from reconciler.commands import (
+        apply,
+        bench,
+        completion,
+        db,
+        demo,
+        drift,
+        explain,
+        fleet,
+        history,
+        host,
+        plan,
+        request,
+        run,
+        schema,
+        serve,
+        simulate,
+        slot,
+        status,
+        usage,
+        validate,
+    )
+
+    return (validate, schema, explain, request, demo, host, bench, drift, fleet, simulate, plan, status, run,
+            history, db, apply, serve, usage, slot, completion)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpuaas {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for command in COMMANDS:
+    for command in commands():
         command.register(sub)
     return parser
 

@@ -116,7 +116,7 @@ def test_a_catalog_pinned_image_stays_and_the_evict_command_keeps_it_too(lab: La
         (cache_dir / hexd).write_bytes(data)
         os.utime(cache_dir / hexd, (1.0, 1.0))  # both used long ago: LRU alone would evict both
         olds.append(hexd)
-    pinned, loose = olds
+    pinned, _loose = olds
     c = converging.Converger(s, wiring.drivers(s))
     try:
         r = c.converge(lab.plan(1, pinned_images=(pinned,)))
