@@ -29,6 +29,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from desired import models as m
 from desired.loading import DesiredState
 from reconciler import placing, planner, plans
 from reconciler import topology as topo
@@ -41,11 +42,17 @@ MOST_MIN = 32  # a sync resetting more than this and half the fleet builds cold 
 
 @dataclass(frozen=True, slots=True)
 class _Kept:
-    """The engine after the last plan, and the inputs it was brought to before planning."""
+    """The engine after the last plan, and the inputs it was brought to before planning.
+
+    The inputs are copies, not the caller's dicts: a caller that edits its
+    desired state in place must still show up as a change.
+    """
 
     engine: placing.Engine
-    desired: DesiredState
-    observed: plans.Observed
+    fleet: m.Fleet | None
+    skus: dict[str, m.Sku]
+    allocations: dict[str, m.Allocation]
+    image_cache: dict[str, frozenset[str]]
     by_node: dict[str, tuple[plans.ExistingClaim, ...]]  # observed claims per node, in claim_order
     by_alloc: dict[str, set[str]]  # allocation id -> nodes of its observed claims
     placed_on: frozenset[str]  # nodes the plan placed onto (engine state the database may not share)
@@ -96,7 +103,8 @@ class WarmPlanner:
             plan = planner.plan_with(engine, desired, observed)
             age = 0
         assert engine is not None  # noqa: S101 - for the type checker: set on both paths
-        self._kept = _Kept(engine, desired, observed, by_node, by_alloc,
+        self._kept = _Kept(engine, desired.fleet, dict(desired.skus), dict(desired.allocations),
+                           dict(observed.image_cache), by_node, by_alloc,
                            frozenset(p.node for p in plan.placements), age)
         return plan
 
@@ -118,7 +126,7 @@ class WarmPlanner:
         for name in by_node.keys() | kept.by_node.keys():
             if by_node.get(name) != kept.by_node.get(name):
                 reset.add(name)
-        for aid in self._retimed(engine, kept.desired, desired):
+        for aid in self._retimed(engine, kept.allocations, desired.allocations):
             reset.update(by_alloc.get(aid, ()), kept.by_alloc.get(aid, ()))
         reset &= engine.by_name.keys()  # claims on undeclared nodes are ignored, as a fresh engine does
         if len(reset) > max(MOST_MIN, len(engine.nodes) // 2):  # resetting costs about what building costs
@@ -128,29 +136,26 @@ class WarmPlanner:
             touched |= engine.reset_node(name, by_node.get(name, ()), refacts.get(name))
         for aid in touched:
             engine.locate(aid, by_alloc.get(aid, ()))
-        if observed.image_cache is not kept.observed.image_cache:
-            engine.recache(kept.observed.image_cache, observed.image_cache)
+        if observed.image_cache != kept.image_cache:
+            engine.recache(kept.image_cache, observed.image_cache)
         self.last_reset = len(reset)
         return engine
 
     def _check_shape(self, kept: _Kept, desired: DesiredState) -> None:
         """Raise `_Cold` when what shapes the whole index changed."""
-        before = kept.desired
         if kept.age + 1 >= self.full_every:
             raise _Cold(f"periodic full rebuild (every {self.full_every} plans)")
-        if desired.fleet is not before.fleet and desired.fleet != before.fleet:
+        if desired.fleet is not kept.fleet and desired.fleet != kept.fleet:
             raise _Cold("the Fleet document changed (policy, workload mix or lease weighting)")
-        if desired.skus != before.skus:
+        if desired.skus != kept.skus:
             raise _Cold("SKUs changed")
-        if desired.nodes.keys() != before.nodes.keys():
+        if desired.nodes.keys() != kept.engine.by_name.keys():
             raise _Cold("nodes were added or removed (node order is the last tie-break)")
 
     @staticmethod
-    def _retimed(engine: placing.Engine, before: DesiredState, desired: DesiredState) -> Iterable[str]:
+    def _retimed(engine: placing.Engine, old: dict[str, m.Allocation],
+                 new: dict[str, m.Allocation]) -> Iterable[str]:
         """Allocations whose request time or lease end changed (new documents only are read)."""
-        old, new = before.allocations, desired.allocations
-        if old is new:
-            return ()
         out = [aid for aid, alloc in new.items() if old.get(aid) is not alloc and engine.retime(aid, alloc)]
         out += [aid for aid in old.keys() - new.keys() if engine.retime(aid, None)]
         return out

@@ -312,3 +312,23 @@ def test_a_refusal_is_explained_from_the_nodes_as_they_are_now() -> None:
     assert [p.code for p in after.pending] == ["plan.sku_unavailable.capacity"]
     assert after == _cold(state, observed, packing.Policy.DEFAULT.value)
     assert warm.cold == 1
+
+
+def test_one_new_allocation_resets_one_node() -> None:
+    state = _fleet(nodes=60, allocations=80, gpus=(1, 2, 4), seed=8)
+    warm = replanning.WarmPlanner()
+    db: Claims = {}
+    first = warm(state, _observed(db, plans.Observed()))
+    _apply(random.Random(0), dataclasses.replace(first, releases=()), db)  # noqa: S311 - test randomness
+    # edited in place, deliberately: the planner must keep its own copy of what it planned from
+    state.allocations["one-more"] = state.allocations[synthetic.allocation_id(0)].model_copy(
+        update={"id": "one-more", "requested_at": dt.datetime(2027, 1, 1, tzinfo=dt.UTC)})
+    second = warm(state, _observed(db, plans.Observed()))
+    assert "one-more" in {p.allocation_id for p in second.placements}
+    assert warm.last_reset == len({p.node for p in first.placements})  # what plan 1 placed, applied or not
+    db = {k: c for k, c in db.items() if c.allocation_id != "one-more"}
+    db[(second.placements[-1].node, 7)] = _claim("one-more", second.placements[-1].node, 7)
+    third = warm(state, _observed(db, plans.Observed()))
+    assert warm.last_reset == len({p.node for p in second.placements})
+    assert third == _cold(state, _observed(db, plans.Observed()), packing.Policy.DEFAULT.value)
+    assert warm.cold == 1
