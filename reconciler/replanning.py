@@ -77,36 +77,39 @@ class WarmPlanner:
     def __call__(self, desired: DesiredState, observed: plans.Observed) -> plans.Plan:
         kept, self._kept = self._kept, None  # a plan that raises leaves no half-updated engine behind
         by_node, by_alloc = _group(observed.claims)
-        engine: placing.Engine | None = None
-        why = "first plan"
-        if kept is not None:
-            try:
-                engine = self._sync(kept, desired, observed, by_node, by_alloc)
-            except _Cold as e:
-                why = str(e)
-            except Exception as e:  # any doubt: a fresh engine gives the right plan
-                why = f"incremental sync failed ({type(e).__name__}: {e})"
-                log.warning("%s; building the placement engine cold", why)
-        plan: plans.Plan | None = None
-        if engine is not None:
-            try:
-                plan = planner.plan_with(engine, desired, observed)
-            except Exception as e:
-                why = f"planning on the kept engine failed ({type(e).__name__}: {e})"
-                log.warning("%s; building the placement engine cold", why)
-        age = kept.age + 1 if kept is not None else 0
-        if plan is None:
+        got = "first plan" if kept is None else self._warm(kept, desired, observed, by_node, by_alloc)
+        if isinstance(got, str):
             self.cold += 1
-            self.last_cold = why
-            log.info("placement engine built cold: %s", why)
+            self.last_cold = got
+            log.info("placement engine built cold: %s", got)
             engine = placing.Engine(desired, observed, policy=self.policy)
-            plan = planner.plan_with(engine, desired, observed)
-            age = 0
-        assert engine is not None  # noqa: S101 - for the type checker: set on both paths
+            plan, age = planner.plan_with(engine, desired, observed), 0
+        else:
+            plan, engine = got
+            age = kept.age + 1 if kept is not None else 0
         self._kept = _Kept(engine, desired.fleet, dict(desired.skus), dict(desired.allocations),
                            dict(observed.image_cache), by_node, by_alloc,
                            frozenset(p.node for p in plan.placements), age)
         return plan
+
+    def _warm(self, kept: _Kept, desired: DesiredState, observed: plans.Observed,
+              by_node: dict[str, tuple[plans.ExistingClaim, ...]],
+              by_alloc: dict[str, set[str]]) -> tuple[plans.Plan, placing.Engine] | str:
+        """The plan on the kept engine brought up to date, or why a cold engine must make it."""
+        try:
+            engine = self._sync(kept, desired, observed, by_node, by_alloc)
+        except _Cold as e:
+            return str(e)
+        except Exception as e:  # any doubt: a fresh engine gives the right plan
+            why = f"incremental sync failed ({type(e).__name__}: {e})"
+            log.warning("%s; building the placement engine cold", why)
+            return why
+        try:
+            return planner.plan_with(engine, desired, observed), engine
+        except Exception as e:
+            why = f"planning on the kept engine failed ({type(e).__name__}: {e})"
+            log.warning("%s; building the placement engine cold", why)
+            return why
 
     def _sync(self, kept: _Kept, desired: DesiredState, observed: plans.Observed,
               by_node: dict[str, tuple[plans.ExistingClaim, ...]],

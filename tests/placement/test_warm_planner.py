@@ -23,7 +23,7 @@ import pytest
 from desired import models as m
 from desired.loading import DesiredState
 from policies import eligibility, packing
-from reconciler import planner, plans, replanning, topology
+from reconciler import placing, planner, plans, replanning, topology
 from reconciler.store import synthetic
 from schemas import states
 
@@ -332,3 +332,20 @@ def test_one_new_allocation_resets_one_node() -> None:
     assert warm.last_reset == len({p.node for p in second.placements})
     assert third == _cold(state, _observed(db, plans.Observed()), packing.Policy.DEFAULT.value)
     assert warm.cold == 1
+
+
+def test_an_error_in_the_incremental_path_falls_back_to_a_cold_engine(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    state = _fleet(nodes=4, allocations=6, gpus=(1, 2), seed=9)
+    warm = replanning.WarmPlanner()
+    warm(state, plans.Observed())
+
+    def broken(*_args: object, **_kw: object) -> set[str]:
+        raise KeyError("node-x")
+
+    monkeypatch.setattr(placing.Engine, "reset_node", broken)
+    with caplog.at_level("WARNING", logger="gpuaas.planning"):
+        got = warm(state, plans.Observed())  # the last plan placed: its nodes must be reset, and that fails
+    assert got == _cold(state, plans.Observed(), packing.Policy.DEFAULT.value)
+    assert warm.cold == 2 and "incremental sync failed (KeyError" in warm.last_cold
+    assert "building the placement engine cold" in caplog.text
