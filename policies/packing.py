@@ -209,6 +209,62 @@ def lease_rank(sig_rank: tuple[float, ...], node_end: float, start: float, end: 
     return (opens, tier, grad, 0.0, busy_until - end)
 
 
+def interleaves(policy: Policy) -> bool:
+    """Does the policy rank node facts (allocations, age) between its pattern scores? Only `default`."""
+    return policy is Policy.DEFAULT
+
+
+def _spread(tier: float) -> float:
+    return float(tier >= t.TIER_SPREAD)
+
+
+def place_key(sig_rank: tuple[float, ...], node: tuple[float, ...]) -> tuple[float, ...]:
+    """`default`'s full key for a lease without an end (lower wins).
+
+    `sig_rank` is `rank(Policy.DEFAULT, option)` (opens, tier, gradient) and
+    `node` the node's `node_key` (-allocations, oldest, order). Measured on
+    on-demand streams (docs/placement.md, "On demand"): never a clean node
+    while a used one fits; never a set that spans NUMA groups while an
+    aligned one fits; then the node holding the most allocations (it empties
+    last anyway: every one of them must leave, so nodes with few keep
+    draining for whole-node demand), then the aligned shape, then the node
+    whose oldest allocation is oldest (heavy tails: it runs on), and only then
+    the fragmentation gradient.
+    """
+    opens, tier, grad = sig_rank
+    allocs, oldest, order = node
+    return (opens, _spread(tier), allocs, tier, oldest, grad, order)
+
+
+def place_bound(sig_rank: tuple[float, ...]) -> tuple[float, ...]:
+    """The part of `place_key` a pattern fixes before any node fact: patterns sorted by rank have it non-decreasing."""
+    return (sig_rank[0], _spread(sig_rank[1]))
+
+
+def lease_key(lease: tuple[float, ...], node: tuple[float, ...]) -> tuple[float, ...]:
+    """`default`'s full key for a lease with an end: `lease_rank`'s terms, placed as in `place_key`.
+
+    (opens, spread, -allocations, tier, gradient + weight x extension,
+    extension, slack, oldest, order): the allocation count still comes before
+    the lease-end cost. With rounded terms (an upper bound, many leases
+    released early) this keeps more of the oracle's gain than ranking by
+    the end first.
+    """
+    opens, tier, cost, ext, slack_s = lease
+    allocs, oldest, order = node
+    return (opens, _spread(tier), allocs, tier, cost, ext, slack_s, oldest, order)
+
+
+def lease_bound(sig_rank: tuple[float, ...], allocs: float) -> tuple[float, ...]:
+    """A lower bound on `lease_key[:5]` for every node of a pattern with this allocation count.
+
+    The cost is the gradient plus a non-negative delay term, so a group whose
+    bound exceeds the best key's first five elements cannot win.
+    """
+    opens, tier, grad = sig_rank
+    return (opens, _spread(tier), allocs, tier, grad)
+
+
 def slot_tiebreak(policy: Policy) -> bool:
     """Does the policy break node ties by slot index before node order (seed 002)?"""
     return policy is Policy.SEED_RANK
@@ -221,6 +277,8 @@ def node_key(policy: Policy, order: int, allocations: int, oldest: float = 0.0) 
     oldest allocation was requested earliest (`oldest`, seconds): cloud lease
     lengths are heavy-tailed, so an allocation that has already run long is
     likely to run on, and a node pinned by it loses little by taking one more.
+    Under `default` these are not only tie-breaks: `place_key` and
+    `lease_key` put them between the pattern's scores.
     """
     if policy is Policy.DEFAULT:
         return (-allocations, oldest, order)

@@ -19,6 +19,16 @@ re-sorts one entry in two signatures (binary search plus a list insert: a
 memmove of at most one pointer per node of the signature, microseconds at
 100,000 nodes).
 
+`default` ranks nodes by facts of the node between the pattern's scores
+(`policies.packing.place_key`: a spread shape last, then the node holding
+more allocations, then the aligned shape, the oldest allocation, the
+fragmentation gradient). So under `default` each signature also keeps one heap
+of its nodes in tie-break order (`heads`): a request peeks the head of every
+fitting signature, and the end order is kept per signature *and* allocation
+count (`EndGroup`), so a lease with an end asks the groups in order of
+(shape class, allocations, ...) and stops at the first group whose bound is
+worse than the best key found.
+
 Whole-node leases use a plain heap of empty nodes per partition.
 """
 
@@ -176,19 +186,24 @@ class EndOrder:
 
 
 BucketKey = tuple[int, int]  # (layout id, free mask)
+EndGroup = tuple[int, float]  # (signature id, first element of the nodes' tie-break key: -allocations)
 
 
 class SliceIndex:
     """Nodes of one partition (SKU, region, org, demand mix), by free pattern."""
 
-    __slots__ = ("buckets", "ends", "free_gpus", "mix_id", "nodes_with_free", "place", "sig_count", "sig_version")
+    __slots__ = ("buckets", "end_version", "ends", "free_gpus", "heads", "mix_id", "nodes_with_free", "place",
+                 "sig_count", "sig_version")
 
-    def __init__(self, mix_id: int, *, by_end: bool = False) -> None:
+    def __init__(self, mix_id: int, *, by_end: bool = False, by_head: bool = False) -> None:
         self.mix_id = mix_id
         # signature id -> (layout id, mask) -> heap
         self.buckets: dict[int, dict[BucketKey, NodeHeap]] = {}
-        # signature id -> nodes by when they empty; only for policies that rank by lease ends
-        self.ends: dict[int, EndOrder] | None = {} if by_end else None
+        # signature id -> its nodes with a free slot in tie-break order (policies that interleave node facts)
+        self.heads: dict[int, NodeHeap] | None = {} if by_head else None
+        # (signature id, key[0]) -> nodes by when they empty; only for policies that rank by lease ends
+        self.ends: dict[EndGroup, EndOrder] | None = {} if by_end else None
+        self.end_version = 0  # bumped whenever an end group appears or disappears (cache key)
         self.sig_count: dict[int, int] = {}  # non-empty signatures only
         self.sig_version = 0  # bumped whenever a signature appears or disappears (cache key)
         self.place: dict[int, tuple[int, BucketKey, int]] = {}  # node -> (sig, bucket, free)
@@ -206,12 +221,19 @@ class SliceIndex:
             self.sig_version += 1
         heap = by_mask.get(bucket)
         if heap is None:
-            heap = by_mask[bucket] = NodeHeap(deferred=self.ends is not None)
+            heap = by_mask[bucket] = NodeHeap(deferred=self.ends is not None or self.heads is not None)
         heap.add(node, key)
-        if self.ends is not None and free:  # a node with no free slot takes no slice: not ordered
-            order = self.ends.get(sig)
+        if free and self.heads is not None:  # a node with no free slot takes no slice: not ordered
+            head = self.heads.get(sig)
+            if head is None:
+                head = self.heads[sig] = NodeHeap()
+            head.add(node, key)
+        if free and self.ends is not None:
+            group = (sig, key[0])
+            order = self.ends.get(group)
             if order is None:
-                order = self.ends[sig] = EndOrder()
+                order = self.ends[group] = EndOrder()
+                self.end_version += 1
             order.add(node, end, key)
         self.sig_count[sig] = self.sig_count.get(sig, 0) + 1
         self.place[node] = (sig, bucket, free)
@@ -223,14 +245,22 @@ class SliceIndex:
         sig, bucket, free = self.place.pop(node)
         by_mask = self.buckets[sig]
         heap = by_mask[bucket]
+        key = heap.key_of(node)
         heap.discard(node)
         if not heap:
             del by_mask[bucket]
-        if self.ends is not None and free:
-            order = self.ends[sig]
+        if free and self.heads is not None:
+            head = self.heads[sig]
+            head.discard(node)
+            if not head:
+                del self.heads[sig]
+        if free and self.ends is not None and key is not None:
+            group = (sig, key[0])
+            order = self.ends[group]
             order.discard(node)
             if not order:
-                del self.ends[sig]
+                del self.ends[group]
+                self.end_version += 1
         n = self.sig_count[sig] - 1
         if n:
             self.sig_count[sig] = n

@@ -31,6 +31,8 @@ Refused = reasons.Refused  # the engine's answer when nothing can take a request
 
 DEFAULT_SHARES: Mapping[int, float] = MappingProxyType({1: 0.4, 2: 0.25, 4: 0.2, 8: 0.15})
 _MISSING: Any = object()
+# one end group of a partition for one request shape: (packing.lease_bound, pattern rank, (signature, -allocations))
+_Group = tuple[tuple[float, ...], tuple[float, ...], tuple[int, float]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +161,7 @@ class Engine:
             raise ValueError(f"unknown placement policy {name!r}; known: {known}") from None
         self._seed_rank = packing.slot_tiebreak(self.policy)
         self._by_end = packing.uses_lease_ends(self.policy)
+        self._by_head = packing.interleaves(self.policy)
         self.lease_end_weight = fleet.placement.lease_end_weight if fleet else 1.0
         if shares is None:
             shares = fleet.placement.workload_mix if fleet else DEFAULT_SHARES
@@ -187,6 +190,7 @@ class Engine:
         self._ranks: dict[tuple[int, int, m.TopologyRule], dict[int, tuple[float, ...] | None]] = {}
         self._sorted_sigs: dict[tuple[SliceIndex, int, m.TopologyRule],
                                 tuple[int, list[tuple[tuple[float, ...], int]]]] = {}
+        self._sorted_ends: dict[tuple[SliceIndex, int, m.TopologyRule], tuple[int, list[_Group]]] = {}
         self._choices: dict[tuple[int, int, int, m.TopologyRule, int], t.Choice | None] = {}
         self._specs: dict[tuple[str, int, str | None], Spec | Refused] = {}
         self._static: dict[tuple[str, str, str], Refused | None] = {}
@@ -274,7 +278,7 @@ class Engine:
             key = (sku.sku, f.region, f.org, mid)
             view = self._slice_parts.get(key)
             if view is None:
-                view = self._slice_parts[key] = SliceIndex(key[3], by_end=self._by_end)
+                view = self._slice_parts[key] = SliceIndex(key[3], by_end=self._by_end, by_head=self._by_head)
             node.views.append((view, lid, lay))
 
     def _load_claims(self, claims: Iterable[plans.ExistingClaim]) -> None:
@@ -611,6 +615,8 @@ class Engine:
     def _pick_slice(self, req: Request, rule: m.TopologyRule) -> tuple[_Node, int] | None:
         if self._by_end and req.ends_at is not None:
             return self._pick_by_end(req, rule, req.ends_at)
+        if self._by_head:
+            return self._pick_interleaved(req, rule)
         tied = self._best_signatures(req, rule)
         if not tied:
             return None
@@ -694,12 +700,12 @@ class Engine:
         weight = self.lease_end_weight
         hit = order.at_or_after(end)
         if hit is not None and end > start:
-            return (*packing.lease_rank(rank, hit[0], start, end, weight), *hit[1]), hit[2]
+            return packing.lease_key(packing.lease_rank(rank, hit[0], start, end, weight), hit[1]), hit[2]
         best: tuple[NodeKey, int] | None = None
         for entry in (hit, order.latest_before(end), order.first_empty()):
             if entry is not None:
                 node_end, key, nid = entry
-                cand = (*packing.lease_rank(rank, node_end, start, end, weight), *key)
+                cand = packing.lease_key(packing.lease_rank(rank, node_end, start, end, weight), key)
                 if best is None or cand < best[0]:
                     best = (cand, nid)
         if best is None:
@@ -718,11 +724,11 @@ class Engine:
             ends = part.ends
             if ends is None:
                 raise AssertionError("a policy that ranks by lease ends indexes them")
-            for rank, sig in self._sorted_signatures(part, g, rule):
-                # a lease's key is never below its pattern's rank: later patterns cannot win
-                if best is not None and rank > best[0][:3]:
+            for bound, rank, group in self._sorted_groups(part, g, rule):
+                # a lease's key is never below its group's bound: later groups cannot win
+                if best is not None and bound > best[0][:5]:
                     break
-                key, nid = self._end_best(ends[sig], start, end, rank)  # a fitting pattern has free slots
+                key, nid = self._end_best(ends[group], start, end, rank)
                 if best is None or key < best[0]:
                     best = (key, part, nid)
         if best is None:
@@ -730,6 +736,93 @@ class Engine:
         _, part, nid = best
         lid, mask = part.place[nid][1]
         return self.nodes[nid], self._choice(lid, mask, g, rule, part.mix_id).mask
+
+    def _sorted_groups(self, part: SliceIndex, g: int, rule: m.TopologyRule) -> list[_Group]:
+        """The fitting end groups (pattern, allocation count) of one partition, by `packing.lease_bound`.
+
+        Cached until a group appears in or leaves the partition (`end_version`).
+        """
+        ckey = (part, g, rule)
+        cached = self._sorted_ends.get(ckey)
+        if cached is not None and cached[0] == part.end_version:
+            return cached[1]
+        ends = part.ends
+        if ends is None:
+            raise AssertionError("a policy that ranks by lease ends indexes them")
+        ranks = self._ranks.setdefault((part.mix_id, g, rule), {})
+        out = []
+        for group in ends:
+            sig = group[0]
+            r = ranks.get(sig, _MISSING)
+            if r is _MISSING:
+                r = ranks[sig] = self._rank(part, sig, g, rule)
+            if r is not None:
+                out.append((packing.lease_bound(r, group[1]), r, group))
+        out.sort()
+        self._sorted_ends[ckey] = (part.end_version, out)
+        return out
+
+    def _pick_interleaved(self, req: Request, rule: m.TopologyRule) -> tuple[_Node, int] | None:
+        """`default` for a lease without an end: the head of every fitting pattern, by `packing.place_key`.
+
+        Patterns come in rank order, so the first part of the key they fix
+        (`packing.place_bound`) never decreases: stop once it is worse than the best.
+        """
+        g = req.gpu_count
+        best: tuple[NodeKey, SliceIndex, int] | None = None
+        for part in self._slice_lists(req.sku, req.region, req.tenant):
+            heads = part.heads
+            if heads is None:
+                raise AssertionError("a policy that interleaves node facts keeps pattern heads")
+            for rank, sig in self._sorted_signatures(part, g, rule):
+                if best is not None and packing.place_bound(rank) > best[0][:2]:
+                    break
+                top = heads[sig].peek()  # a fitting pattern has free slots: it has a head
+                if top is not None:
+                    key = packing.place_key(rank, top[0])
+                    if best is None or key < best[0]:
+                        best = (key, part, top[1])
+        if best is None:
+            return None
+        if req.image_digest and best[2] not in self._warm.get(req.image_digest, ()):
+            best = self._warm_interleaved(req, rule, best)
+        _, part, nid = best
+        lid, mask = part.place[nid][1]
+        return self.nodes[nid], self._choice(lid, mask, g, rule, part.mix_id).mask
+
+    def _warm_interleaved(self, req: Request, rule: m.TopologyRule,
+                          best: tuple[NodeKey, SliceIndex, int]) -> tuple[NodeKey, SliceIndex, int]:
+        """Among nodes with `best`'s key but for the node order, the first that caches the image (else `best`)."""
+        warm: tuple[NodeKey, SliceIndex, int] | None = None
+        for part in self._slice_lists(req.sku, req.region, req.tenant):
+            heads = part.heads or {}
+            for rank, sig in self._sorted_signatures(part, req.gpu_count, rule):
+                heap = heads[sig]
+                for nid in self._warm_candidates(req.image_digest, heap):
+                    node_key = heap.key_of(nid)
+                    if node_key is None:
+                        continue
+                    key = packing.place_key(rank, node_key)
+                    if _same_score(key, best[0]) and (warm is None or key < warm[0]):
+                        warm = (key, part, nid)
+        return warm or best
+
+    def _alternatives_interleaved(self, req: Request, rule: m.TopologyRule, chosen: _Node,
+                                  count: int) -> tuple[plans.Candidate, ...]:
+        """Next-best nodes under `packing.place_key`: the first few of every fitting pattern's heads."""
+        g = req.gpu_count
+        found: dict[int, tuple[NodeKey, tuple[int, ...]]] = {}
+        for part in self._slice_lists(req.sku, req.region, req.tenant):
+            heads = part.heads or {}
+            for rank, sig in self._sorted_signatures(part, g, rule):
+                for node_key, nid in heads[sig].smallest(count + 1):
+                    if nid == chosen.id or nid in found:
+                        continue
+                    lid, mask = part.place[nid][1]
+                    taken = self._choice(lid, mask, g, rule, part.mix_id).mask
+                    found[nid] = (packing.place_key(rank, node_key), self._slots(self.nodes[nid], taken))
+        best = sorted((key, nid, slots) for nid, (key, slots) in found.items())[:count]
+        return tuple(plans.Candidate(self.nodes[nid].name, slots) for _, nid, slots in best)
 
     def _best_signatures(self, req: Request, rule: m.TopologyRule) -> list[tuple[SliceIndex, int]]:
         """The free patterns, across the request's partitions, that the policy ranks first."""
@@ -766,6 +859,8 @@ class Engine:
             return tuple(plans.Candidate(self.nodes[nid].name, ()) for _, nid in heads[:count])
         if self._by_end and req.ends_at is not None:
             return self._alternatives_by_end(req, rule, chosen, count, req.ends_at)
+        if self._by_head:
+            return self._alternatives_interleaved(req, rule, chosen, count)
         out: list[plans.Candidate] = []
         for group in self._ranked_groups(req, rule):
             found = sorted(h for part, sig in group for h in self._heads(part, sig, req.gpu_count, rule, count + 1)
@@ -785,13 +880,13 @@ class Engine:
             ends = part.ends
             if ends is None:
                 raise AssertionError("a policy that ranks by lease ends indexes them")
-            for rank, sig in self._sorted_signatures(part, g, rule):
-                for node_end, key, nid in ends[sig].around(end, count + 1):
+            for _, rank, group in self._sorted_groups(part, g, rule):
+                for node_end, key, nid in ends[group].around(end, count + 1):
                     if nid == chosen.id or nid in found:
                         continue
                     lid, mask = part.place[nid][1]
                     taken = self._choice(lid, mask, g, rule, part.mix_id).mask
-                    full = (*packing.lease_rank(rank, node_end, start, end, weight), *key)
+                    full = packing.lease_key(packing.lease_rank(rank, node_end, start, end, weight), key)
                     found[nid] = (full, self._slots(self.nodes[nid], taken))
         best = sorted((key, nid, slots) for nid, (key, slots) in found.items())[:count]
         return tuple(plans.Candidate(self.nodes[nid].name, slots) for _, nid, slots in best)

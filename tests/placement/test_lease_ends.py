@@ -125,9 +125,11 @@ def _brute_force(engine: placing.Engine, req: placing.Request) -> tuple[str, tup
             tie = packing.node_key(packing.Policy.DEFAULT, node.id, len(node.allocs),
                                    min(node.since.values()) if node.since else 0.0)
             if req.ends_at is not None:
-                rank = packing.lease_rank(rank, packing.node_end(node.ends.values()), req.requested_at,
-                                          req.ends_at, engine.lease_end_weight)
-            key = (*rank, *tie)
+                key = packing.lease_key(packing.lease_rank(rank, packing.node_end(node.ends.values()),
+                                                           req.requested_at, req.ends_at, engine.lease_end_weight),
+                                        tie)
+            else:
+                key = packing.place_key(rank, tie)
             if best is None or key < best[0]:
                 best = (key, node.name, tuple(node.slot_indexes[p] for p in o.choice.positions))
     return None if best is None else (best[1], best[2])
