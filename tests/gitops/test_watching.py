@@ -141,17 +141,17 @@ def test_sigterm_during_a_reconciliation_finishes_it_and_stops(
     import os
     import signal
 
-    from reconciler import planner
+    from reconciler import replanning
     from reconciler.commands import run as run_cmd
 
     fleet_repo.request("req-sig", 1)
-    real = planner.plan
+    real = replanning.WarmPlanner.__call__  # the loop plans with its kept engine
 
     def plan_then_signal(*args: object, **kwargs: object) -> object:
         os.kill(os.getpid(), signal.SIGTERM)
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(planner, "plan", plan_then_signal)
+    monkeypatch.setattr(replanning.WarmPlanner, "__call__", plan_then_signal)
     run = make_loop(fleet_repo, db_url)
     with run_cmd.stop_on_signals(run.stop):
         last = run.loop.run()
