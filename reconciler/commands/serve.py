@@ -38,9 +38,15 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reconciler.service import logs, server
+    from reconciler.service import logs
 
-    logs.configure(logs.choose(args.log_format))
+    with logs.configured(logs.choose(args.log_format)):  # in-process callers get no handler left behind
+        return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from reconciler.service import server
+
     host, port = server.parse_listen(args.listen)
     settings = server.Settings(
         host=host, port=port, token=server.token_from(args.token_file),

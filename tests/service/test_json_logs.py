@@ -58,13 +58,14 @@ def test_run_text_lines_keep_their_shape(tmp_path: Path, db_url: str, capsys: py
     repo = git.Repo.init(root, initial_branch="main")
     repo.git.add("-A")
     repo.index.commit("base fleet", author=PEOPLE, committer=PEOPLE)
+    before = list(logging.getLogger(logs.ROOT).handlers)  # pytest's capture may hang its own there
     assert cli.main(["run", str(root), "--once", "--db-url", db_url, "--log-format", "text"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert any(" applied " in f" {line} " for line in lines), lines
     for line in lines:  # `2026-11-25T08:34:25.123Z text`, as before
         stamp = line.split(" ", 1)[0]
         assert len(stamp) == 24 and stamp.endswith("Z") and stamp[10] == "T", line
-    assert not logging.getLogger(logs.ROOT).handlers  # the command took its handler off
+    assert logging.getLogger(logs.ROOT).handlers == before  # the command took its handler off
 
 
 def test_an_unknown_format_in_the_environment_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
