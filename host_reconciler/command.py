@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from schemas import hostplans, logs, output
+from schemas import hostplans, logs, output, signals
 from schemas.errors import GpuaasError, PermanentError, UsageError
 
 if TYPE_CHECKING:
@@ -237,16 +237,16 @@ def _metrics(args: argparse.Namespace) -> Iterator[metrics.AgentMetrics]:
 
 
 def _loop(args: argparse.Namespace, counted: metrics.AgentMetrics) -> int:
+    stop = threading.Event()
+    with signals.stop_on(stop, signals=(signal.SIGTERM,)):  # SIGINT stays a KeyboardInterrupt (exit 130)
+        return _passes(args, counted, stop)
+
+
+def _passes(args: argparse.Namespace, counted: metrics.AgentMetrics, stop: threading.Event) -> int:
     from host_reconciler import converging, wiring
     log = logging.getLogger("gpuaas.host")
     s = _settings(args)
     interval = args.interval if args.interval is not None else s.poll_interval_s
-    stop = {"now": False}
-
-    def _stop(_sig: int, _frame: Any) -> None:
-        stop["now"] = True
-
-    signal.signal(signal.SIGTERM, _stop)
     source = _Source(args)
     drivers = wiring.drivers(s)
     converger = converging.Converger(s, drivers)
@@ -254,7 +254,7 @@ def _loop(args: argparse.Namespace, counted: metrics.AgentMetrics) -> int:
     beat.start()
     passes = 0
     try:
-        while not stop["now"]:
+        while not stop.is_set():
             wait = interval
             try:
                 plan = source.plan()
@@ -280,7 +280,7 @@ def _loop(args: argparse.Namespace, counted: metrics.AgentMetrics) -> int:
             if args.passes and passes >= args.passes:
                 break
             deadline = time.monotonic() + wait
-            while not stop["now"] and time.monotonic() < deadline:
+            while not stop.is_set() and time.monotonic() < deadline:
                 time.sleep(min(0.2, wait))
     finally:
         beat.stop()

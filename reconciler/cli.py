@@ -15,11 +15,10 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import threading
 from collections.abc import Sequence
-from types import FrameType
 from typing import Any
 
+from schemas import signals
 from schemas.errors import GpuaasError
 
 
@@ -75,28 +74,17 @@ def _version() -> str:
         return "unknown"
 
 
-class _Terminated(BaseException):
-    """SIGTERM arrived before the command installed its own handling."""
-
-
-def _terminate(_signum: int, _frame: FrameType | None) -> None:
-    raise _Terminated
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     # Until a command installs its own handling (the loops stop cleanly on SIGTERM),
     # SIGTERM unwinds like an exception: open transactions roll back, nothing half-done.
-    early = signal.getsignal(signal.SIGTERM) == signal.SIG_DFL and \
-        threading.current_thread() is threading.main_thread()
-    if early:
-        signal.signal(signal.SIGTERM, _terminate)
     started = False
     try:
-        parser = build_parser()
-        args = parser.parse_args(argv)
-        started = True
-        status = args.func(args)
-    except _Terminated:
+        with signals.sigterm_raises():
+            parser = build_parser()
+            args = parser.parse_args(argv)
+            started = True
+            status = args.func(args)
+    except signals.Terminated:
         return 128 + signal.SIGTERM if started else 0  # before the command started nothing happened
     except GpuaasError as e:
         print(f"error: {e.code}: {e.message}", file=sys.stderr)
@@ -105,9 +93,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + signal.SIGINT
     except BrokenPipeError:
         return 0
-    finally:
-        if early:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return int(status or 0)
 
 

@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from reconciler.commands import db
-from schemas import logs
+from schemas import logs, signals
 from schemas.errors import UsageError
 
 if TYPE_CHECKING:
@@ -67,24 +64,10 @@ def _log_event(e: watching.Event) -> None:
     _log(e.render(), f"reconcile.{e.kind}", level=_EVENT_LEVELS.get(e.kind, logging.INFO), **fields)
 
 
-@contextmanager
-def stop_on_signals(stop: threading.Event) -> Iterator[None]:
+def stop_on_signals(stop: threading.Event) -> AbstractContextManager[threading.Event]:
     """SIGTERM and SIGINT set `stop` (the loop finishes its reconciliation, then returns)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, _frame: FrameType | None) -> None:
-        if not stop.is_set():
-            _log(f"{signal.Signals(signum).name}: finishing the current reconciliation, then exiting", "run.signal")
-        stop.set()
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+    return signals.stop_on(stop, on_first=lambda sig: _log(
+        f"{sig.name}: finishing the current reconciliation, then exiting", "run.signal"))
 
 
 def _check(args: argparse.Namespace) -> None:

@@ -13,10 +13,10 @@ import argparse
 import signal
 import threading
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from reconciler.commands import db
+from schemas import signals
 
 
 def register(sub: Any) -> None:
@@ -55,16 +55,15 @@ def _serve(args: argparse.Namespace) -> int:
     settings.check()  # before the database: a refused bind starts nothing
     httpd = server.make_server(db.database_url(args), settings)
 
-    def stop(_signum: int, _frame: FrameType | None) -> None:
+    def shut_down(_sig: signal.Signals) -> None:  # off the serving thread: shutdown() waits for serve_forever
         threading.Thread(target=httpd.shutdown, daemon=True).start()
 
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    print(f"serving on {httpd.url} (read-only; dashboard /, API /api/v1, /metrics, /healthz, /readyz)", flush=True)
     try:
-        httpd.serve_forever(poll_interval=0.5)
+        with signals.stop_on(threading.Event(), on_first=shut_down):  # before the line a supervisor waits for
+            print(f"serving on {httpd.url} (read-only; dashboard /, API /api/v1, /metrics, /healthz, /readyz)",
+                  flush=True)
+            httpd.serve_forever(poll_interval=0.5)
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
         httpd.server_close()
         httpd.service.close()
     return 0
