@@ -155,6 +155,19 @@ def read_model(desired: DesiredState, observed: plans.Observed, *, policy: str |
 
 def fill(engine: placing.Engine, sku: str, region: str, gpu_count: int, *, tenant: str = "",
          limit: int = DEFAULT_LIMIT) -> tuple[int, placing.Refused | None]:
+    """How many requests of one size fit one after the other, and the refusal of the next one.
+
+    Slice SKUs are counted per node pattern (`Engine.launchable`, the same
+    answer without moving a node); whole-node leases by placing probes.
+    """
+    offered = engine.skus.get(sku)
+    if offered is not None and offered.capacity_shape is m.CapacityShape.GPU_SLICE:
+        return engine.launchable(sku, region, gpu_count, tenant=tenant, limit=limit)
+    return probe_fill(engine, sku, region, gpu_count, tenant=tenant, limit=limit)
+
+
+def probe_fill(engine: placing.Engine, sku: str, region: str, gpu_count: int, *, tenant: str = "",
+               limit: int = DEFAULT_LIMIT) -> tuple[int, placing.Refused | None]:
     """Place probe requests of one size until refused; forget them; return the count and the refusal."""
     placed: list[str] = []
     refusal: placing.Refused | None = None

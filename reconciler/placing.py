@@ -13,6 +13,7 @@ give the same answers.
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -919,11 +920,63 @@ class Engine:
 
     # ---------------------------------------------------------------- reasons
 
+    def launchable(self, sku_name: str, region: str, g: int, *, tenant: str = "",
+                   limit: int) -> tuple[int, Refused | None]:
+        """How many g-GPU requests of a slice SKU fit one after the other, and why the next one would not.
+
+        The answer of placing probes until one is refused (`capacity.fill`),
+        without moving a node: a slice request changes only the node it lands
+        on, and on a node the engine always takes `_choice` of its free mask,
+        so each node's share is its own choice sequence, memoised per free
+        pattern. The refusal is `explain` of the state those probes would
+        leave. At 10,000 nodes this is what made a PR plan take 20 s.
+        """
+        spec = self.spec(sku_name, g)
+        if isinstance(spec, Refused):
+            return 0, spec
+        if spec.sku.capacity_shape is m.CapacityShape.BAREMETAL:
+            raise ValueError(f"{sku_name} is leased whole: count empty nodes instead")
+        total = free = with_free = nodes = 0
+        for part in self._slice_lists(sku_name, region, tenant):
+            nodes += len(part)
+            for _, (lid, mask), _ in part.place.values():
+                n, rest = self._fill_node(lid, mask, g, spec.rule, part.mix_id)
+                total += n
+                left = rest.bit_count()
+                free += left
+                with_free += left > 0
+        if total >= limit:
+            return limit, None
+        return total, self._refusal(Request("", tenant, sku_name, g, region), spec, (free, with_free, nodes))
+
+    @functools.cached_property
+    def _fills(self) -> dict[tuple[int, int, int, m.TopologyRule, int], tuple[int, int]]:
+        return {}  # (layout, free mask, g, rule, mix) -> what `_fill_node` found: patterns repeat fleet-wide
+
+    def _fill_node(self, lid: int, mask: int, g: int, rule: m.TopologyRule, mix_id: int) -> tuple[int, int]:
+        """(requests of g GPUs the free `mask` takes one after the other, the mask left), memoised."""
+        key = (lid, mask, g, rule, mix_id)
+        found = self._fills.get(key)
+        if found is None:
+            lay = self._layouts[lid]
+            n, rest = 0, mask
+            while True:
+                c = packing.in_node(self.policy, lay, rest, t.choices(lay, rest, g, rule), self._mixes[mix_id])
+                if c is None:
+                    break
+                n, rest = n + 1, rest & ~c.mask
+            found = self._fills[key] = (n, rest)
+        return found
+
     def explain(self, req: Request) -> Refused:
         """Why nothing can take this request now, most fundamental reason first."""
         spec = self.spec(req.sku, req.gpu_count, req.vm_profile)
         if isinstance(spec, Refused):
             return spec
+        return self._refusal(req, spec)
+
+    def _refusal(self, req: Request, spec: Spec, counts: tuple[int, int, int] | None = None) -> Refused:
+        """`explain` for a valid spec; `counts` (free GPUs, nodes with free, nodes) replace the partitions' own."""
         key = (req.sku, req.region, req.tenant)
         static = self._static.get(key, _MISSING)
         if static is _MISSING:
@@ -937,10 +990,11 @@ class Engine:
                            f"all {members} node(s) that lease {sku.sku} in {req.region} hold claims or wait "
                            "for cleanup proof; a baremetal lease needs a node with no claim at all",
                            MappingProxyType({"candidate_nodes": members}))
-        parts = self._slice_lists(req.sku, req.region, req.tenant)
-        free = sum(p.free_gpus for p in parts)
-        with_free = sum(p.nodes_with_free for p in parts)
-        nodes = sum(len(p) for p in parts)
+        if counts is None:
+            parts = self._slice_lists(req.sku, req.region, req.tenant)
+            counts = (sum(p.free_gpus for p in parts), sum(p.nodes_with_free for p in parts),
+                      sum(len(p) for p in parts))
+        free, with_free, nodes = counts
         details = MappingProxyType({"free_gpus": free, "nodes_with_free": with_free, "candidate_nodes": nodes,
                                     "gpu_count": g, "rule": spec.rule.value})
         if free >= g:
