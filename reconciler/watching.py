@@ -1,17 +1,7 @@
 """The GitOps loop: reconcile each new committed revision once, retry what waits, record everything.
 
-Where revisions come from (`Revisions`):
-
-- `LocalHead`: a local checkout. The loop reconciles the *committed* HEAD,
-  read straight from git objects (like `validate --rev`), never the working
-  tree: a half-saved file or an uncommitted experiment is not desired state,
-  and the revision recorded in history is a commit anyone can check out.
-  watchfiles watches the git directory (HEAD, refs/, packed-refs; objects/
-  and logs/ are ignored) with a short debounce, so a `git commit`, a merge,
-  a `git pull` or a `git checkout` wakes the loop at once.
-- `RemoteBranch`: a clone polled every `interval` seconds with gitpython
-  (`git fetch REMOTE +refs/heads/B:refs/remotes/REMOTE/B`, argv, no shell);
-  the tree is read at the fetched commit, the checkout is never touched.
+Where revisions come from: `Revisions`, implemented by reconciler/heads.py
+(`LocalHead`, `RemoteBranch`).
 
 What the loop does with a revision (`Loop.step`):
 
@@ -43,20 +33,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Protocol
 
-import git
-
-from desired import gitrepo
 from desired.loading import BlobCache, Cancelled, DesiredState
 from policies import validating
 from reconciler import reconciling, replanning, sources
 from reconciler.store import connections, history, inventory, observing, revisions
-from schemas.errors import GpuaasError, TemporaryError, UsageError
+from schemas.errors import GpuaasError, TemporaryError
 
-# Only these paths under the git directory say "a ref may have moved".
-_GIT_REF_PATHS = ("HEAD", "packed-refs", "FETCH_HEAD", "ORIG_HEAD")
-_GIT_REF_DIRS = ("refs/",)
 BUSY_RECHECK_S = 1.0  # another reconciler holds the revision: look again this soon
 
 
@@ -95,108 +79,6 @@ class Revisions(Protocol):
         """Is `older` an ancestor of `newer` (both known locally)? False when unknown."""
 
     def close(self) -> None: ...
-
-
-def _repo(path: Path) -> git.Repo:
-    try:
-        return git.Repo(path, search_parent_directories=True)
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError) as e:
-        raise GpuaasError(f"{path} is not inside a git repository; the loop reconciles commits",
-                          code="gitops.not_a_repo") from e
-
-
-class _GitRevisions:
-    def __init__(self, path: Path, label: str) -> None:
-        self.path = path
-        self.repo = _repo(path)
-        self.label = label
-
-    def is_ancestor(self, older: str, newer: str) -> bool:
-        try:
-            return older != newer and bool(self.repo.is_ancestor(self.repo.commit(older), self.repo.commit(newer)))
-        except (git.GitCommandError, git.BadName, ValueError):
-            return False  # a revision this clone does not have
-
-    def close(self) -> None:
-        self.repo.close()
-
-
-class LocalHead(_GitRevisions):
-    """The committed HEAD of a local checkout, woken by watchfiles on the git directory."""
-
-    def __init__(self, path: Path, stop: threading.Event, *, debounce_ms: int = 200, step_ms: int = 20,
-                 tick_s: float = 1.0) -> None:
-        super().__init__(path, f"watch:{Path(path).resolve()}")
-        self.git_dirs = sorted({Path(self.repo.git_dir).resolve(), Path(self.repo.common_dir).resolve()})
-        self.stop = stop
-        self.debounce_ms, self.step_ms, self.tick_ms = debounce_ms, step_ms, max(1, int(tick_s * 1000))
-        self._changes: Any = None
-
-    def current(self) -> str | None:
-        try:
-            return str(self.repo.head.commit.hexsha)
-        except ValueError:  # an unborn branch: nothing committed yet
-            return None
-
-    def _wanted(self, _change: Any, path: str) -> bool:
-        for root in self.git_dirs:
-            try:
-                rel = Path(path).resolve().relative_to(root).as_posix()
-            except ValueError:
-                continue
-            return rel in _GIT_REF_PATHS or rel.startswith(_GIT_REF_DIRS)
-        return False
-
-    def wait(self, timeout: float) -> None:
-        if self.stop.is_set():
-            return
-        if self._changes is None:
-            import watchfiles
-
-            # yield_on_timeout: wake every tick so the loop can run retries and notice a stop.
-            self._changes = watchfiles.watch(
-                *self.git_dirs, watch_filter=self._wanted, debounce=self.debounce_ms, step=self.step_ms,
-                stop_event=self.stop, rust_timeout=min(self.tick_ms, max(1, int(timeout * 1000))),
-                yield_on_timeout=True, raise_interrupt=False)
-        next(self._changes, None)
-
-    def close(self) -> None:
-        if self._changes is not None:
-            self._changes.close()
-        super().close()
-
-
-class RemoteBranch(_GitRevisions):
-    """A branch of a remote, fetched into a local clone every poll."""
-
-    def __init__(self, path: Path, remote: str, branch: str, stop: threading.Event, *,
-                 retry_delay: float = 30.0) -> None:
-        # The names reach `git fetch`: git's ref-name rules (no leading '-') and a configured
-        # remote only, and they go after '--', so no value can become an option.
-        try:
-            gitrepo.check_ref_name(remote, "remote")
-            gitrepo.check_ref_name(branch, "branch")
-        except gitrepo.RefNameError as e:
-            raise UsageError(str(e), code=e.code) from e
-        super().__init__(path, f"git:{remote}/{branch}")
-        if remote not in {r.name for r in self.repo.remotes}:
-            self.repo.close()
-            raise UsageError(f"no remote named {remote!r} in {self.repo.git_dir}; add it with `git remote add`",
-                             code="gitops.remote_unknown")
-        self.remote, self.branch, self.stop = remote, branch, stop
-        self.retry_delay = retry_delay  # after a failed fetch: the next poll, not a tight loop
-
-    def current(self) -> str | None:
-        ref = f"refs/remotes/{self.remote}/{self.branch}"
-        try:
-            self.repo.git.fetch("--", self.remote, f"+refs/heads/{self.branch}:{ref}")
-            return str(self.repo.commit(ref).hexsha)
-        except (git.GitCommandError, ValueError, git.BadName) as e:
-            raise TemporaryError(f"cannot fetch {self.remote}/{self.branch}: {str(e).strip()}",
-                                 code="gitops.fetch", delay=self.retry_delay) from e
-
-    def wait(self, timeout: float) -> None:
-        self.stop.wait(timeout)
 
 
 Connect = Callable[[], connections.Connection]

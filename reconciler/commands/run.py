@@ -9,7 +9,8 @@ retried every --interval seconds, every reconciliation is recorded (see
 progress and exits 0. A database that is down at start-up is waited for,
 as it is later. With --max-failing-seconds S the process exits 3 once it has
 failed for longer than S (so a supervisor sees a loop that cannot make
-progress). See reconciler/watching.py for the rules. `--log-format json`
+progress). See reconciler/watching.py (the loop) and reconciler/heads.py
+(the revision sources) for the rules. `--log-format json`
 (or GPUAAS_LOG_FORMAT=json) prints each line as one JSON object (schemas/logs.py).
 """
 
@@ -135,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     with stop_on_signals(stop):  # first: a SIGTERM during start-up is a clean stop too
-        from reconciler import watching
+        from reconciler import heads, watching
         from reconciler.store import connections
 
         url = db.database_url(args)
@@ -146,9 +147,9 @@ def _run(args: argparse.Namespace) -> int:
             return 0
         source: watching.Revisions
         if args.remote:
-            source = watching.RemoteBranch(args.path, args.remote, args.branch, stop, retry_delay=args.interval)
+            source = heads.RemoteBranch(args.path, args.remote, args.branch, stop, retry_delay=args.interval)
         else:
-            source = watching.LocalHead(args.path, stop, debounce_ms=args.debounce_ms)
+            source = heads.LocalHead(args.path, stop, debounce_ms=args.debounce_ms)
         _log(f"gpuaas run: {source.label}, retry every {args.interval:g}s" + (" (once)" if args.once else ""),
              "run.started")
         loop = watching.Loop(args.path, source, lambda: connections.connect(url, autocommit=True), stop=stop,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import git
 
-from reconciler import prplan, prplan_render, sources, watching
+from reconciler import heads, prplan, prplan_render, sources, watching
 from reconciler.commands import history, status
 from reconciler.store import connections
 from reconciler.store import history as store_history
@@ -79,7 +79,7 @@ def run(fleet: Path, url: str, out: Out = print) -> None:
             with connections.connect(url, autocommit=True) as conn:
                 migrations.migrate(conn)
             stop = threading.Event()
-            source = watching.LocalHead(root, stop)
+            source = heads.LocalHead(root, stop)
             loop = watching.Loop(root, source, lambda: connections.connect(url, autocommit=True), stop=stop,
                                  log=lambda e: out(e.render()))
             try:

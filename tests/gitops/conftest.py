@@ -23,7 +23,7 @@ import git
 import pytest
 from psycopg.types.json import Jsonb
 
-from reconciler import requests, watching
+from reconciler import heads, requests, watching
 from reconciler.store import connections
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fleet"
@@ -118,7 +118,7 @@ class LoopRun:
 def make_loop(repo: Repo, db_url: str, *, interval: float = 3600.0) -> LoopRun:
     stop = threading.Event()
     events: list[watching.Event] = []
-    source = watching.LocalHead(repo.root, stop)
+    source = heads.LocalHead(repo.root, stop)
     loop = watching.Loop(repo.root, source, lambda: connections.connect(db_url, autocommit=True), stop=stop,
                          interval=interval, log=events.append)
     return LoopRun(loop, events, stop)

@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import pytest
 
-from reconciler import watching
+from reconciler import heads, watching
 from reconciler.commands.run import GAVE_UP
 from reconciler.store import connections, history, revisions
 from schemas import dberrors
@@ -179,7 +179,7 @@ def test_run_refuses_option_like_remote_and_branch_names(fleet_repo: Repo, tmp_p
 
 def test_remote_branch_source_needs_a_configured_remote(fleet_repo: Repo) -> None:
     with pytest.raises(dberrors.PermanentError) as e:
-        watching.RemoteBranch(fleet_repo.root, "not-configured", "main", threading.Event())
+        heads.RemoteBranch(fleet_repo.root, "not-configured", "main", threading.Event())
     assert e.value.code == "gitops.remote_unknown"
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import git
 import pytest
 
-from reconciler import watching
+from reconciler import heads, watching
 from reconciler.store import connections, revisions
 from tests.gitops.conftest import (
     LoopRun,
@@ -164,7 +164,7 @@ def test_sigterm_during_a_reconciliation_finishes_it_and_stops(
 
 def test_local_head_wakes_on_commit(fleet_repo: Repo) -> None:
     stop = threading.Event()
-    source = watching.LocalHead(fleet_repo.root, stop, debounce_ms=50, step_ms=10, tick_s=5.0)
+    source = heads.LocalHead(fleet_repo.root, stop, debounce_ms=50, step_ms=10, tick_s=5.0)
     try:
         before = source.current()
         timer = threading.Timer(0.3, lambda: fleet_repo.request("req-wake", 1))
@@ -185,7 +185,7 @@ def test_remote_branch_is_polled_and_applied_without_touching_the_checkout(
     clone = git.Repo.clone_from(tmp_path / "remote.git", tmp_path / "reconciler-clone")
     checkout_head = clone.head.commit.hexsha
     stop = threading.Event()
-    source = watching.RemoteBranch(tmp_path / "reconciler-clone", "origin", "main", stop)
+    source = heads.RemoteBranch(tmp_path / "reconciler-clone", "origin", "main", stop)
     loop = watching.Loop(tmp_path / "reconciler-clone", source, lambda: connections.connect(db_url, autocommit=True),
                          stop=stop, interval=3600)
     try:
