@@ -128,8 +128,10 @@ class ReadModel:
 
 
 def read_model(desired: DesiredState, observed: plans.Observed, *, policy: str | None = None,
-               limit: int = DEFAULT_LIMIT) -> ReadModel:
-    engine = placing.Engine(desired, observed, policy=policy)
+               limit: int = DEFAULT_LIMIT, engine: placing.Engine | None = None) -> ReadModel:
+    """Launchable capacity and node summaries; `engine`, if given, is one built from the same inputs
+    and holding no placement of its own (it is left as it was found)."""
+    engine = engine or placing.Engine(desired, observed, policy=policy)
     by_node: dict[str, list[plans.ExistingClaim]] = defaultdict(list)
     for c in observed.claims:
         by_node[c.node].append(c)

@@ -132,28 +132,29 @@ def compose(base: DesiredState, head: DesiredState, observed: plans.Observed, *,
     base_plan = planner.plan(base, observed, policy=policy)
     observed_after = after(observed, head_plan)
     diff = inventory_diff.diff(base, head, firmware=observed.firmware_ready)
+    # One engine per (state, claims) pair serves the node modes and the capacity read model.
+    before = placing.Engine(base, observed, policy=policy)
+    now = placing.Engine(head, observed_after, policy=policy)
     return PrPlan(
         base_revision=base.revision, head_revision=head.revision, offline=offline, base_errors=base_errors,
         inventory=diff,
-        nodes=_node_changes(base, head, observed, observed_after=observed_after, diff=diff, policy=policy),
+        nodes=_node_changes(before, now, diff=diff),
         plan=head_plan,
         base_pending=MappingProxyType({x.allocation_id: x.code for x in base_plan.pending}),
-        capacity_before=capacity.read_model(base, observed, policy=policy),
-        capacity_after=capacity.read_model(head, observed_after, policy=policy),
+        capacity_before=capacity.read_model(base, observed, policy=policy, engine=before),
+        capacity_after=capacity.read_model(head, observed_after, policy=policy, engine=now),
         orphaned=tuple(sorted({c.allocation_id for c in observed.claims} - set(head.allocations))),
     )
 
 
-def _modes(state: DesiredState, observed: plans.Observed, policy: str | None) -> dict[str, tuple[str, str]]:
-    engine = placing.Engine(state, observed, policy=policy)
+def _modes(engine: placing.Engine) -> dict[str, tuple[str, str]]:
     return {f.name: (f.capability.capability.value, engine.mode(f.name).value) for f in engine.facts}
 
 
-def _node_changes(base: DesiredState, head: DesiredState, observed: plans.Observed, *,
-                  observed_after: plans.Observed, diff: inventory_diff.InventoryDiff,
-                  policy: str | None) -> tuple[NodeChange, ...]:
-    before = _modes(base, observed, policy)
-    now = _modes(head, observed_after, policy)
+def _node_changes(base: placing.Engine, head: placing.Engine, *,
+                  diff: inventory_diff.InventoryDiff) -> tuple[NodeChange, ...]:
+    before = _modes(base)
+    now = _modes(head)
     why = {c.node: c.why for c in diff.capabilities}
     out = []
     for name in sorted(set(before) | set(now)):
