@@ -24,8 +24,9 @@ empty); the command exits 1.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from types import MappingProxyType
 
 from desired import problems as p
@@ -95,9 +96,14 @@ class PrPlan:
                     or self.plan.releases or self.new_pending)
 
 
-def offline_observed(base: DesiredState, *, policy: str | None = None) -> plans.Observed:
+Planner = Callable[[DesiredState, plans.Observed], plans.Plan]
+
+
+def offline_observed(base: DesiredState, *, policy: str | None = None,
+                     plan_with: Planner | None = None) -> plans.Observed:
     """The claims base implies on its own: plan it from no claims, keep what it placed."""
-    return after(plans.Observed(), planner.plan(base, plans.Observed(), policy=policy))
+    plan_with = plan_with or partial(planner.plan, policy=policy)
+    return after(plans.Observed(), plan_with(base, plans.Observed()))
 
 
 def after(observed: plans.Observed, plan: plans.Plan) -> plans.Observed:
@@ -126,10 +132,17 @@ def invalid(base_revision: str | None, head_revision: str | None, errors: tuple[
 
 
 def compose(base: DesiredState, head: DesiredState, observed: plans.Observed, *, offline: bool,
-            base_errors: tuple[p.Problem, ...] = (), policy: str | None = None) -> PrPlan:
-    """Everything merging head would do, given the claims in `observed`."""
-    head_plan = planner.plan(head, observed, policy=policy)
-    base_plan = planner.plan(base, observed, policy=policy)
+            base_errors: tuple[p.Problem, ...] = (), policy: str | None = None,
+            plan_with: Planner | None = None) -> PrPlan:
+    """Everything merging head would do, given the claims in `observed`.
+
+    `plan_with` plans a (state, claims) pair as `planner.plan` does; the CLI
+    passes one `replanning.WarmPlanner` for the base-alone, head and base
+    plans, so base and head share one engine (they differ in a few documents).
+    """
+    plan_with = plan_with or partial(planner.plan, policy=policy)
+    head_plan = plan_with(head, observed)
+    base_plan = plan_with(base, observed)
     observed_after = after(observed, head_plan)
     diff = inventory_diff.diff(base, head, firmware=observed.firmware_ready)
     # One engine per (state, claims) pair serves the node modes and the capacity read model.

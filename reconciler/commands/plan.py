@@ -71,7 +71,7 @@ def _online(args: argparse.Namespace,
     from desired import gitrepo
     from desired.loading import DesiredState
     from reconciler import planfiles, plans
-    from reconciler.store import connections, migrations, observing, readmodels
+    from reconciler.store import connections, live, migrations, views
 
     with connections.connect(db.database_url(args), autocommit=True) as conn, conn.transaction():
         # One transaction (repeatable read): the observed state and its digest are one snapshot.
@@ -80,25 +80,25 @@ def _online(args: argparse.Namespace,
             print("note: the database has no schema yet; planning against an empty fleet", file=sys.stderr)
             base, errors = _load(args.path, args.base, reader) if args.base else (DesiredState(), ())
             return base, errors, plans.Observed(), planfiles.observed_digest(plans.Observed(), 0)
-        observed = observing.observe(conn)
-        digest = planfiles.observed_digest(observed, readmodels.inventory_generation(conn))
+        observed = live.observe(conn)
+        digest = planfiles.observed_digest(observed, views.inventory_generation(conn))
         if args.base:
             base, errors = _load(args.path, args.base, reader)
             return base, errors, observed, digest
-        current = readmodels.current_revision(conn)
+        current = views.current_revision(conn)
         if current and not current.startswith("tree:") and gitrepo.head(args.path) is not None:
             try:
                 base, errors = _load(args.path, current, reader)
                 return base, errors, observed, digest
             except PermanentError:  # a revision this clone lacks: fall back to the stored inventory
                 pass
-        return readmodels.desired_state(conn), (), observed, digest
+        return views.desired_state(conn), (), observed, digest
 
 
 def run(args: argparse.Namespace) -> int:
     from desired import gitrepo
     from desired.loading import DesiredState
-    from reconciler import planfiles, prplan
+    from reconciler import planfiles, prplan, replanning
     head_rev = args.head or ("HEAD" if gitrepo.head(args.path) is not None else None)
     reader = blobcache.open_reader(args)  # base and head share it: a document both hold is parsed once
     head, head_errors = _load(args.path, head_rev, reader)
@@ -106,14 +106,16 @@ def run(args: argparse.Namespace) -> int:
     if head_errors:
         pr = prplan.invalid(args.base, head.revision, head_errors, offline=args.offline)
     else:
+        # One kept engine for every plan of this run: base and head differ in a few documents.
+        warm = replanning.WarmPlanner(args.policy)
         if args.offline:
             base, base_errors = _load(args.path, args.base, reader) if args.base else (DesiredState(), ())
-            observed = _guard(lambda: prplan.offline_observed(base, policy=args.policy))
+            observed = _guard(lambda: prplan.offline_observed(base, policy=args.policy, plan_with=warm))
             digest = planfiles.observed_digest(observed, 0)
         else:
             base, base_errors, observed, digest = _online(args, reader)
         pr = _guard(lambda: prplan.compose(base, head, observed, offline=args.offline, base_errors=base_errors,
-                                           policy=args.policy))
+                                           policy=args.policy, plan_with=warm))
     _print(pr, args.output)
     if not pr.valid:
         print(f"error: plan.invalid: {len(pr.errors)} validation error(s) in head; nothing planned", file=sys.stderr)
@@ -130,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _save(args: argparse.Namespace, pr: prplan.PrPlan, head: DesiredState, observed_digest: str) -> None:
     from reconciler import planfiles
-    from reconciler.store import inventory  # the content hash the sync records (imports the store driver)
+    from reconciler.store import inventory  # the content hash the sync records(imports the store driver)
 
     desired_hash = inventory.content_hash(head)
     doc = planfiles.document(pr, repo=args.path, head_revision=inventory.revision_key(head, desired_hash),
