@@ -151,7 +151,7 @@ def _drift(
 
 
 def _wipe(host: lab.LabHost, gib: int) -> dict[str, Any]:
-    from host_reconciler.drivers import disks
+    from host_reconciler.drivers import disks, protocols
     by_id = f"/dev/disk/by-id/nvme-BENCH-WIPE{gib}G"
     dev = host.add_disk(by_id, gib << 10, fs="ext4")
     with open(dev, "r+b") as f:  # data spread over the disk, as a tenant leaves it
@@ -159,9 +159,9 @@ def _wipe(host: lab.LabHost, gib: int) -> dict[str, Any]:
             f.seek(((gib << 30) // 16) * k + (1 << 20))
             f.write(os.urandom(1 << 20))
         os.fsync(f.fileno())
-    d = disks.BlockDisks(disks.DiskSettings(by_id_root=host.by_id_root, sample_count=64))
+    d = disks.BlockDisks(protocols.DiskSettings(by_id_root=host.by_id_root, sample_count=64))
     # Approved as discovery would record it: the loop device just made (backing file, size).
-    target = disks.SlotDisk(99, by_id, by_id, "/dev/disk/by-id/nvme-BENCH-OS", d.identity_of(by_id))
+    target = protocols.SlotDisk(99, by_id, by_id, "/dev/disk/by-id/nvme-BENCH-OS", d.identity_of(by_id))
     t0 = time.perf_counter()
     wiped = d.wipe(target)
     t1 = time.perf_counter()

@@ -6,7 +6,7 @@ with backslash-u escapes: a character outside the Basic Multilingual Plane (an e
 in an SSH key comment) would be escaped as a surrogate pair, and cloud-init's
 YAML loader reads each half as a lone surrogate, not the character. SSH keys are checked against
 the same pattern desired-state validation uses. The seed ISO (volume id
-`cidata`) is packed by genisoimage from files this module wrote.
+`cidata`) is packed by genisoimage (`drivers/seediso.py`) from files this module wrote.
 
 With a `GuestAnnounce` from the readiness gate, the seed also installs the
 guest side of seed 002's marker (`host_reconciler.drivers.guestmarker`): a
@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 from host_reconciler import domains
-from host_reconciler.drivers import guestmarker, tools
+from host_reconciler.drivers.protocols import GUEST_MARKER, GuestAnnounce
 from schemas.errors import PermanentError
 from schemas.hostplans import VmSpec
 
@@ -49,8 +48,8 @@ UNIT = "gpuaas-slice-ready.service"
 # curl where the image has it, else wget (busybox's too): both send the body as a form. No wget -T:
 # Debian's busybox wget is built without it (and crashes on it); the listener drops a stalled post.
 ANNOUNCER_SCRIPT = f"""#!/bin/sh
-# gpuaas: tell the host agent that {guestmarker.MARKER} exists (seed 002 readiness).
-marker={guestmarker.MARKER}
+# gpuaas: tell the host agent that {GUEST_MARKER} exists (seed 002 readiness).
+marker={GUEST_MARKER}
 while :; do
   while [ ! -e "$marker" ]; do sleep 1; done
   url="$(cat {ANNOUNCE_URL})"
@@ -63,7 +62,7 @@ done
 """
 
 UNIT_TEXT = f"""[Unit]
-Description=gpuaas: announce {guestmarker.MARKER} to the host agent
+Description=gpuaas: announce {GUEST_MARKER} to the host agent
 Wants=network-online.target
 After=network-online.target
 
@@ -77,7 +76,7 @@ WantedBy=multi-user.target
 """
 
 
-def render(vm: VmSpec, *, announce: guestmarker.GuestAnnounce | None = None) -> dict[str, bytes]:
+def render(vm: VmSpec, *, announce: GuestAnnounce | None = None) -> dict[str, bytes]:
     """The seed files of `vm` (pure); with `announce`, the guest announces its readiness marker."""
     for key in vm.ssh_keys:
         if not _SSH_KEY.match(key):
@@ -133,25 +132,3 @@ def render(vm: VmSpec, *, announce: guestmarker.GuestAnnounce | None = None) -> 
 
 def _text(doc: object) -> str:
     return json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
-
-
-def pack_iso(seed_dir: Path) -> None:
-    """Pack the seed files of `seed_dir` into seed.iso (NoCloud, volume id cidata)."""
-    files = [str(seed_dir / n) for n in ("user-data", "meta-data", "network-config")]
-    res = tools.run(
-        [
-            "genisoimage",
-            "-quiet",
-            "-output",
-            tools.operand(seed_dir / ISO_NAME),
-            "-volid",
-            "cidata",
-            "-joliet",
-            "-rock",
-            "--",
-            *files,
-        ],
-        timeout=60,
-    )
-    if res.returncode != 0:
-        raise SeedError(f"genisoimage failed: {res.stderr.strip()}", code="host.seed.iso")

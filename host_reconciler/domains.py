@@ -92,6 +92,11 @@ class DomainFacts:
     extra: dict[str, str] = field(default_factory=dict)
 
 
+def default_domain_type(uri: str) -> str:
+    """`test` for libvirt's test driver, else `kvm` (TCG setups set `qemu` explicitly)."""
+    return "test" if uri.split(":", 1)[0].split("+", 1)[0] == "test" else "kvm"
+
+
 def spec_digest(vm: VmSpec, network: Network, options: DomainOptions) -> str:
     """A digest of what shapes the domain (devices, CPU, memory, bridge, host options).
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from host_reconciler.drivers.pci import VFIO, PciError, check_address
+from host_reconciler.drivers.pci import check_address
+from host_reconciler.drivers.protocols import VFIO, PciError
 from host_reconciler.observations import PciObs
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from host_reconciler import fetching, imagecache, images
-from host_reconciler.drivers import disks
+from host_reconciler.drivers import disks, protocols
 from schemas.errors import PermanentError
 
 MiB = 1 << 20
@@ -139,8 +139,8 @@ def _convert(root: Path, qcow2: Path, size: int, runs: int) -> tuple[list[float]
             (by_id / name).symlink_to(dev)
             made[name] = f"/dev/disk/by-id/{name}"
         _run("mkfs.ext4", "-q", "-F", devices[0])
-        driver = disks.BlockDisks(disks.DiskSettings(by_id_root=by_id))
-        slot = disks.slot_disk(0, made["nvme-BENCH-S0"], [(0, made["nvme-BENCH-S0"])], made["nvme-BENCH-OS"],
+        driver = disks.BlockDisks(protocols.DiskSettings(by_id_root=by_id))
+        slot = protocols.slot_disk(0, made["nvme-BENCH-S0"], [(0, made["nvme-BENCH-S0"])], made["nvme-BENCH-OS"],
                                driver.identity_of(made["nvme-BENCH-S0"]))  # approved as just made
         token = images.verify(qcow2, images.sha256_file(qcow2))
         convert: list[float] = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from host_reconciler.drivers.protocols import bridge_problems
 from host_reconciler.observations import GateFinding, Observed, ReservationObs
 from host_reconciler.phases import Context
 
@@ -40,9 +41,7 @@ def observe(ctx: Context, *, full: bool = True) -> Observed:
     }
     network: tuple[str, ...] = ()
     if drivers.network is not None and full:
-        from host_reconciler.drivers import network as net_driver
-
-        network = net_driver.problems(plan.network, drivers.network.observe(plan.network))
+        network = bridge_problems(plan.network, drivers.network.observe(plan.network))
     gate, gate_ran = _gate(ctx) if full else ((), False)
     cache = ctx.image_cache()
     return Observed(

@@ -33,13 +33,22 @@ from typing import Any
 
 from host_reconciler import cloudinit, domains, fetching, imagecache, images, topology
 from host_reconciler.actions import PROVISION_STEPS, Action, Step
-from host_reconciler.drivers import disks as disk_driver
-from host_reconciler.drivers.disks import DiskDriver
-from host_reconciler.drivers.dnsmasq import DhcpDriver, reservation_for
-from host_reconciler.drivers.libvirt_driver import DomainDriver
-from host_reconciler.drivers.network import NetworkDriver
-from host_reconciler.drivers.pci import VFIO, PciDriver, PciError
-from host_reconciler.drivers.readiness import ReadinessDriver
+from host_reconciler.drivers.protocols import (
+    VFIO,
+    DhcpDriver,
+    DiskDriver,
+    DiskRefused,
+    DomainDriver,
+    IdentityChanged,
+    IdentityMissing,
+    NetworkDriver,
+    PciDriver,
+    PciError,
+    ReadinessDriver,
+    SlotDisk,
+    reservation_for,
+    slot_disk,
+)
 from host_reconciler.localstate import LocalState
 from host_reconciler.observations import DomainState
 from host_reconciler.settings import HostSettings
@@ -55,6 +64,7 @@ class Drivers:
     disks: DiskDriver
     pci: PciDriver
     dhcp: DhcpDriver
+    pack_seed: Callable[[Path], None]  # seed dir -> its ISO (genisoimage, drivers/seediso.py)
     readiness: ReadinessDriver | None = None  # None: not checked (libvirt test driver, no guest)
     network: NetworkDriver | None = None  # None: the bridge is managed elsewhere
 
@@ -131,10 +141,10 @@ class Context:
     def approved(self) -> list[tuple[int, str]]:
         return [(s.slot_index, s.nvme_device) for s in self.plan.slots]
 
-    def slot_disk(self, vm: VmSpec, slot_index: int) -> disk_driver.SlotDisk:
+    def slot_disk(self, vm: VmSpec, slot_index: int) -> SlotDisk:
         for b in vm.bundles:
             if b.slot_index == slot_index:
-                return disk_driver.slot_disk(
+                return slot_disk(
                     slot_index,
                     b.nvme_device,
                     self.approved(),
@@ -230,7 +240,7 @@ def _identity_blocks(ctx: Context, vm: VmSpec, slot: int, step: Step) -> Iterato
     """Block `slot` when its disk is not the approved one (module docstring), then re-raise."""
     try:
         yield
-    except disk_driver.IdentityChanged as e:
+    except IdentityChanged as e:
         ctx.state.write_wipe(
             slot,
             vm.allocation_id,
@@ -243,7 +253,7 @@ def _identity_blocks(ctx: Context, vm: VmSpec, slot: int, step: Step) -> Iterato
 
 
 # The refusals that block a slot on its disk identity (IdentityMissing is a kind of IdentityChanged).
-_IDENTITY_BLOCKS = (f"{disk_driver.IdentityChanged.code}:", f"{disk_driver.IdentityMissing.code}:")
+_IDENTITY_BLOCKS = (f"{IdentityChanged.code}:", f"{IdentityMissing.code}:")
 
 
 def _unblock_identity(ctx: Context, vm: VmSpec, slots: list[int]) -> None:
@@ -349,7 +359,7 @@ def cloud_init_seed(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
     v = _vm(vm, action)
     gate = ctx.drivers.readiness
     files = cloudinit.render(v, announce=gate.announce_for(v.name, ctx.plan.network.gateway) if gate else None)
-    ctx.state.install_seed(v.name, files, build=cloudinit.pack_iso)
+    ctx.state.install_seed(v.name, files, build=ctx.drivers.pack_seed)
     return {}
 
 
@@ -370,7 +380,7 @@ def disk_write(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
     boot = v.bundles[domains.boot_bundle(v)]
     users = _domains_using(ctx, boot.nvme_device)
     if users:
-        raise disk_driver.DiskRefused(
+        raise DiskRefused(
             f"{boot.nvme_device} is the disk of running domain(s) {', '.join(users)}",
             code="host.disk.in_use_by_domain",
             device=boot.nvme_device,

@@ -64,8 +64,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from host_reconciler.actions import DriftMode
-from host_reconciler.domains import DirectKernel, DomainOptions
-from host_reconciler.drivers.disks import DiskSettings
+from host_reconciler.domains import DirectKernel, DomainOptions, default_domain_type
+from host_reconciler.drivers.protocols import DiskSettings
 from host_reconciler.imagecache import DEFAULT_MAX_BYTES, CacheError, default_budget, digest_hex
 from schemas.errors import PermanentError
 
@@ -119,8 +119,6 @@ class HostSettings:
             object.__setattr__(self, "discovery_root", default_discovery_root(self.sysfs_root, self.pci))
 
     def domain_options(self, *, seed_iso: str | None = None) -> DomainOptions:
-        from host_reconciler.drivers.libvirt_driver import default_domain_type
-
         return DomainOptions(
             domain_type=self.domain_type or default_domain_type(self.libvirt_uri),
             firmware=self.firmware,

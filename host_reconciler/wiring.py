@@ -12,10 +12,12 @@ from host_reconciler.drivers.disks import BlockDisks
 from host_reconciler.drivers.dnsmasq import DnsmasqDhcp, DnsmasqServer
 from host_reconciler.drivers.guestmarker import Announcements
 from host_reconciler.drivers.libvirt_driver import LibvirtDomains
-from host_reconciler.drivers.network import LinuxBridgeNetwork, NetworkDriver
+from host_reconciler.drivers.network import LinuxBridgeNetwork
 from host_reconciler.drivers.ovs import OvsNetwork
-from host_reconciler.drivers.pci import PciDriver, SysfsPci
-from host_reconciler.drivers.readiness import LeaseReadiness, ReadinessDriver
+from host_reconciler.drivers.pci import SysfsPci
+from host_reconciler.drivers.protocols import NetworkDriver, PciDriver, ReadinessDriver
+from host_reconciler.drivers.readiness import LeaseReadiness
+from host_reconciler.drivers.seediso import pack_iso
 from host_reconciler.phases import Drivers
 from host_reconciler.settings import HostSettings
 
@@ -42,6 +44,7 @@ def drivers(settings: HostSettings) -> Drivers:
         disks=BlockDisks(settings.disk_settings()),
         pci=pci,
         dhcp=DnsmasqDhcp(server),
+        pack_seed=pack_iso,
         readiness=readiness,
         network=network,
     )

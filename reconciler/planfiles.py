@@ -239,11 +239,11 @@ def check_database(saved: SavedPlan, digest: str) -> None:
 
 def database_digest(conn: Connection) -> str:
     """observed_digest of the database behind `conn` (an empty fleet before the first migration)."""
-    from reconciler.store import migrations, observing, readmodels
+    from reconciler.store import live, migrations, views
 
     if not migrations.applied(conn):
         return observed_digest(plans.Observed(), 0)
-    return observed_digest(observing.observe(conn), readmodels.inventory_generation(conn))
+    return observed_digest(live.observe(conn), views.inventory_generation(conn))
 
 
 def guarded_planner(saved: SavedPlan) -> Planner:

@@ -17,7 +17,7 @@ from typing import Any
 from desired.loading import DesiredState
 from reconciler import planner as planning
 from reconciler.plans import Observed, Plan
-from reconciler.store import applying, cleanup, history, hostplans, inventory, lifecycle, observing
+from reconciler.store import claims, cleanup, history, hostplans, inventory, lifecycle, live
 from reconciler.store.connections import Connection
 from schemas import dberrors
 from schemas.errors import GpuaasError
@@ -32,7 +32,7 @@ class ReconcileResult:
     sync: inventory.SyncResult
     absorbed: cleanup.AbsorbResult
     plan: Plan
-    applied: applying.ApplyResult
+    applied: claims.ApplyResult
     host_plans: tuple[hostplans.Written, ...]
     rescheduled: tuple[lifecycle.Rescheduled, ...] = ()
 
@@ -79,7 +79,7 @@ def max_attempts(state: DesiredState) -> int:
 
 
 def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = None, source: str = "",
-              planner: Planner | None = None, fault: applying.Fault | None = None,
+              planner: Planner | None = None, fault: claims.Fault | None = None,
               memory: inventory.Memory | None = None) -> ReconcileResult:
     """Bring the store to `state`; every step is recorded in one history row.
 
@@ -95,13 +95,13 @@ def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = Non
         absorbed = cleanup.absorb(conn)
         lifecycle.sync_settings(conn, state)
         moved = lifecycle.reschedule(conn, max_attempts=lifecycle.fleet_settings(state)[1])
-        plan = planner(state, observing.observe(conn))
-        applied = applying.apply(conn, plan, revision=synced.revision, max_attempts=max_attempts(state),
+        plan = planner(state, live.observe(conn))
+        applied = claims.apply(conn, plan, revision=synced.revision, max_attempts=max_attempts(state),
                                  fault=fault)
         touched: list[str] | None = None  # None: every node's plan is rebuilt (a fleet-wide change)
         # The fleet settings and the catalog's image pins are in every host plan.
         if not any(c.kind == "fleet" for c in synced.changes) and hostplans.pinned_images(conn) == pins:
-            touched = sorted(set(applying.placed_nodes(applied)) | set(absorbed.nodes) | _unplanned(conn)
+            touched = sorted(set(claims.placed_nodes(applied)) | set(absorbed.nodes) | _unplanned(conn)
                              | inventory.changed_nodes(synced.changes) | {r.node for r in moved if r.node})
         written = tuple(hostplans.write(conn, touched, revision=synced.revision))
     except GpuaasError as e:

@@ -38,7 +38,7 @@ from typing import Protocol
 from desired.loading import BlobCache, Cancelled, DesiredState
 from policies import validating
 from reconciler import reconciling, replanning, sources
-from reconciler.store import connections, history, inventory, observing, revisions
+from reconciler.store import connections, history, inventory, live, revisions
 from schemas.errors import GpuaasError, TemporaryError
 
 BUSY_RECHECK_S = 1.0  # another reconciler holds the revision: look again this soon
@@ -263,7 +263,7 @@ class Loop:
         if not work.any:
             return None
         if not work.host_reports:
-            plan = self.plans(state, observing.observe(conn))
+            plan = self.plans(state, live.observe(conn))
             if not (plan.placements or plan.releases):
                 return None
         t0 = time.perf_counter()

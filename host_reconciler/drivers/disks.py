@@ -41,13 +41,14 @@ import re
 import secrets
 import stat
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from host_reconciler import images
 from host_reconciler.drivers import tools
+from host_reconciler.drivers.protocols import DiskRefused, DiskSettings, IdentityChanged, IdentityMissing, SlotDisk
 from host_reconciler.observations import DiskObs
 from schemas.errors import PermanentError, TemporaryError
 from schemas.hostplans import DiskIdentity
@@ -57,36 +58,6 @@ _BY_ID_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+@-]{0,200}$")
 MiB = 1 << 20
 BLKID_NOTHING_FOUND = 2  # `blkid -p` exit status when no signature was found
 SECTOR_BYTES = 512  # sysfs `size` counts 512-byte sectors whatever the logical block size
-
-
-class DiskRefused(PermanentError):
-    """The guard said no; nothing was written."""
-
-    code = "host.disk.refused"
-
-    def __init__(self, message: str, *, code: str | None = None, device: str = "") -> None:
-        super().__init__(message, code=code)
-        self.device = device
-
-
-class IdentityChanged(DiskRefused):
-    """The block device behind the approved by-id path is not the approved disk."""
-
-    code = "host.disk.identity_changed"
-
-    def __init__(self, message: str, *, device: str, evidence: dict[str, Any]) -> None:
-        super().__init__(message, device=device)
-        self.evidence = evidence  # device, resolved, identity: kept with the slot's wipe record
-
-
-class IdentityMissing(IdentityChanged):
-    """The approval of this slot recorded no disk identity: nothing to compare, nothing written.
-
-    A kind of IdentityChanged so every caller that blocks a slot on a changed
-    identity blocks it here too, until a new approval records the identity.
-    """
-
-    code = "host.disk.identity_missing"
 
 
 class WipeFailed(PermanentError):
@@ -112,31 +83,6 @@ class WriteVerifyFailed(PermanentError):
 
 
 @dataclass(frozen=True, slots=True)
-class SlotDisk:
-    """The disk of one claimed slot, as the plan names it."""
-
-    slot_index: int
-    device: str  # the claimed bundle's by-id path
-    approved: str | None  # the plan's approved by-id path for this slot (plan.slots)
-    os_disk: str  # the node's OS disk by-id path
-    identity: DiskIdentity | None = None  # the approved identity of that disk; None: not recorded
-
-
-@dataclass(frozen=True, slots=True)
-class DiskSettings:
-    by_id_root: Path = Path("/dev/disk/by-id")
-    mountinfo: Path = Path("/proc/self/mountinfo")
-    swaps: Path = Path("/proc/swaps")
-    sysfs_root: Path = Path("/sys")
-    # Where a disk's identity is read: the host's sysfs; a lab host's recorded tree, in
-    # which each loop device stands in for a recorded namespace (host_reconciler/lab.py).
-    identity_root: Path | None = None  # None: sysfs_root
-    sample_count: int = 64
-    sample_bytes: int = 64 * 1024
-    tool_timeout_s: float = 3600.0
-
-
-@dataclass(frozen=True, slots=True)
 class Mount:
     majmin: str
     mount_point: str
@@ -150,17 +96,6 @@ class _Dev:
     majmin: str
     members: frozenset[str] = field(default_factory=frozenset)  # itself, partitions, holders
     whole: str = ""  # majmin of the whole disk
-
-
-class DiskDriver(Protocol):
-    def check(self, disk: SlotDisk) -> None: ...
-    def inspect(self, device: str, *, os_disk: str, probe: bool) -> DiskObs: ...
-    def write_image(
-        self, disk: SlotDisk, image: images.VerifiedImage, *, digest: str, image_format: str
-    ) -> dict[str, Any]: ...
-    def wipe(self, disk: SlotDisk) -> dict[str, Any]: ...
-    def verify(self, disk: SlotDisk) -> dict[str, Any]: ...
-    def in_use_by_mount(self, device: str) -> tuple[str, ...]: ...
 
 
 def parse_mountinfo(text: str) -> list[Mount]:
@@ -698,17 +633,3 @@ def read_identity(sysfs_root: Path, majmin: str) -> DiskIdentity:
     )
 
 
-def slot_disk(
-    slot_index: int,
-    device: str,
-    approved: Sequence[tuple[int, str]],
-    os_disk: str,
-    identity: DiskIdentity | None = None,
-) -> SlotDisk:
-    """Build the SlotDisk of a claimed slot from the plan's approved (slot_index, disk) list.
-
-    `identity` is the approved identity of that slot's disk; it is kept only
-    when `device` is the approved disk (otherwise the guard refuses anyway).
-    """
-    approved_disk = dict(approved).get(slot_index)
-    return SlotDisk(slot_index, device, approved_disk, os_disk, identity if device == approved_disk else None)

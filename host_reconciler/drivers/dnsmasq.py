@@ -43,79 +43,20 @@ import signal
 import stat
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from host_reconciler.drivers import addresses, netns, tools
-from schemas.errors import PermanentError, TemporaryError
-from schemas.hostplans import Network, VmSpec
+from host_reconciler.drivers.protocols import DhcpError, Lease, Reservation
+from schemas.errors import TemporaryError
+from schemas.hostplans import Network
 
 _CLIENT_ID = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2})*$")
 DEFAULT_USER = "nobody"  # dnsmasq's compiled-in user when run as root without --user
 _LEASE_TIME = re.compile(r"^([1-9][0-9]{0,6}[smhdw]?|infinite)$")
 
 
-class DhcpError(PermanentError):
-    code = "host.dhcp.error"
-
-
 class DhcpServerDown(TemporaryError):
     code = "host.dhcp.server_down"
-
-
-@dataclass(frozen=True, slots=True)
-class Reservation:
-    """One VM's DHCP reservation: `name` is also its file name in the hosts dir."""
-
-    name: str
-    mac: str
-    ip: str
-
-    def __post_init__(self) -> None:
-        # Canonical spellings only: a value that would change on normalisation
-        # would also make "is this file current?" comparisons flap.
-        if addresses.hostname(self.name) != self.name:
-            raise addresses.InvalidNetworkValue(
-                f"host name must be lower case: {self.name!r}", code="host.net.invalid_hostname"
-            )
-        if addresses.mac(self.mac) != self.mac:
-            raise addresses.InvalidNetworkValue(
-                f"MAC must be lower case with colons: {self.mac!r}", code="host.net.invalid_mac"
-            )
-        if str(addresses.ipv4(self.ip)) != self.ip:
-            raise addresses.InvalidNetworkValue(
-                f"IP must be in dotted decimal: {self.ip!r}", code="host.net.invalid_ip"
-            )
-
-    def line(self) -> str:
-        return f"{self.mac},{self.ip},{self.name}\n"
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """One line of dnsmasq's lease file (IPv4 only)."""
-
-    expires: int  # epoch seconds; 0 means infinite
-    mac: str
-    ip: str
-    hostname: str | None
-    client_id: str | None = None
-
-
-def reservation_for(vm: VmSpec, network: Network) -> Reservation:
-    """The reservation of a VM: its boot slot's (first bundle's) MAC and IP, under its name.
-
-    The VM has one NIC on the management bridge, carrying the boot slot's MAC.
-    """
-    if not vm.bundles:
-        raise DhcpError(f"VM {vm.name} has no slot bundle", code="host.dhcp.no_bundle")
-    boot = vm.bundles[0]
-    return Reservation(
-        name=addresses.hostname(vm.name),
-        mac=addresses.mac(boot.mac_address),
-        ip=str(addresses.host_ip(network, boot.private_ip)),
-    )
 
 
 def parse_reservation(text: str) -> Reservation | None:
@@ -155,31 +96,6 @@ def read_leases(path: Path) -> tuple[Lease, ...]:
         return parse_leases(path.read_text(encoding="utf-8", errors="replace"))
     except FileNotFoundError:
         return ()
-
-
-class DhcpDriver(Protocol):
-    """Per-VM DHCP reservations on the management network, and the server behind them."""
-
-    def ensure_running(self, network: Network) -> bool:
-        """The DHCP server for `network` runs. True if it had to be started."""
-        ...
-
-    def ensure_reservation(self, reservation: Reservation) -> bool:
-        """The reservation is in force (file current, server told). True if it changed."""
-        ...
-
-    def remove_reservation(self, name: str) -> bool:
-        """No reservation under `name` (file gone, server told, its lease released).
-        True if one was removed."""
-        ...
-
-    def reservations(self) -> tuple[Reservation, ...]: ...
-
-    def prune_reservations(self, keep: Collection[str]) -> tuple[str, ...]:
-        """Remove every reservation whose name is not in `keep`; returns the names removed."""
-        ...
-
-    def leases(self) -> tuple[Lease, ...]: ...
 
 
 class DnsmasqServer:

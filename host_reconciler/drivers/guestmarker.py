@@ -31,9 +31,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from host_reconciler.drivers import addresses, netns
+from host_reconciler.drivers.protocols import GuestAnnounce
 from schemas.errors import TemporaryError
 
-MARKER = "/var/lib/gpuaas/slice-ready"
 PATH = "/v1/slice-ready"
 DEFAULT_PORT = 8479
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
@@ -46,14 +46,6 @@ class ListenError(TemporaryError):
     """The announcement listener could not bind (the port is taken, the namespace is gone)."""
 
     code = "host.readiness.marker_listen"
-
-
-@dataclass(frozen=True, slots=True)
-class GuestAnnounce:
-    """What a VM's seed carries so its guest can announce the marker: where to post, and what."""
-
-    url: str
-    body: str  # name=<vm name>&token=<hex>: form-encoded, values from a closed alphabet
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Protocol
+from typing import Any
 
 import libvirt
 
@@ -30,19 +30,6 @@ class LibvirtError(TemporaryError):
 
 class DomainRefused(PermanentError):
     code = "host.libvirt.refused"
-
-
-class DomainDriver(Protocol):
-    def topology(self) -> topology.HostTopology: ...
-    def free_pages(self, size_kib: int, cell: int) -> int: ...
-    def domains(self) -> dict[str, DomainObs]: ...
-    def state(self, name: str) -> DomainState | None: ...
-    def define(self, xml: str) -> None: ...
-    def start(self, name: str) -> None: ...
-    def shutdown(self, name: str) -> None: ...
-    def destroy(self, name: str) -> None: ...
-    def undefine(self, name: str) -> None: ...
-    def close(self) -> None: ...
 
 
 _STATES = {
@@ -245,6 +232,3 @@ class LibvirtDomains:
                     raise _wrap(e2, f"undefine {name}") from e2
 
 
-def default_domain_type(uri: str) -> str:
-    """`test` for libvirt's test driver, else `kvm` (TCG setups set `qemu` explicitly)."""
-    return "test" if uri.split(":", 1)[0].split("+", 1)[0] == "test" else "kvm"

@@ -27,76 +27,18 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from pyroute2.netlink.exceptions import NetlinkError
 
 from host_reconciler.drivers import addresses, netns
+from host_reconciler.drivers.protocols import BridgeState, PortState
 from schemas.errors import PermanentError
 from schemas.hostplans import Network
 
 
 class NetworkError(PermanentError):
     code = "host.network.error"
-
-
-@dataclass(frozen=True, slots=True)
-class PortState:
-    name: str
-    isolated: bool
-
-
-@dataclass(frozen=True, slots=True)
-class BridgeState:
-    """What the host shows for one management network."""
-
-    name: str
-    exists: bool
-    up: bool = False
-    addresses: tuple[str, ...] = ()  # "10.100.0.1/24", IPv4 only
-    ports: tuple[PortState, ...] = ()
-    nat: bool = False
-
-
-class NetworkDriver(Protocol):
-    """The management bridge, its NAT and its VM ports."""
-
-    def bridge_exists(self, name: str) -> bool: ...
-
-    def ensure_bridge(self, network: Network) -> bool:
-        """Bridge present, up, holding the gateway address. True if anything changed."""
-        ...
-
-    def ensure_nat(self, network: Network) -> bool:
-        """Forwarding on, subnet masqueraded, bridge-to-bridge routing dropped."""
-        ...
-
-    def attach_port(self, network: Network, port: str) -> bool:
-        """Enslave an existing interface (a VM tap) to the bridge, isolated and up."""
-        ...
-
-    def isolate_ports(self, network: Network) -> tuple[str, ...]:
-        """Mark every port of the bridge isolated; returns the ports changed."""
-        ...
-
-    def observe(self, network: Network) -> BridgeState: ...
-
-
-def problems(network: Network, state: BridgeState) -> tuple[str, ...]:
-    """Drift of one management network, as short stable phrases (empty when converged)."""
-    if not state.exists:
-        return (f"bridge {network.bridge} missing",)
-    found: list[str] = []
-    if not state.up:
-        found.append(f"bridge {network.bridge} down")
-    prefix = network.subnet.split("/")[1]
-    if f"{network.gateway}/{prefix}" not in state.addresses:
-        found.append(f"bridge {network.bridge} lacks gateway {network.gateway}/{prefix}")
-    found.extend(f"port {p.name} not isolated" for p in state.ports if not p.isolated)
-    if not state.nat:
-        found.append(f"NAT for {network.subnet} missing")
-    return tuple(found)
 
 
 def bridge_mac(name: str) -> str:

@@ -29,14 +29,13 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from host_reconciler.drivers import addresses, netns
 from host_reconciler.drivers.network import (
-    BridgeState,
     IptablesNat,
     NetworkError,
-    PortState,
     bridge_mac,
     ensure_gateway,
     l3_state,
 )
+from host_reconciler.drivers.protocols import BridgeState, PortState
 from schemas.hostplans import Network
 
 _DB = re.compile(r"^(unix:/[A-Za-z0-9_./-]+|tcp:[0-9.]+:[0-9]+)$")

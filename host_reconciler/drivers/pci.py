@@ -17,22 +17,12 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Protocol
 
+from host_reconciler.drivers.protocols import VFIO, PciError
 from host_reconciler.observations import PciObs
-from schemas.errors import PermanentError, TemporaryError
+from schemas.errors import TemporaryError
 
-VFIO = "vfio-pci"
 _PCI = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-
-
-class PciError(PermanentError):
-    code = "host.pci.error"
-
-
-class PciDriver(Protocol):
-    def inspect(self, address: str) -> PciObs: ...
-    def bind_vfio(self, address: str) -> None: ...
 
 
 def check_address(address: str) -> str:

@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from host_reconciler.drivers import addresses, dnsmasq, guestmarker, netns
+from host_reconciler.drivers.protocols import GUEST_MARKER, GuestAnnounce, Lease, ReadinessResult
 from schemas.errors import TemporaryError
 
 
@@ -41,33 +40,6 @@ class ReadinessTimeout(TemporaryError):
         super().__init__(message, code=code)
         self.stage = stage
         self.waited_s = waited_s
-
-
-@dataclass(frozen=True, slots=True)
-class ReadinessResult:
-    mac: str
-    ip: str
-    port: int
-    lease_s: float  # from the start of the wait until the lease was seen
-    ready_s: float  # from the start of the wait until the port accepted
-
-
-class ReadinessDriver(Protocol):
-    def announce_for(self, name: str, gateway: str) -> guestmarker.GuestAnnounce | None:
-        """What VM `name`'s seed must carry to announce its guest marker (None: this gate does not ask)."""
-        ...
-
-    def wait_ready(self, mac: str, ip: str, port: int, timeout_s: float, *,
-                   name: str | None = None, gateway: str | None = None) -> ReadinessResult:
-        """Block until the lease, the port (and VM `name`'s marker, heard on `gateway`) are there.
-
-        ReadinessTimeout otherwise.
-        """
-        ...
-
-    def close(self) -> None:
-        """Stop what the gate runs (the announcement listener)."""
-        ...
 
 
 Connect = Callable[[str, int, float], None]
@@ -99,7 +71,7 @@ class LeaseReadiness:
         self._poll = poll_s
         self._connect_timeout = connect_timeout_s
 
-    def announce_for(self, name: str, gateway: str) -> guestmarker.GuestAnnounce | None:
+    def announce_for(self, name: str, gateway: str) -> GuestAnnounce | None:
         if self._announcements is None:
             return None
         self._announcements.forget(name)  # a new seed: only what this VM says from now on counts
@@ -172,11 +144,11 @@ class LeaseReadiness:
                 start,
                 stage="marker",
                 code="host.readiness.marker_timeout",
-                message=(f"{name} did not announce {guestmarker.MARKER} from {ip} after {timeout_s:g}s"
+                message=(f"{name} did not announce {GUEST_MARKER} from {ip} after {timeout_s:g}s"
                          + (f" (an announcement came from {other})" if other else "")),
             )
 
-    def _leases(self) -> Sequence[dnsmasq.Lease]:
+    def _leases(self) -> Sequence[Lease]:
         now = self._wall()
         return [lease for lease in dnsmasq.read_leases(self._lease_file) if lease.expires == 0 or lease.expires > now]
 

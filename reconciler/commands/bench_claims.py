@@ -4,7 +4,7 @@ Each worker is a separate process with its own connection. It plans its
 share of the allocations first-fit over its own view of the free slots (nodes
 visited in a per-worker shuffled order, so workers mostly pick different
 nodes and sometimes collide), then places them one transaction each through
-`applying.place_many` (as `gpuaas apply` does: up to 100 placements per
+`claims.place_many` (as `gpuaas apply` does: up to 100 placements per
 round trip, each committed on its own), taking the next candidate after a
 lost race and re-reading the free slots for a second round when all
 candidates were lost. The timed part is only the placing. Afterwards the
@@ -110,36 +110,36 @@ class Job:
 
 def worker(job: Job, barrier: Any, results: Any) -> None:
     """One reconciler process: plan its share, wait for the others, place, report."""
-    from reconciler.store import applying, connections, observing, synthetic
+    from reconciler.store import claims, connections, live, synthetic
 
     url, index, workers, alternatives = job.url, job.index, job.workers, job.alternatives
     state = synthetic.fleet(**job.fleet_args)
     mine = sorted(state.allocations)[index::workers]
     conn = connections.connect(url, autocommit=True)
-    placements = synthetic.first_fit(state, observing.free_slots(conn), mine, alternatives=alternatives,
+    placements = synthetic.first_fit(state, live.free_slots(conn), mine, alternatives=alternatives,
                                      seed=index + 1)
     unplanned = len(mine) - len(placements)
     barrier.wait()
     started = time.time()
-    placed = claims = conflicts = 0
+    placed = claimed = conflicts = 0
     for round_ in range(ROUNDS):
         lost: list[str] = []
-        for r in applying.place_many(conn, placements, revision="bench", max_attempts=alternatives + 1):
+        for r in claims.place_many(conn, placements, revision="bench", max_attempts=alternatives + 1):
             conflicts += r.conflicts
             if r.placed:
                 placed += 1
-                claims += len(r.claim_ids)
-            elif r.pending_code == applying.CONFLICT_EXHAUSTED:
+                claimed += len(r.claim_ids)
+            elif r.pending_code == claims.CONFLICT_EXHAUSTED:
                 lost.append(r.allocation_id)
         if not lost or round_ == ROUNDS - 1:
             unplanned += len(lost)
             break
-        placements = synthetic.first_fit(state, observing.free_slots(conn), lost, alternatives=alternatives,
+        placements = synthetic.first_fit(state, live.free_slots(conn), lost, alternatives=alternatives,
                                          seed=index + 100 * (round_ + 1))
         unplanned += len(lost) - len(placements)
     finished = time.time()
     conn.close()
-    results.put({"worker": index, "placed": placed, "claims": claims, "conflicts": conflicts,
+    results.put({"worker": index, "placed": placed, "claims": claimed, "conflicts": conflicts,
                  "pending": unplanned, "started": started, "finished": finished})
 
 

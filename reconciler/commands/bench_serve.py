@@ -58,7 +58,7 @@ def _timed(client: http.client.HTTPConnection, path: str) -> float:
 
 
 def _prepare(url: str, args: argparse.Namespace) -> tuple[list[str], dict[str, float]]:
-    from reconciler.store import applying, connections, history, inventory, migrations, observing, synthetic
+    from reconciler.store import claims, connections, history, inventory, live, migrations, synthetic
 
     fleet = {"nodes": args.nodes, "allocations": args.requests, "gpus": (1, 2, 4)}
     with connections.connect(url, autocommit=True) as conn:
@@ -69,8 +69,8 @@ def _prepare(url: str, args: argparse.Namespace) -> tuple[list[str], dict[str, f
         inventory.sync(conn, state)
         sync_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        placements = synthetic.first_fit(state, observing.free_slots(conn), sorted(state.allocations))
-        placed = [r.allocation_id for r in applying.place_many(conn, placements, revision="bench") if r.placed]
+        placements = synthetic.first_fit(state, live.free_slots(conn), sorted(state.allocations))
+        placed = [r.allocation_id for r in claims.place_many(conn, placements, revision="bench") if r.placed]
         place_s = time.perf_counter() - t0
         history.finish(conn, run_id, result="changed", counts={"placed": len(placed)})
     return placed, {"sync_s": round(sync_s, 2), "place_s": round(place_s, 2)}

@@ -31,20 +31,20 @@ def register(sub: Any) -> None:
 def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
     """The whole status document (plain data), read from the database at `url`."""
     from reconciler import capacity
-    from reconciler.store import connections, history, lifecycle, migrations, observing, readmodels
+    from reconciler.store import connections, history, lifecycle, live, migrations, views
     from schemas.errors import PermanentError
 
     with connections.connect(url, autocommit=True) as conn:
         if not migrations.applied(conn):
             raise PermanentError("the database has no schema yet: nothing was reconciled (run `gpuaas run`)",
                                  code="status.no_schema")
-        state = readmodels.desired_state(conn)
-        observed = observing.observe(conn)
-        allocations = readmodels.allocations(conn)
+        state = views.desired_state(conn)
+        observed = live.observe(conn)
+        allocations = views.allocations(conn)
         health = history.health(conn)
         node_reasons = lifecycle.health_reasons(conn)
         cycles = lifecycle.lifecycles(conn)
-        orphaned = readmodels.orphaned(conn)
+        orphaned = views.orphaned(conn)
     try:
         model = capacity.read_model(state, observed, policy=policy)
     except ValueError as e:

@@ -1,7 +1,7 @@
 """The capacity read model of `gpuaas status`, computed in the background and cached by database snapshot.
 
 The numbers are exactly `gpuaas status -o json`'s: the same readers
-(`readmodels`, `observing`, `history.health`), the same pure model
+(`views`, `live`, `history.health`), the same pure model
 (`capacity.read_model`) and the same document (`commands.status.as_dict`).
 What differs is when they are computed. Rebuilding the model reads and
 validates the whole inventory and runs the planner's engine until every
@@ -59,14 +59,14 @@ def snapshot_key(conn: Connection) -> str:
 
 def status_document(conn: Connection, *, policy: str | None = None) -> dict[str, Any]:
     """What `gpuaas status -o json` prints, read on `conn` (inside one read-only transaction)."""
-    from reconciler.store import history, migrations, observing, readmodels
+    from reconciler.store import history, live, migrations, views
 
     if not migrations.applied(conn):
         raise PermanentError("the database has no schema yet: nothing was reconciled (run `gpuaas run`)",
                              code="status.no_schema")
-    state = readmodels.desired_state(conn)
-    observed = observing.observe(conn)
-    allocations = readmodels.allocations(conn)
+    state = views.desired_state(conn)
+    observed = live.observe(conn)
+    allocations = views.allocations(conn)
     health = history.health(conn)
     try:
         model = capacity.read_model(state, observed, policy=policy)

@@ -9,19 +9,20 @@ planner's next candidate.
 Modules (import the module, call through it):
   embedded     private PostgreSQL server under a state dir (initdb/pg_ctl as `postgres`)
   connections  where the database is (GPUAAS_DATABASE_URL or embedded) and connecting
-  errors       psycopg errors -> project errors with stable codes
   migrations   versioned schemas/sql/NNNN_*.sql, recorded in schema_migrations
   inventory    project a DesiredState at a revision into rows (idempotent)
-  observing    read Observed (claims, slot states, host facts) for the planner
-  applying     write a Plan: placements, pending reasons, releases
+  live         read Observed (claims, slot states, host facts) for the planner
+  claims       write a Plan: placements, pending reasons, releases
   cleanup      absorb host reports: VM ready -> active, wipe proof -> slot free
   hostplans    write one host plan per node, generation bumped on change
   checks       invariant queries (`gpuaas db check`)
   history      reconciliation runs
-  reconciling  one whole reconciliation of a revision (what `gpuaas apply` runs)
+  lifecycle    allocation lifecycle, reschedules, quarantined slots, host liveness
   synthetic    synthetic fleets for benchmarks and race tests
-  readmodels, revisions   reads for `gpuaas status` / `plan` and the watch loop ([gitops])
+  views        desired state and allocations rebuilt from the rows, for `gpuaas status` / `plan` ([gitops])
+  revisions    per-revision lock and applied-by check for the watch loop ([gitops])
 
 Schema and SQL functions: schemas/sql/0001-0049 (this package), 0050+ (later features).
-Design and decisions: docs/claims.md.
+psycopg errors -> project errors: schemas/dberrors.py. The whole reconciliation
+of a revision: reconciler/reconciling.py. Design and decisions: docs/claims.md.
 """

@@ -12,13 +12,13 @@ from reconciler.plans import Placement
 
 def race(url: str, placements: list[Placement], barrier: Any, results: Any) -> None:
     """Wait for every racer, then place one transaction each; report what happened."""
-    from reconciler.store import applying, connections
+    from reconciler.store import claims, connections
 
     conn = connections.connect(url, autocommit=True)
     barrier.wait()
     out = []
     for p in placements:
-        r = applying.place(conn, p, max_attempts=1 + len(p.alternatives))
+        r = claims.place(conn, p, max_attempts=1 + len(p.alternatives))
         out.append((p.allocation_id, r.placed, r.node, r.slot_indexes, r.conflicts))
     conn.close()
     results.put(out)
@@ -35,7 +35,7 @@ def apply_forever(url: str, seed: int) -> None:
     import random
 
     from reconciler.plans import Release
-    from reconciler.store import applying, cleanup, connections, history, lifecycle, observing, synthetic
+    from reconciler.store import claims, cleanup, connections, history, lifecycle, live, synthetic
     from tests.claims.test_kill import kill_fleet
 
     state = kill_fleet()
@@ -45,7 +45,7 @@ def apply_forever(url: str, seed: int) -> None:
 
     def place(p: Placement) -> None:
         nonlocal last_kind
-        if applying.place(conn, p).placed and p.claim_kind is not last_kind:
+        if claims.place(conn, p).placed and p.claim_kind is not last_kind:
             last_kind = p.claim_kind
             row = conn.execute("SELECT pg_backend_pid()").fetchone()
             print(f"placed {p.claim_kind.value} {p.allocation_id} {row[0] if row else None}", flush=True)
@@ -61,12 +61,12 @@ def apply_forever(url: str, seed: int) -> None:
         idle = [r[0] for r in conn.execute(
             "SELECT name FROM nodes n WHERE NOT EXISTS (SELECT 1 FROM allocation_resource_claims c"
             " WHERE c.node_id = n.id AND c.status IN ('reserved', 'provisioning', 'active', 'releasing'))")]
-        free = observing.free_slots(conn)
+        free = live.free_slots(conn)
         for p in synthetic.first_fit(state, free, pending, seed=rng.randrange(1 << 30), idle=idle):
             place(p)
         # Rescheduled allocations go anywhere but where they failed (as the planner's `avoid` does).
         for aid, avoid in sorted(lifecycle.avoided_nodes(conn).items())[:5]:
-            free = {n: s for n, s in observing.free_slots(conn).items() if n not in avoid}
+            free = {n: s for n, s in live.free_slots(conn).items() if n not in avoid}
             for p in synthetic.first_fit(state, free, [aid], seed=rng.randrange(1 << 30),
                                          idle=[n for n in idle if n not in avoid]):
                 place(p)
@@ -95,7 +95,7 @@ def apply_forever(url: str, seed: int) -> None:
         placed = [r[0] for r in conn.execute("SELECT id FROM allocations WHERE status = 'reserved'"
                                               " ORDER BY random() LIMIT 5")]
         for aid in placed:
-            applying.release(conn, Release(aid, "", ()))
+            claims.release(conn, Release(aid, "", ()))
         # Play the host: verified wipe evidence for every releasing slot claim, then free.
         conn.execute(
             "INSERT INTO host_slot_status (node_name, slot_index, wipe_allocation_id, wipe_state, wipe_evidence,"

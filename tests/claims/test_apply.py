@@ -6,7 +6,7 @@ import pytest
 
 from desired.loading import DesiredState
 from reconciler.plans import Candidate, Pending, Placement, Plan, Release, ResolvedProfile
-from reconciler.store import applying, checks, hostplans
+from reconciler.store import checks, claims, hostplans
 from reconciler.store.connections import Connection
 from schemas import dberrors
 from schemas.errors import GpuaasError
@@ -29,7 +29,7 @@ def baremetal_placement(alloc: str, node: str, *alts: str) -> Placement:
 
 
 def test_a_placement_writes_claims_snapshot_slots_allocation_and_event(conn: Connection, fleet: DesiredState) -> None:
-    r = applying.place(conn, slice_placement("alloc-0000000", NODE, (2,)), revision="rev1")
+    r = claims.place(conn, slice_placement("alloc-0000000", NODE, (2,)), revision="rev1")
     assert r.placed and r.node == NODE and r.slot_indexes == (2,) and len(r.claim_ids) == 1
     snap = conn.execute("SELECT resource_snapshot FROM allocation_resource_claims").fetchone()
     assert snap is not None
@@ -46,50 +46,50 @@ def test_a_placement_writes_claims_snapshot_slots_allocation_and_event(conn: Con
 
 
 def test_lost_race_takes_the_next_candidate(conn: Connection, fleet: DesiredState) -> None:
-    assert applying.place(conn, slice_placement("alloc-0000000", NODE, (0,))).placed
-    r = applying.place(conn, slice_placement("alloc-0000001", NODE, (0,), Candidate(NODE, (1,))))
+    assert claims.place(conn, slice_placement("alloc-0000000", NODE, (0,))).placed
+    r = claims.place(conn, slice_placement("alloc-0000001", NODE, (0,), Candidate(NODE, (1,))))
     assert r.placed and r.slot_indexes == (1,)
-    assert [a.outcome for a in r.attempts] == [applying.Outcome.LOST_RACE, applying.Outcome.PLACED]
+    assert [a.outcome for a in r.attempts] == [claims.Outcome.LOST_RACE, claims.Outcome.PLACED]
     assert r.conflicts == 1
 
 
 def test_after_bounded_tries_the_allocation_stays_pending_with_the_reason(conn: Connection,
                                                                           fleet: DesiredState) -> None:
     for i in range(3):
-        assert applying.place(conn, slice_placement(f"alloc-000000{i}", NODE, (i,))).placed
+        assert claims.place(conn, slice_placement(f"alloc-000000{i}", NODE, (i,))).placed
     alts = [Candidate(NODE, (i,)) for i in range(1, 3)] + [Candidate("node-00001", (0,))]
-    r = applying.place(conn, slice_placement("alloc-0000009", NODE, (0,), *alts), max_attempts=3)
+    r = claims.place(conn, slice_placement("alloc-0000009", NODE, (0,), *alts), max_attempts=3)
     assert not r.placed and len(r.attempts) == 3  # the fourth candidate is never tried
-    assert r.pending_code == applying.CONFLICT_EXHAUSTED
+    assert r.pending_code == claims.CONFLICT_EXHAUSTED
     a = util.allocation(conn, "alloc-0000009")
     assert a["status"] == "pending" and a["pending_code"] == "claim.conflict_exhausted"
     assert "lost the race" in a["pending_message"]
 
 
 def test_a_placed_allocation_is_never_placed_twice(conn: Connection, fleet: DesiredState) -> None:
-    assert applying.place(conn, slice_placement("alloc-0000000", NODE, (0,))).placed
-    again = applying.place(conn, slice_placement("alloc-0000000", "node-00001", (0,)))
-    assert again.outcome is applying.Outcome.NOT_PENDING
+    assert claims.place(conn, slice_placement("alloc-0000000", NODE, (0,))).placed
+    again = claims.place(conn, slice_placement("alloc-0000000", "node-00001", (0,)))
+    assert again.outcome is claims.Outcome.NOT_PENDING
     assert util.count(conn, "SELECT count(*) FROM allocation_resource_claims") == 1
 
 
 def test_refused_candidates_are_reported(conn: Connection, fleet: DesiredState) -> None:
     conn.execute("UPDATE nodes SET admin_state = 'draining' WHERE name = %s", (NODE,))
-    r = applying.place(conn, slice_placement("alloc-0000000", NODE, (0,)))
-    assert not r.placed and r.pending_code == applying.CANDIDATES_REFUSED
+    r = claims.place(conn, slice_placement("alloc-0000000", NODE, (0,)))
+    assert not r.placed and r.pending_code == claims.CANDIDATES_REFUSED
     assert "draining" in (r.attempts[0].detail or "")
 
 
 def test_wrong_slot_count_is_refused_by_the_database(conn: Connection, fleet: DesiredState) -> None:
-    r = applying.place(conn, slice_placement("alloc-0000000", NODE, (0, 1)))
-    assert r.attempts[0].outcome is applying.Outcome.REFUSED
+    r = claims.place(conn, slice_placement("alloc-0000000", NODE, (0, 1)))
+    assert r.attempts[0].outcome is claims.Outcome.REFUSED
 
 
 def test_baremetal_lease_blocks_slices_and_needs_an_idle_node(conn: Connection, fleet: DesiredState) -> None:
-    assert applying.place(conn, slice_placement("alloc-0000000", NODE, (0,))).placed
-    r = applying.place(conn, baremetal_placement("alloc-0000024", NODE, "node-00001"))
+    assert claims.place(conn, slice_placement("alloc-0000000", NODE, (0,))).placed
+    r = claims.place(conn, baremetal_placement("alloc-0000024", NODE, "node-00001"))
     assert r.placed and r.node == "node-00001" and r.conflicts == 1
-    blocked = applying.place(conn, slice_placement("alloc-0000001", "node-00001", (3,)))
+    blocked = claims.place(conn, slice_placement("alloc-0000001", "node-00001", (3,)))
     assert not blocked.placed
     assert checks.run(conn) == []
 
@@ -106,14 +106,14 @@ def test_failure_between_claim_insert_and_commit_leaves_nothing(conn: Connection
     p = (slice_placement("alloc-0000000", NODE, (0,)) if shape == "slice"
          else baremetal_placement("alloc-0000024", NODE))
     with pytest.raises(RuntimeError, match="injected"):
-        applying.place(conn, p, fault=boom)
+        claims.place(conn, p, fault=boom)
     # ...and gone afterwards, with every other write of the placement.
     assert util.count(conn, "SELECT count(*) FROM allocation_resource_claims") == 0
     assert util.count(conn, "SELECT count(*) FROM outbox") == 0
     assert util.slot_status(conn, NODE, 0) == "available"
     assert util.allocation(conn, p.allocation_id)["status"] == "pending"
     assert checks.run(conn) == []
-    assert applying.place(conn, p).placed  # and the allocation can still be placed
+    assert claims.place(conn, p).placed  # and the allocation can still be placed
 
 
 def test_database_failure_inside_the_placement_rolls_back_and_is_wrapped(conn: Connection,
@@ -125,7 +125,7 @@ def test_database_failure_inside_the_placement_rolls_back_and_is_wrapped(conn: C
         CREATE TRIGGER fail_outbox BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION fail_outbox();
     """)
     with pytest.raises(GpuaasError) as info:
-        applying.place(conn, slice_placement("alloc-0000000", NODE, (0,)))
+        claims.place(conn, slice_placement("alloc-0000000", NODE, (0,)))
     assert not isinstance(info.value.__cause__, GpuaasError)  # wraps the psycopg error...
     assert info.value.code.startswith("db.")  # ...as a project error with a code
     assert util.count(conn, "SELECT count(*) FROM allocation_resource_claims") == 0
@@ -135,19 +135,19 @@ def test_database_failure_inside_the_placement_rolls_back_and_is_wrapped(conn: C
 def test_release_moves_claims_to_releasing_and_slots_to_cleanup(conn: Connection, fleet: DesiredState) -> None:
     p = slice_placement("alloc-0000000", NODE, (4, 5))
     conn.execute("UPDATE allocations SET gpu_count = 2 WHERE id = 'alloc-0000000'")
-    assert applying.place(conn, p).placed
-    r = applying.release(conn, Release("alloc-0000000", NODE, (4, 5)))
+    assert claims.place(conn, p).placed
+    r = claims.release(conn, Release("alloc-0000000", NODE, (4, 5)))
     assert (r.outcome, r.node, r.slot_indexes) == ("releasing", NODE, (4, 5))
     assert {util.slot_status(conn, NODE, i) for i in (4, 5)} == {"cleanup"}
     assert util.allocation(conn, "alloc-0000000")["status"] == "releasing"
-    assert applying.release(conn, Release("alloc-0000000", NODE, (4, 5))).outcome == "unchanged"
+    assert claims.release(conn, Release("alloc-0000000", NODE, (4, 5))).outcome == "unchanged"
     assert checks.run(conn) == []
 
 
 def test_apply_records_pending_reasons_once(conn: Connection, fleet: DesiredState) -> None:
     plan = Plan(pending=(Pending("alloc-0000003", "plan.sku_unavailable.capacity", "no free GPU"),))
-    first = applying.apply(conn, plan)
-    second = applying.apply(conn, plan)
+    first = claims.apply(conn, plan)
+    second = claims.apply(conn, plan)
     assert first.pending[0].changed and not second.pending[0].changed
     assert not second.changed
     assert util.allocation(conn, "alloc-0000003")["pending_code"] == "plan.sku_unavailable.capacity"
@@ -158,7 +158,7 @@ def test_host_plan_generation_moves_only_when_the_spec_changes(conn: Connection,
     assert first is not None and first.changed and first.generation == 1
     again = hostplans.write_one(conn, NODE)
     assert again is not None and not again.changed and again.generation == 1
-    assert applying.place(conn, slice_placement("alloc-0000000", NODE, (1,))).placed
+    assert claims.place(conn, slice_placement("alloc-0000000", NODE, (1,))).placed
     bumped = hostplans.write_one(conn, NODE)
     assert bumped is not None and bumped.changed and bumped.generation == 2
     plan = hostplans.read(conn, NODE)
@@ -198,21 +198,21 @@ def _fail_claims_of(conn: Connection, allocation: str, errcode: str, constraint:
 
 def test_place_many_commits_each_placement_on_its_own_in_order(conn: Connection, fleet: DesiredState,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(applying, "BATCH", 5)  # 12 placements: three round trips
+    monkeypatch.setattr(claims, "BATCH", 5)  # 12 placements: three round trips
     todo = [slice_placement(f"alloc-{i:07d}", f"node-{i // 8:05d}", (i % 8,)) for i in range(12)]
-    results = applying.place_many(conn, todo, revision="rev1")
+    results = claims.place_many(conn, todo, revision="rev1")
     assert [r.allocation_id for r in results] == [p.allocation_id for p in todo]
     assert all(r.placed and len(r.claim_ids) == 1 for r in results)
     assert util.count(conn, "SELECT count(DISTINCT xmin::text) FROM allocation_resource_claims") == 12
     assert util.count(conn, "SELECT count(*) FROM outbox WHERE event_type = 'provisioning.requested'") == 12
     assert checks.run(conn) == []
-    assert applying.place_many(conn, []) == []
+    assert claims.place_many(conn, []) == []
 
 
 def test_place_many_takes_the_next_candidate_and_reports_each_attempt(conn: Connection,
                                                                       fleet: DesiredState) -> None:
-    assert applying.place(conn, slice_placement("alloc-0000000", NODE, (0,))).placed
-    results = applying.place_many(conn, [
+    assert claims.place(conn, slice_placement("alloc-0000000", NODE, (0,))).placed
+    results = claims.place_many(conn, [
         slice_placement("alloc-0000001", NODE, (0,), Candidate(NODE, (0,)), Candidate(NODE, (1,))),
         slice_placement("alloc-0000002", NODE, (1,), Candidate(NODE, (2,))),
         slice_placement("alloc-0000000", NODE, (3,)),
@@ -220,23 +220,23 @@ def test_place_many_takes_the_next_candidate_and_reports_each_attempt(conn: Conn
     first, second, third = results
     assert first.placed and first.slot_indexes == (1,) and first.conflicts == 1  # duplicate candidate dropped
     assert second.placed and second.slot_indexes == (2,) and second.conflicts == 1
-    assert third.outcome is applying.Outcome.NOT_PENDING
+    assert third.outcome is claims.Outcome.NOT_PENDING
     assert checks.run(conn) == []
 
 
 def test_place_many_goes_on_after_a_lost_race_the_database_raised(conn: Connection, fleet: DesiredState) -> None:
     _fail_claims_of(conn, "alloc-0000001", "23505", "claims_one_live_per_slot")
-    results = applying.place_many(conn, [
+    results = claims.place_many(conn, [
         slice_placement("alloc-0000000", NODE, (0,)),
         slice_placement("alloc-0000001", NODE, (1,), Candidate(NODE, (2,))),
         slice_placement("alloc-0000002", NODE, (3,)),
     ])
     assert [r.placed for r in results] == [True, False, True]
     lost = results[1]
-    assert [a.outcome for a in lost.attempts] == [applying.Outcome.LOST_RACE] * 2
+    assert [a.outcome for a in lost.attempts] == [claims.Outcome.LOST_RACE] * 2
     assert lost.attempts[1].slot_indexes == (2,) and "claim.slot_taken" in (lost.attempts[1].detail or "")
-    assert lost.pending_code == applying.CONFLICT_EXHAUSTED
-    assert util.allocation(conn, "alloc-0000001")["pending_code"] == applying.CONFLICT_EXHAUSTED
+    assert lost.pending_code == claims.CONFLICT_EXHAUSTED
+    assert util.allocation(conn, "alloc-0000001")["pending_code"] == claims.CONFLICT_EXHAUSTED
     assert {util.slot_status(conn, NODE, i) for i in (1, 2)} == {"available"}
     assert checks.run(conn) == []
 
@@ -244,7 +244,7 @@ def test_place_many_goes_on_after_a_lost_race_the_database_raised(conn: Connecti
 def test_place_many_stops_at_a_refusal_that_is_no_race(conn: Connection, fleet: DesiredState) -> None:
     _fail_claims_of(conn, "alloc-0000001", "23514", "claims_allocation_one_node")
     with pytest.raises(dberrors.ConstraintRefused) as info:
-        applying.place_many(conn, [
+        claims.place_many(conn, [
             slice_placement("alloc-0000000", NODE, (0,)),
             slice_placement("alloc-0000001", NODE, (1,), Candidate(NODE, (2,))),
             slice_placement("alloc-0000002", NODE, (3,)),

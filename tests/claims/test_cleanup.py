@@ -6,7 +6,7 @@ import pytest
 
 from desired.loading import DesiredState
 from reconciler.plans import Release
-from reconciler.store import applying, checks, cleanup, hostplans
+from reconciler.store import checks, claims, cleanup, hostplans
 from reconciler.store.connections import Connection
 from tests.claims import util
 from tests.claims.test_apply import baremetal_placement, slice_placement
@@ -18,10 +18,10 @@ A = "alloc-0000000"
 @pytest.fixture
 def released(conn: Connection, fleet: DesiredState) -> None:
     """alloc-0000000 ran on node-00000 slot 3 and was released."""
-    assert applying.place(conn, slice_placement(A, NODE, (3,))).placed
+    assert claims.place(conn, slice_placement(A, NODE, (3,))).placed
     util.report_vm(conn, NODE, 3, A, "ready")
     cleanup.absorb(conn)
-    applying.release(conn, Release(A, NODE, (3,)))
+    claims.release(conn, Release(A, NODE, (3,)))
 
 
 def test_no_evidence_keeps_the_slot_in_cleanup(conn: Connection, released: None) -> None:
@@ -46,9 +46,9 @@ def test_incomplete_or_foreign_evidence_frees_nothing(conn: Connection, released
 
 
 def test_evidence_older_than_the_release_frees_nothing(conn: Connection, fleet: DesiredState) -> None:
-    assert applying.place(conn, slice_placement(A, NODE, (3,))).placed
+    assert claims.place(conn, slice_placement(A, NODE, (3,))).placed
     util.report_wipe(conn, NODE, 3, A)  # before the release was requested
-    applying.release(conn, Release(A, NODE, (3,)))
+    claims.release(conn, Release(A, NODE, (3,)))
     assert cleanup.free_cleaned(conn) == ()
 
 
@@ -90,7 +90,7 @@ def test_release_shows_in_the_host_plan(conn: Connection, released: None) -> Non
 
 
 def test_usage_runs_from_ready_to_release(conn: Connection, fleet: DesiredState) -> None:
-    assert applying.place(conn, slice_placement(A, NODE, (3,))).placed
+    assert claims.place(conn, slice_placement(A, NODE, (3,))).placed
     assert util.count(conn, "SELECT count(*) FROM allocation_usage") == 0  # not active yet: no usage
     util.report_vm(conn, NODE, 3, A, "provisioning")
     cleanup.absorb(conn)
@@ -100,7 +100,7 @@ def test_usage_runs_from_ready_to_release(conn: Connection, fleet: DesiredState)
     cleanup.absorb(conn)
     a = util.allocation(conn, A)
     assert a["status"] == "active" and a["active_at"] is not None
-    applying.release(conn, Release(A, NODE, (3,)))
+    claims.release(conn, Release(A, NODE, (3,)))
     row = conn.execute("SELECT gpus, usage_started_at, usage_ended_at, gpu_hours, gpu_hourly_price_minor"
                        " FROM allocation_usage WHERE allocation_id = %s", (A,)).fetchone()
     assert row is not None
@@ -110,12 +110,12 @@ def test_usage_runs_from_ready_to_release(conn: Connection, fleet: DesiredState)
 
 
 def test_baremetal_lease_is_freed_by_node_cleanup_proof(conn: Connection, fleet: DesiredState) -> None:
-    assert applying.place(conn, baremetal_placement("alloc-0000024", "node-00004")).placed
+    assert claims.place(conn, baremetal_placement("alloc-0000024", "node-00004")).placed
     conn.execute("INSERT INTO host_status (node_name, lease_allocation_id, lease_state, lease_ready_at)"
                  " VALUES ('node-00004', 'alloc-0000024', 'ready', clock_timestamp())")
     cleanup.absorb(conn)
     assert util.allocation(conn, "alloc-0000024")["status"] == "active"
-    applying.release(conn, Release("alloc-0000024", "node-00004", ()))
+    claims.release(conn, Release("alloc-0000024", "node-00004", ()))
     assert cleanup.free_cleaned(conn) == ()
     conn.execute("UPDATE host_status SET cleanup_allocation_id = 'alloc-0000024', cleanup_state = 'verified',"
                  " cleanup_reported_at = clock_timestamp()")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from desired import models as m
 from reconciler import reconciling, sources
-from reconciler.store import applying, checks, inventory, observing
+from reconciler.store import checks, claims, inventory, live
 from reconciler.store.connections import Connection
 from tests.claims import util
 from tests.claims.conftest import small_fleet
@@ -48,7 +48,7 @@ def test_same_revision_twice_writes_nothing(conn: Connection) -> None:
 def test_what_disappears_is_disabled_never_deleted(conn: Connection) -> None:
     state = small_fleet()
     inventory.sync(conn, state)
-    assert applying.place(conn, slice_placement("alloc-0000000", "node-00000", (0,))).placed
+    assert claims.place(conn, slice_placement("alloc-0000000", "node-00000", (0,))).placed
     smaller = small_fleet()
     del smaller.nodes["node-00000"], smaller.slot_maps["node-00000"], smaller.allocations["alloc-0000001"]
     smaller.revision = "rev-2"
@@ -80,7 +80,7 @@ def test_a_changed_slot_map_updates_eligibility(conn: Connection) -> None:
     row = conn.execute("SELECT eligible, ineligible_reasons FROM node_resource_slots s JOIN nodes n"
                        " ON n.id = s.node_id WHERE n.name = 'node-00001' AND slot_index = 2").fetchone()
     assert row == (False, ["slot.fabric_not_per_slot_vf"])
-    assert 2 not in observing.free_slots(conn).get("node-00001", [])
+    assert 2 not in live.free_slots(conn).get("node-00001", [])
 
 
 def test_reapplying_the_example_fleet_is_a_no_op(conn: Connection) -> None:

@@ -19,7 +19,7 @@ from desired.loading import DesiredState
 from host_reconciler import store as host_store
 from reconciler import reconciling
 from reconciler.commands import status as status_command
-from reconciler.store import checks, hostplans, lifecycle, observing, synthetic
+from reconciler.store import checks, hostplans, lifecycle, live, synthetic
 from reconciler.store.connections import Connection
 from schemas import dberrors
 from tests.claims import util
@@ -118,7 +118,7 @@ def test_permanent_failure_quarantines_releases_and_places_again_elsewhere(
         util.report_wipe(conn, first, s, aid)
     reconciling.reconcile(conn, state)
     assert util.slot_status(conn, first, slots[0]) == "quarantined"
-    assert (first, slots[0]) in observing.observe(conn).slot_status
+    assert (first, slots[0]) in live.observe(conn).slot_status
     assert checks.run(conn) == []
     assert where(conn, aid) == (second, new_slots)  # unchanged by the cleanup
     cleared = lifecycle.clear_quarantine(conn, first, slots[0])
@@ -282,7 +282,7 @@ def test_the_database_refuses_a_claim_on_a_node_where_the_allocation_failed(
         util.insert_slot_claim(conn, aid, first, free)
     assert caught.value.code == "claim.node_failed_before"
     # the planner is told as well: the failed node is avoided for this allocation only
-    assert observing.observe(conn).avoid == {aid: frozenset({first})}
+    assert live.observe(conn).avoid == {aid: frozenset({first})}
 
 
 def test_a_commit_that_changes_the_slot_clears_the_quarantine(conn: Connection,
@@ -328,7 +328,7 @@ def test_a_silent_host_is_unavailable_after_the_ttl_and_back_at_its_next_report(
     age_report(conn, busy, 91)
     live = lifecycle.liveness(conn)
     assert live[busy].liveness == "unavailable" and live[idle].liveness == "live"
-    assert busy in observing.observe(conn).unavailable_nodes
+    assert busy in live.observe(conn).unavailable_nodes
     # no new placement on it, even where it has the most free slots
     state = fleet(nodes=2, allocations=9)
     reconciling.reconcile(conn, state)
@@ -353,7 +353,7 @@ def test_a_silent_host_is_unavailable_after_the_ttl_and_back_at_its_next_report(
     # the next report brings it back
     host_store.heartbeat(conn, busy)
     assert lifecycle.liveness(conn)[busy].liveness == "live"
-    assert busy not in observing.observe(conn).unavailable_nodes
+    assert busy not in live.observe(conn).unavailable_nodes
     assert cycle(conn, aid)["host_unreachable"] is False
 
 
@@ -370,7 +370,7 @@ def test_the_fleet_ttl_is_stored_and_used(conn: Connection) -> None:
 def test_a_node_that_never_reported_is_not_called_silent(conn: Connection) -> None:
     reconciling.reconcile(conn, fleet(nodes=1, allocations=0))
     assert lifecycle.liveness(conn)["node-00000"].liveness == "unknown"
-    assert observing.observe(conn).unavailable_nodes == frozenset()
+    assert live.observe(conn).unavailable_nodes == frozenset()
 
 
 def test_time_for_a_silent_host_to_be_marked_unavailable(conn: Connection) -> None:
@@ -379,7 +379,7 @@ def test_time_for_a_silent_host_to_be_marked_unavailable(conn: Connection) -> No
     reconciling.reconcile(conn, state)
     host_store.heartbeat(conn, "node-00000")
     t0 = time.monotonic()
-    while "node-00000" not in observing.observe(conn).unavailable_nodes:
+    while "node-00000" not in live.observe(conn).unavailable_nodes:
         assert time.monotonic() - t0 < 15
         time.sleep(0.1)
     took = time.monotonic() - t0

@@ -15,7 +15,7 @@ import itertools
 import pytest
 
 from desired.loading import DesiredState
-from reconciler.store import applying, checks, synthetic
+from reconciler.store import checks, claims, synthetic
 from reconciler.store.connections import Connection
 from tests.claims.test_apply import baremetal_placement, slice_placement
 
@@ -38,6 +38,6 @@ def test_every_order_of_claim_kinds_places_on_one_connection(conn: Connection, f
         else:
             p = slice_placement(next(slices), "node-00000", (next(free_slot),))
         # Both paths: the batch procedure, and one gpuaas_place per statement (the fault hook's path).
-        r = applying.place(conn, p, revision="rev", fault=None if i % 2 else (lambda _point: None))
+        r = claims.place(conn, p, revision="rev", fault=None if i % 2 else (lambda _point: None))
         assert r.placed, (kind, r)
     assert checks.run(conn) == []

@@ -7,7 +7,7 @@ import multiprocessing as mp
 import random
 
 from reconciler.plans import Candidate, Placement
-from reconciler.store import applying, checks, inventory, observing, synthetic
+from reconciler.store import checks, claims, inventory, live, synthetic
 from reconciler.store.connections import Connection
 from tests.claims import racers, util
 
@@ -33,9 +33,9 @@ def test_four_processes_racing_for_the_last_free_slots(db_url: str, conn: Connec
     inventory.sync(conn, state)
     ids = sorted(state.allocations)
     # Fill all but the last 6 of the 16 slots.
-    for p in synthetic.first_fit(state, observing.free_slots(conn), ids[:10]):
-        assert applying.place(conn, p).placed
-    free = observing.free_slots(conn)
+    for p in synthetic.first_fit(state, live.free_slots(conn), ids[:10]):
+        assert claims.place(conn, p).placed
+    free = live.free_slots(conn)
     last = [(n, i) for n, slots in free.items() for i in slots]
     assert len(last) == 6
     plans = []
@@ -63,7 +63,7 @@ def test_baremetal_and_slices_racing_for_one_node(db_url: str, conn: Connection)
     state = synthetic.fleet(nodes=1, allocations=8, baremetal_allocations=2)
     inventory.sync(conn, state)
     ids = sorted(state.allocations)
-    slices = synthetic.first_fit(state, observing.free_slots(conn), ids[:8])
+    slices = synthetic.first_fit(state, live.free_slots(conn), ids[:8])
     bare = synthetic.first_fit(state, {}, ids[8:], idle=["node-00000"])
     assert len(bare) == 1  # the local plan only has one idle node for two leases
     bare.append(dataclasses.replace(bare[0], allocation_id=ids[9]))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from desired import models as m
 from reconciler import sources
-from reconciler.store import inventory, readmodels
+from reconciler.store import inventory, views
 from reconciler.store.connections import Connection
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "fleet"
@@ -30,7 +30,7 @@ def test_every_allocation_field_survives_sync_and_rebuild(conn: Connection) -> N
              if getattr(state.allocations[first], name) == f.default and name not in ("vm_profile", "image")]
     assert unset == [], f"set these in the test so the guard covers them: {unset}"
     inventory.sync(conn, state)
-    rebuilt = readmodels.desired_state(conn)
+    rebuilt = views.desired_state(conn)
     for aid, want in state.allocations.items():
         got = rebuilt.allocations[aid].model_dump(mode="json")
         assert got == want.model_dump(mode="json"), aid
@@ -47,7 +47,7 @@ def test_every_image_field_survives_sync_and_rebuild(conn: Connection) -> None:
                               "cloud_init_supported", "guest_agent_supported")]
     assert unset == [], f"set these in the test so the guard covers them: {unset}"
     inventory.sync(conn, state)
-    rebuilt = readmodels.desired_state(conn)
+    rebuilt = views.desired_state(conn)
     for name, want in state.images.items():
         assert rebuilt.images[name].model_dump(mode="json") == want.model_dump(mode="json"), name
 

@@ -6,7 +6,7 @@ import psycopg
 import pytest
 
 from reconciler.plans import Release
-from reconciler.store import applying, checks, cleanup, connections, inventory, migrations
+from reconciler.store import checks, claims, cleanup, connections, inventory, migrations
 from tests.claims import util
 from tests.claims.conftest import small_fleet
 from tests.claims.test_apply import slice_placement
@@ -27,7 +27,7 @@ def test_0006_upgrades_a_store_with_live_claims(empty_db_url: str, monkeypatch: 
             row = conn.execute(PLACE, (f"alloc-000000{i}", "node-00000", [slot], PROFILE)).fetchone()
             assert row is not None and row[0] == "placed"
         # Every function that reads the retyped columns runs once in this session before the upgrade.
-        assert applying.release(conn, Release("alloc-0000002", "node-00000", (2,))).outcome == "releasing"
+        assert claims.release(conn, Release("alloc-0000002", "node-00000", (2,))).outcome == "releasing"
         cleanup.free_cleaned(conn)
         conn.execute("SELECT gpuaas_absorb_vm_states()")
         conn.execute("UPDATE allocation_resource_claims SET status = 'provisioning' WHERE allocation_id = %s",
@@ -44,12 +44,12 @@ def test_0006_upgrades_a_store_with_live_claims(empty_db_url: str, monkeypatch: 
         with pytest.raises(psycopg.errors.CheckViolation) as refused:
             util.insert_slot_claim(conn, "alloc-0000003", "node-00000", 0)
         assert refused.value.diag.constraint_name == "claims_slot_claimable"
-        r = applying.place(conn, slice_placement("alloc-0000003", "node-00000", (3,)))
+        r = claims.place(conn, slice_placement("alloc-0000003", "node-00000", (3,)))
         assert r.placed and util.slot_status(conn, "node-00000", 3) == "reserved"
         conn.execute("UPDATE allocation_resource_claims SET status = 'active' WHERE allocation_id = %s",
                      ("alloc-0000000",))
         assert util.count(conn, "SELECT count(*) FROM allocation_usage WHERE allocation_id = 'alloc-0000000'") == 1
-        assert applying.release(conn, Release("alloc-0000001", "node-00000", (1,))).outcome == "releasing"
+        assert claims.release(conn, Release("alloc-0000001", "node-00000", (1,))).outcome == "releasing"
         util.report_wipe(conn, "node-00000", 2, "alloc-0000002")
         freed = cleanup.free_cleaned(conn)
         assert util.slot_status(conn, "node-00000", 2) == "available", freed

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from host_reconciler import images
-from host_reconciler.drivers import disks
+from host_reconciler.drivers import disks, protocols
 from schemas.hostplans import DiskIdentity, ImageRef
 from tests.host.conftest import Loop, Loops
 
 
 def driver(loops: Loops) -> disks.BlockDisks:
-    return disks.BlockDisks(disks.DiskSettings(by_id_root=loops.by_id_root, sample_count=16))
+    return disks.BlockDisks(protocols.DiskSettings(by_id_root=loops.by_id_root, sample_count=16))
 
 
 def approval(loop: Loop) -> DiskIdentity:
@@ -29,10 +29,12 @@ def approval(loop: Loop) -> DiskIdentity:
     return DiskIdentity(size_bytes=loop.backing.stat().st_size, backing_file=os.path.realpath(loop.backing))
 
 
-def slot(i: int, loop: Loop, os_disk: str, approved: str | None = None, *, device: str | None = None) -> disks.SlotDisk:
+def slot(
+    i: int, loop: Loop, os_disk: str, approved: str | None = None, *, device: str | None = None
+) -> protocols.SlotDisk:
     """Slot `i` whose approved disk is `loop` (named `device`, its by-id path unless given)."""
     by_id = device or loop.by_id
-    return disks.SlotDisk(i, by_id, approved if approved is not None else by_id, os_disk, approval(loop))
+    return protocols.SlotDisk(i, by_id, approved if approved is not None else by_id, os_disk, approval(loop))
 
 
 def blkid(dev: str) -> subprocess.CompletedProcess[str]:
@@ -67,7 +69,7 @@ def test_wipe_refuses_mounted_disk_and_leaves_it_untouched(loops: Loops) -> None
     os.sync()
     d = driver(loops)
     for call in (d.wipe, d.verify, d.check):
-        with pytest.raises(disks.DiskRefused) as e:
+        with pytest.raises(protocols.DiskRefused) as e:
             call(slot(1, s1, os_disk.by_id))
         assert e.value.code == "host.disk.mounted"
     assert (point / "tenant.txt").read_text() == "still here"
@@ -81,12 +83,12 @@ def test_wipe_refuses_the_os_disk_and_leaves_it_untouched(loops: Loops) -> None:
     before = os_disk.sha256()
     d = driver(loops)
     # Even when a (bad) plan approves the OS disk as a slot disk.
-    with pytest.raises(disks.DiskRefused) as e:
+    with pytest.raises(protocols.DiskRefused) as e:
         d.wipe(slot(0, os_disk, os_disk.by_id))
     assert e.value.code == "host.disk.os_disk"
     # A second by-id name for the same device is still the OS disk.
     (loops.by_id_root / "nvme-alias").symlink_to(os_disk.device)
-    with pytest.raises(disks.DiskRefused) as e:
+    with pytest.raises(protocols.DiskRefused) as e:
         d.wipe(slot(0, os_disk, os_disk.by_id, device="/dev/disk/by-id/nvme-alias"))
     assert e.value.code == "host.disk.os_disk"
     assert os_disk.sha256() == before
@@ -110,8 +112,8 @@ def test_wipe_refuses_paths_that_are_not_the_approved_by_id_disk(
     os_disk = loops.make("nvme-OS", fs="ext4")
     s0 = loops.make("nvme-S0", fs="ext4")
     before = s0.sha256()
-    with pytest.raises(disks.DiskRefused) as e:
-        driver(loops).wipe(disks.SlotDisk(0, device, approved, os_disk.by_id))
+    with pytest.raises(protocols.DiskRefused) as e:
+        driver(loops).wipe(protocols.SlotDisk(0, device, approved, os_disk.by_id))
     assert e.value.code == code
     assert s0.sha256() == before
 
@@ -119,7 +121,7 @@ def test_wipe_refuses_paths_that_are_not_the_approved_by_id_disk(
 def test_wipe_refuses_when_the_os_disk_cannot_be_resolved(loops: Loops) -> None:
     s0 = loops.make("nvme-S0", fs="ext4")
     before = s0.sha256()
-    with pytest.raises(disks.DiskRefused) as e:
+    with pytest.raises(protocols.DiskRefused) as e:
         driver(loops).wipe(slot(0, s0, "/dev/disk/by-id/nvme-missing-os"))
     assert e.value.code == "host.disk.os_disk_unknown"
     assert s0.sha256() == before

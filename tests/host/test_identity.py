@@ -27,7 +27,7 @@ from host_reconciler import converging, images, statuses, wiring
 from host_reconciler import settings as hs
 from host_reconciler.actions import DriftCode
 from host_reconciler.discovery import candidates, discovering
-from host_reconciler.drivers import disks
+from host_reconciler.drivers import disks, protocols
 from policies import eligibility
 from reconciler import sources
 from reconciler.store import connections, hostplans, inventory
@@ -42,7 +42,7 @@ MiB = 1 << 20
 
 
 def driver(loops: Loops) -> disks.BlockDisks:
-    return disks.BlockDisks(disks.DiskSettings(by_id_root=loops.by_id_root, sample_count=16))
+    return disks.BlockDisks(protocols.DiskSettings(by_id_root=loops.by_id_root, sample_count=16))
 
 
 def identity_of(loop: Loop, size_mb: int = 16) -> hp.DiskIdentity:
@@ -77,13 +77,13 @@ def test_a_repointed_link_is_refused_and_the_other_disk_is_untouched(loops: Loop
     a = loops.make("nvme-A", 16, fs="ext4")
     b = loops.make("nvme-B", 16, fs="ext4")  # another tenant's disk, or anything else
     d = driver(loops)
-    approved = disks.SlotDisk(0, a.by_id, a.by_id, os_disk.by_id, identity_of(a))
+    approved = protocols.SlotDisk(0, a.by_id, a.by_id, os_disk.by_id, identity_of(a))
     d.check(approved)  # the link leads to the approved disk: allowed
 
     repoint(loops, "nvme-A", b)
     before = b.sha256()
     for call in (d.wipe, d.verify, d.check):
-        with pytest.raises(disks.IdentityChanged) as e:
+        with pytest.raises(protocols.IdentityChanged) as e:
             call(approved)
         assert e.value.code == "host.disk.identity_changed"
         assert e.value.evidence["device"] == a.by_id and e.value.evidence["resolved"] == b.device
@@ -108,8 +108,8 @@ def test_the_image_write_is_refused_too(loops: Loops, tmp_path: Path) -> None:
     digest = hashlib.sha256(img.read_bytes()).hexdigest()
     token = images.verify(images.resolve(tmp_path / "store", hp.ImageRef("x", "img.raw", digest, "raw")), digest)
     before = b.sha256()
-    with pytest.raises(disks.IdentityChanged):
-        driver(loops).write_image(disks.SlotDisk(0, a.by_id, a.by_id, os_disk.by_id, identity_of(a)), token,
+    with pytest.raises(protocols.IdentityChanged):
+        driver(loops).write_image(protocols.SlotDisk(0, a.by_id, a.by_id, os_disk.by_id, identity_of(a)), token,
                                   digest=digest, image_format="raw")  # fmt: skip
     assert b.sha256() == before
 
@@ -118,8 +118,8 @@ def test_a_different_size_alone_is_refused(loops: Loops) -> None:
     os_disk = loops.make("nvme-OS", fs="ext4")
     a = loops.make("nvme-A", 16, fs="ext4")
     approved = dataclasses.replace(identity_of(a), size_bytes=32 * MiB)  # the approval saw a bigger disk
-    with pytest.raises(disks.IdentityChanged) as e:
-        driver(loops).wipe(disks.SlotDisk(0, a.by_id, a.by_id, os_disk.by_id, approved))
+    with pytest.raises(protocols.IdentityChanged) as e:
+        driver(loops).wipe(protocols.SlotDisk(0, a.by_id, a.by_id, os_disk.by_id, approved))
     assert e.value.evidence["identity"]["differs"] == ["size_bytes"]
     assert blkid_type(a.device) == "ext4"
 
@@ -128,7 +128,7 @@ def test_a_slot_whose_approval_records_no_identity_is_never_written(loops: Loops
     os_disk = loops.make("nvme-OS", fs="ext4")
     a = loops.make("nvme-A", 16, fs="ext4")
     d = driver(loops)
-    unbound = disks.SlotDisk(0, a.by_id, a.by_id, os_disk.by_id, identity=None)
+    unbound = protocols.SlotDisk(0, a.by_id, a.by_id, os_disk.by_id, identity=None)
     img = tmp_path / "store" / "img.raw"
     img.parent.mkdir()
     img.write_bytes(os.urandom(MiB))
@@ -136,14 +136,14 @@ def test_a_slot_whose_approval_records_no_identity_is_never_written(loops: Loops
     token = images.verify(images.resolve(tmp_path / "store", hp.ImageRef("x", "img.raw", digest, "raw")), digest)
     before = a.sha256()
 
-    def write(disk: disks.SlotDisk) -> object:
+    def write(disk: protocols.SlotDisk) -> object:
         return d.write_image(disk, token, digest=digest, image_format="raw")
 
     for call in (d.wipe, d.verify, d.check, write):
-        with pytest.raises(disks.IdentityMissing) as e:
+        with pytest.raises(protocols.IdentityMissing) as e:
             call(unbound)
         assert e.value.code == "host.disk.identity_missing"
-        assert isinstance(e.value, disks.IdentityChanged)  # blocks the slot the same way
+        assert isinstance(e.value, protocols.IdentityChanged)  # blocks the slot the same way
         assert e.value.evidence["identity"]["approved"] is None
         assert e.value.evidence["identity"]["observed"] == identity_of(a).as_dict()
     assert a.sha256() == before and blkid_type(a.device) == "ext4"
@@ -153,8 +153,9 @@ def test_a_slot_whose_approval_records_no_identity_is_never_written(loops: Loops
 def test_identity_is_kept_only_for_the_approved_disk() -> None:
     ident = hp.DiskIdentity(size_bytes=512, serial="S1")
     approved = [(0, "/dev/disk/by-id/nvme-S0")]
-    assert disks.slot_disk(0, "/dev/disk/by-id/nvme-S0", approved, "/dev/disk/by-id/nvme-OS", ident).identity == ident
-    assert disks.slot_disk(0, "/dev/disk/by-id/nvme-S9", approved, "/dev/disk/by-id/nvme-OS", ident).identity is None
+    os_disk = "/dev/disk/by-id/nvme-OS"
+    assert protocols.slot_disk(0, "/dev/disk/by-id/nvme-S0", approved, os_disk, ident).identity == ident
+    assert protocols.slot_disk(0, "/dev/disk/by-id/nvme-S9", approved, os_disk, ident).identity is None
 
 
 @pytest.fixture(scope="module")

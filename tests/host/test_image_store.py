@@ -15,7 +15,7 @@ import pytest
 from host_reconciler import store
 from host_reconciler.imagecache import CacheEntry
 from host_reconciler.statuses import ImageCacheReport
-from reconciler.store import connections, observing
+from reconciler.store import connections, live
 from schemas.errors import GpuaasError
 from tests.host.test_store import add_node, plan, status
 
@@ -50,7 +50,7 @@ def test_each_pass_replaces_the_nodes_rows_and_the_planner_sees_them(db_url: str
             conn.execute("INSERT INTO node_image_cache (node_name, digest_sha256, size_bytes, last_used_at)"
                          " VALUES ('node-b', %s, 1, now())", (A,))  # fmt: skip
     with connections.connect(db_url, autocommit=True) as conn:
-        observed = observing.observe(conn)
+        observed = live.observe(conn)
         assert dict(observed.image_cache) == {"node-a": frozenset({B}), "node-b": frozenset({C})}
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from host_reconciler import fetching, imagecache, images
-from host_reconciler.drivers import disks
+from host_reconciler.drivers import disks, protocols
 from schemas.hostplans import DiskIdentity
 from tests.host.conftest import Loop, Loops
 
@@ -32,12 +32,12 @@ def _qemu_img() -> None:
 
 
 def driver(loops: Loops) -> disks.BlockDisks:
-    return disks.BlockDisks(disks.DiskSettings(by_id_root=loops.by_id_root))
+    return disks.BlockDisks(protocols.DiskSettings(by_id_root=loops.by_id_root))
 
 
-def slot(loop: Loop, os_disk: Loop, index: int = 0) -> disks.SlotDisk:
+def slot(loop: Loop, os_disk: Loop, index: int = 0) -> protocols.SlotDisk:
     approval = DiskIdentity(size_bytes=loop.backing.stat().st_size, backing_file=os.path.realpath(loop.backing))
-    return disks.slot_disk(index, loop.by_id, [(index, loop.by_id)], os_disk.by_id, approval)
+    return protocols.slot_disk(index, loop.by_id, [(index, loop.by_id)], os_disk.by_id, approval)
 
 
 def fill(loop: Loop, byte: int) -> None:
@@ -167,15 +167,15 @@ def test_the_guard_refuses_a_mounted_or_unapproved_disk(loops: Loops, tmp_path: 
     token = cached(tmp_path, src)
     d = driver(loops)
     before = {s0.device: s0.sha256(), os_disk.device: os_disk.sha256()}
-    with pytest.raises(disks.DiskRefused) as e:
+    with pytest.raises(protocols.DiskRefused) as e:
         d.write_image(slot(s1, os_disk, 1), token, digest=token.digest, image_format=fmt)
     assert e.value.code == "host.disk.mounted"
     assert (point / "tenant.txt").read_text() == "still here"
-    with pytest.raises(disks.DiskRefused) as e:  # slot 0's disk, but the plan approved another one
-        d.write_image(disks.SlotDisk(0, s0.by_id, s1.by_id, os_disk.by_id), token, digest=token.digest,
+    with pytest.raises(protocols.DiskRefused) as e:  # slot 0's disk, but the plan approved another one
+        d.write_image(protocols.SlotDisk(0, s0.by_id, s1.by_id, os_disk.by_id), token, digest=token.digest,
                       image_format=fmt)  # fmt: skip
     assert e.value.code == "host.disk.not_approved"
-    with pytest.raises(disks.DiskRefused) as e:
+    with pytest.raises(protocols.DiskRefused) as e:
         d.write_image(slot(os_disk, os_disk), token, digest=token.digest, image_format=fmt)
     assert e.value.code == "host.disk.os_disk"
     assert {s0.device: s0.sha256(), os_disk.device: os_disk.sha256()} == before

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from host_reconciler.drivers import pci
+from host_reconciler.drivers import pci, protocols
 from host_reconciler.fakes import FakePci
 from host_reconciler.observations import PciObs
 
@@ -40,7 +40,7 @@ def test_reads_driver_and_numa_node(tmp_path: Path) -> None:
 
 def test_binding_is_refused_unless_the_host_allows_it(tmp_path: Path) -> None:
     root = tree(tmp_path)
-    with pytest.raises(pci.PciError) as e:
+    with pytest.raises(protocols.PciError) as e:
         pci.SysfsPci(root).bind_vfio("0000:1b:00.0")
     assert e.value.code == "host.pci.not_vfio"
     assert not (root / "bus/pci/devices/0000:1b:00.0/driver_override").exists()  # nothing written
@@ -50,7 +50,7 @@ def test_binding_writes_the_kernel_interface_when_allowed(tmp_path: Path) -> Non
     root = tree(tmp_path)
     (root / "bus/pci/drivers/nvidia/unbind").write_text("")
     (root / "bus/pci/drivers_probe").write_text("")
-    with pytest.raises(pci.PciError) as e:  # a sysfs tree is not a kernel: nothing rebinds
+    with pytest.raises(protocols.PciError) as e:  # a sysfs tree is not a kernel: nothing rebinds
         pci.SysfsPci(root, allow_bind=True).bind_vfio("0000:1b:00.0")
     assert e.value.code == "host.pci.bind_failed"
     assert (root / "bus/pci/devices/0000:1b:00.0/driver_override").read_text() == "vfio-pci"
@@ -59,7 +59,7 @@ def test_binding_writes_the_kernel_interface_when_allowed(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("address", ["0000:1b:00.0;reboot", "../../etc", "1b:00.0"])
 def test_addresses_are_validated_before_any_path_is_built(tmp_path: Path, address: str) -> None:
-    with pytest.raises(pci.PciError):
+    with pytest.raises(protocols.PciError):
         pci.SysfsPci(tree(tmp_path)).inspect(address)
 
 
@@ -72,7 +72,7 @@ def test_recorded_h200_host_has_its_gpus_and_vfs_on_vfio() -> None:
 
 def test_fake_follows_the_same_rules() -> None:
     fake = FakePci(["0000:1b:00.0"], driver="nvidia")
-    with pytest.raises(pci.PciError):
+    with pytest.raises(protocols.PciError):
         fake.bind_vfio("0000:1b:00.0")
     fake.allow_bind = True
     fake.bind_vfio("0000:1b:00.0")

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from host_reconciler.drivers import dnsmasq, network
+from host_reconciler.drivers import dnsmasq, network, protocols
 from schemas.hostplans import SlotBundle, VmSpec
 
 from .conftest import Lab
@@ -61,8 +61,8 @@ def test_reserved_mac_gets_its_ip_then_change_and_delete_take_effect(lab: Lab, d
     assert dhcp.ensure_running(lab.network()) is False  # found by its pid file
     vm = lab.vm(1, MAC1)
 
-    res = dnsmasq.reservation_for(_vm("a1", MAC1.upper(), "10.100.0.10"), net)
-    assert res == dnsmasq.Reservation("gpuaas-a1", MAC1, "10.100.0.10")
+    res = protocols.reservation_for(_vm("a1", MAC1.upper(), "10.100.0.10"), net)
+    assert res == protocols.Reservation("gpuaas-a1", MAC1, "10.100.0.10")
     assert dhcp.ensure_reservation(res) is True
     assert dhcp.ensure_reservation(res) is False
     assert (dhcp.server.hosts_dir / "gpuaas-a1").read_text() == f"{MAC1},10.100.0.10,gpuaas-a1\n"
@@ -70,7 +70,7 @@ def test_reserved_mac_gets_its_ip_then_change_and_delete_take_effect(lab: Lab, d
     assert [(lease.mac, lease.ip) for lease in dhcp.leases()] == [(MAC1, "10.100.0.10")]
 
     # Change of IP: dnsmasq 2.90 picks a changed file up by inotify alone...
-    moved = dnsmasq.Reservation("gpuaas-a1", MAC1, "10.100.0.20")
+    moved = protocols.Reservation("gpuaas-a1", MAC1, "10.100.0.20")
     assert dhcp.ensure_reservation(moved) is True
     assert dhcp.reservations() == (moved,)
     assert dhcp.leases() == ()  # the void MAC1/.10 lease was released
@@ -79,7 +79,7 @@ def test_reserved_mac_gets_its_ip_then_change_and_delete_take_effect(lab: Lab, d
     # ...but it only ever adds records: the old MAC's record survives a change
     # of MAC, or a delete, until SIGHUP. These two steps fail without it.
     vm2 = lab.vm(2, MAC2)
-    renic = dnsmasq.Reservation("gpuaas-a1", MAC2, "10.100.0.20")
+    renic = protocols.Reservation("gpuaas-a1", MAC2, "10.100.0.20")
     assert dhcp.ensure_reservation(renic) is True
     assert _bound(lab.dhcp(vm, tag="old-mac")) is None
     assert _bound(lab.dhcp(vm2, tag="new-mac")) == "10.100.0.20"
@@ -94,7 +94,7 @@ def test_reserved_mac_gets_its_ip_then_change_and_delete_take_effect(lab: Lab, d
 
 def test_unreserved_mac_gets_no_address(lab: Lab, dhcp: dnsmasq.DnsmasqDhcp) -> None:
     dhcp.ensure_running(lab.network())
-    dhcp.ensure_reservation(dnsmasq.Reservation("gpuaas-a1", MAC1, "10.100.0.10"))
+    dhcp.ensure_reservation(protocols.Reservation("gpuaas-a1", MAC1, "10.100.0.10"))
     stranger = lab.vm(2, MAC2)
     assert _bound(lab.dhcp(stranger, tag="stranger")) is None
     assert "no address available" in dhcp.server.log_file.read_text()
@@ -103,8 +103,8 @@ def test_unreserved_mac_gets_no_address(lab: Lab, dhcp: dnsmasq.DnsmasqDhcp) -> 
 def test_prune_removes_reservations_of_released_vms(lab: Lab, dhcp: dnsmasq.DnsmasqDhcp) -> None:
     dhcp.ensure_running(lab.network())
     vm1, vm2 = lab.vm(1, MAC1), lab.vm(2, MAC2)
-    dhcp.ensure_reservation(dnsmasq.Reservation("gpuaas-a1", MAC1, "10.100.0.10"))
-    dhcp.ensure_reservation(dnsmasq.Reservation("gpuaas-a2", MAC2, "10.100.0.11"))
+    dhcp.ensure_reservation(protocols.Reservation("gpuaas-a1", MAC1, "10.100.0.10"))
+    dhcp.ensure_reservation(protocols.Reservation("gpuaas-a2", MAC2, "10.100.0.11"))
     # A leftover temp file of an interrupted write is not a reservation.
     (dhcp.server.hosts_dir / ".gpuaas-a3.tmp").write_text("junk")
 
@@ -119,7 +119,7 @@ def test_server_stops_and_restarts_keeping_reservations(lab: Lab, dhcp: dnsmasq.
     dhcp.ensure_running(lab.network())
     pid = dhcp.server.pid()
     assert pid is not None
-    dhcp.ensure_reservation(dnsmasq.Reservation("gpuaas-a1", MAC1, "10.100.0.10"))
+    dhcp.ensure_reservation(protocols.Reservation("gpuaas-a1", MAC1, "10.100.0.10"))
     assert dhcp.server.stop() is True
     assert dhcp.server.stop() is False
     assert dhcp.server.reload() is False  # nothing to signal; start reads the dir
@@ -132,7 +132,7 @@ def test_server_stops_and_restarts_keeping_reservations(lab: Lab, dhcp: dnsmasq.
 def test_start_failure_is_a_project_error(lab: Lab) -> None:
     # No bridge in the namespace: dnsmasq cannot bind and its exit status says so.
     server = dnsmasq.DnsmasqServer(lab.tmp / "d2", netns_name=lab.host, user="root")
-    with pytest.raises(dnsmasq.DhcpError) as err:
+    with pytest.raises(protocols.DhcpError) as err:
         server.start(lab.network())
     assert err.value.code == "host.dhcp.start_failed"
     assert not server.running()

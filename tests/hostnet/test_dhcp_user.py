@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from host_reconciler.drivers import dnsmasq, network
+from host_reconciler.drivers import dnsmasq, network, protocols
 
 from .conftest import Lab
 from .test_dhcp_reservations import MAC1, _bound
@@ -33,7 +33,7 @@ def _serve_one(lab: Lab, server: dnsmasq.DnsmasqServer) -> str | None:
     dhcp = dnsmasq.DnsmasqDhcp(server)
     try:
         dhcp.ensure_running(lab.network())
-        dhcp.ensure_reservation(dnsmasq.Reservation("gpuaas-a1", MAC1, "10.100.0.10"))
+        dhcp.ensure_reservation(protocols.Reservation("gpuaas-a1", MAC1, "10.100.0.10"))
         return _bound(lab.dhcp(lab.vm(1, MAC1), tag="nobody"))
     finally:
         server.stop()
@@ -51,7 +51,7 @@ def test_reservations_are_served_by_dnsmasq_as_nobody_under_a_private_state_dir(
         assert dhcp.ensure_running(lab.network()) is True
         pid = server.pid()
         assert pid is not None and _uid_of(pid) == 65534 and server.runs_as == "nobody"
-        dhcp.ensure_reservation(dnsmasq.Reservation("gpuaas-a1", MAC1, "10.100.0.10"))
+        dhcp.ensure_reservation(protocols.Reservation("gpuaas-a1", MAC1, "10.100.0.10"))
         assert _bound(lab.dhcp(lab.vm(1, MAC1), tag="nobody")) == "10.100.0.10"
     finally:
         server.stop()

@@ -44,7 +44,7 @@ from pathlib import Path
 import pytest
 
 from host_reconciler import cloudinit, domains, topology
-from host_reconciler.drivers import disks, dnsmasq, guestmarker, network, readiness
+from host_reconciler.drivers import disks, dnsmasq, guestmarker, network, protocols, readiness
 from host_reconciler.drivers.libvirt_driver import LibvirtDomains
 from host_reconciler.observations import DomainState
 from schemas.hostplans import DiskIdentity, Network, SlotBundle, VmSpec
@@ -201,7 +201,7 @@ def test_e2e_guest_boots_gets_its_reservation_passes_readiness_and_is_wiped() ->
             vcpu_count=1,
             memory_mib=512,
         )
-        reservation = dnsmasq.reservation_for(vm, net)
+        reservation = protocols.reservation_for(vm, net)
         assert dhcp.ensure_reservation(reservation) is True
 
         # -- guest boot files: the initramfs carries the seed's write_files -------------
@@ -246,7 +246,7 @@ def test_e2e_guest_boots_gets_its_reservation_passes_readiness_and_is_wiped() ->
         assert "-accel tcg" in qemu_log.read_text()  # no KVM: the guest really runs under TCG
         assert nets.isolate_ports(net) != ()  # libvirt's tap joined as a plain port
         state = nets.observe(net)
-        assert network.problems(net, state) == (), state
+        assert protocols.bridge_problems(net, state) == (), state
         timings["provision_s"] = time.monotonic() - t0
 
         # -- readiness gate: the reserved lease, then TCP 22, then the guest marker ---
@@ -291,9 +291,9 @@ def test_e2e_guest_boots_gets_its_reservation_passes_readiness_and_is_wiped() ->
         assert 'TYPE="ext4"' in blkid.stdout
 
         t2 = time.monotonic()
-        driver = disks.BlockDisks(disks.DiskSettings(sample_count=32))
+        driver = disks.BlockDisks(protocols.DiskSettings(sample_count=32))
         approval = DiskIdentity(size_bytes=64 << 20, backing_file=os.path.realpath(slot_file))
-        slot = disks.SlotDisk(0, slot_disk_path, approved=slot_disk_path, os_disk=os_disk_path, identity=approval)
+        slot = protocols.SlotDisk(0, slot_disk_path, approved=slot_disk_path, os_disk=os_disk_path, identity=approval)
         wiped = driver.wipe(slot)
         verified = driver.verify(slot)
         timings["wipe_verify_s"] = time.monotonic() - t2

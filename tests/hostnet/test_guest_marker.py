@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from host_reconciler import cloudinit
-from host_reconciler.drivers import guestmarker, readiness
+from host_reconciler.drivers import guestmarker, protocols, readiness
 from schemas import hostplans as hp
 
 from .test_readiness import MAC, NOW, FakeClock, _accept, _lease
@@ -142,7 +142,7 @@ def _vm() -> hp.VmSpec:
 
 
 def test_the_seed_installs_the_announcer_only_when_asked() -> None:
-    announce = guestmarker.GuestAnnounce("http://10.100.0.1:8479/v1/slice-ready", f"name={NAME}&token={'a' * 32}")
+    announce = protocols.GuestAnnounce("http://10.100.0.1:8479/v1/slice-ready", f"name={NAME}&token={'a' * 32}")
     plain = json.loads(cloudinit.render(_vm())["user-data"].decode().split("\n", 1)[1])
     assert "write_files" not in plain and "runcmd" not in plain
     doc = json.loads(cloudinit.render(_vm(), announce=announce)["user-data"].decode().split("\n", 1)[1])
@@ -171,7 +171,7 @@ def test_the_seeds_announcer_runs_under_busybox(tmp_path: Path, heard: guestmark
     marker, url_file, body_file = tmp_path / "slice-ready", tmp_path / "url", tmp_path / "body"
     url_file.write_text(announce.url)
     body_file.write_text(announce.body)
-    script = (cloudinit.ANNOUNCER_SCRIPT.replace(guestmarker.MARKER, str(marker))
+    script = (cloudinit.ANNOUNCER_SCRIPT.replace(protocols.GUEST_MARKER, str(marker))
               .replace(cloudinit.ANNOUNCE_URL, str(url_file)).replace(cloudinit.ANNOUNCE_BODY, str(body_file)))
     proc = subprocess.Popen([busybox, "sh", "-c", script], env={"PATH": str(bin_dir)})
     try:

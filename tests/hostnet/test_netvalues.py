@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from host_reconciler.drivers import addresses, dnsmasq, network
+from host_reconciler.drivers import addresses, dnsmasq, network, protocols
 from schemas.errors import GpuaasError
 from schemas.hostplans import Network, SlotBundle, VmSpec
 
@@ -132,8 +132,8 @@ def _vm(mac: str, ip: str, allocation: str = "a1") -> VmSpec:
 
 
 def test_reservation_for_uses_the_boot_slot_and_canonical_spellings() -> None:
-    res = dnsmasq.reservation_for(_vm("52:54:00:AA:BB:01", "10.100.0.10"), NET)
-    assert res == dnsmasq.Reservation("gpuaas-a1", "52:54:00:aa:bb:01", "10.100.0.10")
+    res = protocols.reservation_for(_vm("52:54:00:AA:BB:01", "10.100.0.10"), NET)
+    assert res == protocols.Reservation("gpuaas-a1", "52:54:00:aa:bb:01", "10.100.0.10")
     assert res.line() == "52:54:00:aa:bb:01,10.100.0.10,gpuaas-a1\n"
 
 
@@ -148,31 +148,31 @@ def test_reservation_for_uses_the_boot_slot_and_canonical_spellings() -> None:
 )
 def test_reservation_for_refuses_bad_values(vm: VmSpec, code: str) -> None:
     with pytest.raises(GpuaasError) as err:
-        dnsmasq.reservation_for(vm, NET)
+        protocols.reservation_for(vm, NET)
     assert err.value.code == code
 
 
 def test_reservation_requires_canonical_values() -> None:
     with pytest.raises(addresses.InvalidNetworkValue):
-        dnsmasq.Reservation("gpuaas-a1", "52:54:00:AA:BB:01", "10.100.0.10")
+        protocols.Reservation("gpuaas-a1", "52:54:00:AA:BB:01", "10.100.0.10")
     with pytest.raises(addresses.InvalidNetworkValue):
-        dnsmasq.Reservation("Gpuaas-a1", "52:54:00:aa:bb:01", "10.100.0.10")
+        protocols.Reservation("Gpuaas-a1", "52:54:00:aa:bb:01", "10.100.0.10")
 
 
 @pytest.mark.parametrize(
     ("text", "parsed"),
     [
         ("52:54:00:aa:bb:01,10.100.0.10,gpuaas-a1\n",
-         dnsmasq.Reservation("gpuaas-a1", "52:54:00:aa:bb:01", "10.100.0.10")),
+         protocols.Reservation("gpuaas-a1", "52:54:00:aa:bb:01", "10.100.0.10")),
         ("# ours\n52:54:00:aa:bb:01,10.100.0.10,gpuaas-a1\n",
-         dnsmasq.Reservation("gpuaas-a1", "52:54:00:aa:bb:01", "10.100.0.10")),
+         protocols.Reservation("gpuaas-a1", "52:54:00:aa:bb:01", "10.100.0.10")),
         ("dhcp-host=52:54:00:aa:bb:01,10.100.0.10,gpuaas-a1\n", None),
         ("52:54:00:aa:bb:01,10.100.0.10\n", None),
         ("52:54:00:aa:bb:01,10.100.0.10,a\n52:54:00:aa:bb:02,10.100.0.11,b\n", None),
         ("", None),
     ],
 )  # fmt: skip
-def test_parse_reservation(text: str, parsed: dnsmasq.Reservation | None) -> None:
+def test_parse_reservation(text: str, parsed: protocols.Reservation | None) -> None:
     assert dnsmasq.parse_reservation(text) == parsed
 
 
@@ -185,9 +185,9 @@ def test_parse_leases_skips_ipv6_and_garbage() -> None:
         "garbage\n"
     )
     assert dnsmasq.parse_leases(text) == (
-        dnsmasq.Lease(1800000600, "52:54:00:aa:bb:01", "10.100.0.10", "gpuaas-a1",
+        protocols.Lease(1800000600, "52:54:00:aa:bb:01", "10.100.0.10", "gpuaas-a1",
                       "01:52:54:00:aa:bb:01"),
-        dnsmasq.Lease(0, "52:54:00:aa:bb:02", "10.100.0.11", None, None),
+        protocols.Lease(0, "52:54:00:aa:bb:02", "10.100.0.11", None, None),
     )  # fmt: skip
 
 
@@ -208,7 +208,7 @@ def test_dnsmasq_argv_is_dhcp_only_on_the_bridge_and_static(tmp_path: Path) -> N
         assert arg in argv
     dynamic = dnsmasq.DnsmasqServer(tmp_path, dynamic=True).argv(NET)
     assert "--dhcp-range=10.100.0.10,10.100.0.200,255.255.255.0,12h" in dynamic
-    with pytest.raises(dnsmasq.DhcpError):
+    with pytest.raises(protocols.DhcpError):
         dnsmasq.DnsmasqServer(tmp_path, lease_time="12h,10.0.0.0")
 
 
@@ -226,18 +226,18 @@ def test_nat_rules_name_the_bridge_and_subnet() -> None:
 @pytest.mark.parametrize(
     ("state", "expected"),
     [
-        (network.BridgeState("br-mgmt", exists=False), ("bridge br-mgmt missing",)),
+        (protocols.BridgeState("br-mgmt", exists=False), ("bridge br-mgmt missing",)),
         (
-            network.BridgeState("br-mgmt", True, True, ("10.100.0.1/24",), (), nat=True),
+            protocols.BridgeState("br-mgmt", True, True, ("10.100.0.1/24",), (), nat=True),
             (),
         ),
         (
-            network.BridgeState(
+            protocols.BridgeState(
                 "br-mgmt",
                 True,
                 False,
                 ("10.100.0.1/16",),
-                (network.PortState("vnet0", True), network.PortState("vnet1", False)),
+                (protocols.PortState("vnet0", True), protocols.PortState("vnet1", False)),
                 nat=False,
             ),
             (
@@ -249,8 +249,8 @@ def test_nat_rules_name_the_bridge_and_subnet() -> None:
         ),
     ],
 )
-def test_problems(state: network.BridgeState, expected: tuple[str, ...]) -> None:
-    assert network.problems(NET, state) == expected
+def test_problems(state: protocols.BridgeState, expected: tuple[str, ...]) -> None:
+    assert protocols.bridge_problems(NET, state) == expected
 
 
 def test_bridge_mac_is_stable_local_unicast() -> None:

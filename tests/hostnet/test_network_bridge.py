@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from host_reconciler.drivers import network
+from host_reconciler.drivers import network, protocols
 from schemas.errors import GpuaasError
 
 from .conftest import Lab, in_ns, ip
@@ -26,7 +26,7 @@ def test_ensure_bridge_creates_once_and_observes(lab: Lab) -> None:
     net = lab.network()
 
     assert not drv.bridge_exists(net.bridge)
-    assert network.problems(net, drv.observe(net)) == ("bridge br-t missing",)
+    assert protocols.bridge_problems(net, drv.observe(net)) == ("bridge br-t missing",)
 
     assert drv.ensure_bridge(net) is True
     assert drv.ensure_bridge(net) is False  # idempotent
@@ -36,7 +36,7 @@ def test_ensure_bridge_creates_once_and_observes(lab: Lab) -> None:
     assert state.exists and state.up
     assert state.addresses == ("10.100.0.1/24",)
     assert state.ports == ()
-    assert network.problems(net, state) == ("NAT for 10.100.0.0/24 missing",)
+    assert protocols.bridge_problems(net, state) == ("NAT for 10.100.0.0/24 missing",)
     link = ip("-n", lab.host, "-br", "link", "show", "br-t").stdout
     assert network.bridge_mac("br-t") in link
 
@@ -47,7 +47,7 @@ def test_ensure_bridge_repairs_a_downed_bridge_and_lost_address(lab: Lab) -> Non
     drv.ensure_bridge(net)
     ip("-n", lab.host, "addr", "flush", "dev", "br-t")
     ip("-n", lab.host, "link", "set", "br-t", "down")
-    assert set(network.problems(net, drv.observe(net))) >= {
+    assert set(protocols.bridge_problems(net, drv.observe(net))) >= {
         "bridge br-t down",
         "bridge br-t lacks gateway 10.100.0.1/24",
     }
@@ -91,7 +91,7 @@ def test_ensure_nat_adds_masquerade_and_forward_rules_once(lab: Lab) -> None:
     assert "-s 10.100.0.0/24 ! -d 10.100.0.0/24" in nat
     fwd = in_ns(lab.host, "iptables", "-S", "FORWARD").stdout
     assert "-i br-t -o br-t" in fwd and "-j DROP" in fwd
-    assert network.problems(net, drv.observe(net)) == ()
+    assert protocols.bridge_problems(net, drv.observe(net)) == ()
 
     assert drv.remove_nat(net) is True
     assert drv.remove_nat(net) is False
@@ -112,7 +112,7 @@ def test_ports_isolated_vms_reach_the_gateway_but_not_each_other(lab: Lab) -> No
     # so the failures below are the isolation's doing, not a broken setup.
     state = drv.observe(net)
     assert {p.name: p.isolated for p in state.ports} == {"vp-1": False, "vp-2": False}
-    assert {"port vp-1 not isolated", "port vp-2 not isolated"} <= set(network.problems(net, state))
+    assert {"port vp-1 not isolated", "port vp-2 not isolated"} <= set(protocols.bridge_problems(net, state))
     assert _ping(vm1, "10.100.0.12")
 
     # Port isolation alone (no iptables rule yet) stops the bridge forwarding
@@ -145,7 +145,7 @@ def test_guests_cannot_hairpin_to_each_other_through_the_gateway(lab: Lab) -> No
         in_ns(ns, "sysctl", "-q", "-w", "net.ipv4.conf.all.accept_redirects=0")
         ip("-n", ns, "addr", "add", f"{mine}/24", "dev", "eth0")
         ip("-n", ns, "route", "add", f"{peer}/32", "via", "10.100.0.1")
-    assert network.problems(net, drv.observe(net)) == ()
+    assert protocols.bridge_problems(net, drv.observe(net)) == ()
     assert _ping(vm1, "10.100.0.1")
     assert not _ping(vm1, "10.100.0.12")
 
@@ -153,7 +153,7 @@ def test_guests_cannot_hairpin_to_each_other_through_the_gateway(lab: Lab) -> No
     drop = ("-i", "br-t", "-o", "br-t", "-m", "comment", "--comment", "gpuaas:br-t", "-j", "DROP")
     assert in_ns(lab.host, "iptables", "-D", "FORWARD", *drop).returncode == 0
     assert _ping(vm1, "10.100.0.12")
-    assert "NAT for 10.100.0.0/24 missing" in network.problems(net, drv.observe(net))
+    assert "NAT for 10.100.0.0/24 missing" in protocols.bridge_problems(net, drv.observe(net))
     assert drv.ensure_nat(net) is True
     assert not _ping(vm1, "10.100.0.12")
 
@@ -167,7 +167,7 @@ def test_attach_port_enslaves_isolates_and_raises_it(lab: Lab) -> None:
 
     assert drv.attach_port(net, "vp-1") is True
     assert drv.attach_port(net, "vp-1") is False
-    assert drv.observe(net).ports == (network.PortState("vp-1", isolated=True),)
+    assert drv.observe(net).ports == (protocols.PortState("vp-1", isolated=True),)
     ip("-n", vm1, "addr", "add", "10.100.0.11/24", "dev", "eth0")
     assert _ping(vm1, "10.100.0.1")
 

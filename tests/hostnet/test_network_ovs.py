@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from host_reconciler.drivers import network, ovs
+from host_reconciler.drivers import network, ovs, protocols
 
 from .conftest import Lab, in_ns, ip
 
@@ -80,9 +80,9 @@ def test_ovs_bridge_is_netdev_with_the_gateway_and_idempotent(lab: Lab, ovsdb: s
     assert _vsctl(ovsdb, "get", "interface", "ovsbr-t", "ofport").stdout.strip() == "65534"
     state = drv.observe(net)
     assert state.exists and state.up and state.addresses == ("10.100.0.1/24",)
-    assert network.problems(net, state) == ("NAT for 10.100.0.0/24 missing",)
+    assert protocols.bridge_problems(net, state) == ("NAT for 10.100.0.0/24 missing",)
     assert drv.ensure_nat(net) is True
-    assert network.problems(net, drv.observe(net)) == ()
+    assert protocols.bridge_problems(net, drv.observe(net)) == ()
     assert drv.remove_bridge(net) is True
     assert drv.remove_bridge(net) is False
 
@@ -118,7 +118,7 @@ def test_ovs_attach_port_checks_ofport_because_vsctl_exits_zero(lab: Lab, ovsdb:
     lab.vm(1, MAC1, attach=False)
     assert drv.attach_port(net, "vp-1") is True
     assert drv.attach_port(net, "vp-1") is False
-    assert drv.observe(net).ports == (network.PortState("vp-1", isolated=True),)
+    assert drv.observe(net).ports == (protocols.PortState("vp-1", isolated=True),)
 
     # The database accepts a port for a device that does not exist (exit 0)...
     assert _vsctl(ovsdb, "add-port", "ovsbr-t", "ghost0").returncode == 0

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from host_reconciler.drivers import netns, readiness
+from host_reconciler.drivers import netns, protocols, readiness
 from host_reconciler.drivers.addresses import InvalidNetworkValue
 
 from .conftest import Lab
@@ -75,7 +75,7 @@ def test_ready_when_lease_then_port_appear(tmp_path: Path) -> None:
     clock.on_sleep = lambda t: _lease(leases, MAC, "10.100.0.10") if t == 104 else None
     result = _gate(leases, clock, connect).wait_ready(MAC.upper(), "10.100.0.10", 2222, 60)
 
-    assert result == readiness.ReadinessResult(MAC, "10.100.0.10", 2222, lease_s=4.0, ready_s=10.0)
+    assert result == protocols.ReadinessResult(MAC, "10.100.0.10", 2222, lease_s=4.0, ready_s=10.0)
     assert attempts[0] == 104.0  # no TCP attempt before the lease
     assert all(s == 1.0 for s in clock.sleeps)
 
