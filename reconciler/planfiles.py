@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reconciler import plans, prplan, prplan_render, sources
+from reconciler import plans, sources
+from reconciler.placement import prplan, prplan_render
 from schemas.errors import PermanentError
 
 if TYPE_CHECKING:
@@ -248,7 +249,7 @@ def database_digest(conn: Connection) -> str:
 
 def guarded_planner(saved: SavedPlan) -> Planner:
     """The planner apply runs: refuses (apply.plan_stale) to go on with any decision but the saved ones."""
-    from reconciler import planner
+    from reconciler.placement import planner
 
     def plan(desired: DesiredState, observed: plans.Observed) -> plans.Plan:
         out = planner.plan(desired, observed, policy=saved.policy)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from desired.loading import DesiredState
-from reconciler import planner as planning
+from reconciler.placement import planner as planning
 from reconciler.plans import Observed, Plan
 from reconciler.store import claims, cleanup, history, hostplans, inventory, lifecycle, live
 from reconciler.store.connections import Connection

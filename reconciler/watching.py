@@ -37,7 +37,8 @@ from typing import Protocol
 
 from desired.loading import BlobCache, Cancelled, DesiredState
 from policies import validating
-from reconciler import reconciling, replanning, sources
+from reconciler import reconciling, sources
+from reconciler.placement import replanning
 from reconciler.store import connections, history, inventory, live, revisions
 from schemas.errors import GpuaasError, TemporaryError
 

@@ -28,8 +28,9 @@ from markdown_it.token import Token
 from desired import problems as p
 from host_reconciler import reports
 from policies.profiles import Profile
-from reconciler import inventory_diff, plans, prplan_render
-from reconciler.prplan import NodeChange, PrPlan
+from reconciler import inventory_diff, plans
+from reconciler.placement import prplan_render
+from reconciler.placement.prplan import NodeChange, PrPlan
 from schemas import rendering
 
 MD = MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"])

@@ -2,7 +2,7 @@
 
     gpuaas bench plan [--nodes 1000,10000,50000] [--json]
 
-For each size: a synthetic fleet (`reconciler.synthesizing`), a quarter of
+For each size: a synthetic fleet (`reconciler.placement.synthesizing`), a quarter of
 its nodes already holding claims (observed), and about one new allocation
 per node in the fleet's request mix. It times `planner.plan()` end to end
 (engine build included) and the placement phase alone, then runs it again
@@ -43,7 +43,8 @@ def register(sub: Any) -> None:
 def scenario(nodes: int, *, per_node: float = 1.0, seed: int = 0) -> tuple[DesiredState, plans.Observed]:
     """A fleet with a quarter of its nodes busy and ~per_node new allocations per node."""
     from desired import models as m
-    from reconciler import plans, synthesizing
+    from reconciler import plans
+    from reconciler.placement import synthesizing
     from schemas import states
     desired = synthesizing.desired_state(synthesizing.fleet_documents(nodes, seed=seed))
     rnd = random.Random(seed)  # noqa: S311  # seeded, reproducible simulation input, not security
@@ -72,7 +73,7 @@ def scenario(nodes: int, *, per_node: float = 1.0, seed: int = 0) -> tuple[Desir
 
 
 def measure(nodes: int, *, per_node: float = 1.0, seed: int = 0) -> dict[str, Any]:
-    from reconciler import placing, planner
+    from reconciler.placement import placing, planner
     desired, observed = scenario(nodes, per_node=per_node, seed=seed)
     gc.collect()
     t0 = time.perf_counter()

@@ -29,8 +29,8 @@ def register(sub: Any) -> None:
 
 
 def _ensure_fleet(root: Path, nodes: int) -> None:
-    from reconciler import synthesizing
     from reconciler.commands import fleet
+    from reconciler.placement import synthesizing
     marker = root / ".complete"
     if marker.exists():
         return

@@ -71,7 +71,7 @@ def _dump(path: Path, doc: dict[str, Any]) -> None:
 
 
 def run_synth(args: argparse.Namespace) -> int:
-    from reconciler import synthesizing
+    from reconciler.placement import synthesizing
     out: Path = args.out
     if args.nodes < 1:
         raise UsageError("--nodes must be at least 1")
@@ -128,7 +128,8 @@ def parse_terms(text: str) -> tuple[float, ...]:
 
 
 def run_workload(args: argparse.Namespace) -> int:
-    from reconciler import simulating, sources, synthesizing
+    from reconciler import sources
+    from reconciler.placement import simulating, synthesizing
     result = sources.load(args.fleet)
     if result.errors:
         raise UsageError(f"{args.fleet} does not validate ({len(result.errors)} errors); run gpuaas validate")

@@ -35,7 +35,8 @@ from schemas.errors import PermanentError, UsageError
 
 if TYPE_CHECKING:
     from desired.loading import DesiredState
-    from reconciler import plans, prplan
+    from reconciler import plans
+    from reconciler.placement import prplan
 
 EXIT_CHANGES = 2
 EXIT_PENDING = 3
@@ -98,7 +99,8 @@ def _online(args: argparse.Namespace,
 def run(args: argparse.Namespace) -> int:
     from desired import gitrepo
     from desired.loading import DesiredState
-    from reconciler import planfiles, prplan, replanning
+    from reconciler import planfiles
+    from reconciler.placement import prplan, replanning
     head_rev = args.head or ("HEAD" if gitrepo.head(args.path) is not None else None)
     reader = blobcache.open_reader(args)  # base and head share it: a document both hold is parsed once
     head, head_errors = _load(args.path, head_rev, reader)
@@ -150,7 +152,7 @@ def _guard(fn: Any) -> Any:
 
 
 def _print(pr: prplan.PrPlan, fmt: str) -> None:
-    from reconciler import prplan_render
+    from reconciler.placement import prplan_render
     if output.structured(fmt):
         output.emit(prplan_render.as_dict(pr), fmt)
     elif fmt == "markdown":

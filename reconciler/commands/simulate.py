@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any
 from schemas.errors import UsageError
 
 if TYPE_CHECKING:
-    from reconciler import simulating
+    from reconciler.placement import simulating
 
 
 def register(sub: Any) -> None:
     from policies import packing
-    from reconciler import simulating
+    from reconciler.placement import simulating
     p = sub.add_parser("simulate", help="replay a workload through the placement engine")
     p.add_argument("--fleet", type=Path, required=True, help="desired-state directory")
     p.add_argument("--workload", type=Path, required=True, help="CSV: arrival_s,duration_s,sku,gpus[,lease_s]")
@@ -54,7 +54,7 @@ def register(sub: Any) -> None:
 
 
 def _rows(path: Path) -> list[Any]:
-    from reconciler import simulating, synthesizing
+    from reconciler.placement import simulating, synthesizing
     try:
         with path.open(newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle)
@@ -87,7 +87,8 @@ def _progress(label: str) -> simulating.Progress:
 
 def run(args: argparse.Namespace) -> int:
     from policies import packing
-    from reconciler import simulating, sources
+    from reconciler import sources
+    from reconciler.placement import simulating
     result = sources.load(args.fleet)
     if result.errors:
         raise UsageError(f"{args.fleet} does not validate ({len(result.errors)} errors); run gpuaas validate",
@@ -120,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
 
 def render(results: list[simulating.Result]) -> str:
     from policies import packing
-    from reconciler import simulating
+    from reconciler.placement import simulating
     lease_words = {
         simulating.LeaseEnds.TERMS.value: "the rows' lease_s terms",
         simulating.LeaseEnds.NONE.value: "none (every lease on demand)",

@@ -13,7 +13,8 @@ from types import MappingProxyType
 import pytest
 
 from desired.loading import DesiredState
-from reconciler import capacity, plans, prplan, sources
+from reconciler import capacity, plans, sources
+from reconciler.placement import prplan
 from schemas import states
 from tests.gitops.conftest import make_fleet
 

@@ -141,8 +141,8 @@ def test_sigterm_during_a_reconciliation_finishes_it_and_stops(
     import os
     import signal
 
-    from reconciler import replanning
     from reconciler.commands import run as run_cmd
+    from reconciler.placement import replanning
 
     fleet_repo.request("req-sig", 1)
     real = replanning.WarmPlanner.__call__  # the loop plans with its kept engine

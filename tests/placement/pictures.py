@@ -28,7 +28,8 @@ from typing import Any
 
 from desired import models as m
 from desired.loading import DesiredState
-from reconciler import planner, plans
+from reconciler import plans
+from reconciler.placement import planner
 from schemas import states
 
 API = m.API_VERSION

@@ -15,7 +15,8 @@ import pytest
 
 from desired import models as m
 from policies import packing
-from reconciler import capacity, placing, synthesizing
+from reconciler import capacity
+from reconciler.placement import placing, synthesizing
 from tests.placement.pictures import REGION, SLICE, world
 
 POLICIES = [p.value for p in packing.ALL]

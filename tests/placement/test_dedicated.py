@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from policies import packing
-from reconciler import planner, plans, reasons, sources
+from reconciler import plans, sources
+from reconciler.placement import planner, reasons
 from tests.placement.pictures import BAREMETAL, SLICE, world
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "fleet"

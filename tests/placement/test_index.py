@@ -1,4 +1,4 @@
-"""Index structures (reconciler.packing_index) and the engine's bookkeeping."""
+"""Index structures (reconciler.placement.packing_index) and the engine's bookkeeping."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import random
 
 import pytest
 
-from reconciler import placing, plans, synthesizing
+from reconciler import plans
 from reconciler import topology as topo
-from reconciler.packing_index import NodeHeap, SliceIndex
+from reconciler.placement import placing, synthesizing
+from reconciler.placement.packing_index import NodeHeap, SliceIndex
 from schemas import states
 from tests.placement.pictures import BAREMETAL, SLICE, world
 

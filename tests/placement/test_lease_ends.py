@@ -15,8 +15,8 @@ import pytest
 
 from desired import models as m
 from policies import packing
-from reconciler import placing, reasons, simulating, synthesizing
-from reconciler.packing_index import EndOrder
+from reconciler.placement import placing, reasons, simulating, synthesizing
+from reconciler.placement.packing_index import EndOrder
 from tests.placement.pictures import API, BAREMETAL, EPOCH, SLICE, World, world
 
 H = packing.HOUR_S

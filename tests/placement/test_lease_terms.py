@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import cli, simulating, synthesizing
-from reconciler.simulating import LeaseEnds
-from reconciler.synthesizing import WorkloadRow
+from reconciler import cli
+from reconciler.placement import simulating, synthesizing
+from reconciler.placement.simulating import LeaseEnds
+from reconciler.placement.synthesizing import WorkloadRow
 
 SLICE, WHOLE = synthesizing.H200_SLICE, synthesizing.H200_BAREMETAL
 

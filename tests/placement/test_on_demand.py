@@ -15,7 +15,7 @@ import pytest
 
 from desired import models as m
 from policies import packing
-from reconciler import placing, synthesizing
+from reconciler.placement import placing, synthesizing
 from tests.placement.pictures import API, EPOCH, REGION, SLICE, World, aid, world
 
 H = packing.HOUR_S

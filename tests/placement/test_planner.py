@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from desired import models as m
-from reconciler import placing, planner, plans, reasons, sources
+from reconciler import plans, sources
+from reconciler.placement import placing, planner, reasons
 from schemas import states
 from tests.placement import pictures
 from tests.placement.pictures import BAREMETAL, SLICE, world

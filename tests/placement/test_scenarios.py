@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from reconciler import plans, reasons
+from reconciler import plans
+from reconciler.placement import reasons
 from tests.placement.pictures import BAREMETAL, ROCE, SLICE, world
 
 # ------------------------------------------------------------- GPU counts

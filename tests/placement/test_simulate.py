@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import cli, simulating, sources, synthesizing
-from reconciler.synthesizing import WorkloadRow
+from reconciler import cli, sources
+from reconciler.placement import simulating, synthesizing
+from reconciler.placement.synthesizing import WorkloadRow
 
 
 def test_synth_fleet_validates_with_unique_macs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from desired import models as m
 from policies import packing
-from reconciler import placing
+from reconciler.placement import placing
 from tests.placement.pictures import API, BAREMETAL, REGION, SLICE, World, world
 
 POLICIES = [p.value for p in packing.ALL]

@@ -23,7 +23,8 @@ import pytest
 from desired import models as m
 from desired.loading import DesiredState
 from policies import eligibility, packing
-from reconciler import placing, planner, plans, replanning, topology
+from reconciler import plans, topology
+from reconciler.placement import placing, planner, replanning
 from reconciler.store import synthetic
 from schemas import states
 

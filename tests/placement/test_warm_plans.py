@@ -17,7 +17,8 @@ import pytest
 from desired import models as m
 from desired.loading import DesiredState
 from policies import eligibility
-from reconciler import planner, plans, topology
+from reconciler import plans, topology
+from reconciler.placement import planner
 from reconciler.store import synthetic
 from schemas import states
 

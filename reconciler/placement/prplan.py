@@ -31,7 +31,8 @@ from types import MappingProxyType
 
 from desired import problems as p
 from desired.loading import DesiredState
-from reconciler import capacity, inventory_diff, placing, planner, plans
+from reconciler import capacity, inventory_diff, plans
+from reconciler.placement import placing, planner
 from schemas import states
 
 

@@ -2,7 +2,7 @@
 
 `Engine` is built once from desired state plus observed facts, then answers
 `place(request)` and `release(allocation_id)` in time independent of the
-fleet size (see `reconciler.packing_index`). `planner.plan()` and the
+fleet size (see `reconciler.placement.packing_index`). `planner.plan()` and the
 simulator both drive this class, so what the simulator measures is what the
 planner does.
 
@@ -23,9 +23,10 @@ from desired import models as m
 from desired.loading import DesiredState
 from policies import fabric, modes, packing, profiles
 from policies import topology as t
-from reconciler import plans, reasons
+from reconciler import plans
 from reconciler import topology as topo
-from reconciler.packing_index import EndOrder, NodeHeap, NodeKey, SliceIndex, WholeNodeIndex
+from reconciler.placement import reasons
+from reconciler.placement.packing_index import EndOrder, NodeHeap, NodeKey, SliceIndex, WholeNodeIndex
 from schemas import states
 
 Refused = reasons.Refused  # the engine's answer when nothing can take a request
@@ -308,7 +309,7 @@ class Engine:
             return
         node.allocs[c.allocation_id] = node.allocs.get(c.allocation_id, 0) | (1 << pos)
 
-    # ------------------------------------------- warm upkeep (reconciler.replanning)
+    # ------------------------------------------- warm upkeep (reconciler.placement.replanning)
     #
     # An engine kept across revisions is brought to what a fresh one would hold
     # for the new desired state and observed claims, one node at a time. The

@@ -42,8 +42,9 @@ from desired import models as m
 from desired.loading import DesiredState
 from policies import packing
 from policies import topology as t
-from reconciler import placing, plans
-from reconciler.synthesizing import Offer, WorkloadRow
+from reconciler import plans
+from reconciler.placement import placing
+from reconciler.placement.synthesizing import Offer, WorkloadRow
 
 Progress = Callable[[int, int], None]
 TENANT = "simulated"

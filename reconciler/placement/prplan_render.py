@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from reconciler import capacity, plans
-from reconciler.prplan import NodeChange, PrPlan
+from reconciler.placement.prplan import NodeChange, PrPlan
 from schemas import rendering
 
 MARKER = "<!-- gpuaas-plan -->"

@@ -5,7 +5,7 @@ request first (then by id), each one seeing the claims of those placed
 before it, through the same `placing.Engine` the simulator measures. An
 allocation marked released that still holds claims becomes a Release; one
 that already holds claims is never placed again; one that cannot be placed
-becomes a Pending with a stable code (`reconciler.reasons`) and a sentence.
+becomes a Pending with a stable code (`reconciler.placement.reasons`) and a sentence.
 
 Same input, same plan: no I/O, no clock, no randomness.
 """
@@ -17,7 +17,8 @@ from types import MappingProxyType
 
 from desired import models as m
 from desired.loading import DesiredState
-from reconciler import placing, plans
+from reconciler import plans
+from reconciler.placement import placing
 from schemas import states
 
 
@@ -31,7 +32,7 @@ def plan(desired: DesiredState, observed: plans.Observed, *, policy: str | None 
 
 def plan_with(engine: placing.Engine, desired: DesiredState, observed: plans.Observed) -> plans.Plan:
     """`plan` on an engine that already holds exactly `observed` for `desired` (a fresh one, or one
-    `reconciler.replanning` brought up to date); the engine keeps the placements it made."""
+    `reconciler.placement.replanning` brought up to date); the engine keeps the placements it made."""
     by_alloc: dict[str, list[plans.ExistingClaim]] = defaultdict(list)
     for claim in observed.claims:
         by_alloc[claim.allocation_id].append(claim)

@@ -1,0 +1,17 @@
+"""Placement: pure functions from desired state and observed facts to a plan, with no I/O.
+
+No database, git, driver or subprocess import (an import-linter contract),
+so the planner, the simulator and `gpuaas plan --offline` run anywhere and
+test without fixtures.
+
+Modules (import the module, call through it):
+  packing_index  the engine's indexes: nodes by free-slot pattern, by when they empty
+  placing        `Engine`: place, release, explain (the placement rules)
+  planner        `plan(desired, observed)` on top of the engine
+  replanning     `WarmPlanner`: one kept engine re-planned by difference
+  reasons        stable pending codes
+  prplan         what merging a PR would do (base vs head plans); prplan_render prints it
+  synthesizing   synthetic fleets and workloads; simulating replays them through the engine
+
+Design and decisions: docs/placement.md.
+"""
