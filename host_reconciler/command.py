@@ -194,7 +194,8 @@ def _print(result: converging.PassResult, fmt: str) -> None:
 
 
 def run_converge(args: argparse.Namespace) -> int:
-    from host_reconciler import converging, wiring
+    from host_reconciler import converging
+    from host_reconciler.drivers import wiring
     s = _settings(args)
     source = _Source(args)
     drivers = wiring.drivers(s)
@@ -243,7 +244,8 @@ def _loop(args: argparse.Namespace, counted: metrics.AgentMetrics) -> int:
 
 
 def _passes(args: argparse.Namespace, counted: metrics.AgentMetrics, stop: threading.Event) -> int:
-    from host_reconciler import converging, wiring
+    from host_reconciler import converging
+    from host_reconciler.drivers import wiring
     log = logging.getLogger("gpuaas.host")
     s = _settings(args)
     interval = args.interval if args.interval is not None else s.poll_interval_s

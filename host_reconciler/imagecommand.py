@@ -160,7 +160,7 @@ def run_evict(args: argparse.Namespace) -> int:
 
 def run_bench(args: argparse.Namespace) -> int:
     """Pull throughput vs curl on the same file, and qcow2 -> raw onto a loop device (the disk guard on)."""
-    from host_reconciler import imagebench
+    from host_reconciler.bench import images as imagebench
 
     out = imagebench.run(size_mib=args.size_mib, runs=args.runs)
     if output.structured(args.output):

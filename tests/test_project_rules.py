@@ -77,13 +77,13 @@ ARGV_ALLOWED = {
         "iptables rule specs from nat_rules(): our literal options around a subnet printed by ipaddress and a "
         "bridge name checked by addresses.ifname, neither of which can start with '-'",
     ),
-    "host_reconciler/lab.py::_run": "lab only: argv from literals, generated netns names and loop devices",
-    "host_reconciler/imagebench.py::_run": "bench tool: every caller passes literals, paths under its own temp "
+    "host_reconciler/lab/__init__.py::_run": "lab only: argv from literals, generated netns names and loop devices",
+    "host_reconciler/bench/images.py::_run": "bench tool: every caller passes literals, paths under its own temp "
                                            "dir and /dev/loopN names printed by losetup",
-    "host_reconciler/imagebench.py::_server_process": "bench tool: sys.executable, a literal module name and an "
+    "host_reconciler/bench/images.py::_server_process": "bench tool: sys.executable, a literal module name and an "
                                                       "absolute temp directory it made",
-    "host_reconciler/imagebench.py::_convert": "bench tool: losetup -d of /dev/loopN names losetup printed",
-    "host_reconciler/lab.py::LabHost.close": "lab only: a generated netns name (gpuaas-l<hex>), mount points "
+    "host_reconciler/bench/images.py::_convert": "bench tool: losetup -d of /dev/loopN names losetup printed",
+    "host_reconciler/lab/__init__.py::LabHost.close": "lab only: a generated netns name (gpuaas-l<hex>), mount points "
                                              "under the lab root (absolute paths) and /dev/loopN names",
 }
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from host_reconciler import bench as host_bench
-from host_reconciler.discovery import bench as discovery_bench
+from host_reconciler.bench import discovery as discovery_bench
+from host_reconciler.bench import host as host_bench
 from reconciler import commands
 from reconciler.commands import bench_claims, bench_gitops, bench_plan, bench_serve, bench_validate
 

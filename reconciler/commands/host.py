@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from host_reconciler import command as host_command
-from host_reconciler.discovery import cli as discovery_cli
+from host_reconciler import discoverycommand as discovery_cli
 from reconciler import commands
 
 

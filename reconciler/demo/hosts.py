@@ -35,8 +35,9 @@ from typing import Any
 
 import psycopg
 
-from host_reconciler import converging, lab, reports, store, wiring
+from host_reconciler import converging, lab, reports, store
 from host_reconciler.actions import DriftMode
+from host_reconciler.drivers import wiring
 from host_reconciler.phases import Drivers
 from schemas import hostplans
 from schemas.errors import PermanentError

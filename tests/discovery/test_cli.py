@@ -57,6 +57,7 @@ def test_real_sys_exits_zero_and_lists_prerequisites(capsys: pytest.CaptureFixtu
         (["host", "discover", "--node", "Bad Name"], "discovery.node.invalid"),
         (["host", "gate", "/nonexistent.yaml"], "gate.slotmap.invalid"),
         (["bench", "discover", "--runs", "0"], "cli.usage"),
+        (["bench", "discover", "--examples", "/nonexistent/examples"], "bench.discover.no_tree"),
     ],
 )
 def test_user_mistakes_are_coded_errors_not_tracebacks(
@@ -89,6 +90,16 @@ def test_bench_prints_the_figure(
     )
     out = capsys.readouterr().out
     assert "8 GPUs" in out and "goal <= 200 ms per 8-GPU host" in out
+
+
+def test_bench_finds_the_recorded_tree_under_examples(
+    trees: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--examples, not this module's place on disk, says where the recorded trees are."""
+    (tmp_path / "sysfs").mkdir()
+    (tmp_path / "sysfs" / "xe9680l-h200").symlink_to(trees["xe9680l-h200"])
+    assert cli.main(["bench", "discover", "--examples", str(tmp_path), "--runs", "1"]) == 0
+    assert "8 GPUs" in capsys.readouterr().out
 
 
 def test_discovery_never_shells_out_or_writes() -> None:

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from desired import models as m
+from host_reconciler import discoverycommand as discovery_cli
 from host_reconciler.discovery import candidates, discovering, facts, gating, rendering
-from host_reconciler.discovery import cli as discovery_cli
 from policies import eligibility
 from reconciler import cli
 from tests.discovery.conftest import FLEET, move_pci_function, relink

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from desired import problems as p
-from host_reconciler.discovery import cli as discovery_cli
+from host_reconciler import discoverycommand as discovery_cli
 from host_reconciler.discovery import discovering, gating
 from reconciler import cli, sources
 from tests.discovery.conftest import FLEET, NODES, TREES

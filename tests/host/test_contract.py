@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from host_reconciler import converging, lab, store, wiring
+from host_reconciler import converging, lab, store
+from host_reconciler.drivers import wiring
 from reconciler import reconciling, sources
 from reconciler.demo import hosts as demo
 from schemas.errors import GpuaasError

@@ -12,8 +12,9 @@ import dataclasses
 import subprocess
 from pathlib import Path
 
-from host_reconciler import converging, wiring
+from host_reconciler import converging
 from host_reconciler.actions import Action, DriftCode, DriftMode, Step
+from host_reconciler.drivers import wiring
 from host_reconciler.observations import DomainState
 from schemas.hostplans import HostPlan
 from schemas.states import SlotStatus

@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from host_reconciler import converging, images, statuses, wiring
+from host_reconciler import converging, images, statuses
 from host_reconciler import settings as hs
 from host_reconciler.actions import DriftCode
 from host_reconciler.discovery import candidates, discovering
-from host_reconciler.drivers import disks, protocols
+from host_reconciler.drivers import disks, protocols, wiring
 from policies import eligibility
 from reconciler import sources
 from reconciler.store import connections, hostplans, inventory

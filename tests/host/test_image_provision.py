@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from host_reconciler import converging, wiring
+from host_reconciler import converging
 from host_reconciler.actions import Step
+from host_reconciler.drivers import wiring
 from host_reconciler.imageserver import Fault, ImageServer
 from schemas import hostplans as hp
 from tests.host.conftest import Lab

@@ -28,8 +28,9 @@ from pathlib import Path
 import libvirt
 import pytest
 
-from host_reconciler import converging, wiring
+from host_reconciler import converging
 from host_reconciler.actions import PROVISION_STEPS, RELEASE_STEPS, Action
+from host_reconciler.drivers import wiring
 from schemas import hostplans
 from tests.host.conftest import Lab, Loops, make_lab, need_root
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from host_reconciler.drivers import pci, protocols
-from host_reconciler.fakes import FakePci
+from host_reconciler.drivers.fakes import FakePci
 from host_reconciler.observations import PciObs
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sysfs" / "xe9680l-h200" / "sys"

@@ -21,9 +21,10 @@ import pytest
 
 from desired import models as m
 from desired.loading import DesiredState
-from host_reconciler import converging, wiring
+from host_reconciler import converging
 from host_reconciler import store as host_store
-from host_reconciler.fakes import FakePci
+from host_reconciler.drivers import wiring
+from host_reconciler.drivers.fakes import FakePci
 from reconciler import reconciling
 from reconciler.store import checks, connections, lifecycle
 from tests.host.conftest import SLOTS, SSH_KEY, Lab

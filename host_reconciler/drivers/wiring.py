@@ -7,7 +7,7 @@ host without GPUs), dnsmasq, the readiness gate and the bridge (Linux or OVS).
 
 from __future__ import annotations
 
-from host_reconciler import fakes
+from host_reconciler.drivers import fakes
 from host_reconciler.drivers.disks import BlockDisks
 from host_reconciler.drivers.dnsmasq import DnsmasqDhcp, DnsmasqServer
 from host_reconciler.drivers.guestmarker import Announcements

@@ -55,7 +55,8 @@ def _median(xs: list[float]) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from host_reconciler import converging, lab, wiring
+    from host_reconciler import converging, lab
+    from host_reconciler.drivers import wiring
     lab.check_host()
     slots = _slots()
     out: dict[str, Any] = {"runs": args.runs}

@@ -20,8 +20,7 @@ from typing import Any
 from schemas.errors import UsageError
 
 GOAL_MS = 200.0
-BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "sysfs" / "build.py"
-DEFAULT_TREE = BUILD_SCRIPT.parent / "xe9680l-h200"
+DEFAULT_TREE = "xe9680l-h200"  # under <examples>/sysfs/, built there by build.py
 
 
 def register(sub: Any) -> None:
@@ -29,9 +28,17 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--sysfs-root",
         type=Path,
-        default=DEFAULT_TREE,
+        default=None,
         metavar="DIR",
-        help="host root to discover (default: the recorded XE9680L H200 tree)",
+        help="host root to discover (default: the recorded XE9680L H200 tree under --examples)",
+    )
+    # Given, not found from this file's place: an installed wheel has no examples/ beside it.
+    p.add_argument(
+        "--examples",
+        type=Path,
+        default=Path("examples"),
+        metavar="DIR",
+        help="the repository's examples/ holding sysfs/build.py and the recorded trees (default: %(default)s)",
     )
     p.add_argument("--runs", type=int, default=50, help="timed runs after the first (default: %(default)s)")
     p.set_defaults(func=run)
@@ -41,17 +48,21 @@ def _ms(ns: int) -> float:
     return ns / 1e6
 
 
-def _build_default(into: Path) -> Path:
-    """Build the recorded tree with examples/sysfs/build.py when it is not built yet."""
-    script = BUILD_SCRIPT
+def _build_default(examples: Path, into: Path) -> Path:
+    """Build the recorded tree with <examples>/sysfs/build.py when it is not built yet."""
+    script = examples / "sysfs" / "build.py"
     spec = importlib.util.spec_from_file_location("gpuaas_sysfs_build", script)
     if spec is None or spec.loader is None or not script.is_file():
-        raise UsageError(f"no recorded tree at {DEFAULT_TREE} and no {script} to build it")
+        raise UsageError(
+            f"no recorded tree at {examples / 'sysfs' / DEFAULT_TREE} and no {script} to build it: "
+            "pass --sysfs-root DIR (a host root) or --examples DIR (the repository's examples/)",
+            code="bench.discover.no_tree",
+        )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
     spec.loader.exec_module(module)
-    host = next(h for h in module.hosts() if h.dirname == DEFAULT_TREE.name)
-    root = into / DEFAULT_TREE.name
+    host = next(h for h in module.hosts() if h.dirname == DEFAULT_TREE)
+    root = into / DEFAULT_TREE
     module.build(host, root)
     return root
 
@@ -59,11 +70,13 @@ def _build_default(into: Path) -> Path:
 def run(args: argparse.Namespace) -> int:
     if args.runs < 1:
         raise UsageError("--runs must be at least 1")
-    if args.sysfs_root == DEFAULT_TREE and not DEFAULT_TREE.is_dir():
-        with tempfile.TemporaryDirectory(prefix="gpuaas-bench-") as tmp:
-            args.sysfs_root = _build_default(Path(tmp))
-            print(f"built the recorded tree in {args.sysfs_root} (build.py --help: build in place)")
-            return _bench(args)
+    if args.sysfs_root is None:
+        args.sysfs_root = args.examples / "sysfs" / DEFAULT_TREE
+        if not args.sysfs_root.is_dir():
+            with tempfile.TemporaryDirectory(prefix="gpuaas-bench-") as tmp:
+                args.sysfs_root = _build_default(args.examples, Path(tmp))
+                print(f"built the recorded tree in {args.sysfs_root} (build.py --help: build in place)")
+                return _bench(args)
     if not args.sysfs_root.is_dir():
         raise UsageError(f"--sysfs-root {args.sysfs_root}: no such directory")
     return _bench(args)
