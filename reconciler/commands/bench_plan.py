@@ -2,7 +2,7 @@
 
     gpuaas bench plan [--nodes 1000,10000,50000] [--json]
 
-For each size: a synthetic fleet (`reconciler.placement.synthesizing`), a quarter of
+For each size: a synthetic fleet (`reconciler.placement.synthesis`), a quarter of
 its nodes already holding claims (observed), and about one new allocation
 per node in the fleet's request mix. It times `planner.plan()` end to end
 (engine build included) and the placement phase alone, then runs it again
@@ -44,9 +44,9 @@ def scenario(nodes: int, *, per_node: float = 1.0, seed: int = 0) -> tuple[Desir
     """A fleet with a quarter of its nodes busy and ~per_node new allocations per node."""
     from desired import models as m
     from reconciler import plans
-    from reconciler.placement import synthesizing
+    from reconciler.placement import synthesis
     from schemas import states
-    desired = synthesizing.desired_state(synthesizing.fleet_documents(nodes, seed=seed))
+    desired = synthesis.desired_state(synthesis.fleet_documents(nodes, seed=seed))
     rnd = random.Random(seed)  # noqa: S311  # seeded, reproducible simulation input, not security
     claims: list[plans.ExistingClaim] = []
     placed = set()
@@ -60,13 +60,13 @@ def scenario(nodes: int, *, per_node: float = 1.0, seed: int = 0) -> tuple[Desir
         else:
             for s in range(4):  # one 4-GPU slice on NUMA group 0
                 claims.append(plans.ExistingClaim(aid, name, states.ClaimKind.SLOT, s, states.ClaimStatus.ACTIVE))
-    kinds = [(synthesizing.H200_SLICE, g, w) for g, w in _SIZES] + [(synthesizing.H200_BAREMETAL, 8, 0.19)]
+    kinds = [(synthesis.H200_SLICE, g, w) for g, w in _SIZES] + [(synthesis.H200_BAREMETAL, 8, 0.19)]
     for i in range(int(nodes * per_node)):
         sku, g, _ = rnd.choices(kinds, [w for _, _, w in kinds])[0]
         aid = f"new-{i:07d}"
         desired.allocations[aid] = m.Allocation.model_construct(
             api_version="gpuaas.io/v1alpha1", kind="Allocation", id=aid, tenant=f"t{i % 50}", sku=sku, gpu_count=g,
-            region=synthesizing.REGION, image=None, ssh_keys=(), vm_profile=None,
+            region=synthesis.REGION, image=None, ssh_keys=(), vm_profile=None,
             state=m.AllocationState.PRESENT, requested_at=_EPOCH + dt.timedelta(seconds=i),
         )
     return desired, plans.Observed(claims=tuple(claims), placed=frozenset(placed))

@@ -30,11 +30,11 @@ def register(sub: Any) -> None:
 
 def _ensure_fleet(root: Path, nodes: int) -> None:
     from reconciler.commands import fleet
-    from reconciler.placement import synthesizing
+    from reconciler.placement import synthesis
     marker = root / ".complete"
     if marker.exists():
         return
-    for f in synthesizing.fleet_documents(nodes, seed=0):
+    for f in synthesis.fleet_documents(nodes, seed=0):
         fleet._dump(root / f.path, f.document)
     marker.write_text(str(nodes))
 

@@ -71,7 +71,7 @@ def _dump(path: Path, doc: dict[str, Any]) -> None:
 
 
 def run_synth(args: argparse.Namespace) -> int:
-    from reconciler.placement import synthesizing
+    from reconciler.placement import synthesis
     out: Path = args.out
     if args.nodes < 1:
         raise UsageError("--nodes must be at least 1")
@@ -87,7 +87,7 @@ def run_synth(args: argparse.Namespace) -> int:
             elif target.exists():
                 target.unlink()
     count = 0
-    for f in synthesizing.fleet_documents(args.nodes, amd_share=args.amd_share, seed=args.seed):
+    for f in synthesis.fleet_documents(args.nodes, amd_share=args.amd_share, seed=args.seed):
         _dump(out / f.path, f.document)
         count += 1
         if count % 20_000 == 0:
@@ -129,13 +129,13 @@ def parse_terms(text: str) -> tuple[float, ...]:
 
 def run_workload(args: argparse.Namespace) -> int:
     from reconciler import sources
-    from reconciler.placement import simulating, synthesizing
+    from reconciler.placement import simulation, synthesis
     result = sources.load(args.fleet)
     if result.errors:
         raise UsageError(f"{args.fleet} does not validate ({len(result.errors)} errors); run gpuaas validate")
     desired = result.state
     mix = parse_mix(args.mix)
-    offers = simulating.offers(desired, mix)
+    offers = simulation.offers(desired, mix)
     if not offers:
         raise UsageError(f"{args.fleet} has no slice SKU that any node serves")
     bare = [s for s in sorted(desired.skus) if desired.skus[s].capacity_shape.value == "baremetal"
@@ -143,22 +143,22 @@ def run_workload(args: argparse.Namespace) -> int:
     baremetal = (bare[0], args.baremetal_share) if bare and args.baremetal_share > 0 else None
     terms = parse_terms(args.lease_terms) if args.lease_terms is not None else None
     try:
-        rows = synthesizing.workload_rows(offers, load=args.load, requests=args.requests, seed=args.seed,
+        rows = synthesis.workload_rows(offers, load=args.load, requests=args.requests, seed=args.seed,
                                           baremetal=baremetal, mean_duration_s=args.mean_duration,
                                           duration_sigma=args.duration_sigma)
         if terms is not None:
-            rows = synthesizing.lease_terms(rows, terms=terms, early_release=args.early_release, seed=args.seed)
+            rows = synthesis.lease_terms(rows, terms=terms, early_release=args.early_release, seed=args.seed)
     except ValueError as e:
         raise UsageError(str(e)) from e
     handle = sys.stdout if str(args.out) == "-" else args.out.open("w", newline="", encoding="utf-8")
     try:
         writer = csv.writer(handle)
         if terms is None:
-            writer.writerow(synthesizing.WORKLOAD_HEADER)
+            writer.writerow(synthesis.WORKLOAD_HEADER)
             for r in rows:
                 writer.writerow((r.arrival_s, r.duration_s, r.sku, r.gpus))
         else:
-            writer.writerow(synthesizing.LEASE_HEADER)
+            writer.writerow(synthesis.LEASE_HEADER)
             for r in rows:
                 writer.writerow((r.arrival_s, r.duration_s, r.sku, r.gpus, r.lease_s))
     finally:

@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any
 from schemas.errors import UsageError
 
 if TYPE_CHECKING:
-    from reconciler.placement import simulating
+    from reconciler.placement import simulation
 
 
 def register(sub: Any) -> None:
     from policies import packing
-    from reconciler.placement import simulating
+    from reconciler.placement import simulation
     p = sub.add_parser("simulate", help="replay a workload through the placement engine")
     p.add_argument("--fleet", type=Path, required=True, help="desired-state directory")
     p.add_argument("--workload", type=Path, required=True, help="CSV: arrival_s,duration_s,sku,gpus[,lease_s]")
@@ -41,11 +41,11 @@ def register(sub: Any) -> None:
     p.add_argument("--compare", action="store_true", help="run every policy on the same workload")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--region", help="region the requests ask for (default: the fleet's first)")
-    p.add_argument("--lease-ends", choices=[x.value for x in simulating.LeaseEnds],
-                   default=simulating.LeaseEnds.TERMS.value,
+    p.add_argument("--lease-ends", choices=[x.value for x in simulation.LeaseEnds],
+                   default=simulation.LeaseEnds.TERMS.value,
                    help="what the planner is told of lease ends: terms = the rows' lease_s (default), "
                         "none = every lease on demand, exact = the real departure (an oracle, research only)")
-    p.add_argument("--no-lease-ends", dest="lease_ends", action="store_const", const=simulating.LeaseEnds.NONE.value,
+    p.add_argument("--no-lease-ends", dest="lease_ends", action="store_const", const=simulation.LeaseEnds.NONE.value,
                    help="same as --lease-ends none")
     p.add_argument("--repack-bound", action="store_true",
                    help="also compute the repack bound (always with --compare)")
@@ -54,22 +54,22 @@ def register(sub: Any) -> None:
 
 
 def _rows(path: Path) -> list[Any]:
-    from reconciler.placement import simulating, synthesizing
+    from reconciler.placement import simulation, synthesis
     try:
         with path.open(newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle)
-            missing = set(synthesizing.WORKLOAD_HEADER) - set(reader.fieldnames or ())
+            missing = set(synthesis.WORKLOAD_HEADER) - set(reader.fieldnames or ())
             if missing:
                 raise UsageError(f"{path}: missing column(s) {', '.join(sorted(missing))}",
                                  code="simulate.workload.header")
-            return simulating.read_rows(reader)
+            return simulation.read_rows(reader)
     except OSError as e:
         raise UsageError(f"{path}: {e.strerror}", code="simulate.workload.unreadable") from e
     except ValueError as e:
         raise UsageError(f"{path}: {e}", code="simulate.workload.row") from e
 
 
-def _progress(label: str) -> simulating.Progress:
+def _progress(label: str) -> simulation.Progress:
     """Progress on stderr: a live line on a terminal, a line per 10% in logs."""
     live = sys.stderr.isatty()
     shown = [-1]
@@ -88,7 +88,7 @@ def _progress(label: str) -> simulating.Progress:
 def run(args: argparse.Namespace) -> int:
     from policies import packing
     from reconciler import sources
-    from reconciler.placement import simulating
+    from reconciler.placement import simulation
     result = sources.load(args.fleet)
     if result.errors:
         raise UsageError(f"{args.fleet} does not validate ({len(result.errors)} errors); run gpuaas validate",
@@ -99,14 +99,14 @@ def run(args: argparse.Namespace) -> int:
     policies = [p.value for p in packing.ALL] if args.compare else [args.policy]
     repack = None
     if args.compare or args.repack_bound:
-        repack = simulating.repack_bound(result.state, rows, region=args.region,
+        repack = simulation.repack_bound(result.state, rows, region=args.region,
                                          progress=None if args.quiet else _progress("repack bound"))
     results = []
     for name in policies:
         label = name or (result.state.fleet.placement.policy if result.state.fleet else "default")
         progress = None if args.quiet else _progress(label)
-        results.append(simulating.simulate(result.state, rows, policy=name, progress=progress,
-                                           region=args.region, lease_ends=simulating.LeaseEnds(args.lease_ends),
+        results.append(simulation.simulate(result.state, rows, policy=name, progress=progress,
+                                           region=args.region, lease_ends=simulation.LeaseEnds(args.lease_ends),
                                            repack_bound_gpu=repack))
     if args.json:
         doc: Any = results[0].as_dict() if not args.compare else {
@@ -119,17 +119,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def render(results: list[simulating.Result]) -> str:
+def render(results: list[simulation.Result]) -> str:
     from policies import packing
-    from reconciler.placement import simulating
+    from reconciler.placement import simulation
     lease_words = {
-        simulating.LeaseEnds.TERMS.value: "the rows' lease_s terms",
-        simulating.LeaseEnds.NONE.value: "none (every lease on demand)",
-        simulating.LeaseEnds.EXACT.value: "exact departures (oracle)",
+        simulation.LeaseEnds.TERMS.value: "the rows' lease_s terms",
+        simulation.LeaseEnds.NONE.value: "none (every lease on demand)",
+        simulation.LeaseEnds.EXACT.value: "exact departures (oracle)",
     }
     first = results[0]
     told = lease_words.get(first.lease_mode, first.lease_mode)
-    if first.lease_mode == simulating.LeaseEnds.TERMS.value and not first.lease_ends:
+    if first.lease_mode == simulation.LeaseEnds.TERMS.value and not first.lease_ends:
         told = "none (no row has lease_s: every lease on demand)"
     repack = first.repack_bound_gpu is not None
     lines = [

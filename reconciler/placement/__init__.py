@@ -11,7 +11,7 @@ Modules (import the module, call through it):
   replanning     `WarmPlanner`: one kept engine re-planned by difference
   reasons        stable pending codes
   prplan         what merging a PR would do (base vs head plans); prplan_render prints it
-  synthesizing   synthetic fleets and workloads; simulating replays them through the engine
+  synthesis      synthetic fleets and workloads; simulation replays them through the engine
 
 Design and decisions: docs/placement.md.
 """

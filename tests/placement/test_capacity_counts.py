@@ -16,7 +16,7 @@ import pytest
 from desired import models as m
 from policies import packing
 from reconciler import capacity
-from reconciler.placement import placing, synthesizing
+from reconciler.placement import placing, synthesis
 from tests.placement.pictures import REGION, SLICE, world
 
 POLICIES = [p.value for p in packing.ALL]
@@ -48,7 +48,7 @@ def _compare(engine: placing.Engine, regions: list[str], tenants: list[str]) -> 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("seed", [1, 2])
 def test_counts_equal_probing_on_a_fragmented_synthetic_fleet(policy: str, seed: int) -> None:
-    desired = synthesizing.desired_state(synthesizing.fleet_documents(12, amd_share=0.25, seed=seed))
+    desired = synthesis.desired_state(synthesis.fleet_documents(12, amd_share=0.25, seed=seed))
     engine = placing.Engine(desired, policy=policy)
     rng = random.Random(seed)
     regions = sorted({f.region for f in engine.facts})

@@ -8,7 +8,7 @@ import pytest
 
 from reconciler import plans
 from reconciler import topology as topo
-from reconciler.placement import placing, synthesizing
+from reconciler.placement import placing, synthesis
 from reconciler.placement.packing_index import NodeHeap, SliceIndex
 from schemas import states
 from tests.placement.pictures import BAREMETAL, SLICE, world
@@ -75,7 +75,7 @@ def _snapshot(engine: placing.Engine) -> dict[int, object]:
 
 @pytest.mark.parametrize("policy", ["default", "first-fit", "seed-rank"])
 def test_release_restores_the_index_exactly(policy: str) -> None:
-    desired = synthesizing.desired_state(synthesizing.fleet_documents(12))
+    desired = synthesis.desired_state(synthesis.fleet_documents(12))
     engine = placing.Engine(desired, policy=policy)
     before = _snapshot(engine)
     rnd = random.Random(4)  # noqa: S311  # seeded, reproducible simulation input, not security
@@ -84,9 +84,9 @@ def test_release_restores_the_index_exactly(policy: str) -> None:
         if live and rnd.random() < 0.45:
             assert engine.release(live.pop(rnd.randrange(len(live))))
             continue
-        sku, gpus = rnd.choice([(synthesizing.H200_SLICE, g) for g in (1, 1, 2, 4, 8)]
-                               + [(synthesizing.H200_BAREMETAL, 8)])
-        out = engine.place(placing.Request(f"r{i}", "t", sku, gpus, synthesizing.REGION))
+        sku, gpus = rnd.choice([(synthesis.H200_SLICE, g) for g in (1, 1, 2, 4, 8)]
+                               + [(synthesis.H200_BAREMETAL, 8)])
+        out = engine.place(placing.Request(f"r{i}", "t", sku, gpus, synthesis.REGION))
         if isinstance(out, placing.Placed):
             live.append(f"r{i}")
         # invariants after every step: indexes agree with the claims

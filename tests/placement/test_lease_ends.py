@@ -15,7 +15,7 @@ import pytest
 
 from desired import models as m
 from policies import packing
-from reconciler.placement import placing, reasons, simulating, synthesizing
+from reconciler.placement import placing, reasons, simulation, synthesis
 from reconciler.placement.packing_index import EndOrder
 from tests.placement.pictures import API, BAREMETAL, EPOCH, SLICE, World, world
 
@@ -137,7 +137,7 @@ def _brute_force(engine: placing.Engine, req: placing.Request) -> tuple[str, tup
 
 @pytest.mark.parametrize("weight", [1.0, 0.0, 5.0])
 def test_index_agrees_with_scoring_every_node(weight: float) -> None:
-    desired = synthesizing.desired_state(synthesizing.fleet_documents(10))
+    desired = synthesis.desired_state(synthesis.fleet_documents(10))
     assert desired.fleet is not None
     desired.fleet = desired.fleet.model_copy(
         update={"placement": desired.fleet.placement.model_copy(update={"lease_end_weight": weight})})
@@ -152,7 +152,7 @@ def test_index_agrees_with_scoring_every_node(weight: float) -> None:
             continue
         gpus = rnd.choice((1, 1, 1, 2, 2, 4))
         term = rnd.choice((None, 0.2, 1.0, 3.0, 9.0, 30.0))  # hours; None: on-demand
-        req = placing.Request(f"r{i}", "t", synthesizing.H200_SLICE, gpus, synthesizing.REGION, requested_at=now,
+        req = placing.Request(f"r{i}", "t", synthesis.H200_SLICE, gpus, synthesis.REGION, requested_at=now,
                               ends_at=None if term is None else now + term * H)
         expected = _brute_force(engine, req)
         out = engine.place(req)
@@ -166,7 +166,7 @@ def test_index_agrees_with_scoring_every_node(weight: float) -> None:
 
 def test_requests_without_terms_place_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
     """The end-ordered index (kept under `default`) changes nothing for leases without a term."""
-    desired = synthesizing.desired_state(synthesizing.fleet_documents(12))
+    desired = synthesis.desired_state(synthesis.fleet_documents(12))
     runs = []
     for by_end in (True, False):
         if not by_end:  # today's engine: no end order at all
@@ -180,9 +180,9 @@ def test_requests_without_terms_place_as_before(monkeypatch: pytest.MonkeyPatch)
             if live and rnd.random() < 0.45:
                 engine.release(live.pop(rnd.randrange(len(live))))
                 continue
-            sku, gpus = rnd.choice([(synthesizing.H200_SLICE, g) for g in (1, 1, 2, 4, 8)]
-                                   + [(synthesizing.H200_BAREMETAL, 8)])
-            out = engine.place(placing.Request(f"r{i}", "t", sku, gpus, synthesizing.REGION, requested_at=float(i)),
+            sku, gpus = rnd.choice([(synthesis.H200_SLICE, g) for g in (1, 1, 2, 4, 8)]
+                                   + [(synthesis.H200_BAREMETAL, 8)])
+            out = engine.place(placing.Request(f"r{i}", "t", sku, gpus, synthesis.REGION, requested_at=float(i)),
                                alternatives=2)
             placed.append(out)
             if isinstance(out, placing.Placed):
@@ -220,18 +220,18 @@ def test_end_order_queries() -> None:
 # --------------------------------------------------------------- simulate
 
 def test_simulate_passes_exact_departures_as_lease_ends_only_default_reads_them() -> None:
-    desired = synthesizing.desired_state(synthesizing.fleet_documents(6))
-    offers = simulating.offers(desired, dict(synthesizing.DEFAULT_MIX))
-    rows = synthesizing.workload_rows(offers, load=1.0, requests=3000, seed=2,
-                                      baremetal=(synthesizing.H200_BAREMETAL, 0.1), duration_sigma=1.5)
-    exact, none = simulating.LeaseEnds.EXACT, simulating.LeaseEnds.NONE
+    desired = synthesis.desired_state(synthesis.fleet_documents(6))
+    offers = simulation.offers(desired, dict(synthesis.DEFAULT_MIX))
+    rows = synthesis.workload_rows(offers, load=1.0, requests=3000, seed=2,
+                                      baremetal=(synthesis.H200_BAREMETAL, 0.1), duration_sigma=1.5)
+    exact, none = simulation.LeaseEnds.EXACT, simulation.LeaseEnds.NONE
     for policy in ("first-fit", "seed-rank"):
-        a = simulating.simulate(desired, rows, policy=policy, lease_ends=exact)
-        b = simulating.simulate(desired, rows, policy=policy, lease_ends=none)
+        a = simulation.simulate(desired, rows, policy=policy, lease_ends=exact)
+        b = simulation.simulate(desired, rows, policy=policy, lease_ends=none)
         assert (a.accepted_gpus, a.rejections) == (b.accepted_gpus, b.rejections)
         assert a.as_dict()["lease_ends"] is True and b.as_dict()["lease_ends"] is False
-    known = simulating.simulate(desired, rows, policy="default", lease_ends=exact)
-    blind = simulating.simulate(desired, rows, policy="default", lease_ends=none)
+    known = simulation.simulate(desired, rows, policy="default", lease_ends=exact)
+    blind = simulation.simulate(desired, rows, policy="default", lease_ends=none)
     assert known.accepted_gpus != blind.accepted_gpus  # the ends change default's choices
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from desired import models as m
 from policies import packing
-from reconciler.placement import placing, synthesizing
+from reconciler.placement import placing, synthesis
 from tests.placement.pictures import API, EPOCH, REGION, SLICE, World, aid, world
 
 H = packing.HOUR_S
@@ -150,7 +150,7 @@ def _ranked(engine: placing.Engine, req: placing.Request) -> list[tuple[str, tup
 @pytest.mark.parametrize("terms", [False, True])
 def test_index_agrees_with_scoring_every_node(terms: bool) -> None:
     """Choice and alternatives (on demand) equal a brute-force ranking of every node, over a long random stream."""
-    desired = synthesizing.desired_state(synthesizing.fleet_documents(10))
+    desired = synthesis.desired_state(synthesis.fleet_documents(10))
     engine = placing.Engine(desired)
     rnd = random.Random(5)  # noqa: S311  # seeded, reproducible simulation input, not security
     live: list[str] = []
@@ -163,7 +163,7 @@ def test_index_agrees_with_scoring_every_node(terms: bool) -> None:
             continue
         gpus = rnd.choice((1, 1, 1, 2, 2, 4))
         term = rnd.choice((None, 0.2, 1.0, 9.0)) if terms else None
-        req = placing.Request(f"r{i}", "t", synthesizing.H200_SLICE, gpus, synthesizing.REGION, requested_at=now,
+        req = placing.Request(f"r{i}", "t", synthesis.H200_SLICE, gpus, synthesis.REGION, requested_at=now,
                               ends_at=None if term is None else now + term * H)
         ranked = _ranked(engine, req)
         out = engine.place(req, alternatives=3)

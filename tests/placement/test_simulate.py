@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from reconciler import cli, sources
-from reconciler.placement import simulating, synthesizing
-from reconciler.placement.synthesizing import WorkloadRow
+from reconciler.placement import simulation, synthesis
+from reconciler.placement.synthesis import WorkloadRow
 
 
 def test_synth_fleet_validates_with_unique_macs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -21,7 +21,7 @@ def test_synth_fleet_validates_with_unique_macs(tmp_path: Path, capsys: pytest.C
     assert loaded.errors == [] and loaded.warnings == []
     state = loaded.state
     assert len(state.nodes) == 12 and set(state.skus) == {
-        synthesizing.H200_SLICE, synthesizing.H200_BAREMETAL, synthesizing.AMD_SLICE}
+        synthesis.H200_SLICE, synthesis.H200_BAREMETAL, synthesis.AMD_SLICE}
     macs = [s.mac_address for sm in state.slot_maps.values() for s in sm.slots]
     assert len(macs) == len(set(macs)) == 96
     assert sum(1 for n in state.nodes.values() if n.name.startswith("mi300x")) == 3
@@ -42,7 +42,7 @@ def test_workload_and_simulate_cli(tmp_path: Path, capsys: pytest.CaptureFixture
     with work.open() as handle:
         rows = list(csv.DictReader(handle))
     assert list(rows[0]) == ["arrival_s", "duration_s", "sku", "gpus"] and len(rows) == 400
-    assert {r["sku"] for r in rows} == {synthesizing.H200_SLICE, synthesizing.H200_BAREMETAL}
+    assert {r["sku"] for r in rows} == {synthesis.H200_SLICE, synthesis.H200_BAREMETAL}
     capsys.readouterr()
     assert cli.main(["simulate", "--fleet", str(fleet), "--workload", str(work), "--json", "--quiet"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -74,15 +74,15 @@ def test_simulator_counts_against_a_hand_computed_run() -> None:
     """Two hosts. t=0: a baremetal lease takes one; t=1: 4 GPUs on the other; t=2: 8 GPUs refused
     (4 free: capacity, and the fluid bound refuses too); t=3: 2 GPUs; t=10: the lease ends;
     t=11: an 8-GPU slice takes the freed host."""
-    desired = synthesizing.desired_state(synthesizing.fleet_documents(2))
+    desired = synthesis.desired_state(synthesis.fleet_documents(2))
     rows = [
-        WorkloadRow(0.0, 10.0, synthesizing.H200_BAREMETAL, 8),
-        WorkloadRow(1.0, 100.0, synthesizing.H200_SLICE, 4),
-        WorkloadRow(2.0, 5.0, synthesizing.H200_SLICE, 8),
-        WorkloadRow(3.0, 5.0, synthesizing.H200_SLICE, 2),
-        WorkloadRow(11.0, 5.0, synthesizing.H200_SLICE, 8),
+        WorkloadRow(0.0, 10.0, synthesis.H200_BAREMETAL, 8),
+        WorkloadRow(1.0, 100.0, synthesis.H200_SLICE, 4),
+        WorkloadRow(2.0, 5.0, synthesis.H200_SLICE, 8),
+        WorkloadRow(3.0, 5.0, synthesis.H200_SLICE, 2),
+        WorkloadRow(11.0, 5.0, synthesis.H200_SLICE, 8),
     ]
-    r = simulating.simulate(desired, rows, policy="default", clock=iter(range(1000)).__next__)
+    r = simulation.simulate(desired, rows, policy="default", clock=iter(range(1000)).__next__)
     assert (r.offered_requests, r.accepted_requests) == (5, 4)
     assert (r.offered_gpus, r.accepted_gpus) == (30, 22)
     assert r.fluid_bound_gpu == pytest.approx(22 / 30)
@@ -95,22 +95,22 @@ def test_simulator_counts_against_a_hand_computed_run() -> None:
 def test_fluid_bound_counts_capacity_lost_to_topology() -> None:
     """Two hosts, k8s-least-allocated spreads two 1-GPU slices over both: 14 GPUs free, no
     empty host for the 8-GPU request, which the fluid bound accepts."""
-    desired = synthesizing.desired_state(synthesizing.fleet_documents(2))
-    rows = [WorkloadRow(0.0, 50.0, synthesizing.H200_SLICE, 1), WorkloadRow(1.0, 50.0, synthesizing.H200_SLICE, 1),
-            WorkloadRow(2.0, 50.0, synthesizing.H200_SLICE, 8)]
-    spread = simulating.simulate(desired, rows, policy="k8s-least-allocated")
+    desired = synthesis.desired_state(synthesis.fleet_documents(2))
+    rows = [WorkloadRow(0.0, 50.0, synthesis.H200_SLICE, 1), WorkloadRow(1.0, 50.0, synthesis.H200_SLICE, 1),
+            WorkloadRow(2.0, 50.0, synthesis.H200_SLICE, 8)]
+    spread = simulation.simulate(desired, rows, policy="k8s-least-allocated")
     assert (spread.accepted_gpus, spread.rejected_with_capacity) == (2, 1)
     assert spread.rejections == {"plan.sku_unavailable.topology": 1}
     assert spread.fluid_bound_gpu == 1.0
-    packed = simulating.simulate(desired, rows, policy="default")
+    packed = simulation.simulate(desired, rows, policy="default")
     assert (packed.accepted_gpus, packed.rejected_with_capacity) == (10, 0)
 
 
 def test_workload_rows_hit_the_requested_load() -> None:
-    offers = [synthesizing.Offer(synthesizing.H200_SLICE, 800, synthesizing.DEFAULT_MIX)]
-    rows = synthesizing.workload_rows(offers, load=0.8, requests=20000, seed=1,
-                                      baremetal=(synthesizing.H200_BAREMETAL, 0.1))
+    offers = [synthesis.Offer(synthesis.H200_SLICE, 800, synthesis.DEFAULT_MIX)]
+    rows = synthesis.workload_rows(offers, load=0.8, requests=20000, seed=1,
+                                      baremetal=(synthesis.H200_BAREMETAL, 0.1))
     gpu_seconds = sum(r.gpus * r.duration_s for r in rows)
     assert gpu_seconds / (rows[-1].arrival_s * 800) == pytest.approx(0.8, rel=0.08)
-    assert rows == synthesizing.workload_rows(offers, load=0.8, requests=20000, seed=1,
-                                              baremetal=(synthesizing.H200_BAREMETAL, 0.1))
+    assert rows == synthesis.workload_rows(offers, load=0.8, requests=20000, seed=1,
+                                              baremetal=(synthesis.H200_BAREMETAL, 0.1))

@@ -44,7 +44,7 @@ from policies import packing
 from policies import topology as t
 from reconciler import plans
 from reconciler.placement import placing
-from reconciler.placement.synthesizing import Offer, WorkloadRow
+from reconciler.placement.synthesis import Offer, WorkloadRow
 
 Progress = Callable[[int, int], None]
 TENANT = "simulated"
