@@ -5,7 +5,7 @@ What a slice VM looks like (seeds 000 and 002, prototype `virt-install` line):
 - UEFI with Secure Boot off (guest NVIDIA driver, no MOK prompts), no TPM,
   no graphics, a serial console;
 - host-passthrough CPU, vCPUs pinned 1:1 to NUMA-local CPUs derived from the
-  host topology (`topology.place_vcpus`), memory bound to those NUMA nodes,
+  host topology (`pinning.place_vcpus`), memory bound to those NUMA nodes,
   optionally backed by 1 GiB hugepages;
 - one `<hostdev>` per GPU and per fabric VF, `managed='no'`: devices stay on
   vfio-pci across VM lifetimes (seed 000), libvirt must not rebind them;
@@ -29,7 +29,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
-from host_reconciler import topology
+from host_reconciler import pinning
 from schemas.errors import PermanentError
 from schemas.hostplans import Network, VmSpec
 
@@ -156,7 +156,7 @@ def _check(vm: VmSpec) -> None:
         raise DomainSpecError(f"{vm.allocation_id}: {vm.vcpu_count} vCPUs / {vm.memory_mib} MiB")
     if vm.hugepages:
         size = vm.hugepage_size or "1G"
-        if size not in topology.HUGEPAGE_KIB:
+        if size not in pinning.HUGEPAGE_KIB:
             raise DomainSpecError(f"hugepage size {size!r} is not 1G or 2M", code="host.domain.hugepages")
 
 
@@ -169,7 +169,7 @@ def build(
     vm: VmSpec,
     *,
     network: Network,
-    placement: topology.CpuPlacement,
+    placement: pinning.CpuPlacement,
     options: DomainOptions,
     digest: str,
 ) -> str:
@@ -198,13 +198,13 @@ def build(
     return ET.tostring(dom, encoding="unicode")
 
 
-def _memory(dom: ET.Element, vm: VmSpec, placement: topology.CpuPlacement) -> None:
+def _memory(dom: ET.Element, vm: VmSpec, placement: pinning.CpuPlacement) -> None:
     ET.SubElement(dom, "memory", unit="MiB").text = str(vm.memory_mib)
     ET.SubElement(dom, "currentMemory", unit="MiB").text = str(vm.memory_mib)
     if not vm.hugepages:
         return
-    size_kib = topology.HUGEPAGE_KIB[vm.hugepage_size or "1G"]
-    whole = topology.GuestCell(placement.nodeset[0], (), vm.memory_mib)
+    size_kib = pinning.HUGEPAGE_KIB[vm.hugepage_size or "1G"]
+    whole = pinning.GuestCell(placement.nodeset[0], (), vm.memory_mib)
     for cell in placement.guest_cells or (whole,):
         if cell.memory_mib * 1024 % size_kib:
             raise DomainSpecError(
@@ -216,7 +216,7 @@ def _memory(dom: ET.Element, vm: VmSpec, placement: topology.CpuPlacement) -> No
     ET.SubElement(ET.SubElement(backing, "hugepages"), "page", size=str(size_kib), unit="KiB")
 
 
-def _cpus(dom: ET.Element, vm: VmSpec, placement: topology.CpuPlacement) -> None:
+def _cpus(dom: ET.Element, vm: VmSpec, placement: pinning.CpuPlacement) -> None:
     vcpu = ET.SubElement(dom, "vcpu", placement="static", cpuset=placement.cpuset)
     vcpu.text = str(vm.vcpu_count)
     tune = ET.SubElement(dom, "cputune")
@@ -224,7 +224,7 @@ def _cpus(dom: ET.Element, vm: VmSpec, placement: topology.CpuPlacement) -> None
         ET.SubElement(tune, "vcpupin", vcpu=str(v), cpuset=str(cpu))
     ET.SubElement(tune, "emulatorpin", cpuset=placement.cpuset)
     numatune = ET.SubElement(dom, "numatune")
-    nodeset = topology.format_cpuset(placement.nodeset)
+    nodeset = pinning.format_cpuset(placement.nodeset)
     ET.SubElement(numatune, "memory", mode="strict", nodeset=nodeset)
     for i, cell in enumerate(placement.guest_cells):
         node = str(cell.host_node)
@@ -248,13 +248,13 @@ def _firmware(dom: ET.Element, options: DomainOptions) -> None:
     ET.SubElement(feats, "apic")
 
 
-def _guest_numa(dom: ET.Element, placement: topology.CpuPlacement) -> None:
+def _guest_numa(dom: ET.Element, placement: pinning.CpuPlacement) -> None:
     cpu = ET.SubElement(dom, "cpu", mode="host-passthrough", check="none", migratable="off")
     if not placement.guest_cells:
         return
     numa = ET.SubElement(cpu, "numa")
     for i, cell in enumerate(placement.guest_cells):
-        cpus = topology.format_cpuset(cell.vcpus)
+        cpus = pinning.format_cpuset(cell.vcpus)
         ET.SubElement(numa, "cell", id=str(i), cpus=cpus, memory=str(cell.memory_mib), unit="MiB")
 
 

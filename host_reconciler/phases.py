@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from host_reconciler import cloudinit, domains, fetching, imagecache, images, topology
+from host_reconciler import cloudinit, domains, fetching, imagecache, images, pinning
 from host_reconciler.actions import PROVISION_STEPS, Action, Step
 from host_reconciler.drivers.protocols import (
     VFIO,
@@ -82,9 +82,9 @@ class Context:
     state: LocalState
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
-    _topology: topology.HostTopology | None = field(default=None, repr=False)
+    _topology: pinning.HostTopology | None = field(default=None, repr=False)
 
-    def host_topology(self) -> topology.HostTopology:
+    def host_topology(self) -> pinning.HostTopology:
         """libvirt's NUMA cells; where libvirt has none (its test driver), discovery's."""
         if self._topology is None:
             topo = self.drivers.domains.topology()
@@ -92,7 +92,7 @@ class Context:
                 from host_reconciler.discovery import discovering
 
                 found = discovering.discover(self.settings.discovery_root)
-                topo = topology.from_numa_nodes([
+                topo = pinning.from_numa_nodes([
                     (n.node, n.cpus, [(h.size_kib, h.free) for h in n.hugepages])
                     for n in found.numa_nodes
                 ])  # fmt: skip
@@ -153,8 +153,8 @@ class Context:
                 )
         raise PermanentError(f"slot {slot_index} is not a slot of {vm.allocation_id}", code="host.slot.unknown")
 
-    def placement(self, vm: VmSpec) -> topology.CpuPlacement:
-        return topology.place_vcpus(
+    def placement(self, vm: VmSpec) -> pinning.CpuPlacement:
+        return pinning.place_vcpus(
             vm,
             self.plan.slots,
             self.host_topology(),
@@ -215,10 +215,10 @@ def host_checks(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
         )
     placement = ctx.placement(v)
     if v.hugepages:
-        size = topology.HUGEPAGE_KIB.get(v.hugepage_size or "1G")
+        size = pinning.HUGEPAGE_KIB.get(v.hugepage_size or "1G")
         if size is None:
             raise PermanentError(f"hugepage size {v.hugepage_size!r} is not 1G or 2M", code="host.hugepages.size")
-        cells = placement.guest_cells or (topology.GuestCell(placement.nodeset[0], (), v.memory_mib),)
+        cells = placement.guest_cells or (pinning.GuestCell(placement.nodeset[0], (), v.memory_mib),)
         for cell in cells:
             need = -(-cell.memory_mib * 1024 // size)
             free = ctx.free_pages(size, cell.host_node)

@@ -20,6 +20,7 @@ import re
 
 from host_reconciler.discovery import facts
 from host_reconciler.discovery.sysfs import PCI_DEVICES, SysRoot
+from host_reconciler.mountinfo import parse_mountinfo
 
 BY_ID = "dev/disk/by-id"
 BY_ID_PREFIX = "/dev/disk/by-id/"
@@ -28,7 +29,6 @@ OS_MOUNTPOINTS = ("/", "/boot", "/boot/efi", "/usr", "/var")
 
 _NAMESPACE = re.compile(r"^nvme\d+n\d+$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:+@-]")
-_OCTAL = re.compile(r"\\([0-7]{3})")
 # Generic by-id forms; a model_serial name reads better in a review and is preferred.
 _GENERIC_BY_ID = ("nvme-eui.", "nvme-nvme.", "nvme-uuid.", "wwn-")
 
@@ -56,20 +56,16 @@ def detect_signature(header: bytes) -> str | None:
     return None
 
 
-def parse_mountinfo(text: str) -> dict[str, tuple[str, ...]]:
+def mount_points(text: str) -> dict[str, tuple[str, ...]]:
     """major:minor -> mount points, from `/proc/self/mountinfo` text."""
     out: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) < 5:
-            continue
-        point = _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), fields[4])
-        out.setdefault(fields[2], []).append(point)
+    for mount in parse_mountinfo(text):
+        out.setdefault(mount.majmin, []).append(mount.mount_point)
     return {k: tuple(v) for k, v in out.items()}
 
 
-def by_id_name(model: str | None, serial: str | None, wwid: str | None) -> str | None:
-    """The by-id name udev writes for an NVMe namespace, from sysfs attributes."""
+def by_id_path(model: str | None, serial: str | None, wwid: str | None) -> str | None:
+    """The by-id path udev writes for an NVMe namespace, from sysfs attributes."""
     if model and serial:
         name = f"nvme-{'_'.join(model.split())}_{'_'.join(serial.split())}"
     elif wwid:
@@ -88,7 +84,7 @@ def _preferred(aliases: list[str]) -> str | None:
 class DiskReader:
     def __init__(self, sr: SysRoot) -> None:
         self.sr = sr
-        self.mounts = parse_mountinfo(sr.read("proc/self/mountinfo") or "")
+        self.mounts = mount_points(sr.read("proc/self/mountinfo") or "")
         self.by_id: dict[str, list[str]] = {}
         for link in sr.listdir(BY_ID):
             target = sr.link_name(f"{BY_ID}/{link}")
@@ -150,7 +146,7 @@ class DiskReader:
         wwid = sr.read(f"{base}/wwid")
         aliases = sorted(self.by_id.get(name, []))
         if not aliases:
-            built = by_id_name(model, serial, wwid)
+            built = by_id_path(model, serial, wwid)
             aliases = [built] if built else []
         ctrl = self._controller_address(base)
         parts = tuple(p for p in sr.listdir(base) if p.startswith(name) and sr.exists(f"{base}/{p}/partition"))

@@ -49,6 +49,7 @@ from typing import Any
 from host_reconciler import images
 from host_reconciler.drivers import tools
 from host_reconciler.drivers.protocols import DiskRefused, DiskSettings, IdentityChanged, IdentityMissing, SlotDisk
+from host_reconciler.mountinfo import parse_mountinfo
 from host_reconciler.observations import DiskObs
 from schemas.errors import PermanentError, TemporaryError
 from schemas.hostplans import DiskIdentity
@@ -83,35 +84,12 @@ class WriteVerifyFailed(PermanentError):
 
 
 @dataclass(frozen=True, slots=True)
-class Mount:
-    majmin: str
-    mount_point: str
-    source: str
-
-
-@dataclass(frozen=True, slots=True)
 class _Dev:
     path: str  # resolved /dev node
     rdev: int
     majmin: str
     members: frozenset[str] = field(default_factory=frozenset)  # itself, partitions, holders
     whole: str = ""  # majmin of the whole disk
-
-
-def parse_mountinfo(text: str) -> list[Mount]:
-    out: list[Mount] = []
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        f = left.split()
-        if not sep or len(f) < 5:
-            continue
-        r = right.split()
-        out.append(Mount(f[2], _unescape(f[4]), _unescape(r[1]) if len(r) > 1 else ""))
-    return out
-
-
-def _unescape(s: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)
 
 
 def by_id_name(device: str) -> str:

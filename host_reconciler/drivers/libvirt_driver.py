@@ -19,7 +19,7 @@ from typing import Any
 
 import libvirt
 
-from host_reconciler import domains, topology
+from host_reconciler import domains, pinning
 from host_reconciler.observations import DomainObs, DomainState
 from schemas.errors import PermanentError, TemporaryError
 
@@ -113,11 +113,11 @@ class LibvirtDomains:
                 return None
             raise _wrap(e, f"look up {name}") from e
 
-    def topology(self) -> topology.HostTopology:
+    def topology(self) -> pinning.HostTopology:
         try:
-            topo = topology.from_capabilities(self._c().getCapabilities())
+            topo = pinning.from_capabilities(self._c().getCapabilities())
             if not topo.cells:
-                topo = topology.from_node_info(self._c().getInfo())
+                topo = pinning.from_node_info(self._c().getInfo())
         except libvirt.libvirtError as e:
             raise _wrap(e, "read host capabilities") from e
         return topo

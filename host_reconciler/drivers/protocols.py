@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from host_reconciler import images, topology
+from host_reconciler import images, pinning
 from host_reconciler.drivers import addresses
 from host_reconciler.observations import DiskObs, DomainObs, DomainState, PciObs
 from schemas.errors import PermanentError
@@ -21,7 +21,7 @@ from schemas.hostplans import DiskIdentity, Network, VmSpec
 
 
 class DomainDriver(Protocol):
-    def topology(self) -> topology.HostTopology: ...
+    def topology(self) -> pinning.HostTopology: ...
     def free_pages(self, size_kib: int, cell: int) -> int: ...
     def domains(self) -> dict[str, DomainObs]: ...
     def state(self, name: str) -> DomainState | None: ...

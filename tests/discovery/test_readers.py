@@ -40,13 +40,13 @@ def test_detect_signature(header: bytes, signature: str | None) -> None:
     assert disks.detect_signature(header) == signature
 
 
-def test_parse_mountinfo_decodes_escapes() -> None:
+def test_mount_points_decode_escapes() -> None:
     text = (
         "21 1 259:3 / / rw - ext4 /dev/nvme4n1p2 rw\n"
         "30 21 259:9 / /srv/my\\040share rw - xfs /dev/nvme8n1p1 rw\n"
         "31 21 259:9 / /mnt/again rw - xfs /dev/nvme8n1p1 rw\nshort line\n"
     )
-    assert disks.parse_mountinfo(text) == {
+    assert disks.mount_points(text) == {
         "259:3": ("/",),
         "259:9": ("/srv/my share", "/mnt/again"),
     }
@@ -80,10 +80,10 @@ def test_parse_cpulist(text: str | None, cpus: tuple[int, ...]) -> None:
         (None, None, None, None),
     ],
 )
-def test_by_id_name(
+def test_by_id_path(
     model: str | None, serial: str | None, wwid: str | None, name: str | None
 ) -> None:
-    assert disks.by_id_name(model, serial, wwid) == name
+    assert disks.by_id_path(model, serial, wwid) == name
 
 
 def _prereq(found: facts.Discovery, name: str) -> facts.Prerequisite:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from host_reconciler import images
+from host_reconciler import images, mountinfo
 from host_reconciler.drivers import disks, protocols
 from schemas.hostplans import DiskIdentity, ImageRef
 from tests.host.conftest import Loop, Loops
@@ -173,5 +173,5 @@ def test_image_refs_stay_inside_the_image_store(tmp_path: Path, ref: str) -> Non
 
 def test_mountinfo_parsing_handles_escapes() -> None:
     text = "36 35 7:3 / /mnt/with\\040space rw,relatime shared:1 - ext4 /dev/loop3 rw\n"
-    (m,) = disks.parse_mountinfo(text)
+    (m,) = mountinfo.parse_mountinfo(text)
     assert (m.majmin, m.mount_point, m.source) == ("7:3", "/mnt/with space", "/dev/loop3")

@@ -12,7 +12,7 @@ from pathlib import Path
 import libvirt
 import pytest
 
-from host_reconciler import domains, topology
+from host_reconciler import domains, pinning
 from host_reconciler.drivers import libvirt_driver
 from schemas import hostplans as hp
 from schemas.errors import GpuaasError, PermanentError
@@ -36,7 +36,7 @@ def vm(slots: tuple[int, ...], vcpus: int, memory_mib: int = 2048, hugepages: bo
 def test_topology_from_capabilities_of_the_default_test_host() -> None:
     conn = libvirt.open("test:///default")
     try:
-        topo = topology.from_capabilities(conn.getCapabilities())
+        topo = pinning.from_capabilities(conn.getCapabilities())
     finally:
         conn.close()
     assert [(c.id, c.cpus) for c in topo.cells] == [(0, tuple(range(8))), (1, tuple(range(8, 16)))]
@@ -66,29 +66,29 @@ def test_topology_from_a_node_file(tmp_path: Path) -> None:
 def test_vcpus_are_pinned_to_numa_local_cpus_derived_from_topology(
     slots: tuple[int, ...], vcpus: int, pins: tuple[int, ...], cells: int
 ) -> None:
-    topo = topology.HostTopology((topology.Cell(0, tuple(range(8))), topology.Cell(1, tuple(range(8, 16)))))
-    placed = topology.place_vcpus(vm(slots, vcpus), APPROVED, topo)
+    topo = pinning.HostTopology((pinning.Cell(0, tuple(range(8))), pinning.Cell(1, tuple(range(8, 16)))))
+    placed = pinning.place_vcpus(vm(slots, vcpus), APPROVED, topo)
     assert placed.pins == pins
     assert len(placed.guest_cells) == cells
 
 
 def test_more_vcpus_than_the_slots_share_is_refused() -> None:
-    topo = topology.HostTopology((topology.Cell(0, tuple(range(8))), topology.Cell(1, tuple(range(8, 16)))))
+    topo = pinning.HostTopology((pinning.Cell(0, tuple(range(8))), pinning.Cell(1, tuple(range(8, 16)))))
     with pytest.raises(PermanentError) as e:
-        topology.place_vcpus(vm((0,), 24), APPROVED, topo)
+        pinning.place_vcpus(vm((0,), 24), APPROVED, topo)
     assert e.value.code == "host.topology.vcpus_exceed_share"
 
 
 def test_reserved_host_cpus_are_never_pinned() -> None:
-    topo = topology.HostTopology((topology.Cell(0, tuple(range(10))), topology.Cell(1, tuple(range(10, 20)))))
-    placed = topology.place_vcpus(vm((0,), 4), APPROVED, topo, reserved_per_cell=2)
+    topo = pinning.HostTopology((pinning.Cell(0, tuple(range(10))), pinning.Cell(1, tuple(range(10, 20)))))
+    placed = pinning.place_vcpus(vm((0,), 4), APPROVED, topo, reserved_per_cell=2)
     assert placed.pins == (2, 3, 4, 5)
 
 
 def defined_xml(tmp_path: Path, spec: hp.VmSpec, **opts: object) -> ET.Element:
     driver = libvirt_driver.LibvirtDomains(node_xml(tmp_path / "node.xml"))
     try:
-        placement = topology.place_vcpus(spec, APPROVED, driver.topology())
+        placement = pinning.place_vcpus(spec, APPROVED, driver.topology())
         options = domains.DomainOptions(domain_type="test", **opts)  # type: ignore[arg-type]
         xml = domains.build(spec, network=NETWORK, placement=placement, options=options,
                             digest=domains.spec_digest(spec, NETWORK, options))
@@ -152,7 +152,7 @@ def test_lifecycle_define_start_shutdown_undefine(tmp_path: Path) -> None:
     spec = vm((0,), 2)
     driver = libvirt_driver.LibvirtDomains(node_xml(tmp_path / "node.xml"))
     try:
-        placement = topology.place_vcpus(spec, APPROVED, driver.topology())
+        placement = pinning.place_vcpus(spec, APPROVED, driver.topology())
         options = domains.DomainOptions(domain_type="test")
         driver.define(domains.build(spec, network=NETWORK, placement=placement, options=options, digest="d"))
         driver.start(spec.name)

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import pytest
 
-from host_reconciler import cloudinit, domains, topology
+from host_reconciler import cloudinit, domains, pinning
 from host_reconciler.drivers import disks, dnsmasq, guestmarker, network, protocols, readiness
 from host_reconciler.drivers.libvirt_driver import LibvirtDomains
 from host_reconciler.observations import DomainState
@@ -230,7 +230,7 @@ def test_e2e_guest_boots_gets_its_reservation_passes_readiness_and_is_wiped() ->
                 kernel=str(vmlinuz), initrd=str(initrd), cmdline="console=ttyS0 loglevel=4 panic=-1"
             ),
         )
-        placement = topology.place_vcpus(vm, vm.bundles, doms.topology())
+        placement = pinning.place_vcpus(vm, vm.bundles, doms.topology())
         xml = domains.build(
             vm,
             network=net,
