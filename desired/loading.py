@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from desired import models as m
+from desired import patterns
 from desired import problems as p
 from desired.blobstore import DiskStore, Entry
 from desired.yamlio import MAX_FILE_BYTES, Document, YamlProblem, read_documents
@@ -35,11 +36,11 @@ SKIP_DIRS = frozenset({".git", ".venv", ".gpuaas", "node_modules", "__pycache__"
 
 _PATTERN_HINTS = {
     m.NAME_RE: "lowercase letters, digits, '.', '_' or '-' (1-63 chars)",
-    m.PCI_RE: "a PCI address like 0000:1b:00.0",
-    m.MAC_RE: "a lowercase MAC like 52:54:00:ab:cd:ef",
+    patterns.PCI_RE: "a PCI address like 0000:1b:00.0",
+    patterns.MAC_RE: "a lowercase MAC like 52:54:00:ab:cd:ef",
     m.DIGEST_RE: "64 lowercase hex characters",
-    m.BY_ID_RE: "a /dev/disk/by-id/<name> path (no '..', no '/', no shell metacharacters)",
-    m.SSH_KEY_RE: "an OpenSSH public key line",
+    patterns.BY_ID_RE: "a /dev/disk/by-id/<name> path (no '..', no '/', no shell metacharacters)",
+    patterns.SSH_KEY_RE: "an OpenSSH public key line",
 }
 
 

@@ -30,6 +30,8 @@ from pydantic import (
     model_validator,
 )
 
+from desired.patterns import BY_ID_RE, MAC_RE, PCI_RE, SSH_KEY_RE
+
 API_VERSION = "gpuaas.io/v1alpha1"
 
 PROFILE_SLICE_VM = "gpuaas-profile-slice-vm"
@@ -38,15 +40,7 @@ PROFILE_TAGS = frozenset({PROFILE_SLICE_VM, PROFILE_BAREMETAL})
 PROFILE_TAG_PREFIX = "gpuaas-profile-"
 
 NAME_RE = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
-PCI_RE = r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$"
-MAC_RE = r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$"
 DIGEST_RE = r"^[0-9a-f]{64}$"
-# A by-id name is what udev writes: no slash, no "..", no shell metacharacters.
-BY_ID_RE = r"^/dev/disk/by-id/[A-Za-z0-9][A-Za-z0-9._:+@-]{0,200}$"
-SSH_KEY_RE = (
-    r"^(ssh-(ed25519|rsa|dss)|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com)"
-    r" [A-Za-z0-9+/=]+( [^\n\r]{0,200})?$"
-)
 
 Name = Annotated[str, Field(pattern=NAME_RE)]
 PciAddress = Annotated[str, Field(pattern=PCI_RE)]

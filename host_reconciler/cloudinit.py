@@ -21,16 +21,13 @@ from __future__ import annotations
 import json
 import re
 
+from desired.patterns import SSH_KEY_RE
 from host_reconciler import domains
 from host_reconciler.drivers.protocols import GUEST_MARKER, GuestAnnounce
 from schemas.errors import PermanentError
 from schemas.hostplans import VmSpec
 
-# Same pattern as desired.models.SSH_KEY_RE (kept here: this layer reads plans, not YAML).
-_SSH_KEY = re.compile(
-    r"^(ssh-(ed25519|rsa|dss)|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com) "
-    r"[A-Za-z0-9+/=]+( [^\n\r]{0,200})?$"
-)
+_SSH_KEY = re.compile(SSH_KEY_RE)  # the rule validation applied, checked again on the plan's copy
 _USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 ISO_NAME = "seed.iso"
 

@@ -29,15 +29,16 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
+from desired.patterns import BY_ID_RE, MAC_RE, PCI_RE
 from host_reconciler import pinning
 from schemas.errors import PermanentError
 from schemas.hostplans import Network, VmSpec
 
 NS = "https://gpuaas.io/xmlns/host-reconciler/1"
 PREFIX = "gpuaas-"  # every domain this reconciler owns is named gpuaas-<allocation>
-_PCI = re.compile(r"^([0-9a-f]{4}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
-_BY_ID = re.compile(r"^/dev/disk/by-id/[A-Za-z0-9][A-Za-z0-9._:+@-]{0,200}$")
-_MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+_PCI = re.compile(PCI_RE)
+_BY_ID = re.compile(BY_ID_RE)
+_MAC = re.compile(MAC_RE)
 _ALLOC = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
 
 ET.register_namespace("gpuaas", NS)
@@ -127,10 +128,11 @@ def seed_digest(vm: VmSpec) -> str:
 
 
 def pci(address: str) -> tuple[str, str, str, str]:
-    m = _PCI.match(address)
-    if not m:
+    if not _PCI.match(address):
         raise DomainSpecError(f"not a PCI address: {address!r}", code="host.domain.invalid_pci")
-    return m.group(1), m.group(2), m.group(3), m.group(4)
+    domain, bus, device_function = address.split(":")
+    device, function = device_function.split(".")
+    return domain, bus, device, function
 
 
 def _check(vm: VmSpec) -> None:

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import re
 
+from desired.patterns import BY_ID_PREFIX
 from host_reconciler.discovery import facts
 from host_reconciler.discovery.sysfs import PCI_DEVICES, SysRoot
 from host_reconciler.mountinfo import parse_mountinfo
 
 BY_ID = "dev/disk/by-id"
-BY_ID_PREFIX = "/dev/disk/by-id/"
 HEADER_BYTES = 68 * 1024
 OS_MOUNTPOINTS = ("/", "/boot", "/boot/efi", "/usr", "/var")
 

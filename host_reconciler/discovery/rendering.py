@@ -20,9 +20,10 @@ from typing import Any
 import yaml
 
 from desired import models as m
+from desired import patterns
 from host_reconciler.discovery import candidates, facts, hosts, proposals
 
-_QUOTED = re.compile(f"{m.PCI_RE}|{m.MAC_RE}")
+_QUOTED = re.compile(f"{patterns.PCI_RE}|{patterns.MAC_RE}")
 
 
 class _Dumper(yaml.SafeDumper):

@@ -11,10 +11,11 @@ from __future__ import annotations
 import ipaddress
 import re
 
+from desired.patterns import MAC_RE
 from schemas.errors import PermanentError
 from schemas.hostplans import Network
 
-_MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+_MAC = re.compile(MAC_RE)
 # Linux IFNAMSIZ is 16 with the NUL; keep to characters every tool accepts.
 _IFNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$")
 # One DNS label (RFC 1123): what dnsmasq accepts as a dhcp-host name.

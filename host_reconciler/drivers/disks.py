@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from desired.patterns import BY_ID_NAME_RE, BY_ID_PREFIX
 from host_reconciler import images
 from host_reconciler.drivers import tools
 from host_reconciler.drivers.protocols import DiskRefused, DiskSettings, IdentityChanged, IdentityMissing, SlotDisk
@@ -54,8 +55,7 @@ from host_reconciler.observations import DiskObs
 from schemas.errors import PermanentError, TemporaryError
 from schemas.hostplans import DiskIdentity
 
-BY_ID_PREFIX = "/dev/disk/by-id/"
-_BY_ID_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+@-]{0,200}$")
+_BY_ID_NAME = re.compile(BY_ID_NAME_RE)
 MiB = 1 << 20
 BLKID_NOTHING_FOUND = 2  # `blkid -p` exit status when no signature was found
 SECTOR_BYTES = 512  # sysfs `size` counts 512-byte sectors whatever the logical block size

@@ -18,11 +18,12 @@ import os
 import re
 from pathlib import Path
 
+from desired.patterns import PCI_RE
 from host_reconciler.drivers.protocols import VFIO, PciError
 from host_reconciler.observations import PciObs
 from schemas.errors import TemporaryError
 
-_PCI = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_PCI = re.compile(PCI_RE)
 
 
 def check_address(address: str) -> str:
