@@ -326,8 +326,8 @@ def test_a_silent_host_is_unavailable_after_the_ttl_and_back_at_its_next_report(
     age_report(conn, busy, 60)  # inside the TTL (90 s)
     assert lifecycle.liveness(conn)[busy].liveness == "live"
     age_report(conn, busy, 91)
-    live = lifecycle.liveness(conn)
-    assert live[busy].liveness == "unavailable" and live[idle].liveness == "live"
+    hosts = lifecycle.liveness(conn)
+    assert hosts[busy].liveness == "unavailable" and hosts[idle].liveness == "live"
     assert busy in live.observe(conn).unavailable_nodes
     # no new placement on it, even where it has the most free slots
     state = fleet(nodes=2, allocations=9)
