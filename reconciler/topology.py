@@ -6,7 +6,7 @@ record per node: the only input the packing index is built from. `graph()`
 turns the same records into a networkx tree with the device identities on
 the slot vertices, for explanations and for operators; the planner never
 walks it per request (it keeps bucketed indexes instead, see
-`reconciler.placement.packing_index`).
+`reconciler.placement.index`).
 
 Pure: no I/O, no clock.
 """

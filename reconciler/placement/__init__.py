@@ -5,7 +5,7 @@ so the planner, the simulator and `gpuaas plan --offline` run anywhere and
 test without fixtures.
 
 Modules (import the module, call through it):
-  packing_index  the engine's indexes: nodes by free-slot pattern, by when they empty
+  index          the engine's indexes: nodes by free-slot pattern, by when they empty
   placing        `Engine`: place, release, explain (the placement rules)
   planner        `plan(desired, observed)` on top of the engine
   replanning     `WarmPlanner`: one kept engine re-planned by difference

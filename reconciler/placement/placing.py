@@ -2,7 +2,7 @@
 
 `Engine` is built once from desired state plus observed facts, then answers
 `place(request)` and `release(allocation_id)` in time independent of the
-fleet size (see `reconciler.placement.packing_index`). `planner.plan()` and the
+fleet size (see `reconciler.placement.index`). `planner.plan()` and the
 simulator both drive this class, so what the simulator measures is what the
 planner does.
 
@@ -26,7 +26,7 @@ from policies import topology as t
 from reconciler import plans
 from reconciler import topology as topo
 from reconciler.placement import reasons
-from reconciler.placement.packing_index import EndOrder, NodeHeap, NodeKey, SliceIndex, WholeNodeIndex
+from reconciler.placement.index import EndOrder, NodeHeap, NodeKey, SliceIndex, WholeNodeIndex
 from schemas import states
 
 Refused = reasons.Refused  # the engine's answer when nothing can take a request

@@ -1,4 +1,4 @@
-"""Index structures (reconciler.placement.packing_index) and the engine's bookkeeping."""
+"""Index structures (reconciler.placement.index) and the engine's bookkeeping."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from reconciler import plans
 from reconciler import topology as topo
 from reconciler.placement import placing, synthesis
-from reconciler.placement.packing_index import NodeHeap, SliceIndex
+from reconciler.placement.index import NodeHeap, SliceIndex
 from schemas import states
 from tests.placement.pictures import BAREMETAL, SLICE, world
 

@@ -16,7 +16,7 @@ import pytest
 from desired import models as m
 from policies import packing
 from reconciler.placement import placing, reasons, simulation, synthesis
-from reconciler.placement.packing_index import EndOrder
+from reconciler.placement.index import EndOrder
 from tests.placement.pictures import API, BAREMETAL, EPOCH, SLICE, World, world
 
 H = packing.HOUR_S
