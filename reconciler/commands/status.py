@@ -17,7 +17,7 @@ from reconciler.commands import db
 from schemas import output
 
 if TYPE_CHECKING:
-    from reconciler import capacity
+    from reconciler.placement import capacity
 
 
 def register(sub: Any) -> None:
@@ -30,7 +30,7 @@ def register(sub: Any) -> None:
 
 def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
     """The whole status document (plain data), read from the database at `url`."""
-    from reconciler import capacity
+    from reconciler.placement import capacity
     from reconciler.store import connections, history, lifecycle, live, migrations, views
     from schemas.errors import PermanentError
 

@@ -31,8 +31,8 @@ from types import MappingProxyType
 
 from desired import problems as p
 from desired.loading import DesiredState
-from reconciler import capacity, inventory_diff, plans
-from reconciler.placement import placing, planner
+from reconciler import inventory_diff, plans
+from reconciler.placement import capacity, placing, planner
 from schemas import states
 
 

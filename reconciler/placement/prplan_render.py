@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from reconciler import capacity, plans
+from reconciler import plans
+from reconciler.placement import capacity
 from reconciler.placement.prplan import NodeChange, PrPlan
 from schemas import rendering
 

@@ -27,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from reconciler import capacity
 from reconciler.commands import status as status_command
+from reconciler.placement import capacity
 from reconciler.service.pool import Pool
 from reconciler.store.connections import Connection
 from schemas.errors import GpuaasError, PermanentError, TemporaryError

@@ -13,8 +13,8 @@ from types import MappingProxyType
 import pytest
 
 from desired.loading import DesiredState
-from reconciler import capacity, plans, sources
-from reconciler.placement import prplan
+from reconciler import plans, sources
+from reconciler.placement import capacity, prplan
 from schemas import states
 from tests.gitops.conftest import make_fleet
 

@@ -15,8 +15,7 @@ import pytest
 
 from desired import models as m
 from policies import packing
-from reconciler import capacity
-from reconciler.placement import placing, synthesis
+from reconciler.placement import capacity, placing, synthesis
 from tests.placement.pictures import REGION, SLICE, world
 
 POLICIES = [p.value for p in packing.ALL]
