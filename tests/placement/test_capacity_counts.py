@@ -49,7 +49,7 @@ def _compare(engine: placing.Engine, regions: list[str], tenants: list[str]) -> 
 def test_counts_equal_probing_on_a_fragmented_synthetic_fleet(policy: str, seed: int) -> None:
     desired = synthesis.desired_state(synthesis.fleet_documents(12, amd_share=0.25, seed=seed))
     engine = placing.Engine(desired, policy=policy)
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 - a reproducible edit sequence, not a secret
     regions = sorted({f.region for f in engine.facts})
     slices = sorted(s.sku for s in desired.skus.values() if s.capacity_shape is m.CapacityShape.GPU_SLICE)
     held: list[str] = []
@@ -75,7 +75,7 @@ def test_counts_equal_probing_with_dedicated_unhealthy_and_blocked_nodes(policy:
         d2: [....|....] org=acme
         s1: [d.e.|....]
         s2: [fg..|h...]
-        s3: [-...|..#~] 
+        s3: [-...|..#~]
         s4: [....|....] unhealthy
         s5: [....|....] draining
         """)
