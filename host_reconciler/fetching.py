@@ -43,11 +43,11 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO, Any
 
 from host_reconciler import imagecache
 from host_reconciler.imagecache import CacheEntry, ImageCache
+from host_reconciler.localstate import fsync_dir
 from schemas.errors import PermanentError, TemporaryError
 
 log = logging.getLogger("gpuaas.host")
@@ -202,7 +202,7 @@ class _Job:
             os.close(fd)
         os.chmod(self.partial, 0o444)
         os.replace(self.partial, self.cache.path(self.hexd))
-        _fsync_dir(self.cache.images_dir)
+        fsync_dir(self.cache.images_dir)
         with contextlib.suppress(FileNotFoundError):
             self.cache.partial_meta(self.hexd).unlink()
 
@@ -357,12 +357,6 @@ def _why(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class ThrottledProgress:

@@ -55,10 +55,10 @@ def write_atomic(path: Path, data: bytes) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
-def _fsync_dir(d: Path) -> None:
+def fsync_dir(d: Path) -> None:
     fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -163,7 +163,7 @@ class LocalState:
             pass
         finally:
             tmp.unlink(missing_ok=True)
-        _fsync_dir(self.leases)
+        fsync_dir(self.leases)
         holder = (_load(path) or {}).get("allocation_id")
         return holder == allocation_id
 
@@ -176,7 +176,7 @@ class LocalState:
         if allocation_id is not None and doc.get("allocation_id") != allocation_id:
             return  # not ours to drop
         path.unlink(missing_ok=True)
-        _fsync_dir(self.leases)
+        fsync_dir(self.leases)
 
     # -- journal -----------------------------------------------------------------------------
     def _journal_path(self, allocation_id: str, flow: str) -> Path:
@@ -341,13 +341,13 @@ class LocalState:
             write_atomic(tmp / _safe(name), data)
         if build is not None:
             build(tmp)
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if final.exists():
             old = self.seeds / f".old-{vm_name}-{os.getpid()}"
             os.replace(final, old)
             shutil.rmtree(old, ignore_errors=True)
         os.replace(tmp, final)
-        _fsync_dir(self.seeds)
+        fsync_dir(self.seeds)
         return final
 
     def remove_seed(self, vm_name: str) -> bool:
@@ -356,6 +356,6 @@ class LocalState:
             return False
         old = self.seeds / f".old-{vm_name}-{os.getpid()}"
         os.replace(d, old)
-        _fsync_dir(self.seeds)
+        fsync_dir(self.seeds)
         shutil.rmtree(old, ignore_errors=True)
         return True
