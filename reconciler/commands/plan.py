@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _save(args: argparse.Namespace, pr: prplan.PrPlan, head: DesiredState, observed_digest: str) -> None:
     from reconciler import planfiles
-    from reconciler.store import inventory  # the content hash the sync records(imports the store driver)
+    from reconciler.store import inventory  # the content hash the sync records (imports the store driver)
 
     desired_hash = inventory.content_hash(head)
     doc = planfiles.document(pr, repo=args.path, head_revision=inventory.revision_key(head, desired_hash),
