@@ -460,6 +460,7 @@ def _stop(pool: futures.ProcessPoolExecutor, *, at_once: bool) -> None:
     # Python 3.14 (terminate_workers()); take them before shutdown() forgets them.
     workers: list[BaseProcess] = list((getattr(pool, "_processes", None) or {}).values())
     manager: threading.Thread | None = getattr(pool, "_executor_manager_thread", None)
+    results = getattr(pool, "_result_queue", None)  # shutdown() drops its reference
     pool.shutdown(wait=False, cancel_futures=True)
     if not at_once:
         _join_all(workers, _LEAVE_S)
@@ -470,8 +471,20 @@ def _stop(pool: futures.ProcessPoolExecutor, *, at_once: bool) -> None:
         for w in alive:
             stop(w)
         _join_all(alive, _TERM_S if stop is BaseProcess.terminate else _LEAVE_S)
-    if manager is not None:  # it tears the queues down once the workers are gone; a stop does not wait long
-        manager.join(_TERM_S if at_once else _LEAVE_S)
+    if manager is None:
+        return
+    manager.join(_TERM_S if at_once else _LEAVE_S)  # it tears the queues down once the workers are gone
+    if manager.is_alive():
+        # A worker killed in the middle of sending a result leaves half a message in the pipe,
+        # and the manager thread blocks reading the rest: for good, since this process holds
+        # a write end too, and the interpreter's exit joins that thread (a test run that
+        # finished and never exited). Every worker is gone by now, so nothing else writes:
+        # with our write end closed it reads EOF, calls the pool broken and leaves.
+        writer = getattr(results, "_writer", None)
+        if writer is not None:
+            with contextlib.suppress(OSError):
+                writer.close()
+        manager.join(_LEAVE_S)
 
 
 def _join_all(workers: list[BaseProcess], timeout: float) -> None:

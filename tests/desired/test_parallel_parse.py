@@ -100,6 +100,7 @@ def test_a_hung_worker_is_killed_and_its_files_parsed_here(
     assert took < hanging.HANG_S / 3, took  # bounded: never waits the worker out
     assert _summary(result) == _summary(loading.parse_files([(n, bytes(d)) for n, d in files], workers=1))
     _assert_gone(pid_file)
+    _assert_no_manager_left()
 
 
 def test_cancel_with_a_hung_worker_stops_within_a_second(tmp_path: Path) -> None:
@@ -117,3 +118,15 @@ def test_cancel_with_a_hung_worker_stops_within_a_second(tmp_path: Path) -> None
     took = time.monotonic() - asked[0]
     assert took < 1.0, took
     _assert_gone(pid_file)
+    _assert_no_manager_left()
+
+
+def _assert_no_manager_left() -> None:
+    """No pool manager thread outlives the parse: the interpreter's exit would join it (and may wait forever)."""
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        left = [t for t in threading.enumerate() if type(t).__name__ == "_ExecutorManagerThread" and t.is_alive()]
+        if not left:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"pool manager thread(s) still running: {left}")
