@@ -18,6 +18,7 @@ from policies import packing
 from reconciler.placement import placing, reasons, simulation, synthesis
 from reconciler.placement.index import EndOrder
 from tests.placement.pictures import API, BAREMETAL, EPOCH, SLICE, World, world
+from tests.placement.scoring import ranked
 
 H = packing.HOUR_S
 
@@ -110,29 +111,9 @@ def test_a_clean_host_is_still_opened_last() -> None:
 # ------------------------------------------------------------------ engine
 
 def _brute_force(engine: placing.Engine, req: placing.Request) -> tuple[str, tuple[int, ...]] | None:
-    """The documented ranking, by scoring every node: what the index must agree with."""
-    spec = engine.spec(req.sku, req.gpu_count)
-    assert not isinstance(spec, placing.Refused)
-    best: tuple[tuple[float, ...], str, tuple[int, ...]] | None = None
-    for node in engine.nodes:
-        for part, _lid, lay in node.views:
-            free = lay.full & ~node.claimed
-            o = packing.option(packing.Policy.DEFAULT, lay, free, req.gpu_count, spec.rule,
-                               demands=engine._mixes[part.mix_id])
-            if o is None:
-                continue
-            rank = packing.rank(packing.Policy.DEFAULT, o)
-            tie = packing.node_key(packing.Policy.DEFAULT, node.id, len(node.allocs),
-                                   min(node.since.values()) if node.since else 0.0)
-            if req.ends_at is not None:
-                key = packing.lease_key(packing.lease_rank(rank, packing.node_end(node.ends.values()),
-                                                           req.requested_at, req.ends_at, engine.lease_end_weight),
-                                        tie)
-            else:
-                key = packing.place_key(rank, tie)
-            if best is None or key < best[0]:
-                best = (key, node.name, tuple(node.slot_indexes[p] for p in o.choice.positions))
-    return None if best is None else (best[1], best[2])
+    """The documented ranking's first choice, by scoring every node: what the index must agree with."""
+    found = ranked(engine, req)
+    return found[0] if found else None
 
 
 @pytest.mark.parametrize("weight", [1.0, 0.0, 5.0])

@@ -17,6 +17,7 @@ from desired import models as m
 from policies import packing
 from reconciler.placement import placing, synthesis
 from tests.placement.pictures import API, EPOCH, REGION, SLICE, World, aid, world
+from tests.placement.scoring import ranked
 
 H = packing.HOUR_S
 
@@ -122,31 +123,6 @@ def test_lease_bound_is_a_lower_bound_of_lease_key() -> None:
 
 # ------------------------------------------------------------------ engine
 
-def _ranked(engine: placing.Engine, req: placing.Request) -> list[tuple[str, tuple[int, ...]]]:
-    """Every node that can take the request, best first, by scoring each one: what the index must agree with."""
-    spec = engine.spec(req.sku, req.gpu_count)
-    assert not isinstance(spec, placing.Refused)
-    scored = []
-    for node in engine.nodes:
-        for part, _lid, lay in node.views:
-            free = lay.full & ~node.claimed
-            o = packing.option(packing.Policy.DEFAULT, lay, free, req.gpu_count, spec.rule,
-                               demands=engine._mixes[part.mix_id])
-            if o is None:
-                continue
-            rank = packing.rank(packing.Policy.DEFAULT, o)
-            tie = packing.node_key(packing.Policy.DEFAULT, node.id, len(node.allocs),
-                                   min(node.since.values()) if node.since else 0.0)
-            if req.ends_at is None:
-                key = packing.place_key(rank, tie)
-            else:
-                key = packing.lease_key(packing.lease_rank(rank, packing.node_end(node.ends.values()),
-                                                           req.requested_at, req.ends_at, engine.lease_end_weight),
-                                        tie)
-            scored.append((key, node.name, tuple(node.slot_indexes[p] for p in o.choice.positions)))
-    return [(name, slots) for _, name, slots in sorted(scored)]
-
-
 @pytest.mark.parametrize("terms", [False, True])
 def test_index_agrees_with_scoring_every_node(terms: bool) -> None:
     """Choice and alternatives (on demand) equal a brute-force ranking of every node, over a long random stream."""
@@ -165,15 +141,15 @@ def test_index_agrees_with_scoring_every_node(terms: bool) -> None:
         term = rnd.choice((None, 0.2, 1.0, 9.0)) if terms else None
         req = placing.Request(f"r{i}", "t", synthesis.H200_SLICE, gpus, synthesis.REGION, requested_at=now,
                               ends_at=None if term is None else now + term * H)
-        ranked = _ranked(engine, req)
+        order = ranked(engine, req)
         out = engine.place(req, alternatives=3)
-        if not ranked:
+        if not order:
             assert isinstance(out, placing.Refused)
             continue
         assert isinstance(out, placing.Placed)
-        assert (out.node, out.slot_indexes) == ranked[0], f"step {i}: {req}"
+        assert (out.node, out.slot_indexes) == order[0], f"step {i}: {req}"
         if term is None:
-            assert [(c.node, c.slot_indexes) for c in out.alternatives] == ranked[1:4], f"step {i}"
+            assert [(c.node, c.slot_indexes) for c in out.alternatives] == order[1:4], f"step {i}"
         live.append(req.allocation_id)
         placed += 1
     assert placed > 300  # the stream kept the fleet busy: many choices were real ones
