@@ -28,6 +28,7 @@ from typing import Any
 
 from host_reconciler import diff, observing, phases, statuses
 from host_reconciler.actions import PER_SLOT_STEPS, Action, DriftMode, Flow, Step
+from host_reconciler.context import Context, Drivers
 from host_reconciler.localstate import LocalState
 from host_reconciler.observations import Failure, Observed
 from host_reconciler.settings import HostSettings
@@ -56,7 +57,7 @@ class Converger:
     def __init__(
         self,
         settings: HostSettings,
-        drivers: phases.Drivers,
+        drivers: Drivers,
         *,
         state: LocalState | None = None,
         on_step: StepHook | None = None,
@@ -70,13 +71,13 @@ class Converger:
         self.clock = clock
         self.sleep = sleep
 
-    def context(self, plan: HostPlan) -> phases.Context:
+    def context(self, plan: HostPlan) -> Context:
         if plan.node != self.settings.node:
             raise PermanentError(
                 f"plan for {plan.node} handed to the reconciler of {self.settings.node}",
                 code="host.plan.wrong_node",
             )
-        return phases.Context(plan, self.settings, self.drivers, self.state, clock=self.clock, sleep=self.sleep)
+        return Context(plan, self.settings, self.drivers, self.state, clock=self.clock, sleep=self.sleep)
 
     def converge(self, plan: HostPlan, *, dry_run: bool = False, mode: DriftMode | None = None) -> PassResult:
         t0 = self.clock()
@@ -135,7 +136,7 @@ class Converger:
 
     # -- acting ----------------------------------------------------------------------------
     def _apply(
-        self, ctx: phases.Context, actions: list[Action]
+        self, ctx: Context, actions: list[Action]
     ) -> tuple[list[tuple[Action, float]], list[statuses.StepError]]:
         executed: list[tuple[Action, float]] = []
         errors: list[statuses.StepError] = []
@@ -170,7 +171,7 @@ class Converger:
 
     def _record(
         self,
-        ctx: phases.Context,
+        ctx: Context,
         action: Action,
         vm: VmSpec | None,
         ms: float,
@@ -194,7 +195,7 @@ class Converger:
         more = {"hard_stopped": True} if extra.get("hard_stopped") else {}
         self.state.record_phase(alloc, "release", name, ms, **more)
 
-    def _failed(self, ctx: phases.Context, action: Action, vm: VmSpec | None, exc: Exception) -> statuses.StepError:
+    def _failed(self, ctx: Context, action: Action, vm: VmSpec | None, exc: Exception) -> statuses.StepError:
         """The one place that decides what a failed step means (module docstring)."""
         if isinstance(exc, TemporaryError):
             retry, code, delay = True, exc.code, exc.delay
@@ -233,7 +234,7 @@ class Converger:
                 )
         return err
 
-    def _enforce_image_budget(self, ctx: phases.Context) -> None:
+    def _enforce_image_budget(self, ctx: Context) -> None:
         """Keep the image cache within its budget after every pass (LRU; in-use and pinned images stay)."""
         try:
             self.state.write_image_pins(ctx.plan.pinned_images)  # `gpuaas host image evict` keeps them too
@@ -241,7 +242,7 @@ class Converger:
         except (GpuaasError, OSError) as e:
             log.warning("image cache eviction failed: %s", e)
 
-    def _image_report(self, ctx: phases.Context, observed: Observed) -> statuses.ImageCacheReport:
+    def _image_report(self, ctx: Context, observed: Observed) -> statuses.ImageCacheReport:
         try:
             budget: int | None = self.settings.image_budget()
         except OSError:

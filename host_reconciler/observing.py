@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from host_reconciler.context import Context
 from host_reconciler.drivers.protocols import bridge_problems
 from host_reconciler.observations import GateFinding, Observed, ReservationObs
-from host_reconciler.phases import Context
 
 
 def observe(ctx: Context, *, full: bool = True) -> Observed:

@@ -1,7 +1,7 @@
 """Pack a VM's cloud-init seed files into its NoCloud ISO with genisoimage.
 
 Apart from `host_reconciler.cloudinit` (which renders the files and runs no
-tool) so the engine reaches genisoimage only through `phases.Drivers`.
+tool) so the engine reaches genisoimage only through `context.Drivers`.
 """
 
 from __future__ import annotations

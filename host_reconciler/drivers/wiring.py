@@ -7,6 +7,7 @@ host without GPUs), dnsmasq, the readiness gate and the bridge (Linux or OVS).
 
 from __future__ import annotations
 
+from host_reconciler.context import Drivers
 from host_reconciler.drivers import fakes
 from host_reconciler.drivers.disks import BlockDisks
 from host_reconciler.drivers.dnsmasq import DnsmasqDhcp, DnsmasqServer
@@ -18,7 +19,6 @@ from host_reconciler.drivers.pci import SysfsPci
 from host_reconciler.drivers.protocols import NetworkDriver, PciDriver, ReadinessDriver
 from host_reconciler.drivers.readiness import LeaseReadiness
 from host_reconciler.drivers.seediso import pack_iso
-from host_reconciler.phases import Drivers
 from host_reconciler.settings import HostSettings
 
 

@@ -37,8 +37,8 @@ import psycopg
 
 from host_reconciler import converging, lab, reports, store
 from host_reconciler.actions import DriftMode
+from host_reconciler.context import Drivers
 from host_reconciler.drivers import wiring
-from host_reconciler.phases import Drivers
 from schemas import hostplans
 from schemas.errors import PermanentError
 

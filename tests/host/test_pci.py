@@ -83,7 +83,7 @@ def test_fake_follows_the_same_rules() -> None:
 def test_discovery_gate_runs_on_every_pass_and_blocks_only_the_swapped_disk(tmp_path: Path) -> None:
     import yaml
 
-    from host_reconciler import diff, lab, observing, phases
+    from host_reconciler import context, diff, lab, observing
     from host_reconciler.settings import HostSettings
     from schemas import hostplans
     from tests.host.conftest import NETWORK
@@ -97,7 +97,7 @@ def test_discovery_gate_runs_on_every_pass_and_blocks_only_the_swapped_disk(tmp_
     # The host's slot-5 disk was swapped for another one (new serial, new by-id names).
     tree = lab.retag_tree(EXAMPLE.parent, tmp_path / "host", "S6EXNA0W105", "S6EXNA0W199")
     settings = HostSettings(node="h200-use1-s01", discovery_root=tree, state_dir=tmp_path / "state")
-    ctx = phases.Context(plan, settings, None, None)  # type: ignore[arg-type] -- the gate reads no driver
+    ctx = context.Context(plan, settings, None, None)  # type: ignore[arg-type] -- the gate reads no driver
     findings, ran = observing._gate(ctx)
     assert ran and {f.slot_index for f in findings} == {5}
     assert findings[0].expected == "/dev/disk/by-id/nvme-SAMSUNG_MZWLR3T8HBLS-00007_S6EXNA0W105"
