@@ -28,9 +28,9 @@ def commands() -> tuple[Any, ...]:
     Imported here, not at the top: `main` installs its SIGTERM handling
     before any command module loads, so a stop during start-up is clean.
     """
+    from reconciler.bench import command as bench
     from reconciler.commands import (
         apply,
-        bench,
         completion,
         db,
         demo,

@@ -58,12 +58,12 @@ _VALIDATORS = {"operand", "ifname", "mac"}
 # once every value in its argv follows a literal "--" (or is a literal).
 ARGV_ALLOWED = {
     "desired/gitrepo.py::revision_refs": "the value before '--' is commit.hexsha: 40 hex digits from git itself",
-    "reconciler/commands/bench_claims.py::_pgbench": "bench tool: protocol defaults to a literal, numbers are ints, "
-                                                      "the script is a temp path and the URL is the operator's own",
-    "reconciler/commands/bench_gitops.py::_git": "bench tool: every caller in the module passes literal git "
-                                                 "subcommands, options and paths it made itself",
-    "reconciler/commands/bench_gitops.py::measure": "bench tool: argv is sys.executable, literals, a temp path, "
-                                                    "ints and the operator's own database URL",
+    "reconciler/bench/claims.py::_pgbench": "bench tool: protocol defaults to a literal, numbers are ints, "
+                                            "the script is a temp path and the URL is the operator's own",
+    "reconciler/bench/gitops.py::_git": "bench tool: every caller in the module passes literal git "
+                                        "subcommands, options and paths it made itself",
+    "reconciler/bench/gitops.py::measure": "bench tool: argv is sys.executable, literals, a temp path, "
+                                           "ints and the operator's own database URL",
     "reconciler/store/embedded.py::_run": "runner: pg_ctl/initdb argv built in this module from literals and "
                                           "paths under the server's state dir",
     "host_reconciler/drivers/netns.py::run": "runner: it passes on the argv its callers give netns.run(ns, argv), "

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from desired.loading import DesiredState
-from reconciler.store import connections, inventory, synthetic
+from reconciler.bench import synthetic
+from reconciler.store import connections, inventory
 from reconciler.store.connections import Connection
 
 

@@ -34,8 +34,9 @@ def apply_forever(url: str, seed: int) -> None:
     """
     import random
 
+    from reconciler.bench import synthetic
     from reconciler.plans import Release
-    from reconciler.store import claims, cleanup, connections, history, lifecycle, live, synthetic
+    from reconciler.store import claims, cleanup, connections, history, lifecycle, live
     from tests.claims.test_kill import kill_fleet
 
     state = kill_fleet()

@@ -14,7 +14,8 @@ import pytest
 
 from desired import models as m
 from reconciler import cli, reconciling
-from reconciler.store import lifecycle, synthetic
+from reconciler.bench import synthetic
+from reconciler.store import lifecycle
 from reconciler.store.connections import Connection
 from tests.claims import util
 from tests.claims.test_lifecycle import NOT_VFIO, report_vm_failure, where

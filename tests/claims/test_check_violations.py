@@ -18,7 +18,8 @@ import pytest
 
 from desired.loading import DesiredState
 from reconciler import reconciling
-from reconciler.store import checks, synthetic
+from reconciler.bench import synthetic
+from reconciler.store import checks
 from reconciler.store.connections import Connection
 from tests.claims import util
 from tests.claims.test_lifecycle import NOT_VFIO, report_vm_failure, where

@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from desired.loading import DesiredState
-from reconciler.store import checks, inventory, synthetic
+from reconciler.bench import synthetic
+from reconciler.store import checks, inventory
 from reconciler.store.connections import Connection
 from tests.claims import util
 

@@ -18,8 +18,9 @@ from desired import models as m
 from desired.loading import DesiredState
 from host_reconciler import store as host_store
 from reconciler import reconciling
+from reconciler.bench import synthetic
 from reconciler.commands import status as status_command
-from reconciler.store import checks, hostplans, lifecycle, live, synthetic
+from reconciler.store import checks, hostplans, lifecycle, live
 from reconciler.store.connections import Connection
 from schemas import dberrors
 from tests.claims import util

@@ -6,8 +6,9 @@ import dataclasses
 import multiprocessing as mp
 import random
 
+from reconciler.bench import synthetic
 from reconciler.plans import Candidate, Placement
-from reconciler.store import checks, claims, inventory, live, synthetic
+from reconciler.store import checks, claims, inventory, live
 from reconciler.store.connections import Connection
 from tests.claims import racers, util
 

@@ -15,7 +15,8 @@ from pydantic import ValidationError
 
 from desired import models as m
 from reconciler import reconciling
-from reconciler.store import connections, hostplans, synthetic
+from reconciler.bench import synthetic
+from reconciler.store import connections, hostplans
 
 BASE: dict[str, Any] = {"apiVersion": m.API_VERSION, "kind": "Fleet", "name": "f",
                         "regions": [{"name": "r", "pools": [{"name": "p"}]}]}

@@ -24,8 +24,8 @@ from desired import models as m
 from desired.loading import DesiredState
 from policies import eligibility, packing
 from reconciler import plans, topology
+from reconciler.bench import synthetic
 from reconciler.placement import placing, planner, replanning
-from reconciler.store import synthetic
 from schemas import states
 
 POLICIES = [p.value for p in packing.ALL]

@@ -18,8 +18,8 @@ from desired import models as m
 from desired.loading import DesiredState
 from policies import eligibility
 from reconciler import plans, topology
+from reconciler.bench import synthetic
 from reconciler.placement import planner
-from reconciler.store import synthetic
 from schemas import states
 
 

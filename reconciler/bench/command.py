@@ -7,10 +7,9 @@ from typing import Any
 from host_reconciler.bench import discovery as discovery_bench
 from host_reconciler.bench import host as host_bench
 from reconciler import commands
-from reconciler.commands import bench_claims, bench_gitops, bench_plan, bench_serve, bench_validate
+from reconciler.bench import claims, gitops, plan, serve, validate
 
 
 def register(sub: Any) -> None:
     commands.register_group(sub, "bench", "benchmarks (validate, plan, claims, gitops, discover, host)",
-                            (bench_validate, discovery_bench, bench_plan, host_bench, bench_claims, bench_gitops,
-                             bench_serve))
+                            (validate, discovery_bench, plan, host_bench, claims, gitops, serve))

@@ -110,7 +110,8 @@ class Job:
 
 def worker(job: Job, barrier: Any, results: Any) -> None:
     """One reconciler process: plan its share, wait for the others, place, report."""
-    from reconciler.store import claims, connections, live, synthetic
+    from reconciler.bench import synthetic
+    from reconciler.store import claims, connections, live
 
     url, index, workers, alternatives = job.url, job.index, job.workers, job.alternatives
     state = synthetic.fleet(**job.fleet_args)
@@ -183,7 +184,8 @@ def _pgbench(url: str, clients: int, seconds: float, protocol: str = "simple") -
 
 
 def run(args: argparse.Namespace) -> int:
-    from reconciler.store import checks, connections, inventory, migrations, synthetic
+    from reconciler.bench import synthetic
+    from reconciler.store import checks, connections, inventory, migrations
 
     try:
         args.gpus_list = sorted({int(g) for g in str(args.gpus).split(",") if g.strip()})

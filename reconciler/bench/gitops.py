@@ -1,7 +1,7 @@
 """`gpuaas bench gitops --commits 50`: latency from `git commit` of an allocation file to its claim in PostgreSQL.
 
 Builds a desired-state repo in a temp dir (a synthetic fleet of --nodes
-8-GPU slice hosts, `reconciler.store.synthetic`), starts `gpuaas run` in
+8-GPU slice hosts, `reconciler.bench.synthetic`), starts `gpuaas run` in
 watch mode against a scratch database as a separate process, then, one after
 the other, writes an allocation file as the portal bot would, runs
 `git commit` and polls the database until the allocation's claim is visible.
@@ -55,7 +55,7 @@ def write_fleet(root: Path, nodes: int) -> None:
     """A synthetic fleet as YAML files, one document per file."""
     import yaml
 
-    from reconciler.store import synthetic
+    from reconciler.bench import synthetic
 
     state = synthetic.fleet(nodes=nodes)
     docs: list[tuple[str, Any]] = [("fleet.yaml", state.fleet)]
@@ -107,7 +107,8 @@ def _percentile(values: list[float], q: float) -> float:
 def measure(url: str, root: Path, *, commits: int, debounce_ms: int, timeout: float,
             start_timeout: float = 900.0) -> dict[str, Any]:
     from reconciler import requests
-    from reconciler.store import connections, migrations, synthetic
+    from reconciler.bench import synthetic
+    from reconciler.store import connections, migrations
 
     with connections.connect(url, autocommit=True) as conn:
         migrations.migrate(conn)

@@ -24,7 +24,8 @@ import threading
 import time
 from typing import Any
 
-from reconciler.commands import bench_claims, db
+from reconciler.bench import claims as bench_claims
+from reconciler.commands import db
 from schemas.errors import UsageError
 
 
@@ -58,7 +59,8 @@ def _timed(client: http.client.HTTPConnection, path: str) -> float:
 
 
 def _prepare(url: str, args: argparse.Namespace) -> tuple[list[str], dict[str, float]]:
-    from reconciler.store import claims, connections, history, inventory, live, migrations, synthetic
+    from reconciler.bench import synthetic
+    from reconciler.store import claims, connections, history, inventory, live, migrations
 
     fleet = {"nodes": args.nodes, "allocations": args.requests, "gpus": (1, 2, 4)}
     with connections.connect(url, autocommit=True) as conn:
