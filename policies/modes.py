@@ -62,8 +62,8 @@ UNAVAILABLE = "node.mode.unavailable"
 
 
 @dataclass(frozen=True, slots=True)
-class NodeFacts:
-    """Plain facts about one node at one moment (from desired state + observed)."""
+class ModeFacts:
+    """What a node's mode and its transitions are derived from, at one moment (desired state + observed)."""
 
     capability: Capability
     admin_state: m.AdminState = m.AdminState.ACTIVE
@@ -88,7 +88,7 @@ class Verdict:
 ALLOWED = Verdict(True)
 
 
-def occupancy(f: NodeFacts) -> Occupancy:
+def occupancy(f: ModeFacts) -> Occupancy:
     if f.exclusive_claim:
         return Occupancy.EXCLUSIVE
     if f.slot_claims == 0:
@@ -96,7 +96,7 @@ def occupancy(f: NodeFacts) -> Occupancy:
     return Occupancy.FULL if f.free_slots == 0 else Occupancy.PARTIAL
 
 
-def mode(f: NodeFacts) -> Mode:
+def mode(f: ModeFacts) -> Mode:
     """The one mode an operator sees; health and admin intent come first."""
     if not f.healthy or f.node_corrupt or f.admin_state is m.AdminState.MAINTENANCE:
         return Mode.UNAVAILABLE
@@ -111,7 +111,7 @@ def mode(f: NodeFacts) -> Mode:
     return Mode(f.capability.value)
 
 
-def _admin(f: NodeFacts) -> Verdict | None:
+def _admin(f: ModeFacts) -> Verdict | None:
     if f.node_corrupt:
         return Verdict(False, UNAVAILABLE, "health evidence shows node-wide corruption")
     if not f.healthy:
@@ -123,7 +123,7 @@ def _admin(f: NodeFacts) -> Verdict | None:
     return None
 
 
-def _to_slice(f: NodeFacts) -> Verdict:
+def _to_slice(f: ModeFacts) -> Verdict:
     if f.exclusive_claim:
         return Verdict(False, BAREMETAL_ACTIVE,
                        "a baremetal allocation holds the node; slices wait for its release and reimage")
@@ -139,7 +139,7 @@ def _to_slice(f: NodeFacts) -> Verdict:
     return ALLOWED
 
 
-def _to_baremetal(f: NodeFacts) -> Verdict:
+def _to_baremetal(f: ModeFacts) -> Verdict:
     if f.exclusive_claim:
         return Verdict(False, BAREMETAL_ACTIVE, "another baremetal allocation holds the node")
     if f.slot_claims:
@@ -153,39 +153,39 @@ def _to_baremetal(f: NodeFacts) -> Verdict:
     return ALLOWED
 
 
-def _always(f: NodeFacts) -> Verdict:
+def _always(f: ModeFacts) -> Verdict:
     # Health failure always wins (billing policy decides about live allocations), and an
     # admin drain is non-disruptive: placement stops, live allocations continue.
     return ALLOWED
 
 
-def _to_cleanup_blocked(f: NodeFacts) -> Verdict:
+def _to_cleanup_blocked(f: ModeFacts) -> Verdict:
     if f.node_corrupt:
         return Verdict(True, UNAVAILABLE, "node-wide corruption: the whole node is blocked", scope="node")
     return Verdict(True, CLEANUP_BLOCKED, "only the affected slot is blocked", scope="slot")
 
 
-def _to_available(f: NodeFacts) -> Verdict:
+def _to_available(f: ModeFacts) -> Verdict:
     if f.blocked_slots:
         return Verdict(False, CLEANUP_BLOCKED,
                        f"{f.blocked_slots} slot(s) stay blocked until an admin repair or a passing probe")
     return _admin(f) or ALLOWED
 
 
-def _to_share_storage(f: NodeFacts) -> Verdict:
+def _to_share_storage(f: ModeFacts) -> Verdict:
     if f.slot_claims or f.cleanup_slots or f.blocked_slots:
         return Verdict(False, SLICE_ACTIVE,
                        "every slice claim must release and pass cleanup before infra remounts share storage")
     return ALLOWED
 
 
-def _placing(check: Callable[[NodeFacts], Verdict]) -> Callable[[NodeFacts], Verdict]:
-    def verdict(f: NodeFacts) -> Verdict:
+def _placing(check: Callable[[ModeFacts], Verdict]) -> Callable[[ModeFacts], Verdict]:
+    def verdict(f: ModeFacts) -> Verdict:
         return _admin(f) or check(f)
     return verdict
 
 
-_TRANSITIONS: dict[Target, Callable[[NodeFacts], Verdict]] = {
+_TRANSITIONS: dict[Target, Callable[[ModeFacts], Verdict]] = {
     Target.UNAVAILABLE: _always,
     Target.DRAINING: _always,
     Target.CLEANUP_BLOCKED: _to_cleanup_blocked,
@@ -196,6 +196,6 @@ _TRANSITIONS: dict[Target, Callable[[NodeFacts], Verdict]] = {
 }
 
 
-def transition(f: NodeFacts, target: Target) -> Verdict:
+def transition(f: ModeFacts, target: Target) -> Verdict:
     """May the node go to `target` now? Rows of seed 000's transition table."""
     return _TRANSITIONS[target](f)

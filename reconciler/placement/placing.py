@@ -1008,14 +1008,14 @@ class Engine:
 
     # ----------------------------------------------------------------- status
 
-    def node_facts(self, name: str) -> modes.NodeFacts:
+    def mode_facts(self, name: str) -> modes.ModeFacts:
         """The facts `policies.modes` derives a node's mode from, as of now."""
         node = self.by_name[name]
         f = node.facts
         claimed = node.claimed
         slot_claims = 0 if node.exclusive else claimed.bit_count()
         sellable = sum(1 for p, s in enumerate(f.slots) if s.sellable and not claimed >> p & 1)
-        return modes.NodeFacts(
+        return modes.ModeFacts(
             capability=f.capability.capability, admin_state=f.admin_state, healthy=f.healthy,
             storage_mode=f.storage_mode, slot_claims=slot_claims, exclusive_claim=node.exclusive is not None,
             cleanup_slots=sum(1 for s in f.slots if s.status is states.SlotStatus.CLEANUP),
@@ -1024,7 +1024,7 @@ class Engine:
         )
 
     def mode(self, name: str) -> modes.Mode:
-        return modes.mode(self.node_facts(name))
+        return modes.mode(self.mode_facts(name))
 
     def slice_parts(self, sku: str) -> list[SliceIndex]:
         """Every partition of one slice SKU (any region, any org)."""

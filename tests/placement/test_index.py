@@ -118,7 +118,7 @@ def test_engine_modes_follow_claims() -> None:
         "n1": "slice_active", "n2": "baremetal_active", "n3": "draining", "n4": "cleanup_blocked",
         "b1": "baremetal_only",
     }
-    facts = engine.node_facts("n1")
+    facts = engine.mode_facts("n1")
     assert (facts.slot_claims, facts.free_slots) == (1, 7)
 
 
