@@ -1,4 +1,4 @@
-"""What a change to desired state does to inventory: added, changed, disabled.
+"""What a change to desired state does to inventory: added, changed, removed.
 
 Pure: compares two DesiredStates (base and head of a pull request) and says,
 per kind and name, what changes, plus which nodes change capability and which
@@ -47,10 +47,12 @@ def _show(value: Any) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Change:
+class DocumentChange:
+    """One desired-state document added, changed or removed between two revisions (a PR's base and head)."""
+
     kind: str
     name: str
-    action: str  # "added" | "changed" | "disabled"
+    action: str  # "added" | "changed" | "removed": the words the sync's RowChange uses for the same events
     fields: tuple[str, ...] = ()
     values: tuple[FieldChange, ...] = ()  # changed documents: old -> new of each changed value
     more_values: int = 0  # changed values past MAX_VALUES, not listed
@@ -82,7 +84,7 @@ class SlotChange:
 
 @dataclass(frozen=True, slots=True)
 class InventoryDiff:
-    changes: tuple[Change, ...] = ()
+    changes: tuple[DocumentChange, ...] = ()
     capabilities: tuple[CapabilityChange, ...] = ()
     slots: tuple[SlotChange, ...] = ()
     schedulable_gpus_before: int = 0
@@ -103,15 +105,15 @@ _TABLES = (
 
 
 def diff(base: DesiredState, head: DesiredState, firmware: Mapping[str, bool] | None = None) -> InventoryDiff:
-    changes: list[Change] = []
+    changes: list[DocumentChange] = []
     for kind, attr in _TABLES:
         before: dict[str, Any] = getattr(base, attr)
         after: dict[str, Any] = getattr(head, attr)
         for name in sorted(set(before) | set(after)):
             if name not in before:
-                changes.append(Change(kind, name, "added"))
+                changes.append(DocumentChange(kind, name, "added"))
             elif name not in after:
-                changes.append(Change(kind, name, "disabled"))
+                changes.append(DocumentChange(kind, name, "removed"))
             elif before[name] != after[name]:
                 changes.append(_changed(kind, name, before[name], after[name]))
     changes.extend(_fleet_change(base, head))
@@ -148,21 +150,21 @@ def diff(base: DesiredState, head: DesiredState, firmware: Mapping[str, bool] | 
     )
 
 
-def _fleet_change(base: DesiredState, head: DesiredState) -> list[Change]:
+def _fleet_change(base: DesiredState, head: DesiredState) -> list[DocumentChange]:
     if base.fleet is None and head.fleet is not None:
-        return [Change("Fleet", head.fleet.name, "added")]
+        return [DocumentChange("Fleet", head.fleet.name, "added")]
     if base.fleet is not None and head.fleet is None:
-        return [Change("Fleet", base.fleet.name, "disabled")]
+        return [DocumentChange("Fleet", base.fleet.name, "removed")]
     if base.fleet is not None and head.fleet is not None and base.fleet != head.fleet:
         return [_changed("Fleet", head.fleet.name, base.fleet, head.fleet)]
     return []
 
 
-def _changed(kind: str, name: str, a: Any, b: Any) -> Change:
+def _changed(kind: str, name: str, a: Any, b: Any) -> DocumentChange:
     da, db = a.model_dump(mode="json"), b.model_dump(mode="json")
     fields = tuple(sorted(k for k in set(da) | set(db) if da.get(k) != db.get(k)))
     values = list(_leaf_changes("", da, db))
-    return Change(kind, name, "changed", fields, tuple(values[:MAX_VALUES]), max(0, len(values) - MAX_VALUES))
+    return DocumentChange(kind, name, "changed", fields, tuple(values[:MAX_VALUES]), max(0, len(values) - MAX_VALUES))
 
 
 def _keyed(items: list[Any]) -> dict[str, Any] | None:

@@ -187,7 +187,7 @@ def test_html_and_terminal_text() -> None:
 def hostile_plan(v: str) -> PrPlan:
     profile = Profile("<img src=//evil.invalid/p.png></details>", 1, 24, 65536)
     inv = inventory_diff.InventoryDiff(
-        changes=(inventory_diff.Change("SlotMap", v, "added", (v, "enabled")),),
+        changes=(inventory_diff.DocumentChange("SlotMap", v, "added", (v, "enabled")),),
         slots=(inventory_diff.SlotChange(v, 0, False, True, (v,)),),
         schedulable_gpus_before=0, schedulable_gpus_after=1,
         ineligible_after={v: {1: (v, v)}},

@@ -2,7 +2,7 @@
 
 `compose(base, head, observed)` runs, with no I/O:
 
-- `inventory_diff.diff(base, head)`: inventory added, changed or disabled,
+- `inventory_diff.diff(base, head)`: inventory added, changed or removed,
   slots becoming (un)schedulable with their eligibility reasons, capability
   changes;
 - `planner.plan(head, observed)`: placements (node, slots, VM profile),

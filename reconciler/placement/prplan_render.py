@@ -22,7 +22,7 @@ from schemas import rendering
 
 MARKER = "<!-- gpuaas-plan -->"
 OPEN_BELOW = 10  # sections with at most this many rows render expanded
-_SYMBOL = {"added": "+", "changed": "~", "disabled": "-"}
+_SYMBOL = {"added": "+", "changed": "~", "removed": "-"}
 
 
 def short(rev: str | None) -> str:
@@ -76,7 +76,7 @@ def slot_groups(pr: PrPlan) -> dict[tuple[str, bool, tuple[str, ...]], list[int]
 
 def ineligible_groups(pr: PrPlan) -> dict[tuple[str, tuple[str, ...]], list[int]]:
     """Slots of the slot maps this change adds or edits that head still cannot schedule, with the reasons."""
-    touched = {c.name for c in pr.inventory.changes if c.kind in ("SlotMap", "Node") and c.action != "disabled"}
+    touched = {c.name for c in pr.inventory.changes if c.kind in ("SlotMap", "Node") and c.action != "removed"}
     changed = {(s.node, s.slot_index) for s in pr.inventory.slots}
     out: dict[tuple[str, tuple[str, ...]], list[int]] = {}
     for node in sorted(touched & set(pr.inventory.ineligible_after)):

@@ -38,7 +38,9 @@ Item = tuple[tuple[Any, ...], tuple[Any, ...], Callable[[], Row]]  # key, docume
 
 
 @dataclass(frozen=True, slots=True)
-class Change:
+class RowChange:
+    """One row the sync wrote: added, changed, removed (`present = false`) or restored (present again)."""
+
     kind: str  # sku | image | node | slot | allocation | fleet
     key: str
     action: str  # added | changed | removed | restored
@@ -52,7 +54,7 @@ class SyncResult:
     revision: str
     content_hash: str
     new_revision: bool
-    changes: tuple[Change, ...] = field(default=())
+    changes: tuple[RowChange, ...] = field(default=())
 
     @property
     def changed(self) -> bool:
@@ -189,7 +191,7 @@ def sync(conn: Connection, state: DesiredState, *, memory: Memory | None = None)
 def _sync(conn: Connection, state: DesiredState, memory: Memory | None) -> SyncResult:
     digest = content_hash(state, memory)
     revision = revision_key(state, digest)
-    changes: list[Change] = []
+    changes: list[RowChange] = []
     with dberrors.wrapped("sync inventory"), conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
         generation = _generation(conn)
@@ -297,7 +299,7 @@ def _slot_items(smap: m.SlotMap, node_id: Any) -> list[Item]:
     return [((node_id, s.slot_index), (smap,), partial(row, i)) for i, s in enumerate(smap.slots)]
 
 
-def changed_nodes(changes: Iterable[Change]) -> set[str]:
+def changed_nodes(changes: Iterable[RowChange]) -> set[str]:
     """Nodes whose host plan inputs changed: the node row or one of its slots (a host plan reads
     nothing else of the inventory but the fleet settings; SKU and image edits reach running VMs
     only through claim snapshots, never by a sync)."""
@@ -422,7 +424,7 @@ def _current(conn: Connection, table: _Table, memory: _TableMemory | None,
 
 def _sync_table(conn: Connection, table: _Table, items: Sequence[Item], revision: str, *,
                 label: Any = None, memory: _TableMemory | None = None, trust: bool = False,
-                kept: Sequence[tuple[Any, ...]] = ()) -> list[Change]:
+                kept: Sequence[tuple[Any, ...]] = ()) -> list[RowChange]:
     """Write the differences between the desired rows and the table.
 
     items: (key, documents the row is built from, row builder). With a
@@ -437,7 +439,7 @@ def _sync_table(conn: Connection, table: _Table, items: Sequence[Item], revision
 
     inserts: list[Row] = []
     updates: list[Row] = []
-    changes: list[Change] = []
+    changes: list[RowChange] = []
     wanted: set[tuple[Any, ...]] = set(kept)
     written: dict[tuple[Any, ...], tuple[Any, ...]] = {}
     for key, docs, build in items:
@@ -451,15 +453,15 @@ def _sync_table(conn: Connection, table: _Table, items: Sequence[Item], revision
         if key not in current:
             inserts.append(row)
             written[key] = values
-            changes.append(Change(table.kind, show(key), "added"))
+            changes.append(RowChange(table.kind, show(key), "added"))
             continue
         present, have = current[key]
         if not present or not _same(have, values):
             updates.append(row)
             written[key] = values
-            changes.append(Change(table.kind, show(key), "changed" if present else "restored"))
+            changes.append(RowChange(table.kind, show(key), "changed" if present else "restored"))
     gone = [key for key, (present, _) in current.items() if present and key not in wanted]
-    changes += [Change(table.kind, show(key), "removed") for key in sorted(gone, key=str)]
+    changes += [RowChange(table.kind, show(key), "removed") for key in sorted(gone, key=str)]
     if memory is not None:
         for key, values in written.items():
             memory.current[key] = (True, values)
@@ -507,7 +509,7 @@ def _slot_statuses(conn: Connection) -> None:
                  " WHERE status = 'disabled' AND present AND enabled")
 
 
-def _sync_fleet(conn: Connection, state: DesiredState, revision: str) -> list[Change]:
+def _sync_fleet(conn: Connection, state: DesiredState, revision: str) -> list[RowChange]:
     fleet = state.fleet
     if fleet is None:
         return []
@@ -533,5 +535,5 @@ def _sync_fleet(conn: Connection, state: DesiredState, revision: str) -> list[Ch
         " readiness_timeout_s = EXCLUDED.readiness_timeout_s, revision = EXCLUDED.revision,"
         " updated_at = now()",
         {**{k: _jsonb(v) if isinstance(v, dict) else v for k, v in row.items()}, "revision": revision})
-    return [Change("fleet", fleet.name, "added" if have is None else "changed")]
+    return [RowChange("fleet", fleet.name, "added" if have is None else "changed")]
 

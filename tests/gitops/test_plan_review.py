@@ -38,7 +38,7 @@ def test_long_and_many_values_are_cut() -> None:
     leaves = list(inventory_diff._leaf_changes("", before, after))
     assert len(leaves) == 31 and leaves[-1].path == "slots[29].enabled"
     assert leaves[0].render() == f"note: {'x' * 45}... -> {'y' * 45}..."
-    change = inventory_diff.Change("SlotMap", "n", "changed", ("slots",), tuple(leaves[:20]), 11)
+    change = inventory_diff.DocumentChange("SlotMap", "n", "changed", ("slots",), tuple(leaves[:20]), 11)
     assert change.rendered_values().endswith("slots[18].enabled: true -> false; and 11 more")
 
 
@@ -56,3 +56,15 @@ def test_a_node_whose_capability_does_not_change_shows_no_arrow_for_it(
     assert row.startswith(f"| `{node['node']}` | both\\_capable | both\\_capable → slice\\_active |")
     text = _plan(capsys, fleet_repo)
     assert "both_capable -> both_capable" not in text and "mode both_capable -> slice_active" in text
+
+
+def test_a_removed_document_reads_removed_as_the_sync_records_it(
+        fleet_repo: Repo, capsys: pytest.CaptureFixture[str]) -> None:
+    """The PR plan and the sync (`RowChange`, tests/claims/test_inventory.py) use one word for a file git drops."""
+    fleet_repo.repo.git.checkout("-b", "pr")
+    fleet_repo.remove("slotmaps/h200-use1-s02.yaml")
+    fleet_repo.commit("retire s02's slot map")
+    assert "  - SlotMap h200-use1-s02" in _plan(capsys, fleet_repo)
+    doc = json.loads(_plan(capsys, fleet_repo, "-o", "json"))
+    assert {"kind": "SlotMap", "name": "h200-use1-s02", "action": "removed", "fields": []} in doc["inventory"]["changes"]
+    assert "| \\- removed | SlotMap | `h200-use1-s02` |" in _plan(capsys, fleet_repo, "-o", "markdown")
