@@ -32,8 +32,8 @@ from types import MappingProxyType
 from desired import models as m
 from desired.loading import DesiredState
 from policies import fabric
+from reconciler import fleetgraph as topo
 from reconciler import plans
-from reconciler import topology as topo
 from reconciler.placement import placing
 from schemas import states
 

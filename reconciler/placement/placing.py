@@ -23,8 +23,8 @@ from desired import models as m
 from desired.loading import DesiredState
 from policies import fabric, modes, packing, profiles
 from policies import topology as t
+from reconciler import fleetgraph as topo
 from reconciler import plans
-from reconciler import topology as topo
 from reconciler.placement import reasons
 from reconciler.placement.index import EndOrder, NodeHeap, NodeKey, SliceIndex, WholeNodeIndex
 from schemas import states

@@ -17,7 +17,7 @@ from typing import Any
 
 from desired import models as m
 from policies import fabric
-from reconciler import topology as topo
+from reconciler import fleetgraph as topo
 
 SKU_UNKNOWN = "plan.sku_unknown"
 SKU_INACTIVE = "plan.sku_inactive"

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 from desired import models as m
 from desired.loading import DesiredState
+from reconciler import fleetgraph as topo
 from reconciler import plans
-from reconciler import topology as topo
 from reconciler.placement import placing, planner
 
 log = logging.getLogger("gpuaas.planning")

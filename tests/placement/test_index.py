@@ -6,8 +6,8 @@ import random
 
 import pytest
 
+from reconciler import fleetgraph as topo
 from reconciler import plans
-from reconciler import topology as topo
 from reconciler.placement import placing, synthesis
 from reconciler.placement.index import NodeHeap, SliceIndex
 from schemas import states

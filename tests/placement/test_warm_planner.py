@@ -23,7 +23,7 @@ import pytest
 from desired import models as m
 from desired.loading import DesiredState
 from policies import eligibility, packing
-from reconciler import plans, topology
+from reconciler import fleetgraph, plans
 from reconciler.bench import synthetic
 from reconciler.placement import placing, planner, replanning
 from schemas import states
@@ -46,13 +46,13 @@ def _fleet(**kw: Any) -> DesiredState:
 
 def _cold(desired: DesiredState, observed: plans.Observed, policy: str) -> plans.Plan:
     """A plan with every memo empty; the warm planner's facts memo is put back after."""
-    kept = topology._FACTS
-    topology._FACTS = {}
+    kept = fleetgraph._FACTS
+    fleetgraph._FACTS = {}
     eligibility._MEMO.clear()
     try:
         return planner.plan(desired, observed, policy=policy)
     finally:
-        topology._FACTS = kept
+        fleetgraph._FACTS = kept
 
 
 def _observed(db: Claims, base: plans.Observed) -> plans.Observed:

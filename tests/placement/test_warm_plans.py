@@ -17,14 +17,14 @@ import pytest
 from desired import models as m
 from desired.loading import DesiredState
 from policies import eligibility
-from reconciler import plans, topology
+from reconciler import fleetgraph, plans
 from reconciler.bench import synthetic
 from reconciler.placement import planner
 from schemas import states
 
 
 def _cold(desired: DesiredState, observed: plans.Observed) -> plans.Plan:
-    topology._FACTS = {}
+    fleetgraph._FACTS = {}
     eligibility._MEMO.clear()
     return planner.plan(desired, observed)
 
