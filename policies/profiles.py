@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from desired import models as m
+from schemas import snapshots
 
 # Stable reason codes. Do not change the string values.
 NO_PROFILE = "plan.profile.none"
@@ -22,18 +23,8 @@ COUNT_MISMATCH = "plan.profile.gpu_count_mismatch"
 
 _NAMED = re.compile(r"^(?P<prefix>.*)_1g_(?P<vcpu>\d+)c_(?P<mem>\d+)g$")
 
-
-@dataclass(frozen=True, slots=True)
-class Profile:
-    """A resolved VM profile; plans carry it as `plans.ResolvedProfile` (the same type)."""
-
-    name: str
-    gpu_count: int
-    vcpu_count: int
-    memory_mib: int
-    hugepages_enabled: bool = False
-    hugepage_size: str | None = None
-    derived: bool = False
+# The resolved profile is what claims snapshot: its type and codec are in schemas.snapshots.
+Profile = snapshots.Profile
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from psycopg.types.json import Jsonb
 
 from reconciler.plans import Pending, Placement, Plan, Release, ResolvedProfile
 from reconciler.store.connections import Connection
-from schemas import dberrors
+from schemas import dberrors, snapshots
 from schemas.errors import PermanentError
 
 # Test hook: called with a point name inside the placement transaction
@@ -144,11 +144,9 @@ _FINAL = (Outcome.BUSY, Outcome.NOT_PENDING, Outcome.UNKNOWN)
 
 
 def _profile_json(profile: ResolvedProfile | None) -> str | None:
-    if profile is None:
-        return None
-    return json.dumps({"name": profile.name, "gpu_count": profile.gpu_count, "vcpu_count": profile.vcpu_count,
-                       "memory_mib": profile.memory_mib, "hugepages_enabled": profile.hugepages_enabled,
-                       "hugepage_size": profile.hugepage_size, "derived": profile.derived})
+    """The snapshot profile as the SQL parameter's text (the database casts it to jsonb)."""
+    doc = snapshots.profile_to_json(profile)
+    return None if doc is None else json.dumps(doc)
 
 
 def _try(conn: Connection, placement: Placement, node: str, slots: tuple[int, ...], *, revision: str | None,

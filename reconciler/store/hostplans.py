@@ -29,8 +29,9 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from reconciler.store.connections import Connection
-from schemas import dberrors
+from schemas import dberrors, snapshots
 from schemas import hostplans as codec
+from schemas.errors import PermanentError
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,13 +52,16 @@ def _bundle(slot: Mapping[str, Any]) -> codec.SlotBundle:
 def _vm(allocation_id: str, claims: list[tuple[str, Mapping[str, Any]]]) -> codec.VmSpec:
     claims = sorted(claims, key=lambda c: int(c[1]["slot"]["slot_index"]))
     snap = claims[0][1]
-    profile = snap.get("profile") or {}
+    where = f"snapshot of claim {claims[0][0]} ({allocation_id})"
+    profile = snapshots.profile_from_json(snap.get("profile"), where=where)
+    if profile is None:
+        raise PermanentError(f"{where}: a slice VM's claim records no profile", code=snapshots.NO_PROFILE)
     image = snap.get("image")
     return codec.VmSpec(
         allocation_id=allocation_id, tenant=str(snap.get("tenant", "")),
         bundles=tuple(_bundle(s["slot"]) for _, s in claims),
-        vcpu_count=int(profile.get("vcpu_count") or 0), memory_mib=int(profile.get("memory_mib") or 0),
-        hugepages=bool(profile.get("hugepages_enabled", False)), hugepage_size=profile.get("hugepage_size"),
+        vcpu_count=profile.vcpu_count, memory_mib=profile.memory_mib,
+        hugepages=profile.hugepages_enabled, hugepage_size=profile.hugepage_size,
         image=codec.ImageRef(slug=str(image["slug"]), source_ref=str(image["source_ref"]),
                              digest_sha256=image.get("digest_sha256"), image_format=str(image["image_format"]),
                              default_username=str(image.get("default_username") or "ubuntu")) if image else None,
