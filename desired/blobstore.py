@@ -23,6 +23,11 @@ The cache is an optimization and is never trusted:
   and `note` says why;
 - writes are SQLite transactions (atomic: a run killed mid-write leaves the
   previous content); a database that cannot be read is replaced.
+
+The same database keeps a few whole command results (`results`: a finished
+offline PR plan, `reconciler.commands.plancache`) under a key the caller
+hashes from every input; they carry their own HMAC and are bytes the caller
+parses as plain data.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ KEY_NAME = "key"
 DEFAULT_STATE_DIR = Path(".gpuaas")  # as reconciler.store.connections (desired/ may not import it)
 ENV_STATE_DIR = "GPUAAS_STATE_DIR"
 MAX_ENTRIES = 200_000  # beyond this, the oldest entries not in the current tree are dropped
+MAX_RESULTS = 64  # whole command results (PR plans) kept; the newest win
 _CHUNK = 500  # keys per SELECT (SQLite's variable limit is 999 on old builds)
 
 Note = Callable[[str], None]
@@ -117,6 +123,8 @@ class DiskStore:
             db.execute("CREATE TABLE IF NOT EXISTS blobs (version TEXT NOT NULL, blob TEXT NOT NULL,"
                        " mac BLOB NOT NULL, payload BLOB NOT NULL, stamp INTEGER NOT NULL,"
                        " PRIMARY KEY (version, blob)) WITHOUT ROWID")
+            db.execute("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, mac BLOB NOT NULL,"
+                       " payload BLOB NOT NULL, stamp INTEGER NOT NULL) WITHOUT ROWID")
             self._db = db
         return self._db
 
@@ -169,6 +177,58 @@ class DiskStore:
         except Exception:  # whatever a damaged payload raises, the entry is a miss
             return None
         return _entry(blob, value)
+
+    # ------------------------------------------------------------- results
+
+    def get_result(self, key: str) -> bytes | None:
+        """A whole command result stored under `key` (the caller's hash of every input), if trusted.
+
+        The payload is returned as bytes only after its HMAC verifies; the
+        caller parses it as plain data (JSON), never as code.
+        """
+        if self.broken:
+            return None
+        try:
+            row = self._connect().execute("SELECT mac, payload FROM results WHERE key = ?", (key,)).fetchone()
+        except sqlite3.Error as e:
+            self._broken("cannot be read", e)
+            return None
+        if row is None:
+            return None
+        mac, payload = row
+        if not (isinstance(mac, bytes) and isinstance(payload, bytes)
+                and hmac.compare_digest(mac, self._result_mac(key, payload))):
+            self.rejected += 1
+            return None
+        return payload
+
+    def put_result(self, key: str, payload: bytes) -> None:
+        """Store one result; keep only the newest MAX_RESULTS (a miss only costs a full run)."""
+        row = (key, self._result_mac(key, payload), payload, int(time.time()))
+        try:
+            if self.broken:
+                self._replace()
+            db = self._connect()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?)", row)
+                db.execute("DELETE FROM results WHERE key NOT IN"
+                           " (SELECT key FROM results ORDER BY stamp DESC LIMIT ?)", (MAX_RESULTS,))
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        except sqlite3.OperationalError as e:
+            if "locked" in str(e) or "busy" in str(e):
+                self.note(f"blob cache {self.path} is busy (another run writes it); result not stored")
+                return
+            self._broken("cannot be written", e)
+        except sqlite3.Error as e:
+            self._broken("cannot be written", e)
+
+    def _result_mac(self, key: str, payload: bytes) -> bytes:
+        # Its own domain ("result"): a blob entry's MAC can never pass for a result's.
+        return hmac.new(self._secret, f"result\0{key}\0".encode() + payload, hashlib.sha256).digest()
 
     # ------------------------------------------------------------- writing
 

@@ -98,38 +98,55 @@ def _online(args: argparse.Namespace,
 
 def run(args: argparse.Namespace) -> int:
     from desired import gitrepo
+    from reconciler.commands import plancache
+
+    head_rev = args.head or ("HEAD" if gitrepo.head(args.path) is not None else None)
+    reader = blobcache.open_reader(args)  # base and head share it: a document both hold is parsed once
+    cache_key = plancache.key(args, head_rev)
+    outcome = plancache.get(reader.cache.disk, cache_key)  # None unless offline, from git, without --out
+    saved = None
+    if outcome is None:
+        pr, head, digest = _plan(args, head_rev, reader)
+        outcome = plancache.Outcome(_render(pr, args.output), len(pr.errors), pr.changed,
+                                    tuple((x.allocation_id, x.code) for x in pr.new_pending))
+        plancache.put(reader.cache.disk, cache_key, outcome)
+        saved = (pr, head, digest)
+    sys.stdout.write(outcome.printed)
+    if outcome.errors:
+        print(f"error: plan.invalid: {outcome.errors} validation error(s) in head; nothing planned", file=sys.stderr)
+        return 1
+    if args.out is not None and saved is not None:
+        _save(args, *saved)
+    if args.fail_on_pending and outcome.new_pending:
+        listed = ", ".join(f"{allocation} ({code})" for allocation, code in outcome.new_pending)
+        print(f"error: plan.pending: {len(outcome.new_pending)} request(s) this change adds or alters would stay "
+              f"pending: {listed}", file=sys.stderr)
+        return EXIT_PENDING
+    return EXIT_CHANGES if args.detailed_exitcode and outcome.changed else 0
+
+
+def _plan(args: argparse.Namespace, head_rev: str | None,
+          reader: blobcache.Reader) -> tuple[prplan.PrPlan, DesiredState, str]:
+    """The PR plan, the head it planned and the digest of the observed state it was planned against."""
     from desired.loading import DesiredState
     from reconciler import planfiles
     from reconciler.placement import prplan, replanning
-    head_rev = args.head or ("HEAD" if gitrepo.head(args.path) is not None else None)
-    reader = blobcache.open_reader(args)  # base and head share it: a document both hold is parsed once
+
     head, head_errors = _load(args.path, head_rev, reader)
     digest = ""
     if head_errors:
-        pr = prplan.invalid(args.base, head.revision, head_errors, offline=args.offline)
+        return prplan.invalid(args.base, head.revision, head_errors, offline=args.offline), head, digest
+    # One kept engine for every plan of this run: base and head differ in a few documents.
+    warm = replanning.WarmPlanner(args.policy)
+    if args.offline:
+        base, base_errors = _load(args.path, args.base, reader) if args.base else (DesiredState(), ())
+        observed = _guard(lambda: prplan.offline_observed(base, policy=args.policy, plan_with=warm))
+        digest = planfiles.observed_digest(observed, 0)
     else:
-        # One kept engine for every plan of this run: base and head differ in a few documents.
-        warm = replanning.WarmPlanner(args.policy)
-        if args.offline:
-            base, base_errors = _load(args.path, args.base, reader) if args.base else (DesiredState(), ())
-            observed = _guard(lambda: prplan.offline_observed(base, policy=args.policy, plan_with=warm))
-            digest = planfiles.observed_digest(observed, 0)
-        else:
-            base, base_errors, observed, digest = _online(args, reader)
-        pr = _guard(lambda: prplan.compose(base, head, observed, offline=args.offline, base_errors=base_errors,
-                                           policy=args.policy, plan_with=warm))
-    _print(pr, args.output)
-    if not pr.valid:
-        print(f"error: plan.invalid: {len(pr.errors)} validation error(s) in head; nothing planned", file=sys.stderr)
-        return 1
-    if args.out is not None:
-        _save(args, pr, head, digest)
-    if args.fail_on_pending and pr.new_pending:
-        listed = ", ".join(f"{x.allocation_id} ({x.code})" for x in pr.new_pending)
-        print(f"error: plan.pending: {len(pr.new_pending)} request(s) this change adds or alters would stay "
-              f"pending: {listed}", file=sys.stderr)
-        return EXIT_PENDING
-    return EXIT_CHANGES if args.detailed_exitcode and pr.changed else 0
+        base, base_errors, observed, digest = _online(args, reader)
+    pr = _guard(lambda: prplan.compose(base, head, observed, offline=args.offline, base_errors=base_errors,
+                                       policy=args.policy, plan_with=warm))
+    return pr, head, digest
 
 
 def _save(args: argparse.Namespace, pr: prplan.PrPlan, head: DesiredState, observed_digest: str) -> None:
@@ -151,11 +168,11 @@ def _guard(fn: Any) -> Any:
         raise UsageError(str(e), code="plan.policy_unknown") from e
 
 
-def _print(pr: prplan.PrPlan, fmt: str) -> None:
+def _render(pr: prplan.PrPlan, fmt: str) -> str:
+    """What the command prints on stdout, exactly (the plan cache replays it)."""
     from reconciler.placement import prplan_render
     if output.structured(fmt):
-        output.emit(prplan_render.as_dict(pr), fmt)
-    elif fmt == "markdown":
-        print(prplan_render.render_markdown(pr), end="")
-    else:
-        print(prplan_render.render_text(pr))
+        return output.dumps(prplan_render.as_dict(pr), fmt) + "\n"
+    if fmt == "markdown":
+        return prplan_render.render_markdown(pr)
+    return prplan_render.render_text(pr) + "\n"
