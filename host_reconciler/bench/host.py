@@ -71,12 +71,13 @@ def run(args: argparse.Namespace) -> int:
     ):
         digest = lab.publish_image(host.image_dir, "bench/image.raw", 1 << 20)
         image = hp.ImageRef("bench", "bench/image.raw", digest, "raw")
+        ids = _identities(host, slots)
         s = host.settings()
         drivers = wiring.drivers(s)
         conv = converging.Converger(s, drivers)
         try:
-            out.update(_converge(conv, slots, image, args.runs))
-            out.update(_drift(conv, slots, image, args.runs))
+            out.update(_converge(conv, slots, ids, image, args.runs))
+            out.update(_drift(conv, slots, ids, image, args.runs))
         finally:
             drivers.close()
         out.update(_wipe(host, args.wipe_gib))
@@ -88,13 +89,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan(gen: int, slots: tuple[hp.SlotBundle, ...], **kw: Any) -> hp.HostPlan:
+def _identities(host: lab.LabHost, slots: tuple[hp.SlotBundle, ...]) -> tuple[hp.SlotIdentity, ...]:
+    """Each slot disk's identity as discovery records it in the approval (a plan without one writes nothing)."""
+    from host_reconciler.drivers import disks, protocols
+    d = disks.BlockDisks(protocols.DiskSettings(by_id_root=host.by_id_root))
+    return tuple(hp.SlotIdentity(s.slot_index, d.identity_of(s.nvme_device)) for s in slots)
+
+
+def _plan(gen: int, slots: tuple[hp.SlotBundle, ...], ids: tuple[hp.SlotIdentity, ...], **kw: Any) -> hp.HostPlan:
     return hp.HostPlan("bench-node", gen, NET, "/dev/disk/by-id/nvme-BENCH-OS", slots=slots, graceful_timeout_s=5,
-                       **kw)  # fmt: skip
+                       disk_identities=ids, **kw)  # fmt: skip
 
 
 def _converge(
-    conv: converging.Converger, slots: tuple[hp.SlotBundle, ...], image: hp.ImageRef, runs: int
+    conv: converging.Converger,
+    slots: tuple[hp.SlotBundle, ...],
+    ids: tuple[hp.SlotIdentity, ...],
+    image: hp.ImageRef,
+    runs: int,
 ) -> dict[str, Any]:
     from host_reconciler.actions import Step
     gen = 0
@@ -106,7 +118,7 @@ def _converge(
         vm = _vm(f"bench-{i}", (slots[0],), image, 24)
         gen += 1
         t0 = time.perf_counter()
-        r = conv.converge(_plan(gen, slots, vms=(vm,)))
+        r = conv.converge(_plan(gen, slots, ids, vms=(vm,)))
         wall = (time.perf_counter() - t0) * 1000
         assert not r.errors, r.errors  # noqa: S101 -- a bench on a broken lab says nothing
         skipped = sum(ms for a, ms in r.executed if a.step in (Step.DISK_WRITE, Step.READINESS))
@@ -118,7 +130,7 @@ def _converge(
             for a, ms in r.executed:
                 phases.setdefault(str(a.step), []).append(ms)
         gen += 1
-        conv.converge(_plan(gen, slots, releases=(vm,)))
+        conv.converge(_plan(gen, slots, ids, releases=(vm,)))
     return {
         "converge_1gpu_first_pass_ms": first,
         "converge_1gpu_ms": _median(excl),
@@ -128,12 +140,16 @@ def _converge(
 
 
 def _drift(
-    conv: converging.Converger, slots: tuple[hp.SlotBundle, ...], image: hp.ImageRef, runs: int
+    conv: converging.Converger,
+    slots: tuple[hp.SlotBundle, ...],
+    ids: tuple[hp.SlotIdentity, ...],
+    image: hp.ImageRef,
+    runs: int,
 ) -> dict[str, Any]:
     from host_reconciler import diff
     vms = (_vm("drift-a", (slots[0],), image, 8), _vm("drift-b", (slots[2], slots[3]), image, 16),
            _vm("drift-c", slots[4:8], image, 64))  # fmt: skip
-    plan = _plan(1000, slots, vms=vms)
+    plan = _plan(1000, slots, ids, vms=vms)
     r = conv.converge(plan)
     assert not r.errors, r.errors  # noqa: S101
     scans: list[float] = []
