@@ -145,7 +145,7 @@ def _plan(args: argparse.Namespace, head_rev: str | None,
     else:
         base, base_errors, observed, digest = _online(args, reader)
     pr = _guard(lambda: prplan.compose(base, head, observed, offline=args.offline, base_errors=base_errors,
-                                       policy=args.policy, plan_with=warm))
+                                       policy=args.policy, plan_with=warm, engine_for=warm.engine))
     return pr, head, digest
 
 

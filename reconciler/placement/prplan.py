@@ -98,6 +98,7 @@ class PrPlan:
 
 
 Planner = Callable[[DesiredState, plans.Observed], plans.Plan]
+EngineMaker = Callable[[DesiredState, plans.Observed], placing.Engine]
 
 
 def offline_observed(base: DesiredState, *, policy: str | None = None,
@@ -134,29 +135,36 @@ def invalid(base_revision: str | None, head_revision: str | None, errors: tuple[
 
 def compose(base: DesiredState, head: DesiredState, observed: plans.Observed, *, offline: bool,
             base_errors: tuple[p.Problem, ...] = (), policy: str | None = None,
-            plan_with: Planner | None = None) -> PrPlan:
+            plan_with: Planner | None = None, engine_for: EngineMaker | None = None) -> PrPlan:
     """Everything merging head would do, given the claims in `observed`.
 
-    `plan_with` plans a (state, claims) pair as `planner.plan` does; the CLI
-    passes one `replanning.WarmPlanner` for the base-alone, head and base
-    plans, so base and head share one engine (they differ in a few documents).
+    `plan_with` plans a (state, claims) pair as `planner.plan` does, and
+    `engine_for` makes an engine as `placing.Engine(state, claims)` does; the
+    CLI passes one `replanning.WarmPlanner` for both, so base and head share
+    one engine (they differ in a few documents). An engine from `engine_for`
+    is read, and left as found, before the next one is asked for.
     """
     plan_with = plan_with or partial(planner.plan, policy=policy)
+    engine_for = engine_for or partial(placing.Engine, policy=policy)
     head_plan = plan_with(head, observed)
     base_plan = plan_with(base, observed)
     observed_after = after(observed, head_plan)
     diff = inventory_diff.diff(base, head, firmware=observed.firmware_ready)
     # One engine per (state, claims) pair serves the node modes and the capacity read model.
-    before = placing.Engine(base, observed, policy=policy)
-    now = placing.Engine(head, observed_after, policy=policy)
+    before = engine_for(base, observed)
+    modes_before = _modes(before)
+    capacity_before = capacity.read_model(base, observed, policy=policy, engine=before)
+    now = engine_for(head, observed_after)
+    modes_after = _modes(now)
+    capacity_after = capacity.read_model(head, observed_after, policy=policy, engine=now)
     return PrPlan(
         base_revision=base.revision, head_revision=head.revision, offline=offline, base_errors=base_errors,
         inventory=diff,
-        nodes=_node_changes(before, now, diff=diff),
+        nodes=_node_changes(modes_before, modes_after, diff=diff),
         plan=head_plan,
         base_pending=MappingProxyType({x.allocation_id: x.code for x in base_plan.pending}),
-        capacity_before=capacity.read_model(base, observed, policy=policy, engine=before),
-        capacity_after=capacity.read_model(head, observed_after, policy=policy, engine=now),
+        capacity_before=capacity_before,
+        capacity_after=capacity_after,
         orphaned=tuple(sorted({c.allocation_id for c in observed.claims} - set(head.allocations))),
     )
 
@@ -165,10 +173,8 @@ def _modes(engine: placing.Engine) -> dict[str, tuple[str, str]]:
     return {f.name: (f.capability.capability.value, engine.mode(f.name).value) for f in engine.facts}
 
 
-def _node_changes(base: placing.Engine, head: placing.Engine, *,
+def _node_changes(before: Mapping[str, tuple[str, str]], now: Mapping[str, tuple[str, str]], *,
                   diff: inventory_diff.InventoryDiff) -> tuple[NodeChange, ...]:
-    before = _modes(base)
-    now = _modes(head)
     why = {c.node: c.why for c in diff.capabilities}
     out = []
     for name in sorted(set(before) | set(now)):

@@ -93,6 +93,28 @@ class WarmPlanner:
                            frozenset(p.node for p in plan.placements), age)
         return plan
 
+    def engine(self, desired: DesiredState, observed: plans.Observed) -> placing.Engine:
+        """An engine holding what `placing.Engine(desired, observed)` holds, brought from the kept one.
+
+        For readers of the engine (PR plans: node modes, the capacity read
+        model). It stays kept: the caller must leave it as it found it (probes
+        placed are released), so the next call syncs from it.
+        """
+        kept, self._kept = self._kept, None
+        by_node, by_alloc = _group(observed.claims)
+        engine, age = None, 0
+        if kept is not None:
+            try:
+                engine, age = self._sync(kept, desired, observed, by_node, by_alloc), kept.age + 1
+            except Exception as e:  # _Cold or any doubt: build it cold
+                log.info("placement engine built cold: %s", e)
+        if engine is None:
+            self.cold += 1
+            engine = placing.Engine(desired, observed, policy=self.policy)
+        self._kept = _Kept(engine, desired.fleet, dict(desired.skus), dict(desired.allocations),
+                           dict(observed.image_cache), by_node, by_alloc, frozenset(), age)
+        return engine
+
     def _warm(self, kept: _Kept, desired: DesiredState, observed: plans.Observed,
               by_node: dict[str, tuple[plans.ExistingClaim, ...]],
               by_alloc: dict[str, set[str]]) -> tuple[plans.Plan, placing.Engine] | str:

@@ -8,6 +8,7 @@ foreign or made by other code is ignored and the plan computed again.
 from __future__ import annotations
 
 import itertools
+import json
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -124,3 +125,21 @@ def test_other_code_or_a_saved_plan_is_never_replayed(fleet_repo: Repo, tmp_path
     monkeypatch.setattr(plancache, "code_version", lambda: "another build")
     assert _run(capsys, *flags) == first
     assert planned == [1, 1]
+
+
+def test_the_command_equals_a_plan_composed_cold(fleet_repo: Repo, capsys: pytest.CaptureFixture[str]) -> None:
+    """The command shares one warm engine (and the blob cache) between base and head; a plain compose does not."""
+    from reconciler import sources
+    from reconciler.placement import prplan, prplan_render
+
+    shas = _history(fleet_repo)
+    for base, head in itertools.pairwise(shas):
+        rc, out, _ = _run(capsys, str(fleet_repo.root), "--offline", "--base", base, "--head", head, "-o", "json",
+                          "--no-cache")
+        loaded_head = sources.load(fleet_repo.root, head)
+        if loaded_head.errors:
+            assert rc == 1
+            continue
+        base_state = sources.load(fleet_repo.root, base).state
+        cold = prplan.compose(base_state, loaded_head.state, prplan.offline_observed(base_state), offline=True)
+        assert json.loads(out) == json.loads(json.dumps(prplan_render.as_dict(cold), default=str)), (base, head)
