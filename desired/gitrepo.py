@@ -7,16 +7,20 @@ the commit it recorded, whatever the working tree holds.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import git
 
-from desired import loading, yamlio
+from desired import deltas, loading, yamlio
 from desired import problems as p
 
 _MAX_BLOB = yamlio.MAX_FILE_BYTES + 1
+
+log = logging.getLogger("gpuaas.loading")
 
 
 class RevisionError(Exception):
@@ -55,6 +59,8 @@ def check_ref_name(name: str, what: str = "name") -> str:
 
 _SYMLINK_MODE = "120000"
 _GITLINK_MODE = "160000"
+_TREE_MODE = "040000"
+_ABSENT_MODE = "000000"  # diff-tree's mode of the side where a path does not exist
 
 
 def revision_refs(root: Path, rev: str) -> list[loading.FileRef]:
@@ -64,6 +70,11 @@ def revision_refs(root: Path, rev: str) -> list[loading.FileRef]:
     a cache reads only blobs it has not parsed yet. A symlink in the tree
     (mode 120000) is never resolved: it is refused with `desired.file.symlink`.
     """
+    repo, commit, prefix = _open(root, rev)
+    return _refs(repo, commit, prefix)
+
+
+def _open(root: Path, rev: str) -> tuple[git.Repo, Any, str]:
     try:
         repo = git.Repo(root, search_parent_directories=True)
         commit = repo.commit(rev)
@@ -79,6 +90,10 @@ def revision_refs(root: Path, rev: str) -> list[loading.FileRef]:
             commit.tree / prefix
         except KeyError as e:
             raise RevisionError(f"{prefix} does not exist at revision {rev}") from e
+    return repo, commit, prefix
+
+
+def _refs(repo: git.Repo, commit: Any, prefix: str) -> list[loading.FileRef]:
     # The commit id is 40 hex characters and the path comes after '--': nothing here reads as an option.
     listing = repo.git.ls_tree("-r", "-z", "--full-tree", commit.hexsha, "--", *([prefix] if prefix else []))
     refs: list[loading.FileRef] = []
@@ -86,19 +101,85 @@ def revision_refs(root: Path, rev: str) -> list[loading.FileRef]:
         if not entry:
             continue
         meta, path = entry.split("\t", 1)
-        mode, kind, sha = meta.split(" ")
-        if kind != "blob" or mode == _GITLINK_MODE or not path.endswith(loading.YAML_SUFFIXES):
-            continue
-        rel = path[len(prefix) + 1:] if prefix else path
-        if any(part in loading.SKIP_DIRS or part.startswith(".") for part in rel.split("/")[:-1]):
-            continue
-        if mode == _SYMLINK_MODE:
-            refused = loading.Refused(p.FILE_SYMLINK, "is a symbolic link; only regular files inside the repo are read")
-            refs.append(loading.FileRef(rel, None, _constant(refused)))
-        else:
-            refs.append(loading.FileRef(rel, sha, _blob_reader(repo, sha)))
+        mode, _, sha = meta.split(" ")
+        ref = _ref(repo, prefix, mode, sha, path)
+        if ref is not None:
+            refs.append(ref)
     refs.sort(key=lambda r: r.name)
     return refs
+
+
+def _ref(repo: git.Repo, prefix: str, mode: str, sha: str, path: str) -> loading.FileRef | None:
+    """The FileRef of one tree entry, None when it is not read (not YAML, a submodule, a skipped directory)."""
+    if mode in (_GITLINK_MODE, _TREE_MODE) or not path.endswith(loading.YAML_SUFFIXES):
+        return None
+    rel = path[len(prefix) + 1:] if prefix else path
+    if any(part in loading.SKIP_DIRS or part.startswith(".") for part in rel.split("/")[:-1]):
+        return None
+    if mode == _SYMLINK_MODE:
+        refused = loading.Refused(p.FILE_SYMLINK, "is a symbolic link; only regular files inside the repo are read")
+        return loading.FileRef(rel, None, _constant(refused))
+    return loading.FileRef(rel, sha, _blob_reader(repo, sha))
+
+
+def read_revision(root: Path, rev: str, *, cache: loading.BlobCache | None = None,
+                  cancel: loading.Cancel | None = None) -> loading.LoadResult:
+    """Parse and type the tree of `rev`, as `parse_refs(revision_refs(root, rev))` gives it.
+
+    With a cache that kept the tree of an ancestor of `rev` (the watch loop),
+    only the paths `git diff-tree` names as changed are read and the kept
+    tree is updated (`desired.deltas`). On any doubt the whole tree is read,
+    and the reason is logged and kept in `cache.last_full`.
+    """
+    repo, commit, prefix = _open(root, rev)
+    origin = f"{Path(repo.working_tree_dir or root).resolve()}\0{prefix}"
+    if cache is not None and cache.tree is not None and cache.tree.origin == origin:
+        try:
+            got = _by_delta(repo, commit, prefix, cache, cancel=cancel)
+        except loading.Cancelled:
+            raise
+        except Exception as e:  # any doubt: the whole tree gives the right answer
+            got = f"the delta read failed ({type(e).__name__}: {e})"
+        if isinstance(got, loading.LoadResult):
+            cache.last_full = ""
+            return got
+        cache.last_full = got
+        log.info("reading the whole tree of %s: %s", commit.hexsha[:12], got)
+    refs = _refs(repo, commit, prefix)
+    blobs = loading.blobs_for(refs, cancel=cancel, cache=cache)
+    result = loading.assemble(blobs)
+    if cache is not None:
+        deltas.remember(cache, deltas.tree_of(origin, str(commit.hexsha), refs, blobs, result))
+    return result
+
+
+def _by_delta(repo: git.Repo, commit: Any, prefix: str, cache: loading.BlobCache, *,
+              cancel: loading.Cancel | None) -> loading.LoadResult | str:
+    kept = cache.tree
+    assert kept is not None  # noqa: S101 - checked by the caller
+    if kept.revision != commit.hexsha:
+        base = repo.commit(kept.revision)
+        if base not in commit.parents and not repo.is_ancestor(base, commit):
+            return f"{commit.hexsha[:12]} does not descend from the kept {kept.revision[:12]}"
+    # Two 40-hex commit ids, then '--' and the prefix: nothing here reads as an option.
+    out = repo.git.diff_tree("-r", "-z", "--no-renames", kept.revision, commit.hexsha, "--",
+                             *([prefix] if prefix else []))
+    changes: list[tuple[str, loading.FileRef | None]] = []
+    parts = out.split("\0")
+    for meta, path in zip(parts[0::2], parts[1::2], strict=False):
+        if not meta.startswith(":"):
+            continue
+        old_mode, new_mode, _, new_sha, _ = meta[1:].split(" ")
+        if new_mode == _ABSENT_MODE:
+            if _ref(repo, prefix, old_mode, new_sha, path) is not None:
+                changes.append((path[len(prefix) + 1:] if prefix else path, None))
+            continue
+        ref = _ref(repo, prefix, new_mode, new_sha, path)
+        if ref is not None:
+            changes.append((ref.name, ref))
+        elif _ref(repo, prefix, old_mode, new_sha, path) is not None:  # a YAML file became a submodule
+            changes.append((path[len(prefix) + 1:] if prefix else path, None))
+    return deltas.apply(cache, str(commit.hexsha), changes, cancel=cancel)
 
 
 def _constant(data: loading.FileData) -> Callable[[], loading.FileData]:

@@ -21,7 +21,7 @@ from concurrent import futures
 from dataclasses import dataclass, field, replace
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -30,6 +30,9 @@ from desired import patterns
 from desired import problems as p
 from desired.blobstore import DiskStore, Entry
 from desired.yamlio import MAX_FILE_BYTES, Document, YamlProblem, read_documents
+
+if TYPE_CHECKING:
+    from desired.deltas import Delta, Tree
 
 YAML_SUFFIXES = (".yaml", ".yml")
 SKIP_DIRS = frozenset({".git", ".venv", ".gpuaas", "node_modules", "__pycache__"})
@@ -78,6 +81,8 @@ class DesiredState:
     sources: dict[tuple[str, str], Source] = field(default_factory=dict)
     revision: str | None = None
     file_count: int = 0
+    # Set when this state was built from an earlier one by `desired.deltas`: what differs from it.
+    delta: Delta | None = field(default=None, compare=False, repr=False)
 
     def source(self, kind: str, name: str) -> Source:
         return self.sources[(kind, name)]
@@ -229,6 +234,8 @@ class BlobCache:
         self.misses = 0
         # Reader output on disk (CLI runs): read before parsing, written after (desired.blobstore).
         self.disk = disk
+        self.tree: Tree | None = None  # the last tree read whole or by delta (desired.deltas)
+        self.last_full = ""  # why the last revision was read whole rather than by delta
 
     def __len__(self) -> int:
         return len(self._blobs)
@@ -244,6 +251,12 @@ class BlobCache:
         if key is not None:
             blob.generation = self.generation
             self._blobs[key] = blob
+
+    def _account(self, hits: int, misses: int, *, prune: bool) -> None:
+        self.hits += hits
+        self.misses += misses
+        if prune:
+            self._prune()
 
     def _prune(self) -> None:
         old = self.generation - self.KEEP_GENERATIONS + 1
@@ -300,7 +313,17 @@ def parse_refs(refs: Sequence[FileRef], *, workers: int | None = None, cancel: C
     True, Cancelled is raised within a fraction of a second and the workers
     are gone.
     """
-    if cache is not None:
+    return assemble(blobs_for(refs, workers=workers, cancel=cancel, cache=cache))
+
+
+def blobs_for(refs: Sequence[FileRef], *, workers: int | None = None, cancel: Cancel | None = None,
+              cache: BlobCache | None = None, prune: bool = True) -> list[_Blob]:
+    """The parsed and typed blob of every ref, in order (see `parse_refs`).
+
+    `prune=False` reads a few changed files of a kept tree (desired.deltas):
+    the cache's generations do not move, so nothing the tree uses is dropped.
+    """
+    if cache is not None and prune:
         cache.generation += 1
     blobs: list[_Blob | None] = [cache._get(r.key, r.name) if cache is not None else None for r in refs]
     todo = [i for i, b in enumerate(blobs) if b is None]
@@ -335,15 +358,13 @@ def parse_refs(refs: Sequence[FileRef], *, workers: int | None = None, cancel: C
         # leave the pool's workers running behind it.
         results.close()
     if cache is not None:
-        cache.hits += len(refs) - len(todo)
-        cache.misses += len(todo)
-        cache._prune()
+        cache._account(len(refs) - len(todo), len(todo), prune=prune)
     if disk is not None:
-        disk.put_many(stored, keep=[r.key for r in refs if r.key is not None])
-    return _assemble(blobs)
+        disk.put_many(stored, keep=[r.key for r in refs if r.key is not None] if prune else ())
+    return blobs  # type: ignore[return-value]  # every one read or found above
 
 
-def _assemble(blobs: Sequence[_Blob | None]) -> LoadResult:
+def assemble(blobs: Sequence[_Blob | None]) -> LoadResult:
     """The state the blobs declare, in file order, with every problem (duplicates named at the later file)."""
     state = DesiredState(file_count=len(blobs))
     problems: list[p.Problem] = []

@@ -30,9 +30,8 @@ def _load(path: Path, rev: str | None, *, cancel: loading.Cancel | None, cache: 
           memo: validating.Memo | None) -> loading.LoadResult:
     try:
         if rev is not None:
-            refs = gitrepo.revision_refs(path, rev)
+            parsed = gitrepo.read_revision(path, rev, cancel=cancel, cache=cache)
             revision: str | None = gitrepo.resolve(path, rev)
-            parsed = loading.parse_refs(refs, cancel=cancel, cache=cache)
         else:
             files = list(loading.iter_directory(path))
             revision = gitrepo.head(path)
