@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -128,15 +128,38 @@ class ReadModel:
         return {(o.region, o.sku, s.gpu_count): s.launchable for o in self.offers for s in o.sizes}
 
 
+_SliceCounts = tuple[int, int, tuple[tuple[str, int], ...]]  # slots, in use, (Blocked value, slots)
+
+
+@dataclass
+class Memo:
+    """Per-node parts of one read model, reused by the next one over nearly the same fleet.
+
+    A PR plan reads base, then head: a few nodes differ. A part is reused
+    only when its inputs are the very same objects (node facts, SKU; the
+    engine and the blob cache hand out the same object for an unchanged
+    node) and equal claims and mode. Entries hold those objects, so an
+    identity is never confused with a new object's.
+    """
+
+    summaries: dict[str, tuple[topo.NodeFacts, tuple[plans.ExistingClaim, ...], str, NodeSummary]] = \
+        field(default_factory=dict)
+    slices: dict[tuple[str, str], tuple[m.Sku, topo.NodeFacts, tuple[plans.ExistingClaim, ...], _SliceCounts]] = \
+        field(default_factory=dict)
+
+
 def read_model(desired: DesiredState, observed: plans.Observed, *, policy: str | None = None,
-               limit: int = DEFAULT_LIMIT, engine: placing.Engine | None = None) -> ReadModel:
+               limit: int = DEFAULT_LIMIT, engine: placing.Engine | None = None,
+               memo: Memo | None = None) -> ReadModel:
     """Launchable capacity and node summaries; `engine`, if given, is one built from the same inputs
-    and holding no placement of its own (it is left as it was found)."""
+    and holding no placement of its own (it is left as it was found). `memo` carries per-node parts
+    from one call to the next (it gives the same answer as without it)."""
     engine = engine or placing.Engine(desired, observed, policy=policy)
+    memo = memo if memo is not None else Memo()
     by_node: dict[str, list[plans.ExistingClaim]] = defaultdict(list)
     for c in observed.claims:
         by_node[c.node].append(c)
-    nodes = tuple(_node_summary(engine, f, by_node.get(f.name, [])) for f in engine.facts)
+    nodes = tuple(_summary(memo, engine, f, tuple(by_node.get(f.name, ()))) for f in engine.facts)
     offers: list[Offer] = []
     regions = sorted({f.region for f in engine.facts})
     for sku in sorted(desired.skus.values(), key=lambda s: s.sku):
@@ -147,7 +170,7 @@ def read_model(desired: DesiredState, observed: plans.Observed, *, policy: str |
             if sku.capacity_shape is m.CapacityShape.BAREMETAL:
                 offer = _baremetal_offer(engine, sku, region, facts, by_node=by_node, limit=limit)
             else:
-                offer = _slice_offer(engine, sku, region, facts, by_node=by_node, limit=limit)
+                offer = _slice_offer(engine, sku, region, facts, by_node=by_node, limit=limit, memo=memo)
             if offer is not None:
                 offers.append(offer)
     return ReadModel(tuple(offers), nodes)
@@ -237,24 +260,26 @@ def _slot_reason(sku: m.Sku, f: topo.NodeFacts, s: topo.SlotFacts) -> Blocked | 
 
 
 def _slice_offer(engine: placing.Engine, sku: m.Sku, region: str, facts: list[topo.NodeFacts], *,
-                 by_node: Mapping[str, list[plans.ExistingClaim]], limit: int) -> Offer | None:
+                 by_node: Mapping[str, list[plans.ExistingClaim]], limit: int, memo: Memo) -> Offer | None:
     total = in_use = 0
     blocked: Counter[str] = Counter()
     serving = []
     for f in facts:
-        slots = [s for s in f.slots if s.gpu_model == sku.accelerator_model]
-        if not slots:
+        claims = tuple(by_node.get(f.name, ()))
+        hit = memo.slices.get((sku.sku, f.name))
+        if hit is not None and hit[0] is sku and hit[1] is f and hit[2] == claims:
+            counts = hit[3]
+        else:
+            counts = _slice_counts(sku, f, claims)
+            memo.slices[sku.sku, f.name] = (sku, f, claims, counts)
+        node_total, node_in_use, node_blocked = counts
+        if not node_total:
             continue
         serving.append(f)
-        held = _held_slots(f, by_node.get(f.name, []))
-        for s in slots:
-            total += 1
-            if s.index in held and s.status not in _SLOT_STATUS_REASON:
-                in_use += 1
-                continue
-            reason = _slot_reason(sku, f, s)
-            if reason is not None:
-                blocked[reason.value] += 1
+        total += node_total
+        in_use += node_in_use
+        for reason, n in node_blocked:
+            blocked[reason] += n
     if not total:
         return None
     usable = engine.free_gpus(sku.sku, region)
@@ -267,7 +292,25 @@ def _slice_offer(engine: placing.Engine, sku: m.Sku, region: str, facts: list[to
                  _dedicated(engine, sku, region, serving, limit))
 
 
-def _held_slots(f: topo.NodeFacts, claims: list[plans.ExistingClaim]) -> set[int]:
+def _slice_counts(sku: m.Sku, f: topo.NodeFacts, claims: tuple[plans.ExistingClaim, ...]) -> _SliceCounts:
+    """One node's slots of the SKU's GPU model: how many, how many in use, and why the free ones are blocked."""
+    total = in_use = 0
+    blocked: Counter[str] = Counter()
+    held = _held_slots(f, claims)
+    for s in f.slots:
+        if s.gpu_model != sku.accelerator_model:
+            continue
+        total += 1
+        if s.index in held and s.status not in _SLOT_STATUS_REASON:
+            in_use += 1
+            continue
+        reason = _slot_reason(sku, f, s)
+        if reason is not None:
+            blocked[reason.value] += 1
+    return total, in_use, tuple(blocked.items())
+
+
+def _held_slots(f: topo.NodeFacts, claims: Sequence[plans.ExistingClaim]) -> set[int]:
     if any(c.kind is states.ClaimKind.NODE_EXCLUSIVE for c in claims):
         return {s.index for s in f.slots}
     return {c.slot_index for c in claims if c.slot_index is not None}
@@ -315,7 +358,18 @@ def _whole_reason(sku: m.Sku, f: topo.NodeFacts, claims: list[plans.ExistingClai
 # -------------------------------------------------------------------- nodes
 
 
-def _node_summary(engine: placing.Engine, f: topo.NodeFacts, claims: list[plans.ExistingClaim]) -> NodeSummary:
+def _summary(memo: Memo, engine: placing.Engine, f: topo.NodeFacts,
+             claims: tuple[plans.ExistingClaim, ...]) -> NodeSummary:
+    mode = engine.mode(f.name).value
+    hit = memo.summaries.get(f.name)
+    if hit is not None and hit[0] is f and hit[1] == claims and hit[2] == mode:
+        return hit[3]
+    summary = _node_summary(f, claims, mode)
+    memo.summaries[f.name] = (f, claims, mode, summary)
+    return summary
+
+
+def _node_summary(f: topo.NodeFacts, claims: Sequence[plans.ExistingClaim], mode: str) -> NodeSummary:
     by_slot: dict[int, states.ClaimStatus] = {}
     for c in claims:
         if c.kind is states.ClaimKind.NODE_EXCLUSIVE:
@@ -337,7 +391,7 @@ def _node_summary(engine: placing.Engine, f: topo.NodeFacts, claims: list[plans.
         name=f.name, region=f.region, pool=f.pool, org=f.org, admin_state=f.admin_state.value, healthy=f.healthy,
         capability=f.capability.capability.value,
         capability_reasons=tuple(code for code, _ in f.capability.reasons),
-        mode=engine.mode(f.name).value, slots=MappingProxyType(dict(sorted(slots.items()))),
+        mode=mode, slots=MappingProxyType(dict(sorted(slots.items()))),
         allocations=tuple(sorted({c.allocation_id for c in claims})),
         drained=parked and not claims and f.cleanup_pending == 0,
     )

@@ -153,10 +153,11 @@ def compose(base: DesiredState, head: DesiredState, observed: plans.Observed, *,
     # One engine per (state, claims) pair serves the node modes and the capacity read model.
     before = engine_for(base, observed)
     modes_before = _modes(before)
-    capacity_before = capacity.read_model(base, observed, policy=policy, engine=before)
+    memo = capacity.Memo()  # head's read model reuses base's per-node parts for nodes the PR leaves alone
+    capacity_before = capacity.read_model(base, observed, policy=policy, engine=before, memo=memo)
     now = engine_for(head, observed_after)
     modes_after = _modes(now)
-    capacity_after = capacity.read_model(head, observed_after, policy=policy, engine=now)
+    capacity_after = capacity.read_model(head, observed_after, policy=policy, engine=now, memo=memo)
     return PrPlan(
         base_revision=base.revision, head_revision=head.revision, offline=offline, base_errors=base_errors,
         inventory=diff,

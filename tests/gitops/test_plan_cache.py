@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 
-from reconciler import cli
+from desired import loading
+from reconciler import cli, sources
 from reconciler.commands import plan as plan_command
 from reconciler.commands import plancache
+from reconciler.placement import capacity, placing, prplan, prplan_render, replanning
 from tests.gitops.conftest import Repo
 
 FORMATS = ("json", "markdown", "text")
@@ -129,8 +131,6 @@ def test_other_code_or_a_saved_plan_is_never_replayed(fleet_repo: Repo, tmp_path
 
 def test_the_command_equals_a_plan_composed_cold(fleet_repo: Repo, capsys: pytest.CaptureFixture[str]) -> None:
     """The command shares one warm engine (and the blob cache) between base and head; a plain compose does not."""
-    from reconciler import sources
-    from reconciler.placement import prplan, prplan_render
 
     shas = _history(fleet_repo)
     for base, head in itertools.pairwise(shas):
@@ -143,3 +143,23 @@ def test_the_command_equals_a_plan_composed_cold(fleet_repo: Repo, capsys: pytes
         base_state = sources.load(fleet_repo.root, base).state
         cold = prplan.compose(base_state, loaded_head.state, prplan.offline_observed(base_state), offline=True)
         assert json.loads(out) == json.loads(json.dumps(prplan_render.as_dict(cold), default=str)), (base, head)
+
+
+def test_a_read_model_reusing_the_base_memo_equals_one_built_fresh(fleet_repo: Repo) -> None:
+    """Head's capacity read model takes base's per-node parts for the nodes a PR leaves alone."""
+
+    shas = _history(fleet_repo)[:-1]  # the last head is invalid
+    cache = loading.BlobCache()  # shared, as the command shares it: unchanged nodes are the same objects
+    for base, head in itertools.pairwise(shas):
+        base_state = sources.load(fleet_repo.root, base, cache=cache).state
+        head_state = sources.load(fleet_repo.root, head, cache=cache).state
+        observed = prplan.offline_observed(base_state)
+        observed_after = prplan.after(observed, replanning.WarmPlanner()(head_state, observed))
+        memo = capacity.Memo()
+        warm = replanning.WarmPlanner()
+        capacity.read_model(base_state, observed, engine=warm.engine(base_state, observed), memo=memo)
+        reused = capacity.read_model(head_state, observed_after, engine=warm.engine(head_state, observed_after),
+                                     memo=memo)
+        assert reused == capacity.read_model(head_state, observed_after, engine=placing.Engine(head_state,
+                                                                                                observed_after))
+        assert memo.summaries and memo.slices
