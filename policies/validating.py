@@ -18,15 +18,24 @@ index, so positions, messages and order are exactly those of a full run
 (tested over random edit sequences). On any doubt (an error inside the
 incremental path) it falls back to a full run and says why (`fallbacks`,
 `last_fallback`, a log line on the `gpuaas` logger).
+
+A state read by delta (`desired.deltas`) names the documents that changed:
+when the last state validated was its base, and only nodes and allocations
+changed, only those (and the slot map of a changed node) are checked, not
+every document walked. When they had no problem and still have none, the
+answer is the last one, unchanged (every other document, and so its
+problems, is the same); otherwise the walk above puts problems in order.
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from desired import deltas
 from desired import models as m
 from desired import problems as p
 from desired.loading import DesiredState, LoadResult
@@ -55,19 +64,50 @@ class Memo:
         self.reused = 0
         self.fallbacks = 0
         self.last_fallback = ""
+        self.by_delta = 0  # validations that checked only a delta's documents
+        self._owners: dict[str, list[tuple[str, int]]] = {}  # shared MACs of the last walk
+        self._last: weakref.ref[DesiredState] | None = None  # the last state validated (no parse problems)
+        self._found: tuple[p.Problem, ...] = ()  # and its cross-file problems
 
     def validate(self, result: LoadResult) -> LoadResult:
         """Add cross-file problems to a parse result, exactly as `validation.validate` (returns the same object)."""
+        state, last, self._last = result.state, self._last, None
         try:
-            found = list(self._problems(result.state))
+            found = self._by_delta(state, last) if not result.problems else None
+            if found is None:
+                found = list(self._problems(state))
         except Exception as e:  # any doubt: forget everything, run the full rules
             self.fallbacks += 1
             self.last_fallback = f"{type(e).__name__}: {e}"
             log.warning("incremental validation failed (%s); running the full validation", self.last_fallback)
             self._kept, self._context = {}, None
             return validation.validate(result)
+        if not result.problems:
+            self._last, self._found = weakref.ref(state), tuple(found)
         result.problems.extend(found)
         return result
+
+    def _by_delta(self, state: DesiredState, last: weakref.ref[DesiredState] | None) -> list[p.Problem] | None:
+        """The problems from checking only what a delta changed since `last`, or None: walk everything."""
+        delta = deltas.delta_of(state, last() if last is not None else None)
+        if delta is None or not delta.kinds() <= {"Node", "Allocation"}:
+            return None  # the Fleet, SKUs, images: every rule reads them; a slot map: MAC owners move
+        rules = {r.kind: r for r in self._rules(state, self._owners)}
+        wanted = set(delta.keys)
+        wanted.update(("SlotMap", name) for kind, name in delta.keys if kind == "Node" and name in state.slot_maps)
+        clean = True
+        for kind, name in sorted(wanted):
+            table: Mapping[str, Any] = getattr(state, rules[kind].attr)
+            was = self._kept.pop((kind, name), None)
+            clean = clean and (was is None or not was.problems)
+            if name in table:
+                hit = self._kept[(kind, name)] = self._check(state, rules[kind], name, table[name])
+                clean = clean and not hit.problems
+        self.checked, self.reused = len(wanted), len(self._kept) - len(wanted)
+        if not clean:
+            return None  # problems come in document order: the walk puts them there (reusing these checks)
+        self.by_delta += 1
+        return list(self._found)
 
     # ----------------------------------------------------------------- rules
 
@@ -78,8 +118,13 @@ class Memo:
         self._context = context
         self.checked = self.reused = 0
         kept, self._kept = self._kept, {}
-        owners = _mac_owners(state.slot_maps)
+        self._owners = owners = _mac_owners(state.slot_maps)
+        yield from validation._fleet(state)
+        for rule in self._rules(state, owners):
+            yield from self._each(kept, state, rule)
 
+    @staticmethod
+    def _rules(state: DesiredState, owners: dict[str, list[tuple[str, int]]]) -> list[_Rule]:
         def map_inputs(name: str, smap: Any) -> tuple[Any, ...]:
             return (state.nodes.get(name), *_outside_owners(name, smap, owners))
 
@@ -90,32 +135,31 @@ class Memo:
                 view.nodes = {name: state.nodes[name]}
             return validation._slot_maps(view, macs=macs)
 
-        yield from validation._fleet(state)
-        for kind, attr, rules, inputs in (
-            ("Sku", "skus", validation._skus, _nothing),
-            ("Image", "images", validation._images, _nothing),
-            ("Node", "nodes", validation._nodes, _nothing),
-            ("SlotMap", "slot_maps", map_rules, map_inputs),
-            ("Allocation", "allocations", validation._allocations, _nothing),
-        ):
-            yield from self._each(kept, state, _Rule(kind, attr, rules, inputs))
+        return [_Rule("Sku", "skus", validation._skus, _nothing),
+                _Rule("Image", "images", validation._images, _nothing),
+                _Rule("Node", "nodes", validation._nodes, _nothing),
+                _Rule("SlotMap", "slot_maps", map_rules, map_inputs),
+                _Rule("Allocation", "allocations", validation._allocations, _nothing)]
 
     def _each(self, kept: dict[tuple[str, str], _Kept], state: DesiredState, rule: _Rule) -> Iterator[p.Problem]:
         table: Mapping[str, Any] = getattr(state, rule.attr)
         for name, obj in table.items():
             doc = state.sources[(rule.kind, name)].doc
-            wanted = rule.inputs(name, obj)
             hit = kept.get((rule.kind, name))
-            if hit is not None and hit.obj is obj and hit.doc is doc and _same(hit.inputs, wanted):
+            if hit is not None and hit.obj is obj and hit.doc is doc and _same(hit.inputs, rule.inputs(name, obj)):
                 self.reused += 1
             else:
-                # The full rule over a view holding this one document: the same problems, positions, order.
-                view = DesiredState(fleet=state.fleet, skus=state.skus, images=state.images, sources=state.sources)
-                setattr(view, rule.attr, {name: obj})
-                hit = _Kept(obj, doc, wanted, tuple(rule.rules(view)))
+                hit = self._check(state, rule, name, obj)
                 self.checked += 1
             self._kept[(rule.kind, name)] = hit
             yield from hit.problems
+
+    @staticmethod
+    def _check(state: DesiredState, rule: _Rule, name: str, obj: Any) -> _Kept:
+        """The full rule over a view holding this one document: the same problems, positions, order."""
+        view = DesiredState(fleet=state.fleet, skus=state.skus, images=state.images, sources=state.sources)
+        setattr(view, rule.attr, {name: obj})
+        return _Kept(obj, state.sources[(rule.kind, name)].doc, rule.inputs(name, obj), tuple(rule.rules(view)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -104,6 +104,7 @@ def test_a_revision_read_by_delta_equals_a_whole_read_after_every_commit(repo: P
         by_delta += warm.state.delta is not None
     assert memo.fallbacks == 0
     assert by_delta >= 10  # the delta path did run (edits that leave parse problems read whole)
+    assert memo.by_delta >= 1  # and validation by delta too
 
 
 def test_a_revision_that_does_not_descend_from_the_kept_one_is_read_whole(repo: Path) -> None:
@@ -136,3 +137,24 @@ def test_a_delta_names_exactly_the_documents_that_changed(repo: Path) -> None:
     assert after.state.nodes[name] is not before.state.nodes[name]
     assert all(after.state.slot_maps[k] is v for k, v in before.state.slot_maps.items())
     assert list(after.state.nodes) == list(before.state.nodes)  # replaced where it stood
+
+
+def test_validation_of_a_clean_delta_checks_only_the_changed_node_and_its_slot_map(repo: Path) -> None:
+    """Other documents' problems (the example's slot warnings) stay as they were, in their order."""
+    cache, memo = loading.BlobCache(), validating.Memo()
+    first = memo.validate(gitrepo.read_revision(repo, "HEAD", cache=cache))
+    assert first.problems and not first.errors
+    node = next(n for n in sorted((repo / "nodes").glob("*.yaml"))
+                if (repo / "slotmaps" / n.name).exists()
+                and not any(x.file in (f"nodes/{n.name}", f"slotmaps/{n.name}") for x in first.problems))
+    node.write_text(node.read_text() + "\n")
+    _commit(repo)
+    warm = memo.validate(gitrepo.read_revision(repo, "HEAD", cache=cache))
+    assert (memo.by_delta, memo.checked) == (1, 2)  # the node, and its slot map (it reads the node)
+    assert _shape(warm) == _shape(validation.validate(loading.parse_refs(gitrepo.revision_refs(repo, "HEAD"))))
+    # A change that breaks a rule: the delta check finds it, the walk orders it; the same as a whole run.
+    node.write_text(node.read_text().replace("region: ", "region: mars-", 1))
+    _commit(repo)
+    broken = memo.validate(gitrepo.read_revision(repo, "HEAD", cache=cache))
+    assert broken.problems and memo.by_delta == 1
+    assert _shape(broken) == _shape(validation.validate(loading.parse_refs(gitrepo.revision_refs(repo, "HEAD"))))
