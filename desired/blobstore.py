@@ -134,7 +134,8 @@ class DiskStore:
             self._db = None
 
     def _mac(self, blob: str, payload: bytes) -> bytes:
-        return hmac.new(self._secret, f"{self.version}\0{blob}\0".encode() + payload, hashlib.sha256).digest()
+        # hmac.digest: the one-shot C path (a tenth of the cost of an HMAC object per entry).
+        return hmac.digest(self._secret, f"{self.version}\0{blob}\0".encode() + payload, "sha256")
 
     def _broken(self, what: str, e: Exception) -> None:
         self.note(f"blob cache {self.path}: {what}: {e}; parsing without it")
@@ -228,7 +229,7 @@ class DiskStore:
 
     def _result_mac(self, key: str, payload: bytes) -> bytes:
         # Its own domain ("result"): a blob entry's MAC can never pass for a result's.
-        return hmac.new(self._secret, f"result\0{key}\0".encode() + payload, hashlib.sha256).digest()
+        return hmac.digest(self._secret, f"result\0{key}\0".encode() + payload, "sha256")
 
     # ------------------------------------------------------------- writing
 
