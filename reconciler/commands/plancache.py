@@ -75,7 +75,8 @@ def code_version() -> str:
     import pydantic
     import yaml
 
-    h = hashlib.sha256(f"{FORMAT}\0{sys.version}\0{pydantic.VERSION}\0{yaml.__version__}\0".encode())
+    h = hashlib.sha256(f"{FORMAT}\0{sys.version}\0{pydantic.VERSION}\0{yaml.__version__}\0"
+                       f"{getattr(yaml, '__with_libyaml__', False)}\0".encode())
     root = Path(__file__).resolve().parents[2]
     for package in _PACKAGES:
         for source in sorted((root / package).rglob("*.py")):
