@@ -17,6 +17,7 @@ import datetime as dt
 import hashlib
 import ipaddress
 import json
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any
 
 from psycopg import sql
 
+from desired import deltas
 from desired import models as m
 from desired.loading import DesiredState
 from policies import capability, eligibility, validation
@@ -101,29 +103,53 @@ def content_hash(state: DesiredState, memory: Memory | None = None) -> str:
     """sha256 over every typed document, independent of file layout and comments.
 
     A hash of per-document hashes, so a Memory that saw a document (the same
-    model object: the blob cache hands it out again) does not dump it again.
+    model object: the blob cache hands it out again) does not dump it again;
+    for a state read by delta from the one it hashed last, only the tables
+    of changed kinds are listed again (`Memory.hash_parts`).
     """
+    delta = deltas.delta_of(state, memory.hashed()) if memory is not None and memory.hashed else None
+    into = (memory.doc_hashes if delta is not None else memory.doc_hashes_used) if memory is not None else {}
+
     def one(obj: Any) -> str:
         if memory is not None:
             hit = memory.doc_hashes.get(id(obj))
             if hit is not None and hit[0] is obj:
-                memory.doc_hashes_used[id(obj)] = hit
+                into[id(obj)] = hit
                 return hit[1]
         digest = hashlib.sha256(json.dumps(obj.model_dump(mode="json"), sort_keys=True, default=str).encode())
-        value = digest.hexdigest()
-        if memory is not None:
-            memory.doc_hashes_used[id(obj)] = (obj, value)
-        return value
+        into[id(obj)] = (obj, digest.hexdigest())
+        return into[id(obj)][1]
 
-    h = hashlib.sha256()
-    for kind, table in (("fleet", {"": state.fleet} if state.fleet else {}), ("skus", state.skus),
-                        ("images", state.images), ("nodes", state.nodes), ("slot_maps", state.slot_maps),
-                        ("allocations", state.allocations)):
-        for name in sorted(table):
-            h.update(f"{kind}\0{name}\0{one(table[name])}\n".encode())
+    parts: dict[str, bytes] = {}
+    for kind, table in _hash_tables(state):
+        kept = memory.hash_parts.get(kind) if memory is not None and delta is not None else None
+        if kept is not None and _KINDS[kind] not in delta.kinds():  # type: ignore[union-attr]
+            parts[kind] = kept
+        else:
+            parts[kind] = b"".join(f"{kind}\0{name}\0{one(table[name])}\n".encode() for name in sorted(table))
     if memory is not None:
-        memory.doc_hashes, memory.doc_hashes_used = memory.doc_hashes_used, {}
-    return h.hexdigest()
+        base = delta.base() if delta is not None else None
+        if base is None:
+            memory.doc_hashes, memory.doc_hashes_used = memory.doc_hashes_used, {}
+        else:  # replaced documents leave (the others were not looked at, and stay)
+            old, new = dict(_hash_tables(base)), dict(_hash_tables(state))
+            for kind, name in delta.keys:  # type: ignore[union-attr]
+                attr, key = _TABLE_OF[kind], name if kind != "Fleet" else ""
+                gone = old[attr].get(key)
+                if gone is not None and gone is not new[attr].get(key):
+                    memory.doc_hashes.pop(id(gone), None)
+        memory.hash_parts, memory.hashed = parts, weakref.ref(state)
+    return hashlib.sha256(b"".join(parts.values())).hexdigest()
+
+
+_KINDS = {"fleet": "Fleet", "skus": "Sku", "images": "Image", "nodes": "Node", "slot_maps": "SlotMap",
+          "allocations": "Allocation"}
+_TABLE_OF = {v: k for k, v in _KINDS.items()}
+
+
+def _hash_tables(state: DesiredState) -> list[tuple[str, dict[str, Any]]]:
+    return [("fleet", {"": state.fleet} if state.fleet else {}), ("skus", state.skus), ("images", state.images),
+            ("nodes", state.nodes), ("slot_maps", state.slot_maps), ("allocations", state.allocations)]
 
 
 @dataclass
@@ -154,6 +180,11 @@ class Memory:
     # node name -> (the SlotMap object its slot rows were last built from, node id, their keys)
     slot_maps: dict[str, tuple[Any, Any, tuple[tuple[Any, ...], ...]]] = field(default_factory=dict)
     full_syncs: int = 0
+    hashed: weakref.ref[DesiredState] | None = None  # the state content_hash saw last, and its lines per table
+    hash_parts: dict[str, bytes] = field(default_factory=dict)
+    synced: weakref.ref[DesiredState] | None = None  # the state the last sync brought the rows to
+    slot_count: int = 0  # slot rows of that state
+    delta_syncs: int = 0  # syncs that itemised only a delta's documents
 
     def table(self, name: str) -> _TableMemory:
         return self.tables.setdefault(name, _TableMemory())
@@ -162,6 +193,7 @@ class Memory:
         return self.generation == generation and self.syncs % self.REFRESH_EVERY != 0
 
     def forget(self) -> None:
+        self.synced = None
         self.tables.clear()
         self.node_ids.clear()
         self.slot_maps.clear()
@@ -202,35 +234,49 @@ def _sync(conn: Connection, state: DesiredState, memory: Memory | None) -> SyncR
         def mem(table: _Table) -> _TableMemory | None:
             return memory.table(table.name) if memory is not None else None
 
+        # A state read by delta from the one the trusted memory holds: only changed documents are
+        # itemised, and only their rows can have gone (the Fleet is in every node row: all of them).
+        delta = deltas.delta_of(state, memory.synced()) if memory is not None and trust and memory.synced else None
+        if delta is not None and "Fleet" in delta.kinds():
+            delta = None
+        work = _Work(state, delta)
         changes += _sync_fleet(conn, state, revision)
-        changes += _sync_table(conn, SKUS, [((s.sku,), (s,), partial(_sku_row, s)) for s in state.skus.values()],
-                               revision, memory=mem(SKUS), trust=trust)
+        changes += _sync_table(conn, SKUS, [((s.sku,), (s,), partial(_sku_row, s)) for s in work.docs("Sku")],
+                               revision, memory=mem(SKUS), trust=trust, maybe_gone=work.gone("Sku"))
         changes += _sync_table(conn, IMAGES, [((i.slug,), (i,), partial(_image_row, i))
-                                              for i in state.images.values()],
-                               revision, memory=mem(IMAGES), trust=trust)
+                                              for i in work.docs("Image")],
+                               revision, memory=mem(IMAGES), trust=trust, maybe_gone=work.gone("Image"))
         fleet = state.fleet
         changes += _sync_table(conn, NODES, [((n.name,), (n, state.slot_maps.get(n.name), fleet),
-                                              partial(_node_row, state, n)) for n in state.nodes.values()],
-                               revision, memory=mem(NODES), trust=trust)
-        node_ids = _node_ids(conn, state, memory, trust)
-        slot_items, kept = _slot_work(state, node_ids, memory if trust else None)
+                                              partial(_node_row, state, n)) for n in work.docs("Node", "SlotMap")],
+                               revision, memory=mem(NODES), trust=trust, maybe_gone=work.gone("Node", "SlotMap"))
+        node_ids = _node_ids(conn, state, memory, trust, work.names("Node", "SlotMap"))
+        if delta is not None and memory is not None:
+            slot_items, kept, maybe_gone = _slot_delta(state, node_ids, memory, work.names("Node", "SlotMap"))
+        else:
+            (slot_items, kept), maybe_gone = _slot_work(state, node_ids, memory if trust else None), None
+            if memory is not None:
+                memory.slot_count = len(slot_items) + len(kept)
         names = {v: k for k, v in node_ids.items()}
         changes += _sync_table(conn, SLOTS, slot_items, revision,
                                label=lambda key: f"{names.get(key[0], key[0])}:{key[1]}", memory=mem(SLOTS),
-                               trust=trust, kept=kept)
+                               trust=trust, kept=kept, maybe_gone=maybe_gone)
         _slot_statuses(conn)
         changes += _sync_table(conn, ALLOCATIONS, [((a.id,), (a,), partial(_allocation_row, a))
-                                                   for a in state.allocations.values()],
-                               revision, memory=mem(ALLOCATIONS), trust=trust)
+                                                   for a in work.docs("Allocation")],
+                               revision, memory=mem(ALLOCATIONS), trust=trust, maybe_gone=work.gone("Allocation"))
         if changes:
             generation = _bump_generation(conn)
         if memory is not None:
             memory.generation = generation
             memory.syncs += 1
+            memory.synced = weakref.ref(state)
+            memory.delta_syncs += delta is not None
         new_revision = conn.execute("SELECT 1 FROM desired_revisions WHERE revision = %s",
                                     (revision,)).fetchone() is None
         if new_revision:
-            counts = {"nodes": len(state.nodes), "slots": len(slot_items) + len(kept), "skus": len(state.skus),
+            slots = memory.slot_count if memory is not None else len(slot_items) + len(kept)
+            counts = {"nodes": len(state.nodes), "slots": slots, "skus": len(state.skus),
                       "images": len(state.images), "allocations": len(state.allocations)}
             conn.execute(
                 "INSERT INTO desired_revisions (revision, content_hash, file_count, counts)"
@@ -249,10 +295,61 @@ def _bump_generation(conn: Connection) -> int:
     return int(row[0]) if row else 0
 
 
-def _node_ids(conn: Connection, state: DesiredState, memory: Memory | None, trust: bool) -> dict[str, Any]:
-    """name -> node id (ids never change: node rows are never deleted)."""
-    if memory is not None and trust and all(name in memory.node_ids for name in state.slot_maps
-                                            if name in state.nodes):
+class _Work:
+    """The documents of a table to itemise: all of them, or with a delta only the changed ones."""
+
+    def __init__(self, state: DesiredState, delta: deltas.Delta | None) -> None:
+        self.state, self.delta = state, delta
+
+    def names(self, *kinds: str) -> set[str] | None:
+        if self.delta is None:
+            return None
+        return set().union(*(self.delta.names(k) for k in kinds))
+
+    def docs(self, *kinds: str) -> list[Any]:
+        table: dict[str, Any] = getattr(self.state, _TABLE_OF[kinds[0]])
+        names = self.names(*kinds)
+        if names is None:
+            return list(table.values())
+        return [table[n] for n in sorted(names) if n in table]
+
+    def gone(self, *kinds: str) -> list[tuple[Any, ...]] | None:
+        """Keys of rows that may have gone: None, every row not wanted (no delta)."""
+        names = self.names(*kinds)
+        return None if names is None else [(n,) for n in sorted(names)]
+
+
+def _slot_delta(state: DesiredState, node_ids: dict[str, Any], memory: Memory,
+                names: set[str] | None) -> tuple[list[Item], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Slot rows of changed nodes and slot maps; the keys their last sync wrote may have gone."""
+    items: list[Item] = []
+    maybe_gone: list[tuple[Any, ...]] = []
+    base = memory.synced() if memory.synced is not None else None
+    for name in sorted(names or ()):
+        last = memory.slot_maps.pop(name, None)
+        was = base.slot_maps.get(name) if base is not None else None
+        if last is not None:
+            maybe_gone.extend(last[2])
+            memory.slot_count -= len(last[2])
+        elif was is not None and name in node_ids:  # written by an untrusted (full) sync: keys from the base
+            maybe_gone.extend((node_ids[name], s.slot_index) for s in was.slots)
+            memory.slot_count -= len(was.slots)
+        smap, node_id = state.slot_maps.get(name), node_ids.get(name)
+        if smap is None or node_id is None:
+            continue
+        mine = _slot_items(smap, node_id)
+        items.extend(mine)
+        memory.slot_maps[name] = (smap, node_id, tuple(key for key, _, _ in mine))
+        memory.slot_count += len(mine)
+    return items, [], maybe_gone
+
+
+def _node_ids(conn: Connection, state: DesiredState, memory: Memory | None, trust: bool,
+              names: set[str] | None = None) -> dict[str, Any]:
+    """name -> node id (ids never change: node rows are never deleted). `names`: only these may be new."""
+    wanted = state.slot_maps if names is None else names
+    if memory is not None and trust and all(name in memory.node_ids for name in wanted
+                                            if name in state.nodes and name in state.slot_maps):
         return memory.node_ids
     ids = {str(name): node_id for name, node_id in conn.execute("SELECT name, id FROM nodes")}
     if memory is not None:
@@ -424,13 +521,16 @@ def _current(conn: Connection, table: _Table, memory: _TableMemory | None,
 
 def _sync_table(conn: Connection, table: _Table, items: Sequence[Item], revision: str, *,
                 label: Any = None, memory: _TableMemory | None = None, trust: bool = False,
-                kept: Sequence[tuple[Any, ...]] = ()) -> list[RowChange]:
+                kept: Sequence[tuple[Any, ...]] = (),
+                maybe_gone: Sequence[tuple[Any, ...]] | None = None) -> list[RowChange]:
     """Write the differences between the desired rows and the table.
 
     items: (key, documents the row is built from, row builder). With a
     trusted memory, the table is not read and a row whose documents are the
     very objects of the last sync is known to be in place already; `kept`
     are keys of such rows the caller did not even itemise (only with `trust`).
+    `maybe_gone` (only with `trust`: a delta's items): only these rows may be
+    removed, and every row not itemised is in place.
     """
     current = _current(conn, table, memory, trust)
 
@@ -460,7 +560,10 @@ def _sync_table(conn: Connection, table: _Table, items: Sequence[Item], revision
             updates.append(row)
             written[key] = values
             changes.append(RowChange(table.kind, show(key), "changed" if present else "restored"))
-    gone = [key for key, (present, _) in current.items() if present and key not in wanted]
+    if maybe_gone is None:
+        gone = [key for key, (present, _) in current.items() if present and key not in wanted]
+    else:
+        gone = [key for key in dict.fromkeys(maybe_gone) if key not in wanted and current.get(key, (False,))[0]]
     changes += [RowChange(table.kind, show(key), "removed") for key in sorted(gone, key=str)]
     if memory is not None:
         for key, values in written.items():

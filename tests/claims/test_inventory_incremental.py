@@ -6,15 +6,20 @@ disabled, allocations added, released and removed, nodes removed and
 re-added, the fleet settings changed), after every incremental sync a full
 sync finds nothing left to write and the tables equal a fresh full sync's.
 Another reconciler writing in between makes the memory re-read everything.
+With a Delta on each state (as `desired.deltas` gives the watch loop), only
+the changed documents are itemised; the outcome and the content hash are
+the same.
 """
 
 from __future__ import annotations
 
 import copy
 import random
+import weakref
 
 import pytest
 
+from desired import deltas
 from desired import models as m
 from desired.loading import DesiredState
 from reconciler.store import inventory
@@ -65,8 +70,19 @@ def _edit(rng: random.Random, state: DesiredState, spare: DesiredState) -> Desir
     return new
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_incremental_sync_equals_a_full_sync_after_every_edit(conn: Connection, seed: int) -> None:
+def _with_delta(old: DesiredState, new: DesiredState) -> DesiredState:
+    """`new` marked as `old` plus what differs (by object identity, as desired.deltas builds it)."""
+    keys = {("Fleet", new.fleet.name if new.fleet else "")} if new.fleet is not old.fleet else set()
+    for kind, attr in (("Sku", "skus"), ("Image", "images"), ("Node", "nodes"), ("SlotMap", "slot_maps"),
+                       ("Allocation", "allocations")):
+        a, b = getattr(old, attr), getattr(new, attr)
+        keys.update((kind, n) for n in a.keys() | b.keys() if a.get(n) is not b.get(n))
+    new.delta = deltas.Delta(weakref.ref(old), frozenset(keys))
+    return new
+
+
+@pytest.mark.parametrize(("seed", "by_delta"), [(1, False), (2, False), (1, True), (3, True)])
+def test_incremental_sync_equals_a_full_sync_after_every_edit(conn: Connection, seed: int, by_delta: bool) -> None:
     rng = random.Random(seed)  # noqa: S311 - test randomness
     spare = small_fleet()
     state = small_fleet()
@@ -74,7 +90,9 @@ def test_incremental_sync_equals_a_full_sync_after_every_edit(conn: Connection, 
     inventory.sync(conn, state, memory=memory)
     trusted = 0
     for step in range(40):
-        state = _edit(rng, state, spare)
+        old, state = state, _edit(rng, state, spare)
+        if by_delta:
+            state = _with_delta(old, state)
         if step % 9 == 4:  # another reconciler syncs something else in between
             other = _edit(rng, state, spare)
             inventory.sync(conn, other)
@@ -83,7 +101,9 @@ def test_incremental_sync_equals_a_full_sync_after_every_edit(conn: Connection, 
         trusted += memory.full_syncs == before
         full = inventory.sync(conn, state)  # a cold reconciler on the same state finds nothing to write
         assert not full.changed, (step, [c.render() for c in full.changes], [c.render() for c in incremental.changes])
+        assert incremental.content_hash == inventory.content_hash(state)
     assert trusted >= 30  # the incremental path really ran
+    assert (memory.delta_syncs >= 20) is by_delta
 
 
 def test_the_memory_is_dropped_when_its_transaction_fails(conn: Connection) -> None:
