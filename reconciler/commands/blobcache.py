@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 
 def add_arguments(p: Any) -> None:
-    p.add_argument("--no-cache", action="store_true", help="neither read nor write the on-disk blob cache")
+    p.add_argument("--no-cache", action="store_true",
+                   help="neither read nor write the on-disk cache (parsed blobs; finished offline plans)")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="on-disk blob cache (default <state dir>/cache: $GPUAAS_STATE_DIR or .gpuaas)")
 

@@ -17,6 +17,10 @@ nothing is planned). With --detailed-exitcode, like `terraform plan
 pending (a new pending allocation, or one pending for another reason than
 without the change), so CI cannot pass a PR that over-subscribes.
 
+An offline plan of two commits is a pure function of them: what it printed
+is kept in the on-disk cache and replayed by the next run of the same
+commits, policy and format (`plancache`; `--no-cache` turns it off).
+
 `--out FILE` saves the plan for `gpuaas apply FILE` (`reconciler.planfiles`):
 the revisions, the content hash of head, a digest of the database state it
 was computed against and the decisions. Nothing is saved when head is invalid.
