@@ -19,6 +19,10 @@ The plan must equal `planner.plan(desired, observed)`; what makes it so:
   node's id and last tie-break) rebuilds the engine cold, as does any error
   in the incremental path, a change to most of the fleet, and every
   `FULL_EVERY` plans. Each cold build is logged with its reason.
+- A desired state read by delta from the one the engine was brought to
+  (`desired.deltas`) names its changed nodes and slot maps; with the
+  observed slot statuses, firmware and health compared as sets, only those
+  nodes' facts are built again, instead of every node's.
 
 Pure, like the planner: no I/O, no clock.
 """
@@ -26,9 +30,12 @@ Pure, like the planner: no I/O, no clock.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import weakref
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from desired import deltas
 from desired import models as m
 from desired.loading import DesiredState
 from reconciler import fleetgraph as topo
@@ -58,6 +65,8 @@ class _Kept:
     by_alloc: dict[str, set[str]]  # allocation id -> nodes of its observed claims
     placed_on: frozenset[str]  # nodes the plan placed onto (engine state the database may not share)
     age: int  # plans since the engine was built cold
+    desired: weakref.ref[DesiredState]  # the state itself, for a delta read from it
+    observed: plans.Observed  # node facts' other inputs: slot statuses, firmware, health
 
 
 class _Cold(Exception):
@@ -74,6 +83,7 @@ class WarmPlanner:
         self.cold = 0  # cold builds so far
         self.last_cold = ""  # why the last one
         self.last_reset = 0  # nodes the last warm plan reset
+        self.by_delta = 0  # warm syncs that built facts only for what a delta named
 
     def __call__(self, desired: DesiredState, observed: plans.Observed) -> plans.Plan:
         kept, self._kept = self._kept, None  # a plan that raises leaves no half-updated engine behind
@@ -90,7 +100,7 @@ class WarmPlanner:
             age = kept.age + 1 if kept is not None else 0
         self._kept = _Kept(engine, desired.fleet, dict(desired.skus), dict(desired.allocations),
                            dict(observed.image_cache), by_node, by_alloc,
-                           frozenset(p.node for p in plan.placements), age)
+                           frozenset(p.node for p in plan.placements), age, weakref.ref(desired), observed)
         return plan
 
     def engine(self, desired: DesiredState, observed: plans.Observed) -> placing.Engine:
@@ -112,7 +122,8 @@ class WarmPlanner:
             self.cold += 1
             engine = placing.Engine(desired, observed, policy=self.policy)
         self._kept = _Kept(engine, desired.fleet, dict(desired.skus), dict(desired.allocations),
-                           dict(observed.image_cache), by_node, by_alloc, frozenset(), age)
+                           dict(observed.image_cache), by_node, by_alloc, frozenset(), age, weakref.ref(desired),
+                           observed)
         return engine
 
     def _warm(self, kept: _Kept, desired: DesiredState, observed: plans.Observed,
@@ -141,18 +152,16 @@ class WarmPlanner:
         self._check_shape(kept, desired)
         engine = kept.engine
         engine.warnings.clear()  # they describe what a sync loaded; a kept list would only grow
-        facts = topo.inventory(desired, observed)
-        refacts: dict[str, topo.NodeFacts] = {}
-        for f, node in zip(facts, engine.nodes, strict=True):
-            if f.name != node.name:
-                raise _Cold(f"node order differs at {f.name}")
-            if f is not node.facts:
-                refacts[f.name] = f
+        delta = deltas.delta_of(desired, kept.desired())  # a state with a Delta is never edited in place
+        self.by_delta += delta is not None
+        refacts = _refacts(engine, desired, observed) if delta is None else _refacts_by_delta(
+            engine, desired, observed, kept.observed, delta)
         reset = set(refacts) | kept.placed_on
         for name in by_node.keys() | kept.by_node.keys():
             if by_node.get(name) != kept.by_node.get(name):
                 reset.add(name)
-        for aid in self._retimed(engine, kept.allocations, desired.allocations):
+        for aid in self._retimed(engine, kept.allocations, desired.allocations,
+                                 delta.names("Allocation") if delta is not None else None):
             reset.update(by_alloc.get(aid, ()), kept.by_alloc.get(aid, ()))
         reset &= engine.by_name.keys()  # claims on undeclared nodes are ignored, as a fresh engine does
         if len(reset) > max(MOST_MIN, len(engine.nodes) // 2):  # resetting costs about what building costs
@@ -179,12 +188,51 @@ class WarmPlanner:
             raise _Cold("nodes were added or removed (node order is the last tie-break)")
 
     @staticmethod
-    def _retimed(engine: placing.Engine, old: dict[str, m.Allocation],
-                 new: dict[str, m.Allocation]) -> Iterable[str]:
-        """Allocations whose request time or lease end changed (new documents only are read)."""
+    def _retimed(engine: placing.Engine, old: dict[str, m.Allocation], new: dict[str, m.Allocation],
+                 changed: set[str] | None) -> Iterable[str]:
+        """Allocations whose request time or lease end changed (new documents only are read).
+
+        `changed`: the allocations a delta names (None: compare them all)."""
+        if changed is not None:
+            return [aid for aid in sorted(changed) if old.get(aid) is not new.get(aid)
+                    and engine.retime(aid, new.get(aid))]
         out = [aid for aid, alloc in new.items() if old.get(aid) is not alloc and engine.retime(aid, alloc)]
         out += [aid for aid in old.keys() - new.keys() if engine.retime(aid, None)]
         return out
+
+
+def _refacts(engine: placing.Engine, desired: DesiredState, observed: plans.Observed) -> dict[str, topo.NodeFacts]:
+    """Nodes whose facts are other than the engine's (every node looked at)."""
+    refacts: dict[str, topo.NodeFacts] = {}
+    for f, node in zip(topo.inventory(desired, observed), engine.nodes, strict=True):
+        if f.name != node.name:
+            raise _Cold(f"node order differs at {f.name}")
+        if f is not node.facts:
+            refacts[f.name] = f
+    return refacts
+
+
+def _refacts_by_delta(engine: placing.Engine, desired: DesiredState, observed: plans.Observed,
+                      before: plans.Observed, delta: deltas.Delta) -> dict[str, topo.NodeFacts]:
+    """New facts for the nodes whose inputs changed: documents the delta names, observed facts that differ."""
+    names = delta.names("Node") | delta.names("SlotMap")
+    names.update(node for node, _ in _differ(observed.slot_status, before.slot_status))
+    names.update(_differ(observed.firmware_ready, before.firmware_ready))
+    names.update(observed.unavailable_nodes ^ before.unavailable_nodes)
+    out: dict[str, topo.NodeFacts] = {}
+    for name in names:
+        node = desired.nodes.get(name)
+        if node is None or name not in engine.by_name:
+            continue  # not declared: no facts, as a fresh engine has none
+        out[name] = topo.node_facts(node, desired.slot_maps.get(name), slot_status=observed.slot_status,
+                                    firmware_ready=observed.firmware_ready.get(name, node.firmware_ready),
+                                    healthy=name not in observed.unavailable_nodes)
+    return out
+
+
+def _differ(a: Mapping[Any, Any], b: Mapping[Any, Any]) -> set[Any]:
+    """Keys whose value differs, or that only one side has."""
+    return {k for k, _ in a.items() ^ b.items()}
 
 
 def _group(claims: Iterable[plans.ExistingClaim]) -> tuple[dict[str, tuple[plans.ExistingClaim, ...]],
