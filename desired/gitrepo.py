@@ -61,6 +61,7 @@ _SYMLINK_MODE = "120000"
 _GITLINK_MODE = "160000"
 _TREE_MODE = "040000"
 _ABSENT_MODE = "000000"  # diff-tree's mode of the side where a path does not exist
+_REPO = "gitrepo.repo"  # Tree.extra: (root, the git.Repo it was read with)
 
 
 def revision_refs(root: Path, rev: str) -> list[loading.FileRef]:
@@ -74,9 +75,9 @@ def revision_refs(root: Path, rev: str) -> list[loading.FileRef]:
     return _refs(repo, commit, prefix)
 
 
-def _open(root: Path, rev: str) -> tuple[git.Repo, Any, str]:
+def _open(root: Path, rev: str, repo: git.Repo | None = None) -> tuple[git.Repo, Any, str]:
     try:
-        repo = git.Repo(root, search_parent_directories=True)
+        repo = repo or git.Repo(root, search_parent_directories=True)
         commit = repo.commit(rev)
     except (git.InvalidGitRepositoryError, git.NoSuchPathError) as e:
         raise RevisionError(f"{root} is not inside a git repository") from e
@@ -131,7 +132,9 @@ def read_revision(root: Path, rev: str, *, cache: loading.BlobCache | None = Non
     tree is updated (`desired.deltas`). On any doubt the whole tree is read,
     and the reason is logged and kept in `cache.last_full`.
     """
-    repo, commit, prefix = _open(root, rev)
+    # The kept tree's Repo is reused: its object reader (a `git cat-file` process) stays up between revisions.
+    kept = cache.tree.extra.get(_REPO) if cache is not None and cache.tree is not None else None
+    repo, commit, prefix = _open(root, rev, kept[1] if kept is not None and kept[0] == root else None)
     origin = f"{Path(repo.working_tree_dir or root).resolve()}\0{prefix}"
     if cache is not None and cache.tree is not None and cache.tree.origin == origin:
         try:
@@ -149,7 +152,9 @@ def read_revision(root: Path, rev: str, *, cache: loading.BlobCache | None = Non
     blobs = loading.blobs_for(refs, cancel=cancel, cache=cache)
     result = loading.assemble(blobs)
     if cache is not None:
-        deltas.remember(cache, deltas.tree_of(origin, str(commit.hexsha), refs, blobs, result))
+        tree = deltas.tree_of(origin, str(commit.hexsha), refs, blobs, result)
+        tree.extra[_REPO] = (root, repo)
+        deltas.remember(cache, tree)
     return result
 
 

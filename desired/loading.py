@@ -7,6 +7,7 @@ the first bad file: a reviewer wants the whole list in one CI run.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import gc
@@ -227,8 +228,10 @@ class BlobCache:
 
     KEEP_GENERATIONS = 2
 
-    def __init__(self, disk: DiskStore | None = None) -> None:
+    def __init__(self, disk: DiskStore | None = None, *, keep_values: bool = True) -> None:
         self._blobs: dict[str, _Blob] = {}
+        # False: documents hold no plain value after typing (`gpuaas run`: memory follows the models)
+        self.keep_values = keep_values
         self.generation = 0
         self.hits = 0
         self.misses = 0
@@ -348,6 +351,7 @@ def blobs_for(refs: Sequence[FileRef], *, workers: int | None = None, cancel: Ca
                 doc = Document(name, item.index, item.value, item.line, data)
                 doc_problems: list[p.Problem] = []
                 docs.append((doc, _type_document(doc, doc_problems), doc_problems))
+                _settle(doc, cache)
             blobs[i] = _Blob(name, found, docs)
             if cache is not None:
                 cache._put(refs[i].key, blobs[i])  # type: ignore[arg-type]
@@ -405,6 +409,7 @@ def _from_disk(disk: DiskStore, refs: Sequence[FileRef], todo: list[int], blobs:
             doc = Document(name, index, value, line, entry.data)
             doc_problems: list[p.Problem] = []
             docs.append((doc, _type_document(doc, doc_problems), doc_problems))
+            _settle(doc, cache)
         blobs[i] = _Blob(name, [p.Problem(code, message, name, line, col)
                                 for code, message, line, col in entry.problems], docs)
         if cache is not None:
@@ -430,8 +435,11 @@ def _parse_all(
     pool = futures.ProcessPoolExecutor(n, mp_context=_CONTEXT)
     delivered = False
     try:
-        pending = [pool.submit(_parse_chunk, c) for c in chunks]
-        for fut in pending:
+        pending = collections.deque(pool.submit(_parse_chunk, c) for c in chunks)
+        while pending:
+            # Taken off the queue: a future keeps its result, and every chunk's plain values held
+            # until the last one arrived were a large part of the cold start's peak memory.
+            fut = pending.popleft()
             waited = 0.0
             while True:
                 if cancel is not None and cancel():
@@ -535,6 +543,16 @@ def _parse_one(name: str, data: FileData) -> tuple[list[_Parsed], list[p.Problem
     except YamlProblem as e:
         return parsed, [p.Problem(e.code, e.message, name, e.line, e.column)]
     return parsed, []
+
+
+def _settle(doc: Document, cache: BlobCache | None) -> None:
+    """Drop the document's plain value once typed, where the cache says no reader wants it.
+
+    Positions come from the bytes (`Document.locate` composes them again), so
+    only typing reads the value; a 10,000-node tree held every one of them.
+    """
+    if cache is not None and not cache.keep_values:
+        doc.value = None
 
 
 def _type_document(doc: Document, problems: list[p.Problem]) -> Any:

@@ -121,7 +121,9 @@ class Loop:
         self.max_failing_s = max_failing_s
         self.gave_up = False  # failing for longer than max_failing_s: run() returned
         self.applied_count = 0
-        self.blobs = BlobCache()  # parsed documents by git blob id: a commit re-parses only what it changed
+        # parsed documents by git blob id, and the last tree: a commit re-reads only what it changed;
+        # no plain values kept beside the models (positions come from the bytes)
+        self.blobs = BlobCache(keep_values=False)
         self.inventory = inventory.Memory()  # rows the last sync wrote: a commit re-syncs only what it changed
         self.checks = validating.Memo()  # cross-file problems per document: a commit re-checks only what it changed
         # the placement engine of the last plan, reset per changed node: a commit re-plans at O(change)

@@ -154,7 +154,6 @@ def _hash_tables(state: DesiredState) -> list[tuple[str, dict[str, Any]]]:
 
 @dataclass
 class _TableMemory:
-    current: dict[tuple[Any, ...], tuple[bool, tuple[Any, ...]]] = field(default_factory=dict)
     idents: dict[tuple[Any, ...], tuple[Any, ...]] = field(default_factory=dict)  # docs the row was built from
 
 
@@ -166,7 +165,9 @@ class Memory:
     left (no other writer since) and for at most REFRESH_EVERY syncs; then
     every row is read and compared again. Rows are keyed by the documents
     (model objects) they were built from: an unchanged blob yields the same
-    object, so its rows are neither rebuilt nor compared.
+    object, so its rows are neither rebuilt nor compared. Row values are not
+    kept (memory follows the documents, not the rows): a sync reads the rows
+    it compares, all of them without a delta, only the delta's with one.
     """
 
     REFRESH_EVERY = 100
@@ -391,7 +392,10 @@ def _slot_items(smap: m.SlotMap, node_id: Any) -> list[Item]:
     def row(i: int) -> Row:
         if not rows:
             rows.extend(_slot_rows(smap, node_id))
-        return rows[i]
+        built = rows[i]
+        if i == len(rows) - 1:  # the map's rows are built together and asked for in order: let them go
+            rows.clear()
+        return built
 
     return [((node_id, s.slot_index), (smap,), partial(row, i)) for i, s in enumerate(smap.slots)]
 
@@ -502,21 +506,34 @@ def _same_docs(a: tuple[Any, ...] | None, b: tuple[Any, ...]) -> bool:
     return a is not None and len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
-def _current(conn: Connection, table: _Table, memory: _TableMemory | None,
-             trust: bool) -> dict[tuple[Any, ...], tuple[bool, tuple[Any, ...]]]:
-    """key -> (present, desired columns) of every row: from a trusted memory, else read from the table."""
-    if memory is not None and trust:
-        return memory.current
+def _current(conn: Connection, table: _Table, memory: _TableMemory | None, trust: bool,
+             keys: Iterable[tuple[Any, ...]] | None = None) -> dict[tuple[Any, ...], tuple[bool, tuple[Any, ...]]]:
+    """key -> (present, desired columns) of every row, or of the rows with these keys.
+
+    Read from the table, never kept: at 10,000 nodes the rows' values were
+    the largest part of the reconciler's memory, and a delta's rows are a
+    few (found by the first key column, an indexed one).
+    """
     current = {}
     query = sql.SQL("SELECT {keys}, present, {cols} FROM {name}").format(
         keys=sql.SQL(", ").join(map(sql.Identifier, table.key)),
         cols=sql.SQL(", ").join(map(sql.Identifier, table.columns)), name=sql.Identifier(table.name))
+    wanted = None if keys is None else set(keys)
+    params: tuple[Any, ...] = ()
+    if wanted is not None:
+        query = sql.SQL("{} WHERE {} = ANY(%s)").format(query, sql.Identifier(table.key[0]))
+        params = (sorted({k[0] for k in wanted}, key=str),)
     n = len(table.key)
-    for rec in conn.execute(query):
-        current[tuple(rec[:n])] = (bool(rec[n]), tuple(rec[n + 1:]))
-    if memory is not None:
-        memory.current, memory.idents = current, {}
+    for rec in conn.execute(query, params):
+        key = tuple(rec[:n])
+        if wanted is None or key in wanted:
+            current[key] = (bool(rec[n]), tuple(rec[n + 1:]))
+    if memory is not None and not trust:
+        memory.idents = {}
     return current
+
+
+_WRITE_BATCH = 2000  # rows built before they are written: a cold sync's peak memory is one batch's
 
 
 def _sync_table(conn: Connection, table: _Table, items: Sequence[Item], revision: str, *,
@@ -526,13 +543,14 @@ def _sync_table(conn: Connection, table: _Table, items: Sequence[Item], revision
     """Write the differences between the desired rows and the table.
 
     items: (key, documents the row is built from, row builder). With a
-    trusted memory, the table is not read and a row whose documents are the
-    very objects of the last sync is known to be in place already; `kept`
+    trusted memory, a row whose documents are the very objects of the last
+    sync is known to be in place already (not built, not compared); `kept`
     are keys of such rows the caller did not even itemise (only with `trust`).
     `maybe_gone` (only with `trust`: a delta's items): only these rows may be
     removed, and every row not itemised is in place.
     """
-    current = _current(conn, table, memory, trust)
+    current = _current(conn, table, memory, trust,
+                       None if maybe_gone is None else [*(key for key, _, _ in items), *maybe_gone])
 
     def show(key: tuple[Any, ...]) -> str:
         return str(label(key)) if label else ":".join(str(k) for k in key)
@@ -541,7 +559,6 @@ def _sync_table(conn: Connection, table: _Table, items: Sequence[Item], revision
     updates: list[Row] = []
     changes: list[RowChange] = []
     wanted: set[tuple[Any, ...]] = set(kept)
-    written: dict[tuple[Any, ...], tuple[Any, ...]] = {}
     for key, docs, build in items:
         wanted.add(key)
         if memory is not None and trust and _same_docs(memory.idents.get(key), docs):
@@ -550,15 +567,16 @@ def _sync_table(conn: Connection, table: _Table, items: Sequence[Item], revision
         values = tuple(_plain_json(row[c]) if c in table.json_columns else row[c] for c in table.columns)
         if memory is not None:
             memory.idents[key] = docs
+        if len(inserts) + len(updates) >= _WRITE_BATCH:  # a cold sync's rows are written as they come
+            _write(conn, table, inserts, updates, [], revision=revision)
+            inserts, updates = [], []
         if key not in current:
             inserts.append(row)
-            written[key] = values
             changes.append(RowChange(table.kind, show(key), "added"))
             continue
         present, have = current[key]
         if not present or not _same(have, values):
             updates.append(row)
-            written[key] = values
             changes.append(RowChange(table.kind, show(key), "changed" if present else "restored"))
     if maybe_gone is None:
         gone = [key for key, (present, _) in current.items() if present and key not in wanted]
@@ -566,10 +584,7 @@ def _sync_table(conn: Connection, table: _Table, items: Sequence[Item], revision
         gone = [key for key in dict.fromkeys(maybe_gone) if key not in wanted and current.get(key, (False,))[0]]
     changes += [RowChange(table.kind, show(key), "removed") for key in sorted(gone, key=str)]
     if memory is not None:
-        for key, values in written.items():
-            memory.current[key] = (True, values)
         for key in gone:
-            memory.current[key] = (False, memory.current[key][1])
             memory.idents.pop(key, None)
 
     _write(conn, table, inserts, updates, gone, revision=revision)

@@ -84,7 +84,8 @@ def _shape(result: loading.LoadResult) -> dict[str, Any]:
 def test_a_revision_read_by_delta_equals_a_whole_read_after_every_commit(repo: Path, seed: int) -> None:
     rng = random.Random(seed)  # noqa: S311 - test randomness
     pool = sorted(EXAMPLE.rglob("*.yaml"))
-    cache, memo = loading.BlobCache(), validating.Memo()
+    # as `gpuaas run` holds it (odd seeds): no plain values kept, positions come from the bytes
+    cache, memo = loading.BlobCache(keep_values=seed % 2 == 0), validating.Memo()
     by_delta = 0
     for _ in range(60):
         roll = rng.random()
