@@ -324,7 +324,9 @@ def blobs_for(refs: Sequence[FileRef], *, workers: int | None = None, cancel: Ca
     """The parsed and typed blob of every ref, in order (see `parse_refs`).
 
     `prune=False` reads a few changed files of a kept tree (desired.deltas):
-    the cache's generations do not move, so nothing the tree uses is dropped.
+    the cache's generations do not move, so nothing the tree uses is dropped,
+    and the new blobs are not added (the tree holds them; a whole read later
+    parses the few changed since the last one again).
     """
     if cache is not None and prune:
         cache.generation += 1
@@ -332,7 +334,7 @@ def blobs_for(refs: Sequence[FileRef], *, workers: int | None = None, cancel: Ca
     todo = [i for i, b in enumerate(blobs) if b is None]
     disk = cache.disk if cache is not None else None
     if disk is not None and todo:
-        todo = _from_disk(disk, refs, todo, blobs, cache=cache, cancel=cancel)
+        todo = _from_disk(disk, refs, todo, blobs, cache=cache if prune else None, cancel=cancel)
     files: list[tuple[str, FileData]] = []
     stored: list[tuple[str, Entry]] = []
     for n, i in enumerate(todo):
@@ -353,7 +355,7 @@ def blobs_for(refs: Sequence[FileRef], *, workers: int | None = None, cancel: Ca
                 docs.append((doc, _type_document(doc, doc_problems), doc_problems))
                 _settle(doc, cache)
             blobs[i] = _Blob(name, found, docs)
-            if cache is not None:
+            if cache is not None and prune:  # a delta's blobs live in its tree: no history piles up here
                 cache._put(refs[i].key, blobs[i])  # type: ignore[arg-type]
             if disk is not None:
                 _keep(stored, refs[i].key, data, parsed, found)

@@ -127,6 +127,7 @@ def test_a_revision_that_does_not_descend_from_the_kept_one_is_read_whole(repo: 
 def test_a_delta_names_exactly_the_documents_that_changed(repo: Path) -> None:
     cache = loading.BlobCache()
     before = gitrepo.read_revision(repo, "HEAD", cache=cache)
+    blobs = len(cache)
     node = sorted((repo / "nodes").glob("*.yaml"))[0]
     node.write_text(node.read_text() + "\n")  # same document, other bytes: a new model object
     _commit(repo)
@@ -138,6 +139,7 @@ def test_a_delta_names_exactly_the_documents_that_changed(repo: Path) -> None:
     assert after.state.nodes[name] is not before.state.nodes[name]
     assert all(after.state.slot_maps[k] is v for k, v in before.state.slot_maps.items())
     assert list(after.state.nodes) == list(before.state.nodes)  # replaced where it stood
+    assert len(cache) == blobs  # a delta's blobs live in the kept tree: commits pile nothing up by blob id
 
 
 def test_validation_of_a_clean_delta_checks_only_the_changed_node_and_its_slot_map(repo: Path) -> None:
