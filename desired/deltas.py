@@ -10,8 +10,9 @@ speed) and only the documents of changed files are taken out and put in.
 The result must equal `parse_refs` over the whole tree: the same tables in
 the same (file, document) order, the same sources, the same problems. The
 fast path is taken only where that is plain: the kept tree and the changed
-files hold no problem at all (no duplicate name, no bad document, no refused
-file). Anything else returns a reason, and the caller reads the whole tree.
+files hold no parse problem (no duplicate name, no bad document, no refused
+file; cross-file problems are validation's). Anything else returns a
+reason, and the caller reads the whole tree.
 
 The new state carries a `Delta`: which (kind, name) keys differ from the
 state it was built from, so validation, inventory sync and planning can
