@@ -17,7 +17,7 @@ from typing import Any
 from desired.loading import DesiredState
 from reconciler.placement import planner as planning
 from reconciler.plans import Observed, Plan
-from reconciler.store import claims, cleanup, history, hostplans, inventory, lifecycle, live
+from reconciler.store import claims, cleanup, history, hostplans, inventory, inventoryrows, lifecycle, live
 from reconciler.store.connections import Connection
 from schemas import dberrors
 from schemas.errors import GpuaasError
@@ -87,7 +87,7 @@ def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = Non
     `policy` picks the packing policy.
     """
     planner = planner or planner_for(policy)
-    revision = inventory.revision_key(state)
+    revision = inventoryrows.revision_key(state)
     run_id = history.start(conn, revision=revision, source=source)
     try:
         pins = hostplans.pinned_images(conn)

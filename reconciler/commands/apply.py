@@ -162,7 +162,7 @@ def _ignored(path: Path, names: list[str]) -> list[str]:
 def _run_saved(args: argparse.Namespace) -> int:
     """`gpuaas apply PLANFILE`: exactly the saved plan, or apply.plan_stale."""
     from reconciler import planfiles, reconciling
-    from reconciler.store import connections, inventory, migrations
+    from reconciler.store import connections, inventoryrows, migrations
 
     if args.rev is not None or args.allow_dirty or args.policy is not None:
         raise UsageError("a saved plan fixes its revision and policy: --rev, --allow-dirty and --policy do not "
@@ -173,7 +173,7 @@ def _run_saved(args: argparse.Namespace) -> int:
     if loaded.errors:  # the revision was valid when planned; a tree read again may not be
         raise PermanentError(f"the planned head {saved.head_revision} has {len(loaded.errors)} validation error(s) "
                              "now", code="apply.plan_stale")
-    planfiles.check_desired(saved, inventory.content_hash(loaded.state))
+    planfiles.check_desired(saved, inventoryrows.content_hash(loaded.state))
     with connections.connect(db.database_url(args), autocommit=True) as conn:
         migrations.migrate(conn)
         planfiles.check_database(saved, planfiles.database_digest(conn))

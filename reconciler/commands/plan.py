@@ -176,10 +176,10 @@ def _plan(args: argparse.Namespace, head_rev: str | None,
 
 def _save(args: argparse.Namespace, pr: prplan.PrPlan, head: DesiredState, observed_digest: str) -> None:
     from reconciler import planfiles
-    from reconciler.store import inventory  # the content hash the sync records (imports the store driver)
+    from reconciler.store import inventoryrows  # the content hash the sync records
 
-    desired_hash = inventory.content_hash(head)
-    doc = planfiles.document(pr, repo=args.path, head_revision=inventory.revision_key(head, desired_hash),
+    desired_hash = inventoryrows.content_hash(head)
+    doc = planfiles.document(pr, repo=args.path, head_revision=inventoryrows.revision_key(head, desired_hash),
                              desired_hash=desired_hash, observed=observed_digest, policy=args.policy)
     planfiles.write(args.out, doc)
     how = "offline: for review only, apply refuses it" if pr.offline else f"apply it with `gpuaas apply {args.out}`"

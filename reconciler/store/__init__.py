@@ -11,6 +11,7 @@ Modules (import the module, call through it):
   connections  where the database is (GPUAAS_DATABASE_URL or embedded) and connecting
   migrations   versioned schemas/sql/NNNN_*.sql, recorded in schema_migrations
   inventory    project a DesiredState at a revision into rows (idempotent)
+  inventoryrows  the rows each document becomes, and the content hash of a desired state
   live         read Observed (claims, slot states, host facts) for the planner
   claims       write a Plan: placements, pending reasons, releases
   cleanup      absorb host reports: VM ready -> active, wipe proof -> slot free

@@ -8,18 +8,16 @@ and placements running beside it never lose a race to a no-op.
 
 Each row remembers the revision that last changed it (`revision`); the
 `desired_revisions` table remembers every revision synced and its content
-hash (a plain directory without git is recorded as `tree:<hash>`).
+hash (a plain directory without git is recorded as `tree:<hash>`). The rows
+each document becomes, and the content hash: store/inventoryrows.py.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import hashlib
-import ipaddress
 import json
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -27,16 +25,13 @@ from typing import Any
 from psycopg import sql
 
 from desired import deltas
-from desired import models as m
 from desired.loading import DesiredState
-from policies import capability, eligibility, validation
+from reconciler.store import inventoryrows
 from reconciler.store.connections import Connection
+from reconciler.store.inventoryrows import ALLOCATIONS, IMAGES, NODES, SKUS, SLOTS, Item, Row, Table
 from schemas import dberrors
 
 _LOCK_KEY = 0x67707561_0001
-
-Row = dict[str, Any]
-Item = tuple[tuple[Any, ...], tuple[Any, ...], Callable[[], Row]]  # key, documents, row builder
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,92 +59,6 @@ class SyncResult:
 
     def counts(self) -> dict[str, int]:
         return dict(Counter(f"{c.kind}.{c.action}" for c in self.changes))
-
-
-@dataclass(frozen=True, slots=True)
-class _Table:
-    name: str
-    kind: str
-    key: tuple[str, ...]
-    columns: tuple[str, ...]  # desired columns: compared, and written on change
-    json_columns: frozenset[str] = frozenset()
-
-
-SKUS = _Table("sku_catalog", "sku", ("sku",), (
-    "display_name", "capacity_shape", "accelerator_vendor", "accelerator_model", "allowed_gpu_counts",
-    "gpu_count", "exclusive_node", "network_fabric", "topology_policy", "resource_profile",
-    "gpu_hourly_price_minor", "currency", "active"), frozenset({"topology_policy", "resource_profile"}))
-IMAGES = _Table("os_images", "image", ("slug",), (
-    "display_name", "version", "target", "family", "architecture", "accelerator_vendor",
-    "accelerator_model", "network_fabric", "image_format", "source_type", "source_ref", "digest_sha256",
-    "size_bytes", "cloud_init_supported", "guest_agent_supported", "default_username", "driver_strategy",
-    "compatible_skus", "active", "inactive_since", "cache_pinned"))
-NODES = _Table("nodes", "node", ("name",), (
-    "region", "pool", "hardware_tags", "profile_tags", "baremetal_sku", "admin_state", "storage_mode",
-    "os_disk", "org", "firmware_version", "firmware_ready", "capability", "capability_reasons",
-    "management_network"), frozenset({"management_network"}))
-SLOTS = _Table("node_resource_slots", "slot", ("node_id", "slot_index"), (
-    "gpu_model", "gpu_pci_address", "gpu_uuid", "numa_node", "slot_group", "pcie_pair", "nvme_device",
-    "nvme_identity", "network_fabric", "fabric_vf_pci_address", "fabric_parent_device", "fabric_claim_mode",
-    "mac_address", "private_ip", "vcpu_count", "memory_mib", "sharing_model", "max_claims",
-    "parent_slot_id", "compute_milli", "capacity_metadata", "blockers", "approved", "enabled",
-    "eligible", "ineligible_reasons"), frozenset({"nvme_identity", "capacity_metadata", "blockers"}))
-ALLOCATIONS = _Table("allocations", "allocation", ("id",), (
-    "tenant", "sku", "gpu_count", "region", "image", "ssh_keys", "vm_profile", "desired_state",
-    "requested_at", "lease_hours"))
-
-
-def content_hash(state: DesiredState, memory: Memory | None = None) -> str:
-    """sha256 over every typed document, independent of file layout and comments.
-
-    A hash of per-document hashes, so a Memory that saw a document (the same
-    model object: the blob cache hands it out again) does not dump it again;
-    for a state read by delta from the one it hashed last, only the tables
-    of changed kinds are listed again (`Memory.hash_parts`).
-    """
-    delta = deltas.delta_of(state, memory.hashed()) if memory is not None and memory.hashed else None
-    into = (memory.doc_hashes if delta is not None else memory.doc_hashes_used) if memory is not None else {}
-
-    def one(obj: Any) -> str:
-        if memory is not None:
-            hit = memory.doc_hashes.get(id(obj))
-            if hit is not None and hit[0] is obj:
-                into[id(obj)] = hit
-                return hit[1]
-        digest = hashlib.sha256(json.dumps(obj.model_dump(mode="json"), sort_keys=True, default=str).encode())
-        into[id(obj)] = (obj, digest.hexdigest())
-        return into[id(obj)][1]
-
-    parts: dict[str, bytes] = {}
-    for kind, table in _hash_tables(state):
-        kept = memory.hash_parts.get(kind) if memory is not None and delta is not None else None
-        if kept is not None and _KINDS[kind] not in delta.kinds():  # type: ignore[union-attr]
-            parts[kind] = kept
-        else:
-            parts[kind] = b"".join(f"{kind}\0{name}\0{one(table[name])}\n".encode() for name in sorted(table))
-    if memory is not None:
-        base = delta.base() if delta is not None else None
-        if base is None:
-            memory.doc_hashes, memory.doc_hashes_used = memory.doc_hashes_used, {}
-        else:  # replaced documents leave (the others were not looked at, and stay)
-            old, new = dict(_hash_tables(base)), dict(_hash_tables(state))
-            for kind, name in delta.keys:  # type: ignore[union-attr]
-                attr, key = _TABLE_OF[kind], name if kind != "Fleet" else ""
-                gone = old[attr].get(key)
-                if gone is not None and gone is not new[attr].get(key):
-                    memory.doc_hashes.pop(id(gone), None)
-        memory.hash_parts, memory.hashed = parts, weakref.ref(state)
-    return hashlib.sha256(b"".join(parts.values())).hexdigest()
-
-
-_KINDS = {"fleet": "Fleet", "skus": "Sku", "images": "Image", "nodes": "Node", "slot_maps": "SlotMap",
-          "allocations": "Allocation"}
-_TABLE_OF = {v: k for k, v in _KINDS.items()}
-
-
-def _hash_tables(state: DesiredState) -> list[tuple[str, dict[str, Any]]]:
-    return [("fleet", {"": state.fleet} if state.fleet else {}), ("skus", state.skus), ("images", state.images),
-            ("nodes", state.nodes), ("slot_maps", state.slot_maps), ("allocations", state.allocations)]
 
 
 @dataclass
@@ -201,10 +110,6 @@ class Memory:
         self.full_syncs += 1
 
 
-def revision_key(state: DesiredState, digest: str | None = None) -> str:
-    return state.revision or f"tree:{(digest or content_hash(state))[:16]}"
-
-
 def sync(conn: Connection, state: DesiredState, *, memory: Memory | None = None) -> SyncResult:
     """Project `state` into the inventory tables in one transaction.
 
@@ -222,8 +127,8 @@ def sync(conn: Connection, state: DesiredState, *, memory: Memory | None = None)
 
 
 def _sync(conn: Connection, state: DesiredState, memory: Memory | None) -> SyncResult:
-    digest = content_hash(state, memory)
-    revision = revision_key(state, digest)
+    digest = inventoryrows.content_hash(state, memory)
+    revision = inventoryrows.revision_key(state, digest)
     changes: list[RowChange] = []
     with dberrors.wrapped("sync inventory"), conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
@@ -232,7 +137,7 @@ def _sync(conn: Connection, state: DesiredState, memory: Memory | None) -> SyncR
         if memory is not None and not trust:
             memory.forget()
 
-        def mem(table: _Table) -> _TableMemory | None:
+        def mem(table: Table) -> _TableMemory | None:
             return memory.table(table.name) if memory is not None else None
 
         # A state read by delta from the one the trusted memory holds: only changed documents are
@@ -242,14 +147,16 @@ def _sync(conn: Connection, state: DesiredState, memory: Memory | None) -> SyncR
             delta = None
         work = _Work(state, delta)
         changes += _sync_fleet(conn, state, revision)
-        changes += _sync_table(conn, SKUS, [((s.sku,), (s,), partial(_sku_row, s)) for s in work.docs("Sku")],
+        changes += _sync_table(conn, SKUS, [((s.sku,), (s,), partial(inventoryrows.sku_row, s))
+                                            for s in work.docs("Sku")],
                                revision, memory=mem(SKUS), trust=trust, maybe_gone=work.gone("Sku"))
-        changes += _sync_table(conn, IMAGES, [((i.slug,), (i,), partial(_image_row, i))
+        changes += _sync_table(conn, IMAGES, [((i.slug,), (i,), partial(inventoryrows.image_row, i))
                                               for i in work.docs("Image")],
                                revision, memory=mem(IMAGES), trust=trust, maybe_gone=work.gone("Image"))
         fleet = state.fleet
         changes += _sync_table(conn, NODES, [((n.name,), (n, state.slot_maps.get(n.name), fleet),
-                                              partial(_node_row, state, n)) for n in work.docs("Node", "SlotMap")],
+                                              partial(inventoryrows.node_row, state, n))
+                                             for n in work.docs("Node", "SlotMap")],
                                revision, memory=mem(NODES), trust=trust, maybe_gone=work.gone("Node", "SlotMap"))
         node_ids = _node_ids(conn, state, memory, trust, work.names("Node", "SlotMap"))
         if delta is not None and memory is not None:
@@ -263,7 +170,7 @@ def _sync(conn: Connection, state: DesiredState, memory: Memory | None) -> SyncR
                                label=lambda key: f"{names.get(key[0], key[0])}:{key[1]}", memory=mem(SLOTS),
                                trust=trust, kept=kept, maybe_gone=maybe_gone)
         _slot_statuses(conn)
-        changes += _sync_table(conn, ALLOCATIONS, [((a.id,), (a,), partial(_allocation_row, a))
+        changes += _sync_table(conn, ALLOCATIONS, [((a.id,), (a,), partial(inventoryrows.allocation_row, a))
                                                    for a in work.docs("Allocation")],
                                revision, memory=mem(ALLOCATIONS), trust=trust, maybe_gone=work.gone("Allocation"))
         if changes:
@@ -308,7 +215,7 @@ class _Work:
         return set().union(*(self.delta.names(k) for k in kinds))
 
     def docs(self, *kinds: str) -> list[Any]:
-        table: dict[str, Any] = getattr(self.state, _TABLE_OF[kinds[0]])
+        table: dict[str, Any] = getattr(self.state, inventoryrows.TABLE_OF[kinds[0]])
         names = self.names(*kinds)
         if names is None:
             return list(table.values())
@@ -338,7 +245,7 @@ def _slot_delta(state: DesiredState, node_ids: dict[str, Any], memory: Memory,
         smap, node_id = state.slot_maps.get(name), node_ids.get(name)
         if smap is None or node_id is None:
             continue
-        mine = _slot_items(smap, node_id)
+        mine = inventoryrows.slot_items(smap, node_id)
         items.extend(mine)
         memory.slot_maps[name] = (smap, node_id, tuple(key for key, _, _ in mine))
         memory.slot_count += len(mine)
@@ -376,7 +283,7 @@ def _slot_work(state: DesiredState, node_ids: dict[str, Any],
         if last is not None and last[0] is smap and last[1] == node_id:
             kept.extend(last[2])
             continue
-        mine = _slot_items(smap, node_id)
+        mine = inventoryrows.slot_items(smap, node_id)
         items.extend(mine)
         if memory is not None:
             memory.slot_maps[name] = (smap, node_id, tuple(key for key, _, _ in mine))
@@ -386,20 +293,6 @@ def _slot_work(state: DesiredState, node_ids: dict[str, Any],
     return items, kept
 
 
-def _slot_items(smap: m.SlotMap, node_id: Any) -> list[Item]:
-    rows: list[Row] = []
-
-    def row(i: int) -> Row:
-        if not rows:
-            rows.extend(_slot_rows(smap, node_id))
-        built = rows[i]
-        if i == len(rows) - 1:  # the map's rows are built together and asked for in order: let them go
-            rows.clear()
-        return built
-
-    return [((node_id, s.slot_index), (smap,), partial(row, i)) for i, s in enumerate(smap.slots)]
-
-
 def changed_nodes(changes: Iterable[RowChange]) -> set[str]:
     """Nodes whose host plan inputs changed: the node row or one of its slots (a host plan reads
     nothing else of the inventory but the fleet settings; SKU and image edits reach running VMs
@@ -407,72 +300,6 @@ def changed_nodes(changes: Iterable[RowChange]) -> set[str]:
     out = {c.key for c in changes if c.kind == "node"}
     out |= {c.key.rsplit(":", 1)[0] for c in changes if c.kind == "slot"}
     return out
-
-
-# ------------------------------------------------------------------ rows
-
-
-def _sku_row(s: m.Sku) -> Row:
-    return {
-        "sku": s.sku, "display_name": s.display_name, "capacity_shape": s.capacity_shape.value,
-        "accelerator_vendor": s.accelerator_vendor, "accelerator_model": s.accelerator_model,
-        "allowed_gpu_counts": list(s.counts), "gpu_count": s.gpu_count, "exclusive_node": s.exclusive_node,
-        "network_fabric": s.network_fabric.value, "topology_policy": s.topology_policy.model_dump(mode="json"),
-        "resource_profile": s.resource_profile.model_dump(mode="json"),
-        "gpu_hourly_price_minor": s.gpu_hourly_price_minor, "currency": s.currency, "active": s.active,
-    }
-
-
-def _image_row(i: m.Image) -> Row:
-    row: Row = i.model_dump(mode="json", include=set(IMAGES.columns) | {"slug"})
-    row["compatible_skus"] = list(i.compatible_skus)
-    return row
-
-
-def _node_row(state: DesiredState, n: m.Node) -> Row:
-    smap = state.slot_maps.get(n.name)
-    eligible = sum(1 for why in eligibility.eligible_slots(smap).values() if not why) if smap else 0
-    verdict = capability.node_capability(n, firmware_ready=n.firmware_ready, eligible_slots=eligible)
-    return {
-        "name": n.name, "region": n.region, "pool": n.pool, "hardware_tags": list(n.hardware_tags),
-        "profile_tags": list(n.profile_tags), "baremetal_sku": n.baremetal_sku,
-        "admin_state": n.admin_state.value, "storage_mode": n.storage_mode.value, "os_disk": n.os_disk,
-        "org": n.org, "firmware_version": n.firmware_profile.version if n.firmware_profile else None,
-        "firmware_ready": n.firmware_ready, "capability": verdict.capability.value,
-        "capability_reasons": [code for code, _ in verdict.reasons],
-        "management_network": validation.management_network(state, n).model_dump(mode="json"),
-    }
-
-
-def _slot_rows(smap: m.SlotMap, node_id: Any) -> Iterable[Row]:
-    reasons = eligibility.eligible_slots(smap)
-    for s in smap.slots:
-        why = reasons.get(s.slot_index, [])
-        yield {
-            "node_id": node_id, "slot_index": s.slot_index, "gpu_model": s.gpu_model,
-            "gpu_pci_address": s.gpu_pci_address, "gpu_uuid": s.gpu_uuid, "numa_node": s.numa_node,
-            "slot_group": s.slot_group, "pcie_pair": s.pcie_pair, "nvme_device": s.nvme_device,
-            "nvme_identity": s.nvme_identity.model_dump(mode="json", exclude_none=True) if s.nvme_identity else None,
-            "network_fabric": s.network_fabric.value, "fabric_vf_pci_address": s.fabric_vf_pci_address,
-            "fabric_parent_device": s.fabric_parent_device,
-            "fabric_claim_mode": s.fabric_claim_mode.value if s.fabric_claim_mode else None,
-            "mac_address": s.mac_address, "private_ip": ipaddress.ip_address(s.private_ip),
-            "vcpu_count": s.vcpu_count, "memory_mib": s.memory_mib, "sharing_model": s.sharing_model.value,
-            "max_claims": s.max_claims, "parent_slot_id": s.parent_slot_id, "compute_milli": s.compute_milli,
-            "capacity_metadata": s.capacity_metadata.model_dump(mode="json"),
-            "blockers": [b.model_dump(mode="json") for b in s.blockers],
-            "approved": not smap.approval_required, "enabled": s.enabled, "eligible": not why,
-            "ineligible_reasons": [r.code for r in why],
-        }
-
-
-def _allocation_row(a: m.Allocation) -> Row:
-    requested = a.requested_at if a.requested_at.tzinfo else a.requested_at.replace(tzinfo=dt.UTC)
-    return {
-        "id": a.id, "tenant": a.tenant, "sku": a.sku, "gpu_count": a.gpu_count, "region": a.region,
-        "image": a.image, "ssh_keys": list(a.ssh_keys), "vm_profile": a.vm_profile,
-        "desired_state": a.state.value, "requested_at": requested, "lease_hours": a.lease_hours,
-    }
 
 
 # --------------------------------------------------------------- writing
@@ -489,7 +316,7 @@ def _plain_json(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
-def _params(table: _Table, row: Row, revision: str) -> Row:
+def _params(table: Table, row: Row, revision: str) -> Row:
     # None stays SQL NULL (an optional JSON column such as nvme_identity), not JSON null.
     out = {k: _jsonb(v) if k in table.json_columns and v is not None else v for k, v in row.items()}
     out["revision"] = revision
@@ -506,7 +333,7 @@ def _same_docs(a: tuple[Any, ...] | None, b: tuple[Any, ...]) -> bool:
     return a is not None and len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
-def _current(conn: Connection, table: _Table, memory: _TableMemory | None, trust: bool,
+def _current(conn: Connection, table: Table, memory: _TableMemory | None, trust: bool,
              keys: Iterable[tuple[Any, ...]] | None = None) -> dict[tuple[Any, ...], tuple[bool, tuple[Any, ...]]]:
     """key -> (present, desired columns) of every row, or of the rows with these keys.
 
@@ -536,7 +363,7 @@ def _current(conn: Connection, table: _Table, memory: _TableMemory | None, trust
 _WRITE_BATCH = 2000  # rows built before they are written: a cold sync's peak memory is one batch's
 
 
-def _sync_table(conn: Connection, table: _Table, items: Sequence[Item], revision: str, *,
+def _sync_table(conn: Connection, table: Table, items: Sequence[Item], revision: str, *,
                 label: Any = None, memory: _TableMemory | None = None, trust: bool = False,
                 kept: Sequence[tuple[Any, ...]] = (),
                 maybe_gone: Sequence[tuple[Any, ...]] | None = None) -> list[RowChange]:
@@ -591,7 +418,7 @@ def _sync_table(conn: Connection, table: _Table, items: Sequence[Item], revision
     return changes
 
 
-def _write(conn: Connection, table: _Table, inserts: list[Row], updates: list[Row], gone: list[tuple[Any, ...]],
+def _write(conn: Connection, table: Table, inserts: list[Row], updates: list[Row], gone: list[tuple[Any, ...]],
            *, revision: str) -> None:
     name = sql.Identifier(table.name)
     every = (*table.key, *table.columns)

@@ -1,0 +1,197 @@
+"""Inventory rows: what the sync writes for each document, and the content hash.
+
+The inventory tables and their desired columns, a row builder per document
+kind (a SlotMap's slot rows are built together), and the sha256 over every
+typed document that names a revision without git. No database here: the
+sync (store/inventory.py) compares these rows with the tables and writes them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import ipaddress
+import json
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from desired import deltas
+from desired import models as m
+from desired.loading import DesiredState
+from policies import capability, eligibility, validation
+
+if TYPE_CHECKING:  # the sync's memory is passed in; a type only, no import back at run time
+    from reconciler.store.inventory import Memory
+
+Row = dict[str, Any]
+Item = tuple[tuple[Any, ...], tuple[Any, ...], Callable[[], Row]]  # key, documents, row builder
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    name: str
+    kind: str
+    key: tuple[str, ...]
+    columns: tuple[str, ...]  # desired columns: compared, and written on change
+    json_columns: frozenset[str] = frozenset()
+
+
+SKUS = Table("sku_catalog", "sku", ("sku",), (
+    "display_name", "capacity_shape", "accelerator_vendor", "accelerator_model", "allowed_gpu_counts",
+    "gpu_count", "exclusive_node", "network_fabric", "topology_policy", "resource_profile",
+    "gpu_hourly_price_minor", "currency", "active"), frozenset({"topology_policy", "resource_profile"}))
+IMAGES = Table("os_images", "image", ("slug",), (
+    "display_name", "version", "target", "family", "architecture", "accelerator_vendor",
+    "accelerator_model", "network_fabric", "image_format", "source_type", "source_ref", "digest_sha256",
+    "size_bytes", "cloud_init_supported", "guest_agent_supported", "default_username", "driver_strategy",
+    "compatible_skus", "active", "inactive_since", "cache_pinned"))
+NODES = Table("nodes", "node", ("name",), (
+    "region", "pool", "hardware_tags", "profile_tags", "baremetal_sku", "admin_state", "storage_mode",
+    "os_disk", "org", "firmware_version", "firmware_ready", "capability", "capability_reasons",
+    "management_network"), frozenset({"management_network"}))
+SLOTS = Table("node_resource_slots", "slot", ("node_id", "slot_index"), (
+    "gpu_model", "gpu_pci_address", "gpu_uuid", "numa_node", "slot_group", "pcie_pair", "nvme_device",
+    "nvme_identity", "network_fabric", "fabric_vf_pci_address", "fabric_parent_device", "fabric_claim_mode",
+    "mac_address", "private_ip", "vcpu_count", "memory_mib", "sharing_model", "max_claims",
+    "parent_slot_id", "compute_milli", "capacity_metadata", "blockers", "approved", "enabled",
+    "eligible", "ineligible_reasons"), frozenset({"nvme_identity", "capacity_metadata", "blockers"}))
+ALLOCATIONS = Table("allocations", "allocation", ("id",), (
+    "tenant", "sku", "gpu_count", "region", "image", "ssh_keys", "vm_profile", "desired_state",
+    "requested_at", "lease_hours"))
+
+
+def content_hash(state: DesiredState, memory: Memory | None = None) -> str:
+    """sha256 over every typed document, independent of file layout and comments.
+
+    A hash of per-document hashes, so a Memory that saw a document (the same
+    model object: the blob cache hands it out again) does not dump it again;
+    for a state read by delta from the one it hashed last, only the tables
+    of changed kinds are listed again (`Memory.hash_parts`).
+    """
+    delta = deltas.delta_of(state, memory.hashed()) if memory is not None and memory.hashed else None
+    into = (memory.doc_hashes if delta is not None else memory.doc_hashes_used) if memory is not None else {}
+
+    def one(obj: Any) -> str:
+        if memory is not None:
+            hit = memory.doc_hashes.get(id(obj))
+            if hit is not None and hit[0] is obj:
+                into[id(obj)] = hit
+                return hit[1]
+        digest = hashlib.sha256(json.dumps(obj.model_dump(mode="json"), sort_keys=True, default=str).encode())
+        into[id(obj)] = (obj, digest.hexdigest())
+        return into[id(obj)][1]
+
+    parts: dict[str, bytes] = {}
+    for kind, table in _hash_tables(state):
+        kept = memory.hash_parts.get(kind) if memory is not None and delta is not None else None
+        if kept is not None and _KINDS[kind] not in delta.kinds():  # type: ignore[union-attr]
+            parts[kind] = kept
+        else:
+            parts[kind] = b"".join(f"{kind}\0{name}\0{one(table[name])}\n".encode() for name in sorted(table))
+    if memory is not None:
+        base = delta.base() if delta is not None else None
+        if base is None:
+            memory.doc_hashes, memory.doc_hashes_used = memory.doc_hashes_used, {}
+        else:  # replaced documents leave (the others were not looked at, and stay)
+            old, new = dict(_hash_tables(base)), dict(_hash_tables(state))
+            for kind, name in delta.keys:  # type: ignore[union-attr]
+                attr, key = TABLE_OF[kind], name if kind != "Fleet" else ""
+                gone = old[attr].get(key)
+                if gone is not None and gone is not new[attr].get(key):
+                    memory.doc_hashes.pop(id(gone), None)
+        memory.hash_parts, memory.hashed = parts, weakref.ref(state)
+    return hashlib.sha256(b"".join(parts.values())).hexdigest()
+
+
+_KINDS = {"fleet": "Fleet", "skus": "Sku", "images": "Image", "nodes": "Node", "slot_maps": "SlotMap",
+          "allocations": "Allocation"}
+TABLE_OF = {v: k for k, v in _KINDS.items()}  # document kind -> its DesiredState attribute
+
+
+def _hash_tables(state: DesiredState) -> list[tuple[str, dict[str, Any]]]:
+    return [("fleet", {"": state.fleet} if state.fleet else {}), ("skus", state.skus), ("images", state.images),
+            ("nodes", state.nodes), ("slot_maps", state.slot_maps), ("allocations", state.allocations)]
+
+
+def revision_key(state: DesiredState, digest: str | None = None) -> str:
+    return state.revision or f"tree:{(digest or content_hash(state))[:16]}"
+
+
+def sku_row(s: m.Sku) -> Row:
+    return {
+        "sku": s.sku, "display_name": s.display_name, "capacity_shape": s.capacity_shape.value,
+        "accelerator_vendor": s.accelerator_vendor, "accelerator_model": s.accelerator_model,
+        "allowed_gpu_counts": list(s.counts), "gpu_count": s.gpu_count, "exclusive_node": s.exclusive_node,
+        "network_fabric": s.network_fabric.value, "topology_policy": s.topology_policy.model_dump(mode="json"),
+        "resource_profile": s.resource_profile.model_dump(mode="json"),
+        "gpu_hourly_price_minor": s.gpu_hourly_price_minor, "currency": s.currency, "active": s.active,
+    }
+
+
+def image_row(i: m.Image) -> Row:
+    row: Row = i.model_dump(mode="json", include=set(IMAGES.columns) | {"slug"})
+    row["compatible_skus"] = list(i.compatible_skus)
+    return row
+
+
+def node_row(state: DesiredState, n: m.Node) -> Row:
+    smap = state.slot_maps.get(n.name)
+    eligible = sum(1 for why in eligibility.eligible_slots(smap).values() if not why) if smap else 0
+    verdict = capability.node_capability(n, firmware_ready=n.firmware_ready, eligible_slots=eligible)
+    return {
+        "name": n.name, "region": n.region, "pool": n.pool, "hardware_tags": list(n.hardware_tags),
+        "profile_tags": list(n.profile_tags), "baremetal_sku": n.baremetal_sku,
+        "admin_state": n.admin_state.value, "storage_mode": n.storage_mode.value, "os_disk": n.os_disk,
+        "org": n.org, "firmware_version": n.firmware_profile.version if n.firmware_profile else None,
+        "firmware_ready": n.firmware_ready, "capability": verdict.capability.value,
+        "capability_reasons": [code for code, _ in verdict.reasons],
+        "management_network": validation.management_network(state, n).model_dump(mode="json"),
+    }
+
+
+def _slot_rows(smap: m.SlotMap, node_id: Any) -> Iterable[Row]:
+    reasons = eligibility.eligible_slots(smap)
+    for s in smap.slots:
+        why = reasons.get(s.slot_index, [])
+        yield {
+            "node_id": node_id, "slot_index": s.slot_index, "gpu_model": s.gpu_model,
+            "gpu_pci_address": s.gpu_pci_address, "gpu_uuid": s.gpu_uuid, "numa_node": s.numa_node,
+            "slot_group": s.slot_group, "pcie_pair": s.pcie_pair, "nvme_device": s.nvme_device,
+            "nvme_identity": s.nvme_identity.model_dump(mode="json", exclude_none=True) if s.nvme_identity else None,
+            "network_fabric": s.network_fabric.value, "fabric_vf_pci_address": s.fabric_vf_pci_address,
+            "fabric_parent_device": s.fabric_parent_device,
+            "fabric_claim_mode": s.fabric_claim_mode.value if s.fabric_claim_mode else None,
+            "mac_address": s.mac_address, "private_ip": ipaddress.ip_address(s.private_ip),
+            "vcpu_count": s.vcpu_count, "memory_mib": s.memory_mib, "sharing_model": s.sharing_model.value,
+            "max_claims": s.max_claims, "parent_slot_id": s.parent_slot_id, "compute_milli": s.compute_milli,
+            "capacity_metadata": s.capacity_metadata.model_dump(mode="json"),
+            "blockers": [b.model_dump(mode="json") for b in s.blockers],
+            "approved": not smap.approval_required, "enabled": s.enabled, "eligible": not why,
+            "ineligible_reasons": [r.code for r in why],
+        }
+
+
+def allocation_row(a: m.Allocation) -> Row:
+    requested = a.requested_at if a.requested_at.tzinfo else a.requested_at.replace(tzinfo=dt.UTC)
+    return {
+        "id": a.id, "tenant": a.tenant, "sku": a.sku, "gpu_count": a.gpu_count, "region": a.region,
+        "image": a.image, "ssh_keys": list(a.ssh_keys), "vm_profile": a.vm_profile,
+        "desired_state": a.state.value, "requested_at": requested, "lease_hours": a.lease_hours,
+    }
+
+
+def slot_items(smap: m.SlotMap, node_id: Any) -> list[Item]:
+    rows: list[Row] = []
+
+    def row(i: int) -> Row:
+        if not rows:
+            rows.extend(_slot_rows(smap, node_id))
+        built = rows[i]
+        if i == len(rows) - 1:  # the map's rows are built together and asked for in order: let them go
+            rows.clear()
+        return built
+
+    return [((node_id, s.slot_index), (smap,), partial(row, i)) for i, s in enumerate(smap.slots)]
