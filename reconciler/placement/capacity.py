@@ -32,8 +32,7 @@ from types import MappingProxyType
 from desired import models as m
 from desired.loading import DesiredState
 from policies import fabric
-from reconciler import fleetgraph as topo
-from reconciler import plans
+from reconciler import fleetgraph, plans
 from reconciler.placement import placing
 from schemas import states
 
@@ -142,9 +141,9 @@ class Memo:
     identity is never confused with a new object's.
     """
 
-    summaries: dict[str, tuple[topo.NodeFacts, tuple[plans.ExistingClaim, ...], str, NodeSummary]] = \
+    summaries: dict[str, tuple[fleetgraph.NodeFacts, tuple[plans.ExistingClaim, ...], str, NodeSummary]] = \
         field(default_factory=dict)
-    slices: dict[tuple[str, str], tuple[m.Sku, topo.NodeFacts, tuple[plans.ExistingClaim, ...], _SliceCounts]] = \
+    slices: dict[tuple[str, str], tuple[m.Sku, fleetgraph.NodeFacts, tuple[plans.ExistingClaim, ...], _SliceCounts]] = \
         field(default_factory=dict)
 
 
@@ -222,7 +221,7 @@ def _sizes(engine: placing.Engine, sku: m.Sku, region: str, *, usable: int, tena
     return tuple(out)
 
 
-def _dedicated(engine: placing.Engine, sku: m.Sku, region: str, facts: list[topo.NodeFacts],
+def _dedicated(engine: placing.Engine, sku: m.Sku, region: str, facts: list[fleetgraph.NodeFacts],
                limit: int) -> Mapping[str, tuple[Size, ...]]:
     orgs = sorted({f.org for f in facts if f.org})
     out = {}
@@ -235,7 +234,7 @@ def _dedicated(engine: placing.Engine, sku: m.Sku, region: str, facts: list[topo
 # ------------------------------------------------------------------- slices
 
 
-def _node_reason(f: topo.NodeFacts) -> Blocked | None:
+def _node_reason(f: fleetgraph.NodeFacts) -> Blocked | None:
     if not f.healthy:
         return Blocked.UNHEALTHY
     if f.admin_state is m.AdminState.MAINTENANCE:
@@ -245,7 +244,7 @@ def _node_reason(f: topo.NodeFacts) -> Blocked | None:
     return None
 
 
-def _slot_reason(sku: m.Sku, f: topo.NodeFacts, s: topo.SlotFacts) -> Blocked | None:
+def _slot_reason(sku: m.Sku, f: fleetgraph.NodeFacts, s: fleetgraph.SlotFacts) -> Blocked | None:
     """The first reason, in this order: slot state, slot metadata, node, capability, fabric, tenant."""
     mismatch = fabric.slot_mismatch(sku, s.slot)
     checks = (
@@ -259,7 +258,7 @@ def _slot_reason(sku: m.Sku, f: topo.NodeFacts, s: topo.SlotFacts) -> Blocked | 
     return next((c for c in checks if c is not None), None)
 
 
-def _slice_offer(engine: placing.Engine, sku: m.Sku, region: str, facts: list[topo.NodeFacts], *,
+def _slice_offer(engine: placing.Engine, sku: m.Sku, region: str, facts: list[fleetgraph.NodeFacts], *,
                  by_node: Mapping[str, list[plans.ExistingClaim]], limit: int, memo: Memo) -> Offer | None:
     total = in_use = 0
     blocked: Counter[str] = Counter()
@@ -292,7 +291,7 @@ def _slice_offer(engine: placing.Engine, sku: m.Sku, region: str, facts: list[to
                  _dedicated(engine, sku, region, serving, limit))
 
 
-def _slice_counts(sku: m.Sku, f: topo.NodeFacts, claims: tuple[plans.ExistingClaim, ...]) -> _SliceCounts:
+def _slice_counts(sku: m.Sku, f: fleetgraph.NodeFacts, claims: tuple[plans.ExistingClaim, ...]) -> _SliceCounts:
     """One node's slots of the SKU's GPU model: how many, how many in use, and why the free ones are blocked."""
     total = in_use = 0
     blocked: Counter[str] = Counter()
@@ -310,7 +309,7 @@ def _slice_counts(sku: m.Sku, f: topo.NodeFacts, claims: tuple[plans.ExistingCla
     return total, in_use, tuple(blocked.items())
 
 
-def _held_slots(f: topo.NodeFacts, claims: Sequence[plans.ExistingClaim]) -> set[int]:
+def _held_slots(f: fleetgraph.NodeFacts, claims: Sequence[plans.ExistingClaim]) -> set[int]:
     if any(c.kind is states.ClaimKind.NODE_EXCLUSIVE for c in claims):
         return {s.index for s in f.slots}
     return {c.slot_index for c in claims if c.slot_index is not None}
@@ -319,7 +318,7 @@ def _held_slots(f: topo.NodeFacts, claims: Sequence[plans.ExistingClaim]) -> set
 # ---------------------------------------------------------------- baremetal
 
 
-def _baremetal_offer(engine: placing.Engine, sku: m.Sku, region: str, facts: list[topo.NodeFacts], *,
+def _baremetal_offer(engine: placing.Engine, sku: m.Sku, region: str, facts: list[fleetgraph.NodeFacts], *,
                      by_node: Mapping[str, list[plans.ExistingClaim]], limit: int) -> Offer | None:
     serving = [f for f in facts if f.baremetal_sku == sku.sku]
     if not serving:
@@ -341,7 +340,7 @@ def _baremetal_offer(engine: placing.Engine, sku: m.Sku, region: str, facts: lis
                  _dedicated(engine, sku, region, serving, limit))
 
 
-def _whole_reason(sku: m.Sku, f: topo.NodeFacts, claims: list[plans.ExistingClaim]) -> Blocked | None:
+def _whole_reason(sku: m.Sku, f: fleetgraph.NodeFacts, claims: list[plans.ExistingClaim]) -> Blocked | None:
     """The first reason, in this order: node, fabric, slice claims, cleanup, tenant."""
     fabric_ok = not f.slots or any(fabric.fabric_serves(sku.network_fabric, s.fabric) for s in f.slots)
     checks = (
@@ -358,7 +357,7 @@ def _whole_reason(sku: m.Sku, f: topo.NodeFacts, claims: list[plans.ExistingClai
 # -------------------------------------------------------------------- nodes
 
 
-def _summary(memo: Memo, engine: placing.Engine, f: topo.NodeFacts,
+def _summary(memo: Memo, engine: placing.Engine, f: fleetgraph.NodeFacts,
              claims: tuple[plans.ExistingClaim, ...]) -> NodeSummary:
     mode = engine.mode(f.name).value
     hit = memo.summaries.get(f.name)
@@ -369,7 +368,7 @@ def _summary(memo: Memo, engine: placing.Engine, f: topo.NodeFacts,
     return summary
 
 
-def _node_summary(f: topo.NodeFacts, claims: Sequence[plans.ExistingClaim], mode: str) -> NodeSummary:
+def _node_summary(f: fleetgraph.NodeFacts, claims: Sequence[plans.ExistingClaim], mode: str) -> NodeSummary:
     by_slot: dict[int, states.ClaimStatus] = {}
     for c in claims:
         if c.kind is states.ClaimKind.NODE_EXCLUSIVE:

@@ -23,8 +23,7 @@ from desired import models as m
 from desired.loading import DesiredState
 from policies import fabric, modes, packing, profiles
 from policies import topology as t
-from reconciler import fleetgraph as topo
-from reconciler import plans
+from reconciler import fleetgraph, plans
 from reconciler.placement import reasons
 from reconciler.placement.index import EndOrder, NodeHeap, NodeKey, SliceIndex, WholeNodeIndex
 from schemas import states
@@ -124,7 +123,7 @@ class _Node:
         "wholes",
     )
 
-    def __init__(self, nid: int, facts: topo.NodeFacts) -> None:
+    def __init__(self, nid: int, facts: fleetgraph.NodeFacts) -> None:
         self.id = nid
         self.facts = facts
         self.name = facts.name
@@ -170,8 +169,8 @@ class Engine:
         self.shares = dict(shares)
         self.skus = desired.skus
         self.warnings: list[str] = []
-        facts = topo.inventory(desired, observed)
-        self._facts: tuple[topo.NodeFacts, ...] | None = facts  # None: read again off the nodes (`facts`)
+        facts = fleetgraph.inventory(desired, observed)
+        self._facts: tuple[fleetgraph.NodeFacts, ...] | None = facts  # None: read again off the nodes (`facts`)
         self.nodes = [_Node(i, f) for i, f in enumerate(facts)]
         self.by_name = {n.name: n for n in self.nodes}
         self._requested = {a.id: a.requested_at.timestamp() for a in desired.allocations.values()}
@@ -239,7 +238,7 @@ class Engine:
             self._mixes.append(mix)
         return mid
 
-    def _whole_skus(self, f: topo.NodeFacts) -> list[m.Sku]:
+    def _whole_skus(self, f: fleetgraph.NodeFacts) -> list[m.Sku]:
         sku = self.skus.get(f.baremetal_sku or "")
         if sku is None or sku.capacity_shape is not m.CapacityShape.BAREMETAL:
             return []
@@ -316,7 +315,7 @@ class Engine:
     # node set (and so every node id, the last tie-break) must not change.
 
     def reset_node(self, name: str, claims: Iterable[plans.ExistingClaim],
-                   facts: topo.NodeFacts | None = None) -> set[str]:
+                   facts: fleetgraph.NodeFacts | None = None) -> set[str]:
         """Make one node exactly what `__init__` builds: new `facts` (when given) and exactly `claims`.
 
         `claims` are the observed claims on this node in `claim_order`. Returns
@@ -342,7 +341,7 @@ class Engine:
         self._index(node)
         return touched
 
-    def _refact(self, node: _Node, facts: topo.NodeFacts) -> None:
+    def _refact(self, node: _Node, facts: fleetgraph.NodeFacts) -> None:
         """Swap an unindexed, claimless node's facts and partitions (a new slot map, a drain, health)."""
         for w in node.wholes:
             w.members -= 1
@@ -405,7 +404,7 @@ class Engine:
                 self._warm.pop(d, None)
 
     @property
-    def facts(self) -> tuple[topo.NodeFacts, ...]:
+    def facts(self) -> tuple[fleetgraph.NodeFacts, ...]:
         """Every node's facts, in node order."""
         if self._facts is None:
             self._facts = tuple(n.facts for n in self.nodes)

@@ -17,7 +17,7 @@ from typing import Any
 
 from desired import models as m
 from policies import fabric
-from reconciler import fleetgraph as topo
+from reconciler import fleetgraph
 
 SKU_UNKNOWN = "plan.sku_unknown"
 SKU_INACTIVE = "plan.sku_inactive"
@@ -49,7 +49,7 @@ class Refused:
 
 
 def static_refusal(  # noqa: PLR0911  # one early return per reason, most fundamental first
-        nodes: Sequence[topo.NodeFacts], sku: m.Sku, region: str, tenant: str) -> Refused | None:
+        nodes: Sequence[fleetgraph.NodeFacts], sku: m.Sku, region: str, tenant: str) -> Refused | None:
     """Reasons that do not depend on claims: region, SKU, fabric, readiness, tenant, admin."""
     facts = [f for f in nodes if f.region == region]
     if not facts:

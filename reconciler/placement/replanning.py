@@ -38,8 +38,7 @@ from typing import Any
 from desired import deltas
 from desired import models as m
 from desired.loading import DesiredState
-from reconciler import fleetgraph as topo
-from reconciler import plans
+from reconciler import fleetgraph, plans
 from reconciler.placement import placing, planner
 
 log = logging.getLogger("gpuaas.planning")
@@ -201,10 +200,11 @@ class WarmPlanner:
         return out
 
 
-def _refacts(engine: placing.Engine, desired: DesiredState, observed: plans.Observed) -> dict[str, topo.NodeFacts]:
+def _refacts(engine: placing.Engine, desired: DesiredState,
+             observed: plans.Observed) -> dict[str, fleetgraph.NodeFacts]:
     """Nodes whose facts are other than the engine's (every node looked at)."""
-    refacts: dict[str, topo.NodeFacts] = {}
-    for f, node in zip(topo.inventory(desired, observed), engine.nodes, strict=True):
+    refacts: dict[str, fleetgraph.NodeFacts] = {}
+    for f, node in zip(fleetgraph.inventory(desired, observed), engine.nodes, strict=True):
         if f.name != node.name:
             raise _Cold(f"node order differs at {f.name}")
         if f is not node.facts:
@@ -213,18 +213,18 @@ def _refacts(engine: placing.Engine, desired: DesiredState, observed: plans.Obse
 
 
 def _refacts_by_delta(engine: placing.Engine, desired: DesiredState, observed: plans.Observed,
-                      before: plans.Observed, delta: deltas.Delta) -> dict[str, topo.NodeFacts]:
+                      before: plans.Observed, delta: deltas.Delta) -> dict[str, fleetgraph.NodeFacts]:
     """New facts for the nodes whose inputs changed: documents the delta names, observed facts that differ."""
     names = delta.names("Node") | delta.names("SlotMap")
     names.update(node for node, _ in _differ(observed.slot_status, before.slot_status))
     names.update(_differ(observed.firmware_ready, before.firmware_ready))
     names.update(observed.unavailable_nodes ^ before.unavailable_nodes)
-    out: dict[str, topo.NodeFacts] = {}
+    out: dict[str, fleetgraph.NodeFacts] = {}
     for name in names:
         node = desired.nodes.get(name)
         if node is None or name not in engine.by_name:
             continue  # not declared: no facts, as a fresh engine has none
-        out[name] = topo.node_facts(node, desired.slot_maps.get(name), slot_status=observed.slot_status,
+        out[name] = fleetgraph.node_facts(node, desired.slot_maps.get(name), slot_status=observed.slot_status,
                                     firmware_ready=observed.firmware_ready.get(name, node.firmware_ready),
                                     healthy=name not in observed.unavailable_nodes)
     return out

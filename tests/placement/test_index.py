@@ -6,8 +6,7 @@ import random
 
 import pytest
 
-from reconciler import fleetgraph as topo
-from reconciler import plans
+from reconciler import fleetgraph, plans
 from reconciler.placement import placing, synthesis
 from reconciler.placement.index import NodeHeap, SliceIndex
 from schemas import states
@@ -149,13 +148,13 @@ def test_graph_mirrors_the_topology() -> None:
     n2: [....|....] roce region=r2
     """
     w = world(test_graph_mirrors_the_topology.__doc__)
-    nodes = topo.inventory(w.desired, w.observed)
-    g = topo.graph(nodes, w.observed.claims)
+    nodes = fleetgraph.inventory(w.desired, w.observed)
+    g = fleetgraph.graph(nodes, w.observed.claims)
     assert set(g.successors(("region", "r1"))) == {("pool", "r1", "p1")}
     assert set(g.successors(("node", "n1"))) == {("group", "n1", "numa0"), ("group", "n1", "numa1")}
     assert set(g.successors(("pair", "n1", "numa0", "numa0-pair0"))) == {("slot", "n1", "0"), ("slot", "n1", "1")}
     slot = g.nodes["slot", "n1", "0"]
     assert slot["claim"] == "alloc-a" and slot["fabric_vf_pci_address"] == "0000:40:00.1"
     assert g.nodes["slot", "n2", "3"]["fabric"] == "roce"
-    assert topo.free_slots(g, "n1") == [1, 2, 3, 4, 5, 6, 7]
+    assert fleetgraph.free_slots(g, "n1") == [1, 2, 3, 4, 5, 6, 7]
     assert sum(1 for _, d in g.nodes(data=True) if d["kind"] == "slot") == 16
