@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from desired import deltas
 from desired.loading import DesiredState
 from policies import capability, eligibility
 
@@ -105,11 +106,17 @@ _TABLES = (
 
 
 def diff(base: DesiredState, head: DesiredState, firmware: Mapping[str, bool] | None = None) -> InventoryDiff:
+    """What changes from base to head. A head read by delta from base (`desired.deltas`) is compared
+    only where the delta names a document: every other document is the very same object in both."""
+    delta = deltas.delta_of(head, base)
+    changed = None if delta is None else {kind: delta.names(kind) for kind, _ in _TABLES}
     changes: list[DocumentChange] = []
     for kind, attr in _TABLES:
         before: dict[str, Any] = getattr(base, attr)
         after: dict[str, Any] = getattr(head, attr)
-        for name in sorted(set(before) | set(after)):
+        for name in sorted(set(before) | set(after) if changed is None else changed[kind]):
+            if name not in before and name not in after:
+                continue  # a delta key present in neither: added and removed again
             if name not in before:
                 changes.append(DocumentChange(kind, name, "added"))
             elif name not in after:
@@ -118,8 +125,11 @@ def diff(base: DesiredState, head: DesiredState, firmware: Mapping[str, bool] | 
                 changes.append(_changed(kind, name, before[name], after[name]))
     changes.extend(_fleet_change(base, head))
 
-    cap_before = _capabilities(base, firmware)
-    cap_after = _capabilities(head, firmware)
+    # Capability and schedulability of a node read its Node and its SlotMap only (and `firmware`, the same
+    # for both): with a delta, the nodes it names are the only ones that can differ.
+    touched = None if changed is None else changed["Node"] | changed["SlotMap"]
+    cap_before = _capabilities(base, firmware, touched)
+    cap_after = _capabilities(head, firmware, touched)
     none: tuple[str | None, tuple[str, ...]] = (None, ())
     capabilities = [
         CapabilityChange(
@@ -131,7 +141,8 @@ def diff(base: DesiredState, head: DesiredState, firmware: Mapping[str, bool] | 
     slots_before = _schedulable(base)
     slots_after = _schedulable(head)
     slot_changes = []
-    for key in sorted(set(slots_before) | set(slots_after)):
+    keys = set(slots_before) | set(slots_after)
+    for key in sorted(keys if touched is None else {k for k in keys if k[0] in touched}):
         was = slots_before.get(key, (False, ()))[0]
         now, why = slots_after.get(key, (False, ("slot.removed",)))
         if was != now:
@@ -197,9 +208,12 @@ def _leaf_changes(path: str, a: Any, b: Any) -> Iterator[FieldChange]:
     yield FieldChange(path, a, b)
 
 
-def _capabilities(state: DesiredState, firmware: Mapping[str, bool] | None) -> dict[str, tuple[str, tuple[str, ...]]]:
+def _capabilities(state: DesiredState, firmware: Mapping[str, bool] | None,
+                  only: set[str] | None = None) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Per node (of `only`, when given): its capability and the reason codes."""
     out = {}
-    for name, node in state.nodes.items():
+    for name in state.nodes if only is None else sorted(only & state.nodes.keys()):
+        node = state.nodes[name]
         smap = state.slot_maps.get(name)
         eligible = sum(1 for why in eligibility.eligible_slots(smap).values() if not why) if smap else 0
         ready = (firmware or {}).get(name, node.firmware_ready)

@@ -153,18 +153,19 @@ def _collector_off() -> Iterator[None]:
 def _plan(args: argparse.Namespace, head_rev: str | None,
           reader: blobcache.Reader) -> tuple[prplan.PrPlan, DesiredState, str]:
     """The PR plan, the head it planned and the digest of the observed state it was planned against."""
-    from desired.loading import DesiredState
     from reconciler import planfiles
     from reconciler.placement import prplan, replanning
 
-    head, head_errors = _load(args.path, head_rev, reader)
     digest = ""
+    base, base_errors, base_unreadable = _offline_base(args, reader)
+    head, head_errors = _load(args.path, head_rev, reader)
     if head_errors:
         return prplan.invalid(args.base, head.revision, head_errors, offline=args.offline), head, digest
     # One kept engine for every plan of this run: base and head differ in a few documents.
     warm = replanning.WarmPlanner(args.policy)
     if args.offline:
-        base, base_errors = _load(args.path, args.base, reader) if args.base else (DesiredState(), ())
+        if base_unreadable is not None:
+            raise base_unreadable
         observed = _guard(lambda: prplan.offline_observed(base, policy=args.policy, plan_with=warm))
         digest = planfiles.observed_digest(observed, 0)
     else:
@@ -172,6 +173,28 @@ def _plan(args: argparse.Namespace, head_rev: str | None,
     pr = _guard(lambda: prplan.compose(base, head, observed, offline=args.offline, base_errors=base_errors,
                                        policy=args.policy, plan_with=warm, engine_for=warm.engine))
     return pr, head, digest
+
+
+def _offline_base(args: argparse.Namespace,
+                  reader: blobcache.Reader) -> tuple[DesiredState, tuple[Any, ...], PermanentError | None]:
+    """An offline plan's base, read before head, and why it could not be read.
+
+    Read first, base is the tree head is read by delta from (`git diff-tree`
+    base..head: only the files the PR changes are parsed and validated, see
+    `desired.deltas`), and the inventory diff and the warm planner work from
+    that delta too. An unreadable base is raised only once head turned out
+    valid, as when head was read first. Online, base is read after head
+    (`_online`: head's errors need no database).
+    """
+    from desired.loading import DesiredState
+
+    if not (args.offline and args.base):
+        return DesiredState(), (), None
+    try:
+        base, errors = _load(args.path, args.base, reader)
+    except PermanentError as e:
+        return DesiredState(), (), e
+    return base, errors, None
 
 
 def _save(args: argparse.Namespace, pr: prplan.PrPlan, head: DesiredState, observed_digest: str) -> None:
