@@ -586,7 +586,7 @@ def _type_document(doc: Document, problems: list[p.Problem]) -> Any:
         )
         return None
     try:
-        return model.model_validate(value)
+        return m.compact(model.model_validate(value))
     except ValidationError as e:
         problems.extend(_field_problems(doc, e))
         return None
