@@ -139,24 +139,26 @@ def diff(base: DesiredState, head: DesiredState, firmware: Mapping[str, bool] | 
         if cap_before.get(node, none)[0] != cap_after.get(node, none)[0]
     ]
     slots_before = _schedulable(base)
-    slots_after = _schedulable(head)
+    slots_after = _schedulable(head, reuse=slots_before, touched=touched)
     slot_changes = []
-    keys = set(slots_before) | set(slots_after)
-    for key in sorted(keys if touched is None else {k for k in keys if k[0] in touched}):
-        was = slots_before.get(key, (False, ()))[0]
-        now, why = slots_after.get(key, (False, ("slot.removed",)))
-        if was != now:
-            slot_changes.append(SlotChange(key[0], key[1], was, now, why))
+    for node in sorted(slots_before.keys() | slots_after.keys() if touched is None else touched):
+        was_slots, now_slots = slots_before.get(node, {}), slots_after.get(node, {})
+        for idx in sorted(was_slots.keys() | now_slots.keys()):
+            was = was_slots.get(idx, (False, ()))[0]
+            now, why = now_slots.get(idx, (False, ("slot.removed",)))
+            if was != now:
+                slot_changes.append(SlotChange(node, idx, was, now, why))
     ineligible: dict[str, dict[int, tuple[str, ...]]] = {}
-    for (node, idx), (ok, why) in slots_after.items():
-        if not ok:
-            ineligible.setdefault(node, {})[idx] = why
+    for node, per_slot in slots_after.items():
+        for idx, (ok, why) in per_slot.items():
+            if not ok:
+                ineligible.setdefault(node, {})[idx] = why
     return InventoryDiff(
         changes=tuple(changes),
         capabilities=tuple(capabilities),
         slots=tuple(slot_changes),
-        schedulable_gpus_before=sum(1 for ok, _ in slots_before.values() if ok),
-        schedulable_gpus_after=sum(1 for ok, _ in slots_after.values() if ok),
+        schedulable_gpus_before=sum(ok for per_slot in slots_before.values() for ok, _ in per_slot.values()),
+        schedulable_gpus_after=sum(ok for per_slot in slots_after.values() for ok, _ in per_slot.values()),
         ineligible_after=ineligible,
     )
 
@@ -222,17 +224,28 @@ def _capabilities(state: DesiredState, firmware: Mapping[str, bool] | None,
     return out
 
 
-def _schedulable(state: DesiredState) -> dict[tuple[str, int], tuple[bool, tuple[str, ...]]]:
-    """Per slot: eligible by its own metadata AND its node is slice-capable by intent."""
-    out: dict[tuple[str, int], tuple[bool, tuple[str, ...]]] = {}
+_Slots = dict[int, tuple[bool, tuple[str, ...]]]  # slot index -> (schedulable, reasons)
+
+
+def _schedulable(state: DesiredState, *, reuse: Mapping[str, _Slots] | None = None,
+                 touched: set[str] | None = None) -> dict[str, _Slots]:
+    """Per node, per slot: eligible by its own metadata AND its node is slice-capable by intent.
+
+    With `touched` (a delta's nodes), `reuse` is the answer for the state this one was read from: every
+    other node's Node and SlotMap are the same objects there, and so is its answer."""
+    out: dict[str, _Slots] = {}
     for node_name, smap in state.slot_maps.items():
+        if touched is not None and reuse is not None and node_name not in touched and node_name in reuse:
+            out[node_name] = reuse[node_name]
+            continue
         node = state.nodes.get(node_name)
         node_reasons: tuple[str, ...] = ()
         if node is None:
             node_reasons = ("node.missing",)
         elif not node.slice_tagged:
             node_reasons = (capability.NO_SLICE_TAG,)
+        per_slot = out[node_name] = {}
         for idx, why in eligibility.eligible_slots(smap).items():
             reasons = node_reasons + tuple(r.code for r in why)
-            out[(node_name, idx)] = (not reasons, reasons)
+            per_slot[idx] = (not reasons, reasons)
     return out
