@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from types import MappingProxyType
 
+from desired import deltas
 from desired import problems as p
 from desired.loading import DesiredState
 from reconciler import inventory_diff, plans
@@ -152,11 +153,12 @@ def compose(base: DesiredState, head: DesiredState, observed: plans.Observed, *,
     diff = inventory_diff.diff(base, head, firmware=observed.firmware_ready)
     # One engine per (state, claims) pair serves the node modes and the capacity read model.
     before = engine_for(base, observed)
-    modes_before = _modes(before)
+    only = _mode_candidates(base, head, observed, observed_after)
+    modes_before = _modes(before, only)
     memo = capacity.Memo()  # head's read model reuses base's per-node parts for nodes the PR leaves alone
     capacity_before = capacity.read_model(base, observed, policy=policy, engine=before, memo=memo)
     now = engine_for(head, observed_after)
-    modes_after = _modes(now)
+    modes_after = _modes(now, only)
     capacity_after = capacity.read_model(head, observed_after, policy=policy, engine=now, memo=memo)
     return PrPlan(
         base_revision=base.revision, head_revision=head.revision, offline=offline, base_errors=base_errors,
@@ -170,8 +172,28 @@ def compose(base: DesiredState, head: DesiredState, observed: plans.Observed, *,
     )
 
 
-def _modes(engine: placing.Engine) -> dict[str, tuple[str, str]]:
-    return {f.name: (f.capability.capability.value, engine.mode(f.name).value) for f in engine.facts}
+def _mode_candidates(base: DesiredState, head: DesiredState, observed: plans.Observed,
+                     observed_after: plans.Observed) -> set[str] | None:
+    """The only nodes whose capability or mode can differ, when head was read by delta from base.
+
+    A node's mode is read from its own facts (its Node, its SlotMap, observed
+    slot statuses, firmware and health) and its own claims; the two engines
+    differ by the documents the delta names and by the claims and slot
+    statuses head's plan changes. None (look at every node) without a delta,
+    or when the delta touches a document every node may read.
+    """
+    delta = deltas.delta_of(head, base)
+    if delta is None or not delta.kinds() <= {"Node", "SlotMap", "Allocation"}:
+        return None
+    statuses = observed.slot_status.items() ^ observed_after.slot_status.items()
+    return (delta.names("Node") | delta.names("SlotMap") | {node for (node, _), _ in statuses}
+            | {c.node for c in set(observed.claims) ^ set(observed_after.claims)})
+
+
+def _modes(engine: placing.Engine, only: set[str] | None = None) -> dict[str, tuple[str, str]]:
+    """Capability and mode per node (of `only`, when given)."""
+    facts = engine.facts if only is None else [engine.by_name[n].facts for n in sorted(only & engine.by_name.keys())]
+    return {f.name: (f.capability.capability.value, engine.mode(f.name).value) for f in facts}
 
 
 def _node_changes(before: Mapping[str, tuple[str, str]], now: Mapping[str, tuple[str, str]], *,

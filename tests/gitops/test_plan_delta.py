@@ -18,6 +18,7 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+import git
 import pytest
 
 from desired import deltas, gitrepo, loading
@@ -26,18 +27,38 @@ from reconciler import cli, inventory_diff, sources
 from reconciler.commands import blobcache
 from reconciler.commands import plan as plan_command
 from reconciler.placement import prplan
-from tests.gitops.conftest import Repo
+from tests.gitops.conftest import NODES, Repo, make_fleet
 
 FORMATS = ("json", "markdown", "text")
 
 
+@pytest.fixture
+def fleet_repo(tmp_path: Path) -> Repo:
+    """The conftest fleet plus a node in another region that no edit touches.
+
+        us-east-1   h200-use1-s01, h200-use1-s02   (edited, planned onto)
+        eu-west-1   h200-euw1-s01                  (never touched)
+    """
+    root = tmp_path / "desired"
+    make_fleet(root, (*NODES, "h200-euw1-s01"))
+    repo = Repo(root, git.Repo.init(root, initial_branch="main"))
+    repo.commit("base fleet")
+    return repo
+
+
 def _history(repo: Repo) -> list[str]:
     """Commits, each one edit after the last."""
-    shas = [repo.request("req-a", 1), repo.request("req-b", 2), repo.request("req-c", 1)]
+    # The first is the bare fleet: req-a takes the first slot of an idle node (its mode changes).
+    shas = [str(repo.repo.head.commit.hexsha)]
+    shas += [repo.request("req-a", 1), repo.request("req-b", 2), repo.request("req-c", 1)]
     repo.edit("allocations/req-c.yaml", "gpu_count: 1", "gpu_count: 4")
     shas.append(repo.commit("req-c grows to 4 GPUs"))
     shas.append(repo.release("req-a"))
     shas.append(repo.drain("h200-use1-s01"))
+    repo.edit("skus/h200-sxm-slice.yaml", "gpu_hourly_price_minor: 450", "gpu_hourly_price_minor: 500")
+    shas.append(repo.commit("a SKU's price (every node reads the SKUs)"))
+    repo.edit("fleet.yaml", "max_claim_attempts: 5", "max_claim_attempts: 4")
+    shas.append(repo.commit("the Fleet document"))
     repo.edit("nodes/h200-use1-s02.yaml", "profile_tags: [gpuaas-profile-slice-vm]", "profile_tags: []")
     shas.append(repo.commit("s02 is no longer slice-tagged"))
     repo.edit("nodes/h200-use1-s02.yaml", "profile_tags: []", "profile_tags: [gpuaas-profile-slice-vm]")
@@ -134,11 +155,13 @@ def test_head_is_read_by_delta_from_base(fleet_repo: Repo, capsys: pytest.Captur
         return real_refs(repo, commit, prefix)
 
     composed: list[tuple[Any, Any]] = []
+    made: list[prplan.PrPlan] = []
     real_compose = prplan.compose
 
     def compose(base_state: Any, head_state: Any, *args: Any, **kwargs: Any) -> Any:
         composed.append((base_state, head_state))
-        return real_compose(base_state, head_state, *args, **kwargs)
+        made.append(real_compose(base_state, head_state, *args, **kwargs))
+        return made[-1]
 
     readers: list[blobcache.Reader] = []
     real_open = blobcache.open_reader
@@ -154,6 +177,14 @@ def test_head_is_read_by_delta_from_base(fleet_repo: Repo, capsys: pytest.Captur
         compared.append(only)
         return real_capabilities(state, firmware, only)
 
+    moded: list[set[str] | None] = []
+    real_modes = prplan._modes
+
+    def modes(engine: Any, only: set[str] | None = None) -> Any:
+        moded.append(only)
+        return real_modes(engine, only)
+
+    monkeypatch.setattr(prplan, "_modes", modes)
     monkeypatch.setattr(gitrepo, "_refs", refs)
     monkeypatch.setattr(prplan, "compose", compose)
     monkeypatch.setattr(blobcache, "open_reader", open_reader)
@@ -168,3 +199,6 @@ def test_head_is_read_by_delta_from_base(fleet_repo: Repo, capsys: pytest.Captur
     assert delta.keys == {("Node", "h200-use1-s02"), ("Allocation", "req-b")}
     assert readers[0].memo.by_delta == 1  # head's validation checked the delta's documents only
     assert compared == [{"h200-use1-s02"}, {"h200-use1-s02"}]  # capabilities of the drained node only
+    # Modes of the drained node and of the node req-b is placed on, never of the untouched eu-west-1 node.
+    placed = {pl.node for pl in made[0].plan.placements}
+    assert moded == [{"h200-use1-s02"} | placed] * 2
