@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -93,13 +94,17 @@ class Document:
     index: int
     value: Any
     line: int
-    data: bytes
+    data: bytes  # the file's bytes; zlib-compressed when `packed`
     _node: yaml.Node | None = None
+    # A long-lived tree (`gpuaas run`) keeps its files compressed: positions are wanted
+    # only for problems, and 100,000 nodes' YAML is ~430 MB raw, ~80 MB packed.
+    packed: bool = False
 
     @property
     def node(self) -> yaml.Node:
         if self._node is None:
-            nodes = [n for n in yaml.compose_all(_decode(self.data), Loader=_Loader) if n is not None]
+            data = zlib.decompress(self.data) if self.packed else self.data
+            nodes = [n for n in yaml.compose_all(_decode(data), Loader=_Loader) if n is not None]
             self._node = nodes[self.index]
         return self._node
 

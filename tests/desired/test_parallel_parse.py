@@ -130,3 +130,19 @@ def _assert_no_manager_left() -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"pool manager thread(s) still running: {left}")
+
+
+def test_a_long_lived_tree_keeps_packed_bytes_and_locates_exactly_as_with_raw_bytes() -> None:
+    files = _tree()
+    # A duplicate slug: reported while the state is assembled, so located from the packed bytes.
+    files.append(("images/zz-dup.yaml", b"# moved down a line\n" + files[1][1]))
+    packed = loading.parse_files(files, workers=2, cache=loading.BlobCache(keep_values=False))
+    raw = loading.parse_files(files, workers=1)
+    assert _summary(packed) == _summary(raw)
+    assert any(p.file == "images/zz-dup.yaml" and (p.line, p.column) == (5, 7) for p in packed.problems)
+    for name in ("img-00001", f"img-{FILES - 1:05d}"):
+        source, plain = packed.state.source("Image", name), raw.state.source("Image", name)
+        assert source.doc.packed and source.doc.value is None
+        assert len(source.doc.data) < len(plain.doc.data)
+        for path in (("slug",), ("source_ref",), ("compatible_skus", 0)):
+            assert source.at(*path, code="x", message="m") == plain.at(*path, code="x", message="m")
