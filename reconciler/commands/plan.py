@@ -73,9 +73,12 @@ def _load(path: Path, rev: str | None, reader: blobcache.Reader) -> tuple[Desire
     return result.state, tuple(result.errors)
 
 
-def _online(args: argparse.Namespace,
-            reader: blobcache.Reader) -> tuple[DesiredState, tuple[Any, ...], plans.Observed, str]:
-    """Base, its problems, the observed state, and the digest a saved plan pins (planfiles.observed_digest)."""
+def _online(args: argparse.Namespace, reader: blobcache.Reader,
+            given: tuple[DesiredState, tuple[Any, ...]]) -> tuple[DesiredState, tuple[Any, ...], plans.Observed, str]:
+    """Base, its problems, the observed state, and the digest a saved plan pins (planfiles.observed_digest).
+
+    `given`: `--base` and its problems, read already (`_given_base`).
+    """
     from desired import gitrepo
     from desired.loading import DesiredState
     from reconciler import planfiles, plans
@@ -86,13 +89,12 @@ def _online(args: argparse.Namespace,
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         if not migrations.applied(conn):
             print("note: the database has no schema yet; planning against an empty fleet", file=sys.stderr)
-            base, errors = _load(args.path, args.base, reader) if args.base else (DesiredState(), ())
+            base, errors = given if args.base else (DesiredState(), ())
             return base, errors, plans.Observed(), planfiles.observed_digest(plans.Observed(), 0)
         observed = live.observe(conn)
         digest = planfiles.observed_digest(observed, views.inventory_generation(conn))
         if args.base:
-            base, errors = _load(args.path, args.base, reader)
-            return base, errors, observed, digest
+            return *given, observed, digest
         current = views.current_revision(conn)
         if current and not current.startswith("tree:") and gitrepo.head(args.path) is not None:
             try:
@@ -157,38 +159,39 @@ def _plan(args: argparse.Namespace, head_rev: str | None,
     from reconciler.placement import prplan, replanning
 
     digest = ""
-    base, base_errors, base_unreadable = _offline_base(args, reader)
+    base, base_errors, base_unreadable = _given_base(args, reader)
     head, head_errors = _load(args.path, head_rev, reader)
     if head_errors:
         return prplan.invalid(args.base, head.revision, head_errors, offline=args.offline), head, digest
     # One kept engine for every plan of this run: base and head differ in a few documents.
     warm = replanning.WarmPlanner(args.policy)
+    if base_unreadable is not None:
+        raise base_unreadable
     if args.offline:
-        if base_unreadable is not None:
-            raise base_unreadable
         observed = _guard(lambda: prplan.offline_observed(base, policy=args.policy, plan_with=warm))
         digest = planfiles.observed_digest(observed, 0)
     else:
-        base, base_errors, observed, digest = _online(args, reader)
+        base, base_errors, observed, digest = _online(args, reader, (base, base_errors))
     pr = _guard(lambda: prplan.compose(base, head, observed, offline=args.offline, base_errors=base_errors,
                                        policy=args.policy, plan_with=warm, engine_for=warm.engine))
     return pr, head, digest
 
 
-def _offline_base(args: argparse.Namespace,
-                  reader: blobcache.Reader) -> tuple[DesiredState, tuple[Any, ...], PermanentError | None]:
-    """An offline plan's base, read before head, and why it could not be read.
+def _given_base(args: argparse.Namespace,
+                reader: blobcache.Reader) -> tuple[DesiredState, tuple[Any, ...], PermanentError | None]:
+    """`--base`, read before head, its problems, and why it could not be read.
 
     Read first, base is the tree head is read by delta from (`git diff-tree`
     base..head: only the files the PR changes are parsed and validated, see
-    `desired.deltas`), and the inventory diff and the warm planner work from
-    that delta too. An unreadable base is raised only once head turned out
-    valid, as when head was read first. Online, base is read after head
-    (`_online`: head's errors need no database).
+    `desired.deltas`), and the inventory diff, the node modes and the warm
+    planner work from that delta too. An unreadable base is raised only once
+    head turned out valid, as when head was read first. Without `--base`,
+    online, base is the revision the database runs: read after head, whose
+    errors need no database (`_online`).
     """
     from desired.loading import DesiredState
 
-    if not (args.offline and args.base):
+    if not args.base:
         return DesiredState(), (), None
     try:
         base, errors = _load(args.path, args.base, reader)

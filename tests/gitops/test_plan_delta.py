@@ -27,7 +27,7 @@ from reconciler import cli, inventory_diff, sources
 from reconciler.commands import blobcache
 from reconciler.commands import plan as plan_command
 from reconciler.placement import prplan
-from tests.gitops.conftest import NODES, Repo, make_fleet
+from tests.gitops.conftest import NODES, Repo, make_fleet, make_loop
 
 FORMATS = ("json", "markdown", "text")
 
@@ -202,3 +202,30 @@ def test_head_is_read_by_delta_from_base(fleet_repo: Repo, capsys: pytest.Captur
     # Modes of the drained node and of the node req-b is placed on, never of the untouched eu-west-1 node.
     placed = {pl.node for pl in made[0].plan.placements}
     assert moded == [{"h200-use1-s02"} | placed] * 2
+
+
+def test_against_the_database_a_given_base_is_read_first_and_head_by_delta(
+        fleet_repo: Repo, db_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Online with `--base`: the same output as two whole reads (the delta declined), and head read by delta."""
+    base = fleet_repo.request("req-live", 2)
+    run = make_loop(fleet_repo, db_url)  # req-live's claims are in the database
+    run.step()
+    run.loop.close()
+    fleet_repo.drain("h200-use1-s01")
+    head = fleet_repo.request("req-next", 4)
+    whole_reads: list[str] = []
+    real_refs = gitrepo._refs
+
+    def refs(repo: Any, commit: Any, prefix: str) -> Any:
+        whole_reads.append(str(commit.hexsha))
+        return real_refs(repo, commit, prefix)
+
+    monkeypatch.setattr(gitrepo, "_refs", refs)
+    flags = (str(fleet_repo.root), "--db-url", db_url, "--base", base, "--head", head, "-o", "json",
+             "--detailed-exitcode", "--no-cache")
+    by_delta = _run(capsys, *flags)
+    assert whole_reads == [base]
+    assert by_delta[0] == 2 and '"req-next"' in by_delta[1]
+    monkeypatch.setattr(deltas, "apply", lambda *_, **__: "declined for the test")
+    assert _run(capsys, *flags) == by_delta
+    assert whole_reads == [base, base, head]
