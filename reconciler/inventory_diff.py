@@ -9,6 +9,10 @@ A changed document names its changed top-level fields (`fields`) and every
 changed value down to the leaf with its old and new value (`values`:
 `admin_state: active -> draining`, `slots[3].enabled: true -> false`, list
 items keyed by `slot_index` or `name` where they have one).
+
+A head read by delta from base (`desired.deltas`, as `gpuaas plan` reads
+it) is compared only where the delta names a document, and base's answer is
+reused for every other node: the result equals the whole comparison.
 """
 
 from __future__ import annotations
