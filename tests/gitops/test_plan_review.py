@@ -66,5 +66,6 @@ def test_a_removed_document_reads_removed_as_the_sync_records_it(
     fleet_repo.commit("retire s02's slot map")
     assert "  - SlotMap h200-use1-s02" in _plan(capsys, fleet_repo)
     doc = json.loads(_plan(capsys, fleet_repo, "-o", "json"))
-    assert {"kind": "SlotMap", "name": "h200-use1-s02", "action": "removed", "fields": []} in doc["inventory"]["changes"]
+    removed = {"kind": "SlotMap", "name": "h200-use1-s02", "action": "removed", "fields": []}
+    assert removed in doc["inventory"]["changes"]
     assert "| \\- removed | SlotMap | `h200-use1-s02` |" in _plan(capsys, fleet_repo, "-o", "markdown")
