@@ -75,6 +75,13 @@ def revision_refs(root: Path, rev: str) -> list[loading.FileRef]:
     return _refs(repo, commit, prefix)
 
 
+def revision_blob_ids(root: Path, rev: str) -> dict[str, str | None]:
+    """Path -> git blob id of every YAML file of `rev` under root (None: a symlink, never read)."""
+    repo, commit, prefix = _open(root, rev)
+    with repo:
+        return {ref.name: ref.key for ref in _refs(repo, commit, prefix)}
+
+
 def _open(root: Path, rev: str, repo: git.Repo | None = None) -> tuple[git.Repo, Any, str]:
     try:
         repo = repo or git.Repo(root, search_parent_directories=True)
@@ -135,6 +142,24 @@ def read_revision(root: Path, rev: str, *, cache: loading.BlobCache | None = Non
     # The kept tree's Repo is reused: its object reader (a `git cat-file` process) stays up between revisions.
     kept = cache.tree.extra.get(_REPO) if cache is not None and cache.tree is not None else None
     repo, commit, prefix = _open(root, rev, kept[1] if kept is not None and kept[0] == root else None)
+    if kept is not None and kept[1] is not repo:
+        kept[1].close()  # replaced below: its git processes end now, not whenever the collector finds them
+    try:
+        return _read(root, repo, commit, prefix, cache=cache, cancel=cancel)
+    finally:
+        if cache is None:
+            repo.close()
+
+
+def release(cache: loading.BlobCache) -> None:
+    """End the git processes of the Repo a cache's kept tree was read with (the cache stays usable)."""
+    kept = cache.tree.extra.pop(_REPO, None) if cache.tree is not None else None
+    if kept is not None:
+        kept[1].close()
+
+
+def _read(root: Path, repo: git.Repo, commit: Any, prefix: str, *, cache: loading.BlobCache | None,
+          cancel: loading.Cancel | None) -> loading.LoadResult:
     origin = f"{Path(repo.working_tree_dir or root).resolve()}\0{prefix}"
     if cache is not None and cache.tree is not None and cache.tree.origin == origin:
         try:
@@ -201,19 +226,23 @@ def _blob_reader(repo: git.Repo, sha: str) -> Callable[[], loading.FileData]:
 
 def iter_revision(root: Path, rev: str) -> Iterator[tuple[str, loading.FileData]]:
     """Yield (path, bytes or Refused) of every YAML file in `rev`, sorted by path."""
-    for ref in revision_refs(root, rev):
-        yield ref.name, ref.read()
+    repo, commit, prefix = _open(root, rev)
+    with repo:
+        for ref in _refs(repo, commit, prefix):
+            yield ref.name, ref.read()
 
 
 def resolve(root: Path, rev: str) -> str:
     try:
-        return str(git.Repo(root, search_parent_directories=True).commit(rev).hexsha)
+        with git.Repo(root, search_parent_directories=True) as repo:
+            return str(repo.commit(rev).hexsha)
     except Exception as e:  # gitpython raises many unrelated types for a bad name
         raise RevisionError(f"unknown revision {rev!r}") from e
 
 
 def head(root: Path) -> str | None:
     try:
-        return str(git.Repo(root, search_parent_directories=True).head.commit.hexsha)
+        with git.Repo(root, search_parent_directories=True) as repo:
+            return str(repo.head.commit.hexsha)
     except Exception:  # not a repo, or no commits yet: a plain directory is fine
         return None

@@ -350,16 +350,16 @@ def _find(root: Path, allocation_id: str) -> str:
 
 def _commit(root: Path, path: Path, message: str, push: tuple[str, str] | None) -> str:
     try:
-        repo = git.Repo(root, search_parent_directories=True)
-        top = Path(repo.working_tree_dir or root)
-        repo.index.add([str(path.resolve().relative_to(top.resolve()))])
-        bot = git.Actor(BOT_NAME, BOT_EMAIL)
-        sha = str(repo.index.commit(message, author=bot, committer=bot).hexsha)
-        if push is not None:
-            remote, branch = push
-            infos = repo.remote(remote).push(f"HEAD:refs/heads/{branch}")
-            if any(i.flags & i.ERROR for i in infos):
-                raise PermanentError(f"push to {remote}/{branch} was rejected", code="request.push_rejected")
+        with git.Repo(root, search_parent_directories=True) as repo:  # its git processes end here
+            top = Path(repo.working_tree_dir or root)
+            repo.index.add([str(path.resolve().relative_to(top.resolve()))])
+            bot = git.Actor(BOT_NAME, BOT_EMAIL)
+            sha = str(repo.index.commit(message, author=bot, committer=bot).hexsha)
+            if push is not None:
+                remote, branch = push
+                infos = repo.remote(remote).push(f"HEAD:refs/heads/{branch}")
+                if any(i.flags & i.ERROR for i in infos):
+                    raise PermanentError(f"push to {remote}/{branch} was rejected", code="request.push_rejected")
         return sha
     except (git.GitCommandError, git.InvalidGitRepositoryError, ValueError) as e:
         raise PermanentError(f"git: {e}", code="request.git") from e

@@ -41,3 +41,8 @@ def _load(path: Path, rev: str | None, *, cancel: loading.Cancel | None, cache: 
     result = memo.validate(parsed) if memo is not None else validation.validate(parsed)
     result.state.revision = revision
     return result
+
+
+def release(cache: loading.BlobCache) -> None:
+    """End the git processes kept for the cache's last tree (a loop that stops, a command that is done)."""
+    gitrepo.release(cache)

@@ -307,4 +307,5 @@ class Loop:
                 self.source.wait(max(0.0, deadline - now))
         finally:
             self.close()
+            sources.release(self.blobs)
         return last

@@ -124,7 +124,7 @@ def dirty_files(path: Path) -> list[str]:
     from desired import gitrepo, loading
 
     try:
-        committed = {ref.name: ref.key for ref in gitrepo.revision_refs(path, "HEAD")}
+        committed = gitrepo.revision_blob_ids(path, "HEAD")
     except gitrepo.RevisionError:  # path itself is not in HEAD: every file in it is new
         committed = {}
     working: dict[str, str | None] = {}
@@ -150,11 +150,11 @@ def _ignored(path: Path, names: list[str]) -> list[str]:
     import git
 
     try:
-        repo = git.Repo(path, search_parent_directories=True)
-        top = Path(repo.working_tree_dir or path).resolve()
-        prefix = path.resolve().relative_to(top)
-        full = {(prefix / name).as_posix(): name for name in names}
-        return [full[p] for p in repo.ignored(*full) if p in full]
+        with git.Repo(path, search_parent_directories=True) as repo:
+            top = Path(repo.working_tree_dir or path).resolve()
+            prefix = path.resolve().relative_to(top)
+            full = {(prefix / name).as_posix(): name for name in names}
+            return [full[p] for p in repo.ignored(*full) if p in full]
     except (git.GitError, ValueError):  # no answer from git: keep listing them
         return []
 

@@ -32,9 +32,15 @@ class Reader:
         self.cache, self.memo = cache, memo
 
     def load(self, path: Path, rev: str | None) -> LoadResult:
+        from desired import gitrepo
         from reconciler import sources
 
-        return sources.load(path, rev, cache=self.cache, memo=self.memo)
+        try:
+            return sources.load(path, rev, cache=self.cache, memo=self.memo)
+        finally:
+            # A command's reads are few: its git processes end with each read, not when the collector
+            # finds the Repo (the next read by delta needs the kept tree, not its Repo).
+            gitrepo.release(self.cache)
 
 
 def open_reader(args: argparse.Namespace) -> Reader:

@@ -91,12 +91,13 @@ def make_fleet(root: Path, nodes: tuple[str, ...] = NODES) -> None:
 
 
 @pytest.fixture
-def fleet_repo(tmp_path: Path) -> Repo:
+def fleet_repo(tmp_path: Path) -> Iterator[Repo]:
     root = tmp_path / "desired"
     make_fleet(root)
     r = Repo(root, git.Repo.init(root, initial_branch="main"))
     r.commit("base fleet")
-    return r
+    yield r
+    r.repo.close()  # its git processes end with the test, not in a later test's garbage collection
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ fails.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ FORMATS = ("json", "markdown", "text")
 
 
 @pytest.fixture
-def fleet_repo(tmp_path: Path) -> Repo:
+def fleet_repo(tmp_path: Path) -> Iterator[Repo]:
     """The conftest fleet plus a node in another region that no edit touches.
 
         us-east-1   h200-use1-s01, h200-use1-s02   (edited, planned onto)
@@ -43,7 +44,8 @@ def fleet_repo(tmp_path: Path) -> Repo:
     make_fleet(root, (*NODES, "h200-euw1-s01"))
     repo = Repo(root, git.Repo.init(root, initial_branch="main"))
     repo.commit("base fleet")
-    return repo
+    yield repo
+    repo.repo.close()
 
 
 def _history(repo: Repo) -> list[str]:

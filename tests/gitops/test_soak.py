@@ -35,13 +35,14 @@ REVISIONS = 110
 
 
 @pytest.fixture
-def soak_repo(tmp_path: Path) -> Repo:
+def soak_repo(tmp_path: Path) -> Iterator[Repo]:
     root = tmp_path / "desired"
     make_fleet(root, SLICE_NODES)
     shutil.copy(EXAMPLE / "nodes" / f"{BAREMETAL_NODE}.yaml", root / "nodes" / f"{BAREMETAL_NODE}.yaml")
     r = Repo(root, git.Repo.init(root, initial_branch="main"))
     r.commit("base fleet")
-    return r
+    yield r
+    r.repo.close()
 
 
 @pytest.fixture
