@@ -206,26 +206,13 @@ class DiskStore:
     def put_result(self, key: str, payload: bytes) -> None:
         """Store one result; keep only the newest MAX_RESULTS (a miss only costs a full run)."""
         row = (key, self._result_mac(key, payload), payload, int(time.time()))
-        try:
-            if self.broken:
-                self._replace()
-            db = self._connect()
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                db.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?)", row)
-                db.execute("DELETE FROM results WHERE key NOT IN"
-                           " (SELECT key FROM results ORDER BY stamp DESC LIMIT ?)", (MAX_RESULTS,))
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-        except sqlite3.OperationalError as e:
-            if "locked" in str(e) or "busy" in str(e):
-                self.note(f"blob cache {self.path} is busy (another run writes it); result not stored")
-                return
-            self._broken("cannot be written", e)
-        except sqlite3.Error as e:
-            self._broken("cannot be written", e)
+
+        def write(db: sqlite3.Connection) -> None:
+            db.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?)", row)
+            db.execute("DELETE FROM results WHERE key NOT IN"
+                       " (SELECT key FROM results ORDER BY stamp DESC LIMIT ?)", (MAX_RESULTS,))
+
+        self._transaction(write, busy="result not stored")
 
     def _result_mac(self, key: str, payload: bytes) -> bytes:
         # Its own domain ("result"): a blob entry's MAC can never pass for a result's.
@@ -242,29 +229,41 @@ class DiskStore:
             rows.append((self.version, blob, self._mac(blob, payload), payload, now))
         if not rows:
             return
-        for attempt in (1, 2):
-            if self.broken and attempt == 1:
-                self._replace()
+
+        def write(db: sqlite3.Connection) -> None:
+            db.executemany("INSERT OR REPLACE INTO blobs VALUES (?, ?, ?, ?, ?)", rows)
+            db.execute("DELETE FROM blobs WHERE version <> ?", (self.version,))
+            self._trim(db, set(keep) | {r[1] for r in rows})
+
+        if self._transaction(write, busy="not updated", attempts=2):
+            self.written += len(rows)
+
+    def _transaction(self, write: Callable[[sqlite3.Connection], None], *, busy: str, attempts: int = 1) -> bool:
+        """Run `write` in one IMMEDIATE transaction; a store found broken is replaced first.
+
+        A store another run is writing is left alone (the cache is only an optimization).
+        """
+        for attempt in range(1, attempts + 1):
             try:
+                if self.broken and attempt == 1:
+                    self._replace()
                 db = self._connect()
                 db.execute("BEGIN IMMEDIATE")
                 try:
-                    db.executemany("INSERT OR REPLACE INTO blobs VALUES (?, ?, ?, ?, ?)", rows)
-                    db.execute("DELETE FROM blobs WHERE version <> ?", (self.version,))
-                    self._trim(db, set(keep) | {r[1] for r in rows})
+                    write(db)
                     db.execute("COMMIT")
                 except BaseException:
                     db.execute("ROLLBACK")
                     raise
-                self.written += len(rows)
-                return
+                return True
             except sqlite3.OperationalError as e:
                 if "locked" in str(e) or "busy" in str(e):
-                    self.note(f"blob cache {self.path} is busy (another run writes it); not updated")
-                    return
+                    self.note(f"blob cache {self.path} is busy (another run writes it); {busy}")
+                    return False
                 self._broken("cannot be written", e)
             except sqlite3.Error as e:
                 self._broken("cannot be written", e)
+        return False
 
     def _trim(self, db: sqlite3.Connection, keep: set[str]) -> None:
         (count,) = db.execute("SELECT count(*) FROM blobs").fetchone()
