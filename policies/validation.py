@@ -8,6 +8,8 @@ never be scheduled, so an operator sees why approved hardware sells nothing.
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import ipaddress
 import re
 from collections.abc import Iterator
 
@@ -182,6 +184,23 @@ def management_network(state: DesiredState, node: m.Node | None) -> m.Management
     return state.fleet.management_network if state.fleet else m.ManagementNetwork()
 
 
+# Per slot map: (kind, field, code, label) of the values no two slots of one node may share.
+_SLOT_UNIQUE_CHECKS = (
+    ("index", "slot_index", p.SLOT_DUPLICATE_INDEX, "slot_index"),
+    ("gpu", "gpu_pci_address", p.SLOT_DUPLICATE_GPU, "GPU"),
+    ("vf", "fabric_vf_pci_address", p.SLOT_DUPLICATE_VF, "fabric VF"),
+    ("disk", "nvme_device", p.SLOT_DUPLICATE_DISK, "NVMe disk"),
+    ("ip", "private_ip", p.SLOT_DUPLICATE_IP, "private IP"),
+)
+_SLOT_UNIQUE = tuple(kind for kind, *_ in _SLOT_UNIQUE_CHECKS)
+
+
+@functools.lru_cache(maxsize=256)
+def _bounds(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> tuple[int, int]:
+    """First and last address of a subnet as integers (a fleet has a few subnets; maps have 10,000s)."""
+    return int(net.network_address), int(net.broadcast_address)
+
+
 def _slot_maps(state: DesiredState, macs: dict[str, str] | None = None) -> Iterator[p.Problem]:
     """`macs`: MAC -> its first owner in maps validated before these (`policies.validating` checks one map)."""
     macs = {} if macs is None else macs
@@ -191,17 +210,13 @@ def _slot_maps(state: DesiredState, macs: dict[str, str] | None = None) -> Itera
         if node is None:
             yield src.at("node", code=p.REF_UNRESOLVED, message=f"slot map for unknown node {node_name!r}")
         net = management_network(state, node).network
-        lo, hi = int(net.network_address), int(net.broadcast_address)
-        seen: dict[str, dict[object, int]] = {k: {} for k in ("index", "gpu", "vf", "disk", "ip")}
+        lo, hi = _bounds(net)
+        v6 = net.version == 6
+        os_disk = node.os_disk if node is not None else None
+        seen: dict[str, dict[object, int]] = {k: {} for k in _SLOT_UNIQUE}
         for i, slot in enumerate(smap.slots):
-            checks: tuple[tuple[str, object, str, str, str], ...] = (
-                ("index", slot.slot_index, "slot_index", p.SLOT_DUPLICATE_INDEX, "slot_index"),
-                ("gpu", slot.gpu_pci_address, "gpu_pci_address", p.SLOT_DUPLICATE_GPU, "GPU"),
-                ("vf", slot.fabric_vf_pci_address, "fabric_vf_pci_address", p.SLOT_DUPLICATE_VF, "fabric VF"),
-                ("disk", slot.nvme_device, "nvme_device", p.SLOT_DUPLICATE_DISK, "NVMe disk"),
-                ("ip", slot.private_ip, "private_ip", p.SLOT_DUPLICATE_IP, "private IP"),
-            )
-            for key, value, fld, code, label in checks:
+            for key, fld, code, label in _SLOT_UNIQUE_CHECKS:
+                value = getattr(slot, fld)
                 if value is None:
                     continue
                 first = seen[key].setdefault(value, i)
@@ -213,7 +228,7 @@ def _slot_maps(state: DesiredState, macs: dict[str, str] | None = None) -> Itera
                         code=code,
                         message=f"{label} {value} is already used by slots[{first}] on node {node_name}",
                     )
-            if node is not None and slot.nvme_device == node.os_disk:
+            if node is not None and slot.nvme_device == os_disk:
                 yield src.at(
                     "slots",
                     i,
@@ -221,8 +236,8 @@ def _slot_maps(state: DesiredState, macs: dict[str, str] | None = None) -> Itera
                     code=p.SLOT_OS_DISK,
                     message=f"{slot.nvme_device} is the OS disk of node {node_name}; it can never be a slot disk",
                 )
-            wrong_family = (":" in slot.private_ip) != (net.version == 6)
-            if wrong_family or not lo <= m.ip_int(slot.private_ip) <= hi:
+            ip = slot.private_ip
+            if (":" in ip) != v6 or not lo <= m.ip_int(ip) <= hi:
                 yield src.at(
                     "slots",
                     i,
@@ -230,8 +245,9 @@ def _slot_maps(state: DesiredState, macs: dict[str, str] | None = None) -> Itera
                     code=p.SLOT_IP_OUTSIDE_SUBNET,
                     message=f"private_ip {slot.private_ip} is outside the node's subnet {net}",
                 )
-            owner = macs.setdefault(slot.mac_address, f"{node_name} slots[{i}]")
-            if owner != f"{node_name} slots[{i}]":
+            here = f"{node_name} slots[{i}]"
+            owner = macs.setdefault(slot.mac_address, here)
+            if owner != here:
                 yield src.at(
                     "slots",
                     i,
