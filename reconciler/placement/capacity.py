@@ -182,13 +182,30 @@ def fill(engine: placing.Engine, sku: str, region: str, gpu_count: int, *, tenan
          limit: int = DEFAULT_LIMIT) -> tuple[int, placing.Refused | None]:
     """How many requests of one size fit one after the other, and the refusal of the next one.
 
-    Slice SKUs are counted per node pattern (`Engine.launchable`, the same
-    answer without moving a node); whole-node leases by placing probes.
+    Slice SKUs are counted per node pattern (`Engine.launchable`), whole-node
+    SKUs by their empty nodes (`Engine.whole_launchable`): the same answers
+    without moving a node. Anything else (an unknown SKU) places probes.
     """
     offered = engine.skus.get(sku)
     if offered is not None and offered.capacity_shape is m.CapacityShape.GPU_SLICE:
         return engine.launchable(sku, region, gpu_count, tenant=tenant, limit=limit)
+    if offered is not None and offered.capacity_shape is m.CapacityShape.BAREMETAL:
+        n, refusal = engine.whole_launchable(sku, region, gpu_count, tenant=tenant, limit=limit)
+        if not _probe_held(engine, n):
+            return n, refusal
     return probe_fill(engine, sku, region, gpu_count, tenant=tenant, limit=limit)
+
+
+def _probe_held(engine: placing.Engine, n: int) -> bool:
+    """Whether an allocation already holds one of the first n + 1 probe ids.
+
+    `Engine.place` answers a held id with its present placement instead of
+    placing it, so such probes would count differently: then only probing
+    itself gives probing's answer.
+    """
+    if len(engine.where) <= n:  # fewer allocations than probes: look at the allocations
+        return any(a.startswith(PROBE_PREFIX) for a in engine.where)
+    return any(f"{PROBE_PREFIX}{i}" in engine.where for i in range(n + 1))
 
 
 def probe_fill(engine: placing.Engine, sku: str, region: str, gpu_count: int, *, tenant: str = "",

@@ -949,6 +949,32 @@ class Engine:
             return limit, None
         return total, self._refusal(Request("", tenant, sku_name, g, region), spec, (free, with_free, nodes))
 
+    def whole_launchable(self, sku_name: str, region: str, g: int, *, tenant: str = "",
+                         limit: int) -> tuple[int, Refused | None]:
+        """How many fresh whole-node requests of a baremetal SKU fit one after the other, and why the next not.
+
+        The answer of placing probes (new allocation ids, no `avoid`) until one
+        is refused, without moving a node. A whole-node request takes the head
+        of an empty-node heap of its (SKU, region, org) partitions, own tier
+        then shared; those tiers together are exactly the partitions `Tier.ANY`
+        admits, a node sits in at most one whole partition, and a claim only
+        takes a node out of the heaps (nothing comes back while probes are
+        held): so each probe removes one node, and the probes stop when every
+        admitted heap is empty. The refusal then is `explain`, which for a
+        baremetal SKU reads only facts and partition sizes, never claims.
+        """
+        if limit <= 0:
+            return 0, None  # probing stops before the first request
+        spec = self.spec(sku_name, g)
+        if isinstance(spec, Refused):
+            return 0, spec
+        if spec.sku.capacity_shape is not m.CapacityShape.BAREMETAL:
+            raise ValueError(f"{sku_name} is sold in slices: use launchable")
+        empty = sum(len(p.empty) for p in self._whole_lists(sku_name, region, tenant))
+        if empty >= limit:
+            return limit, None
+        return empty, self._refusal(Request("", tenant, sku_name, g, region), spec)
+
     @functools.cached_property
     def _fills(self) -> dict[tuple[int, int, int, m.TopologyRule, int], tuple[int, int]]:
         return {}  # (layout, free mask, g, rule, mix) -> what `_fill_node` found: patterns repeat fleet-wide
