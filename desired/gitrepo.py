@@ -8,8 +8,10 @@ the commit it recorded, whatever the working tree holds.
 from __future__ import annotations
 
 import logging
+import os
 import re
-from collections.abc import Callable, Iterator
+import subprocess
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,13 @@ from desired import deltas, loading, yamlio
 from desired import problems as p
 
 _MAX_BLOB = yamlio.MAX_FILE_BYTES + 1
+# Fewer blobs than this are read one by one: the Repo's running cat-file answers them sooner than
+# two new git processes start.
+BATCH_MIN = 64
+# Most bytes one `cat-file --batch` call returns: bounds the extra copy the batch output holds, and
+# `cancel` is looked at between calls.
+BATCH_BYTES = 16 * 1024 * 1024
+_BATCH_TIMEOUT_S = 600.0
 
 log = logging.getLogger("gpuaas.loading")
 
@@ -105,19 +114,21 @@ def _refs(repo: git.Repo, commit: Any, prefix: str) -> list[loading.FileRef]:
     # The commit id is 40 hex characters and the path comes after '--': nothing here reads as an option.
     listing = repo.git.ls_tree("-r", "-z", "--full-tree", commit.hexsha, "--", *([prefix] if prefix else []))
     refs: list[loading.FileRef] = []
+    read_many = _batch_reader(repo)
     for entry in listing.split("\0"):
         if not entry:
             continue
         meta, path = entry.split("\t", 1)
         mode, _, sha = meta.split(" ")
-        ref = _ref(repo, prefix, mode, sha, path)
+        ref = _ref(repo, prefix, mode, sha, path, read_many=read_many)
         if ref is not None:
             refs.append(ref)
     refs.sort(key=lambda r: r.name)
     return refs
 
 
-def _ref(repo: git.Repo, prefix: str, mode: str, sha: str, path: str) -> loading.FileRef | None:
+def _ref(repo: git.Repo, prefix: str, mode: str, sha: str, path: str, *,
+         read_many: loading.ReadMany | None = None) -> loading.FileRef | None:
     """The FileRef of one tree entry, None when it is not read (not YAML, a submodule, a skipped directory)."""
     if mode in (_GITLINK_MODE, _TREE_MODE) or not path.endswith(loading.YAML_SUFFIXES):
         return None
@@ -127,7 +138,7 @@ def _ref(repo: git.Repo, prefix: str, mode: str, sha: str, path: str) -> loading
     if mode == _SYMLINK_MODE:
         refused = loading.Refused(p.FILE_SYMLINK, "is a symbolic link; only regular files inside the repo are read")
         return loading.FileRef(rel, None, _constant(refused))
-    return loading.FileRef(rel, sha, _blob_reader(repo, sha))
+    return loading.FileRef(rel, sha, _blob_reader(repo, sha), read_many)
 
 
 def read_revision(root: Path, rev: str, *, cache: loading.BlobCache | None = None,
@@ -195,6 +206,7 @@ def _by_delta(repo: git.Repo, commit: Any, prefix: str, cache: loading.BlobCache
     out = repo.git.diff_tree("-r", "-z", "--no-renames", kept.revision, commit.hexsha, "--",
                              *([prefix] if prefix else []))
     changes: list[tuple[str, loading.FileRef | None]] = []
+    read_many = _batch_reader(repo)
     parts = out.split("\0")
     for meta, path in zip(parts[0::2], parts[1::2], strict=False):
         if not meta.startswith(":"):
@@ -204,7 +216,7 @@ def _by_delta(repo: git.Repo, commit: Any, prefix: str, cache: loading.BlobCache
             if _ref(repo, prefix, old_mode, new_sha, path) is not None:
                 changes.append((path[len(prefix) + 1:] if prefix else path, None))
             continue
-        ref = _ref(repo, prefix, new_mode, new_sha, path)
+        ref = _ref(repo, prefix, new_mode, new_sha, path, read_many=read_many)
         if ref is not None:
             changes.append((ref.name, ref))
         elif _ref(repo, prefix, old_mode, new_sha, path) is not None:  # a YAML file became a submodule
@@ -222,6 +234,96 @@ def _blob_reader(repo: git.Repo, sha: str) -> Callable[[], loading.FileData]:
         return bytes(repo.odb.stream(bytes.fromhex(sha)).read(_MAX_BLOB))
 
     return read
+
+
+def _batch_reader(repo: git.Repo) -> loading.ReadMany:
+    """Reads many blobs of `repo` with two git processes, not a cat-file round trip per blob.
+
+    `cat-file --batch-check` gives every size first, so only blobs within the
+    limit are fetched whole (with `--batch`); an oversized one is left to its
+    ref's cut-off `read`, and so is any blob the output leaves in doubt.
+    """
+    def read_many(keys: Sequence[str]) -> Iterator[dict[str, bytes]]:
+        if len(keys) < BATCH_MIN:
+            return
+        sizes = _blob_sizes(repo, keys)
+        small = [key for key in keys if sizes.get(key, _MAX_BLOB) < _MAX_BLOB]
+        for part in _parts(small, sizes):
+            yield _cat_blobs(repo, part, sizes)
+
+    return read_many
+
+
+def _blob_sizes(repo: git.Repo, keys: Sequence[str]) -> dict[str, int]:
+    """Size by key of every key git holds as a blob; empty when the output is not one line per key as asked."""
+    out = _cat_file(repo, "--batch-check", keys)
+    lines = out.split(b"\n") if out is not None else []
+    if len(lines) != len(keys) + 1 or lines[-1] != b"":
+        return {}
+    sizes: dict[str, int] = {}
+    for key, line in zip(keys, lines, strict=False):
+        fields = line.decode("ascii", "replace").split(" ")
+        if fields == [key, "missing"]:
+            continue  # its own read says what is wrong, as before
+        if len(fields) != 3 or fields[0] != key or fields[1] != "blob" or not fields[2].isdigit():
+            return {}
+        sizes[key] = int(fields[2])
+    return sizes
+
+
+def _parts(keys: list[str], sizes: dict[str, int]) -> Iterator[list[str]]:
+    """`keys` in order, cut into runs of at most BATCH_BYTES of content (a larger blob goes alone)."""
+    part: list[str] = []
+    total = 0
+    for key in keys:
+        if part and total + sizes[key] > BATCH_BYTES:
+            yield part
+            part, total = [], 0
+        part.append(key)
+        total += sizes[key]
+    if part:
+        yield part
+
+
+def _cat_blobs(repo: git.Repo, keys: list[str], sizes: dict[str, int]) -> dict[str, bytes]:
+    """The bytes of `keys` by one `cat-file --batch`; empty (each read on its own) unless the output is exactly
+    `<key> blob <size>\n`, size bytes and `\n` for every key, in order, and nothing more."""
+    out = _cat_file(repo, "--batch", keys)
+    if out is None:
+        return {}
+    got: dict[str, bytes] = {}
+    pos = 0
+    for key in keys:
+        header = f"{key} blob {sizes[key]}\n".encode("ascii")
+        start = pos + len(header)
+        end = start + sizes[key]
+        if out[pos:start] != header or out[end:end + 1] != b"\n":
+            log.info("git cat-file --batch gave unexpected output at %s; reading blobs one by one", key)
+            return {}
+        got[key] = out[start:end]
+        pos = end + 1
+    if pos != len(out):
+        log.info("git cat-file --batch gave %d bytes more than asked; reading blobs one by one", len(out) - pos)
+        return {}
+    return got
+
+
+def _cat_file(repo: git.Repo, mode: str, keys: Sequence[str]) -> bytes | None:
+    """stdout of `git cat-file <mode> --buffer` fed `keys`, as GitPython runs git for `repo`; None if it failed."""
+    # Fixed arguments only: the object ids go to stdin, never onto the command line.
+    command = [str(repo.git.GIT_PYTHON_GIT_EXECUTABLE or "git"), "cat-file", mode, "--buffer"]
+    env = {**os.environ, "LANGUAGE": "C", "LC_ALL": "C", **repo.git.environment()}
+    try:
+        done = subprocess.run(command, input="".join(f"{key}\n" for key in keys).encode("ascii"),
+                              capture_output=True, cwd=repo.working_dir, env=env, timeout=_BATCH_TIMEOUT_S,
+                              check=False)
+    except (OSError, subprocess.SubprocessError) as e:
+        log.info("git cat-file %s failed (%s); reading blobs one by one", mode, e)
+        return None
+    if done.returncode != 0:
+        log.info("git cat-file %s exited %d; reading blobs one by one", mode, done.returncode)
+        return None
+    return done.stdout
 
 
 def iter_revision(root: Path, rev: str) -> Iterator[tuple[str, loading.FileData]]:

@@ -198,6 +198,11 @@ class _Parsed:
     value: Any
 
 
+# Reads many blobs by key in one go (git cat-file --batch), in parts so the caller can stop between
+# them. A key missing from every part is read by its ref's `read` (oversized, unknown, or a doubt).
+ReadMany = Callable[[Sequence[str]], Iterator[dict[str, bytes]]]
+
+
 @dataclass(frozen=True, slots=True)
 class FileRef:
     """A file of a tree: its path, its content id when known (git blob id), and how to read it."""
@@ -205,6 +210,7 @@ class FileRef:
     name: str
     key: str | None
     read: Callable[[], FileData]
+    read_many: ReadMany | None = None  # the same object for every ref of one repository
 
 
 @dataclass(slots=True)
@@ -336,12 +342,8 @@ def blobs_for(refs: Sequence[FileRef], *, workers: int | None = None, cancel: Ca
     disk = cache.disk if cache is not None else None
     if disk is not None and todo:
         todo = _from_disk(disk, refs, todo, blobs, cache=cache if prune else None, cancel=cancel)
-    files: list[tuple[str, FileData]] = []
+    files = _read_files(refs, todo, cancel)
     stored: list[tuple[str, Entry]] = []
-    for n, i in enumerate(todo):
-        if cancel is not None and n % 256 == 0 and cancel():
-            raise Cancelled
-        files.append((refs[i].name, refs[i].read()))
     results = _parse_all(files, workers, cancel, pack=cache is not None and not cache.keep_values)
     try:
         for n, (i, (name, data), (parsed, found, packed)) in enumerate(
@@ -375,6 +377,37 @@ def blobs_for(refs: Sequence[FileRef], *, workers: int | None = None, cancel: Ca
 
 
 _CONSUMED: tuple[str, FileData] = ("", b"")
+
+
+def _read_files(refs: Sequence[FileRef], todo: list[int], cancel: Cancel | None) -> list[tuple[str, FileData]]:
+    """(name, bytes or Refused) of the `todo` refs: in batches where a ref can, else one by one."""
+    batched = _read_batched(refs, todo, cancel)  # dropped on return: `files` alone then holds the bytes
+    files: list[tuple[str, FileData]] = []
+    for n, i in enumerate(todo):
+        if cancel is not None and n % 256 == 0 and cancel():
+            raise Cancelled
+        ref = refs[i]
+        data = batched.get(ref.key) if ref.read_many is not None and ref.key is not None else None
+        files.append((ref.name, data if data is not None else ref.read()))
+    return files
+
+
+def _read_batched(refs: Sequence[FileRef], todo: list[int], cancel: Cancel | None) -> dict[str, bytes]:
+    """Bytes by key of the `todo` refs their `read_many` gave: one call per reader, each key asked once."""
+    wanted: dict[ReadMany, dict[str, None]] = {}
+    for i in todo:
+        ref = refs[i]
+        if ref.read_many is not None and ref.key is not None:
+            wanted.setdefault(ref.read_many, {})[ref.key] = None
+    got: dict[str, bytes] = {}
+    for read_many, keys in wanted.items():
+        if cancel is not None and cancel():
+            raise Cancelled
+        for part in read_many(list(keys)):
+            if cancel is not None and cancel():
+                raise Cancelled
+            got.update(part)
+    return got
 
 
 def assemble(blobs: Sequence[_Blob | None]) -> LoadResult:
