@@ -192,10 +192,14 @@ class Cancelled(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class _Parsed:
+class _Typed:
+    """One document as the reader and typing left it: plain value (None when not wanted), model, problems."""
+
     index: int
     line: int
     value: Any
+    model: Any  # None: refused by typing (its problems say why)
+    problems: list[p.Problem]
 
 
 # Reads many blobs by key in one go (git cat-file --batch), in parts so the caller can stop between
@@ -344,24 +348,24 @@ def blobs_for(refs: Sequence[FileRef], *, workers: int | None = None, cancel: Ca
         todo = _from_disk(disk, refs, todo, blobs, cache=cache if prune else None, cancel=cancel)
     files = _read_files(refs, todo, cancel)
     stored: list[tuple[str, Entry]] = []
-    results = _parse_all(files, workers, cancel, pack=cache is not None and not cache.keep_values)
+    keep_values = cache is None or cache.keep_values or disk is not None
+    results = _parse_all(files, workers, cancel, pack=cache is not None and not cache.keep_values,
+                         values=keep_values)
     try:
-        for n, (i, (name, data), (parsed, found, packed)) in enumerate(
+        for n, (i, (name, data), (typed, found, packed)) in enumerate(
                 zip(todo, files, results, strict=True)):
             if cancel is not None and n % 256 == 0 and cancel():
                 raise Cancelled
             docs = []
-            for item in parsed:
+            for item in typed:
                 assert isinstance(data, bytes)  # noqa: S101 - only bytes parse to documents
-                doc = Document(name, item.index, item.value, item.line, data)
-                doc_problems: list[p.Problem] = []
-                docs.append((doc, _type_document(doc, doc_problems), doc_problems))
+                docs.append((Document(name, item.index, item.value, item.line, data), item.model, item.problems))
             _settle(docs, cache, packed)
             blobs[i] = _Blob(name, found, docs)
             if cache is not None and prune:  # a delta's blobs live in its tree: no history piles up here
                 cache._put(refs[i].key, blobs[i])  # type: ignore[arg-type]
             if disk is not None:
-                _keep(stored, refs[i].key, data, parsed, found)
+                _keep(stored, refs[i].key, data, typed, found)
             # Its bytes now live (packed) in its documents: the raw copy goes now, not after the
             # last file, or a cold start holds the whole tree's bytes at its peak.
             files[n] = _CONSUMED
@@ -424,7 +428,7 @@ def assemble(blobs: Sequence[_Blob | None]) -> LoadResult:
     return LoadResult(state, problems)
 
 
-def _keep(stored: list[tuple[str, Entry]], key: str | None, data: FileData, parsed: list[_Parsed],
+def _keep(stored: list[tuple[str, Entry]], key: str | None, data: FileData, parsed: list[_Typed],
           found: list[p.Problem]) -> None:
     """Queue the reader's output for the disk store: only for bytes that are the whole blob named `key`."""
     if key is not None and isinstance(data, bytes) and blob_id(data) == key:
@@ -459,16 +463,17 @@ def _from_disk(disk: DiskStore, refs: Sequence[FileRef], todo: list[int], blobs:
     return left
 
 
-_Result = tuple[list[_Parsed], list[p.Problem], bytes | None]  # documents, problems, the bytes packed
+_Result = tuple[list[_Typed], list[p.Problem], bytes | None]  # documents, file problems, the bytes packed
 
 
 def _parse_all(
-    file_list: list[tuple[str, FileData]], workers: int | None, cancel: Cancel | None, *, pack: bool = False
+    file_list: list[tuple[str, FileData]], workers: int | None, cancel: Cancel | None, *, pack: bool = False,
+    values: bool = True,
 ) -> Generator[_Result, None, None]:
     """Each file's reader output, in order; with `pack`, pool workers also compress the bytes (see `_settle`)."""
     n = workers if workers is not None else (os.cpu_count() or 1)
     if n <= 1 or len(file_list) < PARALLEL_THRESHOLD or "forkserver" not in mp.get_all_start_methods():
-        yield from ((*_parse_one(name, data), None) for name, data in file_list)
+        yield from ((*_parse_one(name, data, values), None) for name, data in file_list)
         return
     # forkserver, never fork: the caller may run threads (watchfiles' inotify thread, a
     # database pool), and a child forked while another thread holds a lock can wait on it
@@ -481,7 +486,7 @@ def _parse_all(
     delivered = False
     try:
         # No list of the chunks: a chunk's bytes are let go once its result is taken.
-        pending = collections.deque(pool.submit(_parse_chunk, file_list[i:i + step], pack)
+        pending = collections.deque(pool.submit(_parse_chunk, file_list[i:i + step], pack, values)
                                     for i in range(0, len(file_list), step))
         while pending:
             # Taken off the queue: a future keeps its result, and every chunk's plain values held
@@ -505,7 +510,7 @@ def _parse_all(
         # Degrade, never hang: the pool goes first (a hung worker must not outlive this
         # parse), then what it did not deliver is parsed here.
         _stop(pool, at_once=True)
-        yield from ((*_parse_one(name, data), None) for name, data in file_list[done:])
+        yield from ((*_parse_one(name, data, values), None) for name, data in file_list[done:])
     finally:
         # Also on Cancelled and on close() by the caller: queued chunks are dropped and
         # the workers are stopped, each wait bounded.
@@ -575,23 +580,27 @@ if "forkserver" in mp.get_all_start_methods():
     _CONTEXT.set_forkserver_preload(["desired.loading"])
 
 
-def _parse_chunk(chunk: list[tuple[str, FileData]], pack: bool) -> list[_Result]:
-    # Plain values cross the pipe: pickling them is ~5x cheaper than pickling models.
-    # Compressing here, beside the parse, keeps it off the process that types.
-    return [(*_parse_one(name, data), zlib.compress(data, 1) if pack and isinstance(data, bytes) else None)
+def _parse_chunk(chunk: list[tuple[str, FileData]], pack: bool, values: bool) -> list[_Result]:
+    # Typed here, beside the parse: models cross the pipe cheaper than the plain values they
+    # come from (their equal strings are one object, see models.compact), and the process
+    # that plans does not spend a second typing. Compressing here keeps that off it too.
+    return [(*_parse_one(name, data, values), zlib.compress(data, 1) if pack and isinstance(data, bytes) else None)
             for name, data in chunk]
 
 
-def _parse_one(name: str, data: FileData) -> tuple[list[_Parsed], list[p.Problem]]:
+def _parse_one(name: str, data: FileData, values: bool = True) -> tuple[list[_Typed], list[p.Problem]]:
+    """Read and type one file; `values`: keep each document's plain value beside its model."""
     if isinstance(data, Refused):
         return [], [p.Problem(data.code, data.message, name, 1, 1)]
-    parsed: list[_Parsed] = []
+    typed: list[_Typed] = []
     try:
         for doc in read_documents(name, data):
-            parsed.append(_Parsed(doc.index, doc.line, doc.value))
+            found: list[p.Problem] = []
+            model = _type_document(doc, found)
+            typed.append(_Typed(doc.index, doc.line, doc.value if values else None, model, found))
     except YamlProblem as e:
-        return parsed, [p.Problem(e.code, e.message, name, e.line, e.column)]
-    return parsed, []
+        return typed, [p.Problem(e.code, e.message, name, e.line, e.column)]
+    return typed, []
 
 
 def _settle(docs: list[tuple[Document, Any, list[p.Problem]]], cache: BlobCache | None,
