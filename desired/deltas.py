@@ -64,6 +64,24 @@ def delta_of(state: DesiredState, since: DesiredState | None) -> Delta | None:
     return d
 
 
+def delta_between(state: DesiredState, since: DesiredState | None) -> Delta | None:
+    """`delta_of`, or the way back: the delta from `since` to `state` when `since` was built from `state`.
+
+    A PR plan moves one engine from head back to base, and only head carries
+    a Delta (base is where it came from). The keys that differ are the same
+    set either way; the Delta returned is based on `since`, like `delta_of`'s.
+    Sound because neither side is edited in place: `state` carrying a Delta
+    was assembled by `apply`, and a state a Delta is based on shares every
+    table its child did not change (copy on write), so editing it in place
+    would change the child too.
+    """
+    ahead = delta_of(state, since)
+    if ahead is not None or since is None:
+        return ahead
+    back = delta_of(since, state)
+    return None if back is None else Delta(weakref.ref(since), back.keys)
+
+
 @dataclass(slots=True)
 class Tree:
     """The last tree assembled: the blob of every path, the state and its parse problems."""

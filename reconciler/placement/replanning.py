@@ -22,7 +22,14 @@ The plan must equal `planner.plan(desired, observed)`; what makes it so:
 - A desired state read by delta from the one the engine was brought to
   (`desired.deltas`) names its changed nodes and slot maps; with the
   observed slot statuses, firmware and health compared as sets, only those
-  nodes' facts are built again, instead of every node's.
+  nodes' facts are built again, instead of every node's. The same holds
+  the other way (a PR plan goes from head back to base, and only head
+  carries the Delta: `deltas.delta_between`), and for the very state the
+  engine was brought to, when that state is immutable by contract: it
+  carries a Delta, or the engine reached it back from the state built from
+  it (`_Kept.frozen`). Then no document changed, and only the observed
+  facts and claims are compared. A state known neither way (a test may edit
+  one in place and plan it again) has every node's facts compared.
 
 Pure, like the planner: no I/O, no clock.
 """
@@ -66,6 +73,7 @@ class _Kept:
     age: int  # plans since the engine was built cold
     desired: weakref.ref[DesiredState]  # the state itself, for a delta read from it
     observed: plans.Observed  # node facts' other inputs: slot statuses, firmware, health
+    frozen: bool  # `desired` is never edited in place (see `_frozen`): planning it again changes no document
 
 
 class _Cold(Exception):
@@ -82,15 +90,17 @@ class WarmPlanner:
         self.cold = 0  # cold builds so far
         self.last_cold = ""  # why the last one
         self.last_reset = 0  # nodes the last warm plan reset
-        self.by_delta = 0  # warm syncs that built facts only for what a delta named
+        self.by_delta = 0  # warm syncs that built facts only for what a delta named (none: the same state)
+        self.last_sync = ""  # how the last call found what changed: delta, reverse, same, full (or cold)
 
     def __call__(self, desired: DesiredState, observed: plans.Observed) -> plans.Plan:
         kept, self._kept = self._kept, None  # a plan that raises leaves no half-updated engine behind
+        frozen = _frozen(kept, desired)
         by_node, by_alloc = _group(observed.claims)
         got = "first plan" if kept is None else self._warm(kept, desired, observed, by_node, by_alloc)
         if isinstance(got, str):
             self.cold += 1
-            self.last_cold = got
+            self.last_cold, self.last_sync = got, "cold"
             log.info("placement engine built cold: %s", got)
             engine = placing.Engine(desired, observed, policy=self.policy)
             plan, age = planner.plan_with(engine, desired, observed), 0
@@ -99,7 +109,8 @@ class WarmPlanner:
             age = kept.age + 1 if kept is not None else 0
         self._kept = _Kept(engine, desired.fleet, dict(desired.skus), dict(desired.allocations),
                            dict(observed.image_cache), by_node, by_alloc,
-                           frozenset(p.node for p in plan.placements), age, weakref.ref(desired), observed)
+                           frozenset(p.node for p in plan.placements), age, weakref.ref(desired), observed,
+                           frozen)
         return plan
 
     def engine(self, desired: DesiredState, observed: plans.Observed) -> placing.Engine:
@@ -110,6 +121,7 @@ class WarmPlanner:
         placed are released), so the next call syncs from it.
         """
         kept, self._kept = self._kept, None
+        frozen = _frozen(kept, desired)
         by_node, by_alloc = _group(observed.claims)
         engine, age = None, 0
         if kept is not None:
@@ -119,10 +131,11 @@ class WarmPlanner:
                 log.info("placement engine built cold: %s", e)
         if engine is None:
             self.cold += 1
+            self.last_sync = "cold"
             engine = placing.Engine(desired, observed, policy=self.policy)
         self._kept = _Kept(engine, desired.fleet, dict(desired.skus), dict(desired.allocations),
                            dict(observed.image_cache), by_node, by_alloc, frozenset(), age, weakref.ref(desired),
-                           observed)
+                           observed, frozen)
         return engine
 
     def _warm(self, kept: _Kept, desired: DesiredState, observed: plans.Observed,
@@ -151,7 +164,7 @@ class WarmPlanner:
         self._check_shape(kept, desired)
         engine = kept.engine
         engine.warnings.clear()  # they describe what a sync loaded; a kept list would only grow
-        delta = deltas.delta_of(desired, kept.desired())  # a state with a Delta is never edited in place
+        self.last_sync, delta = _since(kept, desired)
         self.by_delta += delta is not None
         refacts = _refacts(engine, desired, observed) if delta is None else _refacts_by_delta(
             engine, desired, observed, kept.observed, delta)
@@ -198,6 +211,41 @@ class WarmPlanner:
         out = [aid for aid, alloc in new.items() if old.get(aid) is not alloc and engine.retime(aid, alloc)]
         out += [aid for aid in old.keys() - new.keys() if engine.retime(aid, None)]
         return out
+
+
+def _since(kept: _Kept, desired: DesiredState) -> tuple[str, deltas.Delta | None]:
+    """How the documents of `desired` differ from those the engine was brought to, and the Delta naming them.
+
+    "delta": desired was read by delta from that state; "reverse": that state
+    was read by delta from desired (the same keys differ); "same": it is
+    desired, and frozen, so nothing differs; "full" (no Delta): unknown.
+    """
+    was = kept.desired()
+    if was is not None and was is desired:
+        # Identity alone proves nothing: a caller may have edited the state in place since.
+        return ("same", deltas.Delta(kept.desired, frozenset())) if kept.frozen else ("full", None)
+    delta = deltas.delta_between(desired, was)
+    if delta is None:
+        return "full", None
+    return ("delta" if delta is getattr(desired, "delta", None) else "reverse"), delta
+
+
+def _frozen(kept: _Kept | None, desired: DesiredState) -> bool:
+    """Is `desired` immutable by contract (`deltas.delta_between`), so planning it again changes no document?
+
+    Yes when it carries a Delta (assembled by `deltas.apply`), when it is the
+    base of the state the engine was brought to (the child shares its
+    tables), or when it is that state and was frozen then. A state with no
+    Delta that nothing was read by delta from may be edited in place.
+    """
+    if getattr(desired, "delta", None) is not None:
+        return True
+    if kept is None:
+        return False
+    was = kept.desired()
+    if was is desired:
+        return kept.frozen
+    return was is not None and deltas.delta_of(was, desired) is not None
 
 
 def _refacts(engine: placing.Engine, desired: DesiredState,
