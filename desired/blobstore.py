@@ -236,7 +236,7 @@ class DiskStore:
 
     # ------------------------------------------------------------- writing
 
-    def put_many(self, entries: Iterable[tuple[str, Entry]], *, keep: Iterable[str] = ()) -> None:
+    def put_many(self, entries: Iterable[tuple[str, Entry | Encoded]], *, keep: Iterable[str] = ()) -> None:
         """Store entries in one transaction; drop other versions' entries, and old ones past MAX_ENTRIES.
 
         An entry whose bytes are not the blob it names is not stored: a read
@@ -245,10 +245,14 @@ class DiskStore:
         rows = []
         now = int(time.time())
         for blob, entry in entries:
-            if _git_blob_id(entry.data) != blob:
-                continue
-            docs = tuple((index, line, _shared_keys(value)) for index, line, value in entry.docs)
-            payload = _encode((FORMAT, blob, entry.data, entry.problems, docs))
+            if isinstance(entry, Encoded):
+                if entry.blob != blob:
+                    continue
+                payload = entry.payload
+            else:
+                if _git_blob_id(entry.data) != blob:
+                    continue
+                payload = encode(blob, entry)
             rows.append((self.version, blob, self._mac(blob, payload), payload, now))
         if not rows:
             return
@@ -316,6 +320,31 @@ def _encode(value: tuple[Any, ...]) -> bytes:
         return _MARSHAL + marshal.dumps(value, _MARSHAL_VERSION)
     except ValueError:  # a datetime (YAML timestamp): not a type marshal knows
         return _PICKLE + pickle.dumps(value, protocol=5)
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """An entry's payload made where it was parsed (a pool worker), and the git blob id of its bytes.
+
+    `put_many` stores it only under that blob id, so the bytes of a stored
+    entry are still always its blob's.
+    """
+
+    blob: str
+    payload: bytes
+
+
+def encode(blob: str, entry: Entry) -> bytes:
+    """The payload `put_many` stores for `entry` (pure: a parse worker makes it beside the parse)."""
+    docs = tuple((index, line, _shared_keys(value)) for index, line, value in entry.docs)
+    return _encode((FORMAT, blob, entry.data, entry.problems, docs))
+
+
+def encoded(data: bytes, problems: tuple[tuple[str, str, int, int], ...],
+            docs: tuple[tuple[int, int, Any], ...]) -> Encoded:
+    """The reader's output for `data`, encoded under the blob id of `data`."""
+    blob = _git_blob_id(data)
+    return Encoded(blob, encode(blob, Entry(data, problems, docs)))
 
 
 def _shared_keys(value: Any) -> Any:

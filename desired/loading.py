@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from desired import blobstore, patterns
 from desired import models as m
-from desired import patterns
 from desired import problems as p
-from desired.blobstore import DiskStore, Entry
+from desired.blobstore import DiskStore, Encoded, Entry
 from desired.yamlio import MAX_FILE_BYTES, Document, YamlProblem, read_documents
 
 if TYPE_CHECKING:
@@ -347,12 +347,13 @@ def blobs_for(refs: Sequence[FileRef], *, workers: int | None = None, cancel: Ca
     if disk is not None and todo:
         todo = _from_disk(disk, refs, todo, blobs, cache=cache if prune else None, cancel=cancel)
     files = _read_files(refs, todo, cancel)
-    stored: list[tuple[str, Entry]] = []
-    keep_values = cache is None or cache.keep_values or disk is not None
+    stored: list[tuple[str, Entry | Encoded]] = []
+    # A disk-backed cache (CLI runs) keeps no plain value: the store's payload is made where
+    # the file is parsed, and only models cross the pool's pipe.
     results = _parse_all(files, workers, cancel, pack=cache is not None and not cache.keep_values,
-                         values=keep_values)
+                         values=cache is None or (cache.keep_values and disk is None), encode=disk is not None)
     try:
-        for n, (i, (name, data), (typed, found, packed)) in enumerate(
+        for n, (i, (name, data), (typed, found, packed, payload)) in enumerate(
                 zip(todo, files, results, strict=True)):
             if cancel is not None and n % 256 == 0 and cancel():
                 raise Cancelled
@@ -364,8 +365,9 @@ def blobs_for(refs: Sequence[FileRef], *, workers: int | None = None, cancel: Ca
             blobs[i] = _Blob(name, found, docs)
             if cache is not None and prune:  # a delta's blobs live in its tree: no history piles up here
                 cache._put(refs[i].key, blobs[i])  # type: ignore[arg-type]
-            if disk is not None:
-                _keep(stored, refs[i].key, data, typed, found)
+            key = refs[i].key
+            if payload is not None and key is not None:
+                stored.append((key, payload))  # put_many keeps it only if the key is its blob id
             # Its bytes now live (packed) in its documents: the raw copy goes now, not after the
             # last file, or a cold start holds the whole tree's bytes at its peak.
             files[n] = _CONSUMED
@@ -428,14 +430,6 @@ def assemble(blobs: Sequence[_Blob | None]) -> LoadResult:
     return LoadResult(state, problems)
 
 
-def _keep(stored: list[tuple[str, Entry]], key: str | None, data: FileData, parsed: list[_Typed],
-          found: list[p.Problem]) -> None:
-    """Queue the reader's output for the disk store: only for bytes that are the whole blob named `key`."""
-    if key is not None and isinstance(data, bytes) and blob_id(data) == key:
-        stored.append((key, Entry(data, tuple((x.code, x.message, x.line, x.column) for x in found),
-                                  tuple((it.index, it.line, it.value) for it in parsed))))
-
-
 def _from_disk(disk: DiskStore, refs: Sequence[FileRef], todo: list[int], blobs: list[_Blob | None], *,
                cache: BlobCache | None, cancel: Cancel | None) -> list[int]:
     """Fill `blobs` from the on-disk store where it has the blob; the indexes still to parse."""
@@ -463,17 +457,18 @@ def _from_disk(disk: DiskStore, refs: Sequence[FileRef], todo: list[int], blobs:
     return left
 
 
-_Result = tuple[list[_Typed], list[p.Problem], bytes | None]  # documents, file problems, the bytes packed
+# Documents, file problems, the bytes packed, the disk store's payload (see `_parse_one`).
+_Result = tuple[list[_Typed], list[p.Problem], bytes | None, Encoded | None]
 
 
 def _parse_all(
     file_list: list[tuple[str, FileData]], workers: int | None, cancel: Cancel | None, *, pack: bool = False,
-    values: bool = True,
+    values: bool = True, encode: bool = False,
 ) -> Generator[_Result, None, None]:
     """Each file's reader output, in order; with `pack`, pool workers also compress the bytes (see `_settle`)."""
     n = workers if workers is not None else (os.cpu_count() or 1)
     if n <= 1 or len(file_list) < PARALLEL_THRESHOLD or "forkserver" not in mp.get_all_start_methods():
-        yield from ((*_parse_one(name, data, values), None) for name, data in file_list)
+        yield from (_unpacked(_parse_one(name, data, values, encode)) for name, data in file_list)
         return
     # forkserver, never fork: the caller may run threads (watchfiles' inotify thread, a
     # database pool), and a child forked while another thread holds a lock can wait on it
@@ -486,7 +481,7 @@ def _parse_all(
     delivered = False
     try:
         # No list of the chunks: a chunk's bytes are let go once its result is taken.
-        pending = collections.deque(pool.submit(_parse_chunk, file_list[i:i + step], pack, values)
+        pending = collections.deque(pool.submit(_parse_chunk, file_list[i:i + step], pack, values, encode)
                                     for i in range(0, len(file_list), step))
         while pending:
             # Taken off the queue: a future keeps its result, and every chunk's plain values held
@@ -510,7 +505,7 @@ def _parse_all(
         # Degrade, never hang: the pool goes first (a hung worker must not outlive this
         # parse), then what it did not deliver is parsed here.
         _stop(pool, at_once=True)
-        yield from ((*_parse_one(name, data, values), None) for name, data in file_list[done:])
+        yield from (_unpacked(_parse_one(name, data, values, encode)) for name, data in file_list[done:])
     finally:
         # Also on Cancelled and on close() by the caller: queued chunks are dropped and
         # the workers are stopped, each wait bounded.
@@ -580,27 +575,48 @@ if "forkserver" in mp.get_all_start_methods():
     _CONTEXT.set_forkserver_preload(["desired.loading"])
 
 
-def _parse_chunk(chunk: list[tuple[str, FileData]], pack: bool, values: bool) -> list[_Result]:
+def _parse_chunk(chunk: list[tuple[str, FileData]], pack: bool, values: bool, encode: bool) -> list[_Result]:
     # Typed here, beside the parse: models cross the pipe cheaper than the plain values they
     # come from (their equal strings are one object, see models.compact), and the process
     # that plans does not spend a second typing. Compressing here keeps that off it too.
-    return [(*_parse_one(name, data, values), zlib.compress(data, 1) if pack and isinstance(data, bytes) else None)
-            for name, data in chunk]
+    out = []
+    for name, data in chunk:
+        typed, found, payload = _parse_one(name, data, values, encode)
+        out.append((typed, found, zlib.compress(data, 1) if pack and isinstance(data, bytes) else None, payload))
+    return out
 
 
-def _parse_one(name: str, data: FileData, values: bool = True) -> tuple[list[_Typed], list[p.Problem]]:
-    """Read and type one file; `values`: keep each document's plain value beside its model."""
+def _unpacked(parsed: tuple[list[_Typed], list[p.Problem], Encoded | None]) -> _Result:
+    typed, found, payload = parsed
+    return typed, found, None, payload
+
+
+def _parse_one(name: str, data: FileData, values: bool = True,
+               encode: bool = False) -> tuple[list[_Typed], list[p.Problem], Encoded | None]:
+    """Read and type one file.
+
+    `values`: keep each document's plain value beside its model. `encode`:
+    also the disk store's payload of the reader's output (plain values, the
+    reader's problems, the bytes), made here so that neither the values nor
+    their encoding cost the process that collects the results.
+    """
     if isinstance(data, Refused):
-        return [], [p.Problem(data.code, data.message, name, 1, 1)]
+        return [], [p.Problem(data.code, data.message, name, 1, 1)], None
     typed: list[_Typed] = []
+    plain: list[tuple[int, int, Any]] = []
+    found: list[p.Problem] = []
     try:
         for doc in read_documents(name, data):
-            found: list[p.Problem] = []
-            model = _type_document(doc, found)
-            typed.append(_Typed(doc.index, doc.line, doc.value if values else None, model, found))
+            doc_problems: list[p.Problem] = []
+            model = _type_document(doc, doc_problems)
+            typed.append(_Typed(doc.index, doc.line, doc.value if values else None, model, doc_problems))
+            if encode:
+                plain.append((doc.index, doc.line, doc.value))
     except YamlProblem as e:
-        return typed, [p.Problem(e.code, e.message, name, e.line, e.column)]
-    return typed, []
+        found = [p.Problem(e.code, e.message, name, e.line, e.column)]
+    payload = blobstore.encoded(data, tuple((x.code, x.message, x.line, x.column) for x in found),
+                                tuple(plain)) if encode else None
+    return typed, found, payload
 
 
 def _settle(docs: list[tuple[Document, Any, list[p.Problem]]], cache: BlobCache | None,
