@@ -8,9 +8,8 @@ the commit it recorded, whatever the working tree holds.
 from __future__ import annotations
 
 import logging
-import os
 import re
-import subprocess
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -309,21 +308,23 @@ def _cat_blobs(repo: git.Repo, keys: list[str], sizes: dict[str, int]) -> dict[s
 
 
 def _cat_file(repo: git.Repo, mode: str, keys: Sequence[str]) -> bytes | None:
-    """stdout of `git cat-file <mode> --buffer` fed `keys`, as GitPython runs git for `repo`; None if it failed."""
+    """stdout of `git cat-file <mode> --buffer` fed `keys`, run by GitPython for `repo`; None if it failed.
+
+    GitPython starts git (this layer never spawns processes itself): its
+    environment, its executable, an argument list, no shell.
+    """
     # Fixed arguments only: the object ids go to stdin, never onto the command line.
     command = [str(repo.git.GIT_PYTHON_GIT_EXECUTABLE or "git"), "cat-file", mode, "--buffer"]
-    env = {**os.environ, "LANGUAGE": "C", "LC_ALL": "C", **repo.git.environment()}
     try:
-        done = subprocess.run(command, input="".join(f"{key}\n" for key in keys).encode("ascii"),
-                              capture_output=True, cwd=repo.working_dir, env=env, timeout=_BATCH_TIMEOUT_S,
-                              check=False)
-    except (OSError, subprocess.SubprocessError) as e:
+        with tempfile.TemporaryFile() as ids:
+            ids.write("".join(f"{key}\n" for key in keys).encode("ascii"))
+            ids.seek(0)
+            out = repo.git.execute(command, istream=ids, stdout_as_string=False, strip_newline_in_stdout=False,
+                                   kill_after_timeout=_BATCH_TIMEOUT_S)
+    except (OSError, git.GitCommandError) as e:
         log.info("git cat-file %s failed (%s); reading blobs one by one", mode, e)
         return None
-    if done.returncode != 0:
-        log.info("git cat-file %s exited %d; reading blobs one by one", mode, done.returncode)
-        return None
-    return done.stdout
+    return out if isinstance(out, bytes) else None
 
 
 def iter_revision(root: Path, rev: str) -> Iterator[tuple[str, loading.FileData]]:
