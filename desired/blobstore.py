@@ -1,24 +1,27 @@
 """Parsed blobs on disk, for CLI runs (`plan`, `validate --rev`, PR plans in CI).
 
-A git blob id names a file's bytes, so what libyaml made of those bytes can
-be kept under the state dir (`<state>/cache/`) and reused by the next run.
-The cache holds only the reader's output (the plain YAML values with their
-lines, the file's bytes for error positions, and the reader's own problems);
-typing (pydantic) and every cross-file rule run again on every load, so an
-entry can save time but can never make a wrong file valid.
+A git blob id names a file's bytes, so what the reader and typing made of
+those bytes can be kept under the state dir (`<state>/cache/`) and reused by
+the next run: each document's model (or the problems that refused it), its
+line, the file's bytes for error positions, and the reader's own problems.
+Every cross-file rule runs again on every load. Typing is a pure function of
+the bytes and of the code that types (the models, pydantic): both are in the
+version an entry is keyed by, so an entry gives exactly what typing the same
+bytes again would.
 
 The cache is an optimization and is never trusted:
 
-- entries are keyed by blob id and the reader version (a hash of the reader's
-  source, PyYAML's and Python's version): another version's entries are
-  never read, and are dropped on the next write;
+- entries are keyed by blob id and the reader version (a hash of the
+  reader's and the models' source, PyYAML's, pydantic's and Python's
+  version): another version's entries are never read, and are dropped on
+  the next write;
 - every entry carries an HMAC-SHA256 over version, blob id and payload, with
   a random key made on first use (`key`, mode 0600): an entry this user's
   runs did not write (foreign), or a damaged one, fails the check and is
-  parsed again; the payload is decoded only after the check, by `marshal`
-  (builtin types only; it calls no code) or, for the few entries holding a
-  YAML timestamp, by an unpickler that knows no class but `datetime`'s, and
-  must have the expected shape and name the blob it is stored under; only
+  parsed again; the payload is decoded only after the check, by an
+  unpickler that knows no class but the desired-state models and enums
+  (`desired.models`) and `datetime`'s, and must have the expected shape and
+  name the blob it is stored under; only
   bytes whose git blob id is the key are written, so an entry's bytes are
   its blob's (error positions point at the right text);
 - the directory must be ours and writable by nobody else, the files ours
@@ -40,10 +43,10 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import errno
+import functools
 import hashlib
 import hmac
 import io
-import marshal
 import os
 import pickle
 import secrets
@@ -58,7 +61,7 @@ from typing import Any
 
 import yaml
 
-FORMAT = 2  # 2: marshal payloads (a tag byte first) in the rowid table `entries`
+FORMAT = 3  # 3: typed documents (models), pickled, a tag byte first, in the rowid table `entries`
 KEY_BYTES = 32
 DB_NAME = "blobs.sqlite3"
 KEY_NAME = "key"
@@ -67,22 +70,25 @@ ENV_STATE_DIR = "GPUAAS_STATE_DIR"
 MAX_ENTRIES = 200_000  # beyond this, the oldest entries not in the current tree are dropped
 MAX_RESULTS = 64  # whole command results (PR plans) kept; the newest win
 _CHUNK = 500  # keys per SELECT (SQLite's variable limit is 999 on old builds)
-# The payload's first byte says how the rest is encoded. marshal is ~3x faster than pickle
-# to write plain containers and does no memo bookkeeping, but knows no datetime (a YAML
-# timestamp); such an entry, rare, is pickled instead.
-_MARSHAL, _PICKLE = b"m", b"p"
-_MARSHAL_VERSION = 4  # fixed: the payload format must not follow the running Python's default
+# The payload's first byte says how the rest is encoded (one way so far: pickle).
+_PICKLE = b"p"
 
 Note = Callable[[str], None]
 
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """What the reader made of one blob: its bytes, the reader's problems, its documents."""
+    """What the reader and typing made of one blob: its bytes, the reader's problems, its documents."""
 
     data: bytes
-    problems: tuple[tuple[str, str, int, int], ...]  # code, message, line, column (the file is the caller's)
-    docs: tuple[tuple[int, int, Any], ...]  # index, line, plain value
+    problems: tuple[Found, ...]  # the reader's (a file-level refusal)
+    docs: tuple[TypedDoc, ...]
+
+
+# A problem without its file (the caller's): code, message, line, column.
+Found = tuple[str, str, int, int]
+# One document: index in its file, line, its model (None: typing refused it), typing's problems.
+TypedDoc = tuple[int, int, Any, tuple[Found, ...]]
 
 
 def default_dir() -> Path:
@@ -93,25 +99,51 @@ def default_dir() -> Path:
 
 def reader_version() -> str:
     """Changes whenever the reader could read the same bytes differently."""
-    from desired import loading, models, yamlio
+    import pydantic
+    import pydantic_core
+
+    from desired import loading, models, patterns, problems, yamlio
 
     h = hashlib.sha256(f"format {FORMAT}\0python {sys.version_info[:2]}\0pyyaml {yaml.__version__}\0"
-                       f"libyaml {getattr(yaml, '__with_libyaml__', False)}\0".encode())
-    for module in (yamlio, loading, models):
+                       f"libyaml {getattr(yaml, '__with_libyaml__', False)}\0pydantic {pydantic.VERSION}\0"
+                       f"pydantic-core {pydantic_core.__version__}\0".encode())
+    for module in (yamlio, loading, models, patterns, problems):
         h.update(Path(module.__file__ or "").read_bytes())
     return h.hexdigest()[:32]
 
 
 class _Unpickler(pickle.Unpickler):
-    """Plain values only: containers and scalars, plus the datetime types YAML timestamps become."""
+    """Containers and scalars, the desired-state models and enums, and the datetime types.
 
-    _ALLOWED = frozenset({("datetime", "datetime"), ("datetime", "date"), ("datetime", "timezone"),
-                          ("datetime", "timedelta")})
+    A model is rebuilt from its stored fields without validation (pickle's
+    way): the entry's HMAC says this user's runs wrote it, from a model that
+    was validated then, with the code the version names.
+    """
+
+    _DATETIME = frozenset({"datetime", "date", "timezone", "timedelta"})
 
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in self._ALLOWED:
+        if module == "datetime" and name in self._DATETIME:
             return getattr(dt, name)
+        if module == "desired.models":
+            found = _model_classes().get(name)
+            if found is not None:
+                return found
         raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a cache entry")
+
+
+@functools.cache
+def _model_classes() -> dict[str, type]:
+    """The classes an entry may name: `desired.models`' pydantic models and enums, nothing else."""
+    import enum
+
+    from pydantic import BaseModel
+
+    from desired import models
+
+    return {name: obj for name, obj in vars(models).items()
+            if isinstance(obj, type) and obj.__module__ == models.__name__
+            and (issubclass(obj, BaseModel) or issubclass(obj, enum.Enum))}
 
 
 class DiskStore:
@@ -315,11 +347,8 @@ class DiskStore:
 
 
 def _encode(value: tuple[Any, ...]) -> bytes:
-    """The payload of an entry: marshal's bytes, or pickle's for a value marshal cannot hold."""
-    try:
-        return _MARSHAL + marshal.dumps(value, _MARSHAL_VERSION)
-    except ValueError:  # a datetime (YAML timestamp): not a type marshal knows
-        return _PICKLE + pickle.dumps(value, protocol=5)
+    """The payload of an entry (models need pickle; a tag byte leaves room for another encoding)."""
+    return _PICKLE + pickle.dumps(value, protocol=5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,41 +365,18 @@ class Encoded:
 
 def encode(blob: str, entry: Entry) -> bytes:
     """The payload `put_many` stores for `entry` (pure: a parse worker makes it beside the parse)."""
-    docs = tuple((index, line, _shared_keys(value)) for index, line, value in entry.docs)
-    return _encode((FORMAT, blob, entry.data, entry.problems, docs))
+    return _encode((FORMAT, blob, entry.data, entry.problems, entry.docs))
 
 
-def encoded(data: bytes, problems: tuple[tuple[str, str, int, int], ...],
-            docs: tuple[tuple[int, int, Any], ...]) -> Encoded:
+def encoded(data: bytes, problems: tuple[Found, ...], docs: tuple[TypedDoc, ...]) -> Encoded:
     """The reader's output for `data`, encoded under the blob id of `data`."""
     blob = _git_blob_id(data)
     return Encoded(blob, encode(blob, Entry(data, problems, docs)))
 
 
-def _shared_keys(value: Any) -> Any:
-    """A copy of `value` whose mapping keys are interned strings.
-
-    marshal writes a string it meets twice in one entry once (a back
-    reference), and reads an interned one back as the process's one copy:
-    the keys a document repeats (a list of mappings) cost nothing to read
-    again, payloads are smaller, and a warm run holds one string per key.
-    Reads are every run's, writes only a new blob's: the walk is paid once.
-    """
-    if type(value) is dict:
-        return {(sys.intern(k) if type(k) is str else k): _shared_keys(v) for k, v in value.items()}
-    if type(value) is list:
-        return [_shared_keys(v) for v in value]
-    return value
-
-
 def _decode(payload: bytes) -> Any:
     """The value of a payload `_encode` made; only called once its HMAC verified."""
     tag, body = payload[:1], memoryview(payload)[1:]
-    if tag == _MARSHAL:
-        # marshal builds builtin types only (a code object at worst, which nothing calls): no
-        # class is looked up and no code runs. Its documentation asks for authenticated bytes:
-        # the HMAC was checked before this is called.
-        return marshal.loads(body)  # noqa: S302 - HMAC-verified, builtin types only
     if tag == _PICKLE:
         return _Unpickler(io.BytesIO(body)).load()
     raise ValueError(f"unknown payload encoding {tag!r}")
@@ -383,17 +389,30 @@ def _entry(blob: str, value: Any) -> Entry | None:
     _, _, data, problems, docs = value
     if not (isinstance(data, bytes) and isinstance(problems, tuple) and isinstance(docs, tuple)):
         return None
-    for item in problems:
-        if not (isinstance(item, tuple) and len(item) == 4 and isinstance(item[0], str)
-                and isinstance(item[1], str) and type(item[2]) is int and type(item[3]) is int):
-            return None
+    if not all(_found(item) for item in problems):
+        return None
+    documents = _document_classes()
     for item in docs:
-        if not (isinstance(item, tuple) and len(item) == 3 and type(item[0]) is int and type(item[1]) is int):
+        if not (isinstance(item, tuple) and len(item) == 4 and type(item[0]) is int and type(item[1]) is int
+                and (item[2] is None or type(item[2]) in documents)
+                and isinstance(item[3], tuple) and all(_found(x) for x in item[3])):
             return None
     # The bytes are not hashed again here: `put_many` writes only bytes whose blob id is `blob`,
     # and the HMAC that passed binds these bytes to `blob`. A payload that could pass it with
     # other bytes could as well hold wrong documents, which no check here would catch.
     return Entry(data, problems, docs)
+
+
+def _found(item: Any) -> bool:
+    return (isinstance(item, tuple) and len(item) == 4 and isinstance(item[0], str) and isinstance(item[1], str)
+            and type(item[2]) is int and type(item[3]) is int)
+
+
+@functools.cache
+def _document_classes() -> frozenset[type]:
+    from desired import models
+
+    return frozenset(models.KINDS.values())
 
 
 def _git_blob_id(data: bytes) -> str:

@@ -444,11 +444,10 @@ def _from_disk(disk: DiskStore, refs: Sequence[FileRef], todo: list[int], blobs:
             left.append(i)
             continue
         name = refs[i].name
-        docs = []
-        for index, line, value in entry.docs:
-            doc = Document(name, index, value, line, entry.data)
-            doc_problems: list[p.Problem] = []
-            docs.append((doc, _type_document(doc, doc_problems), doc_problems))
+        # Typed when the entry was written (the version it is keyed by names the models' code).
+        docs = [(Document(name, index, None, line, entry.data), model,
+                 [p.Problem(code, message, name, at, col) for code, message, at, col in found])
+                for index, line, model, found in entry.docs]
         _settle(docs, cache, None)
         blobs[i] = _Blob(name, [p.Problem(code, message, name, line, col)
                                 for code, message, line, col in entry.problems], docs)
@@ -596,27 +595,29 @@ def _parse_one(name: str, data: FileData, values: bool = True,
     """Read and type one file.
 
     `values`: keep each document's plain value beside its model. `encode`:
-    also the disk store's payload of the reader's output (plain values, the
-    reader's problems, the bytes), made here so that neither the values nor
-    their encoding cost the process that collects the results.
+    also the disk store's payload (models, problems, the bytes), made here
+    so that its encoding does not cost the process that collects the results.
     """
     if isinstance(data, Refused):
         return [], [p.Problem(data.code, data.message, name, 1, 1)], None
     typed: list[_Typed] = []
-    plain: list[tuple[int, int, Any]] = []
     found: list[p.Problem] = []
     try:
         for doc in read_documents(name, data):
             doc_problems: list[p.Problem] = []
             model = _type_document(doc, doc_problems)
             typed.append(_Typed(doc.index, doc.line, doc.value if values else None, model, doc_problems))
-            if encode:
-                plain.append((doc.index, doc.line, doc.value))
     except YamlProblem as e:
         found = [p.Problem(e.code, e.message, name, e.line, e.column)]
-    payload = blobstore.encoded(data, tuple((x.code, x.message, x.line, x.column) for x in found),
-                                tuple(plain)) if encode else None
-    return typed, found, payload
+    if not encode:
+        return typed, found, None
+    docs = tuple((t.index, t.line, t.model, _bare(t.problems)) for t in typed)
+    return typed, found, blobstore.encoded(data, _bare(found), docs)
+
+
+def _bare(problems: list[p.Problem]) -> tuple[tuple[str, str, int, int], ...]:
+    """Problems as the disk store keeps them: without the file (a blob may sit at any path)."""
+    return tuple((x.code, x.message, x.line, x.column) for x in problems)
 
 
 def _settle(docs: list[tuple[Document, Any, list[p.Problem]]], cache: BlobCache | None,

@@ -103,13 +103,16 @@ def test_an_entry_written_with_another_key_is_foreign_and_ignored(repo: Path, tm
 
 
 def test_a_payload_naming_a_class_is_refused_even_with_a_valid_mac(repo: Path, tmp_path: Path) -> None:
-    """Defence in depth: the unpickler knows only datetime; a crafted payload never runs code."""
+    """Defence in depth: the unpickler knows only the desired-state models and datetime.
+
+    A crafted payload never runs code.
+    """
     cache = tmp_path / "cache"
     _load(repo, cache)
     store = blobstore.open_store(cache)
     assert store is not None
     _version, blob, _mac, _payload = _rows(cache)[0]
-    # The pickle tag: the encoding an entry holding a datetime gets; a class outside the allowed set.
+    # The pickle tag (every entry's encoding) and a class outside the allowed set.
     evil = b"p" + pickle.dumps((blobstore.FORMAT, blob, io.BytesIO(b"x"), (), ()))
     _rewrite(cache, blob, payload=evil, mac=store._mac(blob, evil))
     again, store = _load(repo, cache)

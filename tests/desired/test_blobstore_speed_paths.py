@@ -1,24 +1,23 @@
-"""The blob store's fast paths (`desired.blobstore`): marshal payloads, a pickle fallback, a cheap commit.
+"""The blob store's fast paths (`desired.blobstore`): typed entries, made in the parse worker, a cheap commit.
 
 Each test checks that a faster way of writing or reading keeps a safety
-property of the module: exact values back, a foreign or odd payload a miss,
+property of the module: exact models back, a foreign or odd payload a miss,
 one transaction per write, old databases replaced rather than misread.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
-import marshal
+import pickle
 import shutil
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 import git
 import pytest
 
 from desired import blobstore, loading
+from desired import models as m
 from reconciler import sources
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fleet"
@@ -41,39 +40,58 @@ def _payloads(directory: Path) -> dict[str, bytes]:
         return dict(db.execute("SELECT blob, payload FROM entries").fetchall())
 
 
-def _entry(data: bytes, docs: tuple[tuple[int, int, Any], ...]) -> tuple[str, blobstore.Entry]:
+def _entry(data: bytes, docs: tuple[blobstore.TypedDoc, ...]) -> tuple[str, blobstore.Entry]:
     return _blob_id(data), blobstore.Entry(data, (("yaml.x", "a problem", 3, 4),), docs)
 
 
-def test_plain_values_come_back_with_their_exact_types_from_a_marshal_payload(tmp_path: Path) -> None:
-    value = {"a": [1, True, None, 2.5, "x", {"b": False}], "c": [[0], []], "big": 2**70}
-    blob, entry = _entry(b"a: 1\n", ((0, 1, value), (1, 7, "scalar")))
-    store = _store(tmp_path)
-    store.put_many([(blob, entry)])
-    got = _store(tmp_path).get_many([blob])[blob]
-    assert got == entry
-    assert [type(x) for x in got.docs[0][2]["a"]] == [int, bool, type(None), float, str, dict]
-    assert _payloads(tmp_path)[blob][:1] == b"m"
+def _typed(name: str, data: bytes) -> tuple[str, blobstore.Entry]:
+    """The entry the parse worker makes for `data` (loading._parse_one with the store's payload)."""
+    _typed_docs, _found, payload = loading._parse_one(name, data, False, True)
+    assert payload is not None
+    value = pickle.loads(payload.payload[1:])  # noqa: S301 - our own bytes, made just above
+    return payload.blob, blobstore.Entry(*value[2:])
 
 
-def test_a_key_a_document_repeats_is_read_back_as_one_string(tmp_path: Path) -> None:
-    """Written once per entry (marshal's back reference to an interned key): smaller, faster, less memory."""
-    slots = [{"".join(["gp", "u"]): n} for n in range(3)]  # three equal keys, three objects, as a reader makes them
-    assert len({id(k) for slot in slots for k in slot}) == 3
-    blob, entry = _entry(b"slots: []\n", ((0, 1, {"slots": slots}),))
+def test_typed_documents_come_back_as_equal_models_of_the_same_classes(tmp_path: Path) -> None:
+    data = (EXAMPLE / "nodes").glob("*.yaml").__next__().read_bytes()
+    blob, entry = _typed("nodes/x.yaml", data)
+    model = entry.docs[0][2]
+    assert isinstance(model, m.Node)
     _store(tmp_path).put_many([(blob, entry)])
     got = _store(tmp_path).get_many([blob])[blob]
     assert got == entry
-    assert len({id(k) for slot in got.docs[0][2]["slots"] for k in slot}) == 1
-    assert slots[0] == {"gpu": 0}  # the caller's values are not changed
+    back = got.docs[0][2]
+    assert type(back) is m.Node and back == model and back is not model
+    assert back.model_fields_set == model.model_fields_set
+    assert {type(v) for v in back.__dict__.values()} == {type(v) for v in model.__dict__.values()}
 
 
-def test_an_entry_holding_a_yaml_timestamp_is_pickled_and_read_back(tmp_path: Path) -> None:
-    when = dt.datetime(2024, 5, 1, 10, tzinfo=dt.UTC)
-    blob, entry = _entry(b"at: x\n", ((0, 1, {"at": when, "day": dt.date(2024, 5, 2)}),))
+def test_a_model_holding_a_timestamp_comes_back_with_its_timezone(tmp_path: Path) -> None:
+    blob, entry = _typed("allocations/a.yaml", (EXAMPLE / "allocations" / "alloc-0001.yaml").read_bytes())
+    model = entry.docs[0][2]
+    assert isinstance(model, m.Allocation) and model.requested_at.tzinfo is not None
     _store(tmp_path).put_many([(blob, entry)])
-    assert _payloads(tmp_path)[blob][:1] == b"p"
+    back = _store(tmp_path).get_many([blob])[blob].docs[0][2]
+    assert back == model and back.requested_at.utcoffset() == model.requested_at.utcoffset()
+
+
+def test_a_document_typing_refused_keeps_its_problems_and_no_model(tmp_path: Path) -> None:
+    data = b"apiVersion: gpuaas.io/v1alpha1\nkind: Node\nname: n1\nbogus: 1\n"
+    blob, entry = _typed("nodes/n1.yaml", data)
+    (_index, _line, model, found), = entry.docs
+    assert model is None and "desired.field.unknown" in [code for code, *_ in found]
+    _store(tmp_path).put_many([(blob, entry)])
     assert _store(tmp_path).get_many([blob])[blob] == entry
+
+
+def test_a_payload_is_only_ever_stored_under_the_blob_id_of_its_bytes(tmp_path: Path) -> None:
+    _docs, _found, payload = loading._parse_one("a.yaml", DATA, False, True)
+    assert payload is not None and payload.blob == BLOB
+    store = _store(tmp_path)
+    store.put_many([(_blob_id(b"other\n"), payload)])
+    assert store.written == 0
+    store.put_many([(BLOB, payload)])
+    assert store.written == 1 and _payloads(tmp_path) == {BLOB: payload.payload}
 
 
 def test_a_tree_with_timestamps_reads_the_same_from_the_cache(tmp_path: Path) -> None:
@@ -90,7 +108,6 @@ def test_a_tree_with_timestamps_reads_the_same_from_the_cache(tmp_path: Path) ->
         results.append(sources.load(root, "HEAD", cache=loading.BlobCache(store)))
         store.close()
     assert (store.hits, store.rejected) == (len(_payloads(tmp_path / "cache")), 0)
-    assert _payloads(tmp_path / "cache")[_blob_id(WHEN.encode())][:1] == b"p"
     for result in results:
         assert [p.render() for p in result.problems] == [p.render() for p in cold.problems]
 
@@ -99,14 +116,22 @@ DATA = b"a: 1\n"
 BLOB = _blob_id(DATA)
 
 
+def _p(value: object) -> bytes:
+    return b"p" + pickle.dumps(value, protocol=5)
+
+
 @pytest.mark.parametrize("payload", [
-    b"m" + marshal.dumps((blobstore.FORMAT, BLOB, DATA, (), [])),  # docs a list, not a tuple
-    b"m" + marshal.dumps((blobstore.FORMAT - 1, BLOB, DATA, (), ())),  # another format
-    b"m" + marshal.dumps((blobstore.FORMAT, _blob_id(b"b: 2\n"), DATA, (), ())),  # another blob's
-    b"m" + marshal.dumps((blobstore.FORMAT, BLOB, DATA, (("c", "m", 1, True),), ())),  # a bool column
-    b"m" + marshal.dumps((blobstore.FORMAT, BLOB, DATA, (), ((0, 1, {"a": 1}, "extra"),))),
-    b"m\xff not marshal",
-    b"z" + marshal.dumps((blobstore.FORMAT, BLOB, DATA, (), ())),  # an encoding we never write
+    _p((blobstore.FORMAT, BLOB, DATA, (), [])),  # docs a list, not a tuple
+    _p((blobstore.FORMAT - 1, BLOB, DATA, (), ())),  # another format
+    _p((blobstore.FORMAT, _blob_id(b"b: 2\n"), DATA, (), ())),  # another blob's
+    _p((blobstore.FORMAT, BLOB, DATA, (("c", "m", 1, True),), ())),  # a bool column
+    _p((blobstore.FORMAT, BLOB, DATA, (), ((0, 1, None, (), "extra"),))),
+    _p((blobstore.FORMAT, BLOB, DATA, (), ((0, 1, {"a": 1}, ()),))),  # a plain value where a model goes
+    # A model of desired.models that is not a document kind:
+    _p((blobstore.FORMAT, BLOB, DATA, (), ((0, 1, m.Region(name="r", pools=(m.Pool(name="p"),)), ()),))),
+    _p((blobstore.FORMAT, BLOB, DATA, (), ((0, 1, None, (("c", "m", 1),)),))),  # a short problem
+    b"p\xff not pickle",
+    b"z" + pickle.dumps((blobstore.FORMAT, BLOB, DATA, (), ())),  # an encoding we never write
     b"",
 ])
 def test_an_odd_payload_is_a_miss_even_with_a_valid_mac(tmp_path: Path, payload: bytes) -> None:
@@ -127,7 +152,7 @@ def test_a_format_1_database_is_dropped_on_the_next_write(tmp_path: Path) -> Non
         db.execute("CREATE TABLE blobs (version TEXT NOT NULL, blob TEXT NOT NULL, mac BLOB NOT NULL,"
                    " payload BLOB NOT NULL, stamp INTEGER NOT NULL, PRIMARY KEY (version, blob)) WITHOUT ROWID")
         db.execute("INSERT INTO blobs VALUES ('old', 'b', x'00', x'00', 0)")
-    blob, entry = _entry(b"a: 1\n", ((0, 1, {"a": 1}),))
+    blob, entry = _entry(b"a: 1\n", ((0, 1, None, ()),))
     store.put_many([(blob, entry)])
     with sqlite3.connect(tmp_path / blobstore.DB_NAME) as db:
         tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
