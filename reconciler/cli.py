@@ -96,5 +96,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return int(status or 0)
 
 
+def entry() -> None:
+    """The `gpuaas` console script."""
+    from reconciler import exiting
+
+    exiting.finish(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reconciler import exiting
 from reconciler.commands import blobcache, db
 from schemas import output
 from schemas.errors import PermanentError, UsageError
@@ -120,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
                                     tuple((x.allocation_id, x.code) for x in pr.new_pending))
         plancache.put(reader.cache.disk, cache_key, outcome)
         saved = (pr, head, digest)
+    exiting.skip_teardown()  # holds two trees' models: the console script need not free them
     sys.stdout.write(outcome.printed)
     if outcome.errors:
         print(f"error: plan.invalid: {outcome.errors} validation error(s) in head; nothing planned", file=sys.stderr)

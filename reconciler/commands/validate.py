@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from reconciler import exiting
 from reconciler.commands import blobcache
 from schemas import output
 
@@ -28,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     # The on-disk cache serves revisions (blob ids from git); a working tree is read and parsed as it is.
     result = blobcache.open_reader(args).load(args.path, args.rev) if args.rev is not None \
         else sources.load(args.path, args.rev)
+    exiting.skip_teardown()  # holds a tree's models: the console script need not free them
     errors, warnings = result.errors, result.warnings
     state = result.state
     counts = (

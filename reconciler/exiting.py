@@ -1,0 +1,41 @@
+"""Ending a command that holds a whole tree without freeing it object by object.
+
+A PR plan or a validation of a 10,000-node tree ends holding millions of
+small objects (models, node facts, index entries). At interpreter exit they
+are freed one by one: 1.6 s of a 6 s `gpuaas plan` (measured on a
+10,000-node repo), spent after the answer was printed. Such a command arms
+`skip_teardown()`; the console script then flushes what was written and
+shuts logging down, and leaves with `os._exit`.
+
+Only the console script ends this way (`cli.entry`): `cli.main()`, which
+tests call in-process, returns as before. Commands that own servers,
+temporary files or child processes never arm it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from typing import NoReturn
+
+_armed = False
+
+
+def skip_teardown() -> None:
+    """Say that this process holds nothing that must be freed or finalized at exit, only memory."""
+    global _armed  # noqa: PLW0603 - one process-wide switch
+    _armed = True
+
+
+def finish(status: int) -> NoReturn:
+    """Exit with `status`; without teardown when a command armed it."""
+    if not _armed:
+        sys.exit(status)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        # A reader that left, or a closed stream: nothing more to keep.
+        with contextlib.suppress(BrokenPipeError, ValueError):
+            stream.flush()
+    os._exit(status)
