@@ -100,6 +100,7 @@ def entry() -> None:
     """The `gpuaas` console script."""
     from reconciler import exiting
 
+    exiting.script()
     exiting.finish(main())
 
 

@@ -117,11 +117,11 @@ def run(args: argparse.Namespace) -> int:
         # walked them all (a third of the run at 10,000 nodes) for no memory back.
         with loading.collector_paused():
             pr, head, digest = _plan(args, head_rev, reader)
+            exiting.skip_teardown()  # holds two trees' models: the console script need not free them
         outcome = plancache.Outcome(_render(pr, args.output), len(pr.errors), pr.changed,
                                     tuple((x.allocation_id, x.code) for x in pr.new_pending))
         plancache.put(reader.cache.disk, cache_key, outcome)
         saved = (pr, head, digest)
-    exiting.skip_teardown()  # holds two trees' models: the console script need not free them
     sys.stdout.write(outcome.printed)
     if outcome.errors:
         print(f"error: plan.invalid: {outcome.errors} validation error(s) in head; nothing planned", file=sys.stderr)

@@ -25,11 +25,13 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from desired import loading
     from reconciler import sources, summary
     # The on-disk cache serves revisions (blob ids from git); a working tree is read and parsed as it is.
-    result = blobcache.open_reader(args).load(args.path, args.rev) if args.rev is not None \
-        else sources.load(args.path, args.rev)
-    exiting.skip_teardown()  # holds a tree's models: the console script need not free them
+    with loading.collector_paused():
+        result = blobcache.open_reader(args).load(args.path, args.rev) if args.rev is not None \
+            else sources.load(args.path, args.rev)
+        exiting.skip_teardown()  # holds a tree's models: the console script need not free them
     errors, warnings = result.errors, result.warnings
     state = result.state
     counts = (
