@@ -307,6 +307,9 @@ def _cat_blobs(repo: git.Repo, keys: list[str], sizes: dict[str, int]) -> dict[s
     return got
 
 
+_CAT_FILE_MODES = frozenset({"--batch", "--batch-check"})
+
+
 def _cat_file(repo: git.Repo, mode: str, keys: Sequence[str]) -> bytes | None:
     """stdout of `git cat-file <mode> --buffer` fed `keys`, run by GitPython for `repo`; None if it failed.
 
@@ -314,6 +317,8 @@ def _cat_file(repo: git.Repo, mode: str, keys: Sequence[str]) -> bytes | None:
     environment, its executable, an argument list, no shell.
     """
     # Fixed arguments only: the object ids go to stdin, never onto the command line.
+    if mode not in _CAT_FILE_MODES:
+        raise ValueError(f"not a cat-file batch mode: {mode!r}")
     command = [str(repo.git.GIT_PYTHON_GIT_EXECUTABLE or "git"), "cat-file", mode, "--buffer"]
     try:
         with tempfile.TemporaryFile() as ids:
