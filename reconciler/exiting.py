@@ -48,8 +48,12 @@ def skip_teardown() -> None:
 
 
 def finish(status: int) -> NoReturn:
-    """Exit with `status`; without teardown when a command armed it."""
-    if not _armed:
+    """Exit with `status`; without teardown when a command armed it.
+
+    Under a profiler or a tracer (cProfile, coverage) the exit is the normal
+    one: they write what they gathered at interpreter exit.
+    """
+    if not _armed or sys.getprofile() is not None or sys.gettrace() is not None:
         sys.exit(status)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):

@@ -80,3 +80,15 @@ def test_commands_that_do_not_arm_it_exit_normally() -> None:
     with pytest.raises(SystemExit) as e:
         exiting.finish(3)
     assert e.value.code == 3
+
+
+def test_a_profiled_run_still_writes_its_profile(fleet_repo: Repo, tmp_path: Path) -> None:
+    """cProfile writes at interpreter exit: under a profiler the exit is the normal one."""
+    fleet_repo.request("req-1", 2)
+    profile = tmp_path / "plan.prof"
+    got = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "reconciler.cli", "plan",
+                          str(fleet_repo.root), "--offline", "--base", "HEAD~1", "--head", "HEAD",
+                          "--cache-dir", str(tmp_path / "cache")],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert got.returncode == 0, got.stderr
+    assert profile.stat().st_size > 0
