@@ -21,9 +21,9 @@ The cache is an optimization and is never trusted:
   parsed again; the payload is decoded only after the check, by an
   unpickler that knows no class but the desired-state models and enums
   (`desired.models`) and `datetime`'s, and must have the expected shape and
-  name the blob it is stored under; only
-  bytes whose git blob id is the key are written, so an entry's bytes are
-  its blob's (error positions point at the right text);
+  name the blob it is stored under; only bytes whose git blob id is the key
+  are written, so an entry's bytes are its blob's (error positions point at
+  the right text);
 - the directory must be ours and writable by nobody else, the files ours
   with mode 0600 and no symlinks; otherwise the cache is off for the run
   and `note` says why;
@@ -282,7 +282,7 @@ class DiskStore:
                     continue
                 payload = entry.payload
             else:
-                if _git_blob_id(entry.data) != blob:
+                if git_blob_id(entry.data) != blob:
                     continue
                 payload = encode(blob, entry)
             rows.append((self.version, blob, self._mac(blob, payload), payload, now))
@@ -346,11 +346,6 @@ class DiskStore:
         self.broken = False
 
 
-def _encode(value: tuple[Any, ...]) -> bytes:
-    """The payload of an entry (models need pickle; a tag byte leaves room for another encoding)."""
-    return _PICKLE + pickle.dumps(value, protocol=5)
-
-
 @dataclass(frozen=True, slots=True)
 class Encoded:
     """An entry's payload made where it was parsed (a pool worker), and the git blob id of its bytes.
@@ -364,18 +359,21 @@ class Encoded:
 
 
 def encode(blob: str, entry: Entry) -> bytes:
-    """The payload `put_many` stores for `entry` (pure: a parse worker makes it beside the parse)."""
-    return _encode((FORMAT, blob, entry.data, entry.problems, entry.docs))
+    """The payload `put_many` stores for `entry` (pure: a parse worker makes it beside the parse).
+
+    Models need pickle; the tag byte leaves room for another encoding.
+    """
+    return _PICKLE + pickle.dumps((FORMAT, blob, entry.data, entry.problems, entry.docs), protocol=5)
 
 
 def encoded(data: bytes, problems: tuple[Found, ...], docs: tuple[TypedDoc, ...]) -> Encoded:
     """The reader's output for `data`, encoded under the blob id of `data`."""
-    blob = _git_blob_id(data)
+    blob = git_blob_id(data)
     return Encoded(blob, encode(blob, Entry(data, problems, docs)))
 
 
 def _decode(payload: bytes) -> Any:
-    """The value of a payload `_encode` made; only called once its HMAC verified."""
+    """The value of a payload `encode` made; only called once its HMAC verified."""
     tag, body = payload[:1], memoryview(payload)[1:]
     if tag == _PICKLE:
         return _Unpickler(io.BytesIO(body)).load()
@@ -415,7 +413,8 @@ def _document_classes() -> frozenset[type]:
     return frozenset(models.KINDS.values())
 
 
-def _git_blob_id(data: bytes) -> str:
+def git_blob_id(data: bytes) -> str:
+    """git's name for these bytes (`git hash-object`)."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
 
 

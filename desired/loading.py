@@ -11,7 +11,6 @@ import collections
 import contextlib
 import errno
 import gc
-import hashlib
 import multiprocessing as mp
 import os
 import stat
@@ -115,9 +114,8 @@ class Refused:
 FileData = bytes | Refused
 
 
-def blob_id(data: bytes) -> str:
-    """git's name for these bytes (`git hash-object`): the cache key of a working-tree file."""
-    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+# git's name for these bytes (`git hash-object`): the cache key of a working-tree file.
+blob_id = blobstore.git_blob_id
 
 
 def read_regular(path: Path) -> FileData:
@@ -445,12 +443,10 @@ def _from_disk(disk: DiskStore, refs: Sequence[FileRef], todo: list[int], blobs:
             continue
         name = refs[i].name
         # Typed when the entry was written (the version it is keyed by names the models' code).
-        docs = [(Document(name, index, None, line, entry.data), model,
-                 [p.Problem(code, message, name, at, col) for code, message, at, col in found])
+        docs = [(Document(name, index, None, line, entry.data), model, _dressed(found, name))
                 for index, line, model, found in entry.docs]
         _settle(docs, cache, None)
-        blobs[i] = _Blob(name, [p.Problem(code, message, name, line, col)
-                                for code, message, line, col in entry.problems], docs)
+        blobs[i] = _Blob(name, _dressed(entry.problems, name), docs)
         if cache is not None:
             cache._put(key, blobs[i])  # type: ignore[arg-type]
     return left
@@ -615,9 +611,14 @@ def _parse_one(name: str, data: FileData, values: bool = True,
     return typed, found, blobstore.encoded(data, _bare(found), docs)
 
 
-def _bare(problems: list[p.Problem]) -> tuple[tuple[str, str, int, int], ...]:
+def _bare(problems: list[p.Problem]) -> tuple[blobstore.Found, ...]:
     """Problems as the disk store keeps them: without the file (a blob may sit at any path)."""
     return tuple((x.code, x.message, x.line, x.column) for x in problems)
+
+
+def _dressed(found: tuple[blobstore.Found, ...], name: str) -> list[p.Problem]:
+    """The stored problems (`_bare`) of the file at `name`."""
+    return [p.Problem(code, message, name, line, col) for code, message, line, col in found]
 
 
 def _settle(docs: list[tuple[Document, Any, list[p.Problem]]], cache: BlobCache | None,
