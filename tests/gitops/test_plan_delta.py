@@ -143,12 +143,8 @@ def test_the_inventory_diff_by_delta_equals_the_whole_comparison(fleet_repo: Rep
                 == inventory_diff.diff(base_state, whole, ready)), (base, head)
 
 
-def test_head_is_read_by_delta_from_base(fleet_repo: Repo, capsys: pytest.CaptureFixture[str],
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fails when the command silently reads head whole, or compares every document."""
-    base = fleet_repo.request("req-a", 1)
-    fleet_repo.drain("h200-use1-s02")
-    head = fleet_repo.request("req-b", 2)
+def _whole_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The commits whose whole tree is listed from now on (a read by delta lists none)."""
     whole_reads: list[str] = []
     real_refs = gitrepo._refs
 
@@ -156,6 +152,17 @@ def test_head_is_read_by_delta_from_base(fleet_repo: Repo, capsys: pytest.Captur
         whole_reads.append(str(commit.hexsha))
         return real_refs(repo, commit, prefix)
 
+    monkeypatch.setattr(gitrepo, "_refs", refs)
+    return whole_reads
+
+
+def test_head_is_read_by_delta_from_base(fleet_repo: Repo, capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fails when the command silently reads head whole, or compares every document."""
+    base = fleet_repo.request("req-a", 1)
+    fleet_repo.drain("h200-use1-s02")
+    head = fleet_repo.request("req-b", 2)
+    whole_reads = _whole_reads(monkeypatch)
     composed: list[tuple[Any, Any]] = []
     made: list[prplan.PrPlan] = []
     real_compose = prplan.compose
@@ -187,7 +194,6 @@ def test_head_is_read_by_delta_from_base(fleet_repo: Repo, capsys: pytest.Captur
         return real_modes(engine, only)
 
     monkeypatch.setattr(prplan, "_modes", modes)
-    monkeypatch.setattr(gitrepo, "_refs", refs)
     monkeypatch.setattr(prplan, "compose", compose)
     monkeypatch.setattr(blobcache, "open_reader", open_reader)
     monkeypatch.setattr(inventory_diff, "_capabilities", capabilities)
@@ -215,14 +221,7 @@ def test_against_the_database_a_given_base_is_read_first_and_head_by_delta(
     run.loop.close()
     fleet_repo.drain("h200-use1-s01")
     head = fleet_repo.request("req-next", 4)
-    whole_reads: list[str] = []
-    real_refs = gitrepo._refs
-
-    def refs(repo: Any, commit: Any, prefix: str) -> Any:
-        whole_reads.append(str(commit.hexsha))
-        return real_refs(repo, commit, prefix)
-
-    monkeypatch.setattr(gitrepo, "_refs", refs)
+    whole_reads = _whole_reads(monkeypatch)
     flags = (str(fleet_repo.root), "--db-url", db_url, "--base", base, "--head", head, "-o", "json",
              "--detailed-exitcode", "--no-cache")
     by_delta = _run(capsys, *flags)
