@@ -102,12 +102,12 @@ def reader_version() -> str:
     import pydantic
     import pydantic_core
 
-    from desired import loading, models, patterns, problems, yamlio
+    from desired import blockstyle, loading, models, patterns, problems, yamlio
 
     h = hashlib.sha256(f"format {FORMAT}\0python {sys.version_info[:2]}\0pyyaml {yaml.__version__}\0"
                        f"libyaml {getattr(yaml, '__with_libyaml__', False)}\0pydantic {pydantic.VERSION}\0"
                        f"pydantic-core {pydantic_core.__version__}\0".encode())
-    for module in (yamlio, loading, models, patterns, problems):
+    for module in (yamlio, blockstyle, loading, models, patterns, problems):
         h.update(Path(module.__file__ or "").read_bytes())
     return h.hexdigest()[:32]
 

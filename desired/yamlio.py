@@ -164,6 +164,12 @@ def read_documents(name: str, data: bytes) -> Iterator[Document]:
         col = tab.end() - tab.start()
         raise YamlProblem(p.YAML_TAB, "tab used for indentation; YAML indents with spaces", line, col)
     _check_flow_depth(text)
+    from desired import blockstyle  # imports this module
+
+    plain = blockstyle.read(text)
+    if plain is not None:  # the common plain block file, without libyaml's event stream
+        yield Document(name, 0, plain[0], plain[1], data)
+        return
     try:
         yield from _build(name, text, data)
     except yaml.MarkedYAMLError as e:
@@ -368,13 +374,24 @@ def _resolve(value: str) -> str:
     return tag
 
 
+def plain_scalar(value: str) -> Any:
+    """A plain (unquoted, untagged) scalar's value, by the YAML 1.1 rules `_scalar` applies."""
+    tag = _resolve(value)
+    return value if tag == _STR else _construct(tag, value, None, None)
+
+
 def _scalar(ev: Any) -> Any:
     tag = ev.tag
     if tag in (None, "!"):
         tag = _resolve(ev.value) if ev.implicit[0] else _STR
     if tag == _STR:
         return ev.value
-    node = yaml.ScalarNode(tag, ev.value, ev.start_mark, ev.end_mark)
+    return _construct(tag, ev.value, ev.start_mark, ev.end_mark)
+
+
+def _construct(tag: str, value: str, start: Any, end: Any) -> Any:
+    node = yaml.ScalarNode(tag, value, start, end)
+    where = _pos(start) if start is not None else (1, 1)
     try:
         if tag == _INT:
             return _constructor.construct_yaml_int(node)
@@ -385,10 +402,10 @@ def _scalar(ev: Any) -> Any:
         if tag == _FLOAT:
             return _constructor.construct_yaml_float(node)
         if tag == _TIMESTAMP:
-            value = _constructor.construct_yaml_timestamp(node)
-            if isinstance(value, dt.datetime) and value.tzinfo is None:
-                value = value.replace(tzinfo=dt.UTC)
-            return value
+            stamp = _constructor.construct_yaml_timestamp(node)
+            if isinstance(stamp, dt.datetime) and stamp.tzinfo is None:
+                stamp = stamp.replace(tzinfo=dt.UTC)
+            return stamp
     except (ValueError, yaml.YAMLError) as e:
-        raise YamlProblem(p.YAML_SYNTAX, f"bad scalar {ev.value!r}: {e}", *_pos(ev.start_mark)) from None
-    raise YamlProblem(p.YAML_UNSUPPORTED_TAG, f"tag {tag!r} is not allowed", *_pos(ev.start_mark))
+        raise YamlProblem(p.YAML_SYNTAX, f"bad scalar {value!r}: {e}", *where) from None
+    raise YamlProblem(p.YAML_UNSUPPORTED_TAG, f"tag {tag!r} is not allowed", *where)
