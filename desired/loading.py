@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from desired import blobstore, patterns
 from desired import models as m
 from desired import problems as p
-from desired.blobstore import DiskStore, Encoded, Entry
+from desired.blobstore import DiskStore, Encoded
 from desired.yamlio import MAX_FILE_BYTES, Document, YamlProblem, read_documents
 
 if TYPE_CHECKING:
@@ -345,13 +345,13 @@ def blobs_for(refs: Sequence[FileRef], *, workers: int | None = None, cancel: Ca
     if disk is not None and todo:
         todo = _from_disk(disk, refs, todo, blobs, cache=cache if prune else None, cancel=cancel)
     files = _read_files(refs, todo, cancel)
-    stored: list[tuple[str, Entry | Encoded]] = []
-    # A disk-backed cache (CLI runs) keeps no plain value: the store's payload is made where
-    # the file is parsed, and only models cross the pool's pipe.
+    # A disk-backed cache (CLI runs) keeps no plain value: the store's packs are made where the
+    # files are parsed, and the models cross the pool's pipe inside them (`_parse_chunk`).
+    stored: list[Encoded] | None = [] if disk is not None else None
     results = _parse_all(files, workers, cancel, pack=cache is not None and not cache.keep_values,
-                         values=cache is None or (cache.keep_values and disk is None), encode=disk is not None)
+                         values=cache is None or (cache.keep_values and disk is None), packs=stored)
     try:
-        for n, (i, (name, data), (typed, found, packed, payload)) in enumerate(
+        for n, (i, (name, data), (typed, found, packed)) in enumerate(
                 zip(todo, files, results, strict=True)):
             if cancel is not None and n % 256 == 0 and cancel():
                 raise Cancelled
@@ -363,9 +363,6 @@ def blobs_for(refs: Sequence[FileRef], *, workers: int | None = None, cancel: Ca
             blobs[i] = _Blob(name, found, docs)
             if cache is not None and prune:  # a delta's blobs live in its tree: no history piles up here
                 cache._put(refs[i].key, blobs[i])  # type: ignore[arg-type]
-            key = refs[i].key
-            if payload is not None and key is not None:
-                stored.append((key, payload))  # put_many keeps it only if the key is its blob id
             # Its bytes now live (packed) in its documents: the raw copy goes now, not after the
             # last file, or a cold start holds the whole tree's bytes at its peak.
             files[n] = _CONSUMED
@@ -375,8 +372,8 @@ def blobs_for(refs: Sequence[FileRef], *, workers: int | None = None, cancel: Ca
         results.close()
     if cache is not None:
         cache._account(len(refs) - len(todo), len(todo), prune=prune)
-    if disk is not None:
-        disk.put_many(stored, keep=[r.key for r in refs if r.key is not None] if prune else ())
+    if disk is not None and stored:
+        disk.put_packs(stored, keep=[r.key for r in refs if r.key is not None] if prune else ())
     return blobs  # type: ignore[return-value]  # every one read or found above
 
 
@@ -452,18 +449,23 @@ def _from_disk(disk: DiskStore, refs: Sequence[FileRef], todo: list[int], blobs:
     return left
 
 
-# Documents, file problems, the bytes packed, the disk store's payload (see `_parse_one`).
-_Result = tuple[list[_Typed], list[p.Problem], bytes | None, Encoded | None]
+# Documents, file problems, the bytes zlib-compressed (see `_settle`).
+_Result = tuple[list[_Typed], list[p.Problem], bytes | None]
+PACK_FILES = 512  # files per pack made in this process (a pool worker packs its chunk)
 
 
 def _parse_all(
     file_list: list[tuple[str, FileData]], workers: int | None, cancel: Cancel | None, *, pack: bool = False,
-    values: bool = True, encode: bool = False,
+    values: bool = True, packs: list[Encoded] | None = None,
 ) -> Generator[_Result, None, None]:
-    """Each file's reader output, in order; with `pack`, pool workers also compress the bytes (see `_settle`)."""
+    """Each file's reader output, in order.
+
+    With `pack`, pool workers also compress the bytes (see `_settle`). With
+    `packs`, the disk store's packs of these files are added to it.
+    """
     n = workers if workers is not None else (os.cpu_count() or 1)
     if n <= 1 or len(file_list) < PARALLEL_THRESHOLD or "forkserver" not in mp.get_all_start_methods():
-        yield from (_unpacked(_parse_one(name, data, values, encode)) for name, data in file_list)
+        yield from _parse_here(file_list, values, packs)
         return
     # forkserver, never fork: the caller may run threads (watchfiles' inotify thread, a
     # database pool), and a child forked while another thread holds a lock can wait on it
@@ -476,7 +478,7 @@ def _parse_all(
     delivered = False
     try:
         # No list of the chunks: a chunk's bytes are let go once its result is taken.
-        pending = collections.deque(pool.submit(_parse_chunk, file_list[i:i + step], pack, values, encode)
+        pending = collections.deque(pool.submit(_parse_chunk, file_list[i:i + step], pack, values, packs is not None)
                                     for i in range(0, len(file_list), step))
         while pending:
             # Taken off the queue: a future keeps its result, and every chunk's plain values held
@@ -493,14 +495,15 @@ def _parse_all(
                     waited += _POLL_S
                     if waited >= WORKER_TIMEOUT_S:
                         raise _PoolStuck from None
-            done += len(chunk)
-            yield from chunk
+            results = _unpacked(file_list[done:done + len(chunk[1])], chunk, packs)
+            done += len(results)
+            yield from results
         delivered = True
     except (_PoolStuck, futures.process.BrokenProcessPool, OSError):
         # Degrade, never hang: the pool goes first (a hung worker must not outlive this
         # parse), then what it did not deliver is parsed here.
         _stop(pool, at_once=True)
-        yield from (_unpacked(_parse_one(name, data, values, encode)) for name, data in file_list[done:])
+        yield from _parse_here(file_list[done:], values, packs)
     finally:
         # Also on Cancelled and on close() by the caller: queued chunks are dropped and
         # the workers are stopped, each wait bounded.
@@ -570,32 +573,75 @@ if "forkserver" in mp.get_all_start_methods():
     _CONTEXT.set_forkserver_preload(["desired.loading"])
 
 
-def _parse_chunk(chunk: list[tuple[str, FileData]], pack: bool, values: bool, encode: bool) -> list[_Result]:
+# What a worker sends back for a chunk: its pack (None: not wanted) and, per file, its documents
+# (None: they are in the pack), problems (None: in the pack) and compressed bytes.
+_Chunk = tuple[Encoded | None, list[tuple[list[_Typed] | None, list[p.Problem] | None, bytes | None]]]
+
+
+def _parse_chunk(chunk: list[tuple[str, FileData]], pack: bool, values: bool, encode: bool) -> _Chunk:
     # Typed here, beside the parse: models cross the pipe cheaper than the plain values they
     # come from (their equal strings are one object, see models.compact), and the process
     # that plans does not spend a second typing. Compressing here keeps that off it too.
-    out = []
+    # With `encode`, the models cross inside the store's pack: pickled once, not twice.
+    out: list[tuple[list[_Typed] | None, list[p.Problem] | None, bytes | None]] = []
+    files: list[blobstore.Packed] = []
     for name, data in chunk:
-        typed, found, payload = _parse_one(name, data, values, encode)
-        out.append((typed, found, zlib.compress(data, 1) if pack and isinstance(data, bytes) else None, payload))
+        typed, found = _parse_one(name, data, values)
+        packed = zlib.compress(data, 1) if pack and isinstance(data, bytes) else None
+        if encode and isinstance(data, bytes):
+            files.append(_packed(data, typed, found))
+            out.append((None, None, packed))
+        else:
+            out.append((typed, found, packed))
+    return (blobstore.encoded(files) if encode else None), out
+
+
+def _unpacked(chunk_files: list[tuple[str, FileData]], chunk: _Chunk, packs: list[Encoded] | None) -> list[_Result]:
+    """A worker's chunk as per-file results, the documents of packed files read from its pack."""
+    encoded, parts = chunk
+    entries = blobstore.decode_pack(encoded.payload) if encoded is not None else None
+    if encoded is not None:
+        if entries is None:
+            raise _PoolStuck  # our own worker's pack does not read back: parse here instead
+        if packs is not None:
+            packs.append(encoded)
+    blobs = iter(encoded.blobs if encoded is not None else ())
+    out: list[_Result] = []
+    for (name, _data), (sent, sent_found, packed) in zip(chunk_files, parts, strict=True):
+        if sent is None or sent_found is None:
+            entry = entries[next(blobs)]  # type: ignore[index]  # packed files come with a pack
+            out.append(([_Typed(index, line, None, model, _dressed(problems, name))
+                         for index, line, model, problems in entry.docs], _dressed(entry.problems, name), packed))
+        else:
+            out.append((sent, sent_found, packed))
     return out
 
 
-def _unpacked(parsed: tuple[list[_Typed], list[p.Problem], Encoded | None]) -> _Result:
-    typed, found, payload = parsed
-    return typed, found, None, payload
+def _parse_here(file_list: list[tuple[str, FileData]], values: bool,
+                packs: list[Encoded] | None) -> Iterator[_Result]:
+    """Parse in this process; with `packs`, add the store's packs of these files to it."""
+    files: list[blobstore.Packed] = []
+    for name, data in file_list:
+        typed, found = _parse_one(name, data, values)
+        if packs is not None and isinstance(data, bytes):
+            files.append(_packed(data, typed, found))
+            if len(files) >= PACK_FILES:
+                packs.append(blobstore.encoded(files))
+                files = []
+        yield typed, found, None
+    if packs is not None and files:
+        packs.append(blobstore.encoded(files))
 
 
-def _parse_one(name: str, data: FileData, values: bool = True,
-               encode: bool = False) -> tuple[list[_Typed], list[p.Problem], Encoded | None]:
-    """Read and type one file.
+def _packed(data: bytes, typed: list[_Typed], found: list[p.Problem]) -> blobstore.Packed:
+    """One file as the store's pack holds it."""
+    return data, _bare(found), tuple((t.index, t.line, t.model, _bare(t.problems)) for t in typed)
 
-    `values`: keep each document's plain value beside its model. `encode`:
-    also the disk store's payload (models, problems, the bytes), made here
-    so that its encoding does not cost the process that collects the results.
-    """
+
+def _parse_one(name: str, data: FileData, values: bool = True) -> tuple[list[_Typed], list[p.Problem]]:
+    """Read and type one file. `values`: keep each document's plain value beside its model."""
     if isinstance(data, Refused):
-        return [], [p.Problem(data.code, data.message, name, 1, 1)], None
+        return [], [p.Problem(data.code, data.message, name, 1, 1)]
     typed: list[_Typed] = []
     found: list[p.Problem] = []
     try:
@@ -605,10 +651,7 @@ def _parse_one(name: str, data: FileData, values: bool = True,
             typed.append(_Typed(doc.index, doc.line, doc.value if values else None, model, doc_problems))
     except YamlProblem as e:
         found = [p.Problem(e.code, e.message, name, e.line, e.column)]
-    if not encode:
-        return typed, found, None
-    docs = tuple((t.index, t.line, t.model, _bare(t.problems)) for t in typed)
-    return typed, found, blobstore.encoded(data, _bare(found), docs)
+    return typed, found
 
 
 def _bare(problems: list[p.Problem]) -> tuple[blobstore.Found, ...]:

@@ -53,14 +53,22 @@ def _load(root: Path, cache_dir: Path,
 
 
 def _rows(cache_dir: Path) -> list[tuple[str, str, bytes, bytes]]:
+    """(version, blob, mac, payload of its pack) of every indexed blob."""
     with sqlite3.connect(cache_dir / blobstore.DB_NAME) as db:
-        return db.execute("SELECT version, blob, mac, payload FROM entries ORDER BY blob").fetchall()
+        return db.execute("SELECT e.version, e.blob, p.mac, p.payload FROM pack_entries e"
+                          " JOIN packs p ON p.id = e.pack ORDER BY e.blob").fetchall()
 
 
-def _rewrite(cache_dir: Path, blob: str, **cols: object) -> None:
+def _packs(cache_dir: Path) -> list[tuple[str, bytes, bytes]]:
+    with sqlite3.connect(cache_dir / blobstore.DB_NAME) as db:
+        return db.execute("SELECT version, mac, payload FROM packs ORDER BY id").fetchall()
+
+
+def _rewrite(cache_dir: Path, **cols: object) -> None:
+    """Change every pack (a small tree is one pack)."""
     with sqlite3.connect(cache_dir / blobstore.DB_NAME) as db:
         for col, value in cols.items():
-            db.execute(f"UPDATE entries SET {col} = ? WHERE blob = ?", (value, blob))  # noqa: S608 - test columns
+            db.execute(f"UPDATE packs SET {col} = ?", (value,))  # noqa: S608 - test columns
 
 
 def test_a_second_run_reads_every_blob_from_the_cache_and_gives_the_same_result(repo: Path, tmp_path: Path) -> None:
@@ -79,16 +87,18 @@ def test_cache_files_are_private(repo: Path, tmp_path: Path) -> None:
         assert stat.S_IMODE(os.lstat(path).st_mode) == mode, path
 
 
-def test_a_damaged_entry_is_parsed_again_and_replaced(repo: Path, tmp_path: Path) -> None:
+def test_a_damaged_pack_is_parsed_again_and_replaced(repo: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cold = sources.load(repo, "HEAD")
     _load(repo, cache)
-    version, blob, mac, payload = _rows(cache)[0]
-    _rewrite(cache, blob, payload=payload[:-3] + b"xyz")
+    rows, packs = _rows(cache), _packs(cache)
+    assert len(packs) == 1 and len(rows) == cold.state.file_count
+    (_version, _mac, payload), = packs
+    _rewrite(cache, payload=payload[:-3] + b"xyz")
     again, store = _load(repo, cache)
-    assert (store.rejected, store.written) == (1, 1)
+    assert (store.rejected, store.written) == (len(rows), len(rows))
     assert _picture(again) == _picture(cold)
-    assert _rows(cache)[0] == (version, blob, mac, payload)  # rewritten as it was
+    assert _rows(cache) == rows and _packs(cache) == packs  # rewritten as it was, the damaged pack gone
 
 
 def test_an_entry_written_with_another_key_is_foreign_and_ignored(repo: Path, tmp_path: Path) -> None:
@@ -111,12 +121,12 @@ def test_a_payload_naming_a_class_is_refused_even_with_a_valid_mac(repo: Path, t
     _load(repo, cache)
     store = blobstore.open_store(cache)
     assert store is not None
-    _version, blob, _mac, _payload = _rows(cache)[0]
-    # The pickle tag (every entry's encoding) and a class outside the allowed set.
-    evil = b"p" + pickle.dumps((blobstore.FORMAT, blob, io.BytesIO(b"x"), (), ()))
-    _rewrite(cache, blob, payload=evil, mac=store._mac(blob, evil))
+    rows = _rows(cache)
+    # The pickle tag (every pack's encoding) and a class outside the allowed set.
+    evil = b"p" + pickle.dumps((blobstore.FORMAT, ((rows[0][1], io.BytesIO(b"x"), (), ()),)))
+    _rewrite(cache, payload=evil, mac=store._mac(evil))
     again, store = _load(repo, cache)
-    assert (store.rejected, store.written) == (1, 1)
+    assert (store.rejected, store.written) == (len(rows), len(rows))
     assert _picture(again) == _picture(sources.load(repo, "HEAD"))
 
 

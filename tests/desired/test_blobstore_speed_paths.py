@@ -1,4 +1,4 @@
-"""The blob store's fast paths (`desired.blobstore`): typed entries, made in the parse worker, a cheap commit.
+"""The blob store's fast paths (`desired.blobstore`): typed entries in packs, made in the parse worker, a cheap commit.
 
 Each test checks that a faster way of writing or reading keeps a safety
 property of the module: exact models back, a foreign or odd payload a miss,
@@ -36,8 +36,9 @@ def _store(directory: Path) -> blobstore.DiskStore:
 
 
 def _payloads(directory: Path) -> dict[str, bytes]:
+    """Each indexed blob id and the payload of the pack the index names for it."""
     with sqlite3.connect(directory / blobstore.DB_NAME) as db:
-        return dict(db.execute("SELECT blob, payload FROM entries").fetchall())
+        return dict(db.execute("SELECT e.blob, p.payload FROM pack_entries e JOIN packs p ON p.id = e.pack").fetchall())
 
 
 def _entry(data: bytes, docs: tuple[blobstore.TypedDoc, ...]) -> tuple[str, blobstore.Entry]:
@@ -45,11 +46,13 @@ def _entry(data: bytes, docs: tuple[blobstore.TypedDoc, ...]) -> tuple[str, blob
 
 
 def _typed(name: str, data: bytes) -> tuple[str, blobstore.Entry]:
-    """The entry the parse worker makes for `data` (loading._parse_one with the store's payload)."""
-    _typed_docs, _found, payload = loading._parse_one(name, data, False, True)
-    assert payload is not None
-    value = pickle.loads(payload.payload[1:])  # noqa: S301 - our own bytes, made just above
-    return payload.blob, blobstore.Entry(*value[2:])
+    """The entry the parse worker makes for `data` (loading._parse_chunk with the store's pack)."""
+    pack, _parts = loading._parse_chunk([(name, data)], False, False, True)
+    assert pack is not None
+    (blob,) = pack.blobs
+    entries = blobstore.decode_pack(pack.payload)
+    assert entries is not None
+    return blob, entries[blob]
 
 
 def test_typed_documents_come_back_as_equal_models_of_the_same_classes(tmp_path: Path) -> None:
@@ -84,14 +87,28 @@ def test_a_document_typing_refused_keeps_its_problems_and_no_model(tmp_path: Pat
     assert _store(tmp_path).get_many([blob])[blob] == entry
 
 
-def test_a_payload_is_only_ever_stored_under_the_blob_id_of_its_bytes(tmp_path: Path) -> None:
-    _docs, _found, payload = loading._parse_one("a.yaml", DATA, False, True)
-    assert payload is not None and payload.blob == BLOB
+def test_a_pack_names_a_file_only_by_the_blob_id_of_its_bytes(tmp_path: Path) -> None:
+    pack, _parts = loading._parse_chunk([("a.yaml", DATA)], False, False, True)
+    assert pack is not None and pack.blobs == (BLOB,)
     store = _store(tmp_path)
-    store.put_many([(_blob_id(b"other\n"), payload)])
-    assert store.written == 0
-    store.put_many([(BLOB, payload)])
-    assert store.written == 1 and _payloads(tmp_path) == {BLOB: payload.payload}
+    store.put_packs([pack])
+    assert store.written == 1 and _payloads(tmp_path) == {BLOB: pack.payload}
+    # An index row pointing another blob id at this pack is a miss: the pack does not name it.
+    other = _blob_id(b"other\n")
+    store.put_packs([blobstore.Encoded((other,), pack.payload)])
+    assert store.get_many([other]) == {} and store.rejected == 1
+    assert set(store.get_many([BLOB])) == {BLOB}
+
+
+def test_a_blob_written_again_is_read_from_its_newest_pack_and_old_packs_go(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    a, b = _entry(b"a: 1\n", ()), _entry(b"b: 2\n", ())
+    store.put_many([a, b])
+    store.put_many([a])
+    store.put_many([b])  # the first pack now holds nothing the index points at
+    with sqlite3.connect(tmp_path / blobstore.DB_NAME) as db:
+        assert db.execute("SELECT count(*) FROM packs").fetchone() == (2,)
+    assert _store(tmp_path).get_many([a[0], b[0]]) == {a[0]: a[1], b[0]: b[1]}
 
 
 def test_a_tree_with_timestamps_reads_the_same_from_the_cache(tmp_path: Path) -> None:
@@ -120,43 +137,52 @@ def _p(value: object) -> bytes:
     return b"p" + pickle.dumps(value, protocol=5)
 
 
+def _pack(*items: object) -> bytes:
+    return _p((blobstore.FORMAT, items))
+
+
 @pytest.mark.parametrize("payload", [
-    _p((blobstore.FORMAT, BLOB, DATA, (), [])),  # docs a list, not a tuple
-    _p((blobstore.FORMAT - 1, BLOB, DATA, (), ())),  # another format
-    _p((blobstore.FORMAT, _blob_id(b"b: 2\n"), DATA, (), ())),  # another blob's
-    _p((blobstore.FORMAT, BLOB, DATA, (("c", "m", 1, True),), ())),  # a bool column
-    _p((blobstore.FORMAT, BLOB, DATA, (), ((0, 1, None, (), "extra"),))),
-    _p((blobstore.FORMAT, BLOB, DATA, (), ((0, 1, {"a": 1}, ()),))),  # a plain value where a model goes
+    _pack((BLOB, DATA, (), [])),  # docs a list, not a tuple
+    _p((blobstore.FORMAT - 1, ((BLOB, DATA, (), ()),))),  # another format
+    _p((blobstore.FORMAT, [(BLOB, DATA, (), ())])),  # files a list, not a tuple
+    _pack((_blob_id(b"b: 2\n"), DATA, (), ())),  # names another blob only
+    _pack((BLOB, DATA, (("c", "m", 1, True),), ())),  # a bool column
+    _pack((BLOB, DATA, (), ((0, 1, None, (), "extra"),))),
+    _pack((BLOB, DATA, (), ((0, 1, {"a": 1}, ()),))),  # a plain value where a model goes
     # A model of desired.models that is not a document kind:
-    _p((blobstore.FORMAT, BLOB, DATA, (), ((0, 1, m.Region(name="r", pools=(m.Pool(name="p"),)), ()),))),
-    _p((blobstore.FORMAT, BLOB, DATA, (), ((0, 1, None, (("c", "m", 1),)),))),  # a short problem
+    _pack((BLOB, DATA, (), ((0, 1, m.Region(name="r", pools=(m.Pool(name="p"),)), ()),))),
+    _pack((BLOB, DATA, (), ((0, 1, None, (("c", "m", 1),)),))),  # a short problem
+    _pack((BLOB, DATA, ()), ),  # a file without its documents
+    _pack((BLOB, DATA, (), ()), "not a file"),  # one good file, one odd: the whole pack is a miss
     b"p\xff not pickle",
-    b"z" + pickle.dumps((blobstore.FORMAT, BLOB, DATA, (), ())),  # an encoding we never write
+    b"z" + pickle.dumps((blobstore.FORMAT, ((BLOB, DATA, (), ()),))),  # an encoding we never write
     b"",
 ])
 def test_an_odd_payload_is_a_miss_even_with_a_valid_mac(tmp_path: Path, payload: bytes) -> None:
-    """Defence in depth: a payload that passes the HMAC must still decode to what `put_many` writes."""
+    """Defence in depth: a payload that passes the HMAC must still decode to what `encoded` writes."""
     store = _store(tmp_path)
     store.put_many([_entry(DATA, ())])
     assert store.get_many([BLOB]), "the entry as written is read back"
     with sqlite3.connect(tmp_path / blobstore.DB_NAME) as db:
-        db.execute("UPDATE entries SET payload = ?, mac = ? WHERE blob = ?", (payload, store._mac(BLOB, payload), BLOB))
+        db.execute("UPDATE packs SET payload = ?, mac = ?", (payload, store._mac(payload)))
     store = _store(tmp_path)
     assert store.get_many([BLOB]) == {}
     assert store.rejected == 1
 
 
-def test_a_format_1_database_is_dropped_on_the_next_write(tmp_path: Path) -> None:
+def test_format_1_and_3_tables_are_dropped_on_the_next_write(tmp_path: Path) -> None:
     store = _store(tmp_path)
     with sqlite3.connect(tmp_path / blobstore.DB_NAME) as db:
         db.execute("CREATE TABLE blobs (version TEXT NOT NULL, blob TEXT NOT NULL, mac BLOB NOT NULL,"
                    " payload BLOB NOT NULL, stamp INTEGER NOT NULL, PRIMARY KEY (version, blob)) WITHOUT ROWID")
         db.execute("INSERT INTO blobs VALUES ('old', 'b', x'00', x'00', 0)")
+        db.execute("CREATE TABLE entries (version TEXT NOT NULL, blob TEXT NOT NULL, mac BLOB NOT NULL,"
+                   " payload BLOB NOT NULL, stamp INTEGER NOT NULL, PRIMARY KEY (version, blob))")
     blob, entry = _entry(b"a: 1\n", ((0, 1, None, ()),))
     store.put_many([(blob, entry)])
     with sqlite3.connect(tmp_path / blobstore.DB_NAME) as db:
         tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert tables == {"entries", "results"}
+    assert tables == {"packs", "pack_entries", "results"}
     assert _store(tmp_path).get_many([blob]) == {blob: entry}
 
 

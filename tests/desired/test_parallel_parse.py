@@ -146,3 +146,22 @@ def test_a_long_lived_tree_keeps_packed_bytes_and_locates_exactly_as_with_raw_by
         assert len(source.doc.data) < len(plain.doc.data)
         for path in (("slug",), ("source_ref",), ("compatible_skus", 0)):
             assert source.at(*path, code="x", message="m") == plain.at(*path, code="x", message="m")
+
+
+def test_the_pool_hands_models_over_in_the_store_packs_and_they_read_back(tmp_path: Path) -> None:
+    """With a disk store, a worker's models cross the pipe inside its pack: the same result, and a full store."""
+    from desired import blobstore
+
+    files = _tree()
+    store = blobstore.open_store(tmp_path / "cache")
+    assert store is not None
+    parallel = loading.parse_files(files, workers=2, cache=loading.BlobCache(store))
+    serial = loading.parse_files(files, workers=1)
+    assert _summary(parallel) == _summary(serial)
+    assert [p.render() for p in parallel.problems] == [p.render() for p in serial.problems]
+    assert parallel.state.images == serial.state.images
+    ids = {blobstore.git_blob_id(data) for _name, data in files}
+    back = store.get_many(sorted(ids))
+    assert set(back) == ids and store.rejected == 0
+    by_slug = {e.docs[0][2].slug: e.docs[0][2] for e in back.values() if e.docs and e.docs[0][2] is not None}
+    assert by_slug == serial.state.images
