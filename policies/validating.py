@@ -87,6 +87,28 @@ class Memo:
         result.problems.extend(found)
         return result
 
+    def adopt(self, result: LoadResult, found: list[p.Problem],
+              owners: dict[str, list[tuple[str, int]]]) -> LoadResult:
+        """`validate`'s answer for a tree an earlier run validated: its cross-file problems and shared MACs.
+
+        Nothing is checked, so no document's problems are kept. `_by_delta`
+        reads a changed document that has no kept entry as one that had no
+        problem: that holds only when the tree had none at all, so only such
+        a tree may be the base of the next read by delta (otherwise the next
+        state is walked whole, which is always right).
+        """
+        clean = not result.problems and not found
+        self._last = weakref.ref(result.state) if clean else None
+        self._found, self._owners = (), owners
+        self.checked = self.reused = 0
+        result.problems.extend(found)
+        return result
+
+    @property
+    def owners(self) -> dict[str, list[tuple[str, int]]]:
+        """MACs used by more than one slot in the last state validated: (node, slot position) of each use."""
+        return self._owners
+
     def _by_delta(self, state: DesiredState, last: weakref.ref[DesiredState] | None) -> list[p.Problem] | None:
         """The problems from checking only what a delta changed since `last`, or None: walk everything."""
         delta = deltas.delta_of(state, last() if last is not None else None)

@@ -5,17 +5,32 @@ The cache lives in `<state dir>/cache` (`--state-dir`, $GPUAAS_STATE_DIR or
 trusted. One Reader (a BlobCache and a validation memo) serves every tree a
 command reads, so a PR plan's base and head parse and check each shared
 document once. The heavy modules are imported when a Reader is made.
+
+A git revision's cross-file problems are kept too (a "checked tree"): CI
+plans many PRs against one base commit, and validating a large base costs
+as much as parsing it from the warm cache. They are a pure function of the
+commit, the path in the repo and the code, so they are stored under a hash
+of those (`DiskStore.put_result`) and never trusted: the store checks the
+HMAC, the payload is JSON of exactly the expected shape, and anything else
+is a miss that validates the tree again.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from desired.blobstore import DiskStore
     from desired.loading import BlobCache, LoadResult
+    from desired.problems import Problem
     from policies.validating import Memo
+
+FORMAT = 1
+_Owners = dict[str, list[tuple[str, int]]]
 
 
 def add_arguments(p: Any) -> None:
@@ -36,11 +51,96 @@ class Reader:
         from reconciler import sources
 
         try:
+            disk = self.cache.disk
+            commit = _commit(path, rev) if disk is not None else None
+            if disk is not None and commit is not None:
+                return self._load_commit(disk, path, commit)
             return sources.load(path, rev, cache=self.cache, memo=self.memo)
         finally:
             # A command's reads are few: its git processes end with each read, not when the collector
             # finds the Repo (the next read by delta needs the kept tree, not its Repo).
             gitrepo.release(self.cache)
+
+    def _load_commit(self, disk: DiskStore, path: Path, commit: str) -> LoadResult:
+        """`sources.load` of a resolved commit, whose validation an earlier run may have stored."""
+        from desired import gitrepo, loading
+        from schemas.errors import PermanentError
+
+        key = checked_key(path, commit)
+        with loading.collector_paused():
+            try:
+                # By its id, not its name: the tree read is the one the key names, even if a ref moves.
+                parsed = gitrepo.read_revision(path, commit, cache=self.cache)
+            except gitrepo.RevisionError as e:
+                raise PermanentError(str(e), code=gitrepo.RevisionError.code) from e
+            stored = disk.get_result(key)
+            known = decode(stored) if stored is not None else None
+            if known is not None:
+                result = self.memo.adopt(parsed, *known)
+            else:
+                parse_problems, fallbacks = len(parsed.problems), self.memo.fallbacks
+                result = self.memo.validate(parsed)
+                if self.memo.fallbacks == fallbacks:  # after a fall back, the memo's shared MACs are not this tree's
+                    disk.put_result(key, encode(result.problems[parse_problems:], self.memo.owners))
+        result.state.revision = commit
+        return result
+
+
+def _commit(path: Path, rev: str | None) -> str | None:
+    """The commit id `rev` names, or None: not a revision, or one `sources.load` reports as unreadable."""
+    from desired import gitrepo
+
+    if rev is None or not path.exists():
+        return None
+    try:
+        return gitrepo.resolve(path, rev)
+    except gitrepo.RevisionError:
+        return None
+
+
+def checked_key(path: Path, commit: str) -> str:
+    """Where a commit's checked tree is stored: the path is part of it (a folder of a repo is another tree)."""
+    from reconciler.commands import plancache
+
+    parts = ("checked-tree", str(FORMAT), plancache.code_version(), commit, str(path.resolve()))
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def encode(found: list[Problem], owners: _Owners) -> bytes:
+    return json.dumps({
+        "format": FORMAT,
+        "found": [[x.code, x.message, x.file, x.line, x.column, x.severity.value] for x in found],
+        "owners": {mac: [[node, slot] for node, slot in uses] for mac, uses in owners.items()},
+    }).encode()
+
+
+def decode(payload: bytes) -> tuple[list[Problem], _Owners] | None:
+    """The problems and shared MACs a payload holds, or None when it is not exactly what `encode` writes."""
+    from desired.problems import Problem, Severity
+
+    try:
+        value = json.loads(payload)
+    except (ValueError, RecursionError):
+        return None
+    if not (isinstance(value, dict) and set(value) == {"format", "found", "owners"}
+            and type(value["format"]) is int and value["format"] == FORMAT
+            and isinstance(value["found"], list) and isinstance(value["owners"], dict)):
+        return None
+    found = []
+    for item in value["found"]:
+        if not (isinstance(item, list) and len(item) == 6 and all(isinstance(x, str) for x in item[:3])
+                and type(item[3]) is int and type(item[4]) is int
+                and item[5] in (Severity.ERROR.value, Severity.WARNING.value)):
+            return None
+        found.append(Problem(item[0], item[1], item[2], item[3], item[4], Severity(item[5])))
+    owners: _Owners = {}
+    for mac, uses in value["owners"].items():
+        if not (isinstance(uses, list) and len(uses) >= 2
+                and all(isinstance(u, list) and len(u) == 2 and isinstance(u[0], str) and type(u[1]) is int
+                        for u in uses)):
+            return None
+        owners[mac] = [(node, slot) for node, slot in uses]
+    return found, owners
 
 
 def open_reader(args: argparse.Namespace) -> Reader:
