@@ -79,7 +79,7 @@ class Reader:
                 result = self.memo.adopt(parsed, *known)
             else:
                 parse_problems, fallbacks = len(parsed.problems), self.memo.fallbacks
-                result = self.memo.validate(parsed)
+                result = self.memo.validate_once(parsed)
                 if self.memo.fallbacks == fallbacks:  # after a fall back, the memo's shared MACs are not this tree's
                     disk.put_result(key, encode(result.problems[parse_problems:], self.memo.owners))
         result.state.revision = commit

@@ -112,6 +112,20 @@ def test_incremental_validation_equals_a_full_run_after_every_edit(tree: Path, s
     assert reused > checked  # it did save work
 
 
+@pytest.mark.parametrize("seed", [7, 8])
+def test_a_blank_memo_validating_once_gives_the_walk_s_problems_and_shared_macs(tree: Path, seed: int) -> None:
+    """`validate_once` (the whole rules, then `adopt`) is what a memo's own first walk gives."""
+    rng = random.Random(seed)  # noqa: S311 - test randomness
+    pool = sorted(EXAMPLE.rglob("*.yaml"))
+    for _ in range(25):
+        _edit(rng, tree, pool)
+        files = list(loading.iter_directory(tree))
+        once, walked = validating.Memo(), validating.Memo()
+        quick = once.validate_once(loading.parse_files(files))
+        assert _rendered(quick) == _rendered(walked.validate(loading.parse_files(files)))
+        assert once.owners == walked.owners
+
+
 def test_a_mac_taken_from_an_earlier_map_is_reported_on_the_later_one_and_cleared_when_fixed(tree: Path) -> None:
     """The unchanged map whose MAC another map takes gets no problem; the taker does; fixing clears both."""
     cache, memo = loading.BlobCache(), validating.Memo()
