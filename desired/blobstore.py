@@ -397,8 +397,18 @@ def encoded(files: Sequence[Packed]) -> Encoded:
 
 
 def decode_pack(payload: bytes) -> dict[str, Entry] | None:
-    """The entries of a pack this process's own workers made (not from disk: `get_many` checks those first)."""
-    return _pack_entries(_decode(payload))
+    """The entries of a pack this process's own parse worker made, None if it is not one `encoded` made.
+
+    Never for a pack from disk (`get_many` checks those). Read as the pool's
+    results are, by plain pickle: the bytes come straight from our worker
+    over the pool's pipe, as every result of that pool does.
+    """
+    if payload[:1] != _PICKLE:
+        return None
+    value = pickle.loads(memoryview(payload)[1:])  # noqa: S301 - our own worker's bytes (see above)
+    if not (isinstance(value, tuple) and len(value) == 2 and value[0] == FORMAT):
+        return None
+    return {blob: Entry(data, problems, docs) for blob, data, problems, docs in value[1]}
 
 
 def _decode(payload: bytes) -> Any:
