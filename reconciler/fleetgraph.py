@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from desired import models as m
 from desired.loading import DesiredState
@@ -27,11 +27,15 @@ if TYPE_CHECKING:
     import networkx as nx
 
 
-@dataclass(frozen=True, slots=True)
-class SlotFacts:
-    """One approved slot with its device identities and schedulability."""
+class SlotFacts(NamedTuple):
+    """One approved slot with its device identities and schedulability.
 
-    index: int
+    A named tuple, not a frozen dataclass: a 10,000-node engine makes 80,000
+    of them, and a frozen dataclass sets each field through object.__setattr__
+    (0.13 s against 0.03 s).
+    """
+
+    index: int  # type: ignore[assignment]  # shadows tuple.index, which nothing calls on a slot
     group: str
     pair: str | None
     numa_node: int
