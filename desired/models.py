@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import functools
 import ipaddress
 import re
 import sys
@@ -181,7 +182,13 @@ class ManagementNetwork(_Model):
 
     @property
     def network(self) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
-        return ipaddress.ip_network(self.subnet)
+        return _network(self.subnet)
+
+
+@functools.lru_cache(maxsize=1024)
+def _network(subnet: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """Parsed once per subnet: validation asks for the fleet's network once per slot map (10,000s)."""
+    return ipaddress.ip_network(subnet)
 
 
 class Pool(_Model):
