@@ -149,16 +149,18 @@ class Memo:
 
 def read_model(desired: DesiredState, observed: plans.Observed, *, policy: str | None = None,
                limit: int = DEFAULT_LIMIT, engine: placing.Engine | None = None,
-               memo: Memo | None = None) -> ReadModel:
+               memo: Memo | None = None, summaries: bool = True) -> ReadModel:
     """Launchable capacity and node summaries; `engine`, if given, is one built from the same inputs
     and holding no placement of its own (it is left as it was found). `memo` carries per-node parts
-    from one call to the next (it gives the same answer as without it)."""
+    from one call to the next (it gives the same answer as without it). `summaries=False`: the
+    offers alone, no node summaries (a PR plan compares launchable counts and shows no node list)."""
     engine = engine or placing.Engine(desired, observed, policy=policy)
     memo = memo if memo is not None else Memo()
     by_node: dict[str, list[plans.ExistingClaim]] = defaultdict(list)
     for c in observed.claims:
         by_node[c.node].append(c)
-    nodes = tuple(_summary(memo, engine, f, tuple(by_node.get(f.name, ()))) for f in engine.facts)
+    nodes = tuple(_summary(memo, engine, f, tuple(by_node.get(f.name, ()))) for f in engine.facts) \
+        if summaries else ()
     offers: list[Offer] = []
     regions = sorted({f.region for f in engine.facts})
     for sku in sorted(desired.skus.values(), key=lambda s: s.sku):

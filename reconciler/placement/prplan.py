@@ -156,10 +156,11 @@ def compose(base: DesiredState, head: DesiredState, observed: plans.Observed, *,
     only = _mode_candidates(base, head, observed, observed_after)
     modes_before = _modes(before, only)
     memo = capacity.Memo()  # head's read model reuses base's per-node parts for nodes the PR leaves alone
-    capacity_before = capacity.read_model(base, observed, policy=policy, engine=before, memo=memo)
+    # Offers only: a PR plan compares launchable counts (`capacity_changes`) and lists no node summaries.
+    capacity_before = capacity.read_model(base, observed, policy=policy, engine=before, memo=memo, summaries=False)
     now = engine_for(head, observed_after)
     modes_after = _modes(now, only)
-    capacity_after = capacity.read_model(head, observed_after, policy=policy, engine=now, memo=memo)
+    capacity_after = capacity.read_model(head, observed_after, policy=policy, engine=now, memo=memo, summaries=False)
     return PrPlan(
         base_revision=base.revision, head_revision=head.revision, offline=offline, base_errors=base_errors,
         inventory=diff,

@@ -111,6 +111,16 @@ def test_node_summaries_show_mode_slots_and_drained(tmp_path: Path) -> None:
     assert (nodes[S02].mode, nodes[S02].drained) == ("draining", True)
 
 
+def test_offers_without_node_summaries_are_the_same_offers(tmp_path: Path) -> None:
+    """A PR plan asks for offers alone (`summaries=False`): the same offers, no node list."""
+    state = _state(tmp_path, {f"nodes/{S02}.yaml": ("admin_state: active", "admin_state: draining")})
+    observed = plans.Observed(claims=(_claim("a", S01, 0), _claim("b", S01, 1, states.ClaimStatus.RESERVED)))
+    whole = capacity.read_model(state, observed)
+    offers = capacity.read_model(state, observed, summaries=False)
+    assert offers.offers == whole.offers and whole.nodes
+    assert offers.nodes == ()
+
+
 def test_offline_observed_and_an_unchanged_head_plan_nothing(tmp_path: Path) -> None:
     state = _state(tmp_path)
     observed = prplan.offline_observed(state)
