@@ -237,10 +237,13 @@ class BlobCache:
 
     KEEP_GENERATIONS = 2
 
-    def __init__(self, disk: DiskStore | None = None, *, keep_values: bool = True) -> None:
+    def __init__(self, disk: DiskStore | None = None, *, keep_values: bool = True, models_only: bool = False) -> None:
         self._blobs: dict[str, _Blob] = {}
         # False: documents hold no plain value after typing (`gpuaas run`: memory follows the models)
         self.keep_values = keep_values
+        # True: the reader wants the models alone, never a plain value (a CLI command without the disk
+        # store): a pool's models cross the pipe in packs, as with the store, and no value with them.
+        self.models_only = models_only
         self.generation = 0
         self.hits = 0
         self.misses = 0
@@ -348,8 +351,10 @@ def blobs_for(refs: Sequence[FileRef], *, workers: int | None = None, cancel: Ca
     # A disk-backed cache (CLI runs) keeps no plain value: the store's packs are made where the
     # files are parsed, and the models cross the pool's pipe inside them (`_parse_chunk`).
     stored: list[Encoded] | None = [] if disk is not None else None
+    models_only = cache is not None and cache.models_only
     results = _parse_all(files, workers, cancel, pack=cache is not None and not cache.keep_values,
-                         values=cache is None or (cache.keep_values and disk is None), packs=stored)
+                         values=cache is None or (cache.keep_values and disk is None and not models_only),
+                         packs=stored, in_packs=disk is not None or models_only)
     try:
         for n, (i, (name, data), (typed, found, packed)) in enumerate(
                 zip(todo, files, results, strict=True)):
@@ -456,12 +461,13 @@ PACK_FILES = 512  # files per pack made in this process (a pool worker packs its
 
 def _parse_all(
     file_list: list[tuple[str, FileData]], workers: int | None, cancel: Cancel | None, *, pack: bool = False,
-    values: bool = True, packs: list[Encoded] | None = None,
+    values: bool = True, packs: list[Encoded] | None = None, in_packs: bool = False,
 ) -> Generator[_Result, None, None]:
     """Each file's reader output, in order.
 
     With `pack`, pool workers also compress the bytes (see `_settle`). With
-    `packs`, the disk store's packs of these files are added to it.
+    `packs`, the disk store's packs of these files are added to it. With
+    `in_packs`, a pool's models cross the pipe inside packs (`_parse_chunk`).
     """
     n = workers if workers is not None else (os.cpu_count() or 1)
     if n <= 1 or len(file_list) < PARALLEL_THRESHOLD or "forkserver" not in mp.get_all_start_methods():
@@ -478,7 +484,8 @@ def _parse_all(
     delivered = False
     try:
         # No list of the chunks: a chunk's bytes are let go once its result is taken.
-        pending = collections.deque(pool.submit(_parse_chunk, file_list[i:i + step], pack, values, packs is not None)
+        encode = in_packs or packs is not None
+        pending = collections.deque(pool.submit(_parse_chunk, file_list[i:i + step], pack, values, encode)
                                     for i in range(0, len(file_list), step))
         while pending:
             # Taken off the queue: a future keeps its result, and every chunk's plain values held

@@ -149,7 +149,7 @@ def open_reader(args: argparse.Namespace) -> Reader:
     from policies.validating import Memo
 
     if getattr(args, "no_cache", False):
-        return Reader(BlobCache(), Memo())
+        return Reader(BlobCache(models_only=True), Memo())  # a command reads models, never plain values
     directory = getattr(args, "cache_dir", None)
     state = getattr(args, "state_dir", None)
     if directory is None and state is not None:

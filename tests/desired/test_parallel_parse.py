@@ -165,3 +165,14 @@ def test_the_pool_hands_models_over_in_the_store_packs_and_they_read_back(tmp_pa
     assert set(back) == ids and store.rejected == 0
     by_slug = {e.docs[0][2].slug: e.docs[0][2] for e in back.values() if e.docs and e.docs[0][2] is not None}
     assert by_slug == serial.state.images
+
+
+def test_a_models_only_cache_takes_the_pool_s_models_in_packs_and_no_plain_values() -> None:
+    """`--no-cache` commands read models alone: the same result, no plain value carried or kept."""
+    files = _tree()
+    parallel = loading.parse_files(files, workers=2, cache=loading.BlobCache(models_only=True))
+    serial = loading.parse_files(files, workers=1)
+    assert [p.render() for p in parallel.problems] == [p.render() for p in serial.problems]
+    assert parallel.state.images == serial.state.images
+    sources = list(parallel.state.sources.values())
+    assert sources and all(s.doc.value is None for s in sources)
