@@ -412,7 +412,7 @@ def decode_pack(payload: bytes) -> dict[str, Entry] | None:
 
 
 def _decode(payload: bytes) -> Any:
-    """The value of a payload `encoded` made; only called once its HMAC verified (or from our own worker)."""
+    """The value of a payload `encoded` made, read from disk; only called once its HMAC verified."""
     tag, body = payload[:1], memoryview(payload)[1:]
     if tag == _PICKLE:
         return _Unpickler(io.BytesIO(body)).load()

@@ -2,32 +2,38 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from desired import gitrepo, loading
 from policies import validating, validation
 from schemas.errors import PermanentError
 
+Check = Callable[[loading.LoadResult], loading.LoadResult]
+
 
 def load(path: Path, rev: str | None = None, *, cancel: loading.Cancel | None = None,
-         cache: loading.BlobCache | None = None, memo: validating.Memo | None = None) -> loading.LoadResult:
+         cache: loading.BlobCache | None = None, memo: validating.Memo | None = None,
+         check: Check | None = None) -> loading.LoadResult:
     """Read, parse and cross-check every file; problems are collected, not raised.
 
     With `cache`, files whose content was parsed before (same git blob id) are
     taken from it instead of being read and parsed again (the watch loop keeps
     one across revisions). With `memo`, cross-file rules run again only for
-    documents whose inputs changed (`policies.validating`). Raises
+    documents whose inputs changed (`policies.validating`). `check`, if
+    given, adds the cross-file problems instead (a CLI reader that may have
+    them stored, `reconciler.commands.blobcache`). Raises
     PermanentError only when the source itself cannot be read (no such
     directory, unknown revision); loading.Cancelled when `cancel` says stop.
     """
     if not path.exists():
         raise PermanentError(f"{path}: no such directory", code="desired.path.missing")
     with loading.collector_paused():
-        return _load(path, rev, cancel=cancel, cache=cache, memo=memo)
+        return _load(path, rev, cancel=cancel, cache=cache, check=check or (memo.validate if memo else None))
 
 
 def _load(path: Path, rev: str | None, *, cancel: loading.Cancel | None, cache: loading.BlobCache | None,
-          memo: validating.Memo | None) -> loading.LoadResult:
+          check: Check | None) -> loading.LoadResult:
     try:
         if rev is not None:
             parsed = gitrepo.read_revision(path, rev, cancel=cancel, cache=cache)
@@ -38,7 +44,7 @@ def _load(path: Path, rev: str | None, *, cancel: loading.Cancel | None, cache: 
             parsed = loading.parse_files(files, cancel=cancel, cache=cache)
     except gitrepo.RevisionError as e:
         raise PermanentError(str(e), code=gitrepo.RevisionError.code) from e
-    result = memo.validate(parsed) if memo is not None else validation.validate(parsed)
+    result = check(parsed) if check is not None else validation.validate(parsed)
     result.state.revision = revision
     return result
 

@@ -63,27 +63,23 @@ class Reader:
 
     def _load_commit(self, disk: DiskStore, path: Path, commit: str) -> LoadResult:
         """`sources.load` of a resolved commit, whose validation an earlier run may have stored."""
-        from desired import gitrepo, loading
-        from schemas.errors import PermanentError
+        from reconciler import sources
 
         key = checked_key(path, commit)
-        with loading.collector_paused():
-            try:
-                # By its id, not its name: the tree read is the one the key names, even if a ref moves.
-                parsed = gitrepo.read_revision(path, commit, cache=self.cache)
-            except gitrepo.RevisionError as e:
-                raise PermanentError(str(e), code=gitrepo.RevisionError.code) from e
+
+        def check(parsed: LoadResult) -> LoadResult:
             stored = disk.get_result(key)
             known = decode(stored) if stored is not None else None
             if known is not None:
-                result = self.memo.adopt(parsed, *known)
-            else:
-                parse_problems, fallbacks = len(parsed.problems), self.memo.fallbacks
-                result = self.memo.validate_once(parsed)
-                if self.memo.fallbacks == fallbacks:  # after a fall back, the memo's shared MACs are not this tree's
-                    disk.put_result(key, encode(result.problems[parse_problems:], self.memo.owners))
-        result.state.revision = commit
-        return result
+                return self.memo.adopt(parsed, *known)
+            parse_problems, fallbacks = len(parsed.problems), self.memo.fallbacks
+            result = self.memo.validate_once(parsed)
+            if self.memo.fallbacks == fallbacks:  # after a fall back, the memo's shared MACs are not this tree's
+                disk.put_result(key, encode(result.problems[parse_problems:], self.memo.owners))
+            return result
+
+        # By its id, not its name: the tree read is the one the key names, even if a ref moves.
+        return sources.load(path, commit, cache=self.cache, check=check)
 
 
 def _commit(path: Path, rev: str | None) -> str | None:
