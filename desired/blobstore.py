@@ -78,6 +78,7 @@ DEFAULT_STATE_DIR = Path(".gpuaas")  # as reconciler.store.connections (desired/
 ENV_STATE_DIR = "GPUAAS_STATE_DIR"
 MAX_ENTRIES = 200_000  # beyond this, the oldest entries not in the current tree are dropped
 MAX_RESULTS = 64  # whole command results (PR plans) kept; the newest win
+MAX_WORLDS = 2  # kept bases of PR plans (tens of MB each, `reconciler.commands.baseworld`); the newest win
 _CHUNK = 500  # keys per SELECT (SQLite's variable limit is 999 on old builds)
 # The payload's first byte says how the rest is encoded (one way so far: pickle).
 _PICKLE = b"p"
@@ -183,6 +184,10 @@ class DiskStore:
                        " pack INTEGER NOT NULL, stamp INTEGER NOT NULL, PRIMARY KEY (version, blob))")
             db.execute("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, mac BLOB NOT NULL,"
                        " payload BLOB NOT NULL, stamp INTEGER NOT NULL) WITHOUT ROWID")
+            # A kept base's payload is a file beside the database (`world-<key>`): tens of MB read
+            # from a chain of SQLite overflow pages took 0.3 s, one read() of a file 0.02 s.
+            db.execute("CREATE TABLE IF NOT EXISTS worlds (key TEXT PRIMARY KEY, mac BLOB NOT NULL,"
+                       " size INTEGER NOT NULL, stamp INTEGER NOT NULL) WITHOUT ROWID")
             self._db = db
         return self._db
 
@@ -255,10 +260,75 @@ class DiskStore:
         The payload is returned as bytes only after its HMAC verifies; the
         caller parses it as plain data (JSON), never as code.
         """
+        return self._get_row("results", key)
+
+    def put_result(self, key: str, payload: bytes) -> None:
+        """Store one result; keep only the newest MAX_RESULTS (a miss only costs a full run)."""
+        self._put_row("results", key, payload, MAX_RESULTS)
+
+    def get_world(self, key: str) -> bytes | None:
+        """A kept PR-plan base stored under `key` (`reconciler.commands.baseworld`), once its HMAC verifies.
+
+        Unlike a result, the caller unpickles it (with its own allow-list):
+        only the HMAC, under this store's secret key, says this user's runs
+        wrote it. The file must be ours, regular, private and of the recorded size.
+        """
         if self.broken:
             return None
         try:
-            row = self._connect().execute("SELECT mac, payload FROM results WHERE key = ?", (key,)).fetchone()
+            row = self._connect().execute("SELECT mac, size FROM worlds WHERE key = ?", (key,)).fetchone()
+        except sqlite3.Error as e:
+            self._broken("cannot be read", e)
+            return None
+        if row is None:
+            return None
+        mac, size = row
+        payload = _read_private(self._world_path(key), size)
+        if payload is None or not (isinstance(mac, bytes)
+                                   and hmac.compare_digest(mac, self._result_mac(key, payload, "worlds"))):
+            self.rejected += 1
+            return None
+        return payload
+
+    def put_world(self, key: str, payload: bytes) -> None:
+        """Store one kept base; keep only the newest MAX_WORLDS (each is tens of MB)."""
+        path = self._world_path(key)
+        temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(payload)
+            os.replace(temp, path)  # atomic: a reader sees the old file, the new one, or none
+        except OSError as e:
+            self.note(f"blob cache {self.directory}: kept base not stored: {e.strerror or e}")
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            return
+        row = (key, self._result_mac(key, payload, "worlds"), len(payload), time.time_ns())
+        gone: list[str] = []
+
+        def write(db: sqlite3.Connection) -> None:
+            db.execute("INSERT OR REPLACE INTO worlds VALUES (?, ?, ?, ?)", row)
+            gone[:] = [k for (k,) in db.execute("SELECT key FROM worlds ORDER BY stamp DESC LIMIT -1 OFFSET ?",
+                                                (MAX_WORLDS,))]
+            db.executemany("DELETE FROM worlds WHERE key = ?", [(k,) for k in gone])
+
+        if self._transaction(write, busy="kept base not stored"):
+            for old in gone:
+                with contextlib.suppress(OSError):
+                    os.unlink(self._world_path(old))
+
+    def _world_path(self, key: str) -> Path:
+        if not all(c in "0123456789abcdef" for c in key) or len(key) != 64:
+            raise ValueError("a world key is a sha256 hex digest")  # never a path from elsewhere
+        return self.directory / f"world-{key}"
+
+    def _get_row(self, table: str, key: str) -> bytes | None:
+        if self.broken:
+            return None
+        try:
+            row = self._connect().execute(f"SELECT mac, payload FROM {table} WHERE key = ?",  # noqa: S608 - table is one of two literals
+                                          (key,)).fetchone()
         except sqlite3.Error as e:
             self._broken("cannot be read", e)
             return None
@@ -266,25 +336,25 @@ class DiskStore:
             return None
         mac, payload = row
         if not (isinstance(mac, bytes) and isinstance(payload, bytes)
-                and hmac.compare_digest(mac, self._result_mac(key, payload))):
+                and hmac.compare_digest(mac, self._result_mac(key, payload, table))):
             self.rejected += 1
             return None
         return payload
 
-    def put_result(self, key: str, payload: bytes) -> None:
-        """Store one result; keep only the newest MAX_RESULTS (a miss only costs a full run)."""
-        row = (key, self._result_mac(key, payload), payload, int(time.time()))
+    def _put_row(self, table: str, key: str, payload: bytes, keep: int) -> None:
+        row = (key, self._result_mac(key, payload, table), payload, time.time_ns())
 
         def write(db: sqlite3.Connection) -> None:
-            db.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?)", row)
-            db.execute("DELETE FROM results WHERE key NOT IN"
-                       " (SELECT key FROM results ORDER BY stamp DESC LIMIT ?)", (MAX_RESULTS,))
+            db.execute(f"INSERT OR REPLACE INTO {table} VALUES (?, ?, ?, ?)", row)  # noqa: S608 - a literal
+            db.execute(f"DELETE FROM {table} WHERE key NOT IN"  # noqa: S608 - a literal
+                       f" (SELECT key FROM {table} ORDER BY stamp DESC LIMIT ?)", (keep,))
 
-        self._transaction(write, busy="result not stored")
+        self._transaction(write, busy=f"{table[:-1]} not stored")
 
-    def _result_mac(self, key: str, payload: bytes) -> bytes:
-        # Its own domain ("result"): a blob entry's MAC can never pass for a result's.
-        return hmac.digest(self._secret, f"result\0{key}\0".encode() + payload, "sha256")
+    def _result_mac(self, key: str, payload: bytes, table: str = "results") -> bytes:
+        # Its own domain ("result", "world"): a blob entry's MAC can never pass for a result's,
+        # nor a result (plain JSON) for a kept base (unpickled).
+        return hmac.digest(self._secret, f"{table[:-1]}\0{key}\0".encode() + payload, "sha256")
 
     # ------------------------------------------------------------- writing
 
@@ -508,6 +578,24 @@ def _private_dir(directory: Path) -> None:
     if not stat.S_ISDIR(st.st_mode):
         raise _Unsafe("is not a directory (a symlink or a file)")
     _owned_private(st, "the directory")
+
+
+def _read_private(path: Path, size: int) -> bytes | None:
+    """The bytes of a file of ours (regular, not writable by others, `size` long), or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        try:
+            _owned_private(st, path.name)
+        except _Unsafe:
+            return None
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            return None
+        data = f.read(size + 1)
+    return data if len(data) == size else None
 
 
 def _private_file(path: Path) -> None:

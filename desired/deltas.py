@@ -145,7 +145,8 @@ class _Builder:
         self.state = DesiredState(fleet=old.fleet, skus=old.skus, images=old.images, nodes=old.nodes,
                                   slot_maps=old.slot_maps, allocations=old.allocations,
                                   sources=dict(old.sources), file_count=old.file_count)
-        self.by_path = dict(tree.by_path)
+        # .copy(), not dict(): a kept base's LazyMap stays lazy (`desired.lazymap`); a dict stays a dict
+        self.by_path = tree.by_path.copy()
         self.copied: set[str] = set()
         self.removed: dict[Key, Any] = {}  # key -> the document it came from, until put back in place
         self.touched: set[Key] = set()
@@ -154,7 +155,7 @@ class _Builder:
     def table(self, kind: str) -> dict[str, Any]:
         attr = _TABLES[kind]
         if attr not in self.copied:  # copy on write: the old state stays as it was
-            setattr(self.state, attr, dict(getattr(self.state, attr)))
+            setattr(self.state, attr, getattr(self.state, attr).copy())
             self.copied.add(attr)
         t: dict[str, Any] = getattr(self.state, attr)
         return t

@@ -109,9 +109,12 @@ _TABLES = (
 )
 
 
-def diff(base: DesiredState, head: DesiredState, firmware: Mapping[str, bool] | None = None) -> InventoryDiff:
+def diff(base: DesiredState, head: DesiredState, firmware: Mapping[str, bool] | None = None, *,
+         schedulable_before: Mapping[str, Slots] | None = None) -> InventoryDiff:
     """What changes from base to head. A head read by delta from base (`desired.deltas`) is compared
-    only where the delta names a document: every other document is the very same object in both."""
+    only where the delta names a document: every other document is the very same object in both.
+
+    `schedulable_before`: `schedulable(base)`, when the caller kept it (a PR plan's kept base)."""
     delta = deltas.delta_of(head, base)
     changed = None if delta is None else {kind: delta.names(kind) for kind, _ in _TABLES}
     changes: list[DocumentChange] = []
@@ -142,8 +145,8 @@ def diff(base: DesiredState, head: DesiredState, firmware: Mapping[str, bool] | 
         for node in sorted(set(cap_before) | set(cap_after))
         if cap_before.get(node, none)[0] != cap_after.get(node, none)[0]
     ]
-    slots_before = _schedulable(base)
-    slots_after = _schedulable(head, reuse=slots_before, touched=touched)
+    slots_before = schedulable(base) if schedulable_before is None else schedulable_before
+    slots_after = schedulable(head, reuse=slots_before, touched=touched)
     slot_changes = []
     for node in sorted(slots_before.keys() | slots_after.keys() if touched is None else touched):
         was_slots, now_slots = slots_before.get(node, {}), slots_after.get(node, {})
@@ -228,20 +231,21 @@ def _capabilities(state: DesiredState, firmware: Mapping[str, bool] | None,
     return out
 
 
-_Slots = dict[int, tuple[bool, tuple[str, ...]]]  # slot index -> (schedulable, reasons)
+Slots = dict[int, tuple[bool, tuple[str, ...]]]  # slot index -> (schedulable, reasons)
 
 
-def _schedulable(state: DesiredState, *, reuse: Mapping[str, _Slots] | None = None,
-                 touched: set[str] | None = None) -> dict[str, _Slots]:
+def schedulable(state: DesiredState, *, reuse: Mapping[str, Slots] | None = None,
+                touched: set[str] | None = None) -> dict[str, Slots]:
     """Per node, per slot: eligible by its own metadata AND its node is slice-capable by intent.
 
     With `touched` (a delta's nodes), `reuse` is the answer for the state this one was read from: every
     other node's Node and SlotMap are the same objects there, and so is its answer."""
-    out: dict[str, _Slots] = {}
-    for node_name, smap in state.slot_maps.items():
+    out: dict[str, Slots] = {}
+    for node_name in state.slot_maps:  # by key: a reused node's slot map is never read (a lazy base's stays unloaded)
         if touched is not None and reuse is not None and node_name not in touched and node_name in reuse:
             out[node_name] = reuse[node_name]
             continue
+        smap = state.slot_maps[node_name]
         node = state.nodes.get(node_name)
         node_reasons: tuple[str, ...] = ()
         if node is None:

@@ -45,6 +45,8 @@ class Reader:
 
     def __init__(self, cache: BlobCache, memo: Memo) -> None:
         self.cache, self.memo = cache, memo
+        self.seen: set[str] = set()  # commits an earlier run validated (their checked tree was stored)
+        self.problems: tuple[Problem, ...] = ()  # of the last tree loaded
 
     def load(self, path: Path, rev: str | None) -> LoadResult:
         from desired import gitrepo
@@ -52,10 +54,13 @@ class Reader:
 
         try:
             disk = self.cache.disk
-            commit = _commit(path, rev) if disk is not None else None
+            commit = commit_of(path, rev) if disk is not None else None
             if disk is not None and commit is not None:
-                return self._load_commit(disk, path, commit)
-            return sources.load(path, rev, cache=self.cache, memo=self.memo)
+                result = self._load_commit(disk, path, commit)
+            else:
+                result = sources.load(path, rev, cache=self.cache, memo=self.memo)
+            self.problems = tuple(result.problems)
+            return result
         finally:
             # A command's reads are few: its git processes end with each read, not when the collector
             # finds the Repo (the next read by delta needs the kept tree, not its Repo).
@@ -71,6 +76,7 @@ class Reader:
             stored = disk.get_result(key)
             known = decode(stored) if stored is not None else None
             if known is not None:
+                self.seen.add(commit)
                 return self.memo.adopt(parsed, *known)
             parse_problems, fallbacks = len(parsed.problems), self.memo.fallbacks
             result = self.memo.validate_once(parsed)
@@ -82,7 +88,7 @@ class Reader:
         return sources.load(path, commit, cache=self.cache, check=check)
 
 
-def _commit(path: Path, rev: str | None) -> str | None:
+def commit_of(path: Path, rev: str | None) -> str | None:
     """The commit id `rev` names, or None: not a revision, or one `sources.load` reports as unreadable."""
     from desired import gitrepo
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -139,26 +140,82 @@ def run(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace, head_rev: str | None,
           reader: blobcache.Reader) -> tuple[prplan.PrPlan, DesiredState, str]:
     """The PR plan, the head it planned and the digest of the observed state it was planned against."""
+    from desired.loading import LoadResult
     from reconciler import planfiles
+    from reconciler.commands import baseworld
     from reconciler.placement import prplan, replanning
 
     digest = ""
-    base, base_errors, base_unreadable = _given_base(args, reader)
+    world_key, base_commit = _world_key(args)
+    world = baseworld.get(reader.cache.disk, world_key, args.policy)
+    keep: Callable[[prplan.BaseSide, plans.Observed], None] | None = None
+    if world is not None:
+        # Base as an earlier run left it: head is read by delta from its tree, its side is not planned again.
+        reader.cache.tree = world.tree
+        reader.memo.adopt(LoadResult(world.state, []), list(world.found), world.owners)
+        base, base_errors, base_unreadable = world.state, (), None
+        warm = world.planner
+    else:
+        base, base_errors, base_unreadable = _given_base(args, reader)
+        warm = replanning.WarmPlanner(args.policy)  # one kept engine for every plan of this run
+        keep = _keeper(args, reader, world_key=world_key, base_commit=base_commit, base_errors=base_errors,
+                       base_unreadable=base_unreadable, warm=warm)
     head, head_errors = _load(args.path, head_rev, reader)
     if head_errors:
         return prplan.invalid(args.base, head.revision, head_errors, offline=args.offline), head, digest
-    # One kept engine for every plan of this run: base and head differ in a few documents.
-    warm = replanning.WarmPlanner(args.policy)
     if base_unreadable is not None:
         raise base_unreadable
+    side = None
     if args.offline:
-        observed = _guard(lambda: prplan.offline_observed(base, policy=args.policy, plan_with=warm))
+        if world is not None:
+            observed, side = world.observed, world.side
+        else:
+            observed = _guard(lambda: prplan.offline_observed(base, policy=args.policy, plan_with=warm))
         digest = planfiles.observed_digest(observed, 0)
     else:
         base, base_errors, observed, digest = _online(args, reader, (base, base_errors))
-    pr = _guard(lambda: prplan.compose(base, head, observed, offline=args.offline, base_errors=base_errors,
-                                       policy=args.policy, plan_with=warm, engine_for=warm.engine))
+    pr = _guard(lambda: prplan.compose(
+        base, head, observed, offline=args.offline, base_errors=base_errors, policy=args.policy, plan_with=warm,
+        engine_for=warm.engine, side=side, keep=(lambda s: keep(s, observed)) if keep is not None else None))
     return pr, head, digest
+
+
+def _world_key(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """Where this run's base world is kept, and the base commit: (None, None) when it is not kept.
+
+    Offline only (online, the claims are the database's), with `--base`
+    naming a commit and the on-disk cache on.
+    """
+    from reconciler.commands import baseworld
+
+    if not args.offline or not args.base or getattr(args, "no_cache", False):
+        return None, None
+    commit = blobcache.commit_of(args.path, args.base)
+    return (baseworld.key(args.path, commit, args.policy), commit) if commit is not None else (None, None)
+
+
+def _keeper(args: argparse.Namespace, reader: blobcache.Reader, *, world_key: str | None,
+            base_commit: str | None, base_errors: tuple[Any, ...], base_unreadable: PermanentError | None,
+            warm: Any) -> Callable[[prplan.BaseSide, plans.Observed], None] | None:
+    """What keeps base's world once its side is planned, or None when it is not kept this run.
+
+    Kept once a base is planned the second time (an earlier run stored its
+    checked tree): a base planned once costs no more than before, and one CI
+    plans against again and again is planned from the kept world from then on.
+    """
+    from reconciler.commands import baseworld
+
+    disk, tree = reader.cache.disk, reader.cache.tree
+    if (disk is None or world_key is None or base_commit not in reader.seen or base_errors
+            or base_unreadable is not None or tree is None or tree.revision != base_commit or tree.problems):
+        return None
+    found, owners = list(reader.problems), dict(reader.memo.owners)  # base's: head is not read yet
+
+    def keep(side: prplan.BaseSide, observed: plans.Observed) -> None:
+        payload = baseworld.dump(tree, found=found, owners=owners, observed=observed, side=side, planner=warm)
+        baseworld.put(disk, world_key, payload)
+
+    return keep
 
 
 def _given_base(args: argparse.Namespace,

@@ -265,7 +265,7 @@ def _node_reason(f: fleetgraph.NodeFacts) -> Blocked | None:
 
 def _slot_reason(sku: m.Sku, f: fleetgraph.NodeFacts, s: fleetgraph.SlotFacts) -> Blocked | None:
     """The first reason, in this order: slot state, slot metadata, node, capability, fabric, tenant."""
-    mismatch = fabric.slot_mismatch(sku, s.slot)
+    mismatch = fabric.mismatch(sku, s.gpu_model, s.fabric, s.pinned_sku)
     checks = (
         _SLOT_STATUS_REASON.get(s.status),
         Blocked.INELIGIBLE if s.ineligible else None,

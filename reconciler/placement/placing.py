@@ -267,7 +267,7 @@ class Engine:
             return
         for sku in self._slice_skus:
             positions = [p for p, s in enumerate(f.slots)
-                         if s.sellable and fabric.slot_mismatch(sku, s.slot) is None]
+                         if s.sellable and fabric.mismatch(sku, s.gpu_model, s.fabric, s.pinned_sku) is None]
             if not positions:
                 continue
             lid, lay = self._layout_id(node, positions)

@@ -134,9 +134,26 @@ def invalid(base_revision: str | None, head_revision: str | None, errors: tuple[
     return PrPlan(base_revision, head_revision, offline, errors=errors)
 
 
+@dataclass(frozen=True, slots=True)
+class BaseSide:
+    """What a PR plan reads of base alone, against given claims: kept with a base (`commands.baseworld`).
+
+    `memo` holds base's per-node capacity parts (head's read model reuses
+    them for nodes the PR leaves alone); `modes` is (capability, mode) of
+    every node, or of the nodes this run's delta names when the side is not kept.
+    """
+
+    pending: Mapping[str, str]  # base's pending allocations: id -> code
+    offers: capacity.ReadModel
+    memo: capacity.Memo
+    schedulable: Mapping[str, inventory_diff.Slots]
+    modes: Mapping[str, tuple[str, str]]
+
+
 def compose(base: DesiredState, head: DesiredState, observed: plans.Observed, *, offline: bool,
             base_errors: tuple[p.Problem, ...] = (), policy: str | None = None,
-            plan_with: Planner | None = None, engine_for: EngineMaker | None = None) -> PrPlan:
+            plan_with: Planner | None = None, engine_for: EngineMaker | None = None,
+            side: BaseSide | None = None, keep: Callable[[BaseSide], None] | None = None) -> PrPlan:
     """Everything merging head would do, given the claims in `observed`.
 
     `plan_with` plans a (state, claims) pair as `planner.plan` does, and
@@ -144,32 +161,53 @@ def compose(base: DesiredState, head: DesiredState, observed: plans.Observed, *,
     CLI passes one `replanning.WarmPlanner` for both, so base and head share
     one engine (they differ in a few documents). An engine from `engine_for`
     is read, and left as found, before the next one is asked for.
+
+    `side`: base's own part, kept from an earlier run against the same
+    claims (nothing of base is planned or read again). Without it, it is
+    computed, and `keep`, if given, is called with it (every node's mode
+    read) while `engine_for`'s engine still holds base: the CLI keeps both.
     """
     plan_with = plan_with or partial(planner.plan, policy=policy)
     engine_for = engine_for or partial(placing.Engine, policy=policy)
     head_plan = plan_with(head, observed)
-    base_plan = plan_with(base, observed)
     observed_after = after(observed, head_plan)
-    diff = inventory_diff.diff(base, head, firmware=observed.firmware_ready)
-    # One engine per (state, claims) pair serves the node modes and the capacity read model.
-    before = engine_for(base, observed)
     only = _mode_candidates(base, head, observed, observed_after)
-    modes_before = _modes(before, only)
-    memo = capacity.Memo()  # head's read model reuses base's per-node parts for nodes the PR leaves alone
-    # Offers only: a PR plan compares launchable counts (`capacity_changes`) and lists no node summaries.
-    capacity_before = capacity.read_model(base, observed, policy=policy, engine=before, memo=memo, summaries=False)
+    if side is None:
+        side = _base_side(base, observed, policy=policy, plan_with=plan_with, engine_for=engine_for,
+                          only=None if keep is not None else only)
+        if keep is not None:
+            keep(side)
+    modes_before = dict(side.modes) if only is None else {n: side.modes[n] for n in sorted(only) if n in side.modes}
+    diff = inventory_diff.diff(base, head, firmware=observed.firmware_ready, schedulable_before=side.schedulable)
     now = engine_for(head, observed_after)
     modes_after = _modes(now, only)
-    capacity_after = capacity.read_model(head, observed_after, policy=policy, engine=now, memo=memo, summaries=False)
+    # Offers only: a PR plan compares launchable counts (`capacity_changes`) and lists no node summaries.
+    capacity_after = capacity.read_model(head, observed_after, policy=policy, engine=now, memo=side.memo,
+                                         summaries=False)
     return PrPlan(
         base_revision=base.revision, head_revision=head.revision, offline=offline, base_errors=base_errors,
         inventory=diff,
         nodes=_node_changes(modes_before, modes_after, diff=diff),
         plan=head_plan,
-        base_pending=MappingProxyType({x.allocation_id: x.code for x in base_plan.pending}),
-        capacity_before=capacity_before,
+        base_pending=side.pending,
+        capacity_before=side.offers,
         capacity_after=capacity_after,
         orphaned=tuple(sorted({c.allocation_id for c in observed.claims} - set(head.allocations))),
+    )
+
+
+def _base_side(base: DesiredState, observed: plans.Observed, *, policy: str | None, plan_with: Planner,
+               engine_for: EngineMaker, only: set[str] | None) -> BaseSide:
+    """Base planned and read against `observed`; modes of `only` (None: every node)."""
+    base_plan = plan_with(base, observed)
+    before = engine_for(base, observed)
+    memo = capacity.Memo()  # head's read model reuses base's per-node parts for nodes the PR leaves alone
+    return BaseSide(
+        pending=MappingProxyType({x.allocation_id: x.code for x in base_plan.pending}),
+        offers=capacity.read_model(base, observed, policy=policy, engine=before, memo=memo, summaries=False),
+        memo=memo,
+        schedulable=inventory_diff.schedulable(base),
+        modes=_modes(before, only),
     )
 
 

@@ -70,7 +70,7 @@ def static_refusal(  # noqa: PLR0911  # one early return per reason, most fundam
                                                and fabric.fabric_serves(sku.network_fabric, s.fabric)
                                                for s in f.slots)]
         ready = [f for f in fabric_ok if f.slice_capable and any(
-            not s.ineligible and fabric.slot_mismatch(sku, s.slot) is None for s in f.slots)]
+            not s.ineligible and fabric.mismatch(sku, s.gpu_model, s.fabric, s.pinned_sku) is None for s in f.slots)]
     if not fabric_ok:
         have = sorted({s.fabric.value for f in serving for s in f.slots})
         return Refused(FABRIC,

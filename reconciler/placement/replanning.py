@@ -138,6 +138,27 @@ class WarmPlanner:
                            observed, frozen)
         return engine
 
+    def suspend(self) -> tuple[Any, ...] | None:
+        """The kept engine and what it was brought to, as plain fields, for `resume` in another process.
+
+        The state itself is left out (it is held by weak reference): the caller
+        keeps it beside these and hands it back to `resume`.
+        """
+        kept = self._kept
+        if kept is None:
+            return None
+        return tuple(getattr(kept, name) for name in _Kept.__slots__ if name != "desired")
+
+    @classmethod
+    def resume(cls, fields: tuple[Any, ...], desired: DesiredState, policy: str | None = None) -> WarmPlanner:
+        """A planner whose kept engine is one `suspend` gave, brought to `desired` (the very state it was)."""
+        names = [name for name in _Kept.__slots__ if name != "desired"]
+        if len(fields) != len(names):
+            raise ValueError(f"suspended planner has {len(fields)} fields, not {len(names)}")
+        planner = cls(policy)
+        planner._kept = _Kept(**dict(zip(names, fields, strict=True)), desired=weakref.ref(desired))
+        return planner
+
     def _warm(self, kept: _Kept, desired: DesiredState, observed: plans.Observed,
               by_node: dict[str, tuple[plans.ExistingClaim, ...]],
               by_alloc: dict[str, set[str]]) -> tuple[plans.Plan, placing.Engine] | str:

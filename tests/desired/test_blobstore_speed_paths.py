@@ -182,7 +182,7 @@ def test_format_1_and_3_tables_are_dropped_on_the_next_write(tmp_path: Path) -> 
     store.put_many([(blob, entry)])
     with sqlite3.connect(tmp_path / blobstore.DB_NAME) as db:
         tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert tables == {"packs", "pack_entries", "results"}
+    assert tables == {"packs", "pack_entries", "results", "worlds"}
     assert _store(tmp_path).get_many([blob]) == {blob: entry}
 
 

@@ -1,0 +1,326 @@
+"""A PR plan's base, kept for the next `gpuaas plan --offline` against the same base commit.
+
+CI plans every pull request against the tip of main, and at 10,000 nodes
+the base side of a plan cost more than a second even from the blob cache:
+170,000 slot-map models read from packs, every node's placement facts and
+packing index built, base planned, its capacity read model and every
+slot's schedulability computed. Yet all of it is a pure function of the base
+commit, the path in the repo, `--policy` and the code. So once a base has
+been planned twice (its checked tree was stored: the first run's cache
+writes stay as cheap as before), the second run keeps that base's world:
+
+- the tree as read (paths, documents, models; `desired.deltas.Tree`), so
+  head is read by delta from it (`git diff-tree`: only the files the PR
+  changes are parsed and validated);
+- base's cross-file problems and shared MACs (`policies.validating.Memo`);
+- the claims base implies offline, and the base side of the plan
+  (`prplan.BaseSide`: base's pending requests, capacity, per-node capacity
+  parts, slot schedulability, every node's mode);
+- the placement engine brought to base with those claims
+  (`replanning.WarmPlanner.suspend`), which head's plan syncs by delta.
+
+Slot maps are most of the tree's objects and a PR rarely reads them: each
+file holding only slot maps is pickled on its own and its models are built
+on first read (`desired.lazymap`). A plan that reads them all (a slot map
+edit, a full validation) gets exactly what the eager tables gave.
+
+Never trusted, like the rest of the cache: the row's HMAC under the store's
+secret key (its own domain, `DiskStore.put_world`) is checked before a byte
+is unpickled, and the unpickler knows only the classes a base's world is
+made of. Anything odd is a miss: the base is read and planned again. Only a
+base that read without parse problems or errors is kept (a head is read by
+delta only from such a tree), and only the newest `MAX_WORLDS` are kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import pickle
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from desired.blobstore import DiskStore
+    from desired.deltas import Tree
+    from desired.loading import DesiredState
+    from desired.problems import Problem
+    from reconciler import plans
+    from reconciler.placement.prplan import BaseSide
+    from reconciler.placement.replanning import WarmPlanner
+
+log = logging.getLogger("gpuaas.plan")
+
+FORMAT = 1
+# The classes a world is made of. A module named here may give any class (never a function:
+# `_model`, `_proxy` and `_document` below are the only callables besides classes).
+_MODULES = frozenset({
+    "desired.models", "desired.loading", "desired.yamlio", "desired.problems", "desired.deltas",
+    "policies.capability", "policies.eligibility", "policies.fabric", "policies.packing", "policies.profiles",
+    "policies.topology", "reconciler.plans", "reconciler.fleetgraph", "reconciler.inventory_diff",
+    "reconciler.placement.placing", "reconciler.placement.index", "reconciler.placement.capacity",
+    "reconciler.placement.prplan", "reconciler.placement.replanning", "reconciler.placement.reasons",
+    "schemas.states", "schemas.snapshots",
+})
+_BUILTINS = frozenset({"set", "frozenset", "slice"})
+_DATETIME = frozenset({"datetime", "date", "timezone", "timedelta"})
+
+
+def key(path: Path, commit: str, policy: str | None) -> str:
+    """Where the world of base `commit` is kept: the path in the repo and the policy are inputs too."""
+    from reconciler.commands import plancache
+
+    parts = ("base-world", str(FORMAT), plancache.code_version(), commit, str(path.resolve()), policy or "")
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class World:
+    """A kept base, restored: its state (slot maps lazy), tree, problems and planned side."""
+
+    tree: Tree
+    found: list[Problem]  # cross-file problems (warnings only: a base with errors is not kept)
+    owners: dict[str, list[tuple[str, int]]]
+    observed: plans.Observed
+    side: BaseSide
+    planner: WarmPlanner
+
+    @property
+    def state(self) -> DesiredState:
+        return self.tree.state
+
+
+# ------------------------------------------------------------------ writing
+
+
+def dump(tree: Tree, *, found: list[Problem], owners: Mapping[str, list[tuple[str, int]]],
+         observed: plans.Observed, side: BaseSide, planner: WarmPlanner) -> bytes | None:
+    """The payload that `load` restores, or None when this tree cannot be kept (logged)."""
+    from desired import models as m
+
+    suspended = planner.suspend()
+    if tree.problems or suspended is None:
+        return None
+    lazy: dict[str, tuple[Any, list[tuple[Any, Any]], int]] = {}  # path -> (file problems, (doc, found)s, generation)
+    models: dict[str, bytes] = {}
+    eager: dict[str, Any] = {}
+    for path, blob in tree.by_path.items():
+        if blob.docs and not blob.file_problems and all(
+                type(model) is m.SlotMap and not got for _, model, got in blob.docs):
+            lazy[path] = (blob.file_problems, [(doc, got) for doc, _, got in blob.docs], blob.generation)
+            models[path] = _dumps([model for _, model, _ in blob.docs])
+        else:
+            eager[path] = blob
+    state = tree.state
+    where: dict[str, tuple[str, int]] = {}  # slot map name -> (its file, position among the file's documents)
+    for name in state.slot_maps:
+        doc = state.sources[("SlotMap", name)].doc
+        if doc.file in lazy:
+            where[name] = (doc.file, next(i for i, (d, _) in enumerate(lazy[doc.file][1]) if d is doc))
+    kept_maps = {name: smap for name, smap in state.slot_maps.items() if name not in where}
+    core = {
+        "format": FORMAT, "origin": tree.origin, "revision": tree.revision, "paths": list(tree.by_path),
+        "eager": eager, "lazy": lazy, "fleet": state.fleet, "skus": state.skus, "images": state.images,
+        "nodes": state.nodes, "slot_maps": list(state.slot_maps), "kept_maps": kept_maps, "where": where,
+        "allocations": state.allocations, "sources": state.sources, "state_revision": state.revision,
+        "file_count": state.file_count, "found": found, "owners": dict(owners), "observed": observed,
+        "side": side, "planner": suspended,
+    }
+    lazy_ids = {id(smap) for name, smap in state.slot_maps.items() if name in where}
+    try:
+        core_bytes = _dumps(core, refuse=lazy_ids)
+    except (_Leak, pickle.PicklingError, TypeError, AttributeError) as e:
+        log.info("base world not kept: %s", e)
+        return None
+    return pickle.dumps((FORMAT, core_bytes, models), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class _Leak(Exception):
+    """A model the world keeps lazily was reached from what it keeps eagerly (it would be two objects)."""
+
+
+def _model(cls: type, values: dict[str, Any], fields_set: set[str], extra: Any, private: Any) -> Any:
+    """A pydantic model from its stored fields, without validation (pickle's way, in fewer steps)."""
+    from pydantic import BaseModel
+
+    if not (isinstance(cls, type) and issubclass(cls, BaseModel) and cls.__module__ == "desired.models"):
+        raise pickle.UnpicklingError(f"{cls!r} is not a desired-state model")
+    obj = cls.__new__(cls)
+    setattr_ = object.__setattr__
+    setattr_(obj, "__dict__", values)
+    setattr_(obj, "__pydantic_fields_set__", fields_set)
+    setattr_(obj, "__pydantic_extra__", extra)
+    setattr_(obj, "__pydantic_private__", private)
+    return obj
+
+
+def _proxy(values: dict[Any, Any]) -> types.MappingProxyType[Any, Any]:
+    return types.MappingProxyType(values)
+
+
+def _document(file: str, index: int, value: Any, line: int, packed: bytes) -> Any:
+    """A document whose file's bytes are kept zlib-compressed (only a problem's position reads them)."""
+    from desired.yamlio import Document
+
+    if not isinstance(packed, bytes):
+        raise pickle.UnpicklingError("a document's bytes must be bytes")
+    return Document(file, index, value, line, packed, packed=True)
+
+
+def _dumps(value: Any, *, refuse: set[int] = frozenset()) -> bytes:  # type: ignore[assignment]
+    import dataclasses
+    import zlib
+
+    from pydantic import BaseModel
+
+    from desired.yamlio import Document
+
+    plain = _plain_dataclasses()
+    packed: dict[int, tuple[bytes, bytes]] = {}  # id(raw bytes) -> (raw, compressed): a file's documents share one
+
+    class Pickler(pickle.Pickler):
+        def reducer_override(self, obj: Any) -> Any:
+            kind = type(obj)
+            if isinstance(obj, BaseModel):
+                if id(obj) in refuse:
+                    raise _Leak(f"{kind.__name__} {getattr(obj, 'node', '')!r} is reached eagerly")
+                return _model, (kind, obj.__dict__, obj.__pydantic_fields_set__, obj.__pydantic_extra__,
+                                obj.__pydantic_private__)
+            if kind is types.MappingProxyType:
+                return _proxy, (dict(obj),)
+            if kind is Document and not obj.packed:
+                raw = obj.data
+                hit = packed.get(id(raw))
+                if hit is None:
+                    hit = packed[id(raw)] = (raw, zlib.compress(raw, 1))
+                return _document, (obj.file, obj.index, obj.value, obj.line, hit[1])
+            # A slotted dataclass is pickled through dataclasses' Python __setstate__ (fields() on
+            # every object: a fifth of a load); its own __init__ takes the same fields positionally.
+            if kind in plain:
+                return kind, tuple(getattr(obj, f.name) for f in dataclasses.fields(obj))
+            return NotImplemented
+
+    out = io.BytesIO()
+    Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return out.getvalue()
+
+
+def _plain_dataclasses() -> frozenset[type]:
+    """Slotted dataclasses a world holds whose __init__ takes exactly their fields (no __post_init__)."""
+    from desired.loading import Source, _Blob
+    from policies.capability import CapabilityVerdict
+    from reconciler import fleetgraph, plans
+
+    return frozenset({Source, _Blob, fleetgraph.NodeFacts, CapabilityVerdict, plans.ExistingClaim})
+
+
+# ------------------------------------------------------------------ reading
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module == __name__ and name in ("_model", "_proxy", "_document"):
+            return globals()[name]
+        if module == "builtins" and name in _BUILTINS:
+            import builtins
+
+            return getattr(builtins, name)
+        if module == "datetime" and name in _DATETIME:
+            import datetime
+
+            return getattr(datetime, name)
+        if module in _MODULES:
+            import importlib
+
+            found = getattr(importlib.import_module(module), name, None)
+            if isinstance(found, type):
+                return found
+        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a kept base")
+
+
+def _loads(data: bytes) -> Any:
+    return _Unpickler(io.BytesIO(data)).load()
+
+
+class _Outer(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"{module}.{name}: the outer layer holds bytes only")
+
+
+def load(payload: bytes, policy: str | None) -> World | None:
+    """The world a payload holds, or None when it is not exactly what `dump` writes."""
+    try:
+        return _restore(payload, policy)
+    except Exception as e:  # a kept base is an optimization: whatever is odd, plan without it
+        log.info("kept base not used: %s: %s", type(e).__name__, e)
+        return None
+
+
+def _restore(payload: bytes, policy: str | None) -> World | None:
+    from desired import deltas, loading
+    from desired.lazymap import LazyMap
+    from reconciler import plans
+    from reconciler.placement.prplan import BaseSide
+    from reconciler.placement.replanning import WarmPlanner
+
+    outer = _Outer(io.BytesIO(payload)).load()
+    if not (isinstance(outer, tuple) and len(outer) == 3 and outer[0] == FORMAT
+            and isinstance(outer[1], bytes) and isinstance(outer[2], dict)):
+        return None
+    _, core_bytes, models = outer
+    core = _loads(core_bytes)
+    if not (isinstance(core, dict) and core.get("format") == FORMAT and isinstance(core.get("side"), BaseSide)
+            and isinstance(core.get("observed"), plans.Observed) and isinstance(core.get("planner"), tuple)
+            and all(isinstance(core.get(k), dict) for k in ("eager", "lazy", "where", "sources", "kept_maps"))
+            and set(core["lazy"]) == set(models)):
+        return None
+    lazy: dict[str, Any] = core["lazy"]
+    where: dict[str, tuple[str, int]] = core["where"]
+    made: dict[str, Any] = {}
+
+    def blob(path: str) -> Any:
+        got = made.get(path)
+        if got is None:
+            problems, docs, generation = lazy[path]
+            typed = _loads(models[path])
+            got = made[path] = loading._Blob(path, problems, [(doc, model, found) for (doc, found), model
+                                                               in zip(docs, typed, strict=True)], generation)
+        return got
+
+    def slot_map(name: str) -> Any:
+        path, index = where[name]
+        return blob(path).docs[index][1]
+
+    by_path: LazyMap[str, Any] = LazyMap(core["paths"], blob)
+    for path, value in core["eager"].items():
+        by_path[path] = value
+    slot_maps: LazyMap[str, Any] = LazyMap(core["slot_maps"], slot_map)
+    for name, value in core["kept_maps"].items():
+        slot_maps[name] = value
+    state = loading.DesiredState(
+        fleet=core["fleet"], skus=core["skus"], images=core["images"], nodes=core["nodes"],
+        slot_maps=cast(dict[str, Any], slot_maps), allocations=core["allocations"], sources=core["sources"],
+        revision=core["state_revision"], file_count=core["file_count"])
+    tree = deltas.Tree(core["origin"], core["revision"], cast(dict[str, Any], by_path), state, ())
+    planner = WarmPlanner.resume(core["planner"], state, policy)
+    return World(tree, list(core["found"]), core["owners"], core["observed"], core["side"], planner)
+
+
+# ------------------------------------------------------------------ the command's side
+
+
+def get(store: DiskStore | None, world_key: str | None, policy: str | None) -> World | None:
+    if store is None or world_key is None:
+        return None
+    payload = store.get_world(world_key)
+    return load(payload, policy) if payload is not None else None
+
+
+def put(store: DiskStore, world_key: str, payload: bytes | None) -> None:
+    if payload is not None:
+        store.put_world(world_key, payload)
+
