@@ -1,0 +1,247 @@
+"""`gpuaas plan --offline` from a kept base world (`reconciler.commands.baseworld`).
+
+A plan whose base was kept by an earlier run must print exactly what a plan
+from scratch prints and exit the same way, for every kind of change a PR can
+make against that base: requests added, grown and released, nodes drained,
+slot maps changed and withdrawn, the catalog and the Fleet edited, an
+invalid head. It must read no slot map a change does not read, and a world
+that is damaged, foreign, out of place or of other code is never used.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import git
+import pytest
+
+from desired import blobstore
+from reconciler import cli, sources
+from reconciler.commands import baseworld, plancache
+from tests.gitops.conftest import EXAMPLE, Repo
+
+FORMATS = ("json", "markdown", "text")
+S02_MAC = '"52:54:d1:f8:71:cf"'  # a slot of h200-use1-s02
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    rc = cli.main(["plan", *args])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def _child(repo: Repo, base: str, change: Callable[[Repo], object], message: str) -> str:
+    """A commit whose parent is `base`, made by `change` (the checkout is left at base)."""
+    repo.repo.git.checkout("--detach", base)
+    change(repo)
+    sha = repo.commit(message) if repo.repo.is_dirty(untracked_files=True) else repo.repo.head.commit.hexsha
+    repo.repo.git.checkout("--detach", base)
+    return str(sha)
+
+
+def _heads(repo: Repo, base: str) -> dict[str, str]:
+    """One PR per kind of change, each a child of base."""
+    def edit(rel: str, old: str, new: str) -> Callable[[Repo], None]:
+        return lambda r: r.edit(rel, old, new)
+
+    def withdraw(r: Repo) -> None:
+        r.remove("slotmaps/h200-use1-s02.yaml")
+
+    return {
+        "request": _child(repo, base, lambda r: r.request("req-new", 2), "a new request"),
+        "grow": _child(repo, base, edit("allocations/req-b.yaml", "gpu_count: 2", "gpu_count: 4"), "req-b grows"),
+        "release": _child(repo, base, lambda r: r.release("req-c"), "req-c released: req-d fits"),
+        "drain": _child(repo, base, lambda r: r.drain("h200-use1-s01"), "s01 drained"),
+        "mac": _child(repo, base, edit("slotmaps/h200-use1-s02.yaml", S02_MAC, '"52:54:d1:f8:71:ce"'), "a MAC"),
+        "withdraw": _child(repo, base, withdraw, "s02 slot map withdrawn"),
+        "sku": _child(repo, base, edit("skus/h200-sxm-slice.yaml", "[1, 2, 4, 8]", "[1, 2, 4]"), "no 8-GPU slices"),
+        "fleet": _child(repo, base, edit("fleet.yaml", "policy: default", "policy: first-fit"), "first fit"),
+        "invalid": _child(repo, base, edit("allocations/req-b.yaml", "gpu_count: 2", "gpu_count: 3"), "3 GPUs"),
+        "same": base,
+    }
+
+
+@pytest.fixture
+def based(fleet_repo: Repo) -> tuple[Repo, str]:
+    """The two-node fleet with three requests placed and one pending: the base every PR here is planned against."""
+    for allocation_id, gpus in (("req-a", 1), ("req-b", 2), ("req-c", 8)):
+        fleet_repo.request(allocation_id, gpus)
+    return fleet_repo, fleet_repo.request("req-d", 8)  # no node has 8 free GPUs left
+
+
+def _worlds(cache: Path) -> list[Path]:
+    return sorted(cache.glob("world-*"))
+
+
+def _used(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Per plan with the cache on, from now on: was a kept world restored?"""
+    used: list[bool] = []
+    real = baseworld.get
+
+    def spy(store: Any, *args: Any) -> Any:
+        world = real(store, *args)
+        if store is not None:
+            used.append(world is not None)
+        return world
+
+    monkeypatch.setattr(baseworld, "get", spy)
+    return used
+
+
+def _keep_world(capsys: pytest.CaptureFixture[str], root: Path, base: str, head: str, cache: Path) -> None:
+    """Plan base twice (a second sighting keeps its world; two formats, so the second is not a replay)."""
+    for fmt in ("text", "markdown"):
+        _run(capsys, str(root), "--offline", "--base", base, "--head", head, "-o", fmt, "--cache-dir", str(cache))
+    assert len(_worlds(cache)) == 1
+
+
+def test_plans_from_a_kept_base_equal_plans_from_scratch(based: tuple[Repo, str], tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    repo, base = based
+    heads = _heads(repo, base)
+    cache = tmp_path / "cache"
+    root = str(repo.root)
+    _keep_world(capsys, repo.root, base, heads["request"], cache)
+    used = _used(monkeypatch)
+    rcs = set()
+    for kind, head in heads.items():
+        for fmt in FORMATS:
+            flags = ("--offline", "--base", base, "--head", head, "-o", fmt, "--detailed-exitcode",
+                     "--fail-on-pending")
+            want = _run(capsys, root, *flags, "--no-cache")
+            rcs.add(want[0])
+            got = _run(capsys, root, *flags, "--cache-dir", str(cache))
+            assert got == want, (kind, fmt)
+    # every plan restored the world (the plans of the two formats `_keep_world` ran are replays)
+    assert used == [True] * (len(heads) * len(FORMATS) - 2)
+    assert rcs >= {0, 1, 2}
+
+
+def test_a_request_reads_no_slot_map_and_a_slot_map_edit_reads_them(
+        based: tuple[Repo, str], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    repo, base = based
+    heads = _heads(repo, base)
+    cache = tmp_path / "cache"
+    _keep_world(capsys, repo.root, base, heads["same"], cache)
+    loads: list[int] = []
+    real = baseworld._loads
+    monkeypatch.setattr(baseworld, "_loads", lambda data: (loads.append(1), real(data))[1])
+    # a release reads the node it frees (its slots go to cleanup: their facts are made again)
+    for kind, slot_map_files in (("request", 0), ("grow", 0), ("release", 1), ("drain", 1), ("mac", 2)):
+        loads.clear()
+        _run(capsys, str(repo.root), "--offline", "--base", base, "--head", heads[kind], "-o", "json",
+             "--cache-dir", str(cache))
+        # the world itself, then one load per slot-map file read (a MAC edit validates every slot map)
+        assert len(loads) == 1 + slot_map_files, kind
+
+
+@pytest.mark.parametrize("damage", ["payload", "mac", "size", "symlink", "missing", "key", "code"])
+def test_a_damaged_foreign_or_stale_world_is_not_used(based: tuple[Repo, str], tmp_path: Path, damage: str,
+                                                      capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    repo, base = based
+    heads = _heads(repo, base)
+    cache = tmp_path / "cache"
+    _keep_world(capsys, repo.root, base, heads["grow"], cache)
+    (world,) = _worlds(cache)
+    data = world.read_bytes()
+    if damage == "payload":
+        world.write_bytes(data[:-100] + bytes(b ^ 1 for b in data[-100:]))
+    elif damage == "mac":
+        with sqlite3.connect(cache / blobstore.DB_NAME) as db:
+            db.execute("UPDATE worlds SET mac = zeroblob(32)")
+    elif damage == "size":
+        world.write_bytes(data + b"\0")
+    elif damage == "symlink":
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.write_bytes(data)
+        world.unlink()
+        world.symlink_to(elsewhere)
+    elif damage == "missing":
+        world.unlink()
+    elif damage == "key":  # another user's (or a wiped) key: the world is foreign
+        (cache / "key").unlink()
+    else:  # other code: another key, never this world
+        monkeypatch.setattr(plancache, "code_version", lambda: "another build")
+    used = _used(monkeypatch)
+    flags = (str(repo.root), "--offline", "--base", base, "--head", heads["request"], "-o", "json")
+    want = _run(capsys, *flags, "--no-cache")
+    assert _run(capsys, *flags, "--cache-dir", str(cache)) == want
+    assert used == [False]
+
+
+def test_a_world_is_kept_only_when_a_base_is_planned_again_and_the_newest_two_stay(
+        based: tuple[Repo, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    repo, base = based
+    heads = _heads(repo, base)
+    cache = tmp_path / "cache"
+    root = str(repo.root)
+    _run(capsys, root, "--offline", "--base", base, "--head", heads["grow"], "--no-cache")
+    assert not cache.exists()
+    _run(capsys, root, "--offline", "--base", base, "--head", heads["grow"], "--cache-dir", str(cache))
+    assert _worlds(cache) == []  # first sighting: the base's checked tree is stored, no world
+    bases = [base, heads["drain"], heads["release"]]
+    for b in bases:
+        for head in (heads["grow"], heads["request"]):  # two plans against each base
+            _run(capsys, root, "--offline", "--base", b, "--head", head, "--cache-dir", str(cache))
+    kept = {p.name.removeprefix("world-") for p in _worlds(cache)}
+    assert kept == {baseworld.key(repo.root, b, None) for b in bases[1:]}
+    with sqlite3.connect(cache / blobstore.DB_NAME) as db:
+        assert {k for (k,) in db.execute("SELECT key FROM worlds")} == kept
+
+
+def test_no_world_is_kept_for_an_invalid_base(based: tuple[Repo, str], tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    repo, base = based
+    heads = _heads(repo, base)
+    cache = tmp_path / "cache"
+    for _ in range(3):
+        _run(capsys, str(repo.root), "--offline", "--base", heads["invalid"], "--head", heads["request"],
+             "--cache-dir", str(cache))
+    assert _worlds(cache) == []
+
+
+@pytest.fixture
+def example_repo(tmp_path: Path) -> Iterator[Repo]:
+    """The whole example fleet: its base has warnings (unschedulable slots), so head is validated whole."""
+    root = tmp_path / "example"
+    shutil.copytree(EXAMPLE, root)
+    repo = Repo(root, git.Repo.init(root, initial_branch="main"))
+    repo.commit("example fleet")
+    yield repo
+    repo.repo.close()
+
+
+def test_a_base_with_warnings_is_kept_and_plans_equal(example_repo: Repo, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    base = str(example_repo.repo.head.commit.hexsha)
+    assert sources.load(example_repo.root, base).warnings  # the case this test is about
+    heads = [_child(example_repo, base, lambda r, n=n: r.request(f"req-{n}", n), f"{n} GPUs") for n in (1, 2, 4)]
+    cache = tmp_path / "cache"
+    _keep_world(capsys, example_repo.root, base, heads[0], cache)
+    used = _used(monkeypatch)
+    for head in heads:
+        flags = (str(example_repo.root), "--offline", "--base", base, "--head", head, "-o", "json")
+        want = _run(capsys, *flags, "--no-cache")
+        assert _run(capsys, *flags, "--cache-dir", str(cache)) == want
+    assert used == [True] * len(heads)
+
+
+def test_a_world_file_is_private(based: tuple[Repo, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    repo, base = based
+    heads = _heads(repo, base)
+    cache = tmp_path / "cache"
+    _keep_world(capsys, repo.root, base, heads["grow"], cache)
+    (world,) = _worlds(cache)
+    st = os.stat(world)
+    assert st.st_mode & 0o077 == 0 and st.st_uid == os.geteuid()
+    assert not list(cache.glob("*.tmp"))
