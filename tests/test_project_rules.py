@@ -65,6 +65,10 @@ ARGV_ALLOWED = {
                                             "the script is a temp path and the URL is the operator's own",
     "reconciler/bench/gitops.py::_git": "bench tool: every caller in the module passes literal git "
                                         "subcommands, options and paths it made itself",
+    "reconciler/bench/prplan.py::_git": "bench tool: every caller in the module passes literal git "
+                                        "subcommands and options, and commit ids git itself printed",
+    "reconciler/bench/prplan.py::_plan": "bench tool: argv is sys.executable, literals, a temp path, commit "
+                                         "ids git printed (hex, never '-') and literal flags",
     "reconciler/bench/gitops.py::measure": "bench tool: argv is sys.executable, literals, a temp path, "
                                            "ints and the operator's own database URL",
     "reconciler/store/embedded.py::_run": "runner: pg_ctl/initdb argv built in this module from literals and "

@@ -64,6 +64,7 @@ def _heads(repo: Repo, base: str) -> dict[str, str]:
         "fleet": _child(repo, base, edit("fleet.yaml", "policy: default", "policy: first-fit"), "first fit"),
         "invalid": _child(repo, base, edit("allocations/req-b.yaml", "gpu_count: 2", "gpu_count: 3"), "3 GPUs"),
         "same": base,
+        "behind": str(repo.repo.commit(base).parents[0].hexsha),  # not a descendant: head is read whole
     }
 
 
