@@ -34,15 +34,22 @@ delta only from such a tree), and only the newest `MAX_WORLDS` are kept.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import io
 import logging
 import pickle
 import types
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
+
+from pydantic import BaseModel
+
+from desired.yamlio import Document
 
 if TYPE_CHECKING:
     from desired.blobstore import DiskStore
@@ -145,8 +152,6 @@ class _Leak(Exception):
 
 def _model(cls: type, values: dict[str, Any], fields_set: set[str], extra: Any, private: Any) -> Any:
     """A pydantic model from its stored fields, without validation (pickle's way, in fewer steps)."""
-    from pydantic import BaseModel
-
     if not (isinstance(cls, type) and issubclass(cls, BaseModel) and cls.__module__ == "desired.models"):
         raise pickle.UnpicklingError(f"{cls!r} is not a desired-state model")
     obj = cls.__new__(cls)
@@ -164,51 +169,48 @@ def _proxy(values: dict[Any, Any]) -> types.MappingProxyType[Any, Any]:
 
 def _document(file: str, index: int, value: Any, line: int, packed: bytes) -> Any:
     """A document whose file's bytes are kept zlib-compressed (only a problem's position reads them)."""
-    from desired.yamlio import Document
-
     if not isinstance(packed, bytes):
         raise pickle.UnpicklingError("a document's bytes must be bytes")
     return Document(file, index, value, line, packed, packed=True)
 
 
 def _dumps(value: Any, *, refuse: set[int] = frozenset()) -> bytes:  # type: ignore[assignment]
-    import dataclasses
-    import zlib
-
-    from pydantic import BaseModel
-
-    from desired.yamlio import Document
-
-    plain = _plain_dataclasses()
-    packed: dict[int, tuple[bytes, bytes]] = {}  # id(raw bytes) -> (raw, compressed): a file's documents share one
-
-    class Pickler(pickle.Pickler):
-        def reducer_override(self, obj: Any) -> Any:
-            kind = type(obj)
-            if isinstance(obj, BaseModel):
-                if id(obj) in refuse:
-                    raise _Leak(f"{kind.__name__} {getattr(obj, 'node', '')!r} is reached eagerly")
-                return _model, (kind, obj.__dict__, obj.__pydantic_fields_set__, obj.__pydantic_extra__,
-                                obj.__pydantic_private__)
-            if kind is types.MappingProxyType:
-                return _proxy, (dict(obj),)
-            if kind is Document and not obj.packed:
-                raw = obj.data
-                hit = packed.get(id(raw))
-                if hit is None:
-                    hit = packed[id(raw)] = (raw, zlib.compress(raw, 1))
-                return _document, (obj.file, obj.index, obj.value, obj.line, hit[1])
-            # A slotted dataclass is pickled through dataclasses' Python __setstate__ (fields() on
-            # every object: a fifth of a load); its own __init__ takes the same fields positionally.
-            if kind in plain:
-                return kind, tuple(getattr(obj, f.name) for f in dataclasses.fields(obj))
-            return NotImplemented
-
     out = io.BytesIO()
-    Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    _Pickler(out, refuse).dump(value)
     return out.getvalue()
 
 
+class _Pickler(pickle.Pickler):
+    """Pickles a world's objects in the forms `_Unpickler` reads back quickest (see `reducer_override`)."""
+
+    def __init__(self, out: io.BytesIO, refuse: set[int]) -> None:
+        super().__init__(out, protocol=pickle.HIGHEST_PROTOCOL)
+        self.refuse = refuse
+        self.packed: dict[int, tuple[bytes, bytes]] = {}  # id(raw) -> (raw, compressed): a file's documents share one
+
+    def reducer_override(self, obj: Any) -> Any:
+        kind = type(obj)
+        if isinstance(obj, BaseModel):
+            if id(obj) in self.refuse:
+                raise _Leak(f"{kind.__name__} {getattr(obj, 'node', '')!r} is reached eagerly")
+            return _model, (kind, obj.__dict__, obj.__pydantic_fields_set__, obj.__pydantic_extra__,
+                            obj.__pydantic_private__)
+        if kind is types.MappingProxyType:
+            return _proxy, (dict(obj),)
+        if kind is Document and not obj.packed:
+            raw = obj.data
+            hit = self.packed.get(id(raw))
+            if hit is None:
+                hit = self.packed[id(raw)] = (raw, zlib.compress(raw, 1))
+            return _document, (obj.file, obj.index, obj.value, obj.line, hit[1])
+        # A slotted dataclass is pickled through dataclasses' Python __setstate__ (fields() on
+        # every object: a fifth of a load); its own __init__ takes the same fields positionally.
+        if kind in _plain_dataclasses():
+            return kind, tuple(getattr(obj, f.name) for f in dataclasses.fields(obj))
+        return NotImplemented
+
+
+@functools.cache
 def _plain_dataclasses() -> frozenset[type]:
     """Slotted dataclasses a world holds whose __init__ takes exactly their fields (no __post_init__)."""
     from desired.loading import Source, _Blob
