@@ -67,7 +67,7 @@ ARGV_ALLOWED = {
                                         "subcommands, options and paths it made itself",
     "reconciler/bench/prplan.py::_git": "bench tool: every caller in the module passes literal git "
                                         "subcommands and options, and commit ids git itself printed",
-    "reconciler/bench/prplan.py::_plan": "bench tool: argv is sys.executable, literals, a temp path, commit "
+    "reconciler/bench/prplan.py::_plan": "bench tool: argv is sys.executable, a literal program, a temp path, commit "
                                          "ids git printed (hex, never '-') and literal flags",
     "reconciler/bench/gitops.py::measure": "bench tool: argv is sys.executable, literals, a temp path, "
                                            "ints and the operator's own database URL",

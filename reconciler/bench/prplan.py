@@ -20,6 +20,7 @@ at 10,000 nodes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -28,7 +29,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +59,8 @@ def _build(root: Path, nodes: int) -> str:
     """The synthetic fleet committed as base; its commit id."""
     from reconciler.commands import fleet
 
-    fleet.run_synth(argparse.Namespace(nodes=nodes, out=root, amd_share=0.0, seed=0, force=False))
+    with contextlib.redirect_stdout(sys.stderr):  # its "wrote N files" is not the bench's output
+        fleet.run_synth(argparse.Namespace(nodes=nodes, out=root, amd_share=0.0, seed=0, force=False))
     _git(root, "init", "-q", "-b", "main")
     _git(root, "add", "-A")
     _git(root, "commit", "-q", "-m", "base fleet")
@@ -67,13 +68,21 @@ def _build(root: Path, nodes: int) -> str:
 
 
 def _new_head(root: Path, base: str, n: int) -> str:
-    """A child of base adding allocation `bench-<n>` (2 GPUs), as the portal bot writes it."""
+    """A child of base adding allocation `bench-<n>` (2 GPUs), the document the portal bot writes.
+
+    Written without the bot's own check of the whole repo: this process stays
+    small, and every plan process it starts reports its own peak memory.
+    """
     from reconciler import requests
     from reconciler.placement import synthesis
 
     _git(root, "checkout", "-q", "--detach", base)
-    requests.create(root, tenant="bench", sku=synthesis.H200_SLICE, gpus=2, region=synthesis.REGION,
-                    allocation_id=f"bench-{n}", now=dt.datetime(2026, 11, 1, tzinfo=dt.UTC) + dt.timedelta(minutes=n))
+    data = requests.render_request(
+        allocation_id=f"bench-{n}", tenant="bench", sku=synthesis.H200_SLICE, gpus=2, region=synthesis.REGION,
+        image=None, ssh_keys=[], requested_at=dt.datetime(2026, 11, 1, tzinfo=dt.UTC) + dt.timedelta(minutes=n))
+    path = root / requests.ALLOCATIONS_DIR / f"bench-{n}.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(data)
     _git(root, "add", "-A")
     _git(root, "commit", "-q", "-m", f"bench-{n}")
     head = _git(root, "rev-parse", "HEAD")
@@ -81,20 +90,29 @@ def _new_head(root: Path, base: str, n: int) -> str:
     return head
 
 
+# Runs one plan as its child and reports it: a plan forked from this small process starts with
+# its memory, not with the bench's (Linux counts a forked child's peak from its parent's size).
+_MEASURE = (
+    "import resource, subprocess, sys, time\n"
+    "start = time.perf_counter()\n"
+    "rc = subprocess.run(sys.argv[1:], stderr=subprocess.DEVNULL, check=False).returncode\n"
+    "took = time.perf_counter() - start\n"
+    "print(rc, took, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr)\n"
+)
+
+
 def _plan(root: Path, base: str, head: str, *flags: str) -> tuple[float, float, str]:
     """Wall seconds, peak RSS (MiB) and stdout of one `gpuaas plan` process."""
     argv = [sys.executable, "-m", "reconciler.cli", "plan", str(root), "--offline", "--base", base,
             "--head", head, "-o", "json", *flags]
-    with tempfile.TemporaryFile() as out:
-        start = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.DEVNULL)
-        _, status, usage = os.wait4(proc.pid, 0)
-        took = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        if proc.returncode not in (0, 2):
-            raise UsageError(f"gpuaas plan exited {proc.returncode}: {' '.join(argv)}", code="bench.plan_failed")
-        out.seek(0)
-        return took, usage.ru_maxrss / 1024, out.read().decode()
+    done = subprocess.run([sys.executable, "-c", _MEASURE, *argv], capture_output=True, text=True, check=False)
+    try:
+        rc, took, peak_kib = done.stderr.split()[-3:]
+        if int(rc) not in (0, 2):
+            raise ValueError(f"exit {rc}")
+    except ValueError as e:
+        raise UsageError(f"gpuaas plan failed ({e}): {' '.join(argv)}", code="bench.plan_failed") from e
+    return float(took), int(peak_kib) / 1024, done.stdout
 
 
 def _case(times: list[float], rss: list[float]) -> dict[str, Any]:
