@@ -576,8 +576,9 @@ def _join_all(workers: list[BaseProcess], timeout: float) -> None:
 
 _CONTEXT = mp.get_context("forkserver") if "forkserver" in mp.get_all_start_methods() else mp.get_context()
 if "forkserver" in mp.get_all_start_methods():
-    # The fork server imports the parser once; every worker it forks starts warm.
-    _CONTEXT.set_forkserver_preload(["desired.loading"])
+    # The fork server imports the parser once, and builds the models' validators (`desired.warm`):
+    # every worker it forks starts warm.
+    _CONTEXT.set_forkserver_preload(["desired.loading", "desired.warm"])
 
 
 # What a worker sends back for a chunk: its pack (None: not wanted) and, per file, its documents

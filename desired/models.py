@@ -87,12 +87,14 @@ def ip_int(value: str) -> int:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # defer_build: a validator is built when first used (a command reading a kept base validates
+    # one or two documents); the parse pool's fork server builds them all once (`desired.warm`).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, defer_build=True)
 
 
 class _Doc(_Model):
     api_version: Literal["gpuaas.io/v1alpha1"] = Field(alias="apiVersion")
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True, defer_build=True)
 
 
 # ---------------------------------------------------------------- vocabularies

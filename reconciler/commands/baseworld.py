@@ -40,6 +40,7 @@ import hashlib
 import io
 import logging
 import pickle
+import struct
 import types
 import zlib
 from collections.abc import Mapping
@@ -119,7 +120,7 @@ def dump(tree: Tree, *, found: list[Problem], owners: Mapping[str, list[tuple[st
         if blob.docs and not blob.file_problems and all(
                 type(model) is m.SlotMap and not got for _, model, got in blob.docs):
             lazy[path] = (blob.file_problems, [(doc, got) for doc, _, got in blob.docs], blob.generation)
-            models[path] = _dumps([model for _, model, _ in blob.docs])
+            models[path] = zlib.compress(_dumps([model for _, model, _ in blob.docs]), 1)
         else:
             eager[path] = blob
     state = tree.state
@@ -143,7 +144,45 @@ def dump(tree: Tree, *, found: list[Problem], owners: Mapping[str, list[tuple[st
     except (_Leak, pickle.PicklingError, TypeError, AttributeError) as e:
         log.info("base world not kept: %s", e)
         return None
-    return pickle.dumps((FORMAT, core_bytes, models), protocol=pickle.HIGHEST_PROTOCOL)
+    return _frame(core_bytes, models)
+
+
+# The payload: a header, the core pickle, then each lazy file's compressed pickle back to back.
+# The reader slices them out of one buffer (no copy), and inflates a file only when it is read.
+_MAGIC = b"gpuaas-world\0"
+_HEADER = struct.Struct(f"<{len(_MAGIC)}sIQQ")  # magic, format, core length, index length
+
+
+def _frame(core: bytes, models: Mapping[str, bytes]) -> bytes:
+    index: dict[str, tuple[int, int]] = {}
+    at = 0
+    for path, data in models.items():
+        index[path] = (at, len(data))
+        at += len(data)
+    index_bytes = pickle.dumps(index, protocol=pickle.HIGHEST_PROTOCOL)
+    return b"".join([_HEADER.pack(_MAGIC, FORMAT, len(core), len(index_bytes)), core, index_bytes, *models.values()])
+
+
+def _unframe(payload: bytes) -> tuple[memoryview, dict[str, memoryview]] | None:
+    """The core pickle and each lazy file's bytes, as views of `payload`; None when it is not a frame."""
+    if len(payload) < _HEADER.size:
+        return None
+    magic, version, core_len, index_len = _HEADER.unpack_from(payload)
+    if magic != _MAGIC or version != FORMAT or _HEADER.size + core_len + index_len > len(payload):
+        return None
+    view = memoryview(payload)
+    core = view[_HEADER.size:_HEADER.size + core_len]
+    start = _HEADER.size + core_len + index_len
+    index = _Outer(io.BytesIO(view[_HEADER.size + core_len:start])).load()
+    if not isinstance(index, dict):
+        return None
+    models: dict[str, memoryview] = {}
+    for path, where in index.items():
+        if not (isinstance(path, str) and isinstance(where, tuple) and len(where) == 2
+                and all(type(x) is int and x >= 0 for x in where) and start + where[0] + where[1] <= len(payload)):
+            return None
+        models[path] = view[start + where[0]:start + where[0] + where[1]]
+    return core, models
 
 
 class _Leak(Exception):
@@ -244,13 +283,13 @@ class _Unpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a kept base")
 
 
-def _loads(data: bytes) -> Any:
+def _loads(data: bytes | memoryview) -> Any:
     return _Unpickler(io.BytesIO(data)).load()
 
 
 class _Outer(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"{module}.{name}: the outer layer holds bytes only")
+        raise pickle.UnpicklingError(f"{module}.{name}: a world's index holds paths and numbers only")
 
 
 def load(payload: bytes, policy: str | None) -> World | None:
@@ -269,11 +308,10 @@ def _restore(payload: bytes, policy: str | None) -> World | None:
     from reconciler.placement.prplan import BaseSide
     from reconciler.placement.replanning import WarmPlanner
 
-    outer = _Outer(io.BytesIO(payload)).load()
-    if not (isinstance(outer, tuple) and len(outer) == 3 and outer[0] == FORMAT
-            and isinstance(outer[1], bytes) and isinstance(outer[2], dict)):
+    framed = _unframe(payload)
+    if framed is None:
         return None
-    _, core_bytes, models = outer
+    core_bytes, models = framed
     core = _loads(core_bytes)
     if not (isinstance(core, dict) and core.get("format") == FORMAT and isinstance(core.get("side"), BaseSide)
             and isinstance(core.get("observed"), plans.Observed) and isinstance(core.get("planner"), tuple)
@@ -288,7 +326,7 @@ def _restore(payload: bytes, policy: str | None) -> World | None:
         got = made.get(path)
         if got is None:
             problems, docs, generation = lazy[path]
-            typed = _loads(models[path])
+            typed = _loads(zlib.decompress(models[path]))
             got = made[path] = loading._Blob(path, problems, [(doc, model, found) for (doc, found), model
                                                                in zip(docs, typed, strict=True)], generation)
         return got
