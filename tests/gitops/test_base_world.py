@@ -21,6 +21,7 @@ import git
 import pytest
 
 from desired import blobstore
+from desired.lazymap import LazyMap
 from reconciler import cli, sources
 from reconciler.commands import baseworld, plancache
 from tests.gitops.conftest import EXAMPLE, Repo
@@ -246,3 +247,60 @@ def test_a_world_file_is_private(based: tuple[Repo, str], tmp_path: Path, capsys
     st = os.stat(world)
     assert st.st_mode & 0o077 == 0 and st.st_uid == os.geteuid()
     assert not list(cache.glob("*.tmp"))
+
+
+@pytest.fixture
+def bundled(tmp_path: Path) -> Iterator[tuple[Repo, str]]:
+    """The whole example fleet laid out otherwise: two slot maps in one file (kept lazily, as one file),
+    a node and its slot map in one file (kept eagerly), the rest one document per file."""
+    root = tmp_path / "bundled"
+    shutil.copytree(EXAMPLE, root)
+    slotmaps = root / "slotmaps"
+    both = [(slotmaps / f"{n}.yaml").read_text() for n in ("h200-use1-s02", "h200-euw1-s01")]
+    (slotmaps / "pair.yaml").write_text("---\n".join(both))
+    node = (root / "nodes/h200-use1-c01.yaml").read_text()
+    (root / "nodes/c01-with-slots.yaml").write_text(node + "\n---\n" + (slotmaps / "h200-use1-c01.yaml").read_text())
+    for gone in ("slotmaps/h200-use1-s02.yaml", "slotmaps/h200-euw1-s01.yaml", "slotmaps/h200-use1-c01.yaml",
+                 "nodes/h200-use1-c01.yaml"):
+        (root / gone).unlink()
+    repo = Repo(root, git.Repo.init(root, initial_branch="main"))
+    repo.commit("bundled fleet")
+    repo.request("req-a", 2)
+    yield repo, repo.request("req-b", 4)
+    repo.repo.close()
+
+
+def test_files_holding_several_documents_are_kept_and_plan_equal(bundled: tuple[Repo, str], tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    repo, base = bundled
+    assert not sources.load(repo.root, base).errors
+    heads = {
+        "request": _child(repo, base, lambda r: r.request("req-new", 1), "a request"),
+        "paired-mac": _child(repo, base, lambda r: r.edit("slotmaps/pair.yaml", S02_MAC, '"52:54:d1:f8:71:ce"'),
+                             "a MAC in the paired file"),
+        "bundled-drain": _child(repo, base, lambda r: r.edit("nodes/c01-with-slots.yaml", "admin_state: active",
+                                                             "admin_state: draining"), "c01 drained"),
+        "release": _child(repo, base, lambda r: r.release("req-b"), "req-b released"),
+    }
+    cache = tmp_path / "cache"
+    _keep_world(capsys, repo.root, base, heads["request"], cache)
+    used = _used(monkeypatch)
+    for kind, head in heads.items():
+        flags = (str(repo.root), "--offline", "--base", base, "--head", head, "-o", "json", "--detailed-exitcode")
+        want = _run(capsys, *flags, "--no-cache")
+        assert _run(capsys, *flags, "--cache-dir", str(cache)) == want, kind
+    assert used == [True] * len(heads)
+    # how it was kept: the paired file lazily (both its maps one load), the mixed file eagerly
+    store = blobstore.open_store(cache)
+    world = baseworld.get(store, baseworld.key(repo.root, base, None), None)
+    assert world is not None
+    maps, files = world.state.slot_maps, world.tree.by_path
+    assert isinstance(maps, LazyMap) and isinstance(files, LazyMap)
+    # lazy: pair.yaml and the two slot maps still alone in a file; c01's map (in its node's file) is eager
+    assert maps.loaded() == 1 and files.loaded() == len(files) - 3
+    s02 = maps["h200-use1-s02"]
+    assert maps.loaded() == 2 and maps["h200-use1-s02"] is s02
+    assert [model for _, model, _ in files["slotmaps/pair.yaml"].docs] == [s02, maps["h200-euw1-s01"]]
+    assert files["slotmaps/pair.yaml"].docs[0][1] is s02
+    store.close()
