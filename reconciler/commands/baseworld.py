@@ -34,6 +34,7 @@ delta only from such a tree), and only the newest `MAX_WORLDS` are kept.
 
 from __future__ import annotations
 
+import copyreg
 import dataclasses
 import functools
 import hashlib
@@ -43,7 +44,7 @@ import pickle
 import struct
 import types
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -65,7 +66,7 @@ log = logging.getLogger("gpuaas.plan")
 
 FORMAT = 1
 # The classes a world is made of. A module named here may give any class (never a function:
-# `_model`, `_proxy` and `_document` below are the only callables besides classes).
+# `_model` and `_proxy` below are the only callables besides classes).
 _MODULES = frozenset({
     "desired.models", "desired.loading", "desired.yamlio", "desired.problems", "desired.deltas",
     "policies.capability", "policies.eligibility", "policies.fabric", "policies.packing", "policies.profiles",
@@ -147,6 +148,8 @@ def dump(tree: Tree, *, found: list[Problem], owners: Mapping[str, list[tuple[st
     return _frame(core_bytes, models)
 
 
+_NEWOBJ = copyreg.__newobj__  # type: ignore[attr-defined]  # pickle's NEWOBJ (typeshed does not list it)
+
 # The payload: a header, the core pickle, then each lazy file's compressed pickle back to back.
 # The reader slices them out of one buffer (no copy), and inflates a file only when it is read.
 _MAGIC = b"gpuaas-world\0"
@@ -163,8 +166,11 @@ def _frame(core: bytes, models: Mapping[str, bytes]) -> bytes:
     return b"".join([_HEADER.pack(_MAGIC, FORMAT, len(core), len(index_bytes)), core, index_bytes, *models.values()])
 
 
-def _unframe(payload: bytes) -> tuple[memoryview, dict[str, memoryview]] | None:
-    """The core pickle and each lazy file's bytes, as views of `payload`; None when it is not a frame."""
+def _unframe(payload: bytes) -> tuple[memoryview, Callable[[str], memoryview]] | None:
+    """The core pickle, and what gives a lazy file's bytes, as views of `payload`; None: not a frame.
+
+    An index entry is checked when its file is read (10,000 checks up front cost 20 ms).
+    """
     if len(payload) < _HEADER.size:
         return None
     magic, version, core_len, index_len = _HEADER.unpack_from(payload)
@@ -176,13 +182,15 @@ def _unframe(payload: bytes) -> tuple[memoryview, dict[str, memoryview]] | None:
     index = _Outer(io.BytesIO(view[_HEADER.size + core_len:start])).load()
     if not isinstance(index, dict):
         return None
-    models: dict[str, memoryview] = {}
-    for path, where in index.items():
-        if not (isinstance(path, str) and isinstance(where, tuple) and len(where) == 2
-                and all(type(x) is int and x >= 0 for x in where) and start + where[0] + where[1] <= len(payload)):
-            return None
-        models[path] = view[start + where[0]:start + where[0] + where[1]]
-    return core, models
+
+    def file_bytes(path: str) -> memoryview:
+        at, length = index[path]
+        if not (type(at) is int and type(length) is int and at >= 0 and length >= 0
+                and start + at + length <= len(payload)):
+            raise pickle.UnpicklingError(f"index entry of {path} is out of bounds")
+        return view[start + at:start + at + length]
+
+    return core, file_bytes
 
 
 class _Leak(Exception):
@@ -204,13 +212,6 @@ def _model(cls: type, values: dict[str, Any], fields_set: set[str], extra: Any, 
 
 def _proxy(values: dict[Any, Any]) -> types.MappingProxyType[Any, Any]:
     return types.MappingProxyType(values)
-
-
-def _document(file: str, index: int, value: Any, line: int, packed: bytes) -> Any:
-    """A document whose file's bytes are kept zlib-compressed (only a problem's position reads them)."""
-    if not isinstance(packed, bytes):
-        raise pickle.UnpicklingError("a document's bytes must be bytes")
-    return Document(file, index, value, line, packed, packed=True)
 
 
 def _dumps(value: Any, *, refuse: set[int] = frozenset()) -> bytes:  # type: ignore[assignment]
@@ -241,7 +242,11 @@ class _Pickler(pickle.Pickler):
             hit = self.packed.get(id(raw))
             if hit is None:
                 hit = self.packed[id(raw)] = (raw, zlib.compress(raw, 1))
-            return _document, (obj.file, obj.index, obj.value, obj.line, hit[1])
+            # copyreg.__newobj__ is pickle's own NEWOBJ, and a (None, slots) state is set at C speed:
+            # no Python call per document
+            slots = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+            # (a composed node tree is dropped: it is composed again from the bytes when a position is asked)
+            return _NEWOBJ, (Document,), (None, {**slots, "data": hit[1], "packed": True, "_node": None})
         # A slotted dataclass is pickled through dataclasses' Python __setstate__ (fields() on
         # every object: a fifth of a load); its own __init__ takes the same fields positionally.
         if kind in _plain_dataclasses():
@@ -264,7 +269,7 @@ def _plain_dataclasses() -> frozenset[type]:
 
 class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        if module == __name__ and name in ("_model", "_proxy", "_document"):
+        if module == __name__ and name in ("_model", "_proxy"):
             return globals()[name]
         if module == "builtins" and name in _BUILTINS:
             import builtins
@@ -311,12 +316,11 @@ def _restore(payload: bytes, policy: str | None) -> World | None:
     framed = _unframe(payload)
     if framed is None:
         return None
-    core_bytes, models = framed
+    core_bytes, file_bytes = framed
     core = _loads(core_bytes)
     if not (isinstance(core, dict) and core.get("format") == FORMAT and isinstance(core.get("side"), BaseSide)
             and isinstance(core.get("observed"), plans.Observed) and isinstance(core.get("planner"), tuple)
-            and all(isinstance(core.get(k), dict) for k in ("eager", "lazy", "where", "sources", "kept_maps"))
-            and set(core["lazy"]) == set(models)):
+            and all(isinstance(core.get(k), dict) for k in ("eager", "lazy", "where", "sources", "kept_maps"))):
         return None
     lazy: dict[str, Any] = core["lazy"]
     where: dict[str, tuple[str, int]] = core["where"]
@@ -326,7 +330,7 @@ def _restore(payload: bytes, policy: str | None) -> World | None:
         got = made.get(path)
         if got is None:
             problems, docs, generation = lazy[path]
-            typed = _loads(zlib.decompress(models[path]))
+            typed = _loads(zlib.decompress(file_bytes(path)))
             got = made[path] = loading._Blob(path, problems, [(doc, model, found) for (doc, found), model
                                                                in zip(docs, typed, strict=True)], generation)
         return got
