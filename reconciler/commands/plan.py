@@ -19,7 +19,11 @@ without the change), so CI cannot pass a PR that over-subscribes.
 
 An offline plan of two commits is a pure function of them: what it printed
 is kept in the on-disk cache and replayed by the next run of the same
-commits, policy and format (`plancache`; `--no-cache` turns it off).
+commits, policy and format (`plancache`; `--no-cache` turns it off). The
+second offline plan against one base commit keeps that base's world (its
+tree, problems, implied claims, planned side and placement engine,
+`baseworld`): every later plan against it reads and plans only what head
+changes.
 
 `--out FILE` saves the plan for `gpuaas apply FILE` (`reconciler.planfiles`):
 the revisions, the content hash of head, a digest of the database state it
@@ -158,7 +162,7 @@ def _plan(args: argparse.Namespace, head_rev: str | None,
     else:
         base, base_errors, base_unreadable = _given_base(args, reader)
         warm = replanning.WarmPlanner(args.policy)  # one kept engine for every plan of this run
-        keep = _keeper(args, reader, world_key=world_key, base_commit=base_commit, base_errors=base_errors,
+        keep = _keeper(reader, world_key=world_key, base_commit=base_commit, base_errors=base_errors,
                        base_unreadable=base_unreadable, warm=warm)
     head, head_errors = _load(args.path, head_rev, reader)
     if head_errors:
@@ -194,7 +198,7 @@ def _world_key(args: argparse.Namespace) -> tuple[str | None, str | None]:
     return (baseworld.key(args.path, commit, args.policy), commit) if commit is not None else (None, None)
 
 
-def _keeper(args: argparse.Namespace, reader: blobcache.Reader, *, world_key: str | None,
+def _keeper(reader: blobcache.Reader, *, world_key: str | None,
             base_commit: str | None, base_errors: tuple[Any, ...], base_unreadable: PermanentError | None,
             warm: Any) -> Callable[[prplan.BaseSide, plans.Observed], None] | None:
     """What keeps base's world once its side is planned, or None when it is not kept this run.

@@ -1,0 +1,34 @@
+"""Model validators are built on first use; the parse pool's fork server builds them all (`desired.warm`)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+_PROBE = """
+import pydantic
+from desired import models
+kinds = [v for v in vars(models).values()
+         if isinstance(v, type) and issubclass(v, pydantic.BaseModel) and v.__module__ == models.__name__]
+before = sum(k.__pydantic_complete__ for k in kinds)
+{action}
+print(len(kinds), before, sum(k.__pydantic_complete__ for k in kinds))
+"""
+
+
+def _probe(action: str) -> list[int]:
+    done = subprocess.run([sys.executable, "-c", _PROBE.format(action=action)], capture_output=True, text=True,
+                          check=True)
+    return [int(x) for x in done.stdout.split()]
+
+
+def test_importing_the_models_builds_no_validator_and_warm_builds_every_one() -> None:
+    kinds, before, after = _probe("import desired.warm")
+    # a few are built at import: module-level defaults (`Hugepages()`, ...) are validated there
+    assert kinds > 15 and before < kinds // 2 and after == kinds
+
+
+def test_a_model_is_built_on_first_use_without_warm() -> None:
+    kinds, before, after = _probe("models.Sku.model_json_schema()")
+    assert before < after < kinds
+
