@@ -260,11 +260,19 @@ class DiskStore:
         The payload is returned as bytes only after its HMAC verifies; the
         caller parses it as plain data (JSON), never as code.
         """
-        return self._get_row("results", key)
+        row = self._select("SELECT mac, payload FROM results WHERE key = ?", key)
+        return self._trusted("results", key, *row) if row is not None else None
 
     def put_result(self, key: str, payload: bytes) -> None:
         """Store one result; keep only the newest MAX_RESULTS (a miss only costs a full run)."""
-        self._put_row("results", key, payload, MAX_RESULTS)
+        row = (key, self._result_mac(key, payload, "results"), payload, time.time_ns())
+
+        def write(db: sqlite3.Connection) -> None:
+            db.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?)", row)
+            db.execute("DELETE FROM results WHERE key NOT IN"
+                       " (SELECT key FROM results ORDER BY stamp DESC LIMIT ?)", (MAX_RESULTS,))
+
+        self._transaction(write, busy="result not stored")
 
     def get_world(self, key: str) -> bytes | None:
         """A kept PR-plan base stored under `key` (`reconciler.commands.baseworld`), once its HMAC verifies.
@@ -273,22 +281,11 @@ class DiskStore:
         only the HMAC, under this store's secret key, says this user's runs
         wrote it. The file must be ours, regular, private and of the recorded size.
         """
-        if self.broken:
-            return None
-        try:
-            row = self._connect().execute("SELECT mac, size FROM worlds WHERE key = ?", (key,)).fetchone()
-        except sqlite3.Error as e:
-            self._broken("cannot be read", e)
-            return None
+        row = self._select("SELECT mac, size FROM worlds WHERE key = ?", key)
         if row is None:
             return None
         mac, size = row
-        payload = _read_private(self._world_path(key), size)
-        if payload is None or not (isinstance(mac, bytes)
-                                   and hmac.compare_digest(mac, self._result_mac(key, payload, "worlds"))):
-            self.rejected += 1
-            return None
-        return payload
+        return self._trusted("worlds", key, mac, _read_private(self._world_path(key), size))
 
     def put_world(self, key: str, payload: bytes) -> None:
         """Store one kept base; keep only the newest MAX_WORLDS (each is tens of MB)."""
@@ -323,35 +320,26 @@ class DiskStore:
             raise ValueError("a world key is a sha256 hex digest")  # never a path from elsewhere
         return self.directory / f"world-{key}"
 
-    def _get_row(self, table: str, key: str) -> bytes | None:
+    def _select(self, sql: str, key: str) -> tuple[Any, ...] | None:
+        """The row of `key`, or None: none, or a database that cannot be read (the run goes on without it)."""
         if self.broken:
             return None
         try:
-            row = self._connect().execute(f"SELECT mac, payload FROM {table} WHERE key = ?",  # noqa: S608 - table is one of two literals
-                                          (key,)).fetchone()
+            row: tuple[Any, ...] | None = self._connect().execute(sql, (key,)).fetchone()
         except sqlite3.Error as e:
             self._broken("cannot be read", e)
             return None
-        if row is None:
-            return None
-        mac, payload = row
-        if not (isinstance(mac, bytes) and isinstance(payload, bytes)
-                and hmac.compare_digest(mac, self._result_mac(key, payload, table))):
-            self.rejected += 1
-            return None
-        return payload
+        return row
 
-    def _put_row(self, table: str, key: str, payload: bytes, keep: int) -> None:
-        row = (key, self._result_mac(key, payload, table), payload, time.time_ns())
+    def _trusted(self, table: str, key: str, mac: Any, payload: Any) -> bytes | None:
+        """`payload`, when it is bytes whose HMAC is `mac`; else None, counted in `rejected`."""
+        if isinstance(mac, bytes) and isinstance(payload, bytes) and hmac.compare_digest(
+                mac, self._result_mac(key, payload, table)):
+            return payload
+        self.rejected += 1
+        return None
 
-        def write(db: sqlite3.Connection) -> None:
-            db.execute(f"INSERT OR REPLACE INTO {table} VALUES (?, ?, ?, ?)", row)  # noqa: S608 - a literal
-            db.execute(f"DELETE FROM {table} WHERE key NOT IN"  # noqa: S608 - a literal
-                       f" (SELECT key FROM {table} ORDER BY stamp DESC LIMIT ?)", (keep,))
-
-        self._transaction(write, busy=f"{table[:-1]} not stored")
-
-    def _result_mac(self, key: str, payload: bytes, table: str = "results") -> bytes:
+    def _result_mac(self, key: str, payload: bytes, table: str) -> bytes:
         # Its own domain ("result", "world"): a blob entry's MAC can never pass for a result's,
         # nor a result (plain JSON) for a kept base (unpickled).
         return hmac.digest(self._secret, f"{table[:-1]}\0{key}\0".encode() + payload, "sha256")

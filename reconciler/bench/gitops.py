@@ -33,7 +33,7 @@ from reconciler.commands import db
 from schemas.errors import PermanentError, UsageError
 
 GOAL_P50_S = 1.0
-_GIT_ENV = {"GIT_AUTHOR_NAME": "gpuaas-portal-bot", "GIT_AUTHOR_EMAIL": "portal-bot@gpuaas.invalid",
+GIT_ENV = {"GIT_AUTHOR_NAME": "gpuaas-portal-bot", "GIT_AUTHOR_EMAIL": "portal-bot@gpuaas.invalid",
             "GIT_COMMITTER_NAME": "gpuaas-portal-bot", "GIT_COMMITTER_EMAIL": "portal-bot@gpuaas.invalid"}
 
 
@@ -72,7 +72,7 @@ def write_fleet(root: Path, nodes: int) -> None:
 
 
 def _git(root: Path, *args: str) -> None:
-    subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, env={**os.environ, **_GIT_ENV})
+    subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, env={**os.environ, **GIT_ENV})
 
 
 def _wait_applied(proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:

@@ -32,12 +32,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from reconciler.bench.gitops import GIT_ENV
 from schemas.errors import UsageError
 
 GOAL_NO_CACHE_S = 5.0
 GOAL_CACHED_S = 1.0
-_GIT_ENV = {"GIT_AUTHOR_NAME": "gpuaas-bench", "GIT_AUTHOR_EMAIL": "bench@gpuaas.invalid",
-            "GIT_COMMITTER_NAME": "gpuaas-bench", "GIT_COMMITTER_EMAIL": "bench@gpuaas.invalid"}
 
 
 def register(sub: Any) -> None:
@@ -51,7 +50,7 @@ def register(sub: Any) -> None:
 
 def _git(root: Path, *args: str) -> str:
     done = subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True,
-                          env={**os.environ, **_GIT_ENV})
+                          env={**os.environ, **GIT_ENV})
     return done.stdout.strip()
 
 
