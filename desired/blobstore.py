@@ -302,18 +302,21 @@ class DiskStore:
                 os.unlink(temp)
             return
         row = (key, self._result_mac(key, payload, "worlds"), len(payload), time.time_ns())
-        gone: list[str] = []
+        kept: set[str] = set()
 
         def write(db: sqlite3.Connection) -> None:
             db.execute("INSERT OR REPLACE INTO worlds VALUES (?, ?, ?, ?)", row)
-            gone[:] = [k for (k,) in db.execute("SELECT key FROM worlds ORDER BY stamp DESC LIMIT -1 OFFSET ?",
-                                                (MAX_WORLDS,))]
-            db.executemany("DELETE FROM worlds WHERE key = ?", [(k,) for k in gone])
+            db.execute("DELETE FROM worlds WHERE key NOT IN"
+                       " (SELECT key FROM worlds ORDER BY stamp DESC LIMIT ?)", (MAX_WORLDS,))
+            kept.update(k for (k,) in db.execute("SELECT key FROM worlds"))
 
         if self._transaction(write, busy="kept base not stored"):
-            for old in gone:
-                with contextlib.suppress(OSError):
-                    os.unlink(self._world_path(old))
+            # Files no row names: older worlds, and any a run killed between its file and its row left.
+            # (A `.tmp` file may be another run's write in progress: left alone.)
+            for stale in self.directory.glob("world-*"):
+                if not stale.name.endswith(".tmp") and stale.name.removeprefix("world-") not in kept:
+                    with contextlib.suppress(OSError):
+                        stale.unlink()
 
     def _world_path(self, key: str) -> Path:
         if not all(c in "0123456789abcdef" for c in key) or len(key) != 64:

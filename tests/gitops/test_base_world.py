@@ -78,7 +78,7 @@ def based(fleet_repo: Repo) -> tuple[Repo, str]:
 
 
 def _worlds(cache: Path) -> list[Path]:
-    return sorted(cache.glob("world-*"))
+    return sorted(p for p in cache.glob("world-*") if not p.name.endswith(".tmp"))
 
 
 def _used(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
@@ -304,3 +304,17 @@ def test_files_holding_several_documents_are_kept_and_plan_equal(bundled: tuple[
     assert [model for _, model, _ in files["slotmaps/pair.yaml"].docs] == [s02, maps["h200-euw1-s01"]]
     assert files["slotmaps/pair.yaml"].docs[0][1] is s02
     store.close()
+
+
+def test_a_world_file_no_row_names_is_removed_when_the_next_is_kept(based: tuple[Repo, str], tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    repo, base = based
+    heads = _heads(repo, base)
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    stray = cache / f"world-{'0' * 64}"  # a run killed between writing its file and its row
+    stray.write_bytes(b"left behind")
+    writing = cache / f"world-{'1' * 64}.123.tmp"  # another run's write in progress
+    writing.write_bytes(b"being written")
+    _keep_world(capsys, repo.root, base, heads["grow"], cache)
+    assert not stray.exists() and writing.exists()
