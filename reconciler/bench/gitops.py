@@ -6,7 +6,8 @@ watch mode against a scratch database as a separate process, then, one after
 the other, writes an allocation file as the portal bot would, runs
 `git commit` and polls the database until the allocation's claim is visible.
 The latency of one commit is from the start of `git commit` to the poll that
-sees the committed claim. Prints p50, p95, mean and max (goal: p50 <= 1 s;
+sees the committed claim. Prints p50, p95, mean and max (goal: p50 <= 1 s,
+<= 2 s past 10,000 nodes;
 Argo CD polls every 180 s by default).
 
 The scratch database lives on the chosen server (the embedded one unless
@@ -33,6 +34,14 @@ from reconciler.commands import db
 from schemas.errors import PermanentError, UsageError
 
 GOAL_P50_S = 1.0
+# Issue 10: p50 <= 1 s up to 10,000 nodes, <= 2 s at 100,000.
+LARGE_FLEET = 10_000
+GOAL_P50_LARGE_S = 2.0
+
+
+def goal_p50_s(nodes: int) -> float:
+    """The p50 goal for a fleet of `nodes`."""
+    return GOAL_P50_S if nodes <= LARGE_FLEET else GOAL_P50_LARGE_S
 GIT_ENV = {"GIT_AUTHOR_NAME": "gpuaas-portal-bot", "GIT_AUTHOR_EMAIL": "portal-bot@gpuaas.invalid",
             "GIT_COMMITTER_NAME": "gpuaas-portal-bot", "GIT_COMMITTER_EMAIL": "portal-bot@gpuaas.invalid"}
 
@@ -196,6 +205,8 @@ def run(args: argparse.Namespace) -> int:
         result = measure(url, root, commits=args.commits, debounce_ms=args.debounce_ms, timeout=args.timeout,
                          start_timeout=args.start_timeout)
         result["nodes"] = nodes
+        result["goal_p50_s"] = goal_p50_s(nodes)
+        result["goal_met"] = result["p50_s"] <= result["goal_p50_s"]
     finally:
         if not args.keep:
             import shutil
@@ -212,5 +223,5 @@ def run(args: argparse.Namespace) -> int:
               f"mean {result['mean_s'] * 1000:.0f} ms   min {result['min_s'] * 1000:.0f} ms   "
               f"max {result['max_s'] * 1000:.0f} ms   "
               f"(git commit itself: p50 {result['git_commit_p50_s'] * 1000:.0f} ms)")
-        print(f"  goal p50 <= {GOAL_P50_S:g} s: {'met' if result['goal_met'] else 'NOT met'}")
+        print(f"  goal p50 <= {result['goal_p50_s']:g} s: {'met' if result['goal_met'] else 'NOT met'}")
     return 0 if result["goal_met"] else 1
