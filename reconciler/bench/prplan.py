@@ -44,7 +44,7 @@ def register(sub: Any) -> None:
     p.add_argument("--nodes", type=int, default=10_000, help="hosts in the synthetic fleet (default 10000)")
     p.add_argument("--runs", type=int, default=5, help="plans per case, each of a new head (default 5)")
     p.add_argument("--keep", action="store_true", help="keep the temp repo and caches (their path is printed)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON (times, p50, peak RSS per case)")
     p.set_defaults(func=run)
 
 
