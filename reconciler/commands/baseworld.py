@@ -45,6 +45,7 @@ import struct
 import types
 import zlib
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -114,13 +115,13 @@ def dump(tree: Tree, *, found: list[Problem], owners: Mapping[str, list[tuple[st
     suspended = planner.suspend()
     if tree.problems or suspended is None:
         return None
-    lazy: dict[str, tuple[Any, list[tuple[Any, Any]], int]] = {}  # path -> (file problems, (doc, found)s, generation)
+    lazy: dict[str, tuple[list[tuple[Any, Any]], int]] = {}  # path -> ((doc, found) per document, generation)
     models: dict[str, bytes] = {}
     eager: dict[str, Any] = {}
     for path, blob in tree.by_path.items():
         if blob.docs and not blob.file_problems and all(
                 type(model) is m.SlotMap and not got for _, model, got in blob.docs):
-            lazy[path] = (blob.file_problems, [(doc, got) for doc, _, got in blob.docs], blob.generation)
+            lazy[path] = ([(doc, got) for doc, _, got in blob.docs], blob.generation)
             models[path] = zlib.compress(_dumps([model for _, model, _ in blob.docs]), 1)
         else:
             eager[path] = blob
@@ -129,7 +130,7 @@ def dump(tree: Tree, *, found: list[Problem], owners: Mapping[str, list[tuple[st
     for name in state.slot_maps:
         doc = state.sources[("SlotMap", name)].doc
         if doc.file in lazy:
-            where[name] = (doc.file, next(i for i, (d, _) in enumerate(lazy[doc.file][1]) if d is doc))
+            where[name] = (doc.file, next(i for i, (d, _) in enumerate(lazy[doc.file][0]) if d is doc))
     kept_maps = {name: smap for name, smap in state.slot_maps.items() if name not in where}
     core = {
         "format": FORMAT, "origin": tree.origin, "revision": tree.revision, "paths": list(tree.by_path),
@@ -214,7 +215,7 @@ def _proxy(values: dict[Any, Any]) -> types.MappingProxyType[Any, Any]:
     return types.MappingProxyType(values)
 
 
-def _dumps(value: Any, *, refuse: set[int] = frozenset()) -> bytes:  # type: ignore[assignment]
+def _dumps(value: Any, *, refuse: AbstractSet[int] = frozenset()) -> bytes:
     out = io.BytesIO()
     pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
     # A dispatch table, not reducer_override: the pickler asks it only about objects of these exact
@@ -224,7 +225,7 @@ def _dumps(value: Any, *, refuse: set[int] = frozenset()) -> bytes:  # type: ign
     return out.getvalue()
 
 
-def _reducers(refuse: set[int]) -> dict[type, Callable[[Any], Any]]:
+def _reducers(refuse: AbstractSet[int]) -> dict[type, Callable[[Any], Any]]:
     """How a world's objects are pickled, in the forms `_Unpickler` reads back quickest."""
     packed: dict[int, bytes] = {}  # id(raw bytes) -> compressed: a file's documents share one
 
@@ -341,10 +342,10 @@ def _restore(payload: bytes, policy: str | None) -> World | None:
     def blob(path: str) -> Any:
         got = made.get(path)
         if got is None:
-            problems, docs, generation = lazy[path]
+            docs, generation = lazy[path]  # a file is kept lazily only when it has no problem of its own
             typed = _loads(zlib.decompress(file_bytes(path)))
-            got = made[path] = loading._Blob(path, problems, [(doc, model, found) for (doc, found), model
-                                                               in zip(docs, typed, strict=True)], generation)
+            got = made[path] = loading._Blob(path, [], [(doc, model, found) for (doc, found), model
+                                                         in zip(docs, typed, strict=True)], generation)
         return got
 
     def slot_map(name: str) -> Any:

@@ -46,7 +46,7 @@ from schemas.errors import PermanentError, UsageError
 if TYPE_CHECKING:
     from desired.loading import DesiredState
     from reconciler import plans
-    from reconciler.placement import prplan
+    from reconciler.placement import prplan, replanning
 
 EXIT_CHANGES = 2
 EXIT_PENDING = 3
@@ -200,7 +200,7 @@ def _world_key(args: argparse.Namespace) -> tuple[str | None, str | None]:
 
 def _keeper(reader: blobcache.Reader, *, world_key: str | None,
             base_commit: str | None, base_errors: tuple[Any, ...], base_unreadable: PermanentError | None,
-            warm: Any) -> Callable[[prplan.BaseSide, plans.Observed], None] | None:
+            warm: replanning.WarmPlanner) -> Callable[[prplan.BaseSide, plans.Observed], None] | None:
     """What keeps base's world once its side is planned, or None when it is not kept this run.
 
     Kept once a base is planned the second time (an earlier run stored its
