@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from desired import models as m
 from desired import problems as p
 from desired.loading import DesiredState, LoadResult, Source
-from policies import eligibility
+from policies import eligibility, images
 
 _DIGEST = re.compile(m.DIGEST_RE)
 _VALID_COUNTS = frozenset({1, 2, 4, 8})
@@ -340,9 +340,4 @@ def _refused_inactive(image: m.Image, alloc: m.Allocation) -> bool:
 
 
 def _image_fits(image: m.Image, sku: m.Sku) -> bool:
-    want_target = "baremetal" if sku.capacity_shape is m.CapacityShape.BAREMETAL else "vm_slice"
-    if image.target != want_target:
-        return False
-    if image.compatible_skus:
-        return sku.sku in image.compatible_skus
-    return image.accelerator_vendor in ("any", sku.accelerator_vendor)
+    return images.fits(image, sku)

@@ -34,10 +34,12 @@ UNHEALTHY = "plan.sku_unavailable.unhealthy"  # the only candidates fail health 
 NO_EMPTY_NODE = "plan.sku_unavailable.no_empty_node"  # baremetal: every candidate holds a claim
 TOPOLOGY = "plan.sku_unavailable.topology"  # enough free GPUs in aggregate, no topology-safe set
 CAPACITY = "plan.sku_unavailable.capacity"  # not enough free GPUs in aggregate
+# No viable image (active, fits the SKU's target, with a digest): seed 002 §4. Details say why.
+IMAGE_UNAVAILABLE = "plan.image_unavailable"
 
 ALL = (
     SKU_UNKNOWN, SKU_INACTIVE, GPU_COUNT, NO_NODE, FABRIC, NOT_SLICE_READY, TENANT_BOUNDARY,
-    DRAINING, MAINTENANCE, UNHEALTHY, NO_EMPTY_NODE, TOPOLOGY, CAPACITY,
+    DRAINING, MAINTENANCE, UNHEALTHY, NO_EMPTY_NODE, TOPOLOGY, CAPACITY, IMAGE_UNAVAILABLE,
 )
 
 
