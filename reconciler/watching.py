@@ -246,8 +246,13 @@ class Loop:
                                                     "the last valid revision stays in force", run_id,
                                     seconds=time.perf_counter() - t0))
         # A failure is recorded in history by reconcile itself; step() backs off and retries.
-        result = reconciling.reconcile(conn, loaded.state, source=source, planner=self._planner(),
-                                       memory=self.inventory)
+        try:
+            result = reconciling.reconcile(conn, loaded.state, source=source, planner=self._planner(),
+                                           memory=self.inventory)
+        except reconciling.Invalid as e:  # an edit of a held allocation: refused (and recorded) like invalid YAML
+            self.seen = rev
+            return self._emit(Event("invalid", rev, f"{e.message}; the last valid revision stays in force",
+                                    seconds=time.perf_counter() - t0))
         self.seen, self.state = rev, loaded.state
         self._settle_heap()
         self.last_started = revisions.started_at(conn, result.run_id)

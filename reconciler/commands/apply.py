@@ -69,7 +69,13 @@ def run(args: argparse.Namespace) -> int:
         raise PermanentError(f"{len(loaded.errors)} validation error(s): nothing applied", code="apply.invalid")
     with connections.connect(db.database_url(args), autocommit=True) as conn:
         migrations.migrate(conn)
-        result = reconciling.reconcile(conn, loaded.state, policy=args.policy, source=f"cli {args.path}")
+        try:
+            result = reconciling.reconcile(conn, loaded.state, policy=args.policy, source=f"cli {args.path}")
+        except reconciling.Invalid as e:  # an edit of an allocation that holds claims: printed as validation is
+            for problem in e.problems:
+                print(problem.render(), file=sys.stderr)
+            raise PermanentError(f"{len(e.problems)} error(s) against the store: nothing applied, the last valid "
+                                 "revision stays in force", code="apply.invalid") from None
     _print(reconciling.summary(result), args.output)
     return 0
 

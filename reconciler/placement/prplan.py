@@ -19,7 +19,8 @@
 a database: base planned from empty claims, its placements taken as claims.
 
 A PrPlan with validation errors in head plans nothing (`errors` set, the rest
-empty); the command exits 1.
+empty); the command exits 1. So does one that edits an allocation holding
+claims in `observed` (`policies.immutables`, head against base).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from types import MappingProxyType
 from desired import deltas
 from desired import problems as p
 from desired.loading import DesiredState
+from policies import immutables
 from reconciler import inventory_diff, plans
 from reconciler.placement import capacity, placing, planner
 from schemas import states
@@ -129,6 +131,11 @@ def after(observed: plans.Observed, plan: plans.Plan) -> plans.Observed:
                    placed=observed.placed | {pl.allocation_id for pl in plan.placements})
 
 
+def held_ids(observed: plans.Observed) -> set[str]:
+    """Allocations that hold live claims in `observed` (a failed attempt's retired claims are labelled apart)."""
+    return {c.allocation_id for c in observed.claims}
+
+
 def invalid(base_revision: str | None, head_revision: str | None, errors: tuple[p.Problem, ...], *,
             offline: bool) -> PrPlan:
     return PrPlan(base_revision, head_revision, offline, errors=errors)
@@ -167,6 +174,9 @@ def compose(base: DesiredState, head: DesiredState, observed: plans.Observed, *,
     computed, and `keep`, if given, is called with it (every node's mode
     read) while `engine_for`'s engine still holds base: the CLI keeps both.
     """
+    edits = immutables.check(head, immutables.held_from(base, held_ids(observed)))
+    if edits:  # an edit of an allocation that holds claims: refused like a validation error
+        return invalid(base.revision, head.revision, tuple(edits), offline=offline)
     plan_with = plan_with or partial(planner.plan, policy=policy)
     engine_for = engine_for or partial(placing.Engine, policy=policy)
     head_plan = plan_with(head, observed)

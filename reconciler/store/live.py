@@ -10,6 +10,7 @@ from types import MappingProxyType
 
 from psycopg.rows import class_row
 
+from policies import immutables
 from reconciler.plans import ExistingClaim, Observed, SlotKey
 from reconciler.store import lifecycle
 from reconciler.store.connections import Connection
@@ -81,3 +82,23 @@ def free_slots(conn: Connection) -> dict[str, list[int]]:
             " WHERE s.status = 'available' AND s.present AND s.eligible AND n.present"
             " AND n.admin_state = 'active' GROUP BY n.name ORDER BY n.name").fetchall()
     return {str(name): [int(i) for i in idx] for name, idx in rows}
+
+
+def held(conn: Connection) -> dict[str, immutables.Held]:
+    """The sale of every allocation that holds live claims, as the store placed it (`policies.immutables`).
+
+    A failed attempt's retired claims do not count: that allocation is
+    pending again and may still be edited. The capacity shape is the one the
+    allocation was placed as (its claim kind when the row has none).
+    """
+    with dberrors.wrapped("read held allocations"):
+        rows = conn.execute(
+            "SELECT a.id, a.tenant, a.sku, a.region, a.gpu_count, a.image, a.vm_profile,"
+            " coalesce(a.capacity_shape, CASE WHEN bool_or(c.claim_kind = 'node_exclusive') THEN 'baremetal'"
+            "                                 ELSE 'gpu_slice' END)"
+            " FROM allocations a JOIN allocation_resource_claims c ON c.allocation_id = a.id"
+            " WHERE c.status = ANY(%s)"
+            " AND NOT EXISTS (SELECT 1 FROM retired_claims rc WHERE rc.claim_id = c.id)"
+            " GROUP BY a.id ORDER BY a.id", (list(_LIVE),)).fetchall()
+    return {str(r[0]): immutables.Held(str(r[1]), str(r[2]), str(r[3]), int(r[4]), r[5], r[6], r[7])
+            for r in rows}
