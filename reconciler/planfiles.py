@@ -82,7 +82,7 @@ def _digest(value: Any) -> str:
 
 def observed_digest(observed: plans.Observed, inventory_generation: int) -> str:
     """sha256 of everything in the database a plan depends on besides git."""
-    return _digest({
+    doc: dict[str, Any] = {
         "claims": sorted([c.allocation_id, c.node, c.kind.value, c.slot_index if c.slot_index is not None else -1,
                           c.status.value, c.tenant] for c in observed.claims),
         "slot_status": sorted([n, i, s.value] for (n, i), s in observed.slot_status.items()),
@@ -90,7 +90,13 @@ def observed_digest(observed: plans.Observed, inventory_generation: int) -> str:
         "unavailable_nodes": sorted(observed.unavailable_nodes),
         "placed": sorted(observed.placed),
         "inventory_generation": inventory_generation,
-    })
+    }
+    # Host drift blocks slots and nodes (issue 26); keys only when present, so a clean fleet's digest is unchanged.
+    if observed.slot_blocks:
+        doc["slot_blocks"] = sorted([n, i, list(c)] for (n, i), c in observed.slot_blocks.items())
+    if observed.corrupt_nodes:
+        doc["corrupt_nodes"] = sorted([n, list(c)] for n, c in observed.corrupt_nodes.items())
+    return _digest(doc)
 
 
 def decisions(plan: plans.Plan) -> dict[str, Any]:

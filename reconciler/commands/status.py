@@ -79,6 +79,9 @@ def as_dict(revision: str | None, model: capacity.ReadModel, allocations: Sequen
             "name": n.name, "region": n.region, "pool": n.pool, "org": n.org, "admin_state": n.admin_state,
             "healthy": n.healthy, "capability": n.capability, "capability_reasons": list(n.capability_reasons),
             "mode": n.mode, "slots": dict(n.slots), "allocations": list(n.allocations), "drained": n.drained,
+            # what its host reports (policies.hostreports): drifted slots are not placed, a corrupt node is not
+            "corrupt": list(n.corrupt),
+            "host_drift": [{"slot_index": i, "codes": list(codes)} for i, codes in n.drifted],
         } for n in model.nodes],
         "allocations": [{
             "id": a.id, "tenant": a.tenant, "sku": a.sku, "gpu_count": a.gpu_count, "region": a.region,
@@ -154,7 +157,7 @@ def render_text(doc: dict[str, Any]) -> str:
         org = f" org={n['org']}" if n["org"] else ""
         health = "" if n["healthy"] else _unhealthy(n)
         out.append(f"  {n['name']:<24} {n['region']:<12} {n['capability']:<16} {slots:<34} "
-                   f"{_node_mode(n)}{org}{health}")
+                   f"{_node_mode(n)}{org}{health}{_host_drift(n)}")
     out += ["", "Allocations:"]
     if not doc["allocations"]:
         out.append("  -")
@@ -190,6 +193,16 @@ def add_lifecycle(doc: dict[str, Any], node_reasons: dict[str, list[dict[str, An
             "attempts": [{"attempt": t["attempt"], "node": t["node"], "phase": t["phase"], "code": t["code"],
                           "message": t["message"], "outcome": t["outcome"], "quarantined": t["quarantined"]}
                          for t in c["attempts"]]}
+
+
+def _host_drift(n: dict[str, Any]) -> str:
+    """What the node's host reports that keeps capacity off the market (seed 000, slice drift)."""
+    out = ""
+    if n.get("corrupt"):
+        out += f" CORRUPT (host reports node-wide corruption: {', '.join(n['corrupt'])}; nothing new is placed)"
+    for d in n.get("host_drift") or ():
+        out += f"\n      slot {d['slot_index']} not placed: its host reports {', '.join(d['codes'])}"
+    return out
 
 
 def _unhealthy(n: dict[str, Any]) -> str:

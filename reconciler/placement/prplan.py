@@ -76,6 +76,9 @@ class PrPlan:
     # Allocations holding claims that head no longer declares at all: nothing releases them
     # (only `state: released` does), so a reviewer should see them.
     orphaned: tuple[str, ...] = ()
+    # What the hosts report that keeps capacity off the market (policies.hostreports), from `observed`:
+    # (node, slot, codes); slot None for a node its host reports corrupt.
+    host_blocked: tuple[tuple[str, int | None, tuple[str, ...]], ...] = ()
 
     @property
     def valid(self) -> bool:
@@ -203,7 +206,15 @@ def compose(base: DesiredState, head: DesiredState, observed: plans.Observed, *,
         capacity_before=side.offers,
         capacity_after=capacity_after,
         orphaned=tuple(sorted({c.allocation_id for c in observed.claims} - set(head.allocations))),
+        host_blocked=host_blocked(observed),
     )
+
+
+def host_blocked(observed: plans.Observed) -> tuple[tuple[str, int | None, tuple[str, ...]], ...]:
+    """Corrupt nodes and drifted slots as their hosts report them, in (node, slot) order; a node's own first."""
+    found: list[tuple[str, int | None, tuple[str, ...]]] = [(n, None, c) for n, c in observed.corrupt_nodes.items()]
+    found += [(n, i, c) for (n, i), c in observed.slot_blocks.items()]
+    return tuple(sorted(found, key=lambda x: (x[0], -1 if x[1] is None else x[1])))
 
 
 def _base_side(base: DesiredState, observed: plans.Observed, *, policy: str | None, plan_with: Planner,
