@@ -45,6 +45,7 @@ def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
         node_reasons = lifecycle.health_reasons(conn)
         cycles = lifecycle.lifecycles(conn)
         orphaned = views.orphaned(conn)
+        removed = views.removed_nodes(conn)
     try:
         model = capacity.read_model(state, observed, policy=policy)
     except ValueError as e:
@@ -62,7 +63,45 @@ def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
     doc["orphaned"] = orphaned
     for a in doc["allocations"]:
         a["orphaned"] = a["id"] in orphaned
+    add_removed(doc, removed)
     return doc
+
+
+def add_removed(doc: dict[str, Any], removed: Sequence[dict[str, Any]]) -> None:
+    """Nodes removed from git that still hold claims: listed, and their claimed units counted in use.
+
+    The read model is built from what git declares, so such a node would
+    vanish from the node list and the totals; its tenants' allocations live
+    on (removing a file releases nothing). A unit here is a slot of a slice
+    claim or the whole node of a baremetal one, counted on the offer of the
+    allocation's SKU in the node's region (`removed_in_use`).
+    """
+    doc["removed_nodes"] = [n["name"] for n in removed]
+    offers = {(o["region"], o["sku"]): o for o in doc["capacity"]}
+    for n in removed:
+        claims = n["claims"]
+        doc["nodes"].append({
+            "name": n["name"], "region": n["region"], "pool": None, "org": None, "admin_state": "removed",
+            "healthy": True, "capability": "-", "capability_reasons": [], "mode": "removed",
+            "slots": {s: sum(1 for c in claims if c["status"] == s and c["slot_index"] is not None)
+                      for s in sorted({c["status"] for c in claims if c["slot_index"] is not None})},
+            "allocations": sorted({c["allocation_id"] for c in claims}), "drained": False, "removed": True,
+            "corrupt": [], "host_drift": [], "claims": claims,
+        })
+        units: dict[tuple[str, str], set[tuple[str, int | None]]] = {}
+        for c in claims:
+            unit = (c["allocation_id"], None) if c["capacity_shape"] == "baremetal" else (n["name"], c["slot_index"])
+            units.setdefault((n["region"], c["sku"]), set()).add(unit)
+        for key, held in sorted(units.items()):
+            offer = offers.get(key)
+            if offer is None:
+                offer = offers[key] = {"region": key[0], "sku": key[1], "capacity_shape": None, "unit": None,
+                                       "total": 0, "in_use": 0, "free": 0, "usable": 0, "not_launchable": {},
+                                       "sizes": [], "dedicated": {}}
+                doc["capacity"].append(offer)
+            offer["total"] += len(held)
+            offer["in_use"] += len(held)
+            offer["removed_in_use"] = offer.get("removed_in_use", 0) + len(held)
 
 
 def as_dict(revision: str | None, model: capacity.ReadModel, allocations: Sequence[Any]) -> dict[str, Any]:
@@ -102,6 +141,9 @@ def _size(s: capacity.Size) -> dict[str, Any]:
 
 
 def _node_mode(n: dict[str, Any]) -> str:
+    if n.get("removed"):
+        return (f"REMOVED from git; {len(n['claims'])} live claim(s) of {', '.join(n['allocations'])} remain "
+                "(nothing released them)")
     if n["admin_state"] == "active":
         return str(n["mode"])
     if n["drained"]:
@@ -126,7 +168,14 @@ def _size_notes(sizes: list[dict[str, Any]]) -> list[str]:
 
 
 def render_text(doc: dict[str, Any]) -> str:
-    out = [f"Status at revision {(doc['revision'] or '-')[:12]}"]
+    out = [f"Status at revision {(doc['revision'] or '-')[:12]}", *_warnings(doc)]
+    out += ["",
+           "Capacity (launchable now, per allowed GPU count; sizes and shapes compete for the same GPUs):"]
+    return _capacity_and_the_rest(doc, out)
+
+
+def _warnings(doc: dict[str, Any]) -> list[str]:
+    out: list[str] = []
     rec = doc.get("reconciliation") or {}
     if rec.get("failing"):
         f = rec["failing"]
@@ -135,18 +184,26 @@ def render_text(doc: dict[str, Any]) -> str:
     if doc.get("orphaned"):
         out.append("  warning: allocations holding claims are no longer declared (set `state: released` to free "
                    "them): " + ", ".join(doc["orphaned"]))
+    if doc.get("removed_nodes"):
+        out.append("  warning: nodes removed from git still hold claims (their allocations run on; release them, "
+                   "then remove the node): " + ", ".join(doc["removed_nodes"]))
     if rec.get("invalid_revision"):
         out.append(f"  revision {rec['invalid_revision'][:12]} is invalid (see `gpuaas history`); "
                    "the last valid revision stays in force")
-    out += ["",
-           "Capacity (launchable now, per allowed GPU count; sizes and shapes compete for the same GPUs):"]
+    return out
+
+
+def _capacity_and_the_rest(doc: dict[str, Any], out: list[str]) -> str:
+    """The capacity table, the node list and the allocations after `out` (the header and warnings)."""
     out.append(f"  {'REGION':<12} {'SKU':<26} {'UNIT':<5} {'TOTAL':>5} {'IN USE':>6} {'FREE':>5} "
                f"{'USABLE':>6}  {'LAUNCHABLE':<22} NOT LAUNCHABLE (free units)")
     for o in doc["capacity"]:
         sizes = " ".join(f"{s['gpu_count']}g:{s['launchable']}" for s in o["sizes"])
         blocked = " ".join(f"{k}={v}" for k, v in o["not_launchable"].items()) or "-"
-        out.append(f"  {o['region']:<12} {o['sku']:<26} {o['unit']:<5} {o['total']:>5} {o['in_use']:>6} "
+        out.append(f"  {o['region']:<12} {o['sku']:<26} {o['unit'] or '-':<5} {o['total']:>5} {o['in_use']:>6} "
                    f"{o['free']:>5} {o['usable']:>6}  {sizes:<22} {blocked}")
+        if o.get("removed_in_use"):
+            out.append(f"      {o['removed_in_use']} in use on node(s) removed from git")
         out += _size_notes(o["sizes"])
         for org, dsizes in o["dedicated"].items():
             out.append(f"      tenant {org} (dedicated nodes too): "

@@ -210,3 +210,27 @@ def inventory_generation(conn: Connection) -> int:
     with dberrors.wrapped("read the inventory generation"):
         row = conn.execute("SELECT generation FROM inventory_generation").fetchone()
     return int(row[0]) if row else 0
+
+
+def removed_nodes(conn: Connection) -> list[dict[str, Any]]:
+    """Nodes git no longer declares (`present = false`) on which live claims remain.
+
+    Removing a node file releases nothing, as removing an allocation file
+    does not: the claims and the tenants' VMs live on. `status` keeps such a
+    node in its node list and its claimed units in the capacity totals, with
+    a warning, instead of dropping it silently.
+    """
+    with dberrors.wrapped("read removed nodes that hold claims"):
+        rows = conn.execute(
+            "SELECT n.name, n.region, a.sku, coalesce(a.capacity_shape, CASE WHEN c.claim_kind = 'node_exclusive'"
+            " THEN 'baremetal' ELSE 'gpu_slice' END), c.allocation_id, c.slot_index, c.status"
+            " FROM nodes n JOIN allocation_resource_claims c ON c.node_id = n.id"
+            " JOIN allocations a ON a.id = c.allocation_id"
+            " WHERE NOT n.present AND c.status IN ('reserved', 'provisioning', 'active', 'releasing')"
+            " ORDER BY n.name, c.slot_index NULLS FIRST, c.allocation_id").fetchall()
+    out: dict[str, dict[str, Any]] = {}
+    for name, region, sku, shape, alloc, slot, status in rows:
+        node = out.setdefault(str(name), {"name": str(name), "region": str(region), "claims": []})
+        node["claims"].append({"allocation_id": str(alloc), "sku": str(sku), "capacity_shape": str(shape),
+                               "slot_index": slot, "status": str(status)})
+    return list(out.values())
