@@ -21,6 +21,7 @@ import pytest
 
 from desired import blobstore, loading
 from reconciler import cli
+from reconciler.commands import baseworld
 from tests.gitops.conftest import PEOPLE, Repo, make_fleet
 
 EVIL = "allocations/req-evil.yaml"
@@ -154,3 +155,19 @@ def test_a_killed_writers_world_temp_is_removed_and_a_live_ones_kept(tmp_path: P
     assert not gone.exists() and not legacy.exists()
     assert live.exists() and fresh.exists()
     assert store.get_world(key) == b"payload"
+
+
+@pytest.mark.parametrize("name", [
+    "desired.loading\nPath",  # imported there, defined in pathlib
+    "desired.loading\nBlobCache",  # defined there, but no part of a world
+    "desired.blobstore\nDiskStore",
+    "multiprocessing.process\nBaseProcess",
+    "reconciler.placement.placing\nplan",  # a function
+])
+def test_the_world_unpickler_admits_only_listed_project_types(name: str) -> None:
+    crafted = b"c" + name.encode() + b"\n."  # pickle's GLOBAL opcode: the class itself
+    with pytest.raises(pickle.UnpicklingError):
+        baseworld._loads(crafted)
+    assert baseworld._loads(b"cdesired.loading\nSource\n.") is loading.Source
+    assert baseworld.load(crafted, None) is None  # a miss, never an error
+
