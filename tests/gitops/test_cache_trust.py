@@ -59,21 +59,19 @@ def _forged_pack(directory: Path, evil: bytes) -> None:
     store.close()
 
 
-@pytest.fixture
-def umask() -> Iterator[None]:
-    old = os.umask(0o022)
-    os.umask(old)
-    yield
+@pytest.fixture(params=[0o077, 0o022], ids=["umask077", "umask022"])
+def mask(request: pytest.FixtureRequest) -> Iterator[int]:
+    """The CI runner's umask, which decides the modes git gives the committed cache."""
+    old = os.umask(request.param)
+    yield request.param
     os.umask(old)
 
 
-@pytest.mark.parametrize("mask", [0o077, 0o022])
-def test_a_committed_cache_never_changes_the_plan(fleet_repo: Repo, tmp_path: Path, mask: int, umask: None,
+def test_a_committed_cache_never_changes_the_plan(fleet_repo: Repo, tmp_path: Path, mask: int,
                                                   capsys: pytest.CaptureFixture[str],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     base = fleet_repo.repo.head.commit.hexsha
     evil = _allocation("Evil Tenant <b>")
-    os.umask(mask)
     _forged_pack(fleet_repo.root / ".gpuaas" / "cache", evil)
     fleet_repo.write(EVIL, evil.decode())
     fleet_repo.repo.git.add("-f", ".gpuaas", EVIL)
