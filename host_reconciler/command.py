@@ -67,6 +67,9 @@ def register(sub: Any) -> None:
             p.add_argument("--log-format", choices=logs.FORMATS, help="log lines (default $GPUAAS_LOG_FORMAT or text)")
             p.add_argument("--metrics-listen", metavar="HOST:PORT",
                            help="serve /metrics and /healthz here, e.g. 127.0.0.1:9101 (default: not served)")
+            p.add_argument("--metrics-allow-host", metavar="NAME", action="append", default=[],
+                           help="a Host name the metrics listener answers besides loopback names and the listen "
+                                "address (repeatable; * for any)")
         p.set_defaults(func=fn)
     from host_reconciler import imagecommand
 
@@ -235,7 +238,7 @@ def _metrics(args: argparse.Namespace) -> Iterator[metrics.AgentMetrics]:
     if not args.metrics_listen:
         yield counted
         return
-    served = metrics.Server(counted, args.metrics_listen)
+    served = metrics.Server(counted, args.metrics_listen, args.metrics_allow_host)
     logging.getLogger("gpuaas.host").info("metrics on %s/metrics, health on %s/healthz", served.url, served.url,
                                           extra={"event": "host.metrics.serving", "url": served.url})
     try:
