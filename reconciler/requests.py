@@ -407,8 +407,8 @@ def _rolled_back(repo: git.Repo, before: str | None, rel: str) -> str:
             repo.git.rm("--cached", "-q", "--ignore-unmatch", "--", rel)
         else:
             if repo.head.commit.hexsha != before:
-                repo.git.reset("--soft", before)
-            repo.git.reset("-q", before, "--", rel)
+                repo.head.reset(before, index=False, working_tree=False)  # the branch back, nothing else
+            repo.index.reset(before, paths=[rel])  # and the file's index entry (the tree is put back by the caller)
     except (git.GitCommandError, ValueError) as e:
         return f"the local commit could not be undone ({e}): the branch may hold it; check `git log` before retrying"
     return "no local commit was left"

@@ -56,7 +56,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
         resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
 
     return subprocess.run([sys.executable, "-m", "reconciler.cli", *args], capture_output=True, text=True,
-                          check=False, timeout=60, preexec_fn=limit)  # noqa: PLW1509 - a limit, no threads yet
+                          check=False, timeout=60, preexec_fn=limit)
 
 
 @pytest.mark.parametrize("kind", ["zero", "directory", "fifo", "big"])
