@@ -262,7 +262,10 @@ class DiskStore:
                     entries = self._check(mac, payload)
                     for blob in wanted.pop(pack):
                         entry = entries.get(blob) if entries is not None else None
-                        if entry is None:
+                        # Bound to its bytes: an entry is taken only under the git blob id of the bytes
+                        # stored with it (hashed here, for the blobs asked for only), so no pack can pair
+                        # one file's bytes, or its models, with another file's id.
+                        if entry is None or git_blob_id(entry.data) != blob:
                             self.rejected += 1
                         else:
                             found[blob] = entry
@@ -538,10 +541,6 @@ def _pack_entries(value: Any) -> dict[str, Entry] | None:
     out: dict[str, Entry] = {}
     for item in value[1]:
         if not (isinstance(item, tuple) and len(item) == 4 and isinstance(item[0], str)):
-            return None
-        # Bound to its bytes: a blob id is taken only as the git blob id of the bytes stored with it, so
-        # the index (or a pack) can never pair one file's bytes, or its models, with another's id.
-        if not isinstance(item[1], bytes) or git_blob_id(item[1]) != item[0]:
             return None
         entry = _entry(*item[1:])
         if entry is None:

@@ -10,42 +10,44 @@ from __future__ import annotations
 import http.client
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
 
-from host_reconciler import imageserver, metrics
+from host_reconciler import imageserver, listening, metrics
 from host_reconciler.drivers import guestmarker
 
-Opened = Callable[[], tuple[str, int]]
+Listening = tuple[str, int, listening.BoundedServer]
 
 
 @contextmanager
-def _marker() -> Iterator[tuple[str, int]]:
+def _marker() -> Iterator[Listening]:
     a = guestmarker.Announcements(b"0123456789abcdef0123456789abcdef", port=0)
     a.listen("127.0.0.1")
     try:
-        yield "127.0.0.1", a.port
+        assert a._server is not None
+        yield "127.0.0.1", a.port, a._server
     finally:
         a.close()
 
 
 @contextmanager
-def _metrics() -> Iterator[tuple[str, int]]:
+def _metrics() -> Iterator[Listening]:
     served = metrics.Server(metrics.AgentMetrics("n"), "127.0.0.1:0")
     try:
         host, _, port = served.url.removeprefix("http://").rpartition(":")
-        yield host, int(port)
+        yield host, int(port), served._httpd
     finally:
         served.close()
 
 
 @contextmanager
-def _images(root: Path) -> Iterator[tuple[str, int]]:
+def _images(root: Path) -> Iterator[Listening]:
     with imageserver.ImageServer(root) as srv:
-        yield "127.0.0.1", srv.port
+        assert isinstance(srv.httpd, listening.BoundedServer)
+        yield "127.0.0.1", srv.port, srv.httpd
 
 
 LISTENERS = {"guest_marker": (guestmarker, _marker), "metrics": (metrics, _metrics),
@@ -66,7 +68,7 @@ def _closed(sock: socket.socket) -> bool:
 def test_a_dribbling_client_is_cut_at_the_deadline(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     module, make = LISTENERS[name]
     monkeypatch.setattr(module, "DEADLINE_S", 1.0, raising=False)
-    with (make(tmp_path) if name == "image_server" else make()) as (host, port), \
+    with (make(tmp_path) if name == "image_server" else make()) as (host, port, _), \
             socket.create_connection((host, port), timeout=5) as sock:
         sock.settimeout(0.3)
         request = f"POST {guestmarker.PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 900\r\n\r\n".encode()
@@ -89,10 +91,12 @@ def test_connections_over_the_cap_are_closed_at_once(name: str, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     module, make = LISTENERS[name]
     monkeypatch.setattr(module, "MAX_CONNECTIONS", 2, raising=False)
-    with (make(tmp_path) if name == "image_server" else make()) as (host, port):
+    with (make(tmp_path) if name == "image_server" else make()) as (host, port, server):
         held = [socket.create_connection((host, port), timeout=5) for _ in range(2)]
         try:
-            time.sleep(0.2)  # both accepted, each holding its slot
+            deadline = time.monotonic() + 30
+            while server._slots._value > 0 and time.monotonic() < deadline:
+                time.sleep(0.05)  # until both are accepted, each holding its slot
             with socket.create_connection((host, port), timeout=5) as extra:
                 extra.settimeout(5)
                 with suppress(OSError):
@@ -108,7 +112,7 @@ def test_connections_over_the_cap_are_closed_at_once(name: str, tmp_path: Path,
     ("127.0.0.1", 200), ("localhost:9101", 200), ("[::1]:9101", 200),
 ])
 def test_the_metrics_listener_answers_only_for_its_names(host: str, status: int) -> None:
-    with _metrics() as (address, port):
+    with _metrics() as (address, port, _):
         conn = http.client.HTTPConnection(address, port, timeout=10)
         try:
             conn.putrequest("GET", "/metrics", skip_host=True)
