@@ -157,9 +157,10 @@ def test_a_killed_writers_world_temp_is_removed_and_a_live_ones_kept(tmp_path: P
 
 @pytest.mark.parametrize("name", [
     "desired.loading\nPath",  # imported there, defined in pathlib
+    "desired.loading\nBaseProcess",  # imported there, defined in multiprocessing
+    "desired.loading\nDiskStore",  # imported there, defined in desired.blobstore
     "desired.loading\nBlobCache",  # defined there, but no part of a world
-    "desired.blobstore\nDiskStore",
-    "multiprocessing.process\nBaseProcess",
+    "desired.blobstore\nDiskStore",  # a module no world names
     "reconciler.placement.placing\nplan",  # a function
 ])
 def test_the_world_unpickler_admits_only_listed_project_types(name: str) -> None:
