@@ -233,9 +233,15 @@ def load(node: str, path: Path | None = None) -> HostSettings:
     p = path or (Path(os.environ[ENV_CONFIG]) if os.environ.get(ENV_CONFIG) else None)
     if p is None:
         return HostSettings(node=node)
+    from schemas import inputfiles
+    from schemas.errors import PermanentError
+
     try:
-        doc = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
+        doc = json.loads(inputfiles.read_bytes(p, limit=inputfiles.MIB, code="host.settings.unreadable",
+                                               what="host settings"))
+    except PermanentError as e:
+        raise SettingsError(e.message, code="host.settings.unreadable") from e
+    except ValueError as e:  # json's message names a position, never the content
         raise SettingsError(f"cannot read host settings {p}: {e}", code="host.settings.unreadable") from e
     if not isinstance(doc, dict):
         raise SettingsError(f"{p} must hold a JSON object")

@@ -27,9 +27,10 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
+from host_reconciler import listening
 from host_reconciler.drivers import addresses, netns
 from host_reconciler.drivers.protocols import GuestAnnounce
 from schemas.errors import TemporaryError
@@ -39,6 +40,8 @@ DEFAULT_PORT = 8479
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 _TOKEN = re.compile(r"^[0-9a-f]{32}$")
 _MAX_BODY = 1024
+MAX_CONNECTIONS = 32  # a host's guests post once a minute each: more at once is a flood
+DEADLINE_S = 10.0  # a whole announcement, however slowly it is sent (the per-read timeout alone never ends)
 _IP_FREEBIND = 15  # Linux: bind the bridge address before the bridge holds it (socket.IP_FREEBIND, 3.12+)
 
 
@@ -80,7 +83,7 @@ class Announcements:
         self._clock = clock
         self._heard: dict[str, Heard] = {}
         self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
+        self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
     def token(self, name: str) -> str:
@@ -150,8 +153,9 @@ class Announcements:
         return HTTPStatus.NO_CONTENT
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+class _Server(listening.BoundedServer):
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler, max_connections=MAX_CONNECTIONS, deadline_s=DEADLINE_S)
 
     def server_bind(self) -> None:
         self.socket.setsockopt(socket.IPPROTO_IP, _IP_FREEBIND, 1)
@@ -161,7 +165,7 @@ class _Server(ThreadingHTTPServer):
 def _handler(owner: Announcements) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "gpuaas-guest-marker"
-        timeout = 10  # a guest that opens and stalls holds one thread for this long at most
+        timeout = 5  # one read; the connection as a whole is cut at DEADLINE_S (`listening.BoundedServer`)
 
         def do_POST(self) -> None:
             try:
