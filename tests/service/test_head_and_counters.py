@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from psycopg.types.json import Jsonb
 
 from reconciler import cli
 from reconciler.store import connections, history, revisions
@@ -109,3 +110,18 @@ def test_counters_only_go_up_across_reconciliations(served: Served, fleet_url: s
         done = subprocess.run([promtool, "check", "metrics"], input=last_body, capture_output=True, text=True,
                               timeout=60, check=False)
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_malformed_host_error_report_shows_as_invalid_on_the_node_page(fleet_url: str) -> None:
+    """Written before migration 0055 (the database now refuses it): the page says invalid, never 500."""
+    with connections.connect(fleet_url, autocommit=True) as conn:
+        node = conn.execute("SELECT node_name FROM host_status ORDER BY 1 LIMIT 1").fetchone()
+        assert node is not None
+        conn.execute("ALTER TABLE host_status DROP CONSTRAINT host_status_errors_shape")
+        conn.execute("UPDATE host_status SET errors = %s WHERE node_name = %s",
+                     (Jsonb([{"code": "host.vm.start", "message": "no step, no allocation"}]), node[0]))
+    for s in serve(fleet_url):
+        status, _, body = s.get(f"/nodes/{node[0]}")
+        page = body.decode()
+        assert status == 200, page[:500]
+        assert 'id="errors-invalid"' in page and "host.report.invalid" in page and "step" in page
