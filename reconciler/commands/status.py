@@ -228,7 +228,7 @@ def _lifecycle_text(c: dict[str, Any] | None, status: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
 
-    doc = collect(db.database_url(args), policy=args.policy)
+    doc = collect(db.reading_url(args), policy=args.policy)
     if output.structured(args.output):
         output.emit(doc, args.output)
     else:
