@@ -58,6 +58,9 @@ def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
                     "revision": health.failing_revision, "code": health.failing_code,
                     "message": health.failing_message} if health.failing else None,
         "invalid_revision": health.invalid_revision,
+        "head": None if health.head is None else {
+            "revision": health.head.revision, "applied": health.head.applied, "since": health.head.since,
+            "code": health.head.code, "message": health.head.message},
     }
     # Allocations holding claims whose file was deleted: only `state: released` frees them (as `plan` warns).
     doc["orphaned"] = orphaned
@@ -168,7 +171,7 @@ def _size_notes(sizes: list[dict[str, Any]]) -> list[str]:
 
 
 def render_text(doc: dict[str, Any]) -> str:
-    out = [f"Status at revision {(doc['revision'] or '-')[:12]}", *_warnings(doc)]
+    out = [f"Status at revision {(doc['revision'] or '-')[:12]} (the revision applied)", *_warnings(doc)]
     out += ["",
            "Capacity (launchable now, per allowed GPU count; sizes and shapes compete for the same GPUs):"]
     return _capacity_and_the_rest(doc, out)
@@ -177,6 +180,10 @@ def render_text(doc: dict[str, Any]) -> str:
 def _warnings(doc: dict[str, Any]) -> list[str]:
     out: list[str] = []
     rec = doc.get("reconciliation") or {}
+    head = rec.get("head")
+    if head and not head["applied"]:
+        out.append(f"  HEAD {(head['revision'] or '-')[:12]} NOT APPLIED since {head['since']}: "
+                   f"{head['code']}: {head['message']} (see `gpuaas history`)")
     if rec.get("failing"):
         f = rec["failing"]
         out.append(f"  FAILING since {f['since']} ({f['failures']} failed reconciliation(s)), newest on "
@@ -291,7 +298,7 @@ def _lifecycle_text(c: dict[str, Any] | None, status: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
 
-    doc = collect(db.database_url(args), policy=args.policy)
+    doc = collect(db.reading_url(args), policy=args.policy)
     if output.structured(args.output):
         output.emit(doc, args.output)
     else:

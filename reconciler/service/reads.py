@@ -349,7 +349,7 @@ def node(conn: Connection, name: str) -> dict[str, Any] | None:
                      "updated_at": iso(s["host_updated_at"])} if s["vm_state"] is not None else None,
             "drift": found,
         })
-    errs = r["errors"] if isinstance(r["errors"], list) else []
+    errs, errors_valid = step_errors(r["errors"])
     return {
         "name": r["name"], "region": r["region"], "pool": r["pool"], "admin_state": r["admin_state"],
         "present": r["present"], "capability": r["capability"],
@@ -358,7 +358,7 @@ def node(conn: Connection, name: str) -> dict[str, Any] | None:
         "profile_tags": list(r["profile_tags"] or ()), "revision": r["revision"],
         "host": {"healthy": r["healthy"], "reported_at": iso(r["reported_at"]),
                  "observed_generation": r["observed_generation"], "plan_generation": r["plan_generation"],
-                 "drift_valid": report.valid, "errors": [e for e in errs if isinstance(e, dict)]}
+                 "drift_valid": report.valid, "errors_valid": errors_valid, "errors": errs}
         if r["reported_at"] is not None else None,
         "drift": list(report.findings),
         "slots": slots,
@@ -428,3 +428,40 @@ def reconciliation_counts(conn: Connection) -> tuple[dict[str, int], list[tuple[
                       " WHERE finished_at IS NOT NULL AND result IN ('changed', 'unchanged', 'error')) x")[0]
     buckets = [(b, int(row[f"b{i}"])) for i, b in enumerate(bounds)] + [(float("inf"), int(row["n"]))]
     return {r["result"]: int(r["n"]) for r in by_result}, buckets, float(row["total"])
+
+
+_STEP_ERROR_TEXT = ("code", "message", "step")  # strings every entry of a host's error report carries
+
+
+def step_errors(raw: Any) -> tuple[list[dict[str, Any]], bool]:
+    """A host's error report as entries a page can show, and whether it was whole.
+
+    The database refuses a malformed report (0055), but a row written before,
+    or by the table owner, is not trusted either: an entry of the wrong shape
+    is shown as `host.report.invalid` instead of failing the page.
+    """
+    if not isinstance(raw, list):
+        return [_invalid_entry("the error report is not a list")], False
+    out, whole = [], True
+    for e in raw:
+        if not _missing(e):
+            out.append({"code": e["code"], "message": e["message"], "step": e["step"],
+                        "allocation_id": e["allocation_id"]})
+        else:
+            whole = False
+            out.append(_invalid_entry(f"an entry lacks {', '.join(_missing(e))}: {str(e)[:200]}"))
+    return out, whole
+
+
+def _missing(e: Any) -> list[str]:
+    if not isinstance(e, dict):
+        return ["an object"]
+    bad = [k for k in _STEP_ERROR_TEXT if not (isinstance(e.get(k), str) and e[k])]
+    if "allocation_id" not in e or not (e["allocation_id"] is None or isinstance(e["allocation_id"], str)):
+        bad.append("allocation_id")
+    return bad
+
+
+def _invalid_entry(message: str) -> dict[str, Any]:
+    return {"code": "host.report.invalid", "message": f"invalid host error report: {message}", "step": None,
+            "allocation_id": None}
