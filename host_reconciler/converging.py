@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from host_reconciler import diff, observing, phases, statuses
+from host_reconciler import diff, observing, onboarding, phases, statuses
 from host_reconciler.actions import PER_SLOT_STEPS, Action, DriftMode, Flow, Step
 from host_reconciler.context import Context, Drivers
 from host_reconciler.localstate import LocalState
@@ -34,6 +34,7 @@ from host_reconciler.observations import Failure, Observed
 from host_reconciler.settings import HostSettings
 from schemas.errors import GpuaasError, PermanentError, TemporaryError
 from schemas.hostplans import HostPlan, VmSpec
+from schemas.hostreports import HostReport
 
 log = logging.getLogger("gpuaas.host")
 
@@ -99,6 +100,7 @@ class Converger:
                 options=opts,
                 pass_ms=ms,
                 images=self._image_report(ctx, observed),
+                host=self._host_report(),
             )
             return PassResult(tuple(actions), (), (), status, observed, True, None, ms)
         with self.state.locked():
@@ -121,6 +123,7 @@ class Converger:
             options=opts,
             pass_ms=ms,
             images=self._image_report(ctx, after),
+            host=self._host_report(),
         )
         delays = [e.delay for e in errors if e.retry]
         return PassResult(
@@ -254,6 +257,10 @@ class Converger:
             in_use=tuple(sorted(ctx.images_in_use())),
             pinned=tuple(sorted(ctx.images_pinned())),
         )
+
+    def _host_report(self) -> HostReport:
+        """Firmware evidence and bootstrap state, read each pass (a few small files)."""
+        return onboarding.report(self.settings.firmware_dir, self.settings.bootstrap_dir)
 
     def _collect_garbage(self, plan: HostPlan, observed: Observed) -> None:
         """Forget the journals of allocations that left the plan and left nothing behind."""

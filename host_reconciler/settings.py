@@ -40,7 +40,9 @@ temp by-id directory of symlinks to loop devices, and a network namespace.
       "image_cache_bytes": null,       # cache budget, LRU eviction above it (null: half its filesystem)
       "image_pins": [],                # sha256:HEX digests never evicted here (besides in-use ones)
       "allow_file_images": false,      # take file:// image URLs (labs)
-      "image_fetch_timeout_s": 60      # socket timeout of one image request
+      "image_fetch_timeout_s": 60,     # socket timeout of one image request
+      "firmware_dir": "/var/lib/gpuaas/firmware-profile",  # the firmware helper's evidence (seed 003 section 1)
+      "bootstrap_dir": "/var/lib/gpuaas/bootstrap"         # `gpuaas host bootstrap` state (seed 003 section 2)
     }
 
 The image cache lives under `image_dir` (`sha256/<hex>`, see `imagecache`).
@@ -112,6 +114,8 @@ class HostSettings:
     image_pins: tuple[str, ...] = ()
     allow_file_images: bool = False
     image_fetch_timeout_s: float = 60.0
+    firmware_dir: Path = Path("/var/lib/gpuaas/firmware-profile")
+    bootstrap_dir: Path = Path("/var/lib/gpuaas/bootstrap")
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -162,6 +166,8 @@ _PATHS = {
     "sysfs_root",
     "discovery_root",
     "dhcp_state_dir",
+    "firmware_dir",
+    "bootstrap_dir",
 }
 
 

@@ -27,6 +27,7 @@ from host_reconciler.actions import BLOCKING_DRIFT, Action, Drift, DriftMode, St
 from host_reconciler.imagecache import CacheEntry, PartialFetch
 from host_reconciler.observations import Observed, WipeRecord
 from schemas.hostplans import HostPlan, VmSpec
+from schemas.hostreports import HostReport
 from schemas.states import SlotStatus
 
 
@@ -147,6 +148,7 @@ class HostStatus:
     reported_at: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
     pass_ms: float = 0.0
     images: ImageCacheReport = field(default_factory=ImageCacheReport)
+    host: HostReport | None = None  # firmware evidence, bootstrap state, reboot need, agent version
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -164,6 +166,7 @@ class HostStatus:
             "errors": [e.as_dict() for e in self.errors],
             "pending": list(self.pending),
             "images": self.images.as_dict(),
+            "host": self.host.as_dict() if self.host is not None else None,
         }
 
 
@@ -346,6 +349,7 @@ def build(
     options: domains.DomainOptions,
     pass_ms: float = 0.0,
     images: ImageCacheReport | None = None,
+    host: HostReport | None = None,
 ) -> HostStatus:
     slot_drift: dict[int | None, list[Drift]] = {}
     for d in drift:
@@ -372,6 +376,7 @@ def build(
         pending=tuple(a.describe() for a in pending),
         pass_ms=pass_ms,
         images=images or ImageCacheReport(),
+        host=host,
     )
 
 

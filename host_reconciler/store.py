@@ -73,12 +73,12 @@ def read_plan(conn: psycopg.Connection[Any], node: str) -> hostplans.HostPlan | 
 
 
 _STATUS_SQL = """
-INSERT INTO host_status (node_name, observed_generation, reported_at, healthy, phase_timings,
+INSERT INTO host_status (node_name, observed_generation, reported_at, healthy, firmware_ready, phase_timings,
                          drift, errors, details)
-VALUES (%(node)s, %(gen)s, now(), %(healthy)s, %(timings)s, %(drift)s, %(errors)s, %(details)s)
+VALUES (%(node)s, %(gen)s, now(), %(healthy)s, %(firmware)s, %(timings)s, %(drift)s, %(errors)s, %(details)s)
 ON CONFLICT (node_name) DO UPDATE SET
     observed_generation = EXCLUDED.observed_generation, reported_at = now(),
-    healthy = EXCLUDED.healthy, phase_timings = EXCLUDED.phase_timings,
+    healthy = EXCLUDED.healthy, firmware_ready = EXCLUDED.firmware_ready, phase_timings = EXCLUDED.phase_timings,
     drift = EXCLUDED.drift, errors = EXCLUDED.errors, details = EXCLUDED.details
 """
 
@@ -111,11 +111,13 @@ def write_status(conn: psycopg.Connection[Any], status: HostStatus) -> None:
     """Write the node row and every slot row of `status` in one transaction."""
     doc = status.as_dict()
     details = {k: doc[k] for k in ("generation", "mode", "converged", "pending", "vms", "pass_ms",
-                                   "reported_at", "images")}  # fmt: skip
+                                   "reported_at", "images", "host")}  # fmt: skip
     timings = {v["allocation_id"]: v["phase_timings"] for v in doc["vms"]}
     with dberrors.wrapped(f"write the host status of {status.node}"), conn.transaction():
         conn.execute(_STATUS_SQL, {
             "node": status.node, "gen": status.observed_generation, "healthy": status.healthy,
+            # the host's firmware evidence (None: no evidence, the git onboarding claim stands)
+            "firmware": status.host.firmware_ready if status.host is not None else None,
             "timings": Jsonb(timings), "drift": Jsonb(doc["drift"]), "errors": Jsonb(doc["errors"]),
             "details": Jsonb(details),
         })  # fmt: skip
