@@ -12,8 +12,8 @@ What a failure means is decided here, in `_failed`, and nowhere else:
   allocation's actions; the next pass retries after `delay`;
 - PermanentError while provisioning: the VM is failed at this plan
   generation (journaled); a new generation retries it;
-- PermanentError in wipe or verify: that one slot becomes cleanup_blocked,
-  with the evidence gathered so far; the other slots go on;
+- PermanentError in wipe, verify or slot_health: that one slot becomes
+  cleanup_blocked, with the evidence gathered so far; the other slots go on;
 - PermanentError in another release step or a heal: reported, retried on the
   next pass (a release must eventually finish).
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from host_reconciler import diff, observing, onboarding, phases, statuses
-from host_reconciler.actions import PER_SLOT_STEPS, Action, DriftMode, Flow, Step
+from host_reconciler.actions import PER_SLOT_STEPS, SLOT_BLOCKING_STEPS, Action, DriftMode, Flow, Step
 from host_reconciler.context import Context, Drivers
 from host_reconciler.localstate import LocalState
 from host_reconciler.observations import Failure, Observed
@@ -224,14 +224,14 @@ class Converger:
                 Failure(str(action.step), code, message, ctx.plan.generation),
                 spec_digest=ctx.digest(vm),
             )
-        elif action.flow is Flow.RELEASE and action.step in (Step.WIPE, Step.VERIFY):
+        elif action.flow is Flow.RELEASE and action.step in SLOT_BLOCKING_STEPS:
             evidence = getattr(exc, "evidence", None) or {}
             for slot in action.slot_indexes:
                 self.state.write_wipe(
                     slot,
                     action.allocation_id,
-                    wiped=action.step is Step.VERIFY,
-                    verified=False,
+                    wiped=action.step is not Step.WIPE,
+                    verified=action.step is Step.SLOT_HEALTH,  # the disk is proven; its devices are not
                     blocked=f"{code}: {message}",
                     evidence={str(action.step): evidence} if evidence else {},
                 )

@@ -10,7 +10,7 @@ Slot states use the project's `SlotStatus` vocabulary:
 
     provisioning -> active                      a VM of the plan
     releasing -> cleanup -> available (+proof)  a release of the plan
-                         -> cleanup_blocked     wipe or verify failed (this slot only)
+                         -> cleanup_blocked     wipe, verify or slot health failed (this slot only)
     available                                   free (schedulable unless blocking drift)
     failed                                      provisioning failed at this generation
 """
@@ -187,6 +187,7 @@ def wipe_evidence(rec: WipeRecord | None) -> dict[str, Any]:
         "wiped_at": wipe.get("wiped_at"),
         "verified_at": verify.get("verified_at"),
         "signatures_before": wipe.get("signatures_before", []),
+        "health": dict(ev.get("slot_health") or {}),  # the slot's GPU/VF reset and identity proof
         "wipe": wipe,
         "verify": verify,
     }
@@ -277,7 +278,8 @@ class _Builder:
                 st, wstate = SlotStatus.AVAILABLE, "verified"
                 freed += 1
             elif rec is not None and (rec.verified or rec.wiped):
-                st, wstate = SlotStatus.CLEANUP, "verified" if rec.verified else "running"
+                # "verified" (what frees the slot centrally) only once its devices passed the health step too
+                st, wstate = SlotStatus.CLEANUP, "verified" if rec.verified and rec.healthy else "running"
             elif dom is not None:
                 st, wstate = SlotStatus.RELEASING, None
             else:

@@ -263,9 +263,38 @@ class PciError(PermanentError):
     code = "host.pci.error"
 
 
+@dataclass(frozen=True, slots=True)
+class PciIdentity:
+    """What a PCI function says it is (sysfs ids); a reset must not change it."""
+
+    vendor: str | None
+    device: str | None
+    subsystem_vendor: str | None = None
+    subsystem_device: str | None = None
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {"vendor": self.vendor, "device": self.device, "subsystem_vendor": self.subsystem_vendor,
+                "subsystem_device": self.subsystem_device}
+
+
+RESET_DONE = "reset"  # the kernel reset the function (sysfs `reset`: FLR, or the next method it offers)
+RESET_UNSUPPORTED = "unsupported"  # the function offers no reset: nothing was done
+
+
 class PciDriver(Protocol):
     def inspect(self, address: str) -> PciObs: ...
     def bind_vfio(self, address: str) -> None: ...
+
+    def identity(self, address: str) -> PciIdentity | None:
+        """The function's ids (None: not on the bus)."""
+        ...
+
+    def reset(self, address: str) -> dict[str, Any]:
+        """Reset the function where it supports it; {"reset": RESET_DONE|RESET_UNSUPPORTED, ...}.
+
+        PciError when the kernel refuses. Callers reset only the devices of a claimed slot.
+        """
+        ...
 
 
 GUEST_MARKER = "/var/lib/gpuaas/slice-ready"  # the file whose existence a guest announces
