@@ -31,6 +31,7 @@ temp by-id directory of symlinks to loop devices, and a network namespace.
       "readiness_port": 22,
       "guest_marker_port": 8479,       # guests announce /var/lib/gpuaas/slice-ready to this port of the bridge
       "readiness": "lease-tcp",        # or "none" (test driver: no guest ever boots)
+      "readiness_devices": true,       # readiness also needs the guest's device report to match the claim
       "pci": "sysfs",                  # or "fake-vfio" (no GPUs on this machine)
       "poll_interval_s": 10,
       "graceful_poll_s": 0.5,          # state checks while a guest shuts down
@@ -104,6 +105,7 @@ class HostSettings:
     readiness_port: int = 22
     guest_marker_port: int = 8479  # guests announce /var/lib/gpuaas/slice-ready here (drivers.guestmarker)
     readiness: Literal["lease-tcp", "none"] = "lease-tcp"
+    readiness_devices: bool = True  # the guest's GPUs and fabric ports must match the claim (devicereports)
     pci: Literal["sysfs", "fake-vfio"] = "sysfs"
     poll_interval_s: float = 10.0
     graceful_poll_s: float = 0.5

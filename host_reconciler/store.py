@@ -210,3 +210,18 @@ def write_plan(conn: psycopg.Connection[Any], plan: hostplans.HostPlan, revision
                    spec = EXCLUDED.spec, revision = EXCLUDED.revision, updated_at = now()""",
             (plan.node, plan.generation, Jsonb(spec), revision),
         )
+
+
+def read_rewipes(conn: psycopg.Connection[Any], node: str) -> list[tuple[int, int]]:
+    """This node's pending rewipe requests (`gpuaas slot rewipe`, migration 0054): (request id, slot)."""
+    with dberrors.wrapped(f"read the rewipe requests of {node}"):
+        rows = conn.execute("SELECT id, slot_index FROM slot_rewipe_requests WHERE node_name = %s"
+                            " AND state = 'pending' ORDER BY id", (node,)).fetchall()
+    return [(int(r[0]), int(r[1])) for r in rows]
+
+
+def answer_rewipe(conn: psycopg.Connection[Any], request_id: int, state: str, answer: dict[str, Any]) -> None:
+    """Answer one request (accepted | refused); RLS lets a node answer only its own."""
+    with dberrors.wrapped(f"answer rewipe request {request_id}"):
+        conn.execute("UPDATE slot_rewipe_requests SET state = %s, answered_at = now(), answer = %s"
+                     " WHERE id = %s AND state = 'pending'", (state, Jsonb(answer), request_id))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from host_reconciler import images, pinning
+from host_reconciler import devicereports, images, pinning
 from host_reconciler.drivers import addresses
 from host_reconciler.observations import DiskObs, DomainObs, DomainState, PciObs
 from schemas.errors import PermanentError
@@ -306,6 +306,8 @@ class GuestAnnounce:
 
     url: str
     body: str  # name=<vm name>&token=<hex>: form-encoded, values from a closed alphabet
+    devices_url: str = ""  # where the guest posts its device report ("": not asked)
+    devices_head: str = ""  # the report's first lines (format, name, token), written by the seed
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +316,9 @@ class ReadinessResult:
     ip: str
     port: int
     lease_s: float  # from the start of the wait until the lease was seen
-    ready_s: float  # from the start of the wait until the port accepted
+    ready_s: float  # from the start of the wait until the port accepted (and the marker, devices were heard)
+    devices_s: float | None = None  # from the start of the wait until a matching device report (None: not asked)
+    devices: dict[str, Any] | None = None  # what the guest reported (GuestDevices.as_dict)
 
 
 class ReadinessDriver(Protocol):
@@ -323,10 +327,12 @@ class ReadinessDriver(Protocol):
         ...
 
     def wait_ready(self, mac: str, ip: str, port: int, timeout_s: float, *,
-                   name: str | None = None, gateway: str | None = None) -> ReadinessResult:
+                   name: str | None = None, gateway: str | None = None,
+                   expect: devicereports.Expectation | None = None) -> ReadinessResult:
         """Block until the lease, the port (and VM `name`'s marker, heard on `gateway`) are there.
 
-        ReadinessTimeout otherwise.
+        With `expect`, also until the guest's device report matches it (a mismatch is permanent,
+        `host.readiness.device_mismatch`, with the guest's words). ReadinessTimeout otherwise.
         """
         ...
 
