@@ -42,6 +42,11 @@ ANNOUNCE_BODY = "/etc/gpuaas/slice-ready.body"
 DEVICES_URL = "/etc/gpuaas/slice-devices.url"
 DEVICES_HEAD = "/etc/gpuaas/slice-devices.head"
 DEVICES_REPORT = "/tmp/gpuaas-slice-devices"  # noqa: S108 -- the guest's own scratch file, rewritten each round
+TELEMETRY_URL = "/etc/gpuaas/slice-telemetry.url"
+TELEMETRY_HEAD = "/etc/gpuaas/slice-telemetry.head"
+TELEMETRY_REPORT = "/tmp/gpuaas-slice-telemetry"  # noqa: S108 -- as above
+TELEMETRY_QUERY = ("index,uuid,utilization.gpu,memory.used,memory.total,temperature.gpu,"
+                   "ecc.errors.corrected.volatile.total,ecc.errors.uncorrected.volatile.total")
 UNIT = "gpuaas-slice-ready.service"
 
 # Posts once the marker exists, then again every minute (a restarted host agent hears it again).
@@ -74,6 +79,13 @@ report() {{
   printf '%s\\n' "$out" | head -c 12000
   echo smi-end
 }}
+telemetry() {{  # GPU telemetry (seed 002 section 8): nvidia-smi only; without it the host reports "unavailable"
+  [ -s {TELEMETRY_URL} ] && command -v nvidia-smi >/dev/null 2>&1 || return 0
+  {{ cat {TELEMETRY_HEAD}
+     nvidia-smi --query-gpu={TELEMETRY_QUERY} --format=csv,noheader,nounits 2>/dev/null | head -n 16 | sed 's/^/gpu /'
+  }} > {TELEMETRY_REPORT}
+  post "$(cat {TELEMETRY_URL})" {TELEMETRY_REPORT}
+}}
 while :; do
   while [ ! -e "$marker" ]; do sleep 1; done
   ok=1
@@ -82,7 +94,7 @@ while :; do
     report > {DEVICES_REPORT} 2>/dev/null
     post "$(cat {DEVICES_URL})" {DEVICES_REPORT} || ok=0
   fi
-  if [ "$ok" = 1 ]; then sleep 60; else sleep 2; fi
+  if [ "$ok" = 1 ]; then telemetry; sleep 30; telemetry; sleep 30; else sleep 2; fi
 done
 """
 
@@ -135,6 +147,11 @@ def render(vm: VmSpec, *, announce: GuestAnnounce | None = None) -> dict[str, by
             *([{"path": DEVICES_URL, "permissions": "0600", "owner": "root:root", "content": announce.devices_url},
                {"path": DEVICES_HEAD, "permissions": "0600", "owner": "root:root", "content": announce.devices_head}]
               if announce.devices_url else []),
+            *([{"path": TELEMETRY_URL, "permissions": "0600", "owner": "root:root",
+                "content": announce.telemetry_url},
+               {"path": TELEMETRY_HEAD, "permissions": "0600", "owner": "root:root",
+                "content": announce.telemetry_head}]
+              if announce.telemetry_url else []),
             {"path": f"/etc/systemd/system/{UNIT}", "permissions": "0644", "owner": "root:root",
              "content": UNIT_TEXT},
         ]

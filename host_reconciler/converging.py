@@ -29,6 +29,7 @@ from typing import Any
 from host_reconciler import diff, observing, onboarding, phases, statuses
 from host_reconciler.actions import PER_SLOT_STEPS, SLOT_BLOCKING_STEPS, Action, DriftMode, Flow, Step
 from host_reconciler.context import Context, Drivers
+from host_reconciler.drivers.protocols import reservation_for
 from host_reconciler.localstate import LocalState
 from host_reconciler.observations import Failure, Observed
 from host_reconciler.settings import HostSettings
@@ -124,6 +125,7 @@ class Converger:
             pass_ms=ms,
             images=self._image_report(ctx, after),
             host=self._host_report(),
+            telemetry=self._telemetry(plan),
         )
         delays = [e.delay for e in errors if e.retry]
         return PassResult(
@@ -261,6 +263,19 @@ class Converger:
     def _host_report(self) -> HostReport:
         """Firmware evidence and bootstrap state, read each pass (a few small files)."""
         return onboarding.report(self.settings.firmware_dir, self.settings.bootstrap_dir)
+
+    def _telemetry(self, plan: HostPlan) -> dict[str, dict[str, Any]]:
+        """The guests' newest GPU samples, per allocation of the plan (one more report kind of the status)."""
+        if self.drivers.readiness is None:
+            return {}
+        vms = {vm.name: vm for vm in plan.vms if vm.bundles}
+        try:
+            expected = {name: reservation_for(vm, plan.network).ip for name, vm in vms.items()}
+            latest = self.drivers.readiness.guest_telemetry(expected)
+        except GpuaasError as e:  # telemetry never fails a pass
+            log.warning("guest telemetry unavailable: %s: %s", e.code, e.message)
+            return {}
+        return {vms[name].allocation_id: sample for name, sample in latest.items() if name in vms}
 
     def _collect_garbage(self, plan: HostPlan, observed: Observed) -> None:
         """Forget the journals of allocations that left the plan and left nothing behind."""

@@ -149,6 +149,8 @@ class HostStatus:
     pass_ms: float = 0.0
     images: ImageCacheReport = field(default_factory=ImageCacheReport)
     host: HostReport | None = None  # firmware evidence, bootstrap state, reboot need, agent version
+    # allocation -> the guest's newest GPU telemetry sample (telemetry.Sample.as_dict + received_at, unix s)
+    telemetry: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -167,6 +169,7 @@ class HostStatus:
             "pending": list(self.pending),
             "images": self.images.as_dict(),
             "host": self.host.as_dict() if self.host is not None else None,
+            "telemetry": {a: dict(t) for a, t in self.telemetry.items()},
         }
 
 
@@ -352,6 +355,7 @@ def build(
     pass_ms: float = 0.0,
     images: ImageCacheReport | None = None,
     host: HostReport | None = None,
+    telemetry: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> HostStatus:
     slot_drift: dict[int | None, list[Drift]] = {}
     for d in drift:
@@ -379,6 +383,7 @@ def build(
         pass_ms=pass_ms,
         images=images or ImageCacheReport(),
         host=host,
+        telemetry=dict(telemetry or {}),
     )
 
 

@@ -131,6 +131,21 @@ def write_status(conn: psycopg.Connection[Any], status: HostStatus) -> None:
                 "drift": Jsonb([{**d, "state": s["state"]} for d in s["drift"]]),
             })  # fmt: skip
         _write_image_cache(conn, status)
+        _write_telemetry(conn, status)
+
+
+def _write_telemetry(conn: psycopg.Connection[Any], status: HostStatus) -> None:
+    """The newest guest GPU sample per allocation (0055): one more report kind of the status."""
+    for alloc, sample in status.telemetry.items():
+        received = dt.datetime.fromtimestamp(float(sample.get("received_at") or 0), dt.UTC)
+        body = {k: v for k, v in sample.items() if k != "received_at"}
+        conn.execute(
+            """INSERT INTO allocation_telemetry (allocation_id, node_name, received_at, sample)
+               VALUES (%s, %s, %s, %s)
+               ON CONFLICT (allocation_id, node_name) DO UPDATE SET
+                   received_at = EXCLUDED.received_at, sample = EXCLUDED.sample, reported_at = now()
+               WHERE allocation_telemetry.received_at < EXCLUDED.received_at""",
+            (alloc, status.node, received, Jsonb(body)))
 
 
 def _write_image_cache(conn: psycopg.Connection[Any], status: HostStatus) -> None:

@@ -8,7 +8,7 @@ drivers' types without loading them; the real drivers and the fakes import it.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -308,6 +308,8 @@ class GuestAnnounce:
     body: str  # name=<vm name>&token=<hex>: form-encoded, values from a closed alphabet
     devices_url: str = ""  # where the guest posts its device report ("": not asked)
     devices_head: str = ""  # the report's first lines (format, name, token), written by the seed
+    telemetry_url: str = ""  # where the guest posts GPU telemetry ("": not asked)
+    telemetry_head: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,6 +336,10 @@ class ReadinessDriver(Protocol):
         With `expect`, also until the guest's device report matches it (a mismatch is permanent,
         `host.readiness.device_mismatch`, with the guest's words). ReadinessTimeout otherwise.
         """
+        ...
+
+    def guest_telemetry(self, expected: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+        """Tell the listener each VM's reserved IP (`expected`: name -> IP); return each VM's newest sample."""
         ...
 
     def close(self) -> None:

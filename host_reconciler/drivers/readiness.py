@@ -29,8 +29,9 @@ without real waits; the end-to-end test runs it against a booting guest.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from host_reconciler import devicereports
 from host_reconciler.drivers import addresses, dnsmasq, guestmarker, netns
@@ -93,6 +94,12 @@ class LeaseReadiness:
             return None
         self._announcements.forget(name)  # a new seed: only what this VM says from now on counts
         return self._announcements.announce_for(name, gateway)
+
+    def guest_telemetry(self, expected: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+        if self._announcements is None:
+            return {}
+        self._announcements.expect_all(dict(expected))
+        return self._announcements.latest_telemetry()
 
     def close(self) -> None:
         if self._announcements is not None:

@@ -22,7 +22,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from reconciler.service import capacities, reads
+from reconciler.service import capacities, reads, telemetries
 from reconciler.service.pool import Pool
 from reconciler.store import history, lifecycle
 from schemas.errors import GpuaasError
@@ -62,6 +62,7 @@ class StoreCollector(Collector):
             summary = reads.fleet_summary(conn)
             cycle = lifecycle.summary(conn)
             now = conn.execute("SELECT now()").fetchone()
+            guests = list(telemetries.families(conn))  # guest GPU telemetry, by allocation label
         runs = CounterMetricFamily("gpuaas_reconciliations", "Reconciliations recorded, by result", labels=["result"])
         for result in ("changed", "unchanged", "error", "abandoned", "running"):
             runs.add_metric([result], by_result.get(result, 0))
@@ -102,6 +103,7 @@ class StoreCollector(Collector):
         yield _gauge("gpuaas_provision_attempts_failed", "Failed provision attempts, by what followed", ["outcome"],
                      {(k,): cycle["failed_attempts"].get(k, 0) for k in ("rescheduled", "failed")})
         yield from self._capacity_families()
+        yield from guests
 
     def _capacity_families(self) -> Iterator[Metric]:
         answer = self._capacity.peek()

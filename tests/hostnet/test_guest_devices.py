@@ -100,26 +100,32 @@ def test_refused_reports_are_counted_and_never_stored(heard: guestmarker.Announc
     assert stored is not None and stored.devices.gpu_count == 2 and stored.ip == "127.0.0.1"
 
 
-def _announcer(tmp_path: Path, announce: protocols.GuestAnnounce, smi_output: str) -> subprocess.Popen[bytes]:
+def _announcer(tmp_path: Path, announce: protocols.GuestAnnounce, smi_output: str, *,
+               smi_script: str | None = None) -> subprocess.Popen[bytes]:
     """The seed's announcer under busybox sh, its paths moved into tmp_path, a stand-in nvidia-smi on PATH."""
     busybox = shutil.which("busybox")
     if busybox is None:
         pytest.skip("busybox not installed")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool in ("sh", "cat", "sleep", "wget", "head"):
+    for tool in ("sh", "cat", "sleep", "wget", "head", "sed"):
         (bin_dir / tool).symlink_to(busybox)
     (tmp_path / "smi-output").write_text(smi_output)
     smi = bin_dir / "nvidia-smi"
-    smi.write_text(f"#!{busybox} sh\n[ \"$1\" = -L ] || exit 2\ncat {tmp_path / 'smi-output'}\n")
+    smi.write_text(f"#!{busybox} sh\n" + (smi_script or f"[ \"$1\" = -L ] || exit 2\ncat {tmp_path / 'smi-output'}")
+                   + "\n")
     smi.chmod(0o755)
     paths = {protocols.GUEST_MARKER: tmp_path / "slice-ready", cloudinit.ANNOUNCE_URL: tmp_path / "url",
              cloudinit.ANNOUNCE_BODY: tmp_path / "body", cloudinit.DEVICES_URL: tmp_path / "devices-url",
-             cloudinit.DEVICES_HEAD: tmp_path / "devices-head", cloudinit.DEVICES_REPORT: tmp_path / "report"}
+             cloudinit.DEVICES_HEAD: tmp_path / "devices-head", cloudinit.DEVICES_REPORT: tmp_path / "report",
+             cloudinit.TELEMETRY_URL: tmp_path / "telemetry-url", cloudinit.TELEMETRY_HEAD: tmp_path / "telemetry-head",
+             cloudinit.TELEMETRY_REPORT: tmp_path / "telemetry"}
     paths[cloudinit.ANNOUNCE_URL].write_text(announce.url)
     paths[cloudinit.ANNOUNCE_BODY].write_text(announce.body)
     paths[cloudinit.DEVICES_URL].write_text(announce.devices_url)
     paths[cloudinit.DEVICES_HEAD].write_text(announce.devices_head)
+    paths[cloudinit.TELEMETRY_URL].write_text(announce.telemetry_url)
+    paths[cloudinit.TELEMETRY_HEAD].write_text(announce.telemetry_head)
     paths[protocols.GUEST_MARKER].write_text("")
     script = cloudinit.ANNOUNCER_SCRIPT
     for old, new in paths.items():
