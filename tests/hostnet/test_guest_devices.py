@@ -171,3 +171,20 @@ def test_no_device_report_is_a_devices_timeout(tmp_path: Path, heard: guestmarke
         gate.wait_ready(MAC, "127.0.0.1", 22, 0.5, name=NAME, gateway="127.0.0.1",
                         expect=devicereports.Expectation(1, 0))
     assert (e.value.code, e.value.stage) == ("host.readiness.devices_timeout", "devices")
+
+
+# Recorded on a real H200 guest (the issue 35 device check): `nvidia-smi -L` and the telemetry query.
+RECORDED_H200_L = "GPU 0: NVIDIA H200 (UUID: GPU-5d164a95-ebc5-1202-660e-fe927c12ae87)\n"
+RECORDED_H200_QUERY = "0, GPU-5d164a95-ebc5-1202-660e-fe927c12ae87, 0, 0, 143771, 41, 0, 0\n"
+
+
+def test_what_a_real_h200_guest_prints_parses() -> None:
+    from host_reconciler import telemetry
+
+    _, _, got = devicereports.parse(report("a" * 32, RECORDED_H200_L))
+    assert (got.gpu_count, got.uuids) == (1, ("GPU-5d164a95-ebc5-1202-660e-fe927c12ae87",))
+    assert devicereports.compare(devicereports.Expectation(1, 0), got) == []
+    body = f"gpuaas-telemetry 1\nname {NAME}\ntoken {'a' * 32}\ngpu {RECORDED_H200_QUERY}".encode()
+    gpu = telemetry.parse(body)[2].gpus[0]
+    assert (gpu.utilization_pct, gpu.memory_used_mib, gpu.memory_total_mib, gpu.temperature_c) == (0, 0, 143771, 41)
+    assert (gpu.ecc_corrected, gpu.ecc_uncorrected) == (0, 0)  # a real 0 stays 0; only [N/A] is null
