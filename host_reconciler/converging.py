@@ -126,6 +126,7 @@ class Converger:
             images=self._image_report(ctx, after),
             host=self._host_report(),
             telemetry=self._telemetry(plan),
+            guest_refused=self.drivers.readiness.refused() if self.drivers.readiness is not None else {},
         )
         delays = [e.delay for e in errors if e.retry]
         return PassResult(

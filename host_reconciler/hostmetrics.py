@@ -4,6 +4,8 @@
     gpuaas_host_reboot_required                 1 when a reboot is needed (bootstrap staged, or the OS asks)
     gpuaas_host_firmware_ready                  1 / 0 from the firmware evidence; absent without evidence
     gpuaas_host_bootstrap_state{state}          1 for the recorded bootstrap state (never_run when none)
+    gpuaas_host_guest_reports_refused{reason}   guest device reports and telemetry refused since start
+                                                (bad_token, wrong_source, oversized, malformed, telemetry.*)
 
 Kept apart from `metrics` so the pass counters and these gauges change independently.
 """
@@ -21,8 +23,14 @@ from schemas.hostreports import HostReport
 class HostReportGauges(Collector):
     def __init__(self) -> None:
         self.report: HostReport | None = None  # swapped whole after each pass
+        self.refused: dict[str, int] = {}
 
     def collect(self) -> Iterator[Metric]:
+        refused = GaugeMetricFamily("gpuaas_host_guest_reports_refused",
+                                    "guest posts refused since the agent started, by reason", labels=["reason"])
+        for reason, n in sorted(self.refused.items()):
+            refused.add_metric([reason], n)
+        yield refused
         r = self.report
         if r is None:
             return

@@ -82,6 +82,7 @@ class AgentMetrics:
                 self.wipes.labels("retry" if err.retry else "blocked").inc()
         status = result.status
         self._host.report = status.host
+        self._host.refused = dict(status.guest_refused)
         self._latest.last = (collections.Counter(str(d.code) for d in status.drift),
                              collections.Counter(str(s.state) for s in status.slots),
                              status.converged, time.time())

@@ -151,6 +151,7 @@ class HostStatus:
     host: HostReport | None = None  # firmware evidence, bootstrap state, reboot need, agent version
     # allocation -> the guest's newest GPU telemetry sample (telemetry.Sample.as_dict + received_at, unix s)
     telemetry: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    guest_refused: Mapping[str, int] = field(default_factory=dict)  # guest posts refused since start, by reason
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -170,6 +171,7 @@ class HostStatus:
             "images": self.images.as_dict(),
             "host": self.host.as_dict() if self.host is not None else None,
             "telemetry": {a: dict(t) for a, t in self.telemetry.items()},
+            "guest_reports_refused": dict(self.guest_refused),
         }
 
 
@@ -356,6 +358,7 @@ def build(
     images: ImageCacheReport | None = None,
     host: HostReport | None = None,
     telemetry: Mapping[str, Mapping[str, Any]] | None = None,
+    guest_refused: Mapping[str, int] | None = None,
 ) -> HostStatus:
     slot_drift: dict[int | None, list[Drift]] = {}
     for d in drift:
@@ -384,6 +387,7 @@ def build(
         images=images or ImageCacheReport(),
         host=host,
         telemetry=dict(telemetry or {}),
+        guest_refused=dict(guest_refused or {}),
     )
 
 

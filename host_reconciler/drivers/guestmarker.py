@@ -202,6 +202,10 @@ class Announcements:
             return {n: {"received_at": b[-1][0], "buffered": len(b), **b[-1][2].as_dict()}
                     for n, b in self._telemetry.items() if b}
 
+    def refused_counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.refused)
+
     def _refuse(self, reason: str, status: HTTPStatus) -> HTTPStatus:
         with self._lock:
             self.refused[reason] = self.refused.get(reason, 0) + 1

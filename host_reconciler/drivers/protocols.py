@@ -342,6 +342,10 @@ class ReadinessDriver(Protocol):
         """Tell the listener each VM's reserved IP (`expected`: name -> IP); return each VM's newest sample."""
         ...
 
+    def refused(self) -> dict[str, int]:
+        """Guest posts (device reports, telemetry) refused since start, by reason (never stored)."""
+        ...
+
     def close(self) -> None:
         """Stop what the gate runs (the announcement listener)."""
         ...

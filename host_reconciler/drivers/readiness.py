@@ -101,6 +101,9 @@ class LeaseReadiness:
         self._announcements.expect_all(dict(expected))
         return self._announcements.latest_telemetry()
 
+    def refused(self) -> dict[str, int]:
+        return self._announcements.refused_counts() if self._announcements is not None else {}
+
     def close(self) -> None:
         if self._announcements is not None:
             self._announcements.close()

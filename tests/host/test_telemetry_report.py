@@ -34,6 +34,9 @@ class GuestStandIn:
         self.expected = dict(expected)
         return {name: SAMPLE for name in expected} | {"gpuaas-not-in-the-plan": SAMPLE}
 
+    def refused(self) -> dict[str, int]:
+        return {"bad_token": 2}
+
     def close(self) -> None:
         pass
 
@@ -49,5 +52,6 @@ def test_the_status_carries_the_newest_sample_per_allocation(lab: Lab) -> None:
         assert guest.expected == {vm.name: "10.100.0.11"}  # its reserved address: posts from elsewhere refused
         assert r.status.telemetry == {"alloc-t": SAMPLE}  # a name outside the plan is not reported
         assert r.status.as_dict()["telemetry"]["alloc-t"]["gpus"][0]["utilization_pct"] is None
+        assert r.status.as_dict()["guest_reports_refused"] == {"bad_token": 2}
     finally:
         drivers.close()
