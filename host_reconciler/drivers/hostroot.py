@@ -22,7 +22,7 @@ from typing import Any
 
 from host_reconciler import bootstrapping as b
 from host_reconciler.drivers import tools
-from schemas.errors import PermanentError
+from schemas.errors import GpuaasError, PermanentError
 
 Runner = Callable[[Sequence[str]], tools.ToolResult]
 _PATH = ("usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "bin", "usr/lib/qemu")
@@ -35,6 +35,9 @@ _SYSCTLS = tuple(k for k, _ in b.SYSCTL_BASELINE + b.SYSCTL_TUNING)
 
 def _run(argv: Sequence[str]) -> tools.ToolResult:
     return tools.run(argv, timeout=1800.0)  # only ever given an argv built in HostRoot (literals, then "--")
+
+
+READ_TIMEOUT_S = 30.0  # a query (systemctl is-active, virsh list) must not hold --check for long
 
 
 class HostRoot:
@@ -95,7 +98,11 @@ class HostRoot:
         enabled = wants.is_dir() and any(w.is_dir() and (w / unit).is_symlink() for w in wants.glob("*.wants"))
         active: bool | None = None
         if self.live and Path("/run/systemd/system").is_dir():
-            active = self.runner(["systemctl", "is-active", "--quiet", "--", unit]).returncode == 0
+            try:
+                active = tools.run(["systemctl", "is-active", "--quiet", "--", unit],
+                                   timeout=READ_TIMEOUT_S).returncode == 0
+            except GpuaasError:
+                active = None  # cannot tell: reported as unknown, the unit link still decides
         return b.ServiceState(enabled=enabled, active=active)
 
     def _mode(self, absolute: str) -> int | None:
@@ -112,9 +119,10 @@ class HostRoot:
         if not self.live:
             return None
         try:
-            res = self.runner(["virsh", "--connect", "qemu:///system", "list", "--all", "--name"])
-        except PermanentError:
-            return None  # virsh not installed yet: nothing to judge reservations by
+            res = tools.run(["virsh", "--connect", "qemu:///system", "list", "--all", "--name"],
+                            timeout=READ_TIMEOUT_S)
+        except GpuaasError:
+            return None  # virsh not installed yet, or libvirt hangs: nothing to judge reservations by
         if res.returncode != 0:
             return None
         return frozenset(n.strip() for n in res.stdout.splitlines() if n.strip())
