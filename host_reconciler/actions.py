@@ -34,6 +34,7 @@ class Step(enum.StrEnum):
     REMOVE_RESERVATION = "remove_reservation"
     WIPE = "wipe"
     VERIFY = "verify"
+    SLOT_HEALTH = "slot_health"  # reset the slot's GPU and VF, prove them back on vfio-pci, unchanged
     REPORT_FREE = "report_free"
     # drift heals (self-heal mode only)
     START_DOMAIN = "start_domain"
@@ -63,9 +64,12 @@ RELEASE_STEPS: tuple[Step, ...] = (
     Step.REMOVE_RESERVATION,
     Step.WIPE,
     Step.VERIFY,
+    Step.SLOT_HEALTH,
     Step.REPORT_FREE,
 )
-PER_SLOT_STEPS = frozenset({Step.WIPE, Step.VERIFY, Step.REPORT_FREE})
+PER_SLOT_STEPS = frozenset({Step.WIPE, Step.VERIFY, Step.SLOT_HEALTH, Step.REPORT_FREE})
+# A permanent failure of one of these blocks that slot only (cleanup_blocked, with the evidence).
+SLOT_BLOCKING_STEPS = frozenset({Step.WIPE, Step.VERIFY, Step.SLOT_HEALTH})
 
 
 class Flow(enum.StrEnum):

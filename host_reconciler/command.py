@@ -126,6 +126,19 @@ class _Source:
 
         store.write_status(self.conn, result.status)
 
+    def answer_rewipes(self, state: Any, plan: hostplans.HostPlan) -> None:
+        """Answer this node's `gpuaas slot rewipe` requests before the pass (database mode only)."""
+        if self.conn is None:
+            return
+        from host_reconciler import rewiping, store
+
+        for request_id, slot in store.read_rewipes(self.conn, self.node):
+            outcome, answer = rewiping.answer(state, plan, slot)
+            store.answer_rewipe(self.conn, request_id, outcome, answer)
+            logging.getLogger("gpuaas.host").info(
+                "rewipe request %d for slot %d: %s", request_id, slot, outcome,
+                extra={"event": "host.rewipe", "request": request_id, "slot": slot, "outcome": outcome})
+
     def heartbeat(self) -> None:
         if self.conn is not None:
             from host_reconciler import store
@@ -213,7 +226,10 @@ def run_converge(args: argparse.Namespace) -> int:
         plan = source.plan()
         if plan is None:
             raise PermanentError(f"no host plan for {args.node}", code="host.plan.none")
-        result = converging.Converger(s, drivers).converge(plan, dry_run=args.dry_run)
+        converger = converging.Converger(s, drivers)
+        if not args.dry_run:
+            source.answer_rewipes(converger.state, plan)
+        result = converger.converge(plan, dry_run=args.dry_run)
         source.report(result)
         _print(result, args.output)
         return 0 if result.dry_run or not result.errors else 2
@@ -274,6 +290,7 @@ def _passes(args: argparse.Namespace, counted: metrics.AgentMetrics, stop: threa
                     log.info("no host plan for %s yet", args.node, extra={"event": "host.plan.none"})
                     source.heartbeat()
                 else:
+                    source.answer_rewipes(converger.state, plan)
                     result = converger.converge(plan)
                     counted.record(result)
                     source.report(result)

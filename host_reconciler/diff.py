@@ -141,6 +141,8 @@ def _release(vm: VmSpec, observed: Observed) -> list[Action]:
             add(Step.WIPE, (s,))
         if mine is None or not mine.verified:
             add(Step.VERIFY, (s,))
+        if holder == alloc and (mine is None or not mine.healthy):  # devices a VM of ours held: prove them
+            add(Step.SLOT_HEALTH, (s,))
         if holder == alloc:
             add(Step.REPORT_FREE, (s,))
     return out

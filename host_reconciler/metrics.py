@@ -71,6 +71,10 @@ class AgentMetrics:
         self.wipes = Counter("gpuaas_host_wipes", "wipe steps by result", ["result"], registry=self.registry)
         self._latest = _Latest(node)
         self.registry.register(self._latest)
+        from host_reconciler import hostmetrics  # onboarding gauges: reboot, firmware, bootstrap, version
+
+        self._host = hostmetrics.HostReportGauges()
+        self.registry.register(self._host)
 
     def record(self, result: PassResult) -> None:
         if result.dry_run:
@@ -87,6 +91,8 @@ class AgentMetrics:
             if err.step == _WIPE:
                 self.wipes.labels("retry" if err.retry else "blocked").inc()
         status = result.status
+        self._host.report = status.host
+        self._host.refused = dict(status.guest_refused)
         self._latest.last = (collections.Counter(str(d.code) for d in status.drift),
                              collections.Counter(str(s.state) for s in status.slots),
                              status.converged, time.time())

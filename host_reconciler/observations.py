@@ -100,6 +100,12 @@ class WipeRecord:
     blocked: str | None = None  # reason; the slot stays cleanup_blocked
     evidence: Mapping[str, Any] = field(default_factory=_empty)
 
+    @property
+    def healthy(self) -> bool:
+        """The slot health step passed after this wipe (its evidence, under "slot_health", says ok)."""
+        health = self.evidence.get("slot_health")
+        return isinstance(health, Mapping) and health.get("ok") is True
+
 
 @dataclass(frozen=True, slots=True)
 class GateFinding:

@@ -42,6 +42,7 @@ STEPS: dict[Step, StepFn] = {
     Step.REMOVE_RESERVATION: releasing.remove_reservation,
     Step.WIPE: releasing.wipe,
     Step.VERIFY: releasing.verify,
+    Step.SLOT_HEALTH: releasing.slot_health,
     Step.REPORT_FREE: releasing.report_free,
     Step.START_DOMAIN: healing.start_domain,
     Step.REDEFINE_DOMAIN: healing.redefine_domain,

@@ -25,7 +25,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from reconciler.service import capacities, reads
+from reconciler.service import capacities, reads, telemetries
 from reconciler.service.pool import Pool
 from reconciler.store import history, lifecycle
 from schemas.errors import GpuaasError
@@ -65,6 +65,7 @@ class StoreCollector(Collector):
             summary = reads.fleet_summary(conn)
             cycle = lifecycle.summary(conn)
             now = conn.execute("SELECT now()").fetchone()
+            guests = list(telemetries.families(conn))  # guest GPU telemetry, by allocation label
         runs = CounterMetricFamily("gpuaas_reconciliations", "Reconciliations finished, by result", labels=["result"])
         for result in ("changed", "unchanged", "error", "abandoned"):
             runs.add_metric([result], by_result.get(result, 0))
@@ -111,6 +112,7 @@ class StoreCollector(Collector):
             attempts.add_metric([outcome], cycle["failed_attempts"].get(outcome, 0))
         yield attempts
         yield from self._capacity_families()
+        yield from guests
 
     def _capacity_families(self) -> Iterator[Metric]:
         answer = self._capacity.peek()

@@ -28,7 +28,7 @@ from psycopg.rows import dict_row
 from reconciler.commands import history as history_command
 from reconciler.store import history as store_history
 from reconciler.store.connections import Connection
-from schemas import dberrors
+from schemas import dberrors, hostreports
 
 SLOT_STATES = ("available", "reserved", "provisioning", "active", "releasing", "cleanup", "blocked", "failed",
                "disabled", "ineligible", "drift")
@@ -308,7 +308,7 @@ def node(conn: Connection, name: str) -> dict[str, Any] | None:
     rows = _rows(conn, "SELECT n.name, n.region, n.pool, n.admin_state, n.capability, n.capability_reasons, n.org,"
                        " n.baremetal_sku, n.present, n.hardware_tags, n.profile_tags, n.revision,"
                        " h.healthy, h.reported_at, h.observed_generation, h.drift, h.errors, h.details,"
-                       " p.generation AS plan_generation"
+                       " h.firmware_ready, p.generation AS plan_generation"
                        " FROM nodes n LEFT JOIN host_status h ON h.node_name = n.name"
                        " LEFT JOIN host_plans p ON p.node_name = n.name WHERE n.name = %s", (name,))
     if not rows:
@@ -358,12 +358,26 @@ def node(conn: Connection, name: str) -> dict[str, Any] | None:
         "profile_tags": list(r["profile_tags"] or ()), "revision": r["revision"],
         "host": {"healthy": r["healthy"], "reported_at": iso(r["reported_at"]),
                  "observed_generation": r["observed_generation"], "plan_generation": r["plan_generation"],
-                 "drift_valid": report.valid, "errors_valid": errors_valid, "errors": errs}
+                 "drift_valid": report.valid, "errors_valid": errors_valid, "errors": errs,
+                 **_onboarding(r["details"], r["firmware_ready"])}
         if r["reported_at"] is not None else None,
         "drift": list(report.findings),
         "slots": slots,
         "allocations": allocations(conn, node=name, limit=100)["items"],
     }
+
+
+def _onboarding(details: Any, firmware_ready: bool | None) -> dict[str, Any]:
+    """The host's own report (agent version, bootstrap, reboot need, firmware evidence); nulls when none."""
+    rep = hostreports.from_dict(details.get("host") if isinstance(details, dict) else None)
+    if rep is None:
+        return {"agent_version": None, "reboot_required": None, "reboot_reasons": [], "bootstrap_state": None,
+                "bootstrap_checked_at": None,
+                "firmware": {"ready": firmware_ready, "code": None, "evidence": {}}}
+    return {"agent_version": rep.agent_version, "reboot_required": rep.reboot_required,
+            "reboot_reasons": list(rep.reboot_reasons), "bootstrap_state": rep.bootstrap_state,
+            "bootstrap_checked_at": rep.bootstrap_checked_at,
+            "firmware": {"ready": firmware_ready, "code": rep.firmware_code, "evidence": dict(rep.firmware_evidence)}}
 
 
 # ----------------------------------------------------------------- summary
