@@ -135,7 +135,7 @@ def write_status(conn: psycopg.Connection[Any], status: HostStatus) -> None:
 
 
 def _write_telemetry(conn: psycopg.Connection[Any], status: HostStatus) -> None:
-    """The newest guest GPU sample per allocation (0055): one more report kind of the status."""
+    """The newest guest GPU sample per allocation (0056): one more report kind of the status."""
     for alloc, sample in status.telemetry.items():
         received = dt.datetime.fromtimestamp(float(sample.get("received_at") or 0), dt.UTC)
         body = {k: v for k, v in sample.items() if k != "received_at"}
