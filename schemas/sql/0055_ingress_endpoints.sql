@@ -23,16 +23,6 @@
 -- full refuses the placement (endpoints_ports_exhausted), also a lost race: the
 -- planner's next candidate (another node) is tried.
 
-ALTER TABLE nodes
-    ADD COLUMN public_addresses text[] NOT NULL DEFAULT '{}',
-    ADD COLUMN ingress jsonb
-        CONSTRAINT nodes_ingress_shape CHECK (ingress IS NULL OR (jsonb_typeof(ingress) = 'object'
-            AND (ingress ->> 'port_first')::integer BETWEEN 1024 AND 65535
-            AND (ingress ->> 'port_last')::integer BETWEEN (ingress ->> 'port_first')::integer AND 65535));
-
-ALTER TABLE allocations
-    ADD COLUMN extra_ports integer[] NOT NULL DEFAULT '{}';
-
 CREATE TABLE allocation_endpoints (
     id             bigserial PRIMARY KEY,
     allocation_id  text NOT NULL REFERENCES allocations (id),
@@ -62,6 +52,10 @@ DECLARE
     want    integer[];
     got     integer[];
 BEGIN
+    IF NOT (OLD.status = 'pending' AND NEW.status = 'reserved' AND NEW.capacity_shape = 'gpu_slice'
+            AND NEW.node_id IS NOT NULL) THEN
+        RETURN NULL;
+    END IF;
     SELECT n.ingress INTO ing FROM nodes n WHERE n.id = NEW.node_id;
     IF ing IS NULL THEN
         RETURN NULL;  -- a node without ingress: its slices have no public endpoint
@@ -95,16 +89,18 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER allocations_open_endpoints AFTER UPDATE OF status ON allocations
-    FOR EACH ROW
-    WHEN (OLD.status = 'pending' AND NEW.status = 'reserved' AND NEW.capacity_shape = 'gpu_slice'
-          AND NEW.node_id IS NOT NULL)
-    EXECUTE FUNCTION gpuaas_open_endpoints();
+-- The conditions live in the function bodies, not in WHEN or UPDATE OF: a trigger definition that names
+-- a column pins its type, and older stores retype these columns (0006) after later files ran.
+CREATE TRIGGER allocations_open_endpoints AFTER UPDATE ON allocations
+    FOR EACH ROW EXECUTE FUNCTION gpuaas_open_endpoints();
 
 
 -- Cleanup proven closes them: the last live claim of the allocation on that node is released.
 CREATE FUNCTION gpuaas_free_endpoints() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
+    IF NEW.status <> 'released' OR OLD.status = 'released' THEN
+        RETURN NULL;
+    END IF;
     UPDATE allocation_endpoints e SET freed_at = now()
     WHERE e.allocation_id = NEW.allocation_id AND e.node_id = NEW.node_id AND e.freed_at IS NULL
       AND NOT EXISTS (SELECT 1 FROM allocation_resource_claims c
@@ -114,9 +110,8 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER claims_free_endpoints AFTER UPDATE OF status ON allocation_resource_claims
-    FOR EACH ROW WHEN (NEW.status = 'released' AND OLD.status IS DISTINCT FROM 'released')
-    EXECUTE FUNCTION gpuaas_free_endpoints();
+CREATE TRIGGER claims_free_endpoints AFTER UPDATE ON allocation_resource_claims
+    FOR EACH ROW EXECUTE FUNCTION gpuaas_free_endpoints();
 
 
 -- Endpoints are history (who had which port when): never deleted.
