@@ -37,8 +37,11 @@ class Endpoint:
                 "protocol": "tcp", "purpose": "ssh" if self.ssh else "extra"}
 
 
-_LIVE = ("SELECT e.allocation_id, n.name, host(e.public_address), e.public_port, e.guest_port, host(e.private_ip)"
-         " FROM allocation_endpoints e JOIN nodes n ON n.id = e.node_id WHERE e.freed_at IS NULL")
+_CURRENT = ("SELECT e.allocation_id, n.name, host(e.public_address), e.public_port, e.guest_port,"
+            " host(e.private_ip) FROM allocation_endpoints e JOIN nodes n ON n.id = e.node_id"
+            " WHERE e.freed_at IS NULL AND e.node_id = (SELECT a.node_id FROM allocations a"
+            " WHERE a.id = e.allocation_id) AND (%s::text[] IS NULL OR e.allocation_id = ANY(%s::text[]))"
+            " ORDER BY e.allocation_id, e.guest_port <> 22, e.guest_port")
 
 
 def _endpoints(rows: Iterable[tuple[object, ...]]) -> list[Endpoint]:
@@ -51,13 +54,9 @@ def current(conn: Connection, allocation_ids: Iterable[str] | None = None) -> di
     A failed attempt's endpoints on another node stay live until that node's
     cleanup is proven; they are not the tenant's way in and are left out.
     """
-    query = _LIVE + " AND e.node_id = (SELECT a.node_id FROM allocations a WHERE a.id = e.allocation_id)"
-    params: tuple[object, ...] = ()
-    if allocation_ids is not None:
-        query += " AND e.allocation_id = ANY(%s)"
-        params = (list(allocation_ids),)
+    ids = None if allocation_ids is None else list(allocation_ids)
     with dberrors.wrapped("read allocation endpoints"):
-        rows = conn.execute(query + " ORDER BY e.allocation_id, e.guest_port <> 22, e.guest_port", params).fetchall()
+        rows = conn.execute(_CURRENT, (ids, ids)).fetchall()
     out: dict[str, list[Endpoint]] = {}
     for e in _endpoints(rows):
         out.setdefault(e.allocation_id, []).append(e)
@@ -80,7 +79,8 @@ def used_ports(conn: Connection) -> dict[str, tuple[int, int]]:
     """node -> (public ports in use, ports in its ingress range), for every node declaring ingress."""
     with dberrors.wrapped("count ingress ports"):
         rows = conn.execute(
-            "SELECT n.name, (SELECT count(*) FROM allocation_endpoints e WHERE e.node_id = n.id AND e.freed_at IS NULL),"
+            "SELECT n.name,"
+            " (SELECT count(*) FROM allocation_endpoints e WHERE e.node_id = n.id AND e.freed_at IS NULL),"
             " (n.ingress ->> 'port_last')::integer - (n.ingress ->> 'port_first')::integer + 1"
             " FROM nodes n WHERE n.present AND n.ingress IS NOT NULL ORDER BY n.name").fetchall()
     return {str(n): (int(used), int(size)) for n, used, size in rows}

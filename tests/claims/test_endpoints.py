@@ -80,7 +80,8 @@ def test_a_full_range_refuses_the_node_and_the_next_candidate_takes_it(conn: Con
     assert claims.place(conn, slice_placement("alloc-0000000", "node-00000", (1,))).placed  # the 4th
     r = claims.place(conn, slice_placement("alloc-0000002", "node-00000", (2,), Candidate("node-00001", (2,))))
     assert r.placed and r.node == "node-00001"
-    assert r.attempts[0].outcome is claims.Outcome.LOST_RACE and "ingress.ports_exhausted" in (r.attempts[0].detail or "")
+    first = r.attempts[0]
+    assert first.outcome is claims.Outcome.LOST_RACE and "ingress.ports_exhausted" in (first.detail or "")
     assert ("alloc-0000002", ADDR, 20004, 22) in _live(conn)
     assert util.slot_status(conn, "node-00000", 2) == "available"  # the refused attempt left nothing
 
