@@ -203,9 +203,13 @@ class IptablesIngress:
         chain = tokens[1] if len(tokens) > 1 and tokens[0] == "-A" else ""
         if chain not in (NAT_CHAIN, FORWARD_CHAIN):
             raise IngressError(f"not a rule of our chains: {line!r}", code="host.ingress.not_ours")
-        done = netns.run(self._netns, (self._iptables, "-w", "-t", table, "-D", chain, *tokens[2:]),
-                         code=_CODE, ok=(0, 1, 2))
-        return done.returncode == 0
+        # By position, found again just now: a spec printed by `-S` does not always match back with `-D`
+        # (iptables-nft prints --ctorigdst without its /32). The host lock keeps other writers of our chains out.
+        lines = self._lines(table, chain) or []
+        if line not in lines:
+            return False
+        self._run("-t", table, "-D", chain, str(lines.index(line) + 1))
+        return True
 
 
 def _order(rule: IngressRule) -> tuple[str, str, int]:
