@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from reconciler.service import capacities, reads
 from reconciler.service.pool import Pool
-from reconciler.store import history, lifecycle
+from reconciler.store import endpoints, history, lifecycle
 from schemas.errors import GpuaasError
 
 log = logging.getLogger("gpuaas.serve")
@@ -61,6 +61,7 @@ class StoreCollector(Collector):
             health = history.health(conn)
             summary = reads.fleet_summary(conn)
             cycle = lifecycle.summary(conn)
+            ports = endpoints.used_ports(conn)
             now = conn.execute("SELECT now()").fetchone()
         runs = CounterMetricFamily("gpuaas_reconciliations", "Reconciliations recorded, by result", labels=["result"])
         for result in ("changed", "unchanged", "error", "abandoned", "running"):
@@ -101,6 +102,10 @@ class StoreCollector(Collector):
                                 value=cycle["slots_quarantined"])
         yield _gauge("gpuaas_provision_attempts_failed", "Failed provision attempts, by what followed", ["outcome"],
                      {(k,): cycle["failed_attempts"].get(k, 0) for k in ("rescheduled", "failed")})
+        yield _gauge("gpuaas_ingress_ports_used", "Public ingress ports held by live endpoints, per node", ["node"],
+                     {(n,): used for n, (used, _) in ports.items()})
+        yield _gauge("gpuaas_ingress_ports", "Public ingress ports a node declares (its range)", ["node"],
+                     {(n,): size for n, (_, size) in ports.items()})
         yield from self._capacity_families()
 
     def _capacity_families(self) -> Iterator[Metric]:
