@@ -42,11 +42,10 @@ class ConsoleOpener(Protocol):
 
 
 _events_lock = threading.Lock()
-_events_started = False
+_events_started: list[bool] = []  # one entry once the process's libvirt event loop runs
 
 
 def _ensure_event_loop(libvirt: Any) -> None:
-    global _events_started
     with _events_lock:
         if _events_started:
             return
@@ -57,7 +56,7 @@ def _ensure_event_loop(libvirt: Any) -> None:
                 libvirt.virEventRunDefaultImpl()
 
         threading.Thread(target=run, name="libvirt-events", daemon=True).start()
-        _events_started = True
+        _events_started.append(True)
 
 
 class LibvirtConsole:

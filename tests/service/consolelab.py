@@ -1,8 +1,8 @@
 """What the console tests share: credentials, an active slice allocation, a gateway under uvicorn.
 
-    client (websockets) ──ws://127.0.0.1:PORT/api/v1/allocations/{id}/console──▶ uvicorn + ConsoleGateway
-                                                                                    │ PostgreSQL: allocations, console_sessions
-                                                                                    └ libvirt (test driver, or a TCG guest)
+    client (websockets) ──ws://127.0.0.1:PORT/.../console──▶ uvicorn + ConsoleGateway
+                                                              │ PostgreSQL: allocations, console_sessions
+                                                              └ libvirt (test driver, or a TCG guest)
 """
 
 from __future__ import annotations
