@@ -33,6 +33,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -40,7 +41,7 @@ from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from reconciler.service.consoleauth import Credentials, Principal
-from reconciler.service.consolestreams import ConsoleOpener, ConsoleStream, ConsoleUnavailable
+from reconciler.service.consolestreams import ConsoleOpener, ConsoleStream, ConsoleUnavailable, LibvirtConsoles
 from reconciler.store import connections
 from schemas import dberrors
 from schemas.errors import GpuaasError
@@ -220,6 +221,17 @@ def _why_not(target: Target | None) -> str | None:
     return None
 
 
+def gateway_from(db_url: str, credentials_file: Path, libvirt_uri_template: str, *,
+                 poll_s: float = 2.0) -> ConsoleGateway:
+    """The gateway `serve` mounts: credentials from their file (mode 0600), consoles over libvirt.
+
+    `libvirt_uri_template` names each node's libvirt, `{node}` replaced by the
+    node name, e.g. `qemu+ssh://gpuaas@{node}/system` or `qemu+tls://{node}/system`.
+    """
+    return ConsoleGateway(db_url, Credentials.load(credentials_file), LibvirtConsoles(libvirt_uri_template),
+                          poll_s=poll_s)
+
+
 def routes(gateway: ConsoleGateway) -> list[WebSocketRoute]:
     return [WebSocketRoute(PATH, gateway.endpoint)]
 
@@ -234,4 +246,4 @@ def app(gateway: ConsoleGateway) -> Starlette:
     return Starlette(routes=routes(gateway))
 
 
-__all__ = ["ConsoleGateway", "ConsoleUnavailable", "app", "mount", "routes"]
+__all__ = ["ConsoleGateway", "ConsoleUnavailable", "app", "gateway_from", "mount", "routes"]
