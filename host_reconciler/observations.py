@@ -15,6 +15,7 @@ from typing import Any
 
 from host_reconciler.domains import DomainFacts
 from host_reconciler.imagecache import CacheEntry, PartialFetch
+from schemas.hostplans import IngressRule
 
 
 def _empty() -> Mapping[Any, Any]:
@@ -119,6 +120,32 @@ class GateFinding:
 
 
 @dataclass(frozen=True, slots=True)
+class IngressSeen:
+    """The host's ingress rules as read back (iptables -S of our chains), parsed.
+
+    `dnat` and `forward` hold the rules we wrote (tagged `gpuaas-ingress:<allocation>`),
+    one half each: a public endpoint works only with both. `foreign` holds every
+    other rule found in our chains, as iptables prints it; `hooked` says whether
+    PREROUTING and FORWARD still jump to our chains.
+    """
+
+    dnat: tuple[IngressRule, ...] = ()
+    forward: tuple[IngressRule, ...] = ()
+    foreign: tuple[str, ...] = ()
+    hooked: bool = True
+
+    @property
+    def complete(self) -> frozenset[IngressRule]:
+        """Endpoints that answer: both halves present, and our chains reached."""
+        return frozenset(self.dnat) & frozenset(self.forward) if self.hooked else frozenset()
+
+    @property
+    def written(self) -> frozenset[IngressRule]:
+        """Every endpoint with at least one half present."""
+        return frozenset(self.dnat) | frozenset(self.forward)
+
+
+@dataclass(frozen=True, slots=True)
 class Observed:
     domains: Mapping[str, DomainObs] = field(default_factory=_empty)  # gpuaas-* only, by name
     reservations: Mapping[str, ReservationObs] = field(default_factory=_empty)  # by VM name
@@ -134,3 +161,4 @@ class Observed:
     network: tuple[str, ...] = ()  # management network problems (bridge, NAT, port isolation)
     images: Mapping[str, CacheEntry] = field(default_factory=_empty)  # the image cache, by sha256 hex
     image_fetches: tuple[PartialFetch, ...] = ()  # downloads left unfinished (resumed by image_fetch)
+    ingress: IngressSeen | None = None  # None: no ingress driver (rules managed elsewhere, or not at all)

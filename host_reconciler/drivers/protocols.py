@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 from host_reconciler import devicereports, images, pinning
 from host_reconciler.drivers import addresses
-from host_reconciler.observations import DiskObs, DomainObs, DomainState, PciObs
+from host_reconciler.observations import DiskObs, DomainObs, DomainState, IngressSeen, PciObs
 from schemas.errors import PermanentError
-from schemas.hostplans import DiskIdentity, Network, VmSpec
+from schemas.hostplans import DiskIdentity, IngressRule, Network, VmSpec
 
 
 class DomainDriver(Protocol):
@@ -348,4 +348,26 @@ class ReadinessDriver(Protocol):
 
     def close(self) -> None:
         """Stop what the gate runs (the announcement listener)."""
+        ...
+
+
+class IngressDriver(Protocol):
+    """Public endpoints of slice VMs: a DNAT rule and a forward rule per endpoint (argv only).
+
+    Every method is idempotent; `add` and `delete` touch only the rules of the
+    endpoint they are given, `delete_foreign` only a rule `observe` listed as foreign.
+    """
+
+    def observe(self) -> IngressSeen: ...
+
+    def add(self, bridge: str, rule: IngressRule) -> bool:
+        """Both halves of `rule` present (and our chains hooked). True if anything changed."""
+        ...
+
+    def delete(self, rule: IngressRule) -> bool:
+        """Neither half of `rule` left. True if anything changed."""
+        ...
+
+    def delete_foreign(self, line: str) -> bool:
+        """Remove one rule of our chains that we did not write (a line of `observe().foreign`)."""
         ...

@@ -31,7 +31,7 @@ def register(sub: Any) -> None:
 def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
     """The whole status document (plain data), read from the database at `url`."""
     from reconciler.placement import capacity
-    from reconciler.store import connections, history, lifecycle, live, migrations, views
+    from reconciler.store import connections, endpoints, history, lifecycle, live, migrations, views
     from schemas.errors import PermanentError
 
     with connections.connect(url, autocommit=True) as conn:
@@ -46,6 +46,7 @@ def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
         cycles = lifecycle.lifecycles(conn)
         orphaned = views.orphaned(conn)
         removed = views.removed_nodes(conn)
+        reachable = endpoints.current(conn)
     try:
         model = capacity.read_model(state, observed, policy=policy)
     except ValueError as e:
@@ -66,6 +67,7 @@ def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
     doc["orphaned"] = orphaned
     for a in doc["allocations"]:
         a["orphaned"] = a["id"] in orphaned
+        a["endpoints"] = [e.as_dict() for e in reachable.get(a["id"], ())]
     add_removed(doc, removed)
     return doc
 
@@ -234,11 +236,19 @@ def _capacity_and_the_rest(doc: dict[str, Any], out: list[str]) -> str:
             line += f" profile={a['vm_profile']}"
         if a.get("orphaned"):
             line += " ORPHANED (no longer declared)"
+        if a.get("endpoints"):
+            line += "\n      " + endpoint_text(a["endpoints"])
         if a["pending"]:
             line += f"\n      {a['pending']['code']}: {a['pending']['message']}"
         line += _lifecycle_text(a.get("lifecycle"), a["status"])
         out.append(line)
     return "\n".join(out)
+
+
+def endpoint_text(found: list[dict[str, Any]]) -> str:
+    """`ssh 203.0.113.13:20000 -> 10.100.0.10:22, tcp 203.0.113.13:20001 -> 10.100.0.10:8888`."""
+    return ", ".join(f"{'ssh' if e['purpose'] == 'ssh' else 'tcp'} {e['public_address']}:{e['public_port']}"
+                     f" -> {e['private_ip']}:{e['guest_port']}" for e in found)
 
 
 def add_lifecycle(doc: dict[str, Any], node_reasons: dict[str, list[dict[str, Any]]],

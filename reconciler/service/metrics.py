@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from reconciler.service import capacities, reads, telemetries
 from reconciler.service.pool import Pool
-from reconciler.store import history, lifecycle
+from reconciler.store import endpoints, history, lifecycle
 from schemas.errors import GpuaasError
 
 log = logging.getLogger("gpuaas.serve")
@@ -64,6 +64,7 @@ class StoreCollector(Collector):
             health = history.health(conn)
             summary = reads.fleet_summary(conn)
             cycle = lifecycle.summary(conn)
+            ports = endpoints.used_ports(conn)
             now = conn.execute("SELECT now()").fetchone()
             guests = list(telemetries.families(conn))  # guest GPU telemetry, by allocation label
         runs = CounterMetricFamily("gpuaas_reconciliations", "Reconciliations finished, by result", labels=["result"])
@@ -111,6 +112,10 @@ class StoreCollector(Collector):
         for outcome in ("rescheduled", "failed"):
             attempts.add_metric([outcome], cycle["failed_attempts"].get(outcome, 0))
         yield attempts
+        yield _gauge("gpuaas_ingress_ports_used", "Public ingress ports held by live endpoints, per node", ["node"],
+                     {(n,): used for n, (used, _) in ports.items()})
+        yield _gauge("gpuaas_ingress_ports", "Public ingress ports a node declares (its range)", ["node"],
+                     {(n,): size for n, (_, size) in ports.items()})
         yield from self._capacity_families()
         yield from guests
 

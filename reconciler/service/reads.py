@@ -26,6 +26,7 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from reconciler.commands import history as history_command
+from reconciler.store import endpoints as store_endpoints
 from reconciler.store import history as store_history
 from reconciler.store.connections import Connection
 from schemas import dberrors, hostreports
@@ -197,6 +198,11 @@ def allocation(conn: Connection, allocation_id: str) -> dict[str, Any] | None:
                       "failed_at": iso(c["failed_at"])} for c in claims]
     doc["host"] = _host_view(conn, allocation_id, doc["node"])
     doc["lifecycle"] = _lifecycle(conn, allocation_id)
+    # How the tenant gets in: public address:port -> the VM's private address (SSH first), on its current node.
+    found = store_endpoints.current(conn, [allocation_id]).get(allocation_id, [])
+    doc["endpoints"] = [e.as_dict() for e in found]
+    ssh = next((e for e in found if e.ssh), None)
+    doc["ssh"] = {"address": ssh.public_address, "port": ssh.public_port} if ssh else None
     return doc
 
 

@@ -79,8 +79,8 @@ def steps(actions: list, alloc: str | None = None) -> list[str]:
 @pytest.mark.parametrize(
     ("story", "observed", "expected"),
     [
-        ("nothing there yet: every phase (no image: nothing to fetch)", Observed(),
-         [str(s) for s in PROVISION_STEPS if s is not Step.IMAGE_FETCH]),
+        ("nothing there yet: every phase (no image: nothing to fetch, no endpoint to open)", Observed(),
+         [str(s) for s in PROVISION_STEPS if s not in (Step.IMAGE_FETCH, Step.INGRESS)]),
         ("killed after the reservation: lease, seed, reservation proven",
          Observed(leases={0: "alloc-a"}, seeds={"gpuaas-alloc-a": SEED_A},
                   reservations={"gpuaas-alloc-a": RES_A}, progress={"alloc-a": done(Step.LEASE)}),
