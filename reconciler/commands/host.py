@@ -10,8 +10,9 @@ from typing import Any
 from host_reconciler import command as host_command
 from host_reconciler import discoverycommand as discovery_cli
 from reconciler import commands
+from reconciler.commands import hosttoken
 
 
 def register(sub: Any) -> None:
-    commands.register_group(sub, "host", "host-side commands: discover, converge, run",
-                            (discovery_cli, host_command))
+    commands.register_group(sub, "host", "host-side commands: discover, converge, run, token",
+                            (discovery_cli, host_command, hosttoken))
