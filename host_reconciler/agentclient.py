@@ -77,7 +77,8 @@ class Backoff:
 
     def next(self) -> float:
         self.failures += 1
-        return self._rand() * min(self.cap, self.base * 2 ** min(self.failures, 20))
+        ceiling: float = min(self.cap, self.base * 2.0 ** min(self.failures, 20))
+        return self._rand() * ceiling
 
     def reset(self) -> None:
         self.failures = 0

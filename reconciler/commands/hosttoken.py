@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {out} exists: the token is written only to a new file", code="host.token.out_exists")
     with connections.connect(db.database_url(args), autocommit=True) as conn:
         migrations.migrate(conn)
-        if args.token_action == "revoke":
+        if args.token_action == "revoke":  # noqa: S105 - an action name
             revoked = agents.revoke_token(conn, args.node)
             doc: dict[str, Any] = {"node": args.node, "revoked": revoked}
             if output.structured(args.output):
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
             else:
                 print(f"{args.node}: token revoked" if revoked else f"{args.node} had no token")
             return 0
-        token = agents.issue_token(conn, args.node, rotate=args.token_action == "rotate")
+        token = agents.issue_token(conn, args.node, rotate=args.token_action == "rotate")  # noqa: S105 - an action name
     if out is not None:
         _write_new(out, token)
     doc = {"node": args.node, "action": args.token_action, "token": None if out else token,

@@ -158,8 +158,8 @@ class AgentRoutes:
         if isinstance(node, JSONResponse):
             return node
         try:
-            after = _query_number(request, "after", int, None, 0, 2**62)
-            wait = _query_number(request, "wait", float, 0.0, 0.0, agentwire.MAX_WAIT_S)
+            after = _query_number(request, "after", int, None, lo=0, hi=2**62)
+            wait = _query_number(request, "wait", float, 0.0, lo=0.0, hi=agentwire.MAX_WAIT_S)
         except ValueError as e:
             return _agent_error(400, api.BAD_REQUEST, str(e))
         try:
@@ -175,7 +175,7 @@ class AgentRoutes:
         self.gateway.heartbeat(node)
         return JSONResponse(agentwire.HeartbeatAnswer(node=node, accepted=True).model_dump(mode="json"))
 
-    async def report(self, request: Request) -> Response:
+    async def report(self, request: Request) -> Response:  # noqa: PLR0911 - one return per outcome
         node = await self._node(request)
         if isinstance(node, JSONResponse):
             return node
@@ -205,7 +205,7 @@ class AgentRoutes:
         return JSONResponse(answer.model_dump(mode="json"))
 
 
-def _query_number(request: Request, name: str, kind: type[Any], default: Any, lo: float, hi: float) -> Any:
+def _query_number(request: Request, name: str, kind: type[Any], default: Any, *, lo: float, hi: float) -> Any:
     text = request.query_params.get(name)
     if text is None:
         return default

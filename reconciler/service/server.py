@@ -37,7 +37,7 @@ import os
 import socket
 import stat
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -318,7 +318,7 @@ def _protocol_with_header_deadline(seconds: float) -> type[Any]:
     except ImportError:  # httptools not installed: the pure-Python parser
         from uvicorn.protocols.http.h11_impl import H11Protocol as Base  # type: ignore[assignment]
 
-    class Protocol(Base):  # type: ignore[misc,valid-type]
+    class Protocol(Base):
         _head_timer: asyncio.TimerHandle | None = None
 
         def data_received(self, data: bytes) -> None:
@@ -344,8 +344,9 @@ def _protocol_with_header_deadline(seconds: float) -> type[Any]:
 
 
 class _Uvicorn(uvicorn.Server):
-    def capture_signals(self) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()  # `gpuaas serve` handles SIGTERM/SIGINT itself (schemas/signals.py)
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # `gpuaas serve` handles SIGTERM/SIGINT itself (schemas/signals.py)
 
 
 class HTTPServer:
@@ -374,7 +375,7 @@ class HTTPServer:
         shown = f"[{host}]" if ":" in host else host
         return f"http://{shown}:{port}"
 
-    def serve_forever(self, poll_interval: float = 0.5) -> None:  # noqa: ARG002 - the old server's signature
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
         try:
             asyncio.run(self._serve())
         finally:
