@@ -160,6 +160,11 @@ class Gateway:
                 if not fut.done():
                     fut.set_result(None)
 
+    def closing(self) -> None:
+        """The server is shutting down: answer every watch now, and new ones at once. Loop thread only."""
+        self._stop.set()
+        self.wake_all()
+
     async def stop(self) -> None:
         self._stop.set()
         self.wake_all()

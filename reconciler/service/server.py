@@ -392,7 +392,7 @@ class HTTPServer:
         loop = self._loop
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(self.gateway.wake_all)
+                loop.call_soon_threadsafe(self.gateway.closing)
         self._server.should_exit = True
         self._done.wait(30)
 
