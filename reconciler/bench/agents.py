@@ -77,9 +77,8 @@ class Conn:
         self.writer: asyncio.StreamWriter | None = None
 
     async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
-        if self.writer is None:
+        if self.writer is None or self.reader is None:
             self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
-        assert self.reader is not None
         head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{self.auth}Content-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\n\r\n").encode()
         try:
@@ -109,10 +108,18 @@ class Conn:
         self.reader = self.writer = None
 
 
-async def _agent(i: int, node: str, token: str, port: int, start: float, fig: Figures,
-                 commits: dict[str, float], stop: asyncio.Event) -> None:
+@dataclass
+class Shared:
+    port: int
+    fig: Figures
+    commits: dict[str, float]  # "node:generation" -> when the bench committed it (monotonic)
+    stop: asyncio.Event
+
+
+async def _agent(i: int, node: str, token: str, start: float, shared: Shared) -> None:
     await asyncio.sleep(start)
-    conn = Conn(port, token)
+    fig, commits, stop = shared.fig, shared.commits, shared.stop
+    conn = Conn(shared.port, token)
     rng = random.Random(i)  # noqa: S311 - jitter, not security
     gen: int | None = None
     failures = 0
@@ -195,12 +202,11 @@ class Serve:
 
     def start(self, port: int = 0) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(  # noqa: S603 - our own CLI, fixed arguments
+        self.proc = subprocess.Popen(
             [sys.executable, "-m", "reconciler.cli", "serve", "--listen", f"127.0.0.1:{port}", "--db-url", self.url,
              "--max-connections", "15000", "--capacity-refresh", "3600"],
             stdout=subprocess.PIPE, text=True, env=env)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
+        line = self.proc.stdout.readline() if self.proc.stdout is not None else ""
         if not line.startswith("serving on "):
             raise UsageError(f"serve did not start: {line.strip()}", code="bench.serve_failed")
         self.port = int(line.split()[2].rsplit(":", 1)[1])
@@ -215,7 +221,8 @@ class Serve:
                 self.proc.wait()
 
     def rss_mib(self) -> float:
-        assert self.proc is not None
+        if self.proc is None:
+            return 0.0
         with open(f"/proc/{self.proc.pid}/status") as f:
             for line in f:
                 if line.startswith("VmRSS:"):
@@ -223,7 +230,8 @@ class Serve:
         return 0.0
 
     def cpu_s(self) -> float:
-        assert self.proc is not None
+        if self.proc is None:
+            return 0.0
         with open(f"/proc/{self.proc.pid}/stat") as f:
             parts = f.read().rsplit(")", 1)[1].split()
         return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
@@ -243,7 +251,8 @@ async def _drive(args: argparse.Namespace, url: str, serve: Serve, agents: list[
     commits: dict[str, float] = {}
     stop = asyncio.Event()
     ramp = args.ramp or len(agents) / 500
-    tasks = [asyncio.create_task(_agent(i, node, token, serve.port, ramp * i / len(agents), fig, commits, stop))
+    shared = Shared(serve.port, fig, commits, stop)
+    tasks = [asyncio.create_task(_agent(i, node, token, ramp * i / len(agents), shared))
              for i, (node, token) in enumerate(agents)]
     rng = random.Random(1)  # noqa: S311 - which node gets a placement
     conn = connections.connect(url, autocommit=True)
@@ -260,8 +269,8 @@ async def _drive(args: argparse.Namespace, url: str, serve: Serve, agents: list[
             row = conn.execute("UPDATE host_plans SET generation = generation + 1, spec = jsonb_set(spec,"
                                " '{generation}', to_jsonb(generation + 1)) WHERE node_name = %s"
                                " RETURNING generation", (node,)).fetchone()
-            assert row is not None
-            commits[f"{node}:{row[0]}"] = time.monotonic()
+            if row is not None:
+                commits[f"{node}:{row[0]}"] = time.monotonic()
             if time.monotonic() >= next_sample:
                 n = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (dbname,)).fetchone()
                 db_max = max(db_max, float(n[0]) - 1 if n else 0.0)  # less the bench's own connection
@@ -280,13 +289,7 @@ async def _drive(args: argparse.Namespace, url: str, serve: Serve, agents: list[
         cpu = serve.cpu_s() - cpu0
         requests = fig.requests - req0
         if restart:
-            down = restart.pop("restarted_at")
-            back = [fig.last_ok.get(i, 0.0) for i in range(len(agents))]
-            missing = sum(1 for t in back if t < down)
-            restart["agents_not_reconnected"] = missing
-            restart["all_reconnected_within_s"] = None if missing else round(max(back) - down, 2)
-            row = conn.execute("SELECT count(*) FROM node_liveness WHERE liveness = 'unavailable'").fetchone()
-            restart["nodes_unavailable"] = int(row[0]) if row else None
+            _reconnection(restart, fig, len(agents), conn)
     finally:
         stop.set()
         conn.close()
@@ -300,6 +303,17 @@ async def _drive(args: argparse.Namespace, url: str, serve: Serve, agents: list[
                                                                                        3),
             "requests": requests, "duration_s": args.duration, **({"restart": restart} if restart else {}),
             "load_average": [round(x, 2) for x in os.getloadavg()]}
+
+
+def _reconnection(restart: dict[str, Any], fig: Figures, n: int, conn: Any) -> None:
+    """How long after the restart every agent had a successful request again; nodes liveness marks unavailable."""
+    down = restart.pop("restarted_at")
+    back = [fig.last_ok.get(i, 0.0) for i in range(n)]
+    missing = sum(1 for t in back if t < down)
+    restart["agents_not_reconnected"] = missing
+    restart["all_reconnected_within_s"] = None if missing else round(max(back) - down, 2)
+    row = conn.execute("SELECT count(*) FROM node_liveness WHERE liveness = 'unavailable'").fetchone()
+    restart["nodes_unavailable"] = int(row[0]) if row else None
 
 
 def run(args: argparse.Namespace) -> int:

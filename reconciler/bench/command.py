@@ -11,6 +11,7 @@ from reconciler.bench import agents, claims, gitops, plan, prplan, serve, valida
 
 
 def register(sub: Any) -> None:
-    commands.register_group(sub, "bench", "benchmarks (validate, plan, prplan, claims, gitops, discover, host, serve, agents)",
+    commands.register_group(sub, "bench",
+                            "benchmarks (validate, plan, prplan, claims, gitops, discover, host, serve, agents)",
                             (validate, discovery_bench, plan, host_bench, claims, gitops, serve, prplan,
                              agents))
