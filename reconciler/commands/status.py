@@ -45,6 +45,7 @@ def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
         node_reasons = lifecycle.health_reasons(conn)
         cycles = lifecycle.lifecycles(conn)
         orphaned = views.orphaned(conn)
+        regions = lifecycle.disruption(conn)
     try:
         model = capacity.read_model(state, observed, policy=policy)
     except ValueError as e:
@@ -60,6 +61,7 @@ def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
     }
     # Allocations holding claims whose file was deleted: only `state: released` frees them (as `plan` warns).
     doc["orphaned"] = orphaned
+    doc["disrupted_regions"] = [r for r in regions if r["disrupted"]]
     for a in doc["allocations"]:
         a["orphaned"] = a["id"] in orphaned
     return doc
@@ -132,6 +134,9 @@ def render_text(doc: dict[str, Any]) -> str:
     if doc.get("orphaned"):
         out.append("  warning: allocations holding claims are no longer declared (set `state: released` to free "
                    "them): " + ", ".join(doc["orphaned"]))
+    for r in doc.get("disrupted_regions") or ():
+        out.append(f"  region {r['region']} DISRUPTED: {r['silent']} of {r['nodes']} hosts silent at once; none is "
+                   "marked unavailable and nothing moves until they report (control plane or network outage?)")
     if rec.get("invalid_revision"):
         out.append(f"  revision {rec['invalid_revision'][:12]} is invalid (see `gpuaas history`); "
                    "the last valid revision stays in force")
