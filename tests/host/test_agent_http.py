@@ -42,9 +42,9 @@ def test_the_lab_host_converges_through_the_api_only(lab: Lab, db_url: str, tmp_
     for s in serve(db_url):
         codes: list[int] = []
         started = time.monotonic()
-        agent = threading.Thread(target=lambda: codes.append(cli.main([
-            "host", "run", "--node", lab.node, "--config", str(lab.write_config()), "--service", s.url,
-            "--credential", str(credential), "--passes", "2", "--interval", "120"])))
+        argv = ["host", "run", "--node", lab.node, "--config", str(lab.write_config()), "--service", s.url,
+                "--credential", str(credential), "--passes", "2", "--interval", "120"]
+        agent = threading.Thread(target=lambda argv=argv, codes=codes: codes.append(cli.main(argv)))
         agent.start()
         try:
             deadline = time.monotonic() + 90
