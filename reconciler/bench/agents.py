@@ -65,6 +65,7 @@ class Figures:
     errors: int = 0
     refused: int = 0  # connections refused or cut while serve restarts (retried)
     latencies: list[float] = field(default_factory=list)
+    error_statuses: dict[int, int] = field(default_factory=dict)
     last_ok: dict[int, float] = field(default_factory=dict)
 
 
@@ -154,8 +155,9 @@ async def _agent(i: int, node: str, token: str, start: float, shared: Shared) ->
                 if status != 200:
                     raise _Failed(status)
                 next_beat = time.monotonic() + WATCH_S
-        except _Failed:
+        except _Failed as e:
             fig.errors += 1
+            fig.error_statuses[e.status] = fig.error_statuses.get(e.status, 0) + 1
             failures += 1
             conn.close()
             await asyncio.sleep(rng.random() * min(30.0, 0.5 * 2 ** min(failures, 10)))
@@ -167,7 +169,9 @@ async def _agent(i: int, node: str, token: str, start: float, shared: Shared) ->
 
 
 class _Failed(Exception):
-    pass
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
 
 
 def _seed(url: str, n: int) -> list[tuple[str, str]]:
@@ -296,7 +300,8 @@ async def _drive(args: argparse.Namespace, url: str, serve: Serve, agents: list[
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    return {"agents": len(agents), "errors": fig.errors, "connection_retries": fig.refused,
+    return {"agents": len(agents), "errors": fig.errors, "error_statuses": fig.error_statuses,
+            "connection_retries": fig.refused,
             "plan_latency_p50_s": _pct(fig.latencies, 0.5), "plan_latency_p99_s": _pct(fig.latencies, 0.99),
             "placements_received": len(fig.latencies), "db_connections_max": int(db_max),
             "serve_rss_mib": round(rss_max, 1), "serve_cpu_s_per_1000_requests": round(cpu / max(1, requests) * 1000,

@@ -29,23 +29,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import psycopg
 import psycopg_pool
 from anyio import to_thread
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from reconciler.service import pool as pools
 from schemas import agentwire, dberrors, hostrows
 from schemas.errors import GpuaasError, PermanentError, TemporaryError
 
 log = logging.getLogger("gpuaas.serve.agents")
+V = TypeVar("V")
 
 PLAN_CHANNEL = "gpuaas_host_plan"
 TOKEN_CHANNEL = "gpuaas_agent_token"  # noqa: S105 - a channel name, not a secret
@@ -82,6 +85,71 @@ def revoke_token(conn: psycopg.Connection[Any], node: str) -> bool:
     with dberrors.wrapped(f"revoke the agent token of {node}"):
         return conn.execute("DELETE FROM node_agent_tokens WHERE node_name = %s RETURNING 1",
                             (node,)).fetchone() is not None
+
+
+class Batcher(Generic[V]):
+    """Keys asked for by concurrent requests, answered by one call in a worker thread (one query for many).
+
+    While one batch is in the database the next one gathers, so a single
+    request waits one round trip and ten thousand reconnecting agents cost a
+    few dozen queries, not ten thousand. A key missing from the answer gets None.
+    """
+
+    def __init__(self, fetch: Callable[[list[str]], Mapping[str, Any]], max_batch: int = 1000) -> None:
+        self._fetch = fetch
+        self._max = max_batch
+        self._pending: dict[str, list[asyncio.Future[Any]]] = {}
+        self._running = False
+
+    async def get(self, key: str) -> V:
+        fut: asyncio.Future[V] = asyncio.get_running_loop().create_future()
+        self._pending.setdefault(key, []).append(fut)
+        if not self._running:
+            self._running = True
+            asyncio.get_running_loop().create_task(self._drain())
+        return await fut
+
+    async def _drain(self) -> None:
+        try:
+            while self._pending:
+                keys = list(itertools.islice(self._pending, self._max))
+                waiting = {k: self._pending.pop(k) for k in keys}
+                try:
+                    answers = await to_thread.run_sync(self._fetch, keys)
+                except Exception as e:  # every waiter gets the error it would have had alone
+                    for futs in waiting.values():
+                        for f in futs:
+                            if not f.done():
+                                f.set_exception(e)
+                    continue
+                for k, futs in waiting.items():
+                    for f in futs:
+                        if not f.done():
+                            f.set_result(answers.get(k))
+        finally:
+            self._running = False
+
+
+class GatewayCollector:
+    """The agent API's own figures for /metrics (this process: each replica reports its own)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    def collect(self) -> Iterator[Metric]:
+        g = self.gateway
+        yield GaugeMetricFamily("gpuaas_agent_watches_waiting", "Agent plan watches waiting in this process",
+                                value=g.waiting())
+        yield GaugeMetricFamily("gpuaas_agent_notifications_listening",
+                                "1 while this process hears plan notifications (LISTEN connection up)",
+                                value=int(g.listening))
+        for name, help_text in (("heartbeats", "Agent heartbeats received"),
+                                ("heartbeat_batches", "Heartbeat batches written"),
+                                ("reports", "Agent reports received"),
+                                ("reports_stale", "Agent reports ignored as older than the stored one"),
+                                ("plan_reads", "Plan reads for agents"),
+                                ("watch_wakeups", "Watches woken by a plan notification")):
+            yield CounterMetricFamily(f"gpuaas_agent_{name}", help_text, value=g.counts[name])
 
 
 class ReportInvalid(PermanentError):
@@ -137,6 +205,8 @@ class Gateway:
         self._known: dict[str, int] = {}  # node -> newest plan generation heard or read
         self._beats: set[str] = set()
         self._tokens: dict[str, tuple[str, float]] = {}  # token sha256 -> (node, valid until, monotonic)
+        self._lookups: Batcher[str | None] = Batcher(self._lookup)
+        self._plan_reads: Batcher[PlanRead] = Batcher(self._read_plans)
         self._stop = threading.Event()
         self._listener: threading.Thread | None = None
         self._flusher: asyncio.Task[None] | None = None
@@ -189,16 +259,16 @@ class Gateway:
         now = time.monotonic()
         if hit is not None and hit[1] > now:
             return hit[0]
-        node = await to_thread.run_sync(self._lookup, digest)
+        node = await self._lookups.get(digest)
         if node is not None:
             self._tokens[digest] = (node, now + self._token_ttl_s)
         return node
 
-    def _lookup(self, digest: str) -> str | None:
-        with self._connection("authenticate an agent") as conn:
-            row = conn.execute("SELECT node_name FROM node_agent_tokens WHERE token_sha256 = %s",
-                               (digest,)).fetchone()
-        return None if row is None else str(row[0])
+    def _lookup(self, digests: list[str]) -> dict[str, str]:
+        with self._connection("authenticate agents") as conn:
+            rows = conn.execute("SELECT token_sha256, node_name FROM node_agent_tokens WHERE token_sha256 = ANY(%s)",
+                                (digests,)).fetchall()
+        return {str(r[0]): str(r[1]) for r in rows}
 
     @contextlib.contextmanager
     def _connection(self, doing: str) -> Any:
@@ -210,17 +280,29 @@ class Gateway:
 
     # ------------------------------------------------------------- plans
 
-    def _read_plan(self, node: str) -> PlanRead:
-        with self._connection(f"read the plan of {node}") as conn, conn.transaction():
-            _as_node(conn, node)
-            row = conn.execute("SELECT generation, spec FROM host_plans WHERE node_name = %s", (node,)).fetchone()
-        self.counts["plan_reads"] += 1
-        if row is None:
-            return PlanRead(0, None)
-        doc = dict(row[1])
-        doc["generation"] = int(row[0])
-        doc.setdefault("node", node)
-        return PlanRead(int(row[0]), doc)
+    def _read_plans(self, nodes: list[str]) -> dict[str, PlanRead]:
+        """Many nodes' plans in one transaction, each statement as its node (pipelined: one round trip)."""
+        with self._connection(f"read the plans of {len(nodes)} node(s)") as conn, conn.transaction():
+            conn.execute("SELECT set_config('role', 'gpuaas_agent', true)")
+            reads = []
+            with conn.pipeline():
+                for node in nodes:
+                    conn.execute("SELECT set_config('gpuaas.agent_node', %s, true)", (node,))
+                    cur = conn.cursor()
+                    cur.execute("SELECT generation, spec FROM host_plans WHERE node_name = %s", (node,))
+                    reads.append((node, cur))
+            out: dict[str, PlanRead] = {}
+            for node, cur in reads:
+                row = cur.fetchone()
+                if row is None:
+                    out[node] = PlanRead(0, None)
+                    continue
+                doc = dict(row[1])
+                doc["generation"] = int(row[0])
+                doc.setdefault("node", node)
+                out[node] = PlanRead(int(row[0]), doc)
+        self.counts["plan_reads"] += len(nodes)
+        return out
 
     async def plan(self, node: str, after: int | None, wait_s: float) -> agentwire.PlanAnswer:
         """The node's plan; with `after`, wait up to `wait_s` for a generation other than `after`."""
@@ -228,7 +310,7 @@ class Gateway:
         while True:
             known = self._known.get(node)
             if after is None or known is None or known != after:
-                read = await to_thread.run_sync(self._read_plan, node)
+                read = await self._plan_reads.get(node)
                 if self._known.get(node) == known:  # no newer notification arrived during the read
                     self._known[node] = read.generation
                 if after is None or read.generation != after:

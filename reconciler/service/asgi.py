@@ -116,7 +116,8 @@ class Deadline:
             await send(message)
 
         try:
-            await asyncio.wait_for(self.app(scope, receive, tracked), self.seconds)
+            async with asyncio.timeout(self.seconds):  # no task per request (wait_for would make one)
+                await self.app(scope, receive, tracked)
         except TimeoutError:
             if started:
                 raise  # part of a response left already: cutting the connection is all that is left
@@ -162,6 +163,8 @@ class AgentRoutes:
             wait = _query_number(request, "wait", float, 0.0, lo=0.0, hi=agentwire.MAX_WAIT_S)
         except ValueError as e:
             return _agent_error(400, api.BAD_REQUEST, str(e))
+        if after is not None:
+            self.gateway.heartbeat(node)  # an agent watching its plan is alive: its watches are heartbeats too
         try:
             answer = await self.gateway.plan(node, after, wait)
         except TemporaryError as e:

@@ -359,6 +359,7 @@ class HTTPServer:
         self.socket = sock
         self.gateway = agents.Gateway(service.url, pool_size=settings.agent_pool_size)
         service.gateway = self.gateway
+        service.registry.register(agents.GatewayCollector(self.gateway))
         app = asgi.build(service, self.gateway, allowed_hosts=settings.hosts(),
                          request_timeout_s=settings.request_timeout_s)
         config = uvicorn.Config(app, http=_protocol_with_header_deadline(settings.header_timeout_s),

@@ -113,6 +113,11 @@ def test_heartbeats_are_batched_into_reported_at(served: Served, nodes_url: str)
     while stored(nodes_url, "node-a") is None:
         assert time.monotonic() < deadline, "the heartbeat never reached host_status"
         time.sleep(0.1)
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {x.name: x.value for m in text_string_to_metric_families(served.get("/metrics")[2].decode())
+               for x in m.samples}
+    assert samples["gpuaas_agent_heartbeats_total"] == 1 and samples["gpuaas_agent_heartbeat_batches_total"] >= 1
 
 
 def test_a_watch_returns_when_the_plan_changes(served: Served, nodes_url: str) -> None:
