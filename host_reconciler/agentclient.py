@@ -36,7 +36,7 @@ from schemas.errors import PermanentError, TemporaryError, UsageError
 
 log = logging.getLogger("gpuaas.host")
 
-WATCH_CHUNK_S = 20.0  # the longest one watch request blocks (stop is noticed between chunks)
+WATCH_CHUNK_S = 15.0  # the longest one watch request blocks (stop is noticed between chunks)
 
 
 class ServiceUnreachable(TemporaryError):
@@ -168,6 +168,7 @@ class ServiceSource:
         self._fresh = False  # a watch brought a plan the next pass has not used yet
         self.queued: dict[str, dict[str, Any]] = {}  # kind -> newest report not yet accepted
         self.backoff = Backoff()
+        self.last_watch = -1e9  # when the newest watch request went out (monotonic)
 
     def plan(self) -> hostplans.HostPlan | None:
         """The plan to converge to: a fresh one from the service, or the one held when it cannot be reached."""
@@ -213,6 +214,9 @@ class ServiceSource:
         return True
 
     def heartbeat(self) -> None:
+        """A heartbeat request, unless a watch (which the service counts as one) went out within the period."""
+        if time.monotonic() - self.last_watch < WATCH_CHUNK_S:
+            return
         self._beat_client.heartbeat()
 
     def sleep(self, seconds: float, stop: threading.Event) -> None:
@@ -226,6 +230,7 @@ class ServiceSource:
                 stop.wait(min(left, self.backoff.next()))
                 continue
             try:
+                self.last_watch = time.monotonic()
                 answer = self.client.plan(after=self.generation, wait_s=min(left, WATCH_CHUNK_S))
             except ServiceUnreachable:
                 stop.wait(min(left, self.backoff.next()))

@@ -4,8 +4,10 @@ The bench makes a scratch database on the embedded (or given) PostgreSQL
 with N nodes, a plan and a token each, starts `gpuaas serve` as its own
 process, and runs N simulated agents in this process (asyncio, one HTTP/1.1
 keep-alive connection each, the real agent API): each watches its plan
-(long-poll, at most 15 s), heartbeats every 15 s (after each watch answer),
-and sends a status report when its plan changes. Agents start spread over
+(long-poll, at most 15 s; the service counts each watch as the agent's
+heartbeat, so an agent sends a heartbeat request only when it has not
+watched for 15 s; `--explicit-heartbeats` adds one every 15 s anyway), and
+sends a status report when its plan changes. Agents start spread over
 `--ramp` seconds. Meanwhile the bench commits a new plan generation for a
 random node every `--place-every` seconds and measures commit -> plan
 received by that node's agent.
@@ -53,6 +55,8 @@ def register(sub: Any) -> None:
                    help="spread agent starts over S seconds (default: agents/500)")
     p.add_argument("--place-every", type=float, default=0.2, metavar="S", help="seconds between placements")
     p.add_argument("--restart", action="store_true", help="restart serve mid-run; report the reconnection")
+    p.add_argument("--explicit-heartbeats", action="store_true",
+                   help="a heartbeat request every 15 s besides the watches (default: the watch is the heartbeat)")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     output.add_argument(p, "text")
     db.add_database_arguments(p)
@@ -115,6 +119,7 @@ class Shared:
     fig: Figures
     commits: dict[str, float]  # "node:generation" -> when the bench committed it (monotonic)
     stop: asyncio.Event
+    explicit_beats: bool = False  # a heartbeat POST every 15 s even while watches carry the heartbeat
 
 
 async def _agent(i: int, node: str, token: str, start: float, shared: Shared) -> None:
@@ -128,6 +133,8 @@ async def _agent(i: int, node: str, token: str, start: float, shared: Shared) ->
     while not stop.is_set():
         try:
             path = agentwire.plan_path(node) + ("" if gen is None else f"?after={gen}&wait={WATCH_S:g}")
+            if gen is not None and not shared.explicit_beats:
+                next_beat = time.monotonic() + WATCH_S  # the service counts a watch as a heartbeat
             status, body = await conn.request("GET", path)
             fig.requests += 1
             if status != 200:
@@ -255,7 +262,9 @@ async def _drive(args: argparse.Namespace, url: str, serve: Serve, agents: list[
     commits: dict[str, float] = {}
     stop = asyncio.Event()
     ramp = args.ramp or len(agents) / 500
-    shared = Shared(serve.port, fig, commits, stop)
+    shared = Shared(serve.port, fig, commits, stop, args.explicit_heartbeats)
+    lag: list[float] = []
+    ticker = asyncio.create_task(_loop_lag(lag, stop))
     tasks = [asyncio.create_task(_agent(i, node, token, ramp * i / len(agents), shared))
              for i, (node, token) in enumerate(agents)]
     rng = random.Random(1)  # noqa: S311 - which node gets a placement
@@ -297,17 +306,25 @@ async def _drive(args: argparse.Namespace, url: str, serve: Serve, agents: list[
     finally:
         stop.set()
         conn.close()
-        for t in tasks:
+        for t in (*tasks, ticker):
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, ticker, return_exceptions=True)
     return {"agents": len(agents), "errors": fig.errors, "error_statuses": fig.error_statuses,
             "connection_retries": fig.refused,
             "plan_latency_p50_s": _pct(fig.latencies, 0.5), "plan_latency_p99_s": _pct(fig.latencies, 0.99),
             "placements_received": len(fig.latencies), "db_connections_max": int(db_max),
             "serve_rss_mib": round(rss_max, 1), "serve_cpu_s_per_1000_requests": round(cpu / max(1, requests) * 1000,
                                                                                        3),
-            "requests": requests, "duration_s": args.duration, **({"restart": restart} if restart else {}),
+            "requests": requests, "duration_s": args.duration, "bench_loop_lag_p99_s": _pct(lag, 0.99), **({"restart": restart} if restart else {}),
             "load_average": [round(x, 2) for x in os.getloadavg()]}
+
+
+async def _loop_lag(lag: list[float], stop: asyncio.Event) -> None:
+    """How late this process's event loop runs (the agents' own delay, not the service's)."""
+    while not stop.is_set():
+        t = time.monotonic()
+        await asyncio.sleep(0.1)
+        lag.append(time.monotonic() - t - 0.1)
 
 
 def _reconnection(restart: dict[str, Any], fig: Figures, n: int, conn: Any) -> None:
