@@ -313,9 +313,10 @@ async def _drive(args: argparse.Namespace, url: str, serve: Serve, agents: list[
             "connection_retries": fig.refused,
             "plan_latency_p50_s": _pct(fig.latencies, 0.5), "plan_latency_p99_s": _pct(fig.latencies, 0.99),
             "placements_received": len(fig.latencies), "db_connections_max": int(db_max),
-            "serve_rss_mib": round(rss_max, 1), "serve_cpu_s_per_1000_requests": round(cpu / max(1, requests) * 1000,
-                                                                                       3),
-            "requests": requests, "duration_s": args.duration, "bench_loop_lag_p99_s": _pct(lag, 0.99), **({"restart": restart} if restart else {}),
+            "serve_rss_mib": round(rss_max, 1),
+            "serve_cpu_s_per_1000_requests": round(cpu / max(1, requests) * 1000, 3),
+            "requests": requests, "duration_s": args.duration, "bench_loop_lag_p99_s": _pct(lag, 0.99),
+            **({"restart": restart} if restart else {}),
             "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
