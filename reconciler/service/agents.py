@@ -250,6 +250,11 @@ class Gateway:
 
     # --------------------------------------------------------- credentials
 
+    def cached_node(self, token: str) -> str | None:
+        """The node of a token authenticated lately (None: not cached; `authenticate` decides)."""
+        hit = self._tokens.get(token_hash(token))
+        return hit[0] if hit is not None and hit[1] > time.monotonic() else None
+
     async def authenticate(self, token: str) -> str | None:
         """The node this token belongs to, or None."""
         if not token.startswith(agentwire.TOKEN_PREFIX) or len(token) > 256:

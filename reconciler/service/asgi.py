@@ -25,6 +25,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl
 
 from anyio import to_thread
 from starlette.applications import Starlette
@@ -242,6 +243,54 @@ def _read_side(service: server.Service) -> ASGIApp:
     return app
 
 
+_PLAN_PREFIX = agentwire.PREFIX + "/nodes/"
+
+
+def _fast_watch(gateway: agents.Gateway) -> Callable[[Scope, Send], Awaitable[bool]]:
+    """The steady state of ten thousand agents, without the framework: a plan read or watch by a known token.
+
+    Anything else (an unknown or uncached token, another path, a bad query, an
+    error) returns False and goes the framework's way (AgentRoutes), which
+    gives every answer and error; this path only saves the per-request cost of
+    the common case.
+    """
+
+    async def handle(scope: Scope, send: Send) -> bool:  # noqa: PLR0911 - every "not the common case" is False
+        path: str = scope.get("path", "")
+        if scope.get("method") != "GET" or not path.startswith(_PLAN_PREFIX) or not path.endswith("/plan"):
+            return False
+        node = path[len(_PLAN_PREFIX):-len("/plan")]
+        if not node or "/" in node:
+            return False
+        auth = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"")
+        if auth[:7].lower() != b"bearer ":
+            return False
+        if gateway.cached_node(auth[7:].decode("latin-1").strip()) != node:
+            return False
+        try:
+            query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), strict_parsing=False))
+            after = int(query["after"]) if "after" in query else None
+            wait = float(query.get("wait", 0.0))
+        except ValueError:
+            return False
+        if (after is not None and not 0 <= after <= 2**62) or not 0 <= wait <= agentwire.MAX_WAIT_S:
+            return False
+        if after is not None:
+            gateway.heartbeat(node)
+        try:
+            answer = await gateway.plan(node, after, wait)
+        except TemporaryError:
+            return False  # the framework's path answers 503 with the reason
+        body = answer.model_dump_json().encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"cache-control", b"no-store")]})
+        await send({"type": "http.response.body", "body": body})
+        return True
+
+    return handle
+
+
 def build(service: server.Service, gateway: agents.Gateway, *, allowed_hosts: Sequence[str],
           request_timeout_s: float) -> ASGIApp:
     routes = AgentRoutes(gateway)
@@ -261,10 +310,12 @@ def build(service: server.Service, gateway: agents.Gateway, *, allowed_hosts: Se
         Route(f"{agentwire.PREFIX}/nodes/{node}/reports/{{kind:str}}", routes.report, methods=["POST"]),
     ], lifespan=lifespan)
     read_side = _read_side(service)
+    fast = _fast_watch(gateway)
 
     async def dispatch(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan" or scope.get("path", "").startswith(agentwire.PREFIX + "/"):
-            await agent_app(scope, receive, send)
+            if not await fast(scope, send):
+                await agent_app(scope, receive, send)
         elif scope["type"] == "http":
             await read_side(scope, receive, send)
 
