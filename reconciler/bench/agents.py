@@ -133,9 +133,9 @@ async def _agent(i: int, node: str, token: str, start: float, shared: Shared) ->
     while not stop.is_set():
         try:
             path = agentwire.plan_path(node) + ("" if gen is None else f"?after={gen}&wait={WATCH_S:g}")
-            if gen is not None and not shared.explicit_beats:
-                next_beat = time.monotonic() + WATCH_S  # the service counts a watch as a heartbeat
             status, body = await conn.request("GET", path)
+            if gen is not None and not shared.explicit_beats:
+                next_beat = time.monotonic() + WATCH_S  # the service counted that watch as a heartbeat
             fig.requests += 1
             if status != 200:
                 raise _Failed(status)
