@@ -115,3 +115,21 @@ def test_drift_command_renders_the_fleet(
     assert doc["total"] == 1 and [n["node"] for n in doc["nodes"]] == ["node-a", "node-b"]
     assert cli.main(["drift", "--db-url", db_url, "--node", "node-b"]) == 0
     assert "no drift" in capsys.readouterr().out
+
+
+def test_a_report_older_than_the_stored_one_is_ignored(db_url: str, two_nodes: dict[str, store.NodeCredentials]
+                                                        ) -> None:
+    """A delayed retry of generation 1 must not overwrite generation 2's report (nor its slot rows)."""
+    import dataclasses
+
+    creds = two_nodes["node-a"]
+    newer = dataclasses.replace(status("node-a"), generation=2, observed_generation=2)
+    older = dataclasses.replace(status("node-a", wipe={"verified": True}), generation=1, observed_generation=1)
+    with store.connect(db_url, role=creds.role, password=creds.password) as conn:
+        assert store.write_status(conn, newer) is True
+        assert store.write_status(conn, older) is False
+    with store.connect(db_url) as conn:
+        assert conn.execute("SELECT observed_generation FROM host_status WHERE node_name = 'node-a'"
+                            ).fetchone() == (2,)
+        assert conn.execute("SELECT vm_state, observed_generation FROM host_slot_status WHERE node_name = 'node-a'"
+                            ).fetchall() == [("ready", 2)]
