@@ -21,7 +21,7 @@ from schemas import signals
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("serve", help="read-only JSON API, operator dashboard, /metrics, /healthz, /readyz")
+    p = sub.add_parser("serve", help="JSON API, host agents' API, operator dashboard, /metrics, /healthz, /readyz")
     p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (default 127.0.0.1:8080; port 0 picks one)")
     p.add_argument("--token-file", type=Path,
                    help="bearer token every request but /healthz must carry (mode 0600); required off loopback")
