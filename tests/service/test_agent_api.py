@@ -236,3 +236,33 @@ def test_connections_past_the_cap_get_503(nodes_url: str) -> None:
         finally:
             for sock in held:
                 sock.close()
+
+
+def test_two_replicas_need_nothing_from_each_other(nodes_url: str) -> None:
+    a = issue(nodes_url, "node-a")
+    for one in serve(nodes_url):
+        for two in serve(nodes_url):
+            with client(one, a) as http:  # the report goes to one replica ...
+                assert http.post(agentwire.report_path("node-a", "status"),
+                                 json=status_doc("node-a", 3)).json()["written"] is True
+            with client(two, a) as http:  # ... a stale retry to the other is still refused by the stored state
+                assert http.post(agentwire.report_path("node-a", "status"),
+                                 json=status_doc("node-a", 2)).json()["written"] is False
+            answers: list[agentwire.PlanAnswer] = []
+            watcher = agentclient.AgentClient(two.url, "node-a", a)
+            watch = threading.Thread(target=lambda w=watcher, out=answers: out.append(w.plan(after=1, wait_s=40)))
+            watch.start()
+            time.sleep(0.3)
+            with store.connect(nodes_url) as conn:  # the reconciler writes; replica two hears it itself
+                store.write_plan(conn, plan("node-a", 2))
+            watch.join(timeout=30)
+            watcher.close()
+            assert answers and answers[0].changed and answers[0].generation == 2
+            with psycopg.connect(nodes_url, autocommit=True) as conn:
+                agents.issue_token(conn, "node-a", rotate=True)
+            for replica in (one, two):  # both drop the old token (each heard the NOTIFY)
+                with client(replica, a) as http:
+                    deadline = time.monotonic() + 30
+                    while http.get(agentwire.plan_path("node-a")).status_code != 401:
+                        assert time.monotonic() < deadline
+                        time.sleep(0.1)
