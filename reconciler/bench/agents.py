@@ -212,9 +212,9 @@ class Serve:
         self.port = 0
 
     def start(self, port: int = 0) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "GPUAAS_DATABASE_URL": self.url}  # a URL is never an argv
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "reconciler.cli", "serve", "--listen", f"127.0.0.1:{port}", "--db-url", self.url,
+            [sys.executable, "-m", "reconciler.cli", "serve", "--listen", f"127.0.0.1:{int(port)}",
              "--max-connections", "15000", "--capacity-refresh", "3600"],
             stdout=subprocess.PIPE, text=True, env=env)
         line = self.proc.stdout.readline() if self.proc.stdout is not None else ""
