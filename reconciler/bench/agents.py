@@ -127,7 +127,7 @@ class Shared:
 
 async def _agent(i: int, node: str, token: str, start: float, shared: Shared) -> None:
     await asyncio.sleep(start)
-    fig, commits, stop = shared.fig, shared.commits, shared.stop
+    fig, stop = shared.fig, shared.stop
     conn = Conn(shared.port, token)
     rng = random.Random(i)  # noqa: S311 - jitter, not security
     gen: int | None = None
@@ -148,19 +148,7 @@ async def _agent(i: int, node: str, token: str, start: float, shared: Shared) ->
                 fig.back_at[i] = now
             failures = 0
             if doc["changed"]:
-                new = int(doc["generation"] or 0)
-                committed = commits.pop(f"{node}:{new}", None)
-                if committed is not None:
-                    fig.latencies.append(time.monotonic() - committed)
-                if gen is not None:
-                    report = {"node": node, "generation": new, "observed_generation": new, "healthy": True,
-                              "slots": [], "vms": [], "drift": [], "errors": [], "images": {"cached": []}}
-                    status, _ = await conn.request("POST", agentwire.report_path(node, "status"),
-                                                   json.dumps(report).encode())
-                    fig.requests += 1
-                    if status != 200:
-                        raise _Failed(status)
-                gen = new
+                gen = await _changed(conn, node, gen, int(doc["generation"] or 0), shared)
             if time.monotonic() >= next_beat:
                 status, _ = await conn.request("POST", agentwire.heartbeat_path(node))
                 fig.requests += 1
@@ -178,6 +166,21 @@ async def _agent(i: int, node: str, token: str, start: float, shared: Shared) ->
             failures += 1
             await asyncio.sleep(rng.random() * min(30.0, 0.5 * 2 ** min(failures, 10)))
     conn.close()
+
+
+async def _changed(conn: Conn, node: str, held: int | None, new: int, shared: Shared) -> int:
+    """A new plan arrived: its latency from the commit, and (after the first plan) a status report."""
+    committed = shared.commits.pop(f"{node}:{new}", None)
+    if committed is not None:
+        shared.fig.latencies.append(time.monotonic() - committed)
+    if held is not None:
+        report = {"node": node, "generation": new, "observed_generation": new, "healthy": True,
+                  "slots": [], "vms": [], "drift": [], "errors": [], "images": {"cached": []}}
+        status, _ = await conn.request("POST", agentwire.report_path(node, "status"), json.dumps(report).encode())
+        shared.fig.requests += 1
+        if status != 200:
+            raise _Failed(status)
+    return new
 
 
 class _Failed(Exception):
