@@ -277,11 +277,9 @@ class Gateway:
 
     @contextlib.contextmanager
     def _connection(self, doing: str) -> Any:
-        try:
-            with self._pool.connection() as conn, dberrors.wrapped(doing):
-                yield conn
-        except psycopg_pool.PoolTimeout as e:
-            raise dberrors.DatabaseUnavailable(f"{doing}: {e}") from e
+        # The pool's own errors too (a timeout, a pool closed by shutdown): 503 and a retry, never a 500.
+        with dberrors.wrapped(doing), self._pool.connection() as conn:
+            yield conn
 
     # ------------------------------------------------------------- plans
 

@@ -35,7 +35,7 @@ from starlette.routing import Route
 
 from reconciler.service import api
 from schemas import agentwire
-from schemas.errors import TemporaryError
+from schemas.errors import GpuaasError, TemporaryError
 
 if TYPE_CHECKING:
     from reconciler.service import agents, server
@@ -170,6 +170,9 @@ class AgentRoutes:
             answer = await self.gateway.plan(node, after, wait)
         except TemporaryError as e:
             return _agent_error(503, api.DB_UNAVAILABLE, e.message, (("Retry-After", "1"),))
+        except GpuaasError as e:
+            log.error("plan of %s: %s: %s", node, e.code, e.message, extra={"event": "serve.agent.failed"})
+            return _agent_error(500, e.code, e.message)
         return JSONResponse(answer.model_dump(mode="json"), headers={"Cache-Control": "no-store"})
 
     async def heartbeat(self, request: Request) -> Response:
