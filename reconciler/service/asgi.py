@@ -246,6 +246,14 @@ def _read_side(service: server.Service) -> ASGIApp:
     return app
 
 
+async def _no_route(request: Request, _exc: Exception) -> Response:
+    return _agent_error(404, api.ROUTE_NOT_FOUND, f"no such agent API path: {request.url.path[:200]}")
+
+
+async def _no_method(request: Request, _exc: Exception) -> Response:
+    return _agent_error(405, api.METHOD_NOT_ALLOWED, f"{request.method} is not allowed on {request.url.path[:200]}")
+
+
 _PLAN_PREFIX = agentwire.PREFIX + "/nodes/"
 
 
@@ -311,7 +319,7 @@ def build(service: server.Service, gateway: agents.Gateway, *, allowed_hosts: Se
         Route(f"{agentwire.PREFIX}/nodes/{node}/plan", routes.plan, methods=["GET"]),
         Route(f"{agentwire.PREFIX}/nodes/{node}/heartbeat", routes.heartbeat, methods=["POST"]),
         Route(f"{agentwire.PREFIX}/nodes/{node}/reports/{{kind:str}}", routes.report, methods=["POST"]),
-    ], lifespan=lifespan)
+    ], lifespan=lifespan, exception_handlers={404: _no_route, 405: _no_method})
     read_side = _read_side(service)
     fast = _fast_watch(gateway)
 

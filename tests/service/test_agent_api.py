@@ -85,6 +85,10 @@ def test_a_token_reads_and_writes_only_its_own_node(served: Served, nodes_url: s
         # a report for node-a that names node-b in its body is refused as well
         smuggled = http.post(agentwire.report_path("node-a", "status"), json=status_doc("node-b", 1))
         assert smuggled.status_code == 400 and smuggled.json()["error"]["code"] == agentwire.REPORT_INVALID
+        lost = http.get(agentwire.PREFIX + "/nodes/node-a/nothing-here")
+        assert lost.status_code == 404 and lost.json()["error"]["code"] == "api.route_not_found"
+        wrong = http.delete(agentwire.plan_path("node-a"))
+        assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "api.method_not_allowed"
     time.sleep(1.5)  # past a heartbeat flush
     assert stored(nodes_url, "node-b") is None  # nothing written for node-b
     for token in (None, agentwire.TOKEN_PREFIX + "not-a-real-one"):
