@@ -333,8 +333,12 @@ class Loop:
     def _reconverge(self, conn: connections.Connection, state: DesiredState, rev: str,
                     latest: str | None) -> Event | None:
         """The store is behind the revision we applied (restored, truncated, rolled back by another
-        writer): apply it again, from nothing. The caches describe rows that may no longer exist."""
+        writer): apply it again, from nothing. The caches describe rows that may no longer exist,
+        and so may the session's prepared statements (a restore re-creates every table: "cached
+        plan must not change result type"): a fresh session too."""
         t0 = time.perf_counter()
+        self.close()
+        conn = self._conn()
         with revisions.try_lock(conn, rev) as mine:
             if not mine:
                 return None
