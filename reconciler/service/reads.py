@@ -476,7 +476,7 @@ def step_errors(raw: Any) -> tuple[list[dict[str, Any]], bool]:
 def _missing(e: Any) -> list[str]:
     if not isinstance(e, dict):
         return ["an object"]
-    bad = [k for k in _STEP_ERROR_TEXT if not (isinstance(e.get(k), str) and e[k])]
+    bad = [k for k in _STEP_ERROR_TEXT if not isinstance(e.get(k), str) or (k == "code" and not e[k])]
     if "allocation_id" not in e or not (e["allocation_id"] is None or isinstance(e["allocation_id"], str)):
         bad.append("allocation_id")
     return bad
