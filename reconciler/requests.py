@@ -85,6 +85,8 @@ def render_request(
     image: str | None,
     ssh_keys: list[str],
     requested_at: dt.datetime,
+    vm_profile: str | None = None,
+    lease_hours: float | None = None,
 ) -> bytes:
     doc: dict[str, object] = {
         "apiVersion": m.API_VERSION,
@@ -98,6 +100,10 @@ def render_request(
     if image:
         doc["image"] = image
     doc["ssh_keys"] = ssh_keys
+    if vm_profile:
+        doc["vm_profile"] = vm_profile
+    if lease_hours is not None:
+        doc["lease_hours"] = lease_hours
     doc["state"] = m.AllocationState.PRESENT.value
     doc["requested_at"] = requested_at.astimezone(dt.UTC).replace(microsecond=0)
     buf = io.StringIO()
@@ -128,6 +134,8 @@ def create(
     now: dt.datetime | None = None,
     commit: bool = False,
     push: tuple[str, str] | None = None,
+    vm_profile: str | None = None,
+    lease_hours: float | None = None,
 ) -> Written:
     now = now or dt.datetime.now(dt.UTC)
     allocation_id = allocation_id or new_id(now)
@@ -143,6 +151,8 @@ def create(
         image=image,
         ssh_keys=ssh_keys or [],
         requested_at=now,
+        vm_profile=vm_profile,
+        lease_hours=lease_hours,
     )
     errors = check_repo_with(root, rel, data)
     if errors:

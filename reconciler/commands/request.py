@@ -34,6 +34,8 @@ def register(sub: Any) -> None:
     c.add_argument("--image")
     c.add_argument("--ssh-key", type=Path, action="append", default=[], help="public key file (repeatable)")
     c.add_argument("--id", dest="allocation_id")
+    c.add_argument("--vm-profile", help="a VM profile of the SKU (default: the SKU's)")
+    c.add_argument("--lease-hours", type=float, help="reserved term in hours (default: on demand, until released)")
     _git_flags(c)
     c.set_defaults(func=run_create)
 
@@ -133,6 +135,8 @@ def run_create(args: argparse.Namespace) -> int:
             image=args.image,
             ssh_keys=keys,
             allocation_id=args.allocation_id,
+            vm_profile=args.vm_profile,
+            lease_hours=args.lease_hours,
             commit=args.commit or args.push,
             push=(args.remote, args.branch) if args.push else None,
         )

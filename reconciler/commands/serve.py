@@ -45,6 +45,13 @@ def register(sub: Any) -> None:
                    help="total time for one request, slow clients cut (default 60)")
     p.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
                    help="time to send a request head once started (default 10)")
+    p.add_argument("--tenant-tokens", type=Path, metavar="FILE",
+                   help="TENANT:SHA256 lines: tokens that see and change only their tenant's allocations "
+                        "(gpuaas tenant token issue; re-read when the file changes)")
+    p.add_argument("--intake-repo", type=Path, metavar="PATH",
+                   help="desired-state checkout that POST/DELETE /api/v1/allocations commit to (as the portal bot)")
+    p.add_argument("--intake-push", metavar="REMOTE/BRANCH",
+                   help="push each intake commit here (e.g. origin/main); a refused push is redone on the new tip")
     p.add_argument("--log-format", choices=("text", "json"), help="log lines (default $GPUAAS_LOG_FORMAT or text)")
     db.add_database_arguments(p)
     p.set_defaults(func=run)
@@ -68,6 +75,18 @@ def _raise_open_files(connections: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
 
 
+def _remote_branch(text: str | None) -> tuple[str, str] | None:
+    from schemas.errors import UsageError
+
+    if text is None:
+        return None
+    remote, sep, branch = text.partition("/")
+    if not sep or not remote or not branch:
+        raise UsageError(f"--intake-push takes REMOTE/BRANCH (e.g. origin/main), not {text!r}",
+                         code="serve.intake_push_invalid")
+    return remote, branch
+
+
 def _serve(args: argparse.Namespace) -> int:
     from reconciler.service import server
 
@@ -78,7 +97,8 @@ def _serve(args: argparse.Namespace) -> int:
         head_grace_s=args.unapplied_grace, refresh_s=args.refresh,
         capacity_refresh_s=args.capacity_refresh, policy=args.policy, allowed_hosts=tuple(args.allow_host),
         max_connections=args.max_connections, request_timeout_s=args.request_timeout,
-        header_timeout_s=args.header_timeout)
+        header_timeout_s=args.header_timeout, tenant_tokens=args.tenant_tokens, intake_repo=args.intake_repo,
+        intake_push=_remote_branch(args.intake_push))
     _raise_open_files(settings.max_connections)
     import gc
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from reconciler.service import capacities, models, reads, telemetries, usages
+from reconciler.service import capacities, models, reads, telemetries, tenants, usages
 from reconciler.service.pool import Pool
 from schemas import agentwire
 from schemas.errors import GpuaasError
@@ -34,9 +34,10 @@ DB_UNAVAILABLE = "api.db_unavailable"  # PostgreSQL cannot be reached
 NO_SCHEMA = "api.no_schema"  # the database was never migrated (nothing reconciled yet)
 CAPACITY_COMPUTING = capacities.CapacityComputing.code  # first capacity model not ready yet
 INTERNAL = "api.internal"  # a bug: see the server log
+FORBIDDEN = "api.forbidden"  # a tenant token on an operator-only path
 
 CODES = (NOT_FOUND, ROUTE_NOT_FOUND, BAD_REQUEST, METHOD_NOT_ALLOWED, UNAUTHORIZED, TOKEN_INVALID, DB_UNAVAILABLE,
-         NO_SCHEMA, CAPACITY_COMPUTING, INTERNAL)
+         NO_SCHEMA, CAPACITY_COMPUTING, INTERNAL, FORBIDDEN)
 
 
 class ApiError(GpuaasError):
@@ -54,6 +55,7 @@ def error_body(code: str, message: str) -> dict[str, Any]:
 class Context:
     pool: Pool
     capacity: capacities.Cache
+    principal: tenants.Principal = tenants.OPERATOR_PRINCIPAL  # who asks: a tenant sees only its own
 
 
 Query = Mapping[str, Sequence[str]]
@@ -85,15 +87,41 @@ def _choice(query: Query, name: str, allowed: Sequence[str]) -> str | None:
     return value
 
 
+def _tenant(ctx: Context, q: Query) -> str | None:
+    """The tenant filter: a tenant principal's own, whatever the query says (another tenant's list is empty)."""
+    asked = _one(q, "tenant")
+    mine = ctx.principal.tenant
+    if mine is not None and asked is not None and asked != mine:
+        return "!none"  # no tenant has this name (not a valid name): an empty page
+    return mine if mine is not None else asked
+
+
+def _operator_only(ctx: Context, what: str) -> None:
+    if ctx.principal.tenant is not None:
+        raise ApiError(403, FORBIDDEN, f"{what} is for operators; a tenant token reads its own allocations")
+
+
+def _visible(ctx: Context, conn: Any, allocation_id: str) -> None:
+    """404 for another tenant's allocation, exactly as for one that does not exist."""
+    if ctx.principal.tenant is None:
+        return
+    row = conn.execute("SELECT tenant FROM allocations WHERE id = %s", (allocation_id,)).fetchone()
+    if row is None or row[0] != ctx.principal.tenant:
+        raise ApiError(404, NOT_FOUND, f"no allocation {allocation_id!r} in the store")
+
+
 def _allocations(ctx: Context, _m: Sequence[str], q: Query) -> Any:
     state = _choice(q, "state", reads.ALLOCATION_STATES)
+    if ctx.principal.tenant is not None and _one(q, "node") is not None:
+        _operator_only(ctx, "filtering by node")
     with ctx.pool.reading() as conn:
-        return reads.allocations(conn, tenant=_one(q, "tenant"), state=state, node=_one(q, "node"),
+        return reads.allocations(conn, tenant=_tenant(ctx, q), state=state, node=_one(q, "node"),
                                  limit=_int(q, "limit", 1000, 1, 10_000), offset=_int(q, "offset", 0, 0, 10**9))
 
 
 def _allocation(ctx: Context, m: Sequence[str], _q: Query) -> Any:
     with ctx.pool.reading() as conn:
+        _visible(ctx, conn, m[0])
         doc = reads.allocation(conn, m[0])
     if doc is None:
         raise ApiError(404, NOT_FOUND, f"no allocation {m[0]!r} in the store")
@@ -102,6 +130,7 @@ def _allocation(ctx: Context, m: Sequence[str], _q: Query) -> Any:
 
 def _telemetry(ctx: Context, m: Sequence[str], _q: Query) -> Any:
     with ctx.pool.reading() as conn:
+        _visible(ctx, conn, m[0])
         doc = telemetries.allocation(conn, m[0])
     if doc is None:
         raise ApiError(404, NOT_FOUND, f"no allocation {m[0]!r} in the store")
@@ -119,6 +148,7 @@ def _capacity(ctx: Context, _m: Sequence[str], q: Query) -> Any:
 
 
 def _nodes(ctx: Context, _m: Sequence[str], q: Query) -> Any:
+    _operator_only(ctx, "the node list")
     state = _choice(q, "state", reads.SLOT_STATES)
     with ctx.pool.reading() as conn:
         return reads.nodes(conn, region=_one(q, "region"), state=state, limit=_int(q, "limit", 1000, 1, 10_000),
@@ -126,6 +156,7 @@ def _nodes(ctx: Context, _m: Sequence[str], q: Query) -> Any:
 
 
 def _node(ctx: Context, m: Sequence[str], _q: Query) -> Any:
+    _operator_only(ctx, "a node")
     with ctx.pool.reading() as conn:
         doc = reads.node(conn, m[0])
     if doc is None:
@@ -134,11 +165,13 @@ def _node(ctx: Context, m: Sequence[str], _q: Query) -> Any:
 
 
 def _drift(ctx: Context, _m: Sequence[str], q: Query) -> Any:
+    _operator_only(ctx, "drift")
     with ctx.pool.reading() as conn:
         return reads.drift(conn, node=_one(q, "node"))
 
 
 def _history(ctx: Context, _m: Sequence[str], q: Query) -> Any:
+    _operator_only(ctx, "reconciliation history")
     with ctx.pool.reading() as conn:
         return {"items": reads.history(conn, _int(q, "limit", 20, 1, 1000))}
 
@@ -152,7 +185,7 @@ def _usage(ctx: Context, _m: Sequence[str], q: Query) -> Any:
         if (text := _one(q, "to")) is not None:
             end = usages.parse_time(text, what="to")
         with ctx.pool.reading() as conn:
-            return usages.usage(conn, start=start, end=end, tenant=_one(q, "tenant"))
+            return usages.usage(conn, start=start, end=end, tenant=_tenant(ctx, q))
     except GpuaasError as e:
         if e.code.startswith("usage."):
             raise ApiError(400, BAD_REQUEST, e.message) from e

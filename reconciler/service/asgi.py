@@ -33,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from reconciler.service import api
+from reconciler.service import api, portal
 from schemas import agentwire
 from schemas.errors import GpuaasError, TemporaryError
 
@@ -327,6 +327,8 @@ def build(service: server.Service, gateway: agents.Gateway, *, allowed_hosts: Se
         if scope["type"] == "lifespan" or scope.get("path", "").startswith(agentwire.PREFIX + "/"):
             if not await fast(scope, send):
                 await agent_app(scope, receive, send)
+        elif scope["type"] == "http" and portal.handles(scope):
+            await portal.handle(service, scope, receive, send)
         elif scope["type"] == "http":
             await read_side(scope, receive, send)
 

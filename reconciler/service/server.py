@@ -46,13 +46,12 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-
-from reconciler.service import api, asgi, capacities, dashboard, metrics, readiness
+from reconciler.service import api, asgi, capacities, dashboard, metrics, readiness, tenants
 from reconciler.service.pool import Pool
 from schemas.errors import GpuaasError, PermanentError, TemporaryError, UsageError
 
 if TYPE_CHECKING:
-    from reconciler.service import agents
+    from reconciler.service import agents, intake
 
 log = logging.getLogger("gpuaas.serve")
 
@@ -136,6 +135,9 @@ class Settings:
     request_timeout_s: float = 60.0
     header_timeout_s: float = 10.0
     agent_pool_size: int = 6
+    tenant_tokens: Path | None = None  # TENANT:SHA256 lines (tenants.py); re-read when the file changes
+    intake_repo: Path | None = None  # the desired-state checkout POST /api/v1/allocations commits to
+    intake_push: tuple[str, str] | None = None  # (remote, branch) the intake pushes to
 
     def hosts(self) -> tuple[str, ...]:
         """The Host names answered: loopback names, the listen address (unless a wildcard), --allow-host."""
@@ -177,8 +179,19 @@ class Service:
         self.ctx = api.Context(self.pool, self.capacity)
         self.dashboard = dashboard.Dashboard(self.ctx, refresh_s=settings.refresh_s)
         self.registry = metrics.registry(self.pool, self.capacity)
+        self._tenant_tokens: tuple[tuple[int, int], tenants.TenantTokens] | None = None
+        self._tenant_lock = threading.Lock()
+        if settings.tenant_tokens is not None:
+            self.tenant_tokens()  # a bad file stops the start, not the first request
+        self.intake: intake.Intake | None = None
+        if settings.intake_repo is not None:
+            from reconciler.service import intake
+
+            self.intake = intake.Intake(url, settings.intake_repo, settings.intake_push)
 
     def close(self, timeout: float = 60.0) -> None:
+        if self.intake is not None:
+            self.intake.close()
         self.pool.close()
         self.capacity.join(timeout)
 
@@ -196,6 +209,39 @@ class Service:
             return api.ApiError(401, api.TOKEN_INVALID, "the bearer token is not this server's", headers=challenge)
         return None
 
+    def tenant_tokens(self) -> tenants.TenantTokens | None:
+        """The tenant token file, re-read when its mtime or size changed (a rotation needs no restart)."""
+        path = self.settings.tenant_tokens
+        if path is None:
+            return None
+        with self._tenant_lock:
+            try:
+                st = path.stat()
+                key = (st.st_mtime_ns, st.st_size)
+            except OSError:
+                key = (-1, -1)
+            if self._tenant_tokens is None or self._tenant_tokens[0] != key:
+                self._tenant_tokens = (key, tenants.load(path))
+            return self._tenant_tokens[1]
+
+    def principal(self, headers: Mapping[str, str]) -> tenants.Principal:
+        """Who asks: the operator token (or no token on an open server) is the operator; a tenant token, its tenant.
+
+        Raises ApiError 401 for a missing or unknown token where one is needed.
+        """
+        given = headers.get("Authorization") or ""
+        scheme, _, value = given.partition(" ")
+        value = value.strip()
+        table = self.tenant_tokens()
+        if table is not None and scheme.lower() == "bearer" and value:
+            tenant = table.tenant_of(value)
+            if tenant is not None:
+                return tenants.Principal(tenant)
+        refused = self.authorized(headers)
+        if refused is not None:
+            raise refused
+        return tenants.OPERATOR_PRINCIPAL
+
     def respond(self, method: str, target: str, headers: Mapping[str, str]) -> Response:  # noqa: PLR0911 - one return per outcome
         parts = urlsplit(target)
         path = unquote(parts.path) or "/"
@@ -207,10 +253,10 @@ class Service:
                                    headers=(("Allow", "GET, HEAD"),))
             if path == "/healthz":
                 return json_response(200, {"status": "ok"})
-            refused = self.authorized(headers)
-            if refused is not None:
-                raise refused
-            return self._route(path, query)
+            who = self.principal(headers)
+            if who.tenant is not None and not path.startswith(api.PREFIX + "/"):
+                raise api.ApiError(403, api.FORBIDDEN, "the dashboard and /metrics are for operators")
+            return self._route(path, query, who)
         except api.ApiError as e:
             return self._error(e.status, e.code, e.message, html=html, headers=e.headers)
         except TemporaryError as e:
@@ -227,9 +273,11 @@ class Service:
             log.exception("request failed: %s %s", method, path)
             return self._error(500, api.INTERNAL, "internal error; see the server log", html=html)
 
-    def _route(self, path: str, query: Mapping[str, Sequence[str]]) -> Response:
+    def _route(self, path: str, query: Mapping[str, Sequence[str]],
+               who: tenants.Principal = tenants.OPERATOR_PRINCIPAL) -> Response:
         if path == api.PREFIX or path.startswith(api.PREFIX + "/"):
-            return json_response(200, api.handle(self.ctx, path, query))
+            ctx = self.ctx if who.tenant is None else api.Context(self.ctx.pool, self.ctx.capacity, who)
+            return json_response(200, api.handle(ctx, path, query))
         if path == "/readyz":
             ok, doc = self.readiness()
             return json_response(200 if ok else 503, doc)

@@ -1,0 +1,180 @@
+"""The portal's side: tenant tokens, and request intake committing to a real bare git remote.
+
+Real parts: PostgreSQL (the applied example fleet), a bare git remote and
+clones of it, `gpuaas serve` on 127.0.0.1 with real HTTP clients (httpx).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from reconciler import cli
+from reconciler.service import tenants
+from reconciler.store import connections
+from tests.service.conftest import EXAMPLE, Served, serve
+
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGkq1pXK4n0mR2o1x0dYt1cJ3Yb0vW2e9o8G1q3hZpXa portal@test"
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def remote(tmp_path: Path) -> Path:
+    """A bare remote holding examples/fleet on main."""
+    seed = tmp_path / "seed"
+    shutil.copytree(EXAMPLE, seed)
+    _git(seed, "init", "-q", "-b", "main")
+    _git(seed, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
+    _git(seed, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "fleet")
+    bare = tmp_path / "remote.git"
+    _git(tmp_path, "clone", "-q", "--bare", str(seed), str(bare))
+    return bare
+
+
+def _clone(remote: Path, where: Path) -> Path:
+    _git(where.parent, "clone", "-q", str(remote), str(where))
+    return where
+
+
+@pytest.fixture
+def tokens(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    path = tmp_path / "tenant-tokens"
+    return path, {t: tenants.issue(path, t) for t in ("globex", "initech")}
+
+
+@pytest.fixture
+def portal(fleet_url: str, remote: Path, tmp_path: Path, tokens: tuple[Path, dict[str, str]]) -> Iterator[Served]:
+    token_file = tmp_path / "operator-token"
+    token_file.write_text("operator-secret\n")
+    token_file.chmod(0o600)
+    checkout = _clone(remote, tmp_path / "intake")
+    yield from serve(fleet_url, token="operator-secret", tenant_tokens=tokens[0], intake_repo=checkout,  # noqa: S106
+                     intake_push=("origin", "main"))
+
+
+def _body(**over: Any) -> dict[str, Any]:
+    return {"tenant": "globex", "sku": "h200-sxm-slice", "region": "us-east-1", "gpu_count": 1,
+            "image": "h200-ubuntu-24.04-gpuaas-slice", "ssh_keys": [KEY], "lease_hours": 24, **over}
+
+
+def _auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+OP = _auth("operator-secret")
+
+
+def test_tenant_token_sees_only_its_tenant(portal: Served, tokens: tuple[Path, dict[str, str]]) -> None:
+    acme = _auth(tokens[1]["initech"])
+    with httpx.Client(base_url=portal.url, timeout=60) as c:
+        assert c.get("/api/v1/allocations/alloc-0002", headers=OP).json()["tenant"] == "globex"
+        other = c.get("/api/v1/allocations/alloc-0002", headers=acme)
+        absent = c.get("/api/v1/allocations/no-such-0001", headers=acme)
+        assert other.status_code == absent.status_code == 404
+        assert other.json()["error"]["code"] == "api.not_found"
+        assert c.get("/api/v1/allocations/alloc-0002/telemetry", headers=acme).status_code == 404
+        mine = c.get("/api/v1/allocations", headers=acme).json()
+        assert mine["items"] and {a["tenant"] for a in mine["items"]} == {"initech"}
+        assert c.get("/api/v1/allocations?tenant=globex", headers=acme).json()["items"] == []
+        assert c.get("/api/v1/nodes", headers=acme).json()["error"]["code"] == "api.forbidden"
+        assert c.get("/", headers=acme).status_code == 403
+        assert c.get("/api/v1/allocations", headers=_auth("wrong")).status_code == 401
+        # a tenant cannot release or request for another tenant
+        assert c.delete("/api/v1/allocations/alloc-0002", headers=acme).status_code == 404
+        r = c.post("/api/v1/allocations", headers=acme, json=_body(tenant="globex"))
+        assert r.status_code == 403 and r.json()["error"]["code"] == "intake.tenant_mismatch"
+        # revoked through the command: refused at once, no restart; the other tenant's token still works
+        assert cli.main(["tenant", "token", "revoke", "initech", "--file", str(tokens[0])]) == 0
+        assert c.get("/api/v1/allocations", headers=acme).status_code == 401
+        assert c.get("/api/v1/allocations", headers=_auth(tokens[1]["globex"])).status_code == 200
+
+
+def test_intake_commits_pushes_replays_and_releases(portal: Served, remote: Path, fleet_url: str,
+                                                    tokens: tuple[Path, dict[str, str]]) -> None:
+    globex = _auth(tokens[1]["globex"])
+    with httpx.Client(base_url=portal.url, timeout=60) as c:
+        body = _body(tenant=None, id="portal-0001")
+        r = c.post("/api/v1/allocations", headers={**globex, "Idempotency-Key": "k1"}, json=body)
+        assert r.status_code == 202, r.text
+        doc = r.json()
+        assert doc["id"] == "portal-0001" and doc["tenant"] == "globex" and doc["pushed_to"] == "origin/main"
+        assert _git(remote, "rev-parse", "main") == doc["commit"]
+        text = _git(remote, "show", "main:allocations/portal-0001.yaml")
+        assert "lease_hours: 24" in text and "tenant: globex" in text
+        again = c.post("/api/v1/allocations", headers={**globex, "Idempotency-Key": "k1"}, json=body)
+        assert again.status_code == 202 and again.json() == doc and again.headers["idempotent-replayed"] == "true"
+        assert _git(remote, "rev-parse", "main") == doc["commit"]  # no second commit
+        reused = c.post("/api/v1/allocations", headers={**globex, "Idempotency-Key": "k1"}, json=_body(gpu_count=2))
+        assert reused.status_code == 422 and reused.json()["error"]["code"] == "intake.idempotency_key_reused"
+        dup = c.post("/api/v1/allocations", headers=globex, json=body)
+        assert dup.status_code == 409 and dup.json()["error"]["code"] == "intake.exists"
+        gone = c.delete("/api/v1/allocations/portal-0001", headers=globex)
+        assert gone.status_code == 202 and gone.json()["state"] == "released"
+        assert "state: released" in _git(remote, "show", "main:allocations/portal-0001.yaml")
+    with connections.connect(fleet_url, autocommit=True) as conn:
+        rows = conn.execute("SELECT principal, action, status, code, commit_sha FROM portal_audit"
+                            " ORDER BY id").fetchall()
+    assert [(r[0], r[1], r[2]) for r in rows] == [("tenant:globex", "create", 202), ("tenant:globex", "create", 409),
+                                                  ("tenant:globex", "release", 202)]
+    assert rows[0][4] == doc["commit"] and rows[1][3] == "intake.exists"
+
+
+def test_422_carries_validates_codes_and_messages(portal: Served, remote: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    body = _body(id="portal-bad1", gpu_count=9, image="no-such-image", ssh_keys=["not a key"])
+    with httpx.Client(base_url=portal.url, timeout=60) as c:
+        r = c.post("/api/v1/allocations", headers=OP, json=body)
+    assert r.status_code == 422, r.text
+    got = [(p["code"], p["message"]) for p in r.json()["error"]["problems"]]
+    # the same file, written by hand into a checkout, as `gpuaas validate` sees it
+    from reconciler import requests
+
+    check = _clone(remote, tmp_path / "check")
+    (check / "allocations" / "portal-bad1.yaml").write_bytes(requests.render_request(
+        allocation_id="portal-bad1", tenant="globex", sku=body["sku"], gpus=9, region=body["region"],
+        image="no-such-image", ssh_keys=["not a key"], requested_at=__import__("datetime").datetime.now(
+            __import__("datetime").UTC), lease_hours=24))
+    capsys.readouterr()
+    assert cli.main(["validate", str(check), "-o", "json"]) == 1
+    want = [(p["code"], p["message"]) for p in json.loads(capsys.readouterr().out)["errors"]]
+    assert got == want and len(got) >= 2
+    assert _git(remote, "rev-list", "--count", "main") == "1"  # nothing was committed
+
+
+def test_concurrent_intakes_on_two_replicas_lose_no_commit(fleet_url: str, remote: Path, tmp_path: Path) -> None:
+    n = 20
+    with ExitStack() as stack:
+        replicas = [stack.enter_context(_serving(fleet_url, _clone(remote, tmp_path / f"replica{i}")))
+                    for i in range(2)]
+
+        def one(i: int) -> httpx.Response:
+            with httpx.Client(base_url=replicas[i % 2].url, timeout=120) as c:
+                return c.post("/api/v1/allocations", json=_body(id=f"burst-{i:04d}", tenant="hooli"),
+                              headers={"Idempotency-Key": f"burst-{i}"})
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=n) as pool:
+            answers = list(pool.map(one, range(n)))
+    assert [a.status_code for a in answers] == [202] * n, [a.text for a in answers if a.status_code != 202]
+    commits = {a.json()["commit"] for a in answers}
+    log = _git(remote, "log", "--format=%H", "main").split()
+    assert commits <= set(log) and len(log) == n + 1
+    files = _git(remote, "ls-tree", "--name-only", "main", "allocations/").split()
+    assert {f"allocations/burst-{i:04d}.yaml" for i in range(n)} <= set(files)
+
+
+def _serving(url: str, checkout: Path) -> Any:
+    from contextlib import contextmanager
+
+    return contextmanager(serve)(url, intake_repo=checkout, intake_push=("origin", "main"))
