@@ -53,6 +53,9 @@ def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
     except ValueError as e:
         raise PermanentError(str(e), code="status.policy_unknown") from e
     doc = as_dict(state.revision, model, allocations)
+    from reconciler.service import catalog
+
+    catalog.priced(doc["capacity"], state.skus)  # the portal's price per region x SKU x GPU count
     add_lifecycle(doc, node_reasons, cycles)
     doc["reconciliation"] = {
         "last_applied_revision": health.last_applied_revision, "last_applied_at": health.last_applied_at,

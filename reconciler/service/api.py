@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from reconciler.service import capacities, models, reads, telemetries, tenants, usages
+from reconciler.service import capacities, catalog, models, portalmodels, reads, telemetries, tenants, usages
 from reconciler.service.pool import Pool
 from schemas import agentwire
 from schemas.errors import GpuaasError
@@ -147,6 +147,20 @@ def _capacity(ctx: Context, _m: Sequence[str], q: Query) -> Any:
             "computed_in_s": round(answer.computed.seconds, 3), "capacity": offers}
 
 
+def _skus(ctx: Context, _m: Sequence[str], _q: Query) -> Any:
+    with ctx.pool.reading() as conn:
+        return catalog.skus(conn)
+
+
+def _images(ctx: Context, _m: Sequence[str], q: Query) -> Any:
+    sku = _one(q, "sku")
+    with ctx.pool.reading() as conn:
+        doc = catalog.images(conn, sku=sku)
+    if doc is None:
+        raise ApiError(404, NOT_FOUND, f"no SKU {sku!r} in the catalog")
+    return doc
+
+
 def _nodes(ctx: Context, _m: Sequence[str], q: Query) -> Any:
     _operator_only(ctx, "the node list")
     state = _choice(q, "state", reads.SLOT_STATES)
@@ -208,6 +222,8 @@ ROUTES: tuple[tuple[re.Pattern[str], Handler], ...] = tuple((re.compile(f"^{PREF
     (f"/allocations/{_ID}", _allocation),
     (f"/allocations/{_ID}/telemetry", _telemetry),
     ("/capacity", _capacity),
+    ("/skus", _skus),
+    ("/images", _images),
     ("/nodes", _nodes),
     (f"/nodes/{_ID}", _node),
     ("/drift", _drift),
@@ -310,6 +326,12 @@ OPENAPI: dict[str, Any] = {
         "/capacity": _get("Launchable capacity per region x SKU x GPU count (the numbers of `gpuaas status`)",
                           models.Capacity,
                           _param("region", "query", "only this region"), _param("sku", "query", "only this SKU")),
+        "/skus": _get("The SKUs on sale: display names, GPU counts, VM profiles, prices (minor units per hour)",
+                      portalmodels.SkuCatalog),
+        "/images": _get("Active images, each with the SKUs it can boot; with sku=, only that SKU's",
+                        portalmodels.ImageCatalog,
+                        _param("sku", "query", "only images this SKU can boot (404 for an unknown SKU)"),
+                        not_found=True),
         "/nodes": _get("Nodes with slots by state", models.NodePage, _param("region", "query", "only this region"),
                        _param("state", "query", "only nodes with a slot in this state",
                               {"type": "string", "enum": list(reads.SLOT_STATES)}), _LIMIT, _OFFSET),
@@ -337,3 +359,37 @@ OPENAPI: dict[str, Any] = {
             body=agentwire.StatusReport),
     },
 }
+
+
+def _write(summary: str, body: type[BaseModel] | None, *params: dict[str, Any]) -> dict[str, Any]:
+    """A portal write (POST/DELETE, served by portal.py and intake.py): 202 with the bot's commit."""
+    intake_error = {"content": {"application/json": {"schema": models.ref(portalmodels.IntakeError)}}}
+    op: dict[str, Any] = {
+        "summary": summary,
+        "parameters": [*params, _param("Idempotency-Key", "header", "the same key (per token) and body again gives "
+                                       "the first answer (header Idempotent-Replayed: true), durably; another body: "
+                                       "422 intake.idempotency_key_reused")],
+        "responses": {
+            "202": {"description": "committed (and pushed) by the portal bot; the reconciler places it next",
+                    "content": {"application/json": {"schema": models.ref(portalmodels.Accepted)}}},
+            "400": {"description": "intake.bad_request: not JSON or a field of the wrong type", **_ERROR},
+            "401": {"description": f"{UNAUTHORIZED}, {TOKEN_INVALID}", **_ERROR},
+            "403": {"description": "intake.tenant_mismatch: a tenant token naming another tenant", **_ERROR},
+            "404": {"description": f"{NOT_FOUND} (another tenant's allocation is absent too)", **_ERROR},
+            "405": {"description": f"{METHOD_NOT_ALLOWED}: serve has no --intake-repo", **_ERROR},
+            "409": {"description": "intake.exists: the id is already in the desired-state repo", **_ERROR},
+            "422": {"description": "request.invalid (problems as `gpuaas validate` prints them), "
+                                   "intake.idempotency_key_reused", **intake_error},
+            "503": {"description": "intake.git_failed (nothing left behind), intake.db_unavailable", **_ERROR},
+        },
+    }
+    if body is not None:
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": models.ref(body)}}}
+    return op
+
+
+OPENAPI["paths"]["/allocations"]["post"] = _write(
+    "Request an allocation: validated as `gpuaas validate` would, committed to the desired-state repo by the "
+    "portal bot and pushed", portalmodels.AllocationRequest)
+OPENAPI["paths"]["/allocations/{id}"]["delete"] = _write(
+    "Release an allocation: the bot commits state: released", None, _param("id", "path", "allocation id"))

@@ -73,6 +73,9 @@ def status_document(conn: Connection, *, policy: str | None = None) -> dict[str,
     except ValueError as e:
         raise PermanentError(str(e), code="status.policy_unknown") from e
     doc = status_command.as_dict(state.revision, model, allocations)
+    from reconciler.service import catalog
+
+    catalog.priced(doc["capacity"], state.skus)
     doc["reconciliation"] = {
         "last_applied_revision": health.last_applied_revision, "last_applied_at": health.last_applied_at,
         "failing": {"since": health.failing_since, "failures": health.failures,

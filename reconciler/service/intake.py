@@ -34,12 +34,13 @@ from typing import Any
 import git
 import psycopg
 from psycopg.types.json import Jsonb
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from desired import loading
 from reconciler import requests
 from reconciler.service import tenants
 from reconciler.service.pool import session_kwargs
+from reconciler.service.portalmodels import Accepted, AllocationRequest
 from schemas.errors import PermanentError
 
 log = logging.getLogger("gpuaas.serve.intake")
@@ -56,39 +57,6 @@ GIT_FAILED = "intake.git_failed"  # commit or push failed after retries (nothing
 DB_FAILED = "intake.db_unavailable"  # the idempotency / audit store cannot be reached: nothing was written
 TENANT_MISMATCH = "intake.tenant_mismatch"  # a tenant token asking for another tenant
 CODES = (BAD_BODY, INVALID, EXISTS, KEY_REUSED, GIT_FAILED, DB_FAILED, TENANT_MISMATCH)
-
-
-class AllocationRequest(BaseModel):
-    """What the portal sends; ranges and names are checked by `gpuaas validate`'s rules, not here."""
-
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
-        "tenant": "acme", "sku": "h200-sxm", "region": "us-east-1", "gpu_count": 2, "image": "ubuntu-2204-cuda",
-        "vm_profile": None, "ssh_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIK0example alice@laptop"],
-        "lease_hours": 72}]})
-
-    id: str | None = Field(default=None, description="allocation id (default: req-YYYYMMDD-<random>)")
-    tenant: str | None = Field(default=None, description="the tenant (a tenant token: its own, may be omitted)")
-    sku: str
-    region: str
-    gpu_count: int
-    image: str | None = None
-    vm_profile: str | None = None
-    ssh_keys: list[str] = Field(default_factory=list)
-    lease_hours: float | None = None
-
-
-class Accepted(BaseModel):
-    model_config = ConfigDict(json_schema_extra={"examples": [{
-        "id": "req-20261127-1a2b3c4d", "tenant": "acme", "state": "present",
-        "commit": "5f0c2e1d9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d", "pushed_to": "origin/main",
-        "location": "/api/v1/allocations/req-20261127-1a2b3c4d"}]})
-
-    id: str
-    tenant: str
-    state: str = Field(description="the desired state committed: present, or released")
-    commit: str
-    pushed_to: str | None
-    location: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
 
+from reconciler.service import portalmodels
 from schemas import agentwire
 
 REF = "#/components/schemas/{model}"
@@ -345,11 +346,18 @@ class Reason(_Doc):
     message: str
 
 
+class OfferPrice(_Doc):
+    currency: str
+    gpu_hourly_minor: int = Field(description="price of one GPU-hour in the currency's minor unit (cents)")
+
+
 class CapacitySize(_Doc):
     gpu_count: int
     launchable: int
     stranded_gpus: int
     limit: Reason | None = Field(description="why no more of this size can be launched (None: not limited)")
+    hourly_price_minor: int | None = Field(default=None, description="price per hour of one allocation of this "
+                                           "size, in the currency's minor unit (gpu_count x the SKU's GPU-hour price)")
 
 
 class CapacityOffer(_Doc):
@@ -364,6 +372,7 @@ class CapacityOffer(_Doc):
     not_launchable: dict[str, Any]
     sizes: list[CapacitySize]
     dedicated: dict[str, Any]
+    price: OfferPrice | None = None
 
 
 class Capacity(_Doc):
@@ -386,7 +395,8 @@ class OpenApiDocument(BaseModel):
 MODELS: tuple[type[BaseModel], ...] = (
     Error, Allocation, AllocationPage, NodePage, Node, Drift, History, Usage, Capacity, Index, OpenApiDocument,
     Telemetry,
-    agentwire.PlanAnswer, agentwire.ReportAnswer, agentwire.HeartbeatAnswer, agentwire.StatusReport)
+    agentwire.PlanAnswer, agentwire.ReportAnswer, agentwire.HeartbeatAnswer, agentwire.StatusReport,
+    *portalmodels.MODELS)
 
 
 def components() -> dict[str, Any]:

@@ -178,3 +178,22 @@ def _serving(url: str, checkout: Path) -> Any:
     from contextlib import contextmanager
 
     return contextmanager(serve)(url, intake_repo=checkout, intake_push=("origin", "main"))
+
+
+def test_catalog_prices_and_images(served: Served) -> None:
+    with httpx.Client(base_url=served.url, timeout=60) as c:
+        skus = {s["sku"]: s for s in c.get("/api/v1/skus").json()["items"]}
+        slice_ = skus["h200-sxm-slice"]
+        price = slice_["price"]["gpu_hourly_minor"]
+        assert price > 0 and slice_["gpu_counts"]
+        assert slice_["price"]["hourly_minor_by_gpu_count"] == {str(n): n * price for n in slice_["gpu_counts"]}
+        metal = skus["h200-sxm-baremetal-8g"]
+        metal_images = {i["slug"] for i in c.get("/api/v1/images?sku=h200-sxm-baremetal-8g").json()["items"]}
+        slice_images = {i["slug"] for i in c.get("/api/v1/images?sku=h200-sxm-slice").json()["items"]}
+        assert slice_["default_image"] in slice_images and metal["default_image"] in metal_images
+        assert not metal_images & slice_images  # a slice image never offered for bare metal
+        assert c.get("/api/v1/images?sku=nope").status_code == 404
+        for offer in c.get("/api/v1/capacity").json()["capacity"]:
+            unit = skus[offer["sku"]]["price"]["gpu_hourly_minor"]
+            assert offer["price"]["gpu_hourly_minor"] == unit
+            assert all(s["hourly_price_minor"] == s["gpu_count"] * unit for s in offer["sizes"])
