@@ -216,6 +216,14 @@ class PlacementSettings(_Model):
                     "GPUs (the unit of the fragmentation score), when a lease with a known end "
                     "(Allocation.lease_hours) would outlast every lease already on the host. 0 keeps lease ends "
                     "as a tie-break only.")
+    pending_deadline_seconds: int = Field(
+        default=86_400, ge=0, le=90 * 86_400,
+        description="How long a request may stay pending (unplaceable) before it ends failed with code "
+                    "sku_unavailable and its pending reason, counted from when the store first saw it (its "
+                    "requested_at if later). 0: never. Default 86400 (24 h).")
+    pending_deadline_by_sku: dict[Name, Annotated[int, Field(ge=0, le=90 * 86_400)]] = Field(
+        default_factory=dict,
+        description="Per SKU, overrides pending_deadline_seconds (e.g. 0 for a SKU sold as wait-listed).")
 
 
 class IngressSettings(_Model):

@@ -22,6 +22,7 @@ from reconciler.plans import Observed, Plan
 from reconciler.store import (
     claims,
     cleanup,
+    deadlines,
     history,
     hostplans,
     inventory,
@@ -61,12 +62,13 @@ class ReconcileResult:
     applied: claims.ApplyResult
     host_plans: tuple[hostplans.Written, ...]
     rescheduled: tuple[lifecycle.Rescheduled, ...] = ()
+    expired: tuple[deadlines.Expired, ...] = ()  # pending past the deadline: failed, sku_unavailable
 
     @property
     def changed(self) -> bool:
         return (self.sync.changed or self.absorbed.changed or self.applied.changed
                 or any(w.changed for w in self.host_plans)
-                or any(r.outcome in ("rescheduled", "failed") for r in self.rescheduled))
+                or any(r.outcome in ("rescheduled", "failed") for r in self.rescheduled) or bool(self.expired))
 
     def counts(self) -> dict[str, int]:
         a = self.applied
@@ -83,6 +85,7 @@ class ReconcileResult:
             "host_plans_written": sum(1 for w in self.host_plans if w.changed),
             "rescheduled": sum(1 for r in self.rescheduled if r.outcome == "rescheduled"),
             "provision_failed": sum(1 for r in self.rescheduled if r.outcome == "failed"),
+            "deadline_failed": len(self.expired),
         }
 
 
@@ -125,6 +128,7 @@ def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = Non
         plan = planner(state, live.observe(conn))
         applied = claims.apply(conn, plan, revision=synced.revision, max_attempts=max_attempts(state),
                                  fault=fault)
+        expired = deadlines.expire(conn, state)
         touched: list[str] | None = None  # None: every node's plan is rebuilt (a fleet-wide change)
         # The fleet settings and the catalog's image pins are in every host plan.
         if not any(c.kind == "fleet" for c in synced.changes) and hostplans.pinned_images(conn) == pins:
@@ -137,7 +141,7 @@ def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = Non
     except Exception as e:  # a bug: still leave a finished history row behind, then surface it
         history.finish(conn, run_id, result="error", problems=[{"code": "gpuaas.bug", "message": repr(e)}])
         raise
-    result = ReconcileResult(run_id, synced.revision, synced, absorbed, plan, applied, written, moved)
+    result = ReconcileResult(run_id, synced.revision, synced, absorbed, plan, applied, written, moved, expired)
     history.finish(conn, run_id, result="changed" if result.changed else "unchanged", counts=result.counts())
     return result
 
@@ -187,4 +191,6 @@ def summary(result: ReconcileResult) -> dict[str, Any]:
         "rescheduled": [{"allocation_id": r.allocation_id, "outcome": r.outcome, "node": r.node,
                          "attempt": r.attempt, "code": r.code} for r in result.rescheduled
                         if r.outcome in ("rescheduled", "failed")],
+        "expired": [{"allocation_id": e.allocation_id, "code": "sku_unavailable", "deadline_s": e.deadline_s,
+                     "pending_code": e.pending_code} for e in result.expired],
     }
