@@ -393,3 +393,17 @@ OPENAPI["paths"]["/allocations"]["post"] = _write(
     "portal bot and pushed", portalmodels.AllocationRequest)
 OPENAPI["paths"]["/allocations/{id}"]["delete"] = _write(
     "Release an allocation: the bot commits state: released", None, _param("id", "path", "allocation id"))
+OPENAPI["paths"]["/events"] = {"get": {
+    "summary": "Allocation state changes as server-sent events (text/event-stream) from the outbox: `id:` is the "
+               "event id, `event:` its type, `data:` an AllocationEvent. Reconnect with Last-Event-ID (or after=) "
+               "to miss nothing; a tenant token gets its tenant's events only",
+    "parameters": [_param("after", "query", "start after this event id (default: the newest; 0: all kept)",
+                          {"type": "integer", "minimum": 0}),
+                   _param("Last-Event-ID", "header", "as after=, sent by EventSource on reconnect")],
+    "responses": {
+        "200": {"description": "the stream; it ends after a few minutes (reconnect with the last id)",
+                "content": {"text/event-stream": {"schema": models.ref(portalmodels.AllocationEvent)}}},
+        "400": {"description": BAD_REQUEST, **_ERROR},
+        "401": {"description": f"{UNAUTHORIZED}, {TOKEN_INVALID}", **_ERROR},
+        "503": {"description": DB_UNAVAILABLE, **_ERROR},
+    }}}

@@ -33,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from reconciler.service import api, portal
+from reconciler.service import api, events, portal
 from schemas import agentwire
 from schemas.errors import GpuaasError, TemporaryError
 
@@ -105,8 +105,8 @@ class Deadline:
         self.seconds = seconds
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.seconds <= 0:
-            await self.app(scope, receive, send)
+        if scope["type"] != "http" or self.seconds <= 0 or scope.get("path") == events.PATH:
+            await self.app(scope, receive, send)  # an event stream is long by design (it ends itself: events.py)
             return
         started = False
 
@@ -327,6 +327,8 @@ def build(service: server.Service, gateway: agents.Gateway, *, allowed_hosts: Se
         if scope["type"] == "lifespan" or scope.get("path", "").startswith(agentwire.PREFIX + "/"):
             if not await fast(scope, send):
                 await agent_app(scope, receive, send)
+        elif scope["type"] == "http" and scope.get("path") == events.PATH and scope.get("method") == "GET":
+            await events.stream(service, service.events, scope, receive, send)
         elif scope["type"] == "http" and portal.handles(scope):
             await portal.handle(service, scope, receive, send)
         elif scope["type"] == "http":

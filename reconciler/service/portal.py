@@ -35,7 +35,7 @@ def _header(scope: asgi.Scope, name: bytes) -> str | None:
     return next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == name), None)
 
 
-async def _send(send: asgi.Send, status: int, doc: Any, extra: tuple[tuple[str, str], ...] = ()) -> None:
+async def send_json(send: asgi.Send, status: int, doc: Any, extra: tuple[tuple[str, str], ...] = ()) -> None:
     body = json.dumps(doc, default=str, separators=(",", ":")).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                (b"cache-control", b"no-store"), *((k.encode(), v.encode()) for k, v in extra)]
@@ -57,7 +57,7 @@ async def _body(receive: asgi.Receive) -> bytes | None:
 async def handle(service: server.Service, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
     work = service.intake
     if work is None:  # the read-only server of before: the same 405 and code
-        await _send(send, 405, api.error_body(api.METHOD_NOT_ALLOWED, f"{scope['method']} is not allowed: this "
+        await send_json(send, 405, api.error_body(api.METHOD_NOT_ALLOWED, f"{scope['method']} is not allowed: this "
                                               "server is read-only (serve --intake-repo PATH takes requests)"),
                     (("Allow", "GET, HEAD"),))
         return
@@ -65,16 +65,16 @@ async def handle(service: server.Service, scope: asgi.Scope, receive: asgi.Recei
     try:
         who = service.principal({"Authorization": auth})
     except api.ApiError as e:
-        await _send(send, e.status, api.error_body(e.code, e.message), e.headers)
+        await send_json(send, e.status, api.error_body(e.code, e.message), e.headers)
         return
     key = _header(scope, b"idempotency-key")
     if key is not None and not 0 < len(key) <= MAX_KEY:
-        await _send(send, 400, api.error_body(intake.BAD_BODY, f"Idempotency-Key must be 1-{MAX_KEY} characters"))
+        await send_json(send, 400, api.error_body(intake.BAD_BODY, f"Idempotency-Key must be 1-{MAX_KEY} characters"))
         return
     if scope["method"] == "POST":
         body = await _body(receive)
         if body is None:
-            await _send(send, 413, api.error_body(intake.BAD_BODY, f"a request body is at most {intake.MAX_BODY} "
+            await send_json(send, 413, api.error_body(intake.BAD_BODY, f"a request body is at most {intake.MAX_BODY} "
                                                   "bytes"))
             return
         answer = await to_thread.run_sync(work.create, who, body, key)
@@ -85,4 +85,4 @@ async def handle(service: server.Service, scope: asgi.Scope, receive: asgi.Recei
     extra: tuple[tuple[str, str], ...] = (("Idempotent-Replayed", "true"),) if answer.replayed else ()
     if answer.status == 202:
         extra += (("Location", str(answer.doc.get("location", ""))),)
-    await _send(send, answer.status, answer.doc, extra)
+    await send_json(send, answer.status, answer.doc, extra)

@@ -183,6 +183,9 @@ class Service:
         self._tenant_lock = threading.Lock()
         if settings.tenant_tokens is not None:
             self.tenant_tokens()  # a bad file stops the start, not the first request
+        from reconciler.service import events
+
+        self.events = events.Hub(self.pool)
         self.intake: intake.Intake | None = None
         if settings.intake_repo is not None:
             from reconciler.service import intake
@@ -440,6 +443,7 @@ class HTTPServer:
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self.gateway.closing)
+                loop.call_soon_threadsafe(self.service.events.close)  # event streams end now
         self._server.should_exit = True
         self._done.wait(30)
 

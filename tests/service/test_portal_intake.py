@@ -197,3 +197,48 @@ def test_catalog_prices_and_images(served: Served) -> None:
             unit = skus[offer["sku"]]["price"]["gpu_hourly_minor"]
             assert offer["price"]["gpu_hourly_minor"] == unit
             assert all(s["hourly_price_minor"] == s["gpu_count"] * unit for s in offer["sizes"])
+
+
+def _events(response: httpx.Response, want: int) -> list[dict[str, Any]]:
+    """Read `want` events off an open SSE response (the read timeout bounds a stream that stalls)."""
+    out: list[dict[str, Any]] = []
+    current: dict[str, str] = {}
+    for line in response.iter_lines():
+        if line.startswith(("id:", "event:", "data:")):
+            name, _, value = line.partition(":")
+            current[name] = value.strip()
+        elif line == "" and "data" in current:
+            doc = json.loads(current["data"])
+            assert str(doc["outbox_id"]) == current["id"] and doc["event_type"] == current["event"]
+            out.append(doc)
+            current = {}
+            if len(out) == want:
+                return out
+    return out
+
+
+def test_event_stream_resumes_from_last_event_id(portal: Served, remote: Path, tmp_path: Path, fleet_url: str,
+                                                 tokens: tuple[Path, dict[str, str]]) -> None:
+    globex = _auth(tokens[1]["globex"])
+    with connections.connect(fleet_url, autocommit=True) as conn:
+        start = conn.execute("SELECT coalesce(max(id), 0) FROM outbox").fetchone()[0]
+    with httpx.Client(base_url=portal.url, timeout=httpx.Timeout(60, read=60)) as c:
+        with c.stream("GET", "/api/v1/events", headers=globex) as first:
+            assert first.status_code == 200 and first.headers["content-type"].startswith("text/event-stream")
+            for i in range(3):
+                assert c.post("/api/v1/allocations", headers=globex, json=_body(id=f"sse-{i:04d}")).status_code == 202
+            assert c.post("/api/v1/allocations", headers=OP, json=_body(id="sse-other", tenant="hooli")
+                          ).status_code == 202
+            applied = _clone(remote, tmp_path / "applied")
+            assert cli.main(["apply", str(applied), "--db-url", fleet_url]) == 0
+            got = _events(first, 1)  # then the client goes away mid-stream
+        assert got[0]["allocation_id"].startswith("sse-0") and got[0]["state"] == "reserved"
+        with c.stream("GET", "/api/v1/events", headers={**globex, "Last-Event-ID": str(got[0]["outbox_id"])}) as again:
+            got += _events(again, 2)
+    with connections.connect(fleet_url, autocommit=True) as conn:
+        want = [r[0] for r in conn.execute(
+            "SELECT o.id FROM outbox o JOIN allocations a ON a.id = o.aggregate_id"
+            " WHERE o.id > %s AND a.tenant = 'globex' ORDER BY o.id", (start,)).fetchall()]
+        other = conn.execute("SELECT count(*) FROM outbox WHERE aggregate_id = 'sse-other'").fetchone()[0]
+    assert [e["outbox_id"] for e in got] == want and len(want) == 3  # each once, in order, none missed
+    assert {e["tenant"] for e in got} == {"globex"} and other == 1  # hooli's event was not in globex's stream
