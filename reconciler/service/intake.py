@@ -190,8 +190,15 @@ class Intake:
                             return Answer(int(row[1]), row[2], replayed=True)
                     answer: Answer
                     answer, commit = work()
-                    self._record(conn, who, action, allocation_id=allocation_id or answer.doc.get("id"), key=key,
-                                 fingerprint=fingerprint, answer=answer, commit=commit)
+                    try:
+                        self._record(conn, who, action, allocation_id=allocation_id or answer.doc.get("id"),
+                                     key=key, fingerprint=fingerprint, answer=answer, commit=commit)
+                    except psycopg.Error as e:
+                        # The commit is pushed: that is the truth the client must hear. Only the audit line and
+                        # the idempotency record are lost (a retry with this key would not be recognised).
+                        log.error("intake %s %s: committed %s but not recorded: %s", action, answer.doc.get("id"),
+                                  commit, e, extra={"event": "serve.intake.unrecorded", "commit": commit})
+                        self._drop()
                     done: Answer = answer
                     return done
             except psycopg.Error as e:
@@ -232,7 +239,7 @@ def _advisory(conn: psycopg.Connection[Any]) -> Iterator[None]:
     try:
         yield
     finally:
-        if not conn.broken:
+        if not (conn.closed or conn.broken):  # a lost session released its lock with it
             conn.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))
 
 
