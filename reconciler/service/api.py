@@ -377,7 +377,8 @@ def _write(summary: str, body: type[BaseModel] | None, *params: dict[str, Any]) 
             "403": {"description": "intake.tenant_mismatch: a tenant token naming another tenant", **_ERROR},
             "404": {"description": f"{NOT_FOUND} (another tenant's allocation is absent too)", **_ERROR},
             "405": {"description": f"{METHOD_NOT_ALLOWED}: serve has no --intake-repo", **_ERROR},
-            "409": {"description": "intake.exists: the id is already in the desired-state repo", **_ERROR},
+            "409": {"description": "intake.exists: the id is already in the desired-state repo; "
+                                   "intake.already_released", **_ERROR},
             "422": {"description": "request.invalid (problems as `gpuaas validate` prints them), "
                                    "intake.idempotency_key_reused", **intake_error},
             "503": {"description": "intake.git_failed (nothing left behind), intake.db_unavailable", **_ERROR},

@@ -56,7 +56,8 @@ KEY_REUSED = "intake.idempotency_key_reused"  # the same Idempotency-Key with an
 GIT_FAILED = "intake.git_failed"  # commit or push failed after retries (nothing was left behind)
 DB_FAILED = "intake.db_unavailable"  # the idempotency / audit store cannot be reached: nothing was written
 TENANT_MISMATCH = "intake.tenant_mismatch"  # a tenant token asking for another tenant
-CODES = (BAD_BODY, INVALID, EXISTS, KEY_REUSED, GIT_FAILED, DB_FAILED, TENANT_MISMATCH)
+RELEASED = "intake.already_released"  # DELETE of an allocation whose file already says released
+CODES = (BAD_BODY, INVALID, EXISTS, KEY_REUSED, RELEASED, GIT_FAILED, DB_FAILED, TENANT_MISMATCH)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,11 +122,14 @@ class Intake:
         return self._pushed(attempt, str(req.tenant), "present")
 
     def _release(self, who: tenants.Principal, allocation_id: str) -> tuple[Answer, str | None]:
+        self._catch_up()
         found = _allocations(self.repo).get(allocation_id)
-        if found is None or not who.may_see(found):
+        if found is None or not who.may_see(found[0]):
             return _error(404, "api.not_found", f"no allocation {allocation_id!r} in the desired-state repo"), None
+        if found[1] == "released":
+            return _error(409, RELEASED, f"allocation {allocation_id!r} is already released"), None
         return self._pushed(lambda: requests.release(self.repo, allocation_id, commit=True, push=self.push),
-                            found, "released")
+                            found[0], "released")
 
     def _pushed(self, attempt: Any, tenant: str, state: str) -> tuple[Answer, str | None]:
         """Run `attempt` (write, commit, push); on a refused push, catch up with the remote and redo it."""
@@ -243,10 +247,10 @@ def _advisory(conn: psycopg.Connection[Any]) -> Iterator[None]:
             conn.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))
 
 
-def _allocations(root: Path) -> dict[str, str]:
-    """Allocation id -> tenant, as the repo has them now."""
+def _allocations(root: Path) -> dict[str, tuple[str, str]]:
+    """Allocation id -> (tenant, desired state), as the repo has them now."""
     result = loading.parse_files(loading.iter_directory(root))
-    return {a.id: a.tenant for a in result.state.allocations.values()}
+    return {a.id: (a.tenant, a.state.value) for a in result.state.allocations.values()}
 
 
 def _short(e: Exception) -> str:

@@ -123,11 +123,13 @@ def test_intake_commits_pushes_replays_and_releases(portal: Served, remote: Path
         gone = c.delete("/api/v1/allocations/portal-0001", headers=globex)
         assert gone.status_code == 202 and gone.json()["state"] == "released"
         assert "state: released" in _git(remote, "show", "main:allocations/portal-0001.yaml")
+        twice = c.delete("/api/v1/allocations/portal-0001", headers=globex)
+        assert twice.status_code == 409 and twice.json()["error"]["code"] == "intake.already_released"
     with connections.connect(fleet_url, autocommit=True) as conn:
         rows = conn.execute("SELECT principal, action, status, code, commit_sha FROM portal_audit"
                             " ORDER BY id").fetchall()
     assert [(r[0], r[1], r[2]) for r in rows] == [("tenant:globex", "create", 202), ("tenant:globex", "create", 409),
-                                                  ("tenant:globex", "release", 202)]
+                                                  ("tenant:globex", "release", 202), ("tenant:globex", "release", 409)]
     assert rows[0][4] == doc["commit"] and rows[1][3] == "intake.exists"
 
 
