@@ -52,6 +52,9 @@ def register(sub: Any) -> None:
                    help="desired-state checkout that POST/DELETE /api/v1/allocations commit to (as the portal bot)")
     p.add_argument("--intake-push", metavar="REMOTE/BRANCH",
                    help="push each intake commit here (e.g. origin/main); a refused push is redone on the new tip")
+    p.add_argument("--webhook", metavar="URL", help="POST every allocation event here, signed (docs/portal.md)")
+    p.add_argument("--webhook-secret-file", type=Path, metavar="FILE",
+                   help="HMAC-SHA256 key of X-Gpuaas-Signature (mode 0600, at least 16 bytes)")
     p.add_argument("--log-format", choices=("text", "json"), help="log lines (default $GPUAAS_LOG_FORMAT or text)")
     db.add_database_arguments(p)
     p.set_defaults(func=run)
@@ -98,7 +101,8 @@ def _serve(args: argparse.Namespace) -> int:
         capacity_refresh_s=args.capacity_refresh, policy=args.policy, allowed_hosts=tuple(args.allow_host),
         max_connections=args.max_connections, request_timeout_s=args.request_timeout,
         header_timeout_s=args.header_timeout, tenant_tokens=args.tenant_tokens, intake_repo=args.intake_repo,
-        intake_push=_remote_branch(args.intake_push))
+        intake_push=_remote_branch(args.intake_push), webhook_url=args.webhook,
+        webhook_secret=args.webhook_secret_file)
     _raise_open_files(settings.max_connections)
     import gc
 

@@ -51,7 +51,7 @@ from reconciler.service.pool import Pool
 from schemas.errors import GpuaasError, PermanentError, TemporaryError, UsageError
 
 if TYPE_CHECKING:
-    from reconciler.service import agents, intake
+    from reconciler.service import agents, intake, webhooks
 
 log = logging.getLogger("gpuaas.serve")
 
@@ -138,6 +138,9 @@ class Settings:
     tenant_tokens: Path | None = None  # TENANT:SHA256 lines (tenants.py); re-read when the file changes
     intake_repo: Path | None = None  # the desired-state checkout POST /api/v1/allocations commits to
     intake_push: tuple[str, str] | None = None  # (remote, branch) the intake pushes to
+    webhook_url: str | None = None  # every allocation event POSTed here, signed (webhooks.py)
+    webhook_secret: Path | None = None
+    webhook_backoff_s: float = 1.0
 
     def hosts(self) -> tuple[str, ...]:
         """The Host names answered: loopback names, the listen address (unless a wildcard), --allow-host."""
@@ -145,6 +148,9 @@ class Settings:
         return (*asgi.LOOPBACK_NAMES, *own, *self.allowed_hosts)
 
     def check(self) -> None:
+        if self.webhook_url is not None and self.webhook_secret is None:
+            raise ServeError("--webhook needs --webhook-secret-file (payloads are signed)",
+                             code="serve.webhook_secret_missing")
         if not is_loopback(self.host) and self.token is None:
             raise ServeError(f"listening on {self.host} (not loopback) needs --token-file: every request but "
                              "/healthz must then carry that bearer token", code="serve.listen_needs_token")
@@ -191,8 +197,18 @@ class Service:
             from reconciler.service import intake
 
             self.intake = intake.Intake(url, settings.intake_repo, settings.intake_push)
+        self.webhooks: webhooks.Deliverer | None = None
+        if settings.webhook_url is not None and settings.webhook_secret is not None:  # Settings.check: both
+            from reconciler.service import webhooks
+
+            self.webhooks = webhooks.Deliverer(url, self.pool, settings.webhook_url,
+                                               webhooks.load_secret(settings.webhook_secret),
+                                               backoff_s=settings.webhook_backoff_s)
+            self.webhooks.start()
 
     def close(self, timeout: float = 60.0) -> None:
+        if self.webhooks is not None:
+            self.webhooks.stop()
         if self.intake is not None:
             self.intake.close()
         self.pool.close()

@@ -244,3 +244,66 @@ def test_event_stream_resumes_from_last_event_id(portal: Served, remote: Path, t
         other = conn.execute("SELECT count(*) FROM outbox WHERE aggregate_id = 'sse-other'").fetchone()[0]
     assert [e["outbox_id"] for e in got] == want and len(want) == 3  # each once, in order, none missed
     assert {e["tenant"] for e in got} == {"globex"} and other == 1  # hooli's event was not in globex's stream
+
+
+def test_webhooks_are_signed_retried_and_dead_lettered(fleet_url: str, remote: Path, tmp_path: Path) -> None:
+    import hashlib
+    import hmac
+    import http.server
+    import threading
+    import time
+
+    secret = b"webhook-secret-0123456789"
+    (tmp_path / "secret").write_bytes(secret)
+    (tmp_path / "secret").chmod(0o600)
+    got: list[tuple[dict[str, str], bytes]] = []
+    tries: dict[str, int] = {}
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            doc = json.loads(body)
+            tries[doc["allocation_id"]] = tries.get(doc["allocation_id"], 0) + 1
+            ok = doc["allocation_id"] != "wh-dead" and tries[doc["allocation_id"]] > 2  # two failures, then fine
+            if ok:
+                got.append((dict(self.headers), body))
+            self.send_response(200 if ok else 503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *_a: Any) -> None:
+            pass
+
+    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    try:
+        with contextmanager_serve(fleet_url, intake_repo=_clone(remote, tmp_path / "intake"),
+                                  intake_push=("origin", "main"),
+                                  webhook_url=f"http://127.0.0.1:{receiver.server_port}/hook",
+                                  webhook_secret=tmp_path / "secret", webhook_backoff_s=0.01) as served:
+            with httpx.Client(base_url=served.url, timeout=60) as c:
+                for aid in ("wh-0001", "wh-dead"):
+                    assert c.post("/api/v1/allocations", json=_body(id=aid)).status_code == 202
+            assert cli.main(["apply", str(_clone(remote, tmp_path / "applied")), "--db-url", fleet_url]) == 0
+            until = time.monotonic() + 120
+            dead: list[Any] = []
+            while time.monotonic() < until and not (got and dead):
+                time.sleep(0.1)
+                with connections.connect(fleet_url, autocommit=True) as conn:
+                    dead = conn.execute("SELECT payload, attempts, last_status FROM portal_webhook_dead_letters"
+                                        ).fetchall()
+    finally:
+        receiver.shutdown()
+        receiver.server_close()
+    headers, body = got[0]
+    assert json.loads(body)["allocation_id"] == "wh-0001" and tries["wh-0001"] == 3
+    stamp, mac = (part.split("=", 1)[1] for part in headers["X-Gpuaas-Signature"].split(","))
+    assert hmac.compare_digest(mac, hmac.new(secret, f"{stamp}.".encode() + body, hashlib.sha256).hexdigest())
+    assert headers["X-Gpuaas-Event-Id"] == str(json.loads(body)["outbox_id"])
+    assert len(dead) == 1 and dead[0][0]["allocation_id"] == "wh-dead" and dead[0][1:] == (8, 503)
+
+
+def contextmanager_serve(url: str, **settings: Any) -> Any:
+    from contextlib import contextmanager
+
+    return contextmanager(serve)(url, **settings)
