@@ -78,6 +78,7 @@ class Intake:
         self.push = push
         self._lock = threading.Lock()
         self._conn: psycopg.Connection[Any] | None = None
+        self.counts: dict[int, int] = {}  # answers by HTTP status, for /metrics
 
     def close(self) -> None:
         with self._lock:
@@ -178,36 +179,43 @@ class Intake:
                     fingerprint_doc: dict[str, Any], work: Any) -> Answer:
         fingerprint = hashlib.sha256(json.dumps(fingerprint_doc, sort_keys=True).encode()).hexdigest()
         with self._lock:
-            try:
-                conn = self._connection()
-            except psycopg.Error as e:
-                return _error(503, DB_FAILED, f"the intake's database connection failed: {e}; nothing was written")
-            try:
-                with _advisory(conn):
-                    if key is not None:
-                        row = conn.execute("SELECT fingerprint, status, response FROM portal_idempotency"
-                                           " WHERE principal = %s AND key = %s", (who.name, key)).fetchone()
-                        if row is not None:
-                            if row[0] != fingerprint:
-                                return _error(422, KEY_REUSED, f"Idempotency-Key {key!r} was used with another "
-                                                               "request; use a new key")
-                            return Answer(int(row[1]), row[2], replayed=True)
-                    answer: Answer
-                    answer, commit = work()
-                    try:
-                        self._record(conn, who, action, allocation_id=allocation_id or answer.doc.get("id"),
-                                     key=key, fingerprint=fingerprint, answer=answer, commit=commit)
-                    except psycopg.Error as e:
-                        # The commit is pushed: that is the truth the client must hear. Only the audit line and
-                        # the idempotency record are lost (a retry with this key would not be recognised).
-                        log.error("intake %s %s: committed %s but not recorded: %s", action, answer.doc.get("id"),
-                                  commit, e, extra={"event": "serve.intake.unrecorded", "commit": commit})
-                        self._drop()
-                    done: Answer = answer
-                    return done
-            except psycopg.Error as e:
-                self._drop()
-                return _error(503, DB_FAILED, f"the intake's database failed: {e}")
+            answer = self._locked(who, action, allocation_id=allocation_id, key=key, fingerprint=fingerprint,
+                                  work=work)
+            self.counts[answer.status] = self.counts.get(answer.status, 0) + 1
+            return answer
+
+    def _locked(self, who: tenants.Principal, action: str, *, allocation_id: str | None, key: str | None,
+                fingerprint: str, work: Any) -> Answer:
+        try:
+            conn = self._connection()
+        except psycopg.Error as e:
+            return _error(503, DB_FAILED, f"the intake's database connection failed: {e}; nothing was written")
+        try:
+            with _advisory(conn):
+                if key is not None:
+                    row = conn.execute("SELECT fingerprint, status, response FROM portal_idempotency"
+                                       " WHERE principal = %s AND key = %s", (who.name, key)).fetchone()
+                    if row is not None:
+                        if row[0] != fingerprint:
+                            return _error(422, KEY_REUSED, f"Idempotency-Key {key!r} was used with another "
+                                                           "request; use a new key")
+                        return Answer(int(row[1]), row[2], replayed=True)
+                answer: Answer
+                answer, commit = work()
+                try:
+                    self._record(conn, who, action, allocation_id=allocation_id or answer.doc.get("id"),
+                                 key=key, fingerprint=fingerprint, answer=answer, commit=commit)
+                except psycopg.Error as e:
+                    # The commit is pushed: that is the truth the client must hear. Only the audit line and
+                    # the idempotency record are lost (a retry with this key would not be recognised).
+                    log.error("intake %s %s: committed %s but not recorded: %s", action, answer.doc.get("id"),
+                              commit, e, extra={"event": "serve.intake.unrecorded", "commit": commit})
+                    self._drop()
+                done: Answer = answer
+                return done
+        except psycopg.Error as e:
+            self._drop()
+            return _error(503, DB_FAILED, f"the intake's database failed: {e}")
 
     def _record(self, conn: psycopg.Connection[Any], who: tenants.Principal, action: str, *, allocation_id: Any,
                 key: str | None, fingerprint: str, answer: Answer, commit: str | None) -> None:

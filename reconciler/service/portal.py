@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from anyio import to_thread
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from reconciler.service import api, intake
 
@@ -86,3 +88,24 @@ async def handle(service: server.Service, scope: asgi.Scope, receive: asgi.Recei
     if answer.status == 202:
         extra += (("Location", str(answer.doc.get("location", ""))),)
     await send_json(send, answer.status, answer.doc, extra)
+
+
+class PortalCollector:
+    """The portal side's figures for /metrics (this process): intakes by status, event streams, webhooks."""
+
+    def __init__(self, service: server.Service) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.service
+        intakes = CounterMetricFamily("gpuaas_portal_intakes", "Portal writes answered, by HTTP status",
+                                      labels=["status"])
+        for status, n in sorted((s.intake.counts if s.intake else {}).items()):
+            intakes.add_metric([str(status)], n)
+        yield intakes
+        yield GaugeMetricFamily("gpuaas_portal_event_streams", "Open /api/v1/events streams", value=s.events.streams)
+        hooks = s.webhooks
+        yield CounterMetricFamily("gpuaas_portal_webhook_delivered", "Webhook events delivered (2xx)",
+                                  value=hooks.delivered if hooks else 0)
+        yield CounterMetricFamily("gpuaas_portal_webhook_dead_letters", "Webhook events given up on after retries",
+                                  value=hooks.dead if hooks else 0)

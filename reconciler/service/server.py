@@ -197,6 +197,9 @@ class Service:
             from reconciler.service import intake
 
             self.intake = intake.Intake(url, settings.intake_repo, settings.intake_push)
+        from reconciler.service import portal
+
+        self.registry.register(portal.PortalCollector(self))
         self.webhooks: webhooks.Deliverer | None = None
         if settings.webhook_url is not None and settings.webhook_secret is not None:  # Settings.check: both
             from reconciler.service import webhooks

@@ -125,6 +125,9 @@ def test_intake_commits_pushes_replays_and_releases(portal: Served, remote: Path
         assert "state: released" in _git(remote, "show", "main:allocations/portal-0001.yaml")
         twice = c.delete("/api/v1/allocations/portal-0001", headers=globex)
         assert twice.status_code == 409 and twice.json()["error"]["code"] == "intake.already_released"
+        metrics = c.get("/metrics", headers=OP).text
+        for status, n in (("202", 3), ("409", 2), ("422", 1)):  # every answer, a replay too
+            assert f'gpuaas_portal_intakes_total{{status="{status}"}} {n}.0' in metrics
     with connections.connect(fleet_url, autocommit=True) as conn:
         rows = conn.execute("SELECT principal, action, status, code, commit_sha FROM portal_audit"
                             " ORDER BY id").fetchall()
