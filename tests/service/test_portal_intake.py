@@ -310,3 +310,21 @@ def contextmanager_serve(url: str, **settings: Any) -> Any:
     from contextlib import contextmanager
 
     return contextmanager(serve)(url, **settings)
+
+
+def test_request_create_takes_vm_profile_and_lease_hours(remote: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    checkout = _clone(remote, tmp_path / "bot")
+    key = tmp_path / "id.pub"
+    key.write_text(KEY + "\n")
+    argv = ["request", "create", "--repo", str(checkout), "--tenant", "globex", "--sku", "h200-sxm-slice",
+            "--gpus", "1", "--region", "us-east-1", "--ssh-key", str(key), "--vm-profile", "h200_1g_24c_64g",
+            "--lease-hours", "48", "-o", "json"]
+    assert cli.main([*argv, "--id", "bot-0001"]) == 0
+    text = (checkout / "allocations" / "bot-0001.yaml").read_text()
+    assert "vm_profile: h200_1g_24c_64g" in text and "lease_hours: 48" in text
+    capsys.readouterr()
+    bad = [a if a != "h200_1g_24c_64g" else "no-such-profile" for a in argv]
+    assert cli.main([*bad, "--id", "bot-0002"]) == 1
+    assert json.loads(capsys.readouterr().out)["error"] == "request.invalid"
+    assert not (checkout / "allocations" / "bot-0002.yaml").exists()
