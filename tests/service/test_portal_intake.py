@@ -177,6 +177,11 @@ def test_concurrent_intakes_on_two_replicas_lose_no_commit(fleet_url: str, remot
     assert commits <= set(log) and len(log) == n + 1
     files = _git(remote, "ls-tree", "--name-only", "main", "allocations/").split()
     assert {f"allocations/burst-{i:04d}.yaml" for i in range(n)} <= set(files)
+    # and the reconciler takes every one: placed, or pending with a reason
+    assert cli.main(["apply", str(_clone(remote, tmp_path / "applied")), "--db-url", fleet_url]) == 0
+    with connections.connect(fleet_url, autocommit=True) as conn:
+        rows = conn.execute("SELECT status, pending_code FROM allocations WHERE id LIKE 'burst-%%'").fetchall()
+    assert len(rows) == n and all(status != "pending" or code for status, code in rows), rows
 
 
 def _serving(url: str, checkout: Path) -> Any:
