@@ -79,6 +79,26 @@ def _lab_xml(xml: str) -> str:
     return ET.tostring(root, encoding="unicode")
 
 
+def _quietly(call: object, *args: object) -> None:
+    with contextlib.suppress(Exception):
+        call(*args)  # type: ignore[operator]
+
+
+def _start(daemon: guest.Libvirtd, wait_s: float = 180.0) -> None:
+    """Start the private libvirtd; while another one on this machine (a concurrent test run) holds libvirt's
+    fixed /run/libvirt/network/driver.pid, wait for it to finish rather than fail."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            daemon.start()
+            return
+        except TimeoutError as e:
+            daemon.stop()
+            if "driver.pid" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(3)
+
+
 @pytest.fixture(scope="module")
 def booted() -> Iterator[str]:
     """A TCG guest named as the gateway will look for it; yields its libvirt URI."""
@@ -99,13 +119,13 @@ def booted() -> Iterator[str]:
         _initramfs(initrd)
         daemon = guest.Libvirtd(work / "libvirt")
         stack.callback(daemon.stop)
-        daemon.start()
+        _start(daemon)
         doms = LibvirtDomains(daemon.uri)
         stack.callback(doms.close)
         vm = VmSpec(lab.ALLOC, lab.TENANT, (SlotBundle(0, "0000:00:00.0", None, "/dev/disk/by-id/none",
                                                        "52:54:00:c0:00:01", "10.100.0.10", 0),), 1, 256)
-        stack.callback(doms.undefine, vm.name)
-        stack.callback(doms.destroy, vm.name)
+        for teardown in (doms.undefine, doms.destroy):  # the daemon may already be gone: nothing left to undo
+            stack.callback(_quietly, teardown, vm.name)
         net = Network("10.100.0.0/24", "10.100.0.1", "10.100.0.10", "10.100.0.200", "gpcons0")
         options = domains.DomainOptions(domain_type="qemu", firmware="bios", direct_kernel=domains.DirectKernel(
             kernel=str(vmlinuz), initrd=str(initrd), cmdline="console=ttyS0 loglevel=1 panic=-1"))
