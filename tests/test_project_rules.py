@@ -65,6 +65,10 @@ ARGV_ALLOWED = {
                                             "the script is a temp path and the URL is the operator's own",
     "reconciler/bench/gitops.py::_git": "bench tool: every caller in the module passes literal git "
                                         "subcommands, options and paths it made itself",
+    "reconciler/bench/portal.py::_git": "bench tool: every caller in the module passes literal git "
+                                        "subcommands, options and paths it made itself",
+    "reconciler/bench/portal.py::run": "bench tool: argv is sys.executable, literals, a temp path, a float "
+                                       "and the operator's own database URL",
     "reconciler/bench/prplan.py::_git": "bench tool: every caller in the module passes literal git "
                                         "subcommands and options, and commit ids git itself printed",
     "reconciler/bench/prplan.py::_plan": "bench tool: argv is sys.executable, a literal program, a temp path, commit "

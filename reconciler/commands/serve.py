@@ -83,10 +83,14 @@ def _remote_branch(text: str | None) -> tuple[str, str] | None:
 
     if text is None:
         return None
+    from desired import gitrepo
+
     remote, sep, branch = text.partition("/")
     if not sep or not remote or not branch:
         raise UsageError(f"--intake-push takes REMOTE/BRANCH (e.g. origin/main), not {text!r}",
                          code="serve.intake_push_invalid")
+    gitrepo.check_ref_name(remote, "--intake-push remote")
+    gitrepo.check_ref_name(branch, "--intake-push branch")
     return remote, branch
 
 

@@ -167,7 +167,7 @@ class Intake:
         remote, branch = self.push
         try:
             with git.Repo(self.repo) as repo:
-                repo.git.fetch("--quiet", remote, branch)
+                repo.git.fetch("--quiet", "--", remote, branch)  # values after "--": never options
                 repo.git.merge("--ff-only", "--quiet", "FETCH_HEAD")
         except git.GitCommandError as e:
             log.warning("intake: cannot catch up with %s/%s: %s", remote, branch, e,
