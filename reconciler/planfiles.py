@@ -183,14 +183,10 @@ def _need(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], path:
 
 def read(path: Path) -> SavedPlan:
     """The saved plan at `path`; apply.plan_unreadable or apply.plan_version when it is not one we can apply."""
+    from schemas import inputfiles
+
+    raw = inputfiles.read_bytes(path, limit=MAX_BYTES, code="apply.plan_unreadable", what="plan file")
     try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-    except OSError as e:
-        raise PermanentError(f"{path}: cannot read the plan file: {e.strerror}", code="apply.plan_unreadable") from e
-    try:
-        if len(raw) > MAX_BYTES:
-            raise ValueError("too large")
         doc = json.loads(raw)
     except ValueError as e:  # also UnicodeDecodeError and json.JSONDecodeError
         raise PermanentError(f"{path}: not a plan file (a JSON document written by `gpuaas plan --out`)",

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from reconciler.commands import rewinds
     from reconciler.store import connections, migrations
 
-    if args.path.is_file():
+    if args.path.exists() and not args.path.is_dir():  # a FIFO or a device too: refused as a plan file, unread
         return _run_saved(args)
     if args.repo is not None:
         raise UsageError("--repo goes with a plan file; give the repo itself as PATH", code="apply.usage")

@@ -31,7 +31,7 @@ def register(sub: Any) -> None:
 def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
     """The whole status document (plain data), read from the database at `url`."""
     from reconciler.placement import capacity
-    from reconciler.store import connections, history, lifecycle, live, migrations, views
+    from reconciler.store import connections, endpoints, history, lifecycle, live, migrations, views
     from schemas.errors import PermanentError
 
     with connections.connect(url, autocommit=True) as conn:
@@ -46,6 +46,8 @@ def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
         cycles = lifecycle.lifecycles(conn)
         orphaned = views.orphaned(conn)
         removed = views.removed_nodes(conn)
+        reachable = endpoints.current(conn)
+        regions = lifecycle.disruption(conn)
     try:
         model = capacity.read_model(state, observed, policy=policy)
     except ValueError as e:
@@ -58,11 +60,16 @@ def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
                     "revision": health.failing_revision, "code": health.failing_code,
                     "message": health.failing_message} if health.failing else None,
         "invalid_revision": health.invalid_revision,
+        "head": None if health.head is None else {
+            "revision": health.head.revision, "applied": health.head.applied, "since": health.head.since,
+            "code": health.head.code, "message": health.head.message},
     }
     # Allocations holding claims whose file was deleted: only `state: released` frees them (as `plan` warns).
     doc["orphaned"] = orphaned
+    doc["disrupted_regions"] = [r for r in regions if r["disrupted"]]
     for a in doc["allocations"]:
         a["orphaned"] = a["id"] in orphaned
+        a["endpoints"] = [e.as_dict() for e in reachable.get(a["id"], ())]
     add_removed(doc, removed)
     return doc
 
@@ -168,7 +175,7 @@ def _size_notes(sizes: list[dict[str, Any]]) -> list[str]:
 
 
 def render_text(doc: dict[str, Any]) -> str:
-    out = [f"Status at revision {(doc['revision'] or '-')[:12]}", *_warnings(doc)]
+    out = [f"Status at revision {(doc['revision'] or '-')[:12]} (the revision applied)", *_warnings(doc)]
     out += ["",
            "Capacity (launchable now, per allowed GPU count; sizes and shapes compete for the same GPUs):"]
     return _capacity_and_the_rest(doc, out)
@@ -177,6 +184,10 @@ def render_text(doc: dict[str, Any]) -> str:
 def _warnings(doc: dict[str, Any]) -> list[str]:
     out: list[str] = []
     rec = doc.get("reconciliation") or {}
+    head = rec.get("head")
+    if head and not head["applied"]:
+        out.append(f"  HEAD {(head['revision'] or '-')[:12]} NOT APPLIED since {head['since']}: "
+                   f"{head['code']}: {head['message']} (see `gpuaas history`)")
     if rec.get("failing"):
         f = rec["failing"]
         out.append(f"  FAILING since {f['since']} ({f['failures']} failed reconciliation(s)), newest on "
@@ -187,6 +198,9 @@ def _warnings(doc: dict[str, Any]) -> list[str]:
     if doc.get("removed_nodes"):
         out.append("  warning: nodes removed from git still hold claims (their allocations run on; release them, "
                    "then remove the node): " + ", ".join(doc["removed_nodes"]))
+    for r in doc.get("disrupted_regions") or ():
+        out.append(f"  region {r['region']} DISRUPTED: {r['silent']} of {r['nodes']} hosts silent at once; none is "
+                   "marked unavailable and nothing moves until they report (control plane or network outage?)")
     if rec.get("invalid_revision"):
         out.append(f"  revision {rec['invalid_revision'][:12]} is invalid (see `gpuaas history`); "
                    "the last valid revision stays in force")
@@ -227,11 +241,19 @@ def _capacity_and_the_rest(doc: dict[str, Any], out: list[str]) -> str:
             line += f" profile={a['vm_profile']}"
         if a.get("orphaned"):
             line += " ORPHANED (no longer declared)"
+        if a.get("endpoints"):
+            line += "\n      " + endpoint_text(a["endpoints"])
         if a["pending"]:
             line += f"\n      {a['pending']['code']}: {a['pending']['message']}"
         line += _lifecycle_text(a.get("lifecycle"), a["status"])
         out.append(line)
     return "\n".join(out)
+
+
+def endpoint_text(found: list[dict[str, Any]]) -> str:
+    """`ssh 203.0.113.13:20000 -> 10.100.0.10:22, tcp 203.0.113.13:20001 -> 10.100.0.10:8888`."""
+    return ", ".join(f"{'ssh' if e['purpose'] == 'ssh' else 'tcp'} {e['public_address']}:{e['public_port']}"
+                     f" -> {e['private_ip']}:{e['guest_port']}" for e in found)
 
 
 def add_lifecycle(doc: dict[str, Any], node_reasons: dict[str, list[dict[str, Any]]],
@@ -291,7 +313,7 @@ def _lifecycle_text(c: dict[str, Any] | None, status: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
 
-    doc = collect(db.database_url(args), policy=args.policy)
+    doc = collect(db.reading_url(args), policy=args.policy)
     if output.structured(args.output):
         output.emit(doc, args.output)
     else:

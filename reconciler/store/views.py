@@ -140,7 +140,9 @@ def _node(r: dict[str, Any], fleet_network: Any) -> dict[str, Any]:
             "hardware_tags": list(r["hardware_tags"]), "profile_tags": list(r["profile_tags"]),
             "baremetal_sku": r["baremetal_sku"], "admin_state": r["admin_state"], "storage_mode": r["storage_mode"],
             "os_disk": r["os_disk"], "org": r["org"], "firmware_profile": firmware,
-            "management_network": None if network == fleet_network else network}
+            "management_network": None if network == fleet_network else network,
+            **({"public_addresses": list(r["public_addresses"])} if r.get("public_addresses") else {}),
+            **({"ingress": r["ingress"]} if r.get("ingress") else {})}
 
 
 _SLOT_FIELDS = ("slot_index", "gpu_pci_address", "gpu_model", "gpu_uuid", "numa_node", "slot_group", "pcie_pair",
@@ -160,7 +162,8 @@ def _allocation(r: dict[str, Any]) -> dict[str, Any]:
     return {**_DOC, "kind": "Allocation", "id": r["id"], "tenant": r["tenant"], "sku": r["sku"],
             "gpu_count": r["gpu_count"], "region": r["region"], "image": r["image"], "ssh_keys": list(r["ssh_keys"]),
             "vm_profile": r["vm_profile"], "state": r["desired_state"], "requested_at": r["requested_at"],
-            **({"lease_hours": r["lease_hours"]} if r.get("lease_hours") is not None else {})}
+            **({"lease_hours": r["lease_hours"]} if r.get("lease_hours") is not None else {}),
+            **({"extra_ports": list(r["extra_ports"])} if r.get("extra_ports") else {})}
 
 
 def allocations(conn: Connection, *, include_released: bool = False) -> list[AllocationView]:
