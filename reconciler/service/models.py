@@ -384,7 +384,8 @@ class OpenApiDocument(BaseModel):
 
 
 MODELS: tuple[type[BaseModel], ...] = (
-    Error, Allocation, AllocationPage, NodePage, Node, Drift, History, Usage, Capacity, Index, OpenApiDocument, Telemetry,
+    Error, Allocation, AllocationPage, NodePage, Node, Drift, History, Usage, Capacity, Index, OpenApiDocument,
+    Telemetry,
     agentwire.PlanAnswer, agentwire.ReportAnswer, agentwire.HeartbeatAnswer, agentwire.StatusReport)
 
 

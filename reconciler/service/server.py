@@ -46,7 +46,6 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-
 from reconciler.service import api, asgi, capacities, dashboard, metrics, readiness
 from reconciler.service.pool import Pool
 from schemas.errors import GpuaasError, PermanentError, TemporaryError, UsageError
