@@ -11,5 +11,6 @@ from reconciler.bench import claims, gitops, plan, prplan, request, serve, valid
 
 
 def register(sub: Any) -> None:
-    commands.register_group(sub, "bench", "benchmarks (validate, plan, prplan, claims, gitops, discover, host, serve, request)",
+    commands.register_group(sub, "bench",
+                            "benchmarks (validate, plan, prplan, claims, gitops, discover, host, serve, request)",
                             (validate, discovery_bench, plan, host_bench, claims, gitops, serve, prplan, request))
