@@ -59,6 +59,10 @@ def _count(n: int) -> str:
     return f"{n:,}"
 
 
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):,.1f}"
+
+
 class Progress:
     """Reports the phases of one command on `stream` (default stderr)."""
 
@@ -137,13 +141,17 @@ class Progress:
     def line_text(self, ph: Phase, *, final: bool) -> str:
         took = time.monotonic() - ph.started
         label = f"{self.title}: {ph.name}" if self.title else ph.name
-        unit = f" {ph.unit}" if ph.unit else ""
+        size = _mib if ph.unit == "bytes" else _count
+        unit = " MiB" if ph.unit == "bytes" else f" {ph.unit}" if ph.unit else ""
         count = ""
         if ph.total is not None:
-            count = f" {_count(ph.done)}/{_count(ph.total)}{unit}"
+            count = f" {size(ph.done)}/{size(ph.total)}{unit}"
         elif ph.done:
-            count = f" {_count(ph.done)}{unit}"
-        rate = f" ({_count(round(ph.done / took))}/s)" if ph.done and took > 0 else ""
+            count = f" {size(ph.done)}{unit}"
+        rate = ""
+        if ph.done and took > 0:
+            per_s = round(ph.done / took)
+            rate = f" ({_mib(per_s)} MiB/s)" if ph.unit == "bytes" else f" ({_count(per_s)}/s)"
         return f"{label}{count}{rate} {'in ' if final else ''}{took:.1f} s" + (" done" if final else "")
 
     def _draw(self, ph: Phase) -> None:

@@ -85,3 +85,10 @@ def test_apply_summarises_host_plans_and_lists_them_with_verbose() -> None:
     assert len(text) < 200  # not one 150,000-character line
     verbose = apply.render_text(_doc(10_000), verbose=True).splitlines()
     assert "  node-00042@1" in verbose
+
+
+def test_image_pulls_count_mib() -> None:
+    shown = progress.Progress(io.StringIO(), style="plain", title="image pull")
+    ph = progress.Phase("fetch", 4 << 30, done=1 << 30, started=0.0, unit="bytes")
+    text = shown.line_text(ph, final=False)
+    assert text.startswith("image pull: fetch 1,024.0/4,096.0 MiB (") and " MiB/s)" in text
