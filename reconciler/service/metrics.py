@@ -20,9 +20,10 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from reconciler.service import capacities, reads
+from reconciler.service import capacities, fleetgauges, reads
 from reconciler.service.pool import Pool
 from reconciler.store import history, lifecycle
 from schemas.errors import GpuaasError
@@ -43,6 +44,7 @@ class StoreCollector(Collector):
         self._capacity = capacity
 
     def collect(self) -> Iterator[Metric]:
+        yield fleetgauges.build_info()
         up = GaugeMetricFamily("gpuaas_database_up", "1 when the store could be read for this scrape")
         try:
             families = list(self._read())
@@ -62,6 +64,8 @@ class StoreCollector(Collector):
             summary = reads.fleet_summary(conn)
             cycle = lifecycle.summary(conn)
             now = conn.execute("SELECT now()").fetchone()
+            labelled = fleetgauges.read(conn)  # per node and per region x SKU: what alerts need
+            per_node = fleetgauges.gpus_per_node(conn)
         runs = CounterMetricFamily("gpuaas_reconciliations", "Reconciliations recorded, by result", labels=["result"])
         for result in ("changed", "unchanged", "error", "abandoned", "running"):
             runs.add_metric([result], by_result.get(result, 0))
@@ -101,12 +105,14 @@ class StoreCollector(Collector):
                                 value=cycle["slots_quarantined"])
         yield _gauge("gpuaas_provision_attempts_failed", "Failed provision attempts, by what followed", ["outcome"],
                      {(k,): cycle["failed_attempts"].get(k, 0) for k in ("rescheduled", "failed")})
-        yield from self._capacity_families()
+        yield from labelled
+        yield from self._capacity_families(per_node)
 
-    def _capacity_families(self) -> Iterator[Metric]:
+    def _capacity_families(self, per_node: dict[str, int]) -> Iterator[Metric]:
         answer = self._capacity.peek()
         if answer is None:
             return
+        yield from fleetgauges.capacity(answer.computed.doc, per_node)
         launchable = GaugeMetricFamily("gpuaas_capacity_launchable",
                                        "More requests of exactly this size that would be placed now",
                                        labels=["region", "sku", "gpu_count"])
@@ -121,4 +127,5 @@ class StoreCollector(Collector):
 def registry(pool: Pool, capacity: capacities.Cache) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
     reg.register(StoreCollector(pool, capacity))
+    ProcessCollector(registry=reg)  # process_cpu_seconds_total, process_resident_memory_bytes, open fds...
     return reg
