@@ -44,7 +44,6 @@ class StoreCollector(Collector):
         self._capacity = capacity
 
     def collect(self) -> Iterator[Metric]:
-        yield fleetgauges.build_info()
         up = GaugeMetricFamily("gpuaas_database_up", "1 when the store could be read for this scrape")
         try:
             families = list(self._read())
@@ -64,8 +63,6 @@ class StoreCollector(Collector):
             summary = reads.fleet_summary(conn)
             cycle = lifecycle.summary(conn)
             now = conn.execute("SELECT now()").fetchone()
-            labelled = fleetgauges.read(conn)  # per node and per region x SKU: what alerts need
-            per_node = fleetgauges.gpus_per_node(conn)
         runs = CounterMetricFamily("gpuaas_reconciliations", "Reconciliations recorded, by result", labels=["result"])
         for result in ("changed", "unchanged", "error", "abandoned", "running"):
             runs.add_metric([result], by_result.get(result, 0))
@@ -105,14 +102,12 @@ class StoreCollector(Collector):
                                 value=cycle["slots_quarantined"])
         yield _gauge("gpuaas_provision_attempts_failed", "Failed provision attempts, by what followed", ["outcome"],
                      {(k,): cycle["failed_attempts"].get(k, 0) for k in ("rescheduled", "failed")})
-        yield from labelled
-        yield from self._capacity_families(per_node)
+        yield from self._capacity_families()
 
-    def _capacity_families(self, per_node: dict[str, int]) -> Iterator[Metric]:
+    def _capacity_families(self) -> Iterator[Metric]:
         answer = self._capacity.peek()
         if answer is None:
             return
-        yield from fleetgauges.capacity(answer.computed.doc, per_node)
         launchable = GaugeMetricFamily("gpuaas_capacity_launchable",
                                        "More requests of exactly this size that would be placed now",
                                        labels=["region", "sku", "gpu_count"])
@@ -127,5 +122,6 @@ class StoreCollector(Collector):
 def registry(pool: Pool, capacity: capacities.Cache) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
     reg.register(StoreCollector(pool, capacity))
+    reg.register(fleetgauges.LabelledCollector(pool, capacity))  # per node and region x SKU: what alerts need
     ProcessCollector(registry=reg)  # process_cpu_seconds_total, process_resident_memory_bytes, open fds...
     return reg
