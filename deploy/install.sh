@@ -50,6 +50,10 @@ done
 install -d -m 0755 "$root/usr/share/doc/gpuaas/docs"
 install -m 0644 "$src/README.md" "$root/usr/share/doc/gpuaas/README.md"
 install -m 0644 "$src"/docs/*.md "$root/usr/share/doc/gpuaas/docs/"
+# Shipped monitoring: Prometheus alerting rules (rule_files) and the Grafana dashboard to import.
+install -d -m 0755 "$root/usr/share/doc/gpuaas/prometheus" "$root/usr/share/doc/gpuaas/grafana"
+install -m 0644 "$src/deploy/prometheus/gpuaas-alerts.yml" "$root/usr/share/doc/gpuaas/prometheus/"
+install -m 0644 "$src/deploy/grafana/gpuaas.json" "$root/usr/share/doc/gpuaas/grafana/"
 
 if [ -z "$root" ]; then
     id gpuaas >/dev/null 2>&1 || useradd --system --home /var/lib/gpuaas --shell /usr/sbin/nologin gpuaas

@@ -24,11 +24,13 @@ def promtool_check(text: str) -> str:
 
 @needs_promtool
 def test_serve_metrics_pass_promtool(served: Served) -> None:
+    served.json("/api/v1/capacity")  # computed now: the scrape holds every family
     _, _, body = served.get("/metrics")
     assert promtool_check(body.decode()) == ""
 
 
 def test_serve_metrics_carry_node_sku_and_region_labels(served: Served) -> None:
+    served.json("/api/v1/capacity")
     _, _, body = served.get("/metrics")
     text = body.decode()
     m = _samples(text)
