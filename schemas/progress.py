@@ -127,7 +127,7 @@ class Progress:
         self._thread.start()
 
     def _tick(self) -> None:
-        wait = _TTY_REDRAW if self.style == "tty" else self.interval
+        wait = _TTY_REDRAW if self.style == "tty" else max(self.interval, 0.05)  # never a busy loop
         while not self._stop.wait(wait):
             with self._lock:
                 ph = self._current
