@@ -75,8 +75,8 @@ class Dashboard:
         from reconciler.store import history
 
         with self._ctx.pool.reading() as conn:
-            summary = reads.fleet_summary(conn)
             overview = reads.regions(conn)
+            summary = reads.fleet_summary(conn, overview=overview)  # its slot counts summed from the overview
             grid = reads.nodes(conn, region=region, state=state, limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE)
             pending = reads.pending(conn, limit=100)
             drift = reads.drift(conn)

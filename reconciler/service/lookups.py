@@ -55,30 +55,38 @@ def search(conn: Connection, q: str | None, tenant: str | None, limit: int = LIM
 
 def troubled(conn: Connection, limit: int = LIMIT, stuck_after_s: int = STUCK_AFTER_S) -> list[dict[str, Any]]:
     """Failed, stuck and host-unreachable allocations (still wanted), with why and what the host said."""
+    # Two steps: the few allocations that qualify (filtered, then sorted and cut), then their details. As one
+    # query the planner sorted every allocation first (150-300 ms at 20,000 of them).
+    silent = [r["id"] for r in reads._rows(
+        conn, "SELECT n.id FROM node_liveness l JOIN nodes n ON n.name = l.node_name WHERE l.liveness = 'unavailable'")]
+    picked = [r["id"] for r in reads._rows(conn, """
+        SELECT a.id FROM allocations a
+        WHERE a.present AND a.desired_state = 'present' AND (
+            a.status = 'failed'
+            OR (a.status IN ('reserved', 'provisioning')
+                AND coalesce(a.placed_at, a.requested_at) < now() - make_interval(secs => %(stuck)s))
+            OR (a.status IN ('reserved', 'provisioning', 'active') AND a.node_id = ANY(%(silent)s)))
+        ORDER BY a.status = 'failed' DESC, coalesce(a.failed_at, a.placed_at, a.requested_at) DESC, a.id
+        LIMIT %(limit)s""", {"stuck": stuck_after_s, "silent": silent, "limit": limit})]
+    if not picked:
+        return []
     rows = reads._rows(conn, """
-        WITH silent AS (SELECT node_name FROM node_liveness WHERE liveness = 'unavailable'),
-        picked AS (
-            SELECT a.id FROM allocations a LEFT JOIN nodes n ON n.id = a.node_id
-            WHERE a.present AND a.desired_state = 'present' AND (
-                a.status = 'failed'
-                OR (a.status IN ('reserved', 'provisioning')
-                    AND coalesce(a.placed_at, a.requested_at) < now() - make_interval(secs => %(stuck)s))
-                OR (a.status IN ('reserved', 'provisioning', 'active') AND n.name IN (SELECT node_name FROM silent))))
         SELECT a.id, a.tenant, a.sku, a.gpu_count, a.region, a.status, n.name AS node,
                a.failure_code, a.failure_message, a.failed_at, a.placed_at,
-               n.name IN (SELECT node_name FROM silent) AS host_unreachable,
+               a.node_id = ANY(%(silent)s) AS host_unreachable,
                (SELECT count(*) FROM allocation_attempts t WHERE t.allocation_id = a.id) AS attempts,
                last.code AS attempt_code, last.message AS attempt_message, last.phase AS attempt_phase,
                gpuaas_host_vm(h.details, a.id) -> 'error' ->> 'code' AS host_code,
                gpuaas_host_vm(h.details, a.id) -> 'error' ->> 'message' AS host_message,
                gpuaas_host_vm(h.details, a.id) ->> 'phase' AS host_phase
-        FROM picked p JOIN allocations a ON a.id = p.id
+        FROM allocations a
         LEFT JOIN nodes n ON n.id = a.node_id
         LEFT JOIN host_status h ON h.node_name = n.name
         LEFT JOIN LATERAL (SELECT t.code, t.message, t.phase FROM allocation_attempts t
                            WHERE t.allocation_id = a.id ORDER BY t.attempt DESC LIMIT 1) last ON true
-        ORDER BY a.status = 'failed' DESC, coalesce(a.failed_at, a.placed_at, a.requested_at) DESC, a.id
-        LIMIT %(limit)s""", {"stuck": stuck_after_s, "limit": limit})
+        WHERE a.id = ANY(%(picked)s)""", {"silent": silent, "picked": picked})
+    order = {aid: i for i, aid in enumerate(picked)}
+    rows.sort(key=lambda r: order[r["id"]])
     out = []
     for r in rows:
         kind = ("failed" if r["status"] == "failed" else "host unreachable" if r["host_unreachable"]

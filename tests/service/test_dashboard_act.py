@@ -93,3 +93,10 @@ def test_retries_fold_into_one_row_but_changes_do_not() -> None:
     folded = lookups.collapsed(rows)
     assert [(r["id"], r["repeats"]) for r in folded] == [(9, 3), (6, 1), (5, 1), (4, 1)]
     assert folded[0]["first_started_at"] == 7
+
+
+def test_the_summary_summed_from_the_overview_is_the_summary(fleet_url: str) -> None:
+    from reconciler.service import reads
+
+    with connections.connect(fleet_url, autocommit=True) as conn:
+        assert reads.fleet_summary(conn, overview=reads.regions(conn)) == reads.fleet_summary(conn)
