@@ -37,8 +37,9 @@ def _ensure_repo(root: Path, nodes: int) -> None:
     (root / ".complete").unlink()
     env = {**os.environ, "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@example.invalid",
            "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "bench@example.invalid"}
-    for argv in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"], ["git", "commit", "-qm", "fleet"]):
-        subprocess.run(argv, cwd=root, check=True, env=env, timeout=600)
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=root, check=True, env=env, timeout=600)
+    subprocess.run(["git", "add", "-A"], cwd=root, check=True, env=env, timeout=600)
+    subprocess.run(["git", "commit", "-qm", "fleet"], cwd=root, check=True, env=env, timeout=600)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,10 +47,10 @@ def run(args: argparse.Namespace) -> int:
     _ensure_repo(root, args.nodes)
     timings = []
     for _ in range(args.runs):
-        argv = [sys.executable, "-m", "reconciler.cli", "request", "create", "--repo", str(root), "--tenant",
-                "bench", "--sku", "h200-sxm-slice", "--gpus", "1", "--region", "synth-1", "--commit", "-o", "json"]
         start = time.perf_counter()
-        subprocess.run(argv, check=True, capture_output=True, timeout=600)
+        subprocess.run([sys.executable, "-m", "reconciler.cli", "request", "create", f"--repo={root}", "--tenant",
+                        "bench", "--sku", "h200-sxm-slice", "--gpus", "1", "--region", "synth-1", "--commit", "-o",
+                        "json"], check=True, capture_output=True, timeout=600)
         timings.append(time.perf_counter() - start)
     doc = {"nodes": args.nodes, "runs": args.runs, "seconds_best": round(min(timings), 2),
            "seconds_median": round(sorted(timings)[len(timings) // 2], 2),
