@@ -89,4 +89,12 @@ IMAGE_DIGEST = "desired.image.digest"
 IMAGE_SOURCE_REF = "desired.image.source_ref"
 IMAGE_INACTIVE_SINCE = "desired.image.inactive_since"
 ALLOCATION_IMAGE_INACTIVE = "desired.allocation.image_inactive"
+# A field of an allocation that holds claims changed (policies/immutables.py): a resize is a
+# release and a new request, never an edit.
+ALLOCATION_IMMUTABLE = "desired.allocation.immutable"
 NETWORK_INVALID = "desired.network.invalid"
+NODE_INGRESS_RANGE = "desired.node.ingress_range"
+NODE_INGRESS_ADDRESS = "desired.node.ingress_address"
+NODE_INGRESS_OVERLAP = "desired.node.ingress_overlap"
+ALLOCATION_EXTRA_PORTS_LIMIT = "desired.allocation.extra_ports_limit"
+ALLOCATION_EXTRA_PORTS_DUPLICATE = "desired.allocation.extra_ports_duplicate"

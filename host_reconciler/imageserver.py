@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import http.server
-import os
 import re
 import threading
 import urllib.parse
@@ -23,7 +22,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from host_reconciler import listening
+
 _RANGE = re.compile(r"^bytes=(\d+)-$")
+MAX_CONNECTIONS = 32
+DEADLINE_S = 600.0  # one connection, request and whole body
 
 
 @dataclass
@@ -52,14 +55,18 @@ class ImageServer:
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
+            timeout = 30  # one read
+
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
             def do_GET(self) -> None:
                 server._serve(self)
 
-        self.httpd = http.server.ThreadingHTTPServer((host, 0), Handler)
-        self.httpd.daemon_threads = True
+        # Capped like every listener the product runs: a lab's clients are a few hosts, and a whole
+        # image at lab speeds takes seconds (a stalled client is cut, never held for good).
+        self.httpd = listening.BoundedServer((host, 0), Handler, max_connections=MAX_CONNECTIONS,
+                                             deadline_s=DEADLINE_S)
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="image-server", daemon=True)
 
     @property
@@ -161,12 +168,9 @@ class ImageServer:
 def _sendfile(h: http.server.BaseHTTPRequestHandler, f: Any, count: int) -> int:
     """Send `count` bytes of `f` from its position with sendfile(2); returns what went out."""
     h.wfile.flush()
-    offset, sent = f.tell(), 0
-    while sent < count:
-        n = os.sendfile(h.connection.fileno(), f.fileno(), offset + sent, count - sent)
-        if n == 0:
-            break
-        sent += n
+    # socket.sendfile, not os.sendfile: the handler's read timeout makes the socket non-blocking
+    # underneath, and socket.sendfile waits for it to be writable where os.sendfile fails with EAGAIN.
+    sent: int = h.connection.sendfile(f, f.tell(), count)
     return sent
 
 

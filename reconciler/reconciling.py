@@ -10,19 +10,46 @@ twice changes nothing the second time.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+from desired import problems as p
 from desired.loading import DesiredState
+from policies import immutables
 from reconciler.placement import planner as planning
 from reconciler.plans import Observed, Plan
-from reconciler.store import claims, cleanup, history, hostplans, inventory, inventoryrows, lifecycle, live
+from reconciler.store import (
+    claims,
+    cleanup,
+    history,
+    hostplans,
+    inventory,
+    inventoryrows,
+    lifecycle,
+    live,
+    revisions,
+)
 from reconciler.store.connections import Connection
 from schemas import dberrors, progress
-from schemas.errors import GpuaasError
+from schemas.errors import GpuaasError, PermanentError
 
 Planner = Callable[[DesiredState, Observed], Plan]
+
+
+class Invalid(PermanentError):
+    """The revision breaks a rule that needs the store to check (an edit of a held allocation).
+
+    Refused like a revision that fails validation: recorded once in history
+    with every problem, nothing written, the last valid revision stays in force.
+    """
+
+    def __init__(self, problems: list[p.Problem]) -> None:
+        first = problems[0]
+        super().__init__(f"{len(problems)} problem(s) against the store, first: {first.render()}; nothing applied",
+                         code=first.code)
+        self.problems = problems
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +121,7 @@ def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = Non
     try:
         pins = hostplans.pinned_images(conn)
         with shown.phase("sync inventory"):
-            synced = inventory.sync(conn, state, memory=memory)
+            synced = inventory.sync(conn, state, memory=memory, guard=partial(refuse_edits, conn, state))
         with shown.phase("absorb host reports"):
             absorbed = cleanup.absorb(conn)
             lifecycle.sync_settings(conn, state)
@@ -111,6 +138,10 @@ def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = Non
                              | inventory.changed_nodes(synced.changes) | {r.node for r in moved if r.node})
         with shown.phase("write host plans", unit="nodes") as ph:
             written = tuple(hostplans.write(conn, touched, revision=synced.revision, shown=ph))
+    except Invalid as e:  # refused like invalid YAML: recorded once, with every problem; nothing was written
+        history.finish(conn, run_id, result="error", counts={revisions.INVALID_COUNT: len(e.problems)},
+                       problems=[{**x.as_dict(), "text": x.render()} for x in e.problems])
+        raise
     except GpuaasError as e:
         history.finish(conn, run_id, result="error", problems=[{"code": e.code, "message": e.message}])
         raise
@@ -120,6 +151,24 @@ def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = Non
     result = ReconcileResult(run_id, synced.revision, synced, absorbed, plan, applied, written, moved)
     history.finish(conn, run_id, result="changed" if result.changed else "unchanged", counts=result.counts())
     return result
+
+
+def refuse_edits(conn: Connection, state: DesiredState, changes: Sequence[inventory.RowChange],
+                 allocations: set[str] | None) -> None:
+    """Raise `Invalid` when `state` edits an allocation that holds claims (`policies.immutables`).
+
+    The sync's guard, inside its transaction and before the allocation rows
+    are written: it reads back only the allocations the sync compares (with
+    a delta, those this revision changed; None: all) and those of a SKU
+    whose row changed, so in the loop it costs what the change costs.
+    """
+    skus = {c.key for c in changes if c.kind == "sku" and c.action == "changed"}
+    if allocations is not None and not allocations and not skus:
+        return
+    held = live.held(conn) if allocations is None else live.held(conn, ids=allocations, skus=skus)
+    problems = immutables.check(state, held)
+    if problems:
+        raise Invalid(problems)
 
 
 def _unplanned(conn: Connection) -> set[str]:

@@ -167,7 +167,7 @@ def render_sku(d: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     kind = get.KINDS[args.kind]
-    doc = collect(db.database_url(args), kind, args.name)
+    doc = collect(db.reading_url(args), kind, args.name)
     if output.structured(args.output):
         output.emit(doc, args.output)
     else:

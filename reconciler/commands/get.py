@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     from reconciler.commands import status
 
     kind = KINDS[args.kind]
-    url = db.database_url(args)
+    url = db.reading_url(args)  # a read starts no embedded server (db.not_running says how)
 
     def read() -> Any:
         chosen = select(status.collect(url), kind, args.name)

@@ -143,6 +143,7 @@ def as_dict(pr: PrPlan) -> dict[str, Any]:
         "sku_capacity": [{"region": c.region, "sku": c.sku, "unit": c.unit, "total_before": c.total_before,
                           "total_after": c.total_after, "usable_before": c.usable_before,
                           "usable_after": c.usable_after} for c in pr.sku_capacity],
+        "host_drift": [{"node": n, "slot_index": i, "codes": list(c)} for n, i, c in pr.host_blocked],
         "capacity": [{"region": c.region, "sku": c.sku, "gpu_count": c.gpu_count, "before": c.before,
                       "after": c.after} for c in pr.capacity_changes],
         "launchable_after": capacity_rows(pr.capacity_after),
@@ -231,6 +232,24 @@ def _text_allocations(pr: PrPlan) -> list[str]:
     if pr.orphaned:
         out += ["", "warning: allocations holding claims are no longer declared (set `state: released` to free "
                     "them): " + ", ".join(pr.orphaned)]
+    if pr.host_blocked:
+        out += ["", "Not placed until their hosts report them clear:"]
+        out += [f"  {node} {'(node-wide corruption)' if idx is None else 'slots [' + _slots(tuple(slots)) + ']'}: "
+                f"{', '.join(codes)}" for (node, codes), idxs in host_groups(pr).items() for idx, slots in idxs]
+    return out
+
+
+def host_groups(pr: PrPlan) -> dict[tuple[str, tuple[str, ...]], list[tuple[int | None, list[int]]]]:
+    """Host-reported blocks grouped by (node, codes): the node itself (None), then its slots together."""
+    out: dict[tuple[str, tuple[str, ...]], list[tuple[int | None, list[int]]]] = {}
+    for node, idx, codes in pr.host_blocked:
+        group = out.setdefault((node, codes), [])
+        if idx is None:
+            group.insert(0, (None, []))
+        elif group and group[-1][0] is not None:
+            group[-1][1].append(idx)
+        else:
+            group.append((idx, [idx]))
     return out
 
 
@@ -337,6 +356,9 @@ def render_markdown(pr: PrPlan) -> str:
                       _slots(x.slot_indexes),
                       f"{x.profile.name} ({x.profile.vcpu_count} vCPU, {x.profile.memory_mib} MiB)"
                       if x.profile else "-"] for x in pr.plan.placements])
+    out += _details("Not placed until their hosts report them clear", ["Node", "Slots", "Codes"],
+                    [[_code(node), "whole node" if idx is None else _slots(tuple(slots)), _codes(codes)]
+                     for (node, codes), idxs in host_groups(pr).items() for idx, slots in idxs])
     out += _details("Pending", ["Allocation", "Code", "Reason", "New"],
                     [[_code(y.allocation_id), _code(y.code), y.message, "yes" if y.allocation_id in new else "no"]
                      for y in pr.plan.pending])

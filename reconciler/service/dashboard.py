@@ -72,9 +72,10 @@ class Dashboard:
             page = max(1, int(_one(query, "page") or 1))
         except ValueError:
             raise api.ApiError(400, api.BAD_REQUEST, "page must be an integer") from None
-        from reconciler.store import history
+        from reconciler.store import history, lifecycle
 
         with self._ctx.pool.reading() as conn:
+            disrupted = [r for r in lifecycle.disruption(conn) if r["disrupted"]]
             overview = reads.regions(conn)
             summary = reads.fleet_summary(conn, overview=overview)  # its slot counts summed from the overview
             grid = reads.nodes(conn, region=region, state=state, limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE)
@@ -97,7 +98,7 @@ class Dashboard:
             "fleet.html", summary=summary, overview=overview, grid=grid, width=width, page=page, pages=pages,
             region=region, state=state, link=link, pending=pending, drift=drift, drift_shown=drift["findings"][:100],
             recent=recent, health=health, capacity=capacity, capacity_error=capacity_error,
-            slot_states=reads.SLOT_STATES, troubled=troubled, found=found, q=q, tenant=tenant)
+            slot_states=reads.SLOT_STATES, troubled=troubled, found=found, q=q, tenant=tenant, disrupted=disrupted)
 
     def node(self, name: str) -> str:
         with self._ctx.pool.reading() as conn:

@@ -46,7 +46,11 @@ def report_hosts(url: str) -> None:
     details = {"generation": 1, "mode": "report", "converged": False, "pending": [], "pass_ms": 12.0,
                "reported_at": "2026-11-20T10:00:00+00:00",
                "vms": [{"allocation_id": "alloc-0001", "name": "gpuaas-alloc-0001", "state": "provisioning",
-                        "phase": "image", "phase_timings": {}, "error": None, "hard_stopped": False}]}
+                        "phase": "image", "phase_timings": {}, "error": None, "hard_stopped": False}],
+               "host": {"agent_version": "0.1.0", "firmware_ready": None, "firmware_code": "host.firmware.no_evidence",
+                        "firmware_evidence": {}, "bootstrap_state": "reboot_required",
+                        "bootstrap_checked_at": "2026-11-20T09:00:00+00:00", "reboot_required": True,
+                        "reboot_reasons": ["bootstrap staged changes that take effect at the next boot"]}}
     html = {"code": "drift.network.problem", "slot_index": None, "message": HTML_MESSAGE}
     with connections.connect(url, autocommit=True) as conn:
         # Rows from before migration 0008 (which refuses malformed reports) must still read: drop its check here.
@@ -74,15 +78,15 @@ class Served:
     url: str
     httpd: server.HTTPServer
 
-    def get(self, path: str, *, token: str | None = None, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
+    def get(self, path: str, *, token: str | None = None, method: str = "GET") -> tuple[int, Any, bytes]:
         req = urllib.request.Request(self.url + path, method=method)  # noqa: S310 - http://127.0.0.1 only
         if token is not None:
             req.add_header("Authorization", f"Bearer {token}")
         try:
             with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 - http://127.0.0.1 only (self.url)
-                return resp.status, dict(resp.headers), resp.read()
+                return resp.status, resp.headers, resp.read()  # names case-insensitive, as HTTP says
         except urllib.error.HTTPError as e:
-            return e.code, dict(e.headers), e.read()
+            return e.code, e.headers, e.read()
 
     def json(self, path: str, *, status: int = 200, token: str | None = None) -> Any:
         code, _, body = self.get(path, token=token)
