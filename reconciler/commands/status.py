@@ -13,7 +13,7 @@ import argparse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from reconciler.commands import db
+from reconciler.commands import db, repeating
 from schemas import output
 
 if TYPE_CHECKING:
@@ -24,6 +24,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("status", help="capacity per region x SKU, nodes and allocations, from the database")
     output.add_argument(p, "text")
     p.add_argument("--policy", help="placement policy override (default: the Fleet's)")
+    repeating.add_arguments(p)
     db.add_database_arguments(p)
     p.set_defaults(func=run)
 
@@ -314,10 +315,5 @@ def _lifecycle_text(c: dict[str, Any] | None, status: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-
-    doc = collect(db.reading_url(args), policy=args.policy)
-    if output.structured(args.output):
-        output.emit(doc, args.output)
-    else:
-        print(render_text(doc))
-    return 0
+    url = db.reading_url(args)
+    return repeating.show(args, lambda: collect(url, policy=args.policy), render_text)
