@@ -37,6 +37,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -372,11 +373,13 @@ def run(args: argparse.Namespace) -> int:
         agents = _seed(url, args.agents)
         serve.start()
         try:
+            factory: Callable[[], asyncio.AbstractEventLoop] | None = None
             with contextlib.suppress(ImportError):
                 import uvloop
 
-                asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-            doc = asyncio.run(_drive(args, url, serve, agents))
+                factory = uvloop.new_event_loop  # this run's loop only: no process-wide policy left behind
+            with asyncio.Runner(loop_factory=factory) as runner:
+                doc = runner.run(_drive(args, url, serve, agents))
         finally:
             serve.stop()
     finally:
