@@ -134,8 +134,7 @@ def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = Non
         with shown.phase("write claims"):
             applied = claims.apply(conn, plan, revision=synced.revision, max_attempts=max_attempts(state),
                                    fault=fault)
-        with shown.phase("pending deadlines"):
-            expired = deadlines.expire(conn, state)
+            expired = deadlines.expire(conn, state)  # what is still pending after this pass may be past its deadline
         touched: list[str] | None = None  # None: every node's plan is rebuilt (a fleet-wide change)
         # The fleet settings and the catalog's image pins are in every host plan.
         if not any(c.kind == "fleet" for c in synced.changes) and hostplans.pinned_images(conn) == pins:
