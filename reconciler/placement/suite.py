@@ -38,7 +38,7 @@ ONE_GPU_MIX: Mapping[int, float] = {1: 0.90, 2: 0.06, 4: 0.03, 8: 0.01}
 EIGHT_GPU_MIX: Mapping[int, float] = {1: 0.20, 2: 0.10, 4: 0.20, 8: 0.50}
 
 BURST_FACTOR = 4.0  # arrival rate in a burst / in a calm period
-BURST_SHARE = 0.2  # share of (operational) time spent in bursts
+BURST_SHARE = 0.2  # share of real time spent in bursts
 CALM_MEAN_S = 4 * 3600.0  # mean length of a calm period, real seconds
 NODES = 64
 
@@ -86,13 +86,13 @@ def bursty_times(times: Sequence[float], seed: int) -> list[float]:
     """Map Poisson arrival times (operational clock) onto a two-state MMPP's real clock.
 
     State lengths are exponential in real time (calm mean `CALM_MEAN_S`, burst
-    mean chosen so bursts take `BURST_SHARE` of real time); the real clock
-    advances `slow` per operational second in calm and `slow / BURST_FACTOR`
-    in a burst, with `slow` set so both clocks have the same mean speed.
+    mean chosen so bursts take `BURST_SHARE` of real time); the operational
+    clock runs `BURST_FACTOR` times faster in a burst than in calm, at a speed
+    set so both clocks have the same mean speed (the same offered load).
     """
     rnd = random.Random(seed * 104729 + 3)  # noqa: S311  # seeded, reproducible simulation input
     burst_mean = CALM_MEAN_S * BURST_SHARE / (1 - BURST_SHARE)
-    # real time per operational second: calm c, burst c / F; mean over real time = 1 -> solve for c.
+    # operational seconds per real second: c in calm, F x c in a burst; their mean over real time is 1.
     calm_rate = 1.0 / ((1 - BURST_SHARE) + BURST_SHARE * BURST_FACTOR)  # operational s per real s, calm
     burst_rate = calm_rate * BURST_FACTOR
     out = []
