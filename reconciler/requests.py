@@ -419,9 +419,13 @@ def _commit(root: Path, path: Path, message: str, push: tuple[str, str] | None) 
         before = repo.head.commit.hexsha if repo.head.is_valid() else None
         rel = str(path.resolve().relative_to(Path(repo.working_tree_dir or root).resolve()))
         try:
-            repo.index.add([rel])
-            bot = git.Actor(BOT_NAME, BOT_EMAIL)
-            sha = str(repo.index.commit(message, author=bot, committer=bot).hexsha)
+            # git itself, not GitPython's index: rewriting a 4,000-entry index in Python cost the bot 0.6-1.2 s
+            # per request at 2,000 nodes. Only this path is committed (`-- rel`), as the bot.
+            bot = {"GIT_AUTHOR_NAME": BOT_NAME, "GIT_AUTHOR_EMAIL": BOT_EMAIL,
+                   "GIT_COMMITTER_NAME": BOT_NAME, "GIT_COMMITTER_EMAIL": BOT_EMAIL}
+            repo.git.add("--", rel)
+            repo.git.commit("-q", f"--message={message}", "--", rel, env=bot)
+            sha = str(repo.head.commit.hexsha)
             if push is not None:
                 remote, branch = push
                 infos = repo.remote(remote).push(f"HEAD:refs/heads/{branch}")

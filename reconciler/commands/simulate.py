@@ -2,6 +2,7 @@
 
     gpuaas simulate --fleet DIR --workload FILE.csv [--policy NAME] [--json] [--repack-bound]
     gpuaas simulate --fleet DIR --workload FILE.csv --compare [--json] [--lease-ends terms|none|exact]
+    gpuaas simulate --suite [--json] [--seeds N] [--loads 0.8,0.9,1.0] [--requests N] [--families a,b]
 
 The CSV header is `arrival_s,duration_s,sku,gpus[,lease_s]` (`gpuaas fleet
 workload` writes one). A request arrives, holds its GPUs for `duration_s`,
@@ -12,7 +13,11 @@ on-demand lease. `--lease-ends` says what the planner is told (only `default`
 reads it): `terms` (default) the rows' `lease_s`, `none` nothing (every
 lease on demand; `--no-lease-ends` is the same), `exact` the real departure
 (an oracle, for research). `--compare` also shows the repack bound beside
-the fluid bound. Progress goes to stderr.
+the fluid bound. `--suite` replays every family of the workload suite
+(`reconciler.placement.suite`, docs/placement.md "Workload suite") on a
+synthetic 64-node fleet under every policy and exits 1 when `default`
+accepts fewer GPUs than a baseline on some family and load. Progress goes
+to stderr.
 """
 
 from __future__ import annotations
@@ -37,8 +42,8 @@ def register(sub: Any) -> None:
     from policies import packing
     from reconciler.placement import simulation
     p = sub.add_parser("simulate", help="replay a workload through the placement engine")
-    p.add_argument("--fleet", type=Path, required=True, help="desired-state directory")
-    p.add_argument("--workload", type=Path, required=True, help="CSV: arrival_s,duration_s,sku,gpus[,lease_s]")
+    p.add_argument("--fleet", type=Path, help="desired-state directory (required unless --suite)")
+    p.add_argument("--workload", type=Path, help="CSV: arrival_s,duration_s,sku,gpus[,lease_s] (unless --suite)")
     p.add_argument("--policy", choices=[x.value for x in packing.ALL],
                    help="placement policy (default: the fleet's placement.policy)")
     p.add_argument("--compare", action="store_true", help="run every policy on the same workload")
@@ -53,6 +58,13 @@ def register(sub: Any) -> None:
     p.add_argument("--repack-bound", action="store_true",
                    help="also compute the repack bound (always with --compare)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--suite", action="store_true",
+                   help="run the workload suite (every family x load x seed, every policy) on a synthetic fleet")
+    p.add_argument("--seeds", type=int, default=3, help="--suite: streams per family and load (default 3)")
+    p.add_argument("--loads", default="0.8,0.9,1.0", help="--suite: offered loads (default 0.8,0.9,1.0)")
+    p.add_argument("--requests", type=int, default=20000, help="--suite: requests per stream (default 20000)")
+    p.add_argument("--families", help="--suite: comma-separated family names (default: all)")
+    p.add_argument("--nodes", type=int, default=64, help="--suite: hosts of the synthetic fleet (default 64)")
     p.set_defaults(func=run)
 
 
@@ -99,6 +111,10 @@ def run(args: argparse.Namespace) -> int:
     from policies import packing
     from reconciler import sources
     from reconciler.placement import simulation
+    if args.suite:
+        return run_suite(args)
+    if args.fleet is None or args.workload is None:
+        raise UsageError("--fleet and --workload are required (or --suite)", code="simulate.args.missing")
     result = sources.load(args.fleet)
     if result.errors:
         raise UsageError(f"{args.fleet} does not validate ({len(result.errors)} errors); run gpuaas validate",
@@ -167,4 +183,89 @@ def render(results: list[simulation.Result]) -> str:
             lines += ["", f"default vs best baseline ({best.policy}): acceptance "
                           f"{mine[0].acceptance_gpu - best.acceptance_gpu:+.4f}, gap ratio {ratio:.2f} "
                           f"(closes {closed:.0%} of its gap to the fluid bound)"]
+    return "\n".join(lines)
+
+
+def _suite_progress(quiet: bool) -> Any:
+    """Progress of a suite run on stderr: a live line on a terminal, a line per 5% in logs."""
+    if quiet:
+        return None
+    live = sys.stderr.isatty()
+    shown = [-1]
+
+    def report(done: int, total: int, what: str) -> None:
+        pct = 100 * done // total
+        if live:
+            end = "\n" if done >= total else ""
+            print(f"\r\x1b[K  suite: {done}/{total} runs ({pct}%) {what}", end=end, file=sys.stderr, flush=True)
+        elif pct // 5 > shown[0]:
+            shown[0] = pct // 5
+            print(f"  suite: {done}/{total} runs ({pct}%) {what}", file=sys.stderr, flush=True)
+    return report
+
+
+def run_suite(args: argparse.Namespace) -> int:
+    from reconciler.placement import suite
+    try:
+        loads = [float(x) for x in args.loads.split(",") if x.strip()]
+    except ValueError as e:
+        raise UsageError(f"--loads {args.loads!r}: expected numbers such as 0.8,0.9,1.0",
+                         code="simulate.suite.loads") from e
+    if not loads or any(not 0 < x <= 10 for x in loads):
+        raise UsageError(f"--loads {args.loads!r}: loads must be in (0, 10]", code="simulate.suite.loads")
+    if args.seeds < 1 or args.requests < 1 or args.nodes < 1:
+        raise UsageError("--seeds, --requests and --nodes must be at least 1", code="simulate.suite.size")
+    names = [x.strip() for x in args.families.split(",")] if args.families else [f.name for f in suite.FAMILIES]
+    unknown = [n for n in names if n not in {f.name for f in suite.FAMILIES}]
+    if unknown:
+        raise UsageError(f"--families: unknown {', '.join(unknown)} (known: "
+                         f"{', '.join(f.name for f in suite.FAMILIES)})", code="simulate.suite.family")
+    families = [suite.family(n) for n in names]
+    cells = suite.run(families, loads, seeds=args.seeds, requests=args.requests, nodes=args.nodes,
+                      progress=_suite_progress(args.quiet))
+    below = [c for c in cells if c.below]
+    misses = suite.goal_misses(cells)
+    if args.json:
+        print(json.dumps({"nodes": args.nodes, "seeds": args.seeds, "requests": args.requests, "loads": loads,
+                          "families": [f.as_dict() for f in families], "cells": [c.as_dict() for c in cells],
+                          "default_below_a_baseline": len(below), "goal_misses": misses}, indent=2))
+    else:
+        print(render_suite(cells, families, args))
+    return 1 if below else 0
+
+
+def render_suite(cells: list[Any], families: list[Any], args: argparse.Namespace) -> str:
+    from policies import packing
+    from reconciler.placement import suite
+    policies = [p.value for p in packing.ALL]
+    short = {"default": "default", "first-fit": "first-fit", "k8s-least-allocated": "k8s-least",
+             "k8s-most-allocated": "k8s-most", "seed-rank": "seed-rank"}
+    lines = [f"workload suite: {args.nodes} nodes, {args.seeds} seed(s) x {args.requests} requests per "
+             "family and load; acceptance_gpu summed over seeds", ""]
+    head = f"{'family':<18} {'load':>4} " + " ".join(f"{short.get(p, p):>10}" for p in policies)
+    lines.append(head + f" {'fluid':>8} {'best base':>10} {'closed':>7}  note")
+    by_name = {f.name: f for f in families}
+    for c in cells:
+        closed = c.closed
+        fam = by_name[c.family]
+        flag = "; ".join(x for x in ("held out" if fam.held_out else "",
+                                       "BELOW " + ",".join(c.below) if c.below else "") if x)
+        lines.append(f"{c.family:<18} {c.load:>4.2f} " + " ".join(f"{c.acceptance(p):>10.4f}" for p in policies)
+                     + f" {c.fluid_bound:>8.4f} {short.get(c.best_baseline, c.best_baseline):>10} "
+                     + (f"{closed:>7.0%}" if closed is not None else f"{'no gap':>7}") + f"  {flag}")
+    worst = [c for c in cells if c.closed is not None and abs(c.load - 0.9) < 1e-9]
+    lines.append("")
+    if worst:
+        w = min(worst, key=lambda c: c.closed if c.closed is not None else 1.0)
+        lines.append(f"worst family at load 0.9: {w.family} (closes {w.closed:.0%} of the best baseline's gap)")
+    for c in cells:
+        if c.held_out and abs(c.load - 0.9) < 1e-9:
+            closed = c.closed
+            lines.append(f"held out: {c.family} at load 0.9: "
+                         + ("the best baseline reaches the fluid bound" if closed is None
+                            else f"closes {closed:.0%} of the best baseline's gap")
+                         + (f", below {', '.join(c.below)}" if c.below else ""))
+    misses = suite.goal_misses(cells)
+    lines.append("goal (never below a baseline; >= 25% of the gap closed at load 0.9): "
+                 + ("met" if not misses else "missed: " + "; ".join(misses)))
     return "\n".join(lines)

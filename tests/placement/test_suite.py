@@ -1,0 +1,96 @@
+"""The workload suite: deterministic generators, a tiny `gpuaas simulate --suite`, default vs first-fit."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from reconciler import cli
+from reconciler.placement import simulation, suite, synthesis
+
+BARE = synthesis.H200_BAREMETAL
+
+
+def _offers() -> list[synthesis.Offer]:
+    return simulation.offers(suite.fleet(4), dict(suite.SYNTH_MIX))
+
+
+@pytest.mark.parametrize("fam", suite.FAMILIES, ids=lambda f: f.name)
+def test_every_family_is_a_pure_function_of_its_seed(fam: suite.Family) -> None:
+    offers = _offers()
+    one = suite.family_rows(fam, offers, load=0.9, requests=300, seed=4, baremetal_sku=BARE)
+    assert one == suite.family_rows(fam, offers, load=0.9, requests=300, seed=4, baremetal_sku=BARE)
+    assert one != suite.family_rows(fam, offers, load=0.9, requests=300, seed=5, baremetal_sku=BARE)
+    assert len(one) == 300
+    assert [r.arrival_s for r in one] == sorted(r.arrival_s for r in one)
+    assert {r.gpus for r in one if r.sku == synthesis.H200_SLICE} <= set(fam.mix)
+    assert all((r.lease_s is not None) == fam.terms for r in one)
+    assert any(r.sku == BARE for r in one) == (fam.baremetal > 0)
+
+
+def test_bursty_arrivals_keep_the_stream_and_clump_it() -> None:
+    fam = suite.family("synth-bursty")
+    calm = suite.Family("calm", fam.mix, fam.baremetal, fam.sigma)
+    offers = _offers()
+    poisson = suite.family_rows(calm, offers, load=0.9, requests=4000, seed=2, baremetal_sku=BARE)
+    bursty = suite.family_rows(fam, offers, load=0.9, requests=4000, seed=2, baremetal_sku=BARE)
+    # same requests, same durations: only the arrival clock changes
+    assert [(r.sku, r.gpus, r.duration_s) for r in poisson] == [(r.sku, r.gpus, r.duration_s) for r in bursty]
+    # the mean rate is kept (within the noise of a few dozen calm/burst periods)
+    assert bursty[-1].arrival_s == pytest.approx(poisson[-1].arrival_s, rel=0.35)
+
+    def dispersion(rows: list[synthesis.WorkloadRow]) -> float:
+        counts = Counter(int(r.arrival_s // 1800) for r in rows)
+        values = [counts.get(i, 0) for i in range(int(rows[-1].arrival_s // 1800))]
+        mean = sum(values) / len(values)
+        return sum((v - mean) ** 2 for v in values) / len(values) / mean
+
+    assert dispersion(poisson) < 2.0 < dispersion(bursty)  # Poisson: ~1; the MMPP clumps arrivals
+
+
+def test_suite_runs_a_tiny_configuration(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["simulate", "--suite", "--json", "--seeds", "1", "--requests", "200", "--loads", "0.9",
+                     "--nodes", "4", "--families", "synth,eight-gpu"])
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert [c["family"] for c in doc["cells"]] == ["synth", "eight-gpu"]
+    for cell in doc["cells"]:
+        assert set(cell["acceptance_gpu"]) == {"default", "first-fit", "k8s-least-allocated",
+                                               "k8s-most-allocated", "seed-rank"}
+        assert 0 < cell["fluid_bound_gpu"] <= 1
+    assert code == (1 if doc["default_below_a_baseline"] else 0)
+    assert "10/10 runs" in captured.err  # progress
+    assert cli.main(["simulate", "--suite", "--quiet", "--seeds", "1", "--requests", "100", "--loads", "0.9",
+                     "--nodes", "2", "--families", "one-gpu"]) in (0, 1)
+    table = capsys.readouterr().out
+    assert "one-gpu" in table and "fluid" in table and "goal" in table
+
+
+def test_suite_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["simulate", "--suite", "--families", "nope"]) == 1
+    assert "simulate.suite.family" in capsys.readouterr().err
+    assert cli.main(["simulate", "--suite", "--loads", "x"]) == 1
+    assert "simulate.suite.loads" in capsys.readouterr().err
+    assert cli.main(["simulate"]) == 1  # neither --suite nor --fleet/--workload
+    assert "simulate.args.missing" in capsys.readouterr().err
+
+
+def test_cells_judge_default_against_every_baseline() -> None:
+    cell = suite.Cell("f", 0.9, False, offered=1000, fluid=1000,
+                      accepted={"default": 960, "first-fit": 950, "k8s-least-allocated": 700,
+                                "k8s-most-allocated": 970, "seed-rank": 940})
+    assert cell.best_baseline == "k8s-most-allocated" and cell.below == ["k8s-most-allocated"]
+    assert cell.closed == pytest.approx(-1 / 3)
+    misses = suite.goal_misses([cell])
+    assert any("below k8s-most-allocated" in m for m in misses) and any("< 25%" in m for m in misses)
+    cell.accepted["default"] = 980
+    assert cell.below == [] and cell.closed == pytest.approx(1 / 3) and suite.goal_misses([cell]) == []
+
+
+def test_default_never_below_first_fit_on_a_small_fixed_case() -> None:
+    cells = suite.run([suite.family("eight-gpu")], [0.9], seeds=1, requests=2000, nodes=8)
+    cell = cells[0]
+    assert cell.accepted["default"] >= cell.accepted["first-fit"]
+    assert cell.accepted["default"] > cell.accepted["k8s-least-allocated"]
