@@ -31,12 +31,39 @@ def validate(result: LoadResult) -> LoadResult:
     result.problems.extend(_nodes(state))
     result.problems.extend(_slot_maps(state))
     result.problems.extend(_allocations(state))
+    result.problems.extend(_machines(state))
     return result
 
 
 def _fleet(state: DesiredState) -> Iterator[p.Problem]:
     if state.fleet is None and state.file_count:
         yield p.Problem(p.FLEET_MISSING, "no Fleet document found; regions and pools are declared there", ".", 1, 1)
+
+
+def _machines(state: DesiredState) -> Iterator[p.Problem]:
+    """Machine providers (issue 30): unique names; each node's provider declared and its machine claimed once."""
+    declared: set[str] = set()
+    if state.fleet is not None:
+        src = state.source("Fleet", state.fleet.name)
+        for i, prov in enumerate(state.fleet.machine_providers):
+            if prov.name in declared:
+                yield src.at("machine_providers", i, "name", code=p.PROVIDER_DUPLICATE,
+                             message=f"machine provider {prov.name!r} is declared twice")
+            declared.add(prov.name)
+    seen: dict[tuple[str, str], str] = {}
+    for name, node in state.nodes.items():
+        if node.machine is None:
+            continue
+        src = state.source("Node", name)
+        if node.machine.provider not in declared:
+            yield src.at("machine", "provider", code=p.NODE_MACHINE_PROVIDER,
+                         message=f"machine provider {node.machine.provider!r} is not declared in "
+                                 "Fleet.machine_providers")
+        key = (node.machine.provider, node.machine.machine_id)
+        other = seen.setdefault(key, name)
+        if other != name:
+            yield src.at("machine", "machine_id", code=p.NODE_MACHINE_DUPLICATE,
+                         message=f"machine {key[1]!r} of provider {key[0]!r} is already node {other!r}")
 
 
 def _regions(state: DesiredState) -> dict[str, set[str]]:

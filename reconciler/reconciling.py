@@ -15,8 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from desired.loading import DesiredState
+from reconciler import leasing
 from reconciler.placement import planner as planning
 from reconciler.plans import Observed, Plan
+from reconciler.providers import protocols as provider_protocols
+from reconciler.providers.registry import Providers
 from reconciler.store import claims, cleanup, history, hostplans, inventory, inventoryrows, lifecycle, live
 from reconciler.store.connections import Connection
 from schemas import dberrors
@@ -35,10 +38,12 @@ class ReconcileResult:
     applied: claims.ApplyResult
     host_plans: tuple[hostplans.Written, ...]
     rescheduled: tuple[lifecycle.Rescheduled, ...] = ()
+    leases: leasing.StepResult | None = None
 
     @property
     def changed(self) -> bool:
         return (self.sync.changed or self.absorbed.changed or self.applied.changed
+                or (self.leases is not None and self.leases.changed)
                 or any(w.changed for w in self.host_plans)
                 or any(r.outcome in ("rescheduled", "failed") for r in self.rescheduled))
 
@@ -57,6 +62,7 @@ class ReconcileResult:
             "host_plans_written": sum(1 for w in self.host_plans if w.changed),
             "rescheduled": sum(1 for r in self.rescheduled if r.outcome == "rescheduled"),
             "provision_failed": sum(1 for r in self.rescheduled if r.outcome == "failed"),
+            "leases_moved": len(self.leases.moved) if self.leases else 0,
         }
 
 
@@ -80,11 +86,15 @@ def max_attempts(state: DesiredState) -> int:
 
 def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = None, source: str = "",
               planner: Planner | None = None, fault: claims.Fault | None = None,
-              memory: inventory.Memory | None = None) -> ReconcileResult:
+              memory: inventory.Memory | None = None, providers: Providers | None = None,
+              probe: provider_protocols.SshProbe | None = None,
+              lease_fault: leasing.Fault | None = None) -> ReconcileResult:
     """Bring the store to `state`; every step is recorded in one history row.
 
     `planner` replaces the pure planner (a saved plan's guard, tests); otherwise
-    `policy` picks the packing policy.
+    `policy` picks the packing policy. Baremetal leases on nodes that declare a
+    machine provider are moved through `providers` (default: built from the
+    Fleet, credentials read at run time) after the placements.
     """
     planner = planner or planner_for(policy)
     revision = inventoryrows.revision_key(state)
@@ -104,13 +114,16 @@ def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = Non
             touched = sorted(set(claims.placed_nodes(applied)) | set(absorbed.nodes) | _unplanned(conn)
                              | inventory.changed_nodes(synced.changes) | {r.node for r in moved if r.node})
         written = tuple(hostplans.write(conn, touched, revision=synced.revision))
+        leased = None
+        if any(n.machine is not None for n in state.nodes.values()) or providers is not None:
+            leased = leasing.step(conn, state, providers or Providers.of(state), probe=probe, fault=lease_fault)
     except GpuaasError as e:
         history.finish(conn, run_id, result="error", problems=[{"code": e.code, "message": e.message}])
         raise
     except Exception as e:  # a bug: still leave a finished history row behind, then surface it
         history.finish(conn, run_id, result="error", problems=[{"code": "gpuaas.bug", "message": repr(e)}])
         raise
-    result = ReconcileResult(run_id, synced.revision, synced, absorbed, plan, applied, written, moved)
+    result = ReconcileResult(run_id, synced.revision, synced, absorbed, plan, applied, written, moved, leased)
     history.finish(conn, run_id, result="changed" if result.changed else "unchanged", counts=result.counts())
     return result
 

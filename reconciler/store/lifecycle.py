@@ -49,6 +49,7 @@ RESCHEDULE_PATTERNS: tuple[str, ...] = (
     "host.readiness.%",  # no DHCP lease or no TCP answer before the readiness timeout
     "host.kvm_missing",
     "host.hugepages.%",
+    "baremetal.deploy.%",  # a machine provider's failed deploy (the machine is quarantined, issue 30)
 )
 
 DEFAULT_TTL_S = 90
