@@ -1,0 +1,121 @@
+"""Baremetal leases end to end through the MAAS simulator and real PostgreSQL (issue 30).
+
+    reconcile -> deploy (once) -> Deployed + SSH answers -> active, usage accrues
+    release in git -> release with erase (once) -> Ready -> erase evidence frees the claim -> node available
+"""
+
+from __future__ import annotations
+
+import time
+
+from desired.loading import DesiredState
+from reconciler import reconciling
+from reconciler.bench import leases as fleets
+from reconciler.providers.lab.maas_sim import MaasSimulator
+from reconciler.store import checks, inventory, leases
+from reconciler.store.connections import Connection
+from tests.baremetal.conftest import Listener, maas_provider
+
+A0, A1 = "alloc-0000000", "alloc-0000001"
+
+
+def _until(conn: Connection, state: DesiredState, done: object, *, tries: int = 200) -> None:
+    """Reconcile until `done(conn)` holds (the simulator moves on a clock; generous for a loaded machine)."""
+    for _ in range(tries):
+        reconciling.reconcile(conn, state)
+        if done(conn):  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError("the lease never reached the expected state")
+
+
+def _status(conn: Connection, aid: str) -> str:
+    row = conn.execute("SELECT status FROM allocations WHERE id = %s", (aid,)).fetchone()
+    return str(row[0]) if row else "?"
+
+
+def _phase(conn: Connection, aid: str) -> str | None:
+    return leases.details(conn, [aid]).get(aid, {}).get("phase")
+
+
+def test_lease_deploys_once_goes_active_and_releases_with_erase(conn: Connection, maas: MaasSimulator,
+                                                                ssh: Listener) -> None:
+    state = fleets.fleet(provider=maas_provider(maas), baremetal_nodes=2, leases=1, ssh_address=ssh.address,
+                         wipe_policy="quick_erase")
+    _until(conn, state, lambda c: _status(c, A0) == "active")
+    lease = leases.details(conn, [A0])[A0]
+    assert lease["phase"] == "active" and lease["ssh_endpoint"] == ssh.address
+    assert lease["deploy_requests"] == 1 and sum(maas.deploys.values()) == 1
+    machine = maas.machines[lease["machine_id"]]
+    assert fleets.SSH_KEY in machine.user_data and machine.distro == "noble"
+    usage = conn.execute("SELECT usage_started_at FROM allocation_usage WHERE allocation_id = %s", (A0,)).fetchone()
+    assert usage is not None and usage[0] is not None
+
+    gone = fleets.released(state)
+    _until(conn, gone, lambda c: _status(c, A0) == "released")
+    lease = leases.details(conn, [A0])[A0]
+    assert lease["phase"] == "erased" and lease["erase_requests"] == 1 and sum(maas.releases.values()) == 1
+    assert machine.erase == "quick_erase" and machine.status == "Ready"
+    assert lease["erase_evidence"]["verified"] is True and lease["erase_evidence"]["method"] == "quick_erase"
+    live = conn.execute("SELECT count(*) FROM allocation_resource_claims WHERE status <> 'released'").fetchone()
+    assert live is not None and live[0] == 0
+    assert checks.run(conn) == []
+
+
+def test_unreachable_provider_waits_with_the_reason_and_deploys_nothing(conn: Connection, maas: MaasSimulator,
+                                                                        ssh: Listener) -> None:
+    state = fleets.fleet(provider=maas_provider(maas), baremetal_nodes=1, leases=1, ssh_address=ssh.address)
+    maas.down = True
+    for _ in range(3):
+        reconciling.reconcile(conn, state)
+    lease = leases.details(conn, [A0])[A0]
+    assert lease["phase"] == "deploy_requested" and lease["wait_code"] == "baremetal.provider.unreachable"
+    assert "503" in lease["wait_message"] and maas.deploys == {}
+    maas.down = False
+    _until(conn, state, lambda c: _status(c, A0) == "active")
+    assert sum(maas.deploys.values()) == 1 and leases.details(conn, [A0])[A0]["wait_code"] is None
+
+
+def test_failed_deploy_quarantines_the_machine_and_places_the_lease_elsewhere(conn: Connection, maas: MaasSimulator,
+                                                                             ssh: Listener) -> None:
+    state = fleets.fleet(provider=maas_provider(maas), baremetal_nodes=2, leases=1, ssh_address=ssh.address)
+    inventory.sync(conn, state)
+    first = "bm-00000"
+    maas.fail_deploy.add(first)
+    _until(conn, state, lambda c: _status(c, A0) == "active" and c.execute(
+        "SELECT count(*) FROM baremetal_leases WHERE phase = 'erased'").fetchone() == (1,))
+    nodes = conn.execute("SELECT node_name, phase FROM baremetal_leases WHERE allocation_id = %s"
+                         " ORDER BY deploy_requested_at", (A0,)).fetchall()
+    assert [p for _, p in nodes] == ["erased", "active"], nodes  # the failed machine was erased, then freed
+    q = conn.execute("SELECT node_name, code, message FROM machine_quarantine").fetchall()
+    assert len(q) == 1 and q[0][1] == "baremetal.deploy.failed" and "curtin" in q[0][2]
+    attempt = conn.execute("SELECT code, outcome FROM allocation_attempts WHERE allocation_id = %s", (A0,)).fetchall()
+    assert attempt == [("baremetal.deploy.failed", "rescheduled")]
+    assert maas.deploys == {first: 1, "bm-00001": 1} and maas.releases == {first: 1}
+    assert checks.run(conn) == []
+
+
+def test_failed_erase_leaves_the_node_blocked(conn: Connection, maas: MaasSimulator, ssh: Listener) -> None:
+    state = fleets.fleet(provider=maas_provider(maas), baremetal_nodes=1, leases=1, ssh_address=ssh.address)
+    _until(conn, state, lambda c: _status(c, A0) == "active")
+    maas.fail_erase.add("bm-00000")
+    gone = fleets.released(state)
+    _until(conn, gone, lambda c: _phase(c, A0) == "erase_failed")
+    for _ in range(2):
+        reconciling.reconcile(conn, gone)
+    claim = conn.execute("SELECT status FROM allocation_resource_claims WHERE allocation_id = %s", (A0,)).fetchone()
+    assert claim == ("releasing",) and _status(conn, A0) == "releasing"
+    assert leases.node_states(conn)["node-00000"]["lease"]["phase"] == "erase_failed"
+    assert maas.releases == {"bm-00000": 1}
+
+
+def test_a_machine_deployed_behind_our_back_is_drift_never_released(conn: Connection, maas: MaasSimulator,
+                                                                    ssh: Listener) -> None:
+    state = fleets.fleet(provider=maas_provider(maas), baremetal_nodes=2, leases=0, ssh_address=ssh.address)
+    other = maas.machines["bm-00001"]
+    other.status, other.owner = "Deployed", "someone-else"
+    del maas.machines["bm-00000"]
+    reconciling.reconcile(conn, state)
+    codes = {(d["machine_id"], d["code"]) for d in leases.drift(conn)}
+    assert codes == {("bm-00000", "baremetal.machine.missing"), ("bm-00001", "baremetal.machine.unexpected_deploy")}
+    assert other.status == "Deployed" and maas.releases == {} and maas.deploys == {}
