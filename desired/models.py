@@ -236,7 +236,7 @@ class CredentialRef(_Model):
 class MachineProviderSpec(_Model):
     """A machine provider that deploys and erases whole nodes for baremetal leases (issue 30)."""
 
-    name: Name
+    name: Name = Field(description="The provider's name, which Node.machine.provider refers to.")
     kind: Literal["ironic", "maas"] = Field(
         description="ironic: OpenStack Ironic's REST API (noauth or a token); maas: MAAS REST API 2.0 with OAuth1.")
     url: Annotated[str, Field(pattern=r"^https?://[^\s]{1,1000}$")] = Field(

@@ -93,9 +93,9 @@ class IronicService:
         conf.write_text(_CONFIG.format(dir=self.dir, port=self.port))
         subprocess.run([str(self._venv / "bin" / "ironic-dbsync"), "--config-file", str(conf), "create_schema"],
                        check=True, capture_output=True, timeout=timeout)
-        out = (self.dir / "ironic.out").open("wb")
-        self._proc = subprocess.Popen([str(self._venv / "bin" / "ironic"), "--config-file", str(conf)],
-                                      stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        with (self.dir / "ironic.out").open("wb") as out:  # the child keeps its own copy of the descriptor
+            self._proc = subprocess.Popen([str(self._venv / "bin" / "ironic"), "--config-file", str(conf)],
+                                          stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
