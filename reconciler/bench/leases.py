@@ -20,8 +20,11 @@ SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGkq1pXK4n0mR2o1x0dYt1cJ3Yb0vW2e9
 
 def fleet(*, provider: dict[str, Any], baremetal_nodes: int, leases: int, slice_nodes: int = 0,
           ssh_address: str | None = None, wipe_policy: str = "secure_erase",
-          machine_id: str = "bm-{i:05d}") -> DesiredState:
-    """`provider`: a Fleet.machine_providers entry (name, kind, url, credentials, ...)."""
+          machine_id: str = "bm-{i:05d}", slice_machines: bool = False) -> DesiredState:
+    """`provider`: a Fleet.machine_providers entry (name, kind, url, credentials, ...).
+
+    `slice_machines`: the slice nodes are both-capable and served by the provider too (machines first).
+    """
     state = synthetic.fleet(nodes=slice_nodes, baremetal_nodes=baremetal_nodes, baremetal_allocations=leases)
     assert state.fleet is not None
     spec = m.MachineProviderSpec.model_validate(provider)
@@ -32,10 +35,11 @@ def fleet(*, provider: dict[str, Any], baremetal_nodes: int, leases: int, slice_
         "default_username": "ubuntu", "driver_strategy": "preinstalled_nvidia",
         "compatible_skus": [synthetic.BAREMETAL_SKU],
     })
-    for i in range(slice_nodes, slice_nodes + baremetal_nodes):
+    first = 0 if slice_machines else slice_nodes
+    for i in range(first, slice_nodes + baremetal_nodes):
         name = synthetic.node_name(i)
         machine = m.NodeMachine.model_validate({
-            "provider": spec.name, "machine_id": machine_id.format(i=i - slice_nodes),
+            "provider": spec.name, "machine_id": machine_id.format(i=i - first),
             "ssh_address": ssh_address, "wipe_policy": wipe_policy})
         state.nodes[name] = state.nodes[name].model_copy(update={"machine": machine})
     for aid, alloc in list(state.allocations.items()):

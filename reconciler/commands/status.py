@@ -31,7 +31,7 @@ def register(sub: Any) -> None:
 def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
     """The whole status document (plain data), read from the database at `url`."""
     from reconciler.placement import capacity
-    from reconciler.store import connections, history, lifecycle, live, migrations, views
+    from reconciler.store import connections, history, leases, lifecycle, live, migrations, views
     from schemas.errors import PermanentError
 
     with connections.connect(url, autocommit=True) as conn:
@@ -45,12 +45,16 @@ def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
         node_reasons = lifecycle.health_reasons(conn)
         cycles = lifecycle.lifecycles(conn)
         orphaned = views.orphaned(conn)
+        leased = leases.details(conn)
+        machines = leases.node_states(conn)
+        machine_drift = leases.drift(conn)
     try:
         model = capacity.read_model(state, observed, policy=policy)
     except ValueError as e:
         raise PermanentError(str(e), code="status.policy_unknown") from e
     doc = as_dict(state.revision, model, allocations)
     add_lifecycle(doc, node_reasons, cycles)
+    add_baremetal(doc, leased, machines, machine_drift)
     doc["reconciliation"] = {
         "last_applied_revision": health.last_applied_revision, "last_applied_at": health.last_applied_at,
         "failing": {"since": health.failing_since, "failures": health.failures,
@@ -170,8 +174,37 @@ def render_text(doc: dict[str, Any]) -> str:
         if a["pending"]:
             line += f"\n      {a['pending']['code']}: {a['pending']['message']}"
         line += _lifecycle_text(a.get("lifecycle"), a["status"])
+        line += _baremetal_text(a.get("baremetal"))
         out.append(line)
+    for d in doc.get("machine_drift") or []:
+        out.append(f"  DRIFT {d['provider']}/{d['machine_id']}: {d['code']}: {d['message']}")
     return "\n".join(out)
+
+
+def add_baremetal(doc: dict[str, Any], leased: dict[str, dict[str, Any]], machines: dict[str, dict[str, Any]],
+                  drift: list[dict[str, Any]]) -> None:
+    """Each lease's provider view, each node's machine state, and the providers' drift (issue 30)."""
+    for a in doc["allocations"]:
+        lease = leased.get(a["id"])
+        a["baremetal"] = None if lease is None else {
+            k: lease[k] for k in ("provider", "machine_id", "node", "phase", "provider_state", "provider_message",
+                                  "ssh_endpoint", "wait_code", "wait_message", "deploy_requests", "erase_requests",
+                                  "timings_s")}
+    for n in doc["nodes"]:
+        n["machine"] = machines.get(n["name"])
+    doc["machine_drift"] = drift
+
+
+def _baremetal_text(b: dict[str, Any] | None) -> str:
+    if not b:
+        return ""
+    out = (f"\n      baremetal: {b['phase']} via {b['provider']}/{b['machine_id']}"
+           f" ({b['provider_state'] or '-'})" + (f" ssh={b['ssh_endpoint']}" if b["ssh_endpoint"] else ""))
+    if b["wait_code"]:
+        out += f"\n      {b['wait_code']}: {b['wait_message']}"
+    elif b["provider_message"] and b["phase"] in ("deploy_failed", "erase_failed"):
+        out += f"\n      {b['provider_message']}"
+    return out
 
 
 def add_lifecycle(doc: dict[str, Any], node_reasons: dict[str, list[dict[str, Any]]],

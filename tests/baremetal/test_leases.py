@@ -119,3 +119,47 @@ def test_a_machine_deployed_behind_our_back_is_drift_never_released(conn: Connec
     codes = {(d["machine_id"], d["code"]) for d in leases.drift(conn)}
     assert codes == {("bm-00000", "baremetal.machine.missing"), ("bm-00001", "baremetal.machine.unexpected_deploy")}
     assert other.status == "Deployed" and maas.releases == {} and maas.deploys == {}
+
+
+def test_status_api_and_history_show_the_lease(conn: Connection, db_url: str, maas: MaasSimulator,
+                                               ssh: Listener) -> None:
+    from reconciler.commands import status
+    from reconciler.service import reads
+    from reconciler.store import lifecycle
+
+    state = fleets.fleet(provider=maas_provider(maas), baremetal_nodes=1, leases=1, ssh_address=ssh.address)
+    _until(conn, state, lambda c: _status(c, A0) == "active")
+    doc = status.collect(db_url)
+    a = next(x for x in doc["allocations"] if x["id"] == A0)
+    assert a["baremetal"]["phase"] == "active" and a["baremetal"]["ssh_endpoint"] == ssh.address
+    assert "baremetal: active via maas-test/bm-00000" in status.render_text(doc)
+    assert maas.api_key.split(":")[2] not in str(doc)  # no credentials in any output
+    detail = reads.allocation(conn, A0)
+    assert detail is not None and detail["baremetal"]["machine_id"] == "bm-00000"
+    assert detail["baremetal"]["timings_s"]["to_active"] is not None
+    events = [t.event for t in lifecycle.transitions(conn, A0) or []]
+    assert events[:5] == ["requested", "placed", "baremetal.deploy_requested", "baremetal.deploying",
+                          "baremetal.active"], events
+
+
+def test_a_leased_both_capable_node_is_never_sold_as_slots_and_owes_its_slice_profile(
+        conn: Connection, maas: MaasSimulator, ssh: Listener) -> None:
+    from reconciler.service import reads
+    from reconciler.store import live
+
+    state = fleets.fleet(provider=maas_provider(maas), baremetal_nodes=0, slice_nodes=1, slice_machines=True,
+                         leases=1, ssh_address=ssh.address)
+    _until(conn, state, lambda c: _status(c, A0) == "active")
+    node = reads.nodes(conn)["items"][0]
+    assert node["leased"] and [s["state"] for s in node["slots"]] == ["leased"] * 8  # not 8 green "available"
+    assert reads.fleet_summary(conn)["slots"].get("available", 0) == 0
+    gone = fleets.released(state)
+    _until(conn, gone, lambda c: _status(c, A0) == "released")
+    # The tenant's OS was written over the slice host: no slice lands there until its agent reports again.
+    assert live.observe(conn).firmware_ready.get("node-00000") is False
+    assert leases.node_states(conn)["node-00000"] == {"needs_slice_profile": True}
+    conn.execute("INSERT INTO host_status (node_name, firmware_ready, reported_at) VALUES ('node-00000', true,"
+                 " clock_timestamp())")
+    reconciling.reconcile(conn, gone)
+    assert "node-00000" not in leases.node_states(conn)
+    assert live.observe(conn).firmware_ready.get("node-00000") is True
