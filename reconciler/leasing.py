@@ -83,7 +83,7 @@ def step(conn: Connection, state: DesiredState, providers: Providers, *, probe: 
     return result
 
 
-def _advance(conn: Connection, w: leases.Work, state: DesiredState, providers: Providers,
+def _advance(conn: Connection, w: leases.Work, state: DesiredState, providers: Providers,  # noqa: PLR0917 - internal
              probe: pr.SshProbe, fault: Fault | None) -> str | None:
     """Move one lease at most one phase, under its row lock; returns the new phase (None: unchanged)."""
     with dberrors.wrapped(f"advance the lease of {w.allocation_id}"), conn.transaction():
@@ -99,7 +99,7 @@ def _advance(conn: Connection, w: leases.Work, state: DesiredState, providers: P
         return _deploy(conn, lease, w, state, provider, probe, fault)
 
 
-def _deploy(conn: Connection, lease: leases.Lease, w: leases.Work, state: DesiredState,
+def _deploy(conn: Connection, lease: leases.Lease, w: leases.Work, state: DesiredState,  # noqa: PLR0911, PLR0917 - one return per phase outcome
             provider: pr.MachineProvider, probe: pr.SshProbe, fault: Fault | None) -> str | None:
     if lease.phase not in ("deploy_requested", "deploying"):
         return None  # active (nothing to do) or deploy_failed (the reschedule releases it)
@@ -157,7 +157,8 @@ def _deploy(conn: Connection, lease: leases.Lease, w: leases.Work, state: Desire
     return "active"
 
 
-def _release(conn: Connection, lease: leases.Lease, provider: pr.MachineProvider, fault: Fault | None) -> str | None:
+def _release(conn: Connection, lease: leases.Lease, provider: pr.MachineProvider,  # noqa: PLR0911 - one return per outcome
+             fault: Fault | None) -> str | None:
     if lease.phase not in ("release_requested", "erasing"):
         # The release is recorded first; the provider call follows in the next step (a kill in
         # between leaves release_requested, which is read back before any call).
@@ -245,13 +246,14 @@ def _drift(conn: Connection, state: DesiredState, providers: Providers) -> None:
         except GpuaasError:
             continue  # an unreachable provider says nothing about drift; its leases show why they wait
         found: list[tuple[str, str | None, str, str]] = []
-        for mid, node in sorted(machines.items()):
+        for mid, node_name in sorted(machines.items()):
             m = seen.get(mid)
             if m is None:
-                found.append((mid, node, pr.MACHINE_MISSING, f"{pname} does not know machine {mid} (node {node})"))
+                found.append((mid, node_name, pr.MACHINE_MISSING,
+                              f"{pname} does not know machine {mid} (node {node_name})"))
             elif m.state in (pr.MachineState.DEPLOYING, pr.MachineState.DEPLOYED) and (pname, mid) not in ours:
                 who = f" for {m.allocation_id}" if m.allocation_id else ""
-                found.append((mid, node, "baremetal.machine.unexpected_deploy",
-                              f"{pname} reports machine {mid} (node {node}) {m.provider_state}{who}, "
+                found.append((mid, node_name, "baremetal.machine.unexpected_deploy",
+                              f"{pname} reports machine {mid} (node {node_name}) {m.provider_state}{who}, "
                               "but no lease of ours deployed it: left alone"))
         leases.replace_drift(conn, pname, found)

@@ -26,7 +26,8 @@ def fleet(*, provider: dict[str, Any], baremetal_nodes: int, leases: int, slice_
     `slice_machines`: the slice nodes are both-capable and served by the provider too (machines first).
     """
     state = synthetic.fleet(nodes=slice_nodes, baremetal_nodes=baremetal_nodes, baremetal_allocations=leases)
-    assert state.fleet is not None
+    if state.fleet is None:
+        raise ValueError("the synthetic fleet has no Fleet document")
     spec = m.MachineProviderSpec.model_validate(provider)
     state.fleet = state.fleet.model_copy(update={"machine_providers": (spec,)})
     state.images[IMAGE] = m.Image.model_validate({
@@ -57,6 +58,7 @@ def released(state: DesiredState, allocation_ids: list[str] | None = None) -> De
     """A copy of `state` with the allocations named (default: every baremetal one) released in git."""
     out = dataclasses.replace(state, allocations=dict(state.allocations), delta=None)
     for aid, alloc in state.allocations.items():
-        if (allocation_ids is None and alloc.sku == synthetic.BAREMETAL_SKU) or (allocation_ids and aid in allocation_ids):
+        named = aid in allocation_ids if allocation_ids else alloc.sku == synthetic.BAREMETAL_SKU
+        if named:
             out.allocations[aid] = alloc.model_copy(update={"state": m.AllocationState.RELEASED})
     return out

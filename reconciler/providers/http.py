@@ -9,8 +9,8 @@ error text does, shortened.
 from __future__ import annotations
 
 import json
-import socket
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from typing import Any
@@ -32,10 +32,11 @@ class Response:
 def request(method: str, url: str, *, provider: str, headers: Mapping[str, str] | None = None,
             body: bytes | None = None, timeout: float = 10.0, missing_ok: bool = False) -> Response | None:
     """One HTTP request; None for a 404 when `missing_ok`."""
-    req = urllib.request.Request(url, data=body, method=method, headers=dict(headers or {}))
+    # http(s) only: the provider URL's pattern in desired.models allows no other scheme.
+    req = urllib.request.Request(url, data=body, method=method, headers=dict(headers or {}))  # noqa: S310
     what = f"{provider}: {method} {_path(url)}"
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - the URL is the operator's
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - http(s) only: the models allow no other scheme
             return Response(resp.status, resp.read())
     except urllib.error.HTTPError as e:
         text = _text(e.read())
@@ -44,14 +45,14 @@ def request(method: str, url: str, *, provider: str, headers: Mapping[str, str] 
         if e.code >= 500:
             raise ProviderUnreachable(f"{what} answered {e.code}: {text}") from None
         raise ProviderRefused(f"{what} refused ({e.code}): {text}") from None
-    except (urllib.error.URLError, TimeoutError, socket.timeout, ConnectionError, OSError) as e:
+    except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise ProviderUnreachable(f"{what}: {reason}") from None
 
 
 def _path(url: str) -> str:
     # Only the path: a URL may carry a query, and a query may carry something private.
-    return urllib.request.urlparse(url).path or "/"
+    return urllib.parse.urlparse(url).path or "/"
 
 
 def _text(body: bytes) -> str:

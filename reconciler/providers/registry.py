@@ -25,7 +25,8 @@ def secret(ref: m.CredentialRef) -> str:
         if not value:
             raise PermanentError(f"environment variable {ref.env} is not set", code=CREDENTIALS)
         return value
-    assert ref.file is not None  # the model requires exactly one
+    if ref.file is None:  # the model requires exactly one of env and file
+        raise PermanentError("credentials name neither env nor file", code=CREDENTIALS)
     try:
         return Path(ref.file).read_text().strip()
     except OSError as e:

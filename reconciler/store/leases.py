@@ -97,8 +97,9 @@ def move(conn: Connection, lease: Lease, phase: str, *, provider_state: str | No
          evidence: dict[str, Any] | None = None) -> None:
     """One phase change (inside the caller's transaction), with its outbox event."""
     column = _TIMES.get(phase)
+    # `column` comes from _TIMES, never from input.
     conn.execute(
-        "UPDATE baremetal_leases SET phase = %s, provider_state = coalesce(%s, provider_state),"
+        "UPDATE baremetal_leases SET phase = %s, provider_state = coalesce(%s, provider_state),"  # noqa: S608
         " provider_message = %s, deploy_requests = deploy_requests + %s, erase_requests = erase_requests + %s,"
         " adopted = adopted + %s, deployed_at = CASE WHEN %s THEN coalesce(deployed_at, now()) ELSE deployed_at END,"
         " ssh_endpoint = coalesce(%s, ssh_endpoint), erase_evidence = coalesce(%s, erase_evidence),"

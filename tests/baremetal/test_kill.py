@@ -50,7 +50,7 @@ def _round(db_url: str, maas: MaasSimulator, ssh: Listener, mode: str, seed: int
 @pytest.mark.slow
 def test_kill_nine_mid_deploy_and_mid_erase_deploys_and_erases_each_lease_once(
         db_url: str, conn: Connection, maas: MaasSimulator, ssh: Listener) -> None:
-    rng = random.Random(30)
+    rng = random.Random(30)  # noqa: S311 - test timing, not security
     maas.deploy_s = maas.erase_s = 0.3
     for mode in ("deploy", "release"):
         for k in range(KILLS // 2):

@@ -19,6 +19,7 @@ is how the kill tests prove "exactly one".
 from __future__ import annotations
 
 import base64
+import email.message
 import email.parser
 import json
 import re
@@ -123,7 +124,7 @@ _MACHINE = re.compile(r"^/MAAS/api/2\.0/machines/([A-Za-z0-9._:-]+)/(?:op-([a-z_
 class _Handler(BaseHTTPRequestHandler):
     simulator: MaasSimulator
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:
         return  # quiet: tests read state, not access logs
 
     def _send(self, code: int, body: Any) -> None:
@@ -147,8 +148,13 @@ class _Handler(BaseHTTPRequestHandler):
         ctype = self.headers.get("Content-Type", "")
         if ctype.startswith("multipart/form-data"):
             msg = email.parser.BytesParser().parsebytes(f"Content-Type: {ctype}\r\n\r\n".encode() + raw)
-            return {str(p.get_param("name", header="content-disposition")): p.get_payload(decode=True).decode()
-                    for p in msg.get_payload() if not isinstance(p, str)}
+            out: dict[str, str] = {}
+            for part in msg.get_payload():
+                if isinstance(part, email.message.Message):
+                    raw_part = part.get_payload(decode=True)
+                    if isinstance(raw_part, bytes):
+                        out[str(part.get_param("name", header="content-disposition"))] = raw_part.decode()
+            return out
         return dict(urllib.parse.parse_qsl(raw.decode()))
 
     def _gate(self) -> bool:
@@ -160,16 +166,16 @@ class _Handler(BaseHTTPRequestHandler):
             return False
         return True
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         if not self._gate():
             return
         sim = self.simulator
         path = urllib.parse.urlparse(self.path).path
         with sim.lock:
             if path == "/MAAS/api/2.0/machines/":
-                for m in sim.machines.values():
-                    sim.tick(m)
-                self._send(200, [m.payload() for m in sim.machines.values()])
+                for each in sim.machines.values():
+                    sim.tick(each)
+                self._send(200, [each.payload() for each in sim.machines.values()])
                 return
             match = _MACHINE.match(path)
             m = sim.machines.get(match.group(1)) if match and not match.group(2) else None
@@ -179,7 +185,7 @@ class _Handler(BaseHTTPRequestHandler):
             sim.tick(m)
             self._send(200, m.payload())
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:  # noqa: PLR0911 - one answer per MAAS operation
         if not self._gate():
             return
         sim = self.simulator
@@ -187,12 +193,14 @@ class _Handler(BaseHTTPRequestHandler):
         form = self._form()
         with sim.lock:
             if path == "/MAAS/api/2.0/machines/op-allocate":
-                m = sim.machines.get(form.get("system_id", ""))
-                if m is None or (sim.tick(m), m.status)[1] != "Ready":
+                found = sim.machines.get(form.get("system_id", ""))
+                if found is not None:
+                    sim.tick(found)
+                if found is None or found.status != "Ready":
                     self._send(409, b"No machine with system ID matching the given constraints is available.")
                     return
-                m.status, m.owner, m.since = "Allocated", "gpuaas", time.monotonic()
-                self._send(200, m.payload())
+                found.status, found.owner, found.since = "Allocated", "gpuaas", time.monotonic()
+                self._send(200, found.payload())
                 return
             match = _MACHINE.match(path)
             m = sim.machines.get(match.group(1)) if match else None
