@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from reconciler.service import capacities, reads
 from reconciler.service.pool import Pool
-from reconciler.store import history, lifecycle
+from reconciler.store import history, leases, lifecycle
 from schemas.errors import GpuaasError
 
 log = logging.getLogger("gpuaas.serve")
@@ -61,6 +61,7 @@ class StoreCollector(Collector):
             health = history.health(conn)
             summary = reads.fleet_summary(conn)
             cycle = lifecycle.summary(conn)
+            leased = leases.summary(conn)
             now = conn.execute("SELECT now()").fetchone()
         runs = CounterMetricFamily("gpuaas_reconciliations", "Reconciliations recorded, by result", labels=["result"])
         for result in ("changed", "unchanged", "error", "abandoned", "running"):
@@ -101,6 +102,16 @@ class StoreCollector(Collector):
                                 value=cycle["slots_quarantined"])
         yield _gauge("gpuaas_provision_attempts_failed", "Failed provision attempts, by what followed", ["outcome"],
                      {(k,): cycle["failed_attempts"].get(k, 0) for k in ("rescheduled", "failed")})
+        yield _gauge("gpuaas_baremetal_leases", "Baremetal leases through a machine provider, by phase", ["phase"],
+                     {(k,): leased["phases"].get(k, 0) for k in (
+                         "deploy_requested", "deploying", "active", "deploy_failed", "release_requested", "erasing",
+                         "erased", "erase_failed")})
+        yield _gauge("gpuaas_baremetal_leases_waiting", "Unfinished leases waiting, by reason code", ["code"],
+                     {(k,): v for k, v in leased["waiting"].items()})
+        yield GaugeMetricFamily("gpuaas_machines_quarantined", "Machines quarantined after a failed provider deploy",
+                                value=leased["quarantined"]["machines"])
+        yield _gauge("gpuaas_machine_drift", "Provider machines that disagree with our leases, by code", ["code"],
+                     {(k,): v for k, v in leased["drift"].items()})
         yield from self._capacity_families()
 
     def _capacity_families(self) -> Iterator[Metric]:

@@ -247,3 +247,16 @@ def blocked_nodes(conn: Connection) -> frozenset[str]:
 def profile_debts(conn: Connection) -> frozenset[str]:
     with dberrors.wrapped("read slice profile debts"):
         return frozenset(str(r[0]) for r in conn.execute("SELECT node_name FROM node_profile_debts").fetchall())
+
+
+def summary(conn: Connection) -> dict[str, dict[str, int]]:
+    """Counts for /metrics: leases by phase, waiting leases by code, quarantined machines, drift by code."""
+    with dberrors.wrapped("count baremetal leases"):
+        phases = conn.execute("SELECT phase, count(*) FROM baremetal_leases GROUP BY phase").fetchall()
+        waiting = conn.execute("SELECT wait_code, count(*) FROM baremetal_leases WHERE wait_code IS NOT NULL"
+                               " AND phase <> 'erased' GROUP BY wait_code").fetchall()
+        quarantined = conn.execute("SELECT count(*) FROM machine_quarantine").fetchone()
+        drifted = conn.execute("SELECT code, count(*) FROM machine_drift GROUP BY code").fetchall()
+    return {"phases": {str(p): int(n) for p, n in phases}, "waiting": {str(c): int(n) for c, n in waiting},
+            "quarantined": {"machines": int(quarantined[0]) if quarantined else 0},
+            "drift": {str(c): int(n) for c, n in drifted}}
