@@ -58,7 +58,7 @@ def released(state: DesiredState, allocation_ids: list[str] | None = None) -> De
     """A copy of `state` with the allocations named (default: every baremetal one) released in git."""
     out = dataclasses.replace(state, allocations=dict(state.allocations), delta=None)
     for aid, alloc in state.allocations.items():
-        named = aid in allocation_ids if allocation_ids else alloc.sku == synthetic.BAREMETAL_SKU
+        named = aid in allocation_ids if allocation_ids is not None else alloc.sku == synthetic.BAREMETAL_SKU
         if named:
             out.allocations[aid] = alloc.model_copy(update={"state": m.AllocationState.RELEASED})
     return out
