@@ -11,5 +11,6 @@ from reconciler.bench import baremetal, claims, gitops, plan, prplan, serve, val
 
 
 def register(sub: Any) -> None:
-    commands.register_group(sub, "bench", "benchmarks (validate, plan, prplan, claims, gitops, discover, host, serve, baremetal)",
+    commands.register_group(sub, "bench",
+                            "benchmarks (validate, plan, prplan, claims, gitops, discover, host, serve, baremetal)",
                             (validate, discovery_bench, plan, host_bench, claims, gitops, serve, prplan, baremetal))
