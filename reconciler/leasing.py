@@ -59,6 +59,8 @@ def step(conn: Connection, state: DesiredState, providers: Providers, *, probe: 
     served = {name: n.machine for name, n in state.nodes.items() if n.machine is not None}
     for w in leases.work(conn, served):
         spec = served.get(w.node)
+        if w.claim_status != "releasing" and not w.wanted and w.phase in (None, "deploy_requested"):
+            continue  # no longer declared (orphaned): never deploy it; a release in git undoes it
         if w.phase is None:
             if spec is None or w.claim_status == "releasing":
                 continue  # never deployed by us (released before the first step): nothing to undo here

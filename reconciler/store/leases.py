@@ -32,6 +32,7 @@ class Work:
     node: str
     snapshot: dict[str, Any]
     phase: str | None
+    wanted: bool = True  # the allocation is declared and desired present (an orphan is never deployed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,14 +57,16 @@ def work(conn: Connection, nodes: Iterable[str]) -> list[Work]:
     """Live or releasing node_exclusive claims on the given nodes, or with a lease row not yet finished."""
     with dberrors.wrapped("read baremetal lease work"):
         rows = conn.execute(
-            "SELECT c.id::text, c.allocation_id, c.status::text, n.name, c.resource_snapshot, bl.phase"
+            "SELECT c.id::text, c.allocation_id, c.status::text, n.name, c.resource_snapshot, bl.phase,"
+            " a.present AND a.desired_state = 'present'"
             " FROM allocation_resource_claims c JOIN nodes n ON n.id = c.node_id"
+            " JOIN allocations a ON a.id = c.allocation_id"
             " LEFT JOIN baremetal_leases bl ON bl.claim_id = c.id"
             " WHERE c.claim_kind = 'node_exclusive'"
             " AND ((c.status IN ('reserved', 'provisioning', 'active', 'releasing') AND n.name = ANY(%s))"
             "      OR bl.phase = ANY(%s))"
             " ORDER BY c.allocation_id, c.id", (list(nodes), list(UNFINISHED))).fetchall()
-    return [Work(str(i), str(a), str(s), str(n), dict(snap or {}), p) for i, a, s, n, snap, p in rows]
+    return [Work(str(i), str(a), str(s), str(n), dict(snap or {}), p, bool(w)) for i, a, s, n, snap, p, w in rows]
 
 
 def request_deploy(conn: Connection, w: Work, provider: str, machine_id: str, wipe_policy: str) -> bool:

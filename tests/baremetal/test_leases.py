@@ -163,3 +163,17 @@ def test_a_leased_both_capable_node_is_never_sold_as_slots_and_owes_its_slice_pr
     reconciling.reconcile(conn, gone)
     assert "node-00000" not in leases.node_states(conn)
     assert live.observe(conn).firmware_ready.get("node-00000") is True
+
+
+def test_a_lease_no_longer_declared_is_never_deployed(conn: Connection, maas: MaasSimulator, ssh: Listener) -> None:
+    import dataclasses
+
+    state = fleets.fleet(provider=maas_provider(maas), baremetal_nodes=1, leases=1, ssh_address=ssh.address)
+    maas.down = True
+    reconciling.reconcile(conn, state)
+    assert _phase(conn, A0) == "deploy_requested"
+    maas.down = False
+    orphaned = dataclasses.replace(state, allocations={}, delta=None)
+    for _ in range(3):
+        reconciling.reconcile(conn, orphaned)
+    assert maas.deploys == {} and _phase(conn, A0) == "deploy_requested"
