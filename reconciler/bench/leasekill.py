@@ -118,12 +118,13 @@ def campaign(url: str, leases: int, kills: int, seed: int = 30) -> dict[str, Any
     listener.close()
     with connections.connect(url, autocommit=True) as conn:
         violations = checks.run(conn)
-        statuses = dict(conn.execute("SELECT status, count(*) FROM allocations GROUP BY status").fetchall())
+        statuses = {str(k): int(v) for k, v in
+                    conn.execute("SELECT status, count(*) FROM allocations GROUP BY status").fetchall()}
         adopted = conn.execute("SELECT coalesce(sum(adopted), 0) FROM baremetal_leases").fetchone()
     return {"leases": leases, "kill_rounds": kills, "rounds_killed": killed,
             "adopted_after_kill": int(adopted[0]) if adopted else 0,
             "deploys_per_machine": deploys, "erases_per_machine": releases,
-            "allocations": {str(k): int(v) for k, v in statuses.items()},
+            "allocations": statuses,
             "db_check": [v.render() for v in violations],
             "ok": (sorted(deploys.values()) == [1] * leases and sorted(releases.values()) == [1] * leases
                    and statuses == {"released": leases} and not violations)}
