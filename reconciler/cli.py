@@ -24,7 +24,7 @@ from schemas.errors import GpuaasError
 
 # The command groups, in the order `gpuaas --help` shows them; each is the module that registers it.
 NAMES = ("validate", "schema", "explain", "request", "demo", "host", "bench", "drift", "fleet", "simulate", "plan",
-         "status", "run", "history", "db", "apply", "serve", "usage", "slot", "completion")
+         "status", "run", "history", "db", "apply", "serve", "usage", "slot", "machine", "completion")
 
 
 def command(name: str) -> Any:

@@ -263,3 +263,15 @@ def summary(conn: Connection) -> dict[str, dict[str, int]]:
     return {"phases": {str(p): int(n) for p, n in phases}, "waiting": {str(c): int(n) for c, n in waiting},
             "quarantined": {"machines": int(quarantined[0]) if quarantined else 0},
             "drift": {str(c): int(n) for c, n in drifted}}
+
+
+def clear_quarantine(conn: Connection, node: str) -> dict[str, Any] | None:
+    """An operator's decision: the machine takes placements again. Returns what was cleared (None: nothing)."""
+    with dberrors.wrapped(f"clear the quarantine of {node}"), conn.transaction():
+        row = conn.cursor(row_factory=dict_row).execute(
+            "DELETE FROM machine_quarantine WHERE node_name = %s"
+            " RETURNING provider, machine_id, allocation_id, code, message, quarantined_at", (node,)).fetchone()
+        if row is not None:
+            event(conn, str(row["allocation_id"]), "quarantine_cleared",
+                  {"node": node, "provider": row["provider"], "machine_id": row["machine_id"]})
+    return dict(row) if row is not None else None

@@ -9,10 +9,10 @@ from __future__ import annotations
 import time
 
 from desired.loading import DesiredState
-from reconciler import reconciling
+from reconciler import cli, reconciling
 from reconciler.bench import leases as fleets
 from reconciler.providers.lab.maas_sim import MaasSimulator
-from reconciler.store import checks, inventory, leases
+from reconciler.store import checks, inventory, leases, live
 from reconciler.store.connections import Connection
 from tests.baremetal.conftest import Listener, maas_provider
 
@@ -76,8 +76,8 @@ def test_unreachable_provider_waits_with_the_reason_and_deploys_nothing(conn: Co
     assert sum(maas.deploys.values()) == 1 and leases.details(conn, [A0])[A0]["wait_code"] is None
 
 
-def test_failed_deploy_quarantines_the_machine_and_places_the_lease_elsewhere(conn: Connection, maas: MaasSimulator,
-                                                                             ssh: Listener) -> None:
+def test_failed_deploy_quarantines_the_machine_and_places_the_lease_elsewhere(
+        conn: Connection, db_url: str, maas: MaasSimulator, ssh: Listener) -> None:
     state = fleets.fleet(provider=maas_provider(maas), baremetal_nodes=2, leases=1, ssh_address=ssh.address)
     inventory.sync(conn, state)
     first = "bm-00000"
@@ -93,6 +93,10 @@ def test_failed_deploy_quarantines_the_machine_and_places_the_lease_elsewhere(co
     assert attempt == [("baremetal.deploy.failed", "rescheduled")]
     assert maas.deploys == {first: 1, "bm-00001": 1} and maas.releases == {first: 1}
     assert checks.run(conn) == []
+    assert "node-00000" in live.observe(conn).unavailable_nodes  # the planner places nothing there
+    assert cli.main(["machine", "clear", "node-00000", "--db-url", db_url, "-o", "json"]) == 0
+    assert "node-00000" not in live.observe(conn).unavailable_nodes
+    assert cli.main(["machine", "clear", "node-00000", "--db-url", db_url]) != 0  # nothing to clear
 
 
 def test_failed_erase_leaves_the_node_blocked(conn: Connection, maas: MaasSimulator, ssh: Listener) -> None:
