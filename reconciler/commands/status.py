@@ -158,7 +158,7 @@ def render_text(doc: dict[str, Any]) -> str:
         org = f" org={n['org']}" if n["org"] else ""
         health = "" if n["healthy"] else _unhealthy(n)
         out.append(f"  {n['name']:<24} {n['region']:<12} {n['capability']:<16} {slots:<34} "
-                   f"{_node_mode(n)}{org}{health}")
+                   f"{_node_mode(n)}{org}{health}{_machine_text(n.get('machine'))}")
     out += ["", "Allocations:"]
     if not doc["allocations"]:
         out.append("  -")
@@ -193,6 +193,22 @@ def add_baremetal(doc: dict[str, Any], leased: dict[str, dict[str, Any]], machin
     for n in doc["nodes"]:
         n["machine"] = machines.get(n["name"])
     doc["machine_drift"] = drift
+
+
+def _machine_text(m: dict[str, Any] | None) -> str:
+    """A node's machine, when it says something: leased, erase failed, quarantined, slice profile owed."""
+    if not m:
+        return ""
+    out = ""
+    lease = m.get("lease")
+    if lease:
+        out += (f" CLEANUP_BLOCKED (erase of {lease['allocation_id']} failed)" if lease["phase"] == "erase_failed"
+                else f" leased ({lease['allocation_id']}: {lease['phase']})")
+    if m.get("quarantine"):
+        out += f"\n      QUARANTINED {m['quarantine']['code']}: {m['quarantine']['message']}"
+    if m.get("needs_slice_profile"):
+        out += "\n      node.slice_profile_owed: a lease wrote over the slice host; no slice until its agent reports"
+    return out
 
 
 def _baremetal_text(b: dict[str, Any] | None) -> str:

@@ -99,7 +99,8 @@ def test_failed_deploy_quarantines_the_machine_and_places_the_lease_elsewhere(
     assert cli.main(["machine", "clear", "node-00000", "--db-url", db_url]) != 0  # nothing to clear
 
 
-def test_failed_erase_leaves_the_node_blocked(conn: Connection, maas: MaasSimulator, ssh: Listener) -> None:
+def test_failed_erase_leaves_the_node_blocked(conn: Connection, db_url: str, maas: MaasSimulator,
+                                              ssh: Listener) -> None:
     state = fleets.fleet(provider=maas_provider(maas), baremetal_nodes=1, leases=1, ssh_address=ssh.address)
     _until(conn, state, lambda c: _status(c, A0) == "active")
     maas.fail_erase.add("bm-00000")
@@ -110,6 +111,9 @@ def test_failed_erase_leaves_the_node_blocked(conn: Connection, maas: MaasSimula
     claim = conn.execute("SELECT status FROM allocation_resource_claims WHERE allocation_id = %s", (A0,)).fetchone()
     assert claim == ("releasing",) and _status(conn, A0) == "releasing"
     assert leases.node_states(conn)["node-00000"]["lease"]["phase"] == "erase_failed"
+    from reconciler.commands import status
+
+    assert "CLEANUP_BLOCKED (erase of alloc-0000000 failed)" in status.render_text(status.collect(db_url))
     assert maas.releases == {"bm-00000": 1}
 
 
