@@ -61,11 +61,11 @@ def step(conn: Connection, state: DesiredState, providers: Providers, *, probe: 
         spec = served.get(w.node)
         if w.claim_status != "releasing" and not w.wanted and w.phase in (None, "deploy_requested"):
             continue  # no longer declared (orphaned): never deploy it; a release in git undoes it
-        if w.phase is None:
-            if spec is None or w.claim_status == "releasing":
-                continue  # never deployed by us (released before the first step): nothing to undo here
-            leases.request_deploy(conn, w, spec.provider, spec.machine_id, spec.wipe_policy)
+        if w.phase is None and (spec is None or w.claim_status == "releasing"):
+            continue  # never deployed by us (released before the first step): nothing to undo here
         try:
+            if w.phase is None and spec is not None:
+                leases.request_deploy(conn, w, spec.provider, spec.machine_id, spec.wipe_policy)
             moved = _advance(conn, w, state, providers, probe, fault)
         except pr.ProviderUnreachable as e:
             leases.wait(conn, w.claim_id, e.code, e.message)
