@@ -1,8 +1,9 @@
 """Parsed blobs on disk, for CLI runs (`plan`, `validate --rev`, PR plans in CI).
 
 A git blob id names a file's bytes, so what the reader and typing made of
-those bytes can be kept under the state dir (`<state>/cache/`) and reused by
-the next run: each document's model (or the problems that refused it), its
+those bytes can be kept in a cache dir outside every repository
+(`$GPUAAS_STATE_DIR/cache`, else `${XDG_CACHE_HOME:-~/.cache}/gpuaas/cache`)
+and reused by the next run: each document's model (or the problems that refused it), its
 line, the file's bytes for error positions, and the reader's own problems.
 
 Entries are written in packs, as git packs loose objects: the files one parse
@@ -23,16 +24,20 @@ The cache is an optimization and is never trusted:
   reader's and the models' source, PyYAML's, pydantic's and Python's
   version): another version's entries are never read, and are dropped on
   the next write;
+- the cache, and so its key, is never inside a git checkout or the tree a
+  command reads (`open_store` refuses it and says where it goes instead):
+  the trust in a pack must never come from the files being planned;
 - every pack carries an HMAC-SHA256 over version and payload, with a random
-  key made on first use (`key`, mode 0600): a pack this user's runs did not
+  key this product makes on first use (`key`, mode 0600): a pack this user's runs did not
   write (foreign), or a damaged one, fails the check and its files are
   parsed again; the payload is decoded only after the check, by an
   unpickler that knows no class but the desired-state models and enums
   (`desired.models`) and `datetime`'s, and must have the expected shape; a
   blob is taken from a pack only when the pack itself names it (the index
-  is a hint), and a pack names a blob id only as the git blob id of the
-  bytes it holds, so an entry's bytes are its blob's (error positions point
-  at the right text);
+  is a hint), and a pack's blob id is checked on read to be the git blob id
+  of the bytes stored with it, so an entry's bytes are its blob's (error
+  positions point at the right text) and its models are the ones the HMAC
+  bound to those bytes;
 - the directory must be ours and writable by nobody else, the files ours
   with mode 0600 and no symlinks; otherwise the cache is off for the run
   and `note` says why;
@@ -74,10 +79,10 @@ FORMAT = 4  # 4: packs of typed documents (models), pickled, a tag byte first; 3
 KEY_BYTES = 32
 DB_NAME = "blobs.sqlite3"
 KEY_NAME = "key"
-DEFAULT_STATE_DIR = Path(".gpuaas")  # as reconciler.store.connections (desired/ may not import it)
 ENV_STATE_DIR = "GPUAAS_STATE_DIR"
 MAX_ENTRIES = 200_000  # beyond this, the oldest entries not in the current tree are dropped
 MAX_RESULTS = 64  # whole command results (PR plans) kept; the newest win
+TEMP_GRACE_S = 600  # a kept base's temp file older than this, whose writer is dead, is removed
 MAX_WORLDS = 2  # kept bases of PR plans (tens of MB each, `reconciler.commands.baseworld`); the newest win
 _CHUNK = 500  # keys per SELECT (SQLite's variable limit is 999 on old builds)
 # The payload's first byte says how the rest is encoded (one way so far: pickle).
@@ -102,9 +107,35 @@ TypedDoc = tuple[int, int, Any, tuple[Found, ...]]
 
 
 def default_dir() -> Path:
-    """`<state dir>/cache`: $GPUAAS_STATE_DIR or `.gpuaas`, as the database's state dir."""
+    """`$GPUAAS_STATE_DIR/cache`, else the user's cache dir: `${XDG_CACHE_HOME:-~/.cache}/gpuaas/cache`.
+
+    Never the database's default state dir (`.gpuaas`, relative to where the
+    command runs): CI runs from the checkout root, so a cache there would be
+    one the pull request being planned can commit, key and all.
+    """
     env = os.environ.get(ENV_STATE_DIR)
-    return (Path(env) if env else DEFAULT_STATE_DIR) / "cache"
+    if env:
+        return Path(env) / "cache"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "gpuaas" / "cache"
+
+
+def checkout_holding(directory: Path, trees: Iterable[Path] = ()) -> Path | None:
+    """The git checkout (a folder holding `.git`) or planned tree that `directory` lies in, if any.
+
+    A cache or key found there could be the tree's own bytes (a pull request
+    can commit a `.gpuaas/cache` with its own key), so it is never used.
+    """
+    here = Path(os.path.abspath(directory)).resolve()
+    for tree in trees:
+        top = Path(os.path.abspath(tree)).resolve()
+        if here == top or top in here.parents:
+            return top
+    for folder in (here, *here.parents):
+        if os.path.lexists(folder / ".git"):
+            return folder
+    return None
 
 
 def reader_version() -> str:
@@ -231,7 +262,10 @@ class DiskStore:
                     entries = self._check(mac, payload)
                     for blob in wanted.pop(pack):
                         entry = entries.get(blob) if entries is not None else None
-                        if entry is None:
+                        # Bound to its bytes: an entry is taken only under the git blob id of the bytes
+                        # stored with it (hashed here, for the blobs asked for only), so no pack can pair
+                        # one file's bytes, or its models, with another file's id.
+                        if entry is None or git_blob_id(entry.data) != blob:
                             self.rejected += 1
                         else:
                             found[blob] = entry
@@ -290,7 +324,8 @@ class DiskStore:
     def put_world(self, key: str, payload: bytes) -> None:
         """Store one kept base; keep only the newest MAX_WORLDS (each is tens of MB)."""
         path = self._world_path(key)
-        temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        self._sweep_temps()
+        temp = path.with_name(f"{path.name}.{_writer_tag(os.getpid())}.tmp")
         try:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             with os.fdopen(fd, "wb") as f:
@@ -317,6 +352,25 @@ class DiskStore:
                 if not stale.name.endswith(".tmp") and stale.name.removeprefix("world-") not in kept:
                     with contextlib.suppress(OSError):
                         stale.unlink()
+
+    def _sweep_temps(self) -> None:
+        """Remove the `world-*.tmp` of writers that died mid-write (killed: tens of MB each, left for good).
+
+        Only a file both older than TEMP_GRACE_S and whose writer (the pid and
+        start time in its name) no longer runs: never another live run's
+        write, even one in another pid namespace sharing this directory.
+        """
+        now = time.time()
+        for temp in self.directory.glob("world-*.tmp"):
+            owner = temp.name.removesuffix(".tmp").rpartition(".")[2]
+            try:
+                st = os.lstat(temp)
+                if (stat.S_ISREG(st.st_mode) and now - st.st_mtime > TEMP_GRACE_S
+                        and not _writer_alive(owner)):
+                    temp.unlink()
+                    self.note(f"blob cache {self.directory}: removed {temp.name}, left by a writer that died")
+            except OSError:
+                continue
 
     def _world_path(self, key: str) -> Path:
         if not all(c in "0123456789abcdef" for c in key) or len(key) != 64:
@@ -507,9 +561,8 @@ def _entry(data: Any, problems: Any, docs: Any) -> Entry | None:
                 and (item[2] is None or type(item[2]) in documents)
                 and isinstance(item[3], tuple) and all(_found(x) for x in item[3])):
             return None
-    # The bytes are not hashed again here: `encoded` names each file by the blob id of its bytes,
-    # and the HMAC that passed binds the whole pack. A payload that could pass it with other
-    # bytes could as well hold wrong documents, which no check here would catch.
+    # The models are bound to these bytes by the HMAC over the whole pack, under a key only this
+    # product made, outside every checkout (`open_store`): nothing a tree holds can sign a pack.
     return Entry(data, problems, docs)
 
 
@@ -525,15 +578,59 @@ def _document_classes() -> frozenset[type]:
     return frozenset(models.KINDS.values())
 
 
+def _start_time(pid: int) -> str | None:
+    """The start time of process `pid` (clock ticks since boot, /proc), None when unknown or not running."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    fields = raw.rpartition(b")")[2].split()  # after the command name, which may hold spaces
+    return fields[19].decode() if len(fields) > 19 else None
+
+
+def _writer_tag(pid: int) -> str:
+    """`<pid>-<start time>`: names a writer uniquely, even once its pid is reused."""
+    return f"{pid}-{_start_time(pid) or 0}"
+
+
+def _writer_alive(tag: str) -> bool:
+    """Whether the writer a temp file names still runs (an unreadable name counts as alive: kept)."""
+    pid_text, _, started = tag.partition("-")
+    if not pid_text.isdigit():
+        return True
+    pid = int(pid_text)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass  # exists, another user's
+    now = _start_time(pid)
+    return not (started and started != "0" and now is not None and now != started)  # pid reused: the writer died
+
+
 def git_blob_id(data: bytes) -> str:
     """git's name for these bytes (`git hash-object`)."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
 
 
-def open_store(directory: Path | None = None, *, note: Note | None = None) -> DiskStore | None:
-    """The cache under `directory` (default `default_dir()`); None when it is not safe to use (`note` says why)."""
+def open_store(directory: Path | None = None, *, note: Note | None = None,
+               trees: Iterable[Path] = ()) -> DiskStore | None:
+    """The cache under `directory` (default `default_dir()`); None when it is not safe to use (`note` says why).
+
+    Refused inside any git checkout or any of `trees` (what the command reads):
+    its trust (the key) must never come from the files being planned.
+    """
     say = note or _stderr_note
     directory = Path(directory) if directory is not None else default_dir()
+    inside = checkout_holding(directory, trees)
+    if inside is not None:
+        say(f"blob cache {directory}: not used: it lies inside {inside} (a git checkout or the tree being read), "
+            f"whose files could supply their own cache and key; parsing without it. Keep the cache outside every "
+            f"repository: --cache-dir DIR, $GPUAAS_STATE_DIR, or the default "
+            f"${{XDG_CACHE_HOME:-~/.cache}}/gpuaas/cache")
+        return None
     try:
         _private_dir(directory)
         secret = _secret(directory / KEY_NAME)

@@ -261,6 +261,13 @@ class NodeMachine(_Model):
                                   "omitted: the first address the provider reports.")
     wipe_policy: Literal["secure_erase", "quick_erase"] = Field(
         default="secure_erase", description="How the provider erases the disks when a lease is released.")
+class IngressSettings(_Model):
+    """Fleet-wide limits of tenant ingress (public endpoints of slice VMs)."""
+
+    max_extra_ports: int = Field(
+        default=4, ge=0, le=64,
+        description="Most guest ports one Allocation may ask to expose besides SSH (Allocation.extra_ports); "
+                    "each takes one public port of its node's ingress range.")
 
 
 class Fleet(_Doc):
@@ -282,6 +289,9 @@ class Fleet(_Doc):
         default=90, ge=5, le=86400,
         description="A node whose host agent reported once and then stayed silent longer than this is "
                     "unavailable: no new placements, its allocations flagged host_unreachable (never released).")
+    ingress: IngressSettings = Field(
+        default=IngressSettings(),
+        description="Limits of tenant ingress: how many extra guest ports an allocation may expose.")
     max_attempts: int = Field(
         default=3, ge=1, le=20,
         description="Provision attempts per allocation: after a permanent host failure the allocation is placed "
@@ -434,6 +444,25 @@ class FirmwareProfile(_Model):
     ready: bool = False
 
 
+PublicAddress = Annotated[str, Field(pattern=IPV4_RE)]
+INGRESS_PORT_MIN = 1024  # below: privileged ports the host itself may serve
+INGRESS_PORT_MAX = 65535
+
+
+class NodeIngress(_Model):
+    """Where tenants reach the slice VMs of one node: a public address and the ports DNAT'd from it."""
+
+    address: PublicAddress = Field(
+        description="Public IPv4 address the host answers on; one of the node's public_addresses.")
+    port_first: int = Field(
+        ge=INGRESS_PORT_MIN, le=INGRESS_PORT_MAX,
+        description="First public port (1024-65535) handed to slice VMs' SSH and extra ports.")
+    port_last: int = Field(
+        ge=INGRESS_PORT_MIN, le=INGRESS_PORT_MAX,
+        description="Last public port (inclusive, 1024-65535, not below port_first); no other node's range on "
+                    "the same address may overlap it.")
+
+
 class Node(_Doc):
     kind: Literal["Node"]
     name: Name
@@ -450,6 +479,13 @@ class Node(_Doc):
     management_network: ManagementNetwork | None = None
     machine: NodeMachine | None = Field(
         default=None, description="The machine provider that deploys this node for baremetal leases.")
+    public_addresses: Annotated[tuple[PublicAddress, ...], Strict(False)] = Field(
+        default=(), description="Public IPv4 addresses this node owns (answers on); ingress.address is one of them.")
+    ingress: NodeIngress | None = Field(
+        default=None,
+        description="Public SSH ingress of the node's slice VMs: each slice allocation gets one port of this "
+                    "range on this address (DNAT to its VM's private address, port 22). Absent: slice VMs of "
+                    "this node have no public endpoint.")
 
     @property
     def slice_tagged(self) -> bool:
@@ -574,6 +610,10 @@ class Allocation(_Doc):
                     "estimate): the lease ends lease_hours after requested_at. Absent for on-demand leases, which "
                     "run until released. The default placement policy co-locates leases that end around the same "
                     "time, so hosts empty together for whole-node requests (docs/placement.md).")
+    extra_ports: Annotated[tuple[Annotated[int, Field(ge=1, le=65535)], ...], Strict(False)] = Field(
+        default=(),
+        description="Guest TCP ports to expose besides SSH (22, always exposed), each on its own public port of "
+                    "the node's ingress range; at most the Fleet's ingress.max_extra_ports, no repeats.")
 
     @field_validator("id")
     @classmethod

@@ -26,14 +26,17 @@ class Step(enum.StrEnum):
     DHCP_RESERVATION = "dhcp_reservation"
     DISK_WRITE = "disk_write"
     DEFINE_START = "define_start"
+    INGRESS = "ingress"  # the VM's public endpoints (DNAT + forward), before readiness passes
     READINESS = "readiness"
     # release (seed 002 section 9)
     GRACEFUL_STOP = "graceful_stop"
     HARD_STOP = "hard_stop"
     UNDEFINE = "undefine"
     REMOVE_RESERVATION = "remove_reservation"
+    REMOVE_INGRESS = "remove_ingress"  # before the wipe: no port leads to a disk being wiped
     WIPE = "wipe"
     VERIFY = "verify"
+    SLOT_HEALTH = "slot_health"  # reset the slot's GPU and VF, prove them back on vfio-pci, unchanged
     REPORT_FREE = "report_free"
     # drift heals (self-heal mode only)
     START_DOMAIN = "start_domain"
@@ -42,6 +45,7 @@ class Step(enum.StrEnum):
     REMOVE_STALE_RESERVATION = "remove_stale_reservation"
     REMOVE_ORPHAN_SEED = "remove_orphan_seed"
     REMOVE_ORPHAN_LEASE = "remove_orphan_lease"
+    REMOVE_STRAY_INGRESS = "remove_stray_ingress"
 
 
 PROVISION_STEPS: tuple[Step, ...] = (
@@ -54,6 +58,7 @@ PROVISION_STEPS: tuple[Step, ...] = (
     Step.DHCP_RESERVATION,
     Step.DISK_WRITE,
     Step.DEFINE_START,
+    Step.INGRESS,
     Step.READINESS,
 )
 RELEASE_STEPS: tuple[Step, ...] = (
@@ -61,11 +66,15 @@ RELEASE_STEPS: tuple[Step, ...] = (
     Step.HARD_STOP,
     Step.UNDEFINE,
     Step.REMOVE_RESERVATION,
+    Step.REMOVE_INGRESS,
     Step.WIPE,
     Step.VERIFY,
+    Step.SLOT_HEALTH,
     Step.REPORT_FREE,
 )
-PER_SLOT_STEPS = frozenset({Step.WIPE, Step.VERIFY, Step.REPORT_FREE})
+PER_SLOT_STEPS = frozenset({Step.WIPE, Step.VERIFY, Step.SLOT_HEALTH, Step.REPORT_FREE})
+# A permanent failure of one of these blocks that slot only (cleanup_blocked, with the evidence).
+SLOT_BLOCKING_STEPS = frozenset({Step.WIPE, Step.VERIFY, Step.SLOT_HEALTH})
 
 
 class Flow(enum.StrEnum):
@@ -116,6 +125,9 @@ class DriftCode(enum.StrEnum):
     LEASE_MISSING = "drift.lease.missing"
     SEED_ORPHAN = "drift.seed.orphan"
     SEED_MISSING = "drift.seed.missing"
+    INGRESS_MISSING = "drift.ingress.missing"
+    INGRESS_EXTRA = "drift.ingress.extra"
+    INGRESS_FOREIGN = "drift.ingress.foreign"
 
 
 # Drift that takes a slot out of sale until an operator (or git) acts.

@@ -39,22 +39,62 @@ class SeedError(PermanentError):
 ANNOUNCER = "/usr/local/sbin/gpuaas-slice-ready"
 ANNOUNCE_URL = "/etc/gpuaas/slice-ready.url"
 ANNOUNCE_BODY = "/etc/gpuaas/slice-ready.body"
+DEVICES_URL = "/etc/gpuaas/slice-devices.url"
+DEVICES_HEAD = "/etc/gpuaas/slice-devices.head"
+DEVICES_REPORT = "/tmp/gpuaas-slice-devices"  # noqa: S108 -- the guest's own scratch file, rewritten each round
+TELEMETRY_URL = "/etc/gpuaas/slice-telemetry.url"
+TELEMETRY_HEAD = "/etc/gpuaas/slice-telemetry.head"
+TELEMETRY_REPORT = "/tmp/gpuaas-slice-telemetry"  # noqa: S108 -- as above
+TELEMETRY_QUERY = ("index,uuid,utilization.gpu,memory.used,memory.total,temperature.gpu,"
+                   "ecc.errors.corrected.volatile.total,ecc.errors.uncorrected.volatile.total")
 UNIT = "gpuaas-slice-ready.service"
 
 # Posts once the marker exists, then again every minute (a restarted host agent hears it again).
 # curl where the image has it, else wget (busybox's too): both send the body as a form. No wget -T:
 # Debian's busybox wget is built without it (and crashes on it); the listener drops a stalled post.
 ANNOUNCER_SCRIPT = f"""#!/bin/sh
-# gpuaas: tell the host agent that {GUEST_MARKER} exists (seed 002 readiness).
+# gpuaas: tell the host agent that {GUEST_MARKER} exists (seed 002 readiness),
+# and what devices this guest sees (GPUs from nvidia-smi -L, amd-smi or rocm-smi; RDMA port states).
 marker={GUEST_MARKER}
+post() {{  # post FILE to URL
+  if command -v curl >/dev/null 2>&1; then
+    curl -fsS -m 5 --data-binary "@$2" "$1" >/dev/null 2>&1
+  else
+    wget -q -O /dev/null --post-file "$2" "$1" >/dev/null 2>&1
+  fi
+}}
+report() {{
+  cat {DEVICES_HEAD}
+  if command -v nvidia-smi >/dev/null 2>&1; then tool=nvidia-smi; out="$(nvidia-smi -L 2>&1)"
+  elif command -v amd-smi >/dev/null 2>&1; then tool=amd-smi; out="$(amd-smi list 2>&1)"
+  elif command -v rocm-smi >/dev/null 2>&1; then tool=rocm-smi; out="$(rocm-smi --showuniqueid 2>&1)"
+  else tool=none; out=""; fi
+  echo "tool $tool"
+  for s in /sys/class/infiniband/*/ports/*/state; do
+    [ -e "$s" ] || continue
+    d="${{s#/sys/class/infiniband/}}"; p="${{s%/state}}"
+    echo "fabric ${{d%%/*}}.${{p##*/}} $(cat "$s")"
+  done
+  echo smi-begin
+  printf '%s\\n' "$out" | head -c 12000
+  echo smi-end
+}}
+telemetry() {{  # GPU telemetry (seed 002 section 8): nvidia-smi only; without it the host reports "unavailable"
+  [ -s {TELEMETRY_URL} ] && command -v nvidia-smi >/dev/null 2>&1 || return 0
+  {{ cat {TELEMETRY_HEAD}
+     nvidia-smi --query-gpu={TELEMETRY_QUERY} --format=csv,noheader,nounits 2>/dev/null | head -n 16 | sed 's/^/gpu /'
+  }} > {TELEMETRY_REPORT}
+  post "$(cat {TELEMETRY_URL})" {TELEMETRY_REPORT}
+}}
 while :; do
   while [ ! -e "$marker" ]; do sleep 1; done
-  url="$(cat {ANNOUNCE_URL})"
-  if command -v curl >/dev/null 2>&1; then
-    curl -fsS -m 5 --data-binary @{ANNOUNCE_BODY} "$url" >/dev/null 2>&1
-  else
-    wget -q -O /dev/null --post-file {ANNOUNCE_BODY} "$url" >/dev/null 2>&1
-  fi && sleep 60 || sleep 2
+  ok=1
+  post "$(cat {ANNOUNCE_URL})" {ANNOUNCE_BODY} || ok=0
+  if [ "$ok" = 1 ] && [ -s {DEVICES_URL} ]; then
+    report > {DEVICES_REPORT} 2>/dev/null
+    post "$(cat {DEVICES_URL})" {DEVICES_REPORT} || ok=0
+  fi
+  if [ "$ok" = 1 ]; then telemetry; sleep 30; telemetry; sleep 30; else sleep 2; fi
 done
 """
 
@@ -104,6 +144,14 @@ def render(vm: VmSpec, *, announce: GuestAnnounce | None = None) -> dict[str, by
             {"path": ANNOUNCER, "permissions": "0755", "owner": "root:root", "content": ANNOUNCER_SCRIPT},
             {"path": ANNOUNCE_URL, "permissions": "0600", "owner": "root:root", "content": announce.url},
             {"path": ANNOUNCE_BODY, "permissions": "0600", "owner": "root:root", "content": announce.body},
+            *([{"path": DEVICES_URL, "permissions": "0600", "owner": "root:root", "content": announce.devices_url},
+               {"path": DEVICES_HEAD, "permissions": "0600", "owner": "root:root", "content": announce.devices_head}]
+              if announce.devices_url else []),
+            *([{"path": TELEMETRY_URL, "permissions": "0600", "owner": "root:root",
+                "content": announce.telemetry_url},
+               {"path": TELEMETRY_HEAD, "permissions": "0600", "owner": "root:root",
+                "content": announce.telemetry_head}]
+              if announce.telemetry_url else []),
             {"path": f"/etc/systemd/system/{UNIT}", "permissions": "0644", "owner": "root:root",
              "content": UNIT_TEXT},
         ]

@@ -40,6 +40,7 @@ ENV_PASSWORD = "GPUAAS_HOST_DB_PASSWORD"  # noqa: S105 -- the name of a variable
 # Seconds between heartbeats of `host run`: well under the fleet's liveness TTL
 # (Fleet.host_liveness_ttl_seconds, default 90), also while one pass runs long.
 HEARTBEAT_S = 15.0
+PLAN_FILE_LIMIT = 64 * 1024 * 1024  # a host plan is kilobytes; a device or a wrong path is refused
 
 
 def register(sub: Any) -> None:
@@ -66,6 +67,9 @@ def register(sub: Any) -> None:
             p.add_argument("--log-format", choices=logs.FORMATS, help="log lines (default $GPUAAS_LOG_FORMAT or text)")
             p.add_argument("--metrics-listen", metavar="HOST:PORT",
                            help="serve /metrics and /healthz here, e.g. 127.0.0.1:9101 (default: not served)")
+            p.add_argument("--metrics-allow-host", metavar="NAME", action="append", default=[],
+                           help="a Host name the metrics listener answers besides loopback names and the listen "
+                                "address (repeatable; * for any)")
         p.set_defaults(func=fn)
     from host_reconciler import imagecommand
 
@@ -96,9 +100,15 @@ class _Source:
 
     def plan(self) -> hostplans.HostPlan | None:
         if self.plan_file is not None:
+            from schemas import inputfiles
+
             try:
-                doc = json.loads(self.plan_file.read_text())
-            except (OSError, ValueError) as e:
+                raw = inputfiles.read_bytes(self.plan_file, limit=PLAN_FILE_LIMIT, code="host.plan.unreadable",
+                                            what="plan file")
+                doc = json.loads(raw)
+            except PermanentError as e:
+                raise UsageError(e.message, code=e.code) from e
+            except ValueError as e:  # json's message names a position, never the content
                 raise UsageError(f"cannot read plan {self.plan_file}: {e}", code="host.plan.unreadable") from e
             return hostplans.from_json(doc)
         from host_reconciler import store
@@ -115,6 +125,19 @@ class _Source:
         from host_reconciler import store
 
         store.write_status(self.conn, result.status)
+
+    def answer_rewipes(self, state: Any, plan: hostplans.HostPlan) -> None:
+        """Answer this node's `gpuaas slot rewipe` requests before the pass (database mode only)."""
+        if self.conn is None:
+            return
+        from host_reconciler import rewiping, store
+
+        for request_id, slot in store.read_rewipes(self.conn, self.node):
+            outcome, answer = rewiping.answer(state, plan, slot)
+            store.answer_rewipe(self.conn, request_id, outcome, answer)
+            logging.getLogger("gpuaas.host").info(
+                "rewipe request %d for slot %d: %s", request_id, slot, outcome,
+                extra={"event": "host.rewipe", "request": request_id, "slot": slot, "outcome": outcome})
 
     def heartbeat(self) -> None:
         if self.conn is not None:
@@ -203,7 +226,10 @@ def run_converge(args: argparse.Namespace) -> int:
         plan = source.plan()
         if plan is None:
             raise PermanentError(f"no host plan for {args.node}", code="host.plan.none")
-        result = converging.Converger(s, drivers).converge(plan, dry_run=args.dry_run)
+        converger = converging.Converger(s, drivers)
+        if not args.dry_run:
+            source.answer_rewipes(converger.state, plan)
+        result = converger.converge(plan, dry_run=args.dry_run)
         source.report(result)
         _print(result, args.output)
         return 0 if result.dry_run or not result.errors else 2
@@ -228,7 +254,7 @@ def _metrics(args: argparse.Namespace) -> Iterator[metrics.AgentMetrics]:
     if not args.metrics_listen:
         yield counted
         return
-    served = metrics.Server(counted, args.metrics_listen)
+    served = metrics.Server(counted, args.metrics_listen, args.metrics_allow_host)
     logging.getLogger("gpuaas.host").info("metrics on %s/metrics, health on %s/healthz", served.url, served.url,
                                           extra={"event": "host.metrics.serving", "url": served.url})
     try:
@@ -264,6 +290,7 @@ def _passes(args: argparse.Namespace, counted: metrics.AgentMetrics, stop: threa
                     log.info("no host plan for %s yet", args.node, extra={"event": "host.plan.none"})
                     source.heartbeat()
                 else:
+                    source.answer_rewipes(converger.state, plan)
                     result = converger.converge(plan)
                     counted.record(result)
                     source.report(result)

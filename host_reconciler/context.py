@@ -23,6 +23,7 @@ from host_reconciler.drivers.protocols import (
     DhcpDriver,
     DiskDriver,
     DomainDriver,
+    IngressDriver,
     NetworkDriver,
     PciDriver,
     ReadinessDriver,
@@ -49,6 +50,7 @@ class Drivers:
     pack_seed: Callable[[Path], None]  # seed dir -> its ISO (genisoimage, drivers/seediso.py)
     readiness: ReadinessDriver | None = None  # None: not checked (libvirt test driver, no guest)
     network: NetworkDriver | None = None  # None: the bridge is managed elsewhere
+    ingress: IngressDriver | None = None  # None: public endpoints are not this agent's (nor reported)
 
     def close(self) -> None:
         self.domains.close()

@@ -12,8 +12,8 @@ What a failure means is decided here, in `_failed`, and nowhere else:
   allocation's actions; the next pass retries after `delay`;
 - PermanentError while provisioning: the VM is failed at this plan
   generation (journaled); a new generation retries it;
-- PermanentError in wipe or verify: that one slot becomes cleanup_blocked,
-  with the evidence gathered so far; the other slots go on;
+- PermanentError in wipe, verify or slot_health: that one slot becomes
+  cleanup_blocked, with the evidence gathered so far; the other slots go on;
 - PermanentError in another release step or a heal: reported, retried on the
   next pass (a release must eventually finish).
 """
@@ -26,14 +26,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from host_reconciler import diff, observing, phases, statuses
-from host_reconciler.actions import PER_SLOT_STEPS, Action, DriftMode, Flow, Step
+from host_reconciler import diff, observing, onboarding, phases, statuses
+from host_reconciler.actions import PER_SLOT_STEPS, SLOT_BLOCKING_STEPS, Action, DriftMode, Flow, Step
 from host_reconciler.context import Context, Drivers
+from host_reconciler.drivers.protocols import reservation_for
 from host_reconciler.localstate import LocalState
 from host_reconciler.observations import Failure, Observed
 from host_reconciler.settings import HostSettings
 from schemas.errors import GpuaasError, PermanentError, TemporaryError
 from schemas.hostplans import HostPlan, VmSpec
+from schemas.hostreports import HostReport
 
 log = logging.getLogger("gpuaas.host")
 
@@ -99,6 +101,7 @@ class Converger:
                 options=opts,
                 pass_ms=ms,
                 images=self._image_report(ctx, observed),
+                host=self._host_report(),
             )
             return PassResult(tuple(actions), (), (), status, observed, True, None, ms)
         with self.state.locked():
@@ -121,6 +124,9 @@ class Converger:
             options=opts,
             pass_ms=ms,
             images=self._image_report(ctx, after),
+            host=self._host_report(),
+            telemetry=self._telemetry(plan),
+            guest_refused=self.drivers.readiness.refused() if self.drivers.readiness is not None else {},
         )
         delays = [e.delay for e in errors if e.retry]
         return PassResult(
@@ -221,14 +227,14 @@ class Converger:
                 Failure(str(action.step), code, message, ctx.plan.generation),
                 spec_digest=ctx.digest(vm),
             )
-        elif action.flow is Flow.RELEASE and action.step in (Step.WIPE, Step.VERIFY):
+        elif action.flow is Flow.RELEASE and action.step in SLOT_BLOCKING_STEPS:
             evidence = getattr(exc, "evidence", None) or {}
             for slot in action.slot_indexes:
                 self.state.write_wipe(
                     slot,
                     action.allocation_id,
-                    wiped=action.step is Step.VERIFY,
-                    verified=False,
+                    wiped=action.step is not Step.WIPE,
+                    verified=action.step is Step.SLOT_HEALTH,  # the disk is proven; its devices are not
                     blocked=f"{code}: {message}",
                     evidence={str(action.step): evidence} if evidence else {},
                 )
@@ -254,6 +260,23 @@ class Converger:
             in_use=tuple(sorted(ctx.images_in_use())),
             pinned=tuple(sorted(ctx.images_pinned())),
         )
+
+    def _host_report(self) -> HostReport:
+        """Firmware evidence and bootstrap state, read each pass (a few small files)."""
+        return onboarding.report(self.settings.firmware_dir, self.settings.bootstrap_dir)
+
+    def _telemetry(self, plan: HostPlan) -> dict[str, dict[str, Any]]:
+        """The guests' newest GPU samples, per allocation of the plan (one more report kind of the status)."""
+        if self.drivers.readiness is None:
+            return {}
+        vms = {vm.name: vm for vm in plan.vms if vm.bundles}
+        try:
+            expected = {name: reservation_for(vm, plan.network).ip for name, vm in vms.items()}
+            latest = self.drivers.readiness.guest_telemetry(expected)
+        except GpuaasError as e:  # telemetry never fails a pass
+            log.warning("guest telemetry unavailable: %s: %s", e.code, e.message)
+            return {}
+        return {vms[name].allocation_id: sample for name, sample in latest.items() if name in vms}
 
     def _collect_garbage(self, plan: HostPlan, observed: Observed) -> None:
         """Forget the journals of allocations that left the plan and left nothing behind."""

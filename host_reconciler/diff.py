@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from host_reconciler import domains
+from host_reconciler import domains, ingresses
 from host_reconciler.actions import (
     PROVISION_STEPS,
     Action,
@@ -104,6 +104,7 @@ def _provision(plan: HostPlan, vm: VmSpec, observed: Observed, options: domains.
         # Any domain of this VM (even of an older spec) was defined after its disk was written.
         Step.DISK_WRITE: Step.DISK_WRITE in done or dom is not None,
         Step.DEFINE_START: running,
+        Step.INGRESS: ingresses.provisioned(plan, vm, observed),
         Step.READINESS: False,
     }
     return [
@@ -129,6 +130,8 @@ def _release(vm: VmSpec, observed: Observed) -> list[Action]:
         add(Step.UNDEFINE)
     if vm.name in observed.reservations or vm.name in observed.seeds:
         add(Step.REMOVE_RESERVATION)
+    if ingresses.left_behind(vm, observed):
+        add(Step.REMOVE_INGRESS)
     for s in slots:
         holder = observed.leases.get(s)
         if holder is not None and holder != alloc:
@@ -141,6 +144,8 @@ def _release(vm: VmSpec, observed: Observed) -> list[Action]:
             add(Step.WIPE, (s,))
         if mine is None or not mine.verified:
             add(Step.VERIFY, (s,))
+        if holder == alloc and (mine is None or not mine.healthy):  # devices a VM of ours held: prove them
+            add(Step.SLOT_HEALTH, (s,))
         if holder == alloc:
             add(Step.REPORT_FREE, (s,))
     return out
@@ -166,6 +171,7 @@ def drift(plan: HostPlan, observed: Observed, *, options: domains.DomainOptions 
         )
     for problem in observed.network:
         out.append(Drift(DriftCode.NETWORK, None, problem))
+    out.extend(ingresses.drift(plan, observed, (vm for vm in plan.vms if was_active(vm, observed))))
     return out
 
 
@@ -436,6 +442,8 @@ _HEAL_ORDER = {
     Step.DEFINE_START: 7,
     Step.REDEFINE_DOMAIN: 8,
     Step.START_DOMAIN: 9,
+    Step.REMOVE_STRAY_INGRESS: 10,  # a stray rule may hold the port a missing one needs
+    Step.INGRESS: 11,
 }
 
 

@@ -85,10 +85,9 @@ def run_discover(args: argparse.Namespace) -> int:
 
 def load_slot_map(path: Path) -> m.SlotMap:
     from desired import loading
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise PermanentError(f"{path}: {e.strerror or e}", code=SLOTMAP_INVALID) from e
+    from schemas import inputfiles
+
+    data = inputfiles.read_bytes(path, limit=16 * inputfiles.MIB, code=SLOTMAP_INVALID, what="slot map")
     result = loading.parse_files([(str(path), data)])
     if result.errors:
         raise PermanentError("; ".join(x.render() for x in result.errors[:5]), code=SLOTMAP_INVALID)

@@ -170,8 +170,7 @@ class _Job:
     # -- the loop ------------------------------------------------------------------------------
     def run(self, retries: int) -> None:
         self.cache.ensure()
-        self._load_partial()
-        fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = self._open_partial()
         try:
             while True:
                 self.attempts += 1
@@ -198,26 +197,53 @@ class _Job:
                     f"{self.url} served {self.have} bytes with sha256 {got}, not {self.hexd}; nothing was cached"
                 )
             os.fsync(fd)
+            os.fchmod(fd, 0o444)  # on the file written, never on whatever a path names now
+            st = os.fstat(fd)
         finally:
             os.close(fd)
-        os.chmod(self.partial, 0o444)
+        # rename() replaces a name, never writes through it: a link planted at sha256/<hex> is just gone.
         os.replace(self.partial, self.cache.path(self.hexd))
+        self.cache.seal(self.hexd, st)
         fsync_dir(self.cache.images_dir)
         with contextlib.suppress(FileNotFoundError):
             self.cache.partial_meta(self.hexd).unlink()
 
-    def _load_partial(self) -> None:
+    def _open_partial(self) -> int:
+        """The partial file, opened without following a link: a regular file left by an earlier try is
+        hashed and continued; anything else there is removed and a new file made (O_EXCL)."""
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            st = self.partial.stat()
+            fd = os.open(self.partial, flags)
         except FileNotFoundError:
-            return
-        if st.st_size > self.max_bytes:
-            self.partial.unlink()
-            return
-        with self.partial.open("rb") as f:
-            while block := f.read(CHUNK):
-                self.hash.update(block)
-        self.have = self.resumed_from = st.st_size
+            fd = -1
+        except OSError:  # a link (ELOOP), or something we may not open: never written through
+            fd = -1
+            self._remove_partial()
+        if fd >= 0:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > self.max_bytes:
+                os.close(fd)
+                fd = -1
+                self._remove_partial()
+        if fd < 0:
+            fd = os.open(self.partial, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            os.set_blocking(fd, True)
+            return fd
+        os.set_blocking(fd, True)
+        while block := os.read(fd, CHUNK):
+            self.hash.update(block)
+        self.have = self.resumed_from = os.lseek(fd, 0, os.SEEK_CUR)
+        return fd
+
+    def _remove_partial(self) -> None:
+        try:
+            os.unlink(self.partial)
+        except IsADirectoryError:
+            import shutil
+
+            shutil.rmtree(self.partial, ignore_errors=True)
+        except FileNotFoundError:
+            pass
 
     def _reset(self, fd: int) -> None:
         os.ftruncate(fd, 0)
@@ -294,7 +320,7 @@ class _Job:
         os.lseek(fd, offset, os.SEEK_SET)
         meta = {"url": self.url, "total": self.total, "started_at": time.time()}
         with contextlib.suppress(OSError):
-            self.cache.partial_meta(self.hexd).write_text(json.dumps(meta))
+            imagecache.write_file(self.cache.partial_meta(self.hexd), json.dumps(meta).encode())
 
     def _stream(self, fd: int, body: IO[bytes] | http.client.HTTPResponse) -> bool:
         with _Hasher(self.hash) as hasher:  # every block fed is hashed before an error leaves here

@@ -4,10 +4,16 @@
     <cache>/partial/<hex>         a download in progress (resumed with an HTTP Range request)
     <cache>/partial/<hex>.json    where it comes from and how large it is (progress)
     <cache>/locks/<hex>.lock      one fetch per digest on this host (flock)
+    <cache>/sealed/<hex>.json     the identity (device, inode, size, mtime) it had when verified
 
 A file appears under `sha256/` only after its sha256 was computed while it
-was written and equals its name (`fetching`); nothing else writes there, so
-a name is the proof. "Last used" is the file's atime, set explicitly by
+was written and equals its name (`fetching`), and its seal is recorded then.
+Nothing on disk is trusted beyond that: a hit (`lookup`) is a regular file
+(opened without following links) whose identity still equals its seal; a
+file without a seal, or that changed since, is hashed again, and one that is
+a link, not regular, or whose bytes are not its name is removed (a miss: it
+is fetched again). Every file is created with O_NOFOLLOW (and O_EXCL where
+it is new), so a link planted in the cache is never written through. "Last used" is the file's atime, set explicitly by
 `touch` whenever a provision uses the image (never left to the mount's
 atime policy).
 
@@ -22,9 +28,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
@@ -33,7 +41,7 @@ from typing import Any
 
 from schemas.errors import PermanentError, TemporaryError
 
-_HEX = re.compile(r"^[0-9a-f]{64}$")
+_HEX = re.compile(r"[0-9a-f]{64}")  # always fullmatch: `$` would take a trailing newline
 DEFAULT_MAX_BYTES = 64 << 30  # seed 002: 64 GiB cap on one download
 
 
@@ -43,8 +51,8 @@ class CacheError(PermanentError):
 
 def digest_hex(digest: str) -> str:
     """`sha256:HEX` or `HEX` -> HEX (64 lowercase hex characters), or CacheError."""
-    hexpart = digest.removeprefix("sha256:")
-    if not _HEX.match(hexpart):
+    hexpart = digest.removeprefix("sha256:") if isinstance(digest, str) else ""
+    if not _HEX.fullmatch(hexpart):
         raise CacheError(f"{digest!r} is not a sha256 digest (sha256:<64 lowercase hex>)", code="host.image.bad_digest")
     return hexpart
 
@@ -100,9 +108,16 @@ class ImageCache:
     def partial_dir(self) -> Path:
         return self.root / "partial"
 
+    @property
+    def sealed_dir(self) -> Path:
+        return self.root / "sealed"
+
     def ensure(self) -> None:
-        for d in (self.images_dir, self.partial_dir, self.root / "locks"):
+        for d in (self.images_dir, self.partial_dir, self.root / "locks", self.sealed_dir):
             d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if not stat.S_ISDIR(os.lstat(d).st_mode):
+                raise CacheError(f"{d} is not a directory (a link?); the image cache refuses it",
+                                 code="host.image.cache_unsafe")
 
     def path(self, digest: str) -> Path:
         return self.images_dir / digest_hex(digest)
@@ -115,29 +130,80 @@ class ImageCache:
 
     # -- reading -----------------------------------------------------------------------------
     def lookup(self, digest: str) -> CacheEntry | None:
-        p = self.path(digest)
+        """The verified image of `digest`, or None (a miss: whatever odd thing was there is removed).
+
+        A regular file whose identity equals its seal is a hit; one without a
+        seal, or changed since, is hashed again from the opened file.
+        """
+        hexd = digest_hex(digest)
+        p = self.path(hexd)
         try:
-            st = p.stat()
+            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
-        return CacheEntry(digest_hex(digest), str(p), st.st_size, st.st_atime)
+        except OSError:  # a link (ELOOP) or worse: never read through
+            self._discard(hexd, "is not a regular file")
+            return None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                ok = False
+            elif self._seal_of(hexd) == _identity(st):
+                ok = True
+            else:
+                ok = _sha256(f) == hexd
+                if ok:
+                    self.seal(hexd, st)
+        if not ok:
+            self._discard(hexd, "does not hold the bytes its name says")
+            return None
+        return CacheEntry(hexd, str(p), st.st_size, st.st_atime)
+
+    def seal(self, digest: str, st: os.stat_result) -> None:
+        """Record the identity a verified image has now (its bytes were just hashed equal to its name)."""
+        hexd = digest_hex(digest)
+        write_file(self.sealed_dir / f"{hexd}.json", json.dumps(_identity(st)).encode())
+
+    def _seal_of(self, hexd: str) -> list[int] | None:
+        try:
+            fd = os.open(self.sealed_dir / f"{hexd}.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            try:
+                value = json.loads(f.read(4096))
+            except ValueError:
+                return None
+        return value if isinstance(value, list) else None
+
+    def _discard(self, hexd: str, why: str) -> None:
+        import logging
+
+        logging.getLogger("gpuaas.host").warning("image cache: %s %s; removed, it will be fetched again",
+                                                 self.path(hexd), why)
+        for p in (self.path(hexd), self.sealed_dir / f"{hexd}.json"):
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):
+                p.unlink()
 
     def entries(self) -> list[CacheEntry]:
         out: list[CacheEntry] = []
         with contextlib.suppress(FileNotFoundError):
             for p in self.images_dir.iterdir():
-                if not _HEX.match(p.name):
+                if not _HEX.fullmatch(p.name):
                     continue
                 with contextlib.suppress(FileNotFoundError):
-                    st = p.stat()
-                    out.append(CacheEntry(p.name, str(p), st.st_size, st.st_atime))
+                    st = os.lstat(p)
+                    if stat.S_ISREG(st.st_mode):  # a link is no image (lookup removes it)
+                        out.append(CacheEntry(p.name, str(p), st.st_size, st.st_atime))
         return sorted(out, key=lambda e: e.digest)
 
     def partials(self) -> list[PartialFetch]:
         out: list[PartialFetch] = []
         with contextlib.suppress(FileNotFoundError):
             for p in self.partial_dir.iterdir():
-                if not _HEX.match(p.name):
+                if not _HEX.fullmatch(p.name):
                     continue
                 meta: dict[str, Any] = {}
                 with contextlib.suppress(OSError, ValueError):
@@ -157,8 +223,9 @@ class ImageCache:
         """Mark the image used now (atime), keeping its mtime (the verified identity)."""
         p = self.path(digest)
         with contextlib.suppress(FileNotFoundError):
-            st = p.stat()
-            os.utime(p, ns=(time.time_ns(), st.st_mtime_ns))
+            st = os.lstat(p)
+            if stat.S_ISREG(st.st_mode):
+                os.utime(p, ns=(time.time_ns(), st.st_mtime_ns), follow_symlinks=False)
 
     def drop_partial(self, digest: str) -> None:
         for p in (self.partial(digest), self.partial_meta(digest)):
@@ -173,7 +240,7 @@ class ImageCache:
         """
         self.ensure()
         path = self.root / "locks" / f"{digest_hex(digest)}.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
             while True:
@@ -202,6 +269,8 @@ class ImageCache:
                 with contextlib.suppress(FileNotFoundError):
                     self.path(digest).unlink()
                     removed = True
+                with contextlib.suppress(FileNotFoundError):
+                    (self.sealed_dir / f"{digest_hex(digest)}.json").unlink()
                 self.drop_partial(digest)
                 return removed
         except TemporaryError:
@@ -213,6 +282,31 @@ class ImageCache:
         """Evict least-recently-used images until `incoming` more bytes fit the budget; returns what went."""
         chosen = choose_evictions(self.entries(), budget=budget, in_use=in_use, pinned=pinned, incoming=incoming)
         return [d for d in chosen if self.evict(d)]
+
+
+def _identity(st: os.stat_result) -> list[int]:
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def _sha256(f: Any) -> str:
+    h = hashlib.sha256()
+    while block := f.read(1 << 20):
+        h.update(block)
+    return h.hexdigest()
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Replace `path` with `data`: a new file (O_EXCL, O_NOFOLLOW) renamed over it, never written through a link."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def choose_evictions(

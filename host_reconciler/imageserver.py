@@ -23,7 +23,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from host_reconciler import listening
+
 _RANGE = re.compile(r"^bytes=(\d+)-$")
+MAX_CONNECTIONS = 32
+DEADLINE_S = 600.0  # one connection, request and whole body
 
 
 @dataclass
@@ -52,14 +56,18 @@ class ImageServer:
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
+            timeout = 30  # one read
+
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
             def do_GET(self) -> None:
                 server._serve(self)
 
-        self.httpd = http.server.ThreadingHTTPServer((host, 0), Handler)
-        self.httpd.daemon_threads = True
+        # Capped like every listener the product runs: a lab's clients are a few hosts, and a whole
+        # image at lab speeds takes seconds (a stalled client is cut, never held for good).
+        self.httpd = listening.BoundedServer((host, 0), Handler, max_connections=MAX_CONNECTIONS,
+                                             deadline_s=DEADLINE_S)
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="image-server", daemon=True)
 
     @property

@@ -308,6 +308,22 @@ class LocalState:
         }
         write_atomic(self._wipe_path(slot), json.dumps(doc, sort_keys=True, default=str).encode())
 
+    def rewipe(self, slot: int) -> dict[str, Any] | None:
+        """An operator's rewipe: the slot's block is lifted and its cleanup starts over (wipe, verify, health).
+
+        The evidence of the blocked attempt is kept under `previous`; returns the record as it was (None: none).
+        """
+        doc = _load(self._wipe_path(slot))
+        if not doc:
+            return None
+        before = dict(doc)
+        evidence = dict(doc.get("evidence") or {})
+        previous = {k: evidence.pop(k) for k in ("wipe", "verify", "slot_health") if k in evidence}
+        evidence["previous"] = {**previous, "blocked": doc.get("blocked")}
+        doc.update(blocked=None, wiped=False, verified=False, evidence=evidence, updated_at=now())
+        write_atomic(self._wipe_path(slot), json.dumps(doc, sort_keys=True, default=str).encode())
+        return before
+
     def clear_blocked(self, slot: int) -> bool:
         doc = _load(self._wipe_path(slot))
         if not doc or not doc.get("blocked"):

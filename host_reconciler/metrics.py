@@ -18,6 +18,12 @@ newest finished pass.
 
 /healthz answers 200 while the process serves (alive), with the node and
 the newest pass's age; it needs no database.
+
+The listener answers only for names it serves: a request whose `Host` is
+not a loopback name, the listen address, or one given with
+`--metrics-allow-host` gets 421 (a web page cannot read it by rebinding its
+own DNS name to this address). At most MAX_CONNECTIONS at once, each cut
+after DEADLINE_S (`host_reconciler.listening`).
 """
 
 from __future__ import annotations
@@ -27,15 +33,19 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Collection, Iterator
+from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from host_reconciler import listening
 from schemas.errors import UsageError
+
+MAX_CONNECTIONS = 16  # a scraper or two and a health probe
+DEADLINE_S = 10.0  # a whole request, however slowly it is sent
 
 if TYPE_CHECKING:
     from host_reconciler.converging import PassResult
@@ -61,6 +71,10 @@ class AgentMetrics:
         self.wipes = Counter("gpuaas_host_wipes", "wipe steps by result", ["result"], registry=self.registry)
         self._latest = _Latest(node)
         self.registry.register(self._latest)
+        from host_reconciler import hostmetrics  # onboarding gauges: reboot, firmware, bootstrap, version
+
+        self._host = hostmetrics.HostReportGauges()
+        self.registry.register(self._host)
 
     def record(self, result: PassResult) -> None:
         if result.dry_run:
@@ -77,6 +91,8 @@ class AgentMetrics:
             if err.step == _WIPE:
                 self.wipes.labels("retry" if err.retry else "blocked").inc()
         status = result.status
+        self._host.report = status.host
+        self._host.refused = dict(status.guest_refused)
         self._latest.last = (collections.Counter(str(d.code) for d in status.drift),
                              collections.Counter(str(s.state) for s in status.slots),
                              status.converged, time.time())
@@ -135,7 +151,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self) -> None:
         path = self.path.split("?", 1)[0]
-        if path == "/metrics":
+        if not listening.host_allowed(self.headers.get("Host"), self.server.allowed_hosts):
+            status, ctype = 421, "application/json"
+            body = json.dumps({"error": {"code": "host.metrics.host_not_allowed",
+                                         "message": "this listener does not serve that Host name "
+                                                    "(--metrics-allow-host)"}}).encode()
+        elif path == "/metrics":
             status, ctype, body = 200, CONTENT_TYPE_LATEST, generate_latest(self.server.metrics.registry)
         elif path == "/healthz":
             status, ctype, body = 200, "application/json", json.dumps(self.server.metrics.health()).encode()
@@ -155,23 +176,26 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # a scrape every 15 s is not worth a log line (and stderr carries the agent's JSON log)
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], metrics: AgentMetrics) -> None:
-        self.metrics = metrics
+class _HTTPServer(listening.BoundedServer):
+    def __init__(self, address: tuple[str, int], metrics: AgentMetrics, allowed_hosts: frozenset[str]) -> None:
+        self.metrics, self.allowed_hosts = metrics, allowed_hosts
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
-        super().__init__(address, _Handler)
+        super().__init__(address, _Handler, max_connections=MAX_CONNECTIONS, deadline_s=DEADLINE_S)
 
 
 class Server:
-    """/metrics and /healthz on their own thread; `close` stops it."""
+    """/metrics and /healthz on their own thread; `close` stops it.
 
-    def __init__(self, metrics: AgentMetrics, listen: str) -> None:
+    `allow_hosts`: the Host names answered besides the loopback names and
+    the listen address (`*`: any, for a listener behind a proxy that checks).
+    """
+
+    def __init__(self, metrics: AgentMetrics, listen: str, allow_hosts: Collection[str] = ()) -> None:
         host, port = parse_listen(listen)
+        allowed = frozenset({*listening.LOOPBACK_NAMES, host.lower(), *(h.lower().rstrip(".") for h in allow_hosts)})
         try:
-            self._httpd = _HTTPServer((host, port), metrics)
+            self._httpd = _HTTPServer((host, port), metrics, allowed)
         except OSError as e:
             raise UsageError(f"--metrics-listen {listen}: cannot bind: {e.strerror or e}",
                              code="host.metrics.bind_failed") from e

@@ -15,6 +15,7 @@ from typing import Any
 
 from host_reconciler.domains import DomainFacts
 from host_reconciler.imagecache import CacheEntry, PartialFetch
+from schemas.hostplans import IngressRule
 
 
 def _empty() -> Mapping[Any, Any]:
@@ -100,6 +101,12 @@ class WipeRecord:
     blocked: str | None = None  # reason; the slot stays cleanup_blocked
     evidence: Mapping[str, Any] = field(default_factory=_empty)
 
+    @property
+    def healthy(self) -> bool:
+        """The slot health step passed after this wipe (its evidence, under "slot_health", says ok)."""
+        health = self.evidence.get("slot_health")
+        return isinstance(health, Mapping) and health.get("ok") is True
+
 
 @dataclass(frozen=True, slots=True)
 class GateFinding:
@@ -110,6 +117,32 @@ class GateFinding:
     message: str
     expected: str | None = None
     observed: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IngressSeen:
+    """The host's ingress rules as read back (iptables -S of our chains), parsed.
+
+    `dnat` and `forward` hold the rules we wrote (tagged `gpuaas-ingress:<allocation>`),
+    one half each: a public endpoint works only with both. `foreign` holds every
+    other rule found in our chains, as iptables prints it; `hooked` says whether
+    PREROUTING and FORWARD still jump to our chains.
+    """
+
+    dnat: tuple[IngressRule, ...] = ()
+    forward: tuple[IngressRule, ...] = ()
+    foreign: tuple[str, ...] = ()
+    hooked: bool = True
+
+    @property
+    def complete(self) -> frozenset[IngressRule]:
+        """Endpoints that answer: both halves present, and our chains reached."""
+        return frozenset(self.dnat) & frozenset(self.forward) if self.hooked else frozenset()
+
+    @property
+    def written(self) -> frozenset[IngressRule]:
+        """Every endpoint with at least one half present."""
+        return frozenset(self.dnat) | frozenset(self.forward)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,3 +161,4 @@ class Observed:
     network: tuple[str, ...] = ()  # management network problems (bridge, NAT, port isolation)
     images: Mapping[str, CacheEntry] = field(default_factory=_empty)  # the image cache, by sha256 hex
     image_fetches: tuple[PartialFetch, ...] = ()  # downloads left unfinished (resumed by image_fetch)
+    ingress: IngressSeen | None = None  # None: no ingress driver (rules managed elsewhere, or not at all)

@@ -59,6 +59,7 @@ def observe(ctx: Context, *, full: bool = True) -> Observed:
         network=network,
         images={e.digest: e for e in cache.entries()},
         image_fetches=tuple(cache.partials()),
+        ingress=drivers.ingress.observe() if drivers.ingress is not None else None,
     )
 
 

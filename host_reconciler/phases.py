@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from host_reconciler import healing, provisioning, releasing
+from host_reconciler import healing, ingressing, provisioning, releasing
 from host_reconciler.actions import Action, Step
 from host_reconciler.context import Context, Result
 from schemas.hostplans import VmSpec
@@ -35,13 +35,16 @@ STEPS: dict[Step, StepFn] = {
     Step.DHCP_RESERVATION: provisioning.dhcp_reservation,
     Step.DISK_WRITE: provisioning.disk_write,
     Step.DEFINE_START: provisioning.define_start,
+    Step.INGRESS: ingressing.install,
     Step.READINESS: provisioning.readiness,
     Step.GRACEFUL_STOP: releasing.graceful_stop,
     Step.HARD_STOP: releasing.hard_stop,
     Step.UNDEFINE: releasing.undefine,
     Step.REMOVE_RESERVATION: releasing.remove_reservation,
+    Step.REMOVE_INGRESS: ingressing.remove,
     Step.WIPE: releasing.wipe,
     Step.VERIFY: releasing.verify,
+    Step.SLOT_HEALTH: releasing.slot_health,
     Step.REPORT_FREE: releasing.report_free,
     Step.START_DOMAIN: healing.start_domain,
     Step.REDEFINE_DOMAIN: healing.redefine_domain,
@@ -49,4 +52,5 @@ STEPS: dict[Step, StepFn] = {
     Step.REMOVE_STALE_RESERVATION: healing.remove_stale_reservation,
     Step.REMOVE_ORPHAN_SEED: healing.remove_orphan_seed,
     Step.REMOVE_ORPHAN_LEASE: healing.remove_orphan_lease,
+    Step.REMOVE_STRAY_INGRESS: ingressing.remove_strays,
 }

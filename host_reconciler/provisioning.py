@@ -18,8 +18,9 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from host_reconciler import cloudinit, domains, fetching, imagecache, images, pinning
+from host_reconciler import cloudinit, devicereports, domains, fetching, imagecache, images, pinning
 from host_reconciler.actions import PROVISION_STEPS, Action, Step
 from host_reconciler.context import Context, Result, require_vm
 from host_reconciler.drivers.protocols import (
@@ -265,6 +266,9 @@ def readiness(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
     if ctx.drivers.readiness is None:
         return {"readiness": "not checked (no readiness driver: libvirt test driver)"}
     boot = v.bundles[domains.boot_bundle(v)]
+    expect = None
+    if ctx.settings.readiness_devices:  # the guest must see one GPU per slot and each slot's fabric VF
+        expect = devicereports.Expectation(len(v.bundles), sum(1 for b in v.bundles if b.fabric_vf_pci_address))
     r = ctx.drivers.readiness.wait_ready(
         boot.mac_address.lower(),
         boot.private_ip,
@@ -272,12 +276,9 @@ def readiness(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
         float(ctx.plan.readiness_timeout_s),
         name=v.name,
         gateway=ctx.plan.network.gateway,
+        expect=expect,
     )
-    return {
-        "readiness": {
-            "ip": r.ip,
-            "port": r.port,
-            "lease_s": round(r.lease_s, 3),
-            "ready_s": round(r.ready_s, 3),
-        }
-    }
+    doc: dict[str, Any] = {"ip": r.ip, "port": r.port, "lease_s": round(r.lease_s, 3), "ready_s": round(r.ready_s, 3)}
+    if r.devices is not None:
+        doc.update(devices_s=round(r.devices_s or 0.0, 3), devices=r.devices)
+    return {"readiness": doc}

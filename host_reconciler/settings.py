@@ -31,6 +31,7 @@ temp by-id directory of symlinks to loop devices, and a network namespace.
       "readiness_port": 22,
       "guest_marker_port": 8479,       # guests announce /var/lib/gpuaas/slice-ready to this port of the bridge
       "readiness": "lease-tcp",        # or "none" (test driver: no guest ever boots)
+      "readiness_devices": true,       # readiness also needs the guest's device report to match the claim
       "pci": "sysfs",                  # or "fake-vfio" (no GPUs on this machine)
       "poll_interval_s": 10,
       "graceful_poll_s": 0.5,          # state checks while a guest shuts down
@@ -40,7 +41,9 @@ temp by-id directory of symlinks to loop devices, and a network namespace.
       "image_cache_bytes": null,       # cache budget, LRU eviction above it (null: half its filesystem)
       "image_pins": [],                # sha256:HEX digests never evicted here (besides in-use ones)
       "allow_file_images": false,      # take file:// image URLs (labs)
-      "image_fetch_timeout_s": 60      # socket timeout of one image request
+      "image_fetch_timeout_s": 60,     # socket timeout of one image request
+      "firmware_dir": "/var/lib/gpuaas/firmware-profile",  # the firmware helper's evidence (seed 003 section 1)
+      "bootstrap_dir": "/var/lib/gpuaas/bootstrap"         # `gpuaas host bootstrap` state (seed 003 section 2)
     }
 
 The image cache lives under `image_dir` (`sha256/<hex>`, see `imagecache`).
@@ -102,6 +105,7 @@ class HostSettings:
     readiness_port: int = 22
     guest_marker_port: int = 8479  # guests announce /var/lib/gpuaas/slice-ready here (drivers.guestmarker)
     readiness: Literal["lease-tcp", "none"] = "lease-tcp"
+    readiness_devices: bool = True  # the guest's GPUs and fabric ports must match the claim (devicereports)
     pci: Literal["sysfs", "fake-vfio"] = "sysfs"
     poll_interval_s: float = 10.0
     graceful_poll_s: float = 0.5
@@ -112,6 +116,8 @@ class HostSettings:
     image_pins: tuple[str, ...] = ()
     allow_file_images: bool = False
     image_fetch_timeout_s: float = 60.0
+    firmware_dir: Path = Path("/var/lib/gpuaas/firmware-profile")
+    bootstrap_dir: Path = Path("/var/lib/gpuaas/bootstrap")
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -162,6 +168,8 @@ _PATHS = {
     "sysfs_root",
     "discovery_root",
     "dhcp_state_dir",
+    "firmware_dir",
+    "bootstrap_dir",
 }
 
 
@@ -233,9 +241,15 @@ def load(node: str, path: Path | None = None) -> HostSettings:
     p = path or (Path(os.environ[ENV_CONFIG]) if os.environ.get(ENV_CONFIG) else None)
     if p is None:
         return HostSettings(node=node)
+    from schemas import inputfiles
+    from schemas.errors import PermanentError
+
     try:
-        doc = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
+        doc = json.loads(inputfiles.read_bytes(p, limit=inputfiles.MIB, code="host.settings.unreadable",
+                                               what="host settings"))
+    except PermanentError as e:
+        raise SettingsError(e.message, code="host.settings.unreadable") from e
+    except ValueError as e:  # json's message names a position, never the content
         raise SettingsError(f"cannot read host settings {p}: {e}", code="host.settings.unreadable") from e
     if not isinstance(doc, dict):
         raise SettingsError(f"{p} must hold a JSON object")

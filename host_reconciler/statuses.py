@@ -10,7 +10,7 @@ Slot states use the project's `SlotStatus` vocabulary:
 
     provisioning -> active                      a VM of the plan
     releasing -> cleanup -> available (+proof)  a release of the plan
-                         -> cleanup_blocked     wipe or verify failed (this slot only)
+                         -> cleanup_blocked     wipe, verify or slot health failed (this slot only)
     available                                   free (schedulable unless blocking drift)
     failed                                      provisioning failed at this generation
 """
@@ -27,6 +27,7 @@ from host_reconciler.actions import BLOCKING_DRIFT, Action, Drift, DriftMode, St
 from host_reconciler.imagecache import CacheEntry, PartialFetch
 from host_reconciler.observations import Observed, WipeRecord
 from schemas.hostplans import HostPlan, VmSpec
+from schemas.hostreports import HostReport
 from schemas.states import SlotStatus
 
 
@@ -147,6 +148,10 @@ class HostStatus:
     reported_at: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
     pass_ms: float = 0.0
     images: ImageCacheReport = field(default_factory=ImageCacheReport)
+    host: HostReport | None = None  # firmware evidence, bootstrap state, reboot need, agent version
+    # allocation -> the guest's newest GPU telemetry sample (telemetry.Sample.as_dict + received_at, unix s)
+    telemetry: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    guest_refused: Mapping[str, int] = field(default_factory=dict)  # guest posts refused since start, by reason
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -164,6 +169,9 @@ class HostStatus:
             "errors": [e.as_dict() for e in self.errors],
             "pending": list(self.pending),
             "images": self.images.as_dict(),
+            "host": self.host.as_dict() if self.host is not None else None,
+            "telemetry": {a: dict(t) for a, t in self.telemetry.items()},
+            "guest_reports_refused": dict(self.guest_refused),
         }
 
 
@@ -184,6 +192,7 @@ def wipe_evidence(rec: WipeRecord | None) -> dict[str, Any]:
         "wiped_at": wipe.get("wiped_at"),
         "verified_at": verify.get("verified_at"),
         "signatures_before": wipe.get("signatures_before", []),
+        "health": dict(ev.get("slot_health") or {}),  # the slot's GPU/VF reset and identity proof
         "wipe": wipe,
         "verify": verify,
     }
@@ -274,7 +283,8 @@ class _Builder:
                 st, wstate = SlotStatus.AVAILABLE, "verified"
                 freed += 1
             elif rec is not None and (rec.verified or rec.wiped):
-                st, wstate = SlotStatus.CLEANUP, "verified" if rec.verified else "running"
+                # "verified" (what frees the slot centrally) only once its devices passed the health step too
+                st, wstate = SlotStatus.CLEANUP, "verified" if rec.verified and rec.healthy else "running"
             elif dom is not None:
                 st, wstate = SlotStatus.RELEASING, None
             else:
@@ -346,6 +356,9 @@ def build(
     options: domains.DomainOptions,
     pass_ms: float = 0.0,
     images: ImageCacheReport | None = None,
+    host: HostReport | None = None,
+    telemetry: Mapping[str, Mapping[str, Any]] | None = None,
+    guest_refused: Mapping[str, int] | None = None,
 ) -> HostStatus:
     slot_drift: dict[int | None, list[Drift]] = {}
     for d in drift:
@@ -372,6 +385,9 @@ def build(
         pending=tuple(a.describe() for a in pending),
         pass_ms=pass_ms,
         images=images or ImageCacheReport(),
+        host=host,
+        telemetry=dict(telemetry or {}),
+        guest_refused=dict(guest_refused or {}),
     )
 
 

@@ -73,12 +73,12 @@ def read_plan(conn: psycopg.Connection[Any], node: str) -> hostplans.HostPlan | 
 
 
 _STATUS_SQL = """
-INSERT INTO host_status (node_name, observed_generation, reported_at, healthy, phase_timings,
+INSERT INTO host_status (node_name, observed_generation, reported_at, healthy, firmware_ready, phase_timings,
                          drift, errors, details)
-VALUES (%(node)s, %(gen)s, now(), %(healthy)s, %(timings)s, %(drift)s, %(errors)s, %(details)s)
+VALUES (%(node)s, %(gen)s, now(), %(healthy)s, %(firmware)s, %(timings)s, %(drift)s, %(errors)s, %(details)s)
 ON CONFLICT (node_name) DO UPDATE SET
     observed_generation = EXCLUDED.observed_generation, reported_at = now(),
-    healthy = EXCLUDED.healthy, phase_timings = EXCLUDED.phase_timings,
+    healthy = EXCLUDED.healthy, firmware_ready = EXCLUDED.firmware_ready, phase_timings = EXCLUDED.phase_timings,
     drift = EXCLUDED.drift, errors = EXCLUDED.errors, details = EXCLUDED.details
 """
 
@@ -111,11 +111,13 @@ def write_status(conn: psycopg.Connection[Any], status: HostStatus) -> None:
     """Write the node row and every slot row of `status` in one transaction."""
     doc = status.as_dict()
     details = {k: doc[k] for k in ("generation", "mode", "converged", "pending", "vms", "pass_ms",
-                                   "reported_at", "images")}  # fmt: skip
+                                   "reported_at", "images", "host")}  # fmt: skip
     timings = {v["allocation_id"]: v["phase_timings"] for v in doc["vms"]}
     with dberrors.wrapped(f"write the host status of {status.node}"), conn.transaction():
         conn.execute(_STATUS_SQL, {
             "node": status.node, "gen": status.observed_generation, "healthy": status.healthy,
+            # the host's firmware evidence (None: no evidence, the git onboarding claim stands)
+            "firmware": status.host.firmware_ready if status.host is not None else None,
             "timings": Jsonb(timings), "drift": Jsonb(doc["drift"]), "errors": Jsonb(doc["errors"]),
             "details": Jsonb(details),
         })  # fmt: skip
@@ -129,6 +131,21 @@ def write_status(conn: psycopg.Connection[Any], status: HostStatus) -> None:
                 "drift": Jsonb([{**d, "state": s["state"]} for d in s["drift"]]),
             })  # fmt: skip
         _write_image_cache(conn, status)
+        _write_telemetry(conn, status)
+
+
+def _write_telemetry(conn: psycopg.Connection[Any], status: HostStatus) -> None:
+    """The newest guest GPU sample per allocation (0056): one more report kind of the status."""
+    for alloc, sample in status.telemetry.items():
+        received = dt.datetime.fromtimestamp(float(sample.get("received_at") or 0), dt.UTC)
+        body = {k: v for k, v in sample.items() if k != "received_at"}
+        conn.execute(
+            """INSERT INTO allocation_telemetry (allocation_id, node_name, received_at, sample)
+               VALUES (%s, %s, %s, %s)
+               ON CONFLICT (allocation_id, node_name) DO UPDATE SET
+                   received_at = EXCLUDED.received_at, sample = EXCLUDED.sample, reported_at = now()
+               WHERE allocation_telemetry.received_at < EXCLUDED.received_at""",
+            (alloc, status.node, received, Jsonb(body)))
 
 
 def _write_image_cache(conn: psycopg.Connection[Any], status: HostStatus) -> None:
@@ -208,3 +225,18 @@ def write_plan(conn: psycopg.Connection[Any], plan: hostplans.HostPlan, revision
                    spec = EXCLUDED.spec, revision = EXCLUDED.revision, updated_at = now()""",
             (plan.node, plan.generation, Jsonb(spec), revision),
         )
+
+
+def read_rewipes(conn: psycopg.Connection[Any], node: str) -> list[tuple[int, int]]:
+    """This node's pending rewipe requests (`gpuaas slot rewipe`, migration 0054): (request id, slot)."""
+    with dberrors.wrapped(f"read the rewipe requests of {node}"):
+        rows = conn.execute("SELECT id, slot_index FROM slot_rewipe_requests WHERE node_name = %s"
+                            " AND state = 'pending' ORDER BY id", (node,)).fetchall()
+    return [(int(r[0]), int(r[1])) for r in rows]
+
+
+def answer_rewipe(conn: psycopg.Connection[Any], request_id: int, state: str, answer: dict[str, Any]) -> None:
+    """Answer one request (accepted | refused); RLS lets a node answer only its own."""
+    with dberrors.wrapped(f"answer rewipe request {request_id}"):
+        conn.execute("UPDATE slot_rewipe_requests SET state = %s, answered_at = now(), answer = %s"
+                     " WHERE id = %s AND state = 'pending'", (state, Jsonb(answer), request_id))

@@ -84,7 +84,8 @@ class Memo:
             return validation.validate(result)
         if not result.problems:
             self._last, self._found = weakref.ref(state), tuple(found)
-        result.problems.extend(found)
+        # Ingress ranges are compared across nodes: checked whole on every revision (cheap), never kept.
+        result.problems.extend([*found, *validation.ingress_overlaps(state)])
         return result
 
     def adopt(self, result: LoadResult, found: list[p.Problem],

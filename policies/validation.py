@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from desired import models as m
 from desired import problems as p
 from desired.loading import DesiredState, LoadResult, Source
-from policies import eligibility
+from policies import eligibility, images
 
 _DIGEST = re.compile(m.DIGEST_RE)
 _VALID_COUNTS = frozenset({1, 2, 4, 8})
@@ -32,6 +32,7 @@ def validate(result: LoadResult) -> LoadResult:
     result.problems.extend(_slot_maps(state))
     result.problems.extend(_allocations(state))
     result.problems.extend(machine_duplicates(state))
+    result.problems.extend(ingress_overlaps(state))
     return result
 
 
@@ -208,6 +209,7 @@ def _nodes(state: DesiredState) -> Iterator[p.Problem]:
                 message=f"a node carries exactly one gpuaas profile tag, found {len(profile)}",
             )
         yield from _node_machine(state, src, node)
+        yield from _node_ingress(src, node)
         if node.baremetal_sku is not None:
             sku = state.skus.get(node.baremetal_sku)
             if sku is None:
@@ -216,6 +218,43 @@ def _nodes(state: DesiredState) -> Iterator[p.Problem]:
                 yield src.at(
                     "baremetal_sku", code=p.REF_UNRESOLVED, message=f"SKU {node.baremetal_sku!r} is not a baremetal SKU"
                 )
+
+
+def _node_ingress(src: Source, node: m.Node) -> Iterator[p.Problem]:
+    ing = node.ingress
+    if ing is None:
+        return
+    if ing.port_first > ing.port_last:
+        yield src.at("ingress", "port_last", code=p.NODE_INGRESS_RANGE,
+                     message=f"ingress.port_last {ing.port_last} is below ingress.port_first {ing.port_first}")
+    if ing.address not in node.public_addresses:
+        owned = ", ".join(node.public_addresses) or "none declared"
+        yield src.at("ingress", "address", code=p.NODE_INGRESS_ADDRESS,
+                     message=f"ingress.address {ing.address} is not one of node {node.name}'s public_addresses "
+                             f"({owned})")
+
+
+def ingress_overlaps(state: DesiredState) -> Iterator[p.Problem]:
+    """Ingress port ranges of two nodes on one public address that share a port (fleet wide).
+
+    One pass over the nodes that declare ingress (a handful of ranges per
+    address), run on every validation: cheap, and it reads every node.
+    """
+    by_address: dict[str, list[tuple[int, int, str]]] = {}
+    for name, node in state.nodes.items():
+        ing = node.ingress
+        if ing is not None and ing.port_first <= ing.port_last:
+            by_address.setdefault(ing.address, []).append((ing.port_first, ing.port_last, name))
+    for address, ranges in by_address.items():
+        ranges.sort()
+        for i, (first, last, name) in enumerate(ranges):
+            for o_first, o_last, other in ranges[:i]:
+                if o_last >= first:
+                    yield state.source("Node", name).at(
+                        "ingress", "port_first", code=p.NODE_INGRESS_OVERLAP,
+                        message=f"ingress ports {first}-{last} on {address} overlap node {other}'s "
+                                f"{o_first}-{o_last} on the same address")
+                    break
 
 
 def management_network(state: DesiredState, node: m.Node | None) -> m.ManagementNetwork:
@@ -356,6 +395,7 @@ def _allocations(state: DesiredState) -> Iterator[p.Problem]:
                     message=f"image {alloc.image} is not offered since {image.inactive_since}; "
                     f"this allocation was requested at {alloc.requested_at} (only earlier ones keep it)",
                 )
+        yield from _extra_ports(state, src, alloc)
         if (
             alloc.vm_profile is not None
             and sku is not None
@@ -366,6 +406,21 @@ def _allocations(state: DesiredState) -> Iterator[p.Problem]:
                 code=p.ALLOCATION_PROFILE,
                 message=f"SKU {alloc.sku} has no VM profile {alloc.vm_profile!r}",
             )
+
+
+def _extra_ports(state: DesiredState, src: Source, alloc: m.Allocation) -> Iterator[p.Problem]:
+    limit = state.fleet.ingress.max_extra_ports if state.fleet is not None else m.IngressSettings().max_extra_ports
+    seen: set[int] = set()
+    for i, port in enumerate(alloc.extra_ports):
+        if i == limit:
+            yield src.at("extra_ports", i, code=p.ALLOCATION_EXTRA_PORTS_LIMIT,
+                         message=f"{len(alloc.extra_ports)} extra ports asked; the Fleet allows at most {limit} "
+                                 "(ingress.max_extra_ports)")
+        if port == 22 or port in seen:
+            why = "is SSH, always exposed" if port == 22 else "is listed twice"
+            yield src.at("extra_ports", i, code=p.ALLOCATION_EXTRA_PORTS_DUPLICATE,
+                         message=f"extra_ports[{i}]: port {port} {why}")
+        seen.add(port)
 
 
 def _utc(t: dt.datetime) -> dt.datetime:
@@ -380,9 +435,4 @@ def _refused_inactive(image: m.Image, alloc: m.Allocation) -> bool:
 
 
 def _image_fits(image: m.Image, sku: m.Sku) -> bool:
-    want_target = "baremetal" if sku.capacity_shape is m.CapacityShape.BAREMETAL else "vm_slice"
-    if image.target != want_target:
-        return False
-    if image.compatible_skus:
-        return sku.sku in image.compatible_skus
-    return image.accelerator_vendor in ("any", sku.accelerator_vendor)
+    return images.fits(image, sku)

@@ -50,7 +50,8 @@ class SlotFacts(NamedTuple):
     pinned_sku: str | None
     ineligible: tuple[str, ...]  # eligibility reason codes; empty = eligible
     status: states.SlotStatus  # observed state other than claims (available if none)
-    sellable: bool  # eligible and not waiting for cleanup, failed or disabled
+    sellable: bool  # eligible, not waiting for cleanup, failed or disabled, and not blocked by its host
+    host_blocked: tuple[str, ...] = ()  # the host reports it drifted or unschedulable (policies.hostreports)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,41 +71,52 @@ class NodeFacts:
     slots: tuple[SlotFacts, ...]  # slot_index order
     node: m.Node
     cleanup_pending: int  # slots without cleanup proof (cleanup, cleanup_blocked)
+    corrupt: tuple[str, ...] = ()  # host evidence of node-wide corruption: the node takes nothing new
+    host_blocked: int = 0  # slots its host reports drifted (a whole-node lease would reuse them)
 
     @property
     def active(self) -> bool:
-        return self.healthy and self.admin_state is m.AdminState.ACTIVE
+        return self.healthy and not self.corrupt and self.admin_state is m.AdminState.ACTIVE
 
     @property
     def slice_capable(self) -> bool:
         return self.capability.slice_capable
 
 
+_NONE: Mapping[Any, tuple[str, ...]] = {}
+
+
 def node_facts(node: m.Node, slot_map: m.SlotMap | None, *,
                slot_status: Mapping[plans.SlotKey, states.SlotStatus],
-               firmware_ready: bool, healthy: bool) -> NodeFacts:
+               firmware_ready: bool, healthy: bool,
+               host_blocks: Mapping[plans.SlotKey, tuple[str, ...]] = _NONE,
+               corrupt: tuple[str, ...] = ()) -> NodeFacts:
     slots: list[SlotFacts] = []
-    cleanup = 0
+    cleanup = blocked = 0
     if slot_map is not None:
         reasons = eligibility.eligible_slots(slot_map)
         for s in sorted(slot_map.slots, key=lambda s: s.slot_index):
             status = slot_status.get((node.name, s.slot_index), states.SlotStatus.AVAILABLE)
             why = tuple(r.code for r in reasons[s.slot_index])
+            host = host_blocks.get((node.name, s.slot_index), ()) if host_blocks else ()
             slots.append(SlotFacts(
                 s.slot_index, s.slot_group, s.pcie_pair, s.numa_node, s.gpu_model, s.gpu_pci_address,
                 s.network_fabric, s.fabric_vf_pci_address, s.nvme_device, s.mac_address,
                 s.capacity_metadata.sku, why, status,
                 # any reported state but available (cleanup, failed, disabled, or a claim
-                # state the claims did not show) keeps the slot off the market
-                sellable=not why and status is states.SlotStatus.AVAILABLE,
+                # state the claims did not show) keeps the slot off the market, and so does
+                # drift its host reports on it (seed 000: drift blocks reuse of the slot)
+                sellable=not why and status is states.SlotStatus.AVAILABLE and not host,
+                host_blocked=host,
             ))
             if status is states.SlotStatus.CLEANUP or status is states.SlotStatus.CLEANUP_BLOCKED:
                 cleanup += 1
+            blocked += bool(host)
     eligible = sum(1 for s in slots if not s.ineligible)
     verdict = capability.node_capability(node, firmware_ready=firmware_ready, eligible_slots=eligible)
     return NodeFacts(node.name, node.region, node.pool, node.org, node.admin_state, healthy,
                      firmware_ready, node.storage_mode, node.baremetal_sku, verdict, tuple(slots), node,
-                     cleanup)
+                     cleanup, corrupt, blocked)
 
 
 # The facts of the last inventory() per node, reused when the node's documents are the same
@@ -124,12 +136,16 @@ def inventory(desired: DesiredState, observed: plans.Observed) -> tuple[NodeFact
         ready = observed.firmware_ready.get(name, node.firmware_ready)
         healthy = name not in observed.unavailable_nodes
         statuses = tuple(observed.slot_status.get((name, s.slot_index)) for s in smap.slots) if smap else ()
-        key = (node, smap, ready, healthy, statuses)
+        blocks = (tuple(observed.slot_blocks.get((name, s.slot_index)) for s in smap.slots)
+                  if smap and observed.slot_blocks else ())
+        corrupt = observed.corrupt_nodes.get(name, ())
+        key = (node, smap, ready, healthy, statuses, blocks, corrupt)
         hit = _FACTS.get(name)
         if hit is not None and hit[0][0] is node and hit[0][1] is smap and hit[0][2:] == key[2:]:
             facts = hit[1]
         else:
-            facts = node_facts(node, smap, slot_status=observed.slot_status, firmware_ready=ready, healthy=healthy)
+            facts = node_facts(node, smap, slot_status=observed.slot_status, firmware_ready=ready, healthy=healthy,
+                               host_blocks=observed.slot_blocks, corrupt=corrupt)
         used[name] = (key, facts)
         out.append(facts)
     _FACTS = used

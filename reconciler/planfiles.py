@@ -82,7 +82,7 @@ def _digest(value: Any) -> str:
 
 def observed_digest(observed: plans.Observed, inventory_generation: int) -> str:
     """sha256 of everything in the database a plan depends on besides git."""
-    return _digest({
+    doc: dict[str, Any] = {
         "claims": sorted([c.allocation_id, c.node, c.kind.value, c.slot_index if c.slot_index is not None else -1,
                           c.status.value, c.tenant] for c in observed.claims),
         "slot_status": sorted([n, i, s.value] for (n, i), s in observed.slot_status.items()),
@@ -90,7 +90,13 @@ def observed_digest(observed: plans.Observed, inventory_generation: int) -> str:
         "unavailable_nodes": sorted(observed.unavailable_nodes),
         "placed": sorted(observed.placed),
         "inventory_generation": inventory_generation,
-    })
+    }
+    # Host drift blocks slots and nodes (issue 26); keys only when present, so a clean fleet's digest is unchanged.
+    if observed.slot_blocks:
+        doc["slot_blocks"] = sorted([n, i, list(c)] for (n, i), c in observed.slot_blocks.items())
+    if observed.corrupt_nodes:
+        doc["corrupt_nodes"] = sorted([n, list(c)] for n, c in observed.corrupt_nodes.items())
+    return _digest(doc)
 
 
 def decisions(plan: plans.Plan) -> dict[str, Any]:
@@ -177,14 +183,10 @@ def _need(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], path:
 
 def read(path: Path) -> SavedPlan:
     """The saved plan at `path`; apply.plan_unreadable or apply.plan_version when it is not one we can apply."""
+    from schemas import inputfiles
+
+    raw = inputfiles.read_bytes(path, limit=MAX_BYTES, code="apply.plan_unreadable", what="plan file")
     try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-    except OSError as e:
-        raise PermanentError(f"{path}: cannot read the plan file: {e.strerror}", code="apply.plan_unreadable") from e
-    try:
-        if len(raw) > MAX_BYTES:
-            raise ValueError("too large")
         doc = json.loads(raw)
     except ValueError as e:  # also UnicodeDecodeError and json.JSONDecodeError
         raise PermanentError(f"{path}: not a plan file (a JSON document written by `gpuaas plan --out`)",

@@ -49,7 +49,11 @@ class Observed:
       good (a reschedule never goes back there);
     - image_cache: per node, the sha256 digests its host reported cached
       (`node_image_cache`, 0052), for placement's tie-break among equally
-      packed candidates (never a reason to pack worse).
+      packed candidates (never a reason to pack worse);
+    - slot_blocks: slots their host reports drifted or unschedulable, with
+      the codes (`policies.hostreports`): not placed until reported clear;
+    - corrupt_nodes: nodes whose host reports node-wide corruption, with the
+      evidence codes: the whole node takes nothing new.
     """
 
     claims: tuple[ExistingClaim, ...] = ()
@@ -59,6 +63,8 @@ class Observed:
     placed: frozenset[str] = frozenset()
     avoid: Mapping[str, frozenset[str]] = field(default_factory=_empty)
     image_cache: Mapping[str, frozenset[str]] = field(default_factory=_empty)
+    slot_blocks: Mapping[SlotKey, tuple[str, ...]] = field(default_factory=_empty)
+    corrupt_nodes: Mapping[str, tuple[str, ...]] = field(default_factory=_empty)
 
 
 # The VM profile snapshot: later SKU edits never change a running allocation.

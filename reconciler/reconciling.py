@@ -14,18 +14,44 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from desired import problems as p
 from desired.loading import DesiredState
+from policies import immutables
 from reconciler import leasing
 from reconciler.placement import planner as planning
 from reconciler.plans import Observed, Plan
 from reconciler.providers import protocols as provider_protocols
 from reconciler.providers.registry import Providers
-from reconciler.store import claims, cleanup, history, hostplans, inventory, inventoryrows, lifecycle, live
+from reconciler.store import (
+    claims,
+    cleanup,
+    history,
+    hostplans,
+    inventory,
+    inventoryrows,
+    lifecycle,
+    live,
+    revisions,
+)
 from reconciler.store.connections import Connection
 from schemas import dberrors
-from schemas.errors import GpuaasError
+from schemas.errors import GpuaasError, PermanentError
 
 Planner = Callable[[DesiredState, Observed], Plan]
+
+
+class Invalid(PermanentError):
+    """The revision breaks a rule that needs the store to check (an edit of a held allocation).
+
+    Refused like a revision that fails validation: recorded once in history
+    with every problem, nothing written, the last valid revision stays in force.
+    """
+
+    def __init__(self, problems: list[p.Problem]) -> None:
+        first = problems[0]
+        super().__init__(f"{len(problems)} problem(s) against the store, first: {first.render()}; nothing applied",
+                         code=first.code)
+        self.problems = problems
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +124,7 @@ def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = Non
     """
     planner = planner or planner_for(policy)
     revision = inventoryrows.revision_key(state)
+    refuse_edits(conn, state, revision=revision, source=source)
     run_id = history.start(conn, revision=revision, source=source)
     try:
         pins = hostplans.pinned_images(conn)
@@ -126,6 +153,17 @@ def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = Non
     result = ReconcileResult(run_id, synced.revision, synced, absorbed, plan, applied, written, moved, leased)
     history.finish(conn, run_id, result="changed" if result.changed else "unchanged", counts=result.counts())
     return result
+
+
+def refuse_edits(conn: Connection, state: DesiredState, *, revision: str, source: str) -> None:
+    """Raise `Invalid` (recorded in history, nothing written) when `state` edits an allocation that holds claims."""
+    problems = immutables.check(state, live.held(conn))
+    if not problems:
+        return
+    run_id = history.start(conn, revision=revision, source=source)
+    history.finish(conn, run_id, result="error", counts={revisions.INVALID_COUNT: len(problems)},
+                   problems=[{**x.as_dict(), "text": x.render()} for x in problems])
+    raise Invalid(problems)
 
 
 def _unplanned(conn: Connection) -> set[str]:

@@ -23,7 +23,7 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,11 +152,12 @@ def create(
         if parent is None:  # create=True makes every directory or raises
             raise PermanentError(f"no directory for {rel}", code="request.file")
         _create(parent, rel, data)
-    sha = (
-        _commit(root, path, f"request {allocation_id}: {gpus}x {sku} in {region} for {tenant}", push)
-        if commit
-        else None
-    )
+    if not commit:
+        return Written(allocation_id, path, None)
+    try:
+        sha = _commit(root, path, f"request {allocation_id}: {gpus}x {sku} in {region} for {tenant}", push)
+    except PermanentError as e:
+        raise _undone(e, lambda: _remove(root, rel), f"writing {rel}") from e
     return Written(allocation_id, path, sha)
 
 
@@ -185,7 +186,12 @@ def release(root: Path, allocation_id: str, *, commit: bool = False, push: tuple
         if errors:
             raise RequestRejected(errors)
         _replace(parent, rel, data, mode)
-    sha = _commit(root, path, f"release {allocation_id}", push) if commit else None
+    if not commit:
+        return Written(allocation_id, path, None)
+    try:
+        sha = _commit(root, path, f"release {allocation_id}", push)
+    except PermanentError as e:
+        raise _undone(e, lambda: _put_back(root, rel, original, mode), f"the change to {rel}") from e
     return Written(allocation_id, path, sha)
 
 
@@ -335,6 +341,20 @@ def _replace(parent: int, rel: str, data: bytes, mode: int) -> None:
         raise PermanentError(f"{rel}: {e.strerror}", code="request.file") from e
 
 
+def _remove(root: Path, rel: str) -> None:
+    """Remove the request file `create` made (through the same link-refusing walk)."""
+    with _directory(root, rel, create=False) as parent:
+        if parent is not None:
+            os.unlink(_name(rel), dir_fd=parent)
+
+
+def _put_back(root: Path, rel: str, original: bytes, mode: int) -> None:
+    with _directory(root, rel, create=False) as parent:
+        if parent is None:
+            raise PermanentError(f"{rel} is gone", code="request.file")
+        _replace(parent, rel, original, mode)
+
+
 def _unlink(parent: int, name: str) -> None:
     with suppress(OSError):
         os.unlink(name, dir_fd=parent)
@@ -349,10 +369,20 @@ def _find(root: Path, allocation_id: str) -> str:
 
 
 def _commit(root: Path, path: Path, message: str, push: tuple[str, str] | None) -> str:
+    """Commit `path` as the bot (and push); on any failure, the branch and index are put back as they were.
+
+    The caller puts the file itself back (`_undone`): a refused push leaves
+    no local commit for the next run to push by surprise.
+    """
     try:
-        with git.Repo(root, search_parent_directories=True) as repo:  # its git processes end here
-            top = Path(repo.working_tree_dir or root)
-            repo.index.add([str(path.resolve().relative_to(top.resolve()))])
+        repo = git.Repo(root, search_parent_directories=True)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError) as e:
+        raise PermanentError(f"git: {root} is not a git checkout", code="request.git") from e
+    with repo:  # its git processes end here
+        before = repo.head.commit.hexsha if repo.head.is_valid() else None
+        rel = str(path.resolve().relative_to(Path(repo.working_tree_dir or root).resolve()))
+        try:
+            repo.index.add([rel])
             bot = git.Actor(BOT_NAME, BOT_EMAIL)
             sha = str(repo.index.commit(message, author=bot, committer=bot).hexsha)
             if push is not None:
@@ -360,6 +390,34 @@ def _commit(root: Path, path: Path, message: str, push: tuple[str, str] | None) 
                 infos = repo.remote(remote).push(f"HEAD:refs/heads/{branch}")
                 if any(i.flags & i.ERROR for i in infos):
                     raise PermanentError(f"push to {remote}/{branch} was rejected", code="request.push_rejected")
-        return sha
-    except (git.GitCommandError, git.InvalidGitRepositoryError, ValueError) as e:
-        raise PermanentError(f"git: {e}", code="request.git") from e
+            return sha
+        except (PermanentError, git.GitCommandError, ValueError, OSError) as e:
+            left = _rolled_back(repo, before, rel)
+            why = e.message if isinstance(e, PermanentError) else f"git: {e}"
+            code = e.code if isinstance(e, PermanentError) else "request.git"
+            raise PermanentError(f"{why}; {left}", code=code) from e
+
+
+def _rolled_back(repo: git.Repo, before: str | None, rel: str) -> str:
+    """Put the branch and the index entry of `rel` back to `before`; what was left, in words."""
+    try:
+        if before is None:
+            if repo.head.is_valid():
+                repo.git.update_ref("-d", "HEAD")
+            repo.git.rm("--cached", "-q", "--ignore-unmatch", "--", rel)
+        else:
+            if repo.head.commit.hexsha != before:
+                repo.head.reset(before, index=False, working_tree=False)  # the branch back, nothing else
+            repo.index.reset(before, paths=[rel])  # and the file's index entry (the tree is put back by the caller)
+    except (git.GitCommandError, ValueError) as e:
+        return f"the local commit could not be undone ({e}): the branch may hold it; check `git log` before retrying"
+    return "no local commit was left"
+
+
+def _undone(error: PermanentError, restore: Callable[[], None], what: str) -> PermanentError:
+    """`error`, once the working tree file is put back (`restore`), saying so or what was left."""
+    try:
+        restore()
+    except (OSError, PermanentError) as e:
+        return PermanentError(f"{error.message}; {what} could not be undone: {e}", code=error.code)
+    return PermanentError(f"{error.message}; {what} was undone: the checkout is as it was", code=error.code)

@@ -16,7 +16,18 @@ What the loop does with a revision (`Loop.step`):
   or release something (capacity freed), or claims wait for hosts and a host
   reported since our last run (VM ready, wipe proof). Nothing to do records
   nothing;
-- every reconciliation is one row in `reconciliations` (history module).
+- every reconciliation is one row in `reconciliations` (history module);
+- HEAD moved back (a force-push or a rollback of the branch to an ancestor
+  of the applied revision) is refused, recorded once in the history
+  (`gitops.head_behind`) and the applied revision stays in force;
+- the store moved under the loop: every `interval` the loop compares the
+  store's newest applied revision with the one it applied. Older (a restore
+  from backup, another writer applying an ancestor) or none (a truncated
+  history): the revision in force is applied again at once, with fresh
+  caches (`gitops.reconverged`). Newer, or unknown to this clone: another
+  reconciler is ahead, left alone. A database without the schema (an empty
+  one) is migrated, or with `migrate=False` the loop returns with
+  `no_schema` set, never a retry forever.
 
 Stopping: `stop` (a threading.Event, set by SIGTERM/SIGINT in the command)
 is checked between steps; a reconciliation in progress finishes its
@@ -35,21 +46,28 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Protocol
 
+import psycopg
+
 from desired.loading import BlobCache, Cancelled, DesiredState
 from policies import validating
 from reconciler import reconciling, sources
 from reconciler.placement import replanning
-from reconciler.store import connections, history, inventory, live, revisions
+from reconciler.store import connections, history, inventory, live, migrations, revisions
+from schemas import dberrors
 from schemas.errors import GpuaasError, TemporaryError
 
 BUSY_RECHECK_S = 1.0  # another reconciler holds the revision: look again this soon
+HEAD_BEHIND = "gitops.head_behind"  # HEAD is an ancestor of the applied revision: refused
+RECONVERGED = "gitops.reconverged"  # the store was behind the applied revision: applied again
+NO_SCHEMA = "gitops.no_schema"  # the database lost its schema: migrated, or the loop stops
+_SCHEMA_GONE = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction)  # worth a look for the schema
 
 
 @dataclass(frozen=True, slots=True)
 class Event:
     """One thing the loop did (for the log line, and for tests)."""
 
-    kind: str  # applied | invalid | skipped | retried | error
+    kind: str  # applied | invalid | behind | skipped | retried | migrated | error
     revision: str | None
     message: str = ""
     run_id: int | None = None
@@ -105,7 +123,8 @@ class Loop:
 
     def __init__(self, path: Path, source: Revisions, connect: Connect, *, stop: threading.Event,
                  interval: float = 30.0, policy: str | None = None, log: Log | None = None,
-                 clock: Callable[[], float] = time.monotonic, max_failing_s: float | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_failing_s: float | None = None,
+                 migrate: bool = True) -> None:
         self.path, self.source, self.connect = path, source, connect
         self.stop, self.interval, self.policy = stop, interval, policy
         self.log = log or (lambda _e: None)
@@ -113,6 +132,9 @@ class Loop:
         self.conn: connections.Connection | None = None
         self.seen: str | None = None  # last revision handled (applied, refused or skipped)
         self.state: DesiredState | None = None  # the valid desired state in force
+        self.in_force: str | None = None  # the revision of `state` (what the store should be at)
+        self.migrate = migrate  # an empty database: migrate it (else stop with no_schema set)
+        self.no_schema = False
         self.last_started: dt.datetime | None = None  # our last reconciliation's start (DB clock)
         self.next_retry = clock() + interval
         self.not_before = 0.0  # back-off after an error or a busy revision
@@ -170,11 +192,17 @@ class Loop:
         except Cancelled:
             return None  # stopping in the middle of a parse: nothing was written
         except GpuaasError as e:
-            return self._failed(e.code, e.message, e.delay if isinstance(e, TemporaryError) else None)
+            return self._error(e)
         except Exception as e:  # a bug must neither kill nor wedge the loop: logged, retried, counted as failing
             return self._failed("gpuaas.bug", f"{type(e).__name__}: {e}", None)
         self.failing = None  # the step went through: whatever failed before works again
         return event
+
+    def _error(self, e: GpuaasError) -> Event:
+        if isinstance(e, dberrors.DatabaseError) and isinstance(e.__cause__, _SCHEMA_GONE) \
+                and self._schema_missing():
+            return self._no_schema()
+        return self._failed(e.code, e.message, e.delay if isinstance(e, TemporaryError) else None)
 
     def _failed(self, code: str, message: str, delay: float | None) -> Event:
         """Back off after a failure. The session that failed is never reused: whatever state it
@@ -213,23 +241,42 @@ class Loop:
             if not mine:
                 self.not_before = self.clock() + BUSY_RECHECK_S
                 return self._emit(Event("skipped", rev, "another reconciler is applying this revision"))
+            latest = revisions.latest_applied(conn)
+            if latest is not None and self.source.is_ancestor(rev, latest):
+                return self._behind(conn, rev, latest)
             who = revisions.applied_by(conn, rev)
             if who is not None:
                 self._adopt(rev)
                 return self._emit(Event("skipped", rev, f"already applied by {who}"))
-            latest = revisions.latest_applied(conn)
-            if latest is not None and self.source.is_ancestor(rev, latest):
+            who = revisions.refused_by(conn, rev)
+            if who is not None:
                 self.seen = rev
-                return self._emit(Event("skipped", rev, f"older than the applied revision {latest[:12]}"))
+                return self._emit(Event("skipped", rev, f"already refused by {who}"))
             return self._apply(conn, rev)
 
-    def _adopt(self, rev: str) -> None:
+    def _behind(self, conn: connections.Connection, rev: str, latest: str) -> Event:
+        """HEAD is an ancestor of the applied revision: refused (recorded once), the applied one stays."""
+        self.seen = rev
+        if self.in_force != latest:  # a fresh loop: retries work on the revision in force
+            self._adopt(latest, seen=False)
+        message = (f"{self.source.label} moved back to {rev[:12]}, an ancestor of the applied revision "
+                   f"{latest[:12]} (a force-push or a rollback); {latest[:12]} stays in force. Push a newer "
+                   "commit, or apply an older one on purpose with `gpuaas apply`")
+        run_id = None
+        if revisions.refused_by(conn, rev) is None:
+            run_id = history.start(conn, revision=rev, source=f"{revisions.APPLY_SOURCE} {self.source.label}")
+            history.finish(conn, run_id, result="error", counts={revisions.BEHIND_COUNT: 1},
+                           problems=[{"code": HEAD_BEHIND, "message": message}])
+        return self._emit(Event("behind", rev, f"{HEAD_BEHIND}: {message}", run_id))
+
+    def _adopt(self, rev: str, *, seen: bool = True) -> None:
         """Take over a revision another reconciler applied: its state is ours for retries."""
         loaded = sources.load(self.path, rev, cancel=self.stop.is_set, cache=self.blobs,
                               memo=self.checks)
-        self.seen = rev
+        if seen:
+            self.seen = rev
         if not loaded.errors:
-            self.state = loaded.state
+            self.state, self.in_force = loaded.state, rev
 
     def _apply(self, conn: connections.Connection, rev: str) -> Event:
         t0 = time.perf_counter()
@@ -246,9 +293,14 @@ class Loop:
                                                     "the last valid revision stays in force", run_id,
                                     seconds=time.perf_counter() - t0))
         # A failure is recorded in history by reconcile itself; step() backs off and retries.
-        result = reconciling.reconcile(conn, loaded.state, source=source, planner=self._planner(),
-                                       memory=self.inventory)
-        self.seen, self.state = rev, loaded.state
+        try:
+            result = reconciling.reconcile(conn, loaded.state, source=source, planner=self._planner(),
+                                           memory=self.inventory)
+        except reconciling.Invalid as e:  # an edit of a held allocation: refused (and recorded) like invalid YAML
+            self.seen = rev
+            return self._emit(Event("invalid", rev, f"{e.message}; the last valid revision stays in force",
+                                    seconds=time.perf_counter() - t0))
+        self.seen, self.state, self.in_force = rev, loaded.state, rev
         self._settle_heap()
         self.last_started = revisions.started_at(conn, result.run_id)
         self.next_retry = self.clock() + self.interval
@@ -256,12 +308,16 @@ class Loop:
                                 time.perf_counter() - t0, result.changed))
 
     def _retry(self) -> Event | None:
-        state, rev = self.state, self.seen
+        state, rev = self.state, self.in_force
         if state is None or rev is None:
             return None
         conn = self._conn()
-        if revisions.latest_applied(conn) != rev:
-            return None  # another revision is in force (a newer one we have not seen yet, or we are stale)
+        latest = revisions.latest_applied(conn)
+        if latest != rev:
+            # Older or none: the store moved back under us. Newer (not fetched yet here) or
+            # unknown to this clone: another reconciler is ahead, never rolled back from here.
+            moved_back = latest is None or self.source.is_ancestor(latest, rev)
+            return self._reconverge(conn, state, rev, latest) if moved_back else None
         work = revisions.work(conn, self.last_started)
         if not work.any:
             return None
@@ -278,6 +334,47 @@ class Loop:
         self.last_started = revisions.started_at(conn, result.run_id)
         return self._emit(Event("retried", rev, "", result.run_id, MappingProxyType(result.counts()),
                                 time.perf_counter() - t0, result.changed))
+
+    def _reconverge(self, conn: connections.Connection, state: DesiredState, rev: str,
+                    latest: str | None) -> Event | None:
+        """The store is behind the revision we applied (restored, truncated, rolled back by another
+        writer): apply it again, from nothing. The caches describe rows that may no longer exist."""
+        t0 = time.perf_counter()
+        with revisions.try_lock(conn, rev) as mine:
+            if not mine:
+                return None
+            self.inventory = inventory.Memory()
+            self.plans = replanning.WarmPlanner(self.policy)
+            result = reconciling.reconcile(conn, state, source=f"{revisions.APPLY_SOURCE} {self.source.label}",
+                                           planner=self._planner(), memory=self.inventory)
+        self.last_started = revisions.started_at(conn, result.run_id)
+        if self.seen != rev:
+            self.seen = None  # HEAD is refused (invalid, behind): handled again, so history says so again
+        was = latest[:12] if latest else "no applied revision"
+        return self._emit(Event("applied", rev, f"{RECONVERGED}: the store was at {was} (restored, truncated or "
+                                f"rolled back by another writer); applied {rev[:12]} again", result.run_id,
+                                MappingProxyType(result.counts()), time.perf_counter() - t0, result.changed))
+
+    def _schema_missing(self) -> bool:
+        """After "relation does not exist": is the schema gone (an empty or re-created database)?
+        Asked on a fresh session: the failed one may have had its own search_path."""
+        self.close()
+        try:
+            return not migrations.applied(self._conn())
+        except GpuaasError:
+            self.close()
+            return False  # cannot tell: the error is handled as any other
+
+    def _no_schema(self) -> Event:
+        if not self.migrate:
+            self.no_schema = True
+            self.stop.set()
+            return self._emit(Event("error", self.attempting, f"{NO_SCHEMA}: the database has no schema and "
+                                    "migrating was turned off; run `gpuaas db migrate`, then start the loop again"))
+        ran = migrations.migrate(self._conn())
+        self.next_retry = self.not_before = 0.0  # the revision in force is applied again at once (_retry)
+        return self._emit(Event("migrated", self.attempting, f"{NO_SCHEMA}: the database had no schema; "
+                                f"applied migrations {', '.join(ran) or '(none left)'}"))
 
     # ------------------------------------------------------------------- run
 

@@ -33,12 +33,19 @@ CONSTRAINT_CODES = {
     "claims_slot_of_node": "claim.slot_of_other_node",
     "slots_free_without_claim": "slot.free_with_live_claim",
     "slots_claimed_needs_claim": "slot.claimed_without_claim",
+    "endpoints_one_live_per_port": "ingress.port_taken",
+    "endpoints_one_live_per_guest_port": "ingress.guest_port_taken",
+    "endpoints_ports_exhausted": "ingress.ports_exhausted",
+    "endpoints_no_delete": "ingress.no_delete",
 }
 
 # Refusals a concurrent placement can cause: the next candidate may succeed.
 RACE_CODES = frozenset({
     "claim.slot_taken", "claim.node_overlap", "claim.slot_not_claimable",
     "claim.allocation_not_pending",
+    # A public port taken by a concurrent placement, or a node whose ingress range is full: another
+    # candidate (another node) may still have one.
+    "ingress.port_taken", "ingress.ports_exhausted",
 })
 
 

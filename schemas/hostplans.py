@@ -5,7 +5,7 @@ read by that node's host reconciler only. Serialised as JSON in PostgreSQL
 (`host_plans.spec`); `to_json`/`from_json` are the only codec.
 
 Compatibility: a field added later is optional and left out of the JSON while
-it has no value (`disk_identities`), so a plan without it is byte-for-byte the
+it has no value (`disk_identities`, `ingress`), so a plan without it is byte-for-byte the
 plan an older writer made (no generation bump on upgrade) and an older host
 can still read it.
 """
@@ -125,6 +125,22 @@ class VmSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class IngressRule:
+    """One public endpoint of a slice VM: public_address:public_port -> private_ip:guest_port (TCP).
+
+    Chosen by the central reconciler at placement (allocation_endpoints) and
+    realised by the host as a DNAT rule and a forward rule; `guest_port` 22 is
+    the allocation's SSH endpoint, others its extra ports.
+    """
+
+    allocation_id: str
+    public_address: str
+    public_port: int
+    private_ip: str
+    guest_port: int = 22
+
+
+@dataclass(frozen=True, slots=True)
 class Network:
     subnet: str
     gateway: str
@@ -149,6 +165,8 @@ class HostPlan:
     disk_identities: tuple[SlotIdentity, ...] = ()
     # sha256 hex digests the catalog pins (Image.cache_pinned): never evicted from this host's cache.
     pinned_images: tuple[str, ...] = ()
+    # Public endpoints of the VMs of `vms` (left out of the JSON while empty).
+    ingress: tuple[IngressRule, ...] = ()
 
     def nvme_identity(self, slot_index: int) -> DiskIdentity | None:
         return next((i.nvme_identity for i in self.disk_identities if i.slot_index == slot_index), None)
@@ -157,6 +175,8 @@ class HostPlan:
 def to_json(plan: HostPlan) -> dict[str, Any]:
     doc = asdict(plan)
     doc.pop("disk_identities")
+    if not plan.ingress:
+        doc.pop("ingress")
     if plan.disk_identities:
         doc["disk_identities"] = [
             {"slot_index": i.slot_index, "nvme_identity": i.nvme_identity.as_dict()} for i in plan.disk_identities
@@ -187,4 +207,7 @@ def from_json(doc: dict[str, Any]) -> HostPlan:
     d["slots"] = tuple(bundle(s) for s in d.get("slots", ()))
     d["disk_identities"] = tuple(i for i in map(identity, d.get("disk_identities", ())) if i is not None)
     d["pinned_images"] = tuple(str(x) for x in d.get("pinned_images", ()))
+    d["ingress"] = tuple(IngressRule(allocation_id=str(r["allocation_id"]), public_address=str(r["public_address"]),
+                                     public_port=int(r["public_port"]), private_ip=str(r["private_ip"]),
+                                     guest_port=int(r.get("guest_port", 22))) for r in d.get("ingress", ()))
     return HostPlan(**d)

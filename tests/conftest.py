@@ -12,6 +12,9 @@ starts git or a subprocess outside these fixtures says so with
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 pytest_plugins: list[str] = ["tests.fixtures.pg"]
@@ -38,3 +41,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 or item.get_closest_marker("root") is not None
                 or item.get_closest_marker("slow") is not None)
         item.add_marker(pytest.mark.integration if real else pytest.mark.unit)
+
+
+@pytest.fixture(autouse=True)
+def _user_cache_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The blob cache's default home (`${XDG_CACHE_HOME:-~/.cache}/gpuaas`) is a temp dir, never the user's."""
+    if not os.environ.get("GPUAAS_STATE_DIR"):
+        monkeypatch.setenv("XDG_CACHE_HOME", str(Path(tmp_path_factory.getbasetemp()) / "xdg-cache"))

@@ -75,6 +75,8 @@ ARGV_ALLOWED = {
                                           "paths under the server's state dir",
     "host_reconciler/drivers/netns.py::run": "runner: it passes on the argv its callers give netns.run(ns, argv), "
                                              "and each of those calls is an argv site of this rule",
+    "host_reconciler/drivers/hostroot.py::_run": "runner of `host bootstrap`: its only caller is HostRoot, whose "
+                                                 "argv lists are literals with every value after a literal '--'",
     "host_reconciler/drivers/tools.py::run": "runner: it passes on the argv its callers give tools.run(argv), "
                                              "and each of those calls is an argv site of this rule",
     "host_reconciler/drivers/dnsmasq.py::DnsmasqServer.start": "argv() is the configured binary followed only "

@@ -3,7 +3,9 @@
 
 Each tree is a host root: `sys/` (PCI devices under `sys/devices/pci*`,
 linked from `sys/bus/pci/devices`; `driver`, `iommu_group`, `virtfn*` and
-`physfn` symlinks; `numa_node`, `class`, `vendor`, `device` files;
+`physfn` symlinks; `numa_node`, `class`, `vendor`, `device` files; for GPUs and
+VFs `subsystem_vendor`, `subsystem_device` and a writable `reset` file (with
+`reset_method`) standing in for the device's function-level reset;
 `sys/class/infiniband/*/ports/1/{state,link_layer}`; `sys/block/nvme*`),
 `dev/` (`disk/by-id` links, `kvm`, and per disk a plain file holding the
 first bytes of the disk, empty when they are all zeros), `proc/`
@@ -146,10 +148,18 @@ class Tree:
         numa: int,
         driver: str | None = None,
         group: bool = True,
+        subsystem: tuple[str, str] | None = None,
+        reset: bool = False,
     ) -> str:
         dev = "sys/devices/" + "/".join([*chain, addr])
         self.file(f"{dev}/vendor", vendor)
         self.file(f"{dev}/device", device)
+        if subsystem is not None:
+            self.file(f"{dev}/subsystem_vendor", subsystem[0])
+            self.file(f"{dev}/subsystem_device", subsystem[1])
+        if reset:  # a function-level reset the kernel offers; a writable file stands in for the device
+            self.file(f"{dev}/reset", "")
+            self.file(f"{dev}/reset_method", "flr bus")
         self.file(f"{dev}/class", cls)
         self.file(f"{dev}/numa_node", str(numa))
         self.link(f"sys/bus/pci/devices/{addr}", dev)
@@ -244,7 +254,8 @@ class Tree:
         self.link(f"sys/class/infiniband/{ib}", ibdir)
         for n, vf in enumerate(vfs):
             vdev = self.pci(
-                chain, vf, vendor="0x15b3", device="0x101e", cls=cls, numa=numa, driver="vfio-pci"
+                chain, vf, vendor="0x15b3", device="0x101e", cls=cls, numa=numa, driver="vfio-pci",
+                subsystem=("0x15b3", "0x0023"), reset=True,
             )
             self.link(f"{dev}/virtfn{n}", vdev)
             self.link(f"{vdev}/physfn", dev)
@@ -283,6 +294,8 @@ def build(host: Host, root: Path) -> None:
             cls=gpu_class,
             numa=rail.numa,
             driver=rail.gpu_driver,
+            subsystem=(gpu_vendor, "0x1833"),
+            reset=True,
         )
         if rail.nic != "none":
             nic = f"0000:{rail.nic_bus:02x}"

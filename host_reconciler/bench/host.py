@@ -5,6 +5,8 @@ converge_1gpu_ms    one 1-GPU slice from nothing to active, excluding the disk c
 drift_scan_8slot_ms a report-only pass over an 8-slot host with 4 VMs on 7 slots and one
                     free slot (observe everything + diff + drift + status): median
 drift_pure_8slot_ms the pure diff + drift on that host's observation: median
+release_1gpu_phase_ms  median ms of each release step of that slice (slot_health: the slot's
+                    GPU + VF reset and identity proof, through the lab's PCI driver)
 wipe_verify_1gib_ms wipe (wipefs, blkdiscard) + verify (blkid -p, sampled reads) of a
                     --wipe-gib GiB loop disk holding an ext4 with data
 """
@@ -114,6 +116,7 @@ def _converge(
     totals: list[float] = []
     excl: list[float] = []
     phases: dict[str, list[float]] = {}
+    released: dict[str, list[float]] = {}
     for i in range(runs + 1):
         vm = _vm(f"bench-{i}", (slots[0],), image, 24)
         gen += 1
@@ -130,12 +133,16 @@ def _converge(
             for a, ms in r.executed:
                 phases.setdefault(str(a.step), []).append(ms)
         gen += 1
-        conv.converge(_plan(gen, slots, ids, releases=(vm,)))
+        rel = conv.converge(_plan(gen, slots, ids, releases=(vm,)))
+        if i > 0:  # wipe, verify, slot_health (reset + identity proof of the GPU and VF), report_free
+            for a, ms in rel.executed:
+                released.setdefault(str(a.step), []).append(ms)
     return {
         "converge_1gpu_first_pass_ms": first,
         "converge_1gpu_ms": _median(excl),
         "converge_1gpu_with_disk_copy_ms": _median(totals),
         "converge_1gpu_phase_ms": {k: _median(v) for k, v in phases.items()},
+        "release_1gpu_phase_ms": {k: round(statistics.median(v), 3) for k, v in released.items()},
     }
 
 

@@ -8,9 +8,10 @@ drift. Nothing else is faked: libvirt, disks, files and PostgreSQL are real.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from host_reconciler.drivers.pci import check_address
-from host_reconciler.drivers.protocols import VFIO, PciError
+from host_reconciler.drivers.protocols import RESET_DONE, VFIO, PciError, PciIdentity
 from host_reconciler.observations import PciObs
 
 
@@ -31,6 +32,8 @@ class FakePci:
         self.allow_bind = allow_bind
         self.all_present = all_present  # any valid address exists, on vfio-pci (lab hosts without GPUs)
         self.bound: list[str] = []
+        self.resets: list[str] = []  # every address reset, in order
+        self.identities: dict[str, PciIdentity] = {}  # default: a generic identity per present device
 
     def inspect(self, address: str) -> PciObs:
         if address not in self.drivers and self.all_present:
@@ -46,3 +49,14 @@ class FakePci:
             raise PciError(f"{address} is not on the PCI bus", code="host.pci.missing")
         self.drivers[address] = VFIO
         self.bound.append(address)
+
+    def identity(self, address: str) -> PciIdentity | None:
+        if not self.inspect(address).present:
+            return None
+        return self.identities.get(address, PciIdentity("0x10de", "0x2335", "0x10de", "0x18be"))
+
+    def reset(self, address: str) -> dict[str, Any]:
+        if not self.inspect(address).present:
+            raise PciError(f"{address} is not on the PCI bus", code="host.pci.missing")
+        self.resets.append(address)
+        return {"reset": RESET_DONE, "methods": ["flr"]}

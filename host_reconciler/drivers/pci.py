@@ -17,9 +17,10 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from desired.patterns import PCI_RE
-from host_reconciler.drivers.protocols import VFIO, PciError
+from host_reconciler.drivers.protocols import RESET_DONE, RESET_UNSUPPORTED, VFIO, PciError, PciIdentity
 from host_reconciler.observations import PciObs
 from schemas.errors import TemporaryError
 
@@ -59,6 +60,36 @@ class SysfsPci:
             driver=driver,
             numa_node=numa if numa is None or numa >= 0 else None,
         )
+
+    def identity(self, address: str) -> PciIdentity | None:
+        dev = self._dev(address)
+        if not dev.exists():
+            return None
+
+        def read(name: str) -> str | None:
+            try:
+                return (dev / name).read_text().strip() or None
+            except OSError:
+                return None
+
+        return PciIdentity(read("vendor"), read("device"), read("subsystem_vendor"), read("subsystem_device"))
+
+    def reset(self, address: str) -> dict[str, Any]:
+        """Write 1 to the function's sysfs `reset` (the kernel picks FLR, PM or bus reset, see `reset_method`)."""
+        dev = self._dev(address)
+        knob = dev / "reset"
+        if not knob.exists():
+            return {"reset": RESET_UNSUPPORTED}
+        try:
+            methods = (dev / "reset_method").read_text().split()
+        except OSError:
+            methods = []
+        try:
+            knob.write_text("1")
+        except OSError as e:
+            raise PciError(f"{address}: the kernel refused the reset: {e.strerror}",
+                           code="host.health.reset_failed") from e
+        return {"reset": RESET_DONE, "methods": methods}
 
     def bind_vfio(self, address: str) -> None:
         if not self.allow_bind:

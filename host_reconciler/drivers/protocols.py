@@ -8,16 +8,16 @@ drivers' types without loading them; the real drivers and the fakes import it.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from host_reconciler import images, pinning
+from host_reconciler import devicereports, images, pinning
 from host_reconciler.drivers import addresses
-from host_reconciler.observations import DiskObs, DomainObs, DomainState, PciObs
+from host_reconciler.observations import DiskObs, DomainObs, DomainState, IngressSeen, PciObs
 from schemas.errors import PermanentError
-from schemas.hostplans import DiskIdentity, Network, VmSpec
+from schemas.hostplans import DiskIdentity, IngressRule, Network, VmSpec
 
 
 class DomainDriver(Protocol):
@@ -263,9 +263,38 @@ class PciError(PermanentError):
     code = "host.pci.error"
 
 
+@dataclass(frozen=True, slots=True)
+class PciIdentity:
+    """What a PCI function says it is (sysfs ids); a reset must not change it."""
+
+    vendor: str | None
+    device: str | None
+    subsystem_vendor: str | None = None
+    subsystem_device: str | None = None
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {"vendor": self.vendor, "device": self.device, "subsystem_vendor": self.subsystem_vendor,
+                "subsystem_device": self.subsystem_device}
+
+
+RESET_DONE = "reset"  # the kernel reset the function (sysfs `reset`: FLR, or the next method it offers)
+RESET_UNSUPPORTED = "unsupported"  # the function offers no reset: nothing was done
+
+
 class PciDriver(Protocol):
     def inspect(self, address: str) -> PciObs: ...
     def bind_vfio(self, address: str) -> None: ...
+
+    def identity(self, address: str) -> PciIdentity | None:
+        """The function's ids (None: not on the bus)."""
+        ...
+
+    def reset(self, address: str) -> dict[str, Any]:
+        """Reset the function where it supports it; {"reset": RESET_DONE|RESET_UNSUPPORTED, ...}.
+
+        PciError when the kernel refuses. Callers reset only the devices of a claimed slot.
+        """
+        ...
 
 
 GUEST_MARKER = "/var/lib/gpuaas/slice-ready"  # the file whose existence a guest announces
@@ -277,6 +306,10 @@ class GuestAnnounce:
 
     url: str
     body: str  # name=<vm name>&token=<hex>: form-encoded, values from a closed alphabet
+    devices_url: str = ""  # where the guest posts its device report ("": not asked)
+    devices_head: str = ""  # the report's first lines (format, name, token), written by the seed
+    telemetry_url: str = ""  # where the guest posts GPU telemetry ("": not asked)
+    telemetry_head: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +318,9 @@ class ReadinessResult:
     ip: str
     port: int
     lease_s: float  # from the start of the wait until the lease was seen
-    ready_s: float  # from the start of the wait until the port accepted
+    ready_s: float  # from the start of the wait until the port accepted (and the marker, devices were heard)
+    devices_s: float | None = None  # from the start of the wait until a matching device report (None: not asked)
+    devices: dict[str, Any] | None = None  # what the guest reported (GuestDevices.as_dict)
 
 
 class ReadinessDriver(Protocol):
@@ -294,13 +329,45 @@ class ReadinessDriver(Protocol):
         ...
 
     def wait_ready(self, mac: str, ip: str, port: int, timeout_s: float, *,
-                   name: str | None = None, gateway: str | None = None) -> ReadinessResult:
+                   name: str | None = None, gateway: str | None = None,
+                   expect: devicereports.Expectation | None = None) -> ReadinessResult:
         """Block until the lease, the port (and VM `name`'s marker, heard on `gateway`) are there.
 
-        ReadinessTimeout otherwise.
+        With `expect`, also until the guest's device report matches it (a mismatch is permanent,
+        `host.readiness.device_mismatch`, with the guest's words). ReadinessTimeout otherwise.
         """
+        ...
+
+    def guest_telemetry(self, expected: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+        """Tell the listener each VM's reserved IP (`expected`: name -> IP); return each VM's newest sample."""
+        ...
+
+    def refused(self) -> dict[str, int]:
+        """Guest posts (device reports, telemetry) refused since start, by reason (never stored)."""
         ...
 
     def close(self) -> None:
         """Stop what the gate runs (the announcement listener)."""
+        ...
+
+
+class IngressDriver(Protocol):
+    """Public endpoints of slice VMs: a DNAT rule and a forward rule per endpoint (argv only).
+
+    Every method is idempotent; `add` and `delete` touch only the rules of the
+    endpoint they are given, `delete_foreign` only a rule `observe` listed as foreign.
+    """
+
+    def observe(self) -> IngressSeen: ...
+
+    def add(self, bridge: str, rule: IngressRule) -> bool:
+        """Both halves of `rule` present (and our chains hooked). True if anything changed."""
+        ...
+
+    def delete(self, rule: IngressRule) -> bool:
+        """Neither half of `rule` left. True if anything changed."""
+        ...
+
+    def delete_foreign(self, line: str) -> bool:
+        """Remove one rule of our chains that we did not write (a line of `observe().foreign`)."""
         ...

@@ -14,7 +14,13 @@ Fleet's `graceful_timeout_seconds` (the plan's `readiness_timeout_s`).
 3. with `announcements` (`guestmarker.Announcements`), the guest announced
    its marker from the reserved IP with its own token: `announce_for` gives
    the seed what the guest must post. Without them (labs whose guests carry
-   no announcer), the gate stops after stage 2 and asks the seed for nothing.
+   no announcer), the gate stops after stage 2 and asks the seed for nothing;
+4. with an `expect` (the claim's GPU and fabric VF counts), the guest's
+   device report (`devicereports`) came from the reserved IP and matches it.
+   A report that does not match is a permanent failure
+   (`host.readiness.device_mismatch`, the guest's words in the message): the
+   allocation is placed elsewhere and the slots quarantined, as for the
+   other readiness codes. No report in time is `host.readiness.devices_timeout`.
 
 Clock, sleep and connect are injectable, so the timeout logic is tested
 without real waits; the end-to-end test runs it against a booting guest.
@@ -23,12 +29,14 @@ without real waits; the end-to-end test runs it against a booting guest.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+from host_reconciler import devicereports
 from host_reconciler.drivers import addresses, dnsmasq, guestmarker, netns
 from host_reconciler.drivers.protocols import GUEST_MARKER, GuestAnnounce, Lease, ReadinessResult
-from schemas.errors import TemporaryError
+from schemas.errors import PermanentError, TemporaryError
 
 
 class ReadinessTimeout(TemporaryError):
@@ -40,6 +48,16 @@ class ReadinessTimeout(TemporaryError):
         super().__init__(message, code=code)
         self.stage = stage
         self.waited_s = waited_s
+
+
+class DeviceMismatch(PermanentError):
+    """The guest does not see the devices its claim gives it (permanent: reschedule and quarantine)."""
+
+    code = "host.readiness.device_mismatch"
+
+    def __init__(self, message: str, *, devices: dict[str, object]) -> None:
+        super().__init__(message)
+        self.devices = devices
 
 
 Connect = Callable[[str, int, float], None]
@@ -77,12 +95,22 @@ class LeaseReadiness:
         self._announcements.forget(name)  # a new seed: only what this VM says from now on counts
         return self._announcements.announce_for(name, gateway)
 
+    def guest_telemetry(self, expected: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+        if self._announcements is None:
+            return {}
+        self._announcements.expect_all(dict(expected))
+        return self._announcements.latest_telemetry()
+
+    def refused(self) -> dict[str, int]:
+        return self._announcements.refused_counts() if self._announcements is not None else {}
+
     def close(self) -> None:
         if self._announcements is not None:
             self._announcements.close()
 
     def wait_ready(self, mac: str, ip: str, port: int, timeout_s: float, *,
-                   name: str | None = None, gateway: str | None = None) -> ReadinessResult:
+                   name: str | None = None, gateway: str | None = None,
+                   expect: devicereports.Expectation | None = None) -> ReadinessResult:
         mac = addresses.mac(mac)
         if self._announcements is not None and name is not None and gateway is not None:
             # A restarted agent listens again before it waits: the guest repeats its announcement.
@@ -127,8 +155,33 @@ class LeaseReadiness:
                 message=f"{ip}:{port} not accepting after {timeout_s:g}s ({last_error})",
             )
         if self._announcements is not None and name is not None:
+            self._announcements.expect(name, ip)  # device reports from any other address are refused
             self._wait_marker(self._announcements, name, ip, deadline=deadline, start=start, timeout_s=timeout_s)
+            if expect is not None:
+                found = self._wait_devices(self._announcements, name, ip, expect, deadline=deadline, start=start,
+                                           timeout_s=timeout_s)
+                now = self._clock() - start
+                return ReadinessResult(mac, ip, port, lease_s, now, devices_s=now, devices=found.as_dict())
         return ReadinessResult(mac, ip, port, lease_s, self._clock() - start)
+
+    def _wait_devices(self, heard: guestmarker.Announcements, name: str, ip: str, expect: devicereports.Expectation,
+                      *, deadline: float, start: float, timeout_s: float) -> devicereports.GuestDevices:
+        while True:
+            h = heard.devices(name)
+            if h is not None and h.ip == ip:
+                problems = devicereports.compare(expect, h.devices)
+                if problems:
+                    raise DeviceMismatch(f"{name}: {'; '.join(problems)}; the guest said: "
+                                         f"{h.devices.words[:500] or '(nothing)'}", devices=h.devices.as_dict())
+                return h.devices
+            self._wait_or_fail(
+                deadline,
+                start,
+                stage="devices",
+                code="host.readiness.devices_timeout",
+                message=f"{name} sent no device report from {ip} after {timeout_s:g}s "
+                        f"(GPU tool output and fabric port states; is nvidia-smi in the image?)",
+            )
 
     def _wait_marker(self, heard: guestmarker.Announcements, name: str, ip: str, *, deadline: float, start: float,
                      timeout_s: float) -> None:

@@ -12,6 +12,7 @@ from host_reconciler.drivers import fakes
 from host_reconciler.drivers.disks import BlockDisks
 from host_reconciler.drivers.dnsmasq import DnsmasqDhcp, DnsmasqServer
 from host_reconciler.drivers.guestmarker import Announcements
+from host_reconciler.drivers.ingress import IptablesIngress
 from host_reconciler.drivers.libvirt_driver import LibvirtDomains
 from host_reconciler.drivers.network import LinuxBridgeNetwork
 from host_reconciler.drivers.ovs import OvsNetwork
@@ -47,4 +48,7 @@ def drivers(settings: HostSettings) -> Drivers:
         pack_seed=pack_iso,
         readiness=readiness,
         network=network,
+        # Public endpoints ride the same switch as the bridge and its NAT: a host whose network is
+        # managed elsewhere has its ingress managed there too.
+        ingress=IptablesIngress(settings.netns) if settings.manage_network else None,
     )

@@ -76,6 +76,12 @@ def fleet(*, nodes: int, slots_per_node: int = 8, baremetal_nodes: int = 0, allo
         "source_ref": f"images/{IMAGE}.qcow2", "digest_sha256": _DIGEST, "default_username": "ubuntu",
         "driver_strategy": "preinstalled_nvidia",
     })
+    # Whole-node leases need a viable image too (seed 002 §4): MAAS resolves its own alias.
+    state.images[f"{IMAGE}-maas"] = m.Image.model_validate({
+        "apiVersion": m.API_VERSION, "kind": "Image", "slug": f"{IMAGE}-maas", "target": "baremetal",
+        "family": "ubuntu", "architecture": "amd64", "image_format": "maas", "source_type": "maas",
+        "source_ref": "ubuntu/noble", "default_username": "ubuntu", "driver_strategy": "preinstalled_nvidia",
+    })
     for i in range(nodes + baremetal_nodes):
         name = node_name(i)
         slice_node = i < nodes

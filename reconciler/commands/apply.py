@@ -1,4 +1,4 @@
-"""`gpuaas apply [PATH|PLANFILE] [--rev REV] [--allow-dirty] [-o text|json]`: reconcile one revision now.
+"""`gpuaas apply [PATH|PLANFILE] [--rev REV] [--allow-dirty] [--allow-rewind] [-o text|json]`: apply a revision.
 
 Sync the inventory, absorb host reports, plan, write claims (one transaction
 per placement), record releases, write host plans, and print what changed:
@@ -14,6 +14,10 @@ What is applied is what history records:
   revision in history always holds what was placed. `--allow-dirty` applies
   the working tree as it is instead, recorded as `tree:<hash>`, never as a
   commit that does not contain it.
+- A commit that does not descend from the last applied commit (older, or on
+  another line of history) is refused (`apply.rewind`), listing the
+  allocations and nodes it would drop and the placed allocations it would
+  orphan, unless `--allow-rewind` (`reconciler.commands.rewinds`).
 - PATH outside git: the directory as it is, recorded as `tree:<hash>`.
 - PLANFILE (written by `gpuaas plan --out`): exactly that plan, refused
   (`apply.plan_stale`) when the desired state or the database moved since it
@@ -46,6 +50,8 @@ def register(sub: Any) -> None:
     p.add_argument("--rev", help="apply the tree at this git revision (default: HEAD; outside git: the directory)")
     p.add_argument("--allow-dirty", action="store_true",
                    help="apply the working tree even where it differs from HEAD (recorded as tree:<hash>)")
+    p.add_argument("--allow-rewind", action="store_true",
+                   help="apply a commit that does not descend from the applied one (refused otherwise: apply.rewind)")
     p.add_argument("--repo", type=Path, help="with PLANFILE: the repo to read its head from (default: where it "
                                              "was planned)")
     output.add_argument(p, "text")
@@ -56,9 +62,10 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from reconciler import reconciling
+    from reconciler.commands import rewinds
     from reconciler.store import connections, migrations
 
-    if args.path.is_file():
+    if args.path.exists() and not args.path.is_dir():  # a FIFO or a device too: refused as a plan file, unread
         return _run_saved(args)
     if args.repo is not None:
         raise UsageError("--repo goes with a plan file; give the repo itself as PATH", code="apply.usage")
@@ -69,7 +76,15 @@ def run(args: argparse.Namespace) -> int:
         raise PermanentError(f"{len(loaded.errors)} validation error(s): nothing applied", code="apply.invalid")
     with connections.connect(db.database_url(args), autocommit=True) as conn:
         migrations.migrate(conn)
-        result = reconciling.reconcile(conn, loaded.state, policy=args.policy, source=f"cli {args.path}")
+        back = rewinds.check(conn, args.path, loaded.state, allow=args.allow_rewind)
+        source = f"cli {args.path}" + (f" (rewind from {back.applied[:12]})" if back is not None else "")
+        try:
+            result = reconciling.reconcile(conn, loaded.state, policy=args.policy, source=source)
+        except reconciling.Invalid as e:  # an edit of an allocation that holds claims: printed as validation is
+            for problem in e.problems:
+                print(problem.render(), file=sys.stderr)
+            raise PermanentError(f"{len(e.problems)} error(s) against the store: nothing applied, the last valid "
+                                 "revision stays in force", code="apply.invalid") from None
     _print(reconciling.summary(result), args.output)
     return 0
 

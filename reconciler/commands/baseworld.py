@@ -66,16 +66,30 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpuaas.plan")
 
 FORMAT = 1
-# The classes a world is made of. A module named here may give any class (never a function:
-# `_model` and `_proxy` below are the only callables besides classes).
-_MODULES = frozenset({
-    "desired.models", "desired.loading", "desired.yamlio", "desired.problems", "desired.deltas",
-    "policies.capability", "policies.eligibility", "policies.fabric", "policies.packing", "policies.profiles",
-    "policies.topology", "reconciler.plans", "reconciler.fleetgraph", "reconciler.inventory_diff",
-    "reconciler.placement.placing", "reconciler.placement.index", "reconciler.placement.capacity",
-    "reconciler.placement.prplan", "reconciler.placement.replanning", "reconciler.placement.reasons",
-    "schemas.states", "schemas.snapshots",
-})
+# The types a world is made of, by name: each a data type defined in that module of this project
+# (checked on use: a name a module merely imports, such as `desired.loading.Path`, is never taken).
+# `desired.models`' pydantic models and enums are admitted as a family (`_model_classes`), and
+# `_model` and `_proxy` below are the only callables besides these types. Anything else is a miss.
+_TYPES: dict[str, frozenset[str]] = {m: frozenset(names.split()) for m, names in {
+    "desired.loading": "DesiredState Source _Blob",
+    "desired.yamlio": "Document",
+    "desired.problems": "Problem Severity",
+    "policies.capability": "Capability CapabilityVerdict",
+    "policies.eligibility": "Ineligible",
+    "policies.fabric": "Mismatch",
+    "policies.packing": "Demand Option Policy",
+    "policies.topology": "Choice Layout",
+    "reconciler.plans": "Candidate ExistingClaim Observed Pending Placement Release",
+    "reconciler.fleetgraph": "NodeFacts SlotFacts",
+    "reconciler.inventory_diff": "CapabilityChange DocumentChange FieldChange InventoryDiff SlotChange",
+    "reconciler.placement.placing": "Engine Placed Request Spec Tier _Node",
+    "reconciler.placement.index": "EndOrder NodeHeap SliceIndex WholeNodeIndex",
+    "reconciler.placement.capacity": "Blocked Memo NodeSummary Offer ReadModel Size",
+    "reconciler.placement.prplan": "BaseSide CapacityChange NodeChange",
+    "reconciler.placement.reasons": "Refused",
+    "schemas.states": "ClaimKind ClaimStatus SlotStatus",
+    "schemas.snapshots": "Profile",
+}.items()}
 _BUILTINS = frozenset({"set", "frozenset", "slice"})
 _DATETIME = frozenset({"datetime", "date", "timezone", "timedelta"})
 
@@ -292,13 +306,33 @@ class _Unpickler(pickle.Unpickler):
             import datetime
 
             return getattr(datetime, name)
-        if module in _MODULES:
-            import importlib
-
-            found = getattr(importlib.import_module(module), name, None)
-            if isinstance(found, type):
-                return found
+        found = _allowed(module, name)
+        if found is not None:
+            return found
         raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a kept base")
+
+
+@functools.cache
+def _allowed(module: str, name: str) -> type | None:
+    """The type `module.name` when the allow-list names it and that module defines it (not imports it)."""
+    if module == "desired.models":
+        return next((c for c in _model_classes() + _model_enums() if c.__name__ == name), None)
+    if name not in _TYPES.get(module, ()):
+        return None
+    import importlib
+
+    found = getattr(importlib.import_module(module), name, None)
+    return found if isinstance(found, type) and found.__module__ == module else None
+
+
+@functools.cache
+def _model_enums() -> tuple[type, ...]:
+    import enum
+
+    from desired import models
+
+    return tuple(v for v in vars(models).values()
+                 if isinstance(v, type) and issubclass(v, enum.Enum) and v.__module__ == models.__name__)
 
 
 def _loads(data: bytes | memoryview) -> Any:

@@ -1,8 +1,10 @@
 """`--no-cache` / `--cache-dir` for commands that read a tree (`plan`, `validate`): the on-disk blob cache.
 
-The cache lives in `<state dir>/cache` (`--state-dir`, $GPUAAS_STATE_DIR or
-`.gpuaas`); see `desired.blobstore` for what it holds and why it is never
-trusted. One Reader (a BlobCache and a validation memo) serves every tree a
+The cache lives in `<state dir>/cache` (`--state-dir`, $GPUAAS_STATE_DIR),
+else in `${XDG_CACHE_HOME:-~/.cache}/gpuaas/cache`; never inside a git
+checkout or the tree being read (refused: a pull request could commit a
+cache and its key); see `desired.blobstore` for what it holds and why it is
+never trusted. One Reader (a BlobCache and a validation memo) serves every tree a
 command reads, so a PR plan's base and head parse and check each shared
 document once. The heavy modules are imported when a Reader is made.
 
@@ -37,7 +39,8 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--no-cache", action="store_true",
                    help="neither read nor write the on-disk cache (parsed blobs; finished offline plans)")
     p.add_argument("--cache-dir", type=Path, default=None,
-                   help="on-disk blob cache (default <state dir>/cache: $GPUAAS_STATE_DIR or .gpuaas)")
+                   help="on-disk blob cache, outside every git checkout (default $GPUAAS_STATE_DIR/cache, "
+                        "else ${XDG_CACHE_HOME:-~/.cache}/gpuaas/cache)")
 
 
 class Reader:
@@ -156,4 +159,6 @@ def open_reader(args: argparse.Namespace) -> Reader:
     state = getattr(args, "state_dir", None)
     if directory is None and state is not None:
         directory = Path(state) / "cache"
-    return Reader(BlobCache(blobstore.open_store(directory)), Memo())
+    tree = getattr(args, "path", None)  # what this command reads: a cache inside it is never used
+    trees = [Path(tree)] if tree is not None else []
+    return Reader(BlobCache(blobstore.open_store(directory, trees=trees)), Memo())

@@ -33,6 +33,12 @@ def database_url(args: argparse.Namespace) -> str:
     return connections.database_url(getattr(args, "db_url", None), getattr(args, "state_dir", None))
 
 
+def reading_url(args: argparse.Namespace) -> str:
+    """For commands that only read: an embedded server that is not running is `db.not_running`, not started."""
+    from reconciler.store import connections
+    return connections.database_url(getattr(args, "db_url", None), getattr(args, "state_dir", None), start=False)
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("db", help="the PostgreSQL store: start, stop, status, url, migrate, check")
     dsub = p.add_subparsers(dest="db_command", metavar="DB_COMMAND")

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from host_reconciler import reports, store
     from reconciler.store import connections
 
-    with store.connect(connections.database_url(args.db_url)) as conn:
+    with store.connect(connections.database_url(args.db_url, start=False)) as conn:
         # Hosts write their own reports: one malformed report is a finding of its node, not a crash.
         nodes = reports.checked(store.read_status(conn, args.node))
     if args.output == "yaml":  # the JSON report's data, as YAML

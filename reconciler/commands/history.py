@@ -113,7 +113,7 @@ def render_allocation(doc: dict[str, Any]) -> str:
 def run_allocation(args: argparse.Namespace) -> int:
     from reconciler.store import connections, lifecycle
 
-    with connections.connect(db.database_url(args), autocommit=True) as conn:
+    with connections.connect(db.reading_url(args), autocommit=True) as conn:
         steps = lifecycle.transitions(conn, args.allocation)
         current = lifecycle.lifecycles(conn, [args.allocation]).get(args.allocation)
     if steps is None or current is None:
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.allocation is not None:
         return run_allocation(args)
-    with connections.connect(db.database_url(args), autocommit=True) as conn:
+    with connections.connect(db.reading_url(args), autocommit=True) as conn:
         rows = [as_row(r) for r in history.recent(conn, args.n)] if migrations.applied(conn) else []
     if output.structured(args.output):
         output.emit(rows, args.output)

@@ -3,7 +3,7 @@
 CI runs the plan of one PR many times over the same commits: a retried job,
 a second output format (a markdown comment and a JSON artifact), the same
 pair planned by a merge queue. An offline plan is a pure function of the
-two commits, `--policy`, the output format and the code, so what the
+two commits, the folder planned, `--policy`, the output format and the code, so what the
 command printed and the facts its exit status is made of are kept in the
 blob cache's database (`DiskStore.put_result`) under a hash of all of them,
 and replayed: no tree is read, nothing is planned.
@@ -96,7 +96,8 @@ def key(args: argparse.Namespace, head_rev: str | None) -> str | None:
         base = gitrepo.resolve(args.path, args.base) if args.base else ""
     except gitrepo.RevisionError:
         return None  # the full run reports the unknown revision
-    parts = ("prplan", code_version(), base, head, args.policy or "", args.output)
+    # The folder planned is an input: one repo may hold fleets in `a/` and `b/`, one commit pair for both.
+    parts = ("prplan", code_version(), base, head, str(Path(args.path).resolve()), args.policy or "", args.output)
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 

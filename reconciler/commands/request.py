@@ -81,14 +81,48 @@ def _refused(args: argparse.Namespace, e: PermanentError) -> int:
     return 1
 
 
+SSH_KEY_LIMIT = 64 * 1024  # an authorized_keys file of a few hundred keys; never a disk image
+
+
+def public_keys(path: Path) -> list[str]:
+    """The OpenSSH public key lines of `path` (blank and `#` lines skipped).
+
+    Anything else is refused naming its line numbers only: a private key or
+    a secret passed by mistake is never echoed into CI or portal logs.
+    """
+    import re
+
+    from desired.patterns import SSH_KEY_RE
+    from schemas import inputfiles
+
+    text = inputfiles.read_text(path, limit=SSH_KEY_LIMIT, code="request.ssh_key", what="--ssh-key")
+    keys: list[str] = []
+    bad: list[int] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if re.fullmatch(SSH_KEY_RE, line):
+            keys.append(line)
+        else:
+            bad.append(number)
+    if bad:
+        private = "PRIVATE KEY" in text
+        shown = ", ".join(str(n) for n in bad[:20]) + (" ..." if len(bad) > 20 else "")
+        raise PermanentError(
+            f"--ssh-key {path}: {'it holds a private key; ' if private else ''}line(s) {shown} are not OpenSSH "
+            "public keys (their content is not shown); give the .pub file", code="request.ssh_key.not_public")
+    return keys
+
+
 def run_create(args: argparse.Namespace) -> int:
     from reconciler import requests
     keys: list[str] = []
-    for path in args.ssh_key:
-        try:
-            keys.extend(line.strip() for line in path.read_text().splitlines() if line.strip())
-        except OSError as e:
-            raise PermanentError(f"{path}: {e.strerror}", code="request.ssh_key") from e
+    try:
+        for path in args.ssh_key:
+            keys.extend(public_keys(path))
+    except PermanentError as e:
+        return _refused(args, e)
     try:
         written = requests.create(
             args.repo,

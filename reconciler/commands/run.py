@@ -9,8 +9,10 @@ retried every --interval seconds, every reconciliation is recorded (see
 progress and exits 0. A database that is down at start-up is waited for,
 as it is later. With --max-failing-seconds S the process exits 3 once it has
 failed for longer than S (so a supervisor sees a loop that cannot make
-progress). See reconciler/watching.py (the loop) and reconciler/heads.py
-(the revision sources) for the rules. `--log-format json`
+progress). An empty database (no schema: a fresh one, or one re-created
+under the loop) is migrated; with --no-migrate the process exits 4 instead
+(`gitops.no_schema`), never retrying "relation does not exist" forever.
+See reconciler/watching.py (the loop) and reconciler/heads.py (the revision sources) for the rules. `--log-format json`
 (or GPUAAS_LOG_FORMAT=json) prints each line as one JSON object (schemas/logs.py).
 """
 
@@ -46,6 +48,8 @@ def register(sub: Any) -> None:
     p.add_argument("--policy", help="placement policy override (default: the Fleet's)")
     p.add_argument("--max-failing-seconds", type=float, metavar="S",
                    help="exit 3 when every try has failed for longer than S seconds (default: never give up)")
+    p.add_argument("--no-migrate", action="store_true",
+                   help="never migrate the schema: exit 4 when the database lacks it (default: migrate)")
     p.add_argument("--log-format", choices=logs.FORMATS, help="log lines (default $GPUAAS_LOG_FORMAT or text)")
     db.add_database_arguments(p)
     p.set_defaults(func=run)
@@ -56,7 +60,8 @@ def _log(text: str, event: str, *, level: int = logging.INFO, **fields: Any) -> 
 
 
 # What each loop event is worth to an operator reading the log.
-_EVENT_LEVELS = {"invalid": logging.WARNING, "error": logging.ERROR}
+_EVENT_LEVELS = {"invalid": logging.WARNING, "behind": logging.WARNING, "migrated": logging.WARNING,
+                 "error": logging.ERROR}
 
 
 def _log_event(e: watching.Event) -> None:
@@ -96,13 +101,16 @@ def _check(args: argparse.Namespace) -> None:
 
 
 GAVE_UP = 3  # exit status: failing for longer than --max-failing-seconds
+NO_SCHEMA = 4  # exit status: --no-migrate and the database lacks (part of) the schema
 
 
-def _migrate_when_up(url: str, stop: threading.Event, interval: float, max_failing_s: float | None) -> bool:
+def _migrate_when_up(url: str, stop: threading.Event, interval: float, max_failing_s: float | None,
+                     *, migrate: bool = True) -> int | None:
     """Migrate once the database answers; wait and retry while it does not.
 
-    False: stopped first, or unreachable for longer than max_failing_s (the
-    loop gives up the same way once running; the caller tells which).
+    None: migrated (or, with migrate=False, found current). Else the exit
+    status: 0 stopped first, GAVE_UP unreachable for longer than
+    max_failing_s (the loop gives up the same way once running), NO_SCHEMA.
     """
     from reconciler.store import connections, migrations
     from schemas.errors import TemporaryError
@@ -111,19 +119,28 @@ def _migrate_when_up(url: str, stop: threading.Event, interval: float, max_faili
     while not stop.is_set():
         try:
             with connections.connect(url, autocommit=True) as conn:
-                migrations.migrate(conn)
-            return True
+                if migrate:
+                    migrations.migrate(conn)
+                    return None
+                done = migrations.applied(conn)
+            pending = [m.version for m in migrations.available() if m.version not in done]
+            if not pending:
+                return None
+            _log(f"gitops.no_schema: the database lacks {len(pending)} migration(s) ({', '.join(pending[:3])}"
+                 f"{', ...' if len(pending) > 3 else ''}) and --no-migrate is set; run `gpuaas db migrate`",
+                 "run.no_schema", level=logging.ERROR, code="gitops.no_schema")
+            return NO_SCHEMA
         except TemporaryError as e:
             failing = time.monotonic() - since
             if max_failing_s is not None and failing > max_failing_s:
                 _log(f"the database has been unreachable for {failing:.0f}s (over {max_failing_s:g}s), "
                      f"last {e.code}: {e.message}; exiting", "run.gave_up", level=logging.ERROR, code=e.code)
-                return False
+                return GAVE_UP
             _log(f"waiting for the database: {e.code}: {e.message} (next try in {delay:g}s)", "run.db_waiting",
                  level=logging.WARNING, code=e.code)
             stop.wait(delay)
             delay = min(delay * 2, max(interval, 1.0))
-    return False
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -140,11 +157,11 @@ def _run(args: argparse.Namespace) -> int:
         from reconciler.store import connections
 
         url = db.database_url(args)
-        if not _migrate_when_up(url, stop, args.interval, args.max_failing_seconds):
-            if not stop.is_set():
-                return GAVE_UP
-            _log("stopped", "run.stopped")
-            return 0
+        early = _migrate_when_up(url, stop, args.interval, args.max_failing_seconds, migrate=not args.no_migrate)
+        if early is not None:
+            if early == 0:
+                _log("stopped", "run.stopped")
+            return early
         source: watching.Revisions
         if args.remote:
             source = heads.RemoteBranch(args.path, args.remote, args.branch, stop, retry_delay=args.interval)
@@ -154,13 +171,15 @@ def _run(args: argparse.Namespace) -> int:
              "run.started")
         loop = watching.Loop(args.path, source, lambda: connections.connect(url, autocommit=True), stop=stop,
                              interval=args.interval, policy=args.policy, log=_log_event,
-                             max_failing_s=args.max_failing_seconds)
+                             max_failing_s=args.max_failing_seconds, migrate=not args.no_migrate)
         try:
             last = loop.run(once=args.once)
         finally:
             source.close()
     if loop.gave_up:
         return GAVE_UP
+    if loop.no_schema:
+        return NO_SCHEMA
     if stop.is_set():
         if loop.failing is not None:
             _log(f"stopped while failing for {loop.failing_for():.0f}s: {loop.failing.code}", "run.stopped",

@@ -28,6 +28,9 @@ def register(sub: Any) -> None:
                    help="/readyz fails when the newest successful reconciliation is older (default 0: not checked)")
     p.add_argument("--failing-grace", type=float, default=300.0, metavar="S",
                    help="/readyz fails when reconciliation has been failing this long (default 300)")
+    p.add_argument("--unapplied-grace", type=float, default=300.0, metavar="S",
+                   help="/readyz fails when HEAD (the newest revision recorded) has not been applied this long:"
+                        " invalid, behind the applied revision, or failing (default 300)")
     p.add_argument("--refresh", type=int, default=15, metavar="S", help="dashboard self-refresh period (default 15)")
     p.add_argument("--capacity-refresh", type=float, default=10.0, metavar="S",
                    help="recompute capacity at most this often when the store changed (default 10)")
@@ -50,7 +53,8 @@ def _serve(args: argparse.Namespace) -> int:
     host, port = server.parse_listen(args.listen)
     settings = server.Settings(
         host=host, port=port, token=server.token_from(args.token_file),
-        max_reconcile_age_s=args.max_reconcile_age, failing_grace_s=args.failing_grace, refresh_s=args.refresh,
+        max_reconcile_age_s=args.max_reconcile_age, failing_grace_s=args.failing_grace,
+        head_grace_s=args.unapplied_grace, refresh_s=args.refresh,
         capacity_refresh_s=args.capacity_refresh, policy=args.policy)
     settings.check()  # before the database: a refused bind starts nothing
     httpd = server.make_server(db.database_url(args), settings)

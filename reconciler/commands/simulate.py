@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from schemas.errors import UsageError
+
+WORKLOAD_LIMIT = 1024 * 1024 * 1024  # a CSV of millions of requests; never an endless device
 
 if TYPE_CHECKING:
     from reconciler.placement import simulation
@@ -55,8 +58,15 @@ def register(sub: Any) -> None:
 
 def _rows(path: Path) -> list[Any]:
     from reconciler.placement import simulation, synthesis
+    from schemas import inputfiles
+    from schemas.errors import PermanentError
+
     try:
-        with path.open(newline="", encoding="utf-8") as handle:
+        text = inputfiles.read_text(path, limit=WORKLOAD_LIMIT, code="simulate.workload.unreadable", what="workload")
+    except PermanentError as e:
+        raise UsageError(e.message, code=e.code) from e
+    try:
+        with io.StringIO(text, newline="") as handle:
             reader = csv.DictReader(handle)
             missing = set(synthesis.WORKLOAD_HEADER) - set(reader.fieldnames or ())
             if missing:

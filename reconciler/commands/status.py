@@ -31,7 +31,7 @@ def register(sub: Any) -> None:
 def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
     """The whole status document (plain data), read from the database at `url`."""
     from reconciler.placement import capacity
-    from reconciler.store import connections, history, leases, lifecycle, live, migrations, views
+    from reconciler.store import connections, endpoints, history, leases, lifecycle, live, migrations, views
     from schemas.errors import PermanentError
 
     with connections.connect(url, autocommit=True) as conn:
@@ -48,6 +48,8 @@ def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
         leased = leases.details(conn)
         machines = leases.node_states(conn)
         machine_drift = leases.drift(conn)
+        removed = views.removed_nodes(conn)
+        reachable = endpoints.current(conn)
     try:
         model = capacity.read_model(state, observed, policy=policy)
     except ValueError as e:
@@ -61,12 +63,54 @@ def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
                     "revision": health.failing_revision, "code": health.failing_code,
                     "message": health.failing_message} if health.failing else None,
         "invalid_revision": health.invalid_revision,
+        "head": None if health.head is None else {
+            "revision": health.head.revision, "applied": health.head.applied, "since": health.head.since,
+            "code": health.head.code, "message": health.head.message},
     }
     # Allocations holding claims whose file was deleted: only `state: released` frees them (as `plan` warns).
     doc["orphaned"] = orphaned
     for a in doc["allocations"]:
         a["orphaned"] = a["id"] in orphaned
+        a["endpoints"] = [e.as_dict() for e in reachable.get(a["id"], ())]
+    add_removed(doc, removed)
     return doc
+
+
+def add_removed(doc: dict[str, Any], removed: Sequence[dict[str, Any]]) -> None:
+    """Nodes removed from git that still hold claims: listed, and their claimed units counted in use.
+
+    The read model is built from what git declares, so such a node would
+    vanish from the node list and the totals; its tenants' allocations live
+    on (removing a file releases nothing). A unit here is a slot of a slice
+    claim or the whole node of a baremetal one, counted on the offer of the
+    allocation's SKU in the node's region (`removed_in_use`).
+    """
+    doc["removed_nodes"] = [n["name"] for n in removed]
+    offers = {(o["region"], o["sku"]): o for o in doc["capacity"]}
+    for n in removed:
+        claims = n["claims"]
+        doc["nodes"].append({
+            "name": n["name"], "region": n["region"], "pool": None, "org": None, "admin_state": "removed",
+            "healthy": True, "capability": "-", "capability_reasons": [], "mode": "removed",
+            "slots": {s: sum(1 for c in claims if c["status"] == s and c["slot_index"] is not None)
+                      for s in sorted({c["status"] for c in claims if c["slot_index"] is not None})},
+            "allocations": sorted({c["allocation_id"] for c in claims}), "drained": False, "removed": True,
+            "corrupt": [], "host_drift": [], "claims": claims,
+        })
+        units: dict[tuple[str, str], set[tuple[str, int | None]]] = {}
+        for c in claims:
+            unit = (c["allocation_id"], None) if c["capacity_shape"] == "baremetal" else (n["name"], c["slot_index"])
+            units.setdefault((n["region"], c["sku"]), set()).add(unit)
+        for key, held in sorted(units.items()):
+            offer = offers.get(key)
+            if offer is None:
+                offer = offers[key] = {"region": key[0], "sku": key[1], "capacity_shape": None, "unit": None,
+                                       "total": 0, "in_use": 0, "free": 0, "usable": 0, "not_launchable": {},
+                                       "sizes": [], "dedicated": {}}
+                doc["capacity"].append(offer)
+            offer["total"] += len(held)
+            offer["in_use"] += len(held)
+            offer["removed_in_use"] = offer.get("removed_in_use", 0) + len(held)
 
 
 def as_dict(revision: str | None, model: capacity.ReadModel, allocations: Sequence[Any]) -> dict[str, Any]:
@@ -83,6 +127,9 @@ def as_dict(revision: str | None, model: capacity.ReadModel, allocations: Sequen
             "name": n.name, "region": n.region, "pool": n.pool, "org": n.org, "admin_state": n.admin_state,
             "healthy": n.healthy, "capability": n.capability, "capability_reasons": list(n.capability_reasons),
             "mode": n.mode, "slots": dict(n.slots), "allocations": list(n.allocations), "drained": n.drained,
+            # what its host reports (policies.hostreports): drifted slots are not placed, a corrupt node is not
+            "corrupt": list(n.corrupt),
+            "host_drift": [{"slot_index": i, "codes": list(codes)} for i, codes in n.drifted],
         } for n in model.nodes],
         "allocations": [{
             "id": a.id, "tenant": a.tenant, "sku": a.sku, "gpu_count": a.gpu_count, "region": a.region,
@@ -103,6 +150,9 @@ def _size(s: capacity.Size) -> dict[str, Any]:
 
 
 def _node_mode(n: dict[str, Any]) -> str:
+    if n.get("removed"):
+        return (f"REMOVED from git; {len(n['claims'])} live claim(s) of {', '.join(n['allocations'])} remain "
+                "(nothing released them)")
     if n["admin_state"] == "active":
         return str(n["mode"])
     if n["drained"]:
@@ -127,8 +177,19 @@ def _size_notes(sizes: list[dict[str, Any]]) -> list[str]:
 
 
 def render_text(doc: dict[str, Any]) -> str:
-    out = [f"Status at revision {(doc['revision'] or '-')[:12]}"]
+    out = [f"Status at revision {(doc['revision'] or '-')[:12]} (the revision applied)", *_warnings(doc)]
+    out += ["",
+           "Capacity (launchable now, per allowed GPU count; sizes and shapes compete for the same GPUs):"]
+    return _capacity_and_the_rest(doc, out)
+
+
+def _warnings(doc: dict[str, Any]) -> list[str]:
+    out: list[str] = []
     rec = doc.get("reconciliation") or {}
+    head = rec.get("head")
+    if head and not head["applied"]:
+        out.append(f"  HEAD {(head['revision'] or '-')[:12]} NOT APPLIED since {head['since']}: "
+                   f"{head['code']}: {head['message']} (see `gpuaas history`)")
     if rec.get("failing"):
         f = rec["failing"]
         out.append(f"  FAILING since {f['since']} ({f['failures']} failed reconciliation(s)), newest on "
@@ -136,18 +197,26 @@ def render_text(doc: dict[str, Any]) -> str:
     if doc.get("orphaned"):
         out.append("  warning: allocations holding claims are no longer declared (set `state: released` to free "
                    "them): " + ", ".join(doc["orphaned"]))
+    if doc.get("removed_nodes"):
+        out.append("  warning: nodes removed from git still hold claims (their allocations run on; release them, "
+                   "then remove the node): " + ", ".join(doc["removed_nodes"]))
     if rec.get("invalid_revision"):
         out.append(f"  revision {rec['invalid_revision'][:12]} is invalid (see `gpuaas history`); "
                    "the last valid revision stays in force")
-    out += ["",
-           "Capacity (launchable now, per allowed GPU count; sizes and shapes compete for the same GPUs):"]
+    return out
+
+
+def _capacity_and_the_rest(doc: dict[str, Any], out: list[str]) -> str:
+    """The capacity table, the node list and the allocations after `out` (the header and warnings)."""
     out.append(f"  {'REGION':<12} {'SKU':<26} {'UNIT':<5} {'TOTAL':>5} {'IN USE':>6} {'FREE':>5} "
                f"{'USABLE':>6}  {'LAUNCHABLE':<22} NOT LAUNCHABLE (free units)")
     for o in doc["capacity"]:
         sizes = " ".join(f"{s['gpu_count']}g:{s['launchable']}" for s in o["sizes"])
         blocked = " ".join(f"{k}={v}" for k, v in o["not_launchable"].items()) or "-"
-        out.append(f"  {o['region']:<12} {o['sku']:<26} {o['unit']:<5} {o['total']:>5} {o['in_use']:>6} "
+        out.append(f"  {o['region']:<12} {o['sku']:<26} {o['unit'] or '-':<5} {o['total']:>5} {o['in_use']:>6} "
                    f"{o['free']:>5} {o['usable']:>6}  {sizes:<22} {blocked}")
+        if o.get("removed_in_use"):
+            out.append(f"      {o['removed_in_use']} in use on node(s) removed from git")
         out += _size_notes(o["sizes"])
         for org, dsizes in o["dedicated"].items():
             out.append(f"      tenant {org} (dedicated nodes too): "
@@ -158,7 +227,7 @@ def render_text(doc: dict[str, Any]) -> str:
         org = f" org={n['org']}" if n["org"] else ""
         health = "" if n["healthy"] else _unhealthy(n)
         out.append(f"  {n['name']:<24} {n['region']:<12} {n['capability']:<16} {slots:<34} "
-                   f"{_node_mode(n)}{org}{health}{_machine_text(n.get('machine'))}")
+                   f"{_node_mode(n)}{org}{health}{_host_drift(n)}{_machine_text(n.get('machine'))}")
     out += ["", "Allocations:"]
     if not doc["allocations"]:
         out.append("  -")
@@ -171,6 +240,8 @@ def render_text(doc: dict[str, Any]) -> str:
             line += f" profile={a['vm_profile']}"
         if a.get("orphaned"):
             line += " ORPHANED (no longer declared)"
+        if a.get("endpoints"):
+            line += "\n      " + endpoint_text(a["endpoints"])
         if a["pending"]:
             line += f"\n      {a['pending']['code']}: {a['pending']['message']}"
         line += _lifecycle_text(a.get("lifecycle"), a["status"])
@@ -221,6 +292,10 @@ def _baremetal_text(b: dict[str, Any] | None) -> str:
     elif b["provider_message"] and b["phase"] in ("deploy_failed", "erase_failed"):
         out += f"\n      {b['provider_message']}"
     return out
+def endpoint_text(found: list[dict[str, Any]]) -> str:
+    """`ssh 203.0.113.13:20000 -> 10.100.0.10:22, tcp 203.0.113.13:20001 -> 10.100.0.10:8888`."""
+    return ", ".join(f"{'ssh' if e['purpose'] == 'ssh' else 'tcp'} {e['public_address']}:{e['public_port']}"
+                     f" -> {e['private_ip']}:{e['guest_port']}" for e in found)
 
 
 def add_lifecycle(doc: dict[str, Any], node_reasons: dict[str, list[dict[str, Any]]],
@@ -239,6 +314,16 @@ def add_lifecycle(doc: dict[str, Any], node_reasons: dict[str, list[dict[str, An
             "attempts": [{"attempt": t["attempt"], "node": t["node"], "phase": t["phase"], "code": t["code"],
                           "message": t["message"], "outcome": t["outcome"], "quarantined": t["quarantined"]}
                          for t in c["attempts"]]}
+
+
+def _host_drift(n: dict[str, Any]) -> str:
+    """What the node's host reports that keeps capacity off the market (seed 000, slice drift)."""
+    out = ""
+    if n.get("corrupt"):
+        out += f" CORRUPT (host reports node-wide corruption: {', '.join(n['corrupt'])}; nothing new is placed)"
+    for d in n.get("host_drift") or ():
+        out += f"\n      slot {d['slot_index']} not placed: its host reports {', '.join(d['codes'])}"
+    return out
 
 
 def _unhealthy(n: dict[str, Any]) -> str:
@@ -270,7 +355,7 @@ def _lifecycle_text(c: dict[str, Any] | None, status: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
 
-    doc = collect(db.database_url(args), policy=args.policy)
+    doc = collect(db.reading_url(args), policy=args.policy)
     if output.structured(args.output):
         output.emit(doc, args.output)
     else:

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         start = usages.parse_time(args.start, what="--from")
     if args.end:
         end = usages.parse_time(args.end, what="--to")
-    readers = pool.Pool(db.database_url(args), size=1)
+    readers = pool.Pool(db.reading_url(args), size=1)
     try:
         with readers.reading() as conn:
             doc = usages.usage(conn, start=start, end=end, tenant=args.tenant)

@@ -19,7 +19,8 @@ def register(sub: Any) -> None:
     output.add_argument(p, "text")
     p.add_argument("--summary", action="store_true", help="also print the fleet summary")
     p.add_argument("--state-dir", type=Path, default=None,
-                   help="state directory holding the blob cache (default $GPUAAS_STATE_DIR or .gpuaas)")
+                   help="state directory holding the blob cache (<DIR>/cache; default $GPUAAS_STATE_DIR, else "
+                        "${XDG_CACHE_HOME:-~/.cache}/gpuaas); never inside a git checkout")
     blobcache.add_arguments(p)
     p.set_defaults(func=run)
 

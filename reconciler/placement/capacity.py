@@ -58,6 +58,8 @@ class Blocked(enum.StrEnum):
     PINNED = "pinned_to_other_sku"
     TENANT_BOUNDARY = "tenant_boundary"  # node dedicated to an organisation
     SLICE_ACTIVE = "slice_active"  # baremetal: slice claims live on the node
+    HOST_DRIFT = "host_drift"  # its host reports the slot drifted or unschedulable (policies.hostreports)
+    NODE_CORRUPT = "node_corrupt"  # its host reports node-wide corruption
     OTHER = "other"
 
 
@@ -115,6 +117,8 @@ class NodeSummary:
     slots: Mapping[str, int]  # slot status (or "ineligible") -> count
     allocations: tuple[str, ...]  # allocations holding live claims here
     drained: bool  # draining or maintenance, and nothing left on it (no claim, no cleanup)
+    corrupt: tuple[str, ...] = ()  # host evidence of node-wide corruption: takes nothing new
+    drifted: tuple[tuple[int, tuple[str, ...]], ...] = ()  # (slot, codes) its host reports blocking drift on
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +260,8 @@ def _dedicated(engine: placing.Engine, sku: m.Sku, region: str, facts: list[flee
 def _node_reason(f: fleetgraph.NodeFacts) -> Blocked | None:
     if not f.healthy:
         return Blocked.UNHEALTHY
+    if f.corrupt:
+        return Blocked.NODE_CORRUPT
     if f.admin_state is m.AdminState.MAINTENANCE:
         return Blocked.MAINTENANCE
     if f.admin_state is m.AdminState.DRAINING:
@@ -270,6 +276,7 @@ def _slot_reason(sku: m.Sku, f: fleetgraph.NodeFacts, s: fleetgraph.SlotFacts) -
         _SLOT_STATUS_REASON.get(s.status),
         Blocked.INELIGIBLE if s.ineligible else None,
         _node_reason(f),
+        Blocked.HOST_DRIFT if s.host_blocked else None,
         None if f.slice_capable else Blocked.NOT_SLICE_READY,
         None if mismatch is None else Blocked.PINNED if mismatch.code == fabric.SKU_PINNED else Blocked.FABRIC,
         Blocked.TENANT_BOUNDARY if f.org else None,
@@ -368,6 +375,7 @@ def _whole_reason(sku: m.Sku, f: fleetgraph.NodeFacts, claims: list[plans.Existi
         Blocked.SLICE_ACTIVE if claims else None,
         Blocked.CLEANUP_BLOCKED if any(s.status is states.SlotStatus.CLEANUP_BLOCKED for s in f.slots) else None,
         Blocked.CLEANUP if f.cleanup_pending else None,
+        Blocked.HOST_DRIFT if f.host_blocked else None,
         Blocked.TENANT_BOUNDARY if f.org else None,
     )
     return next((c for c in checks if c is not None), None)
@@ -402,6 +410,8 @@ def _node_summary(f: fleetgraph.NodeFacts, claims: Sequence[plans.ExistingClaim]
             slots[by_slot[s.index].value] += 1
         elif s.ineligible:
             slots["ineligible"] += 1
+        elif s.host_blocked:
+            slots[Blocked.HOST_DRIFT.value] += 1
         else:
             slots[states.SlotStatus.AVAILABLE.value] += 1
     parked = f.admin_state is not m.AdminState.ACTIVE
@@ -412,4 +422,5 @@ def _node_summary(f: fleetgraph.NodeFacts, claims: Sequence[plans.ExistingClaim]
         mode=mode, slots=MappingProxyType(dict(sorted(slots.items()))),
         allocations=tuple(sorted({c.allocation_id for c in claims})),
         drained=parked and not claims and f.cleanup_pending == 0,
+        corrupt=f.corrupt, drifted=tuple((s.index, s.host_blocked) for s in f.slots if s.host_blocked),
     )

@@ -136,8 +136,8 @@ class _Node:
         # (index, layout id, layout) per slice SKU this node serves
         self.views: list[tuple[SliceIndex, int, t.Layout]] = []
         self.wholes: list[WholeNodeIndex] = []
-        # may be leased whole once empty: active, healthy, every slot cleaned
-        self.whole_ok = facts.active and facts.cleanup_pending == 0
+        # may be leased whole once empty: active, healthy, every slot cleaned, no slot drifted
+        self.whole_ok = facts.active and facts.cleanup_pending == 0 and facts.host_blocked == 0
 
     @property
     def claimed(self) -> int:
@@ -324,6 +324,7 @@ class Engine:
         """
         node = self.by_name[name]
         self._unindex(node)
+        self._drifted.clear()  # counts unclaimed slots: this node's claims change
         if not node.allocs:
             self.empty_nodes -= 1
         touched = set(node.since)
@@ -349,13 +350,14 @@ class Engine:
         node.facts = facts
         node.slot_indexes = tuple(s.index for s in facts.slots)
         node.all_mask = (1 << len(node.slot_indexes)) - 1
-        node.whole_ok = facts.active and facts.cleanup_pending == 0
+        node.whole_ok = facts.active and facts.cleanup_pending == 0 and facts.host_blocked == 0
         self._view_node(node)
         self._facts = None
         # what was read off the old facts: partition lists (a partition may be new) and static refusals
         self._slice_lists_cache.clear()
         self._whole_lists_cache.clear()
         self._static.clear()
+        self._drifted.clear()
 
     def locate(self, allocation_id: str, nodes: Iterable[str]) -> None:
         """Where an allocation is held: the first known node of its observed claims, as `_load_claims` picks."""
@@ -458,6 +460,7 @@ class Engine:
         node = self.where.pop(allocation_id, None)
         if node is None:
             return False
+        self._drifted.clear()  # a freed slot may be one its host reports drifted
         self._unindex(node)
         del node.allocs[allocation_id]
         del node.since[allocation_id]
@@ -1021,8 +1024,14 @@ class Engine:
             counts = (sum(p.free_gpus for p in parts), sum(p.nodes_with_free for p in parts),
                       sum(len(p) for p in parts))
         free, with_free, nodes = counts
+        drifted = self._drifted_slots(sku, req.region, req.tenant)
         details = MappingProxyType({"free_gpus": free, "nodes_with_free": with_free, "candidate_nodes": nodes,
-                                    "gpu_count": g, "rule": spec.rule.value})
+                                    "gpu_count": g, "rule": spec.rule.value, "host_drift_slots": drifted})
+        if drifted and free < g:
+            return Refused(reasons.CAPACITY,
+                           f"only {free} free GPU(s) on {with_free} node(s) serve {sku.sku} in {req.region}; "
+                           f"{g} requested ({drifted} more slot(s) wait for their hosts to report them clear "
+                           "of drift)", details)
         if free >= g:
             return Refused(reasons.TOPOLOGY,
                            f"{free} free GPU(s) on {with_free} node(s) serve {sku.sku} in {req.region}, but no "
@@ -1030,6 +1039,27 @@ class Engine:
         return Refused(reasons.CAPACITY,
                        f"only {free} free GPU(s) on {with_free} node(s) serve {sku.sku} in {req.region}; "
                        f"{g} requested", details)
+
+    @functools.cached_property
+    def _drifted(self) -> dict[tuple[str, str, str], int]:
+        return {}  # (sku, region, tenant) -> free slots their hosts report drifted (`_drifted_slots`)
+
+    def _drifted_slots(self, sku: m.Sku, region: str, tenant: str) -> int:
+        """Unclaimed, otherwise sellable slots of the SKU's GPU in the region that their hosts report drifted."""
+        key = (sku.sku, region, tenant)
+        found = self._drifted.get(key)
+        if found is None:
+            found = 0
+            for node in self.nodes:
+                f = node.facts
+                if f.region != region or not f.host_blocked or not Tier.ANY.admits(f.org, tenant):
+                    continue
+                claimed = node.claimed
+                found += sum(1 for p, s in enumerate(f.slots)
+                             if s.host_blocked and not s.ineligible and s.gpu_model == sku.accelerator_model
+                             and s.status is states.SlotStatus.AVAILABLE and not claimed >> p & 1)
+            self._drifted[key] = found
+        return found
 
     # ----------------------------------------------------------------- status
 
@@ -1045,7 +1075,7 @@ class Engine:
             storage_mode=f.storage_mode, slot_claims=slot_claims, exclusive_claim=node.exclusive is not None,
             cleanup_slots=sum(1 for s in f.slots if s.status is states.SlotStatus.CLEANUP),
             blocked_slots=sum(1 for s in f.slots if s.status is states.SlotStatus.CLEANUP_BLOCKED),
-            free_slots=0 if node.exclusive else sellable,
+            free_slots=0 if node.exclusive else sellable, node_corrupt=bool(f.corrupt),
         )
 
     def mode(self, name: str) -> modes.Mode:

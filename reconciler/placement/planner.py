@@ -5,7 +5,8 @@ request first (then by id), each one seeing the claims of those placed
 before it, through the same `placing.Engine` the simulator measures. An
 allocation marked released that still holds claims becomes a Release; one
 that already holds claims is never placed again; one that cannot be placed
-becomes a Pending with a stable code (`reconciler.placement.reasons`) and a sentence.
+becomes a Pending with a stable code (`reconciler.placement.reasons`) and a sentence:
+among them one with no viable image (`plan.image_unavailable`, seed 002 §4).
 
 Same input, same plan: no I/O, no clock, no randomness.
 """
@@ -17,8 +18,9 @@ from types import MappingProxyType
 
 from desired import models as m
 from desired.loading import DesiredState
+from policies import images
 from reconciler import plans
-from reconciler.placement import placing
+from reconciler.placement import placing, reasons
 from schemas import states
 
 
@@ -48,6 +50,13 @@ def plan_with(engine: placing.Engine, desired: DesiredState, observed: plans.Obs
         sku_doc = desired.skus.get(alloc.sku)
         image = alloc.image or (default_image(desired, sku_doc) if sku_doc is not None else None)
         image_doc = desired.images.get(image) if image is not None else None
+        # Seed 002 §4: no placement without a viable image (a valid SKU and count first: their codes win).
+        if sku_doc is not None and not isinstance(engine.spec(alloc.sku, alloc.gpu_count, alloc.vm_profile),
+                                                  placing.Refused):
+            why = images.unviable(desired.images, image, sku_doc, alloc.requested_at)
+            if why is not None:
+                pending.append(_no_image(alloc, sku_doc, image, why))
+                continue
         req = placing.Request(alloc.id, alloc.tenant, alloc.sku, alloc.gpu_count, alloc.region, alloc.vm_profile,
                               alloc.requested_at.timestamp(), placing.lease_end(alloc),
                               observed.avoid.get(alloc.id, frozenset()),
@@ -87,23 +96,22 @@ def _releases(desired: DesiredState, engine: placing.Engine,
 
 
 def default_image(desired: DesiredState, sku: m.Sku) -> str | None:
-    """The image an allocation gets when it names none.
+    """The image an allocation gets when it names none (`policies.images.default`)."""
+    return images.default(desired.images, sku)
 
-    An active image of the right target that lists this SKU wins (the
-    accelerator-specific image the seeds prefer), then one matching the
-    vendor; ties go to the lowest slug.
-    """
-    target = "baremetal" if sku.capacity_shape is m.CapacityShape.BAREMETAL else "vm_slice"
-    listed: list[str] = []
-    generic: list[str] = []
-    for slug in sorted(desired.images):
-        image = desired.images[slug]
-        if not image.active or image.target != target:
-            continue
-        if image.compatible_skus:
-            if sku.sku in image.compatible_skus:
-                listed.append(slug)
-        elif image.accelerator_vendor in ("any", sku.accelerator_vendor):
-            generic.append(slug)
-    found = listed or generic
-    return found[0] if found else None
+
+_NO_IMAGE = {
+    images.NONE: "names no image and no active image with a digest fits SKU {sku} ({target})",
+    images.UNKNOWN: "names image {image}, which this revision does not declare",
+    images.INACTIVE: "names image {image}, which is no longer offered to requests made when it was",
+    images.WRONG_TARGET: "names image {image}, which does not target {target} (SKU {sku})",
+    images.INCOMPATIBLE: "names image {image}, which is not compatible with SKU {sku}",
+    images.NO_DIGEST: "names image {image}, which has no sha256 digest to verify before a disk is written",
+}
+
+
+def _no_image(alloc: m.Allocation, sku: m.Sku, image: str | None, why: str) -> plans.Pending:
+    text = _NO_IMAGE[why].format(sku=sku.sku, image=image, target=images.target(sku))
+    return plans.Pending(alloc.id, reasons.IMAGE_UNAVAILABLE,
+                         f"allocation {alloc.id} {text}; it stays pending until an image is viable",
+                         MappingProxyType({"image": image, "why": why, "target": images.target(sku)}))

@@ -121,6 +121,7 @@ def as_dict(pr: PrPlan) -> dict[str, Any]:
         "releases": [{"allocation_id": r.allocation_id, "node": r.node, "slot_indexes": list(r.slot_indexes)}
                      for r in pr.plan.releases],
         "orphaned": list(pr.orphaned),
+        "host_drift": [{"node": n, "slot_index": i, "codes": list(c)} for n, i, c in pr.host_blocked],
         "capacity": [{"region": c.region, "sku": c.sku, "gpu_count": c.gpu_count, "before": c.before,
                       "after": c.after} for c in pr.capacity_changes],
         "launchable_after": capacity_rows(pr.capacity_after),
@@ -199,6 +200,24 @@ def _text_allocations(pr: PrPlan) -> list[str]:
     if pr.orphaned:
         out += ["", "warning: allocations holding claims are no longer declared (set `state: released` to free "
                     "them): " + ", ".join(pr.orphaned)]
+    if pr.host_blocked:
+        out += ["", "Not placed until their hosts report them clear:"]
+        out += [f"  {node} {'(node-wide corruption)' if idx is None else 'slots [' + _slots(tuple(slots)) + ']'}: "
+                f"{', '.join(codes)}" for (node, codes), idxs in host_groups(pr).items() for idx, slots in idxs]
+    return out
+
+
+def host_groups(pr: PrPlan) -> dict[tuple[str, tuple[str, ...]], list[tuple[int | None, list[int]]]]:
+    """Host-reported blocks grouped by (node, codes): the node itself (None), then its slots together."""
+    out: dict[tuple[str, tuple[str, ...]], list[tuple[int | None, list[int]]]] = {}
+    for node, idx, codes in pr.host_blocked:
+        group = out.setdefault((node, codes), [])
+        if idx is None:
+            group.insert(0, (None, []))
+        elif group and group[-1][0] is not None:
+            group[-1][1].append(idx)
+        else:
+            group.append((idx, [idx]))
     return out
 
 
@@ -296,6 +315,9 @@ def render_markdown(pr: PrPlan) -> str:
                       _slots(x.slot_indexes),
                       f"{x.profile.name} ({x.profile.vcpu_count} vCPU, {x.profile.memory_mib} MiB)"
                       if x.profile else "-"] for x in pr.plan.placements])
+    out += _details("Not placed until their hosts report them clear", ["Node", "Slots", "Codes"],
+                    [[_code(node), "whole node" if idx is None else _slots(tuple(slots)), _codes(codes)]
+                     for (node, codes), idxs in host_groups(pr).items() for idx, slots in idxs])
     out += _details("Pending", ["Allocation", "Code", "Reason", "New"],
                     [[_code(y.allocation_id), _code(y.code), y.message, "yes" if y.allocation_id in new else "no"]
                      for y in pr.plan.pending])

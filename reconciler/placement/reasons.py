@@ -31,13 +31,16 @@ TENANT_BOUNDARY = "plan.sku_unavailable.tenant_boundary"  # every candidate belo
 DRAINING = "plan.sku_unavailable.draining"  # the only candidates are draining
 MAINTENANCE = "plan.sku_unavailable.maintenance"  # the only candidates are in maintenance
 UNHEALTHY = "plan.sku_unavailable.unhealthy"  # the only candidates fail health checks
+NODE_CORRUPT = "plan.sku_unavailable.node_corrupt"  # the only candidates' hosts report node-wide corruption
 NO_EMPTY_NODE = "plan.sku_unavailable.no_empty_node"  # baremetal: every candidate holds a claim
 TOPOLOGY = "plan.sku_unavailable.topology"  # enough free GPUs in aggregate, no topology-safe set
 CAPACITY = "plan.sku_unavailable.capacity"  # not enough free GPUs in aggregate
+# No viable image (active, fits the SKU's target, with a digest): seed 002 §4. Details say why.
+IMAGE_UNAVAILABLE = "plan.image_unavailable"
 
 ALL = (
     SKU_UNKNOWN, SKU_INACTIVE, GPU_COUNT, NO_NODE, FABRIC, NOT_SLICE_READY, TENANT_BOUNDARY,
-    DRAINING, MAINTENANCE, UNHEALTHY, NO_EMPTY_NODE, TOPOLOGY, CAPACITY,
+    DRAINING, MAINTENANCE, UNHEALTHY, NODE_CORRUPT, NO_EMPTY_NODE, TOPOLOGY, CAPACITY, IMAGE_UNAVAILABLE,
 )
 
 
@@ -101,7 +104,16 @@ def static_refusal(  # noqa: PLR0911  # one early return per reason, most fundam
         return Refused(code, f"the only {len(mine)} node(s) in {region} that serve {sku.sku} are {state}; "
                              "they take nothing new",
                        MappingProxyType({"draining": draining, "maintenance": len(mine) - draining}))
-    if not any(f.healthy for f in admin):
+    if not any(f.healthy and not f.corrupt for f in admin):
+        corrupt = sorted(f.name for f in admin if f.healthy and f.corrupt)
+        if corrupt:
+            evidence = sorted({c for f in admin for c in f.corrupt})
+            return Refused(NODE_CORRUPT,
+                           f"the only {len(admin)} node(s) in {region} that serve {sku.sku} fail health checks or "
+                           f"their hosts report node-wide corruption ({', '.join(evidence)}): "
+                           f"{', '.join(corrupt[:10])}",
+                           MappingProxyType({"nodes": len(admin), "corrupt": tuple(corrupt),
+                                             "evidence": tuple(evidence)}))
         return Refused(UNHEALTHY,
                        f"the only {len(admin)} node(s) in {region} that serve {sku.sku} fail health checks",
                        MappingProxyType({"nodes": len(admin)}))

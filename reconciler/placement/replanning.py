@@ -288,6 +288,8 @@ def _refacts_by_delta(engine: placing.Engine, desired: DesiredState, observed: p
     names.update(node for node, _ in _differ(observed.slot_status, before.slot_status))
     names.update(_differ(observed.firmware_ready, before.firmware_ready))
     names.update(observed.unavailable_nodes ^ before.unavailable_nodes)
+    names.update(node for node, _ in _differ(observed.slot_blocks, before.slot_blocks))
+    names.update(_differ(observed.corrupt_nodes, before.corrupt_nodes))
     out: dict[str, fleetgraph.NodeFacts] = {}
     for name in names:
         node = desired.nodes.get(name)
@@ -295,7 +297,9 @@ def _refacts_by_delta(engine: placing.Engine, desired: DesiredState, observed: p
             continue  # not declared: no facts, as a fresh engine has none
         out[name] = fleetgraph.node_facts(node, desired.slot_maps.get(name), slot_status=observed.slot_status,
                                     firmware_ready=observed.firmware_ready.get(name, node.firmware_ready),
-                                    healthy=name not in observed.unavailable_nodes)
+                                    healthy=name not in observed.unavailable_nodes,
+                                    host_blocks=observed.slot_blocks,
+                                    corrupt=observed.corrupt_nodes.get(name, ()))
     return out
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reconciler.service import capacities, reads, usages
+from reconciler.service import capacities, reads, telemetries, usages
 from reconciler.service.pool import Pool
 from schemas.errors import GpuaasError
 
@@ -97,6 +97,14 @@ def _allocation(ctx: Context, m: Sequence[str], _q: Query) -> Any:
     return doc
 
 
+def _telemetry(ctx: Context, m: Sequence[str], _q: Query) -> Any:
+    with ctx.pool.reading() as conn:
+        doc = telemetries.allocation(conn, m[0])
+    if doc is None:
+        raise ApiError(404, NOT_FOUND, f"no allocation {m[0]!r} in the store")
+    return doc
+
+
 def _capacity(ctx: Context, _m: Sequence[str], q: Query) -> Any:
     answer = ctx.capacity.get()
     doc = answer.computed.doc
@@ -162,6 +170,7 @@ ROUTES: tuple[tuple[re.Pattern[str], Handler], ...] = tuple((re.compile(f"^{PREF
     ("/openapi.json", _openapi),
     ("/allocations", _allocations),
     (f"/allocations/{_ID}", _allocation),
+    (f"/allocations/{_ID}/telemetry", _telemetry),
     ("/capacity", _capacity),
     ("/nodes", _nodes),
     (f"/nodes/{_ID}", _node),
@@ -265,6 +274,14 @@ OPENAPI: dict[str, Any] = {
         "/allocations/{id}": _get("One allocation: state and pending reason, placement, boot slot MAC and IP, "
                                   "host phase, claims, timestamps", _ref("Allocation"),
                                   _param("id", "path", "allocation id"), not_found=True),
+        "/allocations/{id}/telemetry": _get(
+            "The guest's newest GPU telemetry (utilisation, memory, temperature, ECC), or state unavailable "
+            "with the reason; a field the guest could not read is null, never 0", {"type": "object", "properties": {
+                "allocation_id": {"type": "string"}, "allocation_state": {"type": "string"},
+                "state": {"type": "string", "enum": ["available", "unavailable"]}, "reason": _STR_OR_NULL,
+                "node": _STR_OR_NULL, "received_at": _STR_OR_NULL, "age_s": {"type": ["number", "null"]},
+                "gpus": {"type": "array", "items": _OBJ}}},
+            _param("id", "path", "allocation id"), not_found=True),
         "/capacity": _get("Launchable capacity per region x SKU x GPU count (the numbers of `gpuaas status`)",
                           {"type": "object", "properties": {
                               "revision": _STR_OR_NULL, "as_of": {"type": "string"}, "stale": {"type": "boolean"},

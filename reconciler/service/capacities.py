@@ -80,6 +80,7 @@ def status_document(conn: Connection, *, policy: str | None = None) -> dict[str,
                     "message": health.failing_message} if health.failing else None,
         "invalid_revision": health.invalid_revision,
     }
+    status_command.add_removed(doc, views.removed_nodes(conn))  # nodes removed from git that hold claims
     return doc
 
 

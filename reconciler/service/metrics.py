@@ -2,7 +2,10 @@
 
 Nothing is counted in this process: every sample comes from PostgreSQL in
 one read-only transaction per scrape, so any number of `serve` replicas
-report the same values and a restart loses nothing. Launchable capacity
+report the same values and a restart loses nothing. Counters only go up
+(Prometheus reads a drop as a restart and `increase()` invents runs): a run
+in progress is the gauge `gpuaas_reconciliations_running`, never a counter
+label. Launchable capacity
 comes from the capacity cache (`capacities`), never computed inside a
 scrape; its age is exported beside it. When the database cannot be read
 the scrape still succeeds with `gpuaas_database_up 0`.
@@ -22,9 +25,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from reconciler.service import capacities, reads
+from reconciler.service import capacities, reads, telemetries
 from reconciler.service.pool import Pool
-from reconciler.store import history, leases, lifecycle
+from reconciler.store import endpoints, history, leases, lifecycle
 from schemas.errors import GpuaasError
 
 log = logging.getLogger("gpuaas.serve")
@@ -62,11 +65,15 @@ class StoreCollector(Collector):
             summary = reads.fleet_summary(conn)
             cycle = lifecycle.summary(conn)
             leased = leases.summary(conn)
+            ports = endpoints.used_ports(conn)
             now = conn.execute("SELECT now()").fetchone()
-        runs = CounterMetricFamily("gpuaas_reconciliations", "Reconciliations recorded, by result", labels=["result"])
-        for result in ("changed", "unchanged", "error", "abandoned", "running"):
+            guests = list(telemetries.families(conn))  # guest GPU telemetry, by allocation label
+        runs = CounterMetricFamily("gpuaas_reconciliations", "Reconciliations finished, by result", labels=["result"])
+        for result in ("changed", "unchanged", "error", "abandoned"):
             runs.add_metric([result], by_result.get(result, 0))
         yield runs
+        yield GaugeMetricFamily("gpuaas_reconciliations_running", "Reconciliations in progress now",
+                                value=by_result.get("running", 0))
         yield HistogramMetricFamily("gpuaas_reconcile_duration_seconds", "Duration of finished reconciliations",
                                     buckets=[(str(b) if b != float("inf") else "+Inf", n) for b, n in buckets],
                                     sum_value=total)
@@ -78,6 +85,7 @@ class StoreCollector(Collector):
                                 "1 while reconciliations fail after the newest success", value=int(health.failing))
         yield GaugeMetricFamily("gpuaas_reconciliation_failures",
                                 "Failed reconciliations since the newest success", value=health.failures)
+        yield from _head_families(health, now[0] if now else None)
         yield _gauge("gpuaas_allocations", "Allocations by state", ["state"],
                      {(k,): v for k, v in summary["allocations"].items()})
         yield _gauge("gpuaas_allocations_pending", "Pending allocations by reason code", ["reason"],
@@ -100,8 +108,15 @@ class StoreCollector(Collector):
                                 value=cycle["allocations_host_unreachable"])
         yield GaugeMetricFamily("gpuaas_slots_quarantined", "Slots quarantined after a permanent provision failure",
                                 value=cycle["slots_quarantined"])
-        yield _gauge("gpuaas_provision_attempts_failed", "Failed provision attempts, by what followed", ["outcome"],
-                     {(k,): cycle["failed_attempts"].get(k, 0) for k in ("rescheduled", "failed")})
+        attempts = CounterMetricFamily("gpuaas_provision_attempts_failed",
+                                       "Failed provision attempts, by what followed", labels=["outcome"])
+        for outcome in ("rescheduled", "failed"):
+            attempts.add_metric([outcome], cycle["failed_attempts"].get(outcome, 0))
+        yield attempts
+        yield _gauge("gpuaas_ingress_ports_used", "Public ingress ports held by live endpoints, per node", ["node"],
+                     {(n,): used for n, (used, _) in ports.items()})
+        yield _gauge("gpuaas_ingress_ports", "Public ingress ports a node declares (its range)", ["node"],
+                     {(n,): size for n, (_, size) in ports.items()})
         yield _gauge("gpuaas_baremetal_leases", "Baremetal leases through a machine provider, by phase", ["phase"],
                      {(k,): leased["phases"].get(k, 0) for k in (
                          "deploy_requested", "deploying", "active", "deploy_failed", "release_requested", "erasing",
@@ -113,6 +128,7 @@ class StoreCollector(Collector):
         yield _gauge("gpuaas_machine_drift", "Provider machines that disagree with our leases, by code", ["code"],
                      {(k,): v for k, v in leased["drift"].items()})
         yield from self._capacity_families()
+        yield from guests
 
     def _capacity_families(self) -> Iterator[Metric]:
         answer = self._capacity.peek()
@@ -127,6 +143,23 @@ class StoreCollector(Collector):
         yield launchable
         age = (dt.datetime.now(dt.UTC) - answer.computed.as_of).total_seconds()
         yield GaugeMetricFamily("gpuaas_capacity_age_seconds", "Age of the capacity numbers above", value=age)
+
+
+def _head_families(health: history.Health, now: dt.datetime | None) -> Iterator[Metric]:
+    """Is the newest revision the loop saw (HEAD) applied, and since when not? Absent: no history yet."""
+    head = health.head
+    if head is None:
+        return
+    yield GaugeMetricFamily("gpuaas_head_applied", "1 when the newest revision recorded (HEAD) is the one applied;"
+                            " 0 while it is refused (invalid, behind) or failing", value=int(head.applied))
+    since = 0.0
+    if not head.applied and head.since is not None and now is not None:
+        since = max(0.0, (now - head.since).total_seconds())
+    yield GaugeMetricFamily("gpuaas_head_unapplied_seconds",
+                            "Seconds HEAD has not been applied (0 while it is)", value=since)
+    yield GaugeMetricFamily("gpuaas_head_unapplied_since_seconds",
+                            "Unix time since when HEAD is not applied (0 while it is)",
+                            value=head.since.timestamp() if not head.applied and head.since is not None else 0.0)
 
 
 def registry(pool: Pool, capacity: capacities.Cache) -> CollectorRegistry:

@@ -26,9 +26,10 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from reconciler.commands import history as history_command
+from reconciler.store import endpoints as store_endpoints
 from reconciler.store import history as store_history
 from reconciler.store.connections import Connection
-from schemas import dberrors
+from schemas import dberrors, hostreports
 
 SLOT_STATES = ("available", "reserved", "provisioning", "active", "leased", "releasing", "cleanup", "blocked", "failed",
                "disabled", "ineligible", "drift")
@@ -202,6 +203,11 @@ def allocation(conn: Connection, allocation_id: str) -> dict[str, Any] | None:
     doc["host"] = _host_view(conn, allocation_id, doc["node"])
     doc["lifecycle"] = _lifecycle(conn, allocation_id)
     doc["baremetal"] = _baremetal(conn, allocation_id)
+    # How the tenant gets in: public address:port -> the VM's private address (SSH first), on its current node.
+    found = store_endpoints.current(conn, [allocation_id]).get(allocation_id, [])
+    doc["endpoints"] = [e.as_dict() for e in found]
+    ssh = next((e for e in found if e.ssh), None)
+    doc["ssh"] = {"address": ssh.public_address, "port": ssh.public_port} if ssh else None
     return doc
 
 
@@ -323,7 +329,7 @@ def node(conn: Connection, name: str) -> dict[str, Any] | None:
     rows = _rows(conn, "SELECT n.name, n.region, n.pool, n.admin_state, n.capability, n.capability_reasons, n.org,"
                        " n.baremetal_sku, n.present, n.hardware_tags, n.profile_tags, n.revision,"
                        " h.healthy, h.reported_at, h.observed_generation, h.drift, h.errors, h.details,"
-                       " p.generation AS plan_generation"
+                       " h.firmware_ready, p.generation AS plan_generation"
                        " FROM nodes n LEFT JOIN host_status h ON h.node_name = n.name"
                        " LEFT JOIN host_plans p ON p.node_name = n.name WHERE n.name = %s", (name,))
     if not rows:
@@ -364,7 +370,7 @@ def node(conn: Connection, name: str) -> dict[str, Any] | None:
                      "updated_at": iso(s["host_updated_at"])} if s["vm_state"] is not None else None,
             "drift": found,
         })
-    errs = r["errors"] if isinstance(r["errors"], list) else []
+    errs, errors_valid = step_errors(r["errors"])
     return {
         "name": r["name"], "region": r["region"], "pool": r["pool"], "admin_state": r["admin_state"],
         "present": r["present"], "capability": r["capability"],
@@ -373,12 +379,26 @@ def node(conn: Connection, name: str) -> dict[str, Any] | None:
         "profile_tags": list(r["profile_tags"] or ()), "revision": r["revision"],
         "host": {"healthy": r["healthy"], "reported_at": iso(r["reported_at"]),
                  "observed_generation": r["observed_generation"], "plan_generation": r["plan_generation"],
-                 "drift_valid": report.valid, "errors": [e for e in errs if isinstance(e, dict)]}
+                 "drift_valid": report.valid, "errors_valid": errors_valid, "errors": errs,
+                 **_onboarding(r["details"], r["firmware_ready"])}
         if r["reported_at"] is not None else None,
         "drift": list(report.findings),
         "slots": slots,
         "allocations": allocations(conn, node=name, limit=100)["items"],
     }
+
+
+def _onboarding(details: Any, firmware_ready: bool | None) -> dict[str, Any]:
+    """The host's own report (agent version, bootstrap, reboot need, firmware evidence); nulls when none."""
+    rep = hostreports.from_dict(details.get("host") if isinstance(details, dict) else None)
+    if rep is None:
+        return {"agent_version": None, "reboot_required": None, "reboot_reasons": [], "bootstrap_state": None,
+                "bootstrap_checked_at": None,
+                "firmware": {"ready": firmware_ready, "code": None, "evidence": {}}}
+    return {"agent_version": rep.agent_version, "reboot_required": rep.reboot_required,
+            "reboot_reasons": list(rep.reboot_reasons), "bootstrap_state": rep.bootstrap_state,
+            "bootstrap_checked_at": rep.bootstrap_checked_at,
+            "firmware": {"ready": firmware_ready, "code": rep.firmware_code, "evidence": dict(rep.firmware_evidence)}}
 
 
 # ----------------------------------------------------------------- summary
@@ -443,3 +463,40 @@ def reconciliation_counts(conn: Connection) -> tuple[dict[str, int], list[tuple[
                       " WHERE finished_at IS NOT NULL AND result IN ('changed', 'unchanged', 'error')) x")[0]
     buckets = [(b, int(row[f"b{i}"])) for i, b in enumerate(bounds)] + [(float("inf"), int(row["n"]))]
     return {r["result"]: int(r["n"]) for r in by_result}, buckets, float(row["total"])
+
+
+_STEP_ERROR_TEXT = ("code", "message", "step")  # strings every entry of a host's error report carries
+
+
+def step_errors(raw: Any) -> tuple[list[dict[str, Any]], bool]:
+    """A host's error report as entries a page can show, and whether it was whole.
+
+    The database refuses a malformed report (0055), but a row written before,
+    or by the table owner, is not trusted either: an entry of the wrong shape
+    is shown as `host.report.invalid` instead of failing the page.
+    """
+    if not isinstance(raw, list):
+        return [_invalid_entry("the error report is not a list")], False
+    out, whole = [], True
+    for e in raw:
+        if not _missing(e):
+            out.append({"code": e["code"], "message": e["message"], "step": e["step"],
+                        "allocation_id": e["allocation_id"]})
+        else:
+            whole = False
+            out.append(_invalid_entry(f"an entry lacks {', '.join(_missing(e))}: {str(e)[:200]}"))
+    return out, whole
+
+
+def _missing(e: Any) -> list[str]:
+    if not isinstance(e, dict):
+        return ["an object"]
+    bad = [k for k in _STEP_ERROR_TEXT if not (isinstance(e.get(k), str) and e[k])]
+    if "allocation_id" not in e or not (e["allocation_id"] is None or isinstance(e["allocation_id"], str)):
+        bad.append("allocation_id")
+    return bad
+
+
+def _invalid_entry(message: str) -> dict[str, Any]:
+    return {"code": "host.report.invalid", "message": f"invalid host error report: {message}", "step": None,
+            "allocation_id": None}

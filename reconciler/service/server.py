@@ -37,7 +37,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from reconciler.service import api, capacities, dashboard, metrics
+from reconciler.service import api, capacities, dashboard, metrics, readiness
 from reconciler.service.pool import Pool
 from schemas.errors import GpuaasError, PermanentError, TemporaryError, UsageError
 
@@ -112,6 +112,7 @@ class Settings:
     token: str | None = None
     max_reconcile_age_s: float = 0.0  # 0: not checked (an idle loop records no reconciliation)
     failing_grace_s: float = 300.0
+    head_grace_s: float = 300.0  # /readyz: HEAD not applied this long (invalid, behind, failing) is not ready
     refresh_s: int = 15
     capacity_refresh_s: float = 10.0
     capacity_wait_s: float = 2.0
@@ -264,14 +265,10 @@ class Service:
                 return False, _not_ready(checks, "ready.reconciliation_stale",
                                          f"the newest successful reconciliation finished {age:.0f}s ago "
                                          f"(over --max-reconcile-age {limit:g}s)")
-        if health.failing and health.failing_since is not None:
-            failing_for = (now - health.failing_since).total_seconds()
-            checks["failing"] = {"since": health.failing_since, "failures": health.failures,
-                                 "code": health.failing_code}
-            if failing_for >= self.settings.failing_grace_s:
-                return False, _not_ready(checks, "ready.reconciliation_failing",
-                                         f"reconciliation has failed for {failing_for:.0f}s ({health.failures} "
-                                         f"run(s)), newest: {health.failing_code}: {health.failing_message}")
+        problem = (readiness.failing_check(health, now, self.settings.failing_grace_s, checks)
+                   or readiness.head_check(health, now, self.settings.head_grace_s, checks))
+        if problem is not None:
+            return False, _not_ready(checks, *problem)
         return True, {"ready": True, "checks": checks}
 
 

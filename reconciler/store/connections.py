@@ -16,6 +16,7 @@ from psycopg.rows import TupleRow
 
 from reconciler.store import embedded
 from schemas import dberrors
+from schemas.errors import PermanentError
 
 ENV_URL = "GPUAAS_DATABASE_URL"
 ENV_STATE_DIR = "GPUAAS_STATE_DIR"
@@ -35,12 +36,30 @@ def external_url() -> str | None:
     return os.environ.get(ENV_URL) or None
 
 
-def database_url(explicit_url: str | None = None, state: Path | None = None) -> str:
-    """The URL to use: an explicit one, $GPUAAS_DATABASE_URL, or the embedded server's."""
+NOT_RUNNING = "db.not_running"  # a read-only command found no embedded server: it never starts one
+
+
+def database_url(explicit_url: str | None = None, state: Path | None = None, *, start: bool = True) -> str:
+    """The URL to use: an explicit one, $GPUAAS_DATABASE_URL, or the embedded server's.
+
+    start=False (read-only commands: status, history, drift, usage): an
+    embedded server that is not running is an error saying how to start one,
+    never a server started and left running behind a command that only reads.
+    """
     url = explicit_url or external_url()
     if url:
         return url
-    return embedded.ensure(state_dir(state)).url()
+    where = state_dir(state)
+    if start:
+        return embedded.ensure(where).url()
+    server = embedded.server_for(where)
+    if not embedded.running(server):
+        how = "gpuaas db start" + ("" if state is None else f" --state-dir {where}")
+        was = "stopped" if server.initialized else "never initialised"
+        raise PermanentError(f"no database server runs for the state dir {where} ({was}); this command only "
+                             f"reads and starts none: start it with `{how}`, or set {ENV_URL} (or --db-url)",
+                             code=NOT_RUNNING)
+    return server.url()
 
 
 def connect(url: str, *, autocommit: bool = False, **kwargs: Any) -> Connection:

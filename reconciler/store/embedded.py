@@ -294,14 +294,54 @@ def start(server: Server, *, durable: bool = True, dbname: str = DEFAULT_DB) -> 
     return server
 
 
-def stop(server: Server, *, mode: str = "fast") -> bool:
-    """Stop the server; False when it was not running."""
+STOP_WAIT_S = 120.0  # a shutdown checkpoint of a large store may take this long; past it, say so
+
+
+def _alive(pid: int) -> bool:
+    """A process that still runs (a zombie no parent reaps has exited: it holds no files, no port)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+def _children(pid: int) -> list[int]:
+    """The postmaster's processes (checkpointer, walwriter, backends): they outlive it by a moment."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[-1].split()[2]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def stop(server: Server, *, mode: str = "fast", wait_s: float = STOP_WAIT_S) -> bool:
+    """Stop the server and return once it has exited (postmaster and its processes); False when not running.
+
+    `pg_ctl -w stop` returns when the pid file is gone, which the postmaster
+    removes on its way out: its processes may still hold the data dir. So we
+    wait for every one of them (`db.embedded.stop` when they outlive wait_s).
+    """
     with _locked(server):
-        if server.pid() is None:
+        pid = server.pid()
+        if pid is None:
             return False
+        processes = [pid, *_children(pid)]
         done = _pg_ctl(server, "stop", "-m", mode)
         if done.returncode != 0 and server.pid() is not None:
             raise EmbeddedError(f"server did not stop: {done.stderr.strip()}", code="db.embedded.stop")
+        deadline = time.monotonic() + wait_s
+        while any(_alive(p) for p in processes):
+            if time.monotonic() > deadline:
+                left = [p for p in processes if _alive(p)]
+                raise EmbeddedError(f"server processes {left} still run {wait_s:g}s after the stop; "
+                                    f"see {server.log_file}", code="db.embedded.stop")
+            time.sleep(0.02)
         return True
 
 
@@ -335,10 +375,15 @@ def status(state_dir: Path) -> Status:
                   log_file=server.log_file)
 
 
+def running(server: Server) -> bool:
+    """Running and reachable: a postmaster and its socket."""
+    return server.pid() is not None and (server.socket_dir / f".s.PGSQL.{PORT}").exists()
+
+
 def ensure(state_dir: Path) -> Server:
     """The running server of this state dir (started on first use)."""
     server = server_for(state_dir)
-    if server.pid() is not None and (server.socket_dir / f".s.PGSQL.{PORT}").exists():
+    if running(server):
         return server
     return start(server)
 

@@ -84,10 +84,32 @@ class Health:
     failing_code: str | None
     failing_message: str | None
     invalid_revision: str | None  # newest revision refused by validation after it (the last valid one stays)
+    head: Head | None = None  # the newest revision a reconciler worked on (None: no history)
 
     @property
     def failing(self) -> bool:
         return self.failures > 0
+
+    @property
+    def head_applied(self) -> bool:
+        return self.head is None or self.head.applied
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """The newest revision recorded (what the branch points at, as the loop last saw it).
+
+    Not applied: its newest row is a refusal (invalid, behind the applied
+    revision) or a failure. `since` is when the store first fell behind it:
+    the first row after the newest success that is about another revision.
+    `code`/`message` are the first problem of its newest row.
+    """
+
+    revision: str | None
+    applied: bool
+    since: dt.datetime | None
+    code: str | None
+    message: str | None
 
 
 def health(conn: Connection) -> Health:
@@ -98,14 +120,30 @@ def health(conn: Connection) -> Health:
             "            WHERE result IN ('changed', 'unchanged') ORDER BY id DESC LIMIT 1),"
             " after AS (SELECT h.* FROM reconciliation_history h"
             "           WHERE h.id > coalesce((SELECT id FROM ok), 0)),"
-            " bad AS (SELECT * FROM after WHERE result IN ('error', 'abandoned') AND NOT counts ? %s),"
+            " bad AS (SELECT * FROM after WHERE result IN ('error', 'abandoned') AND NOT counts ?| %s),"
             " newest AS (SELECT * FROM bad ORDER BY id DESC LIMIT 1)"
             " SELECT (SELECT revision FROM ok), (SELECT finished_at FROM ok),"
             "        (SELECT min(started_at) FROM bad), (SELECT count(*) FROM bad),"
             "        (SELECT revision FROM newest), (SELECT errors -> -1 ->> 'code' FROM newest),"
             "        (SELECT errors -> -1 ->> 'message' FROM newest),"
             "        (SELECT revision FROM after WHERE counts ? %s ORDER BY id DESC LIMIT 1)",
-            (revisions.INVALID_COUNT, revisions.INVALID_COUNT)).fetchone()
+            (list(revisions.REFUSAL_COUNTS), revisions.INVALID_COUNT)).fetchone()
+        head = conn.execute(
+            "WITH ok AS (SELECT id, revision FROM reconciliations"
+            "            WHERE result IN ('changed', 'unchanged') ORDER BY id DESC LIMIT 1),"
+            " top AS (SELECT * FROM reconciliation_history ORDER BY id DESC LIMIT 1)"
+            " SELECT top.revision, top.revision IS NOT DISTINCT FROM (SELECT revision FROM ok)"
+            "                      AND EXISTS (SELECT 1 FROM ok) AND NOT top.counts ?| %s,"
+            "        (SELECT min(started_at) FROM reconciliations r"
+            "         WHERE r.id > coalesce((SELECT id FROM ok), 0)"
+            "           AND r.revision IS DISTINCT FROM (SELECT revision FROM ok)),"
+            "        top.errors -> 0 ->> 'code', top.errors -> 0 ->> 'message'"
+            " FROM top", (list(revisions.REFUSAL_COUNTS),)).fetchone()
     if row is None:  # pragma: no cover - one row always
         raise dberrors.DatabaseError("reconciliation health returned nothing")
-    return Health(row[0], row[1], row[2], int(row[3] or 0), row[4], row[5], row[6], row[7])
+    top = None
+    if head is not None:
+        applied = bool(head[1])
+        top = Head(head[0], applied, None if applied else head[2], None if applied else head[3],
+                   None if applied else head[4])
+    return Health(row[0], row[1], row[2], int(row[3] or 0), row[4], row[5], row[6], row[7], top)

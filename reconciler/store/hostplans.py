@@ -8,6 +8,9 @@ The plan of a node is derived from the store alone, never from git directly:
   changes no running VM;
 - releases: allocations whose claims on the node are releasing;
 - slots: every approved slot the node still declares, free ones too;
+- ingress: the live public endpoints (allocation_endpoints) of the VMs in
+  `vms`, which the host realises as DNAT rules; a release carries none (the
+  host removes every rule of a releasing allocation before its wipe);
 - disk_identities: the approved disk identity of the slots whose slot map
   records one (`nvme_identity`), which the host's disk guard compares with
   the block device before every write, wipe and verify.
@@ -28,6 +31,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from reconciler.store import endpoints
 from reconciler.store.connections import Connection
 from schemas import dberrors, snapshots
 from schemas import hostplans as codec
@@ -107,6 +111,7 @@ def build(conn: Connection, node: str, generation: int = 0) -> codec.HostPlan | 
                     for i, g, vf, d, mac, ip, numa, _ in slots),
         disk_identities=tuple(codec.SlotIdentity(int(row[0]), identity) for row in slots
                               if (identity := codec.DiskIdentity.from_dict(row[7])) is not None),
+        ingress=endpoints.rules_for(conn, node_id, running),
     )
 
 

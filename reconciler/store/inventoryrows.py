@@ -51,7 +51,7 @@ IMAGES = Table("os_images", "image", ("slug",), (
 NODES = Table("nodes", "node", ("name",), (
     "region", "pool", "hardware_tags", "profile_tags", "baremetal_sku", "admin_state", "storage_mode",
     "os_disk", "org", "firmware_version", "firmware_ready", "capability", "capability_reasons",
-    "management_network"), frozenset({"management_network"}))
+    "management_network", "public_addresses", "ingress"), frozenset({"management_network", "ingress"}))
 SLOTS = Table("node_resource_slots", "slot", ("node_id", "slot_index"), (
     "gpu_model", "gpu_pci_address", "gpu_uuid", "numa_node", "slot_group", "pcie_pair", "nvme_device",
     "nvme_identity", "network_fabric", "fabric_vf_pci_address", "fabric_parent_device", "fabric_claim_mode",
@@ -60,7 +60,7 @@ SLOTS = Table("node_resource_slots", "slot", ("node_id", "slot_index"), (
     "eligible", "ineligible_reasons"), frozenset({"nvme_identity", "capacity_metadata", "blockers"}))
 ALLOCATIONS = Table("allocations", "allocation", ("id",), (
     "tenant", "sku", "gpu_count", "region", "image", "ssh_keys", "vm_profile", "desired_state",
-    "requested_at", "lease_hours"))
+    "requested_at", "lease_hours", "extra_ports"))
 
 
 def content_hash(state: DesiredState, memory: Memory | None = None) -> str:
@@ -149,6 +149,8 @@ def node_row(state: DesiredState, n: m.Node) -> Row:
         "firmware_ready": n.firmware_ready, "capability": verdict.capability.value,
         "capability_reasons": [code for code, _ in verdict.reasons],
         "management_network": validation.management_network(state, n).model_dump(mode="json"),
+        "public_addresses": list(n.public_addresses),
+        "ingress": n.ingress.model_dump(mode="json") if n.ingress is not None else None,
     }
 
 
@@ -180,6 +182,7 @@ def allocation_row(a: m.Allocation) -> Row:
         "id": a.id, "tenant": a.tenant, "sku": a.sku, "gpu_count": a.gpu_count, "region": a.region,
         "image": a.image, "ssh_keys": list(a.ssh_keys), "vm_profile": a.vm_profile,
         "desired_state": a.state.value, "requested_at": requested, "lease_hours": a.lease_hours,
+        "extra_ports": list(a.extra_ports),
     }
 
 

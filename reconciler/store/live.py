@@ -10,6 +10,7 @@ from types import MappingProxyType
 
 from psycopg.rows import class_row
 
+from policies import hostreports, immutables
 from reconciler.plans import ExistingClaim, Observed, SlotKey
 from reconciler.store import leases, lifecycle
 from reconciler.store.connections import Connection
@@ -60,6 +61,7 @@ def observe(conn: Connection) -> Observed:
     blocked = leases.blocked_nodes(conn)
     owed = leases.profile_debts(conn)
     avoid = lifecycle.avoided_nodes(conn)
+    slot_blocks, corrupt = host_blocks(conn)
     slot_status: dict[SlotKey, SlotStatus] = {(str(n), int(i)): SlotStatus(str(s)) for n, i, s in odd}
     return Observed(
         claims=tuple(ExistingClaim(allocation_id=c.allocation_id if c.retired_attempt is None
@@ -74,7 +76,53 @@ def observe(conn: Connection) -> Observed:
         placed=frozenset(str(r[0]) for r in placed),
         avoid=MappingProxyType(avoid),
         image_cache=MappingProxyType({str(n): frozenset(str(d) for d in ds) for n, ds in cached}),
+        slot_blocks=MappingProxyType(slot_blocks),
+        corrupt_nodes=MappingProxyType(corrupt),
     )
+
+
+# Drift codes of one report (an array of objects, checked by 0008), optionally only the node's own entries.
+_CODES = ("ARRAY(SELECT DISTINCT e ->> 'code' FROM jsonb_array_elements({col}) e"
+          " WHERE jsonb_typeof(e) = 'object' {only} ORDER BY 1)")
+
+
+def host_blocks(conn: Connection) -> tuple[dict[SlotKey, tuple[str, ...]], dict[str, tuple[str, ...]]]:
+    """Slots their host reports drifted or unschedulable, and nodes it reports corrupt (`policies.hostreports`).
+
+    Read from the hosts' last reports (`host_slot_status`, `host_status`), as
+    they stand: a slot the host reports clear again is placeable again.
+    """
+    slot_codes = _CODES.format(col="drift", only="")
+    node_codes = _CODES.format(col="drift", only="AND coalesce(jsonb_typeof(e -> 'slot_index'), 'null') = 'null'")
+    with dberrors.wrapped("read host drift reports"):
+        # Only reports that say something: a clean fleet reads no JSON.
+        slots = conn.execute(
+            f"SELECT node_name, slot_index, {slot_codes}, wipe_state = 'failed' FROM host_slot_status"  # noqa: S608
+            " WHERE jsonb_typeof(drift) = 'array' AND (drift <> '[]' OR wipe_state = 'failed')").fetchall()
+        nodes = conn.execute(
+            f"SELECT node_name, {node_codes} FROM host_status WHERE jsonb_typeof(drift) = 'array'"  # noqa: S608
+            " AND drift <> '[]'").fetchall()
+    blocks: dict[SlotKey, tuple[str, ...]] = {}
+    for node, idx, codes, wipe_failed in slots:
+        found = hostreports.slot_block([str(c) for c in codes or ()], wipe_failed=bool(wipe_failed))
+        if found:
+            blocks[(str(node), int(idx))] = found
+    per_node: dict[str, int] = {}
+    for node, _ in blocks:
+        per_node[node] = per_node.get(node, 0) + 1
+    reported: dict[str, int] = {}
+    if per_node:
+        with dberrors.wrapped("count reported slots"):
+            reported = {str(n): int(c) for n, c in conn.execute(
+                "SELECT node_name, count(*) FROM host_slot_status WHERE node_name = ANY(%s) GROUP BY node_name",
+                (sorted(per_node),)).fetchall()}
+    own = {str(n): [str(c) for c in codes or ()] for n, codes in nodes}
+    corrupt: dict[str, tuple[str, ...]] = {}
+    for node in sorted(own.keys() | per_node.keys()):
+        found = hostreports.node_corruption(own.get(node, ()), per_node.get(node, 0), reported.get(node, 0))
+        if found:
+            corrupt[node] = found
+    return blocks, corrupt
 
 
 def free_slots(conn: Connection) -> dict[str, list[int]]:
@@ -86,3 +134,23 @@ def free_slots(conn: Connection) -> dict[str, list[int]]:
             " WHERE s.status = 'available' AND s.present AND s.eligible AND n.present"
             " AND n.admin_state = 'active' GROUP BY n.name ORDER BY n.name").fetchall()
     return {str(name): [int(i) for i in idx] for name, idx in rows}
+
+
+def held(conn: Connection) -> dict[str, immutables.Held]:
+    """The sale of every allocation that holds live claims, as the store placed it (`policies.immutables`).
+
+    A failed attempt's retired claims do not count: that allocation is
+    pending again and may still be edited. The capacity shape is the one the
+    allocation was placed as (its claim kind when the row has none).
+    """
+    with dberrors.wrapped("read held allocations"):
+        rows = conn.execute(
+            "SELECT a.id, a.tenant, a.sku, a.region, a.gpu_count, a.image, a.vm_profile,"
+            " coalesce(a.capacity_shape, CASE WHEN bool_or(c.claim_kind = 'node_exclusive') THEN 'baremetal'"
+            "                                 ELSE 'gpu_slice' END)"
+            " FROM allocations a JOIN allocation_resource_claims c ON c.allocation_id = a.id"
+            " WHERE c.status = ANY(%s)"
+            " AND NOT EXISTS (SELECT 1 FROM retired_claims rc WHERE rc.claim_id = c.id)"
+            " GROUP BY a.id ORDER BY a.id", (list(_LIVE),)).fetchall()
+    return {str(r[0]): immutables.Held(str(r[1]), str(r[2]), str(r[3]), int(r[4]), r[5], r[6], r[7])
+            for r in rows}

@@ -29,6 +29,8 @@ from schemas import dberrors
 APPLY_SOURCE = "apply"  # history.source prefix of a new revision's application
 RETRY_SOURCE = "retry"  # history.source prefix of a periodic retry of the same revision
 INVALID_COUNT = "validation_errors"  # counts key of a revision refused by validation
+BEHIND_COUNT = "head_behind"  # counts key of a revision refused as older than the applied one (force-push, rollback)
+REFUSAL_COUNTS = (INVALID_COUNT, BEHIND_COUNT)  # refusals: HEAD not applied, yet nothing is failing
 
 
 def lock_key(revision: str) -> int:
@@ -53,12 +55,27 @@ def try_lock(conn: Connection, revision: str) -> Iterator[bool]:
 
 
 def applied_by(conn: Connection, revision: str) -> str | None:
-    """The reconciler that finished applying (or refusing as invalid) `revision`, if any did."""
+    """The reconciler that finished applying `revision`, if any did."""
     with dberrors.wrapped("read reconciliation history"):
         row = conn.execute(
-            "SELECT reconciler FROM reconciliations WHERE revision = %s"
-            " AND (result IN ('changed', 'unchanged') OR (result = 'error' AND counts ? %s))"
-            " ORDER BY id LIMIT 1", (revision, INVALID_COUNT)).fetchone()
+            "SELECT reconciler FROM reconciliations WHERE revision = %s AND result IN ('changed', 'unchanged')"
+            " ORDER BY id LIMIT 1", (revision,)).fetchone()
+    return str(row[0]) if row else None
+
+
+def refused_by(conn: Connection, revision: str) -> str | None:
+    """The reconciler that refused `revision` (invalid, or behind) since the newest success, if any did.
+
+    Only since the newest success: after the store moved (a restore, a truncation) and the
+    revision in force was applied again, a HEAD that is still refused is recorded again, so
+    the newest history row keeps saying what HEAD is.
+    """
+    with dberrors.wrapped("read reconciliation history"):
+        row = conn.execute(
+            "SELECT reconciler FROM reconciliations WHERE revision = %s AND result = 'error'"
+            " AND counts ?| %s AND id > coalesce((SELECT max(id) FROM reconciliations"
+            "                                     WHERE result IN ('changed', 'unchanged')), 0)"
+            " ORDER BY id LIMIT 1", (revision, list(REFUSAL_COUNTS))).fetchone()
     return str(row[0]) if row else None
 
 

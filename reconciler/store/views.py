@@ -140,7 +140,9 @@ def _node(r: dict[str, Any], fleet_network: Any) -> dict[str, Any]:
             "hardware_tags": list(r["hardware_tags"]), "profile_tags": list(r["profile_tags"]),
             "baremetal_sku": r["baremetal_sku"], "admin_state": r["admin_state"], "storage_mode": r["storage_mode"],
             "os_disk": r["os_disk"], "org": r["org"], "firmware_profile": firmware,
-            "management_network": None if network == fleet_network else network}
+            "management_network": None if network == fleet_network else network,
+            **({"public_addresses": list(r["public_addresses"])} if r.get("public_addresses") else {}),
+            **({"ingress": r["ingress"]} if r.get("ingress") else {})}
 
 
 _SLOT_FIELDS = ("slot_index", "gpu_pci_address", "gpu_model", "gpu_uuid", "numa_node", "slot_group", "pcie_pair",
@@ -160,7 +162,8 @@ def _allocation(r: dict[str, Any]) -> dict[str, Any]:
     return {**_DOC, "kind": "Allocation", "id": r["id"], "tenant": r["tenant"], "sku": r["sku"],
             "gpu_count": r["gpu_count"], "region": r["region"], "image": r["image"], "ssh_keys": list(r["ssh_keys"]),
             "vm_profile": r["vm_profile"], "state": r["desired_state"], "requested_at": r["requested_at"],
-            **({"lease_hours": r["lease_hours"]} if r.get("lease_hours") is not None else {})}
+            **({"lease_hours": r["lease_hours"]} if r.get("lease_hours") is not None else {}),
+            **({"extra_ports": list(r["extra_ports"])} if r.get("extra_ports") else {})}
 
 
 def allocations(conn: Connection, *, include_released: bool = False) -> list[AllocationView]:
@@ -210,3 +213,27 @@ def inventory_generation(conn: Connection) -> int:
     with dberrors.wrapped("read the inventory generation"):
         row = conn.execute("SELECT generation FROM inventory_generation").fetchone()
     return int(row[0]) if row else 0
+
+
+def removed_nodes(conn: Connection) -> list[dict[str, Any]]:
+    """Nodes git no longer declares (`present = false`) on which live claims remain.
+
+    Removing a node file releases nothing, as removing an allocation file
+    does not: the claims and the tenants' VMs live on. `status` keeps such a
+    node in its node list and its claimed units in the capacity totals, with
+    a warning, instead of dropping it silently.
+    """
+    with dberrors.wrapped("read removed nodes that hold claims"):
+        rows = conn.execute(
+            "SELECT n.name, n.region, a.sku, coalesce(a.capacity_shape, CASE WHEN c.claim_kind = 'node_exclusive'"
+            " THEN 'baremetal' ELSE 'gpu_slice' END), c.allocation_id, c.slot_index, c.status"
+            " FROM nodes n JOIN allocation_resource_claims c ON c.node_id = n.id"
+            " JOIN allocations a ON a.id = c.allocation_id"
+            " WHERE NOT n.present AND c.status IN ('reserved', 'provisioning', 'active', 'releasing')"
+            " ORDER BY n.name, c.slot_index NULLS FIRST, c.allocation_id").fetchall()
+    out: dict[str, dict[str, Any]] = {}
+    for name, region, sku, shape, alloc, slot, status in rows:
+        node = out.setdefault(str(name), {"name": str(name), "region": str(region), "claims": []})
+        node["claims"].append({"allocation_id": str(alloc), "sku": str(sku), "capacity_shape": str(shape),
+                               "slot_index": slot, "status": str(status)})
+    return list(out.values())

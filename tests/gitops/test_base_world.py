@@ -56,7 +56,8 @@ def _heads(repo: Repo, base: str) -> dict[str, str]:
 
     return {
         "request": _child(repo, base, lambda r: r.request("req-new", 2), "a new request"),
-        "grow": _child(repo, base, edit("allocations/req-b.yaml", "gpu_count: 2", "gpu_count: 4"), "req-b grows"),
+        # a placed allocation cannot be edited (desired.allocation.immutable): the pending one changes size
+        "grow": _child(repo, base, edit("allocations/req-d.yaml", "gpu_count: 8", "gpu_count: 4"), "req-d: 4 GPUs"),
         "release": _child(repo, base, lambda r: r.release("req-c"), "req-c released: req-d fits"),
         "drain": _child(repo, base, lambda r: r.drain("h200-use1-s01"), "s01 drained"),
         "mac": _child(repo, base, edit("slotmaps/h200-use1-s02.yaml", S02_MAC, '"52:54:d1:f8:71:ce"'), "a MAC"),

@@ -104,7 +104,8 @@ def _cold(root: Path, base: str, head: str) -> tuple[int, prplan.PrPlan]:
     assert deltas.delta_of(loaded_head.state, loaded_base.state) is None  # really read whole
     pr = prplan.compose(loaded_base.state, loaded_head.state, prplan.offline_observed(loaded_base.state),
                         offline=True, base_errors=tuple(loaded_base.errors))
-    return (2 if pr.changed else 0), pr
+    # errors: an edit of an allocation base placed ("req-c grows to 4 GPUs", desired.allocation.immutable)
+    return (1 if pr.errors else 2 if pr.changed else 0), pr
 
 
 def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:

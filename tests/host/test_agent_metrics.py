@@ -82,6 +82,8 @@ def test_host_agent_serves_metrics_and_health_and_logs_json(lab: Lab) -> None:
         assert up[("gpuaas_host_slots", (("state", "active"),))] == 2
         assert up[("gpuaas_host_actions_total", (("kind", "define_start"), ("result", "ok")))] == 1
         assert up[("gpuaas_host_info", (("node", lab.node),))] == 1
+        assert up[("gpuaas_host_bootstrap_state", (("state", "never_run"),))] == 1  # the lab host never ran it
+        assert up[("gpuaas_host_reboot_required", ())] == 0
         assert up[("gpuaas_host_converge_seconds_count", ())] >= 1
         assert up[("gpuaas_host_passes_total", (("result", "ok"),))] >= 1
 

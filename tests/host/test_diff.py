@@ -79,8 +79,8 @@ def steps(actions: list, alloc: str | None = None) -> list[str]:
 @pytest.mark.parametrize(
     ("story", "observed", "expected"),
     [
-        ("nothing there yet: every phase (no image: nothing to fetch)", Observed(),
-         [str(s) for s in PROVISION_STEPS if s is not Step.IMAGE_FETCH]),
+        ("nothing there yet: every phase (no image: nothing to fetch, no endpoint to open)", Observed(),
+         [str(s) for s in PROVISION_STEPS if s not in (Step.IMAGE_FETCH, Step.INGRESS)]),
         ("killed after the reservation: lease, seed, reservation proven",
          Observed(leases={0: "alloc-a"}, seeds={"gpuaas-alloc-a": SEED_A},
                   reservations={"gpuaas-alloc-a": RES_A}, progress={"alloc-a": done(Step.LEASE)}),
@@ -160,14 +160,20 @@ def test_changed_spec_restarts_the_journal() -> None:
          Observed(domains={"gpuaas-alloc-r": dom(VM_R)}, leases={1: "alloc-r"},
                   reservations={"gpuaas-alloc-r": ReservationObs("gpuaas-alloc-r", "52:54:00:00:00:01", "10.100.0.11")},
                   seeds={"gpuaas-alloc-r": "x"}),
-         ["graceful_stop", "hard_stop", "undefine", "remove_reservation", "wipe", "verify", "report_free"]),
+         ["graceful_stop", "hard_stop", "undefine", "remove_reservation", "wipe", "verify", "slot_health",
+          "report_free"]),
         ("killed after undefine", Observed(leases={1: "alloc-r"}, seeds={"gpuaas-alloc-r": "x"}),
-         ["remove_reservation", "wipe", "verify", "report_free"]),
+         ["remove_reservation", "wipe", "verify", "slot_health", "report_free"]),
         ("wiped, not verified", Observed(leases={1: "alloc-r"},
                                          wipes={1: WipeRecord(1, "alloc-r", wiped=True, verified=False)}),
-         ["verify", "report_free"]),
-        ("verified, lease still held", Observed(leases={1: "alloc-r"},
-                                                wipes={1: WipeRecord(1, "alloc-r", True, True)}), ["report_free"]),
+         ["verify", "slot_health", "report_free"]),
+        ("verified, devices not yet proven", Observed(leases={1: "alloc-r"},
+                                                      wipes={1: WipeRecord(1, "alloc-r", True, True)}),
+         ["slot_health", "report_free"]),
+        ("verified and healthy, lease still held",
+         Observed(leases={1: "alloc-r"}, wipes={1: WipeRecord(1, "alloc-r", True, True,
+                                                              evidence={"slot_health": {"ok": True}})}),
+         ["report_free"]),
         ("done", Observed(wipes={1: WipeRecord(1, "alloc-r", True, True)}), []),
         ("cleanup blocked: left for an operator",
          Observed(leases={1: "alloc-r"}, wipes={1: WipeRecord(1, "alloc-r", True, False, blocked="verify failed")}),
@@ -188,7 +194,8 @@ def test_release_is_per_slot() -> None:
     obs = Observed(leases={1: "alloc-2", 2: "alloc-2"},
                    wipes={1: WipeRecord(1, "alloc-2", True, False, blocked="wipe failed")})
     acts = diff.diff(plan, obs, options=OPTS)
-    assert [(str(a.step), a.slot_indexes) for a in acts] == [("wipe", (2,)), ("verify", (2,)), ("report_free", (2,))]
+    assert [(str(a.step), a.slot_indexes) for a in acts] == [
+        ("wipe", (2,)), ("verify", (2,)), ("slot_health", (2,)), ("report_free", (2,))]
 
 
 def codes(found: list) -> list[tuple[int | None, str]]:

@@ -81,6 +81,12 @@ def test_a_node_role_cannot_store_a_malformed_drift_report(
 @pytest.mark.parametrize(("column", "value", "constraint"), [
     ("errors", "garbage", "host_status_errors_shape"),
     ("errors", [{"code": 5, "message": "m"}], "host_status_errors_shape"),
+    # issue 26: an entry must carry the step and the allocation (null: node-wide), as the host writes it
+    ("errors", [{"code": "host.vm.start", "message": "m"}], "host_status_errors_shape"),
+    ("errors", [{"code": "host.vm.start", "message": "m", "step": "start"}], "host_status_errors_shape"),
+    ("errors", [{"code": "host.vm.start", "message": "m", "allocation_id": None}], "host_status_errors_shape"),
+    ("errors", [{"code": "host.vm.start", "message": "m", "step": "", "allocation_id": None}],
+     "host_status_errors_shape"),
     ("details", [1, 2], "host_status_objects_shape"),
     ("phase_timings", "fast", "host_status_objects_shape"),
     ("cleanup_evidence", ["verified"], "host_status_objects_shape"),
@@ -161,7 +167,8 @@ def test_drift_command_shows_a_malformed_report_as_invalid_and_every_other_node(
 
 
 def test_0008_repairs_malformed_rows_written_before_it(empty_db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    before = [m for m in migrations.available() if m.version != "0008"]
+    # 0055 replaces 0008's error check, so it comes after 0008 here as in every real upgrade
+    before = [m for m in migrations.available() if m.version not in ("0008", "0055")]
     with connections.connect(empty_db_url, autocommit=True) as conn:
         with monkeypatch.context() as patched:
             patched.setattr(migrations, "available", lambda: before)
@@ -175,7 +182,7 @@ def test_0008_repairs_malformed_rows_written_before_it(empty_db_url: str, monkey
                      " ('node-a', 0, %s, '{\"device\": \"/dev/disk/by-id/nvme-S0\"}', NULL),"
                      " ('node-b', 3, '{}', '\"proof\"', repeat('e', 5000))", (Jsonb([GOOD]),))
 
-        assert migrations.migrate(conn) == ["0008"]
+        assert migrations.migrate(conn) == ["0008", "0055"]
         rows = {r[0]: r[1:] for r in conn.execute(
             "SELECT node_name, drift, errors, details FROM host_status ORDER BY node_name").fetchall()}
         slots = {r[0]: r[1:] for r in conn.execute(

@@ -115,3 +115,27 @@ def test_drift_command_renders_the_fleet(
     assert doc["total"] == 1 and [n["node"] for n in doc["nodes"]] == ["node-a", "node-b"]
     assert cli.main(["drift", "--db-url", db_url, "--node", "node-b"]) == 0
     assert "no drift" in capsys.readouterr().out
+
+
+def test_the_host_report_writes_firmware_ready_and_reaches_the_planner_input(
+    db_url: str, two_nodes: dict[str, store.NodeCredentials], tmp_path: Any
+) -> None:
+    """The agent's firmware evidence lands in host_status.firmware_ready (the column the planner reads)."""
+    import dataclasses
+
+    from host_reconciler import onboarding
+
+    fw = tmp_path / "firmware-profile"
+    fw.mkdir()
+    (fw / "state.json").write_text(json.dumps({"profile_tag": "gpuaas-profile-slice-vm", "verified": False}))
+    report = onboarding.report(fw, tmp_path / "bootstrap", reboot_flag=tmp_path / "none")
+    a = two_nodes["node-a"]
+    with store.connect(db_url, role=a.role, password=a.password) as conn:
+        store.write_status(conn, dataclasses.replace(status("node-a"), host=report))
+    with store.connect(db_url) as central:
+        row = central.execute("SELECT firmware_ready, details->'host' FROM host_status WHERE node_name = 'node-a'"
+                              ).fetchone()
+        assert row is not None and row[0] is False and row[1]["firmware_code"] == "host.firmware.not_verified"
+        assert row[1]["bootstrap_state"] == "never_run" and row[1]["reboot_required"] is False
+        seen = central.execute("SELECT firmware_ready FROM host_status WHERE node_name = 'node-b'").fetchone()
+        assert seen == (None,)  # a host without a report leaves the git claim standing

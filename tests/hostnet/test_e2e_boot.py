@@ -43,7 +43,7 @@ from pathlib import Path
 
 import pytest
 
-from host_reconciler import cloudinit, domains, pinning
+from host_reconciler import cloudinit, devicereports, domains, pinning
 from host_reconciler.drivers import disks, dnsmasq, guestmarker, network, protocols, readiness
 from host_reconciler.drivers.libvirt_driver import LibvirtDomains
 from host_reconciler.observations import DomainState
@@ -59,6 +59,12 @@ VM_IP = "10.213.77.10"
 READINESS_TIMEOUT_S = 240.0
 GRACEFUL_TIMEOUT_S = 30.0
 
+
+STAND_IN_UUID = "GPU-2f6c1d3e-8a4b-4c55-9d1e-0b7a6f3e2c11"
+STAND_IN_NVIDIA_SMI = f"""#!/bin/sh
+[ "$1" = -L ] || exit 2
+echo "GPU 0: NVIDIA H200 (UUID: {STAND_IN_UUID})"
+"""
 
 def _skip_unless_possible() -> guest.Kernel:
     if os.geteuid() != 0:
@@ -211,7 +217,9 @@ def test_e2e_guest_boots_gets_its_reservation_passes_readiness_and_is_wiped() ->
         announce = gate.announce_for(vm.name, net.gateway)
         assert announce is not None
         seed = guest.seed_files(cloudinit.render(vm, announce=announce)["user-data"])
-        assert cloudinit.ANNOUNCER in seed and cloudinit.ANNOUNCE_BODY in seed
+        assert cloudinit.ANNOUNCER in seed and cloudinit.ANNOUNCE_BODY in seed and cloudinit.DEVICES_HEAD in seed
+        # The real nvidia-smi needs a GPU (no passthrough under TCG): a stand-in prints what it prints.
+        seed["/usr/bin/nvidia-smi"] = (STAND_IN_NVIDIA_SMI.encode(), 0o755)
         initrd = work / "initrd.cpio"
         guest.build_initramfs(kernel, initrd, sector=guest.MARKER_OFFSET // 512, files=seed)
 
@@ -251,7 +259,8 @@ def test_e2e_guest_boots_gets_its_reservation_passes_readiness_and_is_wiped() ->
 
         # -- readiness gate: the reserved lease, then TCP 22, then the guest marker ---
         try:
-            result = gate.wait_ready(MAC, VM_IP, 22, READINESS_TIMEOUT_S, name=vm.name, gateway=net.gateway)
+            result = gate.wait_ready(MAC, VM_IP, 22, READINESS_TIMEOUT_S, name=vm.name, gateway=net.gateway,
+                                     expect=devicereports.Expectation(gpus=1, fabric_vfs=0))
         except readiness.ReadinessTimeout as e:
             pytest.fail(
                 f"{e.code}: {e.message}\n--- guest console ---\n{_console(console_log)}\n"
@@ -259,6 +268,8 @@ def test_e2e_guest_boots_gets_its_reservation_passes_readiness_and_is_wiped() ->
             )
         timings["lease_s"] = result.lease_s
         timings["ready_s"] = result.ready_s
+        timings["devices_s"] = result.devices_s or 0.0
+        assert result.devices is not None and result.devices["uuids"] == [STAND_IN_UUID]  # what the guest saw
         assert [(x.mac, x.ip) for x in dhcp.leases()] == [(MAC, VM_IP)]
         assert "gpuaas-e2e: ready" in _console(console_log)
         assert "gpuaas-e2e: marker /var/lib/gpuaas/slice-ready" in _console(console_log)

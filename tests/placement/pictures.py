@@ -77,6 +77,23 @@ def skus() -> dict[str, m.Sku]:
     return out
 
 
+def images() -> dict[str, m.Image]:
+    """A generic slice image and a MAAS image: every picture's requests have a viable one (seed 002 §4).
+
+    Named to sort last, so an image a test adds is the default (the lowest slug wins a tie).
+    """
+    docs: list[dict[str, Any]] = [
+        {"apiVersion": API, "kind": "Image", "slug": "zz-generic-slice", "target": "vm_slice", "family": "ubuntu",
+         "architecture": "amd64", "image_format": "qcow2", "source_type": "platform_storage",
+         "source_ref": "images/zz-generic-slice.qcow2", "digest_sha256": "0" * 63 + "1", "default_username": "ubuntu",
+         "driver_strategy": "install_on_boot"},
+        {"apiVersion": API, "kind": "Image", "slug": "zz-generic-maas", "target": "baremetal", "family": "ubuntu",
+         "architecture": "amd64", "image_format": "maas", "source_type": "maas", "source_ref": "ubuntu/noble",
+         "default_username": "ubuntu", "driver_strategy": "none"},
+    ]
+    return {str(d["slug"]): m.Image.model_validate(d) for d in docs}
+
+
 @dataclass
 class World:
     desired: DesiredState
@@ -147,6 +164,7 @@ def world(picture: str | None) -> World:
     assert picture is not None, "the picture lives in the test's docstring"
     desired = DesiredState()
     desired.skus = skus()
+    desired.images = images()
     regions: dict[str, None] = {REGION: None}
     claims: list[plans.ExistingClaim] = []
     status: dict[plans.SlotKey, states.SlotStatus] = {}

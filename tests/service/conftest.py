@@ -46,7 +46,11 @@ def report_hosts(url: str) -> None:
     details = {"generation": 1, "mode": "report", "converged": False, "pending": [], "pass_ms": 12.0,
                "reported_at": "2026-11-20T10:00:00+00:00",
                "vms": [{"allocation_id": "alloc-0001", "name": "gpuaas-alloc-0001", "state": "provisioning",
-                        "phase": "image", "phase_timings": {}, "error": None, "hard_stopped": False}]}
+                        "phase": "image", "phase_timings": {}, "error": None, "hard_stopped": False}],
+               "host": {"agent_version": "0.1.0", "firmware_ready": None, "firmware_code": "host.firmware.no_evidence",
+                        "firmware_evidence": {}, "bootstrap_state": "reboot_required",
+                        "bootstrap_checked_at": "2026-11-20T09:00:00+00:00", "reboot_required": True,
+                        "reboot_reasons": ["bootstrap staged changes that take effect at the next boot"]}}
     html = {"code": "drift.network.problem", "slot_index": None, "message": HTML_MESSAGE}
     with connections.connect(url, autocommit=True) as conn:
         # Rows from before migration 0008 (which refuses malformed reports) must still read: drop its check here.

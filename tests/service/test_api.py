@@ -130,6 +130,9 @@ def test_nodes_show_slot_states_claims_and_drift(served: Served, fleet_url: str)
     assert [n["name"] for n in drifted] == [DRIFT_NODE]
     node = served.json(f"/api/v1/nodes/{DRIFT_NODE}")
     assert node["host"]["healthy"] is True and node["host"]["drift_valid"] is True
+    assert (node["host"]["agent_version"], node["host"]["bootstrap_state"], node["host"]["reboot_required"]) == (
+        "0.1.0", "reboot_required", True)
+    assert node["host"]["firmware"] == {"ready": None, "code": "host.firmware.no_evidence", "evidence": {}}
     by_index = {s["slot_index"]: s for s in node["slots"]}
     assert by_index[DRIFT_SLOT]["state"] == "drift" and by_index[DRIFT_SLOT]["status"] == "available"
     assert by_index[DRIFT_SLOT]["drift"][0]["code"] == "drift.disk.signature_present"
@@ -138,6 +141,7 @@ def test_nodes_show_slot_states_claims_and_drift(served: Served, fleet_url: str)
     assert "alloc-0001" in {a["id"] for a in node["allocations"]}
     broken = served.json(f"/api/v1/nodes/{BROKEN_NODE}")  # a malformed report: flagged, nothing breaks
     assert broken["host"]["drift_valid"] is False and broken["drift"] == []
+    assert broken["host"]["agent_version"] is None and broken["host"]["reboot_required"] is None
     assert all(s["state"] != "drift" for s in broken["slots"])
 
 

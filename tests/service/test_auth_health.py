@@ -125,7 +125,7 @@ def test_readyz_when_reconciliation_keeps_failing(fleet_url: str) -> None:
                      " errors) VALUES ('abc', 'watch', 'test:1', now() - interval '10 minutes',"
                      " now() - interval '10 minutes', 'error', %s)",
                      (Jsonb([{"code": "db.unavailable", "message": "connection refused"}]),))
-    for s in serve(fleet_url, failing_grace_s=3600):  # failing, but not for long enough
+    for s in serve(fleet_url, failing_grace_s=3600, head_grace_s=3600):  # failing, but not for long enough
         assert s.json("/readyz")["checks"]["failing"]["failures"] == 1
     for s in serve(fleet_url, failing_grace_s=60):
         doc = s.json("/readyz", status=503)

@@ -92,6 +92,7 @@ def test_the_node_page_shows_slots_claims_and_drift(served: Served, tmp_path: Pa
     node = served.json(f"/api/v1/nodes/{DRIFT_NODE}")
     assert page.rows == {s["slot_index"]: s["state"] for s in node["slots"]}
     assert "alloc-0001" in dom and "drift.disk.signature_present" in dom and "vm provisioning" in dom
+    assert 'id="reboot-required"' in dom and "bootstrap reboot_required" in dom and "agent 0.1.0" in dom
     broken = dump_dom(f"{served.url}/nodes/{BROKEN_NODE}", tmp_path / "profile")
     assert 'id="drift-invalid"' in broken
     html = dump_dom(f"{served.url}/nodes/{HTML_NODE}", tmp_path / "profile")

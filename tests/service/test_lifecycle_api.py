@@ -45,7 +45,7 @@ def test_a_quarantine_shows_in_the_allocation_and_in_metrics(
         served: Served, fleet_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     before = _metrics(served)
     assert before["gpuaas_slots_quarantined"][()] == 0
-    assert _by(before["gpuaas_provision_attempts_failed"], "outcome") == {"rescheduled": 0, "failed": 0}
+    assert _by(before["gpuaas_provision_attempts_failed_total"], "outcome") == {"rescheduled": 0, "failed": 0}
     slots = tuple(served.json(f"/api/v1/allocations/{ALLOC}")["slot_indexes"])
     with connections.connect(fleet_url, autocommit=True) as conn:
         report_vm_failure(conn, DRIFT_NODE, slots, ALLOC, *NOT_VFIO)
@@ -61,7 +61,7 @@ def test_a_quarantine_shows_in_the_allocation_and_in_metrics(
     assert attempt["message"] == NOT_VFIO[2] and attempt["failed_at"]
     m = _metrics(served)
     assert m["gpuaas_slots_quarantined"][()] == len(slots)
-    assert _by(m["gpuaas_provision_attempts_failed"], "outcome") == {"rescheduled": 1, "failed": 0}
+    assert _by(m["gpuaas_provision_attempts_failed_total"], "outcome") == {"rescheduled": 1, "failed": 0}
     # the wipe proof frees the claims; the slot stays quarantined (and counted) until an operator clears it
     with connections.connect(fleet_url, autocommit=True) as conn:
         for s in slots:
