@@ -185,3 +185,35 @@ def test_a_lease_no_longer_declared_is_never_deployed(conn: Connection, maas: Ma
     for _ in range(3):
         reconciling.reconcile(conn, orphaned)
     assert maas.deploys == {} and _phase(conn, A0) == "deploy_requested"
+
+
+def test_two_reconcilers_at_once_deploy_and_erase_each_lease_once(db_url: str, conn: Connection,
+                                                                  maas: MaasSimulator, ssh: Listener) -> None:
+    import threading
+
+    from reconciler.store import connections
+
+    state = fleets.fleet(provider=maas_provider(maas), baremetal_nodes=4, leases=4, ssh_address=ssh.address)
+    inventory.sync(conn, state)
+
+    def loop(target: DesiredState, want: str, errors: list[BaseException]) -> None:
+        try:
+            with connections.connect(db_url, autocommit=True) as own:
+                for _ in range(300):
+                    reconciling.reconcile(own, target)
+                    if own.execute("SELECT count(*) FROM allocations WHERE status <> %s", (want,)).fetchone() == (0,):
+                        return
+                    time.sleep(0.02)
+        except BaseException as e:  # noqa: BLE001 - reported by the test thread
+            errors.append(e)
+
+    for target, want in ((state, "active"), (fleets.released(state), "released")):
+        errors: list[BaseException] = []
+        threads = [threading.Thread(target=loop, args=(target, want, errors)) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert not errors, errors
+    assert sorted(maas.deploys.values()) == [1] * 4 and sorted(maas.releases.values()) == [1] * 4
+    assert checks.run(conn) == []
