@@ -204,7 +204,7 @@ def test_two_reconcilers_at_once_deploy_and_erase_each_lease_once(db_url: str, c
                     if own.execute("SELECT count(*) FROM allocations WHERE status <> %s", (want,)).fetchone() == (0,):
                         return
                     time.sleep(0.02)
-        except BaseException as e:  # noqa: BLE001 - reported by the test thread
+        except BaseException as e:  # reported by the test thread
             errors.append(e)
 
     for target, want in ((state, "active"), (fleets.released(state), "released")):
