@@ -3,11 +3,15 @@
     gpuaas host converge --node NAME [--dry-run] [--mode report|self-heal] [-o text|json]
     gpuaas host run --node NAME [--interval S] [--passes N] [--log-format text|json] [--metrics-listen HOST:PORT]
 
-Both read the node's plan from PostgreSQL as the node's own role
-(--db-role / $GPUAAS_HOST_DB_ROLE, password in $GPUAAS_HOST_DB_PASSWORD;
-row-level security shows no other node's plan), or from --plan-file (a
-host-plan JSON document, for labs), and write the node's status back (or to
---status-file). Host settings come from --config / $GPUAAS_HOST_CONFIG.
+Both read the node's plan from `gpuaas serve` over HTTP(S) (--service URL
+/ $GPUAAS_SERVICE_URL, the node's token in --credential FILE /
+$GPUAAS_CREDENTIAL_FILE, made by `gpuaas host token issue NODE`; see
+agentclient.py for what happens while the service is away) and write the
+node's status back. Two lab modes remain: --plan-file (a host-plan JSON
+document; the status goes to --status-file) and a direct database mode
+(--db-url, as the node's own role: --db-role / $GPUAAS_HOST_DB_ROLE, password
+in $GPUAAS_HOST_DB_PASSWORD), for a lab without a service only: a fleet's
+hosts hold no database login. Host settings come from --config / $GPUAAS_HOST_CONFIG.
 `--dry-run` prints the actions the pass would take and changes nothing.
 `host run --log-format json` (or GPUAAS_LOG_FORMAT=json) logs one JSON object
 per line, each with `node` (schemas/logs.py); `--metrics-listen` serves
@@ -32,8 +36,10 @@ from schemas import hostplans, logs, output, signals
 from schemas.errors import GpuaasError, PermanentError, UsageError
 
 if TYPE_CHECKING:
-    from host_reconciler import converging, metrics, settings
+    from host_reconciler import agentclient, converging, metrics, settings
 
+ENV_SERVICE = "GPUAAS_SERVICE_URL"
+ENV_CREDENTIAL = "GPUAAS_CREDENTIAL_FILE"
 ENV_URL = "GPUAAS_DATABASE_URL"  # the same variable the central reconciler reads
 ENV_ROLE = "GPUAAS_HOST_DB_ROLE"
 ENV_PASSWORD = "GPUAAS_HOST_DB_PASSWORD"  # noqa: S105 -- the name of a variable, not a secret
@@ -56,8 +62,12 @@ def register(sub: Any) -> None:
         p.add_argument("--mode", choices=[m.value for m in DriftMode], help="drift mode (default: settings)")
         p.add_argument("--plan-file", type=Path, help="read the plan from this JSON file, not the database")
         p.add_argument("--status-file", type=Path, help="with --plan-file: write the status JSON here")
-        p.add_argument("--db-url", help=f"PostgreSQL URL (default ${ENV_URL}); the agent never starts a database")
-        p.add_argument("--db-role", help=f"the node's database role (default ${ENV_ROLE})")
+        p.add_argument("--service", metavar="URL", help=f"the control plane's URL (default ${ENV_SERVICE})")
+        p.add_argument("--credential", type=Path, metavar="FILE",
+                       help=f"this node's token file, mode 0600 (default ${ENV_CREDENTIAL})")
+        p.add_argument("--service-ca", type=Path, metavar="FILE", help="CA bundle to verify an https --service")
+        p.add_argument("--db-url", help=f"lab mode without a service: PostgreSQL URL (default ${ENV_URL})")
+        p.add_argument("--db-role", help=f"lab mode: the node's database role (default ${ENV_ROLE})")
         output.add_argument(p, "text")
         if name == "converge":
             p.add_argument("--dry-run", action="store_true", help="print the actions, change nothing")
@@ -77,28 +87,44 @@ def register(sub: Any) -> None:
 
 
 class _Source:
-    """Where the plan comes from and the status goes: the database, or files."""
+    """Where the plan comes from and the status goes: the service, files, or (lab) the database."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.node: str = args.node
         self.plan_file: Path | None = args.plan_file
         self.status_file: Path | None = args.status_file
         self.conn: Any = None
-        self.connect: Callable[[], Any] | None = None  # a new connection as this node (database mode)
-        if self.plan_file is None:
-            from host_reconciler import store
+        self.connect: Callable[[], Any] | None = None  # a new connection as this node (database lab mode)
+        self.service: agentclient.ServiceSource | None = None
+        if self.plan_file is not None:
+            return
+        service_url = getattr(args, "service", None) or os.environ.get(ENV_SERVICE)
+        url = args.db_url or os.environ.get(ENV_URL)
+        if service_url:
+            from host_reconciler import agentclient
 
-            url = args.db_url or os.environ.get(ENV_URL)
-            if not url:
-                raise UsageError(f"no database: pass --db-url or set {ENV_URL} (the host agent never starts "
-                                 "a database of its own), or run from files with --plan-file",
-                                 code="host.db.url_missing")
-            role = args.db_role or os.environ.get(ENV_ROLE)
-            password = os.environ.get(ENV_PASSWORD)
-            self.connect = lambda: store.connect(url, role=role, password=password)
-            self.conn = self.connect()
+            credential = getattr(args, "credential", None) or os.environ.get(ENV_CREDENTIAL)
+            if not credential:
+                raise UsageError(f"--service needs this node's token: --credential FILE or ${ENV_CREDENTIAL} "
+                                 "(`gpuaas host token issue NODE --out FILE`)", code="host.credential.missing")
+            ca = getattr(args, "service_ca", None)
+            self.service = agentclient.ServiceSource(service_url, self.node,
+                                                     agentclient.load_credential(Path(credential)),
+                                                     verify=str(ca) if ca else True)
+            return
+        if not url:
+            raise UsageError(f"no control plane: pass --service URL (or set {ENV_SERVICE}) with --credential; "
+                             "labs may use --plan-file, or --db-url", code="host.service.url_missing")
+        from host_reconciler import store
+
+        role = args.db_role or os.environ.get(ENV_ROLE)
+        password = os.environ.get(ENV_PASSWORD)
+        self.connect = lambda: store.connect(url, role=role, password=password)
+        self.conn = self.connect()
 
     def plan(self) -> hostplans.HostPlan | None:
+        if self.service is not None:
+            return self.service.plan()
         if self.plan_file is not None:
             from schemas import inputfiles
 
@@ -117,6 +143,9 @@ class _Source:
 
     def report(self, result: converging.PassResult) -> None:
         if result.dry_run:
+            return
+        if self.service is not None:
+            self.service.report("status", result.status.as_dict())
             return
         if self.plan_file is not None:
             if self.status_file is not None:
@@ -140,50 +169,76 @@ class _Source:
                 extra={"event": "host.rewipe", "request": request_id, "slot": slot, "outcome": outcome})
 
     def heartbeat(self) -> None:
-        if self.conn is not None:
+        if self.service is not None:
+            self.service.heartbeat()
+        elif self.conn is not None:
             from host_reconciler import store
 
             store.heartbeat(self.conn, self.node)
 
+    def beater(self) -> Callable[[], None] | None:
+        """What the heartbeat thread calls every beat (None: nothing to tell, as with --plan-file)."""
+        if self.service is not None:
+            return self.service.heartbeat
+        if self.connect is None:
+            return None
+        from host_reconciler import store
+
+        connect, node = self.connect, self.node
+        held: list[Any] = []
+
+        def beat() -> None:
+            try:
+                if not held:
+                    held.append(connect())
+                store.heartbeat(held[0], node)
+            except GpuaasError:
+                while held:
+                    held.pop().close()
+                raise
+
+        return beat
+
+    def sleep(self, seconds: float, stop: threading.Event) -> None:
+        """Until the next pass: a plan watch on the service (a change ends it early), else a plain wait."""
+        if self.service is not None:
+            self.service.sleep(seconds, stop)
+            return
+        deadline = time.monotonic() + seconds
+        while not stop.is_set() and time.monotonic() < deadline:
+            time.sleep(min(0.2, seconds))
+
     def close(self) -> None:
         if self.conn is not None:
             self.conn.close()
+        if self.service is not None:
+            self.service.close()
 
 
 class _Heartbeat:
-    """Keeps host_status.reported_at fresh from its own thread and connection.
+    """Says the agent is alive every `every` seconds from its own thread (and connection or HTTP client).
 
     A pass may run for minutes (a readiness wait, a wipe); the node must not
     look silent meanwhile. Failures are logged and retried at the next beat.
     """
 
-    def __init__(self, connect: Callable[[], Any] | None, node: str, every: float) -> None:
-        self._connect, self._node, self._every = connect, node, every  # connect None: no database, no beat
+    def __init__(self, beat: Callable[[], None] | None, every: float) -> None:
+        self._beat, self._every = beat, every  # beat None: nothing to tell, no thread
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpuaas-heartbeat", daemon=True)
 
     def start(self) -> None:
-        if self._connect is not None:
+        if self._beat is not None:
             self._thread.start()
 
     def _run(self) -> None:
-        from host_reconciler import store
-
         log = logging.getLogger("gpuaas.host")
-        conn: Any = None
-        try:
-            while not self._stop.wait(self._every):
-                try:
-                    conn = conn or (self._connect() if self._connect else None)
-                    store.heartbeat(conn, self._node)
-                except GpuaasError as e:
-                    log.warning("heartbeat failed: %s: %s", e.code, e.message)
-                    if conn is not None:
-                        conn.close()
-                    conn = None
-        finally:
-            if conn is not None:
-                conn.close()
+        while not self._stop.wait(self._every):
+            try:
+                if self._beat is not None:
+                    self._beat()
+            except GpuaasError as e:
+                log.warning("heartbeat failed: %s: %s", e.code, e.message)
 
     def stop(self) -> None:
         self._stop.set()
@@ -278,7 +333,7 @@ def _passes(args: argparse.Namespace, counted: metrics.AgentMetrics, stop: threa
     source = _Source(args)
     drivers = wiring.drivers(s)
     converger = converging.Converger(s, drivers)
-    beat = _Heartbeat(source.connect, args.node, HEARTBEAT_S)
+    beat = _Heartbeat(source.beater(), HEARTBEAT_S)
     beat.start()
     passes = 0
     try:
@@ -308,9 +363,7 @@ def _passes(args: argparse.Namespace, counted: metrics.AgentMetrics, stop: threa
             passes += 1
             if args.passes and passes >= args.passes:
                 break
-            deadline = time.monotonic() + wait
-            while not stop.is_set() and time.monotonic() < deadline:
-                time.sleep(min(0.2, wait))
+            source.sleep(wait, stop)
     finally:
         beat.stop()
         drivers.close()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import http.server
-import os
 import re
 import threading
 import urllib.parse
@@ -169,12 +168,9 @@ class ImageServer:
 def _sendfile(h: http.server.BaseHTTPRequestHandler, f: Any, count: int) -> int:
     """Send `count` bytes of `f` from its position with sendfile(2); returns what went out."""
     h.wfile.flush()
-    offset, sent = f.tell(), 0
-    while sent < count:
-        n = os.sendfile(h.connection.fileno(), f.fileno(), offset + sent, count - sent)
-        if n == 0:
-            break
-        sent += n
+    # socket.sendfile, not os.sendfile: the handler's read timeout makes the socket non-blocking
+    # underneath, and socket.sendfile waits for it to be writable where os.sendfile fails with EAGAIN.
+    sent: int = h.connection.sendfile(f, f.tell(), count)
     return sent
 
 

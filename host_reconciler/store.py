@@ -12,7 +12,6 @@ psycopg errors become project errors here (`schemas.dberrors`).
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +20,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from host_reconciler.statuses import HostStatus
-from schemas import dberrors, hostplans
+from schemas import dberrors, hostplans, hostrows
 from schemas.errors import PermanentError
 
 
@@ -72,96 +71,12 @@ def read_plan(conn: psycopg.Connection[Any], node: str) -> hostplans.HostPlan | 
     return plan
 
 
-_STATUS_SQL = """
-INSERT INTO host_status (node_name, observed_generation, reported_at, healthy, firmware_ready, phase_timings,
-                         drift, errors, details)
-VALUES (%(node)s, %(gen)s, now(), %(healthy)s, %(firmware)s, %(timings)s, %(drift)s, %(errors)s, %(details)s)
-ON CONFLICT (node_name) DO UPDATE SET
-    observed_generation = EXCLUDED.observed_generation, reported_at = now(),
-    healthy = EXCLUDED.healthy, firmware_ready = EXCLUDED.firmware_ready, phase_timings = EXCLUDED.phase_timings,
-    drift = EXCLUDED.drift, errors = EXCLUDED.errors, details = EXCLUDED.details
-"""
+def write_status(conn: psycopg.Connection[Any], status: HostStatus) -> bool:
+    """Write the node row and every slot row of `status` in one transaction (schemas/hostrows.py).
 
-# wipe_reported_at moves only when the wipe report itself changes, so it says
-# when the evidence was first reported (claim_cleanup_proven compares it with
-# the release request).
-_SLOT_SQL = """
-INSERT INTO host_slot_status AS h (node_name, slot_index, observed_generation, allocation_id,
-    vm_state, vm_ready_at, wipe_allocation_id, wipe_state, wipe_evidence, wipe_error,
-    wipe_reported_at, phase_timings, drift, updated_at)
-VALUES (%(node)s, %(slot)s, %(gen)s, %(alloc)s, %(vm_state)s, %(ready_at)s::timestamptz,
-    %(wipe_alloc)s, %(wipe_state)s, %(evidence)s, %(wipe_error)s,
-    CASE WHEN %(wipe_state)s::text IS NULL THEN NULL ELSE now() END, %(timings)s, %(drift)s, now())
-ON CONFLICT (node_name, slot_index) DO UPDATE SET
-    observed_generation = EXCLUDED.observed_generation, allocation_id = EXCLUDED.allocation_id,
-    vm_state = EXCLUDED.vm_state, vm_ready_at = EXCLUDED.vm_ready_at,
-    wipe_allocation_id = EXCLUDED.wipe_allocation_id, wipe_state = EXCLUDED.wipe_state,
-    wipe_evidence = EXCLUDED.wipe_evidence, wipe_error = EXCLUDED.wipe_error,
-    wipe_reported_at = CASE
-        WHEN EXCLUDED.wipe_state IS NULL THEN NULL
-        WHEN h.wipe_state IS DISTINCT FROM EXCLUDED.wipe_state
-          OR h.wipe_allocation_id IS DISTINCT FROM EXCLUDED.wipe_allocation_id
-          OR h.wipe_evidence IS DISTINCT FROM EXCLUDED.wipe_evidence THEN now()
-        ELSE h.wipe_reported_at END,
-    phase_timings = EXCLUDED.phase_timings, drift = EXCLUDED.drift, updated_at = now()
-"""
-
-
-def write_status(conn: psycopg.Connection[Any], status: HostStatus) -> None:
-    """Write the node row and every slot row of `status` in one transaction."""
-    doc = status.as_dict()
-    details = {k: doc[k] for k in ("generation", "mode", "converged", "pending", "vms", "pass_ms",
-                                   "reported_at", "images", "host")}  # fmt: skip
-    timings = {v["allocation_id"]: v["phase_timings"] for v in doc["vms"]}
-    with dberrors.wrapped(f"write the host status of {status.node}"), conn.transaction():
-        conn.execute(_STATUS_SQL, {
-            "node": status.node, "gen": status.observed_generation, "healthy": status.healthy,
-            # the host's firmware evidence (None: no evidence, the git onboarding claim stands)
-            "firmware": status.host.firmware_ready if status.host is not None else None,
-            "timings": Jsonb(timings), "drift": Jsonb(doc["drift"]), "errors": Jsonb(doc["errors"]),
-            "details": Jsonb(details),
-        })  # fmt: skip
-        for s in doc["slots"]:
-            conn.execute(_SLOT_SQL, {
-                "node": status.node, "slot": s["slot_index"], "gen": status.observed_generation,
-                "alloc": s["allocation_id"], "vm_state": s["vm_state"], "ready_at": s["vm_ready_at"],
-                "wipe_alloc": s["wipe_allocation_id"], "wipe_state": s["wipe_state"],
-                "evidence": Jsonb(s["wipe_evidence"]), "wipe_error": s["wipe_error"],
-                "timings": Jsonb(s["phase_timings"]),
-                "drift": Jsonb([{**d, "state": s["state"]} for d in s["drift"]]),
-            })  # fmt: skip
-        _write_image_cache(conn, status)
-        _write_telemetry(conn, status)
-
-
-def _write_telemetry(conn: psycopg.Connection[Any], status: HostStatus) -> None:
-    """The newest guest GPU sample per allocation (0056): one more report kind of the status."""
-    for alloc, sample in status.telemetry.items():
-        received = dt.datetime.fromtimestamp(float(sample.get("received_at") or 0), dt.UTC)
-        body = {k: v for k, v in sample.items() if k != "received_at"}
-        conn.execute(
-            """INSERT INTO allocation_telemetry (allocation_id, node_name, received_at, sample)
-               VALUES (%s, %s, %s, %s)
-               ON CONFLICT (allocation_id, node_name) DO UPDATE SET
-                   received_at = EXCLUDED.received_at, sample = EXCLUDED.sample, reported_at = now()
-               WHERE allocation_telemetry.received_at < EXCLUDED.received_at""",
-            (alloc, status.node, received, Jsonb(body)))
-
-
-def _write_image_cache(conn: psycopg.Connection[Any], status: HostStatus) -> None:
-    """Replace the node's `node_image_cache` rows (0052) with what its cache holds now."""
-    entries = status.images.entries
-    conn.execute("DELETE FROM node_image_cache WHERE node_name = %s AND NOT (digest_sha256 = ANY(%s))",
-                 (status.node, [e.digest for e in entries]))  # fmt: skip
-    if entries:
-        with conn.cursor() as cur:
-            cur.executemany(
-                """INSERT INTO node_image_cache (node_name, digest_sha256, size_bytes, last_used_at)
-                   VALUES (%s, %s, %s, %s)
-                   ON CONFLICT (node_name, digest_sha256) DO UPDATE SET size_bytes = EXCLUDED.size_bytes,
-                       last_used_at = EXCLUDED.last_used_at, reported_at = now()""",
-                [(status.node, e.digest, e.size, dt.datetime.fromtimestamp(e.last_used, dt.UTC)) for e in entries],
-            )
+    False: a newer report is stored already; nothing was written.
+    """
+    return hostrows.write_status(conn, status.as_dict())
 
 
 def read_image_cache(conn: psycopg.Connection[Any], node: str) -> list[dict[str, Any]]:
@@ -174,14 +89,8 @@ def read_image_cache(conn: psycopg.Connection[Any], node: str) -> list[dict[str,
 
 
 def heartbeat(conn: psycopg.Connection[Any], node: str) -> None:
-    """Say this host agent is alive (host_status.reported_at = now), without touching its last report.
-
-    The central reconciler marks a node unavailable when reported_at is older
-    than the fleet's `host_liveness_ttl_seconds` (view node_liveness, 0011).
-    """
-    with dberrors.wrapped(f"heartbeat of {node}"):
-        conn.execute("INSERT INTO host_status (node_name, reported_at) VALUES (%s, now())"
-                     " ON CONFLICT (node_name) DO UPDATE SET reported_at = now()", (node,))
+    """Say this host agent is alive (host_status.reported_at = now), without touching its last report."""
+    hostrows.heartbeat(conn, [node])
 
 
 def read_status(conn: psycopg.Connection[Any], node: str | None = None) -> list[dict[str, Any]]:

@@ -10,8 +10,9 @@ twice changes nothing the second time.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from desired import problems as p
@@ -124,11 +125,10 @@ def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = Non
     """
     planner = planner or planner_for(policy)
     revision = inventoryrows.revision_key(state)
-    refuse_edits(conn, state, revision=revision, source=source)
     run_id = history.start(conn, revision=revision, source=source)
     try:
         pins = hostplans.pinned_images(conn)
-        synced = inventory.sync(conn, state, memory=memory)
+        synced = inventory.sync(conn, state, memory=memory, guard=partial(refuse_edits, conn, state))
         absorbed = cleanup.absorb(conn)
         lifecycle.sync_settings(conn, state)
         moved = lifecycle.reschedule(conn, max_attempts=lifecycle.fleet_settings(state)[1])
@@ -144,6 +144,10 @@ def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = Non
         leased = None
         if any(n.machine is not None for n in state.nodes.values()) or providers is not None:
             leased = leasing.step(conn, state, providers or Providers.of(state), probe=probe, fault=lease_fault)
+    except Invalid as e:  # refused like invalid YAML: recorded once, with every problem; nothing was written
+        history.finish(conn, run_id, result="error", counts={revisions.INVALID_COUNT: len(e.problems)},
+                       problems=[{**x.as_dict(), "text": x.render()} for x in e.problems])
+        raise
     except GpuaasError as e:
         history.finish(conn, run_id, result="error", problems=[{"code": e.code, "message": e.message}])
         raise
@@ -155,15 +159,22 @@ def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = Non
     return result
 
 
-def refuse_edits(conn: Connection, state: DesiredState, *, revision: str, source: str) -> None:
-    """Raise `Invalid` (recorded in history, nothing written) when `state` edits an allocation that holds claims."""
-    problems = immutables.check(state, live.held(conn))
-    if not problems:
+def refuse_edits(conn: Connection, state: DesiredState, changes: Sequence[inventory.RowChange],
+                 allocations: set[str] | None) -> None:
+    """Raise `Invalid` when `state` edits an allocation that holds claims (`policies.immutables`).
+
+    The sync's guard, inside its transaction and before the allocation rows
+    are written: it reads back only the allocations the sync compares (with
+    a delta, those this revision changed; None: all) and those of a SKU
+    whose row changed, so in the loop it costs what the change costs.
+    """
+    skus = {c.key for c in changes if c.kind == "sku" and c.action == "changed"}
+    if allocations is not None and not allocations and not skus:
         return
-    run_id = history.start(conn, revision=revision, source=source)
-    history.finish(conn, run_id, result="error", counts={revisions.INVALID_COUNT: len(problems)},
-                   problems=[{**x.as_dict(), "text": x.render()} for x in problems])
-    raise Invalid(problems)
+    held = live.held(conn) if allocations is None else live.held(conn, ids=allocations, skus=skus)
+    problems = immutables.check(state, held)
+    if problems:
+        raise Invalid(problems)
 
 
 def _unplanned(conn: Connection) -> set[str]:

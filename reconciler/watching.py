@@ -317,7 +317,7 @@ class Loop:
             # Older or none: the store moved back under us. Newer (not fetched yet here) or
             # unknown to this clone: another reconciler is ahead, never rolled back from here.
             moved_back = latest is None or self.source.is_ancestor(latest, rev)
-            return self._reconverge(conn, state, rev, latest) if moved_back else None
+            return self._reconverge(state, rev, latest) if moved_back else None
         work = revisions.work(conn, self.last_started)
         if not work.any:
             return None
@@ -335,11 +335,14 @@ class Loop:
         return self._emit(Event("retried", rev, "", result.run_id, MappingProxyType(result.counts()),
                                 time.perf_counter() - t0, result.changed))
 
-    def _reconverge(self, conn: connections.Connection, state: DesiredState, rev: str,
-                    latest: str | None) -> Event | None:
+    def _reconverge(self, state: DesiredState, rev: str, latest: str | None) -> Event | None:
         """The store is behind the revision we applied (restored, truncated, rolled back by another
-        writer): apply it again, from nothing. The caches describe rows that may no longer exist."""
+        writer): apply it again, from nothing. The caches describe rows that may no longer exist,
+        and so may the session's prepared statements (a restore re-creates every table: "cached
+        plan must not change result type"): a fresh session too."""
         t0 = time.perf_counter()
+        self.close()
+        conn = self._conn()
         with revisions.try_lock(conn, rev) as mine:
             if not mine:
                 return None
@@ -367,11 +370,13 @@ class Loop:
 
     def _no_schema(self) -> Event:
         if not self.migrate:
-            self.no_schema = True
-            self.stop.set()
+            self.no_schema = True  # run() returns: a supervisor sees it (gpuaas run exits 4)
             return self._emit(Event("error", self.attempting, f"{NO_SCHEMA}: the database has no schema and "
                                     "migrating was turned off; run `gpuaas db migrate`, then start the loop again"))
-        ran = migrations.migrate(self._conn())
+        try:
+            ran = migrations.migrate(self._conn())
+        except GpuaasError as e:  # no privilege, a changed migration: a failure like any other, retried
+            return self._failed(e.code, e.message, e.delay if isinstance(e, TemporaryError) else None)
         self.next_retry = self.not_before = 0.0  # the revision in force is applied again at once (_retry)
         return self._emit(Event("migrated", self.attempting, f"{NO_SCHEMA}: the database had no schema; "
                                 f"applied migrations {', '.join(ran) or '(none left)'}"))
@@ -388,11 +393,11 @@ class Loop:
         """
         last: Event | None = None
         try:
-            while not self.stop.is_set():
+            while not self.stop.is_set() and not self.no_schema:
                 last = self.step() or last
                 if once:
                     self.next_retry = self.not_before = 0.0
-                    return self.step() or last
+                    return last if self.no_schema else (self.step() or last)
                 if self.max_failing_s is not None and self.failing is not None \
                         and self.failing_for() > self.max_failing_s:
                     self.gave_up = True

@@ -92,6 +92,18 @@ ARGV_ALLOWED = {
     "host_reconciler/bench/images.py::_server_process": "bench tool: sys.executable, a literal module name and an "
                                                       "absolute temp directory it made",
     "host_reconciler/bench/images.py::_convert": "bench tool: losetup -d of /dev/loopN names losetup printed",
+    **dict.fromkeys(
+        (f"host_reconciler/drivers/ingress.py::IptablesIngress.{f}" for f in (
+            "_run", "_lines", "_hooked", "_present")),
+        "iptables argv of the ingress driver: literal tables and chains (_HOOKS, NAT_CHAIN, FORWARD_CHAIN), rule "
+        "specs from dnat_spec/forward_spec (literal options around IPv4 addresses and ints checked by _checked, "
+        "a bridge name checked by addresses.ifname) and rule positions (ints)",
+    ),
+    **dict.fromkeys(
+        (f"host_reconciler/bench/ingress.py::{f}" for f in ("_ip", "_lab")),
+        "bench tool: literal ip subcommands, generated netns names (gbi<hex>), literal addresses and device names, "
+        "sys.executable and a literal program",
+    ),
     "host_reconciler/lab/__init__.py::LabHost.close": "lab only: a generated netns name (gpuaas-l<hex>), mount points "
                                              "under the lab root (absolute paths) and /dev/loopN names",
 }

@@ -71,3 +71,14 @@ def test_a_second_signal_runs_on_first_once_and_the_block_restores_handlers() ->
         os.kill(os.getpid(), signal.SIGTERM)
     assert seen == [signal.SIGINT]
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_every_signal_handler_of_the_product_is_the_one_in_schemas_signals() -> None:
+    """run, serve and host run stop through `signals.stop_on`; no other module installs a handler."""
+    root = Path(__file__).parents[1]
+    offenders = [str(p.relative_to(root)) for package in ("reconciler", "host_reconciler", "desired", "policies")
+                 for p in (root / package).rglob("*.py") if "signal.signal(" in p.read_text()]
+    assert offenders == []
+    users = {p.parent.name + "/" + p.name for package in ("reconciler", "host_reconciler")
+             for p in (root / package).rglob("*.py") if "stop_on(" in p.read_text()}
+    assert {"commands/run.py", "commands/serve.py", "host_reconciler/command.py"} <= users

@@ -26,7 +26,7 @@ import ipaddress
 import shlex
 from collections.abc import Sequence
 
-from host_reconciler.drivers import netns
+from host_reconciler.drivers import addresses, netns
 from host_reconciler.observations import IngressSeen
 from schemas.errors import PermanentError
 from schemas.hostplans import IngressRule
@@ -66,6 +66,7 @@ def dnat_spec(rule: IngressRule) -> tuple[str, ...]:
 
 def forward_spec(bridge: str, rule: IngressRule) -> tuple[str, ...]:
     r = _checked(rule)
+    bridge = addresses.ifname(bridge)
     return ("-d", f"{r.private_ip}/32", "!", "-i", bridge, "-o", bridge, "-p", "tcp", "-m", "tcp",
             "--dport", str(r.guest_port), "-m", "conntrack", "--ctstate", "DNAT",
             "--ctorigdst", f"{r.public_address}/32", "--ctorigdstport", str(r.public_port),

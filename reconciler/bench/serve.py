@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         thread = threading.Thread(target=httpd.serve_forever, daemon=True)
         thread.start()
         try:
-            host, port = str(httpd.server_address[0]), int(httpd.server_address[1])
+            host, port = httpd.socket.getsockname()[:2]
             client = http.client.HTTPConnection(host, port, timeout=3600)
             rng = random.Random(0)  # noqa: S311 - which ids to ask for, not security
             cold = _timed(client, "/api/v1/capacity")

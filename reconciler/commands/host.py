@@ -11,8 +11,9 @@ from host_reconciler import bootstrapcommand as bootstrap_cli
 from host_reconciler import command as host_command
 from host_reconciler import discoverycommand as discovery_cli
 from reconciler import commands
+from reconciler.commands import hosttoken
 
 
 def register(sub: Any) -> None:
-    commands.register_group(sub, "host", "host-side commands: discover, converge, run, bootstrap",
-                            (discovery_cli, host_command, bootstrap_cli))
+    commands.register_group(sub, "host", "host-side commands: discover, converge, run, bootstrap, token",
+                            (discovery_cli, host_command, bootstrap_cli, hosttoken))

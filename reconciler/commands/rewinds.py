@@ -73,7 +73,8 @@ def check(conn: connections.Connection, path: Path, state: DesiredState, *, allo
     how = (f"revision {target[:12]} does not descend from the applied revision {applied[:12]} (it is older, or "
            "on another line of history)")
     if not allow:
-        print("\n".join(found.lines()), file=sys.stderr)
+        if found.lines():
+            print("\n".join(found.lines()), file=sys.stderr)
         raise PermanentError(f"{how}: {found.summary()}; nothing applied. Pass --allow-rewind to apply it anyway",
                              code=CODE)
     print(f"warning: {how}; applying it (--allow-rewind): {found.summary()}", file=sys.stderr)

@@ -144,10 +144,15 @@ def _migrate_when_up(url: str, stop: threading.Event, interval: float, max_faili
 
 
 def run(args: argparse.Namespace) -> int:
-    _check(args)
-    # stdout and no level in text: the lines `gpuaas run` has always printed.
-    with logs.configured(logs.choose(args.log_format), stream="stdout", text="%(asctime)s %(message)s"):
-        return _run(args)
+    try:
+        _check(args)
+        # stdout and no level in text: the lines `gpuaas run` has always printed.
+        with logs.configured(logs.choose(args.log_format), stream="stdout", text="%(asctime)s %(message)s"):
+            return _run(args)
+    except signals.Terminated:
+        # SIGTERM before the loop's own handling was installed (or after it was removed): nothing
+        # was started or is left half-done, so this is the clean stop a supervisor asked for.
+        return 0
 
 
 def _run(args: argparse.Namespace) -> int:

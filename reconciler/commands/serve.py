@@ -1,7 +1,8 @@
-"""`gpuaas serve [--listen HOST:PORT] [--token-file FILE] [--max-reconcile-age S]`: the read API, dashboard, metrics.
+"""`gpuaas serve [--listen HOST:PORT] [--token-file FILE] [--allow-host NAME]...`: the API, dashboard, metrics.
 
-One process that reads the store (read-only transactions, never a write)
-and serves the JSON API under /api/v1, the operator dashboard at /,
+One process that reads the store (read-only transactions) and serves the
+host agents (their plans by watch, their reports and heartbeats as their
+node's identity: /api/v1/agent), the JSON API under /api/v1, the operator dashboard at /,
 Prometheus metrics at /metrics, and /healthz and /readyz. It binds
 127.0.0.1 by default; any other address needs --token-file. SIGTERM and
 SIGINT stop it after the requests in flight. See docs/service.md.
@@ -20,7 +21,7 @@ from schemas import signals
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("serve", help="read-only JSON API, operator dashboard, /metrics, /healthz, /readyz")
+    p = sub.add_parser("serve", help="JSON API, host agents' API, operator dashboard, /metrics, /healthz, /readyz")
     p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (default 127.0.0.1:8080; port 0 picks one)")
     p.add_argument("--token-file", type=Path,
                    help="bearer token every request but /healthz must carry (mode 0600); required off loopback")
@@ -35,6 +36,15 @@ def register(sub: Any) -> None:
     p.add_argument("--capacity-refresh", type=float, default=10.0, metavar="S",
                    help="recompute capacity at most this often when the store changed (default 10)")
     p.add_argument("--policy", help="placement policy override for capacity (default: the Fleet's)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="answer requests for this Host name too (repeatable; loopback names and the listen address "
+                        "are always answered; '*': any, which gives up the DNS-rebinding defence)")
+    p.add_argument("--max-connections", type=int, default=16384, metavar="N",
+                   help="concurrent connections (a waiting agent holds one); more get 503 (default 16384)")
+    p.add_argument("--request-timeout", type=float, default=60.0, metavar="S",
+                   help="total time for one request, slow clients cut (default 60)")
+    p.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
+                   help="time to send a request head once started (default 10)")
     p.add_argument("--log-format", choices=("text", "json"), help="log lines (default $GPUAAS_LOG_FORMAT or text)")
     db.add_database_arguments(p)
     p.set_defaults(func=run)
@@ -47,6 +57,17 @@ def run(args: argparse.Namespace) -> int:
         return _serve(args)
 
 
+def _raise_open_files(connections: int) -> None:
+    """Every connection is a file descriptor: raise the soft limit toward the hard one for --max-connections."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = connections + 256  # the pools, the listener, logs
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+
+
 def _serve(args: argparse.Namespace) -> int:
     from reconciler.service import server
 
@@ -55,7 +76,17 @@ def _serve(args: argparse.Namespace) -> int:
         host=host, port=port, token=server.token_from(args.token_file),
         max_reconcile_age_s=args.max_reconcile_age, failing_grace_s=args.failing_grace,
         head_grace_s=args.unapplied_grace, refresh_s=args.refresh,
-        capacity_refresh_s=args.capacity_refresh, policy=args.policy)
+        capacity_refresh_s=args.capacity_refresh, policy=args.policy, allowed_hosts=tuple(args.allow_host),
+        max_connections=args.max_connections, request_timeout_s=args.request_timeout,
+        header_timeout_s=args.header_timeout)
+    _raise_open_files(settings.max_connections)
+    import gc
+
+    # This process is the server (not a library in someone's): thousands of connections make many young
+    # objects, so collect less often, and never rescan what startup made.
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
     settings.check()  # before the database: a refused bind starts nothing
     httpd = server.make_server(db.database_url(args), settings)
 
@@ -64,7 +95,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         with signals.stop_on(threading.Event(), on_first=shut_down):  # before the line a supervisor waits for
-            print(f"serving on {httpd.url} (read-only; dashboard /, API /api/v1, /metrics, /healthz, /readyz)",
+            print(f"serving on {httpd.url} (dashboard /, API /api/v1, agent API /api/v1/agent, /metrics, /healthz, "
+                  "/readyz)",
                   flush=True)
             httpd.serve_forever(poll_interval=0.5)
     finally:

@@ -50,6 +50,7 @@ def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
         machine_drift = leases.drift(conn)
         removed = views.removed_nodes(conn)
         reachable = endpoints.current(conn)
+        regions = lifecycle.disruption(conn)
     try:
         model = capacity.read_model(state, observed, policy=policy)
     except ValueError as e:
@@ -69,6 +70,7 @@ def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
     }
     # Allocations holding claims whose file was deleted: only `state: released` frees them (as `plan` warns).
     doc["orphaned"] = orphaned
+    doc["disrupted_regions"] = [r for r in regions if r["disrupted"]]
     for a in doc["allocations"]:
         a["orphaned"] = a["id"] in orphaned
         a["endpoints"] = [e.as_dict() for e in reachable.get(a["id"], ())]
@@ -200,6 +202,9 @@ def _warnings(doc: dict[str, Any]) -> list[str]:
     if doc.get("removed_nodes"):
         out.append("  warning: nodes removed from git still hold claims (their allocations run on; release them, "
                    "then remove the node): " + ", ".join(doc["removed_nodes"]))
+    for r in doc.get("disrupted_regions") or ():
+        out.append(f"  region {r['region']} DISRUPTED: {r['silent']} of {r['nodes']} hosts silent at once; none is "
+                   "marked unavailable and nothing moves until they report (control plane or network outage?)")
     if rec.get("invalid_revision"):
         out.append(f"  revision {rec['invalid_revision'][:12]} is invalid (see `gpuaas history`); "
                    "the last valid revision stays in force")

@@ -15,8 +15,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reconciler.service import capacities, reads, telemetries, usages
+from pydantic import BaseModel
+
+from reconciler.service import capacities, models, reads, telemetries, usages
 from reconciler.service.pool import Pool
+from schemas import agentwire
 from schemas.errors import GpuaasError
 
 PREFIX = "/api/v1"
@@ -192,113 +195,112 @@ def handle(ctx: Context, path: str, query: Query) -> Any:
 # ----------------------------------------------------------------- OpenAPI
 
 
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
 def _param(name: str, where: str, description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"name": name, "in": where, "required": where == "path", "description": description,
             "schema": schema or {"type": "string"}}
 
 
-def _get(summary: str, schema: dict[str, Any], *params: dict[str, Any], not_found: bool = False) -> dict[str, Any]:
+SERVE_CODES = ("serve.host_not_allowed", "serve.request_timeout")
+
+
+def _components() -> dict[str, Any]:
+    schemas = models.components()
+    codes = (*CODES, *SERVE_CODES, *agentwire.CODES, "ready.no_schema", "ready.db_unreachable")
+    schemas["ErrorBody"]["properties"]["code"]["enum"] = list(dict.fromkeys(codes))
+    return schemas
+
+
+_ERROR = {"content": {"application/json": {"schema": models.ref(models.Error)}}}
+
+
+def _get(summary: str, model: type[BaseModel], *params: dict[str, Any], not_found: bool = False) -> dict[str, Any]:
     responses: dict[str, Any] = {
-        "200": {"description": "OK", "content": {"application/json": {"schema": schema}}},
-        "400": {"description": BAD_REQUEST, "content": {"application/json": {"schema": _ref("Error")}}},
-        "401": {"description": f"{UNAUTHORIZED}, {TOKEN_INVALID}",
-                "content": {"application/json": {"schema": _ref("Error")}}},
-        "503": {"description": f"{DB_UNAVAILABLE}, {NO_SCHEMA}",
-                "content": {"application/json": {"schema": _ref("Error")}}},
+        "200": {"description": "OK", "content": {"application/json": {"schema": models.ref(model)}}},
+        "400": {"description": BAD_REQUEST, **_ERROR},
+        "401": {"description": f"{UNAUTHORIZED}, {TOKEN_INVALID}", **_ERROR},
+        "421": {"description": "serve.host_not_allowed: a Host this server does not answer for", **_ERROR},
+        "503": {"description": f"{DB_UNAVAILABLE}, {NO_SCHEMA}, serve.request_timeout", **_ERROR},
     }
     if not_found:
-        responses["404"] = {"description": NOT_FOUND, "content": {"application/json": {"schema": _ref("Error")}}}
+        responses["404"] = {"description": NOT_FOUND, **_ERROR}
     return {"get": {"summary": summary, "parameters": list(params), "responses": responses}}
+
+
+def _agent(method: str, summary: str, model: type[BaseModel], *params: dict[str, Any],
+           body: type[BaseModel] | None = None) -> dict[str, Any]:
+    op: dict[str, Any] = {
+        "summary": summary, "security": [{"node_token": []}],
+        "parameters": [_param("node", "path", "this node's name (the token's node)"), *params],
+        "responses": {
+            "200": {"description": "OK", "content": {"application/json": {"schema": models.ref(model)}}},
+            "400": {"description": f"{BAD_REQUEST}, {agentwire.REPORT_INVALID}", **_ERROR},
+            "401": {"description": agentwire.UNAUTHORIZED, **_ERROR},
+            "403": {"description": agentwire.FORBIDDEN, **_ERROR},
+            "503": {"description": DB_UNAVAILABLE, **_ERROR},
+        },
+    }
+    if body is not None:
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": models.ref(body)}}}
+    return {method: op}
 
 
 _LIMIT = _param("limit", "query", "page size", {"type": "integer", "minimum": 1})
 _OFFSET = _param("offset", "query", "items to skip", {"type": "integer", "minimum": 0})
-_OBJ: dict[str, Any] = {"type": "object"}
-_STR_OR_NULL: dict[str, Any] = {"type": ["string", "null"]}
 
 OPENAPI: dict[str, Any] = {
     "openapi": "3.1.0",
-    "info": {"title": "gpuaas read API", "version": "v1",
-             "description": "Read-only view of allocations, capacity, nodes, drift, history and usage. "
+    "info": {"title": "gpuaas API", "version": "v1",
+             "description": "Read-only view of allocations, capacity, nodes, drift, history and usage; "
+                            "the host agents' API under /agent. "
                             "Errors are {\"error\": {\"code\", \"message\"}} with stable codes: " + ", ".join(CODES)},
     "servers": [{"url": PREFIX}],
     "components": {
-        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-        "schemas": {
-            "Error": {"type": "object", "required": ["error"], "properties": {"error": {
-                "type": "object", "required": ["code", "message"],
-                "properties": {"code": {"type": "string", "enum": list(CODES)}, "message": {"type": "string"}}}}},
-            "Allocation": {"type": "object", "required": ["id", "tenant", "state", "region", "sku", "gpu_count"],
-                           "properties": {
-                "id": {"type": "string"}, "tenant": {"type": "string"},
-                "state": {"type": "string", "enum": list(reads.ALLOCATION_STATES)},
-                "desired_state": {"type": "string", "enum": ["present", "released"]},
-                "region": {"type": "string"}, "sku": {"type": "string"}, "gpu_count": {"type": "integer"},
-                "node": _STR_OR_NULL, "slot_indexes": {"type": "array", "items": {"type": "integer"}},
-                "vm_profile": _STR_OR_NULL, "image": _STR_OR_NULL,
-                "pending": {"type": ["object", "null"], "properties": {
-                    "code": {"type": "string"}, "message": {"type": "string"}, "since": _STR_OR_NULL}},
-                "boot_slot": {"type": ["object", "null"], "properties": {
-                    "slot_index": {"type": "integer"}, "mac_address": {"type": "string"},
-                    "private_ip": {"type": "string"}}},
-                "host": {"type": ["object", "null"], "properties": {
-                    "vm_state": _STR_OR_NULL, "phase": _STR_OR_NULL, "reported_at": _STR_OR_NULL}},
-                "lifecycle": {"type": ["object", "null"], "properties": {
-                    "state": {"type": "string", "enum": ["pending", "reserved", "provisioning", "ready",
-                                                         "releasing", "cleanup", "released", "failed"]},
-                    "host_phase": _STR_OR_NULL, "boot_ip": _STR_OR_NULL, "host_unreachable": {"type": "boolean"},
-                    "failed_attempts": {"type": "integer"},
-                    "failure": {"type": ["object", "null"], "properties": {
-                        "code": {"type": "string"}, "message": {"type": "string"}}},
-                    "attempts": {"type": "array", "items": _OBJ}}},
-                "claims": {"type": "array", "items": _OBJ},
-                "requested_at": _STR_OR_NULL, "placed_at": _STR_OR_NULL, "active_at": _STR_OR_NULL,
-                "release_requested_at": _STR_OR_NULL, "released_at": _STR_OR_NULL,
-                "state_changed_at": _STR_OR_NULL}},
-            "Page": {"type": "object", "required": ["total", "items"], "properties": {
-                "total": {"type": "integer"}, "offset": {"type": "integer"}, "limit": {"type": "integer"},
-                "items": {"type": "array", "items": _OBJ}}},
-        },
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
+                            "node_token": {"type": "http", "scheme": "bearer",
+                                           "description": "a node token (gpuaas host token issue NODE)"}},
+        "schemas": _components(),
     },
     "security": [{"bearer": []}, {}],
     "paths": {
-        "/allocations": _get("Allocations, oldest request first", _ref("Page"),
+        "/allocations": _get("Allocations, oldest request first", models.AllocationPage,
                              _param("tenant", "query", "only this tenant"),
                              _param("state", "query", "only this state",
                                     {"type": "string", "enum": list(reads.ALLOCATION_STATES)}),
                              _param("node", "query", "only allocations placed on this node"), _LIMIT, _OFFSET),
         "/allocations/{id}": _get("One allocation: state and pending reason, placement, boot slot MAC and IP, "
-                                  "host phase, claims, timestamps", _ref("Allocation"),
+                                  "host phase, claims, timestamps", models.Allocation,
                                   _param("id", "path", "allocation id"), not_found=True),
         "/allocations/{id}/telemetry": _get(
             "The guest's newest GPU telemetry (utilisation, memory, temperature, ECC), or state unavailable "
-            "with the reason; a field the guest could not read is null, never 0", {"type": "object", "properties": {
-                "allocation_id": {"type": "string"}, "allocation_state": {"type": "string"},
-                "state": {"type": "string", "enum": ["available", "unavailable"]}, "reason": _STR_OR_NULL,
-                "node": _STR_OR_NULL, "received_at": _STR_OR_NULL, "age_s": {"type": ["number", "null"]},
-                "gpus": {"type": "array", "items": _OBJ}}},
+            "with the reason; a field the guest could not read is null, never 0", models.Telemetry,
             _param("id", "path", "allocation id"), not_found=True),
         "/capacity": _get("Launchable capacity per region x SKU x GPU count (the numbers of `gpuaas status`)",
-                          {"type": "object", "properties": {
-                              "revision": _STR_OR_NULL, "as_of": {"type": "string"}, "stale": {"type": "boolean"},
-                              "computed_in_s": {"type": "number"}, "capacity": {"type": "array", "items": _OBJ}}},
+                          models.Capacity,
                           _param("region", "query", "only this region"), _param("sku", "query", "only this SKU")),
-        "/nodes": _get("Nodes with slots by state", _ref("Page"), _param("region", "query", "only this region"),
+        "/nodes": _get("Nodes with slots by state", models.NodePage, _param("region", "query", "only this region"),
                        _param("state", "query", "only nodes with a slot in this state",
                               {"type": "string", "enum": list(reads.SLOT_STATES)}), _LIMIT, _OFFSET),
-        "/nodes/{name}": _get("One node: slots with state, claims and drift; its host report", _OBJ,
+        "/nodes/{name}": _get("One node: slots with state, claims and drift; its host report", models.Node,
                               _param("name", "path", "node name"), not_found=True),
-        "/drift": _get("Drift findings the hosts reported, and invalid reports", _OBJ,
+        "/drift": _get("Drift findings the hosts reported, and invalid reports", models.Drift,
                        _param("node", "query", "only this node")),
-        "/history": _get("Recent reconciliations, newest first", _OBJ, _LIMIT),
-        "/usage": _get("GPU-hours and amounts per allocation and tenant, prorated to the window", _OBJ,
+        "/history": _get("Recent reconciliations, newest first", models.History, _LIMIT),
+        "/usage": _get("GPU-hours and amounts per allocation and tenant, prorated to the window", models.Usage,
                        _param("from", "query", "start (YYYY-MM-DD or ISO 8601; default: this month)"),
                        _param("to", "query", "end, exclusive (default: now)"),
                        _param("tenant", "query", "only this tenant")),
-        "/openapi.json": _get("This document", _OBJ),
+        "/openapi.json": _get("This document", models.OpenApiDocument),
+        "/agent/nodes/{node}/plan": _agent(
+            "get", "This node's plan; with `after`, a watch: answers when the generation differs from `after`, or "
+                   "after `wait` seconds with changed=false", agentwire.PlanAnswer,
+            _param("after", "query", "the generation the agent holds", {"type": "integer", "minimum": 0}),
+            _param("wait", "query", f"seconds to wait for a change (at most {agentwire.MAX_WAIT_S:g})",
+                   {"type": "number", "minimum": 0, "maximum": agentwire.MAX_WAIT_S})),
+        "/agent/nodes/{node}/heartbeat": _agent("post", "The agent is alive (written in batches)",
+                                                agentwire.HeartbeatAnswer),
+        "/agent/nodes/{node}/reports/status": _agent(
+            "post", "The node's status after a pass (slots, VMs, drift, errors, image cache, guest readiness); "
+                    "a report older than the stored one is ignored (written=false)", agentwire.ReportAnswer,
+            body=agentwire.StatusReport),
     },
 }

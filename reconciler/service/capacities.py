@@ -79,6 +79,9 @@ def status_document(conn: Connection, *, policy: str | None = None) -> dict[str,
                     "revision": health.failing_revision, "code": health.failing_code,
                     "message": health.failing_message} if health.failing else None,
         "invalid_revision": health.invalid_revision,
+        "head": None if health.head is None else {
+            "revision": health.head.revision, "applied": health.head.applied, "since": health.head.since,
+            "code": health.head.code, "message": health.head.message},
     }
     status_command.add_removed(doc, views.removed_nodes(conn))  # nodes removed from git that hold claims
     return doc

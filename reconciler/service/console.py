@@ -152,7 +152,10 @@ class ConsoleGateway:
                 if not data:
                     return "closed:console ended"
                 counts["out"] += len(data)
-                await websocket.send_bytes(data)
+                try:
+                    await websocket.send_bytes(data)
+                except (WebSocketDisconnect, OSError, RuntimeError):
+                    return "closed:client left"  # it went away while the console was printing
 
         async def to_console() -> str:
             while True:

@@ -64,9 +64,10 @@ class Dashboard:
             page = max(1, int(_one(query, "page") or 1))
         except ValueError:
             raise api.ApiError(400, api.BAD_REQUEST, "page must be an integer") from None
-        from reconciler.store import history
+        from reconciler.store import history, lifecycle
 
         with self._ctx.pool.reading() as conn:
+            disrupted = [r for r in lifecycle.disruption(conn) if r["disrupted"]]
             summary = reads.fleet_summary(conn)
             overview = reads.regions(conn)
             grid = reads.nodes(conn, region=region, state=state, limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE)
@@ -87,7 +88,7 @@ class Dashboard:
             "fleet.html", summary=summary, overview=overview, grid=grid, width=width, page=page, pages=pages,
             region=region, state=state, link=link, pending=pending, drift=drift, drift_shown=drift["findings"][:100],
             recent=recent, health=health, capacity=capacity, capacity_error=capacity_error,
-            slot_states=reads.SLOT_STATES)
+            slot_states=reads.SLOT_STATES, disrupted=disrupted)
 
     def node(self, name: str) -> str:
         with self._ctx.pool.reading() as conn:

@@ -102,7 +102,11 @@ class StoreCollector(Collector):
                                 value=len(summary["invalid_drift_reports"]))
         yield _gauge("gpuaas_nodes_liveness", "Present nodes by host liveness (unavailable: silent past the TTL;"
                      " unknown: never reported)", ["state"],
-                     {(k,): cycle["nodes_by_liveness"].get(k, 0) for k in ("live", "unavailable", "unknown")})
+                     {(k,): cycle["nodes_by_liveness"].get(k, 0)
+                      for k in ("live", "unavailable", "disrupted", "unknown")})
+        yield _gauge("gpuaas_region_disrupted", "1 while a region is disrupted: most of its hosts went silent together,"
+                     " so none of them is marked unavailable (the zone-disruption rule)", ["region"],
+                     {(r["region"],): int(r["disrupted"]) for r in cycle.get("regions", ())})
         yield GaugeMetricFamily("gpuaas_allocations_host_unreachable",
                                 "Placed allocations whose host is silent past the TTL (never released for it)",
                                 value=cycle["allocations_host_unreachable"])

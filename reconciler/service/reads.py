@@ -278,16 +278,21 @@ def pending(conn: Connection, limit: int = 200) -> list[dict[str, Any]]:
 
 def nodes(conn: Connection, *, region: str | None = None, state: str | None = None, limit: int = 1000,
           offset: int = 0) -> dict[str, Any]:
-    """Present nodes with their slots by display state (page by page); `state`: nodes with such a slot."""
+    """Present nodes with their slots by display state (page by page); `state`: nodes with such a slot.
+
+    A node removed from git that still holds live claims is listed too (`removed`): its tenants run on.
+    """
     state_sql = f"CASE WHEN d.node_name IS NOT NULL THEN 'drift' ELSE {_SLOT_STATE_SQL} END"
     rows = _rows(conn, f"""
         WITH drifted AS (SELECT DISTINCT node_name, slot_index FROM ({_DRIFT_ENTRIES_SQL}) d
                          WHERE slot_index IS NOT NULL),
         picked AS (
             SELECT n.id, n.name, n.region, n.pool, n.admin_state, n.capability, n.org, n.baremetal_sku,
-                   count(*) OVER () AS total
+                   n.present, count(*) OVER () AS total
             FROM nodes n
-            WHERE n.present AND (%(region)s::text IS NULL OR n.region = %(region)s)
+            WHERE (n.present OR EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE c.node_id = n.id
+                                        AND c.status IN ('reserved', 'provisioning', 'active', 'releasing')))
+              AND (%(region)s::text IS NULL OR n.region = %(region)s)
               AND (%(state)s::text IS NULL OR EXISTS (
                    SELECT 1 FROM node_resource_slots s
                    LEFT JOIN drifted d ON d.node_name = n.name AND d.slot_index = s.slot_index
@@ -320,6 +325,7 @@ def nodes(conn: Connection, *, region: str | None = None, state: str | None = No
             "capability": r["capability"], "org": r["org"], "baremetal_sku": r["baremetal_sku"],
             "healthy": r["healthy"], "reported_at": iso(r["reported_at"]), "leased": bool(r["leases"]),
             "allocations": int(r["allocations"]), "slots_by_state": by_state, "slots": slots,
+            "removed": not r["present"],
         })
     return {"total": total, "offset": offset, "limit": limit, "items": items}
 
@@ -491,7 +497,7 @@ def step_errors(raw: Any) -> tuple[list[dict[str, Any]], bool]:
 def _missing(e: Any) -> list[str]:
     if not isinstance(e, dict):
         return ["an object"]
-    bad = [k for k in _STEP_ERROR_TEXT if not (isinstance(e.get(k), str) and e[k])]
+    bad = [k for k in _STEP_ERROR_TEXT if not isinstance(e.get(k), str) or (k == "code" and not e[k])]
     if "allocation_id" not in e or not (e["allocation_id"] is None or isinstance(e["allocation_id"], str)):
         bad.append("allocation_id")
     return bad

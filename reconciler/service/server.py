@@ -1,14 +1,21 @@
-"""The HTTP side of `gpuaas serve`: listening, bearer tokens, health, and dispatch to API, dashboard, metrics.
+"""The HTTP side of `gpuaas serve`: listening, limits, bearer tokens, health, and dispatch to API, dashboard, metrics.
 
-stdlib `http.server.ThreadingHTTPServer` (one thread per connection): every
-page is a few read-only queries, so a framework would add nothing but
-weight. Rules kept here:
+An ASGI application (asgi.py, Starlette) under uvicorn: one event loop holds
+thousands of connections (a waiting agent watch costs a future, not a
+thread); the read-only pages run their synchronous queries in worker threads
+from a `psycopg_pool` pool. Rules kept here:
 
 - it binds 127.0.0.1 unless told otherwise, and a non-loopback bind needs a
-  token file; with a token every request but /healthz needs
-  `Authorization: Bearer <token>` (compared in constant time);
+  token file; with a token every request but /healthz and the agent API
+  (which has node tokens of its own) needs `Authorization: Bearer <token>`
+  (compared in constant time);
 - a token file readable (or writable) by group or others is refused, as ssh
   refuses such a key;
+- it answers only for the host names it serves (`--allow-host`, loopback
+  names and the listen address by default): DNS rebinding gets 421;
+- at most `--max-connections` connections (more get 503), at most
+  `--request-timeout` seconds per request, and a client that has not sent
+  its request head within `--header-timeout` seconds is cut (slowloris);
 - /healthz says the process is alive (no database); /readyz says the
   database is reachable, the schema is there, the newest reconciliation is
   recent enough (when --max-reconcile-age is set) and reconciliation is not
@@ -19,6 +26,8 @@ weight. Rules kept here:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import hmac
 import ipaddress
@@ -27,19 +36,22 @@ import logging
 import os
 import socket
 import stat
-import time
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from reconciler.service import api, capacities, dashboard, metrics, readiness
+from reconciler.service import api, asgi, capacities, dashboard, metrics, readiness
 from reconciler.service.pool import Pool
 from schemas.errors import GpuaasError, PermanentError, TemporaryError, UsageError
+
+if TYPE_CHECKING:
+    from reconciler.service import agents
 
 log = logging.getLogger("gpuaas.serve")
 
@@ -118,6 +130,16 @@ class Settings:
     capacity_wait_s: float = 2.0
     policy: str | None = None
     pool_size: int = 8
+    allowed_hosts: tuple[str, ...] = ()  # besides loopback names and the listen address; "*": any
+    max_connections: int = 16384
+    request_timeout_s: float = 60.0
+    header_timeout_s: float = 10.0
+    agent_pool_size: int = 6
+
+    def hosts(self) -> tuple[str, ...]:
+        """The Host names answered: loopback names, the listen address (unless a wildcard), --allow-host."""
+        own = () if self.host in ("0.0.0.0", "::", "") else (self.host,)  # noqa: S104 - comparing, not binding
+        return (*asgi.LOOPBACK_NAMES, *own, *self.allowed_hosts)
 
     def check(self) -> None:
         if not is_loopback(self.host) and self.token is None:
@@ -145,7 +167,9 @@ class Service:
     """Everything a request needs; `respond` is the whole server minus sockets (tests call it directly too)."""
 
     def __init__(self, url: str, settings: Settings) -> None:
+        self.url = url
         self.settings = settings
+        self.gateway: agents.Gateway | None = None  # set by HTTPServer: the agent API's state, for metrics
         self.pool = Pool(url, size=settings.pool_size)
         self.capacity = capacities.Cache(self.pool, policy=settings.policy, refresh_s=settings.capacity_refresh_s,
                                          wait_s=settings.capacity_wait_s)
@@ -279,55 +303,113 @@ def _not_ready(checks: dict[str, Any], code: str, message: str) -> dict[str, Any
 # --------------------------------------------------------------------- HTTP
 
 
-class Handler(BaseHTTPRequestHandler):
-    server: HTTPServer
-    protocol_version = "HTTP/1.1"
-    timeout = 30  # an idle keep-alive connection gives its thread back
-    disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed-ACK stall between them
-    server_version = "gpuaas-serve"
-    sys_version = ""
+def _protocol_with_header_deadline(seconds: float) -> type[Any]:
+    """uvicorn's HTTP protocol, plus: a request head not complete within `seconds` of its first byte is cut.
 
-    def _serve(self) -> None:
-        t0 = time.perf_counter()
-        resp = self.server.service.respond(self.command, self.path,
-                                           {"Authorization": self.headers.get("Authorization") or ""})
-        self.send_response(resp.status)
-        self.send_header("Content-Type", resp.content_type)
-        self.send_header("Content-Length", str(len(resp.body)))
-        self.send_header("Cache-Control", "no-store")
-        self.send_header("X-Content-Type-Options", "nosniff")
-        for name, value in resp.headers:
-            self.send_header(name, value)
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(resp.body)
-        log.info("%s %s %d %.1fms", self.command, self.path.split("?", 1)[0], resp.status,
-                 (time.perf_counter() - t0) * 1000,
-                 extra={"event": "request", "method": self.command, "path": self.path.split("?", 1)[0],
-                        "status": resp.status, "ms": round((time.perf_counter() - t0) * 1000, 1)})
+    uvicorn times out idle keep-alive connections but not a client that
+    sends its head one byte at a time; the per-request `Deadline` (asgi.py)
+    starts only once the head is in.
+    """
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Base
+    except ImportError:  # httptools not installed: the pure-Python parser
+        from uvicorn.protocols.http.h11_impl import H11Protocol as Base  # type: ignore[assignment]
 
-    do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _serve
+    class Protocol(Base):
+        _head_timer: asyncio.TimerHandle | None = None
 
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug(format, *args)
+        def data_received(self, data: bytes) -> None:
+            if self._head_timer is None and seconds > 0:
+                self._arm(self.cycle)
+            super().data_received(data)
+
+        def _arm(self, cycle: Any) -> None:
+            def fire() -> None:
+                self._head_timer = None
+                if self.cycle is cycle and not self.transport.is_closing():  # no new request began meanwhile
+                    self.transport.close()
+
+            self._head_timer = self.loop.call_later(seconds, fire)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+            super().connection_lost(exc)
+
+    return Protocol
 
 
-class HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 128
+class _Uvicorn(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # `gpuaas serve` handles SIGTERM/SIGINT itself (schemas/signals.py)
 
-    def __init__(self, address: tuple[str, int], service: Service) -> None:
+
+class HTTPServer:
+    """A bound socket and the uvicorn server that serves `service` on it (the caller runs `serve_forever`)."""
+
+    def __init__(self, sock: socket.socket, service: Service, settings: Settings) -> None:
+        from reconciler.service import agents
+
         self.service = service
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
-        super().__init__(address, Handler)
+        self.socket = sock
+        self.gateway = agents.Gateway(service.url, pool_size=settings.agent_pool_size)
+        service.gateway = self.gateway
+        service.registry.register(agents.GatewayCollector(self.gateway))
+        app = asgi.build(service, self.gateway, allowed_hosts=settings.hosts(),
+                         request_timeout_s=settings.request_timeout_s)
+        config = uvicorn.Config(app, http=_protocol_with_header_deadline(settings.header_timeout_s),
+                                loop="auto", lifespan="on", access_log=False, log_config=None, server_header=False,
+                                date_header=False, limit_concurrency=settings.max_connections,
+                                timeout_keep_alive=30, timeout_graceful_shutdown=5, backlog=4096)
+        self._server = _Uvicorn(config)
+        self._done = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def url(self) -> str:
-        raw, port = self.server_address[0], self.server_address[1]
-        host = raw.decode() if isinstance(raw, bytes | bytearray) else str(raw)
+        host, port = self.socket.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         return f"http://{shown}:{port}"
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        try:
+            asyncio.run(self._serve())
+        finally:
+            self._done.set()
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        await self._server.serve(sockets=[self.socket])
+        if self._server.started is False and not self._server.should_exit:
+            raise ServeError("the server did not start (see the log)", code="serve.start_failed")
+
+    def shutdown(self) -> None:
+        """Stop serving and wait until the requests in flight are done (waiting watches are answered now)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self.gateway.closing)
+        self._server.should_exit = True
+        self._done.wait(30)
+
+    def server_close(self) -> None:
+        self.socket.close()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(4096)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
 
 
 def make_server(url: str, settings: Settings) -> HTTPServer:
@@ -335,13 +417,13 @@ def make_server(url: str, settings: Settings) -> HTTPServer:
     settings.check()
     service = Service(url, settings)
     try:
-        server = HTTPServer((settings.host, settings.port), service)
+        sock = _bind(settings.host, settings.port)
     except OSError as e:
         service.close()
         raise ServeError(f"cannot listen on {settings.host}:{settings.port}: {e.strerror or e}",
                          code="serve.listen_failed") from e
     service.capacity.warm()
-    return server
+    return HTTPServer(sock, service, settings)
 
 
 def token_from(path: str | os.PathLike[str] | None) -> str | None:

@@ -106,6 +106,14 @@ CHECKS: tuple[Check, ...] = (
              AND NOT EXISTS (SELECT 1 FROM retired_claims r WHERE r.claim_id = c.id)
         WHERE a.capacity_shape = 'gpu_slice' AND a.status IN ('reserved', 'provisioning', 'active')
         GROUP BY a.id HAVING count(c.id) <> a.gpu_count"""),
+    Check("endpoint_without_claim", "live public endpoint(s) of an allocation with no live claim on that node", """
+        SELECT e.allocation_id || ' ' || host(e.public_address) || ':' || e.public_port FROM allocation_endpoints e
+        WHERE e.freed_at IS NULL AND NOT EXISTS (
+            SELECT 1 FROM allocation_resource_claims c WHERE c.allocation_id = e.allocation_id
+            AND c.node_id = e.node_id AND c.status IN ('reserved', 'provisioning', 'active', 'releasing'))"""),
+    Check("shared_endpoint_port", "public address:port(s) held by more than one live endpoint", """
+        SELECT host(public_address) || ':' || public_port FROM allocation_endpoints WHERE freed_at IS NULL
+        GROUP BY public_address, public_port HAVING count(*) > 1"""),
 )
 
 DOUBLE_CLAIM_CHECKS = ("double_claims", "exclusive_overlap")

@@ -137,7 +137,10 @@ def health(conn: Connection) -> Health:
             "        (SELECT min(started_at) FROM reconciliations r"
             "         WHERE r.id > coalesce((SELECT id FROM ok), 0)"
             "           AND r.revision IS DISTINCT FROM (SELECT revision FROM ok)),"
-            "        top.errors -> 0 ->> 'code', top.errors -> 0 ->> 'message'"
+            "        top.errors -> 0 ->> 'code',"
+            # FILE:LINE first when the problem has one (an invalid commit): what to open and fix
+            "        concat_ws(': ', CASE WHEN top.errors -> 0 ? 'file' THEN concat(top.errors -> 0 ->> 'file',"
+            "                        ':' || (top.errors -> 0 ->> 'line')) END, top.errors -> 0 ->> 'message')"
             " FROM top", (list(revisions.REFUSAL_COUNTS),)).fetchone()
     if row is None:  # pragma: no cover - one row always
         raise dberrors.DatabaseError("reconciliation health returned nothing")

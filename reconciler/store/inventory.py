@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import weakref
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -110,15 +110,23 @@ class Memory:
         self.full_syncs += 1
 
 
-def sync(conn: Connection, state: DesiredState, *, memory: Memory | None = None) -> SyncResult:
+# Sees the changes so far (SKUs, images, nodes, slots) and the allocations about to be compared (None: all),
+# before their rows are written; what it raises rolls the whole sync back.
+Guard = Callable[[Sequence[RowChange], set[str] | None], None]
+
+
+def sync(conn: Connection, state: DesiredState, *, memory: Memory | None = None,
+         guard: Guard | None = None) -> SyncResult:
     """Project `state` into the inventory tables in one transaction.
 
     With `memory` (kept by the watch loop across revisions), documents that
     did not change since its last sync are neither turned into rows nor
-    compared; the result is the same as a sync without it.
+    compared; the result is the same as a sync without it. `guard` (`Guard`)
+    runs before the allocation rows are written; what it raises rolls the
+    whole sync back.
     """
     try:
-        return _sync(conn, state, memory)
+        return _sync(conn, state, memory, guard)
     except BaseException:
         if memory is not None:  # what it holds may never have been committed
             memory.generation = None
@@ -126,7 +134,7 @@ def sync(conn: Connection, state: DesiredState, *, memory: Memory | None = None)
         raise
 
 
-def _sync(conn: Connection, state: DesiredState, memory: Memory | None) -> SyncResult:
+def _sync(conn: Connection, state: DesiredState, memory: Memory | None, guard: Guard | None) -> SyncResult:
     digest = inventoryrows.content_hash(state, memory)
     revision = inventoryrows.revision_key(state, digest)
     changes: list[RowChange] = []
@@ -170,6 +178,8 @@ def _sync(conn: Connection, state: DesiredState, memory: Memory | None) -> SyncR
                                label=lambda key: f"{names.get(key[0], key[0])}:{key[1]}", memory=mem(SLOTS),
                                trust=trust, kept=kept, maybe_gone=maybe_gone)
         _slot_statuses(conn)
+        if guard is not None:
+            guard(changes, work.names("Allocation"))  # the stored allocation rows are still the old ones
         changes += _sync_table(conn, ALLOCATIONS, [((a.id,), (a,), partial(inventoryrows.allocation_row, a))
                                                    for a in work.docs("Allocation")],
                                revision, memory=mem(ALLOCATIONS), trust=trust, maybe_gone=work.gone("Allocation"))

@@ -69,7 +69,7 @@ class Rescheduled:
 @dataclass(frozen=True, slots=True)
 class Liveness:
     node: str
-    liveness: str  # live | unavailable | unknown (never reported)
+    liveness: str  # live | unavailable | disrupted (silent in a disrupted region: not marked) | unknown
     reported_at: dt.datetime | None
     silent_s: float | None
     ttl_s: int
@@ -227,6 +227,13 @@ def _finding(d: dict[str, Any]) -> dict[str, Any]:
     return {"code": str(d.get("code", ""))[:128], "message": str(d.get("message", ""))[:4096], "evidence": evidence}
 
 
+def disruption(conn: Connection) -> list[dict[str, Any]]:
+    """Each region's silence (migration 0061): a disrupted region's silent nodes are not marked unavailable."""
+    with dberrors.wrapped("read region disruption"):
+        rows = conn.execute("SELECT region, nodes, silent, disrupted FROM region_disruption ORDER BY region").fetchall()
+    return [{"region": r[0], "nodes": int(r[1]), "silent": int(r[2]), "disrupted": bool(r[3])} for r in rows]
+
+
 def summary(conn: Connection) -> dict[str, Any]:
     """Counts for /metrics: nodes by liveness, allocations flagged host_unreachable, quarantined slots, attempts."""
     with dberrors.wrapped("read lifecycle counts"):
@@ -238,6 +245,7 @@ def summary(conn: Connection) -> dict[str, Any]:
             conn.execute("SELECT outcome, count(*) FROM allocation_attempts GROUP BY 1").fetchall())
     return {
         "nodes_by_liveness": {str(k): int(v) for k, v in live.items()},
+        "regions": disruption(conn),
         "allocations_host_unreachable": int(unreachable[0]) if unreachable else 0,
         "slots_quarantined": int(quarantined[0]) if quarantined else 0,
         "failed_attempts": {str(k): int(v) for k, v in attempts.items()},

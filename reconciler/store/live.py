@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -136,21 +137,25 @@ def free_slots(conn: Connection) -> dict[str, list[int]]:
     return {str(name): [int(i) for i in idx] for name, idx in rows}
 
 
-def held(conn: Connection) -> dict[str, immutables.Held]:
-    """The sale of every allocation that holds live claims, as the store placed it (`policies.immutables`).
+def held(conn: Connection, *, ids: Iterable[str] | None = None,
+         skus: Iterable[str] = ()) -> dict[str, immutables.Held]:
+    """The sale of allocations that hold live claims, as the store placed it (`policies.immutables`).
 
-    A failed attempt's retired claims do not count: that allocation is
-    pending again and may still be edited. The capacity shape is the one the
-    allocation was placed as (its claim kind when the row has none).
+    `ids` / `skus`: only those allocations, and those of these SKUs (None:
+    every one). A failed attempt's retired claims do not count: that
+    allocation is pending again and may still be edited. The capacity shape
+    is the one it was placed as (its claim kind when the row has none).
     """
     with dberrors.wrapped("read held allocations"):
         rows = conn.execute(
             "SELECT a.id, a.tenant, a.sku, a.region, a.gpu_count, a.image, a.vm_profile,"
-            " coalesce(a.capacity_shape, CASE WHEN bool_or(c.claim_kind = 'node_exclusive') THEN 'baremetal'"
-            "                                 ELSE 'gpu_slice' END)"
-            " FROM allocations a JOIN allocation_resource_claims c ON c.allocation_id = a.id"
-            " WHERE c.status = ANY(%s)"
-            " AND NOT EXISTS (SELECT 1 FROM retired_claims rc WHERE rc.claim_id = c.id)"
-            " GROUP BY a.id ORDER BY a.id", (list(_LIVE),)).fetchall()
+            " coalesce(a.capacity_shape, (SELECT CASE WHEN bool_or(c.claim_kind = 'node_exclusive')"
+            "     THEN 'baremetal' ELSE 'gpu_slice' END FROM allocation_resource_claims c"
+            "     WHERE c.allocation_id = a.id))"
+            " FROM allocations a WHERE EXISTS (SELECT 1 FROM allocation_resource_claims c"
+            "     WHERE c.allocation_id = a.id AND c.status = ANY(%(live)s)"
+            "     AND NOT EXISTS (SELECT 1 FROM retired_claims rc WHERE rc.claim_id = c.id))"
+            " AND (%(all)s OR a.id = ANY(%(ids)s) OR a.sku = ANY(%(skus)s)) ORDER BY a.id",
+            {"live": list(_LIVE), "all": ids is None, "ids": sorted(ids or ()), "skus": sorted(skus)}).fetchall()
     return {str(r[0]): immutables.Held(str(r[1]), str(r[2]), str(r[3]), int(r[4]), r[5], r[6], r[7])
             for r in rows}

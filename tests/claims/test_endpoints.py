@@ -13,7 +13,7 @@ import pytest
 from desired import models as m
 from desired.loading import DesiredState
 from reconciler.plans import Release
-from reconciler.store import claims, cleanup, endpoints, hostplans, inventory
+from reconciler.store import checks, claims, cleanup, endpoints, hostplans, inventory
 from reconciler.store.connections import Connection
 from tests.claims import util
 from tests.claims.conftest import small_fleet
@@ -115,3 +115,15 @@ def test_the_port_is_freed_only_after_cleanup_proof(conn: Connection, ingress_fl
     assert freed is not None and freed[0] == 1
     assert claims.place(conn, slice_placement("alloc-0000002", "node-00000", (3,))).placed
     assert _live(conn) == [("alloc-0000002", ADDR, 20000, 22)]  # the freed port serves again
+    assert checks.run(conn) == []
+
+
+def test_the_invariant_check_sees_an_endpoint_left_without_its_claim(conn: Connection,
+                                                                      ingress_fleet: DesiredState) -> None:
+    assert claims.place(conn, slice_placement("alloc-0000000", "node-00000", (3,))).placed
+    assert checks.run(conn) == []
+    conn.execute("INSERT INTO allocation_endpoints (allocation_id, node_id, public_address, public_port, guest_port,"
+                 " private_ip) SELECT 'alloc-0000003', id, %s, 20001, 22, '10.100.0.99' FROM nodes"
+                 " WHERE name = 'node-00000'", (ADDR,))
+    (found,) = checks.run(conn)
+    assert found.name == "endpoint_without_claim" and found.sample == (f"alloc-0000003 {ADDR}:20001",)

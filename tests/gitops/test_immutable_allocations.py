@@ -125,6 +125,14 @@ def test_the_loop_refuses_it_once_and_keeps_the_last_valid_revision(
         assert problems[0][0]["file"] == "allocations/alloc-r1.yaml"
         assert len(claims(conn, "alloc-r1")) == 2
         assert conn.execute("SELECT gpu_count FROM allocations WHERE id = 'alloc-r1'").fetchone() == (2,)
+        # the fix is the documented resize: the next commit releases it and requests 4 GPUs anew
+        fleet_repo.edit("allocations/alloc-r1.yaml", "gpu_count: 4", "gpu_count: 2")
+        fleet_repo.commit("alloc-r1: back to 2")
+        fleet_repo.release("alloc-r1")
+        fleet_repo.request("alloc-r2", 4)
+        event = run.step()
+        assert event is not None and event.kind == "applied", event
+        assert len(claims(conn, "alloc-r2")) == 4
     finally:
         run.loop.close()
         run.loop.source.close()
@@ -144,3 +152,18 @@ def test_plan_refuses_the_edit_head_against_base(
     assert "plan.invalid" in err
     rc, out, _ = _cli(capsys, "plan", str(fleet_repo.root), "--offline", "--base", base, "--head", head, "--no-cache")
     assert rc == 1 and re.search(rf"allocations/alloc-r1\.yaml:\d+:\d+: {CODE}: gpu_count", out), out
+
+
+def test_nothing_of_a_refused_commit_is_written(
+        fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]) -> None:
+    """Other changes in the same commit (a drain, a new request) stay unwritten: one transaction rolled back."""
+    _placed(fleet_repo, db_url, capsys, conn)
+    generation = conn.execute("SELECT generation FROM inventory_generation").fetchone()
+    fleet_repo.edit("nodes/h200-use1-s02.yaml", "admin_state: active", "admin_state: draining")
+    fleet_repo.edit("allocations/alloc-r1.yaml", "gpu_count: 2", "gpu_count: 4")
+    fleet_repo.commit("drain s02, grow alloc-r1")
+    fleet_repo.request("alloc-r3", 1)
+    assert _cli(capsys, "apply", str(fleet_repo.root), "--db-url", db_url)[0] == 1
+    assert conn.execute("SELECT admin_state FROM nodes WHERE name = 'h200-use1-s02'").fetchone() == ("active",)
+    assert conn.execute("SELECT count(*) FROM allocations WHERE id = 'alloc-r3'").fetchone() == (0,)
+    assert conn.execute("SELECT generation FROM inventory_generation").fetchone() == generation

@@ -142,9 +142,9 @@ def test_run_waits_for_the_database_at_start_up_then_applies(
         _wait_for_line(proc, "waiting for the database")
         _wait_for_line(proc, "waiting for the database")  # it keeps trying, it does not exit
         os.symlink(real_dir / f".s.PGSQL.{port}", later / f".s.PGSQL.{port}")  # the database comes up
-        _wait_for_line(proc, "applied", timeout=30)
+        _wait_for_line(proc, "applied", timeout=60)
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=20)
+        out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -152,17 +152,33 @@ def test_run_waits_for_the_database_at_start_up_then_applies(
     assert proc.returncode == 0 and "Traceback" not in out
 
 
-@pytest.mark.parametrize("delay", [0.2, 0.5, 0.9])  # from when the interpreter is up
+def _catches_sigterm(pid: int) -> bool:
+    """Has the process installed a SIGTERM handler yet (gpuaas's own, not the default action)?"""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next(int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(caught & (1 << (signal.SIGTERM - 1)))
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.2, 0.5, 0.9])  # from when gpuaas handles SIGTERM
 def test_sigterm_during_start_up_is_a_clean_exit(fleet_repo: Repo, tmp_path: Path, delay: float) -> None:
+    """Load-proof: the signal goes out only once the process handles SIGTERM (a fixed sleep from the
+    spawn landed in the interpreter's own start-up at load 10, before any handler: killed, not exited);
+    the bound is loose (a hang is what fails it; at load 10 an exit alone takes over a second)."""
     nowhere = f"postgresql://gpuaas@/gpuaas?host={quote(str(tmp_path), safe='')}&port=5"
     proc = subprocess.Popen(_gpuaas("run", str(fleet_repo.root), "--db-url", nowhere),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while not _catches_sigterm(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
     time.sleep(delay)
     proc.send_signal(signal.SIGTERM)
     t0 = time.monotonic()
-    out, _ = proc.communicate(timeout=20)
+    out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
-    assert time.monotonic() - t0 < 1.5, out  # honoured within about a second
+    assert time.monotonic() - t0 < 15, out  # honoured, not hung (the bound holds at load 10 on 2 cores)
     assert "Traceback" not in out
 
 
@@ -233,9 +249,10 @@ def test_run_exits_3_when_the_database_stays_unreachable_from_start_up(fleet_rep
     t0 = time.monotonic()
     done = subprocess.run(_gpuaas("run", str(fleet_repo.root), "--db-url", nowhere, "--interval", "0.5",
                                   "--max-failing-seconds", "1.5"),
-                          capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=30, check=False)
+                          capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=180, check=False)
     assert done.returncode == GAVE_UP, done
-    assert time.monotonic() - t0 < 10, done.stdout  # gave up soon after S, it did not wait forever
+    # gave up after S, it did not wait forever (loose: start-up alone takes seconds at load 10 on 2 cores)
+    assert time.monotonic() - t0 < 60, done.stdout
     assert "waiting for the database" in done.stdout and "over 1.5s" in done.stdout
     assert "Traceback" not in done.stdout + done.stderr
 
@@ -259,13 +276,13 @@ def test_run_exits_3_when_the_database_goes_away_and_stays_away(
                      " WHERE datname = current_database() AND pid <> pg_backend_pid()")
         fleet_repo.request("req-while-down", 1)
         t0 = time.monotonic()
-        out, _ = proc.communicate(timeout=30)
+        out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == GAVE_UP, out
-    assert time.monotonic() - t0 < 15, out
+    assert time.monotonic() - t0 < 60, out  # loose: it gives up, it does not wait forever (load 10 on 2 cores)
     assert "over 2s" in out and "exiting" in out and "Traceback" not in out
     assert claims(conn, "req-while-down") == []
 

@@ -6,7 +6,9 @@ drains and returns to service, inventory edits and invalid commits. After
 every step the revision in force is the newest valid commit, the loop never
 reported an error, and `gpuaas db check` holds. Restart-heavy tests (the
 kill tests) hide a wedged session; this one keeps the session for the whole
-run.
+run. Midway, the database is restored under the running loop from a backup
+taken revisions earlier (pg_dump / pg_restore --clean, issue 26): within
+one retry tick the loop brings the store back to the newest valid commit.
 
     us-east-1
       h200-use1-s01, h200-use1-s02, h200-use1-c01   slice nodes, 8 slots each
@@ -18,13 +20,14 @@ from __future__ import annotations
 import datetime as dt
 import random
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import git
 import pytest
 
-from reconciler import requests
+from reconciler import requests, watching
 from reconciler.store import checks, connections, revisions
 from tests.gitops.conftest import EXAMPLE, T0, LoopRun, Repo, make_fleet, make_loop, prove_wipe
 
@@ -32,6 +35,8 @@ SLICE_NODES = ("h200-use1-s01", "h200-use1-s02", "h200-use1-c01")
 BAREMETAL_NODE = "h200-use1-b01"
 BAREMETAL_SKU = "h200-sxm-baremetal-8g"
 REVISIONS = 110
+BACKUP_AT, RESTORE_AT = 30, 38  # steps: the backup, and its restore under the loop
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
 
 @pytest.fixture
@@ -110,7 +115,7 @@ class Story:
 
 
 def test_one_loop_applies_every_kind_of_revision_without_wedging(
-        soak_repo: Repo, soak_loop: LoopRun, conn: connections.Connection) -> None:
+        soak_repo: Repo, soak_loop: LoopRun, conn: connections.Connection, db_url: str, tmp_path: Path) -> None:
     loop = soak_loop.loop
     first = loop.step()
     assert first is not None and first.kind == "applied"
@@ -132,13 +137,32 @@ def test_one_loop_applies_every_kind_of_revision_without_wedging(
             assert retried is None or retried.kind == "retried", (step, retried)
         assert revisions.latest_applied(conn) == newest_valid, (step, what)
         assert checks.run(conn) == [], (step, what)
+        if step == BACKUP_AT:
+            subprocess.run([str(PG_BIN / "pg_dump"), "-Fc", "-f", str(tmp_path / "backup.dump"), "-d", db_url],
+                           check=True, timeout=300)
+        if step == RESTORE_AT:
+            _restore_under_the_loop(loop, conn, db_url, tmp_path / "backup.dump", newest_valid)
+            session = loop.conn  # re-converging opened a fresh one on purpose; that one lasts to the end
     assert not [e for e in soak_loop.events if e.kind == "error"], [e.render() for e in soak_loop.events]
-    assert loop.conn is session and loop.failing is None  # one session the whole way: nothing was reset
+    assert loop.conn is session and loop.failing is None  # one session (since the restore): nothing was reset
     # Every kind of revision happened, baremetal and slices were both placed in this one session.
     assert {"slice", "baremetal", "release", "admin", "inventory", "invalid", "fix"} <= set(story.kinds)
     kinds = {str(k) for (k,) in conn.execute(
         "SELECT DISTINCT claim_kind::text FROM allocation_resource_claims").fetchall()}
     assert kinds == {"slot", "node_exclusive"}
+
+
+def _restore_under_the_loop(loop: watching.Loop, conn: connections.Connection, db_url: str, backup: Path,
+                            newest_valid: str | None) -> None:
+    subprocess.run([str(PG_BIN / "pg_restore"), "--clean", "--if-exists", "--single-transaction", "-d", db_url,
+                    str(backup)], check=True, timeout=300, capture_output=True)
+    assert revisions.latest_applied(conn) != newest_valid  # the store really went back
+    loop.next_retry = 0.0  # one interval later
+    event = loop.step()
+    assert event is not None and event.kind == "applied" and "gitops.reconverged" in event.message, event
+    assert revisions.latest_applied(conn) == newest_valid
+    assert checks.run(conn) == []
+    prove_wipe_all(conn)  # wipe proof the backup predates: the hosts report it again
 
 
 def prove_wipe_all(conn: connections.Connection) -> int:

@@ -164,15 +164,15 @@ def test_sigterm_during_a_reconciliation_finishes_it_and_stops(
 
 def test_local_head_wakes_on_commit(fleet_repo: Repo) -> None:
     stop = threading.Event()
-    source = heads.LocalHead(fleet_repo.root, stop, debounce_ms=50, step_ms=10, tick_s=5.0)
+    source = heads.LocalHead(fleet_repo.root, stop, debounce_ms=50, step_ms=10, tick_s=60.0)
     try:
         before = source.current()
         timer = threading.Timer(0.3, lambda: fleet_repo.request("req-wake", 1))
         timer.start()
         t0 = time.monotonic()
-        source.wait(10.0)  # returns on the ref update, long before the 5 s tick
+        source.wait(120.0)  # returns on the ref update, long before the 60 s tick
         timer.join()
-        assert time.monotonic() - t0 < 3.0
+        assert time.monotonic() - t0 < 30.0  # loose: a commit alone takes seconds at load 10 on 2 cores
         assert source.current() != before
     finally:
         source.close()

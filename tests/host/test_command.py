@@ -49,7 +49,7 @@ def test_host_agent_without_a_database_url_says_so_and_starts_no_database(
     monkeypatch.delenv("GPUAAS_DATABASE_URL", raising=False)
     monkeypatch.setenv("GPUAAS_STATE_DIR", str(tmp_path / "state"))
     assert cli.main(["host", "converge", "--node", lab.node, "--config", str(lab.write_config())]) == 1
-    assert "host.db.url_missing" in capsys.readouterr().err
+    assert "host.service.url_missing" in capsys.readouterr().err
     assert not (tmp_path / "state").exists()  # no embedded server was set up for the agent
 
 

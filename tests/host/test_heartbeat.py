@@ -37,8 +37,8 @@ def test_the_heartbeat_thread_keeps_reported_at_fresh_during_a_long_pass(db_url:
     with store.connect(db_url) as conn:
         add_node(conn, "node-a")
         creds = store.create_node_role(conn, "node-a", "pw-beat")
-    beat = command._Heartbeat(lambda: store.connect(db_url, role=creds.role, password=creds.password),
-                              "node-a", 0.05)
+    conn = store.connect(db_url, role=creds.role, password=creds.password)
+    beat = command._Heartbeat(lambda: store.heartbeat(conn, "node-a"), 0.05)
     beat.start()
     try:
         deadline = time.monotonic() + 10
@@ -50,10 +50,11 @@ def test_the_heartbeat_thread_keeps_reported_at_fresh_during_a_long_pass(db_url:
         later = reported_at(db_url, "node-a")
     finally:
         beat.stop()
+        conn.close()
     assert first is not None and later is not None and later > first
 
 
 def test_no_database_no_heartbeat_thread() -> None:
-    beat = command._Heartbeat(None, "node-a", 0.01)
+    beat = command._Heartbeat(None, 0.01)
     beat.start()
     beat.stop()  # nothing was started, nothing to join

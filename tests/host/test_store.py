@@ -139,3 +139,21 @@ def test_the_host_report_writes_firmware_ready_and_reaches_the_planner_input(
         assert row[1]["bootstrap_state"] == "never_run" and row[1]["reboot_required"] is False
         seen = central.execute("SELECT firmware_ready FROM host_status WHERE node_name = 'node-b'").fetchone()
         assert seen == (None,)  # a host without a report leaves the git claim standing
+
+
+def test_a_report_older_than_the_stored_one_is_ignored(db_url: str, two_nodes: dict[str, store.NodeCredentials]
+                                                        ) -> None:
+    """A delayed retry of generation 1 must not overwrite generation 2's report (nor its slot rows)."""
+    import dataclasses
+
+    creds = two_nodes["node-a"]
+    newer = dataclasses.replace(status("node-a"), generation=2, observed_generation=2)
+    older = dataclasses.replace(status("node-a", wipe={"verified": True}), generation=1, observed_generation=1)
+    with store.connect(db_url, role=creds.role, password=creds.password) as conn:
+        assert store.write_status(conn, newer) is True
+        assert store.write_status(conn, older) is False
+    with store.connect(db_url) as conn:
+        assert conn.execute("SELECT observed_generation FROM host_status WHERE node_name = 'node-a'"
+                            ).fetchone() == (2,)
+        assert conn.execute("SELECT vm_state, observed_generation FROM host_slot_status WHERE node_name = 'node-a'"
+                            ).fetchall() == [("ready", 2)]

@@ -129,10 +129,20 @@ def test_the_outside_reaches_the_vm_only_through_its_endpoint(lab: Lab, wired: d
     assert Step.INGRESS not in [a.step for a in diff.diff(plan, Observed(ingress=drv.observe()))]
 
 
+def _accepted(lab: Lab) -> int:
+    """Packets our forward rule let through (iptables' own counter)."""
+    out = in_ns(lab.host, "iptables", "-w", "-t", "filter", "-L", "GPUAAS-INGRESS-FWD", "-n", "-v", "-x").stdout
+    rows = [line.split() for line in out.splitlines()[2:] if line.strip()]
+    return sum(int(r[0]) for r in rows)
+
+
 def test_east_west_isolation_holds_through_the_public_endpoint(lab: Lab, wired: dict[str, Any]) -> None:
     wired["driver"].add(wired["plan"].network.bridge, RULE)
+    assert _accepted(lab) == 0
+    assert _banner(wired["vm2"], timeout=1.0) is None  # a neighbour cannot hairpin into VM1...
+    assert _accepted(lab) == 0  # ...because our rule never accepts what enters from the bridge
     assert _banner(wired["outside"]) == BANNER
-    assert _banner(wired["vm2"], timeout=1.0) is None  # a neighbour cannot hairpin into VM1
+    assert _accepted(lab) > 0  # while the outside's connection went through it
 
 
 def test_drift_by_hand_is_reported_and_healed(lab: Lab, wired: dict[str, Any]) -> None:

@@ -78,15 +78,15 @@ class Served:
     url: str
     httpd: server.HTTPServer
 
-    def get(self, path: str, *, token: str | None = None, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
+    def get(self, path: str, *, token: str | None = None, method: str = "GET") -> tuple[int, Any, bytes]:
         req = urllib.request.Request(self.url + path, method=method)  # noqa: S310 - http://127.0.0.1 only
         if token is not None:
             req.add_header("Authorization", f"Bearer {token}")
         try:
             with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 - http://127.0.0.1 only (self.url)
-                return resp.status, dict(resp.headers), resp.read()
+                return resp.status, resp.headers, resp.read()  # names case-insensitive, as HTTP says
         except urllib.error.HTTPError as e:
-            return e.code, dict(e.headers), e.read()
+            return e.code, e.headers, e.read()
 
     def json(self, path: str, *, status: int = 200, token: str | None = None) -> Any:
         code, _, body = self.get(path, token=token)
