@@ -208,6 +208,10 @@ def allocation(conn: Connection, allocation_id: str) -> dict[str, Any] | None:
     doc["endpoints"] = [e.as_dict() for e in found]
     ssh = next((e for e in found if e.ssh), None)
     doc["ssh"] = {"address": ssh.public_address, "port": ssh.public_port} if ssh else None
+    lease = doc["baremetal"]
+    if doc["ssh"] is None and lease is not None and lease["phase"] == "active" and lease["ssh_endpoint"]:
+        host, _, port = str(lease["ssh_endpoint"]).rpartition(":")  # a leased machine is reached directly
+        doc["ssh"] = {"address": host.strip("[]"), "port": int(port)}
     return doc
 
 

@@ -145,6 +145,11 @@ def test_status_api_and_history_show_the_lease(conn: Connection, db_url: str, ma
     detail = reads.allocation(conn, A0)
     assert detail is not None and detail["baremetal"]["machine_id"] == "bm-00000"
     assert detail["baremetal"]["timings_s"]["to_active"] is not None
+    from reconciler.service import models
+
+    models.Allocation.model_validate(detail)  # the API document declares every field it sends
+    host, port = ssh.address.split(":")
+    assert detail["ssh"] == {"address": host, "port": int(port)}
     events = [t.event for t in lifecycle.transitions(conn, A0) or []]
     assert events[:5] == ["requested", "placed", "baremetal.deploy_requested", "baremetal.deploying",
                           "baremetal.active"], events
