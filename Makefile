@@ -20,7 +20,8 @@ APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config git \
 	libvirt-dev libvirt-daemon-system qemu-system-x86 qemu-utils genisoimage \
 	postgresql postgresql-contrib \
 	dnsmasq-base dnsmasq-utils udhcpc iproute2 iptables openvswitch-switch linux-image-amd64 \
-	util-linux e2fsprogs kmod busybox-static cpio chromium systemd prometheus libxml2-utils
+	util-linux e2fsprogs kmod busybox-static cpio chromium systemd prometheus libxml2-utils \
+	fish zsh
 
 .PHONY: demo test deps apt lint clean
 

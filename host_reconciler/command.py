@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from schemas import hostplans, logs, output, signals
+from schemas import hostplans, logs, notify, output, signals
 from schemas.errors import GpuaasError, PermanentError, UsageError
 
 if TYPE_CHECKING:
@@ -47,6 +47,9 @@ ENV_PASSWORD = "GPUAAS_HOST_DB_PASSWORD"  # noqa: S105 -- the name of a variable
 # (Fleet.host_liveness_ttl_seconds, default 90), also while one pass runs long.
 HEARTBEAT_S = 15.0
 PLAN_FILE_LIMIT = 64 * 1024 * 1024  # a host plan is kilobytes; a device or a wrong path is refused
+# A pass loop that has not turned for this long is stuck: the watchdog stops vouching and systemd restarts the
+# agent. Longer than any honest pass (a 64 GiB image pull on a slow link, a wipe of large disks).
+_STUCK_S = 3600.0
 
 
 def register(sub: Any) -> None:
@@ -324,6 +327,27 @@ def _loop(args: argparse.Namespace, counted: metrics.AgentMetrics) -> int:
         return _passes(args, counted, stop)
 
 
+class _Watched:
+    """READY=1, then WATCHDOG=1 while the pass loop turns (schemas.notify); STOPPING=1 at the end."""
+
+    def __init__(self, node: str) -> None:
+        self.at = time.monotonic()
+        self._serving = notify.serving(f"converging {node}", alive=self.turning)
+
+    def started(self) -> _Watched:
+        self._serving.__enter__()
+        return self
+
+    def tick(self) -> None:
+        self.at = time.monotonic()
+
+    def turning(self) -> bool:
+        return time.monotonic() - self.at < _STUCK_S
+
+    def stop(self) -> None:
+        self._serving.__exit__(None, None, None)
+
+
 def _passes(args: argparse.Namespace, counted: metrics.AgentMetrics, stop: threading.Event) -> int:
     from host_reconciler import converging
     from host_reconciler.drivers import wiring
@@ -336,8 +360,10 @@ def _passes(args: argparse.Namespace, counted: metrics.AgentMetrics, stop: threa
     beat = _Heartbeat(source.beater(), HEARTBEAT_S)
     beat.start()
     passes = 0
+    watched = _Watched(args.node).started()  # systemd Type=notify: READY=1 now that the drivers are up
     try:
         while not stop.is_set():
+            watched.tick()
             wait = interval
             try:
                 plan = source.plan()
@@ -364,7 +390,9 @@ def _passes(args: argparse.Namespace, counted: metrics.AgentMetrics, stop: threa
             if args.passes and passes >= args.passes:
                 break
             source.sleep(wait, stop)
+            watched.tick()
     finally:
+        watched.stop()
         beat.stop()
         drivers.close()
         source.close()

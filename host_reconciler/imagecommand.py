@@ -24,7 +24,7 @@ from typing import Any
 
 from host_reconciler import fetching, imagecache, settings
 from host_reconciler.localstate import LocalState
-from schemas import output
+from schemas import output, progress
 from schemas.errors import GpuaasError, UsageError
 
 
@@ -37,6 +37,7 @@ def register(sub: Any) -> None:
     pull.add_argument("--url", required=True, help="http(s):// or file:// URL of the image")
     pull.add_argument("--digest", required=True, help="sha256:HEX the image must hash to")
     pull.add_argument("--max-bytes", type=int, help="refuse a larger image (default: settings, 64 GiB)")
+    progress.add_argument(pull)
     pull.set_defaults(func=run_pull)
 
     ls = isub.add_parser("list", help="the cached images, least recently used first")
@@ -73,11 +74,15 @@ def run_pull(args: argparse.Namespace) -> int:
     max_bytes = args.max_bytes if args.max_bytes is not None else s.image_max_bytes
     if max_bytes <= 0:
         raise UsageError("--max-bytes must be positive", code="host.image.bad_cap")
-    progress = fetching.ThrottledProgress(args.url, every_s=2.0) if args.output == "text" else None
     try:
-        result = fetching.fetch(cache, args.url, args.digest, max_bytes=max_bytes,
-                                timeout_s=s.image_fetch_timeout_s, progress=progress,
-                                keep_partial=False)  # fmt: skip
+        # Progress on stderr (a live line on a terminal, periodic lines otherwise): stdout keeps the path or JSON.
+        with progress.for_args(args, "image pull") as shown, shown.phase("fetch", unit="bytes") as ph:
+            def seen(done: int, total: int | None) -> None:
+                ph.done, ph.total = done, total
+
+            result = fetching.fetch(cache, args.url, args.digest, max_bytes=max_bytes,
+                                    timeout_s=s.image_fetch_timeout_s, progress=seen,
+                                    keep_partial=False)  # fmt: skip
     except GpuaasError as e:
         if output.structured(args.output):
             output.emit({"error": {"code": e.code, "message": e.message}}, args.output, indent=None)

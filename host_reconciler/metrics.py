@@ -15,6 +15,12 @@ newest finished pass.
     gpuaas_host_slots{state}                    after the newest pass
     gpuaas_host_converged                       1 when the newest pass left nothing pending
     gpuaas_host_last_pass_timestamp_seconds     unix time the newest pass finished
+    gpuaas_build_info{version,python}           1
+    process_*                                   CPU, memory, file descriptors of the agent
+
+No `_created` series: a counter's creation time is noise to an alert and
+doubles the series (prometheus_client's switch, process-wide; the agent's
+process exports nothing else).
 
 /healthz answers 200 while the process serves (alive), with the node and
 the newest pass's age; it needs no database.
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import collections
 import json
+import platform
 import socket
 import threading
 import time
@@ -37,8 +44,10 @@ from collections.abc import Collection, Iterator
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
+import prometheus_client
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from host_reconciler import listening
@@ -53,6 +62,9 @@ if TYPE_CHECKING:
 CONVERGE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 WIPE_BUCKETS = (1, 5, 15, 60, 300, 900, 1800, 3600, 7200, 14400, 43200)
 _WIPE = "wipe"
+
+
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client
 
 
 class AgentMetrics:
@@ -71,6 +83,7 @@ class AgentMetrics:
         self.wipes = Counter("gpuaas_host_wipes", "wipe steps by result", ["result"], registry=self.registry)
         self._latest = _Latest(node)
         self.registry.register(self._latest)
+        ProcessCollector(registry=self.registry)
         from host_reconciler import hostmetrics  # onboarding gauges: reboot, firmware, bootstrap, version
 
         self._host = hostmetrics.HostReportGauges()
@@ -117,6 +130,10 @@ class _Latest(Collector):
         info = GaugeMetricFamily("gpuaas_host_info", "the node this agent converges", labels=["node"])
         info.add_metric([self.node], 1)
         yield info
+        build = GaugeMetricFamily("gpuaas_build_info", "the running gpuaas: its version and Python (always 1)",
+                                  labels=["version", "python"])
+        build.add_metric([_version(), platform.python_version()], 1)
+        yield build
         last = self.last
         if last is None:
             return
@@ -127,6 +144,15 @@ class _Latest(Collector):
                                 value=1 if converged else 0)
         yield GaugeMetricFamily("gpuaas_host_last_pass_timestamp_seconds", "when the newest pass finished",
                                 value=finished)
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("gpuaas-reconciler")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _by(name: str, doc: str, label: str, counts: collections.Counter[str]) -> GaugeMetricFamily:

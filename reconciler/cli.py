@@ -19,12 +19,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from reconciler import parsing
 from schemas import signals
 from schemas.errors import GpuaasError
 
 # The command groups, in the order `gpuaas --help` shows them; each is the module that registers it.
 NAMES = ("validate", "schema", "explain", "request", "demo", "host", "bench", "drift", "fleet", "simulate", "plan",
-         "status", "run", "history", "db", "apply", "serve", "usage", "slot", "machine", "completion")
+         "status", "get", "describe", "run", "history", "db", "apply", "serve", "usage", "slot", "machine",
+         "completion")
 
 
 def command(name: str) -> Any:
@@ -49,7 +51,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser of one command parses its arguments as the whole one does; any
     other argv (`--help`, `--version`, a typo) gets the whole parser.
     """
-    parser = argparse.ArgumentParser(prog="gpuaas", description="GitOps reconciler for a GPU cloud")
+    parser = parsing.Parser(prog="gpuaas", description="GitOps reconciler for a GPU cloud")
     parser.add_argument("--version", action=_Version, help="show the version and exit")
     named = argv is not None and len(argv) > 0 and argv[0] in NAMES
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

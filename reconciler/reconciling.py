@@ -35,7 +35,7 @@ from reconciler.store import (
     revisions,
 )
 from reconciler.store.connections import Connection
-from schemas import dberrors
+from schemas import dberrors, progress
 from schemas.errors import GpuaasError, PermanentError
 
 Planner = Callable[[DesiredState, Observed], Plan]
@@ -113,34 +113,42 @@ def max_attempts(state: DesiredState) -> int:
 
 def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = None, source: str = "",
               planner: Planner | None = None, fault: claims.Fault | None = None,
-              memory: inventory.Memory | None = None, providers: Providers | None = None,
-              probe: provider_protocols.SshProbe | None = None,
+              memory: inventory.Memory | None = None, shown: progress.Progress | None = None,
+              providers: Providers | None = None, probe: provider_protocols.SshProbe | None = None,
               lease_fault: leasing.Fault | None = None) -> ReconcileResult:
     """Bring the store to `state`; every step is recorded in one history row.
 
     `planner` replaces the pure planner (a saved plan's guard, tests); otherwise
-    `policy` picks the packing policy. Baremetal leases on nodes that declare a
-    machine provider are moved through `providers` (default: built from the
-    Fleet, credentials read at run time) after the placements.
+    `policy` picks the packing policy. `shown` reports each step as a phase
+    (`gpuaas apply` on a terminal: a cold apply of 10,000 nodes runs minutes).
+    Baremetal leases on nodes that declare a machine provider are moved through
+    `providers` (default: built from the Fleet, credentials read at run time)
+    after the placements.
     """
+    shown = shown or progress.Progress(style="off")
     planner = planner or planner_for(policy)
     revision = inventoryrows.revision_key(state)
     run_id = history.start(conn, revision=revision, source=source)
     try:
         pins = hostplans.pinned_images(conn)
-        synced = inventory.sync(conn, state, memory=memory, guard=partial(refuse_edits, conn, state))
-        absorbed = cleanup.absorb(conn)
-        lifecycle.sync_settings(conn, state)
-        moved = lifecycle.reschedule(conn, max_attempts=lifecycle.fleet_settings(state)[1])
-        plan = planner(state, live.observe(conn))
-        applied = claims.apply(conn, plan, revision=synced.revision, max_attempts=max_attempts(state),
-                                 fault=fault)
+        with shown.phase("sync inventory"):
+            synced = inventory.sync(conn, state, memory=memory, guard=partial(refuse_edits, conn, state))
+        with shown.phase("absorb host reports"):
+            absorbed = cleanup.absorb(conn)
+            lifecycle.sync_settings(conn, state)
+            moved = lifecycle.reschedule(conn, max_attempts=lifecycle.fleet_settings(state)[1])
+        with shown.phase("plan"):
+            plan = planner(state, live.observe(conn))
+        with shown.phase("write claims"):
+            applied = claims.apply(conn, plan, revision=synced.revision, max_attempts=max_attempts(state),
+                                   fault=fault)
         touched: list[str] | None = None  # None: every node's plan is rebuilt (a fleet-wide change)
         # The fleet settings and the catalog's image pins are in every host plan.
         if not any(c.kind == "fleet" for c in synced.changes) and hostplans.pinned_images(conn) == pins:
             touched = sorted(set(claims.placed_nodes(applied)) | set(absorbed.nodes) | _unplanned(conn)
                              | inventory.changed_nodes(synced.changes) | {r.node for r in moved if r.node})
-        written = tuple(hostplans.write(conn, touched, revision=synced.revision))
+        with shown.phase("write host plans", unit="nodes") as ph:
+            written = tuple(hostplans.write(conn, touched, revision=synced.revision, shown=ph))
         leased = None
         if any(n.machine is not None for n in state.nodes.values()) or providers is not None:
             leased = leasing.step(conn, state, providers or Providers.of(state), probe=probe, fault=lease_fault)

@@ -1,9 +1,16 @@
 """Allocation requests as the portal bot writes them: one file per request, committed to git.
 
 ruamel.yaml does the writing because a release must keep the file's comments
-and key order (an operator may have annotated it). Validation runs on the
-whole repo with the new bytes *before* anything is written or committed: an
-invalid request never lands, and the bot gets the error codes back.
+and key order (an operator may have annotated it). Validation runs with the
+new bytes *before* anything is written or committed: an invalid request never
+lands, and the bot gets the error codes back.
+
+It parses only what an allocation's rules read (policies.validation): the
+new file, the documents it may reference (Fleet regions, SKUs, images) and
+any file that spells its id (a duplicate). Every file is still read, but
+only those bytes are sniffed; parsing a 2,000-node repo's node and slot-map
+files cost the bot 5 to 18 s a request. A broken node file is CI's to report,
+not a reason to refuse a tenant's request.
 
 The bot writes only regular files inside the repo, never through a link: the
 repo is input too, and a symlinked `allocations/` or request file (or a hard
@@ -106,9 +113,28 @@ def render_request(
     return buf.getvalue().encode()
 
 
-def check_repo_with(root: Path, rel: str, data: bytes) -> list[p.Problem]:
-    """Errors the repo would have if `rel` held `data` (nothing is written)."""
-    files = [(name, blob) for name, blob in loading.iter_directory(root) if name != rel]
+# A document an allocation refers to. Unanchored, quotes optional: block YAML, flow YAML and JSON alike;
+# a false match (a comment) only costs a parse.
+_REFERENCED = re.compile(rb"""["']?\bkind["']?\s*:\s*["']?(?:Fleet|Sku|Image)\b""")
+
+
+def relevant(name: str, data: loading.FileData, allocation_id: str) -> bool:
+    """Whether the rules of allocation `allocation_id` need this file parsed.
+
+    Refused files (links, FIFOs) stay in: they are errors of the repo as before.
+    """
+    if not isinstance(data, bytes):
+        return True
+    if allocation_id.encode() in data:
+        return True
+    # Plain substring tests first: bytes.find is a memchr scan, the pattern's optional quotes are not.
+    return any(word in data for word in (b"Fleet", b"Sku", b"Image")) and _REFERENCED.search(data) is not None
+
+
+def check_repo_with(root: Path, rel: str, data: bytes, allocation_id: str) -> list[p.Problem]:
+    """Errors allocation `allocation_id` would have if `rel` held `data` (nothing is written)."""
+    files = [(name, blob) for name, blob in loading.iter_directory(root)
+             if name != rel and relevant(name, blob, allocation_id)]
     files.append((rel, data))
     files.sort()
     result = validation.validate(loading.parse_files(files))
@@ -144,7 +170,7 @@ def create(
         ssh_keys=ssh_keys or [],
         requested_at=now,
     )
-    errors = check_repo_with(root, rel, data)
+    errors = check_repo_with(root, rel, data, allocation_id)
     if errors:
         raise RequestRejected(errors)
     path = root / rel
@@ -182,7 +208,7 @@ def release(root: Path, allocation_id: str, *, commit: bool = False, push: tuple
         buf = io.StringIO()
         y.dump_all(docs, buf)
         data = buf.getvalue().encode()
-        errors = check_repo_with(root, rel, data)
+        errors = check_repo_with(root, rel, data, allocation_id)
         if errors:
             raise RequestRejected(errors)
         _replace(parent, rel, data, mode)
@@ -361,7 +387,8 @@ def _unlink(parent: int, name: str) -> None:
 
 
 def _find(root: Path, allocation_id: str) -> str:
-    result = loading.parse_files(loading.iter_directory(root))
+    result = loading.parse_files((name, blob) for name, blob in loading.iter_directory(root)
+                                 if isinstance(blob, bytes) and allocation_id.encode() in blob)
     src = result.state.sources.get(("Allocation", allocation_id))
     if src is None:
         raise PermanentError(f"no Allocation {allocation_id!r} in {root}", code="request.not_found")

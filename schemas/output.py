@@ -5,8 +5,9 @@ The YAML is not a second rendering of the command's objects but the JSON-ready
 value itself, dumped by `yaml.safe_dump`: `yaml.safe_load(yaml) ==
 json.loads(json)` holds for every command (tests/test_cli_output.py), so a
 script can switch formats without noticing. Values JSON cannot hold
-(datetimes, paths) become strings first, as `json.dumps(default=str)` makes
-them, for both formats alike.
+(datetimes, paths) become strings first, for both formats alike: times as ISO
+8601 with a `T` (`2026-11-27T13:38:05+00:00`), as the HTTP API writes them, so
+one parser reads both; anything else as `str()` makes it.
 
 Lives in `schemas` because the host agent prints the same way and must not
 import `reconciler`.
@@ -15,6 +16,7 @@ import `reconciler`.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 from typing import Any
 
@@ -32,13 +34,20 @@ def structured(output: str) -> bool:
     return output in STRUCTURED
 
 
+def jsonable(value: Any) -> Any:
+    """What `json.dumps` writes for a value it cannot hold: ISO 8601 for times, `str()` for the rest."""
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return value.isoformat()
+    return str(value)
+
+
 def dumps(value: Any, output: str, *, indent: int | None = 2, stream: bool = False) -> str:
     """`value` as JSON or YAML text without a trailing newline.
 
     `indent=None` keeps JSON on one line (commands whose JSON a script reads line by line);
     `stream=True` marks one record of many: a YAML document starts with `---`.
     """
-    text = json.dumps(value, indent=indent, default=str)
+    text = json.dumps(value, indent=indent, default=jsonable)
     if output == "json":
         return text
     if output != "yaml":

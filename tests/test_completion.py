@@ -1,4 +1,4 @@
-"""`gpuaas completion bash|zsh`: the scripts parse, and completing in a real shell offers the parser's words."""
+"""`gpuaas completion bash|zsh|fish`: the scripts parse, and completing in a real shell offers the parser's words."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def test_bash_script_is_valid(scripts: dict[str, Path]) -> None:
     (["gpuaas", "host", "image", ""], ["pull", "list", "evict", "bench"]),
     (["gpuaas", "validate", "-o", ""], ["text", "json", "yaml"]),
     (["gpuaas", "plan", "--output", "m"], ["markdown"]),
-    (["gpuaas", "completion", ""], ["bash", "zsh"]),
+    (["gpuaas", "completion", ""], ["bash", "zsh", "fish"]),
     (["gpuaas", "db", "c"], ["check"]),
     # The value of --base is not a subcommand even when it spells one: the path stays `plan`.
     (["gpuaas", "plan", "--base", "validate", "--off"], ["--offline"]),
@@ -76,6 +76,25 @@ def test_zsh_script_is_valid_and_completes(scripts: dict[str, Path]) -> None:
     assert _complete("zsh", scripts["zsh"], ["gpuaas", "host", "image", ""]) == ["pull", "list", "evict", "bench"]
     assert _complete("zsh", scripts["zsh"], ["gpuaas", "validate", "-o", ""]) == ["text", "json", "yaml"]
     assert _complete("zsh", scripts["zsh"], ["gpuaas", "apply", "--repo", ""]) == ["__files__"]
+
+
+@pytest.mark.skipif(shutil.which("fish") is None, reason="fish is not installed")
+def test_fish_script_is_valid_and_completes(scripts: dict[str, Path], tmp_path: Path) -> None:
+    subprocess.run(["fish", "--no-config", "-n", str(scripts["fish"])], check=True, timeout=30)
+
+    def complete(line: str) -> list[str]:
+        # `complete -C` asks fish for the candidates of a command line, as TAB does.
+        done = subprocess.run(["fish", "--no-config", "-c", 'source $argv[1]; complete -C $argv[2]',
+                               str(scripts["fish"]), line], capture_output=True, text=True, timeout=30, check=True)
+        return done.stdout.split()
+
+    assert complete("gpuaas va") == ["validate"]
+    assert complete("gpuaas host image ") == sorted(["pull", "list", "evict", "bench"])
+    assert complete("gpuaas validate -o ") == ["json", "text", "yaml"]
+    assert complete("gpuaas plan --base validate --off") == ["--offline"]
+    assert "allocation" in complete("gpuaas get ")
+    (tmp_path / "plan.json").write_text("{}")
+    assert complete(f"gpuaas apply {tmp_path / 'pl'}") == [str(tmp_path / "plan.json")]
 
 
 def test_the_tables_come_from_the_parser() -> None:

@@ -30,7 +30,7 @@ from host_reconciler import reports
 from policies.profiles import Profile
 from reconciler import inventory_diff, plans
 from reconciler.placement import prplan_render
-from reconciler.placement.prplan import NodeChange, PrPlan
+from reconciler.placement.prplan import Affected, NodeChange, PrPlan
 from schemas import rendering
 
 MD = MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"])
@@ -196,7 +196,7 @@ def hostile_plan(v: str) -> PrPlan:
     plan = plans.Plan(placements=(placement,), pending=(plans.Pending(v, v, v),),
                       releases=(plans.Release(v, v, (1,)),))
     return PrPlan(v, v, False, inventory=inv, nodes=(NodeChange(v, "slice_capable", v, None, v, (v,)),),
-                  plan=plan, orphaned=(v, v))
+                  plan=plan, orphaned=(v, v), affected=(Affected(v, v, v, (0,), v),), tenants={v: v})
 
 
 def _rows(tabs: list[list[list[str]]], *header: str) -> list[list[str]]:
@@ -211,15 +211,18 @@ def test_pr_plan_markdown_keeps_its_structure_with_hostile_values(value: str) ->
     md = prplan_render.render_markdown(hostile_plan(value))
     tabs = check_document(md, prplan_render.render_markdown(hostile_plan("x")))
     details = [t.content for t in MD.parse(md) if t.type == "html_block" and t.content.startswith("<details")]
-    assert len(details) == 7  # inventory, slots, still not schedulable, nodes, placements, pending, releases
+    # inventory, slots, still not schedulable, nodes, running allocations affected, placements, pending, releases
+    assert len(details) == 8
     assert _rows(tabs, "", "Kind", "Name", "Fields") == [["+ added", "SlotMap", seen, f"{seen}, enabled"]]
     assert _rows(tabs, "Node", "Slots", "Schedulable", "Reasons") == [[seen, "0", "no → yes", seen]]
     assert _rows(tabs, "Node", "Slots", "Reasons") == [[seen, "1", f"{seen}, {seen}"]]
-    assert _rows(tabs, "Node", "Capability", "Mode", "Why") == [[seen, f"slice_capable → {seen}", f"- → {seen}", seen]]
+    assert _rows(tabs, "Node", "Capability", "Mode", "Why", "Running here") == [
+        [seen, f"slice_capable → {seen}", f"- → {seen}", seen, f"1 running allocation(s) of {seen}"]]
+    assert _rows(tabs, "Allocation", "Tenant", "Node", "Slots", "Change") == [[seen, seen, seen, "0", seen]]
     assert _rows(tabs, "Allocation", "Tenant", "Request", "Node", "Slots", "VM profile") == [
         [seen, seen, f"1x {seen}", seen, "0", "<img src=//evil.invalid/p.png></details> (24 vCPU, 65536 MiB)"]]
     assert _rows(tabs, "Allocation", "Code", "Reason", "New") == [[seen, seen, seen, "yes"]]
-    assert _rows(tabs, "Allocation", "Node", "Slots") == [[seen, seen, "1"]]
+    assert _rows(tabs, "Allocation", "Tenant", "Node", "Slots") == [[seen, seen, seen, "1"]]
     inline = [plain(t)[0] for t in MD.parse(md) if t.type == "inline"]
     rev = rendering.one_line(prplan_render.short(value))  # 40 characters read as a commit id: shortened
     assert inline[0] == f"gpuaas plan: {rev} → {rev}"

@@ -37,6 +37,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,39 +134,41 @@ async def _agent(i: int, node: str, token: str, start: float, shared: Shared) ->
     gen: int | None = None
     failures = 0
     next_beat = time.monotonic() + rng.uniform(0, WATCH_S)
-    while not stop.is_set():
-        try:
-            path = agentwire.plan_path(node) + ("" if gen is None else f"?after={gen}&wait={WATCH_S:g}")
-            status, body = await conn.request("GET", path)
-            if gen is not None and not shared.explicit_beats:
-                next_beat = time.monotonic() + WATCH_S  # the service counted that watch as a heartbeat
-            fig.requests += 1
-            if status != 200:
-                raise _Failed(status)
-            doc = json.loads(body)
-            fig.last_ok[i] = now = time.monotonic()
-            if fig.restart_up is not None and i not in fig.back_at:
-                fig.back_at[i] = now
-            failures = 0
-            if doc["changed"]:
-                gen = await _changed(conn, node, gen, int(doc["generation"] or 0), shared)
-            if time.monotonic() >= next_beat:
-                status, _ = await conn.request("POST", agentwire.heartbeat_path(node))
+    try:
+        while not stop.is_set():
+            try:
+                path = agentwire.plan_path(node) + ("" if gen is None else f"?after={gen}&wait={WATCH_S:g}")
+                status, body = await conn.request("GET", path)
+                if gen is not None and not shared.explicit_beats:
+                    next_beat = time.monotonic() + WATCH_S  # the service counted that watch as a heartbeat
                 fig.requests += 1
                 if status != 200:
                     raise _Failed(status)
-                next_beat = time.monotonic() + WATCH_S
-        except _Failed as e:
-            fig.errors += 1
-            fig.error_statuses[e.status] = fig.error_statuses.get(e.status, 0) + 1
-            failures += 1
-            conn.close()
-            await asyncio.sleep(rng.random() * min(30.0, 0.5 * 2 ** min(failures, 10)))
-        except (OSError, asyncio.IncompleteReadError, ValueError):
-            fig.refused += 1
-            failures += 1
-            await asyncio.sleep(rng.random() * min(30.0, 0.5 * 2 ** min(failures, 10)))
-    conn.close()
+                doc = json.loads(body)
+                fig.last_ok[i] = now = time.monotonic()
+                if fig.restart_up is not None and i not in fig.back_at:
+                    fig.back_at[i] = now
+                failures = 0
+                if doc["changed"]:
+                    gen = await _changed(conn, node, gen, int(doc["generation"] or 0), shared)
+                if time.monotonic() >= next_beat:
+                    status, _ = await conn.request("POST", agentwire.heartbeat_path(node))
+                    fig.requests += 1
+                    if status != 200:
+                        raise _Failed(status)
+                    next_beat = time.monotonic() + WATCH_S
+            except _Failed as e:
+                fig.errors += 1
+                fig.error_statuses[e.status] = fig.error_statuses.get(e.status, 0) + 1
+                failures += 1
+                conn.close()
+                await asyncio.sleep(rng.random() * min(30.0, 0.5 * 2 ** min(failures, 10)))
+            except (OSError, asyncio.IncompleteReadError, ValueError):
+                fig.refused += 1
+                failures += 1
+                await asyncio.sleep(rng.random() * min(30.0, 0.5 * 2 ** min(failures, 10)))
+    finally:
+        conn.close()  # also when cancelled at the end of the run
 
 
 async def _changed(conn: Conn, node: str, held: int | None, new: int, shared: Shared) -> int:
@@ -238,6 +241,8 @@ class Serve:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
 
     def rss_mib(self) -> float:
         if self.proc is None:
@@ -368,11 +373,13 @@ def run(args: argparse.Namespace) -> int:
         agents = _seed(url, args.agents)
         serve.start()
         try:
+            factory: Callable[[], asyncio.AbstractEventLoop] | None = None
             with contextlib.suppress(ImportError):
                 import uvloop
 
-                asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-            doc = asyncio.run(_drive(args, url, serve, agents))
+                factory = uvloop.new_event_loop  # this run's loop only: no process-wide policy left behind
+            with asyncio.Runner(loop_factory=factory) as runner:
+                doc = runner.run(_drive(args, url, serve, agents))
         finally:
             serve.stop()
     finally:

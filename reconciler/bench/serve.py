@@ -104,6 +104,13 @@ def run(args: argparse.Namespace) -> int:
                 "dashboard": _stats([_timed(client, "/") for _ in range(max(5, args.samples // 10))]),
                 "node_page": _stats([_timed(client, f"/nodes/node-{rng.randrange(args.nodes):05d}")
                                      for _ in range(max(5, args.samples // 10))]),
+                # the fleet page with a search: nodes, allocations and tenants matching (issue 34)
+                "dashboard_search": _stats([_timed(client, f"/?q=node-{rng.randrange(args.nodes):05d}")
+                                            for _ in range(max(5, args.samples // 10))]),
+                "dashboard_tenant": _stats([_timed(client, f"/?tenant=tenant-{rng.randrange(97)}")
+                                            for _ in range(max(5, args.samples // 10))]),
+                "allocation_page": _stats([_timed(client, f"/allocations/{rng.choice(placed)}")
+                                           for _ in range(max(5, args.samples // 10))]),
                 "metrics": _stats([_timed(client, "/metrics") for _ in range(max(5, args.samples // 10))]),
             }
             client.close()
@@ -125,7 +132,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"  capacity, first request (computes the model)  {doc['capacity_cold_s']} s")
         for key, label in (("allocation", "GET /api/v1/allocations/{id}"), ("capacity_warm", "GET /api/v1/capacity"),
                            ("dashboard", "GET / (dashboard)"), ("node_page", "GET /nodes/{name}"),
-                           ("metrics", "GET /metrics")):
+                           ("dashboard_search", "GET /?q=node-NNNNN (search)"),
+                           ("dashboard_tenant", "GET /?tenant=tenant-N"),
+                           ("allocation_page", "GET /allocations/{id}"), ("metrics", "GET /metrics")):
             s = results[key]
             print(f"  {label:<46} p50 {s['p50_ms']:>9} ms  p95 {s['p95_ms']:>9} ms  (n={s['n']})")
     return 0

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reconciler.commands import db
-from schemas import output
+from schemas import output, progress
 from schemas.errors import PermanentError, UsageError
 
 if TYPE_CHECKING:
@@ -56,6 +56,9 @@ def register(sub: Any) -> None:
                                              "was planned)")
     output.add_argument(p, "text")
     p.add_argument("--policy", help="placement policy override (default: the Fleet's)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="list every host plan written (default: their count; -o json always lists them)")
+    progress.add_argument(p)
     db.add_database_arguments(p)
     p.set_defaults(func=run)
 
@@ -69,23 +72,25 @@ def run(args: argparse.Namespace) -> int:
         return _run_saved(args)
     if args.repo is not None:
         raise UsageError("--repo goes with a plan file; give the repo itself as PATH", code="apply.usage")
-    loaded = load(args.path, args.rev, allow_dirty=args.allow_dirty)
-    if loaded.errors:
-        for problem in loaded.errors:
-            print(problem.render(), file=sys.stderr)
-        raise PermanentError(f"{len(loaded.errors)} validation error(s): nothing applied", code="apply.invalid")
-    with connections.connect(db.database_url(args), autocommit=True) as conn:
-        migrations.migrate(conn)
-        back = rewinds.check(conn, args.path, loaded.state, allow=args.allow_rewind)
-        source = f"cli {args.path}" + (f" (rewind from {back.applied[:12]})" if back is not None else "")
-        try:
-            result = reconciling.reconcile(conn, loaded.state, policy=args.policy, source=source)
-        except reconciling.Invalid as e:  # an edit of an allocation that holds claims: printed as validation is
-            for problem in e.problems:
+    with progress.for_args(args, "apply") as shown:
+        with shown.phase("read desired state"):
+            loaded = load(args.path, args.rev, allow_dirty=args.allow_dirty)
+        if loaded.errors:
+            for problem in loaded.errors:
                 print(problem.render(), file=sys.stderr)
-            raise PermanentError(f"{len(e.problems)} error(s) against the store: nothing applied, the last valid "
-                                 "revision stays in force", code="apply.invalid") from None
-    _print(reconciling.summary(result), args.output)
+            raise PermanentError(f"{len(loaded.errors)} validation error(s): nothing applied", code="apply.invalid")
+        with connections.connect(db.database_url(args), autocommit=True) as conn:
+            migrations.migrate(conn)
+            back = rewinds.check(conn, args.path, loaded.state, allow=args.allow_rewind)
+            source = f"cli {args.path}" + (f" (rewind from {back.applied[:12]})" if back is not None else "")
+            try:
+                result = reconciling.reconcile(conn, loaded.state, policy=args.policy, source=source, shown=shown)
+            except reconciling.Invalid as e:  # an edit of an allocation that holds claims: printed as validation
+                for problem in e.problems:
+                    print(problem.render(), file=sys.stderr)
+                raise PermanentError(f"{len(e.problems)} error(s) against the store: nothing applied, the last "
+                                     "valid revision stays in force", code="apply.invalid") from None
+    _print(reconciling.summary(result), args.output, verbose=args.verbose)
     return 0
 
 
@@ -197,25 +202,31 @@ def _run_saved(args: argparse.Namespace) -> int:
     doc = reconciling.summary(result)
     if args.output == "text":
         print(f"applied saved plan {args.path} (head {saved.head_revision})")
-    _print(doc, args.output)
+    _print(doc, args.output, verbose=args.verbose)
     return 0
 
 
-def _print(doc: dict[str, Any], fmt: str) -> None:
+def _print(doc: dict[str, Any], fmt: str, *, verbose: bool = False) -> None:
     if output.structured(fmt):
         output.emit(doc, fmt)
     else:
-        print(render_text(doc))
+        print(render_text(doc, verbose=verbose))
 
 
-def render_text(doc: dict[str, Any]) -> str:
+PLANS_LISTED = 20  # host plans named in text without -v (a cold apply writes one per node)
+
+
+def render_text(doc: dict[str, Any], *, verbose: bool = False) -> str:
     out = [f"revision {doc['revision']}"]
     out += _inventory_lines(doc)
     out += _placement_lines(doc)
     out += _release_lines(doc)
-    if doc["host_plans"]:
-        plans = ", ".join(f"{h['node']}@{h['generation']}" for h in doc["host_plans"])
-        out.append(f"host plans written: {plans}")
+    plans = doc["host_plans"]
+    if plans and (verbose or len(plans) <= PLANS_LISTED):
+        out.append(f"host plans written ({len(plans):,}):")
+        out += [f"  {h['node']}@{h['generation']}" for h in plans]
+    elif plans:
+        out.append(f"{len(plans):,} host plans written (-v lists them)")
     if not doc["changed"]:
         out.append("no changes: the store already matches this revision")
     return "\n".join(out)

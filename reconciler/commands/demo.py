@@ -1,7 +1,11 @@
-"""`gpuaas demo`: the main job `make demo` runs on the example fleet.
+"""`gpuaas demo [PATH]`: the main job `make demo` runs on the example fleet.
 
 Each step prints a heading and its result, so an operator can read the demo
 as the story of one reconciliation.
+
+Without PATH the demo runs on ./examples/fleet (a source checkout) or else on
+the copy of it the package ships (`reconciler/demo/example-fleet`, files in
+an installed wheel), and says which.
 """
 
 from __future__ import annotations
@@ -15,8 +19,21 @@ from schemas.errors import PermanentError
 
 def register(sub: Any) -> None:
     p = sub.add_parser("demo", help="run the main job on an example fleet")
-    p.add_argument("path", nargs="?", default=Path("examples/fleet"), type=Path)
+    p.add_argument("path", nargs="?", default=None, type=Path,
+                   help="a desired-state directory (default: ./examples/fleet, else the example fleet shipped "
+                        "with the package)")
     p.set_defaults(func=run)
+
+
+def example_fleet() -> Path:
+    """./examples/fleet when run from a checkout, else the example fleet installed with the package."""
+    here = Path("examples/fleet")
+    if here.is_dir():
+        return here
+    from importlib import resources
+
+    # resolve(): in a checkout the shipped copy is a link to examples/fleet, and the loader enters no link.
+    return Path(str(resources.files("reconciler.demo") / "example-fleet")).resolve()
 
 
 def _heading(text: str) -> None:
@@ -25,6 +42,9 @@ def _heading(text: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from reconciler import sources, summary
+    if args.path is None:
+        args.path = example_fleet()
+        print(f"gpuaas demo: no PATH given: running on the example fleet at {args.path}")
     _heading(f"validate {args.path}")
     result = sources.load(args.path)
     for problem in result.problems:

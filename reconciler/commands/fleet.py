@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from schemas import progress
 from schemas.errors import UsageError
 
 _OWNED = ("fleet.yaml", "skus", "images", "nodes", "slotmaps")
@@ -38,6 +39,7 @@ def register(sub: Any) -> None:
     s.add_argument("--amd-share", type=float, default=0.0, help="fraction of hosts that are MI300X RoCE")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--force", action="store_true", help="replace a fleet already in --out")
+    progress.add_argument(s)
     s.set_defaults(func=run_synth)
 
     w = fsub.add_parser("workload", help="write a request stream CSV at a target offered load")
@@ -87,11 +89,13 @@ def run_synth(args: argparse.Namespace) -> int:
             elif target.exists():
                 target.unlink()
     count = 0
-    for f in synthesis.fleet_documents(args.nodes, amd_share=args.amd_share, seed=args.seed):
-        _dump(out / f.path, f.document)
-        count += 1
-        if count % 20_000 == 0:
-            print(f"  wrote {count} files", file=sys.stderr)
+    # fleet.yaml, 2 SKUs, 2 images, then a Node and a SlotMap per host (an MI300X share adds one SKU and image)
+    total = 2 * args.nodes + 5 + (2 if args.amd_share else 0)
+    with progress.for_args(args, "fleet synth") as shown, shown.phase("write", total, unit="files") as ph:
+        for f in synthesis.fleet_documents(args.nodes, amd_share=args.amd_share, seed=args.seed):
+            _dump(out / f.path, f.document)
+            count += 1
+            ph.advance()
     print(f"wrote {count} files for {args.nodes} nodes to {out}")
     return 0
 

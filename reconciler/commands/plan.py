@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from reconciler import exiting
 from reconciler.commands import blobcache, db
-from schemas import output
+from schemas import output, progress
 from schemas.errors import PermanentError, UsageError
 
 if TYPE_CHECKING:
@@ -68,6 +68,7 @@ def register(sub: Any) -> None:
     p.add_argument("--policy", help="placement policy override (default: the Fleet's)")
     db.add_database_arguments(p)
     blobcache.add_arguments(p)
+    progress.add_argument(p)
     p.set_defaults(func=run)
 
 
@@ -120,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     if outcome is None:
         # Two trees loaded and planned are millions of long-lived objects: full collections
         # walked them all (a third of the run at 10,000 nodes) for no memory back.
-        with loading.collector_paused():
+        with loading.collector_paused(), progress.for_args(args, "plan") as shown, \
+                shown.phase("load base and head, plan"):
             pr, head, digest = _plan(args, head_rev, reader)
             exiting.skip_teardown()  # holds two trees' models: the console script need not free them
         outcome = plancache.Outcome(_render(pr, args.output), len(pr.errors), pr.changed,

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reconciler.commands import db
-from schemas import logs, signals
+from schemas import logs, notify, signals
 from schemas.errors import UsageError
 
 if TYPE_CHECKING:
@@ -178,7 +178,8 @@ def _run(args: argparse.Namespace) -> int:
                              interval=args.interval, policy=args.policy, log=_log_event,
                              max_failing_s=args.max_failing_seconds, migrate=not args.no_migrate)
         try:
-            last = loop.run(once=args.once)
+            with notify.serving(f"watching {source.label}"):  # systemd Type=notify: READY=1, then the watchdog
+                last = loop.run(once=args.once)
         finally:
             source.close()
     if loop.gave_up:

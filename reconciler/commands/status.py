@@ -13,7 +13,7 @@ import argparse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from reconciler.commands import db
+from reconciler.commands import db, repeating
 from schemas import output
 
 if TYPE_CHECKING:
@@ -24,6 +24,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("status", help="capacity per region x SKU, nodes and allocations, from the database")
     output.add_argument(p, "text")
     p.add_argument("--policy", help="placement policy override (default: the Fleet's)")
+    repeating.add_arguments(p)
     db.add_database_arguments(p)
     p.set_defaults(func=run)
 
@@ -105,8 +106,10 @@ def add_removed(doc: dict[str, Any], removed: Sequence[dict[str, Any]]) -> None:
             units.setdefault((n["region"], c["sku"]), set()).add(unit)
         for key, held in sorted(units.items()):
             offer = offers.get(key)
-            if offer is None:
-                offer = offers[key] = {"region": key[0], "sku": key[1], "capacity_shape": None, "unit": None,
+            if offer is None:  # every node of the product is gone from git: the offer is only what they hold
+                shape = next(c["capacity_shape"] for c in claims if c["sku"] == key[1])
+                offer = offers[key] = {"region": key[0], "sku": key[1], "capacity_shape": shape,
+                                       "unit": "node" if shape == "baremetal" else "slot",
                                        "total": 0, "in_use": 0, "free": 0, "usable": 0, "not_launchable": {},
                                        "sizes": [], "dedicated": {}}
                 doc["capacity"].append(offer)
@@ -218,7 +221,7 @@ def _capacity_and_the_rest(doc: dict[str, Any], out: list[str]) -> str:
     for o in doc["capacity"]:
         sizes = " ".join(f"{s['gpu_count']}g:{s['launchable']}" for s in o["sizes"])
         blocked = " ".join(f"{k}={v}" for k, v in o["not_launchable"].items()) or "-"
-        out.append(f"  {o['region']:<12} {o['sku']:<26} {o['unit'] or '-':<5} {o['total']:>5} {o['in_use']:>6} "
+        out.append(f"  {o['region']:<12} {o['sku']:<26} {o['unit']:<5} {o['total']:>5} {o['in_use']:>6} "
                    f"{o['free']:>5} {o['usable']:>6}  {sizes:<22} {blocked}")
         if o.get("removed_in_use"):
             out.append(f"      {o['removed_in_use']} in use on node(s) removed from git")
@@ -359,10 +362,5 @@ def _lifecycle_text(c: dict[str, Any] | None, status: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-
-    doc = collect(db.reading_url(args), policy=args.policy)
-    if output.structured(args.output):
-        output.emit(doc, args.output)
-    else:
-        print(render_text(doc))
-    return 0
+    url = db.reading_url(args)
+    return repeating.show(args, lambda: collect(url, policy=args.policy), render_text)

@@ -9,7 +9,7 @@ from typing import Any
 
 from reconciler import exiting
 from reconciler.commands import blobcache
-from schemas import output
+from schemas import output, progress
 
 
 def register(sub: Any) -> None:
@@ -22,6 +22,7 @@ def register(sub: Any) -> None:
                    help="state directory holding the blob cache (<DIR>/cache; default $GPUAAS_STATE_DIR, else "
                         "${XDG_CACHE_HOME:-~/.cache}/gpuaas); never inside a git checkout")
     blobcache.add_arguments(p)
+    progress.add_argument(p)
     p.set_defaults(func=run)
 
 
@@ -29,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
     from desired import loading
     from reconciler import sources, summary
     # The on-disk cache serves revisions (blob ids from git); a working tree is read and parsed as it is.
-    with loading.collector_paused():
+    with loading.collector_paused(), progress.for_args(args, "validate") as shown, \
+            shown.phase("read, parse and check the tree"):
         result = blobcache.open_reader(args).load(args.path, args.rev) if args.rev is not None \
             else sources.load(args.path, args.rev)
         exiting.skip_teardown()  # holds a tree's models: the console script need not free them

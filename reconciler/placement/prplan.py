@@ -52,6 +52,30 @@ class NodeChange:
 
 
 @dataclass(frozen=True, slots=True)
+class Affected:
+    """A running allocation on a node this change drains, re-modes or whose slots it changes."""
+
+    allocation_id: str
+    tenant: str
+    node: str
+    slot_indexes: tuple[int, ...]
+    change: str  # what happens to its node, in words (`admin_state: active -> draining`)
+
+
+@dataclass(frozen=True, slots=True)
+class SkuCapacity:
+    """Units of one product in one region before and after: total declared and usable (free, launchable)."""
+
+    region: str
+    sku: str
+    unit: str
+    total_before: int
+    total_after: int
+    usable_before: int
+    usable_after: int
+
+
+@dataclass(frozen=True, slots=True)
 class CapacityChange:
     region: str
     sku: str
@@ -76,6 +100,8 @@ class PrPlan:
     # Allocations holding claims that head no longer declares at all: nothing releases them
     # (only `state: released` does), so a reviewer should see them.
     orphaned: tuple[str, ...] = ()
+    affected: tuple[Affected, ...] = ()  # running allocations on the nodes this change touches
+    tenants: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # allocation -> tenant
     # What the hosts report that keeps capacity off the market (policies.hostreports), from `observed`:
     # (node, slot, codes); slot None for a node its host reports corrupt.
     host_blocked: tuple[tuple[str, int | None, tuple[str, ...]], ...] = ()
@@ -95,6 +121,21 @@ class PrPlan:
         return tuple(CapacityChange(r, s, g, before.get((r, s, g), 0), after.get((r, s, g), 0))
                      for r, s, g in sorted(set(before) | set(after))
                      if before.get((r, s, g), 0) != after.get((r, s, g), 0))
+
+    @property
+    def sku_capacity(self) -> tuple[SkuCapacity, ...]:
+        """Per region x SKU, total and usable units before -> after, where either moves."""
+        before = {(o.region, o.sku): o for o in self.capacity_before.offers}
+        after = {(o.region, o.sku): o for o in self.capacity_after.offers}
+        out = []
+        for key in sorted(set(before) | set(after)):
+            b, a = before.get(key), after.get(key)
+            either = a or b
+            row = SkuCapacity(key[0], key[1], either.unit if either is not None else "slot",
+                              b.total if b else 0, a.total if a else 0, b.usable if b else 0, a.usable if a else 0)
+            if (row.total_before, row.usable_before) != (row.total_after, row.usable_after):
+                out.append(row)
+        return tuple(out)
 
     @property
     def changed(self) -> bool:
@@ -197,17 +238,56 @@ def compose(base: DesiredState, head: DesiredState, observed: plans.Observed, *,
     # Offers only: a PR plan compares launchable counts (`capacity_changes`) and lists no node summaries.
     capacity_after = capacity.read_model(head, observed_after, policy=policy, engine=now, memo=side.memo,
                                          summaries=False)
+    nodes = _node_changes(modes_before, modes_after, diff=diff)
     return PrPlan(
         base_revision=base.revision, head_revision=head.revision, offline=offline, base_errors=base_errors,
         inventory=diff,
-        nodes=_node_changes(modes_before, modes_after, diff=diff),
+        nodes=nodes,
         plan=head_plan,
         base_pending=side.pending,
         capacity_before=side.offers,
         capacity_after=capacity_after,
-        orphaned=tuple(sorted({c.allocation_id for c in observed.claims} - set(head.allocations))),
+        orphaned=tuple(sorted({allocation_of(c.allocation_id) for c in observed.claims} - set(head.allocations))),
+        affected=_affected(observed, diff, nodes),
         host_blocked=host_blocked(observed),
+        tenants=MappingProxyType({**{allocation_of(c.allocation_id): c.tenant for c in observed.claims if c.tenant},
+                                  **{a: x.tenant for a, x in head.allocations.items()}}),
     )
+
+
+def allocation_of(label: str) -> str:
+    """The allocation a claim belongs to: a failed attempt's claims, still releasing, are labelled
+    `ID@attempt-N` for the planner (reconciler.store.lifecycle.retired_label); ids never hold `@`."""
+    return label.partition("@")[0]
+
+
+_LIVE = (states.ClaimStatus.RESERVED, states.ClaimStatus.PROVISIONING, states.ClaimStatus.ACTIVE)
+
+
+def _affected(observed: plans.Observed, diff: inventory_diff.InventoryDiff,
+              nodes: tuple[NodeChange, ...]) -> tuple[Affected, ...]:
+    """Running allocations on nodes whose Node or SlotMap, mode or slot eligibility this change moves."""
+    why: dict[str, list[str]] = {}
+    for c in diff.changes:
+        if c.kind in ("Node", "SlotMap"):
+            why.setdefault(c.name, []).append(f"{c.kind} {c.action}" + (f": {c.rendered_values()}" if c.fields
+                                                                       else ""))
+    for n in nodes:
+        if n.mode_before != n.mode_after:
+            why.setdefault(n.node, []).append(f"mode {n.mode_before} -> {n.mode_after}")
+    for sc in diff.slots:
+        if sc.schedulable_before and not sc.schedulable_after:
+            why.setdefault(sc.node, []).append(f"slot {sc.slot_index} stops being schedulable")
+    held: dict[tuple[str, str], list[int]] = {}
+    tenant: dict[str, str] = {}
+    for cl in observed.claims:
+        if cl.node in why and cl.status in _LIVE and "@" not in cl.allocation_id:
+            held.setdefault((cl.allocation_id, cl.node), [])
+            if cl.slot_index is not None:
+                held[(cl.allocation_id, cl.node)].append(cl.slot_index)
+            tenant[cl.allocation_id] = cl.tenant
+    return tuple(Affected(a, tenant[a], node, tuple(sorted(idx)), "; ".join(dict.fromkeys(why[node])))
+                 for (a, node), idx in sorted(held.items()))
 
 
 def host_blocked(observed: plans.Observed) -> tuple[tuple[str, int | None, tuple[str, ...]], ...]:

@@ -49,6 +49,23 @@ def node_changes(pr: PrPlan) -> list[NodeChange]:
     return [n for n in pr.nodes if (n.capability_before, n.mode_before) != (n.capability_after, n.mode_after)]
 
 
+def node_why(pr: PrPlan, n: NodeChange, arrow: str = "->") -> list[str]:
+    """Why a node's capability or mode moves: its capability reasons, else its Node/SlotMap edits."""
+    if n.why:
+        return list(n.why)
+    return [f"{c.kind}: {c.rendered_values(arrow)}" for c in pr.inventory.changes
+            if c.name == n.node and c.kind in ("Node", "SlotMap") and c.fields]
+
+
+def node_tenants(pr: PrPlan, node: str) -> str:
+    """`3 allocation(s) of acme, globex` running on a node this change touches; empty when none."""
+    here = [a for a in pr.affected if a.node == node]
+    if not here:
+        return ""
+    tenants = ", ".join(sorted({a.tenant for a in here}))
+    return f"{len(here)} running allocation(s) of {tenants}"
+
+
 def headline(pr: PrPlan) -> str:
     if not pr.valid:
         return f"{len(pr.errors)} validation error(s) in head; nothing planned"
@@ -118,9 +135,14 @@ def as_dict(pr: PrPlan) -> dict[str, Any]:
         "placements": [_placement(x) for x in pr.plan.placements],
         "pending": [{"allocation_id": x.allocation_id, "code": x.code, "message": x.message,
                      "new": x.allocation_id in new, "details": dict(x.details)} for x in pr.plan.pending],
-        "releases": [{"allocation_id": r.allocation_id, "node": r.node, "slot_indexes": list(r.slot_indexes)}
-                     for r in pr.plan.releases],
+        "releases": [{"allocation_id": r.allocation_id, "tenant": pr.tenants.get(r.allocation_id), "node": r.node,
+                      "slot_indexes": list(r.slot_indexes)} for r in pr.plan.releases],
         "orphaned": list(pr.orphaned),
+        "affected": [{"allocation_id": a.allocation_id, "tenant": a.tenant, "node": a.node,
+                      "slot_indexes": list(a.slot_indexes), "change": a.change} for a in pr.affected],
+        "sku_capacity": [{"region": c.region, "sku": c.sku, "unit": c.unit, "total_before": c.total_before,
+                          "total_after": c.total_after, "usable_before": c.usable_before,
+                          "usable_after": c.usable_after} for c in pr.sku_capacity],
         "host_drift": [{"node": n, "slot_index": i, "codes": list(c)} for n, i, c in pr.host_blocked],
         "capacity": [{"region": c.region, "sku": c.sku, "gpu_count": c.gpu_count, "before": c.before,
                       "after": c.after} for c in pr.capacity_changes],
@@ -173,9 +195,19 @@ def _text_nodes(pr: PrPlan) -> list[str]:
     for n in node_changes(pr):
         line = f"  {n.node:<24} capability {_moved(n.capability_before, n.capability_after):<34}"
         line += f" mode {_moved(n.mode_before, n.mode_after)}"
-        if n.why:
-            line += f"  ({', '.join(n.why)})"
+        why = node_why(pr, n) + ([node_tenants(pr, n.node)] if node_tenants(pr, n.node) else [])
+        if why:
+            line += f"  ({'; '.join(why)})"
         out.append(line.rstrip())
+    return out
+
+
+def _text_affected(pr: PrPlan) -> list[str]:
+    if not pr.affected:
+        return []
+    out = ["", "Running allocations on changed nodes (they keep running; drained nodes take no new ones):"]
+    out += [f"  {a.allocation_id:<24} tenant {a.tenant:<14} {a.node} slots [{_slots(a.slot_indexes)}]: {a.change}"
+            for a in pr.affected]
     return out
 
 
@@ -196,7 +228,7 @@ def _text_allocations(pr: PrPlan) -> list[str]:
     if pr.plan.releases:
         out += ["", "Releases:"]
         out += [f"  - {r.allocation_id:<24} {r.node} slots [{_slots(r.slot_indexes)}] -> cleanup"
-                for r in pr.plan.releases]
+                f" (tenant {pr.tenants.get(r.allocation_id, '-')})" for r in pr.plan.releases]
     if pr.orphaned:
         out += ["", "warning: allocations holding claims are no longer declared (set `state: released` to free "
                     "them): " + ", ".join(pr.orphaned)]
@@ -229,7 +261,11 @@ def render_text(pr: PrPlan) -> str:
         return _lines(out)
     if pr.base_errors:
         out.append(f"note: base has {len(pr.base_errors)} validation error(s); its state is partial")
-    out += _text_inventory(pr) + _text_nodes(pr) + _text_allocations(pr)
+    out += _text_inventory(pr) + _text_nodes(pr) + _text_affected(pr) + _text_allocations(pr)
+    if pr.sku_capacity:
+        out += ["", "Capacity per SKU (before -> after):"]
+        out += [f"  {c.region:<12} {c.sku:<26} total {c.total_before} -> {c.total_after} {c.unit}s, "
+                f"usable {c.usable_before} -> {c.usable_after}" for c in pr.sku_capacity]
     if pr.capacity_changes:
         out += ["", "Launchable capacity (before -> after):"]
         out += [f"  {c.region:<12} {c.sku:<26} {c.gpu_count} GPU: {c.before} -> {c.after}"
@@ -307,9 +343,14 @@ def render_markdown(pr: PrPlan) -> str:
     out += _details("Slots still not schedulable (added or changed nodes)", ["Node", "Slots", "Reasons"],
                     [[_code(node), _slots(tuple(idx)), _codes(reasons)]
                      for (node, reasons), idx in ineligible_groups(pr).items()])
-    out += _details("Nodes: capability and mode", ["Node", "Capability", "Mode", "Why"],
+    out += _details("Nodes: capability and mode", ["Node", "Capability", "Mode", "Why", "Running here"],
                     [[_code(n.node), _moved(n.capability_before, n.capability_after, "→"),
-                      _moved(n.mode_before, n.mode_after, "→"), _codes(n.why)] for n in node_changes(pr)])
+                      _moved(n.mode_before, n.mode_after, "→"),
+                      _codes(n.why) if n.why else "; ".join(node_why(pr, n, "→")) or "-",
+                      node_tenants(pr, n.node) or "-"] for n in node_changes(pr)])
+    out += _details("Running allocations on changed nodes", ["Allocation", "Tenant", "Node", "Slots", "Change"],
+                    [[_code(a.allocation_id), a.tenant, _code(a.node), _slots(a.slot_indexes),
+                      a.change] for a in pr.affected])
     out += _details("Placements", ["Allocation", "Tenant", "Request", "Node", "Slots", "VM profile"],
                     [[_code(x.allocation_id), x.tenant, f"{x.gpu_count}x {x.sku}", _code(x.node),
                       _slots(x.slot_indexes),
@@ -321,8 +362,12 @@ def render_markdown(pr: PrPlan) -> str:
     out += _details("Pending", ["Allocation", "Code", "Reason", "New"],
                     [[_code(y.allocation_id), _code(y.code), y.message, "yes" if y.allocation_id in new else "no"]
                      for y in pr.plan.pending])
-    out += _details("Releases", ["Allocation", "Node", "Slots"],
-                    [[_code(r.allocation_id), _code(r.node), _slots(r.slot_indexes)] for r in pr.plan.releases])
+    out += _details("Releases", ["Allocation", "Tenant", "Node", "Slots"],
+                    [[_code(r.allocation_id), pr.tenants.get(r.allocation_id, "-"), _code(r.node),
+                      _slots(r.slot_indexes)] for r in pr.plan.releases])
+    out += _details("Capacity per SKU", ["Region", "SKU", "Total", "Usable (free, launchable)"],
+                    [[c.region, _code(c.sku), f"{c.total_before} → {c.total_after} {c.unit}s",
+                      f"{c.usable_before} → {c.usable_after}"] for c in pr.sku_capacity])
     out += _details("Launchable capacity", ["Region", "SKU", "GPUs", "Before", "After"],
                     [[c.region, _code(c.sku), c.gpu_count, c.before, c.after] for c in pr.capacity_changes])
     return "\n".join(out) + "\n"

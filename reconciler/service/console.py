@@ -193,11 +193,13 @@ class ConsoleGateway:
                 with contextlib.suppress(BaseException):
                     await t
             stream.close()
-            code = {"cut": CLOSE_CUT, "failed": CLOSE_FAILED}.get(outcome, 1000)
-            with contextlib.suppress(Exception):
-                await websocket.close(code=code, reason=reason[:120])
-            await self._finish(session, outcome=outcome, reason=reason, started=started, bytes_in=counts["in"],
-                               bytes_out=counts["out"])
+            try:  # the audit row is final before the client hears the close
+                await self._finish(session, outcome=outcome, reason=reason, started=started,
+                                   bytes_in=counts["in"], bytes_out=counts["out"])
+            finally:
+                code = {"cut": CLOSE_CUT, "failed": CLOSE_FAILED}.get(outcome, 1000)
+                with contextlib.suppress(Exception):
+                    await websocket.close(code=code, reason=reason[:120])
             log.info("console %s %s (%s): %d bytes in, %d out", allocation_id, outcome, reason, counts["in"],
                      counts["out"])
 

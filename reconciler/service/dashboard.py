@@ -1,6 +1,10 @@
 """The operator dashboard: server-rendered HTML pages from Jinja2 templates (package data), no script, no CDN.
 
 Pages refresh themselves (`<meta http-equiv="refresh">`). The fleet page
+is where an operator acts: a search (`?q=` over node names, allocation ids
+and tenants; `?tenant=` for one tenant's allocations), the failed and stuck
+allocations with their reason, attempts and what the host said, and the
+history with retries collapsed (reconciler.service.lookups). The fleet page
 stays fast at any size: its header and the region overview are aggregate
 queries, and the nodes x slots grid is one page of nodes at a time (filter
 by region or by slot state, e.g. every node with drift). Capacity comes from
@@ -20,7 +24,7 @@ from urllib.parse import urlencode
 
 import jinja2
 
-from reconciler.service import api, capacities, reads
+from reconciler.service import api, capacities, lookups, reads
 from schemas.errors import GpuaasError
 
 PAGE_SIZE = 100
@@ -58,6 +62,10 @@ class Dashboard:
 
     def fleet(self, query: Mapping[str, Sequence[str]]) -> str:
         region, state = _one(query, "region"), _one(query, "state")
+        q, tenant = _one(query, "q"), _one(query, "tenant")
+        for name, value in (("q", q), ("tenant", tenant)):
+            if value is not None and len(value) > 200:
+                raise api.ApiError(400, api.BAD_REQUEST, f"{name} is longer than 200 characters")
         if state is not None and state not in reads.SLOT_STATES:
             raise api.ApiError(400, api.BAD_REQUEST, f"state must be one of {', '.join(reads.SLOT_STATES)}")
         try:
@@ -68,13 +76,15 @@ class Dashboard:
 
         with self._ctx.pool.reading() as conn:
             disrupted = [r for r in lifecycle.disruption(conn) if r["disrupted"]]
-            summary = reads.fleet_summary(conn)
             overview = reads.regions(conn)
+            summary = reads.fleet_summary(conn, overview=overview)  # its slot counts summed from the overview
             grid = reads.nodes(conn, region=region, state=state, limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE)
             pending = reads.pending(conn, limit=100)
             drift = reads.drift(conn)
-            recent = reads.history(conn, 10)
+            recent = lookups.collapsed(reads.history(conn, 100))  # a retry every 10 s is one row, counted
             health = history.health(conn)
+            troubled = lookups.troubled(conn)
+            found = lookups.search(conn, q, tenant) if q or tenant else None
         capacity, capacity_error = self._capacity()
         pages = max(1, math.ceil(grid["total"] / PAGE_SIZE))
         width = max((len(n["slots"]) for n in grid["items"]), default=0)
@@ -88,7 +98,7 @@ class Dashboard:
             "fleet.html", summary=summary, overview=overview, grid=grid, width=width, page=page, pages=pages,
             region=region, state=state, link=link, pending=pending, drift=drift, drift_shown=drift["findings"][:100],
             recent=recent, health=health, capacity=capacity, capacity_error=capacity_error,
-            slot_states=reads.SLOT_STATES, disrupted=disrupted)
+            slot_states=reads.SLOT_STATES, troubled=troubled, found=found, q=q, tenant=tenant, disrupted=disrupted)
 
     def node(self, name: str) -> str:
         with self._ctx.pool.reading() as conn:

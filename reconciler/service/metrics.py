@@ -23,9 +23,10 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from reconciler.service import capacities, reads, telemetries
+from reconciler.service import capacities, fleetgauges, reads, telemetries
 from reconciler.service.pool import Pool
 from reconciler.store import endpoints, history, leases, lifecycle
 from schemas.errors import GpuaasError
@@ -169,4 +170,6 @@ def _head_families(health: history.Health, now: dt.datetime | None) -> Iterator[
 def registry(pool: Pool, capacity: capacities.Cache) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
     reg.register(StoreCollector(pool, capacity))
+    reg.register(fleetgauges.LabelledCollector(pool, capacity))  # per node and region x SKU: what alerts need
+    ProcessCollector(registry=reg)  # process_cpu_seconds_total, process_resident_memory_bytes, open fds...
     return reg

@@ -227,6 +227,8 @@ class NodeSummary(_Doc):
     allocations: int
     slots_by_state: dict[str, int]
     slots: list[SlotSummary]
+    removed: bool = Field(False, description="removed from git while live claims remain on it (nothing released "
+                                             "them); it takes nothing new")
 
 
 class NodePage(_Doc):
@@ -401,6 +403,8 @@ class CapacityOffer(_Doc):
     not_launchable: dict[str, Any]
     sizes: list[CapacitySize]
     dedicated: dict[str, Any]
+    removed_in_use: int = Field(0, description="units in use on nodes removed from git (counted in total and "
+                                               "in_use)")
 
 
 class Capacity(_Doc):

@@ -414,13 +414,24 @@ def _onboarding(details: Any, firmware_ready: bool | None) -> dict[str, Any]:
 # ----------------------------------------------------------------- summary
 
 
-def fleet_summary(conn: Connection) -> dict[str, Any]:
-    """Counts for the dashboard's header and for /metrics: one round of aggregate queries."""
+def fleet_summary(conn: Connection, *, overview: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Counts for the dashboard's header and for /metrics: one round of aggregate queries.
+
+    `overview`: `regions(conn)` read in the same transaction; its slot counts are summed instead of
+    scanning every slot a second time (the dashboard reads both: 80,000 slots at 10,000 nodes).
+    """
     nodes_by = _rows(conn, "SELECT admin_state, count(*) AS n FROM nodes WHERE present GROUP BY admin_state")
     unhealthy = _rows(conn, "SELECT count(*) AS n FROM host_status h JOIN nodes n ON n.name = h.node_name"
                             " WHERE n.present AND h.healthy IS FALSE")[0]["n"]
-    slots_by = _rows(conn, f"SELECT {_SLOT_STATE_SQL} AS state, count(*) AS n FROM node_resource_slots s"  # noqa: S608
-                           " JOIN nodes n ON n.id = s.node_id WHERE s.present AND n.present GROUP BY 1")
+    if overview is not None:
+        summed: dict[str, int] = {}
+        for entry in overview:
+            for st, n in entry["slots"].items():
+                summed[st] = summed.get(st, 0) + n
+        slots_by: list[dict[str, Any]] = [{"state": st, "n": n} for st, n in summed.items()]
+    else:
+        slots_by = _rows(conn, f"SELECT {_SLOT_STATE_SQL} AS state, count(*) AS n FROM node_resource_slots s"  # noqa: S608
+                               " JOIN nodes n ON n.id = s.node_id WHERE s.present AND n.present GROUP BY 1")
     allocs_by = _rows(conn, "SELECT status, count(*) AS n FROM allocations WHERE present OR status <> 'pending'"
                             " GROUP BY status")
     pending_by = _rows(conn, "SELECT coalesce(pending_code, 'none') AS code, count(*) AS n FROM allocations"

@@ -48,6 +48,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from reconciler.service import api, asgi, capacities, dashboard, metrics, readiness
 from reconciler.service.pool import Pool
+from schemas import inputfiles
 from schemas.errors import GpuaasError, PermanentError, TemporaryError, UsageError
 
 if TYPE_CHECKING:
@@ -106,11 +107,14 @@ def load_token(path: Path) -> str:
             mode = stat.S_IMODE(st.st_mode)
             raise ServeError(f"token file {path} is accessible by group or others (mode {mode:04o}); chmod 600 {path}",
                              code="serve.token_file_permissions")
-        token = path.read_text(encoding="utf-8").strip()
+        # Bounded, regular file only, never quoted: a file named by mistake (a key, /dev/zero) is refused unread.
+        try:
+            token = inputfiles.read_text(path, limit=4 * inputfiles.KIB, code="serve.token_file_invalid",
+                                         what="token file").strip()
+        except PermanentError as e:
+            raise ServeError(e.message, code=e.code) from e
     except OSError as e:
         raise ServeError(f"cannot read token file {path}: {e.strerror or e}", code="serve.token_file_unreadable") from e
-    except UnicodeDecodeError as e:
-        raise ServeError(f"token file {path} is not UTF-8 text", code="serve.token_file_invalid") from e
     if not token or any(c.isspace() for c in token):
         raise ServeError(f"token file {path} must hold one token (no spaces), and not be empty",
                          code="serve.token_file_invalid")

@@ -33,7 +33,7 @@ from psycopg.types.json import Jsonb
 
 from reconciler.store import endpoints
 from reconciler.store.connections import Connection
-from schemas import dberrors, snapshots
+from schemas import dberrors, progress, snapshots
 from schemas import hostplans as codec
 from schemas.errors import PermanentError
 
@@ -147,8 +147,12 @@ def write_one(conn: Connection, node: str, *, revision: str | None = None) -> Wr
         return Written(node, plan.generation, changed=True)
 
 
-def write(conn: Connection, nodes: Iterable[str] | None = None, *, revision: str | None = None) -> list[Written]:
-    """Rebuild the plans of `nodes` (default: every present node and every node holding claims)."""
+def write(conn: Connection, nodes: Iterable[str] | None = None, *, revision: str | None = None,
+          shown: progress.Phase | None = None) -> list[Written]:
+    """Rebuild the plans of `nodes` (default: every present node and every node holding claims).
+
+    `shown` (a progress phase) gets the node count and advances per node.
+    """
     if nodes is None:
         with dberrors.wrapped("list nodes for host plans"):
             rows = conn.execute(
@@ -157,10 +161,15 @@ def write(conn: Connection, nodes: Iterable[str] | None = None, *, revision: str
                 " ORDER BY name").fetchall()
         nodes = [str(r[0]) for r in rows]
     out = []
-    for node in sorted(set(nodes)):
+    todo = sorted(set(nodes))
+    if shown is not None:
+        shown.total = len(todo)
+    for node in todo:
         written = write_one(conn, node, revision=revision)
         if written is not None:
             out.append(written)
+        if shown is not None:
+            shown.advance()
     return out
 
 

@@ -17,9 +17,9 @@ PLACE = "SELECT outcome FROM gpuaas_place(%s, %s, %s, 'slot', %s::jsonb, NULL, '
 
 def test_0006_upgrades_a_store_with_live_claims(empty_db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # 0011 alters a domain 0006 creates, so it comes after 0006 as in any real upgrade
-    # and the ingress endpoints (0058, 0059) with their triggers come after it (their columns, 0057, before:
-    # the inventory sync below writes them).
-    later = ["0058", "0059"]
+    # and what was written after the ingress columns (0057: the inventory sync below writes them) comes
+    # after it too: the ingress endpoints with their triggers (0058 on) and the later migrations that read 0011.
+    later = [m.version for m in migrations.available() if m.version >= "0058"]
     before = [m for m in migrations.available() if m.version not in ("0006", "0011", *later)]
     with connections.connect(empty_db_url, autocommit=True) as conn:
         with monkeypatch.context() as patched:  # the store as it was: 0001-0005 and 0050

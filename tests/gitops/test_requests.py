@@ -79,3 +79,33 @@ def test_release_keeps_comments_and_key_order(fleet_repo: Repo, capsys: pytest.C
 def test_release_of_an_unknown_allocation_is_an_error(fleet_repo: Repo, capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = _run(capsys, "release", "req-nope", "--repo", str(fleet_repo.root), "--commit")
     assert rc == 1 and "request.not_found" in err
+
+
+def _create(root: str, allocation_id: str, **extra: str) -> list[str]:
+    argv = ["create", "--repo", root, "--tenant", "acme", "--sku", "h200-sxm-slice", "--gpus", "1",
+            "--region", "us-east-1", "--id", allocation_id, "-o", "json"]
+    return argv + [x for k, v in extra.items() for x in (f"--{k}", v)]
+
+
+def test_the_request_reads_the_files_its_rules_need_not_every_node(
+        fleet_repo: Repo, capsys: pytest.CaptureFixture[str]) -> None:
+    """A request is checked against the Fleet, SKUs, images and any file spelling its id; node files are not parsed.
+
+    A SKU moved into a JSON-ish flow file in nodes/ is still found (the sniff is by kind, not directory), a
+    second declaration of the id anywhere is still a duplicate, and a node file broken beyond parsing does not
+    cost a tenant's request (CI reports it; parsing 4,000 such files made each request take seconds).
+    """
+    root = fleet_repo.root
+    sku = (root / "skus/h200-sxm-slice.yaml").read_text()
+    (root / "skus/h200-sxm-slice.yaml").unlink()
+    (root / "nodes/zz-sku.yaml").write_text(sku.replace("kind: Sku", 'kind: "Sku"'))
+    (root / "nodes/broken.yaml").write_text("kind: Node\nname: [unclosed\n")
+    rc, out, _ = _run(capsys, *_create(str(root), "req-ok-1"))
+    assert rc == 0, out
+
+    (root / "nodes/elsewhere.yaml").write_text(
+        (root / "allocations/req-ok-1.yaml").read_text().replace("req-ok-1", "req-dup-1"))
+    rc, out, _ = _run(capsys, *_create(str(root), "req-dup-1"))
+    assert rc == 1
+    assert "duplicate" in json.dumps(json.loads(out)["problems"])
+    assert not (root / "allocations/req-dup-1.yaml").exists()

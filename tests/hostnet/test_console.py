@@ -84,6 +84,21 @@ def _quietly(call: object, *args: object) -> None:
         call(*args)  # type: ignore[operator]
 
 
+def _start(daemon: guest.Libvirtd, wait_s: float = 180.0) -> None:
+    """Start the private libvirtd; while another one on this machine (a concurrent test run) holds libvirt's
+    fixed /run/libvirt/network/driver.pid, wait for it to finish rather than fail."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            daemon.start()
+            return
+        except TimeoutError as e:
+            daemon.stop()
+            if "driver.pid" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(3)
+
+
 @pytest.fixture(scope="module")
 def booted() -> Iterator[str]:
     """A TCG guest named as the gateway will look for it; yields its libvirt URI."""
@@ -104,7 +119,7 @@ def booted() -> Iterator[str]:
         _initramfs(initrd)
         daemon = guest.Libvirtd(work / "libvirt")
         stack.callback(daemon.stop)
-        daemon.start()
+        _start(daemon)
         doms = LibvirtDomains(daemon.uri)
         stack.callback(doms.close)
         vm = VmSpec(lab.ALLOC, lab.TENANT, (SlotBundle(0, "0000:00:00.0", None, "/dev/disk/by-id/none",

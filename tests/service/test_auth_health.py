@@ -71,6 +71,18 @@ def test_an_empty_or_missing_token_file_is_refused(tmp_path: Path) -> None:
     assert e.value.code in ("serve.token_file_invalid", "serve.token_file_permissions")
 
 
+def test_a_token_file_too_big_or_not_text_is_refused_unquoted(tmp_path: Path) -> None:
+    """A file named by mistake (a private key, a binary) is refused after a bounded read, never quoted."""
+    big, binary = tmp_path / "big", tmp_path / "binary"
+    big.write_text("SECRETLINE" * 1000)  # 10 KB: past the 4 KiB bound
+    binary.write_bytes(b"\xff\xfeSECRET")
+    for path in (big, binary):
+        path.chmod(0o600)
+        with pytest.raises(server.ServeError) as e:
+            server.load_token(path)
+        assert e.value.code == "serve.token_file_invalid" and "SECRET" not in e.value.message
+
+
 def test_every_request_but_healthz_needs_the_token(guarded: Served, token_file: Path) -> None:
     assert server.load_token(token_file) == TOKEN
     assert guarded.get("/healthz")[0] == 200

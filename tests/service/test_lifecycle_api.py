@@ -81,14 +81,14 @@ def test_a_silent_host_shows_in_liveness_and_its_allocations(served: Served, fle
         present = util.count(conn, "SELECT count(*) FROM nodes WHERE present")
         conn.execute("UPDATE host_status SET reported_at = now()")
     m = _metrics(served)
-    assert _by(m["gpuaas_nodes_liveness"], "state") == {"live": reported, "unavailable": 0,
+    assert _by(m["gpuaas_nodes_liveness"], "state") == {"live": reported, "unavailable": 0, "disrupted": 0,
                                                         "unknown": present - reported}
     assert m["gpuaas_allocations_host_unreachable"][()] == 0
 
     with connections.connect(fleet_url, autocommit=True) as conn:
         age_report(conn, DRIFT_NODE, 91)  # past the default TTL (90 s)
     m = _metrics(served)
-    assert _by(m["gpuaas_nodes_liveness"], "state") == {"live": reported - 1, "unavailable": 1,
+    assert _by(m["gpuaas_nodes_liveness"], "state") == {"live": reported - 1, "unavailable": 1, "disrupted": 0,
                                                         "unknown": present - reported}
     assert m["gpuaas_allocations_host_unreachable"][()] == len(placed)
     c = served.json(f"/api/v1/allocations/{ALLOC}")["lifecycle"]
