@@ -10,6 +10,8 @@ BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Recorded host sysfs trees (discovery and the host demo read them); build.py is their source.
 SYSFS := examples/sysfs/.built
+IRONIC_VENV := .gpuaas/ironic-venv
+IRONIC := $(IRONIC_VENV)/bin/ironic
 # This machine's pip.conf names local mirrors that may be absent; their warnings are noise.
 QUIET_PIP := { grep -v '^WARNING: Location' || true; }
 # Debian packages the product and its tests drive for real
@@ -34,7 +36,13 @@ lint: deps
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-deps: $(STAMP) $(SYSFS)
+deps: $(STAMP) $(SYSFS) $(IRONIC)
+
+# A standalone Ironic (fake-hardware) in its own venv: baremetal tests and the demo drive it for real.
+$(IRONIC):
+	@test -x $(IRONIC_VENV)/bin/python || python3 -m venv $(IRONIC_VENV)
+	$(IRONIC_VENV)/bin/pip install -q ironic 2>&1 | $(QUIET_PIP)
+	@test -x $@
 
 $(SYSFS): examples/sysfs/build.py $(STAMP)
 	$(BIN)/python examples/sysfs/build.py

@@ -226,6 +226,49 @@ class PlacementSettings(_Model):
         description="Per SKU, overrides pending_deadline_seconds (e.g. 0 for a SKU sold as wait-listed).")
 
 
+class CredentialRef(_Model):
+    """Where a machine provider's secret is read at run time: never the secret itself (never in git)."""
+
+    env: Annotated[str, Field(pattern=r"^[A-Z_][A-Z0-9_]{0,127}$")] | None = Field(
+        default=None, description="Name of an environment variable of the reconciler holding the secret.")
+    file: Annotated[str, Field(pattern=r"^/[^\x00-\x1f\x7f]{0,4095}$")] | None = Field(
+        default=None, description="Absolute path of a file on the reconciler's machine holding the secret.")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> CredentialRef:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("name exactly one of env or file")
+        return self
+
+
+class MachineProviderSpec(_Model):
+    """A machine provider that deploys and erases whole nodes for baremetal leases (issue 30)."""
+
+    name: Name = Field(description="The provider's name, which Node.machine.provider refers to.")
+    kind: Literal["ironic", "maas"] = Field(
+        description="ironic: OpenStack Ironic's REST API (noauth or a token); maas: MAAS REST API 2.0 with OAuth1.")
+    url: Annotated[str, Field(pattern=r"^https?://[^\s]{1,1000}$")] = Field(
+        description="Base URL: Ironic's endpoint (http://host:6385) or MAAS's (http://host:5240/MAAS).")
+    credentials: CredentialRef | None = Field(
+        default=None, description="MAAS: its API key (consumer:token:secret); Ironic: an auth token. "
+                                  "Omitted: no credentials (Ironic with auth_strategy = noauth).")
+    timeout_s: float = Field(default=10.0, gt=0, le=300, description="Per-request timeout of the provider's API.")
+    image_base_url: Annotated[str, Field(pattern=r"^(https?|file)://[^\s]{1,1000}$")] | None = Field(
+        default=None, description="Ironic: where an image whose source_ref is an alias (not a URL) is served "
+                                  "(the alias is appended). MAAS deploys aliases (osystem/release) itself.")
+
+
+class NodeMachine(_Model):
+    """Which machine provider serves a node for baremetal leases, and the node's id there."""
+
+    provider: Name = Field(description="A name from Fleet.machine_providers.")
+    machine_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")] = Field(
+        description="The machine's id at the provider: MAAS system_id, Ironic node name or UUID.")
+    ssh_address: Annotated[str, Field(pattern=r"^[A-Za-z0-9._:\[\]-]{1,255}$")] | None = Field(
+        default=None, description="host or host:port the readiness check connects to (TCP, default port 22); "
+                                  "omitted: the first address the provider reports.")
+    wipe_policy: Literal["secure_erase", "quick_erase"] = Field(
+        default="secure_erase", description="How the provider erases the disks when a lease is released.")
 class IngressSettings(_Model):
     """Fleet-wide limits of tenant ingress (public endpoints of slice VMs)."""
 
@@ -261,6 +304,8 @@ class Fleet(_Doc):
         default=3, ge=1, le=20,
         description="Provision attempts per allocation: after a permanent host failure the allocation is placed "
                     "again on another node until this many attempts failed, then it is failed.")
+    machine_providers: Annotated[tuple[MachineProviderSpec, ...], Strict(False)] = Field(
+        default=(), description="Machine providers (MAAS, Ironic) that deploy and erase nodes for baremetal leases.")
 
     @model_validator(mode="after")
     def _one_readiness_timeout(self) -> Fleet:
@@ -440,6 +485,8 @@ class Node(_Doc):
     org: Name | None = None
     firmware_profile: FirmwareProfile | None = None
     management_network: ManagementNetwork | None = None
+    machine: NodeMachine | None = Field(
+        default=None, description="The machine provider that deploys this node for baremetal leases.")
     public_addresses: Annotated[tuple[PublicAddress, ...], Strict(False)] = Field(
         default=(), description="Public IPv4 addresses this node owns (answers on); ingress.address is one of them.")
     ingress: NodeIngress | None = Field(

@@ -142,7 +142,7 @@ class Memo:
                 hit = self._kept[(kind, name)] = self._check(state, rules[kind], name, table[name])
                 clean = clean and not hit.problems
         self.checked, self.reused = len(wanted), len(self._kept) - len(wanted)
-        if not clean:
+        if not clean or any(True for _ in validation.machine_duplicates(state)):
             return None  # problems come in document order: the walk puts them there (reusing these checks)
         self.by_delta += 1
         return list(self._found)
@@ -160,6 +160,7 @@ class Memo:
         yield from validation._fleet(state)
         for rule in self._rules(state, owners):
             yield from self._each(kept, state, rule)
+        yield from validation.machine_duplicates(state)  # cross-node, O(nodes): never kept
 
     @staticmethod
     def _rules(state: DesiredState, owners: dict[str, list[tuple[str, int]]]) -> list[_Rule]:

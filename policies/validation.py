@@ -31,6 +31,7 @@ def validate(result: LoadResult) -> LoadResult:
     result.problems.extend(_nodes(state))
     result.problems.extend(_slot_maps(state))
     result.problems.extend(_allocations(state))
+    result.problems.extend(machine_duplicates(state))
     result.problems.extend(ingress_overlaps(state))
     return result
 
@@ -38,6 +39,44 @@ def validate(result: LoadResult) -> LoadResult:
 def _fleet(state: DesiredState) -> Iterator[p.Problem]:
     if state.fleet is None and state.file_count:
         yield p.Problem(p.FLEET_MISSING, "no Fleet document found; regions and pools are declared there", ".", 1, 1)
+    yield from _providers(state)
+
+
+def _providers(state: DesiredState) -> Iterator[p.Problem]:
+    """Machine providers (issue 30): unique names in Fleet.machine_providers."""
+    if state.fleet is None:
+        return
+    src = state.source("Fleet", state.fleet.name)
+    declared: set[str] = set()
+    for i, prov in enumerate(state.fleet.machine_providers):
+        if prov.name in declared:
+            yield src.at("machine_providers", i, "name", code=p.PROVIDER_DUPLICATE,
+                         message=f"machine provider {prov.name!r} is declared twice")
+        declared.add(prov.name)
+
+
+def _node_machine(state: DesiredState, src: Source, node: m.Node) -> Iterator[p.Problem]:
+    """A node's machine names a declared provider (a per-node rule: it reads only the Fleet)."""
+    if node.machine is None:
+        return
+    declared = {prov.name for prov in state.fleet.machine_providers} if state.fleet else set()
+    if node.machine.provider not in declared:
+        yield src.at("machine", "provider", code=p.NODE_MACHINE_PROVIDER,
+                     message=f"machine provider {node.machine.provider!r} is not declared in Fleet.machine_providers")
+
+
+def machine_duplicates(state: DesiredState) -> Iterator[p.Problem]:
+    """One machine (provider + machine_id) serves one node: a cross-node rule, run on every validation."""
+    seen: dict[tuple[str, str], str] = {}
+    for name, node in state.nodes.items():
+        if node.machine is None:
+            continue
+        key = (node.machine.provider, node.machine.machine_id)
+        other = seen.setdefault(key, name)
+        if other != name:
+            yield state.source("Node", name).at(
+                "machine", "machine_id", code=p.NODE_MACHINE_DUPLICATE,
+                message=f"machine {key[1]!r} of provider {key[0]!r} is already node {other!r}")
 
 
 def _regions(state: DesiredState) -> dict[str, set[str]]:
@@ -169,6 +208,7 @@ def _nodes(state: DesiredState) -> Iterator[p.Problem]:
                 code=p.NODE_PROFILE_TAGS,
                 message=f"a node carries exactly one gpuaas profile tag, found {len(profile)}",
             )
+        yield from _node_machine(state, src, node)
         yield from _node_ingress(src, node)
         if node.baremetal_sku is not None:
             sku = state.skus.get(node.baremetal_sku)

@@ -25,7 +25,8 @@ from schemas.errors import GpuaasError
 
 # The command groups, in the order `gpuaas --help` shows them; each is the module that registers it.
 NAMES = ("validate", "schema", "explain", "request", "demo", "host", "bench", "drift", "fleet", "simulate", "plan",
-         "status", "get", "describe", "run", "history", "db", "apply", "serve", "tenant", "usage", "slot", "completion")
+         "status", "get", "describe", "run", "history", "db", "apply", "serve", "tenant", "usage", "slot", "machine",
+         "completion")
 
 
 def command(name: str) -> Any:

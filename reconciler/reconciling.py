@@ -18,8 +18,11 @@ from typing import Any
 from desired import problems as p
 from desired.loading import DesiredState
 from policies import immutables
+from reconciler import leasing
 from reconciler.placement import planner as planning
 from reconciler.plans import Observed, Plan
+from reconciler.providers import protocols as provider_protocols
+from reconciler.providers.registry import Providers
 from reconciler.store import (
     claims,
     cleanup,
@@ -64,10 +67,12 @@ class ReconcileResult:
     host_plans: tuple[hostplans.Written, ...]
     rescheduled: tuple[lifecycle.Rescheduled, ...] = ()
     expired: tuple[deadlines.Expired, ...] = ()  # pending past the deadline: failed, sku_unavailable
+    leases: leasing.StepResult | None = None
 
     @property
     def changed(self) -> bool:
         return (self.sync.changed or self.absorbed.changed or self.applied.changed
+                or (self.leases is not None and self.leases.changed)
                 or any(w.changed for w in self.host_plans)
                 or any(r.outcome in ("rescheduled", "failed") for r in self.rescheduled) or bool(self.expired))
 
@@ -87,6 +92,7 @@ class ReconcileResult:
             "rescheduled": sum(1 for r in self.rescheduled if r.outcome == "rescheduled"),
             "provision_failed": sum(1 for r in self.rescheduled if r.outcome == "failed"),
             "deadline_failed": len(self.expired),
+            "leases_moved": len(self.leases.moved) if self.leases else 0,
         }
 
 
@@ -110,12 +116,17 @@ def max_attempts(state: DesiredState) -> int:
 
 def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = None, source: str = "",
               planner: Planner | None = None, fault: claims.Fault | None = None,
-              memory: inventory.Memory | None = None, shown: progress.Progress | None = None) -> ReconcileResult:
+              memory: inventory.Memory | None = None, shown: progress.Progress | None = None,
+              providers: Providers | None = None, probe: provider_protocols.SshProbe | None = None,
+              lease_fault: leasing.Fault | None = None) -> ReconcileResult:
     """Bring the store to `state`; every step is recorded in one history row.
 
     `planner` replaces the pure planner (a saved plan's guard, tests); otherwise
     `policy` picks the packing policy. `shown` reports each step as a phase
     (`gpuaas apply` on a terminal: a cold apply of 10,000 nodes runs minutes).
+    Baremetal leases on nodes that declare a machine provider are moved through
+    `providers` (default: built from the Fleet, credentials read at run time)
+    after the placements.
     """
     shown = shown or progress.Progress(style="off")
     planner = planner or planner_for(policy)
@@ -142,6 +153,9 @@ def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = Non
                              | inventory.changed_nodes(synced.changes) | {r.node for r in moved if r.node})
         with shown.phase("write host plans", unit="nodes") as ph:
             written = tuple(hostplans.write(conn, touched, revision=synced.revision, shown=ph))
+        leased = None
+        if any(n.machine is not None for n in state.nodes.values()) or providers is not None:
+            leased = leasing.step(conn, state, providers or Providers.of(state), probe=probe, fault=lease_fault)
     except Invalid as e:  # refused like invalid YAML: recorded once, with every problem; nothing was written
         history.finish(conn, run_id, result="error", counts={revisions.INVALID_COUNT: len(e.problems)},
                        problems=[{**x.as_dict(), "text": x.render()} for x in e.problems])
@@ -152,7 +166,7 @@ def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = Non
     except Exception as e:  # a bug: still leave a finished history row behind, then surface it
         history.finish(conn, run_id, result="error", problems=[{"code": "gpuaas.bug", "message": repr(e)}])
         raise
-    result = ReconcileResult(run_id, synced.revision, synced, absorbed, plan, applied, written, moved, expired)
+    result = ReconcileResult(run_id, synced.revision, synced, absorbed, plan, applied, written, moved, expired, leased)
     history.finish(conn, run_id, result="changed" if result.changed else "unchanged", counts=result.counts())
     return result
 

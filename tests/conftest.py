@@ -27,7 +27,8 @@ REAL_FIXTURES = frozenset({
     "trees", "tree_copy", "scratch",  # recorded sysfs trees built on disk
 })
 # Folders whose tests all drive real components (hosts, networks, the service, the loop).
-REAL_FOLDERS = ("tests/host/", "tests/hostnet/", "tests/service/", "tests/gitops/", "tests/claims/")
+REAL_FOLDERS = ("tests/host/", "tests/hostnet/", "tests/service/", "tests/gitops/", "tests/claims/",
+                "tests/baremetal/")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

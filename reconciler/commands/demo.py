@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     print(summary.render_text(summary.fleet_summary(result.state)))
     _claims_demo(args.path)
     _gitops_demo(args.path)
+    _baremetal_demo(args.path)
     _host_demo(args.path)
     return 0
 
@@ -72,6 +73,16 @@ def _gitops_demo(fleet: Path) -> None:
     from reconciler.store import connections
 
     gitops_demo.run(fleet, connections.database_url())
+
+
+def _baremetal_demo(fleet: Path) -> None:
+    """A lease deployed and released on a local Ironic, then alloc-0004 left active (reconciler.demo.baremetal)."""
+    from reconciler.demo import baremetal as baremetal_demo
+    from reconciler.demo import claims as claims_demo
+    from reconciler.store import connections, embedded
+
+    scratch = None if connections.external_url() else embedded.ensure(connections.state_dir()).url(claims_demo.DEMO_DB)
+    baremetal_demo.run(fleet, connections.database_url(), scratch)
 
 
 def _host_demo(fleet: Path) -> None:

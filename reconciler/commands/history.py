@@ -86,7 +86,10 @@ def render_allocation(doc: dict[str, Any]) -> str:
         head += f"; {c['failure_code']}: {c['failure_message']}"
     if c["host_unreachable"]:
         head += "; HOST_UNREACHABLE"
-    out = [head, f"  {'AT (UTC)':<19}  {'EVENT':<17}  {'STATE':<9}  {'NODE':<16}  {'TRY':>3}  DETAIL"]
+    # Baremetal lease steps (`baremetal.deploying`, ...) are the longest event names.
+    lease = any(str(t["event"]).startswith("baremetal.") for t in doc["transitions"])
+    wide, state_w = (27, 12) if lease else (17, 9)
+    out = [head, f"  {'AT (UTC)':<19}  {'EVENT':<{wide}}  {'STATE':<{state_w}}  {'NODE':<16}  {'TRY':>3}  DETAIL"]
     for t in doc["transitions"]:
         at = t["at"].astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
         d = t["details"]
@@ -97,7 +100,12 @@ def render_allocation(doc: dict[str, Any]) -> str:
             detail.append(f"{t['code']}" + (f" in {d['phase']}" if d.get("phase") else "") + f": {t['message']}")
         if d.get("next"):
             detail.append(f"next {d['next']}" + (", slots quarantined" if d.get("quarantined") else ""))
-        out.append(f"  {at:<19}  {t['event']:<17}  {t['state']:<9}  {_cell(t['node']):<16}  "
+        if d.get("provider"):
+            detail.append(f"{d['provider']}/{d.get('machine_id')} {d.get('provider_state') or ''}".rstrip()
+                          + (" (adopted)" if d.get("adopted") else ""))
+        if t["message"] and not t["code"]:
+            detail.append(str(t["message"]))
+        out.append(f"  {at:<19}  {t['event']:<{wide}}  {t['state']:<{state_w}}  {_cell(t['node']):<16}  "
                    f"{_cell(t['attempt']):>3}  {'; '.join(detail)}".rstrip())
     return "\n".join(out)
 

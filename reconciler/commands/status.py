@@ -32,7 +32,7 @@ def register(sub: Any) -> None:
 def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
     """The whole status document (plain data), read from the database at `url`."""
     from reconciler.placement import capacity
-    from reconciler.store import connections, endpoints, history, lifecycle, live, migrations, views
+    from reconciler.store import connections, endpoints, history, leases, lifecycle, live, migrations, views
     from schemas.errors import PermanentError
 
     with connections.connect(url, autocommit=True) as conn:
@@ -46,6 +46,9 @@ def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
         node_reasons = lifecycle.health_reasons(conn)
         cycles = lifecycle.lifecycles(conn)
         orphaned = views.orphaned(conn)
+        leased = leases.details(conn)
+        machines = leases.node_states(conn)
+        machine_drift = leases.drift(conn)
         removed = views.removed_nodes(conn)
         reachable = endpoints.current(conn)
         regions = lifecycle.disruption(conn)
@@ -58,6 +61,7 @@ def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
 
     catalog.priced(doc["capacity"], state.skus)  # the portal's price per region x SKU x GPU count
     add_lifecycle(doc, node_reasons, cycles)
+    add_baremetal(doc, leased, machines, machine_drift)
     doc["reconciliation"] = {
         "last_applied_revision": health.last_applied_revision, "last_applied_at": health.last_applied_at,
         "failing": {"since": health.failing_since, "failures": health.failures,
@@ -234,7 +238,7 @@ def _capacity_and_the_rest(doc: dict[str, Any], out: list[str]) -> str:
         org = f" org={n['org']}" if n["org"] else ""
         health = "" if n["healthy"] else _unhealthy(n)
         out.append(f"  {n['name']:<24} {n['region']:<12} {n['capability']:<16} {slots:<34} "
-                   f"{_node_mode(n)}{org}{health}{_host_drift(n)}")
+                   f"{_node_mode(n)}{org}{health}{_host_drift(n)}{_machine_text(n.get('machine'))}")
     out += ["", "Allocations:"]
     if not doc["allocations"]:
         out.append("  -")
@@ -252,10 +256,53 @@ def _capacity_and_the_rest(doc: dict[str, Any], out: list[str]) -> str:
         if a["pending"]:
             line += f"\n      {a['pending']['code']}: {a['pending']['message']}"
         line += _lifecycle_text(a.get("lifecycle"), a["status"])
+        line += _baremetal_text(a.get("baremetal"))
         out.append(line)
+    for d in doc.get("machine_drift") or []:
+        out.append(f"  DRIFT {d['provider']}/{d['machine_id']}: {d['code']}: {d['message']}")
     return "\n".join(out)
 
 
+def add_baremetal(doc: dict[str, Any], leased: dict[str, dict[str, Any]], machines: dict[str, dict[str, Any]],
+                  drift: list[dict[str, Any]]) -> None:
+    """Each lease's provider view, each node's machine state, and the providers' drift (issue 30)."""
+    for a in doc["allocations"]:
+        lease = leased.get(a["id"])
+        a["baremetal"] = None if lease is None else {
+            k: lease[k] for k in ("provider", "machine_id", "node", "phase", "provider_state", "provider_message",
+                                  "ssh_endpoint", "wait_code", "wait_message", "deploy_requests", "erase_requests",
+                                  "timings_s")}
+    for n in doc["nodes"]:
+        n["machine"] = machines.get(n["name"])
+    doc["machine_drift"] = drift
+
+
+def _machine_text(m: dict[str, Any] | None) -> str:
+    """A node's machine, when it says something: leased, erase failed, quarantined, slice profile owed."""
+    if not m:
+        return ""
+    out = ""
+    lease = m.get("lease")
+    if lease:
+        out += (f" CLEANUP_BLOCKED (erase of {lease['allocation_id']} failed)" if lease["phase"] == "erase_failed"
+                else f" leased ({lease['allocation_id']}: {lease['phase']})")
+    if m.get("quarantine"):
+        out += f"\n      QUARANTINED {m['quarantine']['code']}: {m['quarantine']['message']}"
+    if m.get("needs_slice_profile"):
+        out += "\n      node.slice_profile_owed: a lease wrote over the slice host; no slice until its agent reports"
+    return out
+
+
+def _baremetal_text(b: dict[str, Any] | None) -> str:
+    if not b:
+        return ""
+    out = (f"\n      baremetal: {b['phase']} via {b['provider']}/{b['machine_id']}"
+           f" ({b['provider_state'] or '-'})" + (f" ssh={b['ssh_endpoint']}" if b["ssh_endpoint"] else ""))
+    if b["wait_code"]:
+        out += f"\n      {b['wait_code']}: {b['wait_message']}"
+    elif b["provider_message"] and b["phase"] in ("deploy_failed", "erase_failed"):
+        out += f"\n      {b['provider_message']}"
+    return out
 def endpoint_text(found: list[dict[str, Any]]) -> str:
     """`ssh 203.0.113.13:20000 -> 10.100.0.10:22, tcp 203.0.113.13:20001 -> 10.100.0.10:8888`."""
     return ", ".join(f"{'ssh' if e['purpose'] == 'ssh' else 'tcp'} {e['public_address']}:{e['public_port']}"

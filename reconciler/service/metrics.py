@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from reconciler.service import capacities, fleetgauges, reads, telemetries
 from reconciler.service.pool import Pool
-from reconciler.store import endpoints, history, lifecycle
+from reconciler.store import endpoints, history, leases, lifecycle
 from schemas.errors import GpuaasError
 
 log = logging.getLogger("gpuaas.serve")
@@ -65,6 +65,7 @@ class StoreCollector(Collector):
             health = history.health(conn)
             summary = reads.fleet_summary(conn)
             cycle = lifecycle.summary(conn)
+            leased = leases.summary(conn)
             ports = endpoints.used_ports(conn)
             now = conn.execute("SELECT now()").fetchone()
             guests = list(telemetries.families(conn))  # guest GPU telemetry, by allocation label
@@ -121,6 +122,16 @@ class StoreCollector(Collector):
                      {(n,): used for n, (used, _) in ports.items()})
         yield _gauge("gpuaas_ingress_ports", "Public ingress ports a node declares (its range)", ["node"],
                      {(n,): size for n, (_, size) in ports.items()})
+        yield _gauge("gpuaas_baremetal_leases", "Baremetal leases through a machine provider, by phase", ["phase"],
+                     {(k,): leased["phases"].get(k, 0) for k in (
+                         "deploy_requested", "deploying", "active", "deploy_failed", "release_requested", "erasing",
+                         "erased", "erase_failed")})
+        yield _gauge("gpuaas_baremetal_leases_waiting", "Unfinished leases waiting, by reason code", ["code"],
+                     {(k,): v for k, v in leased["waiting"].items()})
+        yield GaugeMetricFamily("gpuaas_machines_quarantined", "Machines quarantined after a failed provider deploy",
+                                value=leased["quarantined"]["machines"])
+        yield _gauge("gpuaas_machine_drift", "Provider machines that disagree with our leases, by code", ["code"],
+                     {(k,): v for k, v in leased["drift"].items()})
         yield from self._capacity_families()
         yield from guests
 

@@ -136,6 +136,42 @@ class SshEndpoint(_Doc):
     port: int
 
 
+class BaremetalTimings(_Doc):
+    deploy: float | None
+    ssh: float | None
+    to_active: float | None
+    erase: float | None
+
+
+class Baremetal(_Doc):
+    """A whole-node lease through its machine provider (docs/baremetal.md): phase, machine, times, SSH endpoint."""
+
+    node: str
+    provider: str
+    machine_id: str
+    phase: str
+    wipe_policy: str
+    provider_state: str | None
+    provider_message: str | None
+    ssh_endpoint: str | None
+    wait_code: str | None
+    wait_message: str | None
+    waiting_since: str | None
+    deploy_requested_at: str | None
+    deploy_sent_at: str | None
+    deployed_at: str | None
+    active_at: str | None
+    failed_at: str | None
+    release_requested_at: str | None
+    erase_sent_at: str | None
+    erased_at: str | None
+    deploy_requests: int
+    erase_requests: int
+    adopted: int
+    erase_evidence: dict[str, Any]
+    timings_s: BaremetalTimings
+
+
 class Allocation(AllocationSummary):
     """One allocation: state and pending reason, placement, boot slot MAC and IP, host phase, claims, timestamps."""
 
@@ -145,6 +181,7 @@ class Allocation(AllocationSummary):
     lifecycle: Lifecycle | None
     endpoints: list[Endpoint] = []
     ssh: SshEndpoint | None = None
+    baremetal: Baremetal | None = None
 
 
 class TelemetryGpu(BaseModel):

@@ -31,12 +31,16 @@ from reconciler.store import history as store_history
 from reconciler.store.connections import Connection
 from schemas import dberrors, hostreports
 
-SLOT_STATES = ("available", "reserved", "provisioning", "active", "releasing", "cleanup", "blocked", "failed",
+SLOT_STATES = ("available", "reserved", "provisioning", "active", "leased", "releasing", "cleanup", "blocked", "failed",
                "disabled", "ineligible", "drift")
 ALLOCATION_STATES = ("pending", "reserved", "provisioning", "active", "releasing", "released", "failed")
 
 # The display state of a slot row `s` (see the module docstring; drift is added in Python or by DRIFT_SLOTS).
+# A free slot of a node leased whole (a live node_exclusive claim) is `leased`: never sold as a slot (issue 30).
 _SLOT_STATE_SQL = ("CASE WHEN s.status = 'cleanup_blocked' THEN 'blocked'"
+                   " WHEN s.status = 'available' AND EXISTS (SELECT 1 FROM allocation_resource_claims lc"
+                   " WHERE lc.node_id = s.node_id AND lc.claim_kind = 'node_exclusive'"
+                   " AND lc.status IN ('reserved', 'provisioning', 'active', 'releasing')) THEN 'leased'"
                    " WHEN s.status = 'available' AND NOT s.eligible THEN 'ineligible' ELSE s.status::text END")
 
 # Drift entries of every host report that are objects, with the slot index when it is a small integer.
@@ -198,12 +202,27 @@ def allocation(conn: Connection, allocation_id: str) -> dict[str, Any] | None:
                       "failed_at": iso(c["failed_at"])} for c in claims]
     doc["host"] = _host_view(conn, allocation_id, doc["node"])
     doc["lifecycle"] = _lifecycle(conn, allocation_id)
+    doc["baremetal"] = _baremetal(conn, allocation_id)
     # How the tenant gets in: public address:port -> the VM's private address (SSH first), on its current node.
     found = store_endpoints.current(conn, [allocation_id]).get(allocation_id, [])
     doc["endpoints"] = [e.as_dict() for e in found]
     ssh = next((e for e in found if e.ssh), None)
     doc["ssh"] = {"address": ssh.public_address, "port": ssh.public_port} if ssh else None
+    lease = doc["baremetal"]
+    if doc["ssh"] is None and lease is not None and lease["phase"] == "active" and lease["ssh_endpoint"]:
+        host, _, port = str(lease["ssh_endpoint"]).rpartition(":")  # a leased machine is reached directly
+        doc["ssh"] = {"address": host.strip("[]"), "port": int(port)}
     return doc
+
+
+def _baremetal(conn: Connection, allocation_id: str) -> dict[str, Any] | None:
+    """The lease through its machine provider (issue 30): phase, provider, machine, timings, SSH endpoint."""
+    from reconciler.store import leases
+
+    lease = leases.details(conn, [allocation_id]).get(allocation_id)
+    if lease is None:
+        return None
+    return {k: iso(v) for k, v in lease.items() if k != "allocation_id"}
 
 
 def _lifecycle(conn: Connection, allocation_id: str) -> dict[str, Any] | None:

@@ -49,6 +49,7 @@ RESCHEDULE_PATTERNS: tuple[str, ...] = (
     "host.readiness.%",  # no DHCP lease or no TCP answer before the readiness timeout
     "host.kvm_missing",
     "host.hugepages.%",
+    "baremetal.deploy.%",  # a machine provider's failed deploy (the machine is quarantined, issue 30)
 )
 
 DEFAULT_TTL_S = 90
@@ -326,10 +327,21 @@ def timeline(alloc: dict[str, Any], events: list[tuple[str, dict[str, Any], dt.d
                 "slot_indexes": list(p.get("slot_indexes") or []), "revision": p.get("revision")}))
         elif kind == "allocation.released":
             out.append(Transition(at, "released", "released"))
+        elif kind.startswith("baremetal."):  # a lease's provider phase (issue 30), on the attempt's node
+            phase = kind.removeprefix("baremetal.")
+            out.append(Transition(at, kind, _LEASE_STATES.get(phase, phase), node, message=p.get("message"), details={
+                                      k: p[k] for k in ("provider", "machine_id", "provider_state", "adopted",
+                                                        "evidence") if k in p}))
     if alloc["status"] == "pending" and alloc["pending_code"] and alloc["pending_since"] is not None:
         out.append(Transition(alloc["pending_since"], "waiting", "pending",
                               code=alloc["pending_code"], message=alloc["pending_message"]))
     order = {"requested": 0, "placed": 1, "ready": 2, "attempt_failed": 3, "release_requested": 3,
              "cleanup_proven": 4, "released": 5, "waiting": 6}
     # Steps of one transaction share a timestamp: break ties by the lifecycle's own order.
-    return sorted(out, key=lambda t: (t.at, order[t.event]))
+    return sorted(out, key=lambda t: (t.at, order.get(t.event, 1.5)))
+
+
+# A lease phase -> the allocation's lifecycle state it shows (the node names the attempt).
+_LEASE_STATES = {"deploy_requested": "provisioning", "deploying": "provisioning", "active": "ready",
+                 "deploy_failed": "provisioning", "release_requested": "releasing", "erasing": "cleanup",
+                 "erased": "cleanup", "erase_failed": "cleanup"}

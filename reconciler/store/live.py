@@ -13,7 +13,7 @@ from psycopg.rows import class_row
 
 from policies import hostreports, immutables
 from reconciler.plans import ExistingClaim, Observed, SlotKey
-from reconciler.store import lifecycle
+from reconciler.store import leases, lifecycle
 from reconciler.store.connections import Connection
 from schemas import dberrors
 from schemas.states import ClaimKind, ClaimStatus, SlotStatus
@@ -57,6 +57,10 @@ def observe(conn: Connection) -> Observed:
             "SELECT node_name, array_agg(digest_sha256 ORDER BY digest_sha256) FROM node_image_cache"
             " GROUP BY node_name").fetchall()
     silent = lifecycle.silent_nodes(conn)
+    # Baremetal (issue 30): a machine quarantined after a failed deploy takes nothing new, and a
+    # slice-tagged node a lease wrote over serves no slice until its host agent reports again.
+    blocked = leases.blocked_nodes(conn)
+    owed = leases.profile_debts(conn)
     avoid = lifecycle.avoided_nodes(conn)
     slot_blocks, corrupt = host_blocks(conn)
     slot_status: dict[SlotKey, SlotStatus] = {(str(n), int(i)): SlotStatus(str(s)) for n, i, s in odd}
@@ -67,8 +71,9 @@ def observe(conn: Connection) -> Observed:
                                    slot_index=c.slot_index, status=ClaimStatus(c.status), tenant=c.tenant)
                      for c in claims),
         slot_status=MappingProxyType(slot_status),
-        firmware_ready=MappingProxyType({str(n): bool(f) for n, _, f in hosts if f is not None}),
-        unavailable_nodes=frozenset(str(n) for n, healthy, _ in hosts if healthy is False) | silent,
+        firmware_ready=MappingProxyType({str(n): bool(f) for n, _, f in hosts if f is not None}
+                                        | {n: False for n in owed}),
+        unavailable_nodes=frozenset(str(n) for n, healthy, _ in hosts if healthy is False) | silent | blocked,
         placed=frozenset(str(r[0]) for r in placed),
         avoid=MappingProxyType(avoid),
         image_cache=MappingProxyType({str(n): frozenset(str(d) for d in ds) for n, ds in cached}),

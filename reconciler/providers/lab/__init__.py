@@ -1,0 +1,1 @@
+"""Provider labs: a standalone Ironic process and the MAAS simulator, for tests, the demo and benches."""
