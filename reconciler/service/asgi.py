@@ -212,6 +212,51 @@ class AgentRoutes:
         return JSONResponse(answer.model_dump(mode="json"))
 
 
+    async def rewipes(self, request: Request) -> Response:
+        node = await self._node(request)
+        if isinstance(node, JSONResponse):
+            return node
+        try:
+            answer = await self.gateway.rewipes(node)
+        except TemporaryError as e:
+            return _agent_error(503, api.DB_UNAVAILABLE, e.message, (("Retry-After", "1"),))
+        except GpuaasError as e:
+            log.error("rewipes of %s: %s: %s", node, e.code, e.message, extra={"event": "serve.agent.failed"})
+            return _agent_error(500, e.code, e.message)
+        return JSONResponse(answer.model_dump(mode="json"), headers={"Cache-Control": "no-store"})
+
+    async def answer_rewipe(self, request: Request) -> Response:  # noqa: PLR0911 - one return per outcome
+        from pydantic import ValidationError
+
+        from reconciler.service import agents as agent_service
+
+        node = await self._node(request)
+        if isinstance(node, JSONResponse):
+            return node
+        request_id = request.path_params["request_id"]
+        body = await request.body()
+        if len(body) > 64 * 1024:
+            return _agent_error(413, agentwire.TOO_LARGE, "a rewipe answer is at most 64 KiB")
+        try:
+            answer = agentwire.RewipeAnswer.model_validate_json(body)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "(document)"
+            return _agent_error(400, agentwire.REPORT_INVALID, f"rewipe answer: {where}: {first['msg']}")
+        try:
+            done = await self.gateway.answer_rewipe(node, request_id, answer)
+        except agent_service.RewipeNotFound as e:
+            return _agent_error(404, e.code, e.message)
+        except agent_service.RewipeAnswered as e:
+            return _agent_error(409, e.code, e.message)
+        except TemporaryError as e:
+            return _agent_error(503, api.DB_UNAVAILABLE, e.message, (("Retry-After", "1"),))
+        except GpuaasError as e:
+            log.error("rewipe answer of %s: %s: %s", node, e.code, e.message, extra={"event": "serve.agent.failed"})
+            return _agent_error(500, e.code, e.message)
+        return JSONResponse(done.model_dump(mode="json"))
+
+
 def _query_number(request: Request, name: str, kind: type[Any], default: Any, *, lo: float, hi: float) -> Any:
     text = request.query_params.get(name)
     if text is None:
@@ -319,6 +364,9 @@ def build(service: server.Service, gateway: agents.Gateway, *, allowed_hosts: Se
         Route(f"{agentwire.PREFIX}/nodes/{node}/plan", routes.plan, methods=["GET"]),
         Route(f"{agentwire.PREFIX}/nodes/{node}/heartbeat", routes.heartbeat, methods=["POST"]),
         Route(f"{agentwire.PREFIX}/nodes/{node}/reports/{{kind:str}}", routes.report, methods=["POST"]),
+        Route(f"{agentwire.PREFIX}/nodes/{node}/rewipes", routes.rewipes, methods=["GET"]),
+        Route(f"{agentwire.PREFIX}/nodes/{node}/rewipes/{{request_id:int}}", routes.answer_rewipe,
+              methods=["POST"]),
     ], lifespan=lifespan, exception_handlers={404: _no_route, 405: _no_method})
     read_side = _read_side(service)
     fast = _fast_watch(gateway)

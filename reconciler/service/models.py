@@ -390,7 +390,8 @@ class OpenApiDocument(BaseModel):
 MODELS: tuple[type[BaseModel], ...] = (
     Error, Allocation, AllocationPage, NodePage, Node, Drift, History, Usage, Capacity, Index, OpenApiDocument,
     Telemetry,
-    agentwire.PlanAnswer, agentwire.ReportAnswer, agentwire.HeartbeatAnswer, agentwire.StatusReport)
+    agentwire.PlanAnswer, agentwire.ReportAnswer, agentwire.HeartbeatAnswer, agentwire.StatusReport,
+    agentwire.RewipeRequests, agentwire.RewipeAnswer, agentwire.RewipeAnswered)
 
 
 def components() -> dict[str, Any]:
