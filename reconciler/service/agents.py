@@ -40,9 +40,9 @@ from typing import Any, Generic, TypeVar
 
 import psycopg
 import psycopg_pool
-from psycopg.types.json import Jsonb
 from anyio import to_thread
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from psycopg.types.json import Jsonb
 
 from reconciler.service import pool as pools
 from schemas import agentwire, dberrors, hostrows
