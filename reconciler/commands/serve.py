@@ -45,6 +45,11 @@ def register(sub: Any) -> None:
                    help="total time for one request, slow clients cut (default 60)")
     p.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
                    help="time to send a request head once started (default 10)")
+    p.add_argument("--console-credentials", type=Path, metavar="FILE",
+                   help="serve slice VM consoles (WebSocket /api/v1/allocations/ID/console) to these credentials "
+                        "(JSON, mode 0600, docs/access.md); without it there is no console route")
+    p.add_argument("--console-libvirt-uri", default="qemu+ssh://gpuaas@{node}/system", metavar="TEMPLATE",
+                   help="each node's libvirt for consoles, {node} replaced (default qemu+ssh://gpuaas@{node}/system)")
     p.add_argument("--log-format", choices=("text", "json"), help="log lines (default $GPUAAS_LOG_FORMAT or text)")
     db.add_database_arguments(p)
     p.set_defaults(func=run)
@@ -86,7 +91,8 @@ def _serve(args: argparse.Namespace) -> int:
         head_grace_s=args.unapplied_grace, refresh_s=args.refresh,
         capacity_refresh_s=args.capacity_refresh, policy=args.policy, allowed_hosts=tuple(args.allow_host),
         max_connections=args.max_connections, request_timeout_s=args.request_timeout,
-        header_timeout_s=args.header_timeout)
+        header_timeout_s=args.header_timeout, console_credentials=args.console_credentials,
+        console_libvirt_uri=args.console_libvirt_uri)
     _raise_open_files(settings.max_connections)
     import gc
 

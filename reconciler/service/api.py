@@ -200,7 +200,7 @@ def _param(name: str, where: str, description: str, schema: dict[str, Any] | Non
             "schema": schema or {"type": "string"}}
 
 
-SERVE_CODES = ("serve.host_not_allowed", "serve.request_timeout")
+SERVE_CODES = ("serve.host_not_allowed", "serve.request_timeout", "serve.too_many_connections")
 
 
 def _components() -> dict[str, Any]:
