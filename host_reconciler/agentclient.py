@@ -135,6 +135,12 @@ class AgentClient:
     def heartbeat(self) -> None:
         self._call("POST", agentwire.heartbeat_path(self.node))
 
+    def rewipes(self) -> agentwire.RewipeRequests:
+        return agentwire.RewipeRequests.model_validate(self._call("GET", agentwire.rewipes_path(self.node)))
+
+    def answer_rewipe(self, request_id: int, state: str, answer: dict[str, Any]) -> None:
+        self._call("POST", agentwire.rewipe_path(self.node, request_id), json={"state": state, "answer": answer})
+
 
 def _message(resp: httpx.Response) -> str:
     try:
@@ -212,6 +218,24 @@ class ServiceSource:
             if self.queued.get(kind) is doc:
                 del self.queued[kind]
         return True
+
+    def answer_rewipes(self, answer: Callable[[int], tuple[str, dict[str, Any]]]) -> None:
+        """Answer this node's pending rewipe requests with `answer(slot)`; the service away: next pass."""
+        try:
+            pending = self.client.rewipes().requests
+        except (ServiceUnreachable, ServiceRefused) as e:  # refused: a service older than this route
+            log.warning("rewipe requests not read: %s", e.message, extra={"event": "host.rewipe.unread"})
+            return
+        for req in pending:
+            outcome, detail = answer(req.slot_index)
+            try:
+                self.client.answer_rewipe(req.id, outcome, detail)
+            except ServiceRefused as e:  # answered meanwhile (another agent for this node?): nothing to redo
+                log.warning("rewipe request %d: answer refused: %s", req.id, e.message,
+                            extra={"event": "host.rewipe.refused", "request": req.id})
+                continue
+            log.info("rewipe request %d for slot %d: %s", req.id, req.slot_index, outcome,
+                     extra={"event": "host.rewipe", "request": req.id, "slot": req.slot_index, "outcome": outcome})
 
     def heartbeat(self) -> None:
         """A heartbeat request, unless a watch (which the service counts as one) went out within the period."""

@@ -159,10 +159,14 @@ class _Source:
         store.write_status(self.conn, result.status)
 
     def answer_rewipes(self, state: Any, plan: hostplans.HostPlan) -> None:
-        """Answer this node's `gpuaas slot rewipe` requests before the pass (database mode only)."""
+        """Answer this node's `gpuaas slot rewipe` requests before the pass (service or database mode)."""
+        from host_reconciler import rewiping, store
+
+        if self.service is not None:
+            self.service.answer_rewipes(lambda slot: rewiping.answer(state, plan, slot))
+            return
         if self.conn is None:
             return
-        from host_reconciler import rewiping, store
 
         for request_id, slot in store.read_rewipes(self.conn, self.node):
             outcome, answer = rewiping.answer(state, plan, slot)

@@ -7,7 +7,9 @@ the service (reconciler/service/agents.py), so neither imports the other.
          (long-poll, at most `wait` seconds) until the plan's generation differs from G
     POST /api/v1/agent/nodes/{node}/heartbeat              the agent is alive (batched by the service)
     POST /api/v1/agent/nodes/{node}/reports/{kind}         one report; `status` today (HostStatus.as_dict():
-         node and slot state, VMs, drift, errors, image cache, guest-marker readiness)
+         node and slot state, VMs, drift, errors, image cache, guest-marker readiness, guest GPU telemetry)
+    GET  /api/v1/agent/nodes/{node}/rewipes                the node's pending `gpuaas slot rewipe` requests
+    POST /api/v1/agent/nodes/{node}/rewipes/{id}           the agent's answer to one (accepted | refused)
 
 Every request carries `Authorization: Bearer <node token>`; a token names
 one node and is refused (403 `agent.forbidden`) for any other node's path.
@@ -17,7 +19,7 @@ service.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,7 +35,10 @@ REPORT_INVALID = "agent.report_invalid"  # a report of the wrong shape (or refus
 REPORT_STALE = "agent.report_stale"  # a report older than the one stored: ignored, nothing written
 REPORT_KIND_UNKNOWN = "agent.report_kind_unknown"
 TOO_LARGE = "agent.report_too_large"
-CODES = (UNAUTHORIZED, FORBIDDEN, REPORT_INVALID, REPORT_STALE, REPORT_KIND_UNKNOWN, TOO_LARGE)
+REWIPE_NOT_FOUND = "agent.rewipe_not_found"  # no such request for this node (another node's is not seen)
+REWIPE_ANSWERED = "agent.rewipe_answered"  # the request was answered already; nothing written
+CODES = (UNAUTHORIZED, FORBIDDEN, REPORT_INVALID, REPORT_STALE, REPORT_KIND_UNKNOWN, TOO_LARGE, REWIPE_NOT_FOUND,
+         REWIPE_ANSWERED)
 
 REPORT_KINDS = ("status",)
 
@@ -48,6 +53,14 @@ def heartbeat_path(node: str) -> str:
 
 def report_path(node: str, kind: str) -> str:
     return f"{PREFIX}/nodes/{node}/reports/{kind}"
+
+
+def rewipes_path(node: str) -> str:
+    return f"{PREFIX}/nodes/{node}/rewipes"
+
+
+def rewipe_path(node: str, request_id: int) -> str:
+    return f"{PREFIX}/nodes/{node}/rewipes/{request_id}"
 
 
 class PlanAnswer(BaseModel):
@@ -73,6 +86,35 @@ class HeartbeatAnswer(BaseModel):
     model_config = ConfigDict(extra="forbid")
     node: str
     accepted: bool
+
+
+class RewipeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: int = Field(ge=1)
+    slot_index: int = Field(ge=0)
+
+
+class RewipeRequests(BaseModel):
+    """This node's pending `gpuaas slot rewipe` requests (0054), oldest first."""
+
+    model_config = ConfigDict(extra="forbid")
+    node: str
+    requests: list[RewipeRequest]
+
+
+class RewipeAnswer(BaseModel):
+    """The agent's answer to one request (host_reconciler/rewiping.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    state: Literal["accepted", "refused"]
+    answer: dict[str, Any] = Field(default_factory=dict, description="why (for refused: code and message)")
+
+
+class RewipeAnswered(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    node: str
+    id: int
+    state: Literal["accepted", "refused"]
 
 
 class SlotReport(BaseModel):
@@ -105,3 +147,6 @@ class StatusReport(BaseModel):
     drift: list[dict[str, Any]] = Field(default_factory=list)
     errors: list[dict[str, Any]] = Field(default_factory=list)
     images: dict[str, Any] = Field(default_factory=dict)
+    telemetry: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, max_length=256,
+        description="allocation -> the guest's newest GPU sample (received_at: unix seconds; 0056)")

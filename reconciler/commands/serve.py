@@ -55,6 +55,11 @@ def register(sub: Any) -> None:
     p.add_argument("--webhook", metavar="URL", help="POST every allocation event here, signed (docs/portal.md)")
     p.add_argument("--webhook-secret-file", type=Path, metavar="FILE",
                    help="HMAC-SHA256 key of X-Gpuaas-Signature (mode 0600, at least 16 bytes)")
+    p.add_argument("--console-credentials", type=Path, metavar="FILE",
+                   help="serve slice VM consoles (WebSocket /api/v1/allocations/ID/console) to these credentials "
+                        "(JSON, mode 0600, docs/access.md); without it there is no console route")
+    p.add_argument("--console-libvirt-uri", default="qemu+ssh://gpuaas@{node}/system", metavar="TEMPLATE",
+                   help="each node's libvirt for consoles, {node} replaced (default qemu+ssh://gpuaas@{node}/system)")
     p.add_argument("--log-format", choices=("text", "json"), help="log lines (default $GPUAAS_LOG_FORMAT or text)")
     db.add_database_arguments(p)
     p.set_defaults(func=run)
@@ -114,7 +119,8 @@ def _serve(args: argparse.Namespace) -> int:
         max_connections=args.max_connections, request_timeout_s=args.request_timeout,
         header_timeout_s=args.header_timeout, tenant_tokens=args.tenant_tokens, intake_repo=args.intake_repo,
         intake_push=_remote_branch(args.intake_push), webhook_url=args.webhook,
-        webhook_secret=args.webhook_secret_file)
+        webhook_secret=args.webhook_secret_file,
+        console_credentials=args.console_credentials, console_libvirt_uri=args.console_libvirt_uri)
     _raise_open_files(settings.max_connections)
     import gc
 

@@ -42,6 +42,7 @@ import psycopg
 import psycopg_pool
 from anyio import to_thread
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from psycopg.types.json import Jsonb
 
 from reconciler.service import pool as pools
 from schemas import agentwire, dberrors, hostrows
@@ -154,6 +155,14 @@ class GatewayCollector:
 
 class ReportInvalid(PermanentError):
     code = agentwire.REPORT_INVALID
+
+
+class RewipeNotFound(PermanentError):
+    code = agentwire.REWIPE_NOT_FOUND
+
+
+class RewipeAnswered(PermanentError):
+    code = agentwire.REWIPE_ANSWERED
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,6 +418,37 @@ class Gateway:
             raise
         except GpuaasError as e:  # the database refused the report's contents (0008's checks)
             raise ReportInvalid(e.message) from e
+
+    # ----------------------------------------------------------- rewipes
+
+    async def rewipes(self, node: str) -> agentwire.RewipeRequests:
+        return await to_thread.run_sync(self._read_rewipes, node)
+
+    def _read_rewipes(self, node: str) -> agentwire.RewipeRequests:
+        with self._connection(f"read the rewipe requests of {node}") as conn, conn.transaction():
+            _as_node(conn, node)
+            rows = conn.execute("SELECT id, slot_index FROM slot_rewipe_requests WHERE node_name = %s"
+                                " AND state = 'pending' ORDER BY id", (node,)).fetchall()
+        return agentwire.RewipeRequests(node=node, requests=[
+            agentwire.RewipeRequest(id=int(r[0]), slot_index=int(r[1])) for r in rows])
+
+    async def answer_rewipe(self, node: str, request_id: int,
+                            answer: agentwire.RewipeAnswer) -> agentwire.RewipeAnswered:
+        return await to_thread.run_sync(self._answer_rewipe, node, request_id, answer)
+
+    def _answer_rewipe(self, node: str, request_id: int, answer: agentwire.RewipeAnswer) -> agentwire.RewipeAnswered:
+        # As the node: another node's request is invisible (row-level security), so it is "not found", never written.
+        with self._connection(f"answer rewipe request {request_id} of {node}") as conn, conn.transaction():
+            _as_node(conn, node)
+            row = conn.execute("UPDATE slot_rewipe_requests SET state = %s, answered_at = now(), answer = %s"
+                               " WHERE id = %s AND state = 'pending' RETURNING id",
+                               (answer.state, Jsonb(answer.answer), request_id)).fetchone()
+            if row is None:
+                seen = conn.execute("SELECT state FROM slot_rewipe_requests WHERE id = %s", (request_id,)).fetchone()
+                if seen is None:
+                    raise RewipeNotFound(f"no rewipe request {request_id} for node {node}")
+                raise RewipeAnswered(f"rewipe request {request_id} was answered already ({seen[0]})")
+        return agentwire.RewipeAnswered(node=node, id=request_id, state=answer.state)
 
     # -------------------------------------------------------- heartbeats
 

@@ -249,7 +249,7 @@ def _param(name: str, where: str, description: str, schema: dict[str, Any] | Non
             "schema": schema or {"type": "string"}}
 
 
-SERVE_CODES = ("serve.host_not_allowed", "serve.request_timeout")
+SERVE_CODES = ("serve.host_not_allowed", "serve.request_timeout", "serve.too_many_connections")
 
 
 def _components() -> dict[str, Any]:
@@ -357,6 +357,13 @@ OPENAPI: dict[str, Any] = {
             "post", "The node's status after a pass (slots, VMs, drift, errors, image cache, guest readiness); "
                     "a report older than the stored one is ignored (written=false)", agentwire.ReportAnswer,
             body=agentwire.StatusReport),
+        "/agent/nodes/{node}/rewipes": _agent("get", "This node's pending `gpuaas slot rewipe` requests, oldest first",
+                                              agentwire.RewipeRequests),
+        "/agent/nodes/{node}/rewipes/{id}": _agent(
+            "post", f"The agent's answer to one rewipe request; 404 {agentwire.REWIPE_NOT_FOUND} for a request that "
+                    f"is not this node's, 409 {agentwire.REWIPE_ANSWERED} when answered already",
+            agentwire.RewipeAnswered, _param("id", "path", "the request id", {"type": "integer", "minimum": 1}),
+            body=agentwire.RewipeAnswer),
     },
 }
 

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,7 @@ log = logging.getLogger("gpuaas.serve")
 
 HOST_NOT_ALLOWED = "serve.host_not_allowed"
 REQUEST_TIMEOUT = "serve.request_timeout"
+TOO_MANY_CONNECTIONS = "serve.too_many_connections"
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
@@ -71,6 +73,21 @@ async def _send_json(send: Send, status: int, doc: Any, headers: Sequence[tuple[
     await send({"type": "http.response.body", "body": body})
 
 
+async def _deny(scope: Scope, receive: Receive, send: Send, status: int, doc: Any) -> None:
+    """An HTTP error answer; for a WebSocket handshake, the same answer as its HTTP response (never accepted)."""
+    if scope["type"] != "websocket":
+        await _send_json(send, status, doc)
+        return
+    await receive()  # websocket.connect
+    if "websocket.http.response" in scope.get("extensions", {}):
+        body = _json_bytes(doc)
+        await send({"type": "websocket.http.response.start", "status": status,
+                    "headers": _headers("application/json", len(body), ())})
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:  # a server without the denial-response extension answers 403
+        await send({"type": "websocket.close", "code": 1008})
+
+
 def host_name(value: str) -> str:
     """The name part of a Host header: `[::1]:8080` -> `::1`, `Example.COM.:80` -> `example.com`."""
     value = value.strip().lower()
@@ -88,14 +105,15 @@ class HostAllowList:
         self.allowed = frozenset(host_name(a) for a in allowed if a != "*")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.any or scope.get("path") == "/healthz":
+        # WebSockets too: a console handshake from a page on a rebound name is refused like any request.
+        if scope["type"] not in ("http", "websocket") or self.any or scope.get("path") == "/healthz":
             await self.app(scope, receive, send)
             return
         given = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"host"), "")
         if host_name(given) in self.allowed:
             await self.app(scope, receive, send)
             return
-        await _send_json(send, 421, api.error_body(
+        await _deny(scope, receive, send, 421, api.error_body(
             HOST_NOT_ALLOWED, f"this server does not answer for Host {given[:100]!r} (serve --allow-host NAME)"))
 
 
@@ -212,6 +230,51 @@ class AgentRoutes:
         return JSONResponse(answer.model_dump(mode="json"))
 
 
+    async def rewipes(self, request: Request) -> Response:
+        node = await self._node(request)
+        if isinstance(node, JSONResponse):
+            return node
+        try:
+            answer = await self.gateway.rewipes(node)
+        except TemporaryError as e:
+            return _agent_error(503, api.DB_UNAVAILABLE, e.message, (("Retry-After", "1"),))
+        except GpuaasError as e:
+            log.error("rewipes of %s: %s: %s", node, e.code, e.message, extra={"event": "serve.agent.failed"})
+            return _agent_error(500, e.code, e.message)
+        return JSONResponse(answer.model_dump(mode="json"), headers={"Cache-Control": "no-store"})
+
+    async def answer_rewipe(self, request: Request) -> Response:  # noqa: PLR0911 - one return per outcome
+        from pydantic import ValidationError
+
+        from reconciler.service import agents as agent_service
+
+        node = await self._node(request)
+        if isinstance(node, JSONResponse):
+            return node
+        request_id = request.path_params["request_id"]
+        body = await request.body()
+        if len(body) > 64 * 1024:
+            return _agent_error(413, agentwire.TOO_LARGE, "a rewipe answer is at most 64 KiB")
+        try:
+            answer = agentwire.RewipeAnswer.model_validate_json(body)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "(document)"
+            return _agent_error(400, agentwire.REPORT_INVALID, f"rewipe answer: {where}: {first['msg']}")
+        try:
+            done = await self.gateway.answer_rewipe(node, request_id, answer)
+        except agent_service.RewipeNotFound as e:
+            return _agent_error(404, e.code, e.message)
+        except agent_service.RewipeAnswered as e:
+            return _agent_error(409, e.code, e.message)
+        except TemporaryError as e:
+            return _agent_error(503, api.DB_UNAVAILABLE, e.message, (("Retry-After", "1"),))
+        except GpuaasError as e:
+            log.error("rewipe answer of %s: %s: %s", node, e.code, e.message, extra={"event": "serve.agent.failed"})
+            return _agent_error(500, e.code, e.message)
+        return JSONResponse(done.model_dump(mode="json"))
+
+
 def _query_number(request: Request, name: str, kind: type[Any], default: Any, *, lo: float, hi: float) -> Any:
     text = request.query_params.get(name)
     if text is None:
@@ -302,8 +365,34 @@ def _fast_watch(gateway: agents.Gateway) -> Callable[[Scope, Send], Awaitable[bo
     return handle
 
 
+def _websockets(console_app: ASGIApp | None, connections: Callable[[], int] | None,
+                max_connections: int) -> ASGIApp:
+    """WebSocket handshakes: the console route when `serve --console-credentials` mounted it, else 404.
+
+    uvicorn's --limit-concurrency refuses HTTP requests only, never an upgrade:
+    a console is refused here (503) once the server holds `max_connections`.
+    """
+    from reconciler.service import console
+
+    pattern = re.compile("^" + re.escape(console.PATH).replace(re.escape("{allocation_id}"), "[^/]+") + "$")
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if console_app is None or not pattern.match(path):
+            await _deny(scope, receive, send, 404, api.error_body(api.ROUTE_NOT_FOUND,
+                                                                  f"no such WebSocket path: {path[:200]}"))
+        elif connections is not None and connections() > max_connections:
+            await _deny(scope, receive, send, 503, api.error_body(
+                TOO_MANY_CONNECTIONS, f"this server holds {max_connections} connections (serve --max-connections)"))
+        else:
+            await console_app(scope, receive, send)
+
+    return app
+
+
 def build(service: server.Service, gateway: agents.Gateway, *, allowed_hosts: Sequence[str],
-          request_timeout_s: float) -> ASGIApp:
+          request_timeout_s: float, console_app: ASGIApp | None = None,
+          connections: Callable[[], int] | None = None, max_connections: int = 16384) -> ASGIApp:
     routes = AgentRoutes(gateway)
     node = "{node:str}"
 
@@ -319,9 +408,13 @@ def build(service: server.Service, gateway: agents.Gateway, *, allowed_hosts: Se
         Route(f"{agentwire.PREFIX}/nodes/{node}/plan", routes.plan, methods=["GET"]),
         Route(f"{agentwire.PREFIX}/nodes/{node}/heartbeat", routes.heartbeat, methods=["POST"]),
         Route(f"{agentwire.PREFIX}/nodes/{node}/reports/{{kind:str}}", routes.report, methods=["POST"]),
+        Route(f"{agentwire.PREFIX}/nodes/{node}/rewipes", routes.rewipes, methods=["GET"]),
+        Route(f"{agentwire.PREFIX}/nodes/{node}/rewipes/{{request_id:int}}", routes.answer_rewipe,
+              methods=["POST"]),
     ], lifespan=lifespan, exception_handlers={404: _no_route, 405: _no_method})
     read_side = _read_side(service)
     fast = _fast_watch(gateway)
+    websockets = _websockets(console_app, connections, max_connections)
 
     async def dispatch(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan" or scope.get("path", "").startswith(agentwire.PREFIX + "/"):
@@ -333,5 +426,7 @@ def build(service: server.Service, gateway: agents.Gateway, *, allowed_hosts: Se
             await portal.handle(service, scope, receive, send)
         elif scope["type"] == "http":
             await read_side(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await websockets(scope, receive, send)
 
     return HostAllowList(Deadline(dispatch, request_timeout_s), allowed_hosts)

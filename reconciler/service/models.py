@@ -437,6 +437,7 @@ MODELS: tuple[type[BaseModel], ...] = (
     Error, Allocation, AllocationPage, NodePage, Node, Drift, History, Usage, Capacity, Index, OpenApiDocument,
     Telemetry,
     agentwire.PlanAnswer, agentwire.ReportAnswer, agentwire.HeartbeatAnswer, agentwire.StatusReport,
+    agentwire.RewipeRequests, agentwire.RewipeAnswer, agentwire.RewipeAnswered,
     *portalmodels.MODELS)
 
 

@@ -145,6 +145,8 @@ class Settings:
     webhook_url: str | None = None  # every allocation event POSTed here, signed (webhooks.py)
     webhook_secret: Path | None = None
     webhook_backoff_s: float = 1.0
+    console_credentials: Path | None = None  # None: no console gateway (the route answers 404)
+    console_libvirt_uri: str = "qemu+ssh://gpuaas@{node}/system"
 
     def hosts(self) -> tuple[str, ...]:
         """The Host names answered: loopback names, the listen address (unless a wildcard), --allow-host."""
@@ -424,7 +426,8 @@ class _Uvicorn(uvicorn.Server):
 class HTTPServer:
     """A bound socket and the uvicorn server that serves `service` on it (the caller runs `serve_forever`)."""
 
-    def __init__(self, sock: socket.socket, service: Service, settings: Settings) -> None:
+    def __init__(self, sock: socket.socket, service: Service, settings: Settings,
+                 console_app: asgi.ASGIApp | None = None) -> None:
         from reconciler.service import agents
 
         self.service = service
@@ -433,8 +436,11 @@ class HTTPServer:
         service.gateway = self.gateway
         service.registry.register(agents.GatewayCollector(self.gateway))
         app = asgi.build(service, self.gateway, allowed_hosts=settings.hosts(),
-                         request_timeout_s=settings.request_timeout_s)
+                         request_timeout_s=settings.request_timeout_s, console_app=console_app,
+                         connections=lambda: len(self._server.server_state.connections),
+                         max_connections=settings.max_connections)
         config = uvicorn.Config(app, http=_protocol_with_header_deadline(settings.header_timeout_s),
+                                ws="websockets-sansio",
                                 loop="auto", lifespan="on", access_log=False, log_config=None, server_header=False,
                                 date_header=False, limit_concurrency=settings.max_connections,
                                 timeout_keep_alive=30, timeout_graceful_shutdown=5, backlog=4096)
@@ -491,6 +497,12 @@ def _bind(host: str, port: int) -> socket.socket:
 def make_server(url: str, settings: Settings) -> HTTPServer:
     """Bind (the caller runs `serve_forever` and, at the end, `shutdown` and `server_close`)."""
     settings.check()
+    console_app = None
+    if settings.console_credentials is not None:  # a bad credentials file stops startup before anything binds
+        from reconciler.service import console
+
+        console_app = console.app(console.gateway_from(url, settings.console_credentials,
+                                                       settings.console_libvirt_uri))
     service = Service(url, settings)
     try:
         sock = _bind(settings.host, settings.port)
@@ -499,7 +511,7 @@ def make_server(url: str, settings: Settings) -> HTTPServer:
         raise ServeError(f"cannot listen on {settings.host}:{settings.port}: {e.strerror or e}",
                          code="serve.listen_failed") from e
     service.capacity.warm()
-    return HTTPServer(sock, service, settings)
+    return HTTPServer(sock, service, settings, console_app)
 
 
 def token_from(path: str | os.PathLike[str] | None) -> str | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,7 @@ from reconciler import cli, reconciling
 from reconciler.store import connections
 from tests.host.conftest import Lab
 from tests.host.test_reschedule import current_node, desired
+from tests.service.conftest import serve
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, object]]:
@@ -82,3 +84,41 @@ def test_rewipe_of_an_unknown_slot_is_a_coded_error(db_url: str, capsys: pytest.
     capsys.readouterr()
     assert cli.main(["slot", "rewipe", "nope", "0", "--db-url", db_url]) != 0
     assert "slot.unknown" in capsys.readouterr().err
+
+
+def test_the_agent_behind_the_service_answers_a_rewipe(
+        lab: Lab, db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same flow with the agent given no database: plan, reports and the rewipe answer go through serve."""
+    state = desired(lab, digest=lab.digest)
+    credential = tmp_path / "node.token"
+    with connections.connect(db_url, autocommit=True) as conn:
+        reconciling.reconcile(conn, state)
+        slot = current_node(conn)[1][0]
+        assert cli.main(["host", "token", "issue", "node-a", "--out", str(credential), "--db-url", db_url]) == 0
+        for s in serve(db_url):
+            monkeypatch.delenv("GPUAAS_DATABASE_URL", raising=False)
+            converge = ("host", "converge", "--node", "node-a", "--service", s.url, "--credential", str(credential),
+                        "--config", str(lab.write_config()), "-o", "json")
+            assert _cli(capsys, *converge)[0] == 0
+            released = {"state": m.AllocationState.RELEASED}
+            state.allocations["alloc-1"] = state.allocations["alloc-1"].model_copy(update=released)
+            reconciling.reconcile(conn, state)
+            point = lab.loops.mount(lab.slot_disks[slot])
+            try:
+                rc, doc = _cli(capsys, *converge)
+            finally:
+                subprocess.run(["umount", str(point)], check=True)
+            mine = next(x for x in doc["slots"] if x["slot_index"] == slot)  # type: ignore[attr-defined]
+            assert rc == 2 and mine["state"] == "cleanup_blocked"
+            rc, asked = _cli(capsys, "slot", "rewipe", "node-a", str(slot), "--reason", "disk unmounted",
+                             "--by", "ops", "--db-url", db_url, "-o", "json")
+            assert rc == 0 and asked["outcome"] == "requested"
+            rc, doc = _cli(capsys, *converge)
+            mine = next(x for x in doc["slots"] if x["slot_index"] == slot)  # type: ignore[attr-defined]
+            assert rc == 0 and mine["state"] == "available" and mine["wipe_state"] == "verified", mine
+        answer = conn.execute("SELECT state, answer FROM slot_rewipe_requests").fetchall()
+        assert [a[0] for a in answer] == ["accepted"] and answer[0][1]["allocation_id"] == "alloc-1"
+        reported = conn.execute("SELECT wipe_state FROM host_slot_status WHERE node_name = 'node-a'"
+                                " AND slot_index = %s", (slot,)).fetchone()
+        assert reported == ("verified",)  # the report went through the API too
