@@ -75,8 +75,8 @@ def round_(url: str, maas_url: str, ssh: str, leases: int, mode: str, seed: int,
            kill_p: float, key: str) -> int | None:
     """One run of the victim; SIGKILLed after `kill_after` seconds when given. Returns its exit status."""
     env = {**os.environ, KILL_P_ENV: str(kill_p), KEY_ENV: key}
-    proc = subprocess.Popen([sys.executable, "-m", "reconciler.bench.leasekill", url, maas_url, ssh, str(leases),
-                             mode, str(seed)], env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "reconciler.bench.leasekill", "--", url, maas_url, ssh,
+                             str(leases), mode, str(seed)], env=env)
     try:
         if kill_after is not None:
             try:
@@ -164,5 +164,5 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    a = sys.argv[1:7]
+    a = sys.argv[2:8] if sys.argv[1:2] == ["--"] else sys.argv[1:7]
     sys.exit(victim(a[0], a[1], a[2], int(a[3]), a[4], int(a[5])))

@@ -91,10 +91,10 @@ class IronicService:
         (self.dir / "locks").mkdir(exist_ok=True)
         conf = self.dir / "ironic.conf"
         conf.write_text(_CONFIG.format(dir=self.dir, port=self.port))
-        subprocess.run([str(self._venv / "bin" / "ironic-dbsync"), "--config-file", str(conf), "create_schema"],
+        subprocess.run([str(self._venv / "bin" / "ironic-dbsync"), f"--config-file={conf}", "create_schema"],
                        check=True, capture_output=True, timeout=timeout)
         with (self.dir / "ironic.out").open("wb") as out:  # the child keeps its own copy of the descriptor
-            self._proc = subprocess.Popen([str(self._venv / "bin" / "ironic"), "--config-file", str(conf)],
+            self._proc = subprocess.Popen([str(self._venv / "bin" / "ironic"), f"--config-file={conf}"],
                                           stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
