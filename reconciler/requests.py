@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
@@ -409,18 +409,19 @@ def _commit(root: Path, path: Path, message: str, push: tuple[str, str] | None) 
     GitPython cost the bot 0.15-0.3 s of a request. GitPython is loaded only
     to push or to undo.
     """
-    top = _git(root, "rev-parse", "--show-toplevel")
+    top = _stdout(subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, check=False, **_GIT))
     if top is None:
         raise PermanentError(f"git: {root} is not a git checkout", code="request.git")
-    before = _git(root, "rev-parse", "--verify", "-q", "HEAD")
+    before = _stdout(subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=top, check=False, **_GIT))
     rel = str(path.resolve().relative_to(Path(top).resolve()))
-    bot = {"GIT_AUTHOR_NAME": BOT_NAME, "GIT_AUTHOR_EMAIL": BOT_EMAIL,
+    bot = {**os.environ, "GIT_AUTHOR_NAME": BOT_NAME, "GIT_AUTHOR_EMAIL": BOT_EMAIL,
            "GIT_COMMITTER_NAME": BOT_NAME, "GIT_COMMITTER_EMAIL": BOT_EMAIL}
     try:
         # Only this path is committed (`-- rel`), as the bot.
-        _git(top, "add", "--", rel, check=True)
-        _git(top, "commit", "-q", f"--message={message}", "--", rel, check=True, env=bot)
-        sha = _git(top, "rev-parse", "HEAD", check=True) or ""
+        _checked(subprocess.run(["git", "add", "--", rel], cwd=top, check=False, **_GIT))
+        _checked(subprocess.run(["git", "commit", "-q", f"--message={message}", "--", rel], cwd=top, env=bot,
+                                check=False, **_GIT))
+        sha = _checked(subprocess.run(["git", "rev-parse", "HEAD"], cwd=top, check=False, **_GIT))
         if push is not None:
             _pushed(top, push)
         return sha
@@ -437,14 +438,18 @@ def _commit(root: Path, path: Path, message: str, push: tuple[str, str] | None) 
         raise PermanentError(f"{why}; {left}", code=code) from e
 
 
-def _git(cwd: Path | str, *argv: str, check: bool = False, env: dict[str, str] | None = None) -> str | None:
-    """git's stripped stdout, or None where it failed and `check` is off (raises CalledProcessError with it)."""
-    done = subprocess.run(["git", *argv], cwd=cwd, capture_output=True, text=True, check=False, timeout=120,
-                          env={**os.environ, **env} if env else None)
+_GIT: dict[str, Any] = {"capture_output": True, "text": True, "timeout": 120}
+
+
+def _stdout(done: subprocess.CompletedProcess[str]) -> str | None:
+    """git's stripped stdout, or None where it failed."""
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _checked(done: subprocess.CompletedProcess[str]) -> str:
+    """git's stripped stdout; CalledProcessError, with its stderr, where it failed."""
     if done.returncode != 0:
-        if check:
-            raise subprocess.CalledProcessError(done.returncode, done.args, done.stdout, done.stderr)
-        return None
+        raise subprocess.CalledProcessError(done.returncode, done.args, done.stdout, done.stderr)
     return done.stdout.strip()
 
 
