@@ -31,6 +31,7 @@ from desired import models as m
 from desired import problems as p
 from desired.blobstore import DiskStore, Encoded
 from desired.yamlio import MAX_FILE_BYTES, Document, YamlProblem, read_documents
+from schemas import progress
 
 if TYPE_CHECKING:
     from desired.deltas import Delta, Tree
@@ -118,7 +119,7 @@ FileData = bytes | Refused
 blob_id = blobstore.git_blob_id
 
 
-def read_regular(path: Path) -> FileData:
+def read_regular(path: Path | str) -> FileData:
     """The bytes of a regular file, never following a symlink, never blocking on a FIFO or device.
 
     At most MAX_FILE_BYTES + 1 bytes are read (the reader refuses the file by
@@ -155,22 +156,26 @@ def iter_directory(root: Path) -> Iterator[tuple[str, FileData]]:
     link out of the repo is visible rather than silently skipped.
     """
     found: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    top = os.fspath(root)
+    for dirpath, dirnames, filenames in os.walk(top):
+        # One relpath per directory, not per file: at 4,000 files relpath's two abspaths were a
+        # fifth of the portal bot's request (reconciler.requests reads the whole tree).
+        base = os.path.relpath(dirpath, top)
+        prefix = "" if base == "." else base + os.sep
         kept = []
         for d in sorted(dirnames):
             if d in SKIP_DIRS or d.startswith("."):
                 continue
             if os.path.islink(os.path.join(dirpath, d)):
-                found.append(os.path.relpath(os.path.join(dirpath, d), root))
+                found.append(prefix + d)
                 continue
             kept.append(d)
         dirnames[:] = kept
-        for name in filenames:
-            if name.endswith(YAML_SUFFIXES):
-                found.append(os.path.relpath(os.path.join(dirpath, name), root))
+        found.extend(prefix + name for name in filenames if name.endswith(YAML_SUFFIXES))
     for rel in sorted(found):
-        path = root / rel
-        if path.is_symlink() and not rel.endswith(YAML_SUFFIXES):
+        path = os.path.join(top, rel)
+        # Only a linked directory lacks the suffix: a file is never lstat'ed twice (read_regular refuses links).
+        if not rel.endswith(YAML_SUFFIXES) and os.path.islink(path):
             yield rel, Refused(p.FILE_SYMLINK, "is a symbolic link to a directory; its files are not read")
         else:
             yield rel, read_regular(path)
@@ -347,7 +352,9 @@ def blobs_for(refs: Sequence[FileRef], *, workers: int | None = None, cancel: Ca
     disk = cache.disk if cache is not None else None
     if disk is not None and todo:
         todo = _from_disk(disk, refs, todo, blobs, cache=cache if prune else None, cancel=cancel)
-    files = _read_files(refs, todo, cancel)
+    shown = progress.active()
+    with shown.phase("read files", len(todo), unit="files") as read:
+        files = _read_files(refs, todo, cancel, read)
     # A disk-backed cache (CLI runs) keeps no plain value: the store's packs are made where the
     # files are parsed, and the models cross the pool's pipe inside them (`_parse_chunk`).
     stored: list[Encoded] | None = [] if disk is not None else None
@@ -355,26 +362,31 @@ def blobs_for(refs: Sequence[FileRef], *, workers: int | None = None, cancel: Ca
     results = _parse_all(files, workers, cancel, pack=cache is not None and not cache.keep_values,
                          values=cache is None or (cache.keep_values and disk is None and not models_only),
                          packs=stored, in_packs=disk is not None or models_only)
-    try:
-        for n, (i, (name, data), (typed, found, packed)) in enumerate(
-                zip(todo, files, results, strict=True)):
-            if cancel is not None and n % 256 == 0 and cancel():
-                raise Cancelled
-            docs = []
-            for item in typed:
-                assert isinstance(data, bytes)  # noqa: S101 - only bytes parse to documents
-                docs.append((Document(name, item.index, item.value, item.line, data), item.model, item.problems))
-            _settle(docs, cache, packed)
-            blobs[i] = _Blob(name, found, docs)
-            if cache is not None and prune:  # a delta's blobs live in its tree: no history piles up here
-                cache._put(refs[i].key, blobs[i])  # type: ignore[arg-type]
-            # Its bytes now live (packed) in its documents: the raw copy goes now, not after the
-            # last file, or a cold start holds the whole tree's bytes at its peak.
-            files[n] = _CONSUMED
-    finally:
-        # Closed at once, not when the traceback is freed: a Cancelled raised here must not
-        # leave the pool's workers running behind it.
-        results.close()
+    with shown.phase("parse files", len(todo), unit="files") as counted:
+        try:
+            for n, (i, (name, data), (typed, found, packed)) in enumerate(
+                    zip(todo, files, results, strict=True)):
+                if n % 256 == 0:  # counted in batches: nothing per file reaches the display
+                    counted.done = n
+                    if cancel is not None and cancel():
+                        raise Cancelled
+                docs = []
+                for item in typed:
+                    assert isinstance(data, bytes)  # noqa: S101 - only bytes parse to documents
+                    docs.append((Document(name, item.index, item.value, item.line, data), item.model,
+                                 item.problems))
+                _settle(docs, cache, packed)
+                blobs[i] = _Blob(name, found, docs)
+                if cache is not None and prune:  # a delta's blobs live in its tree: no history piles up here
+                    cache._put(refs[i].key, blobs[i])  # type: ignore[arg-type]
+                # Its bytes now live (packed) in its documents: the raw copy goes now, not after the
+                # last file, or a cold start holds the whole tree's bytes at its peak.
+                files[n] = _CONSUMED
+            counted.done = len(todo)
+        finally:
+            # Closed at once, not when the traceback is freed: a Cancelled raised here must not
+            # leave the pool's workers running behind it.
+            results.close()
     if cache is not None:
         cache._account(len(refs) - len(todo), len(todo), prune=prune)
     if disk is not None and stored:
@@ -385,16 +397,21 @@ def blobs_for(refs: Sequence[FileRef], *, workers: int | None = None, cancel: Ca
 _CONSUMED: tuple[str, FileData] = ("", b"")
 
 
-def _read_files(refs: Sequence[FileRef], todo: list[int], cancel: Cancel | None) -> list[tuple[str, FileData]]:
+def _read_files(refs: Sequence[FileRef], todo: list[int], cancel: Cancel | None,
+                shown: progress.Phase | None = None) -> list[tuple[str, FileData]]:
     """(name, bytes or Refused) of the `todo` refs: in batches where a ref can, else one by one."""
+    shown = shown if shown is not None else progress.Phase("read files")
     batched = _read_batched(refs, todo, cancel)  # dropped on return: `files` alone then holds the bytes
     files: list[tuple[str, FileData]] = []
     for n, i in enumerate(todo):
-        if cancel is not None and n % 256 == 0 and cancel():
-            raise Cancelled
+        if n % 256 == 0:
+            shown.done = n
+            if cancel is not None and cancel():
+                raise Cancelled
         ref = refs[i]
         data = batched.get(ref.key) if ref.read_many is not None and ref.key is not None else None
         files.append((ref.name, data if data is not None else ref.read()))
+    shown.done = len(files)
     return files
 
 

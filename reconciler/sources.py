@@ -7,6 +7,7 @@ from pathlib import Path
 
 from desired import gitrepo, loading
 from policies import validating, validation
+from schemas import progress
 from schemas.errors import PermanentError
 
 Check = Callable[[loading.LoadResult], loading.LoadResult]
@@ -39,14 +40,30 @@ def _load(path: Path, rev: str | None, *, cancel: loading.Cancel | None, cache: 
             parsed = gitrepo.read_revision(path, rev, cancel=cancel, cache=cache)
             revision: str | None = gitrepo.resolve(path, rev)
         else:
-            files = list(loading.iter_directory(path))
+            files = _read_directory(path)
             revision = gitrepo.head(path)
             parsed = loading.parse_files(files, cancel=cancel, cache=cache)
     except gitrepo.RevisionError as e:
         raise PermanentError(str(e), code=gitrepo.RevisionError.code) from e
-    result = check(parsed) if check is not None else validation.validate(parsed)
+    state = parsed.state
+    documents = len(state.nodes) + len(state.slot_maps) + len(state.skus) + len(state.images) + len(state.allocations)
+    with progress.active().phase("validate documents", documents, unit="documents") as counted:
+        result = check(parsed) if check is not None else validation.validate(parsed)
+        counted.done = documents  # the rules run per kind, not per document: counted once, at the end
     result.state.revision = revision
     return result
+
+
+def _read_directory(path: Path) -> list[tuple[str, loading.FileData]]:
+    """Every file under `path` with its bytes, counted on the command's progress display in batches."""
+    files: list[tuple[str, loading.FileData]] = []
+    with progress.active().phase("read files", unit="files") as counted:
+        for item in loading.iter_directory(path):
+            files.append(item)
+            if len(files) % 256 == 0:
+                counted.done = len(files)
+        counted.done = len(files)
+    return files
 
 
 def release(cache: loading.BlobCache) -> None:

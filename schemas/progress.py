@@ -88,13 +88,13 @@ class Progress:
         """Report `name` while the block runs; advance the yielded Phase as items are done."""
         ph = Phase(name, total, started=time.monotonic(), unit=unit)
         with self._lock:
-            self._current = ph
+            outer, self._current = self._current, ph
         self._start_thread()
         try:
             yield ph
         finally:
             with self._lock:
-                self._current = None
+                self._current = outer  # a nested phase hands the line back to the one around it
                 self._finish(ph)
 
     def iterate(self, name: str, items: Iterable[T], total: int | None = None, *, unit: str = "") -> Iterator[T]:
@@ -105,6 +105,8 @@ class Progress:
                 ph.advance()
 
     def close(self) -> None:
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -113,6 +115,7 @@ class Progress:
             self._clear()
 
     def __enter__(self) -> Progress:
+        _ACTIVE.append(self)  # the loader and the planner report their phases to the command's display
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -202,3 +205,18 @@ def for_args(args: argparse.Namespace, title: str = "") -> Progress:
     if style == "auto" and (getattr(args, "log_format", None) or os.environ.get("GPUAAS_LOG_FORMAT")) == "json":
         style = "json"
     return Progress(style=style, title=title)
+
+
+_ACTIVE: list[Progress] = []  # the commands' displays, innermost last
+_OFF = Progress(style="off")
+
+
+def active() -> Progress:
+    """The display of the command running now, or one that shows nothing.
+
+    Library code deep in a command (desired/ reading and parsing, the
+    cross-file rules, the planner) reports its phases here without being
+    handed the display. Callers advance their Phase in batches (every few
+    hundred items), never per item, so the hot path pays nothing measurable.
+    """
+    return _ACTIVE[-1] if _ACTIVE else _OFF

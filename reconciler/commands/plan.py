@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         # Two trees loaded and planned are millions of long-lived objects: full collections
         # walked them all (a third of the run at 10,000 nodes) for no memory back.
         with loading.collector_paused(), progress.for_args(args, "plan") as shown, \
-                shown.phase("load base and head, plan"):
+                shown.phase("plan"):
             pr, head, digest = _plan(args, head_rev, reader)
             exiting.skip_teardown()  # holds two trees' models: the console script need not free them
         outcome = plancache.Outcome(_render(pr, args.output), len(pr.errors), pr.changed,
@@ -180,9 +180,13 @@ def _plan(args: argparse.Namespace, head_rev: str | None,
         digest = planfiles.observed_digest(observed, 0)
     else:
         base, base_errors, observed, digest = _online(args, reader, (base, base_errors))
-    pr = _guard(lambda: prplan.compose(
-        base, head, observed, offline=args.offline, base_errors=base_errors, policy=args.policy, plan_with=warm,
-        engine_for=warm.engine, side=side, keep=(lambda s: keep(s, observed)) if keep is not None else None))
+    requests = len(head.allocations)
+    with progress.active().phase("plan requests", requests, unit="requests") as counted:
+        pr = _guard(lambda: prplan.compose(
+            base, head, observed, offline=args.offline, base_errors=base_errors, policy=args.policy,
+            plan_with=warm, engine_for=warm.engine, side=side,
+            keep=(lambda s: keep(s, observed)) if keep is not None else None))
+        counted.done = requests  # the planner places them together: counted when it is done
     return pr, head, digest
 
 
