@@ -8,12 +8,13 @@ from host_reconciler.bench import discovery as discovery_bench
 from host_reconciler.bench import host as host_bench
 from host_reconciler.bench import ingress as ingress_bench
 from reconciler import commands
-from reconciler.bench import agents, claims, console, gitops, plan, prplan, request, serve, validate
+from reconciler.bench import agents, claims, console, gitops, plan, prplan, request, serve, telemetry, validate
 
 
 def register(sub: Any) -> None:
     commands.register_group(
         sub, "bench",
-        "benchmarks (validate, plan, prplan, claims, gitops, discover, host, ingress, serve, agents, console, request)",
+        "benchmarks (validate, plan, prplan, claims, gitops, discover, host, ingress, serve, agents, console, request,"
+        " telemetry)",
         (validate, discovery_bench, plan, host_bench, ingress_bench, claims, gitops, serve, prplan, agents, console,
-         request))
+         request, telemetry))
