@@ -186,9 +186,7 @@ def _measure(url: str, placed: list[str], args: argparse.Namespace) -> tuple[lis
                 took.append(time.perf_counter() - started)
                 # A random phase against the agent's pass: a post right after a seen sample would always
                 # land just after a report and wait a whole interval (the worst case, not the typical one).
-                rest = spacing - (time.perf_counter() - started) + rng.uniform(0, args.report_interval)
-                if rest > 0:
-                    time.sleep(rest)
+                time.sleep(max(0.0, spacing - (time.perf_counter() - started)) + rng.uniform(0, args.report_interval))
                 if (i + 1) % 10 == 0 and not args.json:
                     print(f"  {i + 1}/{args.samples} samples", flush=True)
             client.close()
