@@ -70,7 +70,8 @@ DOCUMENT_RULES: dict[str, list[dict[str, Any]]] = {
         {"if": {"required": ["capacity_shape"], "properties": {"capacity_shape": {"const": "baremetal"}}},
          "then": {"required": ["gpu_count", "exclusive_node"],
                   "properties": {"gpu_count": {"type": "integer"}, "exclusive_node": {"const": True},
-                                 "allowed_gpu_counts": {"type": "null"}}}},
+                                 "allowed_gpu_counts": {"type": "null"},
+                                 "readiness_timeout_seconds": {"type": "null"}}}},  # no VM: no readiness gate
         {"if": {"required": ["capacity_shape"], "properties": {"capacity_shape": {"const": "gpu_slice"}}},
          "then": {"required": ["allowed_gpu_counts", "resource_profile"],
                   "properties": {"allowed_gpu_counts": {"type": "array", "minItems": 1},

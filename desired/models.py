@@ -336,6 +336,10 @@ class VmProfile(_Model):
     guest_driver_profile: Name | None = None
     derived_from: Name | None = None  # a key of slice_vm_profiles
     notes: str = ""
+    readiness_timeout_seconds: int | None = Field(
+        default=None, ge=30, le=900,
+        description="Seconds a VM of this profile has to pass readiness (30-900); wins over the SKU's and the "
+                    "Fleet's graceful_timeout_seconds. Snapshotted at placement: an edit changes no running VM.")
 
 
 class ResourceProfile(_Model):
@@ -379,6 +383,10 @@ class Sku(_Doc):
     gpu_hourly_price_minor: int = Field(ge=0)
     currency: Literal["USD", "EUR"] = "USD"
     active: bool = True
+    readiness_timeout_seconds: int | None = Field(
+        default=None, ge=30, le=900,
+        description="gpu_slice: seconds a VM of this SKU has to pass readiness (30-900); wins over the Fleet's "
+                    "graceful_timeout_seconds, a VM profile's own value wins over it. Snapshotted at placement.")
 
     @model_validator(mode="after")
     def _shape_fields(self) -> Sku:
@@ -389,6 +397,9 @@ class Sku(_Doc):
                 raise ValueError("a baremetal SKU has a fixed gpu_count, not allowed_gpu_counts")
             if not self.exclusive_node:
                 raise ValueError("a baremetal SKU must set exclusive_node: true")
+            if self.readiness_timeout_seconds is not None:  # no VM, so no VM readiness gate to bound
+                raise ValueError("readiness_timeout_seconds is for gpu_slice SKUs (a VM's readiness); "
+                                 "a baremetal SKU has none")
         else:
             if not self.allowed_gpu_counts:
                 raise ValueError("a gpu_slice SKU needs allowed_gpu_counts")

@@ -32,7 +32,7 @@ from host_reconciler.drivers.protocols import (
     reservation_for,
 )
 from schemas.errors import PermanentError, TemporaryError
-from schemas.hostplans import VmSpec
+from schemas.hostplans import VmSpec, readiness_timeout
 
 log = logging.getLogger("gpuaas.host")
 
@@ -273,7 +273,7 @@ def readiness(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
         boot.mac_address.lower(),
         boot.private_ip,
         ctx.settings.readiness_port,
-        float(ctx.plan.readiness_timeout_s),
+        float(readiness_timeout(ctx.plan, v)),  # the VM's own (VM profile > SKU), else the Fleet's
         name=v.name,
         gateway=ctx.plan.network.gateway,
         expect=expect,

@@ -33,10 +33,21 @@ class ProfileError:
     message: str
 
 
-def _snapshot(name: str, p: m.VmProfile, *, derived: bool = False) -> Profile:
+def readiness_timeout(sku: m.Sku, profile: m.VmProfile) -> int | None:
+    """Seconds a VM of `profile` has to pass readiness: the profile's own, else the SKU's.
+
+    None leaves it to the Fleet's graceful_timeout_seconds, which the host
+    plan carries (schemas.hostplans.readiness_timeout picks).
+    """
+    if profile.readiness_timeout_seconds is not None:
+        return profile.readiness_timeout_seconds
+    return sku.readiness_timeout_seconds
+
+
+def _snapshot(sku: m.Sku, name: str, p: m.VmProfile, *, derived: bool = False) -> Profile:
     hp = p.hugepages
     return Profile(name, p.gpu_count, p.vcpu_count, p.memory_mib,
-                   hp.enabled, hp.page_size if hp.enabled else None, derived)
+                   hp.enabled, hp.page_size if hp.enabled else None, derived, readiness_timeout(sku, p))
 
 
 def scaled_name(base: str, base_profile: m.VmProfile, gpu_count: int) -> str:
@@ -73,7 +84,7 @@ def resolve(sku: m.Sku, gpu_count: int, requested: str | None = None) -> Profile
     base_name, base = found
     profiles = sku.resource_profile.slice_vm_profiles
     if base.gpu_count == gpu_count:
-        return _snapshot(base_name, base)
+        return _snapshot(sku, base_name, base)
     if base.gpu_count != 1:
         return ProfileError(COUNT_MISMATCH,
                             f"VM profile {base_name} is for {base.gpu_count} GPUs, the allocation asks for "
@@ -82,10 +93,11 @@ def resolve(sku: m.Sku, gpu_count: int, requested: str | None = None) -> Profile
     for name in sorted(profiles):
         p = profiles[name]
         if p.gpu_count == gpu_count and p.derived_from == base_name:
-            return _snapshot(name, p)
+            return _snapshot(sku, name, p)
     hp = base.hugepages
     return Profile(
         scaled_name(base_name, base, gpu_count), gpu_count,
         base.vcpu_count * gpu_count, base.memory_mib * gpu_count,
         hp.enabled, hp.page_size if hp.enabled else None, derived=True,
+        readiness_timeout_s=readiness_timeout(sku, base),  # a scaled VM keeps its base profile's timeout
     )

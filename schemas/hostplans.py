@@ -114,6 +114,8 @@ class VmSpec:
     image: ImageRef | None = None
     ssh_keys: tuple[str, ...] = ()
     claim_ids: tuple[str, ...] = ()
+    # From the claim snapshot (VM profile, else SKU); None: the plan's Fleet-wide readiness_timeout_s.
+    readiness_timeout_s: int | None = None
 
     @property
     def name(self) -> str:
@@ -172,8 +174,16 @@ class HostPlan:
         return next((i.nvme_identity for i in self.disk_identities if i.slot_index == slot_index), None)
 
 
+def readiness_timeout(plan: HostPlan, vm: VmSpec) -> int:
+    """Seconds `vm` has to pass readiness: its own (VM profile > SKU, snapshotted), else the Fleet's."""
+    return vm.readiness_timeout_s if vm.readiness_timeout_s is not None else plan.readiness_timeout_s
+
+
 def to_json(plan: HostPlan) -> dict[str, Any]:
     doc = asdict(plan)
+    for vm in (*doc["vms"], *doc["releases"]):
+        if vm["readiness_timeout_s"] is None:  # unset stays out: plans of VMs without one keep their bytes
+            del vm["readiness_timeout_s"]
     doc.pop("disk_identities")
     if not plan.ingress:
         doc.pop("ingress")

@@ -41,15 +41,26 @@ class Profile:
     hugepages_enabled: bool = False
     hugepage_size: str | None = None
     derived: bool = False
+    # Seconds the VM has to pass readiness: the VM profile's, else the SKU's; None: the Fleet's, read at plan time.
+    readiness_timeout_s: int | None = None
 
 
 PROFILE_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Profile))
+# Keys written only when set, and read as their default when absent: rows written before them keep
+# decoding, and their JSON (and so every host plan built from them) stays byte for byte the same.
+OPTIONAL_KEYS: tuple[str, ...] = ("readiness_timeout_s",)
 _TYPES: dict[str, Any] = typing.get_type_hints(Profile)
 
 
 def profile_to_json(profile: Profile | None) -> dict[str, Any] | None:
     """The snapshot JSON of a profile, keys in field order (None for baremetal: no VM)."""
-    return None if profile is None else dataclasses.asdict(profile)
+    if profile is None:
+        return None
+    doc = dataclasses.asdict(profile)
+    for key in OPTIONAL_KEYS:
+        if doc[key] is None:
+            del doc[key]
+    return doc
 
 
 def profile_from_json(doc: object, *, where: str = "claim snapshot") -> Profile | None:
@@ -58,16 +69,19 @@ def profile_from_json(doc: object, *, where: str = "claim snapshot") -> Profile 
         return None
     if not isinstance(doc, Mapping):
         raise PermanentError(f"{where}: profile is {type(doc).__name__}, not an object", code=NOT_AN_OBJECT)
-    missing = [k for k in PROFILE_KEYS if k not in doc]
+    missing = [k for k in PROFILE_KEYS if k not in doc and k not in OPTIONAL_KEYS]
     if missing:
         raise PermanentError(f"{where}: profile lacks {', '.join(missing)}", code=MISSING_KEY)
     unknown = sorted(str(k) for k in doc if k not in _TYPES)
     if unknown:
         raise PermanentError(f"{where}: profile has unknown key(s) {', '.join(unknown)}", code=UNKNOWN_KEY)
     for key in PROFILE_KEYS:
-        if not _fits(doc[key], _TYPES[key]):
+        if key in doc and not _fits(doc[key], _TYPES[key]):
             raise PermanentError(f"{where}: profile {key} = {doc[key]!r} is not {_TYPES[key]}", code=BAD_VALUE)
-    return Profile(**{k: doc[k] for k in PROFILE_KEYS})
+    timeout = doc.get("readiness_timeout_s")
+    if timeout is not None and timeout <= 0:
+        raise PermanentError(f"{where}: profile readiness_timeout_s = {timeout!r} is not positive", code=BAD_VALUE)
+    return Profile(**{k: doc[k] for k in PROFILE_KEYS if k in doc})
 
 
 def _fits(value: object, hint: Any) -> bool:

@@ -41,7 +41,8 @@ def test_the_encoded_json_is_what_apply_always_wrote() -> None:
 
 def test_the_key_set_is_the_profile_fields_the_policy_resolves() -> None:
     assert snapshots.PROFILE_KEYS == ("name", "gpu_count", "vcpu_count", "memory_mib", "hugepages_enabled",
-                                      "hugepage_size", "derived")
+                                      "hugepage_size", "derived", "readiness_timeout_s")
+    assert snapshots.OPTIONAL_KEYS == ("readiness_timeout_s",)  # absent in rows written before it
     assert profiles.Profile is Profile  # one type: the planner carries what claims snapshot
 
 
@@ -68,6 +69,8 @@ def _old(**change: Any) -> dict[str, Any]:
     (_old(hugepages_enabled=1), snapshots.BAD_VALUE, "hugepages_enabled"),
     (_old(hugepage_size=1), snapshots.BAD_VALUE, "hugepage_size"),
     (_old(name=None), snapshots.BAD_VALUE, "name"),
+    (_old(readiness_timeout_s="45"), snapshots.BAD_VALUE, "readiness_timeout_s"),
+    (_old(readiness_timeout_s=0), snapshots.BAD_VALUE, "readiness_timeout_s"),
     ([1, 2], snapshots.NOT_AN_OBJECT, "list"),
     ("bench_1g_24c_64g", snapshots.NOT_AN_OBJECT, "str"),
 ])

@@ -20,6 +20,7 @@ from reconciler.bench import (
     prplan,
     request,
     serve,
+    telemetry,
     validate,
 )
 
@@ -28,6 +29,6 @@ def register(sub: Any) -> None:
     commands.register_group(
         sub, "bench",
         "benchmarks (validate, plan, prplan, claims, gitops, discover, host, ingress, serve, agents, console, request, "
-        "portal, baremetal, leasekill)",
+        "portal, baremetal, leasekill, telemetry)",
         (validate, discovery_bench, plan, host_bench, ingress_bench, claims, gitops, serve, prplan, agents, console,
-         request, portal, baremetal, leasekill))
+         request, portal, baremetal, leasekill, telemetry))

@@ -70,7 +70,8 @@ def _vm(allocation_id: str, claims: list[tuple[str, Mapping[str, Any]]]) -> code
                              digest_sha256=image.get("digest_sha256"), image_format=str(image["image_format"]),
                              default_username=str(image.get("default_username") or "ubuntu")) if image else None,
         ssh_keys=tuple(snap.get("ssh_keys") or ()),
-        claim_ids=tuple(cid for cid, _ in claims))
+        claim_ids=tuple(cid for cid, _ in claims),
+        readiness_timeout_s=profile.readiness_timeout_s)
 
 
 def build(conn: Connection, node: str, generation: int = 0) -> codec.HostPlan | None:

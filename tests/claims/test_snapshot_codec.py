@@ -27,7 +27,8 @@ from tests.test_snapshots import OLD_ROW
 
 NODE = "node-00000"
 # Every field away from its default, so a key the SQL dropped would show.
-PROFILE = Profile("bench_1g_24c_64g", 1, 24, 65536, hugepages_enabled=True, hugepage_size="1G", derived=True)
+PROFILE = Profile("bench_1g_24c_64g", 1, 24, 65536, hugepages_enabled=True, hugepage_size="1G", derived=True,
+                  readiness_timeout_s=600)
 PLACE = "SELECT outcome FROM gpuaas_place(%s, %s, %s, 'slot', %s::jsonb, 'bench-ubuntu-24.04', 'rev1')"
 # `profile -> 'key'` / `profile ->> 'key'` in any migration (p_profile, c.profile, snapshot -> 'profile' -> ...).
 _SQL_READ = re.compile(r"profile'?\s*->>?\s*'(\w+)'")
@@ -67,6 +68,7 @@ def test_apply_stores_the_codec_json_that_sql_keeps_and_the_host_plan_decodes(
     assert placed_name == PROFILE.name  # the one key the SQL reads
     vm = _vm(conn, "alloc-0000000")
     assert (vm.vcpu_count, vm.memory_mib, vm.hugepages, vm.hugepage_size) == (24, 65536, True, "1G")
+    assert vm.readiness_timeout_s == 600
 
 
 def test_every_profile_key_the_sql_reads_is_one_the_codec_writes() -> None:
