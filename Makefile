@@ -10,7 +10,7 @@ BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Recorded host sysfs trees (discovery and the host demo read them); build.py is their source.
 SYSFS := examples/sysfs/.built
-IRONIC_VENV := .gpuaas/ironic-venv
+IRONIC_VENV := $(VENV)/ironic
 IRONIC := $(IRONIC_VENV)/bin/ironic
 # This machine's pip.conf names local mirrors that may be absent; their warnings are noise.
 QUIET_PIP := { grep -v '^WARNING: Location' || true; }

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--leases must be positive, --concurrent at least 0, --tick positive")
     venv = ironic_service.venv()
     if venv is None:
-        raise PermanentError("Ironic is not installed: `make deps` puts it in .gpuaas/ironic-venv",
+        raise PermanentError("Ironic is not installed: `make deps` puts it in .venv/ironic",
                              code="bench.ironic_missing")
     base = db.database_url(args)
     doc: dict[str, Any] = {}

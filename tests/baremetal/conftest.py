@@ -84,7 +84,7 @@ def ironic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ironic_service.
     """One standalone Ironic per session with 8 fake-hardware machines available."""
     venv = ironic_service.venv()
     if venv is None:
-        pytest.skip("Ironic is not installed (make deps puts it in .gpuaas/ironic-venv)")
+        pytest.skip("Ironic is not installed (make deps puts it in .venv/ironic)")
     svc = ironic_service.IronicService(Path(tmp_path_factory.mktemp("ironic")), venv_dir=venv)
     svc.start()
     try:

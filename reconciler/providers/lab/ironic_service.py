@@ -1,7 +1,7 @@
 """A standalone Ironic on 127.0.0.1 for tests, the demo and benches (fake-hardware, sqlite, noauth).
 
-`make deps` installs Ironic into its own venv (`.gpuaas/ironic-venv`, or
-$GPUAAS_IRONIC_VENV). `IronicService` writes a config, creates the sqlite
+`make deps` installs Ironic into its own venv (`.venv/ironic`, beside the
+project venv and outside the state dir, or $GPUAAS_IRONIC_VENV). `IronicService` writes a config, creates the sqlite
 schema, starts the all-in-one `ironic` process (API and conductor, no
 message bus) and enrolls machines through the real state machine:
 enroll -> manage -> provide (cleaning) -> available.
@@ -65,7 +65,7 @@ def venv(repo: Path | None = None) -> Path | None:
     env = os.environ.get(ENV_VENV)
     candidates = [Path(env)] if env else []
     root = repo or Path(__file__).resolve().parents[3]
-    candidates.append(root / ".gpuaas" / "ironic-venv")
+    candidates.append(root / ".venv" / "ironic")
     for c in candidates:
         if (c / "bin" / "ironic").exists() and (c / "bin" / "ironic-dbsync").exists():
             return c
