@@ -44,7 +44,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from reconciler.bench import claims as claims_bench
-    from reconciler.providers.lab import ironic_service
+    from reconciler.providers.lab import ironic_service, sshstandin
 
     if args.leases < 1 or args.concurrent < 0 or args.tick <= 0:
         raise UsageError("--leases must be positive, --concurrent at least 0, --tick positive")
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
                              code="bench.ironic_missing")
     base = db.database_url(args)
     doc: dict[str, Any] = {}
-    listener = _Listener()
+    listener = sshstandin.SshStandIn()
     machines = max(1, args.concurrent)
     with tempfile.TemporaryDirectory(prefix="gpuaas-bench-ironic-") as tmp:
         svc = ironic_service.IronicService(Path(tmp), venv_dir=venv)
@@ -180,28 +180,3 @@ def _print(doc: dict[str, Any]) -> None:
         print(f"concurrent: {c['leases']} leases: all active in {c['all_active_s']} s, all released in "
               f"{c['all_released_s']} s; erased {c['leases_erased']}, double deploys {c['double_deploys']}, "
               f"double erases {c['double_erases']}, db check {'ok' if not c['db_check'] else c['db_check']}")
-
-
-class _Listener:
-    """The SSH stand-in: accepts and closes TCP connections on 127.0.0.1."""
-
-    def __init__(self) -> None:
-        import socket
-        import threading
-
-        self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
-        self._sock.listen(256)
-        self.address = f"127.0.0.1:{self._sock.getsockname()[1]}"
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                c, _ = self._sock.accept()
-            except OSError:
-                return
-            c.close()
-
-    def close(self) -> None:
-        self._sock.close()

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import socket
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +28,7 @@ from typing import Any
 from desired import models as m
 from desired.loading import DesiredState
 from reconciler import reconciling, sources
-from reconciler.providers.lab import ironic_service
+from reconciler.providers.lab import ironic_service, sshstandin
 from reconciler.store import connections, leases, lifecycle
 
 Out = Callable[[str], None]
@@ -40,23 +38,6 @@ EXTRA = "demo-bm-0001"
 
 def _heading(out: Out, text: str) -> None:
     out(f"\n=== {text} " + "=" * max(0, 70 - len(text)))
-
-
-class _SshStandIn:
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            c.close()
 
 
 def run(fleet: Path, default_url: str, claims_url: str | None, out: Out = print) -> None:
@@ -71,7 +52,7 @@ def run(fleet: Path, default_url: str, claims_url: str | None, out: Out = print)
     port = int(spec.url.rsplit(":", 1)[1].split("/")[0])
     machines = sorted(n.machine.machine_id for n in loaded.state.nodes.values()
                       if n.machine is not None and n.machine.provider == PROVIDER)
-    ssh = _SshStandIn()
+    ssh = sshstandin.SshStandIn()
     work = connections.state_dir() / "demo-ironic"
     if work.exists():
         shutil.rmtree(work)
@@ -90,7 +71,7 @@ def run(fleet: Path, default_url: str, claims_url: str | None, out: Out = print)
         _leave_active(default_url, loaded.state, out)
     finally:
         svc.stop()
-        ssh.sock.close()
+        ssh.close()
 
 
 def _settle(url: str, state: DesiredState, done: Callable[[Any], bool], timeout: float = 120.0) -> None:

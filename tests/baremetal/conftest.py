@@ -9,14 +9,12 @@ The SSH stand-in is a TCP listener on 127.0.0.1 (a deployed machine's port 22 an
 from __future__ import annotations
 
 import os
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from reconciler.providers.lab import ironic_service, maas_sim
+from reconciler.providers.lab import ironic_service, maas_sim, sshstandin
 from reconciler.store import connections
 from reconciler.store.connections import Connection
 
@@ -32,27 +30,7 @@ def conn(db_url: str) -> Iterator[Connection]:
         c.close()
 
 
-class Listener:
-    """Something answering TCP on 127.0.0.1 (accepts and closes)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            c.close()
-
-    def close(self) -> None:
-        self.sock.close()
+Listener = sshstandin.SshStandIn  # something answering TCP on 127.0.0.1 (accepts and closes)
 
 
 @pytest.fixture
