@@ -33,6 +33,7 @@ test: deps lint
 
 lint: deps
 	$(BIN)/ruff check desired policies reconciler host_reconciler schemas tests
+	$(BIN)/ruff format --check desired policies reconciler host_reconciler schemas tests
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

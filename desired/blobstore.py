@@ -145,9 +145,11 @@ def reader_version() -> str:
 
     from desired import blockstyle, loading, models, patterns, problems, yamlio
 
-    h = hashlib.sha256(f"format {FORMAT}\0python {sys.version_info[:2]}\0pyyaml {yaml.__version__}\0"
-                       f"libyaml {getattr(yaml, '__with_libyaml__', False)}\0pydantic {pydantic.VERSION}\0"
-                       f"pydantic-core {pydantic_core.__version__}\0".encode())
+    h = hashlib.sha256(
+        f"format {FORMAT}\0python {sys.version_info[:2]}\0pyyaml {yaml.__version__}\0"
+        f"libyaml {getattr(yaml, '__with_libyaml__', False)}\0pydantic {pydantic.VERSION}\0"
+        f"pydantic-core {pydantic_core.__version__}\0".encode()
+    )
     for module in (yamlio, blockstyle, loading, models, patterns, problems):
         h.update(Path(module.__file__ or "").read_bytes())
     return h.hexdigest()[:32]
@@ -182,9 +184,13 @@ def _model_classes() -> dict[str, type]:
 
     from desired import models
 
-    return {name: obj for name, obj in vars(models).items()
-            if isinstance(obj, type) and obj.__module__ == models.__name__
-            and (issubclass(obj, BaseModel) or issubclass(obj, enum.Enum))}
+    return {
+        name: obj
+        for name, obj in vars(models).items()
+        if isinstance(obj, type)
+        and obj.__module__ == models.__name__
+        and (issubclass(obj, BaseModel) or issubclass(obj, enum.Enum))
+    }
 
 
 class DiskStore:
@@ -209,16 +215,24 @@ class DiskStore:
             db.execute("PRAGMA synchronous = OFF")
             # A rowid table: entries are kilobytes, and a WITHOUT ROWID table keeps whole rows in
             # its b-tree (writes took twice as long, the file was a third larger).
-            db.execute("CREATE TABLE IF NOT EXISTS packs (id INTEGER PRIMARY KEY, version TEXT NOT NULL,"
-                       " mac BLOB NOT NULL, payload BLOB NOT NULL)")
-            db.execute("CREATE TABLE IF NOT EXISTS pack_entries (version TEXT NOT NULL, blob TEXT NOT NULL,"
-                       " pack INTEGER NOT NULL, stamp INTEGER NOT NULL, PRIMARY KEY (version, blob))")
-            db.execute("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, mac BLOB NOT NULL,"
-                       " payload BLOB NOT NULL, stamp INTEGER NOT NULL) WITHOUT ROWID")
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS packs (id INTEGER PRIMARY KEY, version TEXT NOT NULL,"
+                " mac BLOB NOT NULL, payload BLOB NOT NULL)"
+            )
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS pack_entries (version TEXT NOT NULL, blob TEXT NOT NULL,"
+                " pack INTEGER NOT NULL, stamp INTEGER NOT NULL, PRIMARY KEY (version, blob))"
+            )
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, mac BLOB NOT NULL,"
+                " payload BLOB NOT NULL, stamp INTEGER NOT NULL) WITHOUT ROWID"
+            )
             # A kept base's payload is a file beside the database (`world-<key>`): tens of MB read
             # from a chain of SQLite overflow pages took 0.3 s, one read() of a file 0.02 s.
-            db.execute("CREATE TABLE IF NOT EXISTS worlds (key TEXT PRIMARY KEY, mac BLOB NOT NULL,"
-                       " size INTEGER NOT NULL, stamp INTEGER NOT NULL) WITHOUT ROWID")
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS worlds (key TEXT PRIMARY KEY, mac BLOB NOT NULL,"
+                " size INTEGER NOT NULL, stamp INTEGER NOT NULL) WITHOUT ROWID"
+            )
             self._db = db
         return self._db
 
@@ -248,16 +262,21 @@ class DiskStore:
             wanted: dict[int, list[str]] = {}  # pack id -> the keys the index says it holds
             unique = sorted(set(keys))
             for i in range(0, len(unique), _CHUNK):
-                chunk = unique[i:i + _CHUNK]
+                chunk = unique[i : i + _CHUNK]
                 for blob, pack in db.execute(
-                        f"SELECT blob, pack FROM pack_entries WHERE version = ? AND blob IN "  # noqa: S608 - only placeholders are formatted in
-                        f"({','.join('?' * len(chunk))})", (self.version, *chunk)):
+                    f"SELECT blob, pack FROM pack_entries WHERE version = ? AND blob IN "  # noqa: S608 - only placeholders are formatted in
+                    f"({','.join('?' * len(chunk))})",
+                    (self.version, *chunk),
+                ):
                     wanted.setdefault(pack, []).append(blob)
             ids = sorted(wanted)
             for i in range(0, len(ids), _CHUNK):
-                chunk_ids = ids[i:i + _CHUNK]
-                rows = db.execute(f"SELECT id, mac, payload FROM packs WHERE version = ? AND id IN "  # noqa: S608 - only placeholders are formatted in
-                                  f"({','.join('?' * len(chunk_ids))})", (self.version, *chunk_ids)).fetchall()
+                chunk_ids = ids[i : i + _CHUNK]
+                rows = db.execute(
+                    f"SELECT id, mac, payload FROM packs WHERE version = ? AND id IN "  # noqa: S608 - only placeholders are formatted in
+                    f"({','.join('?' * len(chunk_ids))})",
+                    (self.version, *chunk_ids),
+                ).fetchall()
                 for pack, mac, payload in rows:
                     entries = self._check(mac, payload)
                     for blob in wanted.pop(pack):
@@ -303,8 +322,10 @@ class DiskStore:
 
         def write(db: sqlite3.Connection) -> None:
             db.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?)", row)
-            db.execute("DELETE FROM results WHERE key NOT IN"
-                       " (SELECT key FROM results ORDER BY stamp DESC LIMIT ?)", (MAX_RESULTS,))
+            db.execute(
+                "DELETE FROM results WHERE key NOT IN (SELECT key FROM results ORDER BY stamp DESC LIMIT ?)",
+                (MAX_RESULTS,),
+            )
 
         self._transaction(write, busy="result not stored")
 
@@ -341,8 +362,10 @@ class DiskStore:
 
         def write(db: sqlite3.Connection) -> None:
             db.execute("INSERT OR REPLACE INTO worlds VALUES (?, ?, ?, ?)", row)
-            db.execute("DELETE FROM worlds WHERE key NOT IN"
-                       " (SELECT key FROM worlds ORDER BY stamp DESC LIMIT ?)", (MAX_WORLDS,))
+            db.execute(
+                "DELETE FROM worlds WHERE key NOT IN (SELECT key FROM worlds ORDER BY stamp DESC LIMIT ?)",
+                (MAX_WORLDS,),
+            )
             kept.update(k for (k,) in db.execute("SELECT key FROM worlds"))
 
         if self._transaction(write, busy="kept base not stored"):
@@ -365,8 +388,7 @@ class DiskStore:
             owner = temp.name.removesuffix(".tmp").rpartition(".")[2]
             try:
                 st = os.lstat(temp)
-                if (stat.S_ISREG(st.st_mode) and now - st.st_mtime > TEMP_GRACE_S
-                        and not _writer_alive(owner)):
+                if stat.S_ISREG(st.st_mode) and now - st.st_mtime > TEMP_GRACE_S and not _writer_alive(owner):
                     temp.unlink()
                     self.note(f"blob cache {self.directory}: removed {temp.name}, left by a writer that died")
             except OSError:
@@ -390,8 +412,11 @@ class DiskStore:
 
     def _trusted(self, table: str, key: str, mac: Any, payload: Any) -> bytes | None:
         """`payload`, when it is bytes whose HMAC is `mac`; else None, counted in `rejected`."""
-        if isinstance(mac, bytes) and isinstance(payload, bytes) and hmac.compare_digest(
-                mac, self._result_mac(key, payload, table)):
+        if (
+            isinstance(mac, bytes)
+            and isinstance(payload, bytes)
+            and hmac.compare_digest(mac, self._result_mac(key, payload, table))
+        ):
             return payload
         self.rejected += 1
         return None
@@ -405,8 +430,18 @@ class DiskStore:
 
     def put_many(self, entries: Iterable[tuple[str, Entry]], *, keep: Iterable[str] = ()) -> None:
         """Store entries as one pack (`put_packs`); an entry whose bytes are not the blob it names is not stored."""
-        self.put_packs([encoded([(entry.data, entry.problems, entry.docs) for blob, entry in entries
-                                 if git_blob_id(entry.data) == blob])], keep=keep)
+        self.put_packs(
+            [
+                encoded(
+                    [
+                        (entry.data, entry.problems, entry.docs)
+                        for blob, entry in entries
+                        if git_blob_id(entry.data) == blob
+                    ]
+                )
+            ],
+            keep=keep,
+        )
 
     def put_packs(self, packs: Iterable[Encoded], *, keep: Iterable[str] = ()) -> None:
         """Store packs in one transaction; drop other versions' entries, and old ones past MAX_ENTRIES.
@@ -425,14 +460,18 @@ class DiskStore:
             db.execute("DROP TABLE IF EXISTS blobs")  # format 1's table: its entries are never read again
             db.execute("DROP TABLE IF EXISTS entries")  # format 3's (one row per blob)
             for version, mac, payload, blobs in rows:
-                pack = db.execute("INSERT INTO packs (version, mac, payload) VALUES (?, ?, ?)",
-                                  (version, mac, payload)).lastrowid
-                db.executemany("INSERT OR REPLACE INTO pack_entries VALUES (?, ?, ?, ?)",
-                               [(version, blob, pack, now) for blob in blobs])
+                pack = db.execute(
+                    "INSERT INTO packs (version, mac, payload) VALUES (?, ?, ?)", (version, mac, payload)
+                ).lastrowid
+                db.executemany(
+                    "INSERT OR REPLACE INTO pack_entries VALUES (?, ?, ?, ?)",
+                    [(version, blob, pack, now) for blob in blobs],
+                )
             db.execute("DELETE FROM pack_entries WHERE version <> ?", (self.version,))
             self._trim(db, set(keep) | {blob for row in rows for blob in row[3]})
-            db.execute("DELETE FROM packs WHERE version <> ? OR id NOT IN (SELECT pack FROM pack_entries)",
-                       (self.version,))
+            db.execute(
+                "DELETE FROM packs WHERE version <> ? OR id NOT IN (SELECT pack FROM pack_entries)", (self.version,)
+            )
 
         if self._transaction(write, busy="not updated", attempts=2):
             self.written += sum(len(row[3]) for row in rows)
@@ -470,8 +509,9 @@ class DiskStore:
         if excess <= 0:
             return
         old = [b for (b,) in db.execute("SELECT blob FROM pack_entries ORDER BY stamp").fetchall() if b not in keep]
-        db.executemany("DELETE FROM pack_entries WHERE version = ? AND blob = ?",
-                       [(self.version, b) for b in old[:excess]])
+        db.executemany(
+            "DELETE FROM pack_entries WHERE version = ? AND blob = ?", [(self.version, b) for b in old[:excess]]
+        )
 
     def _replace(self) -> None:
         """A database that cannot be read is removed and made again (it held nothing we could use)."""
@@ -557,9 +597,15 @@ def _entry(data: Any, problems: Any, docs: Any) -> Entry | None:
         return None
     documents = _document_classes()
     for item in docs:
-        if not (isinstance(item, tuple) and len(item) == 4 and type(item[0]) is int and type(item[1]) is int
-                and (item[2] is None or type(item[2]) in documents)
-                and isinstance(item[3], tuple) and all(_found(x) for x in item[3])):
+        if not (
+            isinstance(item, tuple)
+            and len(item) == 4
+            and type(item[0]) is int
+            and type(item[1]) is int
+            and (item[2] is None or type(item[2]) in documents)
+            and isinstance(item[3], tuple)
+            and all(_found(x) for x in item[3])
+        ):
             return None
     # The models are bound to these bytes by the HMAC over the whole pack, under a key only this
     # product made, outside every checkout (`open_store`): nothing a tree holds can sign a pack.
@@ -567,8 +613,14 @@ def _entry(data: Any, problems: Any, docs: Any) -> Entry | None:
 
 
 def _found(item: Any) -> bool:
-    return (isinstance(item, tuple) and len(item) == 4 and isinstance(item[0], str) and isinstance(item[1], str)
-            and type(item[2]) is int and type(item[3]) is int)
+    return (
+        isinstance(item, tuple)
+        and len(item) == 4
+        and isinstance(item[0], str)
+        and isinstance(item[1], str)
+        and type(item[2]) is int
+        and type(item[3]) is int
+    )
 
 
 @functools.cache
@@ -615,8 +667,9 @@ def git_blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
 
 
-def open_store(directory: Path | None = None, *, note: Note | None = None,
-               trees: Iterable[Path] = ()) -> DiskStore | None:
+def open_store(
+    directory: Path | None = None, *, note: Note | None = None, trees: Iterable[Path] = ()
+) -> DiskStore | None:
     """The cache under `directory` (default `default_dir()`); None when it is not safe to use (`note` says why).
 
     Refused inside any git checkout or any of `trees` (what the command reads):
@@ -626,10 +679,12 @@ def open_store(directory: Path | None = None, *, note: Note | None = None,
     directory = Path(directory) if directory is not None else default_dir()
     inside = checkout_holding(directory, trees)
     if inside is not None:
-        say(f"blob cache {directory}: not used: it lies inside {inside} (a git checkout or the tree being read), "
+        say(
+            f"blob cache {directory}: not used: it lies inside {inside} (a git checkout or the tree being read), "
             f"whose files could supply their own cache and key; parsing without it. Keep the cache outside every "
             f"repository: --cache-dir DIR, $GPUAAS_STATE_DIR, or the default "
-            f"${{XDG_CACHE_HOME:-~/.cache}}/gpuaas/cache")
+            f"${{XDG_CACHE_HOME:-~/.cache}}/gpuaas/cache"
+        )
         return None
     try:
         _private_dir(directory)

@@ -101,12 +101,18 @@ def remember(cache: BlobCache, tree: Tree) -> None:
 
 def tree_of(origin: str, revision: str, refs: Sequence[FileRef], blobs: Sequence[Any], result: LoadResult) -> Tree:
     """The Tree of a whole read: `refs` and their `blobs`, in the same order, and what they assembled to."""
-    return Tree(origin, revision, {r.name: b for r, b in zip(refs, blobs, strict=True)}, result.state,
-                tuple(result.problems))
+    return Tree(
+        origin, revision, {r.name: b for r, b in zip(refs, blobs, strict=True)}, result.state, tuple(result.problems)
+    )
 
 
-def apply(cache: BlobCache, revision: str, changes: Sequence[tuple[str, FileRef | None]], *,
-          cancel: loading.Cancel | None = None) -> LoadResult | str:
+def apply(
+    cache: BlobCache,
+    revision: str,
+    changes: Sequence[tuple[str, FileRef | None]],
+    *,
+    cancel: loading.Cancel | None = None,
+) -> LoadResult | str:
     """The kept tree with `changes` (path -> new file, None: gone) applied, or why it cannot be.
 
     The caller has checked that the kept tree is of this repo and an ancestor's (see `gitrepo`).
@@ -118,8 +124,9 @@ def apply(cache: BlobCache, revision: str, changes: Sequence[tuple[str, FileRef 
         return "the kept revision has problems"
     if len(changes) > max(MAX_MIN, len(tree.by_path) // MAX_SHARE):
         return f"{len(changes)} of {len(tree.by_path)} files changed"
-    new_blobs = loading.blobs_for([ref for _, ref in changes if ref is not None], cache=cache, cancel=cancel,
-                                  prune=False)
+    new_blobs = loading.blobs_for(
+        [ref for _, ref in changes if ref is not None], cache=cache, cancel=cancel, prune=False
+    )
     for blob in new_blobs:
         if blob.file_problems or any(found or model is None for _, model, found in blob.docs):
             return f"{blob.name} has problems"
@@ -142,9 +149,16 @@ class _Builder:
 
     def __init__(self, tree: Tree) -> None:
         old = tree.state
-        self.state = DesiredState(fleet=old.fleet, skus=old.skus, images=old.images, nodes=old.nodes,
-                                  slot_maps=old.slot_maps, allocations=old.allocations,
-                                  sources=dict(old.sources), file_count=old.file_count)
+        self.state = DesiredState(
+            fleet=old.fleet,
+            skus=old.skus,
+            images=old.images,
+            nodes=old.nodes,
+            slot_maps=old.slot_maps,
+            allocations=old.allocations,
+            sources=dict(old.sources),
+            file_count=old.file_count,
+        )
         # .copy(), not dict(): a kept base's LazyMap stays lazy (`desired.lazymap`); a dict stays a dict
         self.by_path = tree.by_path.copy()
         self.copied: set[str] = set()

@@ -126,12 +126,13 @@ def _refs(repo: git.Repo, commit: Any, prefix: str) -> list[loading.FileRef]:
     return refs
 
 
-def _ref(repo: git.Repo, prefix: str, mode: str, sha: str, path: str, *,
-         read_many: loading.ReadMany | None = None) -> loading.FileRef | None:
+def _ref(
+    repo: git.Repo, prefix: str, mode: str, sha: str, path: str, *, read_many: loading.ReadMany | None = None
+) -> loading.FileRef | None:
     """The FileRef of one tree entry, None when it is not read (not YAML, a submodule, a skipped directory)."""
     if mode in (_GITLINK_MODE, _TREE_MODE) or not path.endswith(loading.YAML_SUFFIXES):
         return None
-    rel = path[len(prefix) + 1:] if prefix else path
+    rel = path[len(prefix) + 1 :] if prefix else path
     if any(part in loading.SKIP_DIRS or part.startswith(".") for part in rel.split("/")[:-1]):
         return None
     if mode == _SYMLINK_MODE:
@@ -140,8 +141,9 @@ def _ref(repo: git.Repo, prefix: str, mode: str, sha: str, path: str, *,
     return loading.FileRef(rel, sha, _blob_reader(repo, sha), read_many)
 
 
-def read_revision(root: Path, rev: str, *, cache: loading.BlobCache | None = None,
-                  cancel: loading.Cancel | None = None) -> loading.LoadResult:
+def read_revision(
+    root: Path, rev: str, *, cache: loading.BlobCache | None = None, cancel: loading.Cancel | None = None
+) -> loading.LoadResult:
     """Parse and type the tree of `rev`, as `parse_refs(revision_refs(root, rev))` gives it.
 
     With a cache that kept the tree of an ancestor of `rev` (the watch loop),
@@ -168,8 +170,15 @@ def release(cache: loading.BlobCache) -> None:
         kept[1].close()
 
 
-def _read(root: Path, repo: git.Repo, commit: Any, prefix: str, *, cache: loading.BlobCache | None,
-          cancel: loading.Cancel | None) -> loading.LoadResult:
+def _read(
+    root: Path,
+    repo: git.Repo,
+    commit: Any,
+    prefix: str,
+    *,
+    cache: loading.BlobCache | None,
+    cancel: loading.Cancel | None,
+) -> loading.LoadResult:
     origin = f"{Path(repo.working_tree_dir or root).resolve()}\0{prefix}"
     if cache is not None and cache.tree is not None and cache.tree.origin == origin:
         try:
@@ -193,8 +202,9 @@ def _read(root: Path, repo: git.Repo, commit: Any, prefix: str, *, cache: loadin
     return result
 
 
-def _by_delta(repo: git.Repo, commit: Any, prefix: str, cache: loading.BlobCache, *,
-              cancel: loading.Cancel | None) -> loading.LoadResult | str:
+def _by_delta(
+    repo: git.Repo, commit: Any, prefix: str, cache: loading.BlobCache, *, cancel: loading.Cancel | None
+) -> loading.LoadResult | str:
     kept = cache.tree
     assert kept is not None  # noqa: S101 - checked by the caller
     if kept.revision != commit.hexsha:
@@ -202,8 +212,9 @@ def _by_delta(repo: git.Repo, commit: Any, prefix: str, cache: loading.BlobCache
         if base not in commit.parents and not repo.is_ancestor(base, commit):
             return f"{commit.hexsha[:12]} does not descend from the kept {kept.revision[:12]}"
     # Two 40-hex commit ids, then '--' and the prefix: nothing here reads as an option.
-    out = repo.git.diff_tree("-r", "-z", "--no-renames", kept.revision, commit.hexsha, "--",
-                             *([prefix] if prefix else []))
+    out = repo.git.diff_tree(
+        "-r", "-z", "--no-renames", kept.revision, commit.hexsha, "--", *([prefix] if prefix else [])
+    )
     changes: list[tuple[str, loading.FileRef | None]] = []
     read_many = _batch_reader(repo)
     parts = out.split("\0")
@@ -213,13 +224,13 @@ def _by_delta(repo: git.Repo, commit: Any, prefix: str, cache: loading.BlobCache
         old_mode, new_mode, _, new_sha, _ = meta[1:].split(" ")
         if new_mode == _ABSENT_MODE:
             if _ref(repo, prefix, old_mode, new_sha, path) is not None:
-                changes.append((path[len(prefix) + 1:] if prefix else path, None))
+                changes.append((path[len(prefix) + 1 :] if prefix else path, None))
             continue
         ref = _ref(repo, prefix, new_mode, new_sha, path, read_many=read_many)
         if ref is not None:
             changes.append((ref.name, ref))
         elif _ref(repo, prefix, old_mode, new_sha, path) is not None:  # a YAML file became a submodule
-            changes.append((path[len(prefix) + 1:] if prefix else path, None))
+            changes.append((path[len(prefix) + 1 :] if prefix else path, None))
     return deltas.apply(cache, str(commit.hexsha), changes, cancel=cancel)
 
 
@@ -242,6 +253,7 @@ def _batch_reader(repo: git.Repo) -> loading.ReadMany:
     limit are fetched whole (with `--batch`); an oversized one is left to its
     ref's cut-off `read`, and so is any blob the output leaves in doubt.
     """
+
     def read_many(keys: Sequence[str]) -> Iterator[dict[str, bytes]]:
         if len(keys) < BATCH_MIN:
             return
@@ -296,7 +308,7 @@ def _cat_blobs(repo: git.Repo, keys: list[str], sizes: dict[str, int]) -> dict[s
         header = f"{key} blob {sizes[key]}\n".encode("ascii")
         start = pos + len(header)
         end = start + sizes[key]
-        if out[pos:start] != header or out[end:end + 1] != b"\n":
+        if out[pos:start] != header or out[end : end + 1] != b"\n":
             log.info("git cat-file --batch gave unexpected output at %s; reading blobs one by one", key)
             return {}
         got[key] = out[start:end]
@@ -324,8 +336,13 @@ def _cat_file(repo: git.Repo, mode: str, keys: Sequence[str]) -> bytes | None:
         with tempfile.TemporaryFile() as ids:
             ids.write("".join(f"{key}\n" for key in keys).encode("ascii"))
             ids.seek(0)
-            out = repo.git.execute(command, istream=ids, stdout_as_string=False, strip_newline_in_stdout=False,
-                                   kill_after_timeout=_BATCH_TIMEOUT_S)
+            out = repo.git.execute(
+                command,
+                istream=ids,
+                stdout_as_string=False,
+                strip_newline_in_stdout=False,
+                kill_after_timeout=_BATCH_TIMEOUT_S,
+            )
     except (OSError, git.GitCommandError) as e:
         log.info("git cat-file %s failed (%s); reading blobs one by one", mode, e)
         return None

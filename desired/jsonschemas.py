@@ -41,14 +41,18 @@ SCHEMA_ID = "https://gpuaas.io/schemas/v1alpha1/{kind}.schema.json"
 _IPV6_LOOSE = r"^[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*$"
 _PREFIX4 = r"(/(3[0-2]|[12]?[0-9]))?"
 _PREFIX6 = r"(/(12[0-8]|1[01][0-9]|[1-9]?[0-9]))?"
-IP_ADDRESS: dict[str, Any] = {"anyOf": [
-    {"type": "string", "pattern": m.IPV4_RE},
-    {"type": "string", "format": "ipv6", "pattern": _IPV6_LOOSE},
-]}
-IP_NETWORK: dict[str, Any] = {"anyOf": [
-    {"type": "string", "pattern": m.IPV4_RE.removesuffix("$") + _PREFIX4 + "$"},
-    {"type": "string", "pattern": _IPV6_LOOSE.removesuffix("$") + _PREFIX6 + "$"},
-]}
+IP_ADDRESS: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string", "pattern": m.IPV4_RE},
+        {"type": "string", "format": "ipv6", "pattern": _IPV6_LOOSE},
+    ]
+}
+IP_NETWORK: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string", "pattern": m.IPV4_RE.removesuffix("$") + _PREFIX4 + "$"},
+        {"type": "string", "pattern": _IPV6_LOOSE.removesuffix("$") + _PREFIX6 + "$"},
+    ]
+}
 GPU_COUNTS = [1, 2, 4, 8]  # policies.validation: desired.sku.gpu_counts
 
 # (model, field) -> what the schema adds to that property: formats the models check in code.
@@ -67,22 +71,39 @@ FIELD_RULES: dict[tuple[str, str], dict[str, Any]] = {
 # kind -> conditional rules of the whole document (allOf).
 DOCUMENT_RULES: dict[str, list[dict[str, Any]]] = {
     "Sku": [
-        {"if": {"required": ["capacity_shape"], "properties": {"capacity_shape": {"const": "baremetal"}}},
-         "then": {"required": ["gpu_count", "exclusive_node"],
-                  "properties": {"gpu_count": {"type": "integer"}, "exclusive_node": {"const": True},
-                                 "allowed_gpu_counts": {"type": "null"},
-                                 "readiness_timeout_seconds": {"type": "null"}}}},  # no VM: no readiness gate
-        {"if": {"required": ["capacity_shape"], "properties": {"capacity_shape": {"const": "gpu_slice"}}},
-         "then": {"required": ["allowed_gpu_counts", "resource_profile"],
-                  "properties": {"allowed_gpu_counts": {"type": "array", "minItems": 1},
-                                 "gpu_count": {"type": "null"}, "exclusive_node": {"const": False},
-                                 "resource_profile": {
-                                     "required": ["default_slice_vm_profile"],
-                                     "properties": {"default_slice_vm_profile": {"type": "string"}}}}}},
+        {
+            "if": {"required": ["capacity_shape"], "properties": {"capacity_shape": {"const": "baremetal"}}},
+            "then": {
+                "required": ["gpu_count", "exclusive_node"],
+                "properties": {
+                    "gpu_count": {"type": "integer"},
+                    "exclusive_node": {"const": True},
+                    "allowed_gpu_counts": {"type": "null"},
+                    "readiness_timeout_seconds": {"type": "null"},
+                },
+            },
+        },  # no VM: no readiness gate
+        {
+            "if": {"required": ["capacity_shape"], "properties": {"capacity_shape": {"const": "gpu_slice"}}},
+            "then": {
+                "required": ["allowed_gpu_counts", "resource_profile"],
+                "properties": {
+                    "allowed_gpu_counts": {"type": "array", "minItems": 1},
+                    "gpu_count": {"type": "null"},
+                    "exclusive_node": {"const": False},
+                    "resource_profile": {
+                        "required": ["default_slice_vm_profile"],
+                        "properties": {"default_slice_vm_profile": {"type": "string"}},
+                    },
+                },
+            },
+        },
     ],
     "Image": [
-        {"if": {"required": ["source_type"], "properties": {"source_type": {"not": {"const": "maas"}}}},
-         "then": {"required": ["digest_sha256"], "properties": {"digest_sha256": {"type": "string"}}}},
+        {
+            "if": {"required": ["source_type"], "properties": {"source_type": {"not": {"const": "maas"}}}},
+            "then": {"required": ["digest_sha256"], "properties": {"digest_sha256": {"type": "string"}}},
+        },
     ],
 }
 
@@ -91,13 +112,14 @@ _NAME = "lowercase letters, digits, '.', '_' or '-', 1-63 characters"
 # model -> field -> help text, for fields whose model gives none (Field(description=...) wins).
 DESCRIPTIONS: dict[str, dict[str, str]] = {
     "Fleet": {
-        "apiVersion": _API, "kind": "Always Fleet: the one document of fleet-wide settings.",
+        "apiVersion": _API,
+        "kind": "Always Fleet: the one document of fleet-wide settings.",
         "name": f"Name of the fleet ({_NAME}).",
         "regions": "Regions and their pools; nodes and allocations name a region and a pool declared here.",
         "management_network": "Default private management network of every slice host (a Node may override it).",
         "placement": "Placement policy settings of the central reconciler.",
         "graceful_shutdown_timeout_s": "Seconds a VM gets to shut down gracefully on release before it is "
-                                       "stopped hard (1-3600).",
+        "stopped hard (1-3600).",
         "readiness_timeout_s": "Seconds a new VM has to report ready before provisioning counts as failed (1-3600).",
     },
     "Region": {"name": f"Region name ({_NAME}).", "pools": "Pools of this region (at least one)."},
@@ -111,20 +133,20 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
     "DhcpRange": {"start": "First address of the DHCP range.", "end": "Last address of the DHCP range."},
     "PlacementSettings": {
         "policy": "Placement policy: default (best fit, keeps whole nodes free), first-fit, k8s-least-allocated, "
-                  "k8s-most-allocated or seed-rank.",
+        "k8s-most-allocated or seed-rank.",
         "max_claim_attempts": "How many candidate nodes apply tries for one placement after lost races (1-100).",
         "workload_mix": "Expected request-size mix, GPU count -> share; weights the fragmentation score.",
     },
     "Sku": {
-        "apiVersion": _API, "kind": "Always Sku: a product sold to tenants.",
+        "apiVersion": _API,
+        "kind": "Always Sku: a product sold to tenants.",
         "sku": f"SKU name, referenced by nodes, images, slots and allocations ({_NAME}).",
         "display_name": "Name shown to people.",
         "capacity_shape": "baremetal: one allocation leases a whole node; gpu_slice: a VM owning 1, 2, 4 or 8 "
-                          "approved slots of one node.",
+        "approved slots of one node.",
         "accelerator_vendor": "GPU vendor: nvidia or amd.",
         "accelerator_model": f"GPU model, matched against slots and images ({_NAME}).",
-        "allowed_gpu_counts": "gpu_slice only: the GPU counts a request may ask for, each 1, 2, 4 or 8 "
-                              "(at least one).",
+        "allowed_gpu_counts": "gpu_slice only: the GPU counts a request may ask for, each 1, 2, 4 or 8 (at least one).",
         "gpu_count": "baremetal only: the fixed GPU count of the node (1-8).",
         "exclusive_node": "True for baremetal (required), false for gpu_slice: the allocation owns the whole node.",
         "same_node_required": "All GPUs of one allocation come from one node.",
@@ -135,14 +157,12 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "currency": "Currency of the price: USD or EUR.",
         "active": "False stops new allocations of this SKU; running ones keep their claims.",
     },
-    "TopologyPolicy": {
-        f"gpu_count_{n}": f"Topology rule for {n}-GPU requests." for n in (1, 2, 4, 8)
-    },
+    "TopologyPolicy": {f"gpu_count_{n}": f"Topology rule for {n}-GPU requests." for n in (1, 2, 4, 8)},
     "ResourceProfile": {
         "fabric": "Fabric label of the profile set (informational).",
         "slice_unit_gpu_count": "GPUs per slice unit (at least 1).",
         "default_slice_vm_profile": "gpu_slice: the VM profile used when a request names none; a key of "
-                                    "slice_vm_profiles (required for gpu_slice).",
+        "slice_vm_profiles (required for gpu_slice).",
         "slice_vm_profiles": f"VM profiles by name ({_NAME}); profiles of other GPU counts may be derived_from one.",
     },
     "VmProfile": {
@@ -156,7 +176,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
     },
     "Hugepages": {"enabled": "Use hugepages for the VM's memory.", "page_size": "Hugepage size: 2M or 1G."},
     "Image": {
-        "apiVersion": _API, "kind": "Always Image: an OS image a VM or node boots.",
+        "apiVersion": _API,
+        "kind": "Always Image: an OS image a VM or node boots.",
         "slug": f"Image name, referenced by allocations ({_NAME}).",
         "display_name": "Name shown to people.",
         "version": "Version label of the image.",
@@ -168,28 +189,29 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "network_fabric": "Fabric the image's drivers serve (infiniband, roce, ethernet, none, or any).",
         "image_format": "Artifact format: maas, qcow2, raw or oci.",
         "source_type": "Where the artifact comes from: maas, platform_storage (a path under the fleet's or "
-                       "host's image base URL), oci_artifact, http (an http(s) URL) or file (a file:/// URL, "
-                       "labs).",
+        "host's image base URL), oci_artifact, http (an http(s) URL) or file (a file:/// URL, "
+        "labs).",
         "source_ref": "Location of the artifact within its source (1-1024 characters): a relative path for "
-                      "platform_storage, an http:// or https:// URL for http, a file:/// URL for file.",
+        "platform_storage, an http:// or https:// URL for http, a file:/// URL for file.",
         "digest_sha256": "sha256 of the artifact, 64 lowercase hex characters; required unless source_type is "
-                         "maas (verified before a disk is written).",
+        "maas (verified before a disk is written).",
         "size_bytes": "Size of the artifact in bytes.",
         "cloud_init_supported": "The image runs cloud-init (SSH keys and hostname are delivered that way).",
         "guest_agent_supported": "The image runs a guest agent.",
         "default_username": f"Login user the SSH keys are installed for ({_NAME}).",
         "driver_strategy": "How GPU drivers get there: none, preinstalled_nvidia, preinstalled_rocm or "
-                           "install_on_boot.",
+        "install_on_boot.",
         "compatible_skus": "SKUs this image may run on (empty: decided by vendor, model and fabric).",
         "active": "False stops new allocations with this image (requested at or after inactive_since); "
-                  "allocations requested before keep it.",
+        "allocations requested before keep it.",
         "cache_pinned": "True: a host that caches this image never evicts it (a golden image kept warm); "
-                        "false: evictable once no VM of the host uses it.",
+        "false: evictable once no VM of the host uses it.",
         "inactive_since": "When the image stopped being offered (required with active: false); allocations "
-                          "requested before it keep the image.",
+        "requested before it keep the image.",
     },
     "Node": {
-        "apiVersion": _API, "kind": "Always Node: one physical GPU host.",
+        "apiVersion": _API,
+        "kind": "Always Node: one physical GPU host.",
         "name": f"Host name of the node ({_NAME}); a SlotMap with the same node name approves its slots.",
         "region": "Region of the node, declared in the Fleet.",
         "pool": "Pool of the node, declared under its region in the Fleet.",
@@ -203,10 +225,13 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "firmware_profile": "Onboarding evidence of the firmware profile; a host's own report wins over it.",
         "management_network": "This node's management network, overriding the Fleet's.",
     },
-    "FirmwareProfile": {"version": "Firmware profile version.",
-                        "ready": "The profile is applied and the node may serve slices."},
+    "FirmwareProfile": {
+        "version": "Firmware profile version.",
+        "ready": "The profile is applied and the node may serve slices.",
+    },
     "SlotMap": {
-        "apiVersion": _API, "kind": "Always SlotMap: the approved slots of one node.",
+        "apiVersion": _API,
+        "kind": "Always SlotMap: the approved slots of one node.",
         "node": "Name of the Node whose slots these are.",
         "approval_required": "True while an operator has not approved the map: no slot is schedulable.",
         "slots": "The slots: each a GPU with its own fabric VF, raw NVMe disk, NUMA node and MAC/IP.",
@@ -251,9 +276,10 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "backing_file": "Loop devices (lab hosts): the backing file.",
     },
     "Allocation": {
-        "apiVersion": _API, "kind": "Always Allocation: one tenant request.",
+        "apiVersion": _API,
+        "kind": "Always Allocation: one tenant request.",
         "id": f"Allocation id: lowercase letters, digits and '-', 3-{m.ALLOCATION_ID_MAX} characters (its VM "
-              f"name {m.VM_NAME_PREFIX}<id> is a hostname, a DNS label of at most {m.DNS_LABEL_MAX}).",
+        f"name {m.VM_NAME_PREFIX}<id> is a hostname, a DNS label of at most {m.DNS_LABEL_MAX}).",
         "tenant": f"Tenant (organisation) the allocation belongs to ({_NAME}).",
         "sku": "SKU requested.",
         "gpu_count": "GPUs requested (1-8); one of the SKU's allowed_gpu_counts.",
@@ -262,9 +288,9 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "ssh_keys": "OpenSSH public keys installed for the image's default user.",
         "vm_profile": "VM profile of the SKU to use (absent: the SKU's default for this GPU count).",
         "state": "present (place and run it) or released (stop it, wipe its disks, free its slots). Deleting "
-                 "the file releases nothing.",
+        "the file releases nothing.",
         "requested_at": "When the request was made, like 2026-11-20T09:05:00Z (quoted or not; no offset: UTC); "
-                        "placement order.",
+        "placement order.",
     },
 }
 

@@ -286,8 +286,10 @@ class BlobCache:
 
 def _renamed(blob: _Blob, name: str) -> _Blob:
     """The same bytes at another path: documents and problems name the new path."""
-    docs = [(replace(d, file=name, _node=None), model, [replace(x, file=name) for x in found])
-            for d, model, found in blob.docs]
+    docs = [
+        (replace(d, file=name, _node=None), model, [replace(x, file=name) for x in found])
+        for d, model, found in blob.docs
+    ]
     return _Blob(name, [replace(x, file=name) for x in blob.file_problems], docs, blob.generation)
 
 
@@ -309,11 +311,18 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def parse_files(files: Iterable[tuple[str, FileData]], *, workers: int | None = None,
-                cancel: Cancel | None = None, cache: BlobCache | None = None) -> LoadResult:
+def parse_files(
+    files: Iterable[tuple[str, FileData]],
+    *,
+    workers: int | None = None,
+    cancel: Cancel | None = None,
+    cache: BlobCache | None = None,
+) -> LoadResult:
     """Parse and type every document of (path, bytes) pairs; see `parse_refs`."""
-    refs = [FileRef(name, blob_id(data) if cache is not None and isinstance(data, bytes) else None,
-                    _constant(data)) for name, data in files]
+    refs = [
+        FileRef(name, blob_id(data) if cache is not None and isinstance(data, bytes) else None, _constant(data))
+        for name, data in files
+    ]
     return parse_refs(refs, workers=workers, cancel=cancel, cache=cache)
 
 
@@ -321,8 +330,9 @@ def _constant(data: FileData) -> Callable[[], FileData]:
     return lambda: data
 
 
-def parse_refs(refs: Sequence[FileRef], *, workers: int | None = None, cancel: Cancel | None = None,
-               cache: BlobCache | None = None) -> LoadResult:
+def parse_refs(
+    refs: Sequence[FileRef], *, workers: int | None = None, cancel: Cancel | None = None, cache: BlobCache | None = None
+) -> LoadResult:
     """Parse and type every document; cross-file rules run in `policies.validation`.
 
     With a cache, a file whose content id was parsed before is not read
@@ -336,8 +346,14 @@ def parse_refs(refs: Sequence[FileRef], *, workers: int | None = None, cancel: C
     return assemble(blobs_for(refs, workers=workers, cancel=cancel, cache=cache))
 
 
-def blobs_for(refs: Sequence[FileRef], *, workers: int | None = None, cancel: Cancel | None = None,
-              cache: BlobCache | None = None, prune: bool = True) -> list[_Blob]:
+def blobs_for(
+    refs: Sequence[FileRef],
+    *,
+    workers: int | None = None,
+    cancel: Cancel | None = None,
+    cache: BlobCache | None = None,
+    prune: bool = True,
+) -> list[_Blob]:
     """The parsed and typed blob of every ref, in order (see `parse_refs`).
 
     `prune=False` reads a few changed files of a kept tree (desired.deltas):
@@ -359,13 +375,18 @@ def blobs_for(refs: Sequence[FileRef], *, workers: int | None = None, cancel: Ca
     # files are parsed, and the models cross the pool's pipe inside them (`_parse_chunk`).
     stored: list[Encoded] | None = [] if disk is not None else None
     models_only = cache is not None and cache.models_only
-    results = _parse_all(files, workers, cancel, pack=cache is not None and not cache.keep_values,
-                         values=cache is None or (cache.keep_values and disk is None and not models_only),
-                         packs=stored, in_packs=disk is not None or models_only)
+    results = _parse_all(
+        files,
+        workers,
+        cancel,
+        pack=cache is not None and not cache.keep_values,
+        values=cache is None or (cache.keep_values and disk is None and not models_only),
+        packs=stored,
+        in_packs=disk is not None or models_only,
+    )
     with shown.phase("parse files", len(todo), unit="files") as counted:
         try:
-            for n, (i, (name, data), (typed, found, packed)) in enumerate(
-                    zip(todo, files, results, strict=True)):
+            for n, (i, (name, data), (typed, found, packed)) in enumerate(zip(todo, files, results, strict=True)):
                 if n % 256 == 0:  # counted in batches: nothing per file reaches the display
                     counted.done = n
                     if cancel is not None and cancel():
@@ -373,8 +394,7 @@ def blobs_for(refs: Sequence[FileRef], *, workers: int | None = None, cancel: Ca
                 docs = []
                 for item in typed:
                     assert isinstance(data, bytes)  # noqa: S101 - only bytes parse to documents
-                    docs.append((Document(name, item.index, item.value, item.line, data), item.model,
-                                 item.problems))
+                    docs.append((Document(name, item.index, item.value, item.line, data), item.model, item.problems))
                 _settle(docs, cache, packed)
                 blobs[i] = _Blob(name, found, docs)
                 if cache is not None and prune:  # a delta's blobs live in its tree: no history piles up here
@@ -397,8 +417,9 @@ def blobs_for(refs: Sequence[FileRef], *, workers: int | None = None, cancel: Ca
 _CONSUMED: tuple[str, FileData] = ("", b"")
 
 
-def _read_files(refs: Sequence[FileRef], todo: list[int], cancel: Cancel | None,
-                shown: progress.Phase | None = None) -> list[tuple[str, FileData]]:
+def _read_files(
+    refs: Sequence[FileRef], todo: list[int], cancel: Cancel | None, shown: progress.Phase | None = None
+) -> list[tuple[str, FileData]]:
     """(name, bytes or Refused) of the `todo` refs: in batches where a ref can, else one by one."""
     shown = shown if shown is not None else progress.Phase("read files")
     batched = _read_batched(refs, todo, cancel)  # dropped on return: `files` alone then holds the bytes
@@ -447,8 +468,15 @@ def assemble(blobs: Sequence[_Blob | None]) -> LoadResult:
     return LoadResult(state, problems)
 
 
-def _from_disk(disk: DiskStore, refs: Sequence[FileRef], todo: list[int], blobs: list[_Blob | None], *,
-               cache: BlobCache | None, cancel: Cancel | None) -> list[int]:
+def _from_disk(
+    disk: DiskStore,
+    refs: Sequence[FileRef],
+    todo: list[int],
+    blobs: list[_Blob | None],
+    *,
+    cache: BlobCache | None,
+    cancel: Cancel | None,
+) -> list[int]:
     """Fill `blobs` from the on-disk store where it has the blob; the indexes still to parse."""
     entries = disk.get_many([k for k in (refs[i].key for i in todo) if k is not None])
     left: list[int] = []
@@ -462,8 +490,10 @@ def _from_disk(disk: DiskStore, refs: Sequence[FileRef], todo: list[int], blobs:
             continue
         name = refs[i].name
         # Typed when the entry was written (the version it is keyed by names the models' code).
-        docs = [(Document(name, index, None, line, entry.data), model, _dressed(found, name))
-                for index, line, model, found in entry.docs]
+        docs = [
+            (Document(name, index, None, line, entry.data), model, _dressed(found, name))
+            for index, line, model, found in entry.docs
+        ]
         _settle(docs, cache, None)
         blobs[i] = _Blob(name, _dressed(entry.problems, name), docs)
         if cache is not None:
@@ -477,8 +507,14 @@ PACK_FILES = 512  # files per pack made in this process (a pool worker packs its
 
 
 def _parse_all(
-    file_list: list[tuple[str, FileData]], workers: int | None, cancel: Cancel | None, *, pack: bool = False,
-    values: bool = True, packs: list[Encoded] | None = None, in_packs: bool = False,
+    file_list: list[tuple[str, FileData]],
+    workers: int | None,
+    cancel: Cancel | None,
+    *,
+    pack: bool = False,
+    values: bool = True,
+    packs: list[Encoded] | None = None,
+    in_packs: bool = False,
 ) -> Generator[_Result, None, None]:
     """Each file's reader output, in order.
 
@@ -502,8 +538,10 @@ def _parse_all(
     try:
         # No list of the chunks: a chunk's bytes are let go once its result is taken.
         encode = in_packs or packs is not None
-        pending = collections.deque(pool.submit(_parse_chunk, file_list[i:i + step], pack, values, encode)
-                                    for i in range(0, len(file_list), step))
+        pending = collections.deque(
+            pool.submit(_parse_chunk, file_list[i : i + step], pack, values, encode)
+            for i in range(0, len(file_list), step)
+        )
         while pending:
             # Taken off the queue: a future keeps its result, and every chunk's plain values held
             # until the last one arrived were a large part of the cold start's peak memory.
@@ -519,7 +557,7 @@ def _parse_all(
                     waited += _POLL_S
                     if waited >= WORKER_TIMEOUT_S:
                         raise _PoolStuck from None
-            results = _unpacked(file_list[done:done + len(chunk[1])], chunk, packs)
+            results = _unpacked(file_list[done : done + len(chunk[1])], chunk, packs)
             done += len(results)
             yield from results
         delivered = True
@@ -635,15 +673,22 @@ def _unpacked(chunk_files: list[tuple[str, FileData]], chunk: _Chunk, packs: lis
     for (name, _data), (sent, sent_found, packed) in zip(chunk_files, parts, strict=True):
         if sent is None or sent_found is None:
             entry = entries[next(blobs)]  # type: ignore[index]  # packed files come with a pack
-            out.append(([_Typed(index, line, None, model, _dressed(problems, name))
-                         for index, line, model, problems in entry.docs], _dressed(entry.problems, name), packed))
+            out.append(
+                (
+                    [
+                        _Typed(index, line, None, model, _dressed(problems, name))
+                        for index, line, model, problems in entry.docs
+                    ],
+                    _dressed(entry.problems, name),
+                    packed,
+                )
+            )
         else:
             out.append((sent, sent_found, packed))
     return out
 
 
-def _parse_here(file_list: list[tuple[str, FileData]], values: bool,
-                packs: list[Encoded] | None) -> Iterator[_Result]:
+def _parse_here(file_list: list[tuple[str, FileData]], values: bool, packs: list[Encoded] | None) -> Iterator[_Result]:
     """Parse in this process; with `packs`, add the store's packs of these files to it."""
     files: list[blobstore.Packed] = []
     for name, data in file_list:
@@ -689,8 +734,7 @@ def _dressed(found: tuple[blobstore.Found, ...], name: str) -> list[p.Problem]:
     return [p.Problem(code, message, name, line, col) for code, message, line, col in found]
 
 
-def _settle(docs: list[tuple[Document, Any, list[p.Problem]]], cache: BlobCache | None,
-            packed: bytes | None) -> None:
+def _settle(docs: list[tuple[Document, Any, list[p.Problem]]], cache: BlobCache | None, packed: bytes | None) -> None:
     """Where the cache says no reader wants them, drop a file's plain values once typed and pack its bytes.
 
     Positions come from the bytes (`Document.locate` composes them again), so
@@ -805,8 +849,9 @@ def _field_problems(doc: Document, error: ValidationError) -> Iterator[p.Problem
             yield p.Problem(p.FIELD_UNKNOWN, f"unknown field '{dotted}'", doc.file, line, col)
         elif loc and loc[-1] == "[key]":  # a bad mapping key: point at the key itself, name the mapping
             line, col = doc.locate(loc[:-1])
-            yield p.Problem(p.FIELD_VALUE, f"key {str(loc[-2])!r} of '{_dotted(loc[:-2])}': {_message(item)}",
-                            doc.file, line, col)
+            yield p.Problem(
+                p.FIELD_VALUE, f"key {str(loc[-2])!r} of '{_dotted(loc[:-2])}': {_message(item)}", doc.file, line, col
+            )
         else:
             line, col = doc.locate_value(loc)
             code = p.FIELD_TYPE if kind.endswith("_type") or kind.endswith("_parsing") else p.FIELD_VALUE

@@ -74,8 +74,9 @@ def _quoted_timestamp(value: object) -> object:
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)
 
 
-Timestamp = Annotated[dt.datetime, BeforeValidator(_quoted_timestamp),
-                      WithJsonSchema({"type": "string", "pattern": TIMESTAMP_RE})]
+Timestamp = Annotated[
+    dt.datetime, BeforeValidator(_quoted_timestamp), WithJsonSchema({"type": "string", "pattern": TIMESTAMP_RE})
+]
 
 
 def ip_int(value: str) -> int:
@@ -211,28 +212,37 @@ class PlacementSettings(_Model):
         default_factory=lambda: {1: 0.4, 2: 0.25, 4: 0.2, 8: 0.15}
     )
     lease_end_weight: float = Field(
-        default=1.0, ge=0, allow_inf_nan=False,
+        default=1.0,
+        ge=0,
+        allow_inf_nan=False,
         description="Policy default only: what one hour of delay in a host's emptying costs, in expected stranded "
-                    "GPUs (the unit of the fragmentation score), when a lease with a known end "
-                    "(Allocation.lease_hours) would outlast every lease already on the host. 0 keeps lease ends "
-                    "as a tie-break only.")
+        "GPUs (the unit of the fragmentation score), when a lease with a known end "
+        "(Allocation.lease_hours) would outlast every lease already on the host. 0 keeps lease ends "
+        "as a tie-break only.",
+    )
     pending_deadline_seconds: int = Field(
-        default=86_400, ge=0, le=90 * 86_400,
+        default=86_400,
+        ge=0,
+        le=90 * 86_400,
         description="How long a request may stay pending (unplaceable) before it ends failed with code "
-                    "sku_unavailable and its pending reason, counted from when the store first saw it (its "
-                    "requested_at if later). 0: never. Default 86400 (24 h).")
+        "sku_unavailable and its pending reason, counted from when the store first saw it (its "
+        "requested_at if later). 0: never. Default 86400 (24 h).",
+    )
     pending_deadline_by_sku: dict[Name, Annotated[int, Field(ge=0, le=90 * 86_400)]] = Field(
         default_factory=dict,
-        description="Per SKU, overrides pending_deadline_seconds (e.g. 0 for a SKU sold as wait-listed).")
+        description="Per SKU, overrides pending_deadline_seconds (e.g. 0 for a SKU sold as wait-listed).",
+    )
 
 
 class CredentialRef(_Model):
     """Where a machine provider's secret is read at run time: never the secret itself (never in git)."""
 
     env: Annotated[str, Field(pattern=r"^[A-Z_][A-Z0-9_]{0,127}$")] | None = Field(
-        default=None, description="Name of an environment variable of the reconciler holding the secret.")
+        default=None, description="Name of an environment variable of the reconciler holding the secret."
+    )
     file: Annotated[str, Field(pattern=r"^/[^\x00-\x1f\x7f]{0,4095}$")] | None = Field(
-        default=None, description="Absolute path of a file on the reconciler's machine holding the secret.")
+        default=None, description="Absolute path of a file on the reconciler's machine holding the secret."
+    )
 
     @model_validator(mode="after")
     def _exactly_one(self) -> CredentialRef:
@@ -246,16 +256,22 @@ class MachineProviderSpec(_Model):
 
     name: Name = Field(description="The provider's name, which Node.machine.provider refers to.")
     kind: Literal["ironic", "maas"] = Field(
-        description="ironic: OpenStack Ironic's REST API (noauth or a token); maas: MAAS REST API 2.0 with OAuth1.")
+        description="ironic: OpenStack Ironic's REST API (noauth or a token); maas: MAAS REST API 2.0 with OAuth1."
+    )
     url: Annotated[str, Field(pattern=r"^https?://[^\s]{1,1000}$")] = Field(
-        description="Base URL: Ironic's endpoint (http://host:6385) or MAAS's (http://host:5240/MAAS).")
+        description="Base URL: Ironic's endpoint (http://host:6385) or MAAS's (http://host:5240/MAAS)."
+    )
     credentials: CredentialRef | None = Field(
-        default=None, description="MAAS: its API key (consumer:token:secret); Ironic: an auth token. "
-                                  "Omitted: no credentials (Ironic with auth_strategy = noauth).")
+        default=None,
+        description="MAAS: its API key (consumer:token:secret); Ironic: an auth token. "
+        "Omitted: no credentials (Ironic with auth_strategy = noauth).",
+    )
     timeout_s: float = Field(default=10.0, gt=0, le=300, description="Per-request timeout of the provider's API.")
     image_base_url: Annotated[str, Field(pattern=r"^(https?|file)://[^\s]{1,1000}$")] | None = Field(
-        default=None, description="Ironic: where an image whose source_ref is an alias (not a URL) is served "
-                                  "(the alias is appended). MAAS deploys aliases (osystem/release) itself.")
+        default=None,
+        description="Ironic: where an image whose source_ref is an alias (not a URL) is served "
+        "(the alias is appended). MAAS deploys aliases (osystem/release) itself.",
+    )
 
 
 class NodeMachine(_Model):
@@ -263,19 +279,28 @@ class NodeMachine(_Model):
 
     provider: Name = Field(description="A name from Fleet.machine_providers.")
     machine_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")] = Field(
-        description="The machine's id at the provider: MAAS system_id, Ironic node name or UUID.")
+        description="The machine's id at the provider: MAAS system_id, Ironic node name or UUID."
+    )
     ssh_address: Annotated[str, Field(pattern=r"^[A-Za-z0-9._:\[\]-]{1,255}$")] | None = Field(
-        default=None, description="host or host:port the readiness check connects to (TCP, default port 22); "
-                                  "omitted: the first address the provider reports.")
+        default=None,
+        description="host or host:port the readiness check connects to (TCP, default port 22); "
+        "omitted: the first address the provider reports.",
+    )
     wipe_policy: Literal["secure_erase", "quick_erase"] = Field(
-        default="secure_erase", description="How the provider erases the disks when a lease is released.")
+        default="secure_erase", description="How the provider erases the disks when a lease is released."
+    )
+
+
 class IngressSettings(_Model):
     """Fleet-wide limits of tenant ingress (public endpoints of slice VMs)."""
 
     max_extra_ports: int = Field(
-        default=4, ge=0, le=64,
+        default=4,
+        ge=0,
+        le=64,
         description="Most guest ports one Allocation may ask to expose besides SSH (Allocation.extra_ports); "
-                    "each takes one public port of its node's ingress range.")
+        "each takes one public port of its node's ingress range.",
+    )
 
 
 class Fleet(_Doc):
@@ -286,26 +311,41 @@ class Fleet(_Doc):
     placement: PlacementSettings = PlacementSettings()
     graceful_shutdown_timeout_s: int = Field(default=120, ge=1, le=3600)
     graceful_timeout_seconds: int = Field(
-        default=300, ge=30, le=900,
+        default=300,
+        ge=30,
+        le=900,
         description="Seconds a new VM has to pass readiness (a DHCP lease of its private IP, TCP 22 answering, and "
-                    "the guest marker /var/lib/gpuaas/slice-ready announced to its host) before the provision "
-                    "counts as failed (30-900, seed 002).")
+        "the guest marker /var/lib/gpuaas/slice-ready announced to its host) before the provision "
+        "counts as failed (30-900, seed 002).",
+    )
     readiness_timeout_s: int | None = Field(
-        default=None, ge=30, le=900, json_schema_extra={"deprecated": True},
-        description="Deprecated: the earlier name of graceful_timeout_seconds (same meaning and range).")
+        default=None,
+        ge=30,
+        le=900,
+        json_schema_extra={"deprecated": True},
+        description="Deprecated: the earlier name of graceful_timeout_seconds (same meaning and range).",
+    )
     host_liveness_ttl_seconds: int = Field(
-        default=90, ge=5, le=86400,
+        default=90,
+        ge=5,
+        le=86400,
         description="A node whose host agent reported once and then stayed silent longer than this is "
-                    "unavailable: no new placements, its allocations flagged host_unreachable (never released).")
+        "unavailable: no new placements, its allocations flagged host_unreachable (never released).",
+    )
     ingress: IngressSettings = Field(
         default=IngressSettings(),
-        description="Limits of tenant ingress: how many extra guest ports an allocation may expose.")
+        description="Limits of tenant ingress: how many extra guest ports an allocation may expose.",
+    )
     max_attempts: int = Field(
-        default=3, ge=1, le=20,
+        default=3,
+        ge=1,
+        le=20,
         description="Provision attempts per allocation: after a permanent host failure the allocation is placed "
-                    "again on another node until this many attempts failed, then it is failed.")
+        "again on another node until this many attempts failed, then it is failed.",
+    )
     machine_providers: Annotated[tuple[MachineProviderSpec, ...], Strict(False)] = Field(
-        default=(), description="Machine providers (MAAS, Ironic) that deploy and erase nodes for baremetal leases.")
+        default=(), description="Machine providers (MAAS, Ironic) that deploy and erase nodes for baremetal leases."
+    )
 
     @model_validator(mode="after")
     def _one_readiness_timeout(self) -> Fleet:
@@ -314,8 +354,10 @@ class Fleet(_Doc):
         if old is None:
             return self
         if "graceful_timeout_seconds" in self.model_fields_set and old != self.graceful_timeout_seconds:
-            raise ValueError(f"readiness_timeout_s ({old}, deprecated) and graceful_timeout_seconds "
-                             f"({self.graceful_timeout_seconds}) disagree: keep graceful_timeout_seconds only")
+            raise ValueError(
+                f"readiness_timeout_s ({old}, deprecated) and graceful_timeout_seconds "
+                f"({self.graceful_timeout_seconds}) disagree: keep graceful_timeout_seconds only"
+            )
         object.__setattr__(self, "graceful_timeout_seconds", old)  # frozen model: set once, while validating
         return self
 
@@ -337,9 +379,12 @@ class VmProfile(_Model):
     derived_from: Name | None = None  # a key of slice_vm_profiles
     notes: str = ""
     readiness_timeout_seconds: int | None = Field(
-        default=None, ge=30, le=900,
+        default=None,
+        ge=30,
+        le=900,
         description="Seconds a VM of this profile has to pass readiness (30-900); wins over the SKU's and the "
-                    "Fleet's graceful_timeout_seconds. Snapshotted at placement: an edit changes no running VM.")
+        "Fleet's graceful_timeout_seconds. Snapshotted at placement: an edit changes no running VM.",
+    )
 
 
 class ResourceProfile(_Model):
@@ -348,7 +393,8 @@ class ResourceProfile(_Model):
     default_slice_vm_profile: Name | None = None
     # Keys are profile names: they reach claims, plans, the host and every report, so they follow the name rule.
     slice_vm_profiles: dict[Name, VmProfile] = Field(
-        default_factory=dict, json_schema_extra={"additionalProperties": False})
+        default_factory=dict, json_schema_extra={"additionalProperties": False}
+    )
 
 
 class TopologyPolicy(_Model):
@@ -384,9 +430,12 @@ class Sku(_Doc):
     currency: Literal["USD", "EUR"] = "USD"
     active: bool = True
     readiness_timeout_seconds: int | None = Field(
-        default=None, ge=30, le=900,
+        default=None,
+        ge=30,
+        le=900,
         description="gpu_slice: seconds a VM of this SKU has to pass readiness (30-900); wins over the Fleet's "
-                    "graceful_timeout_seconds, a VM profile's own value wins over it. Snapshotted at placement.")
+        "graceful_timeout_seconds, a VM profile's own value wins over it. Snapshotted at placement.",
+    )
 
     @model_validator(mode="after")
     def _shape_fields(self) -> Sku:
@@ -398,8 +447,9 @@ class Sku(_Doc):
             if not self.exclusive_node:
                 raise ValueError("a baremetal SKU must set exclusive_node: true")
             if self.readiness_timeout_seconds is not None:  # no VM, so no VM readiness gate to bound
-                raise ValueError("readiness_timeout_seconds is for gpu_slice SKUs (a VM's readiness); "
-                                 "a baremetal SKU has none")
+                raise ValueError(
+                    "readiness_timeout_seconds is for gpu_slice SKUs (a VM's readiness); a baremetal SKU has none"
+                )
         else:
             if not self.allowed_gpu_counts:
                 raise ValueError("a gpu_slice SKU needs allowed_gpu_counts")
@@ -472,14 +522,19 @@ class NodeIngress(_Model):
     """Where tenants reach the slice VMs of one node: a public address and the ports DNAT'd from it."""
 
     address: PublicAddress = Field(
-        description="Public IPv4 address the host answers on; one of the node's public_addresses.")
+        description="Public IPv4 address the host answers on; one of the node's public_addresses."
+    )
     port_first: int = Field(
-        ge=INGRESS_PORT_MIN, le=INGRESS_PORT_MAX,
-        description="First public port (1024-65535) handed to slice VMs' SSH and extra ports.")
+        ge=INGRESS_PORT_MIN,
+        le=INGRESS_PORT_MAX,
+        description="First public port (1024-65535) handed to slice VMs' SSH and extra ports.",
+    )
     port_last: int = Field(
-        ge=INGRESS_PORT_MIN, le=INGRESS_PORT_MAX,
+        ge=INGRESS_PORT_MIN,
+        le=INGRESS_PORT_MAX,
         description="Last public port (inclusive, 1024-65535, not below port_first); no other node's range on "
-                    "the same address may overlap it.")
+        "the same address may overlap it.",
+    )
 
 
 class Node(_Doc):
@@ -497,14 +552,17 @@ class Node(_Doc):
     firmware_profile: FirmwareProfile | None = None
     management_network: ManagementNetwork | None = None
     machine: NodeMachine | None = Field(
-        default=None, description="The machine provider that deploys this node for baremetal leases.")
+        default=None, description="The machine provider that deploys this node for baremetal leases."
+    )
     public_addresses: Annotated[tuple[PublicAddress, ...], Strict(False)] = Field(
-        default=(), description="Public IPv4 addresses this node owns (answers on); ingress.address is one of them.")
+        default=(), description="Public IPv4 addresses this node owns (answers on); ingress.address is one of them."
+    )
     ingress: NodeIngress | None = Field(
         default=None,
         description="Public SSH ingress of the node's slice VMs: each slice allocation gets one port of this "
-                    "range on this address (DNAT to its VM's private address, port 22). Absent: slice VMs of "
-                    "this node have no public endpoint.")
+        "range on this address (DNAT to its VM's private address, port 22). Absent: slice VMs of "
+        "this node have no public endpoint.",
+    )
 
     @property
     def slice_tagged(self) -> bool:
@@ -624,15 +682,19 @@ class Allocation(_Doc):
     state: Annotated[AllocationState, Strict(False)] = AllocationState.PRESENT
     requested_at: Timestamp
     lease_hours: float | None = Field(
-        default=None, gt=0, allow_inf_nan=False,
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
         description="Reserved term the customer bought, in hours, as the portal sends it (a product term, not an "
-                    "estimate): the lease ends lease_hours after requested_at. Absent for on-demand leases, which "
-                    "run until released. The default placement policy co-locates leases that end around the same "
-                    "time, so hosts empty together for whole-node requests (docs/placement.md).")
+        "estimate): the lease ends lease_hours after requested_at. Absent for on-demand leases, which "
+        "run until released. The default placement policy co-locates leases that end around the same "
+        "time, so hosts empty together for whole-node requests (docs/placement.md).",
+    )
     extra_ports: Annotated[tuple[Annotated[int, Field(ge=1, le=65535)], ...], Strict(False)] = Field(
         default=(),
         description="Guest TCP ports to expose besides SSH (22, always exposed), each on its own public port of "
-                    "the node's ingress range; at most the Fleet's ingress.max_extra_ports, no repeats.")
+        "the node's ingress range; at most the Fleet's ingress.max_extra_ports, no repeats.",
+    )
 
     @field_validator("id")
     @classmethod
@@ -640,7 +702,8 @@ class Allocation(_Doc):
         if len(value) > ALLOCATION_ID_MAX:
             raise ValueError(
                 f"allocation id is {len(value)} characters; at most {ALLOCATION_ID_MAX}: its VM name "
-                f"{VM_NAME_PREFIX}<id> is a hostname, a DNS label of at most {DNS_LABEL_MAX} characters")
+                f"{VM_NAME_PREFIX}<id> is a hostname, a DNS label of at most {DNS_LABEL_MAX} characters"
+            )
         return value
 
 
@@ -668,8 +731,22 @@ def is_safe_by_id(path: str) -> bool:
 # Values stay equal, so nothing a reader of the models sees changes.
 
 # Values of these fields are unique per slot or document: interning them would only grow the interned table.
-_UNIQUE_FIELDS = frozenset({"mac_address", "nvme_device", "serial", "wwid", "gpu_uuid", "backing_file", "os_disk",
-                            "id", "digest_sha256", "source_ref", "name", "node"})
+_UNIQUE_FIELDS = frozenset(
+    {
+        "mac_address",
+        "nvme_device",
+        "serial",
+        "wwid",
+        "gpu_uuid",
+        "backing_file",
+        "os_disk",
+        "id",
+        "digest_sha256",
+        "source_ref",
+        "name",
+        "node",
+    }
+)
 # Small leaf models that repeat across slots and nodes (equal ones are one object).
 _SHARED_MODELS: tuple[type[BaseModel], ...] = (CapacityMetadata, Hugepages, FirmwareProfile, Blocker, DhcpRange)
 _MAX_SHARED = 4096  # distinct values kept for sharing; past it the table starts again (a fleet has a handful)
@@ -702,9 +779,14 @@ def compact(model: _M) -> _M:
         elif how == _MODEL:
             values[key] = _leaf(compact(value))
         elif value:  # a tuple
-            values[key] = tuple(_leaf(compact(v)) if isinstance(v, BaseModel)
-                                else sys.intern(v) if type(v) is str and key not in _UNIQUE_FIELDS else v
-                                for v in value)
+            values[key] = tuple(
+                _leaf(compact(v))
+                if isinstance(v, BaseModel)
+                else sys.intern(v)
+                if type(v) is str and key not in _UNIQUE_FIELDS
+                else v
+                for v in value
+            )
     fields = model.__pydantic_fields_set__
     # Never changed after validation (model_copy copies it first), so equal sets can be one object.
     object.__setattr__(model, "__pydantic_fields_set__", _fields_sets.setdefault(frozenset(fields), fields))

@@ -352,8 +352,9 @@ def _events_to_documents(name: str, data: bytes, get: Any) -> Iterator[Document]
 def _new_anchor(ev: Any, anchors: dict[str, Any], open_frames: list[_Frame]) -> None:
     """Refuse an anchor already defined in this document (closed, or still open around this node)."""
     if ev.anchor in anchors or any(f.anchor == ev.anchor for f in open_frames):
-        raise YamlProblem(p.YAML_DUPLICATE_ANCHOR, f"anchor &{ev.anchor} is defined twice in this document",
-                          *_pos(ev.start_mark))
+        raise YamlProblem(
+            p.YAML_DUPLICATE_ANCHOR, f"anchor &{ev.anchor} is defined twice in this document", *_pos(ev.start_mark)
+        )
 
 
 _resolve_cache: dict[str, str] = {}

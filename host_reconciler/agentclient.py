@@ -54,18 +54,24 @@ def load_credential(path: Path) -> str:
         if not stat.S_ISREG(st.st_mode):
             raise UsageError(f"credential file {path} is not a regular file", code="host.credential.invalid")
         if st.st_mode & 0o077:
-            raise UsageError(f"credential file {path} is accessible by group or others "
-                             f"(mode {stat.S_IMODE(st.st_mode):04o}); chmod 600 {path}",
-                             code="host.credential.permissions")
+            raise UsageError(
+                f"credential file {path} is accessible by group or others "
+                f"(mode {stat.S_IMODE(st.st_mode):04o}); chmod 600 {path}",
+                code="host.credential.permissions",
+            )
         with path.open("rb") as f:
             raw = f.read(1024)
     except OSError as e:
-        raise UsageError(f"cannot read credential file {path}: {e.strerror or e}",
-                         code="host.credential.unreadable") from e
+        raise UsageError(
+            f"cannot read credential file {path}: {e.strerror or e}", code="host.credential.unreadable"
+        ) from e
     token = raw.decode("utf-8", "replace").strip()
     if not token.startswith(agentwire.TOKEN_PREFIX) or any(c.isspace() for c in token):
-        raise UsageError(f"credential file {path} does not hold one node token ({agentwire.TOKEN_PREFIX}...; "
-                         "made by `gpuaas host token issue NODE --out FILE`)", code="host.credential.invalid")
+        raise UsageError(
+            f"credential file {path} does not hold one node token ({agentwire.TOKEN_PREFIX}...; "
+            "made by `gpuaas host token issue NODE --out FILE`)",
+            code="host.credential.invalid",
+        )
     return token
 
 
@@ -87,23 +93,41 @@ class Backoff:
 class AgentClient:
     """One node's session with the service: plan reads and watches, reports, heartbeats."""
 
-    def __init__(self, base_url: str, node: str, token: str, *, verify: str | bool = True,
-                 timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, base_url: str, node: str, token: str, *, verify: str | bool = True, timeout_s: float = 10.0
+    ) -> None:
         self.node = node
-        self._client = httpx.Client(base_url=base_url.rstrip("/"), verify=verify, http2=False,
-                                    headers={"Authorization": f"Bearer {token}", "User-Agent": "gpuaas-host"},
-                                    timeout=httpx.Timeout(timeout_s), follow_redirects=False)
+        self._client = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            verify=verify,
+            http2=False,
+            headers={"Authorization": f"Bearer {token}", "User-Agent": "gpuaas-host"},
+            timeout=httpx.Timeout(timeout_s),
+            follow_redirects=False,
+        )
         self._lock = threading.Lock()  # the heartbeat thread has its own client; this one is the loop's
 
     def close(self) -> None:
         self._client.close()
 
-    def _call(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
-              timeout: float | None = None) -> dict[str, Any]:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
         try:
             with self._lock:
-                resp = self._client.request(method, path, json=json, params=params,
-                                            timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT)
+                resp = self._client.request(
+                    method,
+                    path,
+                    json=json,
+                    params=params,
+                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+                )
         except httpx.HTTPError as e:
             raise ServiceUnreachable(f"{method} {path}: {type(e).__name__}: {e}") from e
         if resp.status_code >= 500 or resp.status_code in (408, 421, 429):
@@ -130,7 +154,8 @@ class AgentClient:
 
     def report(self, kind: str, doc: dict[str, Any]) -> agentwire.ReportAnswer:
         return agentwire.ReportAnswer.model_validate(
-            self._call("POST", agentwire.report_path(self.node, kind), json=doc))
+            self._call("POST", agentwire.report_path(self.node, kind), json=doc)
+        )
 
     def heartbeat(self) -> None:
         self._call("POST", agentwire.heartbeat_path(self.node))
@@ -186,8 +211,12 @@ class ServiceSource:
         except ServiceUnreachable as e:
             if self.held is None:
                 raise
-            log.warning("service unreachable, converging to the plan held (generation %d): %s", self.generation,
-                        e.message, extra={"event": "host.service.unreachable", "generation": self.generation})
+            log.warning(
+                "service unreachable, converging to the plan held (generation %d): %s",
+                self.generation,
+                e.message,
+                extra={"event": "host.service.unreachable", "generation": self.generation},
+            )
             return self.held
         self._take(answer)
         return self.held
@@ -206,15 +235,22 @@ class ServiceSource:
             try:
                 answer = self.client.report(kind, doc)
             except ServiceUnreachable as e:
-                log.warning("%s report queued (service unreachable): %s", kind, e.message,
-                            extra={"event": "host.report.queued", "kind": kind})
+                log.warning(
+                    "%s report queued (service unreachable): %s",
+                    kind,
+                    e.message,
+                    extra={"event": "host.report.queued", "kind": kind},
+                )
                 return False
             except ServiceRefused as e:  # a report the service will never take: do not resend it forever
                 log.error("%s report refused: %s", kind, e.message, extra={"event": "host.report.refused"})
             else:
                 if not answer.written:
-                    log.info("%s report ignored: the service holds a newer one", kind,
-                             extra={"event": "host.report.stale", "kind": kind})
+                    log.info(
+                        "%s report ignored: the service holds a newer one",
+                        kind,
+                        extra={"event": "host.report.stale", "kind": kind},
+                    )
             if self.queued.get(kind) is doc:
                 del self.queued[kind]
         return True
@@ -231,11 +267,20 @@ class ServiceSource:
             try:
                 self.client.answer_rewipe(req.id, outcome, detail)
             except ServiceRefused as e:  # answered meanwhile (another agent for this node?): nothing to redo
-                log.warning("rewipe request %d: answer refused: %s", req.id, e.message,
-                            extra={"event": "host.rewipe.refused", "request": req.id})
+                log.warning(
+                    "rewipe request %d: answer refused: %s",
+                    req.id,
+                    e.message,
+                    extra={"event": "host.rewipe.refused", "request": req.id},
+                )
                 continue
-            log.info("rewipe request %d for slot %d: %s", req.id, req.slot_index, outcome,
-                     extra={"event": "host.rewipe", "request": req.id, "slot": req.slot_index, "outcome": outcome})
+            log.info(
+                "rewipe request %d for slot %d: %s",
+                req.id,
+                req.slot_index,
+                outcome,
+                extra={"event": "host.rewipe", "request": req.id, "slot": req.slot_index, "outcome": outcome},
+            )
 
     def heartbeat(self) -> None:
         """A heartbeat request, unless a watch (which the service counts as one) went out within the period."""

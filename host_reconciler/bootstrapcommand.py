@@ -32,31 +32,50 @@ def register(sub: Any) -> None:
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--check", action="store_true", help="list every check and change; change nothing")
     what.add_argument("--apply", action="store_true", help="make the listed changes (never reboots)")
-    p.add_argument("--root", type=Path, default=Path("/"), metavar="DIR",
-                   help="host root to read and write (default: /); commands run only on /")
+    p.add_argument(
+        "--root",
+        type=Path,
+        default=Path("/"),
+        metavar="DIR",
+        help="host root to read and write (default: /); commands run only on /",
+    )
     p.add_argument("--config", type=Path, help="host settings JSON (state, image and bootstrap directories)")
-    p.add_argument("--hugepages-1g", type=int, default=0, metavar="N",
-                   help="1 GiB hugepages the slice runtime profile needs (default: 0, none)")
-    p.add_argument("--sysctl-tuning", action="store_true",
-                   help="also apply the network sysctl tuning set (after benchmark approval)")
+    p.add_argument(
+        "--hugepages-1g",
+        type=int,
+        default=0,
+        metavar="N",
+        help="1 GiB hugepages the slice runtime profile needs (default: 0, none)",
+    )
+    p.add_argument(
+        "--sysctl-tuning",
+        action="store_true",
+        help="also apply the network sysctl tuning set (after benchmark approval)",
+    )
     output.add_argument(p, "text")
     p.set_defaults(func=run_bootstrap)
 
 
 def _options(args: argparse.Namespace) -> tuple[Any, Path]:
     from host_reconciler import bootstrapping, settings
+
     if args.hugepages_1g < 0 or args.hugepages_1g > 4096:
         raise UsageError(f"--hugepages-1g {args.hugepages_1g}: give 0-4096", code="host.bootstrap.invalid_option")
     s = settings.load("bootstrap", args.config)
     traverse = tuple(dict.fromkeys(str(p) for p in (s.state_dir.parent, s.state_dir, s.image_dir)))
-    opts = bootstrapping.Options(hugepages_1g=args.hugepages_1g, sysctl_tuning=args.sysctl_tuning,
-                                 traverse=traverse, hosts_dir=str(s.dnsmasq_dir / "hosts"))
+    opts = bootstrapping.Options(
+        hugepages_1g=args.hugepages_1g,
+        sysctl_tuning=args.sysctl_tuning,
+        traverse=traverse,
+        hosts_dir=str(s.dnsmasq_dir / "hosts"),
+    )
     return opts, s.bootstrap_dir
 
 
 def run_bootstrap(args: argparse.Namespace) -> int:
     from host_reconciler import bootstrapping, onboarding
     from host_reconciler.drivers import hostroot
+
     if not args.root.is_dir():
         raise UsageError(f"--root {args.root}: not a directory", code="host.bootstrap.invalid_option")
     opts, state_dir = _options(args)
@@ -73,8 +92,16 @@ def run_bootstrap(args: argparse.Namespace) -> int:
     after = bootstrapping.plan(driver.facts(opts), opts)
     boot = onboarding.boot_id(args.root / "proc/sys/kernel/random/boot_id")
     doc = onboarding.write_state(state_dir, after, written=driver.written, error=error, applied=True, boot=boot)
-    _print({**doc, "mode": "apply", "root": str(args.root), "applied": done,
-            "planned": [c.describe() for c in before.changes]}, args.output)
+    _print(
+        {
+            **doc,
+            "mode": "apply",
+            "root": str(args.root),
+            "applied": done,
+            "planned": [c.describe() for c in before.changes],
+        },
+        args.output,
+    )
     if error:
         return 1
     return 0 if after.state is bootstrapping.State.READY else EXIT_NOT_READY
@@ -98,8 +125,10 @@ def _print(doc: dict[str, Any], fmt: str) -> None:
     if output.structured(fmt):
         output.emit(doc, fmt)
         return
-    print(f"bootstrap {doc['mode']} of {doc['root']}: {doc['state']}"
-          + ("  (reboot required: reported, not done)" if doc["reboot_required"] else ""))
+    print(
+        f"bootstrap {doc['mode']} of {doc['root']}: {doc['state']}"
+        + ("  (reboot required: reported, not done)" if doc["reboot_required"] else "")
+    )
     for c in doc["checks"]:
         code = f" [{c['code']}]" if c["code"] else ""
         print(f"  {c['outcome']:8} {c['name']:20} {c['detail']}{code}")

@@ -40,8 +40,7 @@ MODULES_FILE = "/etc/modules-load.d/gpuaas-vfio.conf"
 SYSCTL_FILE = "/etc/sysctl.d/90-gpuaas.conf"
 VFIO_MODULES = ("vfio", "vfio_iommu_type1", "vfio_pci")
 # Host services that open the GPUs and so hold passthrough devices (seed 003: "stop host NVIDIA services").
-NVIDIA_SERVICES = ("nvidia-persistenced.service", "nvidia-fabricmanager.service", "nvidia-dcgm.service",
-                   "dcgm.service")
+NVIDIA_SERVICES = ("nvidia-persistenced.service", "nvidia-fabricmanager.service", "nvidia-dcgm.service", "dcgm.service")
 # Baseline: the private-NAT management network forwards. Tuning only after benchmark approval (opt-in).
 SYSCTL_BASELINE = (("net.ipv4.ip_forward", "1"),)
 SYSCTL_TUNING = (
@@ -132,8 +131,14 @@ class Check:
     reboot_after: bool = False  # the changes take effect only after a reboot
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "outcome": str(self.outcome), "detail": self.detail, "code": self.code,
-                "reboot_after": self.reboot_after, "changes": [c.as_dict() for c in self.changes]}
+        return {
+            "name": self.name,
+            "outcome": str(self.outcome),
+            "detail": self.detail,
+            "code": self.code,
+            "reboot_after": self.reboot_after,
+            "changes": [c.as_dict() for c in self.changes],
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,14 +203,23 @@ def _managed(body: Sequence[str]) -> str:
 
 
 def check_virtualization(facts: Facts, opts: Options) -> Check:
-    missing = sorted({pkg for tool, pkg in TOOLS if not facts.tools.get(tool)}
-                     | (set() if facts.ovmf else {OVMF_PACKAGE}))
+    missing = sorted(
+        {pkg for tool, pkg in TOOLS if not facts.tools.get(tool)} | (set() if facts.ovmf else {OVMF_PACKAGE})
+    )
     if not facts.kvm:
-        return Check("virtualization", Outcome.BLOCKED, "/dev/kvm is missing: CPU virtualization is off in the "
-                     "firmware (ProcVirtualization) or kvm is not loaded", code="host.bootstrap.kvm_missing")
+        return Check(
+            "virtualization",
+            Outcome.BLOCKED,
+            "/dev/kvm is missing: CPU virtualization is off in the firmware (ProcVirtualization) or kvm is not loaded",
+            code="host.bootstrap.kvm_missing",
+        )
     if missing:
-        return Check("virtualization", Outcome.CHANGE, f"missing packages: {', '.join(missing)}",
-                     (Change(ChangeKind.INSTALL, operands=tuple(missing)),))
+        return Check(
+            "virtualization",
+            Outcome.CHANGE,
+            f"missing packages: {', '.join(missing)}",
+            (Change(ChangeKind.INSTALL, operands=tuple(missing)),),
+        )
     return Check("virtualization", Outcome.OK, "KVM, libvirt, QEMU, OVMF, OVS, dnsmasq and cloud-init tooling present")
 
 
@@ -234,14 +248,22 @@ def check_kernel_args(facts: Facts, opts: Options) -> Check:
     if not missing:
         return Check("kernel_args", Outcome.OK, "running kernel has " + " ".join(want))
     if facts.grub_default is None:
-        return Check("kernel_args", Outcome.BLOCKED, f"kernel lacks {' '.join(missing)} and /etc/default/grub is "
-                     "missing: stage the arguments in this host's boot loader by hand",
-                     code="host.bootstrap.grub_missing")
+        return Check(
+            "kernel_args",
+            Outcome.BLOCKED,
+            f"kernel lacks {' '.join(missing)} and /etc/default/grub is "
+            "missing: stage the arguments in this host's boot loader by hand",
+            code="host.bootstrap.grub_missing",
+        )
     staged_words = _grub_values(facts.grub_default)
     conflicts = [w for a in missing if (w := _CONFLICTS.get(a, "")) and w in staged_words]
     if conflicts:
-        return Check("kernel_args", Outcome.BLOCKED, f"/etc/default/grub sets {' '.join(conflicts)}; bootstrap never "
-                     "edits that file: remove it by hand", code="host.bootstrap.grub_conflict")
+        return Check(
+            "kernel_args",
+            Outcome.BLOCKED,
+            f"/etc/default/grub sets {' '.join(conflicts)}; bootstrap never edits that file: remove it by hand",
+            code="host.bootstrap.grub_conflict",
+        )
     content = _managed([f'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX {" ".join(want)}"'])
     change, refused = _write(facts, GRUB_DROPIN, content)
     if all(a in staged_words for a in missing):
@@ -249,11 +271,21 @@ def check_kernel_args(facts: Facts, opts: Options) -> Check:
     elif refused:
         return Check("kernel_args", Outcome.BLOCKED, refused, code="host.bootstrap.file_changed")
     if change is None:
-        return Check("kernel_args", Outcome.REBOOT, f"{' '.join(missing)} staged; the running kernel lacks them",
-                     code="host.bootstrap.reboot_required", reboot_after=True)
+        return Check(
+            "kernel_args",
+            Outcome.REBOOT,
+            f"{' '.join(missing)} staged; the running kernel lacks them",
+            code="host.bootstrap.reboot_required",
+            reboot_after=True,
+        )
     changes = tuple(c for c in (change, Change(ChangeKind.UPDATE_GRUB)) if c is not None)
-    return Check("kernel_args", Outcome.CHANGE, f"kernel lacks {' '.join(missing)}: stage them in {GRUB_DROPIN}",
-                 changes, reboot_after=True)
+    return Check(
+        "kernel_args",
+        Outcome.CHANGE,
+        f"kernel lacks {' '.join(missing)}: stage them in {GRUB_DROPIN}",
+        changes,
+        reboot_after=True,
+    )
 
 
 def check_vfio_modules(facts: Facts, opts: Options) -> Check:
@@ -261,8 +293,9 @@ def check_vfio_modules(facts: Facts, opts: Options) -> Check:
     if refused:
         return Check("vfio_modules", Outcome.BLOCKED, refused, code="host.bootstrap.file_changed")
     unloaded = tuple(m for m in VFIO_MODULES if m not in facts.modules)
-    changes = tuple(c for c in (change, Change(ChangeKind.LOAD_MODULES, operands=unloaded) if unloaded else None)
-                    if c is not None)
+    changes = tuple(
+        c for c in (change, Change(ChangeKind.LOAD_MODULES, operands=unloaded) if unloaded else None) if c is not None
+    )
     if not changes:
         return Check("vfio_modules", Outcome.OK, "vfio modules loaded and loaded at boot")
     why = [f"write {MODULES_FILE}"] if change else []
@@ -276,8 +309,13 @@ def check_hugepages(facts: Facts, opts: Options) -> Check:
     have = facts.hugepages_1g or 0
     if have >= opts.hugepages_1g:
         return Check("hugepages", Outcome.OK, f"{have} x 1 GiB hugepages reserved")
-    return Check("hugepages", Outcome.REBOOT, f"{have} of {opts.hugepages_1g} x 1 GiB hugepages reserved; the kernel "
-                 "arguments reserve them at the next boot", code="host.bootstrap.reboot_required", reboot_after=True)
+    return Check(
+        "hugepages",
+        Outcome.REBOOT,
+        f"{have} of {opts.hugepages_1g} x 1 GiB hugepages reserved; the kernel arguments reserve them at the next boot",
+        code="host.bootstrap.reboot_required",
+        reboot_after=True,
+    )
 
 
 def check_sysctl(facts: Facts, opts: Options) -> Check:
@@ -296,18 +334,29 @@ def check_nvidia_services(facts: Facts, opts: Options) -> Check:
     holding = [u for u in NVIDIA_SERVICES if (s := facts.services.get(u)) is not None and (s.enabled or s.active)]
     if not holding:
         return Check("nvidia_services", Outcome.OK, "no host NVIDIA service enabled or running")
-    return Check("nvidia_services", Outcome.CHANGE, f"would hold passthrough GPUs: {', '.join(holding)}",
-                 tuple(Change(ChangeKind.DISABLE_SERVICE, operands=(u,)) for u in holding))
+    return Check(
+        "nvidia_services",
+        Outcome.CHANGE,
+        f"would hold passthrough GPUs: {', '.join(holding)}",
+        tuple(Change(ChangeKind.DISABLE_SERVICE, operands=(u,)) for u in holding),
+    )
 
 
 def check_libvirt_permissions(facts: Facts, opts: Options) -> Check:
     """QEMU runs as libvirt-qemu: each directory above its disks, seeds and images needs the search bit."""
-    changes = tuple(Change(ChangeKind.CHMOD, d, mode=mode | 0o001) for d in opts.traverse
-                    if (mode := facts.dir_modes.get(d)) is not None and not mode & 0o001)
+    changes = tuple(
+        Change(ChangeKind.CHMOD, d, mode=mode | 0o001)
+        for d in opts.traverse
+        if (mode := facts.dir_modes.get(d)) is not None and not mode & 0o001
+    )
     if not changes:
         return Check("libvirt_permissions", Outcome.OK, "state and image directories are traversable by QEMU")
-    return Check("libvirt_permissions", Outcome.CHANGE, "not traversable by QEMU: "
-                 + ", ".join(c.target for c in changes), changes)
+    return Check(
+        "libvirt_permissions",
+        Outcome.CHANGE,
+        "not traversable by QEMU: " + ", ".join(c.target for c in changes),
+        changes,
+    )
 
 
 def check_dnsmasq(facts: Facts, opts: Options) -> Check:
@@ -316,12 +365,24 @@ def check_dnsmasq(facts: Facts, opts: Options) -> Check:
     stale = sorted(n for n in facts.reservations if RESERVATION_NAME.match(n) and n not in facts.domains)
     if not stale:
         return Check("dnsmasq_cleanup", Outcome.OK, "no stale GPUaaS DHCP reservation")
-    return Check("dnsmasq_cleanup", Outcome.CHANGE, f"reservations of undefined VMs: {', '.join(stale)}",
-                 tuple(Change(ChangeKind.REMOVE_FILE, f"{opts.hosts_dir}/{n}") for n in stale))
+    return Check(
+        "dnsmasq_cleanup",
+        Outcome.CHANGE,
+        f"reservations of undefined VMs: {', '.join(stale)}",
+        tuple(Change(ChangeKind.REMOVE_FILE, f"{opts.hosts_dir}/{n}") for n in stale),
+    )
 
 
-CHECKS = (check_virtualization, check_kernel_args, check_vfio_modules, check_hugepages, check_sysctl,
-          check_nvidia_services, check_libvirt_permissions, check_dnsmasq)
+CHECKS = (
+    check_virtualization,
+    check_kernel_args,
+    check_vfio_modules,
+    check_hugepages,
+    check_sysctl,
+    check_nvidia_services,
+    check_libvirt_permissions,
+    check_dnsmasq,
+)
 
 
 class State(enum.StrEnum):
@@ -340,8 +401,13 @@ class Plan:
     reboot_required: bool
 
     def as_dict(self) -> dict[str, Any]:
-        return {"version": VERSION, "state": str(self.state), "reboot_required": self.reboot_required,
-                "checks": [c.as_dict() for c in self.checks], "changes": [c.describe() for c in self.changes]}
+        return {
+            "version": VERSION,
+            "state": str(self.state),
+            "reboot_required": self.reboot_required,
+            "checks": [c.as_dict() for c in self.checks],
+            "changes": [c.describe() for c in self.changes],
+        }
 
 
 def plan(facts: Facts, opts: Options) -> Plan:

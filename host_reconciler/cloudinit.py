@@ -45,8 +45,10 @@ DEVICES_REPORT = "/tmp/gpuaas-slice-devices"  # noqa: S108 -- the guest's own sc
 TELEMETRY_URL = "/etc/gpuaas/slice-telemetry.url"
 TELEMETRY_HEAD = "/etc/gpuaas/slice-telemetry.head"
 TELEMETRY_REPORT = "/tmp/gpuaas-slice-telemetry"  # noqa: S108 -- as above
-TELEMETRY_QUERY = ("index,uuid,utilization.gpu,memory.used,memory.total,temperature.gpu,"
-                   "ecc.errors.corrected.volatile.total,ecc.errors.uncorrected.volatile.total")
+TELEMETRY_QUERY = (
+    "index,uuid,utilization.gpu,memory.used,memory.total,temperature.gpu,"
+    "ecc.errors.corrected.volatile.total,ecc.errors.uncorrected.volatile.total"
+)
 UNIT = "gpuaas-slice-ready.service"
 
 # Posts once the marker exists, then again every minute (a restarted host agent hears it again).
@@ -144,16 +146,38 @@ def render(vm: VmSpec, *, announce: GuestAnnounce | None = None) -> dict[str, by
             {"path": ANNOUNCER, "permissions": "0755", "owner": "root:root", "content": ANNOUNCER_SCRIPT},
             {"path": ANNOUNCE_URL, "permissions": "0600", "owner": "root:root", "content": announce.url},
             {"path": ANNOUNCE_BODY, "permissions": "0600", "owner": "root:root", "content": announce.body},
-            *([{"path": DEVICES_URL, "permissions": "0600", "owner": "root:root", "content": announce.devices_url},
-               {"path": DEVICES_HEAD, "permissions": "0600", "owner": "root:root", "content": announce.devices_head}]
-              if announce.devices_url else []),
-            *([{"path": TELEMETRY_URL, "permissions": "0600", "owner": "root:root",
-                "content": announce.telemetry_url},
-               {"path": TELEMETRY_HEAD, "permissions": "0600", "owner": "root:root",
-                "content": announce.telemetry_head}]
-              if announce.telemetry_url else []),
-            {"path": f"/etc/systemd/system/{UNIT}", "permissions": "0644", "owner": "root:root",
-             "content": UNIT_TEXT},
+            *(
+                [
+                    {"path": DEVICES_URL, "permissions": "0600", "owner": "root:root", "content": announce.devices_url},
+                    {
+                        "path": DEVICES_HEAD,
+                        "permissions": "0600",
+                        "owner": "root:root",
+                        "content": announce.devices_head,
+                    },
+                ]
+                if announce.devices_url
+                else []
+            ),
+            *(
+                [
+                    {
+                        "path": TELEMETRY_URL,
+                        "permissions": "0600",
+                        "owner": "root:root",
+                        "content": announce.telemetry_url,
+                    },
+                    {
+                        "path": TELEMETRY_HEAD,
+                        "permissions": "0600",
+                        "owner": "root:root",
+                        "content": announce.telemetry_head,
+                    },
+                ]
+                if announce.telemetry_url
+                else []
+            ),
+            {"path": f"/etc/systemd/system/{UNIT}", "permissions": "0644", "owner": "root:root", "content": UNIT_TEXT},
         ]
         user_data["runcmd"] = [["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", "--no-block", UNIT]]
     meta = {"instance-id": vm.uuid, "local-hostname": vm.name}

@@ -55,6 +55,7 @@ _STUCK_S = 3600.0
 def register(sub: Any) -> None:
     from host_reconciler import settings
     from host_reconciler.actions import DriftMode
+
     for name, helptext, fn in (
         ("converge", "one pass: observe, diff, act, report", run_converge),
         ("run", "converge in a loop (the host agent)", run_loop),
@@ -66,8 +67,12 @@ def register(sub: Any) -> None:
         p.add_argument("--plan-file", type=Path, help="read the plan from this JSON file, not the database")
         p.add_argument("--status-file", type=Path, help="with --plan-file: write the status JSON here")
         p.add_argument("--service", metavar="URL", help=f"the control plane's URL (default ${ENV_SERVICE})")
-        p.add_argument("--credential", type=Path, metavar="FILE",
-                       help=f"this node's token file, mode 0600 (default ${ENV_CREDENTIAL})")
+        p.add_argument(
+            "--credential",
+            type=Path,
+            metavar="FILE",
+            help=f"this node's token file, mode 0600 (default ${ENV_CREDENTIAL})",
+        )
         p.add_argument("--service-ca", type=Path, metavar="FILE", help="CA bundle to verify an https --service")
         p.add_argument("--db-url", help=f"lab mode without a service: PostgreSQL URL (default ${ENV_URL})")
         p.add_argument("--db-role", help=f"lab mode: the node's database role (default ${ENV_ROLE})")
@@ -78,11 +83,19 @@ def register(sub: Any) -> None:
             p.add_argument("--interval", type=float, help="seconds between passes (default: settings)")
             p.add_argument("--passes", type=int, default=0, help="stop after N passes (0: run until signalled)")
             p.add_argument("--log-format", choices=logs.FORMATS, help="log lines (default $GPUAAS_LOG_FORMAT or text)")
-            p.add_argument("--metrics-listen", metavar="HOST:PORT",
-                           help="serve /metrics and /healthz here, e.g. 127.0.0.1:9101 (default: not served)")
-            p.add_argument("--metrics-allow-host", metavar="NAME", action="append", default=[],
-                           help="a Host name the metrics listener answers besides loopback names and the listen "
-                                "address (repeatable; * for any)")
+            p.add_argument(
+                "--metrics-listen",
+                metavar="HOST:PORT",
+                help="serve /metrics and /healthz here, e.g. 127.0.0.1:9101 (default: not served)",
+            )
+            p.add_argument(
+                "--metrics-allow-host",
+                metavar="NAME",
+                action="append",
+                default=[],
+                help="a Host name the metrics listener answers besides loopback names and the listen "
+                "address (repeatable; * for any)",
+            )
         p.set_defaults(func=fn)
     from host_reconciler import imagecommand
 
@@ -108,16 +121,22 @@ class _Source:
 
             credential = getattr(args, "credential", None) or os.environ.get(ENV_CREDENTIAL)
             if not credential:
-                raise UsageError(f"--service needs this node's token: --credential FILE or ${ENV_CREDENTIAL} "
-                                 "(`gpuaas host token issue NODE --out FILE`)", code="host.credential.missing")
+                raise UsageError(
+                    f"--service needs this node's token: --credential FILE or ${ENV_CREDENTIAL} "
+                    "(`gpuaas host token issue NODE --out FILE`)",
+                    code="host.credential.missing",
+                )
             ca = getattr(args, "service_ca", None)
-            self.service = agentclient.ServiceSource(service_url, self.node,
-                                                     agentclient.load_credential(Path(credential)),
-                                                     verify=str(ca) if ca else True)
+            self.service = agentclient.ServiceSource(
+                service_url, self.node, agentclient.load_credential(Path(credential)), verify=str(ca) if ca else True
+            )
             return
         if not url:
-            raise UsageError(f"no control plane: pass --service URL (or set {ENV_SERVICE}) with --credential; "
-                             "labs may use --plan-file, or --db-url", code="host.service.url_missing")
+            raise UsageError(
+                f"no control plane: pass --service URL (or set {ENV_SERVICE}) with --credential; "
+                "labs may use --plan-file, or --db-url",
+                code="host.service.url_missing",
+            )
         from host_reconciler import store
 
         role = args.db_role or os.environ.get(ENV_ROLE)
@@ -132,8 +151,9 @@ class _Source:
             from schemas import inputfiles
 
             try:
-                raw = inputfiles.read_bytes(self.plan_file, limit=PLAN_FILE_LIMIT, code="host.plan.unreadable",
-                                            what="plan file")
+                raw = inputfiles.read_bytes(
+                    self.plan_file, limit=PLAN_FILE_LIMIT, code="host.plan.unreadable", what="plan file"
+                )
                 doc = json.loads(raw)
             except PermanentError as e:
                 raise UsageError(e.message, code=e.code) from e
@@ -172,8 +192,12 @@ class _Source:
             outcome, answer = rewiping.answer(state, plan, slot)
             store.answer_rewipe(self.conn, request_id, outcome, answer)
             logging.getLogger("gpuaas.host").info(
-                "rewipe request %d for slot %d: %s", request_id, slot, outcome,
-                extra={"event": "host.rewipe", "request": request_id, "slot": slot, "outcome": outcome})
+                "rewipe request %d for slot %d: %s",
+                request_id,
+                slot,
+                outcome,
+                extra={"event": "host.rewipe", "request": request_id, "slot": slot, "outcome": outcome},
+            )
 
     def heartbeat(self) -> None:
         if self.service is not None:
@@ -256,12 +280,14 @@ class _Heartbeat:
 def _settings(args: argparse.Namespace) -> settings.HostSettings:
     from host_reconciler import settings
     from host_reconciler.actions import DriftMode
+
     s = settings.load(args.node, args.config)
     return settings.with_mode(s, DriftMode(args.mode)) if args.mode else s
 
 
 def _print(result: converging.PassResult, fmt: str) -> None:
     from host_reconciler import reports
+
     if output.structured(fmt):
         doc = result.status.as_dict()
         doc["actions"] = [a.describe() for a in result.planned]
@@ -281,6 +307,7 @@ def _print(result: converging.PassResult, fmt: str) -> None:
 def run_converge(args: argparse.Namespace) -> int:
     from host_reconciler import converging
     from host_reconciler.drivers import wiring
+
     s = _settings(args)
     source = _Source(args)
     drivers = wiring.drivers(s)
@@ -302,8 +329,10 @@ def run_converge(args: argparse.Namespace) -> int:
 
 def run_loop(args: argparse.Namespace) -> int:
     fmt = logs.choose(args.log_format)
-    with (logs.configured(fmt, text="%(asctime)s %(levelname)s %(name)s: %(message)s", defaults={"node": args.node}),
-          _metrics(args) as counted):
+    with (
+        logs.configured(fmt, text="%(asctime)s %(levelname)s %(name)s: %(message)s", defaults={"node": args.node}),
+        _metrics(args) as counted,
+    ):
         return _loop(args, counted)
 
 
@@ -317,8 +346,12 @@ def _metrics(args: argparse.Namespace) -> Iterator[metrics.AgentMetrics]:
         yield counted
         return
     served = metrics.Server(counted, args.metrics_listen, args.metrics_allow_host)
-    logging.getLogger("gpuaas.host").info("metrics on %s/metrics, health on %s/healthz", served.url, served.url,
-                                          extra={"event": "host.metrics.serving", "url": served.url})
+    logging.getLogger("gpuaas.host").info(
+        "metrics on %s/metrics, health on %s/healthz",
+        served.url,
+        served.url,
+        extra={"event": "host.metrics.serving", "url": served.url},
+    )
     try:
         yield counted
     finally:
@@ -355,6 +388,7 @@ class _Watched:
 def _passes(args: argparse.Namespace, counted: metrics.AgentMetrics, stop: threading.Event) -> int:
     from host_reconciler import converging
     from host_reconciler.drivers import wiring
+
     log = logging.getLogger("gpuaas.host")
     s = _settings(args)
     interval = args.interval if args.interval is not None else s.poll_interval_s
@@ -406,12 +440,35 @@ def _passes(args: argparse.Namespace, counted: metrics.AgentMetrics, stop: threa
 
 def _log_pass(log: logging.Logger, result: converging.PassResult) -> None:
     """One line per pass, one per step that failed (with its allocation: what an operator searches by)."""
-    log.info("pass: %d action(s), %d error(s), converged=%s, %.0f ms", len(result.executed), len(result.errors),
-             result.status.converged, result.ms,
-             extra={"event": "host.pass", "generation": result.status.generation, "actions": len(result.executed),
-                    "errors": len(result.errors), "converged": result.status.converged, "ms": round(result.ms, 1)})
+    log.info(
+        "pass: %d action(s), %d error(s), converged=%s, %.0f ms",
+        len(result.executed),
+        len(result.errors),
+        result.status.converged,
+        result.ms,
+        extra={
+            "event": "host.pass",
+            "generation": result.status.generation,
+            "actions": len(result.executed),
+            "errors": len(result.errors),
+            "converged": result.status.converged,
+            "ms": round(result.ms, 1),
+        },
+    )
     for err in result.errors:
-        log.log(logging.WARNING if err.retry else logging.ERROR, "step %s of %s failed: %s: %s", err.step,
-                err.allocation_id, err.code, err.message,
-                extra={"event": "host.step.failed", "allocation": err.allocation_id, "step": err.step,
-                       "code": err.code, "retry": err.retry, "slots": list(err.slot_indexes)})
+        log.log(
+            logging.WARNING if err.retry else logging.ERROR,
+            "step %s of %s failed: %s: %s",
+            err.step,
+            err.allocation_id,
+            err.code,
+            err.message,
+            extra={
+                "event": "host.step.failed",
+                "allocation": err.allocation_id,
+                "step": err.step,
+                "code": err.code,
+                "retry": err.retry,
+                "slots": list(err.slot_indexes),
+            },
+        )

@@ -76,10 +76,9 @@ class Context:
                 from host_reconciler.discovery import discovering
 
                 found = discovering.discover(self.settings.discovery_root)
-                topo = pinning.from_numa_nodes([
-                    (n.node, n.cpus, [(h.size_kib, h.free) for h in n.hugepages])
-                    for n in found.numa_nodes
-                ])  # fmt: skip
+                topo = pinning.from_numa_nodes(
+                    [(n.node, n.cpus, [(h.size_kib, h.free) for h in n.hugepages]) for n in found.numa_nodes]
+                )
             self._topology = topo
         return self._topology
 

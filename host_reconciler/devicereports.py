@@ -59,8 +59,13 @@ class GuestDevices:
     words: str  # the tool's output, capped: what the guest said
 
     def as_dict(self) -> dict[str, object]:
-        return {"tool": self.tool, "gpu_count": self.gpu_count, "uuids": list(self.uuids),
-                "fabric": [{"port": p, "state": s} for p, s in self.fabric], "words": self.words}
+        return {
+            "tool": self.tool,
+            "gpu_count": self.gpu_count,
+            "uuids": list(self.uuids),
+            "fabric": [{"port": p, "state": s} for p, s in self.fabric],
+            "words": self.words,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +152,7 @@ def compare(expect: Expectation, got: GuestDevices) -> list[str]:
     up = [p for p, s in got.fabric if s in FABRIC_UP]
     if len(up) < expect.fabric_vfs:
         seen = ", ".join(f"{p} {s}" for p, s in got.fabric) or "none"
-        problems.append(f"{len(up)} fabric port(s) ACTIVE in the guest, the claim gives {expect.fabric_vfs} VF(s) "
-                        f"(seen: {seen})")
+        problems.append(
+            f"{len(up)} fabric port(s) ACTIVE in the guest, the claim gives {expect.fabric_vfs} VF(s) (seen: {seen})"
+        )
     return problems

@@ -30,6 +30,7 @@ SLOTMAP_INVALID = "gate.slotmap.invalid"
 
 def register(sub: Any) -> None:
     from host_reconciler.discovery import candidates
+
     p = sub.add_parser("discover", help="print a candidate slot map from this host's sysfs (never approves)")
     _common(p)
     p.add_argument("--node", help="node name for the slot map and MAC derivation (default: the host name)")
@@ -60,6 +61,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _node(args: argparse.Namespace, hostname: str | None) -> str:
     from desired import models as m
     from host_reconciler.discovery import candidates
+
     if args.node is not None:
         if not re.match(m.NAME_RE, args.node):
             raise UsageError(
@@ -73,6 +75,7 @@ def _node(args: argparse.Namespace, hostname: str | None) -> str:
 def run_discover(args: argparse.Namespace) -> int:
     from desired import models as m
     from host_reconciler.discovery import candidates, discovering, rendering
+
     discovery = discovering.discover(args.sysfs_root)
     node = _node(args, discovery.hostname)
     if not discovery.gpus and args.node is None:
@@ -99,6 +102,7 @@ def load_slot_map(path: Path) -> m.SlotMap:
 
 def run_gate(args: argparse.Namespace) -> int:
     from host_reconciler.discovery import discovering, gating
+
     approved = load_slot_map(args.slotmap)
     result = gating.gate(approved, discovering.discover(args.sysfs_root))
     if output.structured(args.output):

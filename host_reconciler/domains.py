@@ -108,11 +108,16 @@ def spec_digest(vm: VmSpec, network: Network, options: DomainOptions) -> str:
     """
     shaping = replace(options, seed_iso=None)  # the seed path is derived, not chosen
     doc = {
-        "allocation_id": vm.allocation_id, "tenant": vm.tenant,
-        "bundles": [asdict(b) for b in vm.bundles], "vcpu_count": vm.vcpu_count,
-        "memory_mib": vm.memory_mib, "hugepages": vm.hugepages, "hugepage_size": vm.hugepage_size,
-        "bridge": network.bridge, "options": asdict(shaping),
-    }  # fmt: skip
+        "allocation_id": vm.allocation_id,
+        "tenant": vm.tenant,
+        "bundles": [asdict(b) for b in vm.bundles],
+        "vcpu_count": vm.vcpu_count,
+        "memory_mib": vm.memory_mib,
+        "hugepages": vm.hugepages,
+        "hugepage_size": vm.hugepage_size,
+        "bridge": network.bridge,
+        "options": asdict(shaping),
+    }
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
@@ -120,10 +125,12 @@ def seed_digest(vm: VmSpec) -> str:
     """A digest of what shapes the cloud-init seed (name, identity, user, keys, NIC)."""
     boot = vm.bundles[boot_bundle(vm)] if vm.bundles else None
     doc = {
-        "name": vm.name, "uuid": vm.uuid, "keys": list(vm.ssh_keys),
+        "name": vm.name,
+        "uuid": vm.uuid,
+        "keys": list(vm.ssh_keys),
         "user": vm.image.default_username if vm.image else "ubuntu",
         "mac": boot.mac_address.lower() if boot else None,
-    }  # fmt: skip
+    }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
 

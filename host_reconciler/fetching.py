@@ -130,8 +130,9 @@ def fetch(
         if hit is not None:
             cache.touch(hexd)
             return FetchResult(hit, 0, 0, 0, time.monotonic() - t0, True)
-        job = _Job(cache, url, parts, hexd, max_bytes=max_bytes, timeout_s=timeout_s, progress=progress,
-                   make_room=make_room)  # fmt: skip
+        job = _Job(
+            cache, url, parts, hexd, max_bytes=max_bytes, timeout_s=timeout_s, progress=progress, make_room=make_room
+        )
         try:
             job.run(retries)
         except PermanentError:
@@ -153,8 +154,18 @@ class _Restart(Exception):
 
 
 class _Job:
-    def __init__(self, cache: ImageCache, url: str, parts: urllib.parse.SplitResult, hexd: str, *, max_bytes: int,
-                 timeout_s: float, progress: Progress | None, make_room: MakeRoom | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cache: ImageCache,
+        url: str,
+        parts: urllib.parse.SplitResult,
+        hexd: str,
+        *,
+        max_bytes: int,
+        timeout_s: float,
+        progress: Progress | None,
+        make_room: MakeRoom | None,
+    ) -> None:
         self.cache, self.url, self.parts, self.hexd = cache, url, parts, hexd
         self.max_bytes, self.timeout_s = max_bytes, timeout_s
         self.progress, self.make_room = progress, make_room
@@ -188,8 +199,13 @@ class _Job:
                             f"fetching {self.url}: {_why(e)} after {self.attempts} attempt(s); "
                             f"{self.have} bytes kept for the next try",
                         ) from e
-                    log.warning("image fetch %s: %s at %d bytes, resuming (attempt %d)",
-                                self.url, _why(e), self.have, self.attempts + 1)  # fmt: skip
+                    log.warning(
+                        "image fetch %s: %s at %d bytes, resuming (attempt %d)",
+                        self.url,
+                        _why(e),
+                        self.have,
+                        self.attempts + 1,
+                    )
                     time.sleep(min(2.0, 0.1 * self.attempts))
             got = self.hash.hexdigest()
             if got != self.hexd:
@@ -381,8 +397,6 @@ def _why(e: BaseException) -> str:
     if isinstance(e, http.client.IncompleteRead):
         return f"connection closed with {e.expected} bytes still expected"
     return f"{type(e).__name__}: {e}"
-
-
 
 
 class ThrottledProgress:

@@ -26,8 +26,11 @@ class HostReportGauges(Collector):
         self.refused: dict[str, int] = {}
 
     def collect(self) -> Iterator[Metric]:
-        refused = GaugeMetricFamily("gpuaas_host_guest_reports_refused",
-                                    "guest posts refused since the agent started, by reason", labels=["reason"])
+        refused = GaugeMetricFamily(
+            "gpuaas_host_guest_reports_refused",
+            "guest posts refused since the agent started, by reason",
+            labels=["reason"],
+        )
         for reason, n in sorted(self.refused.items()):
             refused.add_metric([reason], n)
         yield refused
@@ -37,12 +40,17 @@ class HostReportGauges(Collector):
         info = GaugeMetricFamily("gpuaas_host_agent_version_info", "the host agent's version", labels=["version"])
         info.add_metric([r.agent_version], 1)
         yield info
-        yield GaugeMetricFamily("gpuaas_host_reboot_required", "1 when the host needs a reboot (reported, never done)",
-                                value=1 if r.reboot_required else 0)
+        yield GaugeMetricFamily(
+            "gpuaas_host_reboot_required",
+            "1 when the host needs a reboot (reported, never done)",
+            value=1 if r.reboot_required else 0,
+        )
         if r.firmware_ready is not None:
-            yield GaugeMetricFamily("gpuaas_host_firmware_ready", "1 when the firmware evidence proves the profile",
-                                    value=1 if r.firmware_ready else 0)
-        state = GaugeMetricFamily("gpuaas_host_bootstrap_state", "the recorded host bootstrap state",
-                                  labels=["state"])
+            yield GaugeMetricFamily(
+                "gpuaas_host_firmware_ready",
+                "1 when the firmware evidence proves the profile",
+                value=1 if r.firmware_ready else 0,
+            )
+        state = GaugeMetricFamily("gpuaas_host_bootstrap_state", "the recorded host bootstrap state", labels=["state"])
         state.add_metric([r.bootstrap_state], 1)
         yield state

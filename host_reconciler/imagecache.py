@@ -116,8 +116,9 @@ class ImageCache:
         for d in (self.images_dir, self.partial_dir, self.root / "locks", self.sealed_dir):
             d.mkdir(parents=True, exist_ok=True, mode=0o700)
             if not stat.S_ISDIR(os.lstat(d).st_mode):
-                raise CacheError(f"{d} is not a directory (a link?); the image cache refuses it",
-                                 code="host.image.cache_unsafe")
+                raise CacheError(
+                    f"{d} is not a directory (a link?); the image cache refuses it", code="host.image.cache_unsafe"
+                )
 
     def path(self, digest: str) -> Path:
         return self.images_dir / digest_hex(digest)
@@ -181,8 +182,9 @@ class ImageCache:
     def _discard(self, hexd: str, why: str) -> None:
         import logging
 
-        logging.getLogger("gpuaas.host").warning("image cache: %s %s; removed, it will be fetched again",
-                                                 self.path(hexd), why)
+        logging.getLogger("gpuaas.host").warning(
+            "image cache: %s %s; removed, it will be fetched again", self.path(hexd), why
+        )
         for p in (self.path(hexd), self.sealed_dir / f"{hexd}.json"):
             with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):
                 p.unlink()
@@ -211,8 +213,14 @@ class ImageCache:
                     meta = loaded if isinstance(loaded, dict) else {}
                 with contextlib.suppress(FileNotFoundError):
                     total = meta.get("total")
-                    out.append(PartialFetch(p.name, p.stat().st_size, total if isinstance(total, int) else None,
-                                            str(meta["url"]) if meta.get("url") else None))  # fmt: skip
+                    out.append(
+                        PartialFetch(
+                            p.name,
+                            p.stat().st_size,
+                            total if isinstance(total, int) else None,
+                            str(meta["url"]) if meta.get("url") else None,
+                        )
+                    )
         return sorted(out, key=lambda f: f.digest)
 
     def used_bytes(self) -> int:
@@ -276,9 +284,7 @@ class ImageCache:
         except TemporaryError:
             return False
 
-    def enforce(
-        self, *, budget: int, in_use: Collection[str], pinned: Collection[str], incoming: int = 0
-    ) -> list[str]:
+    def enforce(self, *, budget: int, in_use: Collection[str], pinned: Collection[str], incoming: int = 0) -> list[str]:
         """Evict least-recently-used images until `incoming` more bytes fit the budget; returns what went."""
         chosen = choose_evictions(self.entries(), budget=budget, in_use=in_use, pinned=pinned, incoming=incoming)
         return [d for d in chosen if self.evict(d)]

@@ -77,12 +77,19 @@ def run_pull(args: argparse.Namespace) -> int:
     try:
         # Progress on stderr (a live line on a terminal, periodic lines otherwise): stdout keeps the path or JSON.
         with progress.for_args(args, "image pull") as shown, shown.phase("fetch", unit="bytes") as ph:
+
             def seen(done: int, total: int | None) -> None:
                 ph.done, ph.total = done, total
 
-            result = fetching.fetch(cache, args.url, args.digest, max_bytes=max_bytes,
-                                    timeout_s=s.image_fetch_timeout_s, progress=seen,
-                                    keep_partial=False)  # fmt: skip
+            result = fetching.fetch(
+                cache,
+                args.url,
+                args.digest,
+                max_bytes=max_bytes,
+                timeout_s=s.image_fetch_timeout_s,
+                progress=seen,
+                keep_partial=False,
+            )
     except GpuaasError as e:
         if output.structured(args.output):
             output.emit({"error": {"code": e.code, "message": e.message}}, args.output, indent=None)
@@ -119,9 +126,15 @@ def run_list(args: argparse.Namespace) -> int:
     entries = sorted(cache.entries(), key=lambda e: (e.last_used, e.digest))
     partials = cache.partials()
     if output.structured(args.output):
-        output.emit({"cache": str(cache.root), "used_bytes": sum(e.size for e in entries),
-                     "images": [e.as_dict() for e in entries],
-                     "fetching": [f.as_dict() for f in partials]}, args.output)  # fmt: skip
+        output.emit(
+            {
+                "cache": str(cache.root),
+                "used_bytes": sum(e.size for e in entries),
+                "images": [e.as_dict() for e in entries],
+                "fetching": [f.as_dict() for f in partials],
+            },
+            args.output,
+        )
         return 0
     print(f"{cache.root}: {len(entries)} image(s), {sum(e.size for e in entries)} bytes")
     for e in entries:
@@ -150,8 +163,10 @@ def run_evict(args: argparse.Namespace) -> int:
         budget = args.to_bytes if args.to_bytes is not None else s.image_budget()
         evicted = cache.enforce(budget=budget, in_use=keep, pinned=())
     if output.structured(args.output):
-        output.emit({"evicted": [f"sha256:{d}" for d in evicted], "refused": refused,
-                     "used_bytes": cache.used_bytes()}, args.output)  # fmt: skip
+        output.emit(
+            {"evicted": [f"sha256:{d}" for d in evicted], "refused": refused, "used_bytes": cache.used_bytes()},
+            args.output,
+        )
     else:
         for d in evicted:
             print(f"evicted sha256:{d}")
@@ -178,4 +193,3 @@ def run_bench(args: argparse.Namespace) -> int:
     print(f"qcow2_to_raw_ms {out['convert_ms']:10.1f}   (qemu-img convert -O raw onto a loop device, guarded)")
     print(f"write_verify_ms {out['compare_ms']:10.1f}   (qemu-img compare read-back)")
     return 0
-

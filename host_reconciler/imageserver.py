@@ -65,8 +65,7 @@ class ImageServer:
 
         # Capped like every listener the product runs: a lab's clients are a few hosts, and a whole
         # image at lab speeds takes seconds (a stalled client is cut, never held for good).
-        self.httpd = listening.BoundedServer((host, 0), Handler, max_connections=MAX_CONNECTIONS,
-                                             deadline_s=DEADLINE_S)
+        self.httpd = listening.BoundedServer((host, 0), Handler, max_connections=MAX_CONNECTIONS, deadline_s=DEADLINE_S)
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="image-server", daemon=True)
 
     @property
@@ -130,8 +129,16 @@ class ImageServer:
         h.end_headers()
         self._body(h, path, start, size, fault=fault, drop=drop)
 
-    def _body(self, h: http.server.BaseHTTPRequestHandler, path: Path, start: int, size: int, *,
-              fault: Fault | None, drop: int | None) -> None:  # fmt: skip
+    def _body(
+        self,
+        h: http.server.BaseHTTPRequestHandler,
+        path: Path,
+        start: int,
+        size: int,
+        *,
+        fault: Fault | None,
+        drop: int | None,
+    ) -> None:
         sent = 0
         with path.open("rb") as f:
             f.seek(start)

@@ -50,21 +50,36 @@ def drift(plan: HostPlan, observed: Observed, active: Iterable[VmSpec]) -> Itera
     for vm in active:
         for rule in planned(plan, vm.allocation_id):
             if rule not in complete:
-                yield Drift(DriftCode.INGRESS_MISSING, vm.bundles[0].slot_index if vm.bundles else None,
-                            f"ingress {describe(rule)} of {vm.allocation_id} is missing"
-                            + ("" if seen.hooked else " (our chains are not hooked)"),
-                            allocation_id=vm.allocation_id, expected=describe(rule), heal=Step.INGRESS)
+                yield Drift(
+                    DriftCode.INGRESS_MISSING,
+                    vm.bundles[0].slot_index if vm.bundles else None,
+                    f"ingress {describe(rule)} of {vm.allocation_id} is missing"
+                    + ("" if seen.hooked else " (our chains are not hooked)"),
+                    allocation_id=vm.allocation_id,
+                    expected=describe(rule),
+                    heal=Step.INGRESS,
+                )
     wanted = set(plan.ingress)
     releasing = {vm.allocation_id for vm in plan.releases}
     for rule in sorted(seen.written - wanted, key=describe):
         if rule.allocation_id in releasing:
             continue  # the release removes it, before the wipe
-        yield Drift(DriftCode.INGRESS_EXTRA, None,
-                    f"ingress {describe(rule)} tagged {rule.allocation_id} is in no planned endpoint",
-                    allocation_id=rule.allocation_id, observed=describe(rule), heal=Step.REMOVE_STRAY_INGRESS)
+        yield Drift(
+            DriftCode.INGRESS_EXTRA,
+            None,
+            f"ingress {describe(rule)} tagged {rule.allocation_id} is in no planned endpoint",
+            allocation_id=rule.allocation_id,
+            observed=describe(rule),
+            heal=Step.REMOVE_STRAY_INGRESS,
+        )
     for line in seen.foreign:
-        yield Drift(DriftCode.INGRESS_FOREIGN, None, f"rule not written by gpuaas in an ingress chain: {line}",
-                    observed=line, heal=Step.REMOVE_STRAY_INGRESS)
+        yield Drift(
+            DriftCode.INGRESS_FOREIGN,
+            None,
+            f"rule not written by gpuaas in an ingress chain: {line}",
+            observed=line,
+            heal=Step.REMOVE_STRAY_INGRESS,
+        )
 
 
 def describe(rule: IngressRule) -> str:

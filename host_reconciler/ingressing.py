@@ -32,8 +32,11 @@ def install(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
         return {"endpoints": 0}
     driver = _driver(ctx, action)
     changed = sum(driver.add(ctx.plan.network.bridge, rule) for rule in want)
-    return {"endpoints": len(want), "changed": changed,
-            "ssh": next((ingresses.describe(r) for r in want if r.guest_port == 22), None)}
+    return {
+        "endpoints": len(want),
+        "changed": changed,
+        "ssh": next((ingresses.describe(r) for r in want if r.guest_port == 22), None),
+    }
 
 
 def remove(ctx: Context, action: Action, vm: VmSpec | None) -> Result:

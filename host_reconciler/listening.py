@@ -27,8 +27,15 @@ class BoundedServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], handler: Any, *, max_connections: int = 32,
-                 deadline_s: float = 10.0, bind_and_activate: bool = True) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: Any,
+        *,
+        max_connections: int = 32,
+        deadline_s: float = 10.0,
+        bind_and_activate: bool = True,
+    ) -> None:
         self.max_connections, self.deadline_s = max_connections, deadline_s
         self._slots = threading.BoundedSemaphore(max_connections)
         self.refused = 0  # connections closed because the cap was reached

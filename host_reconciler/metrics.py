@@ -74,12 +74,21 @@ class AgentMetrics:
         self.node = node
         self.registry = CollectorRegistry()
         self.passes = Counter("gpuaas_host_passes", "host passes by result", ["result"], registry=self.registry)
-        self.converge = Histogram("gpuaas_host_converge_seconds", "duration of a converge pass",
-                                  buckets=CONVERGE_BUCKETS, registry=self.registry)
-        self.actions = Counter("gpuaas_host_actions", "host actions by kind (step) and result",
-                               ["kind", "result"], registry=self.registry)
-        self.wipe = Histogram("gpuaas_host_wipe_seconds", "duration of a successful wipe step",
-                              buckets=WIPE_BUCKETS, registry=self.registry)
+        self.converge = Histogram(
+            "gpuaas_host_converge_seconds",
+            "duration of a converge pass",
+            buckets=CONVERGE_BUCKETS,
+            registry=self.registry,
+        )
+        self.actions = Counter(
+            "gpuaas_host_actions", "host actions by kind (step) and result", ["kind", "result"], registry=self.registry
+        )
+        self.wipe = Histogram(
+            "gpuaas_host_wipe_seconds",
+            "duration of a successful wipe step",
+            buckets=WIPE_BUCKETS,
+            registry=self.registry,
+        )
         self.wipes = Counter("gpuaas_host_wipes", "wipe steps by result", ["result"], registry=self.registry)
         self._latest = _Latest(node)
         self.registry.register(self._latest)
@@ -106,17 +115,23 @@ class AgentMetrics:
         status = result.status
         self._host.report = status.host
         self._host.refused = dict(status.guest_refused)
-        self._latest.last = (collections.Counter(str(d.code) for d in status.drift),
-                             collections.Counter(str(s.state) for s in status.slots),
-                             status.converged, time.time())
+        self._latest.last = (
+            collections.Counter(str(d.code) for d in status.drift),
+            collections.Counter(str(s.state) for s in status.slots),
+            status.converged,
+            time.time(),
+        )
 
     def failed(self) -> None:
         self.passes.labels("failed").inc()
 
     def health(self) -> dict[str, Any]:
         finished = self._latest.last[3] if self._latest.last else None
-        return {"status": "ok", "node": self.node,
-                "last_pass_age_s": round(time.time() - finished, 3) if finished is not None else None}
+        return {
+            "status": "ok",
+            "node": self.node,
+            "last_pass_age_s": round(time.time() - finished, 3) if finished is not None else None,
+        }
 
 
 class _Latest(Collector):
@@ -130,8 +145,9 @@ class _Latest(Collector):
         info = GaugeMetricFamily("gpuaas_host_info", "the node this agent converges", labels=["node"])
         info.add_metric([self.node], 1)
         yield info
-        build = GaugeMetricFamily("gpuaas_build_info", "the running gpuaas: its version and Python (always 1)",
-                                  labels=["version", "python"])
+        build = GaugeMetricFamily(
+            "gpuaas_build_info", "the running gpuaas: its version and Python (always 1)", labels=["version", "python"]
+        )
         build.add_metric([_version(), platform.python_version()], 1)
         yield build
         last = self.last
@@ -140,10 +156,12 @@ class _Latest(Collector):
         drift, slots, converged, finished = last
         yield _by("gpuaas_host_drift_findings", "drift findings of the newest pass by code", "code", drift)
         yield _by("gpuaas_host_slots", "slots by state after the newest pass", "state", slots)
-        yield GaugeMetricFamily("gpuaas_host_converged", "1 when the newest pass left nothing pending",
-                                value=1 if converged else 0)
-        yield GaugeMetricFamily("gpuaas_host_last_pass_timestamp_seconds", "when the newest pass finished",
-                                value=finished)
+        yield GaugeMetricFamily(
+            "gpuaas_host_converged", "1 when the newest pass left nothing pending", value=1 if converged else 0
+        )
+        yield GaugeMetricFamily(
+            "gpuaas_host_last_pass_timestamp_seconds", "when the newest pass finished", value=finished
+        )
 
 
 def _version() -> str:
@@ -167,8 +185,10 @@ def parse_listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise UsageError(f"--metrics-listen {value!r}: expected HOST:PORT, for example 127.0.0.1:9101",
-                         code="host.metrics.listen_invalid")
+        raise UsageError(
+            f"--metrics-listen {value!r}: expected HOST:PORT, for example 127.0.0.1:9101",
+            code="host.metrics.listen_invalid",
+        )
     return host, int(port)
 
 
@@ -179,9 +199,14 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if not listening.host_allowed(self.headers.get("Host"), self.server.allowed_hosts):
             status, ctype = 421, "application/json"
-            body = json.dumps({"error": {"code": "host.metrics.host_not_allowed",
-                                         "message": "this listener does not serve that Host name "
-                                                    "(--metrics-allow-host)"}}).encode()
+            body = json.dumps(
+                {
+                    "error": {
+                        "code": "host.metrics.host_not_allowed",
+                        "message": "this listener does not serve that Host name (--metrics-allow-host)",
+                    }
+                }
+            ).encode()
         elif path == "/metrics":
             status, ctype, body = 200, CONTENT_TYPE_LATEST, generate_latest(self.server.metrics.registry)
         elif path == "/healthz":
@@ -223,12 +248,14 @@ class Server:
         try:
             self._httpd = _HTTPServer((host, port), metrics, allowed)
         except OSError as e:
-            raise UsageError(f"--metrics-listen {listen}: cannot bind: {e.strerror or e}",
-                             code="host.metrics.bind_failed") from e
+            raise UsageError(
+                f"--metrics-listen {listen}: cannot bind: {e.strerror or e}", code="host.metrics.bind_failed"
+            ) from e
         bound = self._httpd.server_address
         self.url = f"http://{host if ':' not in host else f'[{host}]'}:{bound[1]}"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.5},
-                                        name="gpuaas-host-metrics", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.5}, name="gpuaas-host-metrics", daemon=True
+        )
         self._thread.start()
 
     def close(self) -> None:

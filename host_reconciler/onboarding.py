@@ -33,8 +33,11 @@ from host_reconciler import bootstrapping
 from schemas import hostreports as hr
 
 SLICE_PROFILE = "gpuaas-profile-slice-vm"
-SLICE_MINIMUM = ("BIOS.ProcSettings.ProcVirtualization", "BIOS.ProcSettings.LogicalProc",
-                 "BIOS.IntegratedDevices.SriovGlobalEnable")
+SLICE_MINIMUM = (
+    "BIOS.ProcSettings.ProcVirtualization",
+    "BIOS.ProcSettings.LogicalProc",
+    "BIOS.IntegratedDevices.SriovGlobalEnable",
+)
 MAX_EVIDENCE_BYTES = 256 * 1024
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
@@ -103,8 +106,15 @@ def boot_id(path: Path = BOOT_ID) -> str | None:
         return None
 
 
-def write_state(directory: Path, plan: bootstrapping.Plan, *, written: dict[str, str], error: str | None,
-                applied: bool, boot: str | None) -> dict[str, Any]:
+def write_state(
+    directory: Path,
+    plan: bootstrapping.Plan,
+    *,
+    written: dict[str, str],
+    error: str | None,
+    applied: bool,
+    boot: str | None,
+) -> dict[str, Any]:
     """Record a bootstrap run (write aside, rename); returns the document."""
     now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     doc: dict[str, Any] = {
@@ -124,8 +134,13 @@ def write_state(directory: Path, plan: bootstrapping.Plan, *, written: dict[str,
     return doc
 
 
-def report(firmware_dir: Path, bootstrap_dir: Path, *, reboot_flag: Path = Path("/run/reboot-required"),
-           boot: str | None = None) -> hr.HostReport:
+def report(
+    firmware_dir: Path,
+    bootstrap_dir: Path,
+    *,
+    reboot_flag: Path = Path("/run/reboot-required"),
+    boot: str | None = None,
+) -> hr.HostReport:
     """This host's report for host_status: read every pass (small files, no program run)."""
     ready, code, evidence = firmware(firmware_dir)
     state = read_state(bootstrap_dir)

@@ -188,9 +188,15 @@ def image_fetch(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
         wait=False,  # another process fetching it: retry on a later pass, do not stall this one
         allow_file=True,  # source_url already applied allow_file_images
     )
-    log.info("image %s sha256:%s cached: %d bytes in %.1f s (resumed from %d, %d attempt(s))",
-             v.image.slug, digest, result.entry.size, result.seconds, result.resumed_from,
-             result.attempts)  # fmt: skip
+    log.info(
+        "image %s sha256:%s cached: %d bytes in %.1f s (resumed from %d, %d attempt(s))",
+        v.image.slug,
+        digest,
+        result.entry.size,
+        result.seconds,
+        result.resumed_from,
+        result.attempts,
+    )
     doc = result.as_dict()
     doc.pop("path", None)
     return {"fetch": doc}

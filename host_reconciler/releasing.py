@@ -120,8 +120,10 @@ def claimed_devices(vm: VmSpec, slot: int) -> tuple[tuple[str, str], ...]:
 def reset_claimed(ctx: Context, vm: VmSpec, slot: int, address: str) -> dict[str, Any]:
     """The only way a step resets a device: refused unless `address` is in the claim of `slot`."""
     if address not in {a for _, a in claimed_devices(vm, slot)}:
-        raise PciError(f"slot {slot}: {address} is not a device of {vm.allocation_id}'s claim; not resetting it",
-                       code="host.health.not_claimed")
+        raise PciError(
+            f"slot {slot}: {address} is not a device of {vm.allocation_id}'s claim; not resetting it",
+            code="host.health.not_claimed",
+        )
     return ctx.drivers.pci.reset(address)
 
 
@@ -130,18 +132,27 @@ def slot_health(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
     v = require_vm(vm, action)
     slot = one_slot(action)
     devices = claimed_devices(v, slot)
-    holders = sorted(n for n, d in ctx.drivers.domains.domains().items()
-                     if any(a in d.facts.hostdevs for _, a in devices))
+    holders = sorted(
+        n for n, d in ctx.drivers.domains.domains().items() if any(a in d.facts.hostdevs for _, a in devices)
+    )
     if holders:  # a defined domain still names the device: never reset under it
-        raise TemporaryError(f"slot {slot}: its devices belong to domain(s) {', '.join(holders)}",
-                             code="host.health.in_use_by_domain", delay=5.0)
+        raise TemporaryError(
+            f"slot {slot}: its devices belong to domain(s) {', '.join(holders)}",
+            code="host.health.in_use_by_domain",
+            delay=5.0,
+        )
     journal = ctx.state.read_journal(v.allocation_id)
     if journal and str(Step.DEFINE_START) not in (journal.get("done") or {}):
         # Provisioning stopped before any domain got these devices (a failed check, a bad image):
         # nothing of the tenant's touched them, and the failure's own code already judged the slot.
-        ctx.state.write_wipe(slot, v.allocation_id, wiped=True, verified=True, blocked=None,
-                             evidence={"slot_health": {"ok": True, "skipped": "the devices were never given to a VM",
-                                                       "devices": []}})
+        ctx.state.write_wipe(
+            slot,
+            v.allocation_id,
+            wiped=True,
+            verified=True,
+            blocked=None,
+            evidence={"slot_health": {"ok": True, "skipped": "the devices were never given to a VM", "devices": []}},
+        )
         return {"skipped": True}
     t0 = ctx.clock()
     found: list[dict[str, Any]] = []
@@ -152,13 +163,19 @@ def slot_health(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
         before = ctx.drivers.pci.identity(address)
         first = ctx.drivers.pci.inspect(address)
         if before is None or not first.present:
-            raise HealthFailed(f"slot {slot}: {role} {address} is not on the PCI bus",
-                               code="host.health.device_missing", evidence=evidence)
+            raise HealthFailed(
+                f"slot {slot}: {role} {address} is not on the PCI bus",
+                code="host.health.device_missing",
+                evidence=evidence,
+            )
         entry["identity"] = before.as_dict()
         if first.driver != VFIO:  # a host driver holds it: never reset a device the host uses
             entry["driver"] = first.driver
-            raise HealthFailed(f"slot {slot}: {role} {address} is on {first.driver or 'no driver'}, not {VFIO}; "
-                               "not resetting it", code="host.health.not_vfio", evidence=evidence)
+            raise HealthFailed(
+                f"slot {slot}: {role} {address} is on {first.driver or 'no driver'}, not {VFIO}; not resetting it",
+                code="host.health.not_vfio",
+                evidence=evidence,
+            )
         t = ctx.clock()
         try:
             entry.update(reset_claimed(ctx, v, slot, address))
@@ -169,19 +186,32 @@ def slot_health(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
         after, now = ctx.drivers.pci.inspect(address), ctx.drivers.pci.identity(address)
         entry["driver"] = after.driver
         if not after.present or now is None:
-            raise HealthFailed(f"slot {slot}: {role} {address} left the bus after its reset",
-                               code="host.health.device_lost", evidence=evidence)
+            raise HealthFailed(
+                f"slot {slot}: {role} {address} left the bus after its reset",
+                code="host.health.device_lost",
+                evidence=evidence,
+            )
         if after.driver != VFIO:
-            raise HealthFailed(f"slot {slot}: {role} {address} is on {after.driver or 'no driver'} after its reset, "
-                               f"not {VFIO}", code="host.health.not_vfio", evidence=evidence)
+            raise HealthFailed(
+                f"slot {slot}: {role} {address} is on {after.driver or 'no driver'} after its reset, not {VFIO}",
+                code="host.health.not_vfio",
+                evidence=evidence,
+            )
         if now != before:
             entry["identity_after"] = now.as_dict()
-            raise HealthFailed(f"slot {slot}: {role} {address} changed identity across its reset",
-                               code="host.health.identity_changed", evidence=evidence)
-    evidence.update(ok=True, ms=round((ctx.clock() - t0) * 1000, 3),
-                    checked_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
-    ctx.state.write_wipe(slot, v.allocation_id, wiped=True, verified=True, blocked=None,
-                         evidence={"slot_health": evidence})
+            raise HealthFailed(
+                f"slot {slot}: {role} {address} changed identity across its reset",
+                code="host.health.identity_changed",
+                evidence=evidence,
+            )
+    evidence.update(
+        ok=True,
+        ms=round((ctx.clock() - t0) * 1000, 3),
+        checked_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    )
+    ctx.state.write_wipe(
+        slot, v.allocation_id, wiped=True, verified=True, blocked=None, evidence={"slot_health": evidence}
+    )
     return {"devices": len(found), "ms": evidence["ms"]}
 
 
@@ -192,7 +222,8 @@ def report_free(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
     if rec is None or rec.allocation_id != v.allocation_id or not rec.verified:
         raise PermanentError(f"slot {slot} has no verified wipe for {v.allocation_id}", code="host.wipe.unproven")
     if not rec.healthy:
-        raise PermanentError(f"slot {slot} has not passed its health step for {v.allocation_id}",
-                             code="host.health.unproven")
+        raise PermanentError(
+            f"slot {slot} has not passed its health step for {v.allocation_id}", code="host.health.unproven"
+        )
     ctx.state.release_lease(slot, v.allocation_id)
     return {}

@@ -95,8 +95,14 @@ def checked(nodes: Iterable[object]) -> list[dict[str, Any]]:
         doc["node"] = str(doc.get("node", "?"))
         findings, why = check_drift(doc.get("drift"))
         if why is not None:
-            findings.append({"code": INVALID, "slot_index": None, "heal": None,
-                             "message": f"the drift report of {doc['node']} is malformed: {why}"})
+            findings.append(
+                {
+                    "code": INVALID,
+                    "slot_index": None,
+                    "heal": None,
+                    "message": f"the drift report of {doc['node']} is malformed: {why}",
+                }
+            )
         doc["drift"] = findings
         out.append(doc)
     return out
@@ -113,13 +119,17 @@ def _rows(nodes: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def drift_json(nodes: Sequence[Mapping[str, Any]]) -> str:
     doc = {
         "nodes": [
-            {"node": n["node"], "observed_generation": n.get("observed_generation"),
-             "plan_generation": n.get("plan_generation"), "reported_at": n.get("reported_at"),
-             "drift": n["drift"]}
+            {
+                "node": n["node"],
+                "observed_generation": n.get("observed_generation"),
+                "plan_generation": n.get("plan_generation"),
+                "reported_at": n.get("reported_at"),
+                "drift": n["drift"],
+            }
             for n in checked(nodes)
         ],
         "total": len(_rows(nodes)),
-    }  # fmt: skip
+    }
     return json.dumps(doc, indent=2, default=str)
 
 
@@ -148,15 +158,19 @@ def drift_markdown(nodes: Sequence[Mapping[str, Any]]) -> str:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        lines.append(rendering.md_row([
-            r["node"],
-            rendering.Markdown("-") if r["slot_index"] is None else str(r["slot_index"]),
-            rendering.md_code(r["code"]),
-            r["message"],
-            r.get("expected") or "",
-            r.get("observed") or "",
-            r.get("heal") or "report only",
-        ]))  # fmt: skip
+        lines.append(
+            rendering.md_row(
+                [
+                    r["node"],
+                    rendering.Markdown("-") if r["slot_index"] is None else str(r["slot_index"]),
+                    rendering.md_code(r["code"]),
+                    r["message"],
+                    r.get("expected") or "",
+                    r.get("observed") or "",
+                    r.get("heal") or "report only",
+                ]
+            )
+        )
     return "\n".join(lines) + "\n"
 
 

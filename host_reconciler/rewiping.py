@@ -22,13 +22,20 @@ ACCEPTED, REFUSED = "accepted", "refused"
 def answer(state: LocalState, plan: HostPlan, slot: int) -> tuple[str, dict[str, Any]]:
     rec = state.read_wipes().get(slot)
     if rec is None or not rec.blocked:
-        return REFUSED, {"code": "host.rewipe.not_blocked",
-                         "message": f"slot {slot} is not cleanup_blocked on {plan.node}; nothing to rewipe"}
+        return REFUSED, {
+            "code": "host.rewipe.not_blocked",
+            "message": f"slot {slot} is not cleanup_blocked on {plan.node}; nothing to rewipe",
+        }
     releases = {vm.allocation_id for vm in plan.releases if any(b.slot_index == slot for b in vm.bundles)}
     if rec.allocation_id not in releases:
-        return REFUSED, {"code": "host.rewipe.no_release",
-                         "message": f"slot {slot} was blocked for {rec.allocation_id}, whose release is no longer "
-                                    "in this host's plan"}
+        return REFUSED, {
+            "code": "host.rewipe.no_release",
+            "message": f"slot {slot} was blocked for {rec.allocation_id}, whose release is no longer "
+            "in this host's plan",
+        }
     state.rewipe(slot)
-    return ACCEPTED, {"allocation_id": rec.allocation_id, "was_blocked": rec.blocked,
-                      "message": "block lifted: wipe, verify and the health step run in this pass"}
+    return ACCEPTED, {
+        "allocation_id": rec.allocation_id,
+        "was_blocked": rec.blocked,
+        "message": "block lifted: wipe, verify and the health step run in this pass",
+    }

@@ -245,8 +245,9 @@ def load(node: str, path: Path | None = None) -> HostSettings:
     from schemas.errors import PermanentError
 
     try:
-        doc = json.loads(inputfiles.read_bytes(p, limit=inputfiles.MIB, code="host.settings.unreadable",
-                                               what="host settings"))
+        doc = json.loads(
+            inputfiles.read_bytes(p, limit=inputfiles.MIB, code="host.settings.unreadable", what="host settings")
+        )
     except PermanentError as e:
         raise SettingsError(e.message, code="host.settings.unreadable") from e
     except ValueError as e:  # json's message names a position, never the content

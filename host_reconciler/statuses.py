@@ -124,8 +124,12 @@ class ImageCacheReport:
             "budget_bytes": self.budget_bytes,
             "used_bytes": sum(e.size for e in self.entries),
             "cached": [
-                {**e.as_dict(), "in_use": e.digest in self.in_use, "pinned": e.digest in self.pinned,
-                 "evictable": e.digest not in keep}
+                {
+                    **e.as_dict(),
+                    "in_use": e.digest in self.in_use,
+                    "pinned": e.digest in self.pinned,
+                    "evictable": e.digest not in keep,
+                }
                 for e in self.entries
             ],
             "fetching": [f.as_dict() for f in self.fetching],

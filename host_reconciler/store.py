@@ -84,7 +84,9 @@ def read_image_cache(conn: psycopg.Connection[Any], node: str) -> list[dict[str,
     with dberrors.wrapped(f"read the image cache of {node}"):
         rows = conn.execute(
             "SELECT digest_sha256, size_bytes, last_used_at FROM node_image_cache WHERE node_name = %s"
-            " ORDER BY digest_sha256", (node,)).fetchall()  # fmt: skip
+            " ORDER BY digest_sha256",
+            (node,),
+        ).fetchall()
     return [{"digest": r[0], "size_bytes": r[1], "last_used_at": r[2]} for r in rows]
 
 
@@ -112,16 +114,32 @@ def read_status(conn: psycopg.Connection[Any], node: str | None = None) -> list[
         ).fetchall()
     slots: dict[str, list[dict[str, Any]]] = {}
     for r in slot_rows:
-        slots.setdefault(r[0], []).append({
-            "slot_index": r[1], "allocation_id": r[2], "vm_state": r[3], "wipe_state": r[4],
-            "wipe_error": r[5], "wipe_evidence": r[6], "drift": r[7], "updated_at": str(r[8]),
-        })  # fmt: skip
+        slots.setdefault(r[0], []).append(
+            {
+                "slot_index": r[1],
+                "allocation_id": r[2],
+                "vm_state": r[3],
+                "wipe_state": r[4],
+                "wipe_error": r[5],
+                "wipe_evidence": r[6],
+                "drift": r[7],
+                "updated_at": str(r[8]),
+            }
+        )
     return [
-        {"node": r[0], "observed_generation": r[1], "reported_at": str(r[2]), "healthy": r[3],
-         "drift": r[4], "errors": r[5], "details": r[6], "plan_generation": r[7],
-         "slots": slots.get(r[0], [])}
+        {
+            "node": r[0],
+            "observed_generation": r[1],
+            "reported_at": str(r[2]),
+            "healthy": r[3],
+            "drift": r[4],
+            "errors": r[5],
+            "details": r[6],
+            "plan_generation": r[7],
+            "slots": slots.get(r[0], []),
+        }
         for r in rows
-    ]  # fmt: skip
+    ]
 
 
 def write_plan(conn: psycopg.Connection[Any], plan: hostplans.HostPlan, revision: str | None = None) -> None:
@@ -139,13 +157,18 @@ def write_plan(conn: psycopg.Connection[Any], plan: hostplans.HostPlan, revision
 def read_rewipes(conn: psycopg.Connection[Any], node: str) -> list[tuple[int, int]]:
     """This node's pending rewipe requests (`gpuaas slot rewipe`, migration 0054): (request id, slot)."""
     with dberrors.wrapped(f"read the rewipe requests of {node}"):
-        rows = conn.execute("SELECT id, slot_index FROM slot_rewipe_requests WHERE node_name = %s"
-                            " AND state = 'pending' ORDER BY id", (node,)).fetchall()
+        rows = conn.execute(
+            "SELECT id, slot_index FROM slot_rewipe_requests WHERE node_name = %s AND state = 'pending' ORDER BY id",
+            (node,),
+        ).fetchall()
     return [(int(r[0]), int(r[1])) for r in rows]
 
 
 def answer_rewipe(conn: psycopg.Connection[Any], request_id: int, state: str, answer: dict[str, Any]) -> None:
     """Answer one request (accepted | refused); RLS lets a node answer only its own."""
     with dberrors.wrapped(f"answer rewipe request {request_id}"):
-        conn.execute("UPDATE slot_rewipe_requests SET state = %s, answered_at = now(), answer = %s"
-                     " WHERE id = %s AND state = 'pending'", (state, Jsonb(answer), request_id))
+        conn.execute(
+            "UPDATE slot_rewipe_requests SET state = %s, answered_at = now(), answer = %s"
+            " WHERE id = %s AND state = 'pending'",
+            (state, Jsonb(answer), request_id),
+        )

@@ -32,8 +32,7 @@ MAX_VMS = 256  # VMs with a buffer at once; the stalest is dropped past it
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 _TOKEN = re.compile(r"^[0-9a-f]{32}$")
 _UUID = re.compile(r"^GPU-[0-9a-fA-F-]{8,64}$")
-FIELDS = ("utilization_pct", "memory_used_mib", "memory_total_mib", "temperature_c", "ecc_corrected",
-          "ecc_uncorrected")
+FIELDS = ("utilization_pct", "memory_used_mib", "memory_total_mib", "temperature_c", "ecc_corrected", "ecc_uncorrected")
 
 
 class Refused(ValueError):
@@ -108,6 +107,13 @@ def _gpu(value: str) -> GpuSample:
     if len(parts) != 8 or not parts[0].isdigit() or int(parts[0]) >= MAX_GPUS:
         raise Refused("malformed", f"bad gpu line {value[:80]!r}")
     uuid = parts[1] if _UUID.match(parts[1]) else None
-    return GpuSample(int(parts[0]), uuid, _number(parts[2], limit=100), _number(parts[3], limit=1 << 24),
-                     _number(parts[4], limit=1 << 24), _number(parts[5], limit=200), _number(parts[6], limit=10**12),
-                     _number(parts[7], limit=10**12))
+    return GpuSample(
+        int(parts[0]),
+        uuid,
+        _number(parts[2], limit=100),
+        _number(parts[3], limit=1 << 24),
+        _number(parts[4], limit=1 << 24),
+        _number(parts[5], limit=200),
+        _number(parts[6], limit=10**12),
+        _number(parts[7], limit=10**12),
+    )

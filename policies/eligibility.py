@@ -103,8 +103,13 @@ def _disk_identity_reasons(slot: m.Slot) -> list[Ineligible]:
     # write or wipe a slot disk whose approval records no identity.
     if slot.nvme_identity is not None:
         return []
-    return [Ineligible(NO_DISK_IDENTITY, "nvme_identity", "no nvme_identity recorded for the slot disk "
-                       "(`gpuaas host discover` proposes it in the candidate SlotMap)")]  # fmt: skip
+    return [
+        Ineligible(
+            NO_DISK_IDENTITY,
+            "nvme_identity",
+            "no nvme_identity recorded for the slot disk (`gpuaas host discover` proposes it in the candidate SlotMap)",
+        )
+    ]
 
 
 def vf_counts(slots: Iterable[m.Slot]) -> Counter[str]:

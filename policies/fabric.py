@@ -53,12 +53,11 @@ def slot_mismatch(sku: m.Sku, slot: m.Slot) -> Mismatch | None:
 def mismatch(sku: m.Sku, gpu_model: str, network_fabric: m.Fabric, pinned: str | None) -> Mismatch | None:
     """`slot_mismatch` from the three slot fields it reads (the planner's slot facts keep no model)."""
     if gpu_model != sku.accelerator_model:
-        return Mismatch(MODEL_MISMATCH,
-                        f"slot GPU is {gpu_model}, SKU {sku.sku} sells {sku.accelerator_model}")
+        return Mismatch(MODEL_MISMATCH, f"slot GPU is {gpu_model}, SKU {sku.sku} sells {sku.accelerator_model}")
     if not fabric_serves(sku.network_fabric, network_fabric):
-        return Mismatch(FABRIC_MISMATCH,
-                        f"slot fabric is {network_fabric.value}, SKU {sku.sku} needs "
-                        f"{sku.network_fabric.value}")
+        return Mismatch(
+            FABRIC_MISMATCH, f"slot fabric is {network_fabric.value}, SKU {sku.sku} needs {sku.network_fabric.value}"
+        )
     if pinned is not None and pinned != sku.sku:
         return Mismatch(SKU_PINNED, f"slot is reserved for SKU {pinned}")
     return None

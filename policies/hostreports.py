@@ -23,15 +23,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 # The host's blocking drift (host_reconciler.actions.BLOCKING_DRIFT; a test keeps the two equal).
-BLOCKING = frozenset({
-    "drift.disk.missing",
-    "drift.disk.mounted",
-    "drift.disk.signature_present",
-    "drift.disk.os_disk",
-    "drift.pci.not_vfio",
-    "drift.pci.missing",
-    "drift.identity.changed",
-})
+BLOCKING = frozenset(
+    {
+        "drift.disk.missing",
+        "drift.disk.mounted",
+        "drift.disk.signature_present",
+        "drift.disk.os_disk",
+        "drift.pci.not_vfio",
+        "drift.pci.missing",
+        "drift.identity.changed",
+    }
+)
 INVALID = "drift.report.invalid"  # the stored report was malformed: nothing it says can be trusted
 WIPE_FAILED = "host.wipe.failed"  # the slot's last wipe or verify failed (cleanup_blocked on the host)
 EVERY_SLOT = "host.drift.every_slot"  # node evidence: blocking drift on every reported slot

@@ -64,8 +64,12 @@ def default(images: dict[str, m.Image], sku: m.Sku) -> str | None:
     return found[0] if found else None
 
 
-def unviable(images: dict[str, m.Image], name: str | None, sku: m.Sku,  # noqa: PLR0911  # one return per reason
-             requested_at: dt.datetime) -> str | None:
+def unviable(  # noqa: PLR0911
+    images: dict[str, m.Image],
+    name: str | None,
+    sku: m.Sku,
+    requested_at: dt.datetime,
+) -> str | None:
     """Why image `name` cannot be placed for this request (one of the codes above), or None when it can."""
     if name is None:
         return NONE

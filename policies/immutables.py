@@ -47,8 +47,15 @@ def held_from(state: DesiredState, ids: Set[str]) -> dict[str, Held]:
         if alloc is None:
             continue
         sku = state.skus.get(alloc.sku)
-        out[aid] = Held(alloc.tenant, alloc.sku, alloc.region, alloc.gpu_count, alloc.image, alloc.vm_profile,
-                        sku.capacity_shape.value if sku is not None else None)
+        out[aid] = Held(
+            alloc.tenant,
+            alloc.sku,
+            alloc.region,
+            alloc.gpu_count,
+            alloc.image,
+            alloc.vm_profile,
+            sku.capacity_shape.value if sku is not None else None,
+        )
     return out
 
 
@@ -60,8 +67,12 @@ def check(state: DesiredState, held: Mapping[str, Held]) -> list[p.Problem]:
         was, alloc = held[aid], state.allocations[aid]
         out.extend(_fields(state, aid, was, alloc))
         sku = state.skus.get(alloc.sku)
-        if (alloc.sku == was.sku and sku is not None and was.capacity_shape is not None
-                and sku.capacity_shape.value != was.capacity_shape):
+        if (
+            alloc.sku == was.sku
+            and sku is not None
+            and was.capacity_shape is not None
+            and sku.capacity_shape.value != was.capacity_shape
+        ):
             shapes.setdefault(sku.sku, []).append((aid, was.capacity_shape))
     for name, allocs in sorted(shapes.items()):
         out.append(_shape(state, name, allocs))
@@ -73,11 +84,15 @@ def _fields(state: DesiredState, aid: str, was: Held, alloc: m.Allocation) -> It
         before, now = getattr(was, name), getattr(alloc, name)
         if before == now:
             continue
-        how = ("a resize is a release (state: released) and a new request with a new id, never an edit"
-               if name == "gpu_count" else
-               "release it (state: released) and request a new allocation instead")
-        message = (f"allocation {aid} holds claims: {name} is fixed at {_show(before)}, not {_show(now)}; "
-                   f"{how}. The revision is not applied; the last valid one stays in force")
+        how = (
+            "a resize is a release (state: released) and a new request with a new id, never an edit"
+            if name == "gpu_count"
+            else "release it (state: released) and request a new allocation instead"
+        )
+        message = (
+            f"allocation {aid} holds claims: {name} is fixed at {_show(before)}, not {_show(now)}; "
+            f"{how}. The revision is not applied; the last valid one stays in force"
+        )
         yield _at(state, "Allocation", aid, name, message)
 
 
@@ -85,8 +100,10 @@ def _shape(state: DesiredState, sku: str, allocs: list[tuple[str, str]]) -> p.Pr
     names = ", ".join(f"{aid} ({shape})" for aid, shape in allocs[:LISTED])
     more = f" and {len(allocs) - LISTED} more" if len(allocs) > LISTED else ""
     now = state.skus[sku].capacity_shape.value
-    message = (f"SKU {sku} changes its capacity shape to {now} while {len(allocs)} allocation(s) placed as "
-               f"another shape hold claims: {names}{more}; release them first. The revision is not applied")
+    message = (
+        f"SKU {sku} changes its capacity shape to {now} while {len(allocs)} allocation(s) placed as "
+        f"another shape hold claims: {names}{more}; release them first. The revision is not applied"
+    )
     return _at(state, "Sku", sku, "capacity_shape", message)
 
 

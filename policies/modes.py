@@ -125,15 +125,21 @@ def _admin(f: ModeFacts) -> Verdict | None:
 
 def _to_slice(f: ModeFacts) -> Verdict:
     if f.exclusive_claim:
-        return Verdict(False, BAREMETAL_ACTIVE,
-                       "a baremetal allocation holds the node; slices wait for its release and reimage")
+        return Verdict(
+            False, BAREMETAL_ACTIVE, "a baremetal allocation holds the node; slices wait for its release and reimage"
+        )
     if f.storage_mode is not m.StorageMode.SLICE:
-        return Verdict(False, STORAGE_NOT_SLICE,
-                       "host share storage is mounted; drain, unmount or remap and approve destructive "
-                       "slice ownership first")
+        return Verdict(
+            False,
+            STORAGE_NOT_SLICE,
+            "host share storage is mounted; drain, unmount or remap and approve destructive slice ownership first",
+        )
     if f.capability is not Capability.BOTH_CAPABLE:
-        return Verdict(False, NOT_SLICE_CAPABLE,
-                       f"node is {f.capability.value}: needs the slice tag, ready firmware and approved slots")
+        return Verdict(
+            False,
+            NOT_SLICE_CAPABLE,
+            f"node is {f.capability.value}: needs the slice tag, ready firmware and approved slots",
+        )
     if f.free_slots == 0:
         return Verdict(False, NO_FREE_SLOTS, "no free approved slot")
     return ALLOWED
@@ -143,9 +149,11 @@ def _to_baremetal(f: ModeFacts) -> Verdict:
     if f.exclusive_claim:
         return Verdict(False, BAREMETAL_ACTIVE, "another baremetal allocation holds the node")
     if f.slot_claims:
-        return Verdict(False, SLICE_ACTIVE,
-                       f"{f.slot_claims} slice claim(s) live; baremetal waits until every one releases "
-                       "and cleanup passes")
+        return Verdict(
+            False,
+            SLICE_ACTIVE,
+            f"{f.slot_claims} slice claim(s) live; baremetal waits until every one releases and cleanup passes",
+        )
     if f.cleanup_slots or f.blocked_slots:
         n = f.cleanup_slots + f.blocked_slots
         code = CLEANUP_BLOCKED if f.blocked_slots else CLEANUP_PENDING
@@ -167,21 +175,24 @@ def _to_cleanup_blocked(f: ModeFacts) -> Verdict:
 
 def _to_available(f: ModeFacts) -> Verdict:
     if f.blocked_slots:
-        return Verdict(False, CLEANUP_BLOCKED,
-                       f"{f.blocked_slots} slot(s) stay blocked until an admin repair or a passing probe")
+        return Verdict(
+            False, CLEANUP_BLOCKED, f"{f.blocked_slots} slot(s) stay blocked until an admin repair or a passing probe"
+        )
     return _admin(f) or ALLOWED
 
 
 def _to_share_storage(f: ModeFacts) -> Verdict:
     if f.slot_claims or f.cleanup_slots or f.blocked_slots:
-        return Verdict(False, SLICE_ACTIVE,
-                       "every slice claim must release and pass cleanup before infra remounts share storage")
+        return Verdict(
+            False, SLICE_ACTIVE, "every slice claim must release and pass cleanup before infra remounts share storage"
+        )
     return ALLOWED
 
 
 def _placing(check: Callable[[ModeFacts], Verdict]) -> Callable[[ModeFacts], Verdict]:
     def verdict(f: ModeFacts) -> Verdict:
         return _admin(f) or check(f)
+
     return verdict
 
 

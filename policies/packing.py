@@ -75,8 +75,7 @@ class Demand:
 Mix = tuple[Demand, ...]
 
 
-def mix(shares: Mapping[int, float], rules: Mapping[int, TopologyRule], *,
-        whole_node: bool) -> Mix:
+def mix(shares: Mapping[int, float], rules: Mapping[int, TopologyRule], *, whole_node: bool) -> Mix:
     """The demands one node view faces.
 
     `shares` is the fleet's expected request-size mix (GPU count -> share of
@@ -122,8 +121,7 @@ class Option:
         return (self.choice.mask & -self.choice.mask).bit_length() - 1
 
 
-def in_node(policy: Policy, lay: t.Layout, free: int, options: Iterable[t.Choice],
-            demands: Mix) -> t.Choice | None:
+def in_node(policy: Policy, lay: t.Layout, free: int, options: Iterable[t.Choice], demands: Mix) -> t.Choice | None:
     """The slots a policy takes on a node, among the topology-safe choices."""
     opts = list(options)
     if not opts:
@@ -136,15 +134,15 @@ def in_node(policy: Policy, lay: t.Layout, free: int, options: Iterable[t.Choice
     return min(opts, key=lambda c: t.positions(c.mask))
 
 
-def option(policy: Policy, lay: t.Layout, free: int, g: int, rule: TopologyRule, *,
-           demands: Mix) -> Option | None:
+def option(policy: Policy, lay: t.Layout, free: int, g: int, rule: TopologyRule, *, demands: Mix) -> Option | None:
     """The policy's best placement of `g` GPUs on a node with this free mask."""
     choice = in_node(policy, lay, free, t.choices(lay, free, g, rule), demands)
     if choice is None:
         return None
     before = t.popcount(free & lay.full)
-    return Option(choice, before, before - g, lay.size,
-                  gradient(lay, free, choice.mask, demands), (free & lay.full) == lay.full)
+    return Option(
+        choice, before, before - g, lay.size, gradient(lay, free, choice.mask, demands), (free & lay.full) == lay.full
+    )
 
 
 def rank(policy: Policy, o: Option) -> tuple[float, ...]:
@@ -192,8 +190,9 @@ def slack(node_end: float, start: float, end: float) -> float:
     return max(0.0, busy_until - end)
 
 
-def lease_rank(sig_rank: tuple[float, ...], node_end: float, start: float, end: float,
-               weight: float) -> tuple[float, ...]:
+def lease_rank(
+    sig_rank: tuple[float, ...], node_end: float, start: float, end: float, weight: float
+) -> tuple[float, ...]:
     """`default`'s node key for a lease with a known end (lower wins).
 
     `sig_rank` is `rank(Policy.DEFAULT, option)`: (opens, tier, gradient).

@@ -46,8 +46,16 @@ def readiness_timeout(sku: m.Sku, profile: m.VmProfile) -> int | None:
 
 def _snapshot(sku: m.Sku, name: str, p: m.VmProfile, *, derived: bool = False) -> Profile:
     hp = p.hugepages
-    return Profile(name, p.gpu_count, p.vcpu_count, p.memory_mib,
-                   hp.enabled, hp.page_size if hp.enabled else None, derived, readiness_timeout(sku, p))
+    return Profile(
+        name,
+        p.gpu_count,
+        p.vcpu_count,
+        p.memory_mib,
+        hp.enabled,
+        hp.page_size if hp.enabled else None,
+        derived,
+        readiness_timeout(sku, p),
+    )
 
 
 def scaled_name(base: str, base_profile: m.VmProfile, gpu_count: int) -> str:
@@ -86,9 +94,11 @@ def resolve(sku: m.Sku, gpu_count: int, requested: str | None = None) -> Profile
     if base.gpu_count == gpu_count:
         return _snapshot(sku, base_name, base)
     if base.gpu_count != 1:
-        return ProfileError(COUNT_MISMATCH,
-                            f"VM profile {base_name} is for {base.gpu_count} GPUs, the allocation asks for "
-                            f"{gpu_count}; only a one-GPU profile scales")
+        return ProfileError(
+            COUNT_MISMATCH,
+            f"VM profile {base_name} is for {base.gpu_count} GPUs, the allocation asks for "
+            f"{gpu_count}; only a one-GPU profile scales",
+        )
     # A profile the SKU defines for this count and derives from the base wins.
     for name in sorted(profiles):
         p = profiles[name]
@@ -96,8 +106,12 @@ def resolve(sku: m.Sku, gpu_count: int, requested: str | None = None) -> Profile
             return _snapshot(sku, name, p)
     hp = base.hugepages
     return Profile(
-        scaled_name(base_name, base, gpu_count), gpu_count,
-        base.vcpu_count * gpu_count, base.memory_mib * gpu_count,
-        hp.enabled, hp.page_size if hp.enabled else None, derived=True,
+        scaled_name(base_name, base, gpu_count),
+        gpu_count,
+        base.vcpu_count * gpu_count,
+        base.memory_mib * gpu_count,
+        hp.enabled,
+        hp.page_size if hp.enabled else None,
+        derived=True,
         readiness_timeout_s=readiness_timeout(sku, base),  # a scaled VM keeps its base profile's timeout
     )

@@ -52,10 +52,7 @@ class Layout:
 
 def layout(groups: Iterable[Iterable[Iterable[int]]]) -> Layout:
     """Normalise groups -> units -> positions (sorted, so equal shapes compare equal)."""
-    norm = tuple(sorted(
-        tuple(sorted(tuple(sorted(unit)) for unit in group))
-        for group in groups
-    ))
+    norm = tuple(sorted(tuple(sorted(tuple(sorted(unit)) for unit in group)) for group in groups))
     norm = tuple(g for g in norm if g)
     positions = [p for g in norm for u in g for p in u]
     if len(positions) != len(set(positions)):
@@ -186,7 +183,4 @@ def signature(lay: Layout, free: int) -> tuple[tuple[tuple[int, int], ...], ...]
     Every score in `policies.packing` except slot-index tie-breaks depends
     only on the signature, which is why the index buckets nodes by it.
     """
-    return tuple(sorted(
-        tuple(sorted((popcount(u), popcount(free & u)) for u in units))
-        for units in lay.unit_masks
-    ))
+    return tuple(sorted(tuple(sorted((popcount(u), popcount(free & u)) for u in units)) for units in lay.unit_masks))

@@ -88,8 +88,7 @@ class Memo:
         result.problems.extend([*found, *validation.ingress_overlaps(state)])
         return result
 
-    def adopt(self, result: LoadResult, found: list[p.Problem],
-              owners: dict[str, list[tuple[str, int]]]) -> LoadResult:
+    def adopt(self, result: LoadResult, found: list[p.Problem], owners: dict[str, list[tuple[str, int]]]) -> LoadResult:
         """`validate`'s answer for a tree an earlier run validated: its cross-file problems and shared MACs.
 
         Nothing is checked, so no document's problems are kept. `_by_delta`
@@ -174,11 +173,13 @@ class Memo:
                 view.nodes = {name: state.nodes[name]}
             return validation._slot_maps(view, macs=macs)
 
-        return [_Rule("Sku", "skus", validation._skus, _nothing),
-                _Rule("Image", "images", validation._images, _nothing),
-                _Rule("Node", "nodes", validation._nodes, _nothing),
-                _Rule("SlotMap", "slot_maps", map_rules, map_inputs),
-                _Rule("Allocation", "allocations", validation._allocations, _nothing)]
+        return [
+            _Rule("Sku", "skus", validation._skus, _nothing),
+            _Rule("Image", "images", validation._images, _nothing),
+            _Rule("Node", "nodes", validation._nodes, _nothing),
+            _Rule("SlotMap", "slot_maps", map_rules, map_inputs),
+            _Rule("Allocation", "allocations", validation._allocations, _nothing),
+        ]
 
     def _each(self, kept: dict[tuple[str, str], _Kept], state: DesiredState, rule: _Rule) -> Iterator[p.Problem]:
         table: Mapping[str, Any] = getattr(state, rule.attr)
@@ -215,8 +216,10 @@ def _nothing(_name: str, _obj: Any) -> tuple[Any, ...]:
 
 def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     """Element-wise identity (names compared by value): the same objects, in the same order."""
-    return len(a) == len(b) and all(x is y or (type(x) is type(y) and isinstance(x, (str, int, tuple)) and x == y)
-                                    for x, y in zip(a, b, strict=True))
+    return len(a) == len(b) and all(
+        x is y or (type(x) is type(y) and isinstance(x, (str, int, tuple)) and x == y)
+        for x, y in zip(a, b, strict=True)
+    )
 
 
 def _mac_owners(slot_maps: Mapping[str, m.SlotMap]) -> dict[str, list[tuple[str, int]]]:
@@ -232,8 +235,9 @@ def _mac_owners(slot_maps: Mapping[str, m.SlotMap]) -> dict[str, list[tuple[str,
     return shared
 
 
-def _outside_owners(name: str, smap: m.SlotMap,
-                    shared: dict[str, list[tuple[str, int]]]) -> tuple[tuple[str, str, int], ...]:
+def _outside_owners(
+    name: str, smap: m.SlotMap, shared: dict[str, list[tuple[str, int]]]
+) -> tuple[tuple[str, str, int], ...]:
     """(mac, node, slot) of the first owner of each of this map's MACs, where that owner is another map."""
     if not shared:
         return ()

@@ -50,8 +50,13 @@ def _providers(state: DesiredState) -> Iterator[p.Problem]:
     declared: set[str] = set()
     for i, prov in enumerate(state.fleet.machine_providers):
         if prov.name in declared:
-            yield src.at("machine_providers", i, "name", code=p.PROVIDER_DUPLICATE,
-                         message=f"machine provider {prov.name!r} is declared twice")
+            yield src.at(
+                "machine_providers",
+                i,
+                "name",
+                code=p.PROVIDER_DUPLICATE,
+                message=f"machine provider {prov.name!r} is declared twice",
+            )
         declared.add(prov.name)
 
 
@@ -61,8 +66,12 @@ def _node_machine(state: DesiredState, src: Source, node: m.Node) -> Iterator[p.
         return
     declared = {prov.name for prov in state.fleet.machine_providers} if state.fleet else set()
     if node.machine.provider not in declared:
-        yield src.at("machine", "provider", code=p.NODE_MACHINE_PROVIDER,
-                     message=f"machine provider {node.machine.provider!r} is not declared in Fleet.machine_providers")
+        yield src.at(
+            "machine",
+            "provider",
+            code=p.NODE_MACHINE_PROVIDER,
+            message=f"machine provider {node.machine.provider!r} is not declared in Fleet.machine_providers",
+        )
 
 
 def machine_duplicates(state: DesiredState) -> Iterator[p.Problem]:
@@ -75,8 +84,11 @@ def machine_duplicates(state: DesiredState) -> Iterator[p.Problem]:
         other = seen.setdefault(key, name)
         if other != name:
             yield state.source("Node", name).at(
-                "machine", "machine_id", code=p.NODE_MACHINE_DUPLICATE,
-                message=f"machine {key[1]!r} of provider {key[0]!r} is already node {other!r}")
+                "machine",
+                "machine_id",
+                code=p.NODE_MACHINE_DUPLICATE,
+                message=f"machine {key[1]!r} of provider {key[0]!r} is already node {other!r}",
+            )
 
 
 def _regions(state: DesiredState) -> dict[str, set[str]]:
@@ -170,8 +182,10 @@ def _source_ref_problem(image: m.Image) -> str | None:
     elif image.source_type == "platform_storage":
         parts = ref.split("/")
         if not _RELATIVE_REF.match(ref) or ".." in parts or "." in parts or "" in parts:
-            return (f"source_type platform_storage needs a relative path under the image base URL "
-                    f"(letters, digits, . _ / + -; no '..'), not {ref!r}")  # fmt: skip
+            return (
+                f"source_type platform_storage needs a relative path under the image base URL "
+                f"(letters, digits, . _ / + -; no '..'), not {ref!r}"
+            )
     return None
 
 
@@ -225,13 +239,20 @@ def _node_ingress(src: Source, node: m.Node) -> Iterator[p.Problem]:
     if ing is None:
         return
     if ing.port_first > ing.port_last:
-        yield src.at("ingress", "port_last", code=p.NODE_INGRESS_RANGE,
-                     message=f"ingress.port_last {ing.port_last} is below ingress.port_first {ing.port_first}")
+        yield src.at(
+            "ingress",
+            "port_last",
+            code=p.NODE_INGRESS_RANGE,
+            message=f"ingress.port_last {ing.port_last} is below ingress.port_first {ing.port_first}",
+        )
     if ing.address not in node.public_addresses:
         owned = ", ".join(node.public_addresses) or "none declared"
-        yield src.at("ingress", "address", code=p.NODE_INGRESS_ADDRESS,
-                     message=f"ingress.address {ing.address} is not one of node {node.name}'s public_addresses "
-                             f"({owned})")
+        yield src.at(
+            "ingress",
+            "address",
+            code=p.NODE_INGRESS_ADDRESS,
+            message=f"ingress.address {ing.address} is not one of node {node.name}'s public_addresses ({owned})",
+        )
 
 
 def ingress_overlaps(state: DesiredState) -> Iterator[p.Problem]:
@@ -251,9 +272,12 @@ def ingress_overlaps(state: DesiredState) -> Iterator[p.Problem]:
             for o_first, o_last, other in ranges[:i]:
                 if o_last >= first:
                     yield state.source("Node", name).at(
-                        "ingress", "port_first", code=p.NODE_INGRESS_OVERLAP,
+                        "ingress",
+                        "port_first",
+                        code=p.NODE_INGRESS_OVERLAP,
                         message=f"ingress ports {first}-{last} on {address} overlap node {other}'s "
-                                f"{o_first}-{o_last} on the same address")
+                        f"{o_first}-{o_last} on the same address",
+                    )
                     break
 
 
@@ -413,13 +437,21 @@ def _extra_ports(state: DesiredState, src: Source, alloc: m.Allocation) -> Itera
     seen: set[int] = set()
     for i, port in enumerate(alloc.extra_ports):
         if i == limit:
-            yield src.at("extra_ports", i, code=p.ALLOCATION_EXTRA_PORTS_LIMIT,
-                         message=f"{len(alloc.extra_ports)} extra ports asked; the Fleet allows at most {limit} "
-                                 "(ingress.max_extra_ports)")
+            yield src.at(
+                "extra_ports",
+                i,
+                code=p.ALLOCATION_EXTRA_PORTS_LIMIT,
+                message=f"{len(alloc.extra_ports)} extra ports asked; the Fleet allows at most {limit} "
+                "(ingress.max_extra_ports)",
+            )
         if port == 22 or port in seen:
             why = "is SSH, always exposed" if port == 22 else "is listed twice"
-            yield src.at("extra_ports", i, code=p.ALLOCATION_EXTRA_PORTS_DUPLICATE,
-                         message=f"extra_ports[{i}]: port {port} {why}")
+            yield src.at(
+                "extra_ports",
+                i,
+                code=p.ALLOCATION_EXTRA_PORTS_DUPLICATE,
+                message=f"extra_ports[{i}]: port {port} {why}",
+            )
         seen.add(port)
 
 

@@ -24,9 +24,32 @@ from schemas import signals
 from schemas.errors import GpuaasError
 
 # The command groups, in the order `gpuaas --help` shows them; each is the module that registers it.
-NAMES = ("validate", "schema", "explain", "request", "demo", "host", "bench", "drift", "fleet", "simulate", "plan",
-         "status", "get", "describe", "run", "history", "db", "apply", "serve", "tenant", "usage", "slot", "machine",
-         "completion")
+NAMES = (
+    "validate",
+    "schema",
+    "explain",
+    "request",
+    "demo",
+    "host",
+    "bench",
+    "drift",
+    "fleet",
+    "simulate",
+    "plan",
+    "status",
+    "get",
+    "describe",
+    "run",
+    "history",
+    "db",
+    "apply",
+    "serve",
+    "tenant",
+    "usage",
+    "slot",
+    "machine",
+    "completion",
+)
 
 
 def command(name: str) -> Any:
@@ -67,8 +90,13 @@ class _Version(argparse.Action):
     def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         print(f"gpuaas {_version()}")
         parser.exit()
 

@@ -86,11 +86,16 @@ class NodeFacts:
 _NONE: Mapping[Any, tuple[str, ...]] = {}
 
 
-def node_facts(node: m.Node, slot_map: m.SlotMap | None, *,
-               slot_status: Mapping[plans.SlotKey, states.SlotStatus],
-               firmware_ready: bool, healthy: bool,
-               host_blocks: Mapping[plans.SlotKey, tuple[str, ...]] = _NONE,
-               corrupt: tuple[str, ...] = ()) -> NodeFacts:
+def node_facts(
+    node: m.Node,
+    slot_map: m.SlotMap | None,
+    *,
+    slot_status: Mapping[plans.SlotKey, states.SlotStatus],
+    firmware_ready: bool,
+    healthy: bool,
+    host_blocks: Mapping[plans.SlotKey, tuple[str, ...]] = _NONE,
+    corrupt: tuple[str, ...] = (),
+) -> NodeFacts:
     slots: list[SlotFacts] = []
     cleanup = blocked = 0
     if slot_map is not None:
@@ -99,24 +104,50 @@ def node_facts(node: m.Node, slot_map: m.SlotMap | None, *,
             status = slot_status.get((node.name, s.slot_index), states.SlotStatus.AVAILABLE)
             why = tuple(r.code for r in reasons[s.slot_index])
             host = host_blocks.get((node.name, s.slot_index), ()) if host_blocks else ()
-            slots.append(SlotFacts(
-                s.slot_index, s.slot_group, s.pcie_pair, s.numa_node, s.gpu_model, s.gpu_pci_address,
-                s.network_fabric, s.fabric_vf_pci_address, s.nvme_device, s.mac_address,
-                s.capacity_metadata.sku, why, status,
-                # any reported state but available (cleanup, failed, disabled, or a claim
-                # state the claims did not show) keeps the slot off the market, and so does
-                # drift its host reports on it (seed 000: drift blocks reuse of the slot)
-                sellable=not why and status is states.SlotStatus.AVAILABLE and not host,
-                host_blocked=host,
-            ))
+            slots.append(
+                SlotFacts(
+                    s.slot_index,
+                    s.slot_group,
+                    s.pcie_pair,
+                    s.numa_node,
+                    s.gpu_model,
+                    s.gpu_pci_address,
+                    s.network_fabric,
+                    s.fabric_vf_pci_address,
+                    s.nvme_device,
+                    s.mac_address,
+                    s.capacity_metadata.sku,
+                    why,
+                    status,
+                    # any reported state but available (cleanup, failed, disabled, or a claim
+                    # state the claims did not show) keeps the slot off the market, and so does
+                    # drift its host reports on it (seed 000: drift blocks reuse of the slot)
+                    sellable=not why and status is states.SlotStatus.AVAILABLE and not host,
+                    host_blocked=host,
+                )
+            )
             if status is states.SlotStatus.CLEANUP or status is states.SlotStatus.CLEANUP_BLOCKED:
                 cleanup += 1
             blocked += bool(host)
     eligible = sum(1 for s in slots if not s.ineligible)
     verdict = capability.node_capability(node, firmware_ready=firmware_ready, eligible_slots=eligible)
-    return NodeFacts(node.name, node.region, node.pool, node.org, node.admin_state, healthy,
-                     firmware_ready, node.storage_mode, node.baremetal_sku, verdict, tuple(slots), node,
-                     cleanup, corrupt, blocked)
+    return NodeFacts(
+        node.name,
+        node.region,
+        node.pool,
+        node.org,
+        node.admin_state,
+        healthy,
+        firmware_ready,
+        node.storage_mode,
+        node.baremetal_sku,
+        verdict,
+        tuple(slots),
+        node,
+        cleanup,
+        corrupt,
+        blocked,
+    )
 
 
 # The facts of the last inventory() per node, reused when the node's documents are the same
@@ -136,16 +167,26 @@ def inventory(desired: DesiredState, observed: plans.Observed) -> tuple[NodeFact
         ready = observed.firmware_ready.get(name, node.firmware_ready)
         healthy = name not in observed.unavailable_nodes
         statuses = tuple(observed.slot_status.get((name, s.slot_index)) for s in smap.slots) if smap else ()
-        blocks = (tuple(observed.slot_blocks.get((name, s.slot_index)) for s in smap.slots)
-                  if smap and observed.slot_blocks else ())
+        blocks = (
+            tuple(observed.slot_blocks.get((name, s.slot_index)) for s in smap.slots)
+            if smap and observed.slot_blocks
+            else ()
+        )
         corrupt = observed.corrupt_nodes.get(name, ())
         key = (node, smap, ready, healthy, statuses, blocks, corrupt)
         hit = _FACTS.get(name)
         if hit is not None and hit[0][0] is node and hit[0][1] is smap and hit[0][2:] == key[2:]:
             facts = hit[1]
         else:
-            facts = node_facts(node, smap, slot_status=observed.slot_status, firmware_ready=ready, healthy=healthy,
-                               host_blocks=observed.slot_blocks, corrupt=corrupt)
+            facts = node_facts(
+                node,
+                smap,
+                slot_status=observed.slot_status,
+                firmware_ready=ready,
+                healthy=healthy,
+                host_blocks=observed.slot_blocks,
+                corrupt=corrupt,
+            )
         used[name] = (key, facts)
         out.append(facts)
     _FACTS = used
@@ -172,9 +213,17 @@ def graph(nodes: Iterable[NodeFacts], claims: Iterable[plans.ExistingClaim] = ()
         g.add_node(region, kind="region", name=n.region)
         g.add_node(pool, kind="pool", name=n.pool)
         g.add_edge(region, pool)
-        g.add_node(node, kind="node", name=n.name, org=n.org, admin_state=n.admin_state.value,
-                   healthy=n.healthy, capability=n.capability.capability.value,
-                   baremetal_sku=n.baremetal_sku, claim=None)
+        g.add_node(
+            node,
+            kind="node",
+            name=n.name,
+            org=n.org,
+            admin_state=n.admin_state.value,
+            healthy=n.healthy,
+            capability=n.capability.capability.value,
+            baremetal_sku=n.baremetal_sku,
+            claim=None,
+        )
         g.add_edge(pool, node)
         for s in n.slots:
             group: Vertex = ("group", n.name, s.group)
@@ -188,11 +237,21 @@ def graph(nodes: Iterable[NodeFacts], claims: Iterable[plans.ExistingClaim] = ()
                     g.add_node(parent, kind="pair", name=s.pair)
                     g.add_edge(group, parent)
             vertex: Vertex = ("slot", n.name, str(s.index))
-            g.add_node(vertex, kind="slot", index=s.index, gpu_model=s.gpu_model,
-                       gpu_pci_address=s.gpu_pci_address, fabric=s.fabric.value,
-                       fabric_vf_pci_address=s.fabric_vf_pci_address, nvme_device=s.nvme_device,
-                       mac_address=s.mac_address, status=s.status.value,
-                       ineligible=s.ineligible, sellable=s.sellable, claim=None)
+            g.add_node(
+                vertex,
+                kind="slot",
+                index=s.index,
+                gpu_model=s.gpu_model,
+                gpu_pci_address=s.gpu_pci_address,
+                fabric=s.fabric.value,
+                fabric_vf_pci_address=s.fabric_vf_pci_address,
+                nvme_device=s.nvme_device,
+                mac_address=s.mac_address,
+                status=s.status.value,
+                ineligible=s.ineligible,
+                sellable=s.sellable,
+                claim=None,
+            )
             g.add_edge(parent, vertex)
     for c in claims:
         if c.kind is states.ClaimKind.NODE_EXCLUSIVE:

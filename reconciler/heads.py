@@ -32,8 +32,9 @@ def _repo(path: Path) -> git.Repo:
     try:
         return git.Repo(path, search_parent_directories=True)
     except (git.InvalidGitRepositoryError, git.NoSuchPathError) as e:
-        raise GpuaasError(f"{path} is not inside a git repository; the loop reconciles commits",
-                          code="gitops.not_a_repo") from e
+        raise GpuaasError(
+            f"{path} is not inside a git repository; the loop reconciles commits", code="gitops.not_a_repo"
+        ) from e
 
 
 class _GitRevisions:
@@ -55,8 +56,9 @@ class _GitRevisions:
 class LocalHead(_GitRevisions):
     """The committed HEAD of a local checkout, woken by watchfiles on the git directory."""
 
-    def __init__(self, path: Path, stop: threading.Event, *, debounce_ms: int = 200, step_ms: int = 20,
-                 tick_s: float = 1.0) -> None:
+    def __init__(
+        self, path: Path, stop: threading.Event, *, debounce_ms: int = 200, step_ms: int = 20, tick_s: float = 1.0
+    ) -> None:
         super().__init__(path, f"watch:{Path(path).resolve()}")
         self.git_dirs = sorted({Path(self.repo.git_dir).resolve(), Path(self.repo.common_dir).resolve()})
         self.stop = stop
@@ -86,9 +88,15 @@ class LocalHead(_GitRevisions):
 
             # yield_on_timeout: wake every tick so the loop can run retries and notice a stop.
             self._changes = watchfiles.watch(
-                *self.git_dirs, watch_filter=self._wanted, debounce=self.debounce_ms, step=self.step_ms,
-                stop_event=self.stop, rust_timeout=min(self.tick_ms, max(1, int(timeout * 1000))),
-                yield_on_timeout=True, raise_interrupt=False)
+                *self.git_dirs,
+                watch_filter=self._wanted,
+                debounce=self.debounce_ms,
+                step=self.step_ms,
+                stop_event=self.stop,
+                rust_timeout=min(self.tick_ms, max(1, int(timeout * 1000))),
+                yield_on_timeout=True,
+                raise_interrupt=False,
+            )
         next(self._changes, None)
 
     def close(self) -> None:
@@ -100,8 +108,9 @@ class LocalHead(_GitRevisions):
 class RemoteBranch(_GitRevisions):
     """A branch of a remote, fetched into a local clone every poll."""
 
-    def __init__(self, path: Path, remote: str, branch: str, stop: threading.Event, *,
-                 retry_delay: float = 30.0) -> None:
+    def __init__(
+        self, path: Path, remote: str, branch: str, stop: threading.Event, *, retry_delay: float = 30.0
+    ) -> None:
         # The names reach `git fetch`: git's ref-name rules (no leading '-') and a configured
         # remote only, and they go after '--', so no value can become an option.
         try:
@@ -112,8 +121,10 @@ class RemoteBranch(_GitRevisions):
         super().__init__(path, f"git:{remote}/{branch}")
         if remote not in {r.name for r in self.repo.remotes}:
             self.repo.close()
-            raise UsageError(f"no remote named {remote!r} in {self.repo.git_dir}; add it with `git remote add`",
-                             code="gitops.remote_unknown")
+            raise UsageError(
+                f"no remote named {remote!r} in {self.repo.git_dir}; add it with `git remote add`",
+                code="gitops.remote_unknown",
+            )
         self.remote, self.branch, self.stop = remote, branch, stop
         self.retry_delay = retry_delay  # after a failed fetch: the next poll, not a tight loop
 
@@ -123,8 +134,11 @@ class RemoteBranch(_GitRevisions):
             self.repo.git.fetch("--", self.remote, f"+refs/heads/{self.branch}:{ref}")
             return str(self.repo.commit(ref).hexsha)
         except (git.GitCommandError, ValueError, git.BadName) as e:
-            raise TemporaryError(f"cannot fetch {self.remote}/{self.branch}: {str(e).strip()}",
-                                 code="gitops.fetch", delay=self.retry_delay) from e
+            raise TemporaryError(
+                f"cannot fetch {self.remote}/{self.branch}: {str(e).strip()}",
+                code="gitops.fetch",
+                delay=self.retry_delay,
+            ) from e
 
     def wait(self, timeout: float) -> None:
         self.stop.wait(timeout)

@@ -48,7 +48,7 @@ def _show(value: Any) -> str:
     if isinstance(value, dict):
         return "{...}"
     text = value if isinstance(value, str) else json.dumps(value)
-    return text if len(text) <= _SHOWN else text[:_SHOWN - 3] + "..."
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +109,13 @@ _TABLES = (
 )
 
 
-def diff(base: DesiredState, head: DesiredState, firmware: Mapping[str, bool] | None = None, *,
-         schedulable_before: Mapping[str, Slots] | None = None) -> InventoryDiff:
+def diff(
+    base: DesiredState,
+    head: DesiredState,
+    firmware: Mapping[str, bool] | None = None,
+    *,
+    schedulable_before: Mapping[str, Slots] | None = None,
+) -> InventoryDiff:
     """What changes from base to head. A head read by delta from base (`desired.deltas`) is compared
     only where the delta names a document: every other document is the very same object in both.
 
@@ -217,8 +222,9 @@ def _leaf_changes(path: str, a: Any, b: Any) -> Iterator[FieldChange]:
     yield FieldChange(path, a, b)
 
 
-def _capabilities(state: DesiredState, firmware: Mapping[str, bool] | None,
-                  only: set[str] | None = None) -> dict[str, tuple[str, tuple[str, ...]]]:
+def _capabilities(
+    state: DesiredState, firmware: Mapping[str, bool] | None, only: set[str] | None = None
+) -> dict[str, tuple[str, tuple[str, ...]]]:
     """Per node (of `only`, when given): its capability and the reason codes."""
     out = {}
     for name in state.nodes if only is None else sorted(only & state.nodes.keys()):
@@ -234,8 +240,9 @@ def _capabilities(state: DesiredState, firmware: Mapping[str, bool] | None,
 Slots = dict[int, tuple[bool, tuple[str, ...]]]  # slot index -> (schedulable, reasons)
 
 
-def schedulable(state: DesiredState, *, reuse: Mapping[str, Slots] | None = None,
-                touched: set[str] | None = None) -> dict[str, Slots]:
+def schedulable(
+    state: DesiredState, *, reuse: Mapping[str, Slots] | None = None, touched: set[str] | None = None
+) -> dict[str, Slots]:
     """Per node, per slot: eligible by its own metadata AND its node is slice-capable by intent.
 
     With `touched` (a delta's nodes), `reuse` is the answer for the state this one was read from: every

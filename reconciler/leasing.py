@@ -52,8 +52,15 @@ class StepResult:
         return bool(self.moved or self.absorbed or self.freed)
 
 
-def step(conn: Connection, state: DesiredState, providers: Providers, *, probe: pr.SshProbe | None = None,
-         fault: Fault | None = None, scan_drift: bool = True) -> StepResult:
+def step(
+    conn: Connection,
+    state: DesiredState,
+    providers: Providers,
+    *,
+    probe: pr.SshProbe | None = None,
+    fault: Fault | None = None,
+    scan_drift: bool = True,
+) -> StepResult:
     probe = probe or probes.TcpProbe()
     result = StepResult()
     served = {name: n.machine for name, n in state.nodes.items() if n.machine is not None}
@@ -85,8 +92,14 @@ def step(conn: Connection, state: DesiredState, providers: Providers, *, probe: 
     return result
 
 
-def _advance(conn: Connection, w: leases.Work, state: DesiredState, providers: Providers,  # noqa: PLR0917 - internal
-             probe: pr.SshProbe, fault: Fault | None) -> str | None:
+def _advance(  # noqa: PLR0917
+    conn: Connection,
+    w: leases.Work,
+    state: DesiredState,
+    providers: Providers,
+    probe: pr.SshProbe,
+    fault: Fault | None,
+) -> str | None:
     """Move one lease at most one phase, under its row lock; returns the new phase (None: unchanged)."""
     with dberrors.wrapped(f"advance the lease of {w.allocation_id}"), conn.transaction():
         lease = leases.lock(conn, w.claim_id)
@@ -94,15 +107,24 @@ def _advance(conn: Connection, w: leases.Work, state: DesiredState, providers: P
             return None  # another reconciler holds it, or it is finished
         provider = providers.get(lease.provider)
         if provider is None:
-            raise PermanentError(f"machine provider {lease.provider} is not declared in Fleet.machine_providers",
-                                 code="baremetal.provider.undeclared")
+            raise PermanentError(
+                f"machine provider {lease.provider} is not declared in Fleet.machine_providers",
+                code="baremetal.provider.undeclared",
+            )
         if w.claim_status == "releasing":
             return _release(conn, lease, provider, fault)
         return _deploy(conn, lease, w, state, provider, probe, fault)
 
 
-def _deploy(conn: Connection, lease: leases.Lease, w: leases.Work, state: DesiredState,  # noqa: PLR0911, PLR0917 - one return per phase outcome
-            provider: pr.MachineProvider, probe: pr.SshProbe, fault: Fault | None) -> str | None:
+def _deploy(  # noqa: PLR0911, PLR0917
+    conn: Connection,
+    lease: leases.Lease,
+    w: leases.Work,
+    state: DesiredState,
+    provider: pr.MachineProvider,
+    probe: pr.SshProbe,
+    fault: Fault | None,
+) -> str | None:
     if lease.phase not in ("deploy_requested", "deploying"):
         return None  # active (nothing to do) or deploy_failed (the reschedule releases it)
     machine = provider.machine(lease.machine_id)
@@ -117,7 +139,9 @@ def _deploy(conn: Connection, lease: leases.Lease, w: leases.Work, state: Desire
             raise PermanentError(
                 f"{lease.provider} machine {lease.machine_id} is {machine.provider_state}"
                 + (f" for {machine.allocation_id}" if machine.allocation_id and not ours else "")
-                + ": not free for a deploy", code="baremetal.machine.busy")
+                + ": not free for a deploy",
+                code="baremetal.machine.busy",
+            )
         request = _deploy_request(w, lease)
         try:
             after = provider.deploy(request)
@@ -137,14 +161,16 @@ def _deploy(conn: Connection, lease: leases.Lease, w: leases.Work, state: Desire
         leases.quarantine(conn, lease, pr.DEPLOY_FAILED, why)
         return "deploy_failed"
     if machine.state is pr.MachineState.MISSING:
-        raise PermanentError(f"{lease.provider} no longer knows machine {lease.machine_id}",
-                             code=pr.MACHINE_MISSING)
+        raise PermanentError(f"{lease.provider} no longer knows machine {lease.machine_id}", code=pr.MACHINE_MISSING)
     if machine.state is not pr.MachineState.DEPLOYED:
         leases.note(conn, lease, provider_state=machine.provider_state)
         return None
     node = state.nodes.get(lease.node_name)
-    address = (node.machine.ssh_address if node and node.machine and node.machine.ssh_address
-               else (machine.addresses[0] if machine.addresses else None))
+    address = (
+        node.machine.ssh_address
+        if node and node.machine and node.machine.ssh_address
+        else (machine.addresses[0] if machine.addresses else None)
+    )
     if address is None:
         leases.note(conn, lease, provider_state=machine.provider_state, deployed=True)
         leases.wait(conn, lease.claim_id, pr.SSH_WAITING, "the provider reports no address for the machine")
@@ -159,33 +185,46 @@ def _deploy(conn: Connection, lease: leases.Lease, w: leases.Work, state: Desire
     return "active"
 
 
-def _release(conn: Connection, lease: leases.Lease, provider: pr.MachineProvider,  # noqa: PLR0911 - one return per outcome
-             fault: Fault | None) -> str | None:
+def _release(  # noqa: PLR0911
+    conn: Connection,
+    lease: leases.Lease,
+    provider: pr.MachineProvider,
+    fault: Fault | None,
+) -> str | None:
     if lease.phase not in ("release_requested", "erasing"):
         # The release is recorded first; the provider call follows in the next step (a kill in
         # between leaves release_requested, which is read back before any call).
         leases.move(conn, lease, "release_requested")
         return "release_requested"
-    request = pr.ReleaseRequest(lease.allocation_id, lease.machine_id, "secure_erase"
-                                if lease.wipe_policy == "secure_erase" else "quick_erase")
+    request = pr.ReleaseRequest(
+        lease.allocation_id, lease.machine_id, "secure_erase" if lease.wipe_policy == "secure_erase" else "quick_erase"
+    )
     machine = provider.machine(lease.machine_id)
     if lease.phase == "release_requested":
-        if machine.state is pr.MachineState.RELEASING or (machine.state is pr.MachineState.READY
-                                                          and lease.erase_requests == 0
-                                                          and lease.deploy_requests + lease.adopted > 0
-                                                          and machine.allocation_id is None):
+        if machine.state is pr.MachineState.RELEASING or (
+            machine.state is pr.MachineState.READY
+            and lease.erase_requests == 0
+            and lease.deploy_requests + lease.adopted > 0
+            and machine.allocation_id is None
+        ):
             # Released before a restart (or already erased): adopt, never erase twice.
             leases.move(conn, lease, "erasing", provider_state=machine.provider_state, adopted=True)
             return "erasing"
         if machine.state is pr.MachineState.READY and machine.allocation_id is None:
             # Never deployed (released before the deploy reached the provider): nothing was written to it.
-            evidence = {"provider": lease.provider, "machine_id": lease.machine_id, "verified": True,
-                        "method": "never_deployed", "provider_state": machine.provider_state}
+            evidence = {
+                "provider": lease.provider,
+                "machine_id": lease.machine_id,
+                "verified": True,
+                "method": "never_deployed",
+                "provider_state": machine.provider_state,
+            }
             leases.move(conn, lease, "erased", provider_state=machine.provider_state, evidence=evidence)
             return "erased"
         if machine.state is pr.MachineState.MISSING:
-            raise PermanentError(f"{lease.provider} no longer knows machine {lease.machine_id}",
-                                 code=pr.MACHINE_MISSING)
+            raise PermanentError(
+                f"{lease.provider} no longer knows machine {lease.machine_id}", code=pr.MACHINE_MISSING
+            )
         after = provider.release(request)
         if fault:
             fault("erase.sent")
@@ -193,23 +232,40 @@ def _release(conn: Connection, lease: leases.Lease, provider: pr.MachineProvider
         return "erasing"
     if machine.state is pr.MachineState.ERASE_FAILED:
         ev = provider.erase_evidence(machine, request)
-        leases.move(conn, lease, "erase_failed", provider_state=machine.provider_state,
-                    message=machine.message or f"the provider reports {machine.provider_state}",
-                    evidence=_evidence(lease, ev))
+        leases.move(
+            conn,
+            lease,
+            "erase_failed",
+            provider_state=machine.provider_state,
+            message=machine.message or f"the provider reports {machine.provider_state}",
+            evidence=_evidence(lease, ev),
+        )
         return "erase_failed"
     if machine.state is pr.MachineState.READY:
         ev = provider.erase_evidence(machine, request)
-        leases.move(conn, lease, "erased" if ev.verified else "erase_failed", provider_state=machine.provider_state,
-                    message=ev.message, evidence=_evidence(lease, ev))
+        leases.move(
+            conn,
+            lease,
+            "erased" if ev.verified else "erase_failed",
+            provider_state=machine.provider_state,
+            message=ev.message,
+            evidence=_evidence(lease, ev),
+        )
         return "erased" if ev.verified else "erase_failed"
     leases.note(conn, lease, provider_state=machine.provider_state)
     return None
 
 
 def _evidence(lease: leases.Lease, ev: pr.EraseEvidence) -> dict[str, object]:
-    return {"provider": lease.provider, "machine_id": ev.machine_id, "provider_state": ev.provider_state,
-            "method": ev.method, "wipe_policy": lease.wipe_policy, "verified": ev.verified,
-            **({"message": ev.message} if ev.message else {})}
+    return {
+        "provider": lease.provider,
+        "machine_id": ev.machine_id,
+        "provider_state": ev.provider_state,
+        "method": ev.method,
+        "wipe_policy": lease.wipe_policy,
+        "verified": ev.verified,
+        **({"message": ev.message} if ev.message else {}),
+    }
 
 
 def _deploy_request(w: leases.Work, lease: leases.Lease) -> pr.DeployRequest:
@@ -217,8 +273,9 @@ def _deploy_request(w: leases.Work, lease: leases.Lease) -> pr.DeployRequest:
     image = snap.get("image") or {}
     ref = str(image.get("source_ref") or image.get("slug") or "") if isinstance(image, dict) else ""
     if not ref:
-        raise PermanentError(f"allocation {w.allocation_id} has no baremetal image to deploy",
-                             code="baremetal.deploy.no_image")
+        raise PermanentError(
+            f"allocation {w.allocation_id} has no baremetal image to deploy", code="baremetal.deploy.no_image"
+        )
     keys = tuple(str(k) for k in snap.get("ssh_keys") or ())
     hostname = f"{lease.allocation_id}"
     return pr.DeployRequest(lease.allocation_id, lease.machine_id, ref, keys, pr.cloud_init(keys, hostname), hostname)
@@ -237,8 +294,12 @@ def _drift(conn: Connection, state: DesiredState, providers: Providers) -> None:
         if node.machine is not None:
             declared.setdefault(node.machine.provider, {})[node.machine.machine_id] = name
     with dberrors.wrapped("read unfinished leases"):
-        ours = {(str(p), str(m)): str(a) for p, m, a in conn.execute(
-            "SELECT provider, machine_id, allocation_id FROM baremetal_leases WHERE phase <> 'erased'").fetchall()}
+        ours = {
+            (str(p), str(m)): str(a)
+            for p, m, a in conn.execute(
+                "SELECT provider, machine_id, allocation_id FROM baremetal_leases WHERE phase <> 'erased'"
+            ).fetchall()
+        }
     for pname, machines in declared.items():
         try:
             provider = providers.get(pname)
@@ -251,11 +312,18 @@ def _drift(conn: Connection, state: DesiredState, providers: Providers) -> None:
         for mid, node_name in sorted(machines.items()):
             m = seen.get(mid)
             if m is None:
-                found.append((mid, node_name, pr.MACHINE_MISSING,
-                              f"{pname} does not know machine {mid} (node {node_name})"))
+                found.append(
+                    (mid, node_name, pr.MACHINE_MISSING, f"{pname} does not know machine {mid} (node {node_name})")
+                )
             elif m.state in (pr.MachineState.DEPLOYING, pr.MachineState.DEPLOYED) and (pname, mid) not in ours:
                 who = f" for {m.allocation_id}" if m.allocation_id else ""
-                found.append((mid, node_name, "baremetal.machine.unexpected_deploy",
-                              f"{pname} reports machine {mid} (node {node_name}) {m.provider_state}{who}, "
-                              "but no lease of ours deployed it: left alone"))
+                found.append(
+                    (
+                        mid,
+                        node_name,
+                        "baremetal.machine.unexpected_deploy",
+                        f"{pname} reports machine {mid} (node {node_name}) {m.provider_state}{who}, "
+                        "but no lease of ours deployed it: left alone",
+                    )
+                )
         leases.replace_drift(conn, pname, found)

@@ -44,8 +44,11 @@ class Parser(argparse.ArgumentParser):
             raise argparse.ArgumentError(action, f"invalid choice: {value!r}; {hint}")
         super()._check_value(action, value)
 
-    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]  # typeshed overloads
-                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+    def parse_known_args(  # type: ignore[override]  # typeshed overloads
+        self,
+        args: Sequence[str] | None = None,
+        namespace: argparse.Namespace | None = None,
+    ) -> tuple[argparse.Namespace, list[str]]:
         ns, extras = super().parse_known_args(args, namespace)
         # The deepest parser runs first and knows the command's options; a parent adds hints only for the rest.
         hints: dict[str, list[str]] = getattr(ns, _HINTS, {})
@@ -56,8 +59,11 @@ class Parser(argparse.ArgumentParser):
             setattr(ns, _HINTS, hints)
         return ns, extras
 
-    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]  # typeshed overloads
-                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+    def parse_args(  # type: ignore[override]  # typeshed overloads
+        self,
+        args: Sequence[str] | None = None,
+        namespace: argparse.Namespace | None = None,
+    ) -> argparse.Namespace:
         ns, extras = self.parse_known_args(args, namespace)
         hints: dict[str, list[str]] = getattr(ns, _HINTS, {})
         if hasattr(ns, _HINTS):

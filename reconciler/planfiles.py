@@ -83,8 +83,17 @@ def _digest(value: Any) -> str:
 def observed_digest(observed: plans.Observed, inventory_generation: int) -> str:
     """sha256 of everything in the database a plan depends on besides git."""
     doc: dict[str, Any] = {
-        "claims": sorted([c.allocation_id, c.node, c.kind.value, c.slot_index if c.slot_index is not None else -1,
-                          c.status.value, c.tenant] for c in observed.claims),
+        "claims": sorted(
+            [
+                c.allocation_id,
+                c.node,
+                c.kind.value,
+                c.slot_index if c.slot_index is not None else -1,
+                c.status.value,
+                c.tenant,
+            ]
+            for c in observed.claims
+        ),
         "slot_status": sorted([n, i, s.value] for (n, i), s in observed.slot_status.items()),
         "firmware_ready": sorted([n, bool(v)] for n, v in observed.firmware_ready.items()),
         "unavailable_nodes": sorted(observed.unavailable_nodes),
@@ -102,12 +111,27 @@ def observed_digest(observed: plans.Observed, inventory_generation: int) -> str:
 def decisions(plan: plans.Plan) -> dict[str, Any]:
     """What apply writes, canonical: placements and releases exactly, and who stays pending."""
     return {
-        "placements": sorted(({"allocation_id": x.allocation_id, "node": x.node,
-                               "slot_indexes": list(x.slot_indexes), "claim_kind": x.claim_kind.value,
-                               "vm_profile": x.profile.name if x.profile else None, "image": x.image}
-                              for x in plan.placements), key=lambda d: str(d["allocation_id"])),
-        "releases": sorted(({"allocation_id": r.allocation_id, "node": r.node, "slot_indexes": list(r.slot_indexes)}
-                            for r in plan.releases), key=lambda d: str(d["allocation_id"])),
+        "placements": sorted(
+            (
+                {
+                    "allocation_id": x.allocation_id,
+                    "node": x.node,
+                    "slot_indexes": list(x.slot_indexes),
+                    "claim_kind": x.claim_kind.value,
+                    "vm_profile": x.profile.name if x.profile else None,
+                    "image": x.image,
+                }
+                for x in plan.placements
+            ),
+            key=lambda d: str(d["allocation_id"]),
+        ),
+        "releases": sorted(
+            (
+                {"allocation_id": r.allocation_id, "node": r.node, "slot_indexes": list(r.slot_indexes)}
+                for r in plan.releases
+            ),
+            key=lambda d: str(d["allocation_id"]),
+        ),
         "pending": sorted(x.allocation_id for x in plan.pending),
     }
 
@@ -132,8 +156,16 @@ def host_plan_changes(pr: prplan.PrPlan) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------ the document
 
 
-def document(pr: prplan.PrPlan, *, repo: Path, head_revision: str, desired_hash: str, observed: str,
-             policy: str | None, created_at: dt.datetime | None = None) -> dict[str, Any]:
+def document(
+    pr: prplan.PrPlan,
+    *,
+    repo: Path,
+    head_revision: str,
+    desired_hash: str,
+    observed: str,
+    policy: str | None,
+    created_at: dt.datetime | None = None,
+) -> dict[str, Any]:
     """The plan file's content (plain JSON data)."""
     chosen = decisions(pr.plan)
     return {
@@ -176,8 +208,9 @@ def write(path: Path, doc: Mapping[str, Any]) -> None:
 def _need(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], path: Path) -> Any:
     value = doc.get(key)
     if not isinstance(value, kind):
-        raise PermanentError(f"{path}: field {key!r} is missing or malformed; not a plan file gpuaas wrote",
-                             code="apply.plan_unreadable")
+        raise PermanentError(
+            f"{path}: field {key!r} is missing or malformed; not a plan file gpuaas wrote", code="apply.plan_unreadable"
+        )
     return value
 
 
@@ -189,28 +222,42 @@ def read(path: Path) -> SavedPlan:
     try:
         doc = json.loads(raw)
     except ValueError as e:  # also UnicodeDecodeError and json.JSONDecodeError
-        raise PermanentError(f"{path}: not a plan file (a JSON document written by `gpuaas plan --out`)",
-                             code="apply.plan_unreadable") from e
+        raise PermanentError(
+            f"{path}: not a plan file (a JSON document written by `gpuaas plan --out`)", code="apply.plan_unreadable"
+        ) from e
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise PermanentError(f"{path}: not a plan file (no \"format\": \"{FORMAT}\")", code="apply.plan_unreadable")
+        raise PermanentError(f'{path}: not a plan file (no "format": "{FORMAT}")', code="apply.plan_unreadable")
     if doc.get("version") != VERSION:
-        raise PermanentError(f"{path}: plan file version {doc.get('version')!r}; this gpuaas applies version "
-                             f"{VERSION} only: plan again", code="apply.plan_version")
+        raise PermanentError(
+            f"{path}: plan file version {doc.get('version')!r}; this gpuaas applies version {VERSION} only: plan again",
+            code="apply.plan_version",
+        )
     saved = SavedPlan(
-        path=str(path), repo=_need(doc, "repo", str, path), head_revision=_need(doc, "head_revision", str, path),
+        path=str(path),
+        repo=_need(doc, "repo", str, path),
+        head_revision=_need(doc, "head_revision", str, path),
         base_revision=doc.get("base_revision") if isinstance(doc.get("base_revision"), str) else None,
-        desired_hash=_need(doc, "desired_hash", str, path), observed_digest=_need(doc, "observed_digest", str, path),
-        decisions=_need(doc, "decisions", dict, path), decisions_digest=_need(doc, "decisions_digest", str, path),
+        desired_hash=_need(doc, "desired_hash", str, path),
+        observed_digest=_need(doc, "observed_digest", str, path),
+        decisions=_need(doc, "decisions", dict, path),
+        decisions_digest=_need(doc, "decisions_digest", str, path),
         policy=doc.get("policy") if isinstance(doc.get("policy"), str) else None,
-        offline=_need(doc, "offline", bool, path), valid=_need(doc, "valid", bool, path))
+        offline=_need(doc, "offline", bool, path),
+        valid=_need(doc, "valid", bool, path),
+    )
     if _digest(saved.decisions) != saved.decisions_digest:
-        raise PermanentError(f"{path}: the decisions do not match their digest (the file was edited); plan again",
-                             code="apply.plan_unreadable")
+        raise PermanentError(
+            f"{path}: the decisions do not match their digest (the file was edited); plan again",
+            code="apply.plan_unreadable",
+        )
     if not saved.valid:
         raise PermanentError(f"{path}: the planned head was invalid; nothing to apply", code="apply.plan_invalid")
     if saved.offline:
-        raise PermanentError(f"{path}: an --offline plan was computed without the database and cannot be applied; "
-                             "plan against the database to save a plan for apply", code="apply.plan_offline")
+        raise PermanentError(
+            f"{path}: an --offline plan was computed without the database and cannot be applied; "
+            "plan against the database to save a plan for apply",
+            code="apply.plan_offline",
+        )
     return saved
 
 
@@ -230,14 +277,18 @@ def check_desired(saved: SavedPlan, desired_hash: str) -> None:
     if desired_hash != saved.desired_hash:
         raise PermanentError(
             f"the desired state at {saved.head_revision} is not what {saved.path} was planned from (content "
-            f"{desired_hash[:12]}, planned {saved.desired_hash[:12]}); plan again", code="apply.plan_stale")
+            f"{desired_hash[:12]}, planned {saved.desired_hash[:12]}); plan again",
+            code="apply.plan_stale",
+        )
 
 
 def check_database(saved: SavedPlan, digest: str) -> None:
     if digest != saved.observed_digest:
         raise PermanentError(
             f"the database moved since {saved.path} was planned (claims, slot states, host facts or inventory "
-            "changed); nothing applied: plan again", code="apply.plan_stale")
+            "changed); nothing applied: plan again",
+            code="apply.plan_stale",
+        )
 
 
 def database_digest(conn: Connection) -> str:
@@ -258,7 +309,9 @@ def guarded_planner(saved: SavedPlan) -> Planner:
         if _digest(decisions(out)) != saved.decisions_digest:
             raise PermanentError(
                 f"the planner now decides otherwise than {saved.path} (the database moved while applying); "
-                "nothing placed or released: plan again", code="apply.plan_stale")
+                "nothing placed or released: plan again",
+                code="apply.plan_stale",
+            )
         return out
 
     return plan

@@ -51,8 +51,9 @@ class Invalid(PermanentError):
 
     def __init__(self, problems: list[p.Problem]) -> None:
         first = problems[0]
-        super().__init__(f"{len(problems)} problem(s) against the store, first: {first.render()}; nothing applied",
-                         code=first.code)
+        super().__init__(
+            f"{len(problems)} problem(s) against the store, first: {first.render()}; nothing applied", code=first.code
+        )
         self.problems = problems
 
 
@@ -71,18 +72,24 @@ class ReconcileResult:
 
     @property
     def changed(self) -> bool:
-        return (self.sync.changed or self.absorbed.changed or self.applied.changed
-                or (self.leases is not None and self.leases.changed)
-                or any(w.changed for w in self.host_plans)
-                or any(r.outcome in ("rescheduled", "failed") for r in self.rescheduled) or bool(self.expired))
+        return (
+            self.sync.changed
+            or self.absorbed.changed
+            or self.applied.changed
+            or (self.leases is not None and self.leases.changed)
+            or any(w.changed for w in self.host_plans)
+            or any(r.outcome in ("rescheduled", "failed") for r in self.rescheduled)
+            or bool(self.expired)
+        )
 
     def counts(self) -> dict[str, int]:
         a = self.applied
         return {
             "inventory_changes": len(self.sync.changes),
             "placed": len(a.placed),
-            "pending": len({p.allocation_id for p in a.pending}
-                           | {p.allocation_id for p in a.placements if not p.placed}),
+            "pending": len(
+                {p.allocation_id for p in a.pending} | {p.allocation_id for p in a.placements if not p.placed}
+            ),
             "releasing": sum(1 for r in a.releases if r.outcome == "releasing"),
             "cancelled": len(a.cancelled) + sum(1 for r in a.releases if r.outcome == "cancelled"),
             "conflicts_retried": a.conflicts_retried,
@@ -114,11 +121,20 @@ def max_attempts(state: DesiredState) -> int:
     return state.fleet.placement.max_claim_attempts if state.fleet else 5
 
 
-def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = None, source: str = "",
-              planner: Planner | None = None, fault: claims.Fault | None = None,
-              memory: inventory.Memory | None = None, shown: progress.Progress | None = None,
-              providers: Providers | None = None, probe: provider_protocols.SshProbe | None = None,
-              lease_fault: leasing.Fault | None = None) -> ReconcileResult:
+def reconcile(
+    conn: Connection,
+    state: DesiredState,
+    *,
+    policy: str | None = None,
+    source: str = "",
+    planner: Planner | None = None,
+    fault: claims.Fault | None = None,
+    memory: inventory.Memory | None = None,
+    shown: progress.Progress | None = None,
+    providers: Providers | None = None,
+    probe: provider_protocols.SshProbe | None = None,
+    lease_fault: leasing.Fault | None = None,
+) -> ReconcileResult:
     """Bring the store to `state`; every step is recorded in one history row.
 
     `planner` replaces the pure planner (a saved plan's guard, tests); otherwise
@@ -143,22 +159,31 @@ def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = Non
         with shown.phase("plan"):
             plan = planner(state, live.observe(conn))
         with shown.phase("write claims"):
-            applied = claims.apply(conn, plan, revision=synced.revision, max_attempts=max_attempts(state),
-                                   fault=fault)
+            applied = claims.apply(conn, plan, revision=synced.revision, max_attempts=max_attempts(state), fault=fault)
             expired = deadlines.expire(conn, state)  # what is still pending after this pass may be past its deadline
         touched: list[str] | None = None  # None: every node's plan is rebuilt (a fleet-wide change)
         # The fleet settings and the catalog's image pins are in every host plan.
         if not any(c.kind == "fleet" for c in synced.changes) and hostplans.pinned_images(conn) == pins:
-            touched = sorted(set(claims.placed_nodes(applied)) | set(absorbed.nodes) | _unplanned(conn)
-                             | inventory.changed_nodes(synced.changes) | {r.node for r in moved if r.node})
+            touched = sorted(
+                set(claims.placed_nodes(applied))
+                | set(absorbed.nodes)
+                | _unplanned(conn)
+                | inventory.changed_nodes(synced.changes)
+                | {r.node for r in moved if r.node}
+            )
         with shown.phase("write host plans", unit="nodes") as ph:
             written = tuple(hostplans.write(conn, touched, revision=synced.revision, shown=ph))
         leased = None
         if any(n.machine is not None for n in state.nodes.values()) or providers is not None:
             leased = leasing.step(conn, state, providers or Providers.of(state), probe=probe, fault=lease_fault)
     except Invalid as e:  # refused like invalid YAML: recorded once, with every problem; nothing was written
-        history.finish(conn, run_id, result="error", counts={revisions.INVALID_COUNT: len(e.problems)},
-                       problems=[{**x.as_dict(), "text": x.render()} for x in e.problems])
+        history.finish(
+            conn,
+            run_id,
+            result="error",
+            counts={revisions.INVALID_COUNT: len(e.problems)},
+            problems=[{**x.as_dict(), "text": x.render()} for x in e.problems],
+        )
         raise
     except GpuaasError as e:
         history.finish(conn, run_id, result="error", problems=[{"code": e.code, "message": e.message}])
@@ -171,8 +196,9 @@ def reconcile(conn: Connection, state: DesiredState, *, policy: str | None = Non
     return result
 
 
-def refuse_edits(conn: Connection, state: DesiredState, changes: Sequence[inventory.RowChange],
-                 allocations: set[str] | None) -> None:
+def refuse_edits(
+    conn: Connection, state: DesiredState, changes: Sequence[inventory.RowChange], allocations: set[str] | None
+) -> None:
     """Raise `Invalid` when `state` edits an allocation that holds claims (`policies.immutables`).
 
     The sync's guard, inside its transaction and before the allocation rows
@@ -192,8 +218,10 @@ def refuse_edits(conn: Connection, state: DesiredState, changes: Sequence[invent
 def _unplanned(conn: Connection) -> set[str]:
     """Present nodes that have no host plan yet (first apply after they were added)."""
     with dberrors.wrapped("list nodes without a host plan"):
-        rows = conn.execute("SELECT n.name FROM nodes n LEFT JOIN host_plans h ON h.node_name = n.name"
-                            " WHERE n.present AND h.node_name IS NULL").fetchall()
+        rows = conn.execute(
+            "SELECT n.name FROM nodes n LEFT JOIN host_plans h ON h.node_name = n.name"
+            " WHERE n.present AND h.node_name IS NULL"
+        ).fetchall()
     return {str(r[0]) for r in rows}
 
 
@@ -206,23 +234,61 @@ def summary(result: ReconcileResult) -> dict[str, Any]:
         "counts": result.counts(),
         "inventory": [c.render() for c in result.sync.changes],
         "placements": [
-            {"allocation_id": p.allocation_id, "node": p.node, "slot_indexes": list(p.slot_indexes),
-             "claim_ids": list(p.claim_ids), "attempts": len(p.attempts), "conflicts": p.conflicts}
-            for p in a.placed],
+            {
+                "allocation_id": p.allocation_id,
+                "node": p.node,
+                "slot_indexes": list(p.slot_indexes),
+                "claim_ids": list(p.claim_ids),
+                "attempts": len(p.attempts),
+                "conflicts": p.conflicts,
+            }
+            for p in a.placed
+        ],
         "pending": (
             [{"allocation_id": p.allocation_id, "code": p.code, "message": p.message} for p in a.pending]
-            + [{"allocation_id": p.allocation_id, "code": p.pending_code or f"claim.{p.outcome.value}",
-                "message": p.pending_message or (p.attempts[-1].detail if p.attempts else "")}
-               for p in a.placements if not p.placed]),
-        "releases": [{"allocation_id": r.allocation_id, "outcome": r.outcome, "node": r.node,
-                      "slot_indexes": list(r.slot_indexes)} for r in a.releases],
+            + [
+                {
+                    "allocation_id": p.allocation_id,
+                    "code": p.pending_code or f"claim.{p.outcome.value}",
+                    "message": p.pending_message or (p.attempts[-1].detail if p.attempts else ""),
+                }
+                for p in a.placements
+                if not p.placed
+            ]
+        ),
+        "releases": [
+            {
+                "allocation_id": r.allocation_id,
+                "outcome": r.outcome,
+                "node": r.node,
+                "slot_indexes": list(r.slot_indexes),
+            }
+            for r in a.releases
+        ],
         "cancelled": list(a.cancelled),
-        "freed": [{"node": f.node, "slot_index": f.slot_index, "allocation_id": f.allocation_id,
-                   "outcome": f.outcome} for f in result.absorbed.freed],
+        "freed": [
+            {"node": f.node, "slot_index": f.slot_index, "allocation_id": f.allocation_id, "outcome": f.outcome}
+            for f in result.absorbed.freed
+        ],
         "host_plans": [{"node": w.node, "generation": w.generation} for w in result.host_plans if w.changed],
-        "rescheduled": [{"allocation_id": r.allocation_id, "outcome": r.outcome, "node": r.node,
-                         "attempt": r.attempt, "code": r.code} for r in result.rescheduled
-                        if r.outcome in ("rescheduled", "failed")],
-        "expired": [{"allocation_id": e.allocation_id, "code": "sku_unavailable", "deadline_s": e.deadline_s,
-                     "pending_code": e.pending_code} for e in result.expired],
+        "rescheduled": [
+            {
+                "allocation_id": r.allocation_id,
+                "outcome": r.outcome,
+                "node": r.node,
+                "attempt": r.attempt,
+                "code": r.code,
+            }
+            for r in result.rescheduled
+            if r.outcome in ("rescheduled", "failed")
+        ],
+        "expired": [
+            {
+                "allocation_id": e.allocation_id,
+                "code": "sku_unavailable",
+                "deadline_s": e.deadline_s,
+                "pending_code": e.pending_code,
+            }
+            for e in result.expired
+        ],
     }

@@ -143,8 +143,11 @@ def relevant(name: str, data: loading.FileData, allocation_id: str) -> bool:
 
 def check_repo_with(root: Path, rel: str, data: bytes, allocation_id: str) -> list[p.Problem]:
     """Errors allocation `allocation_id` would have if `rel` held `data` (nothing is written)."""
-    files = [(name, blob) for name, blob in loading.iter_directory(root)
-             if name != rel and relevant(name, blob, allocation_id)]
+    files = [
+        (name, blob)
+        for name, blob in loading.iter_directory(root)
+        if name != rel and relevant(name, blob, allocation_id)
+    ]
     files.append((rel, data))
     files.sort()
     result = validation.validate(loading.parse_files(files))
@@ -239,8 +242,10 @@ def release(root: Path, allocation_id: str, *, commit: bool = False, push: tuple
 
 
 def _not_regular(rel: str, what: str) -> PermanentError:
-    return PermanentError(f"{rel}: {what}; the portal bot writes only regular files inside the repo, "
-                          "never through a link", code=NOT_REGULAR)
+    return PermanentError(
+        f"{rel}: {what}; the portal bot writes only regular files inside the repo, never through a link",
+        code=NOT_REGULAR,
+    )
 
 
 def _parts(rel: str) -> list[str]:
@@ -307,8 +312,9 @@ def _dir_error(e: OSError, where: str) -> PermanentError:
 
 def _request_file(allocation_id: str) -> str:
     if not _ID.match(allocation_id):
-        raise PermanentError(f"allocation id {allocation_id!r} is not 3-63 lowercase letters, digits or '-'",
-                             code="request.id")
+        raise PermanentError(
+            f"allocation id {allocation_id!r} is not 3-63 lowercase letters, digits or '-'", code="request.id"
+        )
     return f"{ALLOCATIONS_DIR}/{allocation_id}.yaml"
 
 
@@ -401,8 +407,11 @@ def _unlink(parent: int, name: str) -> None:
 
 
 def _find(root: Path, allocation_id: str) -> str:
-    result = loading.parse_files((name, blob) for name, blob in loading.iter_directory(root)
-                                 if isinstance(blob, bytes) and allocation_id.encode() in blob)
+    result = loading.parse_files(
+        (name, blob)
+        for name, blob in loading.iter_directory(root)
+        if isinstance(blob, bytes) and allocation_id.encode() in blob
+    )
     src = result.state.sources.get(("Allocation", allocation_id))
     if src is None:
         raise PermanentError(f"no Allocation {allocation_id!r} in {root}", code="request.not_found")
@@ -424,13 +433,21 @@ def _commit(root: Path, path: Path, message: str, push: tuple[str, str] | None) 
         raise PermanentError(f"git: {root} is not a git checkout", code="request.git")
     before = _stdout(subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=top, check=False, **_GIT))
     rel = str(path.resolve().relative_to(Path(top).resolve()))
-    bot = {**os.environ, "GIT_AUTHOR_NAME": BOT_NAME, "GIT_AUTHOR_EMAIL": BOT_EMAIL,
-           "GIT_COMMITTER_NAME": BOT_NAME, "GIT_COMMITTER_EMAIL": BOT_EMAIL}
+    bot = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": BOT_NAME,
+        "GIT_AUTHOR_EMAIL": BOT_EMAIL,
+        "GIT_COMMITTER_NAME": BOT_NAME,
+        "GIT_COMMITTER_EMAIL": BOT_EMAIL,
+    }
     try:
         # Only this path is committed (`-- rel`), as the bot.
         _checked(subprocess.run(["git", "add", "--", rel], cwd=top, check=False, **_GIT))
-        _checked(subprocess.run(["git", "commit", "-q", f"--message={message}", "--", rel], cwd=top, env=bot,
-                                check=False, **_GIT))
+        _checked(
+            subprocess.run(
+                ["git", "commit", "-q", f"--message={message}", "--", rel], cwd=top, env=bot, check=False, **_GIT
+            )
+        )
         sha = _checked(subprocess.run(["git", "rev-parse", "HEAD"], cwd=top, check=False, **_GIT))
         if push is not None:
             _pushed(top, push)

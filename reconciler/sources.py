@@ -13,9 +13,15 @@ from schemas.errors import PermanentError
 Check = Callable[[loading.LoadResult], loading.LoadResult]
 
 
-def load(path: Path, rev: str | None = None, *, cancel: loading.Cancel | None = None,
-         cache: loading.BlobCache | None = None, memo: validating.Memo | None = None,
-         check: Check | None = None) -> loading.LoadResult:
+def load(
+    path: Path,
+    rev: str | None = None,
+    *,
+    cancel: loading.Cancel | None = None,
+    cache: loading.BlobCache | None = None,
+    memo: validating.Memo | None = None,
+    check: Check | None = None,
+) -> loading.LoadResult:
     """Read, parse and cross-check every file; problems are collected, not raised.
 
     With `cache`, files whose content was parsed before (same git blob id) are
@@ -33,8 +39,9 @@ def load(path: Path, rev: str | None = None, *, cancel: loading.Cancel | None = 
         return _load(path, rev, cancel=cancel, cache=cache, check=check or (memo.validate if memo else None))
 
 
-def _load(path: Path, rev: str | None, *, cancel: loading.Cancel | None, cache: loading.BlobCache | None,
-          check: Check | None) -> loading.LoadResult:
+def _load(
+    path: Path, rev: str | None, *, cancel: loading.Cancel | None, cache: loading.BlobCache | None, check: Check | None
+) -> loading.LoadResult:
     try:
         if rev is not None:
             parsed = gitrepo.read_revision(path, rev, cancel=cancel, cache=cache)

@@ -121,10 +121,20 @@ class Failing:
 class Loop:
     """The reconciler loop over one source of revisions and one database."""
 
-    def __init__(self, path: Path, source: Revisions, connect: Connect, *, stop: threading.Event,
-                 interval: float = 30.0, policy: str | None = None, log: Log | None = None,
-                 clock: Callable[[], float] = time.monotonic, max_failing_s: float | None = None,
-                 migrate: bool = True) -> None:
+    def __init__(
+        self,
+        path: Path,
+        source: Revisions,
+        connect: Connect,
+        *,
+        stop: threading.Event,
+        interval: float = 30.0,
+        policy: str | None = None,
+        log: Log | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        max_failing_s: float | None = None,
+        migrate: bool = True,
+    ) -> None:
         self.path, self.source, self.connect = path, source, connect
         self.stop, self.interval, self.policy = stop, interval, policy
         self.log = log or (lambda _e: None)
@@ -199,8 +209,7 @@ class Loop:
         return event
 
     def _error(self, e: GpuaasError) -> Event:
-        if isinstance(e, dberrors.DatabaseError) and isinstance(e.__cause__, _SCHEMA_GONE) \
-                and self._schema_missing():
+        if isinstance(e, dberrors.DatabaseError) and isinstance(e.__cause__, _SCHEMA_GONE) and self._schema_missing():
             return self._no_schema()
         return self._failed(e.code, e.message, e.delay if isinstance(e, TemporaryError) else None)
 
@@ -217,8 +226,11 @@ class Loop:
         wait = FRESH_RETRY_S if tries == 1 else min(self.interval, FRESH_RETRY_S * 2 ** (tries - 1))
         self.not_before = now + max(wait, delay or 0.0)
         self.next_retry = min(self.next_retry, self.not_before)  # a failed retry is tried again, too
-        note = ("retrying on a fresh connection" if tries == 1
-                else f"failing for {now - since:.0f}s, try {tries}, next in {self.not_before - now:.0f}s")
+        note = (
+            "retrying on a fresh connection"
+            if tries == 1
+            else f"failing for {now - since:.0f}s, try {tries}, next in {self.not_before - now:.0f}s"
+        )
         return self._emit(Event("error", rev, f"{code}: {message} ({note})"))
 
     def _settle_heap(self) -> None:
@@ -259,20 +271,26 @@ class Loop:
         self.seen = rev
         if self.in_force != latest:  # a fresh loop: retries work on the revision in force
             self._adopt(latest, seen=False)
-        message = (f"{self.source.label} moved back to {rev[:12]}, an ancestor of the applied revision "
-                   f"{latest[:12]} (a force-push or a rollback); {latest[:12]} stays in force. Push a newer "
-                   "commit, or apply an older one on purpose with `gpuaas apply`")
+        message = (
+            f"{self.source.label} moved back to {rev[:12]}, an ancestor of the applied revision "
+            f"{latest[:12]} (a force-push or a rollback); {latest[:12]} stays in force. Push a newer "
+            "commit, or apply an older one on purpose with `gpuaas apply`"
+        )
         run_id = None
         if revisions.refused_by(conn, rev) is None:
             run_id = history.start(conn, revision=rev, source=f"{revisions.APPLY_SOURCE} {self.source.label}")
-            history.finish(conn, run_id, result="error", counts={revisions.BEHIND_COUNT: 1},
-                           problems=[{"code": HEAD_BEHIND, "message": message}])
+            history.finish(
+                conn,
+                run_id,
+                result="error",
+                counts={revisions.BEHIND_COUNT: 1},
+                problems=[{"code": HEAD_BEHIND, "message": message}],
+            )
         return self._emit(Event("behind", rev, f"{HEAD_BEHIND}: {message}", run_id))
 
     def _adopt(self, rev: str, *, seen: bool = True) -> None:
         """Take over a revision another reconciler applied: its state is ours for retries."""
-        loaded = sources.load(self.path, rev, cancel=self.stop.is_set, cache=self.blobs,
-                              memo=self.checks)
+        loaded = sources.load(self.path, rev, cancel=self.stop.is_set, cache=self.blobs, memo=self.checks)
         if seen:
             self.seen = rev
         if not loaded.errors:
@@ -280,32 +298,58 @@ class Loop:
 
     def _apply(self, conn: connections.Connection, rev: str) -> Event:
         t0 = time.perf_counter()
-        loaded = sources.load(self.path, rev, cancel=self.stop.is_set, cache=self.blobs,
-                              memo=self.checks)
+        loaded = sources.load(self.path, rev, cancel=self.stop.is_set, cache=self.blobs, memo=self.checks)
         source = f"{revisions.APPLY_SOURCE} {self.source.label}"
         if loaded.errors:
             run_id = history.start(conn, revision=rev, source=source)
-            history.finish(conn, run_id, result="error", counts={revisions.INVALID_COUNT: len(loaded.errors)},
-                           problems=[{**e.as_dict(), "text": e.render()} for e in loaded.errors])
+            history.finish(
+                conn,
+                run_id,
+                result="error",
+                counts={revisions.INVALID_COUNT: len(loaded.errors)},
+                problems=[{**e.as_dict(), "text": e.render()} for e in loaded.errors],
+            )
             self.seen = rev
             first = loaded.errors[0].render()
-            return self._emit(Event("invalid", rev, f"{len(loaded.errors)} validation error(s), first: {first}; "
-                                                    "the last valid revision stays in force", run_id,
-                                    seconds=time.perf_counter() - t0))
+            return self._emit(
+                Event(
+                    "invalid",
+                    rev,
+                    f"{len(loaded.errors)} validation error(s), first: {first}; the last valid revision stays in force",
+                    run_id,
+                    seconds=time.perf_counter() - t0,
+                )
+            )
         # A failure is recorded in history by reconcile itself; step() backs off and retries.
         try:
-            result = reconciling.reconcile(conn, loaded.state, source=source, planner=self._planner(),
-                                           memory=self.inventory)
+            result = reconciling.reconcile(
+                conn, loaded.state, source=source, planner=self._planner(), memory=self.inventory
+            )
         except reconciling.Invalid as e:  # an edit of a held allocation: refused (and recorded) like invalid YAML
             self.seen = rev
-            return self._emit(Event("invalid", rev, f"{e.message}; the last valid revision stays in force",
-                                    seconds=time.perf_counter() - t0))
+            return self._emit(
+                Event(
+                    "invalid",
+                    rev,
+                    f"{e.message}; the last valid revision stays in force",
+                    seconds=time.perf_counter() - t0,
+                )
+            )
         self.seen, self.state, self.in_force = rev, loaded.state, rev
         self._settle_heap()
         self.last_started = revisions.started_at(conn, result.run_id)
         self.next_retry = self.clock() + self.interval
-        return self._emit(Event("applied", rev, "", result.run_id, MappingProxyType(result.counts()),
-                                time.perf_counter() - t0, result.changed))
+        return self._emit(
+            Event(
+                "applied",
+                rev,
+                "",
+                result.run_id,
+                MappingProxyType(result.counts()),
+                time.perf_counter() - t0,
+                result.changed,
+            )
+        )
 
     def _retry(self) -> Event | None:
         state, rev = self.state, self.in_force
@@ -329,11 +373,25 @@ class Loop:
         with revisions.try_lock(conn, rev) as mine:
             if not mine:
                 return None
-            result = reconciling.reconcile(conn, state, source=f"{revisions.RETRY_SOURCE} {self.source.label}",
-                                           planner=self._planner(), memory=self.inventory)
+            result = reconciling.reconcile(
+                conn,
+                state,
+                source=f"{revisions.RETRY_SOURCE} {self.source.label}",
+                planner=self._planner(),
+                memory=self.inventory,
+            )
         self.last_started = revisions.started_at(conn, result.run_id)
-        return self._emit(Event("retried", rev, "", result.run_id, MappingProxyType(result.counts()),
-                                time.perf_counter() - t0, result.changed))
+        return self._emit(
+            Event(
+                "retried",
+                rev,
+                "",
+                result.run_id,
+                MappingProxyType(result.counts()),
+                time.perf_counter() - t0,
+                result.changed,
+            )
+        )
 
     def _reconverge(self, state: DesiredState, rev: str, latest: str | None) -> Event | None:
         """The store is behind the revision we applied (restored, truncated, rolled back by another
@@ -348,15 +406,29 @@ class Loop:
                 return None
             self.inventory = inventory.Memory()
             self.plans = replanning.WarmPlanner(self.policy)
-            result = reconciling.reconcile(conn, state, source=f"{revisions.APPLY_SOURCE} {self.source.label}",
-                                           planner=self._planner(), memory=self.inventory)
+            result = reconciling.reconcile(
+                conn,
+                state,
+                source=f"{revisions.APPLY_SOURCE} {self.source.label}",
+                planner=self._planner(),
+                memory=self.inventory,
+            )
         self.last_started = revisions.started_at(conn, result.run_id)
         if self.seen != rev:
             self.seen = None  # HEAD is refused (invalid, behind): handled again, so history says so again
         was = latest[:12] if latest else "no applied revision"
-        return self._emit(Event("applied", rev, f"{RECONVERGED}: the store was at {was} (restored, truncated or "
-                                f"rolled back by another writer); applied {rev[:12]} again", result.run_id,
-                                MappingProxyType(result.counts()), time.perf_counter() - t0, result.changed))
+        return self._emit(
+            Event(
+                "applied",
+                rev,
+                f"{RECONVERGED}: the store was at {was} (restored, truncated or "
+                f"rolled back by another writer); applied {rev[:12]} again",
+                result.run_id,
+                MappingProxyType(result.counts()),
+                time.perf_counter() - t0,
+                result.changed,
+            )
+        )
 
     def _schema_missing(self) -> bool:
         """After "relation does not exist": is the schema gone (an empty or re-created database)?
@@ -371,15 +443,26 @@ class Loop:
     def _no_schema(self) -> Event:
         if not self.migrate:
             self.no_schema = True  # run() returns: a supervisor sees it (gpuaas run exits 4)
-            return self._emit(Event("error", self.attempting, f"{NO_SCHEMA}: the database has no schema and "
-                                    "migrating was turned off; run `gpuaas db migrate`, then start the loop again"))
+            return self._emit(
+                Event(
+                    "error",
+                    self.attempting,
+                    f"{NO_SCHEMA}: the database has no schema and "
+                    "migrating was turned off; run `gpuaas db migrate`, then start the loop again",
+                )
+            )
         try:
             ran = migrations.migrate(self._conn())
         except GpuaasError as e:  # no privilege, a changed migration: a failure like any other, retried
             return self._failed(e.code, e.message, e.delay if isinstance(e, TemporaryError) else None)
         self.next_retry = self.not_before = 0.0  # the revision in force is applied again at once (_retry)
-        return self._emit(Event("migrated", self.attempting, f"{NO_SCHEMA}: the database had no schema; "
-                                f"applied migrations {', '.join(ran) or '(none left)'}"))
+        return self._emit(
+            Event(
+                "migrated",
+                self.attempting,
+                f"{NO_SCHEMA}: the database had no schema; applied migrations {', '.join(ran) or '(none left)'}",
+            )
+        )
 
     # ------------------------------------------------------------------- run
 
@@ -398,12 +481,21 @@ class Loop:
                 if once:
                     self.next_retry = self.not_before = 0.0
                     return last if self.no_schema else (self.step() or last)
-                if self.max_failing_s is not None and self.failing is not None \
-                        and self.failing_for() > self.max_failing_s:
+                if (
+                    self.max_failing_s is not None
+                    and self.failing is not None
+                    and self.failing_for() > self.max_failing_s
+                ):
                     self.gave_up = True
                     f = self.failing
-                    return self._emit(Event("error", f.revision, f"failing for {self.failing_for():.0f}s "
-                                            f"(over {self.max_failing_s:g}s), last {f.code}: {f.message}; exiting"))
+                    return self._emit(
+                        Event(
+                            "error",
+                            f.revision,
+                            f"failing for {self.failing_for():.0f}s "
+                            f"(over {self.max_failing_s:g}s), last {f.code}: {f.message}; exiting",
+                        )
+                    )
                 now = self.clock()
                 deadline = min(self.next_retry, self.not_before) if self.not_before > now else self.next_retry
                 self.source.wait(max(0.0, deadline - now))

@@ -37,8 +37,16 @@ REPORT_KIND_UNKNOWN = "agent.report_kind_unknown"
 TOO_LARGE = "agent.report_too_large"
 REWIPE_NOT_FOUND = "agent.rewipe_not_found"  # no such request for this node (another node's is not seen)
 REWIPE_ANSWERED = "agent.rewipe_answered"  # the request was answered already; nothing written
-CODES = (UNAUTHORIZED, FORBIDDEN, REPORT_INVALID, REPORT_STALE, REPORT_KIND_UNKNOWN, TOO_LARGE, REWIPE_NOT_FOUND,
-         REWIPE_ANSWERED)
+CODES = (
+    UNAUTHORIZED,
+    FORBIDDEN,
+    REPORT_INVALID,
+    REPORT_STALE,
+    REPORT_KIND_UNKNOWN,
+    TOO_LARGE,
+    REWIPE_NOT_FOUND,
+    REWIPE_ANSWERED,
+)
 
 REPORT_KINDS = ("status",)
 
@@ -70,8 +78,9 @@ class PlanAnswer(BaseModel):
     node: str
     generation: int | None = Field(description="the plan's generation (None: no plan for this node yet)")
     changed: bool = Field(description="false: the watch timed out and the plan is still generation `after`")
-    plan: dict[str, Any] | None = Field(description="the host plan document (schemas/hostplans.py), "
-                                                    "omitted when unchanged")
+    plan: dict[str, Any] | None = Field(
+        description="the host plan document (schemas/hostplans.py), omitted when unchanged"
+    )
 
 
 class ReportAnswer(BaseModel):
@@ -148,5 +157,7 @@ class StatusReport(BaseModel):
     errors: list[dict[str, Any]] = Field(default_factory=list)
     images: dict[str, Any] = Field(default_factory=dict)
     telemetry: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, max_length=256,
-        description="allocation -> the guest's newest GPU sample (received_at: unix seconds; 0056)")
+        default_factory=dict,
+        max_length=256,
+        description="allocation -> the guest's newest GPU sample (received_at: unix seconds; 0056)",
+    )

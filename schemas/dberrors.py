@@ -40,13 +40,18 @@ CONSTRAINT_CODES = {
 }
 
 # Refusals a concurrent placement can cause: the next candidate may succeed.
-RACE_CODES = frozenset({
-    "claim.slot_taken", "claim.node_overlap", "claim.slot_not_claimable",
-    "claim.allocation_not_pending",
-    # A public port taken by a concurrent placement, or a node whose ingress range is full: another
-    # candidate (another node) may still have one.
-    "ingress.port_taken", "ingress.ports_exhausted",
-})
+RACE_CODES = frozenset(
+    {
+        "claim.slot_taken",
+        "claim.node_overlap",
+        "claim.slot_not_claimable",
+        "claim.allocation_not_pending",
+        # A public port taken by a concurrent placement, or a node whose ingress range is full: another
+        # candidate (another node) may still have one.
+        "ingress.port_taken",
+        "ingress.ports_exhausted",
+    }
+)
 
 
 class DatabaseUnavailable(TemporaryError):

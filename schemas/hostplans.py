@@ -217,7 +217,14 @@ def from_json(doc: dict[str, Any]) -> HostPlan:
     d["slots"] = tuple(bundle(s) for s in d.get("slots", ()))
     d["disk_identities"] = tuple(i for i in map(identity, d.get("disk_identities", ())) if i is not None)
     d["pinned_images"] = tuple(str(x) for x in d.get("pinned_images", ()))
-    d["ingress"] = tuple(IngressRule(allocation_id=str(r["allocation_id"]), public_address=str(r["public_address"]),
-                                     public_port=int(r["public_port"]), private_ip=str(r["private_ip"]),
-                                     guest_port=int(r.get("guest_port", 22))) for r in d.get("ingress", ()))
+    d["ingress"] = tuple(
+        IngressRule(
+            allocation_id=str(r["allocation_id"]),
+            public_address=str(r["public_address"]),
+            public_port=int(r["public_port"]),
+            private_ip=str(r["private_ip"]),
+            guest_port=int(r.get("guest_port", 22)),
+        )
+        for r in d.get("ingress", ())
+    )
     return HostPlan(**d)

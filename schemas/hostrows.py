@@ -74,24 +74,40 @@ def write_status(conn: psycopg.Connection[Any], doc: Mapping[str, Any]) -> bool:
     timings = {v["allocation_id"]: v.get("phase_timings") or {} for v in doc.get("vms") or ()}
     host = doc.get("host") or {}
     with dberrors.wrapped(f"write the host status of {node}"), conn.transaction():
-        row = conn.execute(_STATUS_SQL, {
-            "node": node, "gen": gen, "healthy": doc.get("healthy"),
-            # the host's firmware evidence (None: no evidence, the git onboarding claim stands)
-            "firmware": host.get("firmware_ready") if isinstance(host, Mapping) else None,
-            "timings": Jsonb(timings), "drift": Jsonb(doc.get("drift") or []),
-            "errors": Jsonb(doc.get("errors") or []), "details": Jsonb(details),
-        }).fetchone()  # fmt: skip
+        row = conn.execute(
+            _STATUS_SQL,
+            {
+                "node": node,
+                "gen": gen,
+                "healthy": doc.get("healthy"),
+                # the host's firmware evidence (None: no evidence, the git onboarding claim stands)
+                "firmware": host.get("firmware_ready") if isinstance(host, Mapping) else None,
+                "timings": Jsonb(timings),
+                "drift": Jsonb(doc.get("drift") or []),
+                "errors": Jsonb(doc.get("errors") or []),
+                "details": Jsonb(details),
+            },
+        ).fetchone()
         if row is None:
             return False
         for s in doc.get("slots") or ():
-            conn.execute(_SLOT_SQL, {
-                "node": node, "slot": s["slot_index"], "gen": gen,
-                "alloc": s.get("allocation_id"), "vm_state": s.get("vm_state"), "ready_at": s.get("vm_ready_at"),
-                "wipe_alloc": s.get("wipe_allocation_id"), "wipe_state": s.get("wipe_state"),
-                "evidence": Jsonb(s.get("wipe_evidence") or {}), "wipe_error": s.get("wipe_error"),
-                "timings": Jsonb(s.get("phase_timings") or {}),
-                "drift": Jsonb([{**d, "state": s.get("state")} for d in s.get("drift") or ()]),
-            })  # fmt: skip
+            conn.execute(
+                _SLOT_SQL,
+                {
+                    "node": node,
+                    "slot": s["slot_index"],
+                    "gen": gen,
+                    "alloc": s.get("allocation_id"),
+                    "vm_state": s.get("vm_state"),
+                    "ready_at": s.get("vm_ready_at"),
+                    "wipe_alloc": s.get("wipe_allocation_id"),
+                    "wipe_state": s.get("wipe_state"),
+                    "evidence": Jsonb(s.get("wipe_evidence") or {}),
+                    "wipe_error": s.get("wipe_error"),
+                    "timings": Jsonb(s.get("phase_timings") or {}),
+                    "drift": Jsonb([{**d, "state": s.get("state")} for d in s.get("drift") or ()]),
+                },
+            )
         write_image_cache(conn, node, ((doc.get("images") or {}).get("cached") or ()))
         write_telemetry(conn, node, doc.get("telemetry") or {})
     return True
@@ -108,14 +124,17 @@ def write_telemetry(conn: psycopg.Connection[Any], node: str, samples: Mapping[s
                ON CONFLICT (allocation_id, node_name) DO UPDATE SET
                    received_at = EXCLUDED.received_at, sample = EXCLUDED.sample, reported_at = now()
                WHERE allocation_telemetry.received_at < EXCLUDED.received_at""",
-            (alloc, node, received, Jsonb(body)))
+            (alloc, node, received, Jsonb(body)),
+        )
 
 
 def write_image_cache(conn: psycopg.Connection[Any], node: str, cached: Sequence[Mapping[str, Any]]) -> None:
     """Replace the node's `node_image_cache` rows (0052) with what its cache holds now."""
     rows = [(node, str(e["digest"]).removeprefix("sha256:"), int(e["size_bytes"]), e["last_used"]) for e in cached]
-    conn.execute("DELETE FROM node_image_cache WHERE node_name = %s AND NOT (digest_sha256 = ANY(%s))",
-                 (node, [r[1] for r in rows]))  # fmt: skip
+    conn.execute(
+        "DELETE FROM node_image_cache WHERE node_name = %s AND NOT (digest_sha256 = ANY(%s))",
+        (node, [r[1] for r in rows]),
+    )
     if rows:
         with conn.cursor() as cur:
             cur.executemany(
@@ -136,5 +155,8 @@ def heartbeat(conn: psycopg.Connection[Any], nodes: Sequence[str]) -> None:
     `host_liveness_ttl_seconds` (view node_liveness, 0011).
     """
     with dberrors.wrapped(f"heartbeat of {len(nodes)} node(s)"):
-        conn.execute("INSERT INTO host_status (node_name, reported_at) SELECT n, now() FROM unnest(%s::text[]) n"
-                     " ORDER BY n ON CONFLICT (node_name) DO UPDATE SET reported_at = now()", (list(nodes),))
+        conn.execute(
+            "INSERT INTO host_status (node_name, reported_at) SELECT n, now() FROM unnest(%s::text[]) n"
+            " ORDER BY n ON CONFLICT (node_name) DO UPDATE SET reported_at = now()",
+            (list(nodes),),
+        )

@@ -32,8 +32,9 @@ def read_bytes(path: Path, *, limit: int, code: str, what: str = "file") -> byte
         if stat.S_ISDIR(st.st_mode):
             raise PermanentError(f"{what} {path} is a directory, not a file", code=code)
         if not stat.S_ISREG(st.st_mode):
-            raise PermanentError(f"{what} {path} is not a regular file (a device, FIFO or socket); "
-                                 "give the path of a file", code=code)
+            raise PermanentError(
+                f"{what} {path} is not a regular file (a device, FIFO or socket); give the path of a file", code=code
+            )
     except BaseException:
         os.close(fd)
         raise

@@ -86,14 +86,20 @@ def choose(flag: str | None) -> str:
     """The flag, else $GPUAAS_LOG_FORMAT, else text; an unknown value in the variable is an error."""
     value = flag or os.environ.get(ENV) or "text"
     if value not in FORMATS:
-        raise UsageError(f"{ENV}={value!r}: the log format is one of {', '.join(FORMATS)}",
-                         code="cli.log_format_unknown")
+        raise UsageError(
+            f"{ENV}={value!r}: the log format is one of {', '.join(FORMATS)}", code="cli.log_format_unknown"
+        )
     return value
 
 
-def configure(fmt: str, *, level: int = logging.INFO, stream: str = "stderr",
-              text: str = "%(asctime)s %(levelname)s %(message)s",
-              defaults: Mapping[str, Any] | None = None) -> logging.Handler:
+def configure(
+    fmt: str,
+    *,
+    level: int = logging.INFO,
+    stream: str = "stderr",
+    text: str = "%(asctime)s %(levelname)s %(message)s",
+    defaults: Mapping[str, Any] | None = None,
+) -> logging.Handler:
     """Send the `gpuaas` loggers to sys.`stream` in `fmt`; returns the handler (`release` takes it off)."""
     handler = _StdStream(stream)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter(text))

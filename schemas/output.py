@@ -25,8 +25,9 @@ STRUCTURED = ("json", "yaml")
 
 def add_argument(parser: argparse.ArgumentParser, *formats: str, default: str = "text") -> None:
     """`-o/--output` offering the command's own formats (text, markdown, csv...) and then json and yaml."""
-    parser.add_argument("-o", "--output", choices=(*formats, *STRUCTURED), default=default,
-                        help=f"output format (default: {default})")
+    parser.add_argument(
+        "-o", "--output", choices=(*formats, *STRUCTURED), default=default, help=f"output format (default: {default})"
+    )
 
 
 def structured(output: str) -> bool:
@@ -54,8 +55,14 @@ def dumps(value: Any, output: str, *, indent: int | None = 2, stream: bool = Fal
         raise ValueError(f"not a structured output: {output!r}")
     import yaml  # only the YAML printer pays for it
 
-    doc = yaml.safe_dump(json.loads(text), sort_keys=False, allow_unicode=True, default_flow_style=False,
-                         explicit_start=stream, width=4096)
+    doc = yaml.safe_dump(
+        json.loads(text),
+        sort_keys=False,
+        allow_unicode=True,
+        default_flow_style=False,
+        explicit_start=stream,
+        width=4096,
+    )
     return doc.removesuffix("\n").removesuffix("...").removesuffix("\n")
 
 

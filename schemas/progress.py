@@ -66,8 +66,9 @@ def _mib(n: int) -> str:
 class Progress:
     """Reports the phases of one command on `stream` (default stderr)."""
 
-    def __init__(self, stream: TextIO | None = None, *, style: str = "auto", interval: float | None = None,
-                 title: str = "") -> None:
+    def __init__(
+        self, stream: TextIO | None = None, *, style: str = "auto", interval: float | None = None, title: str = ""
+    ) -> None:
         self.stream = stream if stream is not None else sys.stderr
         if style == "auto":
             isatty = getattr(self.stream, "isatty", None)
@@ -172,9 +173,15 @@ class Progress:
         ph.reported = True
         if self.style == "json":
             took = time.monotonic() - ph.started
-            doc = {"event": "progress", "phase": ph.name, "done": ph.done, "total": ph.total,
-                   "rate": round(ph.done / took, 1) if took > 0 else None, "seconds": round(took, 2),
-                   "final": final}
+            doc = {
+                "event": "progress",
+                "phase": ph.name,
+                "done": ph.done,
+                "total": ph.total,
+                "rate": round(ph.done / took, 1) if took > 0 else None,
+                "seconds": round(took, 2),
+                "final": final,
+            }
             if self.title:
                 doc["command"] = self.title
             self.stream.write(json.dumps(doc) + "\n")
@@ -194,9 +201,13 @@ class Progress:
 
 def add_argument(parser: argparse.ArgumentParser) -> None:
     """`--progress` on a long-running command."""
-    parser.add_argument("--progress", choices=STYLES, default="auto",
-                        help="progress on stderr: auto (a live line on a terminal, periodic lines otherwise), "
-                             "tty, plain, json (JSON lines; also with $GPUAAS_LOG_FORMAT=json) or off")
+    parser.add_argument(
+        "--progress",
+        choices=STYLES,
+        default="auto",
+        help="progress on stderr: auto (a live line on a terminal, periodic lines otherwise), "
+        "tty, plain, json (JSON lines; also with $GPUAAS_LOG_FORMAT=json) or off",
+    )
 
 
 def for_args(args: argparse.Namespace, title: str = "") -> Progress:

@@ -77,7 +77,7 @@ def md_text(text: object) -> Markdown:
             end = leading.end()
             escaped = escaped[:end] + "\\" + escaped[end:]
         else:
-            escaped = escaped[: leading.start(2)] + "\\" + escaped[leading.start(2):]
+            escaped = escaped[: leading.start(2)] + "\\" + escaped[leading.start(2) :]
     return Markdown(escaped)
 
 

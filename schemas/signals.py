@@ -50,8 +50,12 @@ def _deliver(read_fd: int, stop: threading.Event, on_first: Callable[[signal.Sig
 
 
 @contextmanager
-def stop_on(stop: threading.Event, *, signals: tuple[signal.Signals, ...] = STOP_SIGNALS,
-            on_first: Callable[[signal.Signals], None] | None = None) -> Iterator[threading.Event]:
+def stop_on(
+    stop: threading.Event,
+    *,
+    signals: tuple[signal.Signals, ...] = STOP_SIGNALS,
+    on_first: Callable[[signal.Signals], None] | None = None,
+) -> Iterator[threading.Event]:
     """While inside, each of `signals` sets `stop`; `on_first` runs on the first one (a log line, a shutdown).
 
     `stop` is set and `on_first` runs on a helper thread, a moment after the
@@ -72,8 +76,7 @@ def stop_on(stop: threading.Event, *, signals: tuple[signal.Signals, ...] = STOP
         with contextlib.suppress(OSError):
             os.write(write_fd, bytes((signum,)))
 
-    courier = threading.Thread(target=_deliver, args=(read_fd, stop, on_first), name="gpuaas-signals",
-                               daemon=True)
+    courier = threading.Thread(target=_deliver, args=(read_fd, stop, on_first), name="gpuaas-signals", daemon=True)
     courier.start()
     previous: dict[signal.Signals, signal._HANDLER] = {}
     try:
@@ -101,8 +104,9 @@ def _raise_terminated(_signum: int, _frame: FrameType | None) -> None:
 @contextmanager
 def sigterm_raises() -> Iterator[None]:
     """While inside, SIGTERM raises `Terminated` where the main thread is, unless someone already handles it."""
-    installed = signal.getsignal(signal.SIGTERM) == signal.SIG_DFL and \
-        threading.current_thread() is threading.main_thread()
+    installed = (
+        signal.getsignal(signal.SIGTERM) == signal.SIG_DFL and threading.current_thread() is threading.main_thread()
+    )
     if installed:
         signal.signal(signal.SIGTERM, _raise_terminated)
     try:

@@ -20,15 +20,26 @@ import pytest
 pytest_plugins: list[str] = ["tests.fixtures.pg"]
 
 # Fixtures that start or touch a real component (directly or through another fixture).
-REAL_FIXTURES = frozenset({
-    "pg_server", "db_url", "empty_db_url", "conn", "fleet_url", "served",  # PostgreSQL, HTTP
-    "fleet_repo", "loop",  # git repositories, the reconcile loop
-    "loops", "netns", "lab",  # loop devices, network namespaces, lab hosts
-    "trees", "tree_copy", "scratch",  # recorded sysfs trees built on disk
-})
+REAL_FIXTURES = frozenset(
+    {
+        "pg_server",
+        "db_url",
+        "empty_db_url",
+        "conn",
+        "fleet_url",
+        "served",  # PostgreSQL, HTTP
+        "fleet_repo",
+        "loop",  # git repositories, the reconcile loop
+        "loops",
+        "netns",
+        "lab",  # loop devices, network namespaces, lab hosts
+        "trees",
+        "tree_copy",
+        "scratch",  # recorded sysfs trees built on disk
+    }
+)
 # Folders whose tests all drive real components (hosts, networks, the service, the loop).
-REAL_FOLDERS = ("tests/host/", "tests/hostnet/", "tests/service/", "tests/gitops/", "tests/claims/",
-                "tests/baremetal/")
+REAL_FOLDERS = ("tests/host/", "tests/hostnet/", "tests/service/", "tests/gitops/", "tests/claims/", "tests/baremetal/")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -36,10 +47,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         path = item.path.as_posix()
         if item.get_closest_marker("integration") is not None:  # a module that says so itself
             continue
-        real = (bool(REAL_FIXTURES.intersection(getattr(item, "fixturenames", ())))
-                or any(f"/{folder}" in path for folder in REAL_FOLDERS)
-                or item.get_closest_marker("root") is not None
-                or item.get_closest_marker("slow") is not None)
+        real = (
+            bool(REAL_FIXTURES.intersection(getattr(item, "fixturenames", ())))
+            or any(f"/{folder}" in path for folder in REAL_FOLDERS)
+            or item.get_closest_marker("root") is not None
+            or item.get_closest_marker("slow") is not None
+        )
         item.add_marker(pytest.mark.integration if real else pytest.mark.unit)
 
 

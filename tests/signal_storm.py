@@ -67,8 +67,7 @@ def main(count: int, batch: int, seed: int) -> None:
             for pid, sent in list(kids.items()):
                 done, status = os.waitpid(pid, os.WNOHANG)
                 if done:
-                    results.append({"pid": pid, "seconds": now - sent,
-                                    "code": os.waitstatus_to_exitcode(status)})
+                    results.append({"pid": pid, "seconds": now - sent, "code": os.waitstatus_to_exitcode(status)})
                     del kids[pid]
                 elif now - sent > HANG_S:
                     os.kill(pid, signal.SIGKILL)

@@ -20,14 +20,17 @@ def test_every_name_is_the_command_its_module_registers() -> None:
         assert _choices(cli.build_parser([name])) == {name}, name
 
 
-@pytest.mark.parametrize("argv", [
-    ["plan", ".", "--offline", "--base", "HEAD~1", "--head", "HEAD", "-o", "json", "--detailed-exitcode"],
-    ["plan", "--no-cache", "--out", "plan.json", "repo"],
-    ["validate", ".", "--rev", "HEAD", "-o", "json"],
-    ["request", "create", "--tenant", "t", "--sku", "s", "--gpus", "2", "--region", "r", "--commit"],
-    ["fleet", "synth", "--nodes", "10", "--out", "x"],
-    ["bench", "gitops", "--nodes", "100", "--commits", "5", "--json"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", ".", "--offline", "--base", "HEAD~1", "--head", "HEAD", "-o", "json", "--detailed-exitcode"],
+        ["plan", "--no-cache", "--out", "plan.json", "repo"],
+        ["validate", ".", "--rev", "HEAD", "-o", "json"],
+        ["request", "create", "--tenant", "t", "--sku", "s", "--gpus", "2", "--region", "r", "--commit"],
+        ["fleet", "synth", "--nodes", "10", "--out", "x"],
+        ["bench", "gitops", "--nodes", "100", "--commits", "5", "--json"],
+    ],
+)
 def test_one_command_s_parser_parses_as_the_whole_one(argv: list[str]) -> None:
     assert vars(cli.build_parser(argv).parse_args(argv)) == vars(cli.build_parser().parse_args(argv))
 

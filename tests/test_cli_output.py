@@ -32,8 +32,16 @@ def test_every_output_option_offering_json_offers_yaml() -> None:
     options = _output_options(cli.build_parser())
     with_json = {cmd for cmd, choices in options if "json" in choices}
     # The walk reaches nested commands of both agents; an empty walk would pass vacuously.
-    assert {"validate", "plan", "history", "db check", "host converge", "host image list", "host gate",
-            "explain"} <= with_json
+    assert {
+        "validate",
+        "plan",
+        "history",
+        "db check",
+        "host converge",
+        "host image list",
+        "host gate",
+        "explain",
+    } <= with_json
     assert [cmd for cmd, choices in options if "json" in choices and "yaml" not in choices] == []
 
 
@@ -52,13 +60,16 @@ def _same_data(argv: list[str], capsys: pytest.CaptureFixture[str]) -> Any:
     return data
 
 
-@pytest.mark.parametrize("argv", [
-    ["validate", str(FLEET)],
-    ["validate", str(FLEET), "--summary"],
-    ["plan", str(FLEET), "--offline"],
-    ["explain", "Sku"],
-    ["explain", "SlotMap.slots.nvme_identity"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["validate", str(FLEET)],
+        ["validate", str(FLEET), "--summary"],
+        ["plan", str(FLEET), "--offline"],
+        ["explain", "Sku"],
+        ["explain", "SlotMap.slots.nvme_identity"],
+    ],
+)
 def test_yaml_is_the_json_data(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     data = _same_data(argv, capsys)
     assert data  # something was printed
@@ -79,12 +90,15 @@ def test_store_commands_yaml(db_url: str, capsys: pytest.CaptureFixture[str]) ->
     assert "allocations" in json.dumps(_same_data(["usage", *window, "--db-url", db_url], capsys))
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    ({"at": "2026-11-20T09:05:00Z", "n": 1}, "at: '2026-11-20T09:05:00Z'\nn: 1"),  # a timestamp stays a string
-    ({"yes": "yes", "null": None}, "'yes': 'yes'\n'null': null"),
-    ({"b": 1, "a": [1, 2]}, "b: 1\na:\n- 1\n- 2"),  # the JSON order, not sorted
-    ("text", "text"),  # a scalar without YAML's document-end marker
-])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ({"at": "2026-11-20T09:05:00Z", "n": 1}, "at: '2026-11-20T09:05:00Z'\nn: 1"),  # a timestamp stays a string
+        ({"yes": "yes", "null": None}, "'yes': 'yes'\n'null': null"),
+        ({"b": 1, "a": [1, 2]}, "b: 1\na:\n- 1\n- 2"),  # the JSON order, not sorted
+        ("text", "text"),  # a scalar without YAML's document-end marker
+    ],
+)
 def test_yaml_dump_keeps_json_meaning(value: Any, expected: str) -> None:
     assert output.dumps(value, "yaml") == expected
     assert yaml.safe_load(expected) == value

@@ -11,13 +11,16 @@ from reconciler import cli
 from schemas import output
 
 
-@pytest.mark.parametrize(("argv", "expected"), [
-    (["aplly"], "invalid choice: 'aplly'; did you mean 'apply'?"),
-    (["host", "imgae"], "did you mean 'image'"),
-    (["validate", "-o", "jsno"], "invalid choice: 'jsno'; did you mean 'json'?"),
-    (["validate", "--outptu", "json"], "--outptu: did you mean '--output'?"),
-    (["plan", "--detailed-exticode"], "--detailed-exticode: did you mean '--detailed-exitcode'?"),
-])
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["aplly"], "invalid choice: 'aplly'; did you mean 'apply'?"),
+        (["host", "imgae"], "did you mean 'image'"),
+        (["validate", "-o", "jsno"], "invalid choice: 'jsno'; did you mean 'json'?"),
+        (["validate", "--outptu", "json"], "--outptu: did you mean '--output'?"),
+        (["plan", "--detailed-exticode"], "--detailed-exticode: did you mean '--detailed-exitcode'?"),
+    ],
+)
 def test_a_typo_names_what_was_meant(argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         cli.main(argv)

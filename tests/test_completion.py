@@ -15,11 +15,14 @@ from reconciler.commands import completion
 pytestmark = pytest.mark.integration  # runs bash and zsh
 
 # Source the script, fill COMP_WORDS with the words given, call the completion function, print the candidates.
-_BASH_PROBE = ('source "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$(( $# - 1 )); _gpuaas; '
-               'printf "%s\\n" "${COMPREPLY[@]}"')
+_BASH_PROBE = (
+    'source "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$(( $# - 1 )); _gpuaas; printf "%s\\n" "${COMPREPLY[@]}"'
+)
 # The same in zsh, with compadd and _files (the completion system's builtins) standing in as printers.
-_ZSH_PROBE = ('compdef() { :; }; compadd() { shift; printf "%s\\n" "$@"; }; _files() { print __files__; }; '
-              'source "$1"; shift; words=("$@"); CURRENT=$#; _gpuaas')
+_ZSH_PROBE = (
+    'compdef() { :; }; compadd() { shift; printf "%s\\n" "$@"; }; _files() { print __files__; }; '
+    'source "$1"; shift; words=("$@"); CURRENT=$#; _gpuaas'
+)
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +38,9 @@ def scripts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _complete(shell: str, script: Path, words: list[str]) -> list[str]:
     probe = _BASH_PROBE if shell == "bash" else _ZSH_PROBE
     argv = ["bash", "--norc", "-c"] if shell == "bash" else ["zsh", "-f", "-c"]
-    done = subprocess.run([*argv, probe, shell, str(script), *words], capture_output=True, text=True, timeout=30,
-                          check=True)
+    done = subprocess.run(
+        [*argv, probe, shell, str(script), *words], capture_output=True, text=True, timeout=30, check=True
+    )
     return done.stdout.split()
 
 
@@ -44,19 +48,22 @@ def test_bash_script_is_valid(scripts: dict[str, Path]) -> None:
     subprocess.run(["bash", "-n", str(scripts["bash"])], check=True, timeout=30)
 
 
-@pytest.mark.parametrize(("words", "expected"), [
-    (["gpuaas", "va"], ["validate"]),
-    (["gpuaas", "ex"], ["explain"]),
-    (["gpuaas", "host", "im"], ["image"]),
-    (["gpuaas", "host", "image", ""], ["pull", "list", "evict", "bench"]),
-    (["gpuaas", "validate", "-o", ""], ["text", "json", "yaml"]),
-    (["gpuaas", "plan", "--output", "m"], ["markdown"]),
-    (["gpuaas", "completion", ""], ["bash", "zsh", "fish"]),
-    (["gpuaas", "db", "c"], ["check"]),
-    # The value of --base is not a subcommand even when it spells one: the path stays `plan`.
-    (["gpuaas", "plan", "--base", "validate", "--off"], ["--offline"]),
-    (["gpuaas", "plan", "--detailed-exitcode", "-o", "j"], ["json"]),
-])
+@pytest.mark.parametrize(
+    ("words", "expected"),
+    [
+        (["gpuaas", "va"], ["validate"]),
+        (["gpuaas", "ex"], ["explain"]),
+        (["gpuaas", "host", "im"], ["image"]),
+        (["gpuaas", "host", "image", ""], ["pull", "list", "evict", "bench"]),
+        (["gpuaas", "validate", "-o", ""], ["text", "json", "yaml"]),
+        (["gpuaas", "plan", "--output", "m"], ["markdown"]),
+        (["gpuaas", "completion", ""], ["bash", "zsh", "fish"]),
+        (["gpuaas", "db", "c"], ["check"]),
+        # The value of --base is not a subcommand even when it spells one: the path stays `plan`.
+        (["gpuaas", "plan", "--base", "validate", "--off"], ["--offline"]),
+        (["gpuaas", "plan", "--detailed-exitcode", "-o", "j"], ["json"]),
+    ],
+)
 def test_bash_completes_the_parsers_words(scripts: dict[str, Path], words: list[str], expected: list[str]) -> None:
     assert _complete("bash", scripts["bash"], words) == expected
 
@@ -84,8 +91,13 @@ def test_fish_script_is_valid_and_completes(scripts: dict[str, Path], tmp_path: 
 
     def complete(line: str) -> list[str]:
         # `complete -C` asks fish for the candidates of a command line, as TAB does.
-        done = subprocess.run(["fish", "--no-config", "-c", 'source $argv[1]; complete -C $argv[2]',
-                               str(scripts["fish"]), line], capture_output=True, text=True, timeout=30, check=True)
+        done = subprocess.run(
+            ["fish", "--no-config", "-c", "source $argv[1]; complete -C $argv[2]", str(scripts["fish"]), line],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
         return done.stdout.split()
 
     assert complete("gpuaas va") == ["validate"]

@@ -52,19 +52,24 @@ def test_required_and_defaults_agree_with_the_model(kind: str) -> None:
             assert doc["default"] == _json_default(info.default), name
 
 
-@pytest.mark.parametrize(("path", "expected"), [
-    ("Sku.capacity_shape", {"type": "string", "required": True, "allowed": ["baremetal", "gpu_slice"]}),
-    ("Sku.currency", {"default": "USD", "allowed": ["USD", "EUR"], "required": False}),
-    ("Sku.allowed_gpu_counts", {"type": "[]integer", "allowed": [1, 2, 4, 8]}),
-    ("Sku.resource_profile.slice_vm_profiles", {"type": "map[string]VmProfile"}),
-    ("sku.resource_profile.slice_vm_profiles.memory_mib", {"type": "integer", "required": True,
-                                                           "constraints": {"minimum": 512}}),
-    ("SlotMap.slots", {"type": "[]Slot", "required": True, "constraints": {"minItems": 1}}),
-    ("SlotMap.slots.nvme_identity", {"type": "NvmeIdentity", "required": False, "default": None}),
-    ("Node.os_disk", {"required": True}),
-    ("Allocation.kind", {"allowed": ["Allocation"]}),
-    ("Fleet.placement.workload_mix", {"type": "map[string]number"}),
-])
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("Sku.capacity_shape", {"type": "string", "required": True, "allowed": ["baremetal", "gpu_slice"]}),
+        ("Sku.currency", {"default": "USD", "allowed": ["USD", "EUR"], "required": False}),
+        ("Sku.allowed_gpu_counts", {"type": "[]integer", "allowed": [1, 2, 4, 8]}),
+        ("Sku.resource_profile.slice_vm_profiles", {"type": "map[string]VmProfile"}),
+        (
+            "sku.resource_profile.slice_vm_profiles.memory_mib",
+            {"type": "integer", "required": True, "constraints": {"minimum": 512}},
+        ),
+        ("SlotMap.slots", {"type": "[]Slot", "required": True, "constraints": {"minItems": 1}}),
+        ("SlotMap.slots.nvme_identity", {"type": "NvmeIdentity", "required": False, "default": None}),
+        ("Node.os_disk", {"required": True}),
+        ("Allocation.kind", {"allowed": ["Allocation"]}),
+        ("Fleet.placement.workload_mix", {"type": "map[string]number"}),
+    ],
+)
 def test_field_facts(path: str, expected: dict[str, Any]) -> None:
     doc = explain.explain(SCHEMAS, path)
     assert {k: doc.get(k) for k in expected} == expected
@@ -77,13 +82,16 @@ def test_an_object_lists_its_fields_with_required_marks() -> None:
     assert fields["capacity_metadata"]["type"] == "CapacityMetadata"
 
 
-@pytest.mark.parametrize(("path", "code", "names"), [
-    ("Slots", explain.UNKNOWN_KIND, ["SlotMap"]),
-    ("Quota", explain.UNKNOWN_KIND, ["Allocation", "Sku"]),  # nothing close: every kind is listed
-    ("SlotMap.slots.privat_ip", explain.UNKNOWN_FIELD, ["private_ip"]),
-    ("Sku.capacity", explain.UNKNOWN_FIELD, ["capacity_shape"]),
-    ("Sku.sku.length", explain.UNKNOWN_FIELD, ["Sku.sku is string"]),
-])
+@pytest.mark.parametrize(
+    ("path", "code", "names"),
+    [
+        ("Slots", explain.UNKNOWN_KIND, ["SlotMap"]),
+        ("Quota", explain.UNKNOWN_KIND, ["Allocation", "Sku"]),  # nothing close: every kind is listed
+        ("SlotMap.slots.privat_ip", explain.UNKNOWN_FIELD, ["private_ip"]),
+        ("Sku.capacity", explain.UNKNOWN_FIELD, ["capacity_shape"]),
+        ("Sku.sku.length", explain.UNKNOWN_FIELD, ["Sku.sku is string"]),
+    ],
+)
 def test_unknown_names_say_what_is_close(path: str, code: str, names: list[str]) -> None:
     with pytest.raises(UsageError) as e:
         explain.explain(SCHEMAS, path)

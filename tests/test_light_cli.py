@@ -28,8 +28,13 @@ print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {heavy})))
 
 @pytest.mark.parametrize("argv", [["--help"], ["validate", "--help"], ["plan", "--help"], ["host", "--help"]])
 def test_help_imports_no_heavy_library(argv: list[str]) -> None:
-    out = subprocess.run([sys.executable, "-c", _PROBE.format(heavy=set(HEAVY)), *argv],
-                         capture_output=True, text=True, check=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(heavy=set(HEAVY)), *argv],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     loaded = json.loads(out.stdout.strip().splitlines()[-1])
     assert loaded == [], f"gpuaas {' '.join(argv)} imported {loaded}"
 
@@ -37,6 +42,7 @@ def test_help_imports_no_heavy_library(argv: list[str]) -> None:
 def test_the_probe_sees_a_heavy_import() -> None:
     """The check above can fail: a command that does import one is caught."""
     probe = "import networkx\n" + _PROBE.format(heavy=set(HEAVY))
-    out = subprocess.run([sys.executable, "-c", probe, "--help"], capture_output=True, text=True, check=True,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", probe, "--help"], capture_output=True, text=True, check=True, timeout=60
+    )
     assert "networkx" in json.loads(out.stdout.strip().splitlines()[-1])

@@ -27,8 +27,7 @@ def _env(**extra: str) -> dict[str, str]:
 def test_on_a_terminal_one_line_is_redrawn_with_counts_and_rate(tmp_path: Path) -> None:
     master, slave = pty.openpty()
     try:
-        proc = subprocess.Popen([*SYNTH, str(tmp_path / "fleet")], stdout=subprocess.DEVNULL, stderr=slave,
-                                env=_env())
+        proc = subprocess.Popen([*SYNTH, str(tmp_path / "fleet")], stdout=subprocess.DEVNULL, stderr=slave, env=_env())
         os.close(slave)
         chunks = []
         while True:
@@ -48,8 +47,14 @@ def test_on_a_terminal_one_line_is_redrawn_with_counts_and_rate(tmp_path: Path) 
 
 
 def test_piped_it_prints_plain_periodic_lines(tmp_path: Path) -> None:
-    done = subprocess.run([*SYNTH, str(tmp_path / "fleet")], capture_output=True, text=True, timeout=300,
-                          env=_env(GPUAAS_PROGRESS_INTERVAL="0.05"), check=True)
+    done = subprocess.run(
+        [*SYNTH, str(tmp_path / "fleet")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(GPUAAS_PROGRESS_INTERVAL="0.05"),
+        check=True,
+    )
     lines = done.stderr.splitlines()
     assert "\r" not in done.stderr and "\x1b" not in done.stderr
     assert lines and all(line.startswith("fleet synth: write ") for line in lines)
@@ -58,8 +63,14 @@ def test_piped_it_prints_plain_periodic_lines(tmp_path: Path) -> None:
 
 
 def test_json_lines_with_progress_json(tmp_path: Path) -> None:
-    done = subprocess.run([*SYNTH, str(tmp_path / "fleet"), "--progress", "json"], capture_output=True, text=True,
-                          timeout=300, env=_env(GPUAAS_PROGRESS_INTERVAL="0.05"), check=True)
+    done = subprocess.run(
+        [*SYNTH, str(tmp_path / "fleet"), "--progress", "json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(GPUAAS_PROGRESS_INTERVAL="0.05"),
+        check=True,
+    )
     docs = [json.loads(line) for line in done.stderr.splitlines()]
     assert docs[-1]["final"] and docs[-1]["done"] == docs[-1]["total"] == 305
     assert {d["event"] for d in docs} == {"progress"} and docs[-1]["command"] == "fleet synth"
@@ -74,9 +85,17 @@ def test_a_short_run_that_is_not_on_a_terminal_stays_silent() -> None:
 
 
 def _doc(plans: int) -> dict[str, object]:
-    return {"revision": "abc", "inventory": [], "freed": [], "placements": [], "pending": [], "releases": [],
-            "cancelled": [], "changed": True,
-            "host_plans": [{"node": f"node-{i:05d}", "generation": 1} for i in range(plans)]}
+    return {
+        "revision": "abc",
+        "inventory": [],
+        "freed": [],
+        "placements": [],
+        "pending": [],
+        "releases": [],
+        "cancelled": [],
+        "changed": True,
+        "host_plans": [{"node": f"node-{i:05d}", "generation": 1} for i in range(plans)],
+    }
 
 
 def test_apply_summarises_host_plans_and_lists_them_with_verbose() -> None:

@@ -33,8 +33,13 @@ def _env(**extra: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("synth") / "fleet"
-    subprocess.run([*CLI, "fleet", "synth", "--nodes", "400", "--out", str(out), "--progress", "off"],
-                   check=True, capture_output=True, timeout=300, env=_env())
+    subprocess.run(
+        [*CLI, "fleet", "synth", "--nodes", "400", "--out", str(out), "--progress", "off"],
+        check=True,
+        capture_output=True,
+        timeout=300,
+        env=_env(),
+    )
     assert sum(1 for p in out.rglob("*.yaml")) == FILES
     return out
 
@@ -42,8 +47,9 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_validate_on_a_terminal_redraws_parse_counts_and_rate(tree: Path) -> None:
     master, slave = pty.openpty()
     try:
-        proc = subprocess.Popen([*CLI, "validate", str(tree), "--no-cache"], stdout=subprocess.DEVNULL,
-                                stderr=slave, env=_env())
+        proc = subprocess.Popen(
+            [*CLI, "validate", str(tree), "--no-cache"], stdout=subprocess.DEVNULL, stderr=slave, env=_env()
+        )
         os.close(slave)
         chunks = []
         while True:
@@ -63,8 +69,14 @@ def test_validate_on_a_terminal_redraws_parse_counts_and_rate(tree: Path) -> Non
 
 
 def test_validate_piped_prints_plain_lines_with_counts(tree: Path) -> None:
-    done = subprocess.run([*CLI, "validate", str(tree), "--no-cache"], capture_output=True, text=True,
-                          timeout=300, env=_env(GPUAAS_PROGRESS_INTERVAL="0.05"), check=True)
+    done = subprocess.run(
+        [*CLI, "validate", str(tree), "--no-cache"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(GPUAAS_PROGRESS_INTERVAL="0.05"),
+        check=True,
+    )
     assert "\r" not in done.stderr and "\x1b" not in done.stderr
     lines = done.stderr.splitlines()
     parsed = [line for line in lines if line.startswith("validate: parse files ")]
@@ -74,8 +86,14 @@ def test_validate_piped_prints_plain_lines_with_counts(tree: Path) -> None:
 
 
 def test_validate_progress_json_lines_carry_counts(tree: Path) -> None:
-    done = subprocess.run([*CLI, "validate", str(tree), "--no-cache", "--progress", "json"], capture_output=True,
-                          text=True, timeout=300, env=_env(GPUAAS_PROGRESS_INTERVAL="0.05"), check=True)
+    done = subprocess.run(
+        [*CLI, "validate", str(tree), "--no-cache", "--progress", "json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(GPUAAS_PROGRESS_INTERVAL="0.05"),
+        check=True,
+    )
     docs = [json.loads(line) for line in done.stderr.splitlines()]
     final = [d for d in docs if d["phase"] == "parse files" and d["final"]]
     assert final and final[0]["done"] == final[0]["total"] == FILES and final[0]["rate"] > 0
@@ -93,8 +111,9 @@ class _Recorder(progress.Progress):
         self.ended.append((ph.name, ph.total, ph.done, ph.unit))
 
 
-def test_plan_reports_files_documents_and_requests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_reports_files_documents_and_requests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     repo = tmp_path / "fleet"
     shutil.copytree(ROOT / "examples" / "fleet", repo)
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com"]

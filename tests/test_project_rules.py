@@ -60,31 +60,31 @@ ARGV_ALLOWED = {
     "desired/gitrepo.py::_refs": "the value before '--' is commit.hexsha: 40 hex digits from git itself",
     "desired/gitrepo.py::_by_delta": "the values before '--' are two commit ids: 40 hex digits from git itself",
     "desired/gitrepo.py::_cat_file": "argv is git's executable, 'cat-file', a mode checked against two literals "
-                                     "and '--buffer'; the object ids go to stdin",
+    "and '--buffer'; the object ids go to stdin",
     "reconciler/bench/claims.py::_pgbench": "bench tool: protocol defaults to a literal, numbers are ints, "
-                                            "the script is a temp path and the URL is the operator's own",
+    "the script is a temp path and the URL is the operator's own",
     "reconciler/bench/gitops.py::_git": "bench tool: every caller in the module passes literal git "
-                                        "subcommands, options and paths it made itself",
+    "subcommands, options and paths it made itself",
     "reconciler/bench/portal.py::_git": "bench tool: every caller in the module passes literal git "
-                                        "subcommands, options and paths it made itself",
+    "subcommands, options and paths it made itself",
     "reconciler/bench/portal.py::run": "bench tool: argv is sys.executable, literals, a temp path, a float "
-                                       "and the operator's own database URL",
+    "and the operator's own database URL",
     "reconciler/bench/prplan.py::_git": "bench tool: every caller in the module passes literal git "
-                                        "subcommands and options, and commit ids git itself printed",
+    "subcommands and options, and commit ids git itself printed",
     "reconciler/bench/prplan.py::_plan": "bench tool: argv is sys.executable, a literal program, a temp path, commit "
-                                         "ids git printed (hex, never '-') and literal flags",
+    "ids git printed (hex, never '-') and literal flags",
     "reconciler/bench/gitops.py::measure": "bench tool: argv is sys.executable, literals, a temp path, "
-                                           "ints and the operator's own database URL",
+    "ints and the operator's own database URL",
     "reconciler/store/embedded.py::_run": "runner: pg_ctl/initdb argv built in this module from literals and "
-                                          "paths under the server's state dir",
+    "paths under the server's state dir",
     "host_reconciler/drivers/netns.py::run": "runner: it passes on the argv its callers give netns.run(ns, argv), "
-                                             "and each of those calls is an argv site of this rule",
+    "and each of those calls is an argv site of this rule",
     "host_reconciler/drivers/hostroot.py::_run": "runner of `host bootstrap`: its only caller is HostRoot, whose "
-                                                 "argv lists are literals with every value after a literal '--'",
+    "argv lists are literals with every value after a literal '--'",
     "host_reconciler/drivers/tools.py::run": "runner: it passes on the argv its callers give tools.run(argv), "
-                                             "and each of those calls is an argv site of this rule",
+    "and each of those calls is an argv site of this rule",
     "host_reconciler/drivers/dnsmasq.py::DnsmasqServer.start": "argv() is the configured binary followed only "
-                                                              "by f'--option=...' strings it builds itself",
+    "by f'--option=...' strings it builds itself",
     **dict.fromkeys(
         (f"host_reconciler/drivers/network.py::IptablesNat.{f}" for f in ("ensure", "remove", "_rule_present")),
         "iptables rule specs from nat_rules(): our literal options around a subnet printed by ipaddress and a "
@@ -92,13 +92,12 @@ ARGV_ALLOWED = {
     ),
     "host_reconciler/lab/__init__.py::_run": "lab only: argv from literals, generated netns names and loop devices",
     "host_reconciler/bench/images.py::_run": "bench tool: every caller passes literals, paths under its own temp "
-                                           "dir and /dev/loopN names printed by losetup",
+    "dir and /dev/loopN names printed by losetup",
     "host_reconciler/bench/images.py::_server_process": "bench tool: sys.executable, a literal module name and an "
-                                                      "absolute temp directory it made",
+    "absolute temp directory it made",
     "host_reconciler/bench/images.py::_convert": "bench tool: losetup -d of /dev/loopN names losetup printed",
     **dict.fromkeys(
-        (f"host_reconciler/drivers/ingress.py::IptablesIngress.{f}" for f in (
-            "_run", "_lines", "_hooked", "_present")),
+        (f"host_reconciler/drivers/ingress.py::IptablesIngress.{f}" for f in ("_run", "_lines", "_hooked", "_present")),
         "iptables argv of the ingress driver: literal tables and chains (_HOOKS, NAT_CHAIN, FORWARD_CHAIN), rule "
         "specs from dnat_spec/forward_spec (literal options around IPv4 addresses and ints checked by _checked, "
         "a bridge name checked by addresses.ifname) and rule positions (ints)",
@@ -109,7 +108,7 @@ ARGV_ALLOWED = {
         "sys.executable and a literal program",
     ),
     "host_reconciler/lab/__init__.py::LabHost.close": "lab only: a generated netns name (gpuaas-l<hex>), mount points "
-                                             "under the lab root (absolute paths) and /dev/loopN names",
+    "under the lab root (absolute paths) and /dev/loopN names",
 }
 
 
@@ -155,17 +154,24 @@ def _argv_sites(tree: ast.Module) -> list[tuple[int, str, list[str]]]:
 
     def visit(node: ast.AST, scope: list[str]) -> None:
         for child in ast.iter_child_nodes(node):
-            inner = [*scope, child.name] if isinstance(
-                child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) else scope
+            inner = (
+                [*scope, child.name]
+                if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+                else scope
+            )
             if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute):
                 f = child.func
                 where = ".".join(scope) or "<module>"
                 runner = (f.value.id, f.attr) if isinstance(f.value, ast.Name) else None
-                if runner is not None and (runner in _HOST_RUNNERS or (
-                        runner[0] == "subprocess" and runner[1] in _SUBPROCESS_RUNNERS)):
+                if runner is not None and (
+                    runner in _HOST_RUNNERS or (runner[0] == "subprocess" and runner[1] in _SUBPROCESS_RUNNERS)
+                ):
                     at = _HOST_RUNNERS.get(runner, 0)
-                    argv = child.args[at] if len(child.args) > at else next(
-                        (k.value for k in child.keywords if k.arg in ("args", "argv", "command")), None)
+                    argv = (
+                        child.args[at]
+                        if len(child.args) > at
+                        else next((k.value for k in child.keywords if k.arg in ("args", "argv", "command")), None)
+                    )
                     if isinstance(argv, ast.List | ast.Tuple):
                         found.append((child.lineno, where, _argv_problems(list(argv.elts), program_first=True)))
                     else:
@@ -202,20 +208,20 @@ def test_the_argv_rule_catches_what_it_should() -> None:
         'subprocess.run(["git", "fetch", remote])': 1,
         'subprocess.run(["git", "fetch", "--", remote, f"+refs/heads/{b}"])': 0,
         'subprocess.run(["umount", "-l", str(point)])': 1,
-        'subprocess.run(argv)': 1,
+        "subprocess.run(argv)": 1,
         'subprocess.run([binary, "-x", f"--db={db}"])': 0,
         'repo.git.fetch(self.remote, "main")': 1,
         'repo.git.fetch("--", self.remote, "main")': 0,
         'repo.git.checkout("-b", "pr")': 0,
-        'repo.git.log(*args)': 1,
+        "repo.git.log(*args)": 1,
         'tools.run(["wipefs", "--all", dev.path])': 1,
         'tools.run(["wipefs", "--all", "--", dev.path], timeout=9)': 0,
-        'tools.run(argv)': 1,
+        "tools.run(argv)": 1,
         'netns.run(ns, ["ip", "link", "del", name], code="x")': 1,
         'netns.run(ns, ("sysctl", "-n", "net.ipv4.ip_forward"), code="x")': 0,
-        'netns.run(ns, [b, addresses.ifname(br), tools.operand(ip), *([] if c is None else [operand(c)])])': 0,
-        'netns.run(ns, [b, x, *([] if c is None else [c])])': 2,
-        'netns.run(ns, [b, *rest])': 1,
+        "netns.run(ns, [b, addresses.ifname(br), tools.operand(ip), *([] if c is None else [operand(c)])])": 0,
+        "netns.run(ns, [b, x, *([] if c is None else [c])])": 2,
+        "netns.run(ns, [b, *rest])": 1,
     }
     for code, expected in cases.items():
         sites = _argv_sites(ast.parse(code))

@@ -59,7 +59,8 @@ HOSTILE = [
 IDS = [f"v{i}" for i in range(len(HOSTILE))]
 
 OUR_HTML = re.compile(
-    r"^(<!-- gpuaas-plan -->|<details( open)?><summary><b>[A-Za-z :(),]+</b> \(\d+\)</summary>|</details>)\n?$")
+    r"^(<!-- gpuaas-plan -->|<details( open)?><summary><b>[A-Za-z :(),]+</b> \(\d+\)</summary>|</details>)\n?$"
+)
 
 
 def raw_cells(line: str) -> list[str]:
@@ -67,7 +68,7 @@ def raw_cells(line: str) -> list[str]:
     cells, cur, i = [], "", 0
     while i < len(line):
         if line[i] == "\\" and i + 1 < len(line):
-            cur += line[i: i + 2]
+            cur += line[i : i + 2]
             i += 2
             continue
         if line[i] == "|":
@@ -124,8 +125,7 @@ def check_document(text: str, benign: str) -> list[list[list[str]]]:
     one must render to exactly the same HTML element structure.
     """
     tokens = MD.parse(text)
-    inline_html = [k.content for t in tokens if t.type == "inline" for k in t.children or []
-                   if k.type == "html_inline"]
+    inline_html = [k.content for t in tokens if t.type == "inline" for k in t.children or [] if k.type == "html_inline"]
     assert inline_html == []
     blocks = [t.content for t in tokens if t.type == "html_block"]
     assert all(OUR_HTML.match(b) for b in blocks), blocks
@@ -153,14 +153,25 @@ def check_document(text: str, benign: str) -> list[list[list[str]]]:
 
 
 def _probe(fn: Callable[[object], rendering.Markdown], value: str) -> str:
-    return "\n".join(["| a | b |", "| --- | --- |", rendering.md_row([fn(value), "after"]), "",
-                      "before " + fn(value) + " after", "", fn(value), ""])
+    return "\n".join(
+        [
+            "| a | b |",
+            "| --- | --- |",
+            rendering.md_row([fn(value), "after"]),
+            "",
+            "before " + fn(value) + " after",
+            "",
+            fn(value),
+            "",
+        ]
+    )
 
 
 @pytest.mark.parametrize("value", HOSTILE, ids=IDS)
 @pytest.mark.parametrize("fn", [rendering.md_text, rendering.md_code], ids=["md_text", "md_code"])
 def test_a_value_renders_as_itself_in_a_cell_and_in_a_paragraph(
-        value: str, fn: Callable[[object], rendering.Markdown]) -> None:
+    value: str, fn: Callable[[object], rendering.Markdown]
+) -> None:
     seen = rendering.one_line(value)
     doc = _probe(fn, value)
     assert check_document(doc, _probe(fn, "x")) == [[["a", "b"], [seen, "after"]]]
@@ -189,14 +200,23 @@ def hostile_plan(v: str) -> PrPlan:
     inv = inventory_diff.InventoryDiff(
         changes=(inventory_diff.DocumentChange("SlotMap", v, "added", (v, "enabled")),),
         slots=(inventory_diff.SlotChange(v, 0, False, True, (v,)),),
-        schedulable_gpus_before=0, schedulable_gpus_after=1,
+        schedulable_gpus_before=0,
+        schedulable_gpus_after=1,
         ineligible_after={v: {1: (v, v)}},
     )
     placement = plans.Placement(v, v, v, "gpu_slice", 1, v, v, (0,), profile, v)
-    plan = plans.Plan(placements=(placement,), pending=(plans.Pending(v, v, v),),
-                      releases=(plans.Release(v, v, (1,)),))
-    return PrPlan(v, v, False, inventory=inv, nodes=(NodeChange(v, "slice_capable", v, None, v, (v,)),),
-                  plan=plan, orphaned=(v, v), affected=(Affected(v, v, v, (0,), v),), tenants={v: v})
+    plan = plans.Plan(placements=(placement,), pending=(plans.Pending(v, v, v),), releases=(plans.Release(v, v, (1,)),))
+    return PrPlan(
+        v,
+        v,
+        False,
+        inventory=inv,
+        nodes=(NodeChange(v, "slice_capable", v, None, v, (v,)),),
+        plan=plan,
+        orphaned=(v, v),
+        affected=(Affected(v, v, v, (0,), v),),
+        tenants={v: v},
+    )
 
 
 def _rows(tabs: list[list[list[str]]], *header: str) -> list[list[str]]:
@@ -217,10 +237,12 @@ def test_pr_plan_markdown_keeps_its_structure_with_hostile_values(value: str) ->
     assert _rows(tabs, "Node", "Slots", "Schedulable", "Reasons") == [[seen, "0", "no → yes", seen]]
     assert _rows(tabs, "Node", "Slots", "Reasons") == [[seen, "1", f"{seen}, {seen}"]]
     assert _rows(tabs, "Node", "Capability", "Mode", "Why", "Running here") == [
-        [seen, f"slice_capable → {seen}", f"- → {seen}", seen, f"1 running allocation(s) of {seen}"]]
+        [seen, f"slice_capable → {seen}", f"- → {seen}", seen, f"1 running allocation(s) of {seen}"]
+    ]
     assert _rows(tabs, "Allocation", "Tenant", "Node", "Slots", "Change") == [[seen, seen, seen, "0", seen]]
     assert _rows(tabs, "Allocation", "Tenant", "Request", "Node", "Slots", "VM profile") == [
-        [seen, seen, f"1x {seen}", seen, "0", "<img src=//evil.invalid/p.png></details> (24 vCPU, 65536 MiB)"]]
+        [seen, seen, f"1x {seen}", seen, "0", "<img src=//evil.invalid/p.png></details> (24 vCPU, 65536 MiB)"]
+    ]
     assert _rows(tabs, "Allocation", "Code", "Reason", "New") == [[seen, seen, seen, "yes"]]
     assert _rows(tabs, "Allocation", "Tenant", "Node", "Slots") == [[seen, seen, seen, "1"]]
     inline = [plain(t)[0] for t in MD.parse(md) if t.type == "inline"]
@@ -250,9 +272,11 @@ def test_pr_plan_text_has_one_line_per_entry() -> None:
 
 def hostile_nodes(v: str) -> list[dict[str, Any]]:
     finding = {"code": v, "slot_index": 0, "message": v, "expected": v, "observed": v, "heal": v}
-    return [{"node": v, "drift": [finding]},
-            {"node": "node-b", "drift": "garbage"},
-            {"node": "node-c", "drift": [1, None, {"code": 5}]}]
+    return [
+        {"node": v, "drift": [finding]},
+        {"node": "node-b", "drift": "garbage"},
+        {"node": "node-c", "drift": [1, None, {"code": 5}]},
+    ]
 
 
 @pytest.mark.parametrize("value", HOSTILE, ids=IDS)

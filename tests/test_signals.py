@@ -25,9 +25,14 @@ BOUND_S = 2.0  # the issue's bound, from the signal to the exit; a hung child sh
 
 
 def test_sigterm_at_random_moments_never_hangs_a_stopping_process() -> None:
-    done = subprocess.run([sys.executable, str(STORM), "200", "25", "26"], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
-                          check=True)
+    done = subprocess.run(
+        [sys.executable, str(STORM), "200", "25", "26"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+        check=True,
+    )
     results = json.loads(done.stdout)
     assert len(results) == 200
     hung = [r for r in results if r["code"] is None]
@@ -55,9 +60,14 @@ print("stopped")
 
 def test_a_signal_while_the_main_thread_holds_the_events_lock_still_stops() -> None:
     """In a child with a deadline: on the old handler this deadlocks (the test then fails, not hangs)."""
-    done = subprocess.run([sys.executable, "-c", _HOLDING_THE_LOCK], capture_output=True, text=True, timeout=60,
-                          check=False,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    done = subprocess.run(
+        [sys.executable, "-c", _HOLDING_THE_LOCK],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+    )
     assert (done.returncode, done.stdout.strip()) == (0, "stopped"), done.stderr
 
 
@@ -76,9 +86,17 @@ def test_a_second_signal_runs_on_first_once_and_the_block_restores_handlers() ->
 def test_every_signal_handler_of_the_product_is_the_one_in_schemas_signals() -> None:
     """run, serve and host run stop through `signals.stop_on`; no other module installs a handler."""
     root = Path(__file__).parents[1]
-    offenders = [str(p.relative_to(root)) for package in ("reconciler", "host_reconciler", "desired", "policies")
-                 for p in (root / package).rglob("*.py") if "signal.signal(" in p.read_text()]
+    offenders = [
+        str(p.relative_to(root))
+        for package in ("reconciler", "host_reconciler", "desired", "policies")
+        for p in (root / package).rglob("*.py")
+        if "signal.signal(" in p.read_text()
+    ]
     assert offenders == []
-    users = {p.parent.name + "/" + p.name for package in ("reconciler", "host_reconciler")
-             for p in (root / package).rglob("*.py") if "stop_on(" in p.read_text()}
+    users = {
+        p.parent.name + "/" + p.name
+        for package in ("reconciler", "host_reconciler")
+        for p in (root / package).rglob("*.py")
+        if "stop_on(" in p.read_text()
+    }
     assert {"commands/run.py", "commands/serve.py", "host_reconciler/command.py"} <= users

@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from host_reconciler.discovery import candidates, discovering, gating, rendering
+
     phases: dict[str, list[float]] = {
         "read sysfs": [],
         "candidate map": [],

@@ -42,10 +42,17 @@ def register(sub: Any) -> None:
 
 def _slots() -> tuple[hp.SlotBundle, ...]:
     return tuple(
-        hp.SlotBundle(i, f"0000:{g}:00.0", f"0000:{int(g, 16) - 1:02x}:00.1", f"/dev/disk/by-id/nvme-BENCH-S{i}",
-                      f"52:54:00:be:00:{i:02x}", f"10.100.0.{10 + i}", 0 if i < 4 else 1)
+        hp.SlotBundle(
+            i,
+            f"0000:{g}:00.0",
+            f"0000:{int(g, 16) - 1:02x}:00.1",
+            f"/dev/disk/by-id/nvme-BENCH-S{i}",
+            f"52:54:00:be:00:{i:02x}",
+            f"10.100.0.{10 + i}",
+            0 if i < 4 else 1,
+        )
         for i, g in enumerate(GPUS)
-    )  # fmt: skip
+    )
 
 
 def _vm(alloc: str, slots: tuple[hp.SlotBundle, ...], image: hp.ImageRef, vcpus: int) -> hp.VmSpec:
@@ -59,6 +66,7 @@ def _median(xs: list[float]) -> float:
 def run(args: argparse.Namespace) -> int:
     from host_reconciler import converging, lab
     from host_reconciler.drivers import wiring
+
     lab.check_host()
     slots = _slots()
     out: dict[str, Any] = {"runs": args.runs}
@@ -94,13 +102,22 @@ def run(args: argparse.Namespace) -> int:
 def _identities(host: lab.LabHost, slots: tuple[hp.SlotBundle, ...]) -> tuple[hp.SlotIdentity, ...]:
     """Each slot disk's identity as discovery records it in the approval (a plan without one writes nothing)."""
     from host_reconciler.drivers import disks, protocols
+
     d = disks.BlockDisks(protocols.DiskSettings(by_id_root=host.by_id_root))
     return tuple(hp.SlotIdentity(s.slot_index, d.identity_of(s.nvme_device)) for s in slots)
 
 
 def _plan(gen: int, slots: tuple[hp.SlotBundle, ...], ids: tuple[hp.SlotIdentity, ...], **kw: Any) -> hp.HostPlan:
-    return hp.HostPlan("bench-node", gen, NET, "/dev/disk/by-id/nvme-BENCH-OS", slots=slots, graceful_timeout_s=5,
-                       disk_identities=ids, **kw)  # fmt: skip
+    return hp.HostPlan(
+        "bench-node",
+        gen,
+        NET,
+        "/dev/disk/by-id/nvme-BENCH-OS",
+        slots=slots,
+        graceful_timeout_s=5,
+        disk_identities=ids,
+        **kw,
+    )
 
 
 def _converge(
@@ -111,6 +128,7 @@ def _converge(
     runs: int,
 ) -> dict[str, Any]:
     from host_reconciler.actions import Step
+
     gen = 0
     first = None
     totals: list[float] = []
@@ -154,8 +172,12 @@ def _drift(
     runs: int,
 ) -> dict[str, Any]:
     from host_reconciler import diff
-    vms = (_vm("drift-a", (slots[0],), image, 8), _vm("drift-b", (slots[2], slots[3]), image, 16),
-           _vm("drift-c", slots[4:8], image, 64))  # fmt: skip
+
+    vms = (
+        _vm("drift-a", (slots[0],), image, 8),
+        _vm("drift-b", (slots[2], slots[3]), image, 16),
+        _vm("drift-c", slots[4:8], image, 64),
+    )
     plan = _plan(1000, slots, ids, vms=vms)
     r = conv.converge(plan)
     assert not r.errors, r.errors  # noqa: S101
@@ -176,6 +198,7 @@ def _drift(
 
 def _wipe(host: lab.LabHost, gib: int) -> dict[str, Any]:
     from host_reconciler.drivers import disks, protocols
+
     by_id = f"/dev/disk/by-id/nvme-BENCH-WIPE{gib}G"
     dev = host.add_disk(by_id, gib << 10, fs="ext4")
     with open(dev, "r+b") as f:  # data spread over the disk, as a tenant leaves it

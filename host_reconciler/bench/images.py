@@ -45,8 +45,12 @@ def _run(*argv: str) -> str:
 @contextmanager
 def _server_process(served: Path) -> Iterator[str]:
     """The image server in a child process (both clients then time the same out-of-process server)."""
-    proc = subprocess.Popen([sys.executable, "-m", "host_reconciler.imageserver", str(served)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "host_reconciler.imageserver", str(served)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None  # noqa: S101 - stdout=PIPE above
         port = int(proc.stdout.readline())
@@ -140,8 +144,13 @@ def _convert(root: Path, qcow2: Path, size: int, runs: int) -> tuple[list[float]
             made[name] = f"/dev/disk/by-id/{name}"
         _run("mkfs.ext4", "-q", "-F", devices[0])
         driver = disks.BlockDisks(protocols.DiskSettings(by_id_root=by_id))
-        slot = protocols.slot_disk(0, made["nvme-BENCH-S0"], [(0, made["nvme-BENCH-S0"])], made["nvme-BENCH-OS"],
-                               driver.identity_of(made["nvme-BENCH-S0"]))  # approved as just made
+        slot = protocols.slot_disk(
+            0,
+            made["nvme-BENCH-S0"],
+            [(0, made["nvme-BENCH-S0"])],
+            made["nvme-BENCH-OS"],
+            driver.identity_of(made["nvme-BENCH-S0"]),
+        )  # approved as just made
         token = images.verify(qcow2, images.sha256_file(qcow2))
         convert: list[float] = []
         compare: list[float] = []

@@ -33,11 +33,13 @@ from schemas import hostplans as hp
 
 PUBLIC = "203.0.113.1"
 NET = hp.Network("10.100.0.0/24", "10.100.0.1", "10.100.0.10", "10.100.0.250", "gpuaasbr0")
-LISTENER = ("import socket\n"
-            "s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-            "s.bind(('0.0.0.0', 22)); s.listen(64); print('up', flush=True)\n"
-            "while True:\n"
-            "    c,_=s.accept(); c.sendall(b'SSH-2.0-bench\\r\\n'); c.close()\n")
+LISTENER = (
+    "import socket\n"
+    "s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind(('0.0.0.0', 22)); s.listen(64); print('up', flush=True)\n"
+    "while True:\n"
+    "    c,_=s.accept(); c.sendall(b'SSH-2.0-bench\\r\\n'); c.close()\n"
+)
 
 
 def register(sub: Any) -> None:
@@ -81,8 +83,9 @@ def _lab() -> Iterator[tuple[str, str, str]]:
             _ip("-n", ns, "addr", "add", addr, "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
         _ip("-n", vm, "route", "add", "default", "via", NET.gateway)
-        server = subprocess.Popen(["ip", "netns", "exec", vm, sys.executable, "-c", LISTENER],
-                                  stdout=subprocess.PIPE, text=True)
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", vm, sys.executable, "-c", LISTENER], stdout=subprocess.PIPE, text=True
+        )
         if server.stdout is None or server.stdout.readline().strip() != "up":
             raise RuntimeError("the VM's listener did not start")
         yield host, outside, vm
@@ -117,8 +120,15 @@ def _answers(outside: str, port: int, deadline_s: float = 10.0) -> float:
 
 
 def _vm(i: int) -> hp.VmSpec:
-    b = hp.SlotBundle(i, f"0000:{i % 256:02x}:00.0", None, f"/dev/disk/by-id/nvme-B{i}",
-                      f"52:54:00:bb:{i // 256 % 256:02x}:{i % 256:02x}", f"10.100.0.{10 + i % 240}", 0)
+    b = hp.SlotBundle(
+        i,
+        f"0000:{i % 256:02x}:00.0",
+        None,
+        f"/dev/disk/by-id/nvme-B{i}",
+        f"52:54:00:bb:{i // 256 % 256:02x}:{i % 256:02x}",
+        f"10.100.0.{10 + i % 240}",
+        0,
+    )
     return hp.VmSpec(f"bench-{i:04d}", "bench", (b,), 4, 4096)
 
 
@@ -146,8 +156,9 @@ def run(args: argparse.Namespace) -> int:
         out["ready_to_ssh_ms"] = round(statistics.median(ready), 3)
         n = args.allocations
         vms = tuple(_vm(i) for i in range(n))
-        rules = tuple(hp.IngressRule(v.allocation_id, PUBLIC, 30000 + i, v.bundles[0].private_ip, 22)
-                      for i, v in enumerate(vms))
+        rules = tuple(
+            hp.IngressRule(v.allocation_id, PUBLIC, 30000 + i, v.bundles[0].private_ip, 22) for i, v in enumerate(vms)
+        )
         plan = hp.HostPlan("bench", 1, NET, "/dev/disk/by-id/os", vms=vms, ingress=rules)
         t0 = time.monotonic()
         for rule in rules:

@@ -288,8 +288,11 @@ def pairings(discovery: facts.Discovery) -> tuple[Pairing, ...]:
 def nvme_identity(disk: facts.NvmeNamespace) -> dict[str, Any] | None:
     """The `nvme_identity` a slot records for `disk` (point 5 of the module docstring)."""
     found: dict[str, Any] = {}
-    for key, value, pattern in (("model", disk.model, _SYSFS_TEXT), ("serial", disk.serial, _SYSFS_TEXT),
-                                ("wwid", disk.wwid, _WWID)):  # fmt: skip
+    for key, value, pattern in (
+        ("model", disk.model, _SYSFS_TEXT),
+        ("serial", disk.serial, _SYSFS_TEXT),
+        ("wwid", disk.wwid, _WWID),
+    ):
         if value and pattern.match(value):
             found[key] = value
     if not ({"serial", "wwid"} & set(found)) or disk.size_bytes < m.SECTOR_BYTES:

@@ -58,8 +58,7 @@ def _tb(n: int) -> str:
 
 def _header(candidate: candidates.Candidate, discovery: facts.Discovery) -> list[str]:
     lines = [
-        f"Candidate SlotMap for node {candidate.node} from `gpuaas host discover`"
-        f" (kernel {discovery.kernel or '?'}).",
+        f"Candidate SlotMap for node {candidate.node} from `gpuaas host discover` (kernel {discovery.kernel or '?'}).",
         proposals.summary(candidate).line() + ".",
         "Discovery proposes; git approves. Review every slot, resolve or drop slots with blockers,",
         "delete `approval_required: true`, and merge through a pull request.",

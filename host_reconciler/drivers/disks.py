@@ -180,9 +180,12 @@ class BlockDisks:
                 f"slot {disk.slot_index}: the approval of {disk.device} records no disk identity "
                 f"(SlotMap nvme_identity); nothing was written",
                 device=disk.device,
-                evidence={"device": disk.device, "resolved": dev.path,
-                          "identity": {"differs": [], "approved": None, "observed": seen.as_dict()}},
-            )  # fmt: skip
+                evidence={
+                    "device": disk.device,
+                    "resolved": dev.path,
+                    "identity": {"differs": [], "approved": None, "observed": seen.as_dict()},
+                },
+            )
         differs = disk.identity.differences(seen)
         if not differs:
             return
@@ -348,8 +351,9 @@ class BlockDisks:
             got = _sha256_prefix(dev.path, length)
             ok, detail = got == image.digest, {"method": "sha256", "sha256": got}
         else:
-            target = json.dumps({"driver": "raw", "size": length,
-                                 "file": {"driver": "host_device", "filename": dev.path}})  # fmt: skip
+            target = json.dumps(
+                {"driver": "raw", "size": length, "file": {"driver": "host_device", "filename": dev.path}}
+            )
             res = tools.run(
                 ["qemu-img", "compare", "-f", "qcow2", "--", image.path, f"json:{target}"],
                 timeout=self.settings.tool_timeout_s,
@@ -609,5 +613,3 @@ def read_identity(sysfs_root: Path, majmin: str) -> DiskIdentity:
         wwid=_read(base / "wwid") or None,
         backing_file=_read(base / "loop" / "backing_file") or None,
     )
-
-

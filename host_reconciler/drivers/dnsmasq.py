@@ -181,8 +181,7 @@ class DnsmasqServer:
         st = parent.stat()
         if st.st_uid == os.geteuid() and not _searchable(st, who) and not st.st_mode & stat.S_IXOTH:
             parent.chmod(stat.S_IMODE(st.st_mode) | stat.S_IXOTH)
-        blocked = next((d for d in (self.hosts_dir, *self.hosts_dir.parents) if not _searchable(d.stat(), who)),
-                       None)
+        blocked = next((d for d in (self.hosts_dir, *self.hosts_dir.parents) if not _searchable(d.stat(), who)), None)
         if blocked is not None:
             self.runs_as = pwd.getpwuid(self.hosts_dir.stat().st_uid).pw_name
         return self.runs_as
@@ -275,10 +274,15 @@ class DnsmasqServer:
         try:
             netns.run(
                 self._netns,
-                [self._release_binary, addresses.ifname(bridge), tools.operand(lease.ip), addresses.mac(lease.mac),
-                 *([] if lease.client_id is None else [tools.operand(lease.client_id)])],
+                [
+                    self._release_binary,
+                    addresses.ifname(bridge),
+                    tools.operand(lease.ip),
+                    addresses.mac(lease.mac),
+                    *([] if lease.client_id is None else [tools.operand(lease.client_id)]),
+                ],
                 code="host.dhcp.release_failed",
-            )  # fmt: skip
+            )
         except netns.CommandError as e:
             raise DhcpError(e.message, code="host.dhcp.release_failed") from e
         # dnsmasq handles the packet asynchronously; wait for the file to show it.

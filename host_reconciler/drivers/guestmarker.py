@@ -91,8 +91,14 @@ def load_secret(path: Path) -> bytes:
 class Announcements:
     """An HTTP listener on the management bridge address that records which guests announced their marker."""
 
-    def __init__(self, secret: bytes | Path, *, port: int = DEFAULT_PORT, netns_name: str | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        secret: bytes | Path,
+        *,
+        port: int = DEFAULT_PORT,
+        netns_name: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         # A path is read (or created) on first use, not when the agent wires its drivers up.
         self._secret: bytes | None = secret if isinstance(secret, bytes) else None
         self._secret_file = secret if isinstance(secret, Path) else None
@@ -122,11 +128,14 @@ class Announcements:
         address = str(addresses.ipv4(gateway))
         self.listen(address)
         token = self.token(name)
-        return GuestAnnounce(f"http://{address}:{self.port}{PATH}", f"name={name}&token={token}",
-                             devices_url=f"http://{address}:{self.port}{DEVICES_PATH}",
-                             devices_head=f"gpuaas-devices 1\nname {name}\ntoken {token}\n",
-                             telemetry_url=f"http://{address}:{self.port}{TELEMETRY_PATH}",
-                             telemetry_head=f"gpuaas-telemetry 1\nname {name}\ntoken {token}\n")
+        return GuestAnnounce(
+            f"http://{address}:{self.port}{PATH}",
+            f"name={name}&token={token}",
+            devices_url=f"http://{address}:{self.port}{DEVICES_PATH}",
+            devices_head=f"gpuaas-devices 1\nname {name}\ntoken {token}\n",
+            telemetry_url=f"http://{address}:{self.port}{TELEMETRY_PATH}",
+            telemetry_head=f"gpuaas-telemetry 1\nname {name}\ntoken {token}\n",
+        )
 
     @property
     def port(self) -> int:
@@ -141,11 +150,13 @@ class Announcements:
             with netns.entered(self._netns):  # the socket belongs to the namespace it was made in
                 server = _Server((address, self._port), _handler(self))
         except OSError as e:
-            raise ListenError(f"cannot listen for guest markers on {address}:{self._port}: "
-                              f"{e.strerror or type(e).__name__}") from e
+            raise ListenError(
+                f"cannot listen for guest markers on {address}:{self._port}: {e.strerror or type(e).__name__}"
+            ) from e
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="gpuaas-guest-marker", daemon=True)
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="gpuaas-guest-marker", daemon=True
+        )
         self._thread.start()
 
     def heard(self, name: str) -> Heard | None:
@@ -177,8 +188,10 @@ class Announcements:
         try:
             name, token, sample = telemetry.parse(body)
         except telemetry.Refused as e:
-            return self._refuse(f"telemetry.{e.code}", HTTPStatus.REQUEST_ENTITY_TOO_LARGE if e.code == "oversized"
-                                else HTTPStatus.BAD_REQUEST)
+            return self._refuse(
+                f"telemetry.{e.code}",
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE if e.code == "oversized" else HTTPStatus.BAD_REQUEST,
+            )
         if not hmac.compare_digest(token, self.token(name)):
             return self._refuse("telemetry.bad_token", HTTPStatus.FORBIDDEN)
         now = self._clock()
@@ -195,14 +208,18 @@ class Announcements:
                 stalest = min(self._telemetry, key=lambda n: self._telemetry[n][-1][1])
                 del self._telemetry[stalest]
             self._telemetry.setdefault(name, collections.deque(maxlen=telemetry.BUFFER)).append(
-                (time.time(), now, sample))
+                (time.time(), now, sample)
+            )
         return HTTPStatus.NO_CONTENT
 
     def latest_telemetry(self) -> dict[str, dict[str, object]]:
         """VM name -> its newest sample (received_at: unix time the host got it; buffered: samples kept)."""
         with self._lock:
-            return {n: {"received_at": b[-1][0], "buffered": len(b), **b[-1][2].as_dict()}
-                    for n, b in self._telemetry.items() if b}
+            return {
+                n: {"received_at": b[-1][0], "buffered": len(b), **b[-1][2].as_dict()}
+                for n, b in self._telemetry.items()
+                if b
+            }
 
     def refused_counts(self) -> dict[str, int]:
         with self._lock:
@@ -218,8 +235,9 @@ class Announcements:
         try:
             name, token, found = devicereports.parse(body)
         except devicereports.Refused as e:
-            return self._refuse(e.code, HTTPStatus.REQUEST_ENTITY_TOO_LARGE if e.code == "oversized"
-                                else HTTPStatus.BAD_REQUEST)
+            return self._refuse(
+                e.code, HTTPStatus.REQUEST_ENTITY_TOO_LARGE if e.code == "oversized" else HTTPStatus.BAD_REQUEST
+            )
         if not hmac.compare_digest(token, self.token(name)):
             return self._refuse("bad_token", HTTPStatus.FORBIDDEN)
         with self._lock:
@@ -274,11 +292,14 @@ def _handler(owner: Announcements) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 length = 0
             if self.path == DEVICES_PATH:  # the guest's device report (its own, larger cap)
-                status = owner.record_devices(self.rfile.read(min(length, devicereports.MAX_BYTES + 1))
-                                              if length > 0 else b"", self.client_address[0])
+                status = owner.record_devices(
+                    self.rfile.read(min(length, devicereports.MAX_BYTES + 1)) if length > 0 else b"",
+                    self.client_address[0],
+                )
             elif self.path == TELEMETRY_PATH:
-                status = owner.record_telemetry(self.rfile.read(min(length, telemetry.MAX_BYTES + 1))
-                                                if length > 0 else b"", self.client_address[0])
+                status = owner.record_telemetry(
+                    self.rfile.read(min(length, telemetry.MAX_BYTES + 1)) if length > 0 else b"", self.client_address[0]
+                )
             elif self.path != PATH:
                 status = HTTPStatus.NOT_FOUND
             elif not 0 < length <= _MAX_BODY:

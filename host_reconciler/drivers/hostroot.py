@@ -26,8 +26,12 @@ from schemas.errors import GpuaasError, PermanentError
 
 Runner = Callable[[Sequence[str]], tools.ToolResult]
 _PATH = ("usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "bin", "usr/lib/qemu")
-_OVMF = ("usr/share/OVMF/OVMF_CODE.fd", "usr/share/OVMF/OVMF_CODE_4M.fd", "usr/share/ovmf/OVMF.fd",
-         "usr/share/qemu/OVMF.fd")
+_OVMF = (
+    "usr/share/OVMF/OVMF_CODE.fd",
+    "usr/share/OVMF/OVMF_CODE_4M.fd",
+    "usr/share/ovmf/OVMF.fd",
+    "usr/share/qemu/OVMF.fd",
+)
 _UNIT_DIRS = ("etc/systemd/system", "lib/systemd/system", "usr/lib/systemd/system")
 _MANAGED = (b.GRUB_DROPIN, b.MODULES_FILE, b.SYSCTL_FILE)
 _SYSCTLS = tuple(k for k, _ in b.SYSCTL_BASELINE + b.SYSCTL_TUNING)
@@ -67,8 +71,9 @@ class HostRoot:
     # -- facts -----------------------------------------------------------------------------
     def facts(self, opts: b.Options) -> b.Facts:
         cpuinfo = self._text("/proc/cpuinfo") or ""
-        vendor = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
-                       if line.startswith("vendor_id")), None)
+        vendor = next(
+            (line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("vendor_id")), None
+        )
         modules = frozenset(line.split()[0] for line in (self._text("/proc/modules") or "").splitlines() if line)
         huge = self._text("/sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages")
         return b.Facts(
@@ -81,8 +86,10 @@ class HostRoot:
             files={p: self._text(p) for p in _MANAGED},
             written=dict(self.written),
             modules=modules,
-            sysctl={k: (v.strip() if (v := self._text("/proc/sys/" + k.replace(".", "/"))) is not None else None)
-                    for k in _SYSCTLS},
+            sysctl={
+                k: (v.strip() if (v := self._text("/proc/sys/" + k.replace(".", "/"))) is not None else None)
+                for k in _SYSCTLS
+            },
             hugepages_1g=int(huge) if huge and huge.strip().isdigit() else None,
             services={u: s for u in b.NVIDIA_SERVICES if (s := self._service(u)) is not None},
             dir_modes={d: self._mode(d) for d in opts.traverse},
@@ -99,8 +106,9 @@ class HostRoot:
         active: bool | None = None
         if self.live and Path("/run/systemd/system").is_dir():
             try:
-                active = tools.run(["systemctl", "is-active", "--quiet", "--", unit],
-                                   timeout=READ_TIMEOUT_S).returncode == 0
+                active = (
+                    tools.run(["systemctl", "is-active", "--quiet", "--", unit], timeout=READ_TIMEOUT_S).returncode == 0
+                )
             except GpuaasError:
                 active = None  # cannot tell: reported as unknown, the unit link still decides
         return b.ServiceState(enabled=enabled, active=active)
@@ -119,8 +127,7 @@ class HostRoot:
         if not self.live:
             return None
         try:
-            res = tools.run(["virsh", "--connect", "qemu:///system", "list", "--all", "--name"],
-                            timeout=READ_TIMEOUT_S)
+            res = tools.run(["virsh", "--connect", "qemu:///system", "list", "--all", "--name"], timeout=READ_TIMEOUT_S)
         except GpuaasError:
             return None  # virsh not installed yet, or libvirt hangs: nothing to judge reservations by
         if res.returncode != 0:
@@ -138,8 +145,9 @@ class HostRoot:
             return {"written": change.target, "sha256": b.digest(change.content or "")}
         if k is b.ChangeKind.CHMOD:
             if change.target not in opts.traverse or change.mode is None:
-                raise PermanentError(f"{change.target} is not a directory bootstrap may chmod",
-                                     code="host.bootstrap.refused")
+                raise PermanentError(
+                    f"{change.target} is not a directory bootstrap may chmod", code="host.bootstrap.refused"
+                )
             os.chmod(self.path(change.target), change.mode)
             return {"chmod": change.target, "mode": f"{change.mode:o}"}
         if k is b.ChangeKind.REMOVE_FILE:
@@ -153,8 +161,10 @@ class HostRoot:
             return {"deferred": argv, "why": f"root {self.root} is not the live root"}
         res = self.runner(argv)
         if res.returncode != 0:
-            raise PermanentError(f"{' '.join(argv)} exited {res.returncode}: {res.stderr.strip()[-500:]}",
-                                 code="host.bootstrap.command_failed")
+            raise PermanentError(
+                f"{' '.join(argv)} exited {res.returncode}: {res.stderr.strip()[-500:]}",
+                code="host.bootstrap.command_failed",
+            )
         return {"ran": argv}
 
     @staticmethod

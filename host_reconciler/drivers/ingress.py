@@ -59,18 +59,58 @@ def _checked(rule: IngressRule) -> IngressRule:
 
 def dnat_spec(rule: IngressRule) -> tuple[str, ...]:
     r = _checked(rule)
-    return ("-d", f"{r.public_address}/32", "-p", "tcp", "-m", "tcp", "--dport", str(r.public_port),
-            "-m", "comment", "--comment", f"{TAG}{r.allocation_id}",
-            "-j", "DNAT", "--to-destination", f"{r.private_ip}:{r.guest_port}")
+    return (
+        "-d",
+        f"{r.public_address}/32",
+        "-p",
+        "tcp",
+        "-m",
+        "tcp",
+        "--dport",
+        str(r.public_port),
+        "-m",
+        "comment",
+        "--comment",
+        f"{TAG}{r.allocation_id}",
+        "-j",
+        "DNAT",
+        "--to-destination",
+        f"{r.private_ip}:{r.guest_port}",
+    )
 
 
 def forward_spec(bridge: str, rule: IngressRule) -> tuple[str, ...]:
     r = _checked(rule)
     bridge = addresses.ifname(bridge)
-    return ("-d", f"{r.private_ip}/32", "!", "-i", bridge, "-o", bridge, "-p", "tcp", "-m", "tcp",
-            "--dport", str(r.guest_port), "-m", "conntrack", "--ctstate", "DNAT",
-            "--ctorigdst", f"{r.public_address}/32", "--ctorigdstport", str(r.public_port),
-            "-m", "comment", "--comment", f"{TAG}{r.allocation_id}", "-j", "ACCEPT")
+    return (
+        "-d",
+        f"{r.private_ip}/32",
+        "!",
+        "-i",
+        bridge,
+        "-o",
+        bridge,
+        "-p",
+        "tcp",
+        "-m",
+        "tcp",
+        "--dport",
+        str(r.guest_port),
+        "-m",
+        "conntrack",
+        "--ctstate",
+        "DNAT",
+        "--ctorigdst",
+        f"{r.public_address}/32",
+        "--ctorigdstport",
+        str(r.public_port),
+        "-m",
+        "comment",
+        "--comment",
+        f"{TAG}{r.allocation_id}",
+        "-j",
+        "ACCEPT",
+    )
 
 
 def _options(tokens: Sequence[str]) -> dict[str, str]:
@@ -104,14 +144,19 @@ def parse(table: str, line: str) -> IngressRule | None:
     tag = opts.get("--comment", "")
     if not tag.startswith(TAG) or opts.get("-p") != "tcp":
         return None
-    alloc = tag[len(TAG):]
+    alloc = tag[len(TAG) :]
     try:
         if table == "nat" and opts.get("-j") == "DNAT":
             ip, _, guest = opts["--to-destination"].rpartition(":")
             return IngressRule(alloc, str(_host(opts["-d"])), int(opts["--dport"]), ip, int(guest))
         if table == "filter" and opts.get("-j") == "ACCEPT" and opts.get("--ctstate") == "DNAT":
-            return IngressRule(alloc, str(_host(opts["--ctorigdst"])), int(opts["--ctorigdstport"]),
-                               str(_host(opts["-d"])), int(opts["--dport"]))
+            return IngressRule(
+                alloc,
+                str(_host(opts["--ctorigdst"])),
+                int(opts["--ctorigdstport"]),
+                str(_host(opts["-d"])),
+                int(opts["--dport"]),
+            )
     except (KeyError, ValueError):
         return None
     return None
@@ -135,8 +180,9 @@ class IptablesIngress:
         return [line for line in done.stdout.splitlines() if line.startswith("-A ")]
 
     def _hooked(self, table: str, builtin: str, chain: str) -> bool:
-        done = netns.run(self._netns, (self._iptables, "-w", "-t", table, "-C", builtin, "-j", chain),
-                         code=_CODE, ok=(0, 1, 2))
+        done = netns.run(
+            self._netns, (self._iptables, "-w", "-t", table, "-C", builtin, "-j", chain), code=_CODE, ok=(0, 1, 2)
+        )
         return done.returncode == 0
 
     def observe(self) -> IngressSeen:
@@ -155,9 +201,12 @@ class IptablesIngress:
                     foreign.append(f"{table} {line}")
                 else:
                     found[table].append(rule)
-        return IngressSeen(dnat=tuple(sorted(found["nat"], key=_order)),
-                           forward=tuple(sorted(found["filter"], key=_order)),
-                           foreign=tuple(foreign), hooked=hooked)
+        return IngressSeen(
+            dnat=tuple(sorted(found["nat"], key=_order)),
+            forward=tuple(sorted(found["filter"], key=_order)),
+            foreign=tuple(foreign),
+            hooked=hooked,
+        )
 
     def _ensure_chains(self) -> bool:
         changed = False
@@ -171,14 +220,15 @@ class IptablesIngress:
         return changed
 
     def _present(self, table: str, chain: str, spec: Sequence[str]) -> bool:
-        done = netns.run(self._netns, (self._iptables, "-w", "-t", table, "-C", chain, *spec),
-                         code=_CODE, ok=(0, 1, 2))
+        done = netns.run(self._netns, (self._iptables, "-w", "-t", table, "-C", chain, *spec), code=_CODE, ok=(0, 1, 2))
         return done.returncode == 0
 
     def add(self, bridge: str, rule: IngressRule) -> bool:
         changed = self._ensure_chains()
-        for table, chain, spec in (("nat", NAT_CHAIN, dnat_spec(rule)),
-                                   ("filter", FORWARD_CHAIN, forward_spec(bridge, rule))):
+        for table, chain, spec in (
+            ("nat", NAT_CHAIN, dnat_spec(rule)),
+            ("filter", FORWARD_CHAIN, forward_spec(bridge, rule)),
+        ):
             if not self._present(table, chain, spec):
                 self._run("-t", table, "-A", chain, *spec)
                 changed = True

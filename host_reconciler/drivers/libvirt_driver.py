@@ -230,5 +230,3 @@ class LibvirtDomains:
             except libvirt.libvirtError as e2:
                 if e2.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
                     raise _wrap(e2, f"undefine {name}") from e2
-
-

@@ -57,11 +57,27 @@ def nat_rules(network: Network) -> tuple[tuple[str, tuple[str, ...]], ...]:
     tag = ("-m", "comment", "--comment", f"gpuaas:{br}")
     return (
         ("nat", ("POSTROUTING", "-s", net, "!", "-d", net, *tag, "-j", "MASQUERADE")),
-        ("filter", ("FORWARD", "-o", br, "!", "-i", br, "-m", "conntrack",
-                    "--ctstate", "RELATED,ESTABLISHED", *tag, "-j", "ACCEPT")),
+        (
+            "filter",
+            (
+                "FORWARD",
+                "-o",
+                br,
+                "!",
+                "-i",
+                br,
+                "-m",
+                "conntrack",
+                "--ctstate",
+                "RELATED,ESTABLISHED",
+                *tag,
+                "-j",
+                "ACCEPT",
+            ),
+        ),
         ("filter", ("FORWARD", "-i", br, "!", "-o", br, *tag, "-j", "ACCEPT")),
         ("filter", ("FORWARD", "-i", br, "-o", br, *tag, "-j", "DROP")),
-    )  # fmt: skip
+    )
 
 
 def _attr(msg: Any, name: str) -> Any:

@@ -79,10 +79,16 @@ class OvsNetwork:
         changed = False
         if not self.bridge_exists(br):
             self._run(
-                "--may-exist", "add-br", br,
-                "--", "set", "bridge", br, f"datapath_type={self._datapath}",
+                "--may-exist",
+                "add-br",
+                br,
+                "--",
+                "set",
+                "bridge",
+                br,
+                f"datapath_type={self._datapath}",
                 f'other-config:hwaddr="{bridge_mac(br)}"',
-            )  # fmt: skip
+            )
             changed = True
         elif self._get("bridge", br, "datapath_type") != self._datapath:
             self._run("set", "bridge", br, f"datapath_type={self._datapath}")
@@ -180,8 +186,13 @@ class OvsNetwork:
         try:
             return netns.run(
                 self._netns,
-                [self._vsctl, f"--timeout={self._timeout}", *([] if self._db is None else [f"--db={self._db}"]),
-                 "--", *args],
+                [
+                    self._vsctl,
+                    f"--timeout={self._timeout}",
+                    *([] if self._db is None else [f"--db={self._db}"]),
+                    "--",
+                    *args,
+                ],
                 code="host.network.ovs_failed",
                 ok=ok,
             )

@@ -87,8 +87,9 @@ class SysfsPci:
         try:
             knob.write_text("1")
         except OSError as e:
-            raise PciError(f"{address}: the kernel refused the reset: {e.strerror}",
-                           code="host.health.reset_failed") from e
+            raise PciError(
+                f"{address}: the kernel refused the reset: {e.strerror}", code="host.health.reset_failed"
+            ) from e
         return {"reset": RESET_DONE, "methods": methods}
 
     def bind_vfio(self, address: str) -> None:

@@ -273,8 +273,12 @@ class PciIdentity:
     subsystem_device: str | None = None
 
     def as_dict(self) -> dict[str, str | None]:
-        return {"vendor": self.vendor, "device": self.device, "subsystem_vendor": self.subsystem_vendor,
-                "subsystem_device": self.subsystem_device}
+        return {
+            "vendor": self.vendor,
+            "device": self.device,
+            "subsystem_vendor": self.subsystem_vendor,
+            "subsystem_device": self.subsystem_device,
+        }
 
 
 RESET_DONE = "reset"  # the kernel reset the function (sysfs `reset`: FLR, or the next method it offers)
@@ -328,9 +332,17 @@ class ReadinessDriver(Protocol):
         """What VM `name`'s seed must carry to announce its guest marker (None: this gate does not ask)."""
         ...
 
-    def wait_ready(self, mac: str, ip: str, port: int, timeout_s: float, *,
-                   name: str | None = None, gateway: str | None = None,
-                   expect: devicereports.Expectation | None = None) -> ReadinessResult:
+    def wait_ready(
+        self,
+        mac: str,
+        ip: str,
+        port: int,
+        timeout_s: float,
+        *,
+        name: str | None = None,
+        gateway: str | None = None,
+        expect: devicereports.Expectation | None = None,
+    ) -> ReadinessResult:
         """Block until the lease, the port (and VM `name`'s marker, heard on `gateway`) are there.
 
         With `expect`, also until the guest's device report matches it (a mismatch is permanent,

@@ -109,9 +109,17 @@ class LeaseReadiness:
         if self._announcements is not None:
             self._announcements.close()
 
-    def wait_ready(self, mac: str, ip: str, port: int, timeout_s: float, *,
-                   name: str | None = None, gateway: str | None = None,
-                   expect: devicereports.Expectation | None = None) -> ReadinessResult:
+    def wait_ready(
+        self,
+        mac: str,
+        ip: str,
+        port: int,
+        timeout_s: float,
+        *,
+        name: str | None = None,
+        gateway: str | None = None,
+        expect: devicereports.Expectation | None = None,
+    ) -> ReadinessResult:
         mac = addresses.mac(mac)
         if self._announcements is not None and name is not None and gateway is not None:
             # A restarted agent listens again before it waits: the guest repeats its announcement.
@@ -159,21 +167,33 @@ class LeaseReadiness:
             self._announcements.expect(name, ip)  # device reports from any other address are refused
             self._wait_marker(self._announcements, name, ip, deadline=deadline, start=start, timeout_s=timeout_s)
             if expect is not None:
-                found = self._wait_devices(self._announcements, name, ip, expect, deadline=deadline, start=start,
-                                           timeout_s=timeout_s)
+                found = self._wait_devices(
+                    self._announcements, name, ip, expect, deadline=deadline, start=start, timeout_s=timeout_s
+                )
                 now = self._clock() - start
                 return ReadinessResult(mac, ip, port, lease_s, now, devices_s=now, devices=found.as_dict())
         return ReadinessResult(mac, ip, port, lease_s, self._clock() - start)
 
-    def _wait_devices(self, heard: guestmarker.Announcements, name: str, ip: str, expect: devicereports.Expectation,
-                      *, deadline: float, start: float, timeout_s: float) -> devicereports.GuestDevices:
+    def _wait_devices(
+        self,
+        heard: guestmarker.Announcements,
+        name: str,
+        ip: str,
+        expect: devicereports.Expectation,
+        *,
+        deadline: float,
+        start: float,
+        timeout_s: float,
+    ) -> devicereports.GuestDevices:
         while True:
             h = heard.devices(name)
             if h is not None and h.ip == ip:
                 problems = devicereports.compare(expect, h.devices)
                 if problems:
-                    raise DeviceMismatch(f"{name}: {'; '.join(problems)}; the guest said: "
-                                         f"{h.devices.words[:500] or '(nothing)'}", devices=h.devices.as_dict())
+                    raise DeviceMismatch(
+                        f"{name}: {'; '.join(problems)}; the guest said: {h.devices.words[:500] or '(nothing)'}",
+                        devices=h.devices.as_dict(),
+                    )
                 return h.devices
             self._wait_or_fail(
                 deadline,
@@ -181,11 +201,12 @@ class LeaseReadiness:
                 stage="devices",
                 code="host.readiness.devices_timeout",
                 message=f"{name} sent no device report from {ip} after {timeout_s:g}s "
-                        f"(GPU tool output and fabric port states; is nvidia-smi in the image?)",
+                f"(GPU tool output and fabric port states; is nvidia-smi in the image?)",
             )
 
-    def _wait_marker(self, heard: guestmarker.Announcements, name: str, ip: str, *, deadline: float, start: float,
-                     timeout_s: float) -> None:
+    def _wait_marker(
+        self, heard: guestmarker.Announcements, name: str, ip: str, *, deadline: float, start: float, timeout_s: float
+    ) -> None:
         other: str | None = None
         while True:
             h = heard.heard(name)
@@ -198,8 +219,10 @@ class LeaseReadiness:
                 start,
                 stage="marker",
                 code="host.readiness.marker_timeout",
-                message=(f"{name} did not announce {GUEST_MARKER} from {ip} after {timeout_s:g}s"
-                         + (f" (an announcement came from {other})" if other else "")),
+                message=(
+                    f"{name} did not announce {GUEST_MARKER} from {ip} after {timeout_s:g}s"
+                    + (f" (an announcement came from {other})" if other else "")
+                ),
             )
 
     def _leases(self) -> Sequence[Lease]:

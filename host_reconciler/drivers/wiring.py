@@ -32,8 +32,9 @@ def drivers(settings: HostSettings) -> Drivers:
         pci = SysfsPci(settings.sysfs_root, allow_bind=settings.vfio_bind)
     readiness: ReadinessDriver | None = None
     if settings.readiness == "lease-tcp":
-        marker = Announcements(settings.state_dir / "guest-marker.key", port=settings.guest_marker_port,
-                               netns_name=settings.netns)
+        marker = Announcements(
+            settings.state_dir / "guest-marker.key", port=settings.guest_marker_port, netns_name=settings.netns
+        )
         readiness = LeaseReadiness(server.lease_file, netns_name=settings.netns, announcements=marker)
     network: NetworkDriver
     if settings.bridge_kind == "ovs":

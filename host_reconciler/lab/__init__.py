@@ -186,10 +186,16 @@ def lab_host(
             host.add_disk(path, disk_mb)
             host.stand_in(path)
         doc: dict[str, Any] = {
-            "libvirt_uri": node_xml(root / "node.xml"), "state_dir": str(root / "state"),
-            "image_dir": str(host.image_dir), "by_id_root": str(by_id), "netns": ns, "readiness": "none",
-            "pci": "fake-vfio", "graceful_poll_s": 0.05, "wipe_sample_count": 32,
-        }  # fmt: skip
+            "libvirt_uri": node_xml(root / "node.xml"),
+            "state_dir": str(root / "state"),
+            "image_dir": str(host.image_dir),
+            "by_id_root": str(by_id),
+            "netns": ns,
+            "readiness": "none",
+            "pci": "fake-vfio",
+            "graceful_poll_s": 0.05,
+            "wipe_sample_count": 32,
+        }
         if sysfs_tree is not None:
             doc.update(pci="sysfs", sysfs_root=str(sysfs_tree / "sys"), discovery_root=str(sysfs_tree))
         doc.update(settings_doc)

@@ -53,12 +53,16 @@ def register(sub: Any) -> None:
     p = sub.add_parser("agents", help="N simulated host agents (real HTTP) against one serve: plan latency, cost")
     p.add_argument("--agents", type=int, default=1000, help="simulated agents (default 1000)")
     p.add_argument("--duration", type=float, default=60.0, metavar="S", help="measured seconds (default 60)")
-    p.add_argument("--ramp", type=float, default=0.0, metavar="S",
-                   help="spread agent starts over S seconds (default: agents/500)")
+    p.add_argument(
+        "--ramp", type=float, default=0.0, metavar="S", help="spread agent starts over S seconds (default: agents/500)"
+    )
     p.add_argument("--place-every", type=float, default=0.2, metavar="S", help="seconds between placements")
     p.add_argument("--restart", action="store_true", help="restart serve mid-run; report the reconnection")
-    p.add_argument("--explicit-heartbeats", action="store_true",
-                   help="a heartbeat request every 15 s besides the watches (default: the watch is the heartbeat)")
+    p.add_argument(
+        "--explicit-heartbeats",
+        action="store_true",
+        help="a heartbeat request every 15 s besides the watches (default: the watch is the heartbeat)",
+    )
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     output.add_argument(p, "text")
     db.add_database_arguments(p)
@@ -88,8 +92,10 @@ class Conn:
     async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
         if self.writer is None or self.reader is None:
             self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
-        head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{self.auth}Content-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{self.auth}Content-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
         try:
             self.writer.write(head + body)
             raw = await self.reader.readuntil(b"\r\n\r\n")
@@ -177,8 +183,17 @@ async def _changed(conn: Conn, node: str, held: int | None, new: int, shared: Sh
     if committed is not None:
         shared.fig.latencies.append(time.monotonic() - committed)
     if held is not None:
-        report = {"node": node, "generation": new, "observed_generation": new, "healthy": True,
-                  "slots": [], "vms": [], "drift": [], "errors": [], "images": {"cached": []}}
+        report = {
+            "node": node,
+            "generation": new,
+            "observed_generation": new,
+            "healthy": True,
+            "slots": [],
+            "vms": [],
+            "drift": [],
+            "errors": [],
+            "images": {"cached": []},
+        }
         status, _ = await conn.request("POST", agentwire.report_path(node, "status"), json.dumps(report).encode())
         shared.fig.requests += 1
         if status != 200:
@@ -206,13 +221,21 @@ def _seed(url: str, n: int) -> list[tuple[str, str]]:
             """INSERT INTO nodes (name, region, pool, admin_state, storage_mode, os_disk, capability,
                                   management_network)
                SELECT n, 'us-east-1', 'h200-slice', 'active', 'slice', '/dev/disk/by-id/nvme-OS', 'both_capable',
-                      %s FROM unnest(%s::text[]) n""", (Jsonb({"bridge": "gpuaasbr0"}), names))
-        conn.execute("INSERT INTO host_plans (node_name, generation, spec) SELECT n, 1, jsonb_build_object('node', n,"
-                     " 'generation', 1, 'vms', '[]'::jsonb) FROM unnest(%s::text[]) n", (names,))
-        conn.execute("INSERT INTO host_status (node_name, observed_generation) SELECT n, 1 FROM unnest(%s::text[]) n",
-                     (names,))
-        conn.execute("INSERT INTO node_agent_tokens (node_name, token_sha256) SELECT * FROM unnest(%s::text[],"
-                     " %s::text[])", (names, [agents.token_hash(t) for t in tokens]))
+                      %s FROM unnest(%s::text[]) n""",
+            (Jsonb({"bridge": "gpuaasbr0"}), names),
+        )
+        conn.execute(
+            "INSERT INTO host_plans (node_name, generation, spec) SELECT n, 1, jsonb_build_object('node', n,"
+            " 'generation', 1, 'vms', '[]'::jsonb) FROM unnest(%s::text[]) n",
+            (names,),
+        )
+        conn.execute(
+            "INSERT INTO host_status (node_name, observed_generation) SELECT n, 1 FROM unnest(%s::text[]) n", (names,)
+        )
+        conn.execute(
+            "INSERT INTO node_agent_tokens (node_name, token_sha256) SELECT * FROM unnest(%s::text[], %s::text[])",
+            (names, [agents.token_hash(t) for t in tokens]),
+        )
     return list(zip(names, tokens, strict=True))
 
 
@@ -225,9 +248,22 @@ class Serve:
     def start(self, port: int = 0) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "GPUAAS_DATABASE_URL": self.url}  # a URL is never an argv
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "reconciler.cli", "serve", "--listen", f"127.0.0.1:{int(port)}",
-             "--max-connections", "15000", "--capacity-refresh", "3600"],
-            stdout=subprocess.PIPE, text=True, env=env)
+            [
+                sys.executable,
+                "-m",
+                "reconciler.cli",
+                "serve",
+                "--listen",
+                f"127.0.0.1:{int(port)}",
+                "--max-connections",
+                "15000",
+                "--capacity-refresh",
+                "3600",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         line = self.proc.stdout.readline() if self.proc.stdout is not None else ""
         if not line.startswith("serving on "):
             raise UsageError(f"serve did not start: {line.strip()}", code="bench.serve_failed")
@@ -278,8 +314,10 @@ async def _drive(args: argparse.Namespace, url: str, serve: Serve, agents: list[
     shared = Shared(serve.port, fig, commits, stop, args.explicit_heartbeats)
     lag: list[float] = []
     ticker = asyncio.create_task(_loop_lag(lag, stop))
-    tasks = [asyncio.create_task(_agent(i, node, token, ramp * i / len(agents), shared))
-             for i, (node, token) in enumerate(agents)]
+    tasks = [
+        asyncio.create_task(_agent(i, node, token, ramp * i / len(agents), shared))
+        for i, (node, token) in enumerate(agents)
+    ]
     rng = random.Random(1)  # noqa: S311 - which node gets a placement
     conn = connections.connect(url, autocommit=True)
     dbname = conn.info.dbname
@@ -292,9 +330,12 @@ async def _drive(args: argparse.Namespace, url: str, serve: Serve, agents: list[
         restarted = False
         while time.monotonic() - t0 < args.duration:
             node = agents[rng.randrange(len(agents))][0]
-            row = conn.execute("UPDATE host_plans SET generation = generation + 1, spec = jsonb_set(spec,"
-                               " '{generation}', to_jsonb(generation + 1)) WHERE node_name = %s"
-                               " RETURNING generation", (node,)).fetchone()
+            row = conn.execute(
+                "UPDATE host_plans SET generation = generation + 1, spec = jsonb_set(spec,"
+                " '{generation}', to_jsonb(generation + 1)) WHERE node_name = %s"
+                " RETURNING generation",
+                (node,),
+            ).fetchone()
             if row is not None:
                 commits[f"{node}:{row[0]}"] = time.monotonic()
             if time.monotonic() >= next_sample:
@@ -323,15 +364,23 @@ async def _drive(args: argparse.Namespace, url: str, serve: Serve, agents: list[
         for t in (*tasks, ticker):
             t.cancel()
         await asyncio.gather(*tasks, ticker, return_exceptions=True)
-    return {"agents": len(agents), "errors": fig.errors, "error_statuses": fig.error_statuses,
-            "connection_retries": fig.refused,
-            "plan_latency_p50_s": _pct(fig.latencies, 0.5), "plan_latency_p99_s": _pct(fig.latencies, 0.99),
-            "placements_received": len(fig.latencies), "db_connections_max": int(db_max),
-            "serve_rss_mib": round(rss_max, 1),
-            "serve_cpu_s_per_1000_requests": round(cpu / max(1, requests) * 1000, 3),
-            "requests": requests, "duration_s": args.duration, "bench_loop_lag_p99_s": _pct(lag, 0.99),
-            **({"restart": restart} if restart else {}),
-            "load_average": [round(x, 2) for x in os.getloadavg()]}
+    return {
+        "agents": len(agents),
+        "errors": fig.errors,
+        "error_statuses": fig.error_statuses,
+        "connection_retries": fig.refused,
+        "plan_latency_p50_s": _pct(fig.latencies, 0.5),
+        "plan_latency_p99_s": _pct(fig.latencies, 0.99),
+        "placements_received": len(fig.latencies),
+        "db_connections_max": int(db_max),
+        "serve_rss_mib": round(rss_max, 1),
+        "serve_cpu_s_per_1000_requests": round(cpu / max(1, requests) * 1000, 3),
+        "requests": requests,
+        "duration_s": args.duration,
+        "bench_loop_lag_p99_s": _pct(lag, 0.99),
+        **({"restart": restart} if restart else {}),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
 async def _loop_lag(lag: list[float], stop: asyncio.Event) -> None:
@@ -362,8 +411,9 @@ def run(args: argparse.Namespace) -> int:
     if soft < want:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))  # serve inherits it too
     if min(want, hard) < want:
-        raise UsageError(f"--agents {args.agents} needs {want} open files; the hard limit is {hard}",
-                         code="bench.nofile")
+        raise UsageError(
+            f"--agents {args.agents} needs {want} open files; the hard limit is {hard}", code="bench.nofile"
+        )
     base = db.database_url(args)
     name = f"gpuaas_bench_agents_{os.getpid()}"
     bench_claims._create_db(base, name)

@@ -50,8 +50,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--leases must be positive, --concurrent at least 0, --tick positive")
     venv = ironic_service.venv()
     if venv is None:
-        raise PermanentError("Ironic is not installed: `make deps` puts it in .venv/ironic",
-                             code="bench.ironic_missing")
+        raise PermanentError(
+            "Ironic is not installed: `make deps` puts it in .venv/ironic", code="bench.ironic_missing"
+        )
     base = db.database_url(args)
     doc: dict[str, Any] = {}
     listener = sshstandin.SshStandIn()
@@ -114,24 +115,52 @@ def _sequential(url: str, provider: dict[str, Any], ssh: str, args: argparse.Nam
         for i, aid in enumerate(ids):
             # Allocation i requested (earlier ones released, later ones not yet in git).
             state = fleets.released(full, ids[:i])
-            state.allocations = {k: v for k, v in state.allocations.items() if k in ids[:i + 1]}
-            to_active.append(_loop(conn, state, lambda a=aid: _count(
-                conn, "SELECT count(*) FROM allocations WHERE id = %s AND status = 'active'", a) == 1,
-                args.tick, args.timeout))
-            gone = fleets.released(full, ids[:i + 1])
-            gone.allocations = {k: v for k, v in gone.allocations.items() if k in ids[:i + 1]}
-            to_available.append(_loop(conn, gone, lambda a=aid: _count(
-                conn, "SELECT count(*) FROM allocation_resource_claims WHERE allocation_id = %s"
-                      " AND status = 'released'", a) == 1, args.tick, args.timeout))
+            state.allocations = {k: v for k, v in state.allocations.items() if k in ids[: i + 1]}
+            to_active.append(
+                _loop(
+                    conn,
+                    state,
+                    lambda a=aid: (
+                        _count(conn, "SELECT count(*) FROM allocations WHERE id = %s AND status = 'active'", a) == 1
+                    ),
+                    args.tick,
+                    args.timeout,
+                )
+            )
+            gone = fleets.released(full, ids[: i + 1])
+            gone.allocations = {k: v for k, v in gone.allocations.items() if k in ids[: i + 1]}
+            to_available.append(
+                _loop(
+                    conn,
+                    gone,
+                    lambda a=aid: (
+                        _count(
+                            conn,
+                            "SELECT count(*) FROM allocation_resource_claims WHERE allocation_id = %s"
+                            " AND status = 'released'",
+                            a,
+                        )
+                        == 1
+                    ),
+                    args.tick,
+                    args.timeout,
+                )
+            )
             phases.append(leases.details(conn, [aid])[aid]["timings_s"])
         violations = checks.run(conn)
-        doubles = _count(conn, "SELECT count(*) FROM baremetal_leases WHERE deploy_requests + adopted > 1"
-                               " OR erase_requests > 1")
-    return {"leases": len(ids), "tick_s": args.tick, "to_active_s": _stats(to_active),
-            "to_available_s": _stats(to_available),
-            "phases_s": {k: _stats([p[k] for p in phases if p[k] is not None]) for k in ("deploy", "ssh", "erase")},
-            "double_deploys_or_erases": doubles, "db_check": [v.render() for v in violations],
-            "ok": not violations and doubles == 0}
+        doubles = _count(
+            conn, "SELECT count(*) FROM baremetal_leases WHERE deploy_requests + adopted > 1 OR erase_requests > 1"
+        )
+    return {
+        "leases": len(ids),
+        "tick_s": args.tick,
+        "to_active_s": _stats(to_active),
+        "to_available_s": _stats(to_available),
+        "phases_s": {k: _stats([p[k] for p in phases if p[k] is not None]) for k in ("deploy", "ssh", "erase")},
+        "double_deploys_or_erases": doubles,
+        "db_check": [v.render() for v in violations],
+        "ok": not violations and doubles == 0,
+    }
 
 
 def _concurrent(url: str, provider: dict[str, Any], ssh: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -142,27 +171,47 @@ def _concurrent(url: str, provider: dict[str, Any], ssh: str, args: argparse.Nam
     state = fleets.fleet(provider=provider, baremetal_nodes=n, leases=n, ssh_address=ssh)
     with connections.connect(url, autocommit=True) as conn:
         migrations.migrate(conn)
-        active_s = _loop(conn, state, lambda: _count(
-            conn, "SELECT count(*) FROM allocations WHERE status = 'active'") == n, args.tick, args.timeout)
-        released_s = _loop(conn, fleets.released(state), lambda: _count(
-            conn, "SELECT count(*) FROM allocations WHERE status = 'released'") == n, args.tick, args.timeout)
+        active_s = _loop(
+            conn,
+            state,
+            lambda: _count(conn, "SELECT count(*) FROM allocations WHERE status = 'active'") == n,
+            args.tick,
+            args.timeout,
+        )
+        released_s = _loop(
+            conn,
+            fleets.released(state),
+            lambda: _count(conn, "SELECT count(*) FROM allocations WHERE status = 'released'") == n,
+            args.tick,
+            args.timeout,
+        )
         violations = checks.run(conn)
         doubles = _count(conn, "SELECT count(*) FROM baremetal_leases WHERE deploy_requests + adopted > 1")
         erases = _count(conn, "SELECT count(*) FROM baremetal_leases WHERE erase_requests > 1")
         deployed = _count(conn, "SELECT count(DISTINCT machine_id) FROM baremetal_leases WHERE deploy_requests = 1")
         erased = _count(conn, "SELECT count(*) FROM baremetal_leases WHERE phase = 'erased'")
-    return {"leases": n, "all_active_s": round(active_s, 1), "all_released_s": round(released_s, 1),
-            "machines_deployed_once": deployed, "leases_erased": erased, "double_deploys": doubles,
-            "double_erases": erases, "db_check": [v.render() for v in violations],
-            "ok": not violations and doubles == 0 and erases == 0 and erased == n}
+    return {
+        "leases": n,
+        "all_active_s": round(active_s, 1),
+        "all_released_s": round(released_s, 1),
+        "machines_deployed_once": deployed,
+        "leases_erased": erased,
+        "double_deploys": doubles,
+        "double_erases": erases,
+        "db_check": [v.render() for v in violations],
+        "ok": not violations and doubles == 0 and erases == 0 and erased == n,
+    }
 
 
 def _stats(values: list[float]) -> dict[str, float | None]:
     if not values:
         return {"p50": None, "p90": None, "max": None}
     ordered = sorted(values)
-    return {"p50": round(statistics.median(ordered), 3), "p90": round(ordered[int(0.9 * (len(ordered) - 1))], 3),
-            "max": round(ordered[-1], 3)}
+    return {
+        "p50": round(statistics.median(ordered), 3),
+        "p90": round(ordered[int(0.9 * (len(ordered) - 1))], 3),
+        "max": round(ordered[-1], 3),
+    }
 
 
 def _print(doc: dict[str, Any]) -> None:
@@ -173,10 +222,14 @@ def _print(doc: dict[str, Any]) -> None:
     print(f"  release -> available   p50 {s['to_available_s']['p50']} s  p90 {s['to_available_s']['p90']} s")
     for k, v in s["phases_s"].items():
         print(f"  phase {k:<7} p50 {v['p50']} s  p90 {v['p90']} s")
-    print(f"  double deploys/erases {s['double_deploys_or_erases']}, db check "
-          f"{'ok' if not s['db_check'] else s['db_check']}")
+    print(
+        f"  double deploys/erases {s['double_deploys_or_erases']}, db check "
+        f"{'ok' if not s['db_check'] else s['db_check']}"
+    )
     c = doc.get("concurrent")
     if c:
-        print(f"concurrent: {c['leases']} leases: all active in {c['all_active_s']} s, all released in "
-              f"{c['all_released_s']} s; erased {c['leases_erased']}, double deploys {c['double_deploys']}, "
-              f"double erases {c['double_erases']}, db check {'ok' if not c['db_check'] else c['db_check']}")
+        print(
+            f"concurrent: {c['leases']} leases: all active in {c['all_active_s']} s, all released in "
+            f"{c['all_released_s']} s; erased {c['leases_erased']}, double deploys {c['double_deploys']}, "
+            f"double erases {c['double_erases']}, db check {'ok' if not c['db_check'] else c['db_check']}"
+        )

@@ -90,8 +90,10 @@ def _settings(url: str) -> dict[str, str]:
     from reconciler.store import connections
 
     with connections.connect(url, autocommit=True) as conn:
-        rows = conn.execute("SELECT name, setting FROM pg_settings WHERE name IN"
-                            " ('fsync', 'synchronous_commit', 'server_version', 'max_connections')").fetchall()
+        rows = conn.execute(
+            "SELECT name, setting FROM pg_settings WHERE name IN"
+            " ('fsync', 'synchronous_commit', 'server_version', 'max_connections')"
+        ).fetchall()
     return {str(k): str(v) for k, v in rows}
 
 
@@ -117,8 +119,7 @@ def worker(job: Job, barrier: Any, results: Any) -> None:
     state = synthetic.fleet(**job.fleet_args)
     mine = sorted(state.allocations)[index::workers]
     conn = connections.connect(url, autocommit=True)
-    placements = synthetic.first_fit(state, live.free_slots(conn), mine, alternatives=alternatives,
-                                     seed=index + 1)
+    placements = synthetic.first_fit(state, live.free_slots(conn), mine, alternatives=alternatives, seed=index + 1)
     unplanned = len(mine) - len(placements)
     barrier.wait()
     started = time.time()
@@ -135,13 +136,23 @@ def worker(job: Job, barrier: Any, results: Any) -> None:
         if not lost or round_ == ROUNDS - 1:
             unplanned += len(lost)
             break
-        placements = synthetic.first_fit(state, live.free_slots(conn), lost, alternatives=alternatives,
-                                         seed=index + 100 * (round_ + 1))
+        placements = synthetic.first_fit(
+            state, live.free_slots(conn), lost, alternatives=alternatives, seed=index + 100 * (round_ + 1)
+        )
         unplanned += len(lost) - len(placements)
     finished = time.time()
     conn.close()
-    results.put({"worker": index, "placed": placed, "claims": claimed, "conflicts": conflicts,
-                 "pending": unplanned, "started": started, "finished": finished})
+    results.put(
+        {
+            "worker": index,
+            "placed": placed,
+            "claims": claimed,
+            "conflicts": conflicts,
+            "pending": unplanned,
+            "started": started,
+            "finished": finished,
+        }
+    )
 
 
 def _checkpoint(url: str) -> bool:
@@ -162,8 +173,10 @@ def _pgbench(url: str, clients: int, seconds: float, protocol: str = "simple") -
     from reconciler.store import connections, embedded
 
     with connections.connect(url, autocommit=True) as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS bench_insert (id bigserial PRIMARY KEY, v integer NOT NULL,"
-                     " created_at timestamptz NOT NULL DEFAULT now())")
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS bench_insert (id bigserial PRIMARY KEY, v integer NOT NULL,"
+            " created_at timestamptz NOT NULL DEFAULT now())"
+        )
     try:
         binary = str(embedded.bin_dir() / "pgbench")
     except PermanentError:
@@ -174,9 +187,26 @@ def _pgbench(url: str, clients: int, seconds: float, protocol: str = "simple") -
         script = Path(tmp) / "insert.sql"
         script.write_text("INSERT INTO bench_insert (v) VALUES (1);\n")
         done = subprocess.run(
-            [binary, "-n", "-M", protocol, "-f", str(script), "-c", str(clients), "-j", str(clients),
-             "-T", str(max(1, round(seconds))), url],
-            capture_output=True, text=True, check=False, timeout=seconds + 120)
+            [
+                binary,
+                "-n",
+                "-M",
+                protocol,
+                "-f",
+                str(script),
+                "-c",
+                str(clients),
+                "-j",
+                str(clients),
+                "-T",
+                str(max(1, round(seconds))),
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=seconds + 120,
+        )
     match = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", done.stdout)
     if done.returncode != 0 or not match:
         raise PermanentError(f"pgbench failed: {done.stderr.strip()[-400:]}", code="bench.pgbench")
@@ -208,8 +238,12 @@ def run(args: argparse.Namespace) -> int:
         ctx = mp.get_context("spawn")
         barrier = ctx.Barrier(args.workers)
         results = ctx.Queue()
-        procs = [ctx.Process(target=worker, args=(Job(url, i, args.workers, _fleet_args(args), args.alternatives),
-                                                  barrier, results)) for i in range(args.workers)]
+        procs = [
+            ctx.Process(
+                target=worker, args=(Job(url, i, args.workers, _fleet_args(args), args.alternatives), barrier, results)
+            )
+            for i in range(args.workers)
+        ]
         for proc in procs:
             proc.start()
         reports = [results.get(timeout=3600) for _ in procs]
@@ -231,8 +265,14 @@ def run(args: argparse.Namespace) -> int:
     claims = sum(r["claims"] for r in reports)
     placed = sum(r["placed"] for r in reports)
     doc = {
-        "nodes": args.nodes, "slots": args.nodes * 8, "requests": args.requests, "workers": args.workers,
-        "gpus": args.gpus_list, "placed": placed, "claims": claims, "seconds": round(wall, 3),
+        "nodes": args.nodes,
+        "slots": args.nodes * 8,
+        "requests": args.requests,
+        "workers": args.workers,
+        "gpus": args.gpus_list,
+        "placed": placed,
+        "claims": claims,
+        "seconds": round(wall, 3),
         "claims_per_second": round(claims / wall, 1) if wall > 0 else None,
         "placements_per_second": round(placed / wall, 1) if wall > 0 else None,
         "double_claims": checks.double_claims(violations),
@@ -270,15 +310,21 @@ def render_text(doc: dict[str, Any]) -> str:
     ]
     if doc["pgbench_insert_tps"] is not None:
         b, a = doc["pgbench_insert_tps_before_after"]
-        lines.append(f"  pgbench insert TPS     {doc['pgbench_insert_tps']:.1f} ({doc['workers']} client(s), simple "
-                     f"protocol, mean of {b:.0f} before and {a:.0f} after); "
-                     f"claims/s = {100 * (doc['claims_vs_pgbench'] or 0):.0f}% of it")
+        lines.append(
+            f"  pgbench insert TPS     {doc['pgbench_insert_tps']:.1f} ({doc['workers']} client(s), simple "
+            f"protocol, mean of {b:.0f} before and {a:.0f} after); "
+            f"claims/s = {100 * (doc['claims_vs_pgbench'] or 0):.0f}% of it"
+        )
     if doc["pgbench_insert_tps_prepared"] is not None:
-        lines.append(f"  pgbench insert TPS     {doc['pgbench_insert_tps_prepared']:.1f} (prepared); claims/s = "
-                     f"{100 * (doc['claims_vs_pgbench_prepared'] or 0):.0f}% of it")
+        lines.append(
+            f"  pgbench insert TPS     {doc['pgbench_insert_tps_prepared']:.1f} (prepared); claims/s = "
+            f"{100 * (doc['claims_vs_pgbench_prepared'] or 0):.0f}% of it"
+        )
     s = doc["server"]
-    lines.append(f"  server                 PostgreSQL {s.get('server_version')}, fsync={s.get('fsync')}, "
-                 f"synchronous_commit={s.get('synchronous_commit')}; inventory sync {doc['inventory_sync_seconds']}s"
-                 + ("" if doc["checkpointed"] else "; no CHECKPOINT before timing (not permitted)"))
+    lines.append(
+        f"  server                 PostgreSQL {s.get('server_version')}, fsync={s.get('fsync')}, "
+        f"synchronous_commit={s.get('synchronous_commit')}; inventory sync {doc['inventory_sync_seconds']}s"
+        + ("" if doc["checkpointed"] else "; no CHECKPOINT before timing (not permitted)")
+    )
     lines += [f"  VIOLATION {v}" for v in doc["violations"]]
     return "\n".join(lines)

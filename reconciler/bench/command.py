@@ -27,8 +27,26 @@ from reconciler.bench import (
 
 def register(sub: Any) -> None:
     commands.register_group(
-        sub, "bench",
+        sub,
+        "bench",
         "benchmarks (validate, plan, prplan, claims, gitops, discover, host, ingress, serve, agents, console, request, "
         "portal, baremetal, leasekill, telemetry)",
-        (validate, discovery_bench, plan, host_bench, ingress_bench, claims, gitops, serve, prplan, agents, console,
-         request, portal, baremetal, leasekill, telemetry))
+        (
+            validate,
+            discovery_bench,
+            plan,
+            host_bench,
+            ingress_bench,
+            claims,
+            gitops,
+            serve,
+            prplan,
+            agents,
+            console,
+            request,
+            portal,
+            baremetal,
+            leasekill,
+            telemetry,
+        ),
+    )

@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         out["shell_answer_s"] = round(time.monotonic() - t0, 2)
         rtts = []
         for i in range(args.keys):
-            key = b"abcdefghijklmnopqrstuvwxyz"[i % 26:i % 26 + 1]
+            key = b"abcdefghijklmnopqrstuvwxyz"[i % 26 : i % 26 + 1]
             sent = time.monotonic()
             ws.send(key)
             _until(ws, key, sent + 10)
@@ -71,8 +71,9 @@ def run(args: argparse.Namespace) -> int:
         ws.send(b"\x15\n")  # kill the typed line, then an empty command
     out["keys"] = len(rtts)
     out["keystroke_rtt_p50_ms"] = round(statistics.median(rtts), 2)
-    out["keystroke_rtt_p90_ms"] = round(statistics.quantiles(rtts, n=10)[-1], 2) if len(rtts) >= 2 else out[
-        "keystroke_rtt_p50_ms"]
+    out["keystroke_rtt_p90_ms"] = (
+        round(statistics.quantiles(rtts, n=10)[-1], 2) if len(rtts) >= 2 else out["keystroke_rtt_p50_ms"]
+    )
     if args.json:
         print(json.dumps(out, indent=2))
     else:

@@ -42,8 +42,14 @@ GOAL_P50_LARGE_S = 2.0
 def goal_p50_s(nodes: int) -> float:
     """The p50 goal for a fleet of `nodes`."""
     return GOAL_P50_S if nodes <= LARGE_FLEET else GOAL_P50_LARGE_S
-GIT_ENV = {"GIT_AUTHOR_NAME": "gpuaas-portal-bot", "GIT_AUTHOR_EMAIL": "portal-bot@gpuaas.invalid",
-            "GIT_COMMITTER_NAME": "gpuaas-portal-bot", "GIT_COMMITTER_EMAIL": "portal-bot@gpuaas.invalid"}
+
+
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "gpuaas-portal-bot",
+    "GIT_AUTHOR_EMAIL": "portal-bot@gpuaas.invalid",
+    "GIT_COMMITTER_NAME": "gpuaas-portal-bot",
+    "GIT_COMMITTER_EMAIL": "portal-bot@gpuaas.invalid",
+}
 
 
 def register(sub: Any) -> None:
@@ -52,8 +58,12 @@ def register(sub: Any) -> None:
     p.add_argument("--nodes", type=int, default=0, help="slice hosts in the fleet (default: enough for the commits)")
     p.add_argument("--debounce-ms", type=int, default=200, help="watch debounce given to `gpuaas run`")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for one claim")
-    p.add_argument("--start-timeout", type=float, default=900.0,
-                   help="seconds to wait for the first (cold, full) apply of the base revision")
+    p.add_argument(
+        "--start-timeout",
+        type=float,
+        default=900.0,
+        help="seconds to wait for the first (cold, full) apply of the base revision",
+    )
     p.add_argument("--keep", action="store_true", help="keep the scratch database and repo")
     p.add_argument("--json", action="store_true")
     db.add_database_arguments(p)
@@ -113,16 +123,28 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[k]
 
 
-def measure(url: str, root: Path, *, commits: int, debounce_ms: int, timeout: float,
-            start_timeout: float = 900.0) -> dict[str, Any]:
+def measure(
+    url: str, root: Path, *, commits: int, debounce_ms: int, timeout: float, start_timeout: float = 900.0
+) -> dict[str, Any]:
     from reconciler import requests
     from reconciler.bench import synthetic
     from reconciler.store import connections, migrations
 
     with connections.connect(url, autocommit=True) as conn:
         migrations.migrate(conn)
-    cmd = [sys.executable, "-m", "reconciler.cli", "run", str(root), "--db-url", url, "--interval", "3600",
-           "--debounce-ms", str(debounce_ms)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "reconciler.cli",
+        "run",
+        str(root),
+        "--db-url",
+        url,
+        "--interval",
+        "3600",
+        "--debounce-ms",
+        str(debounce_ms),
+    ]
     log = root.parent / "reconciler.log"  # a file, not a pipe: a long run must never block on a full pipe
     with log.open("wb") as sink:
         proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -136,9 +158,16 @@ def measure(url: str, root: Path, *, commits: int, debounce_ms: int, timeout: fl
             t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
             for i in range(commits):
                 aid = f"bench-{i:05d}"
-                data = requests.render_request(allocation_id=aid, tenant="bench", sku=synthetic.SLICE_SKU, gpus=1,
-                                               region=synthetic.REGION, image=None, ssh_keys=[],
-                                               requested_at=t0 + dt.timedelta(seconds=i))
+                data = requests.render_request(
+                    allocation_id=aid,
+                    tenant="bench",
+                    sku=synthetic.SLICE_SKU,
+                    gpus=1,
+                    region=synthetic.REGION,
+                    image=None,
+                    ssh_keys=[],
+                    requested_at=t0 + dt.timedelta(seconds=i),
+                )
                 rel = f"allocations/{aid}.yaml"
                 (root / "allocations").mkdir(exist_ok=True)
                 (root / rel).write_bytes(data)
@@ -147,8 +176,12 @@ def measure(url: str, root: Path, *, commits: int, debounce_ms: int, timeout: fl
                 _git(root, "commit", "-q", "-m", f"request {aid}")
                 committed = time.perf_counter()
                 deadline = committed + timeout
-                while conn.execute("SELECT 1 FROM allocation_resource_claims WHERE allocation_id = %s LIMIT 1",
-                                   (aid,)).fetchone() is None:
+                while (
+                    conn.execute(
+                        "SELECT 1 FROM allocation_resource_claims WHERE allocation_id = %s LIMIT 1", (aid,)
+                    ).fetchone()
+                    is None
+                ):
                     if time.perf_counter() > deadline:
                         raise PermanentError(f"no claim for {aid} after {timeout:g}s", code="bench.gitops.timeout")
                     time.sleep(0.002)
@@ -202,8 +235,14 @@ def run(args: argparse.Namespace) -> int:
         _git(root, "init", "-q", "-b", "main")
         _git(root, "add", "-A")
         _git(root, "commit", "-q", "-m", "bench fleet")
-        result = measure(url, root, commits=args.commits, debounce_ms=args.debounce_ms, timeout=args.timeout,
-                         start_timeout=args.start_timeout)
+        result = measure(
+            url,
+            root,
+            commits=args.commits,
+            debounce_ms=args.debounce_ms,
+            timeout=args.timeout,
+            start_timeout=args.start_timeout,
+        )
         result["nodes"] = nodes
         result["goal_p50_s"] = goal_p50_s(nodes)
         result["goal_met"] = result["p50_s"] <= result["goal_p50_s"]
@@ -217,11 +256,15 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"git commit -> claim in PostgreSQL, watch mode, {result['commits']} commits on {nodes} nodes "
-              f"(debounce {result['debounce_ms']} ms):")
-        print(f"  p50 {result['p50_s'] * 1000:.0f} ms   p95 {result['p95_s'] * 1000:.0f} ms   "
-              f"mean {result['mean_s'] * 1000:.0f} ms   min {result['min_s'] * 1000:.0f} ms   "
-              f"max {result['max_s'] * 1000:.0f} ms   "
-              f"(git commit itself: p50 {result['git_commit_p50_s'] * 1000:.0f} ms)")
+        print(
+            f"git commit -> claim in PostgreSQL, watch mode, {result['commits']} commits on {nodes} nodes "
+            f"(debounce {result['debounce_ms']} ms):"
+        )
+        print(
+            f"  p50 {result['p50_s'] * 1000:.0f} ms   p95 {result['p95_s'] * 1000:.0f} ms   "
+            f"mean {result['mean_s'] * 1000:.0f} ms   min {result['min_s'] * 1000:.0f} ms   "
+            f"max {result['max_s'] * 1000:.0f} ms   "
+            f"(git commit itself: p50 {result['git_commit_p50_s'] * 1000:.0f} ms)"
+        )
         print(f"  goal p50 <= {result['goal_p50_s']:g} s: {'met' if result['goal_met'] else 'NOT met'}")
     return 0 if result["goal_met"] else 1

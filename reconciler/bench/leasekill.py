@@ -70,13 +70,24 @@ def victim(url: str, maas_url: str, ssh: str, leases: int, mode: str, seed: int)
     return 3
 
 
-def round_(url: str, maas_url: str, ssh: str, leases: int, mode: str, seed: int,  # noqa: PLR0917 - argv
-           *, kill_after: float | None,
-           kill_p: float, key: str) -> int | None:
+def round_(  # noqa: PLR0917
+    url: str,
+    maas_url: str,
+    ssh: str,
+    leases: int,
+    mode: str,
+    seed: int,
+    *,
+    kill_after: float | None,
+    kill_p: float,
+    key: str,
+) -> int | None:
     """One run of the victim; SIGKILLed after `kill_after` seconds when given. Returns its exit status."""
     env = {**os.environ, KILL_P_ENV: str(kill_p), KEY_ENV: key}
-    proc = subprocess.Popen([sys.executable, "-m", "reconciler.bench.leasekill", "--", url, maas_url, ssh,
-                             str(leases), mode, str(seed)], env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reconciler.bench.leasekill", "--", url, maas_url, ssh, str(leases), mode, str(seed)],
+        env=env,
+    )
     try:
         if kill_after is not None:
             try:
@@ -108,8 +119,9 @@ def campaign(url: str, leases: int, kills: int, seed: int = 30) -> dict[str, Any
     with MaasSimulator(machines, deploy_s=0.3, erase_s=0.3) as sim:
         for mode in ("deploy", "release"):
             for k in range(kills // 2 + (kills % 2 if mode == "release" else 0)):
-                rc = round_(url, sim.url, ssh, leases, mode, k, kill_after=rng.uniform(0.8, 3.0), kill_p=0.3,
-                            key=API_KEY)
+                rc = round_(
+                    url, sim.url, ssh, leases, mode, k, kill_after=rng.uniform(0.8, 3.0), kill_p=0.3, key=API_KEY
+                )
                 killed += rc != 0
             for _ in range(20):
                 if round_(url, sim.url, ssh, leases, mode, 999, kill_after=None, kill_p=0.0, key=API_KEY) == 0:
@@ -118,16 +130,27 @@ def campaign(url: str, leases: int, kills: int, seed: int = 30) -> dict[str, Any
     listener.close()
     with connections.connect(url, autocommit=True) as conn:
         violations = checks.run(conn)
-        statuses = {str(k): int(v) for k, v in
-                    conn.execute("SELECT status, count(*) FROM allocations GROUP BY status").fetchall()}
+        statuses = {
+            str(k): int(v)
+            for k, v in conn.execute("SELECT status, count(*) FROM allocations GROUP BY status").fetchall()
+        }
         adopted = conn.execute("SELECT coalesce(sum(adopted), 0) FROM baremetal_leases").fetchone()
-    return {"leases": leases, "kill_rounds": kills, "rounds_killed": killed,
-            "adopted_after_kill": int(adopted[0]) if adopted else 0,
-            "deploys_per_machine": deploys, "erases_per_machine": releases,
-            "allocations": statuses,
-            "db_check": [v.render() for v in violations],
-            "ok": (sorted(deploys.values()) == [1] * leases and sorted(releases.values()) == [1] * leases
-                   and statuses == {"released": leases} and not violations)}
+    return {
+        "leases": leases,
+        "kill_rounds": kills,
+        "rounds_killed": killed,
+        "adopted_after_kill": int(adopted[0]) if adopted else 0,
+        "deploys_per_machine": deploys,
+        "erases_per_machine": releases,
+        "allocations": statuses,
+        "db_check": [v.render() for v in violations],
+        "ok": (
+            sorted(deploys.values()) == [1] * leases
+            and sorted(releases.values()) == [1] * leases
+            and statuses == {"released": leases}
+            and not violations
+        ),
+    }
 
 
 def _accept(sock: socket.socket) -> None:
@@ -154,8 +177,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
-        print(f"{doc['kill_rounds']} kill rounds ({doc['rounds_killed']} ended by SIGKILL), {doc['leases']} leases, "
-              f"{doc['adopted_after_kill']} provider requests adopted after a kill")
+        print(
+            f"{doc['kill_rounds']} kill rounds ({doc['rounds_killed']} ended by SIGKILL), {doc['leases']} leases, "
+            f"{doc['adopted_after_kill']} provider requests adopted after a kill"
+        )
         print(f"deploys per machine: {doc['deploys_per_machine']}")
         print(f"erases per machine:  {doc['erases_per_machine']}")
         print(f"allocations: {doc['allocations']}; db check {'ok' if not doc['db_check'] else doc['db_check']}")

@@ -46,6 +46,7 @@ def scenario(nodes: int, *, per_node: float = 1.0, seed: int = 0) -> tuple[Desir
     from reconciler import plans
     from reconciler.placement import synthesis
     from schemas import states
+
     desired = synthesis.desired_state(synthesis.fleet_documents(nodes, seed=seed))
     rnd = random.Random(seed)  # noqa: S311  # seeded, reproducible simulation input, not security
     claims: list[plans.ExistingClaim] = []
@@ -55,8 +56,9 @@ def scenario(nodes: int, *, per_node: float = 1.0, seed: int = 0) -> tuple[Desir
         aid = f"old-{i:07d}"
         placed.add(aid)
         if i % 5 == 0:
-            claims.append(plans.ExistingClaim(aid, name, states.ClaimKind.NODE_EXCLUSIVE, None,
-                                              states.ClaimStatus.ACTIVE))
+            claims.append(
+                plans.ExistingClaim(aid, name, states.ClaimKind.NODE_EXCLUSIVE, None, states.ClaimStatus.ACTIVE)
+            )
         else:
             for s in range(4):  # one 4-GPU slice on NUMA group 0
                 claims.append(plans.ExistingClaim(aid, name, states.ClaimKind.SLOT, s, states.ClaimStatus.ACTIVE))
@@ -65,15 +67,25 @@ def scenario(nodes: int, *, per_node: float = 1.0, seed: int = 0) -> tuple[Desir
         sku, g, _ = rnd.choices(kinds, [w for _, _, w in kinds])[0]
         aid = f"new-{i:07d}"
         desired.allocations[aid] = m.Allocation.model_construct(
-            api_version="gpuaas.io/v1alpha1", kind="Allocation", id=aid, tenant=f"t{i % 50}", sku=sku, gpu_count=g,
-            region=synthesis.REGION, image=None, ssh_keys=(), vm_profile=None,
-            state=m.AllocationState.PRESENT, requested_at=_EPOCH + dt.timedelta(seconds=i),
+            api_version="gpuaas.io/v1alpha1",
+            kind="Allocation",
+            id=aid,
+            tenant=f"t{i % 50}",
+            sku=sku,
+            gpu_count=g,
+            region=synthesis.REGION,
+            image=None,
+            ssh_keys=(),
+            vm_profile=None,
+            state=m.AllocationState.PRESENT,
+            requested_at=_EPOCH + dt.timedelta(seconds=i),
         )
     return desired, plans.Observed(claims=tuple(claims), placed=frozenset(placed))
 
 
 def measure(nodes: int, *, per_node: float = 1.0, seed: int = 0) -> dict[str, Any]:
     from reconciler.placement import placing, planner
+
     desired, observed = scenario(nodes, per_node=per_node, seed=seed)
     gc.collect()
     t0 = time.perf_counter()
@@ -93,8 +105,11 @@ def measure(nodes: int, *, per_node: float = 1.0, seed: int = 0) -> dict[str, An
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return {
-        "nodes": nodes, "existing_claims": len(observed.claims), "allocations": decisions,
-        "plan_seconds": round(plan_s, 3), "engine_build_seconds": round(build_s, 3),
+        "nodes": nodes,
+        "existing_claims": len(observed.claims),
+        "allocations": decisions,
+        "plan_seconds": round(plan_s, 3),
+        "engine_build_seconds": round(build_s, 3),
         "decisions_per_second_end_to_end": round(decisions / plan_s, 1),
         "decisions_per_second_placing": round(decisions / place_s, 1),
         "peak_plan_mib": round(peak / 2**20, 1),
@@ -115,10 +130,14 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'nodes':>7} {'claims':>7} {'allocs':>7} {'plan_s':>8} {'build_s':>8} {'end2end/s':>10} "
-          f"{'placing/s':>10} {'peak_MiB':>9}")
+    print(
+        f"{'nodes':>7} {'claims':>7} {'allocs':>7} {'plan_s':>8} {'build_s':>8} {'end2end/s':>10} "
+        f"{'placing/s':>10} {'peak_MiB':>9}"
+    )
     for r in rows:
-        print(f"{r['nodes']:>7} {r['existing_claims']:>7} {r['allocations']:>7} {r['plan_seconds']:>8.2f} "
-              f"{r['engine_build_seconds']:>8.2f} {r['decisions_per_second_end_to_end']:>10.0f} "
-              f"{r['decisions_per_second_placing']:>10.0f} {r['peak_plan_mib']:>9.1f}")
+        print(
+            f"{r['nodes']:>7} {r['existing_claims']:>7} {r['allocations']:>7} {r['plan_seconds']:>8.2f} "
+            f"{r['engine_build_seconds']:>8.2f} {r['decisions_per_second_end_to_end']:>10.0f} "
+            f"{r['decisions_per_second_placing']:>10.0f} {r['peak_plan_mib']:>9.1f}"
+        )
     return 0

@@ -49,8 +49,12 @@ def register(sub: Any) -> None:
 
 
 def _git(cwd: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.name=bench", "-c", "user.email=bench@invalid", *args], cwd=cwd,
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-c", "user.name=bench", "-c", "user.email=bench@invalid", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+    )
 
 
 def _repos(tmp: Path) -> tuple[Path, Path, Path]:
@@ -81,8 +85,11 @@ def _listen(url: str, seen: dict[str, float], ready: threading.Event, stop: thre
 
 
 def _stats(values: list[float]) -> dict[str, float]:
-    return {"n": len(values), "p50_ms": round(statistics.median(values) * 1000, 1),
-            "max_ms": round(max(values) * 1000, 1)} if values else {"n": 0}
+    return (
+        {"n": len(values), "p50_ms": round(statistics.median(values) * 1000, 1), "max_ms": round(max(values) * 1000, 1)}
+        if values
+        else {"n": 0}
+    )
 
 
 def run(args: argparse.Namespace) -> int:  # noqa: PLR0912, PLR0915 - one linear scenario
@@ -108,11 +115,28 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0912, PLR0915 - one linear
                 if cli.main(["apply", str(EXAMPLE), "--db-url", url]) != 0:
                     raise UsageError("applying the example fleet failed", code="bench.portal.setup")
         _remote, intake_repo, loop_repo = _repos(tmp)
-        loop = subprocess.Popen([sys.executable, "-m", "reconciler.cli", "run", str(loop_repo), "--remote", "origin",
-                                 "--branch", "main", "--interval", str(args.interval), "--db-url", url],
-                                stdout=subprocess.DEVNULL, stderr=(tmp / "run.log").open("wb"))
-        httpd = server.make_server(url, server.Settings(port=0, intake_repo=intake_repo,
-                                                        intake_push=("origin", "main")))
+        loop = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "reconciler.cli",
+                "run",
+                str(loop_repo),
+                "--remote",
+                "origin",
+                "--branch",
+                "main",
+                "--interval",
+                str(args.interval),
+                "--db-url",
+                url,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=(tmp / "run.log").open("wb"),
+        )
+        httpd = server.make_server(
+            url, server.Settings(port=0, intake_repo=intake_repo, intake_push=("origin", "main"))
+        )
         thread = threading.Thread(target=httpd.serve_forever, daemon=True)
         thread.start()
         seen: dict[str, float] = {}
@@ -127,9 +151,17 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0912, PLR0915 - one linear
                 for i in range(args.requests):
                     aid = f"bench-{i:04d}"
                     t0 = time.monotonic()
-                    r = c.post("/api/v1/allocations", json={
-                        "id": aid, "tenant": "hooli", "sku": "h200-sxm-slice", "region": "us-east-1",
-                        "gpu_count": 1, "ssh_keys": [KEY]})
+                    r = c.post(
+                        "/api/v1/allocations",
+                        json={
+                            "id": aid,
+                            "tenant": "hooli",
+                            "sku": "h200-sxm-slice",
+                            "region": "us-east-1",
+                            "gpu_count": 1,
+                            "ssh_keys": [KEY],
+                        },
+                    )
                     t1 = time.monotonic()
                     if r.status_code != 202:
                         raise UsageError(f"POST {aid}: {r.status_code} {r.text[:300]}", code="bench.portal.intake")
@@ -150,14 +182,21 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0912, PLR0915 - one linear
             loop.wait(30)
         shutil.rmtree(tmp, ignore_errors=True)
         bench_claims._drop_db(base, name)
-    doc = {"requests": args.requests, "run_interval_s": args.interval, "intake_to_pushed": _stats(pushed),
-           "commit_to_reserved_event": _stats(reserved), "reserved_missing": args.requests - len(reserved)}
+    doc = {
+        "requests": args.requests,
+        "run_interval_s": args.interval,
+        "intake_to_pushed": _stats(pushed),
+        "commit_to_reserved_event": _stats(reserved),
+        "reserved_missing": args.requests - len(reserved),
+    }
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
         print(f"portal bench: {args.requests} requests, gpuaas run polling the remote every {args.interval:g}s")
-        for key, label in (("intake_to_pushed", "POST -> commit pushed (202)"),
-                           ("commit_to_reserved_event", "commit -> reserved event (SSE)")):
+        for key, label in (
+            ("intake_to_pushed", "POST -> commit pushed (202)"),
+            ("commit_to_reserved_event", "commit -> reserved event (SSE)"),
+        ):
             s = doc[key]
             print(f"  {label:<34} p50 {s.get('p50_ms', '-'):>8} ms  max {s.get('max_ms', '-'):>8} ms  (n={s['n']})")
         if doc["reserved_missing"]:

@@ -49,8 +49,9 @@ def register(sub: Any) -> None:
 
 
 def _git(root: Path, *args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True,
-                          env={**os.environ, **GIT_ENV})
+    done = subprocess.run(
+        ["git", *args], cwd=root, check=True, capture_output=True, text=True, env={**os.environ, **GIT_ENV}
+    )
     return done.stdout.strip()
 
 
@@ -77,8 +78,15 @@ def _new_head(root: Path, base: str, n: int) -> str:
 
     _git(root, "checkout", "-q", "--detach", base)
     data = requests.render_request(
-        allocation_id=f"bench-{n}", tenant="bench", sku=synthesis.H200_SLICE, gpus=2, region=synthesis.REGION,
-        image=None, ssh_keys=[], requested_at=dt.datetime(2026, 11, 1, tzinfo=dt.UTC) + dt.timedelta(minutes=n))
+        allocation_id=f"bench-{n}",
+        tenant="bench",
+        sku=synthesis.H200_SLICE,
+        gpus=2,
+        region=synthesis.REGION,
+        image=None,
+        ssh_keys=[],
+        requested_at=dt.datetime(2026, 11, 1, tzinfo=dt.UTC) + dt.timedelta(minutes=n),
+    )
     path = root / requests.ALLOCATIONS_DIR / f"bench-{n}.yaml"
     path.parent.mkdir(exist_ok=True)
     path.write_bytes(data)
@@ -102,8 +110,21 @@ _MEASURE = (
 
 def _plan(root: Path, base: str, head: str, *flags: str) -> tuple[float, float, str]:
     """Wall seconds, peak RSS (MiB) and stdout of one `gpuaas plan` process."""
-    argv = [sys.executable, "-m", "reconciler.cli", "plan", str(root), "--offline", "--base", base,
-            "--head", head, "-o", "json", *flags]
+    argv = [
+        sys.executable,
+        "-m",
+        "reconciler.cli",
+        "plan",
+        str(root),
+        "--offline",
+        "--base",
+        base,
+        "--head",
+        head,
+        "-o",
+        "json",
+        *flags,
+    ]
     done = subprocess.run([sys.executable, "-c", _MEASURE, *argv], capture_output=True, text=True, check=False)
     try:
         rc, took, peak_kib = done.stderr.split()[-3:]
@@ -115,14 +136,19 @@ def _plan(root: Path, base: str, head: str, *flags: str) -> tuple[float, float, 
 
 
 def _case(times: list[float], rss: list[float]) -> dict[str, Any]:
-    return {"times_s": [round(t, 3) for t in times], "p50_s": round(statistics.median(times), 3),
-            "max_s": round(max(times), 3), "peak_rss_mib": round(max(rss), 1)}
+    return {
+        "times_s": [round(t, 3) for t in times],
+        "p50_s": round(statistics.median(times), 3),
+        "max_s": round(max(times), 3),
+        "peak_rss_mib": round(max(rss), 1),
+    }
 
 
 def measure(root: Path, base: str, *, runs: int, work: Path, say: Any) -> dict[str, Any]:
     heads = iter(range(1, 10_000))
-    cases: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in
-                                                         ("no_cache", "fresh_dir", "second", "cached")}
+    cases: dict[str, tuple[list[float], list[float]]] = {
+        k: ([], []) for k in ("no_cache", "fresh_dir", "second", "cached")
+    }
     seen_rss: dict[str, list[float]] = {}
 
     def record(case: str, took: float, rss: float) -> None:
@@ -156,7 +182,8 @@ def measure(root: Path, base: str, *, runs: int, work: Path, say: Any) -> dict[s
     return {
         **result,
         "same_output": same,
-        "goal_no_cache_s": GOAL_NO_CACHE_S, "goal_cached_s": GOAL_CACHED_S,
+        "goal_no_cache_s": GOAL_NO_CACHE_S,
+        "goal_cached_s": GOAL_CACHED_S,
         "goal_met": result["no_cache"]["p50_s"] <= GOAL_NO_CACHE_S and result["cached"]["p50_s"] <= GOAL_CACHED_S,
     }
 
@@ -170,8 +197,12 @@ def run(args: argparse.Namespace) -> int:
         root = work / "repo"
         say(f"building a {args.nodes}-node fleet repo in {root} ...")
         base = _build(root, args.nodes)
-        out = {"nodes": args.nodes, "runs": args.runs, "files": args.nodes * 2 + 5,
-               **measure(root, base, runs=args.runs, work=work, say=say)}
+        out = {
+            "nodes": args.nodes,
+            "runs": args.runs,
+            "files": args.nodes * 2 + 5,
+            **measure(root, base, runs=args.runs, work=work, say=say),
+        }
     finally:
         if args.keep:
             print(f"kept {work}", file=sys.stderr)
@@ -183,6 +214,8 @@ def run(args: argparse.Namespace) -> int:
         for case in ("no_cache", "fresh_dir", "second", "cached"):
             c = out[case]
             print(f"{case:<10} p50 {c['p50_s']:.2f} s  max {c['max_s']:.2f} s  peak RSS {c['peak_rss_mib']:.0f} MiB")
-        print(f"goal (no cache <= {GOAL_NO_CACHE_S} s, cached <= {GOAL_CACHED_S} s): "
-              f"{'met' if out['goal_met'] else 'NOT met'}; outputs equal: {out['same_output']}")
+        print(
+            f"goal (no cache <= {GOAL_NO_CACHE_S} s, cached <= {GOAL_CACHED_S} s): "
+            f"{'met' if out['goal_met'] else 'NOT met'}; outputs equal: {out['same_output']}"
+        )
     return 0 if out["goal_met"] else 1

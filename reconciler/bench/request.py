@@ -35,8 +35,13 @@ def _ensure_repo(root: Path, nodes: int) -> None:
         return
     validate._ensure_fleet(root, nodes)
     (root / ".complete").unlink()
-    env = {**os.environ, "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@example.invalid",
-           "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "bench@example.invalid"}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "bench",
+        "GIT_AUTHOR_EMAIL": "bench@example.invalid",
+        "GIT_COMMITTER_NAME": "bench",
+        "GIT_COMMITTER_EMAIL": "bench@example.invalid",
+    }
     subprocess.run(["git", "init", "-q", "-b", "main"], cwd=root, check=True, env=env, timeout=600)
     subprocess.run(["git", "add", "-A"], cwd=root, check=True, env=env, timeout=600)
     subprocess.run(["git", "commit", "-qm", "fleet"], cwd=root, check=True, env=env, timeout=600)
@@ -48,16 +53,43 @@ def run(args: argparse.Namespace) -> int:
     timings = []
     for _ in range(args.runs):
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "reconciler.cli", "request", "create", f"--repo={root}", "--tenant",
-                        "bench", "--sku", "h200-sxm-slice", "--gpus", "1", "--region", "synth-1", "--commit", "-o",
-                        "json"], check=True, capture_output=True, timeout=600)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "reconciler.cli",
+                "request",
+                "create",
+                f"--repo={root}",
+                "--tenant",
+                "bench",
+                "--sku",
+                "h200-sxm-slice",
+                "--gpus",
+                "1",
+                "--region",
+                "synth-1",
+                "--commit",
+                "-o",
+                "json",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
         timings.append(time.perf_counter() - start)
-    doc = {"nodes": args.nodes, "runs": args.runs, "seconds_best": round(min(timings), 2),
-           "seconds_median": round(sorted(timings)[len(timings) // 2], 2),
-           "load_average_1m": round(os.getloadavg()[0], 2)}
+    doc = {
+        "nodes": args.nodes,
+        "runs": args.runs,
+        "seconds_best": round(min(timings), 2),
+        "seconds_median": round(sorted(timings)[len(timings) // 2], 2),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
     if args.json:
         print(json.dumps(doc))
     else:
-        print(f"request create --commit at {doc['nodes']} nodes: best {doc['seconds_best']} s, "
-              f"median {doc['seconds_median']} s over {args.runs} runs (load {doc['load_average_1m']})")
+        print(
+            f"request create --commit at {doc['nodes']} nodes: best {doc['seconds_best']} s, "
+            f"median {doc['seconds_median']} s over {args.runs} runs (load {doc['load_average_1m']})"
+        )
     return 0

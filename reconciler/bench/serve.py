@@ -42,9 +42,12 @@ def register(sub: Any) -> None:
 
 def _stats(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
-    return {"n": len(ordered), "p50_ms": round(statistics.median(ordered) * 1000, 2),
-            "p95_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))] * 1000, 2),
-            "max_ms": round(ordered[-1] * 1000, 2)}
+    return {
+        "n": len(ordered),
+        "p50_ms": round(statistics.median(ordered) * 1000, 2),
+        "p95_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))] * 1000, 2),
+        "max_ms": round(ordered[-1] * 1000, 2),
+    }
 
 
 def _timed(client: http.client.HTTPConnection, path: str) -> float:
@@ -98,19 +101,30 @@ def run(args: argparse.Namespace) -> int:
             rng = random.Random(0)  # noqa: S311 - which ids to ask for, not security
             cold = _timed(client, "/api/v1/capacity")
             results = {
-                "allocation": _stats([_timed(client, f"/api/v1/allocations/{rng.choice(placed)}")
-                                      for _ in range(args.samples)]),
+                "allocation": _stats(
+                    [_timed(client, f"/api/v1/allocations/{rng.choice(placed)}") for _ in range(args.samples)]
+                ),
                 "capacity_warm": _stats([_timed(client, "/api/v1/capacity") for _ in range(args.samples)]),
                 "dashboard": _stats([_timed(client, "/") for _ in range(max(5, args.samples // 10))]),
-                "node_page": _stats([_timed(client, f"/nodes/node-{rng.randrange(args.nodes):05d}")
-                                     for _ in range(max(5, args.samples // 10))]),
+                "node_page": _stats(
+                    [
+                        _timed(client, f"/nodes/node-{rng.randrange(args.nodes):05d}")
+                        for _ in range(max(5, args.samples // 10))
+                    ]
+                ),
                 # the fleet page with a search: nodes, allocations and tenants matching (issue 34)
-                "dashboard_search": _stats([_timed(client, f"/?q=node-{rng.randrange(args.nodes):05d}")
-                                            for _ in range(max(5, args.samples // 10))]),
-                "dashboard_tenant": _stats([_timed(client, f"/?tenant=tenant-{rng.randrange(97)}")
-                                            for _ in range(max(5, args.samples // 10))]),
-                "allocation_page": _stats([_timed(client, f"/allocations/{rng.choice(placed)}")
-                                           for _ in range(max(5, args.samples // 10))]),
+                "dashboard_search": _stats(
+                    [
+                        _timed(client, f"/?q=node-{rng.randrange(args.nodes):05d}")
+                        for _ in range(max(5, args.samples // 10))
+                    ]
+                ),
+                "dashboard_tenant": _stats(
+                    [_timed(client, f"/?tenant=tenant-{rng.randrange(97)}") for _ in range(max(5, args.samples // 10))]
+                ),
+                "allocation_page": _stats(
+                    [_timed(client, f"/allocations/{rng.choice(placed)}") for _ in range(max(5, args.samples // 10))]
+                ),
                 "metrics": _stats([_timed(client, "/metrics") for _ in range(max(5, args.samples // 10))]),
             }
             client.close()
@@ -121,20 +135,33 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if not args.keep:
             bench_claims._drop_db(base, name)
-    doc = {"nodes": args.nodes, "slots": args.nodes * 8, "allocations_placed": len(placed), **setup,
-           "capacity_cold_s": round(cold, 2), **results,
-           "database": "scratch " + ("(kept) " + url if args.keep else "(dropped)")}
+    doc = {
+        "nodes": args.nodes,
+        "slots": args.nodes * 8,
+        "allocations_placed": len(placed),
+        **setup,
+        "capacity_cold_s": round(cold, 2),
+        **results,
+        "database": "scratch " + ("(kept) " + url if args.keep else "(dropped)"),
+    }
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
-        print(f"serve bench: {doc['nodes']} nodes ({doc['slots']} slots), {doc['allocations_placed']} allocations "
-              f"placed (sync {setup['sync_s']}s, placing {setup['place_s']}s)")
+        print(
+            f"serve bench: {doc['nodes']} nodes ({doc['slots']} slots), {doc['allocations_placed']} allocations "
+            f"placed (sync {setup['sync_s']}s, placing {setup['place_s']}s)"
+        )
         print(f"  capacity, first request (computes the model)  {doc['capacity_cold_s']} s")
-        for key, label in (("allocation", "GET /api/v1/allocations/{id}"), ("capacity_warm", "GET /api/v1/capacity"),
-                           ("dashboard", "GET / (dashboard)"), ("node_page", "GET /nodes/{name}"),
-                           ("dashboard_search", "GET /?q=node-NNNNN (search)"),
-                           ("dashboard_tenant", "GET /?tenant=tenant-N"),
-                           ("allocation_page", "GET /allocations/{id}"), ("metrics", "GET /metrics")):
+        for key, label in (
+            ("allocation", "GET /api/v1/allocations/{id}"),
+            ("capacity_warm", "GET /api/v1/capacity"),
+            ("dashboard", "GET / (dashboard)"),
+            ("node_page", "GET /nodes/{name}"),
+            ("dashboard_search", "GET /?q=node-NNNNN (search)"),
+            ("dashboard_tenant", "GET /?tenant=tenant-N"),
+            ("allocation_page", "GET /allocations/{id}"),
+            ("metrics", "GET /metrics"),
+        ):
             s = results[key]
             print(f"  {label:<46} p50 {s['p50_ms']:>9} ms  p95 {s['p95_ms']:>9} ms  (n={s['n']})")
     return 0

@@ -50,12 +50,17 @@ QUERY = "0, GPU-2f6c1d3e-8a4b-4c55-9d1e-0b7a6f3e2c11, 87, {mem}, 143771, 61, 0, 
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("telemetry", help="guest telemetry sample -> API freshness p50/p95 (listener, agent report, "
-                                         "store, API)")
+    p = sub.add_parser(
+        "telemetry", help="guest telemetry sample -> API freshness p50/p95 (listener, agent report, store, API)"
+    )
     p.add_argument("--samples", type=int, default=40, help="guest samples posted and timed")
     p.add_argument("--vms", type=int, default=8, help="VMs (one-GPU allocations) of the node, 1-8")
-    p.add_argument("--report-interval", type=float, default=1.0,
-                   help="seconds between the agent's reports (the bench's shortened pass interval)")
+    p.add_argument(
+        "--report-interval",
+        type=float,
+        default=1.0,
+        help="seconds between the agent's reports (the bench's shortened pass interval)",
+    )
     p.add_argument("--poll-ms", type=float, default=10.0, help="how often the API client asks")
     p.add_argument("--json", action="store_true")
     db.add_database_arguments(p)
@@ -82,8 +87,7 @@ def _prepare(url: str, vms: int) -> list[str]:
 class _Agent(threading.Thread):
     """The host agent's report step, every `interval` seconds, until stopped."""
 
-    def __init__(self, url: str, gate: Any, expected: dict[str, str], by_name: dict[str, str],
-                 interval: float) -> None:
+    def __init__(self, url: str, gate: Any, expected: dict[str, str], by_name: dict[str, str], interval: float) -> None:
         super().__init__(daemon=True)
         self._url, self._gate, self._expected, self._by_name = url, gate, expected, by_name
         self._interval = interval
@@ -135,8 +139,7 @@ def _seen(client: http.client.HTTPConnection, alloc: str, mem: int) -> bool:
     return resp.status == 200 and bool(gpus) and gpus[0].get("memory_used_mib") == mem
 
 
-def _post_and_wait(post_url: str, body: bytes, seen: Any, agent: _Agent, *, args: argparse.Namespace,
-                   i: int) -> None:
+def _post_and_wait(post_url: str, body: bytes, seen: Any, agent: _Agent, *, args: argparse.Namespace, i: int) -> None:
     """Post one guest sample and poll the API until it shows it."""
     started = time.perf_counter()
     status = _post(post_url, body)
@@ -178,11 +181,13 @@ def _measure(url: str, placed: list[str], args: argparse.Namespace) -> tuple[lis
             for i in range(args.samples):
                 name = names[i % len(names)]
                 mem = 1000 + i
-                body = (f"gpuaas-telemetry 1\nname {name}\ntoken {heard.token(name)}\n"
-                        f"gpu {QUERY.format(mem=mem)}").encode()
+                body = (
+                    f"gpuaas-telemetry 1\nname {name}\ntoken {heard.token(name)}\ngpu {QUERY.format(mem=mem)}"
+                ).encode()
                 started = time.perf_counter()
-                _post_and_wait(post_url, body, functools.partial(_seen, client, by_name[name], mem), agent,
-                               args=args, i=i)
+                _post_and_wait(
+                    post_url, body, functools.partial(_seen, client, by_name[name], mem), agent, args=args, i=i
+                )
                 took.append(time.perf_counter() - started)
                 # A random phase against the agent's pass: a post right after a seen sample would always
                 # land just after a report and wait a whole interval (the worst case, not the typical one).
@@ -202,8 +207,10 @@ def _measure(url: str, placed: list[str], args: argparse.Namespace) -> tuple[lis
 
 def run(args: argparse.Namespace) -> int:
     if args.samples < 1 or not 1 <= args.vms <= 8 or args.report_interval <= 0 or args.poll_ms <= 0:
-        raise UsageError("--samples must be positive, --vms 1-8, --report-interval and --poll-ms above 0",
-                         code="bench.telemetry.usage")
+        raise UsageError(
+            "--samples must be positive, --vms 1-8, --report-interval and --poll-ms above 0",
+            code="bench.telemetry.usage",
+        )
     base = db.database_url(args)
     name = f"gpuaas_bench_telemetry_{os.getpid()}"
     bench_claims._create_db(base, name)
@@ -214,17 +221,24 @@ def run(args: argparse.Namespace) -> int:
     finally:
         bench_claims._drop_db(base, name)
     ordered = sorted(took)
-    doc = {"samples": len(ordered), "vms": args.vms, "report_interval_s": args.report_interval,
-           "poll_ms": args.poll_ms, "agent_reports": reports,
-           "p50_ms": round(statistics.median(ordered) * 1000, 1),
-           "p95_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))] * 1000, 1),
-           "max_ms": round(ordered[-1] * 1000, 1),
-           "path": "guest POST -> listener -> agent report (write_status, node role) -> allocation_telemetry"
-                   " -> GET /api/v1/allocations/{id}/telemetry"}
+    doc = {
+        "samples": len(ordered),
+        "vms": args.vms,
+        "report_interval_s": args.report_interval,
+        "poll_ms": args.poll_ms,
+        "agent_reports": reports,
+        "p50_ms": round(statistics.median(ordered) * 1000, 1),
+        "p95_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))] * 1000, 1),
+        "max_ms": round(ordered[-1] * 1000, 1),
+        "path": "guest POST -> listener -> agent report (write_status, node role) -> allocation_telemetry"
+        " -> GET /api/v1/allocations/{id}/telemetry",
+    }
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
-        print(f"telemetry bench: {doc['samples']} samples over {args.vms} VMs, agent report every "
-              f"{args.report_interval:g} s, API polled every {args.poll_ms:g} ms")
+        print(
+            f"telemetry bench: {doc['samples']} samples over {args.vms} VMs, agent report every "
+            f"{args.report_interval:g} s, API polled every {args.poll_ms:g} ms"
+        )
         print(f"  guest sample -> API  p50 {doc['p50_ms']} ms  p95 {doc['p95_ms']} ms  max {doc['max_ms']} ms")
     return 0

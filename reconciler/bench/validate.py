@@ -31,6 +31,7 @@ def register(sub: Any) -> None:
 def _ensure_fleet(root: Path, nodes: int) -> None:
     from reconciler.commands import fleet
     from reconciler.placement import synthesis
+
     marker = root / ".complete"
     if marker.exists():
         return
@@ -42,6 +43,7 @@ def _ensure_fleet(root: Path, nodes: int) -> None:
 def run(args: argparse.Namespace) -> int:
     from desired import loading
     from policies import validation
+
     root = args.dir or Path(tempfile.gettempdir()) / f"gpuaas-bench-fleet-{args.nodes}"
     _ensure_fleet(root, args.nodes)
     timings = []

@@ -43,21 +43,39 @@ DIRTY_LISTED = 20  # files named in an apply.tree_dirty message; the rest are co
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("apply", help="sync, plan and write claims for a desired-state revision or a saved plan",
-                       allow_abbrev=False)
-    p.add_argument("path", nargs="?", default=Path("."), type=Path, metavar="PATH|PLANFILE",
-                   help="desired-state repo (default .), or a plan file written by `gpuaas plan --out`")
+    p = sub.add_parser(
+        "apply", help="sync, plan and write claims for a desired-state revision or a saved plan", allow_abbrev=False
+    )
+    p.add_argument(
+        "path",
+        nargs="?",
+        default=Path("."),
+        type=Path,
+        metavar="PATH|PLANFILE",
+        help="desired-state repo (default .), or a plan file written by `gpuaas plan --out`",
+    )
     p.add_argument("--rev", help="apply the tree at this git revision (default: HEAD; outside git: the directory)")
-    p.add_argument("--allow-dirty", action="store_true",
-                   help="apply the working tree even where it differs from HEAD (recorded as tree:<hash>)")
-    p.add_argument("--allow-rewind", action="store_true",
-                   help="apply a commit that does not descend from the applied one (refused otherwise: apply.rewind)")
-    p.add_argument("--repo", type=Path, help="with PLANFILE: the repo to read its head from (default: where it "
-                                             "was planned)")
+    p.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="apply the working tree even where it differs from HEAD (recorded as tree:<hash>)",
+    )
+    p.add_argument(
+        "--allow-rewind",
+        action="store_true",
+        help="apply a commit that does not descend from the applied one (refused otherwise: apply.rewind)",
+    )
+    p.add_argument(
+        "--repo", type=Path, help="with PLANFILE: the repo to read its head from (default: where it was planned)"
+    )
     output.add_argument(p, "text")
     p.add_argument("--policy", help="placement policy override (default: the Fleet's)")
-    p.add_argument("-v", "--verbose", action="store_true",
-                   help="list every host plan written (default: their count; -o json always lists them)")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="list every host plan written (default: their count; -o json always lists them)",
+    )
     progress.add_argument(p)
     db.add_database_arguments(p)
     p.set_defaults(func=run)
@@ -88,8 +106,11 @@ def run(args: argparse.Namespace) -> int:
             except reconciling.Invalid as e:  # an edit of an allocation that holds claims: printed as validation
                 for problem in e.problems:
                     print(problem.render(), file=sys.stderr)
-                raise PermanentError(f"{len(e.problems)} error(s) against the store: nothing applied, the last "
-                                     "valid revision stays in force", code="apply.invalid") from None
+                raise PermanentError(
+                    f"{len(e.problems)} error(s) against the store: nothing applied, the last "
+                    "valid revision stays in force",
+                    code="apply.invalid",
+                ) from None
     _print(reconciling.summary(result), args.output, verbose=args.verbose)
     return 0
 
@@ -107,8 +128,9 @@ def load(path: Path, rev: str | None, *, allow_dirty: bool = False) -> loading.L
 
     if rev is not None:
         if allow_dirty:
-            raise UsageError("--allow-dirty applies the working tree and --rev a commit: give one of them",
-                             code="apply.usage")
+            raise UsageError(
+                "--allow-dirty applies the working tree and --rev a commit: give one of them", code="apply.usage"
+            )
         return sources.load(path, rev)
     if not path.exists():
         return sources.load(path)  # desired.path.missing
@@ -118,14 +140,19 @@ def load(path: Path, rev: str | None, *, allow_dirty: bool = False) -> loading.L
     if not dirty:
         return sources.load(path, "HEAD")
     if not allow_dirty:
-        listed = ", ".join(dirty[:DIRTY_LISTED]) + (f" and {len(dirty) - DIRTY_LISTED} more"
-                                                    if len(dirty) > DIRTY_LISTED else "")
+        listed = ", ".join(dirty[:DIRTY_LISTED]) + (
+            f" and {len(dirty) - DIRTY_LISTED} more" if len(dirty) > DIRTY_LISTED else ""
+        )
         raise PermanentError(
             f"{len(dirty)} desired-state file(s) under {path} differ from HEAD: {listed}; apply reads the "
             "committed tree, so commit them (or pass --allow-dirty to apply the working tree, recorded as "
-            "tree:<hash>, not as a commit)", code="apply.tree_dirty")
-    print(f"warning: applying the working tree: {len(dirty)} file(s) differ from HEAD; history records it as "
-          "tree:<hash>", file=sys.stderr)
+            "tree:<hash>, not as a commit)",
+            code="apply.tree_dirty",
+        )
+    print(
+        f"warning: applying the working tree: {len(dirty)} file(s) differ from HEAD; history records it as tree:<hash>",
+        file=sys.stderr,
+    )
     return _as_tree(sources.load(path))
 
 
@@ -185,20 +212,25 @@ def _run_saved(args: argparse.Namespace) -> int:
     from reconciler.store import connections, inventoryrows, migrations
 
     if args.rev is not None or args.allow_dirty or args.policy is not None:
-        raise UsageError("a saved plan fixes its revision and policy: --rev, --allow-dirty and --policy do not "
-                         "apply to it", code="apply.usage")
+        raise UsageError(
+            "a saved plan fixes its revision and policy: --rev, --allow-dirty and --policy do not apply to it",
+            code="apply.usage",
+        )
     saved = planfiles.read(args.path)
     repo = args.repo if args.repo is not None else Path(saved.repo)
     loaded = planfiles.load_head(saved, repo)
     if loaded.errors:  # the revision was valid when planned; a tree read again may not be
-        raise PermanentError(f"the planned head {saved.head_revision} has {len(loaded.errors)} validation error(s) "
-                             "now", code="apply.plan_stale")
+        raise PermanentError(
+            f"the planned head {saved.head_revision} has {len(loaded.errors)} validation error(s) now",
+            code="apply.plan_stale",
+        )
     planfiles.check_desired(saved, inventoryrows.content_hash(loaded.state))
     with connections.connect(db.database_url(args), autocommit=True) as conn:
         migrations.migrate(conn)
         planfiles.check_database(saved, planfiles.database_digest(conn))
-        result = reconciling.reconcile(conn, loaded.state, source=f"cli plan {args.path}",
-                                       planner=planfiles.guarded_planner(saved))
+        result = reconciling.reconcile(
+            conn, loaded.state, source=f"cli plan {args.path}", planner=planfiles.guarded_planner(saved)
+        )
     doc = reconciling.summary(result)
     if args.output == "text":
         print(f"applied saved plan {args.path} (head {saved.head_revision})")
@@ -237,8 +269,10 @@ def _inventory_lines(doc: dict[str, Any]) -> list[str]:
     inventory = doc["inventory"]
     if len(inventory) > 12:
         counts = Counter(" ".join(line.split(" ")[::2]) for line in inventory)  # "slot added"
-        out.append(f"inventory: {len(inventory)} change(s): "
-                   + ", ".join(f"{n} {kind_action}" for kind_action, n in sorted(counts.items())))
+        out.append(
+            f"inventory: {len(inventory)} change(s): "
+            + ", ".join(f"{n} {kind_action}" for kind_action, n in sorted(counts.items()))
+        )
     elif inventory:
         out.append(f"inventory: {len(inventory)} change(s)")
         out += [f"  {line}" for line in inventory]
@@ -271,8 +305,10 @@ def _release_lines(doc: dict[str, Any]) -> list[str]:
         for r in changed_releases:
             if r["outcome"] == "releasing":
                 slots = ",".join(str(i) for i in r["slot_indexes"]) or "whole node"
-                out.append(f"  {r['allocation_id']:<24} {r['node']} [{slots}] -> cleanup "
-                           "(returned to service only on wipe proof)")
+                out.append(
+                    f"  {r['allocation_id']:<24} {r['node']} [{slots}] -> cleanup "
+                    "(returned to service only on wipe proof)"
+                )
             else:
                 out.append(f"  {r['allocation_id']:<24} never placed: released")
         out += [f"  {a:<24} never placed: released" for a in doc["cancelled"]]

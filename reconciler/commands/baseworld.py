@@ -70,26 +70,29 @@ FORMAT = 1
 # (checked on use: a name a module merely imports, such as `desired.loading.Path`, is never taken).
 # `desired.models`' pydantic models and enums are admitted as a family (`_model_classes`), and
 # `_model` and `_proxy` below are the only callables besides these types. Anything else is a miss.
-_TYPES: dict[str, frozenset[str]] = {m: frozenset(names.split()) for m, names in {
-    "desired.loading": "DesiredState Source _Blob",
-    "desired.yamlio": "Document",
-    "desired.problems": "Problem Severity",
-    "policies.capability": "Capability CapabilityVerdict",
-    "policies.eligibility": "Ineligible",
-    "policies.fabric": "Mismatch",
-    "policies.packing": "Demand Option Policy",
-    "policies.topology": "Choice Layout",
-    "reconciler.plans": "Candidate ExistingClaim Observed Pending Placement Release",
-    "reconciler.fleetgraph": "NodeFacts SlotFacts",
-    "reconciler.inventory_diff": "CapabilityChange DocumentChange FieldChange InventoryDiff SlotChange",
-    "reconciler.placement.placing": "Engine Placed Request Spec Tier _Node",
-    "reconciler.placement.index": "EndOrder NodeHeap SliceIndex WholeNodeIndex",
-    "reconciler.placement.capacity": "Blocked Memo NodeSummary Offer ReadModel Size",
-    "reconciler.placement.prplan": "BaseSide CapacityChange NodeChange",
-    "reconciler.placement.reasons": "Refused",
-    "schemas.states": "ClaimKind ClaimStatus SlotStatus",
-    "schemas.snapshots": "Profile",
-}.items()}
+_TYPES: dict[str, frozenset[str]] = {
+    m: frozenset(names.split())
+    for m, names in {
+        "desired.loading": "DesiredState Source _Blob",
+        "desired.yamlio": "Document",
+        "desired.problems": "Problem Severity",
+        "policies.capability": "Capability CapabilityVerdict",
+        "policies.eligibility": "Ineligible",
+        "policies.fabric": "Mismatch",
+        "policies.packing": "Demand Option Policy",
+        "policies.topology": "Choice Layout",
+        "reconciler.plans": "Candidate ExistingClaim Observed Pending Placement Release",
+        "reconciler.fleetgraph": "NodeFacts SlotFacts",
+        "reconciler.inventory_diff": "CapabilityChange DocumentChange FieldChange InventoryDiff SlotChange",
+        "reconciler.placement.placing": "Engine Placed Request Spec Tier _Node",
+        "reconciler.placement.index": "EndOrder NodeHeap SliceIndex WholeNodeIndex",
+        "reconciler.placement.capacity": "Blocked Memo NodeSummary Offer ReadModel Size",
+        "reconciler.placement.prplan": "BaseSide CapacityChange NodeChange",
+        "reconciler.placement.reasons": "Refused",
+        "schemas.states": "ClaimKind ClaimStatus SlotStatus",
+        "schemas.snapshots": "Profile",
+    }.items()
+}
 _BUILTINS = frozenset({"set", "frozenset", "slice"})
 _DATETIME = frozenset({"datetime", "date", "timezone", "timedelta"})
 
@@ -121,8 +124,15 @@ class World:
 # ------------------------------------------------------------------ writing
 
 
-def dump(tree: Tree, *, found: list[Problem], owners: Mapping[str, list[tuple[str, int]]],
-         observed: plans.Observed, side: BaseSide, planner: WarmPlanner) -> bytes | None:
+def dump(
+    tree: Tree,
+    *,
+    found: list[Problem],
+    owners: Mapping[str, list[tuple[str, int]]],
+    observed: plans.Observed,
+    side: BaseSide,
+    planner: WarmPlanner,
+) -> bytes | None:
     """The payload that `load` restores, or None when this tree cannot be kept (logged)."""
     from desired import models as m
 
@@ -133,8 +143,11 @@ def dump(tree: Tree, *, found: list[Problem], owners: Mapping[str, list[tuple[st
     models: dict[str, bytes] = {}
     eager: dict[str, Any] = {}
     for path, blob in tree.by_path.items():
-        if blob.docs and not blob.file_problems and all(
-                type(model) is m.SlotMap and not got for _, model, got in blob.docs):
+        if (
+            blob.docs
+            and not blob.file_problems
+            and all(type(model) is m.SlotMap and not got for _, model, got in blob.docs)
+        ):
             lazy[path] = ([(doc, got) for doc, _, got in blob.docs], blob.generation)
             models[path] = zlib.compress(_dumps([model for _, model, _ in blob.docs]), 1)
         else:
@@ -147,12 +160,28 @@ def dump(tree: Tree, *, found: list[Problem], owners: Mapping[str, list[tuple[st
             where[name] = (doc.file, next(i for i, (d, _) in enumerate(lazy[doc.file][0]) if d is doc))
     kept_maps = {name: smap for name, smap in state.slot_maps.items() if name not in where}
     core = {
-        "format": FORMAT, "origin": tree.origin, "revision": tree.revision, "paths": list(tree.by_path),
-        "eager": eager, "lazy": lazy, "fleet": state.fleet, "skus": state.skus, "images": state.images,
-        "nodes": state.nodes, "slot_maps": list(state.slot_maps), "kept_maps": kept_maps, "where": where,
-        "allocations": state.allocations, "sources": state.sources, "state_revision": state.revision,
-        "file_count": state.file_count, "found": found, "owners": dict(owners), "observed": observed,
-        "side": side, "planner": suspended,
+        "format": FORMAT,
+        "origin": tree.origin,
+        "revision": tree.revision,
+        "paths": list(tree.by_path),
+        "eager": eager,
+        "lazy": lazy,
+        "fleet": state.fleet,
+        "skus": state.skus,
+        "images": state.images,
+        "nodes": state.nodes,
+        "slot_maps": list(state.slot_maps),
+        "kept_maps": kept_maps,
+        "where": where,
+        "allocations": state.allocations,
+        "sources": state.sources,
+        "state_revision": state.revision,
+        "file_count": state.file_count,
+        "found": found,
+        "owners": dict(owners),
+        "observed": observed,
+        "side": side,
+        "planner": suspended,
     }
     lazy_ids = {id(smap) for name, smap in state.slot_maps.items() if name in where}
     try:
@@ -192,18 +221,19 @@ def _unframe(payload: bytes) -> tuple[memoryview, Callable[[str], memoryview]] |
     if magic != _MAGIC or version != FORMAT or _HEADER.size + core_len + index_len > len(payload):
         return None
     view = memoryview(payload)
-    core = view[_HEADER.size:_HEADER.size + core_len]
+    core = view[_HEADER.size : _HEADER.size + core_len]
     start = _HEADER.size + core_len + index_len
-    index = _Outer(io.BytesIO(view[_HEADER.size + core_len:start])).load()
+    index = _Outer(io.BytesIO(view[_HEADER.size + core_len : start])).load()
     if not isinstance(index, dict):
         return None
 
     def file_bytes(path: str) -> memoryview:
         at, length = index[path]
-        if not (type(at) is int and type(length) is int and at >= 0 and length >= 0
-                and start + at + length <= len(payload)):
+        if not (
+            type(at) is int and type(length) is int and at >= 0 and length >= 0 and start + at + length <= len(payload)
+        ):
             raise pickle.UnpicklingError(f"index entry of {path} is out of bounds")
-        return view[start + at:start + at + length]
+        return view[start + at : start + at + length]
 
     return core, file_bytes
 
@@ -246,8 +276,13 @@ def _reducers(refuse: AbstractSet[int]) -> dict[type, Callable[[Any], Any]]:
     def model(obj: Any) -> Any:
         if id(obj) in refuse:
             raise _Leak(f"{type(obj).__name__} {getattr(obj, 'node', '')!r} is reached eagerly")
-        return _model, (type(obj), obj.__dict__, obj.__pydantic_fields_set__, obj.__pydantic_extra__,
-                        obj.__pydantic_private__)
+        return _model, (
+            type(obj),
+            obj.__dict__,
+            obj.__pydantic_fields_set__,
+            obj.__pydantic_extra__,
+            obj.__pydantic_private__,
+        )
 
     def document(obj: Any) -> Any:
         fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
@@ -277,8 +312,11 @@ def _reducers(refuse: AbstractSet[int]) -> dict[type, Callable[[Any], Any]]:
 def _model_classes() -> tuple[type, ...]:
     from desired import models
 
-    return tuple(v for v in vars(models).values()
-                 if isinstance(v, type) and issubclass(v, BaseModel) and v.__module__ == models.__name__)
+    return tuple(
+        v
+        for v in vars(models).values()
+        if isinstance(v, type) and issubclass(v, BaseModel) and v.__module__ == models.__name__
+    )
 
 
 @functools.cache
@@ -331,8 +369,11 @@ def _model_enums() -> tuple[type, ...]:
 
     from desired import models
 
-    return tuple(v for v in vars(models).values()
-                 if isinstance(v, type) and issubclass(v, enum.Enum) and v.__module__ == models.__name__)
+    return tuple(
+        v
+        for v in vars(models).values()
+        if isinstance(v, type) and issubclass(v, enum.Enum) and v.__module__ == models.__name__
+    )
 
 
 def _loads(data: bytes | memoryview) -> Any:
@@ -365,9 +406,14 @@ def _restore(payload: bytes, policy: str | None) -> World | None:
         return None
     core_bytes, file_bytes = framed
     core = _loads(core_bytes)
-    if not (isinstance(core, dict) and core.get("format") == FORMAT and isinstance(core.get("side"), BaseSide)
-            and isinstance(core.get("observed"), plans.Observed) and isinstance(core.get("planner"), tuple)
-            and all(isinstance(core.get(k), dict) for k in ("eager", "lazy", "where", "sources", "kept_maps"))):
+    if not (
+        isinstance(core, dict)
+        and core.get("format") == FORMAT
+        and isinstance(core.get("side"), BaseSide)
+        and isinstance(core.get("observed"), plans.Observed)
+        and isinstance(core.get("planner"), tuple)
+        and all(isinstance(core.get(k), dict) for k in ("eager", "lazy", "where", "sources", "kept_maps"))
+    ):
         return None
     lazy: dict[str, Any] = core["lazy"]
     where: dict[str, tuple[str, int]] = core["where"]
@@ -378,8 +424,9 @@ def _restore(payload: bytes, policy: str | None) -> World | None:
         if got is None:
             docs, generation = lazy[path]  # a file is kept lazily only when it has no problem of its own
             typed = _loads(zlib.decompress(file_bytes(path)))
-            got = made[path] = loading._Blob(path, [], [(doc, model, found) for (doc, found), model
-                                                         in zip(docs, typed, strict=True)], generation)
+            got = made[path] = loading._Blob(
+                path, [], [(doc, model, found) for (doc, found), model in zip(docs, typed, strict=True)], generation
+            )
         return got
 
     def slot_map(name: str) -> Any:
@@ -393,9 +440,16 @@ def _restore(payload: bytes, policy: str | None) -> World | None:
     for name, value in core["kept_maps"].items():
         slot_maps[name] = value
     state = loading.DesiredState(
-        fleet=core["fleet"], skus=core["skus"], images=core["images"], nodes=core["nodes"],
-        slot_maps=cast(dict[str, Any], slot_maps), allocations=core["allocations"], sources=core["sources"],
-        revision=core["state_revision"], file_count=core["file_count"])
+        fleet=core["fleet"],
+        skus=core["skus"],
+        images=core["images"],
+        nodes=core["nodes"],
+        slot_maps=cast(dict[str, Any], slot_maps),
+        allocations=core["allocations"],
+        sources=core["sources"],
+        revision=core["state_revision"],
+        file_count=core["file_count"],
+    )
     tree = deltas.Tree(core["origin"], core["revision"], cast(dict[str, Any], by_path), state, ())
     planner = WarmPlanner.resume(core["planner"], state, policy)
     return World(tree, list(core["found"]), core["owners"], core["observed"], core["side"], planner)
@@ -414,4 +468,3 @@ def get(store: DiskStore | None, world_key: str | None, policy: str | None) -> W
 def put(store: DiskStore, world_key: str, payload: bytes | None) -> None:
     if payload is not None:
         store.put_world(world_key, payload)
-

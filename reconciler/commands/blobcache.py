@@ -36,11 +36,18 @@ _Owners = dict[str, list[tuple[str, int]]]
 
 
 def add_arguments(p: Any) -> None:
-    p.add_argument("--no-cache", action="store_true",
-                   help="neither read nor write the on-disk cache (parsed blobs; finished offline plans)")
-    p.add_argument("--cache-dir", type=Path, default=None,
-                   help="on-disk blob cache, outside every git checkout (default $GPUAAS_STATE_DIR/cache, "
-                        "else ${XDG_CACHE_HOME:-~/.cache}/gpuaas/cache)")
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="neither read nor write the on-disk cache (parsed blobs; finished offline plans)",
+    )
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="on-disk blob cache, outside every git checkout (default $GPUAAS_STATE_DIR/cache, "
+        "else ${XDG_CACHE_HOME:-~/.cache}/gpuaas/cache)",
+    )
 
 
 class Reader:
@@ -112,11 +119,13 @@ def checked_key(path: Path, commit: str) -> str:
 
 
 def encode(found: list[Problem], owners: _Owners) -> bytes:
-    return json.dumps({
-        "format": FORMAT,
-        "found": [[x.code, x.message, x.file, x.line, x.column, x.severity.value] for x in found],
-        "owners": {mac: [[node, slot] for node, slot in uses] for mac, uses in owners.items()},
-    }).encode()
+    return json.dumps(
+        {
+            "format": FORMAT,
+            "found": [[x.code, x.message, x.file, x.line, x.column, x.severity.value] for x in found],
+            "owners": {mac: [[node, slot] for node, slot in uses] for mac, uses in owners.items()},
+        }
+    ).encode()
 
 
 def decode(payload: bytes) -> tuple[list[Problem], _Owners] | None:
@@ -127,22 +136,34 @@ def decode(payload: bytes) -> tuple[list[Problem], _Owners] | None:
         value = json.loads(payload)
     except (ValueError, RecursionError):
         return None
-    if not (isinstance(value, dict) and set(value) == {"format", "found", "owners"}
-            and type(value["format"]) is int and value["format"] == FORMAT
-            and isinstance(value["found"], list) and isinstance(value["owners"], dict)):
+    if not (
+        isinstance(value, dict)
+        and set(value) == {"format", "found", "owners"}
+        and type(value["format"]) is int
+        and value["format"] == FORMAT
+        and isinstance(value["found"], list)
+        and isinstance(value["owners"], dict)
+    ):
         return None
     found = []
     for item in value["found"]:
-        if not (isinstance(item, list) and len(item) == 6 and all(isinstance(x, str) for x in item[:3])
-                and type(item[3]) is int and type(item[4]) is int
-                and item[5] in (Severity.ERROR.value, Severity.WARNING.value)):
+        if not (
+            isinstance(item, list)
+            and len(item) == 6
+            and all(isinstance(x, str) for x in item[:3])
+            and type(item[3]) is int
+            and type(item[4]) is int
+            and item[5] in (Severity.ERROR.value, Severity.WARNING.value)
+        ):
             return None
         found.append(Problem(item[0], item[1], item[2], item[3], item[4], Severity(item[5])))
     owners: _Owners = {}
     for mac, uses in value["owners"].items():
-        if not (isinstance(uses, list) and len(uses) >= 2
-                and all(isinstance(u, list) and len(u) == 2 and isinstance(u[0], str) and type(u[1]) is int
-                        for u in uses)):
+        if not (
+            isinstance(uses, list)
+            and len(uses) >= 2
+            and all(isinstance(u, list) and len(u) == 2 and isinstance(u[0], str) and type(u[1]) is int for u in uses)
+        ):
             return None
         owners[mac] = [(node, slot) for node, slot in uses]
     return found, owners

@@ -32,8 +32,9 @@ FILES = "__files__"  # the candidate that means "complete a path"
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("completion",
-                       help="print a bash, zsh or fish completion script (source <(gpuaas completion bash))")
+    p = sub.add_parser(
+        "completion", help="print a bash, zsh or fish completion script (source <(gpuaas completion bash))"
+    )
     p.add_argument("shell", choices=SHELLS, help="the shell to complete in")
     p.set_defaults(func=run)
 
@@ -100,7 +101,7 @@ def _case_table(name: str, comment: str, arms: list[tuple[str, str]]) -> str:
 
 
 def _switch(name: str, comment: str, arms: list[tuple[str, str]]) -> str:
-    lines = [f"function {name}  # {comment}", "    switch \"$argv[1]\""]
+    lines = [f"function {name}  # {comment}", '    switch "$argv[1]"']
     for key, value in arms:
         if value and _plain_key(key):
             lines += [f"        case '{key}'", f"            echo {value}"]
@@ -112,20 +113,28 @@ def tables(cmds: list[Command], shell: str = "bash") -> str:
     """The shell functions the driver calls: plain `case` tables (bash and zsh) or `switch` tables (fish)."""
     values = [(f"{c.path}|{opt}", _words(v)) for c in cmds for opt, v in c.values.items()]
     _case = _switch if shell == "fish" else _case_table
-    return "\n\n".join([
-        _case("__gpuaas_subcommands", "$1: command path", [(c.path, _words(c.subcommands)) for c in cmds]),
-        _case("__gpuaas_options", "$1: command path", [(c.path, _words(c.options)) for c in cmds]),
-        _case("__gpuaas_flags", "$1: command path; options that take no value",
-              [(c.path, _words(c.flags)) for c in cmds]),
-        _case("__gpuaas_values", "$1: 'path|option'; its choices, or __files__", values),
-        _case("__gpuaas_positional", "$1: command path; choices of a positional, or __files__",
-              [(c.path, _words(c.positional)) for c in cmds]),
-        _FISH_CANDIDATES if shell == "fish" else _CANDIDATES,
-    ])
+    return "\n\n".join(
+        [
+            _case("__gpuaas_subcommands", "$1: command path", [(c.path, _words(c.subcommands)) for c in cmds]),
+            _case("__gpuaas_options", "$1: command path", [(c.path, _words(c.options)) for c in cmds]),
+            _case(
+                "__gpuaas_flags",
+                "$1: command path; options that take no value",
+                [(c.path, _words(c.flags)) for c in cmds],
+            ),
+            _case("__gpuaas_values", "$1: 'path|option'; its choices, or __files__", values),
+            _case(
+                "__gpuaas_positional",
+                "$1: command path; choices of a positional, or __files__",
+                [(c.path, _words(c.positional)) for c in cmds],
+            ),
+            _FISH_CANDIDATES if shell == "fish" else _CANDIDATES,
+        ]
+    )
 
 
 # Candidates for the word being completed, given the command path, the word before it and the word itself.
-_CANDIDATES = r'''__gpuaas_candidates() {  # $1: command path, $2: previous word, $3: current word
+_CANDIDATES = r"""__gpuaas_candidates() {  # $1: command path, $2: previous word, $3: current word
     local opt
     case "$2" in
         -*)
@@ -156,9 +165,9 @@ __gpuaas_walk() {  # the words, gpuaas excluded
         esac
     done
     echo "$cmdpath"
-}'''
+}"""
 
-_BASH = r'''
+_BASH = r"""
 _gpuaas() {
     local cur prev cmdpath cands
     cur="${COMP_WORDS[COMP_CWORD]}"
@@ -172,9 +181,9 @@ _gpuaas() {
     fi
 }
 complete -o default -F _gpuaas gpuaas
-'''
+"""
 
-_ZSH = r'''
+_ZSH = r"""
 _gpuaas() {
     local cmdpath cands
     cmdpath="$(__gpuaas_walk "${(@)words[2,CURRENT-1]}")"
@@ -189,12 +198,12 @@ if ! (( $+functions[compdef] )); then
     autoload -Uz compinit && compinit
 fi
 compdef _gpuaas gpuaas
-'''
+"""
 
 
 # fish: the same candidates and walk; `string split` reads from a pipe, never from an empty argument list
 # (which would make it read the terminal).
-_FISH_CANDIDATES = r'''function __gpuaas_candidates  # $argv: command path, previous word, current word
+_FISH_CANDIDATES = r"""function __gpuaas_candidates  # $argv: command path, previous word, current word
     switch $argv[2]
         case '-*'
             if not contains -- $argv[2] (__gpuaas_flags $argv[1] | string split ' ')
@@ -237,9 +246,9 @@ function __gpuaas_walk  # the words, gpuaas excluded
         end
     end
     echo $cmdpath
-end'''
+end"""
 
-_FISH = r'''
+_FISH = r"""
 function __gpuaas_complete  # the candidates for the word under the cursor
     set -l words (commandline -opc)
     set -l cur (commandline -ct)
@@ -252,7 +261,7 @@ function __gpuaas_complete  # the candidates for the word under the cursor
     end
 end
 complete -c gpuaas -f -a '(__gpuaas_complete)'
-'''
+"""
 
 
 def script(parser: argparse.ArgumentParser, shell: str) -> str:

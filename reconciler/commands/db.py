@@ -24,18 +24,24 @@ from schemas import output
 def add_database_arguments(p: argparse.ArgumentParser) -> None:
     """--db-url and --state-dir, shared by every command that talks to the store."""
     p.add_argument("--db-url", help="PostgreSQL URL (default $GPUAAS_DATABASE_URL, else the embedded server)")
-    p.add_argument("--state-dir", type=Path, default=None,
-                   help="embedded server state directory (default $GPUAAS_STATE_DIR or .gpuaas)")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="embedded server state directory (default $GPUAAS_STATE_DIR or .gpuaas)",
+    )
 
 
 def database_url(args: argparse.Namespace) -> str:
     from reconciler.store import connections
+
     return connections.database_url(getattr(args, "db_url", None), getattr(args, "state_dir", None))
 
 
 def reading_url(args: argparse.Namespace) -> str:
     """For commands that only read: an embedded server that is not running is `db.not_running`, not started."""
     from reconciler.store import connections
+
     return connections.database_url(getattr(args, "db_url", None), getattr(args, "state_dir", None), start=False)
 
 
@@ -56,13 +62,15 @@ def register(sub: Any) -> None:
         if name in ("status", "check"):
             output.add_argument(c, "text")
         if name == "url":
-            c.add_argument("--show-password", action="store_true",
-                           help="print the password too (default: replaced by ***)")
+            c.add_argument(
+                "--show-password", action="store_true", help="print the password too (default: replaced by ***)"
+            )
         c.set_defaults(func=func)
 
 
 def _external(args: argparse.Namespace) -> str | None:
     from reconciler.store import connections
+
     return getattr(args, "db_url", None) or connections.external_url()
 
 
@@ -99,16 +107,25 @@ def _status(args: argparse.Namespace) -> int:
     else:
         st = embedded.status(connections.state_dir(args.state_dir))
         running = st.running
-        doc = {"external": False, "initialized": st.initialized, "running": st.running, "pid": st.pid,
-               "url": redact(st.url), "state_dir": str(st.state_dir), "data_dir": str(st.data_dir),
-               "log_file": str(st.log_file)}
+        doc = {
+            "external": False,
+            "initialized": st.initialized,
+            "running": st.running,
+            "pid": st.pid,
+            "url": redact(st.url),
+            "state_dir": str(st.state_dir),
+            "data_dir": str(st.data_dir),
+            "log_file": str(st.log_file),
+        }
     if output.structured(args.output):
         output.emit(doc, args.output)
     elif external:
         print(f"external database: {doc['url']}")
         if running:
-            print(f"  reachable: PostgreSQL {doc['server_version']} as {doc['user']}, "
-                  f"{doc['pending_migrations']} migration(s) pending")
+            print(
+                f"  reachable: PostgreSQL {doc['server_version']} as {doc['user']}, "
+                f"{doc['pending_migrations']} migration(s) pending"
+            )
         else:
             print(f"error: {doc['error']['code']}: {doc['error']['message']}", file=sys.stderr)
     else:
@@ -161,8 +178,12 @@ def _probe(url: str) -> dict[str, Any]:
     except GpuaasError as e:
         return {"reachable": False, "error": {"code": e.code, "message": _scrub(e.message, url)}}
     pending = sum(1 for m in migrations.available() if m.version not in done)
-    return {"reachable": True, "user": user[0] if user else None,
-            "server_version": f"{version // 10000}.{version % 10000}", "pending_migrations": pending}
+    return {
+        "reachable": True,
+        "user": user[0] if user else None,
+        "server_version": f"{version // 10000}.{version % 10000}",
+        "pending_migrations": pending,
+    }
 
 
 def _scrub(message: str, url: str) -> str:
@@ -193,9 +214,17 @@ def _check(args: argparse.Namespace) -> int:
         migrations.migrate(conn)
         violations = checks.run(conn)
     if output.structured(args.output):
-        output.emit({"ok": not violations, "checks": [c.name for c in checks.CHECKS],
-                     "violations": [{"name": v.name, "description": v.description, "count": v.count,
-                                     "sample": list(v.sample)} for v in violations]}, args.output)
+        output.emit(
+            {
+                "ok": not violations,
+                "checks": [c.name for c in checks.CHECKS],
+                "violations": [
+                    {"name": v.name, "description": v.description, "count": v.count, "sample": list(v.sample)}
+                    for v in violations
+                ],
+            },
+            args.output,
+        )
     elif violations:
         for v in violations:
             print(f"violation: {v.render()}", file=sys.stderr)

@@ -19,9 +19,13 @@ from schemas.errors import PermanentError
 
 def register(sub: Any) -> None:
     p = sub.add_parser("demo", help="run the main job on an example fleet")
-    p.add_argument("path", nargs="?", default=None, type=Path,
-                   help="a desired-state directory (default: ./examples/fleet, else the example fleet shipped "
-                        "with the package)")
+    p.add_argument(
+        "path",
+        nargs="?",
+        default=None,
+        type=Path,
+        help="a desired-state directory (default: ./examples/fleet, else the example fleet shipped with the package)",
+    )
     p.set_defaults(func=run)
 
 
@@ -42,6 +46,7 @@ def _heading(text: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from reconciler import sources, summary
+
     if args.path is None:
         args.path = example_fleet()
         print(f"gpuaas demo: no PATH given: running on the example fleet at {args.path}")

@@ -26,15 +26,31 @@ from schemas.errors import UsageError
 UNKNOWN_KIND = "explain.unknown_kind"
 UNKNOWN_FIELD = "explain.unknown_field"
 # Schema keywords shown as constraints, in this order (enum and const are the allowed values).
-CONSTRAINTS = ("pattern", "format", "minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum", "minLength",
-               "maxLength", "minItems", "maxItems", "uniqueItems", "propertyNames")
+CONSTRAINTS = (
+    "pattern",
+    "format",
+    "minimum",
+    "exclusiveMinimum",
+    "maximum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "uniqueItems",
+    "propertyNames",
+)
 Schema = dict[str, Any]
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("explain", help="type, default, allowed values and meaning of a kind or field (kubectl-style)")
-    p.add_argument("path", nargs="?", metavar="KIND[.field[.sub]]", help="e.g. Sku, Sku.capacity_shape, "
-                                                                         "SlotMap.slots.nvme_device (none: list kinds)")
+    p.add_argument(
+        "path",
+        nargs="?",
+        metavar="KIND[.field[.sub]]",
+        help="e.g. Sku, Sku.capacity_shape, SlotMap.slots.nvme_device (none: list kinds)",
+    )
     output.add_argument(p, "text")
     p.set_defaults(func=run)
 
@@ -98,8 +114,10 @@ def explain(schemas: dict[str, Schema], path: str) -> dict[str, Any]:
     obj = _object(node, defs)
     if obj is not None and obj.get("properties"):
         need = set(obj.get("required", ()))
-        doc["fields"] = [{"name": n, "type": _type(p, defs), "required": n in need,
-                          "description": p.get("description", "")} for n, p in obj["properties"].items()]
+        doc["fields"] = [
+            {"name": n, "type": _type(p, defs), "required": n in need, "description": p.get("description", "")}
+            for n, p in obj["properties"].items()
+        ]
     return doc
 
 

@@ -48,24 +48,45 @@ def register(sub: Any) -> None:
     w.add_argument("--load", type=float, required=True, help="offered GPU load as a fraction of the fleet")
     w.add_argument("--requests", type=int, default=50_000)
     w.add_argument("--seed", type=int, default=0)
-    w.add_argument("--mix", default="1:0.40,2:0.25,4:0.20,8:0.05",
-                   help="slice request-size mix, COUNT:SHARE,... (default %(default)s)")
-    w.add_argument("--baremetal-share", type=float, default=0.10,
-                   help="share of requests that lease a whole node (default %(default)s)")
+    w.add_argument(
+        "--mix",
+        default="1:0.40,2:0.25,4:0.20,8:0.05",
+        help="slice request-size mix, COUNT:SHARE,... (default %(default)s)",
+    )
+    w.add_argument(
+        "--baremetal-share",
+        type=float,
+        default=0.10,
+        help="share of requests that lease a whole node (default %(default)s)",
+    )
     w.add_argument("--mean-duration", type=float, default=3600.0, help="mean lease seconds")
-    w.add_argument("--duration-sigma", type=float, default=1.0,
-                   help="lognormal sigma of lease durations; 0 = exponential (default %(default)s)")
-    w.add_argument("--lease-terms", nargs="?", const="1h,24h,7d", default=None, metavar="TERMS",
-                   help="write lease_s: the planned use rounded up to these terms, seconds or with an s/m/h/d "
-                        "suffix (default when given without a value: %(const)s); without: on-demand leases")
-    w.add_argument("--early-release", type=float, default=0.0,
-                   help="with --lease-terms: share of requests that planned up to 10x longer than they use "
-                        "(default %(default)s)")
+    w.add_argument(
+        "--duration-sigma",
+        type=float,
+        default=1.0,
+        help="lognormal sigma of lease durations; 0 = exponential (default %(default)s)",
+    )
+    w.add_argument(
+        "--lease-terms",
+        nargs="?",
+        const="1h,24h,7d",
+        default=None,
+        metavar="TERMS",
+        help="write lease_s: the planned use rounded up to these terms, seconds or with an s/m/h/d "
+        "suffix (default when given without a value: %(const)s); without: on-demand leases",
+    )
+    w.add_argument(
+        "--early-release",
+        type=float,
+        default=0.0,
+        help="with --lease-terms: share of requests that planned up to 10x longer than they use (default %(default)s)",
+    )
     w.set_defaults(func=run_workload)
 
 
 def _dump(path: Path, doc: dict[str, Any]) -> None:
     import yaml
+
     path.parent.mkdir(parents=True, exist_ok=True)
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
     text = yaml.dump(doc, Dumper=dumper, sort_keys=False, default_flow_style=False, width=120)
@@ -74,6 +95,7 @@ def _dump(path: Path, doc: dict[str, Any]) -> None:
 
 def run_synth(args: argparse.Namespace) -> int:
     from reconciler.placement import synthesis
+
     out: Path = args.out
     if args.nodes < 1:
         raise UsageError("--nodes must be at least 1")
@@ -134,6 +156,7 @@ def parse_terms(text: str) -> tuple[float, ...]:
 def run_workload(args: argparse.Namespace) -> int:
     from reconciler import sources
     from reconciler.placement import simulation, synthesis
+
     result = sources.load(args.fleet)
     if result.errors:
         raise UsageError(f"{args.fleet} does not validate ({len(result.errors)} errors); run gpuaas validate")
@@ -142,14 +165,24 @@ def run_workload(args: argparse.Namespace) -> int:
     offers = simulation.offers(desired, mix)
     if not offers:
         raise UsageError(f"{args.fleet} has no slice SKU that any node serves")
-    bare = [s for s in sorted(desired.skus) if desired.skus[s].capacity_shape.value == "baremetal"
-            and any(n.baremetal_sku == s for n in desired.nodes.values())]
+    bare = [
+        s
+        for s in sorted(desired.skus)
+        if desired.skus[s].capacity_shape.value == "baremetal"
+        and any(n.baremetal_sku == s for n in desired.nodes.values())
+    ]
     baremetal = (bare[0], args.baremetal_share) if bare and args.baremetal_share > 0 else None
     terms = parse_terms(args.lease_terms) if args.lease_terms is not None else None
     try:
-        rows = synthesis.workload_rows(offers, load=args.load, requests=args.requests, seed=args.seed,
-                                          baremetal=baremetal, mean_duration_s=args.mean_duration,
-                                          duration_sigma=args.duration_sigma)
+        rows = synthesis.workload_rows(
+            offers,
+            load=args.load,
+            requests=args.requests,
+            seed=args.seed,
+            baremetal=baremetal,
+            mean_duration_s=args.mean_duration,
+            duration_sigma=args.duration_sigma,
+        )
         if terms is not None:
             rows = synthesis.lease_terms(rows, terms=terms, early_release=args.early_release, seed=args.seed)
     except ValueError as e:

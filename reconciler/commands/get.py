@@ -20,8 +20,15 @@ from schemas import output
 from schemas.errors import UsageError
 
 # Each spelling a user may type -> the kind it means.
-KINDS = {"allocation": "allocation", "allocations": "allocation", "alloc": "allocation",
-         "node": "node", "nodes": "node", "sku": "sku", "skus": "sku"}
+KINDS = {
+    "allocation": "allocation",
+    "allocations": "allocation",
+    "alloc": "allocation",
+    "node": "node",
+    "nodes": "node",
+    "sku": "sku",
+    "skus": "sku",
+}
 
 
 def register(sub: Any) -> None:
@@ -55,8 +62,7 @@ def select(doc: dict[str, Any], kind: str, name: str | None) -> list[dict[str, A
     chosen = [o for o in found if name_of(kind, o) == name]
     if not chosen:
         hint = parsing.did_you_mean(parsing.close(name, (name_of(kind, o) for o in found)))
-        raise UsageError(f"no {kind} {name!r} in the database" + (f"; {hint}" if hint else ""),
-                         code="get.not_found")
+        raise UsageError(f"no {kind} {name!r} in the database" + (f"; {hint}" if hint else ""), code="get.not_found")
     return chosen
 
 
@@ -73,31 +79,62 @@ def reason(a: dict[str, Any]) -> str:
 def _rows(kind: str, items: list[dict[str, Any]]) -> list[list[str]]:
     if kind == "allocation":
         head = ["ID", "TENANT", "SKU", "GPUS", "REGION", "STATUS", "NODE", "SLOTS", "REASON"]
-        return [head] + [[a["id"], a["tenant"], a["sku"], str(a["gpu_count"]), a["region"], a["status"],
-                          a["node"] or "-", ",".join(str(i) for i in a["slot_indexes"]) or "-",
-                          reason(a) or "-"] for a in items]
+        return [head] + [
+            [
+                a["id"],
+                a["tenant"],
+                a["sku"],
+                str(a["gpu_count"]),
+                a["region"],
+                a["status"],
+                a["node"] or "-",
+                ",".join(str(i) for i in a["slot_indexes"]) or "-",
+                reason(a) or "-",
+            ]
+            for a in items
+        ]
     if kind == "node":
         head = ["NAME", "REGION", "POOL", "ADMIN", "MODE", "CAPABILITY", "HEALTH", "SLOTS", "ALLOCATIONS"]
-        return [head] + [[n["name"], n["region"], n["pool"], n["admin_state"], n["mode"], n["capability"],
-                          "unavailable" if n.get("unavailable") else "healthy" if n["healthy"] else "unhealthy",
-                          " ".join(f"{k}={v}" for k, v in n["slots"].items()) or "-",
-                          str(len(n["allocations"]))] for n in items]
+        return [head] + [
+            [
+                n["name"],
+                n["region"],
+                n["pool"],
+                n["admin_state"],
+                n["mode"],
+                n["capability"],
+                "unavailable" if n.get("unavailable") else "healthy" if n["healthy"] else "unhealthy",
+                " ".join(f"{k}={v}" for k, v in n["slots"].items()) or "-",
+                str(len(n["allocations"])),
+            ]
+            for n in items
+        ]
     head = ["SKU", "REGION", "UNIT", "TOTAL", "IN USE", "FREE", "USABLE", "LAUNCHABLE"]
-    return [head] + [[o["sku"], o["region"], o["unit"], str(o["total"]), str(o["in_use"]), str(o["free"]),
-                      str(o["usable"]), " ".join(f"{s['gpu_count']}g:{s['launchable']}" for s in o["sizes"]) or "-"]
-                     for o in items]
+    return [head] + [
+        [
+            o["sku"],
+            o["region"],
+            o["unit"],
+            str(o["total"]),
+            str(o["in_use"]),
+            str(o["free"]),
+            str(o["usable"]),
+            " ".join(f"{s['gpu_count']}g:{s['launchable']}" for s in o["sizes"]) or "-",
+        ]
+        for o in items
+    ]
 
 
 def table(rows: list[list[str]]) -> str:
     """Columns padded to their widest cell, the last one left ragged (it may be long)."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    return "\n".join("   ".join([*(c.ljust(w) for c, w in zip(r, widths, strict=False)), r[-1]]).rstrip()
-                     for r in rows)
+    return "\n".join("   ".join([*(c.ljust(w) for c, w in zip(r, widths, strict=False)), r[-1]]).rstrip() for r in rows)
 
 
 def render(kind: str) -> Callable[[list[dict[str, Any]]], str]:
     def text(items: list[dict[str, Any]]) -> str:
         return table(_rows(kind, items)) if items else f"No {kind}s in the database."
+
     return text
 
 

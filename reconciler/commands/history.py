@@ -31,15 +31,32 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-_SHOWN = ("placed", "pending", "releasing", "slots_freed", "inventory_changes", "validation_errors",
-          "rescheduled", "provision_failed")
+_SHOWN = (
+    "placed",
+    "pending",
+    "releasing",
+    "slots_freed",
+    "inventory_changes",
+    "validation_errors",
+    "rescheduled",
+    "provision_failed",
+)
 
 
 def as_row(r: Any) -> dict[str, Any]:
     took = (r.finished_at - r.started_at).total_seconds() if r.finished_at else None
-    return {"id": r.id, "revision": r.revision, "source": r.source, "reconciler": r.reconciler,
-            "started_at": r.started_at, "finished_at": r.finished_at, "seconds": took, "result": r.result,
-            "counts": r.counts, "errors": r.errors}
+    return {
+        "id": r.id,
+        "revision": r.revision,
+        "source": r.source,
+        "reconciler": r.reconciler,
+        "started_at": r.started_at,
+        "finished_at": r.finished_at,
+        "seconds": took,
+        "result": r.result,
+        "counts": r.counts,
+        "errors": r.errors,
+    }
 
 
 def _message(row: dict[str, Any]) -> str:
@@ -55,15 +72,19 @@ def _message(row: dict[str, Any]) -> str:
 
 
 def render_text(rows: list[dict[str, Any]]) -> str:
-    out = [f"{'ID':>5}  {'REVISION':<12}  {'RESULT':<9}  {'STARTED (UTC)':<19}  {'TOOK':>7}  {'TRIGGER':<7}  "
-           f"{'SOURCE':<30}  MESSAGE"]
+    out = [
+        f"{'ID':>5}  {'REVISION':<12}  {'RESULT':<9}  {'STARTED (UTC)':<19}  {'TOOK':>7}  {'TRIGGER':<7}  "
+        f"{'SOURCE':<30}  MESSAGE"
+    ]
     for r in rows:
         started = r["started_at"].astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S") if r["started_at"] else "-"
         took = f"{r['seconds']:.2f}s" if r["seconds"] is not None else "-"
         trigger, _, source = r["source"].partition(" ")
         source = source if len(source) <= 30 else "..." + source[-27:]
-        out.append(f"{r['id']:>5}  {(r['revision'] or '-')[:12]:<12}  {r['result']:<9}  {started:<19}  {took:>7}  "
-                   f"{trigger or '-':<7}  {source or '-':<30}  {_message(r)}")
+        out.append(
+            f"{r['id']:>5}  {(r['revision'] or '-')[:12]:<12}  {r['result']:<9}  {started:<19}  {took:>7}  "
+            f"{trigger or '-':<7}  {source or '-':<30}  {_message(r)}"
+        )
     if not rows:
         out.append("  (no reconciliation recorded yet)")
     return "\n".join(out)
@@ -101,12 +122,16 @@ def render_allocation(doc: dict[str, Any]) -> str:
         if d.get("next"):
             detail.append(f"next {d['next']}" + (", slots quarantined" if d.get("quarantined") else ""))
         if d.get("provider"):
-            detail.append(f"{d['provider']}/{d.get('machine_id')} {d.get('provider_state') or ''}".rstrip()
-                          + (" (adopted)" if d.get("adopted") else ""))
+            detail.append(
+                f"{d['provider']}/{d.get('machine_id')} {d.get('provider_state') or ''}".rstrip()
+                + (" (adopted)" if d.get("adopted") else "")
+            )
         if t["message"] and not t["code"]:
             detail.append(str(t["message"]))
-        out.append(f"  {at:<19}  {t['event']:<{wide}}  {t['state']:<{state_w}}  {_cell(t['node']):<16}  "
-                   f"{_cell(t['attempt']):>3}  {'; '.join(detail)}".rstrip())
+        out.append(
+            f"  {at:<19}  {t['event']:<{wide}}  {t['state']:<{state_w}}  {_cell(t['node']):<16}  "
+            f"{_cell(t['attempt']):>3}  {'; '.join(detail)}".rstrip()
+        )
     return "\n".join(out)
 
 

@@ -15,5 +15,9 @@ from reconciler.commands import hosttoken
 
 
 def register(sub: Any) -> None:
-    commands.register_group(sub, "host", "host-side commands: discover, converge, run, bootstrap, token",
-                            (discovery_cli, host_command, bootstrap_cli, hosttoken))
+    commands.register_group(
+        sub,
+        "host",
+        "host-side commands: discover, converge, run, bootstrap, token",
+        (discovery_cli, host_command, bootstrap_cli, hosttoken),
+    )

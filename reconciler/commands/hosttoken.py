@@ -26,9 +26,11 @@ def register(sub: Any) -> None:
     p = sub.add_parser("token", help="issue, rotate or revoke a node's agent API credential")
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
-    for name, helptext in (("issue", "a first token for a node (refused when it has one)"),
-                           ("rotate", "a new token for a node; the old one stops working at once"),
-                           ("revoke", "the node's token stops working; no new one")):
+    for name, helptext in (
+        ("issue", "a first token for a node (refused when it has one)"),
+        ("rotate", "a new token for a node; the old one stops working at once"),
+        ("revoke", "the node's token stops working; no new one"),
+    ):
         c = actions.add_parser(name, help=helptext)
         c.add_argument("node", help="node name")
         if name != "revoke":
@@ -42,8 +44,9 @@ def _write_new(path: Path, token: str) -> None:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
-        raise UsageError(f"--out {path} exists: the token is written only to a new file",
-                         code="host.token.out_exists") from None
+        raise UsageError(
+            f"--out {path} exists: the token is written only to a new file", code="host.token.out_exists"
+        ) from None
     except OSError as e:
         raise UsageError(f"cannot create --out {path}: {e.strerror or e}", code="host.token.out_unwritable") from e
     with os.fdopen(fd, "w") as f:
@@ -70,8 +73,12 @@ def run(args: argparse.Namespace) -> int:
         token = agents.issue_token(conn, args.node, rotate=args.token_action == "rotate")  # noqa: S105 - an action name
     if out is not None:
         _write_new(out, token)
-    doc = {"node": args.node, "action": args.token_action, "token": None if out else token,
-           "file": str(out) if out else None}
+    doc = {
+        "node": args.node,
+        "action": args.token_action,
+        "token": None if out else token,
+        "file": str(out) if out else None,
+    }
     if output.structured(args.output):
         output.emit(doc, args.output)
     elif out is not None:

@@ -36,6 +36,8 @@ def run_clear(args: argparse.Namespace) -> int:
     if output.structured(args.output):
         output.emit({"node": args.node, "outcome": "cleared", **cleared}, args.output)
         return 0
-    print(f"{args.node} cleared: {cleared['provider']}/{cleared['machine_id']} was quarantined after "
-          f"{cleared['allocation_id']}: {cleared['code']}: {cleared['message']}")
+    print(
+        f"{args.node} cleared: {cleared['provider']}/{cleared['machine_id']} was quarantined after "
+        f"{cleared['allocation_id']}: {cleared['code']}: {cleared['message']}"
+    )
     return 0

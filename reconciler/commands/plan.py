@@ -54,15 +54,19 @@ EXIT_PENDING = 3
 
 def register(sub: Any) -> None:
     # allow_abbrev=False: `--out` is its own flag, never an abbreviation of `--output`.
-    p = sub.add_parser("plan", help="what merging a revision would do (a PR plan), with terraform-style exit codes",
-                       allow_abbrev=False)
+    p = sub.add_parser(
+        "plan", help="what merging a revision would do (a PR plan), with terraform-style exit codes", allow_abbrev=False
+    )
     p.add_argument("path", nargs="?", default=Path("."), type=Path, help="desired-state repo (default .)")
     p.add_argument("--base", help="base revision (default: what the database runs; offline: nothing)")
     p.add_argument("--head", help="revision to plan (default HEAD; the directory itself outside git)")
     output.add_argument(p, "text", "markdown")
     p.add_argument("--detailed-exitcode", action="store_true", help="exit 0 no change, 1 error, 2 changes")
-    p.add_argument("--fail-on-pending", action="store_true",
-                   help="exit 3 when requests this change adds or alters would stay pending")
+    p.add_argument(
+        "--fail-on-pending",
+        action="store_true",
+        help="exit 3 when requests this change adds or alters would stay pending",
+    )
     p.add_argument("--out", type=Path, metavar="FILE", help="save the plan for `gpuaas apply FILE`")
     p.add_argument("--offline", action="store_true", help="no database: plan head against what base implies")
     p.add_argument("--policy", help="placement policy override (default: the Fleet's)")
@@ -77,8 +81,9 @@ def _load(path: Path, rev: str | None, reader: blobcache.Reader) -> tuple[Desire
     return result.state, tuple(result.errors)
 
 
-def _online(args: argparse.Namespace, reader: blobcache.Reader,
-            given: tuple[DesiredState, tuple[Any, ...]]) -> tuple[DesiredState, tuple[Any, ...], plans.Observed, str]:
+def _online(
+    args: argparse.Namespace, reader: blobcache.Reader, given: tuple[DesiredState, tuple[Any, ...]]
+) -> tuple[DesiredState, tuple[Any, ...], plans.Observed, str]:
     """Base, its problems, the observed state, and the digest a saved plan pins (planfiles.observed_digest).
 
     `given`: `--base` and its problems, read already (`_given_base`).
@@ -121,12 +126,15 @@ def run(args: argparse.Namespace) -> int:
     if outcome is None:
         # Two trees loaded and planned are millions of long-lived objects: full collections
         # walked them all (a third of the run at 10,000 nodes) for no memory back.
-        with loading.collector_paused(), progress.for_args(args, "plan") as shown, \
-                shown.phase("plan"):
+        with loading.collector_paused(), progress.for_args(args, "plan") as shown, shown.phase("plan"):
             pr, head, digest = _plan(args, head_rev, reader)
             exiting.skip_teardown()  # holds two trees' models: the console script need not free them
-        outcome = plancache.Outcome(_render(pr, args.output), len(pr.errors), pr.changed,
-                                    tuple((x.allocation_id, x.code) for x in pr.new_pending))
+        outcome = plancache.Outcome(
+            _render(pr, args.output),
+            len(pr.errors),
+            pr.changed,
+            tuple((x.allocation_id, x.code) for x in pr.new_pending),
+        )
         plancache.put(reader.cache.disk, cache_key, outcome)
         saved = (pr, head, digest)
     sys.stdout.write(outcome.printed)
@@ -137,14 +145,18 @@ def run(args: argparse.Namespace) -> int:
         _save(args, *saved)
     if args.fail_on_pending and outcome.new_pending:
         listed = ", ".join(f"{allocation} ({code})" for allocation, code in outcome.new_pending)
-        print(f"error: plan.pending: {len(outcome.new_pending)} request(s) this change adds or alters would stay "
-              f"pending: {listed}", file=sys.stderr)
+        print(
+            f"error: plan.pending: {len(outcome.new_pending)} request(s) this change adds or alters would stay "
+            f"pending: {listed}",
+            file=sys.stderr,
+        )
         return EXIT_PENDING
     return EXIT_CHANGES if args.detailed_exitcode and outcome.changed else 0
 
 
-def _plan(args: argparse.Namespace, head_rev: str | None,
-          reader: blobcache.Reader) -> tuple[prplan.PrPlan, DesiredState, str]:
+def _plan(
+    args: argparse.Namespace, head_rev: str | None, reader: blobcache.Reader
+) -> tuple[prplan.PrPlan, DesiredState, str]:
     """The PR plan, the head it planned and the digest of the observed state it was planned against."""
     from desired.loading import LoadResult
     from reconciler import planfiles
@@ -164,8 +176,14 @@ def _plan(args: argparse.Namespace, head_rev: str | None,
     else:
         base, base_errors, base_unreadable = _given_base(args, reader)
         warm = replanning.WarmPlanner(args.policy)  # one kept engine for every plan of this run
-        keep = _keeper(reader, world_key=world_key, base_commit=base_commit, base_errors=base_errors,
-                       base_unreadable=base_unreadable, warm=warm)
+        keep = _keeper(
+            reader,
+            world_key=world_key,
+            base_commit=base_commit,
+            base_errors=base_errors,
+            base_unreadable=base_unreadable,
+            warm=warm,
+        )
     head, head_errors = _load(args.path, head_rev, reader)
     if head_errors:
         return prplan.invalid(args.base, head.revision, head_errors, offline=args.offline), head, digest
@@ -182,10 +200,20 @@ def _plan(args: argparse.Namespace, head_rev: str | None,
         base, base_errors, observed, digest = _online(args, reader, (base, base_errors))
     requests = len(head.allocations)
     with progress.active().phase("plan requests", requests, unit="requests") as counted:
-        pr = _guard(lambda: prplan.compose(
-            base, head, observed, offline=args.offline, base_errors=base_errors, policy=args.policy,
-            plan_with=warm, engine_for=warm.engine, side=side,
-            keep=(lambda s: keep(s, observed)) if keep is not None else None))
+        pr = _guard(
+            lambda: prplan.compose(
+                base,
+                head,
+                observed,
+                offline=args.offline,
+                base_errors=base_errors,
+                policy=args.policy,
+                plan_with=warm,
+                engine_for=warm.engine,
+                side=side,
+                keep=(lambda s: keep(s, observed)) if keep is not None else None,
+            )
+        )
         counted.done = requests  # the planner places them together: counted when it is done
     return pr, head, digest
 
@@ -204,9 +232,15 @@ def _world_key(args: argparse.Namespace) -> tuple[str | None, str | None]:
     return (baseworld.key(args.path, commit, args.policy), commit) if commit is not None else (None, None)
 
 
-def _keeper(reader: blobcache.Reader, *, world_key: str | None,
-            base_commit: str | None, base_errors: tuple[Any, ...], base_unreadable: PermanentError | None,
-            warm: replanning.WarmPlanner) -> Callable[[prplan.BaseSide, plans.Observed], None] | None:
+def _keeper(
+    reader: blobcache.Reader,
+    *,
+    world_key: str | None,
+    base_commit: str | None,
+    base_errors: tuple[Any, ...],
+    base_unreadable: PermanentError | None,
+    warm: replanning.WarmPlanner,
+) -> Callable[[prplan.BaseSide, plans.Observed], None] | None:
     """What keeps base's world once its side is planned, or None when it is not kept this run.
 
     Kept once a base is planned the second time (an earlier run stored its
@@ -216,8 +250,16 @@ def _keeper(reader: blobcache.Reader, *, world_key: str | None,
     from reconciler.commands import baseworld
 
     disk, tree = reader.cache.disk, reader.cache.tree
-    if (disk is None or world_key is None or base_commit not in reader.seen or base_errors
-            or base_unreadable is not None or tree is None or tree.revision != base_commit or tree.problems):
+    if (
+        disk is None
+        or world_key is None
+        or base_commit not in reader.seen
+        or base_errors
+        or base_unreadable is not None
+        or tree is None
+        or tree.revision != base_commit
+        or tree.problems
+    ):
         return None
     found, owners = list(reader.problems), dict(reader.memo.owners)  # base's: head is not read yet
 
@@ -228,8 +270,9 @@ def _keeper(reader: blobcache.Reader, *, world_key: str | None,
     return keep
 
 
-def _given_base(args: argparse.Namespace,
-                reader: blobcache.Reader) -> tuple[DesiredState, tuple[Any, ...], PermanentError | None]:
+def _given_base(
+    args: argparse.Namespace, reader: blobcache.Reader
+) -> tuple[DesiredState, tuple[Any, ...], PermanentError | None]:
     """`--base`, read before head, its problems, and why it could not be read.
 
     Read first, base is the tree head is read by delta from (`git diff-tree`
@@ -256,8 +299,14 @@ def _save(args: argparse.Namespace, pr: prplan.PrPlan, head: DesiredState, obser
     from reconciler.store import inventoryrows  # the content hash the sync records
 
     desired_hash = inventoryrows.content_hash(head)
-    doc = planfiles.document(pr, repo=args.path, head_revision=inventoryrows.revision_key(head, desired_hash),
-                             desired_hash=desired_hash, observed=observed_digest, policy=args.policy)
+    doc = planfiles.document(
+        pr,
+        repo=args.path,
+        head_revision=inventoryrows.revision_key(head, desired_hash),
+        desired_hash=desired_hash,
+        observed=observed_digest,
+        policy=args.policy,
+    )
     planfiles.write(args.out, doc)
     how = "offline: for review only, apply refuses it" if pr.offline else f"apply it with `gpuaas apply {args.out}`"
     print(f"plan saved to {args.out} ({how})", file=sys.stderr)
@@ -273,6 +322,7 @@ def _guard(fn: Any) -> Any:
 def _render(pr: prplan.PrPlan, fmt: str) -> str:
     """What the command prints on stdout, exactly (the plan cache replays it)."""
     from reconciler.placement import prplan_render
+
     if output.structured(fmt):
         return output.dumps(prplan_render.as_dict(pr), fmt) + "\n"
     if fmt == "markdown":

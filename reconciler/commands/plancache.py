@@ -46,8 +46,15 @@ class Outcome:
     new_pending: tuple[tuple[str, str], ...]  # (allocation id, code)
 
     def encode(self) -> bytes:
-        return json.dumps({"format": FORMAT, "printed": self.printed, "errors": self.errors,
-                           "changed": self.changed, "new_pending": [list(x) for x in self.new_pending]}).encode()
+        return json.dumps(
+            {
+                "format": FORMAT,
+                "printed": self.printed,
+                "errors": self.errors,
+                "changed": self.changed,
+                "new_pending": [list(x) for x in self.new_pending],
+            }
+        ).encode()
 
 
 def decode(payload: bytes) -> Outcome | None:
@@ -56,10 +63,15 @@ def decode(payload: bytes) -> Outcome | None:
         value = json.loads(payload)
     except ValueError:
         return None
-    if not (isinstance(value, dict) and set(value) == {"format", "printed", "errors", "changed", "new_pending"}
-            and value["format"] == FORMAT and isinstance(value["printed"], str)
-            and type(value["errors"]) is int and isinstance(value["changed"], bool)
-            and isinstance(value["new_pending"], list)):
+    if not (
+        isinstance(value, dict)
+        and set(value) == {"format", "printed", "errors", "changed", "new_pending"}
+        and value["format"] == FORMAT
+        and isinstance(value["printed"], str)
+        and type(value["errors"]) is int
+        and isinstance(value["changed"], bool)
+        and isinstance(value["new_pending"], list)
+    ):
         return None
     pending = []
     for item in value["new_pending"]:
@@ -75,8 +87,10 @@ def code_version() -> str:
     import pydantic
     import yaml
 
-    h = hashlib.sha256(f"{FORMAT}\0{sys.version}\0{pydantic.VERSION}\0{yaml.__version__}\0"
-                       f"{getattr(yaml, '__with_libyaml__', False)}\0".encode())
+    h = hashlib.sha256(
+        f"{FORMAT}\0{sys.version}\0{pydantic.VERSION}\0{yaml.__version__}\0"
+        f"{getattr(yaml, '__with_libyaml__', False)}\0".encode()
+    )
     root = Path(__file__).resolve().parents[2]
     for package in _PACKAGES:
         for source in sorted((root / package).rglob("*.py")):

@@ -21,8 +21,9 @@ from schemas import output
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-w", "--watch", action="store_true", help="print again whenever the answer changes (Ctrl-C ends)")
-    p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
-                   help="with --watch: how often to read (default 2)")
+    p.add_argument(
+        "--interval", type=float, default=2.0, metavar="SECONDS", help="with --watch: how often to read (default 2)"
+    )
 
 
 def show(args: argparse.Namespace, read: Callable[[], Any], render: Callable[[Any], str]) -> int:

@@ -56,8 +56,9 @@ def _git_flags(p: argparse.ArgumentParser) -> None:
 
 def _report(args: argparse.Namespace, written: requests.Written, verb: str) -> int:
     if output.structured(args.output):
-        output.emit({"id": written.allocation_id, "path": str(written.path), "commit": written.commit},
-                    args.output, indent=None)
+        output.emit(
+            {"id": written.allocation_id, "path": str(written.path), "commit": written.commit}, args.output, indent=None
+        )
     else:
         print(
             f"{verb} {written.allocation_id}: {written.path}"
@@ -113,12 +114,15 @@ def public_keys(path: Path) -> list[str]:
         shown = ", ".join(str(n) for n in bad[:20]) + (" ..." if len(bad) > 20 else "")
         raise PermanentError(
             f"--ssh-key {path}: {'it holds a private key; ' if private else ''}line(s) {shown} are not OpenSSH "
-            "public keys (their content is not shown); give the .pub file", code="request.ssh_key.not_public")
+            "public keys (their content is not shown); give the .pub file",
+            code="request.ssh_key.not_public",
+        )
     return keys
 
 
 def run_create(args: argparse.Namespace) -> int:
     from reconciler import requests
+
     keys: list[str] = []
     try:
         for path in args.ssh_key:
@@ -149,6 +153,7 @@ def run_create(args: argparse.Namespace) -> int:
 
 def run_release(args: argparse.Namespace) -> int:
     from reconciler import requests
+
     try:
         written = requests.release(
             args.repo,

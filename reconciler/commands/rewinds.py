@@ -38,9 +38,11 @@ class Rewind:
     nodes: tuple[str, ...]  # leave the inventory
 
     def lines(self) -> list[str]:
-        out = [f"  allocation {a} leaves the inventory" + (" (holds claims: orphaned, nothing releases it)"
-                                                          if a in self.orphaned else "")
-               for a in self.allocations[:LISTED]]
+        out = [
+            f"  allocation {a} leaves the inventory"
+            + (" (holds claims: orphaned, nothing releases it)" if a in self.orphaned else "")
+            for a in self.allocations[:LISTED]
+        ]
         if len(self.allocations) > LISTED:
             out.append(f"  ... and {len(self.allocations) - LISTED} more allocation(s)")
         out += [f"  node {n} leaves the inventory" for n in self.nodes[:LISTED]]
@@ -49,8 +51,10 @@ class Rewind:
         return out
 
     def summary(self) -> str:
-        return (f"{len(self.allocations)} allocation(s) would leave the inventory, {len(self.orphaned)} of them "
-                f"placed (orphaned), and {len(self.nodes)} node(s)")
+        return (
+            f"{len(self.allocations)} allocation(s) would leave the inventory, {len(self.orphaned)} of them "
+            f"placed (orphaned), and {len(self.nodes)} node(s)"
+        )
 
 
 def check(conn: connections.Connection, path: Path, state: DesiredState, *, allow: bool) -> Rewind | None:
@@ -64,19 +68,25 @@ def check(conn: connections.Connection, path: Path, state: DesiredState, *, allo
         return None
     descends = _descends(path, applied, target)
     if descends is None:
-        print(f"warning: the applied revision {applied[:12]} is not in this repository; apply cannot tell "
-              f"whether {target[:12]} goes back", file=sys.stderr)
+        print(
+            f"warning: the applied revision {applied[:12]} is not in this repository; apply cannot tell "
+            f"whether {target[:12]} goes back",
+            file=sys.stderr,
+        )
         return None
     if descends:
         return None
     found = _removed(conn, state, applied, target)
-    how = (f"revision {target[:12]} does not descend from the applied revision {applied[:12]} (it is older, or "
-           "on another line of history)")
+    how = (
+        f"revision {target[:12]} does not descend from the applied revision {applied[:12]} (it is older, or "
+        "on another line of history)"
+    )
     if not allow:
         if found.lines():
             print("\n".join(found.lines()), file=sys.stderr)
-        raise PermanentError(f"{how}: {found.summary()}; nothing applied. Pass --allow-rewind to apply it anyway",
-                             code=CODE)
+        raise PermanentError(
+            f"{how}: {found.summary()}; nothing applied. Pass --allow-rewind to apply it anyway", code=CODE
+        )
     print(f"warning: {how}; applying it (--allow-rewind): {found.summary()}", file=sys.stderr)
     if found.lines():
         print("\n".join(found.lines()), file=sys.stderr)
@@ -104,5 +114,10 @@ def _removed(conn: connections.Connection, state: DesiredState, applied: str, ta
         nodes = {str(r[0]) for r in conn.execute("SELECT name FROM nodes WHERE present").fetchall()}
     leaving = sorted(allocs - state.allocations.keys())
     held = live.held(conn)
-    return Rewind(applied, target, tuple(leaving), tuple(a for a in leaving if a in held),
-                  tuple(sorted(nodes - state.nodes.keys())))
+    return Rewind(
+        applied,
+        target,
+        tuple(leaving),
+        tuple(a for a in leaving if a in held),
+        tuple(sorted(nodes - state.nodes.keys())),
+    )

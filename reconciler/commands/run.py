@@ -39,17 +39,28 @@ log = logging.getLogger("gpuaas.run")
 def register(sub: Any) -> None:
     p = sub.add_parser("run", help="the reconciler loop: watch a checkout or poll a remote branch")
     p.add_argument("path", nargs="?", default=Path("."), type=Path, help="desired-state checkout (default .)")
-    p.add_argument("--interval", type=float, default=30.0,
-                   help="seconds between retries of pending work (and between remote polls); default 30")
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=30.0,
+        help="seconds between retries of pending work (and between remote polls); default 30",
+    )
     p.add_argument("--remote", help="poll this remote (with --branch) instead of watching the checkout")
     p.add_argument("--branch", help="branch of --remote to reconcile")
     p.add_argument("--once", action="store_true", help="reconcile the current revision (and retry), then exit")
     p.add_argument("--debounce-ms", type=int, default=200, help="watch mode: group file events (default 200)")
     p.add_argument("--policy", help="placement policy override (default: the Fleet's)")
-    p.add_argument("--max-failing-seconds", type=float, metavar="S",
-                   help="exit 3 when every try has failed for longer than S seconds (default: never give up)")
-    p.add_argument("--no-migrate", action="store_true",
-                   help="never migrate the schema: exit 4 when the database lacks it (default: migrate)")
+    p.add_argument(
+        "--max-failing-seconds",
+        type=float,
+        metavar="S",
+        help="exit 3 when every try has failed for longer than S seconds (default: never give up)",
+    )
+    p.add_argument(
+        "--no-migrate",
+        action="store_true",
+        help="never migrate the schema: exit 4 when the database lacks it (default: migrate)",
+    )
     p.add_argument("--log-format", choices=logs.FORMATS, help="log lines (default $GPUAAS_LOG_FORMAT or text)")
     db.add_database_arguments(p)
     p.set_defaults(func=run)
@@ -60,20 +71,30 @@ def _log(text: str, event: str, *, level: int = logging.INFO, **fields: Any) -> 
 
 
 # What each loop event is worth to an operator reading the log.
-_EVENT_LEVELS = {"invalid": logging.WARNING, "behind": logging.WARNING, "migrated": logging.WARNING,
-                 "error": logging.ERROR}
+_EVENT_LEVELS = {
+    "invalid": logging.WARNING,
+    "behind": logging.WARNING,
+    "migrated": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 
 def _log_event(e: watching.Event) -> None:
-    fields = {"revision": e.revision, "run_id": e.run_id, "counts": dict(e.counts), "seconds": round(e.seconds, 3),
-              "changed": e.changed}
+    fields = {
+        "revision": e.revision,
+        "run_id": e.run_id,
+        "counts": dict(e.counts),
+        "seconds": round(e.seconds, 3),
+        "changed": e.changed,
+    }
     _log(e.render(), f"reconcile.{e.kind}", level=_EVENT_LEVELS.get(e.kind, logging.INFO), **fields)
 
 
 def stop_on_signals(stop: threading.Event) -> AbstractContextManager[threading.Event]:
     """SIGTERM and SIGINT set `stop` (the loop finishes its reconciliation, then returns)."""
-    return signals.stop_on(stop, on_first=lambda sig: _log(
-        f"{sig.name}: finishing the current reconciliation, then exiting", "run.signal"))
+    return signals.stop_on(
+        stop, on_first=lambda sig: _log(f"{sig.name}: finishing the current reconciliation, then exiting", "run.signal")
+    )
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -104,8 +125,9 @@ GAVE_UP = 3  # exit status: failing for longer than --max-failing-seconds
 NO_SCHEMA = 4  # exit status: --no-migrate and the database lacks (part of) the schema
 
 
-def _migrate_when_up(url: str, stop: threading.Event, interval: float, max_failing_s: float | None,
-                     *, migrate: bool = True) -> int | None:
+def _migrate_when_up(
+    url: str, stop: threading.Event, interval: float, max_failing_s: float | None, *, migrate: bool = True
+) -> int | None:
     """Migrate once the database answers; wait and retry while it does not.
 
     None: migrated (or, with migrate=False, found current). Else the exit
@@ -126,18 +148,31 @@ def _migrate_when_up(url: str, stop: threading.Event, interval: float, max_faili
             pending = [m.version for m in migrations.available() if m.version not in done]
             if not pending:
                 return None
-            _log(f"gitops.no_schema: the database lacks {len(pending)} migration(s) ({', '.join(pending[:3])}"
-                 f"{', ...' if len(pending) > 3 else ''}) and --no-migrate is set; run `gpuaas db migrate`",
-                 "run.no_schema", level=logging.ERROR, code="gitops.no_schema")
+            _log(
+                f"gitops.no_schema: the database lacks {len(pending)} migration(s) ({', '.join(pending[:3])}"
+                f"{', ...' if len(pending) > 3 else ''}) and --no-migrate is set; run `gpuaas db migrate`",
+                "run.no_schema",
+                level=logging.ERROR,
+                code="gitops.no_schema",
+            )
             return NO_SCHEMA
         except TemporaryError as e:
             failing = time.monotonic() - since
             if max_failing_s is not None and failing > max_failing_s:
-                _log(f"the database has been unreachable for {failing:.0f}s (over {max_failing_s:g}s), "
-                     f"last {e.code}: {e.message}; exiting", "run.gave_up", level=logging.ERROR, code=e.code)
+                _log(
+                    f"the database has been unreachable for {failing:.0f}s (over {max_failing_s:g}s), "
+                    f"last {e.code}: {e.message}; exiting",
+                    "run.gave_up",
+                    level=logging.ERROR,
+                    code=e.code,
+                )
                 return GAVE_UP
-            _log(f"waiting for the database: {e.code}: {e.message} (next try in {delay:g}s)", "run.db_waiting",
-                 level=logging.WARNING, code=e.code)
+            _log(
+                f"waiting for the database: {e.code}: {e.message} (next try in {delay:g}s)",
+                "run.db_waiting",
+                level=logging.WARNING,
+                code=e.code,
+            )
             stop.wait(delay)
             delay = min(delay * 2, max(interval, 1.0))
     return 0
@@ -172,11 +207,21 @@ def _run(args: argparse.Namespace) -> int:
             source = heads.RemoteBranch(args.path, args.remote, args.branch, stop, retry_delay=args.interval)
         else:
             source = heads.LocalHead(args.path, stop, debounce_ms=args.debounce_ms)
-        _log(f"gpuaas run: {source.label}, retry every {args.interval:g}s" + (" (once)" if args.once else ""),
-             "run.started")
-        loop = watching.Loop(args.path, source, lambda: connections.connect(url, autocommit=True), stop=stop,
-                             interval=args.interval, policy=args.policy, log=_log_event,
-                             max_failing_s=args.max_failing_seconds, migrate=not args.no_migrate)
+        _log(
+            f"gpuaas run: {source.label}, retry every {args.interval:g}s" + (" (once)" if args.once else ""),
+            "run.started",
+        )
+        loop = watching.Loop(
+            args.path,
+            source,
+            lambda: connections.connect(url, autocommit=True),
+            stop=stop,
+            interval=args.interval,
+            policy=args.policy,
+            log=_log_event,
+            max_failing_s=args.max_failing_seconds,
+            migrate=not args.no_migrate,
+        )
         try:
             with notify.serving(f"watching {source.label}"):  # systemd Type=notify: READY=1, then the watchdog
                 last = loop.run(once=args.once)
@@ -188,8 +233,11 @@ def _run(args: argparse.Namespace) -> int:
         return NO_SCHEMA
     if stop.is_set():
         if loop.failing is not None:
-            _log(f"stopped while failing for {loop.failing_for():.0f}s: {loop.failing.code}", "run.stopped",
-                 code=loop.failing.code)
+            _log(
+                f"stopped while failing for {loop.failing_for():.0f}s: {loop.failing.code}",
+                "run.stopped",
+                code=loop.failing.code,
+            )
         else:
             _log("stopped", "run.stopped")
     if args.once and last is not None and last.kind in ("invalid", "error"):

@@ -16,6 +16,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from desired import jsonschemas
+
     schemas = jsonschemas.generate()
     if args.write:
         args.write.mkdir(parents=True, exist_ok=True)

@@ -23,43 +23,109 @@ from schemas import notify, signals
 def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="JSON API, host agents' API, operator dashboard, /metrics, /healthz, /readyz")
     p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (default 127.0.0.1:8080; port 0 picks one)")
-    p.add_argument("--token-file", type=Path,
-                   help="bearer token every request but /healthz must carry (mode 0600); required off loopback")
-    p.add_argument("--max-reconcile-age", type=float, default=0.0, metavar="S",
-                   help="/readyz fails when the newest successful reconciliation is older (default 0: not checked)")
-    p.add_argument("--failing-grace", type=float, default=300.0, metavar="S",
-                   help="/readyz fails when reconciliation has been failing this long (default 300)")
-    p.add_argument("--unapplied-grace", type=float, default=300.0, metavar="S",
-                   help="/readyz fails when HEAD (the newest revision recorded) has not been applied this long:"
-                        " invalid, behind the applied revision, or failing (default 300)")
+    p.add_argument(
+        "--token-file",
+        type=Path,
+        help="bearer token every request but /healthz must carry (mode 0600); required off loopback",
+    )
+    p.add_argument(
+        "--max-reconcile-age",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="/readyz fails when the newest successful reconciliation is older (default 0: not checked)",
+    )
+    p.add_argument(
+        "--failing-grace",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="/readyz fails when reconciliation has been failing this long (default 300)",
+    )
+    p.add_argument(
+        "--unapplied-grace",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="/readyz fails when HEAD (the newest revision recorded) has not been applied this long:"
+        " invalid, behind the applied revision, or failing (default 300)",
+    )
     p.add_argument("--refresh", type=int, default=15, metavar="S", help="dashboard self-refresh period (default 15)")
-    p.add_argument("--capacity-refresh", type=float, default=10.0, metavar="S",
-                   help="recompute capacity at most this often when the store changed (default 10)")
+    p.add_argument(
+        "--capacity-refresh",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="recompute capacity at most this often when the store changed (default 10)",
+    )
     p.add_argument("--policy", help="placement policy override for capacity (default: the Fleet's)")
-    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
-                   help="answer requests for this Host name too (repeatable; loopback names and the listen address "
-                        "are always answered; '*': any, which gives up the DNS-rebinding defence)")
-    p.add_argument("--max-connections", type=int, default=16384, metavar="N",
-                   help="concurrent connections (a waiting agent holds one); more get 503 (default 16384)")
-    p.add_argument("--request-timeout", type=float, default=60.0, metavar="S",
-                   help="total time for one request, slow clients cut (default 60)")
-    p.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
-                   help="time to send a request head once started (default 10)")
-    p.add_argument("--tenant-tokens", type=Path, metavar="FILE",
-                   help="TENANT:SHA256 lines: tokens that see and change only their tenant's allocations "
-                        "(gpuaas tenant token issue; re-read when the file changes)")
-    p.add_argument("--intake-repo", type=Path, metavar="PATH",
-                   help="desired-state checkout that POST/DELETE /api/v1/allocations commit to (as the portal bot)")
-    p.add_argument("--intake-push", metavar="REMOTE/BRANCH",
-                   help="push each intake commit here (e.g. origin/main); a refused push is redone on the new tip")
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="answer requests for this Host name too (repeatable; loopback names and the listen address "
+        "are always answered; '*': any, which gives up the DNS-rebinding defence)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=16384,
+        metavar="N",
+        help="concurrent connections (a waiting agent holds one); more get 503 (default 16384)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="total time for one request, slow clients cut (default 60)",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="time to send a request head once started (default 10)",
+    )
+    p.add_argument(
+        "--tenant-tokens",
+        type=Path,
+        metavar="FILE",
+        help="TENANT:SHA256 lines: tokens that see and change only their tenant's allocations "
+        "(gpuaas tenant token issue; re-read when the file changes)",
+    )
+    p.add_argument(
+        "--intake-repo",
+        type=Path,
+        metavar="PATH",
+        help="desired-state checkout that POST/DELETE /api/v1/allocations commit to (as the portal bot)",
+    )
+    p.add_argument(
+        "--intake-push",
+        metavar="REMOTE/BRANCH",
+        help="push each intake commit here (e.g. origin/main); a refused push is redone on the new tip",
+    )
     p.add_argument("--webhook", metavar="URL", help="POST every allocation event here, signed (docs/portal.md)")
-    p.add_argument("--webhook-secret-file", type=Path, metavar="FILE",
-                   help="HMAC-SHA256 key of X-Gpuaas-Signature (mode 0600, at least 16 bytes)")
-    p.add_argument("--console-credentials", type=Path, metavar="FILE",
-                   help="serve slice VM consoles (WebSocket /api/v1/allocations/ID/console) to these credentials "
-                        "(JSON, mode 0600, docs/access.md); without it there is no console route")
-    p.add_argument("--console-libvirt-uri", default="qemu+ssh://gpuaas@{node}/system", metavar="TEMPLATE",
-                   help="each node's libvirt for consoles, {node} replaced (default qemu+ssh://gpuaas@{node}/system)")
+    p.add_argument(
+        "--webhook-secret-file",
+        type=Path,
+        metavar="FILE",
+        help="HMAC-SHA256 key of X-Gpuaas-Signature (mode 0600, at least 16 bytes)",
+    )
+    p.add_argument(
+        "--console-credentials",
+        type=Path,
+        metavar="FILE",
+        help="serve slice VM consoles (WebSocket /api/v1/allocations/ID/console) to these credentials "
+        "(JSON, mode 0600, docs/access.md); without it there is no console route",
+    )
+    p.add_argument(
+        "--console-libvirt-uri",
+        default="qemu+ssh://gpuaas@{node}/system",
+        metavar="TEMPLATE",
+        help="each node's libvirt for consoles, {node} replaced (default qemu+ssh://gpuaas@{node}/system)",
+    )
     p.add_argument("--log-format", choices=("text", "json"), help="log lines (default $GPUAAS_LOG_FORMAT or text)")
     db.add_database_arguments(p)
     p.set_defaults(func=run)
@@ -100,8 +166,9 @@ def _remote_branch(text: str | None) -> tuple[str, str] | None:
 
     remote, sep, branch = text.partition("/")
     if not sep or not remote or not branch:
-        raise UsageError(f"--intake-push takes REMOTE/BRANCH (e.g. origin/main), not {text!r}",
-                         code="serve.intake_push_invalid")
+        raise UsageError(
+            f"--intake-push takes REMOTE/BRANCH (e.g. origin/main), not {text!r}", code="serve.intake_push_invalid"
+        )
     gitrepo.check_ref_name(remote, "--intake-push remote")
     gitrepo.check_ref_name(branch, "--intake-push branch")
     return remote, branch
@@ -112,15 +179,27 @@ def _serve(args: argparse.Namespace) -> int:
 
     host, port = server.parse_listen(args.listen)
     settings = server.Settings(
-        host=host, port=port, token=server.token_from(args.token_file),
-        max_reconcile_age_s=args.max_reconcile_age, failing_grace_s=args.failing_grace,
-        head_grace_s=args.unapplied_grace, refresh_s=args.refresh,
-        capacity_refresh_s=args.capacity_refresh, policy=args.policy, allowed_hosts=tuple(args.allow_host),
-        max_connections=args.max_connections, request_timeout_s=args.request_timeout,
-        header_timeout_s=args.header_timeout, tenant_tokens=args.tenant_tokens, intake_repo=args.intake_repo,
-        intake_push=_remote_branch(args.intake_push), webhook_url=args.webhook,
+        host=host,
+        port=port,
+        token=server.token_from(args.token_file),
+        max_reconcile_age_s=args.max_reconcile_age,
+        failing_grace_s=args.failing_grace,
+        head_grace_s=args.unapplied_grace,
+        refresh_s=args.refresh,
+        capacity_refresh_s=args.capacity_refresh,
+        policy=args.policy,
+        allowed_hosts=tuple(args.allow_host),
+        max_connections=args.max_connections,
+        request_timeout_s=args.request_timeout,
+        header_timeout_s=args.header_timeout,
+        tenant_tokens=args.tenant_tokens,
+        intake_repo=args.intake_repo,
+        intake_push=_remote_branch(args.intake_push),
+        webhook_url=args.webhook,
         webhook_secret=args.webhook_secret_file,
-        console_credentials=args.console_credentials, console_libvirt_uri=args.console_libvirt_uri)
+        console_credentials=args.console_credentials,
+        console_libvirt_uri=args.console_libvirt_uri,
+    )
     _raise_open_files(settings.max_connections)
     import gc
 
@@ -137,9 +216,11 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         with signals.stop_on(threading.Event(), on_first=shut_down):  # before the line a supervisor waits for
-            print(f"serving on {httpd.url} (dashboard /, API /api/v1, agent API /api/v1/agent, /metrics, /healthz, "
-                  "/readyz)",
-                  flush=True)
+            print(
+                f"serving on {httpd.url} (dashboard /, API /api/v1, agent API /api/v1/agent, /metrics, /healthz, "
+                "/readyz)",
+                flush=True,
+            )
             # systemd Type=notify: ready once bound; the watchdog vouches only for a server that answers /healthz.
             with notify.serving(f"serving on {httpd.url}", alive=lambda: _answers(httpd.url + "/healthz")):
                 httpd.serve_forever(poll_interval=0.5)

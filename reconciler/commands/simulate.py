@@ -41,25 +41,39 @@ if TYPE_CHECKING:
 def register(sub: Any) -> None:
     from policies import packing
     from reconciler.placement import simulation
+
     p = sub.add_parser("simulate", help="replay a workload through the placement engine")
     p.add_argument("--fleet", type=Path, help="desired-state directory (required unless --suite)")
     p.add_argument("--workload", type=Path, help="CSV: arrival_s,duration_s,sku,gpus[,lease_s] (unless --suite)")
-    p.add_argument("--policy", choices=[x.value for x in packing.ALL],
-                   help="placement policy (default: the fleet's placement.policy)")
+    p.add_argument(
+        "--policy",
+        choices=[x.value for x in packing.ALL],
+        help="placement policy (default: the fleet's placement.policy)",
+    )
     p.add_argument("--compare", action="store_true", help="run every policy on the same workload")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--region", help="region the requests ask for (default: the fleet's first)")
-    p.add_argument("--lease-ends", choices=[x.value for x in simulation.LeaseEnds],
-                   default=simulation.LeaseEnds.TERMS.value,
-                   help="what the planner is told of lease ends: terms = the rows' lease_s (default), "
-                        "none = every lease on demand, exact = the real departure (an oracle, research only)")
-    p.add_argument("--no-lease-ends", dest="lease_ends", action="store_const", const=simulation.LeaseEnds.NONE.value,
-                   help="same as --lease-ends none")
-    p.add_argument("--repack-bound", action="store_true",
-                   help="also compute the repack bound (always with --compare)")
+    p.add_argument(
+        "--lease-ends",
+        choices=[x.value for x in simulation.LeaseEnds],
+        default=simulation.LeaseEnds.TERMS.value,
+        help="what the planner is told of lease ends: terms = the rows' lease_s (default), "
+        "none = every lease on demand, exact = the real departure (an oracle, research only)",
+    )
+    p.add_argument(
+        "--no-lease-ends",
+        dest="lease_ends",
+        action="store_const",
+        const=simulation.LeaseEnds.NONE.value,
+        help="same as --lease-ends none",
+    )
+    p.add_argument("--repack-bound", action="store_true", help="also compute the repack bound (always with --compare)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    p.add_argument("--suite", action="store_true",
-                   help="run the workload suite (every family x load x seed, every policy) on a synthetic fleet")
+    p.add_argument(
+        "--suite",
+        action="store_true",
+        help="run the workload suite (every family x load x seed, every policy) on a synthetic fleet",
+    )
     p.add_argument("--seeds", type=int, default=3, help="--suite: streams per family and load (default 3)")
     p.add_argument("--loads", default="0.8,0.9,1.0", help="--suite: offered loads (default 0.8,0.9,1.0)")
     p.add_argument("--requests", type=int, default=20000, help="--suite: requests per stream (default 20000)")
@@ -82,8 +96,9 @@ def _rows(path: Path) -> list[Any]:
             reader = csv.DictReader(handle)
             missing = set(synthesis.WORKLOAD_HEADER) - set(reader.fieldnames or ())
             if missing:
-                raise UsageError(f"{path}: missing column(s) {', '.join(sorted(missing))}",
-                                 code="simulate.workload.header")
+                raise UsageError(
+                    f"{path}: missing column(s) {', '.join(sorted(missing))}", code="simulate.workload.header"
+                )
             return simulation.read_rows(reader)
     except OSError as e:
         raise UsageError(f"{path}: {e.strerror}", code="simulate.workload.unreadable") from e
@@ -104,6 +119,7 @@ def _progress(label: str) -> simulation.Progress:
         elif pct // 10 > shown[0]:
             shown[0] = pct // 10
             print(f"  {label}: {done}/{total} requests ({pct}%)", file=sys.stderr, flush=True)
+
     return report
 
 
@@ -111,34 +127,51 @@ def run(args: argparse.Namespace) -> int:
     from policies import packing
     from reconciler import sources
     from reconciler.placement import simulation
+
     if args.suite:
         return run_suite(args)
     if args.fleet is None or args.workload is None:
         raise UsageError("--fleet and --workload are required (or --suite)", code="simulate.args.missing")
     result = sources.load(args.fleet)
     if result.errors:
-        raise UsageError(f"{args.fleet} does not validate ({len(result.errors)} errors); run gpuaas validate",
-                         code="simulate.fleet.invalid")
+        raise UsageError(
+            f"{args.fleet} does not validate ({len(result.errors)} errors); run gpuaas validate",
+            code="simulate.fleet.invalid",
+        )
     rows = _rows(args.workload)
     if not rows:
         raise UsageError(f"{args.workload}: no requests", code="simulate.workload.empty")
     policies = [p.value for p in packing.ALL] if args.compare else [args.policy]
     repack = None
     if args.compare or args.repack_bound:
-        repack = simulation.repack_bound(result.state, rows, region=args.region,
-                                         progress=None if args.quiet else _progress("repack bound"))
+        repack = simulation.repack_bound(
+            result.state, rows, region=args.region, progress=None if args.quiet else _progress("repack bound")
+        )
     results = []
     for name in policies:
         label = name or (result.state.fleet.placement.policy if result.state.fleet else "default")
         progress = None if args.quiet else _progress(label)
-        results.append(simulation.simulate(result.state, rows, policy=name, progress=progress,
-                                           region=args.region, lease_ends=simulation.LeaseEnds(args.lease_ends),
-                                           repack_bound_gpu=repack))
+        results.append(
+            simulation.simulate(
+                result.state,
+                rows,
+                policy=name,
+                progress=progress,
+                region=args.region,
+                lease_ends=simulation.LeaseEnds(args.lease_ends),
+                repack_bound_gpu=repack,
+            )
+        )
     if args.json:
-        doc: Any = results[0].as_dict() if not args.compare else {
-            "workload": str(args.workload), "fleet": str(args.fleet),
-            "results": [r.as_dict() for r in results],
-        }
+        doc: Any = (
+            results[0].as_dict()
+            if not args.compare
+            else {
+                "workload": str(args.workload),
+                "fleet": str(args.fleet),
+                "results": [r.as_dict() for r in results],
+            }
+        )
         print(json.dumps(doc, indent=2))
     else:
         print(render(results))
@@ -148,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
 def render(results: list[simulation.Result]) -> str:
     from policies import packing
     from reconciler.placement import simulation
+
     lease_words = {
         simulation.LeaseEnds.TERMS.value: "the rows' lease_s terms",
         simulation.LeaseEnds.NONE.value: "none (every lease on demand)",
@@ -180,9 +214,12 @@ def render(results: list[simulation.Result]) -> str:
             best = max(base, key=lambda r: r.acceptance_gpu)
             ratio = mine[0].gap / best.gap if best.gap > 0 else float("nan")
             closed = 1 - ratio if best.gap > 0 else float("nan")
-            lines += ["", f"default vs best baseline ({best.policy}): acceptance "
-                          f"{mine[0].acceptance_gpu - best.acceptance_gpu:+.4f}, gap ratio {ratio:.2f} "
-                          f"(closes {closed:.0%} of its gap to the fluid bound)"]
+            lines += [
+                "",
+                f"default vs best baseline ({best.policy}): acceptance "
+                f"{mine[0].acceptance_gpu - best.acceptance_gpu:+.4f}, gap ratio {ratio:.2f} "
+                f"(closes {closed:.0%} of its gap to the fluid bound)",
+            ]
     return "\n".join(lines)
 
 
@@ -201,16 +238,19 @@ def _suite_progress(quiet: bool) -> Any:
         elif pct // 5 > shown[0]:
             shown[0] = pct // 5
             print(f"  suite: {done}/{total} runs ({pct}%) {what}", file=sys.stderr, flush=True)
+
     return report
 
 
 def run_suite(args: argparse.Namespace) -> int:
     from reconciler.placement import suite
+
     try:
         loads = [float(x) for x in args.loads.split(",") if x.strip()]
     except ValueError as e:
-        raise UsageError(f"--loads {args.loads!r}: expected numbers such as 0.8,0.9,1.0",
-                         code="simulate.suite.loads") from e
+        raise UsageError(
+            f"--loads {args.loads!r}: expected numbers such as 0.8,0.9,1.0", code="simulate.suite.loads"
+        ) from e
     if not loads or any(not 0 < x <= 10 for x in loads):
         raise UsageError(f"--loads {args.loads!r}: loads must be in (0, 10]", code="simulate.suite.loads")
     if args.seeds < 1 or args.requests < 1 or args.nodes < 1:
@@ -218,17 +258,37 @@ def run_suite(args: argparse.Namespace) -> int:
     names = [x.strip() for x in args.families.split(",")] if args.families else [f.name for f in suite.FAMILIES]
     unknown = [n for n in names if n not in {f.name for f in suite.FAMILIES}]
     if unknown:
-        raise UsageError(f"--families: unknown {', '.join(unknown)} (known: "
-                         f"{', '.join(f.name for f in suite.FAMILIES)})", code="simulate.suite.family")
+        raise UsageError(
+            f"--families: unknown {', '.join(unknown)} (known: {', '.join(f.name for f in suite.FAMILIES)})",
+            code="simulate.suite.family",
+        )
     families = [suite.family(n) for n in names]
-    cells = suite.run(families, loads, seeds=args.seeds, requests=args.requests, nodes=args.nodes,
-                      progress=_suite_progress(args.quiet))
+    cells = suite.run(
+        families,
+        loads,
+        seeds=args.seeds,
+        requests=args.requests,
+        nodes=args.nodes,
+        progress=_suite_progress(args.quiet),
+    )
     below = [c for c in cells if c.below]
     misses = suite.goal_misses(cells)
     if args.json:
-        print(json.dumps({"nodes": args.nodes, "seeds": args.seeds, "requests": args.requests, "loads": loads,
-                          "families": [f.as_dict() for f in families], "cells": [c.as_dict() for c in cells],
-                          "default_below_a_baseline": len(below), "goal_misses": misses}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "nodes": args.nodes,
+                    "seeds": args.seeds,
+                    "requests": args.requests,
+                    "loads": loads,
+                    "families": [f.as_dict() for f in families],
+                    "cells": [c.as_dict() for c in cells],
+                    "default_below_a_baseline": len(below),
+                    "goal_misses": misses,
+                },
+                indent=2,
+            )
+        )
     else:
         print(render_suite(cells, families, args))
     return 1 if below else 0
@@ -237,22 +297,36 @@ def run_suite(args: argparse.Namespace) -> int:
 def render_suite(cells: list[Any], families: list[Any], args: argparse.Namespace) -> str:
     from policies import packing
     from reconciler.placement import suite
+
     policies = [p.value for p in packing.ALL]
-    short = {"default": "default", "first-fit": "first-fit", "k8s-least-allocated": "k8s-least",
-             "k8s-most-allocated": "k8s-most", "seed-rank": "seed-rank"}
-    lines = [f"workload suite: {args.nodes} nodes, {args.seeds} seed(s) x {args.requests} requests per "
-             "family and load; acceptance_gpu summed over seeds", ""]
+    short = {
+        "default": "default",
+        "first-fit": "first-fit",
+        "k8s-least-allocated": "k8s-least",
+        "k8s-most-allocated": "k8s-most",
+        "seed-rank": "seed-rank",
+    }
+    lines = [
+        f"workload suite: {args.nodes} nodes, {args.seeds} seed(s) x {args.requests} requests per "
+        "family and load; acceptance_gpu summed over seeds",
+        "",
+    ]
     head = f"{'family':<18} {'load':>4} " + " ".join(f"{short.get(p, p):>10}" for p in policies)
     lines.append(head + f" {'fluid':>8} {'best base':>10} {'closed':>7}  note")
     by_name = {f.name: f for f in families}
     for c in cells:
         closed = c.closed
         fam = by_name[c.family]
-        flag = "; ".join(x for x in ("held out" if fam.held_out else "",
-                                       "BELOW " + ",".join(c.below) if c.below else "") if x)
-        lines.append(f"{c.family:<18} {c.load:>4.2f} " + " ".join(f"{c.acceptance(p):>10.4f}" for p in policies)
-                     + f" {c.fluid_bound:>8.4f} {short.get(c.best_baseline, c.best_baseline):>10} "
-                     + (f"{closed:>7.0%}" if closed is not None else f"{'no gap':>7}") + f"  {flag}")
+        flag = "; ".join(
+            x for x in ("held out" if fam.held_out else "", "BELOW " + ",".join(c.below) if c.below else "") if x
+        )
+        lines.append(
+            f"{c.family:<18} {c.load:>4.2f} "
+            + " ".join(f"{c.acceptance(p):>10.4f}" for p in policies)
+            + f" {c.fluid_bound:>8.4f} {short.get(c.best_baseline, c.best_baseline):>10} "
+            + (f"{closed:>7.0%}" if closed is not None else f"{'no gap':>7}")
+            + f"  {flag}"
+        )
     worst = [c for c in cells if c.closed is not None and abs(c.load - 0.9) < 1e-9]
     lines.append("")
     if worst:
@@ -261,11 +335,18 @@ def render_suite(cells: list[Any], families: list[Any], args: argparse.Namespace
     for c in cells:
         if c.held_out and abs(c.load - 0.9) < 1e-9:
             closed = c.closed
-            lines.append(f"held out: {c.family} at load 0.9: "
-                         + ("the best baseline reaches the fluid bound" if closed is None
-                            else f"closes {closed:.0%} of the best baseline's gap")
-                         + (f", below {', '.join(c.below)}" if c.below else ""))
+            lines.append(
+                f"held out: {c.family} at load 0.9: "
+                + (
+                    "the best baseline reaches the fluid bound"
+                    if closed is None
+                    else f"closes {closed:.0%} of the best baseline's gap"
+                )
+                + (f", below {', '.join(c.below)}" if c.below else "")
+            )
     misses = suite.goal_misses(cells)
-    lines.append("goal (never below a baseline; >= 25% of the gap closed at load 0.9): "
-                 + ("met" if not misses else "missed: " + "; ".join(misses)))
+    lines.append(
+        "goal (never below a baseline; >= 25% of the gap closed at load 0.9): "
+        + ("met" if not misses else "missed: " + "; ".join(misses))
+    )
     return "\n".join(lines)

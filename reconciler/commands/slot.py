@@ -64,8 +64,10 @@ def run_rewipe(args: argparse.Namespace) -> int:
     if done.outcome == "already_pending":
         print(f"{done.node}:{done.slot_index} already has rewipe request {done.request_id} waiting for its host")
         return 0
-    print(f"{done.node}:{done.slot_index} rewipe requested (request {done.request_id}, slot {done.slot_status}); "
-          "the host agent answers on its next pass")
+    print(
+        f"{done.node}:{done.slot_index} rewipe requested (request {done.request_id}, slot {done.slot_status}); "
+        "the host agent answers on its next pass"
+    )
     return 0
 
 
@@ -77,13 +79,23 @@ def run_clear(args: argparse.Namespace) -> int:
     if cleared.outcome == "unknown":
         raise UsageError(f"no slot {args.slot} on node {args.node}", code="slot.unknown")
     if output.structured(args.output):
-        output.emit({"node": cleared.node, "slot_index": cleared.slot_index, "outcome": cleared.outcome,
-                     "status": cleared.status, "evidence": cleared.evidence}, args.output)
+        output.emit(
+            {
+                "node": cleared.node,
+                "slot_index": cleared.slot_index,
+                "outcome": cleared.outcome,
+                "status": cleared.status,
+                "evidence": cleared.evidence,
+            },
+            args.output,
+        )
         return 0
     if cleared.outcome == "not_quarantined":
         print(f"{cleared.node}:{cleared.slot_index} is not quarantined (status {cleared.status})")
         return 0
     ev = cleared.evidence or {}
-    print(f"{cleared.node}:{cleared.slot_index} cleared, now {cleared.status}; it was quarantined after "
-          f"{ev.get('allocation_id')} attempt {ev.get('attempt')}: {ev.get('code')}: {ev.get('message')}")
+    print(
+        f"{cleared.node}:{cleared.slot_index} cleared, now {cleared.status}; it was quarantined after "
+        f"{ev.get('allocation_id')} attempt {ev.get('attempt')}: {ev.get('code')}: {ev.get('message')}"
+    )
     return 0

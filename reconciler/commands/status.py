@@ -37,8 +37,9 @@ def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
 
     with connections.connect(url, autocommit=True) as conn:
         if not migrations.applied(conn):
-            raise PermanentError("the database has no schema yet: nothing was reconciled (run `gpuaas run`)",
-                                 code="status.no_schema")
+            raise PermanentError(
+                "the database has no schema yet: nothing was reconciled (run `gpuaas run`)", code="status.no_schema"
+            )
         state = views.desired_state(conn)
         observed = live.observe(conn)
         allocations = views.allocations(conn)
@@ -63,14 +64,27 @@ def collect(url: str, *, policy: str | None = None) -> dict[str, Any]:
     add_lifecycle(doc, node_reasons, cycles)
     add_baremetal(doc, leased, machines, machine_drift)
     doc["reconciliation"] = {
-        "last_applied_revision": health.last_applied_revision, "last_applied_at": health.last_applied_at,
-        "failing": {"since": health.failing_since, "failures": health.failures,
-                    "revision": health.failing_revision, "code": health.failing_code,
-                    "message": health.failing_message} if health.failing else None,
+        "last_applied_revision": health.last_applied_revision,
+        "last_applied_at": health.last_applied_at,
+        "failing": {
+            "since": health.failing_since,
+            "failures": health.failures,
+            "revision": health.failing_revision,
+            "code": health.failing_code,
+            "message": health.failing_message,
+        }
+        if health.failing
+        else None,
         "invalid_revision": health.invalid_revision,
-        "head": None if health.head is None else {
-            "revision": health.head.revision, "applied": health.head.applied, "since": health.head.since,
-            "code": health.head.code, "message": health.head.message},
+        "head": None
+        if health.head is None
+        else {
+            "revision": health.head.revision,
+            "applied": health.head.applied,
+            "since": health.head.since,
+            "code": health.head.code,
+            "message": health.head.message,
+        },
     }
     # Allocations holding claims whose file was deleted: only `state: released` frees them (as `plan` warns).
     doc["orphaned"] = orphaned
@@ -95,14 +109,29 @@ def add_removed(doc: dict[str, Any], removed: Sequence[dict[str, Any]]) -> None:
     offers = {(o["region"], o["sku"]): o for o in doc["capacity"]}
     for n in removed:
         claims = n["claims"]
-        doc["nodes"].append({
-            "name": n["name"], "region": n["region"], "pool": None, "org": None, "admin_state": "removed",
-            "healthy": True, "capability": "-", "capability_reasons": [], "mode": "removed",
-            "slots": {s: sum(1 for c in claims if c["status"] == s and c["slot_index"] is not None)
-                      for s in sorted({c["status"] for c in claims if c["slot_index"] is not None})},
-            "allocations": sorted({c["allocation_id"] for c in claims}), "drained": False, "removed": True,
-            "corrupt": [], "host_drift": [], "claims": claims,
-        })
+        doc["nodes"].append(
+            {
+                "name": n["name"],
+                "region": n["region"],
+                "pool": None,
+                "org": None,
+                "admin_state": "removed",
+                "healthy": True,
+                "capability": "-",
+                "capability_reasons": [],
+                "mode": "removed",
+                "slots": {
+                    s: sum(1 for c in claims if c["status"] == s and c["slot_index"] is not None)
+                    for s in sorted({c["status"] for c in claims if c["slot_index"] is not None})
+                },
+                "allocations": sorted({c["allocation_id"] for c in claims}),
+                "drained": False,
+                "removed": True,
+                "corrupt": [],
+                "host_drift": [],
+                "claims": claims,
+            }
+        )
         units: dict[tuple[str, str], set[tuple[str, int | None]]] = {}
         for c in claims:
             unit = (c["allocation_id"], None) if c["capacity_shape"] == "baremetal" else (n["name"], c["slot_index"])
@@ -111,10 +140,19 @@ def add_removed(doc: dict[str, Any], removed: Sequence[dict[str, Any]]) -> None:
             offer = offers.get(key)
             if offer is None:  # every node of the product is gone from git: the offer is only what they hold
                 shape = next(c["capacity_shape"] for c in claims if c["sku"] == key[1])
-                offer = offers[key] = {"region": key[0], "sku": key[1], "capacity_shape": shape,
-                                       "unit": "node" if shape == "baremetal" else "slot",
-                                       "total": 0, "in_use": 0, "free": 0, "usable": 0, "not_launchable": {},
-                                       "sizes": [], "dedicated": {}}
+                offer = offers[key] = {
+                    "region": key[0],
+                    "sku": key[1],
+                    "capacity_shape": shape,
+                    "unit": "node" if shape == "baremetal" else "slot",
+                    "total": 0,
+                    "in_use": 0,
+                    "free": 0,
+                    "usable": 0,
+                    "not_launchable": {},
+                    "sizes": [],
+                    "dedicated": {},
+                }
                 doc["capacity"].append(offer)
             offer["total"] += len(held)
             offer["in_use"] += len(held)
@@ -124,43 +162,81 @@ def add_removed(doc: dict[str, Any], removed: Sequence[dict[str, Any]]) -> None:
 def as_dict(revision: str | None, model: capacity.ReadModel, allocations: Sequence[Any]) -> dict[str, Any]:
     return {
         "revision": revision,
-        "capacity": [{
-            "region": o.region, "sku": o.sku, "capacity_shape": o.capacity_shape, "unit": o.unit,
-            "total": o.total, "in_use": o.in_use, "free": o.free, "usable": o.usable,
-            "not_launchable": dict(o.not_launchable),
-            "sizes": [_size(s) for s in o.sizes],
-            "dedicated": {org: [_size(s) for s in sizes] for org, sizes in o.dedicated.items()},
-        } for o in model.offers],
-        "nodes": [{
-            "name": n.name, "region": n.region, "pool": n.pool, "org": n.org, "admin_state": n.admin_state,
-            "healthy": n.healthy, "capability": n.capability, "capability_reasons": list(n.capability_reasons),
-            "mode": n.mode, "slots": dict(n.slots), "allocations": list(n.allocations), "drained": n.drained,
-            # what its host reports (policies.hostreports): drifted slots are not placed, a corrupt node is not
-            "corrupt": list(n.corrupt),
-            "host_drift": [{"slot_index": i, "codes": list(codes)} for i, codes in n.drifted],
-        } for n in model.nodes],
-        "allocations": [{
-            "id": a.id, "tenant": a.tenant, "sku": a.sku, "gpu_count": a.gpu_count, "region": a.region,
-            "desired_state": a.desired_state, "status": a.status, "node": a.node,
-            "slot_indexes": list(a.slot_indexes), "vm_profile": a.vm_profile,
-            "pending": {"code": a.pending_code, "message": a.pending_message} if a.pending_code else None,
-            "claims": [{"node": c.node, "slot_index": c.slot_index, "kind": c.kind, "status": c.status}
-                       for c in a.claims],
-            "placed_at": a.placed_at, "active_at": a.active_at,
-        } for a in allocations],
+        "capacity": [
+            {
+                "region": o.region,
+                "sku": o.sku,
+                "capacity_shape": o.capacity_shape,
+                "unit": o.unit,
+                "total": o.total,
+                "in_use": o.in_use,
+                "free": o.free,
+                "usable": o.usable,
+                "not_launchable": dict(o.not_launchable),
+                "sizes": [_size(s) for s in o.sizes],
+                "dedicated": {org: [_size(s) for s in sizes] for org, sizes in o.dedicated.items()},
+            }
+            for o in model.offers
+        ],
+        "nodes": [
+            {
+                "name": n.name,
+                "region": n.region,
+                "pool": n.pool,
+                "org": n.org,
+                "admin_state": n.admin_state,
+                "healthy": n.healthy,
+                "capability": n.capability,
+                "capability_reasons": list(n.capability_reasons),
+                "mode": n.mode,
+                "slots": dict(n.slots),
+                "allocations": list(n.allocations),
+                "drained": n.drained,
+                # what its host reports (policies.hostreports): drifted slots are not placed, a corrupt node is not
+                "corrupt": list(n.corrupt),
+                "host_drift": [{"slot_index": i, "codes": list(codes)} for i, codes in n.drifted],
+            }
+            for n in model.nodes
+        ],
+        "allocations": [
+            {
+                "id": a.id,
+                "tenant": a.tenant,
+                "sku": a.sku,
+                "gpu_count": a.gpu_count,
+                "region": a.region,
+                "desired_state": a.desired_state,
+                "status": a.status,
+                "node": a.node,
+                "slot_indexes": list(a.slot_indexes),
+                "vm_profile": a.vm_profile,
+                "pending": {"code": a.pending_code, "message": a.pending_message} if a.pending_code else None,
+                "claims": [
+                    {"node": c.node, "slot_index": c.slot_index, "kind": c.kind, "status": c.status} for c in a.claims
+                ],
+                "placed_at": a.placed_at,
+                "active_at": a.active_at,
+            }
+            for a in allocations
+        ],
     }
 
 
 def _size(s: capacity.Size) -> dict[str, Any]:
-    return {"gpu_count": s.gpu_count, "launchable": s.launchable, "stranded_gpus": s.stranded_gpus,
-            "limit": {"code": s.limit_code, "message": s.limit_message} if s.launchable == 0 and s.limit_code
-            else None}
+    return {
+        "gpu_count": s.gpu_count,
+        "launchable": s.launchable,
+        "stranded_gpus": s.stranded_gpus,
+        "limit": {"code": s.limit_code, "message": s.limit_message} if s.launchable == 0 and s.limit_code else None,
+    }
 
 
 def _node_mode(n: dict[str, Any]) -> str:
     if n.get("removed"):
-        return (f"REMOVED from git; {len(n['claims'])} live claim(s) of {', '.join(n['allocations'])} remain "
-                "(nothing released them)")
+        return (
+            f"REMOVED from git; {len(n['claims'])} live claim(s) of {', '.join(n['allocations'])} remain "
+            "(nothing released them)"
+        )
     if n["admin_state"] == "active":
         return str(n["mode"])
     if n["drained"]:
@@ -172,8 +248,11 @@ def _node_mode(n: dict[str, Any]) -> str:
 
 def _size_notes(sizes: list[dict[str, Any]]) -> list[str]:
     """Stranded GPUs per size; sizes none of which is launchable, grouped by their reason code."""
-    out = [f"      {s['gpu_count']} GPU: {s['stranded_gpus']} usable GPU(s) stranded by topology"
-           for s in sizes if s["stranded_gpus"] and s["launchable"]]
+    out = [
+        f"      {s['gpu_count']} GPU: {s['stranded_gpus']} usable GPU(s) stranded by topology"
+        for s in sizes
+        if s["stranded_gpus"] and s["launchable"]
+    ]
     by_code: dict[str, list[dict[str, Any]]] = {}
     for s in sizes:
         if s["limit"]:
@@ -186,8 +265,7 @@ def _size_notes(sizes: list[dict[str, Any]]) -> list[str]:
 
 def render_text(doc: dict[str, Any]) -> str:
     out = [f"Status at revision {(doc['revision'] or '-')[:12]} (the revision applied)", *_warnings(doc)]
-    out += ["",
-           "Capacity (launchable now, per allowed GPU count; sizes and shapes compete for the same GPUs):"]
+    out += ["", "Capacity (launchable now, per allowed GPU count; sizes and shapes compete for the same GPUs):"]
     return _capacity_and_the_rest(doc, out)
 
 
@@ -196,57 +274,79 @@ def _warnings(doc: dict[str, Any]) -> list[str]:
     rec = doc.get("reconciliation") or {}
     head = rec.get("head")
     if head and not head["applied"]:
-        out.append(f"  HEAD {(head['revision'] or '-')[:12]} NOT APPLIED since {head['since']}: "
-                   f"{head['code']}: {head['message']} (see `gpuaas history`)")
+        out.append(
+            f"  HEAD {(head['revision'] or '-')[:12]} NOT APPLIED since {head['since']}: "
+            f"{head['code']}: {head['message']} (see `gpuaas history`)"
+        )
     if rec.get("failing"):
         f = rec["failing"]
-        out.append(f"  FAILING since {f['since']} ({f['failures']} failed reconciliation(s)), newest on "
-                   f"{(f['revision'] or '-')[:12]}: {f['code']}: {f['message']}")
+        out.append(
+            f"  FAILING since {f['since']} ({f['failures']} failed reconciliation(s)), newest on "
+            f"{(f['revision'] or '-')[:12]}: {f['code']}: {f['message']}"
+        )
     if doc.get("orphaned"):
-        out.append("  warning: allocations holding claims are no longer declared (set `state: released` to free "
-                   "them): " + ", ".join(doc["orphaned"]))
+        out.append(
+            "  warning: allocations holding claims are no longer declared (set `state: released` to free "
+            "them): " + ", ".join(doc["orphaned"])
+        )
     if doc.get("removed_nodes"):
-        out.append("  warning: nodes removed from git still hold claims (their allocations run on; release them, "
-                   "then remove the node): " + ", ".join(doc["removed_nodes"]))
+        out.append(
+            "  warning: nodes removed from git still hold claims (their allocations run on; release them, "
+            "then remove the node): " + ", ".join(doc["removed_nodes"])
+        )
     for r in doc.get("disrupted_regions") or ():
-        out.append(f"  region {r['region']} DISRUPTED: {r['silent']} of {r['nodes']} hosts silent at once; none is "
-                   "marked unavailable and nothing moves until they report (control plane or network outage?)")
+        out.append(
+            f"  region {r['region']} DISRUPTED: {r['silent']} of {r['nodes']} hosts silent at once; none is "
+            "marked unavailable and nothing moves until they report (control plane or network outage?)"
+        )
     if rec.get("invalid_revision"):
-        out.append(f"  revision {rec['invalid_revision'][:12]} is invalid (see `gpuaas history`); "
-                   "the last valid revision stays in force")
+        out.append(
+            f"  revision {rec['invalid_revision'][:12]} is invalid (see `gpuaas history`); "
+            "the last valid revision stays in force"
+        )
     return out
 
 
 def _capacity_and_the_rest(doc: dict[str, Any], out: list[str]) -> str:
     """The capacity table, the node list and the allocations after `out` (the header and warnings)."""
-    out.append(f"  {'REGION':<12} {'SKU':<26} {'UNIT':<5} {'TOTAL':>5} {'IN USE':>6} {'FREE':>5} "
-               f"{'USABLE':>6}  {'LAUNCHABLE':<22} NOT LAUNCHABLE (free units)")
+    out.append(
+        f"  {'REGION':<12} {'SKU':<26} {'UNIT':<5} {'TOTAL':>5} {'IN USE':>6} {'FREE':>5} "
+        f"{'USABLE':>6}  {'LAUNCHABLE':<22} NOT LAUNCHABLE (free units)"
+    )
     for o in doc["capacity"]:
         sizes = " ".join(f"{s['gpu_count']}g:{s['launchable']}" for s in o["sizes"])
         blocked = " ".join(f"{k}={v}" for k, v in o["not_launchable"].items()) or "-"
-        out.append(f"  {o['region']:<12} {o['sku']:<26} {o['unit']:<5} {o['total']:>5} {o['in_use']:>6} "
-                   f"{o['free']:>5} {o['usable']:>6}  {sizes:<22} {blocked}")
+        out.append(
+            f"  {o['region']:<12} {o['sku']:<26} {o['unit']:<5} {o['total']:>5} {o['in_use']:>6} "
+            f"{o['free']:>5} {o['usable']:>6}  {sizes:<22} {blocked}"
+        )
         if o.get("removed_in_use"):
             out.append(f"      {o['removed_in_use']} in use on node(s) removed from git")
         out += _size_notes(o["sizes"])
         for org, dsizes in o["dedicated"].items():
-            out.append(f"      tenant {org} (dedicated nodes too): "
-                       + " ".join(f"{s['gpu_count']}g:{s['launchable']}" for s in dsizes))
+            out.append(
+                f"      tenant {org} (dedicated nodes too): "
+                + " ".join(f"{s['gpu_count']}g:{s['launchable']}" for s in dsizes)
+            )
     out += ["", "Nodes:", f"  {'NAME':<24} {'REGION':<12} {'CAPABILITY':<16} {'SLOTS':<34} MODE"]
     for n in doc["nodes"]:
         slots = " ".join(f"{k}={v}" for k, v in n["slots"].items()) or "-"
         org = f" org={n['org']}" if n["org"] else ""
         health = "" if n["healthy"] else _unhealthy(n)
-        out.append(f"  {n['name']:<24} {n['region']:<12} {n['capability']:<16} {slots:<34} "
-                   f"{_node_mode(n)}{org}{health}{_host_drift(n)}{_machine_text(n.get('machine'))}")
+        out.append(
+            f"  {n['name']:<24} {n['region']:<12} {n['capability']:<16} {slots:<34} "
+            f"{_node_mode(n)}{org}{health}{_host_drift(n)}{_machine_text(n.get('machine'))}"
+        )
     out += ["", "Allocations:"]
     if not doc["allocations"]:
         out.append("  -")
     for a in doc["allocations"]:
         where = f"{a['node']} [{','.join(str(i) for i in a['slot_indexes']) or 'whole node'}]" if a["node"] else "-"
         claims = ",".join(sorted({c["status"] for c in a["claims"]})) or "-"
-        line = (f"  {a['id']:<26} {a['tenant']:<14} {a['gpu_count']}x {a['sku']:<24} {a['status']:<12} "
-                f"{where:<28} claims={claims}")
+        line = (
+            f"  {a['id']:<26} {a['tenant']:<14} {a['gpu_count']}x {a['sku']:<24} {a['status']:<12} "
+            f"{where:<28} claims={claims}"
+        )
         if a["vm_profile"]:
             line += f" profile={a['vm_profile']}"
         if a.get("orphaned"):
@@ -263,15 +363,36 @@ def _capacity_and_the_rest(doc: dict[str, Any], out: list[str]) -> str:
     return "\n".join(out)
 
 
-def add_baremetal(doc: dict[str, Any], leased: dict[str, dict[str, Any]], machines: dict[str, dict[str, Any]],
-                  drift: list[dict[str, Any]]) -> None:
+def add_baremetal(
+    doc: dict[str, Any],
+    leased: dict[str, dict[str, Any]],
+    machines: dict[str, dict[str, Any]],
+    drift: list[dict[str, Any]],
+) -> None:
     """Each lease's provider view, each node's machine state, and the providers' drift (issue 30)."""
     for a in doc["allocations"]:
         lease = leased.get(a["id"])
-        a["baremetal"] = None if lease is None else {
-            k: lease[k] for k in ("provider", "machine_id", "node", "phase", "provider_state", "provider_message",
-                                  "ssh_endpoint", "wait_code", "wait_message", "deploy_requests", "erase_requests",
-                                  "timings_s")}
+        a["baremetal"] = (
+            None
+            if lease is None
+            else {
+                k: lease[k]
+                for k in (
+                    "provider",
+                    "machine_id",
+                    "node",
+                    "phase",
+                    "provider_state",
+                    "provider_message",
+                    "ssh_endpoint",
+                    "wait_code",
+                    "wait_message",
+                    "deploy_requests",
+                    "erase_requests",
+                    "timings_s",
+                )
+            }
+        )
     for n in doc["nodes"]:
         n["machine"] = machines.get(n["name"])
     doc["machine_drift"] = drift
@@ -284,8 +405,11 @@ def _machine_text(m: dict[str, Any] | None) -> str:
     out = ""
     lease = m.get("lease")
     if lease:
-        out += (f" CLEANUP_BLOCKED (erase of {lease['allocation_id']} failed)" if lease["phase"] == "erase_failed"
-                else f" leased ({lease['allocation_id']}: {lease['phase']})")
+        out += (
+            f" CLEANUP_BLOCKED (erase of {lease['allocation_id']} failed)"
+            if lease["phase"] == "erase_failed"
+            else f" leased ({lease['allocation_id']}: {lease['phase']})"
+        )
     if m.get("quarantine"):
         out += f"\n      QUARANTINED {m['quarantine']['code']}: {m['quarantine']['message']}"
     if m.get("needs_slice_profile"):
@@ -296,21 +420,28 @@ def _machine_text(m: dict[str, Any] | None) -> str:
 def _baremetal_text(b: dict[str, Any] | None) -> str:
     if not b:
         return ""
-    out = (f"\n      baremetal: {b['phase']} via {b['provider']}/{b['machine_id']}"
-           f" ({b['provider_state'] or '-'})" + (f" ssh={b['ssh_endpoint']}" if b["ssh_endpoint"] else ""))
+    out = f"\n      baremetal: {b['phase']} via {b['provider']}/{b['machine_id']} ({b['provider_state'] or '-'})" + (
+        f" ssh={b['ssh_endpoint']}" if b["ssh_endpoint"] else ""
+    )
     if b["wait_code"]:
         out += f"\n      {b['wait_code']}: {b['wait_message']}"
     elif b["provider_message"] and b["phase"] in ("deploy_failed", "erase_failed"):
         out += f"\n      {b['provider_message']}"
     return out
+
+
 def endpoint_text(found: list[dict[str, Any]]) -> str:
     """`ssh 203.0.113.13:20000 -> 10.100.0.10:22, tcp 203.0.113.13:20001 -> 10.100.0.10:8888`."""
-    return ", ".join(f"{'ssh' if e['purpose'] == 'ssh' else 'tcp'} {e['public_address']}:{e['public_port']}"
-                     f" -> {e['private_ip']}:{e['guest_port']}" for e in found)
+    return ", ".join(
+        f"{'ssh' if e['purpose'] == 'ssh' else 'tcp'} {e['public_address']}:{e['public_port']}"
+        f" -> {e['private_ip']}:{e['guest_port']}"
+        for e in found
+    )
 
 
-def add_lifecycle(doc: dict[str, Any], node_reasons: dict[str, list[dict[str, Any]]],
-                  cycles: dict[str, dict[str, Any]]) -> None:
+def add_lifecycle(
+    doc: dict[str, Any], node_reasons: dict[str, list[dict[str, Any]]], cycles: dict[str, dict[str, Any]]
+) -> None:
     """Node health reasons and each allocation's lifecycle (reconciler.store.lifecycle) into the document."""
     for n in doc["nodes"]:
         reasons = node_reasons.get(n["name"], [])
@@ -318,13 +449,30 @@ def add_lifecycle(doc: dict[str, Any], node_reasons: dict[str, list[dict[str, An
         n["health_reasons"] = reasons
     for a in doc["allocations"]:
         c = cycles.get(a["id"])
-        a["lifecycle"] = None if c is None else {
-            "state": c["state"], "host_phase": c["host_phase"], "boot_ip": c["boot_ip"],
-            "host_unreachable": bool(c["host_unreachable"]), "failed_attempts": c["failed_attempts"],
-            "failure": {"code": c["failure_code"], "message": c["failure_message"]} if c["failure_code"] else None,
-            "attempts": [{"attempt": t["attempt"], "node": t["node"], "phase": t["phase"], "code": t["code"],
-                          "message": t["message"], "outcome": t["outcome"], "quarantined": t["quarantined"]}
-                         for t in c["attempts"]]}
+        a["lifecycle"] = (
+            None
+            if c is None
+            else {
+                "state": c["state"],
+                "host_phase": c["host_phase"],
+                "boot_ip": c["boot_ip"],
+                "host_unreachable": bool(c["host_unreachable"]),
+                "failed_attempts": c["failed_attempts"],
+                "failure": {"code": c["failure_code"], "message": c["failure_message"]} if c["failure_code"] else None,
+                "attempts": [
+                    {
+                        "attempt": t["attempt"],
+                        "node": t["node"],
+                        "phase": t["phase"],
+                        "code": t["code"],
+                        "message": t["message"],
+                        "outcome": t["outcome"],
+                        "quarantined": t["quarantined"],
+                    }
+                    for t in c["attempts"]
+                ],
+            }
+        )
 
 
 def _host_drift(n: dict[str, Any]) -> str:

@@ -24,8 +24,10 @@ def register(sub: Any) -> None:
     t = groups.add_parser("token", help="issue or revoke a tenant's API tokens")
     actions = t.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
-    for name, helptext in (("issue", "a new token for the tenant (its other tokens keep working)"),
-                           ("revoke", "every token of the tenant stops working")):
+    for name, helptext in (
+        ("issue", "a new token for the tenant (its other tokens keep working)"),
+        ("revoke", "every token of the tenant stops working"),
+    ):
         c = actions.add_parser(name, help=helptext)
         c.add_argument("tenant", help="tenant name")
         c.add_argument("--file", type=Path, required=True, help="the serve --tenant-tokens file")

@@ -17,8 +17,18 @@ from typing import Any
 from reconciler.commands import db
 from schemas import output
 
-CSV_FIELDS = ("tenant", "allocation_id", "sku", "gpus", "usage_from", "usage_to", "gpu_hours",
-              "gpu_hourly_price_minor", "currency", "amount_minor")
+CSV_FIELDS = (
+    "tenant",
+    "allocation_id",
+    "sku",
+    "gpus",
+    "usage_from",
+    "usage_to",
+    "gpu_hours",
+    "gpu_hourly_price_minor",
+    "currency",
+    "amount_minor",
+)
 
 
 def register(sub: Any) -> None:
@@ -36,17 +46,24 @@ def _money(minor: int, currency: str | None) -> str:
 
 
 def render_text(doc: dict[str, Any]) -> str:
-    out = [f"Usage from {doc['from']} to {doc['to']}" + (f" for tenant {doc['tenant']}" if doc["tenant"] else ""),
-           "", f"  {'TENANT':<18} {'ALLOCATIONS':>11} {'GPU-HOURS':>12} {'AMOUNT':>16}"]
+    out = [
+        f"Usage from {doc['from']} to {doc['to']}" + (f" for tenant {doc['tenant']}" if doc["tenant"] else ""),
+        "",
+        f"  {'TENANT':<18} {'ALLOCATIONS':>11} {'GPU-HOURS':>12} {'AMOUNT':>16}",
+    ]
     for t in doc["tenants"]:
-        out.append(f"  {t['tenant']:<18} {t['allocations']:>11} {t['gpu_hours']:>12.4f} "
-                   f"{_money(t['amount_minor'], t['currency']):>16}")
+        out.append(
+            f"  {t['tenant']:<18} {t['allocations']:>11} {t['gpu_hours']:>12.4f} "
+            f"{_money(t['amount_minor'], t['currency']):>16}"
+        )
     if not doc["tenants"]:
         out.append("  (no usage in this window)")
     out += ["", f"  {'ALLOCATION':<26} {'TENANT':<18} {'SKU':<26} {'GPUS':>4} {'GPU-HOURS':>12} {'AMOUNT':>16}"]
     for a in doc["allocations"]:
-        out.append(f"  {a['allocation_id']:<26} {a['tenant']:<18} {a['sku']:<26} {a['gpus']:>4} "
-                   f"{a['gpu_hours']:>12.4f} {_money(a['amount_minor'], a['currency']):>16}")
+        out.append(
+            f"  {a['allocation_id']:<26} {a['tenant']:<18} {a['sku']:<26} {a['gpus']:>4} "
+            f"{a['gpu_hours']:>12.4f} {_money(a['amount_minor'], a['currency']):>16}"
+        )
     return "\n".join(out)
 
 

@@ -18,9 +18,13 @@ def register(sub: Any) -> None:
     p.add_argument("--rev", help="read the tree at this git revision (no checkout)")
     output.add_argument(p, "text")
     p.add_argument("--summary", action="store_true", help="also print the fleet summary")
-    p.add_argument("--state-dir", type=Path, default=None,
-                   help="state directory holding the blob cache (<DIR>/cache; default $GPUAAS_STATE_DIR, else "
-                        "${XDG_CACHE_HOME:-~/.cache}/gpuaas); never inside a git checkout")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="state directory holding the blob cache (<DIR>/cache; default $GPUAAS_STATE_DIR, else "
+        "${XDG_CACHE_HOME:-~/.cache}/gpuaas); never inside a git checkout",
+    )
     blobcache.add_arguments(p)
     progress.add_argument(p)
     p.set_defaults(func=run)
@@ -29,11 +33,18 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from desired import loading
     from reconciler import sources, summary
+
     # The on-disk cache serves revisions (blob ids from git); a working tree is read and parsed as it is.
-    with loading.collector_paused(), progress.for_args(args, "validate") as shown, \
-            shown.phase("read, parse and check the tree"):
-        result = blobcache.open_reader(args).load(args.path, args.rev) if args.rev is not None \
+    with (
+        loading.collector_paused(),
+        progress.for_args(args, "validate") as shown,
+        shown.phase("read, parse and check the tree"),
+    ):
+        result = (
+            blobcache.open_reader(args).load(args.path, args.rev)
+            if args.rev is not None
             else sources.load(args.path, args.rev)
+        )
         exiting.skip_teardown()  # holds a tree's models: the console script need not free them
     errors, warnings = result.errors, result.warnings
     state = result.state

@@ -44,14 +44,18 @@ def run(fleet: Path, default_url: str, claims_url: str | None, out: Out = print)
     _heading(out, "baremetal leases: a local Ironic (fake-hardware) as the machine provider")
     venv = ironic_service.venv()
     loaded = sources.load(fleet)
-    spec = next((p for p in (loaded.state.fleet.machine_providers if loaded.state.fleet else ())
-                 if p.name == PROVIDER), None)
+    spec = next(
+        (p for p in (loaded.state.fleet.machine_providers if loaded.state.fleet else ()) if p.name == PROVIDER), None
+    )
     if venv is None or spec is None:
         out("skipped: " + ("Ironic is not installed (make deps)" if venv is None else f"no provider {PROVIDER}"))
         return
     port = int(spec.url.rsplit(":", 1)[1].split("/")[0])
-    machines = sorted(n.machine.machine_id for n in loaded.state.nodes.values()
-                      if n.machine is not None and n.machine.provider == PROVIDER)
+    machines = sorted(
+        n.machine.machine_id
+        for n in loaded.state.nodes.values()
+        if n.machine is not None and n.machine.provider == PROVIDER
+    )
     ssh = sshstandin.SshStandIn()
     work = connections.state_dir() / "demo-ironic"
     if work.exists():
@@ -64,8 +68,10 @@ def run(fleet: Path, default_url: str, claims_url: str | None, out: Out = print)
     try:
         t0 = time.perf_counter()
         svc.enroll(machines, addresses=dict.fromkeys(machines, ssh.address))
-        out(f"Ironic at {svc.url}: enrolled {len(machines)} machines (enroll -> manage -> provide, cleaning) "
-            f"-> available in {time.perf_counter() - t0:.1f} s: {', '.join(machines)}")
+        out(
+            f"Ironic at {svc.url}: enrolled {len(machines)} machines (enroll -> manage -> provide, cleaning) "
+            f"-> available in {time.perf_counter() - t0:.1f} s: {', '.join(machines)}"
+        )
         if claims_url:
             _deploy_and_release(claims_url, loaded.state, out)
         _leave_active(default_url, loaded.state, out)
@@ -95,9 +101,11 @@ def _show(url: str, aid: str, out: Out) -> None:
         steps = lifecycle.transitions(conn, aid) or []
         usage = conn.execute("SELECT gpu_hours FROM allocation_usage WHERE allocation_id = %s", (aid,)).fetchone()
     t = lease["timings_s"]
-    out(f"{aid}: {lease['phase']} on {lease['node']} via {lease['provider']}/{lease['machine_id']} "
+    out(
+        f"{aid}: {lease['phase']} on {lease['node']} via {lease['provider']}/{lease['machine_id']} "
         f"({lease['provider_state']}), ssh {lease['ssh_endpoint']}, deploy calls {lease['deploy_requests']}, "
-        f"erase calls {lease['erase_requests']}")
+        f"erase calls {lease['erase_requests']}"
+    )
     out(f"  timings: deploy {t['deploy']} s, ssh {t['ssh']} s, to active {t['to_active']} s, erase {t['erase']} s")
     for s in steps:
         out(f"  {s.at.isoformat(timespec='seconds')}  {s.event:<30} {s.state:<12} {s.node or ''}")

@@ -65,5 +65,7 @@ def run(fleet: Path, out: Out = print) -> None:
         for v in violations:
             out(f"violation: {v.render()}")
         if not violations:
-            out(f"ok: {len(checks.CHECKS)} invariants hold (no double claim, no exclusive/slot overlap, "
-                "every held slot has one live claim, every placement has claims and its outbox event)")
+            out(
+                f"ok: {len(checks.CHECKS)} invariants hold (no double claim, no exclusive/slot overlap, "
+                "every held slot has one live claim, every placement has claims and its outbox event)"
+            )

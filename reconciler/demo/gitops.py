@@ -69,8 +69,13 @@ def run(fleet: Path, url: str, out: Out = print) -> None:
             if head.errors:
                 pr = prplan.invalid("main", head.state.revision, tuple(head.errors), offline=True)
             else:
-                pr = prplan.compose(base.state, head.state, prplan.offline_observed(base.state), offline=True,
-                                    base_errors=tuple(base.errors))
+                pr = prplan.compose(
+                    base.state,
+                    head.state,
+                    prplan.offline_observed(base.state),
+                    offline=True,
+                    base_errors=tuple(base.errors),
+                )
             out(prplan_render.render_markdown(pr).rstrip("\n"))
             if not pr.valid:
                 return
@@ -81,8 +86,13 @@ def run(fleet: Path, url: str, out: Out = print) -> None:
                 migrations.migrate(conn)
             stop = threading.Event()
             source = heads.LocalHead(root, stop)
-            loop = watching.Loop(root, source, lambda: connections.connect(url, autocommit=True), stop=stop,
-                                 log=lambda e: out(e.render()))
+            loop = watching.Loop(
+                root,
+                source,
+                lambda: connections.connect(url, autocommit=True),
+                stop=stop,
+                log=lambda e: out(e.render()),
+            )
             try:
                 loop.run(once=True)
             finally:

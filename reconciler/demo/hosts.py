@@ -82,8 +82,9 @@ def _restamp(db_url: str, node: str, image_dir: Path) -> hostplans.HostPlan:
             ref = vm.image.source_ref
             if ref not in digests:  # one stand-in per image, shared by every VM that names it
                 digests[ref] = lab.publish_image(image_dir, ref)
-            return dataclasses.replace(vm, image=dataclasses.replace(
-                vm.image, digest_sha256=digests[ref], image_format="raw"))  # fmt: skip
+            return dataclasses.replace(
+                vm, image=dataclasses.replace(vm.image, digest_sha256=digests[ref], image_format="raw")
+            )
 
         plan = dataclasses.replace(plan, generation=plan.generation + 1, vms=tuple(stand_in(v) for v in plan.vms))
         store.write_plan(conn, plan, revision="host-demo")
@@ -116,9 +117,11 @@ class _Demo:
         tree_name, old, new = DEMO_NODES.get(node, ("xe9680l-h200", "S6EXNA0W1", "S6EXNA0W1"))
         tree = lab.retag_tree(self.sysfs / tree_name, root / node / "sysfs", old, new)
         plan = self.central_plan(node)
-        host = stack.enter_context(lab.lab_host(
-            node, root / node, disk_paths=[s.nvme_device for s in plan.slots], os_disk=plan.os_disk,
-            sysfs_tree=tree))  # fmt: skip
+        host = stack.enter_context(
+            lab.lab_host(
+                node, root / node, disk_paths=[s.nvme_device for s in plan.slots], os_disk=plan.os_disk, sysfs_tree=tree
+            )
+        )
         _restamp(self.db_url, node, host.image_dir)
         with store.connect(self.db_url) as conn:
             creds = store.create_node_role(conn, node, f"demo-{node}")
@@ -127,8 +130,10 @@ class _Demo:
         drivers = wiring.drivers(s)
         stack.callback(drivers.close)
         self.nodes[node] = _Node(host, converging.Converger(s, drivers), drivers, conn_node)
-        self.out(f"{node}: {len(plan.slots)} slot disks on loop devices, netns {host.netns}, "
-                 f"role {creds.role}, sysfs tree {tree}")  # fmt: skip
+        self.out(
+            f"{node}: {len(plan.slots)} slot disks on loop devices, netns {host.netns}, "
+            f"role {creds.role}, sysfs tree {tree}"
+        )
 
     def converge_all(self, title: str, mode: DriftMode = DriftMode.REPORT) -> None:
         _heading(self.out, title)
@@ -194,8 +199,10 @@ def run_demo(
             _heading(out, "lab hosts (libvirt test driver, loop devices, netns + dnsmasq)")
             for node in nodes:
                 demo.add(stack, node, root)
-            out("the example Image digests are placeholders: each plan was re-stamped with a raw stand-in "
-                "image published in the host cache (generation + 1)")  # fmt: skip
+            out(
+                "the example Image digests are placeholders: each plan was re-stamped with a raw stand-in "
+                "image published in the host cache (generation + 1)"
+            )
             demo.converge_all("converge (observe, diff, act, report)")
             demo.inject()
             demo.converge_all("converge in report-only mode (the default): nothing is changed")

@@ -145,15 +145,24 @@ class Memo:
     identity is never confused with a new object's.
     """
 
-    summaries: dict[str, tuple[fleetgraph.NodeFacts, tuple[plans.ExistingClaim, ...], str, NodeSummary]] = \
+    summaries: dict[str, tuple[fleetgraph.NodeFacts, tuple[plans.ExistingClaim, ...], str, NodeSummary]] = field(
+        default_factory=dict
+    )
+    slices: dict[tuple[str, str], tuple[m.Sku, fleetgraph.NodeFacts, tuple[plans.ExistingClaim, ...], _SliceCounts]] = (
         field(default_factory=dict)
-    slices: dict[tuple[str, str], tuple[m.Sku, fleetgraph.NodeFacts, tuple[plans.ExistingClaim, ...], _SliceCounts]] = \
-        field(default_factory=dict)
+    )
 
 
-def read_model(desired: DesiredState, observed: plans.Observed, *, policy: str | None = None,
-               limit: int = DEFAULT_LIMIT, engine: placing.Engine | None = None,
-               memo: Memo | None = None, summaries: bool = True) -> ReadModel:
+def read_model(
+    desired: DesiredState,
+    observed: plans.Observed,
+    *,
+    policy: str | None = None,
+    limit: int = DEFAULT_LIMIT,
+    engine: placing.Engine | None = None,
+    memo: Memo | None = None,
+    summaries: bool = True,
+) -> ReadModel:
     """Launchable capacity and node summaries; `engine`, if given, is one built from the same inputs
     and holding no placement of its own (it is left as it was found). `memo` carries per-node parts
     from one call to the next (it gives the same answer as without it). `summaries=False`: the
@@ -163,8 +172,7 @@ def read_model(desired: DesiredState, observed: plans.Observed, *, policy: str |
     by_node: dict[str, list[plans.ExistingClaim]] = defaultdict(list)
     for c in observed.claims:
         by_node[c.node].append(c)
-    nodes = tuple(_summary(memo, engine, f, tuple(by_node.get(f.name, ()))) for f in engine.facts) \
-        if summaries else ()
+    nodes = tuple(_summary(memo, engine, f, tuple(by_node.get(f.name, ()))) for f in engine.facts) if summaries else ()
     offers: list[Offer] = []
     regions = sorted({f.region for f in engine.facts})
     for sku in sorted(desired.skus.values(), key=lambda s: s.sku):
@@ -184,8 +192,9 @@ def read_model(desired: DesiredState, observed: plans.Observed, *, policy: str |
 # ------------------------------------------------------------------- sizes
 
 
-def fill(engine: placing.Engine, sku: str, region: str, gpu_count: int, *, tenant: str = "",
-         limit: int = DEFAULT_LIMIT) -> tuple[int, placing.Refused | None]:
+def fill(
+    engine: placing.Engine, sku: str, region: str, gpu_count: int, *, tenant: str = "", limit: int = DEFAULT_LIMIT
+) -> tuple[int, placing.Refused | None]:
     """How many requests of one size fit one after the other, and the refusal of the next one.
 
     Slice SKUs are counted per node pattern (`Engine.launchable`), whole-node
@@ -214,8 +223,9 @@ def _probe_held(engine: placing.Engine, n: int) -> bool:
     return any(f"{PROBE_PREFIX}{i}" in engine.where for i in range(n + 1))
 
 
-def probe_fill(engine: placing.Engine, sku: str, region: str, gpu_count: int, *, tenant: str = "",
-               limit: int = DEFAULT_LIMIT) -> tuple[int, placing.Refused | None]:
+def probe_fill(
+    engine: placing.Engine, sku: str, region: str, gpu_count: int, *, tenant: str = "", limit: int = DEFAULT_LIMIT
+) -> tuple[int, placing.Refused | None]:
     """Place probe requests of one size until refused; forget them; return the count and the refusal."""
     placed: list[str] = []
     refusal: placing.Refused | None = None
@@ -233,8 +243,9 @@ def probe_fill(engine: placing.Engine, sku: str, region: str, gpu_count: int, *,
     return len(placed), refusal
 
 
-def _sizes(engine: placing.Engine, sku: m.Sku, region: str, *, usable: int, tenant: str,
-           limit: int) -> tuple[Size, ...]:
+def _sizes(
+    engine: placing.Engine, sku: m.Sku, region: str, *, usable: int, tenant: str, limit: int
+) -> tuple[Size, ...]:
     out = []
     slice_sku = sku.capacity_shape is m.CapacityShape.GPU_SLICE
     for g in sku.counts:
@@ -244,8 +255,9 @@ def _sizes(engine: placing.Engine, sku: m.Sku, region: str, *, usable: int, tena
     return tuple(out)
 
 
-def _dedicated(engine: placing.Engine, sku: m.Sku, region: str, facts: list[fleetgraph.NodeFacts],
-               limit: int) -> Mapping[str, tuple[Size, ...]]:
+def _dedicated(
+    engine: placing.Engine, sku: m.Sku, region: str, facts: list[fleetgraph.NodeFacts], limit: int
+) -> Mapping[str, tuple[Size, ...]]:
     orgs = sorted({f.org for f in facts if f.org})
     out = {}
     for org in orgs:
@@ -284,8 +296,16 @@ def _slot_reason(sku: m.Sku, f: fleetgraph.NodeFacts, s: fleetgraph.SlotFacts) -
     return next((c for c in checks if c is not None), None)
 
 
-def _slice_offer(engine: placing.Engine, sku: m.Sku, region: str, facts: list[fleetgraph.NodeFacts], *,
-                 by_node: Mapping[str, list[plans.ExistingClaim]], limit: int, memo: Memo) -> Offer | None:
+def _slice_offer(
+    engine: placing.Engine,
+    sku: m.Sku,
+    region: str,
+    facts: list[fleetgraph.NodeFacts],
+    *,
+    by_node: Mapping[str, list[plans.ExistingClaim]],
+    limit: int,
+    memo: Memo,
+) -> Offer | None:
     total = in_use = 0
     blocked: Counter[str] = Counter()
     serving = []
@@ -312,9 +332,19 @@ def _slice_offer(engine: placing.Engine, sku: m.Sku, region: str, facts: list[fl
     if accounted != usable:  # a rule only the engine knows; keep the totals honest
         blocked[Blocked.OTHER.value] += accounted - usable
     sizes = _sizes(engine, sku, region, usable=usable, tenant="", limit=limit)
-    return Offer(region, sku.sku, sku.capacity_shape.value, "slot", total, in_use, total - in_use, usable,
-                 MappingProxyType(dict(sorted(blocked.items()))), sizes,
-                 _dedicated(engine, sku, region, serving, limit))
+    return Offer(
+        region,
+        sku.sku,
+        sku.capacity_shape.value,
+        "slot",
+        total,
+        in_use,
+        total - in_use,
+        usable,
+        MappingProxyType(dict(sorted(blocked.items()))),
+        sizes,
+        _dedicated(engine, sku, region, serving, limit),
+    )
 
 
 def _slice_counts(sku: m.Sku, f: fleetgraph.NodeFacts, claims: tuple[plans.ExistingClaim, ...]) -> _SliceCounts:
@@ -344,8 +374,15 @@ def _held_slots(f: fleetgraph.NodeFacts, claims: Sequence[plans.ExistingClaim]) 
 # ---------------------------------------------------------------- baremetal
 
 
-def _baremetal_offer(engine: placing.Engine, sku: m.Sku, region: str, facts: list[fleetgraph.NodeFacts], *,
-                     by_node: Mapping[str, list[plans.ExistingClaim]], limit: int) -> Offer | None:
+def _baremetal_offer(
+    engine: placing.Engine,
+    sku: m.Sku,
+    region: str,
+    facts: list[fleetgraph.NodeFacts],
+    *,
+    by_node: Mapping[str, list[plans.ExistingClaim]],
+    limit: int,
+) -> Offer | None:
     serving = [f for f in facts if f.baremetal_sku == sku.sku]
     if not serving:
         return None
@@ -361,9 +398,19 @@ def _baremetal_offer(engine: placing.Engine, sku: m.Sku, region: str, facts: lis
             blocked[reason.value] += 1
     usable = len(serving) - in_use - sum(blocked.values())
     sizes = _sizes(engine, sku, region, usable=usable, tenant="", limit=limit)
-    return Offer(region, sku.sku, sku.capacity_shape.value, "node", len(serving), in_use, len(serving) - in_use,
-                 usable, MappingProxyType(dict(sorted(blocked.items()))), sizes,
-                 _dedicated(engine, sku, region, serving, limit))
+    return Offer(
+        region,
+        sku.sku,
+        sku.capacity_shape.value,
+        "node",
+        len(serving),
+        in_use,
+        len(serving) - in_use,
+        usable,
+        MappingProxyType(dict(sorted(blocked.items()))),
+        sizes,
+        _dedicated(engine, sku, region, serving, limit),
+    )
 
 
 def _whole_reason(sku: m.Sku, f: fleetgraph.NodeFacts, claims: list[plans.ExistingClaim]) -> Blocked | None:
@@ -384,8 +431,9 @@ def _whole_reason(sku: m.Sku, f: fleetgraph.NodeFacts, claims: list[plans.Existi
 # -------------------------------------------------------------------- nodes
 
 
-def _summary(memo: Memo, engine: placing.Engine, f: fleetgraph.NodeFacts,
-             claims: tuple[plans.ExistingClaim, ...]) -> NodeSummary:
+def _summary(
+    memo: Memo, engine: placing.Engine, f: fleetgraph.NodeFacts, claims: tuple[plans.ExistingClaim, ...]
+) -> NodeSummary:
     mode = engine.mode(f.name).value
     hit = memo.summaries.get(f.name)
     if hit is not None and hit[0] is f and hit[1] == claims and hit[2] == mode:
@@ -416,11 +464,18 @@ def _node_summary(f: fleetgraph.NodeFacts, claims: Sequence[plans.ExistingClaim]
             slots[states.SlotStatus.AVAILABLE.value] += 1
     parked = f.admin_state is not m.AdminState.ACTIVE
     return NodeSummary(
-        name=f.name, region=f.region, pool=f.pool, org=f.org, admin_state=f.admin_state.value, healthy=f.healthy,
+        name=f.name,
+        region=f.region,
+        pool=f.pool,
+        org=f.org,
+        admin_state=f.admin_state.value,
+        healthy=f.healthy,
         capability=f.capability.capability.value,
         capability_reasons=tuple(code for code, _ in f.capability.reasons),
-        mode=mode, slots=MappingProxyType(dict(sorted(slots.items()))),
+        mode=mode,
+        slots=MappingProxyType(dict(sorted(slots.items()))),
         allocations=tuple(sorted({c.allocation_id for c in claims})),
         drained=parked and not claims and f.cleanup_pending == 0,
-        corrupt=f.corrupt, drifted=tuple((s.index, s.host_blocked) for s in f.slots if s.host_blocked),
+        corrupt=f.corrupt,
+        drifted=tuple((s.index, s.host_blocked) for s in f.slots if s.host_blocked),
     )

@@ -182,7 +182,7 @@ class EndOrder:
         items = self._items
         i = bisect.bisect_left(items, (t,))
         empty = [(-math.inf, key, node) for key, node in self._empty.smallest(k)]
-        return items[i:i + k] + items[max(0, i - k):i] + empty
+        return items[i : i + k] + items[max(0, i - k) : i] + empty
 
 
 BucketKey = tuple[int, int]  # (layout id, free mask)
@@ -192,8 +192,18 @@ EndGroup = tuple[int, float]  # (signature id, first element of the nodes' tie-b
 class SliceIndex:
     """Nodes of one partition (SKU, region, org, demand mix), by free pattern."""
 
-    __slots__ = ("buckets", "end_version", "ends", "free_gpus", "heads", "mix_id", "nodes_with_free", "place",
-                 "sig_count", "sig_version")
+    __slots__ = (
+        "buckets",
+        "end_version",
+        "ends",
+        "free_gpus",
+        "heads",
+        "mix_id",
+        "nodes_with_free",
+        "place",
+        "sig_count",
+        "sig_version",
+    )
 
     def __init__(self, mix_id: int, *, by_end: bool = False, by_head: bool = False) -> None:
         self.mix_id = mix_id

@@ -150,8 +150,14 @@ class _Node:
 class Engine:
     """Placement state of one fleet under one policy."""
 
-    def __init__(self, desired: DesiredState, observed: plans.Observed | None = None, *,
-                 policy: str | None = None, shares: Mapping[int, float] | None = None) -> None:
+    def __init__(
+        self,
+        desired: DesiredState,
+        observed: plans.Observed | None = None,
+        *,
+        policy: str | None = None,
+        shares: Mapping[int, float] | None = None,
+    ) -> None:
         observed = observed or plans.Observed()
         fleet = desired.fleet
         name = policy or (fleet.placement.policy if fleet else packing.Policy.DEFAULT.value)
@@ -174,8 +180,7 @@ class Engine:
         self.nodes = [_Node(i, f) for i, f in enumerate(facts)]
         self.by_name = {n.name: n for n in self.nodes}
         self._requested = {a.id: a.requested_at.timestamp() for a in desired.allocations.values()}
-        self._lease_ends = {a.id: end for a in desired.allocations.values()
-                            if (end := lease_end(a)) is not None}
+        self._lease_ends = {a.id: end for a in desired.allocations.values() if (end := lease_end(a)) is not None}
         self.where: dict[str, _Node] = {}  # allocation id -> node
         # image digest -> ids of nodes whose host reported it cached (the warm-cache tie-break)
         self._warm: dict[str, frozenset[int]] = {}
@@ -189,8 +194,9 @@ class Engine:
         self._sig_of: dict[tuple[int, int], int] = {}
         self._sig_ids: dict[tuple[Any, ...], int] = {}
         self._ranks: dict[tuple[int, int, m.TopologyRule], dict[int, tuple[float, ...] | None]] = {}
-        self._sorted_sigs: dict[tuple[SliceIndex, int, m.TopologyRule],
-                                tuple[int, list[tuple[tuple[float, ...], int]]]] = {}
+        self._sorted_sigs: dict[
+            tuple[SliceIndex, int, m.TopologyRule], tuple[int, list[tuple[tuple[float, ...], int]]]
+        ] = {}
         self._sorted_ends: dict[tuple[SliceIndex, int, m.TopologyRule], tuple[int, list[_Group]]] = {}
         self._choices: dict[tuple[int, int, int, m.TopologyRule, int], t.Choice | None] = {}
         self._specs: dict[tuple[str, int, str | None], Spec | Refused] = {}
@@ -247,8 +253,9 @@ class Engine:
         return [sku]
 
     def _build_views(self) -> None:
-        self._slice_skus = sorted((s for s in self.skus.values() if s.capacity_shape is m.CapacityShape.GPU_SLICE),
-                                  key=lambda s: s.sku)
+        self._slice_skus = sorted(
+            (s for s in self.skus.values() if s.capacity_shape is m.CapacityShape.GPU_SLICE), key=lambda s: s.sku
+        )
         self._mix_of: dict[tuple[str, bool], int] = {}
         for node in self.nodes:
             self._view_node(node)
@@ -266,8 +273,11 @@ class Engine:
         if not f.slice_capable:
             return
         for sku in self._slice_skus:
-            positions = [p for p, s in enumerate(f.slots)
-                         if s.sellable and fabric.mismatch(sku, s.gpu_model, s.fabric, s.pinned_sku) is None]
+            positions = [
+                p
+                for p, s in enumerate(f.slots)
+                if s.sellable and fabric.mismatch(sku, s.gpu_model, s.fabric, s.pinned_sku) is None
+            ]
             if not positions:
                 continue
             lid, lay = self._layout_id(node, positions)
@@ -275,7 +285,8 @@ class Engine:
             if mid is None:
                 rules = {g: sku.topology_policy.rule(g) for g in sku.counts}
                 mid = self._mix_of[(sku.sku, bool(wholes))] = self._mix_id(
-                    packing.mix(self.shares, rules, whole_node=bool(wholes)))
+                    packing.mix(self.shares, rules, whole_node=bool(wholes))
+                )
             key = (sku.sku, f.region, f.org, mid)
             view = self._slice_parts.get(key)
             if view is None:
@@ -314,8 +325,9 @@ class Engine:
     # for the new desired state and observed claims, one node at a time. The
     # node set (and so every node id, the last tie-break) must not change.
 
-    def reset_node(self, name: str, claims: Iterable[plans.ExistingClaim],
-                   facts: fleetgraph.NodeFacts | None = None) -> set[str]:
+    def reset_node(
+        self, name: str, claims: Iterable[plans.ExistingClaim], facts: fleetgraph.NodeFacts | None = None
+    ) -> set[str]:
         """Make one node exactly what `__init__` builds: new `facts` (when given) and exactly `claims`.
 
         `claims` are the observed claims on this node in `claim_order`. Returns
@@ -424,8 +436,7 @@ class Engine:
 
     def _index(self, node: _Node) -> None:
         claimed = node.claimed
-        key = packing.node_key(self.policy, node.id, len(node.allocs),
-                               min(node.since.values()) if node.since else 0.0)
+        key = packing.node_key(self.policy, node.id, len(node.allocs), min(node.since.values()) if node.since else 0.0)
         end = packing.node_end(node.ends.values()) if self._by_end else 0.0
         for part, lid, lay in node.views:
             free = lay.full & ~claimed
@@ -442,8 +453,7 @@ class Engine:
             for w in node.wholes:
                 w.empty.discard(node.id)
 
-    def _claim(self, node: _Node, allocation_id: str, mask: int, *, exclusive: bool, since: float,
-               end: float) -> None:
+    def _claim(self, node: _Node, allocation_id: str, mask: int, *, exclusive: bool, since: float, end: float) -> None:
         self._unindex(node)
         if not node.allocs:
             self.empty_nodes -= 1
@@ -489,8 +499,11 @@ class Engine:
             return Refused(reasons.SKU_INACTIVE, f"SKU {sku_name} is not active")
         if gpu_count not in sku.counts:
             allowed = ", ".join(str(c) for c in sku.counts)
-            return Refused(reasons.GPU_COUNT, f"SKU {sku_name} sells {allowed} GPU(s), not {gpu_count}",
-                           MappingProxyType({"allowed": sku.counts, "gpu_count": gpu_count}))
+            return Refused(
+                reasons.GPU_COUNT,
+                f"SKU {sku_name} sells {allowed} GPU(s), not {gpu_count}",
+                MappingProxyType({"allowed": sku.counts, "gpu_count": gpu_count}),
+            )
         prof = profiles.resolve(sku, gpu_count, vm_profile)
         if isinstance(prof, profiles.ProfileError):
             return Refused(prof.code, prof.message)
@@ -503,8 +516,9 @@ class Engine:
             return spec
         if req.allocation_id in self.where:
             node = self.where[req.allocation_id]
-            return Placed(node.name, self._slots(node, node.allocs[req.allocation_id]),
-                          spec.sku.capacity_shape, spec.profile)
+            return Placed(
+                node.name, self._slots(node, node.allocs[req.allocation_id]), spec.sku.capacity_shape, spec.profile
+            )
         whole = spec.sku.capacity_shape is m.CapacityShape.BAREMETAL
         hidden = [n for name in sorted(req.avoid) if (n := self.by_name.get(name)) is not None]
         for n in hidden:
@@ -517,12 +531,19 @@ class Engine:
             for n in hidden:
                 self._index(n)
         node, mask, alts = found
-        self._claim(node, req.allocation_id, mask, exclusive=whole, since=req.requested_at,
-                    end=packing.NO_END if req.ends_at is None else req.ends_at)
+        self._claim(
+            node,
+            req.allocation_id,
+            mask,
+            exclusive=whole,
+            since=req.requested_at,
+            end=packing.NO_END if req.ends_at is None else req.ends_at,
+        )
         return Placed(node.name, self._slots(node, mask), spec.sku.capacity_shape, spec.profile, alts)
 
-    def _pick_tiered(self, req: Request, rule: m.TopologyRule, whole: bool,
-                     alternatives: int) -> tuple[_Node, int, tuple[plans.Candidate, ...]] | None:
+    def _pick_tiered(
+        self, req: Request, rule: m.TopologyRule, whole: bool, alternatives: int
+    ) -> tuple[_Node, int, tuple[plans.Candidate, ...]] | None:
         """Dedicated nodes first: the tenant's own nodes (`org` = tenant), then shared ones (seed 002).
 
         The policy ranks only inside a tier; a shared node is taken only when no
@@ -541,8 +562,9 @@ class Engine:
                         break
                     self._tier = later
                     seen = {c.node for c in alts}
-                    alts += [c for c in self._alternatives(req, rule, pick[0], alternatives)
-                             if c.node not in seen][:alternatives - len(alts)]
+                    alts += [c for c in self._alternatives(req, rule, pick[0], alternatives) if c.node not in seen][
+                        : alternatives - len(alts)
+                    ]
                 return pick[0], pick[1], tuple(alts)
             return None
         finally:
@@ -556,8 +578,10 @@ class Engine:
         parts = self._slice_lists_cache.get(key)
         if parts is None:
             parts = self._slice_lists_cache[key] = [
-                p for (s, r, org, _), p in sorted(self._slice_parts.items(), key=lambda kv: kv[1].mix_id)
-                if s == sku and r == region and self._tier.admits(org, tenant)]
+                p
+                for (s, r, org, _), p in sorted(self._slice_parts.items(), key=lambda kv: kv[1].mix_id)
+                if s == sku and r == region and self._tier.admits(org, tenant)
+            ]
         return parts
 
     def _whole_lists(self, sku: str, region: str, tenant: str) -> list[WholeNodeIndex]:
@@ -565,8 +589,10 @@ class Engine:
         parts = self._whole_lists_cache.get(key)
         if parts is None:
             parts = self._whole_lists_cache[key] = [
-                p for (s, r, org), p in sorted(self._whole_parts.items(), key=lambda kv: str(kv[0]))
-                if s == sku and r == region and self._tier.admits(org, tenant)]
+                p
+                for (s, r, org), p in sorted(self._whole_parts.items(), key=lambda kv: str(kv[0]))
+                if s == sku and r == region and self._tier.admits(org, tenant)
+            ]
         return parts
 
     def _pick_whole(self, req: Request) -> tuple[_Node, int] | None:
@@ -610,8 +636,9 @@ class Engine:
             c = self._choices[key]
         else:
             lay = self._layouts[lid]
-            c = self._choices[key] = packing.in_node(self.policy, lay, mask, t.choices(lay, mask, g, rule),
-                                                     self._mixes[mix_id])
+            c = self._choices[key] = packing.in_node(
+                self.policy, lay, mask, t.choices(lay, mask, g, rule), self._mixes[mix_id]
+            )
         if c is None:
             raise AssertionError("a ranked signature always has a choice")
         return c
@@ -644,8 +671,14 @@ class Engine:
         _, part, lid, mask, nid = best
         return self.nodes[nid], self._choice(lid, mask, g, rule, part.mix_id).mask
 
-    def _warm_slice(self, digest: str, tied: list[tuple[SliceIndex, int]], g: int, rule: m.TopologyRule,
-                    best: tuple[NodeKey, SliceIndex, int, int, int]) -> tuple[NodeKey, SliceIndex, int, int, int]:
+    def _warm_slice(
+        self,
+        digest: str,
+        tied: list[tuple[SliceIndex, int]],
+        g: int,
+        rule: m.TopologyRule,
+        best: tuple[NodeKey, SliceIndex, int, int, int],
+    ) -> tuple[NodeKey, SliceIndex, int, int, int]:
         """Among nodes packed exactly as well as `best`, the first that caches the image (else `best`).
 
         Equal score = same free pattern rank (every tied signature) and the same
@@ -668,8 +701,7 @@ class Engine:
                         warm = (key, part, lid, mask, nid)
         return warm or best
 
-    def _sorted_signatures(self, part: SliceIndex, g: int,
-                           rule: m.TopologyRule) -> list[tuple[tuple[float, ...], int]]:
+    def _sorted_signatures(self, part: SliceIndex, g: int, rule: m.TopologyRule) -> list[tuple[tuple[float, ...], int]]:
         """The fitting free patterns present in one partition with their rank, best first.
 
         Cached until a pattern appears in or leaves the partition (`sig_version`).
@@ -692,8 +724,7 @@ class Engine:
         self._sorted_sigs[ckey] = (part.sig_version, out)
         return out
 
-    def _end_best(self, order: EndOrder, start: float, end: float,
-                  rank: tuple[float, ...]) -> tuple[NodeKey, int]:
+    def _end_best(self, order: EndOrder, start: float, end: float, rank: tuple[float, ...]) -> tuple[NodeKey, int]:
         """The best node of one free pattern for a lease from `start` to `end`, with its full key.
 
         The first node that empties at or after `end` adds no delay and has
@@ -794,8 +825,9 @@ class Engine:
         lid, mask = part.place[nid][1]
         return self.nodes[nid], self._choice(lid, mask, g, rule, part.mix_id).mask
 
-    def _warm_interleaved(self, req: Request, rule: m.TopologyRule,
-                          best: tuple[NodeKey, SliceIndex, int]) -> tuple[NodeKey, SliceIndex, int]:
+    def _warm_interleaved(
+        self, req: Request, rule: m.TopologyRule, best: tuple[NodeKey, SliceIndex, int]
+    ) -> tuple[NodeKey, SliceIndex, int]:
         """Among nodes with `best`'s key but for the node order, the first that caches the image (else `best`)."""
         warm: tuple[NodeKey, SliceIndex, int] | None = None
         for part in self._slice_lists(req.sku, req.region, req.tenant):
@@ -811,8 +843,9 @@ class Engine:
                         warm = (key, part, nid)
         return warm or best
 
-    def _alternatives_interleaved(self, req: Request, rule: m.TopologyRule, chosen: _Node,
-                                  count: int) -> tuple[plans.Candidate, ...]:
+    def _alternatives_interleaved(
+        self, req: Request, rule: m.TopologyRule, chosen: _Node, count: int
+    ) -> tuple[plans.Candidate, ...]:
         """Next-best nodes under `packing.place_key`: the first few of every fitting pattern's heads."""
         g = req.gpu_count
         found: dict[int, tuple[NodeKey, tuple[int, ...]]] = {}
@@ -851,15 +884,20 @@ class Engine:
                     tied.append((part, sig))
         return tied
 
-    def _alternatives(self, req: Request, rule: m.TopologyRule, chosen: _Node,
-                      count: int) -> tuple[plans.Candidate, ...]:
+    def _alternatives(
+        self, req: Request, rule: m.TopologyRule, chosen: _Node, count: int
+    ) -> tuple[plans.Candidate, ...]:
         """Next-best nodes for apply to try after a lost race, in the policy's order.
 
         Read-only: walks the heads of the ranked buckets without moving a node.
         """
         if self.skus[req.sku].capacity_shape is m.CapacityShape.BAREMETAL:
-            heads = sorted(h for part in self._whole_lists(req.sku, req.region, req.tenant)
-                           for h in part.empty.smallest(count + 1) if h[1] != chosen.id)
+            heads = sorted(
+                h
+                for part in self._whole_lists(req.sku, req.region, req.tenant)
+                for h in part.empty.smallest(count + 1)
+                if h[1] != chosen.id
+            )
             return tuple(plans.Candidate(self.nodes[nid].name, ()) for _, nid in heads[:count])
         if self._by_end and req.ends_at is not None:
             return self._alternatives_by_end(req, rule, chosen, count, req.ends_at)
@@ -867,16 +905,21 @@ class Engine:
             return self._alternatives_interleaved(req, rule, chosen, count)
         out: list[plans.Candidate] = []
         for group in self._ranked_groups(req, rule):
-            found = sorted(h for part, sig in group for h in self._heads(part, sig, req.gpu_count, rule, count + 1)
-                           if h[1] != chosen.id)
+            found = sorted(
+                h
+                for part, sig in group
+                for h in self._heads(part, sig, req.gpu_count, rule, count + 1)
+                if h[1] != chosen.id
+            )
             for _, nid, slots in found:
                 out.append(plans.Candidate(self.nodes[nid].name, slots))
                 if len(out) == count:
                     return tuple(out)
         return tuple(out)
 
-    def _alternatives_by_end(self, req: Request, rule: m.TopologyRule, chosen: _Node, count: int,
-                             end: float) -> tuple[plans.Candidate, ...]:
+    def _alternatives_by_end(
+        self, req: Request, rule: m.TopologyRule, chosen: _Node, count: int, end: float
+    ) -> tuple[plans.Candidate, ...]:
         """Next-best nodes under the lease-end key: the nodes around `end` in every fitting bucket."""
         g, start, weight = req.gpu_count, req.requested_at, self.lease_end_weight
         found: dict[int, tuple[NodeKey, tuple[int, ...]]] = {}
@@ -909,8 +952,9 @@ class Engine:
                     groups.setdefault(r, []).append((part, sig))
         return [groups[r] for r in sorted(groups)]
 
-    def _heads(self, part: SliceIndex, sig: int, g: int, rule: m.TopologyRule,
-               count: int) -> list[tuple[NodeKey, int, tuple[int, ...]]]:
+    def _heads(
+        self, part: SliceIndex, sig: int, g: int, rule: m.TopologyRule, count: int
+    ) -> list[tuple[NodeKey, int, tuple[int, ...]]]:
         """The first `count` nodes of every bucket of one pattern, with the slots each would take."""
         out = []
         for (lid, mask), heap in part.buckets[sig].items():
@@ -923,8 +967,9 @@ class Engine:
 
     # ---------------------------------------------------------------- reasons
 
-    def launchable(self, sku_name: str, region: str, g: int, *, tenant: str = "",
-                   limit: int) -> tuple[int, Refused | None]:
+    def launchable(
+        self, sku_name: str, region: str, g: int, *, tenant: str = "", limit: int
+    ) -> tuple[int, Refused | None]:
         """How many g-GPU requests of a slice SKU fit one after the other, and why the next one would not.
 
         The answer of placing probes until one is refused (`capacity.fill`),
@@ -952,8 +997,9 @@ class Engine:
             return limit, None
         return total, self._refusal(Request("", tenant, sku_name, g, region), spec, (free, with_free, nodes))
 
-    def whole_launchable(self, sku_name: str, region: str, g: int, *, tenant: str = "",
-                         limit: int) -> tuple[int, Refused | None]:
+    def whole_launchable(
+        self, sku_name: str, region: str, g: int, *, tenant: str = "", limit: int
+    ) -> tuple[int, Refused | None]:
         """How many fresh whole-node requests of a baremetal SKU fit one after the other, and why the next not.
 
         The answer of placing probes (new allocation ids, no `avoid`) until one
@@ -1015,30 +1061,51 @@ class Engine:
         sku, g = spec.sku, req.gpu_count
         if sku.capacity_shape is m.CapacityShape.BAREMETAL:
             members = sum(p.members for p in self._whole_lists(req.sku, req.region, req.tenant))
-            return Refused(reasons.NO_EMPTY_NODE,
-                           f"all {members} node(s) that lease {sku.sku} in {req.region} hold claims or wait "
-                           "for cleanup proof; a baremetal lease needs a node with no claim at all",
-                           MappingProxyType({"candidate_nodes": members}))
+            return Refused(
+                reasons.NO_EMPTY_NODE,
+                f"all {members} node(s) that lease {sku.sku} in {req.region} hold claims or wait "
+                "for cleanup proof; a baremetal lease needs a node with no claim at all",
+                MappingProxyType({"candidate_nodes": members}),
+            )
         if counts is None:
             parts = self._slice_lists(req.sku, req.region, req.tenant)
-            counts = (sum(p.free_gpus for p in parts), sum(p.nodes_with_free for p in parts),
-                      sum(len(p) for p in parts))
+            counts = (
+                sum(p.free_gpus for p in parts),
+                sum(p.nodes_with_free for p in parts),
+                sum(len(p) for p in parts),
+            )
         free, with_free, nodes = counts
         drifted = self._drifted_slots(sku, req.region, req.tenant)
-        details = MappingProxyType({"free_gpus": free, "nodes_with_free": with_free, "candidate_nodes": nodes,
-                                    "gpu_count": g, "rule": spec.rule.value, "host_drift_slots": drifted})
+        details = MappingProxyType(
+            {
+                "free_gpus": free,
+                "nodes_with_free": with_free,
+                "candidate_nodes": nodes,
+                "gpu_count": g,
+                "rule": spec.rule.value,
+                "host_drift_slots": drifted,
+            }
+        )
         if drifted and free < g:
-            return Refused(reasons.CAPACITY,
-                           f"only {free} free GPU(s) on {with_free} node(s) serve {sku.sku} in {req.region}; "
-                           f"{g} requested ({drifted} more slot(s) wait for their hosts to report them clear "
-                           "of drift)", details)
+            return Refused(
+                reasons.CAPACITY,
+                f"only {free} free GPU(s) on {with_free} node(s) serve {sku.sku} in {req.region}; "
+                f"{g} requested ({drifted} more slot(s) wait for their hosts to report them clear "
+                "of drift)",
+                details,
+            )
         if free >= g:
-            return Refused(reasons.TOPOLOGY,
-                           f"{free} free GPU(s) on {with_free} node(s) serve {sku.sku} in {req.region}, but no "
-                           f"node has a topology-safe set of {g} ({spec.rule.value})", details)
-        return Refused(reasons.CAPACITY,
-                       f"only {free} free GPU(s) on {with_free} node(s) serve {sku.sku} in {req.region}; "
-                       f"{g} requested", details)
+            return Refused(
+                reasons.TOPOLOGY,
+                f"{free} free GPU(s) on {with_free} node(s) serve {sku.sku} in {req.region}, but no "
+                f"node has a topology-safe set of {g} ({spec.rule.value})",
+                details,
+            )
+        return Refused(
+            reasons.CAPACITY,
+            f"only {free} free GPU(s) on {with_free} node(s) serve {sku.sku} in {req.region}; {g} requested",
+            details,
+        )
 
     @functools.cached_property
     def _drifted(self) -> dict[tuple[str, str, str], int]:
@@ -1055,9 +1122,15 @@ class Engine:
                 if f.region != region or not f.host_blocked or not Tier.ANY.admits(f.org, tenant):
                     continue
                 claimed = node.claimed
-                found += sum(1 for p, s in enumerate(f.slots)
-                             if s.host_blocked and not s.ineligible and s.gpu_model == sku.accelerator_model
-                             and s.status is states.SlotStatus.AVAILABLE and not claimed >> p & 1)
+                found += sum(
+                    1
+                    for p, s in enumerate(f.slots)
+                    if s.host_blocked
+                    and not s.ineligible
+                    and s.gpu_model == sku.accelerator_model
+                    and s.status is states.SlotStatus.AVAILABLE
+                    and not claimed >> p & 1
+                )
             self._drifted[key] = found
         return found
 
@@ -1071,11 +1144,16 @@ class Engine:
         slot_claims = 0 if node.exclusive else claimed.bit_count()
         sellable = sum(1 for p, s in enumerate(f.slots) if s.sellable and not claimed >> p & 1)
         return modes.ModeFacts(
-            capability=f.capability.capability, admin_state=f.admin_state, healthy=f.healthy,
-            storage_mode=f.storage_mode, slot_claims=slot_claims, exclusive_claim=node.exclusive is not None,
+            capability=f.capability.capability,
+            admin_state=f.admin_state,
+            healthy=f.healthy,
+            storage_mode=f.storage_mode,
+            slot_claims=slot_claims,
+            exclusive_claim=node.exclusive is not None,
             cleanup_slots=sum(1 for s in f.slots if s.status is states.SlotStatus.CLEANUP),
             blocked_slots=sum(1 for s in f.slots if s.status is states.SlotStatus.CLEANUP_BLOCKED),
-            free_slots=0 if node.exclusive else sellable, node_corrupt=bool(f.corrupt),
+            free_slots=0 if node.exclusive else sellable,
+            node_corrupt=bool(f.corrupt),
         )
 
     def mode(self, name: str) -> modes.Mode:

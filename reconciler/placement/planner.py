@@ -43,39 +43,59 @@ def plan_with(engine: placing.Engine, desired: DesiredState, observed: plans.Obs
     attempts = (desired.fleet.placement.max_claim_attempts if desired.fleet else 5) - 1
     placements: list[plans.Placement] = []
     pending: list[plans.Pending] = []
-    todo = sorted((a for a in desired.allocations.values()
-                   if a.state is m.AllocationState.PRESENT and a.id not in held),
-                  key=lambda a: (a.requested_at, a.id))
+    todo = sorted(
+        (a for a in desired.allocations.values() if a.state is m.AllocationState.PRESENT and a.id not in held),
+        key=lambda a: (a.requested_at, a.id),
+    )
     for alloc in todo:
         sku_doc = desired.skus.get(alloc.sku)
         image = alloc.image or (default_image(desired, sku_doc) if sku_doc is not None else None)
         image_doc = desired.images.get(image) if image is not None else None
         # Seed 002 §4: no placement without a viable image (a valid SKU and count first: their codes win).
-        if sku_doc is not None and not isinstance(engine.spec(alloc.sku, alloc.gpu_count, alloc.vm_profile),
-                                                  placing.Refused):
+        if sku_doc is not None and not isinstance(
+            engine.spec(alloc.sku, alloc.gpu_count, alloc.vm_profile), placing.Refused
+        ):
             why = images.unviable(desired.images, image, sku_doc, alloc.requested_at)
             if why is not None:
                 pending.append(_no_image(alloc, sku_doc, image, why))
                 continue
-        req = placing.Request(alloc.id, alloc.tenant, alloc.sku, alloc.gpu_count, alloc.region, alloc.vm_profile,
-                              alloc.requested_at.timestamp(), placing.lease_end(alloc),
-                              observed.avoid.get(alloc.id, frozenset()),
-                              image_doc.digest_sha256 if image_doc is not None else None)
+        req = placing.Request(
+            alloc.id,
+            alloc.tenant,
+            alloc.sku,
+            alloc.gpu_count,
+            alloc.region,
+            alloc.vm_profile,
+            alloc.requested_at.timestamp(),
+            placing.lease_end(alloc),
+            observed.avoid.get(alloc.id, frozenset()),
+            image_doc.digest_sha256 if image_doc is not None else None,
+        )
         out = engine.place(req, alternatives=attempts)
         if isinstance(out, placing.Refused):
             pending.append(plans.Pending(alloc.id, out.code, out.message, MappingProxyType(dict(out.details))))
             continue
-        placements.append(plans.Placement(
-            allocation_id=alloc.id, tenant=alloc.tenant, sku=alloc.sku,
-            capacity_shape=out.capacity_shape.value, gpu_count=alloc.gpu_count, region=alloc.region,
-            node=out.node, slot_indexes=out.slot_indexes, profile=out.profile,
-            image=image, alternatives=out.alternatives,
-        ))
+        placements.append(
+            plans.Placement(
+                allocation_id=alloc.id,
+                tenant=alloc.tenant,
+                sku=alloc.sku,
+                capacity_shape=out.capacity_shape.value,
+                gpu_count=alloc.gpu_count,
+                region=alloc.region,
+                node=out.node,
+                slot_indexes=out.slot_indexes,
+                profile=out.profile,
+                image=image,
+                alternatives=out.alternatives,
+            )
+        )
     return plans.Plan(tuple(placements), tuple(pending), releases)
 
 
-def _releases(desired: DesiredState, engine: placing.Engine,
-              by_alloc: dict[str, list[plans.ExistingClaim]]) -> tuple[plans.Release, ...]:
+def _releases(
+    desired: DesiredState, engine: placing.Engine, by_alloc: dict[str, list[plans.ExistingClaim]]
+) -> tuple[plans.Release, ...]:
     out: list[plans.Release] = []
     for aid in sorted(by_alloc):
         alloc = desired.allocations.get(aid)
@@ -112,6 +132,9 @@ _NO_IMAGE = {
 
 def _no_image(alloc: m.Allocation, sku: m.Sku, image: str | None, why: str) -> plans.Pending:
     text = _NO_IMAGE[why].format(sku=sku.sku, image=image, target=images.target(sku))
-    return plans.Pending(alloc.id, reasons.IMAGE_UNAVAILABLE,
-                         f"allocation {alloc.id} {text}; it stays pending until an image is viable",
-                         MappingProxyType({"image": image, "why": why, "target": images.target(sku)}))
+    return plans.Pending(
+        alloc.id,
+        reasons.IMAGE_UNAVAILABLE,
+        f"allocation {alloc.id} {text}; it stays pending until an image is viable",
+        MappingProxyType({"image": image, "why": why, "target": images.target(sku)}),
+    )

@@ -118,9 +118,11 @@ class PrPlan:
     @property
     def capacity_changes(self) -> tuple[CapacityChange, ...]:
         before, after = self.capacity_before.launchable(), self.capacity_after.launchable()
-        return tuple(CapacityChange(r, s, g, before.get((r, s, g), 0), after.get((r, s, g), 0))
-                     for r, s, g in sorted(set(before) | set(after))
-                     if before.get((r, s, g), 0) != after.get((r, s, g), 0))
+        return tuple(
+            CapacityChange(r, s, g, before.get((r, s, g), 0), after.get((r, s, g), 0))
+            for r, s, g in sorted(set(before) | set(after))
+            if before.get((r, s, g), 0) != after.get((r, s, g), 0)
+        )
 
     @property
     def sku_capacity(self) -> tuple[SkuCapacity, ...]:
@@ -131,8 +133,15 @@ class PrPlan:
         for key in sorted(set(before) | set(after)):
             b, a = before.get(key), after.get(key)
             either = a or b
-            row = SkuCapacity(key[0], key[1], either.unit if either is not None else "slot",
-                              b.total if b else 0, a.total if a else 0, b.usable if b else 0, a.usable if a else 0)
+            row = SkuCapacity(
+                key[0],
+                key[1],
+                either.unit if either is not None else "slot",
+                b.total if b else 0,
+                a.total if a else 0,
+                b.usable if b else 0,
+                a.usable if a else 0,
+            )
             if (row.total_before, row.usable_before) != (row.total_after, row.usable_after):
                 out.append(row)
         return tuple(out)
@@ -140,16 +149,23 @@ class PrPlan:
     @property
     def changed(self) -> bool:
         """Would merging change anything? (terraform -detailed-exitcode: 2)"""
-        return bool(self.inventory.changes or self.inventory.slots or self.nodes or self.plan.placements
-                    or self.plan.releases or self.new_pending)
+        return bool(
+            self.inventory.changes
+            or self.inventory.slots
+            or self.nodes
+            or self.plan.placements
+            or self.plan.releases
+            or self.new_pending
+        )
 
 
 Planner = Callable[[DesiredState, plans.Observed], plans.Plan]
 EngineMaker = Callable[[DesiredState, plans.Observed], placing.Engine]
 
 
-def offline_observed(base: DesiredState, *, policy: str | None = None,
-                     plan_with: Planner | None = None) -> plans.Observed:
+def offline_observed(
+    base: DesiredState, *, policy: str | None = None, plan_with: Planner | None = None
+) -> plans.Observed:
     """The claims base implies on its own: plan it from no claims, keep what it placed."""
     plan_with = plan_with or partial(planner.plan, policy=policy)
     return after(plans.Observed(), plan_with(base, plans.Observed()))
@@ -158,21 +174,33 @@ def offline_observed(base: DesiredState, *, policy: str | None = None,
 def after(observed: plans.Observed, plan: plans.Plan) -> plans.Observed:
     """Observed as it will be once `plan` is applied: placements claimed, releases in cleanup."""
     releasing = {r.allocation_id for r in plan.releases}
-    claims = [replace(c, status=states.ClaimStatus.RELEASING) if c.allocation_id in releasing else c
-              for c in observed.claims]
+    claims = [
+        replace(c, status=states.ClaimStatus.RELEASING) if c.allocation_id in releasing else c for c in observed.claims
+    ]
     slot_status = dict(observed.slot_status)
     for r in plan.releases:
         for idx in r.slot_indexes:
             slot_status[(r.node, idx)] = states.SlotStatus.CLEANUP
     for pl in plan.placements:
         if pl.claim_kind is states.ClaimKind.NODE_EXCLUSIVE:
-            claims.append(plans.ExistingClaim(pl.allocation_id, pl.node, pl.claim_kind, None,
-                                              states.ClaimStatus.RESERVED, pl.tenant))
+            claims.append(
+                plans.ExistingClaim(
+                    pl.allocation_id, pl.node, pl.claim_kind, None, states.ClaimStatus.RESERVED, pl.tenant
+                )
+            )
         else:
-            claims.extend(plans.ExistingClaim(pl.allocation_id, pl.node, pl.claim_kind, idx,
-                                              states.ClaimStatus.RESERVED, pl.tenant) for idx in pl.slot_indexes)
-    return replace(observed, claims=tuple(claims), slot_status=MappingProxyType(slot_status),
-                   placed=observed.placed | {pl.allocation_id for pl in plan.placements})
+            claims.extend(
+                plans.ExistingClaim(
+                    pl.allocation_id, pl.node, pl.claim_kind, idx, states.ClaimStatus.RESERVED, pl.tenant
+                )
+                for idx in pl.slot_indexes
+            )
+    return replace(
+        observed,
+        claims=tuple(claims),
+        slot_status=MappingProxyType(slot_status),
+        placed=observed.placed | {pl.allocation_id for pl in plan.placements},
+    )
 
 
 def held_ids(observed: plans.Observed) -> set[str]:
@@ -180,8 +208,9 @@ def held_ids(observed: plans.Observed) -> set[str]:
     return {c.allocation_id for c in observed.claims}
 
 
-def invalid(base_revision: str | None, head_revision: str | None, errors: tuple[p.Problem, ...], *,
-            offline: bool) -> PrPlan:
+def invalid(
+    base_revision: str | None, head_revision: str | None, errors: tuple[p.Problem, ...], *, offline: bool
+) -> PrPlan:
     return PrPlan(base_revision, head_revision, offline, errors=errors)
 
 
@@ -201,10 +230,19 @@ class BaseSide:
     modes: Mapping[str, tuple[str, str]]
 
 
-def compose(base: DesiredState, head: DesiredState, observed: plans.Observed, *, offline: bool,
-            base_errors: tuple[p.Problem, ...] = (), policy: str | None = None,
-            plan_with: Planner | None = None, engine_for: EngineMaker | None = None,
-            side: BaseSide | None = None, keep: Callable[[BaseSide], None] | None = None) -> PrPlan:
+def compose(
+    base: DesiredState,
+    head: DesiredState,
+    observed: plans.Observed,
+    *,
+    offline: bool,
+    base_errors: tuple[p.Problem, ...] = (),
+    policy: str | None = None,
+    plan_with: Planner | None = None,
+    engine_for: EngineMaker | None = None,
+    side: BaseSide | None = None,
+    keep: Callable[[BaseSide], None] | None = None,
+) -> PrPlan:
     """Everything merging head would do, given the claims in `observed`.
 
     `plan_with` plans a (state, claims) pair as `planner.plan` does, and
@@ -227,8 +265,14 @@ def compose(base: DesiredState, head: DesiredState, observed: plans.Observed, *,
     observed_after = after(observed, head_plan)
     only = _mode_candidates(base, head, observed, observed_after)
     if side is None:
-        side = _base_side(base, observed, policy=policy, plan_with=plan_with, engine_for=engine_for,
-                          only=None if keep is not None else only)
+        side = _base_side(
+            base,
+            observed,
+            policy=policy,
+            plan_with=plan_with,
+            engine_for=engine_for,
+            only=None if keep is not None else only,
+        )
         if keep is not None:
             keep(side)
     modes_before = dict(side.modes) if only is None else {n: side.modes[n] for n in sorted(only) if n in side.modes}
@@ -236,11 +280,15 @@ def compose(base: DesiredState, head: DesiredState, observed: plans.Observed, *,
     now = engine_for(head, observed_after)
     modes_after = _modes(now, only)
     # Offers only: a PR plan compares launchable counts (`capacity_changes`) and lists no node summaries.
-    capacity_after = capacity.read_model(head, observed_after, policy=policy, engine=now, memo=side.memo,
-                                         summaries=False)
+    capacity_after = capacity.read_model(
+        head, observed_after, policy=policy, engine=now, memo=side.memo, summaries=False
+    )
     nodes = _node_changes(modes_before, modes_after, diff=diff)
     return PrPlan(
-        base_revision=base.revision, head_revision=head.revision, offline=offline, base_errors=base_errors,
+        base_revision=base.revision,
+        head_revision=head.revision,
+        offline=offline,
+        base_errors=base_errors,
         inventory=diff,
         nodes=nodes,
         plan=head_plan,
@@ -250,8 +298,12 @@ def compose(base: DesiredState, head: DesiredState, observed: plans.Observed, *,
         orphaned=tuple(sorted({allocation_of(c.allocation_id) for c in observed.claims} - set(head.allocations))),
         affected=_affected(observed, diff, nodes),
         host_blocked=host_blocked(observed),
-        tenants=MappingProxyType({**{allocation_of(c.allocation_id): c.tenant for c in observed.claims if c.tenant},
-                                  **{a: x.tenant for a, x in head.allocations.items()}}),
+        tenants=MappingProxyType(
+            {
+                **{allocation_of(c.allocation_id): c.tenant for c in observed.claims if c.tenant},
+                **{a: x.tenant for a, x in head.allocations.items()},
+            }
+        ),
     )
 
 
@@ -264,14 +316,14 @@ def allocation_of(label: str) -> str:
 _LIVE = (states.ClaimStatus.RESERVED, states.ClaimStatus.PROVISIONING, states.ClaimStatus.ACTIVE)
 
 
-def _affected(observed: plans.Observed, diff: inventory_diff.InventoryDiff,
-              nodes: tuple[NodeChange, ...]) -> tuple[Affected, ...]:
+def _affected(
+    observed: plans.Observed, diff: inventory_diff.InventoryDiff, nodes: tuple[NodeChange, ...]
+) -> tuple[Affected, ...]:
     """Running allocations on nodes whose Node or SlotMap, mode or slot eligibility this change moves."""
     why: dict[str, list[str]] = {}
     for c in diff.changes:
         if c.kind in ("Node", "SlotMap"):
-            why.setdefault(c.name, []).append(f"{c.kind} {c.action}" + (f": {c.rendered_values()}" if c.fields
-                                                                       else ""))
+            why.setdefault(c.name, []).append(f"{c.kind} {c.action}" + (f": {c.rendered_values()}" if c.fields else ""))
     for n in nodes:
         if n.mode_before != n.mode_after:
             why.setdefault(n.node, []).append(f"mode {n.mode_before} -> {n.mode_after}")
@@ -286,8 +338,10 @@ def _affected(observed: plans.Observed, diff: inventory_diff.InventoryDiff,
             if cl.slot_index is not None:
                 held[(cl.allocation_id, cl.node)].append(cl.slot_index)
             tenant[cl.allocation_id] = cl.tenant
-    return tuple(Affected(a, tenant[a], node, tuple(sorted(idx)), "; ".join(dict.fromkeys(why[node])))
-                 for (a, node), idx in sorted(held.items()))
+    return tuple(
+        Affected(a, tenant[a], node, tuple(sorted(idx)), "; ".join(dict.fromkeys(why[node])))
+        for (a, node), idx in sorted(held.items())
+    )
 
 
 def host_blocked(observed: plans.Observed) -> tuple[tuple[str, int | None, tuple[str, ...]], ...]:
@@ -297,8 +351,15 @@ def host_blocked(observed: plans.Observed) -> tuple[tuple[str, int | None, tuple
     return tuple(sorted(found, key=lambda x: (x[0], -1 if x[1] is None else x[1])))
 
 
-def _base_side(base: DesiredState, observed: plans.Observed, *, policy: str | None, plan_with: Planner,
-               engine_for: EngineMaker, only: set[str] | None) -> BaseSide:
+def _base_side(
+    base: DesiredState,
+    observed: plans.Observed,
+    *,
+    policy: str | None,
+    plan_with: Planner,
+    engine_for: EngineMaker,
+    only: set[str] | None,
+) -> BaseSide:
     """Base planned and read against `observed`; modes of `only` (None: every node)."""
     base_plan = plan_with(base, observed)
     before = engine_for(base, observed)
@@ -312,8 +373,9 @@ def _base_side(base: DesiredState, observed: plans.Observed, *, policy: str | No
     )
 
 
-def _mode_candidates(base: DesiredState, head: DesiredState, observed: plans.Observed,
-                     observed_after: plans.Observed) -> set[str] | None:
+def _mode_candidates(
+    base: DesiredState, head: DesiredState, observed: plans.Observed, observed_after: plans.Observed
+) -> set[str] | None:
     """The only nodes whose capability or mode can differ, when head was read by delta from base.
 
     A node's mode is read from its own facts (its Node, its SlotMap, observed
@@ -326,8 +388,12 @@ def _mode_candidates(base: DesiredState, head: DesiredState, observed: plans.Obs
     if delta is None or not delta.kinds() <= {"Node", "SlotMap", "Allocation"}:
         return None
     statuses = observed.slot_status.items() ^ observed_after.slot_status.items()
-    return (delta.names("Node") | delta.names("SlotMap") | {node for (node, _), _ in statuses}
-            | {c.node for c in set(observed.claims) ^ set(observed_after.claims)})
+    return (
+        delta.names("Node")
+        | delta.names("SlotMap")
+        | {node for (node, _), _ in statuses}
+        | {c.node for c in set(observed.claims) ^ set(observed_after.claims)}
+    )
 
 
 def _modes(engine: placing.Engine, only: set[str] | None = None) -> dict[str, tuple[str, str]]:
@@ -336,8 +402,9 @@ def _modes(engine: placing.Engine, only: set[str] | None = None) -> dict[str, tu
     return {f.name: (f.capability.capability.value, engine.mode(f.name).value) for f in facts}
 
 
-def _node_changes(before: Mapping[str, tuple[str, str]], now: Mapping[str, tuple[str, str]], *,
-                  diff: inventory_diff.InventoryDiff) -> tuple[NodeChange, ...]:
+def _node_changes(
+    before: Mapping[str, tuple[str, str]], now: Mapping[str, tuple[str, str]], *, diff: inventory_diff.InventoryDiff
+) -> tuple[NodeChange, ...]:
     why = {c.node: c.why for c in diff.capabilities}
     out = []
     for name in sorted(set(before) | set(now)):

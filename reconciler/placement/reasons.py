@@ -39,8 +39,21 @@ CAPACITY = "plan.sku_unavailable.capacity"  # not enough free GPUs in aggregate
 IMAGE_UNAVAILABLE = "plan.image_unavailable"
 
 ALL = (
-    SKU_UNKNOWN, SKU_INACTIVE, GPU_COUNT, NO_NODE, FABRIC, NOT_SLICE_READY, TENANT_BOUNDARY,
-    DRAINING, MAINTENANCE, UNHEALTHY, NODE_CORRUPT, NO_EMPTY_NODE, TOPOLOGY, CAPACITY, IMAGE_UNAVAILABLE,
+    SKU_UNKNOWN,
+    SKU_INACTIVE,
+    GPU_COUNT,
+    NO_NODE,
+    FABRIC,
+    NOT_SLICE_READY,
+    TENANT_BOUNDARY,
+    DRAINING,
+    MAINTENANCE,
+    UNHEALTHY,
+    NODE_CORRUPT,
+    NO_EMPTY_NODE,
+    TOPOLOGY,
+    CAPACITY,
+    IMAGE_UNAVAILABLE,
 )
 
 
@@ -52,7 +65,8 @@ class Refused:
 
 
 def static_refusal(  # noqa: PLR0911  # one early return per reason, most fundamental first
-        nodes: Sequence[fleetgraph.NodeFacts], sku: m.Sku, region: str, tenant: str) -> Refused | None:
+    nodes: Sequence[fleetgraph.NodeFacts], sku: m.Sku, region: str, tenant: str
+) -> Refused | None:
     """Reasons that do not depend on claims: region, SKU, fabric, readiness, tenant, admin."""
     facts = [f for f in nodes if f.region == region]
     if not facts:
@@ -62,59 +76,84 @@ def static_refusal(  # noqa: PLR0911  # one early return per reason, most fundam
         serving = [f for f in facts if f.baremetal_sku == sku.sku]
         if not serving:
             return Refused(NO_NODE, f"no node in {region} is leased as {sku.sku}")
-        fabric_ok = [f for f in serving if not f.slots
-                     or any(fabric.fabric_serves(sku.network_fabric, s.fabric) for s in f.slots)]
+        fabric_ok = [
+            f
+            for f in serving
+            if not f.slots or any(fabric.fabric_serves(sku.network_fabric, s.fabric) for s in f.slots)
+        ]
         ready = fabric_ok
     else:
         serving = [f for f in facts if any(s.gpu_model == sku.accelerator_model for s in f.slots)]
         if not serving:
             return Refused(NO_NODE, f"no node in {region} has {sku.accelerator_model} slots for {sku.sku}")
-        fabric_ok = [f for f in serving if any(s.gpu_model == sku.accelerator_model
-                                               and fabric.fabric_serves(sku.network_fabric, s.fabric)
-                                               for s in f.slots)]
-        ready = [f for f in fabric_ok if f.slice_capable and any(
-            not s.ineligible and fabric.mismatch(sku, s.gpu_model, s.fabric, s.pinned_sku) is None for s in f.slots)]
+        fabric_ok = [
+            f
+            for f in serving
+            if any(
+                s.gpu_model == sku.accelerator_model and fabric.fabric_serves(sku.network_fabric, s.fabric)
+                for s in f.slots
+            )
+        ]
+        ready = [
+            f
+            for f in fabric_ok
+            if f.slice_capable
+            and any(
+                not s.ineligible and fabric.mismatch(sku, s.gpu_model, s.fabric, s.pinned_sku) is None for s in f.slots
+            )
+        ]
     if not fabric_ok:
         have = sorted({s.fabric.value for f in serving for s in f.slots})
-        return Refused(FABRIC,
-                       f"{sku.sku} needs {sku.network_fabric.value} fabric; the {len(serving)} node(s) in "
-                       f"{region} that could serve it offer only {', '.join(have) or 'no fabric'}",
-                       MappingProxyType({"fabrics": tuple(have), "nodes": len(serving)}))
+        return Refused(
+            FABRIC,
+            f"{sku.sku} needs {sku.network_fabric.value} fabric; the {len(serving)} node(s) in "
+            f"{region} that could serve it offer only {', '.join(have) or 'no fabric'}",
+            MappingProxyType({"fabrics": tuple(have), "nodes": len(serving)}),
+        )
     if not ready:
         why = Counter(code for f in fabric_ok for code, _ in f.capability.reasons)
         if not why:
             why = Counter(code for f in fabric_ok for s in f.slots for code in s.ineligible)
         text = ", ".join(f"{c} x{n}" for c, n in sorted(why.items())) or "no eligible slot"
-        return Refused(NOT_SLICE_READY,
-                       f"the {len(fabric_ok)} node(s) in {region} with {sku.accelerator_model} "
-                       f"{sku.network_fabric.value} slots are not slice-capable yet ({text})",
-                       MappingProxyType({"nodes": len(fabric_ok), "why": dict(why)}))
+        return Refused(
+            NOT_SLICE_READY,
+            f"the {len(fabric_ok)} node(s) in {region} with {sku.accelerator_model} "
+            f"{sku.network_fabric.value} slots are not slice-capable yet ({text})",
+            MappingProxyType({"nodes": len(fabric_ok), "why": dict(why)}),
+        )
     mine = [f for f in ready if f.org in (None, tenant)]
     if not mine:
         orgs = sorted({f.org or "" for f in ready})
-        return Refused(TENANT_BOUNDARY,
-                       f"every node in {region} that serves {sku.sku} is dedicated to another "
-                       f"organisation ({', '.join(orgs)}); tenant {tenant} may not use them",
-                       MappingProxyType({"orgs": tuple(orgs)}))
+        return Refused(
+            TENANT_BOUNDARY,
+            f"every node in {region} that serves {sku.sku} is dedicated to another "
+            f"organisation ({', '.join(orgs)}); tenant {tenant} may not use them",
+            MappingProxyType({"orgs": tuple(orgs)}),
+        )
     admin = [f for f in mine if f.admin_state is m.AdminState.ACTIVE]
     if not admin:
         draining = sum(1 for f in mine if f.admin_state is m.AdminState.DRAINING)
         code = DRAINING if draining else MAINTENANCE
         state = "draining" if draining else "in maintenance"
-        return Refused(code, f"the only {len(mine)} node(s) in {region} that serve {sku.sku} are {state}; "
-                             "they take nothing new",
-                       MappingProxyType({"draining": draining, "maintenance": len(mine) - draining}))
+        return Refused(
+            code,
+            f"the only {len(mine)} node(s) in {region} that serve {sku.sku} are {state}; they take nothing new",
+            MappingProxyType({"draining": draining, "maintenance": len(mine) - draining}),
+        )
     if not any(f.healthy and not f.corrupt for f in admin):
         corrupt = sorted(f.name for f in admin if f.healthy and f.corrupt)
         if corrupt:
             evidence = sorted({c for f in admin for c in f.corrupt})
-            return Refused(NODE_CORRUPT,
-                           f"the only {len(admin)} node(s) in {region} that serve {sku.sku} fail health checks or "
-                           f"their hosts report node-wide corruption ({', '.join(evidence)}): "
-                           f"{', '.join(corrupt[:10])}",
-                           MappingProxyType({"nodes": len(admin), "corrupt": tuple(corrupt),
-                                             "evidence": tuple(evidence)}))
-        return Refused(UNHEALTHY,
-                       f"the only {len(admin)} node(s) in {region} that serve {sku.sku} fail health checks",
-                       MappingProxyType({"nodes": len(admin)}))
+            return Refused(
+                NODE_CORRUPT,
+                f"the only {len(admin)} node(s) in {region} that serve {sku.sku} fail health checks or "
+                f"their hosts report node-wide corruption ({', '.join(evidence)}): "
+                f"{', '.join(corrupt[:10])}",
+                MappingProxyType({"nodes": len(admin), "corrupt": tuple(corrupt), "evidence": tuple(evidence)}),
+            )
+        return Refused(
+            UNHEALTHY,
+            f"the only {len(admin)} node(s) in {region} that serve {sku.sku} fail health checks",
+            MappingProxyType({"nodes": len(admin)}),
+        )
     return None

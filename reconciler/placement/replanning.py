@@ -107,10 +107,20 @@ class WarmPlanner:
         else:
             plan, engine = got
             age = kept.age + 1 if kept is not None else 0
-        self._kept = _Kept(engine, desired.fleet, dict(desired.skus), dict(desired.allocations),
-                           dict(observed.image_cache), by_node, by_alloc,
-                           frozenset(p.node for p in plan.placements), age, weakref.ref(desired), observed,
-                           frozen)
+        self._kept = _Kept(
+            engine,
+            desired.fleet,
+            dict(desired.skus),
+            dict(desired.allocations),
+            dict(observed.image_cache),
+            by_node,
+            by_alloc,
+            frozenset(p.node for p in plan.placements),
+            age,
+            weakref.ref(desired),
+            observed,
+            frozen,
+        )
         return plan
 
     def engine(self, desired: DesiredState, observed: plans.Observed) -> placing.Engine:
@@ -133,9 +143,20 @@ class WarmPlanner:
             self.cold += 1
             self.last_sync = "cold"
             engine = placing.Engine(desired, observed, policy=self.policy)
-        self._kept = _Kept(engine, desired.fleet, dict(desired.skus), dict(desired.allocations),
-                           dict(observed.image_cache), by_node, by_alloc, frozenset(), age, weakref.ref(desired),
-                           observed, frozen)
+        self._kept = _Kept(
+            engine,
+            desired.fleet,
+            dict(desired.skus),
+            dict(desired.allocations),
+            dict(observed.image_cache),
+            by_node,
+            by_alloc,
+            frozenset(),
+            age,
+            weakref.ref(desired),
+            observed,
+            frozen,
+        )
         return engine
 
     def suspend(self) -> tuple[Any, ...] | None:
@@ -159,9 +180,14 @@ class WarmPlanner:
         planner._kept = _Kept(**dict(zip(names, fields, strict=True)), desired=weakref.ref(desired))
         return planner
 
-    def _warm(self, kept: _Kept, desired: DesiredState, observed: plans.Observed,
-              by_node: dict[str, tuple[plans.ExistingClaim, ...]],
-              by_alloc: dict[str, set[str]]) -> tuple[plans.Plan, placing.Engine] | str:
+    def _warm(
+        self,
+        kept: _Kept,
+        desired: DesiredState,
+        observed: plans.Observed,
+        by_node: dict[str, tuple[plans.ExistingClaim, ...]],
+        by_alloc: dict[str, set[str]],
+    ) -> tuple[plans.Plan, placing.Engine] | str:
         """The plan on the kept engine brought up to date, or why a cold engine must make it."""
         try:
             engine = self._sync(kept, desired, observed, by_node, by_alloc)
@@ -178,23 +204,32 @@ class WarmPlanner:
             log.warning("%s; building the placement engine cold", why)
             return why
 
-    def _sync(self, kept: _Kept, desired: DesiredState, observed: plans.Observed,
-              by_node: dict[str, tuple[plans.ExistingClaim, ...]],
-              by_alloc: dict[str, set[str]]) -> placing.Engine:
+    def _sync(
+        self,
+        kept: _Kept,
+        desired: DesiredState,
+        observed: plans.Observed,
+        by_node: dict[str, tuple[plans.ExistingClaim, ...]],
+        by_alloc: dict[str, set[str]],
+    ) -> placing.Engine:
         """The kept engine, reset node by node to what `placing.Engine(desired, observed)` holds."""
         self._check_shape(kept, desired)
         engine = kept.engine
         engine.warnings.clear()  # they describe what a sync loaded; a kept list would only grow
         self.last_sync, delta = _since(kept, desired)
         self.by_delta += delta is not None
-        refacts = _refacts(engine, desired, observed) if delta is None else _refacts_by_delta(
-            engine, desired, observed, kept.observed, delta)
+        refacts = (
+            _refacts(engine, desired, observed)
+            if delta is None
+            else _refacts_by_delta(engine, desired, observed, kept.observed, delta)
+        )
         reset = set(refacts) | kept.placed_on
         for name in by_node.keys() | kept.by_node.keys():
             if by_node.get(name) != kept.by_node.get(name):
                 reset.add(name)
-        for aid in self._retimed(engine, kept.allocations, desired.allocations,
-                                 delta.names("Allocation") if delta is not None else None):
+        for aid in self._retimed(
+            engine, kept.allocations, desired.allocations, delta.names("Allocation") if delta is not None else None
+        ):
             reset.update(by_alloc.get(aid, ()), kept.by_alloc.get(aid, ()))
         reset &= engine.by_name.keys()  # claims on undeclared nodes are ignored, as a fresh engine does
         if len(reset) > max(MOST_MIN, len(engine.nodes) // 2):  # resetting costs about what building costs
@@ -221,14 +256,16 @@ class WarmPlanner:
             raise _Cold("nodes were added or removed (node order is the last tie-break)")
 
     @staticmethod
-    def _retimed(engine: placing.Engine, old: dict[str, m.Allocation], new: dict[str, m.Allocation],
-                 changed: set[str] | None) -> Iterable[str]:
+    def _retimed(
+        engine: placing.Engine, old: dict[str, m.Allocation], new: dict[str, m.Allocation], changed: set[str] | None
+    ) -> Iterable[str]:
         """Allocations whose request time or lease end changed (new documents only are read).
 
         `changed`: the allocations a delta names (None: compare them all)."""
         if changed is not None:
-            return [aid for aid in sorted(changed) if old.get(aid) is not new.get(aid)
-                    and engine.retime(aid, new.get(aid))]
+            return [
+                aid for aid in sorted(changed) if old.get(aid) is not new.get(aid) and engine.retime(aid, new.get(aid))
+            ]
         out = [aid for aid, alloc in new.items() if old.get(aid) is not alloc and engine.retime(aid, alloc)]
         out += [aid for aid in old.keys() - new.keys() if engine.retime(aid, None)]
         return out
@@ -269,8 +306,9 @@ def _frozen(kept: _Kept | None, desired: DesiredState) -> bool:
     return was is not None and deltas.delta_of(was, desired) is not None
 
 
-def _refacts(engine: placing.Engine, desired: DesiredState,
-             observed: plans.Observed) -> dict[str, fleetgraph.NodeFacts]:
+def _refacts(
+    engine: placing.Engine, desired: DesiredState, observed: plans.Observed
+) -> dict[str, fleetgraph.NodeFacts]:
     """Nodes whose facts are other than the engine's (every node looked at)."""
     refacts: dict[str, fleetgraph.NodeFacts] = {}
     for f, node in zip(fleetgraph.inventory(desired, observed), engine.nodes, strict=True):
@@ -281,8 +319,9 @@ def _refacts(engine: placing.Engine, desired: DesiredState,
     return refacts
 
 
-def _refacts_by_delta(engine: placing.Engine, desired: DesiredState, observed: plans.Observed,
-                      before: plans.Observed, delta: deltas.Delta) -> dict[str, fleetgraph.NodeFacts]:
+def _refacts_by_delta(
+    engine: placing.Engine, desired: DesiredState, observed: plans.Observed, before: plans.Observed, delta: deltas.Delta
+) -> dict[str, fleetgraph.NodeFacts]:
     """New facts for the nodes whose inputs changed: documents the delta names, observed facts that differ."""
     names = delta.names("Node") | delta.names("SlotMap")
     names.update(node for node, _ in _differ(observed.slot_status, before.slot_status))
@@ -295,11 +334,15 @@ def _refacts_by_delta(engine: placing.Engine, desired: DesiredState, observed: p
         node = desired.nodes.get(name)
         if node is None or name not in engine.by_name:
             continue  # not declared: no facts, as a fresh engine has none
-        out[name] = fleetgraph.node_facts(node, desired.slot_maps.get(name), slot_status=observed.slot_status,
-                                    firmware_ready=observed.firmware_ready.get(name, node.firmware_ready),
-                                    healthy=name not in observed.unavailable_nodes,
-                                    host_blocks=observed.slot_blocks,
-                                    corrupt=observed.corrupt_nodes.get(name, ()))
+        out[name] = fleetgraph.node_facts(
+            node,
+            desired.slot_maps.get(name),
+            slot_status=observed.slot_status,
+            firmware_ready=observed.firmware_ready.get(name, node.firmware_ready),
+            healthy=name not in observed.unavailable_nodes,
+            host_blocks=observed.slot_blocks,
+            corrupt=observed.corrupt_nodes.get(name, ()),
+        )
     return out
 
 
@@ -308,8 +351,9 @@ def _differ(a: Mapping[Any, Any], b: Mapping[Any, Any]) -> set[Any]:
     return {k for k, _ in a.items() ^ b.items()}
 
 
-def _group(claims: Iterable[plans.ExistingClaim]) -> tuple[dict[str, tuple[plans.ExistingClaim, ...]],
-                                                           dict[str, set[str]]]:
+def _group(
+    claims: Iterable[plans.ExistingClaim],
+) -> tuple[dict[str, tuple[plans.ExistingClaim, ...]], dict[str, set[str]]]:
     """Observed claims per node (in the order a fresh engine loads them) and nodes per allocation."""
     by_node: dict[str, list[plans.ExistingClaim]] = {}
     by_alloc: dict[str, set[str]] = {}

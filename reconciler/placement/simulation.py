@@ -94,18 +94,27 @@ class Result:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "policy": self.policy, "offered_requests": self.offered_requests,
-            "accepted_requests": self.accepted_requests, "offered_gpus": self.offered_gpus,
-            "accepted_gpus": self.accepted_gpus, "acceptance_gpu": round(self.acceptance_gpu, 6),
-            "fluid_bound_gpu": round(self.fluid_bound_gpu, 6), "gap_to_fluid": round(self.gap, 6),
+            "policy": self.policy,
+            "offered_requests": self.offered_requests,
+            "accepted_requests": self.accepted_requests,
+            "offered_gpus": self.offered_gpus,
+            "accepted_gpus": self.accepted_gpus,
+            "acceptance_gpu": round(self.acceptance_gpu, 6),
+            "fluid_bound_gpu": round(self.fluid_bound_gpu, 6),
+            "gap_to_fluid": round(self.gap, 6),
             "rejected_with_capacity": self.rejected_with_capacity,
             "mean_empty_nodes": round(self.mean_empty_nodes, 3),
             "placements_per_second": round(self.placements_per_second, 1),
-            "nodes": self.nodes, "pool_gpus": self.pool_gpus, "engine_seconds": round(self.engine_seconds, 3),
+            "nodes": self.nodes,
+            "pool_gpus": self.pool_gpus,
+            "engine_seconds": round(self.engine_seconds, 3),
             "acceptance_by_size": {k: round(v, 6) for k, v in self.acceptance_by_size.items()},
-            "rejections": self.rejections, "lease_ends": self.lease_ends, "lease_mode": self.lease_mode,
+            "rejections": self.rejections,
+            "lease_ends": self.lease_ends,
+            "lease_mode": self.lease_mode,
             "repack_bound_gpu": None if self.repack_bound_gpu is None else round(self.repack_bound_gpu, 6),
-            "gap_to_repack": None if self.repack_bound_gpu is None
+            "gap_to_repack": None
+            if self.repack_bound_gpu is None
             else round(self.repack_bound_gpu - self.acceptance_gpu, 6),
         }
 
@@ -174,10 +183,17 @@ def _region(engine: placing.Engine, region: str | None) -> str:
     return regions[0] if regions else ""
 
 
-def simulate(desired: DesiredState, rows: Sequence[WorkloadRow], *, policy: str | None = None,
-             progress: Progress | None = None, clock: Callable[[], float] = time.perf_counter,
-             region: str | None = None, lease_ends: LeaseEnds = LeaseEnds.TERMS,
-             repack_bound_gpu: float | None = None) -> Result:
+def simulate(
+    desired: DesiredState,
+    rows: Sequence[WorkloadRow],
+    *,
+    policy: str | None = None,
+    progress: Progress | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+    region: str | None = None,
+    lease_ends: LeaseEnds = LeaseEnds.TERMS,
+    repack_bound_gpu: float | None = None,
+) -> Result:
     """Replay `rows` (sorted by arrival) against an empty fleet under `policy`.
 
     `lease_ends` says what each request tells the planner about its end (see
@@ -222,16 +238,23 @@ def simulate(desired: DesiredState, rows: Sequence[WorkloadRow], *, policy: str 
     horizon = last_t - first_t
     offered_gpus = tally.offered_gpus
     return Result(
-        policy=engine.policy.value, offered_requests=tally.offered, accepted_requests=tally.accepted,
-        offered_gpus=offered_gpus, accepted_gpus=tally.accepted_gpus,
+        policy=engine.policy.value,
+        offered_requests=tally.offered,
+        accepted_requests=tally.accepted,
+        offered_gpus=offered_gpus,
+        accepted_gpus=tally.accepted_gpus,
         acceptance_gpu=tally.accepted_gpus / offered_gpus if offered_gpus else 1.0,
         fluid_bound_gpu=tally.fluid_gpus / offered_gpus if offered_gpus else 1.0,
         rejected_with_capacity=tally.with_capacity,
         mean_empty_nodes=empty_area / horizon if horizon > 0 else float(engine.empty_nodes),
         placements_per_second=tally.offered / engine_s if engine_s > 0 else 0.0,
-        nodes=len(engine.nodes), pool_gpus=capacity, engine_seconds=engine_s,
+        nodes=len(engine.nodes),
+        pool_gpus=capacity,
+        engine_seconds=engine_s,
         acceptance_by_size={k: tally.by_size_accepted[k] / n for k, n in sorted(tally.by_size_offered.items())},
-        rejections=dict(sorted(tally.rejections.items())), lease_ends=told > 0, lease_mode=lease_ends.value,
+        rejections=dict(sorted(tally.rejections.items())),
+        lease_ends=told > 0,
+        lease_mode=lease_ends.value,
         repack_bound_gpu=repack_bound_gpu,
     )
 
@@ -254,8 +277,7 @@ class _Repacker:
         self.live = placing.Engine(desired, plans.Observed(), policy=first_fit)
         self.spare = placing.Engine(desired, plans.Observed(), policy=first_fit)
         self.region = _region(self.live, region)
-        self.whole = {name for name, sku in desired.skus.items()
-                      if sku.capacity_shape is m.CapacityShape.BAREMETAL}
+        self.whole = {name for name, sku in desired.skus.items() if sku.capacity_shape is m.CapacityShape.BAREMETAL}
         self.running: dict[str, tuple[str, int]] = {}  # allocation id -> (sku, gpus), in arrival order
         self.pool_of = {name: sku.accelerator_model for name, sku in desired.skus.items()}
         self.free = pool_gpus(desired)
@@ -297,8 +319,9 @@ class _Repacker:
             self.free[pool] = self.free.get(pool, 0) + held[1]
 
 
-def repack_bound(desired: DesiredState, rows: Sequence[WorkloadRow], *, region: str | None = None,
-                 progress: Progress | None = None) -> float:
+def repack_bound(
+    desired: DesiredState, rows: Sequence[WorkloadRow], *, region: str | None = None, progress: Progress | None = None
+) -> float:
     """Accepted GPUs / offered GPUs when every running allocation may move at each arrival.
 
     Departures are the rows' own (`WorkloadRow.departure_s`). A request is
@@ -334,8 +357,13 @@ def read_rows(lines: Iterable[dict[str, str]]) -> list[WorkloadRow]:
     for n, rec in enumerate(lines, start=2):
         try:
             lease = (rec.get("lease_s") or "").strip()
-            row = WorkloadRow(float(rec["arrival_s"]), float(rec["duration_s"]), rec["sku"].strip(),
-                              int(rec["gpus"]), float(lease) if lease else None)
+            row = WorkloadRow(
+                float(rec["arrival_s"]),
+                float(rec["duration_s"]),
+                rec["sku"].strip(),
+                int(rec["gpus"]),
+                float(lease) if lease else None,
+            )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"line {n}: {e}") from e
         if row.duration_s < 0 or row.gpus < 1:
@@ -367,5 +395,6 @@ def offers(desired: DesiredState, mix: dict[int, float]) -> list[Offer]:
 
 
 def _serving(engine: placing.Engine, sku: str) -> list[tuple[int, ...]]:
-    return [t.positions(lay.full) for node in engine.nodes for part, _, lay in node.views
-            if part in engine.slice_parts(sku)]
+    return [
+        t.positions(lay.full) for node in engine.nodes for part, _, lay in node.views if part in engine.slice_parts(sku)
+    ]

@@ -57,9 +57,16 @@ class Family:
     note: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "mix": {str(k): v for k, v in sorted(self.mix.items())},
-                "baremetal": self.baremetal, "sigma": self.sigma, "bursty": self.bursty,
-                "terms": self.terms, "held_out": self.held_out, "note": self.note}
+        return {
+            "name": self.name,
+            "mix": {str(k): v for k, v in sorted(self.mix.items())},
+            "baremetal": self.baremetal,
+            "sigma": self.sigma,
+            "bursty": self.bursty,
+            "terms": self.terms,
+            "held_out": self.held_out,
+            "note": self.note,
+        }
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -70,8 +77,16 @@ FAMILIES: tuple[Family, ...] = (
     Family("eight-gpu", EIGHT_GPU_MIX, 0.20, 1.5, note="8-GPU heavy, 20% baremetal"),
     Family("philly-terms", PHILLY_MIX, 0.10, 2.0, terms=True, note="rounded lease terms"),
     Family("synth-bursty", SYNTH_MIX, 0.10, 1.0, bursty=True, note="MMPP arrivals"),
-    Family("helios-bursty-bm", HELIOS_MIX, 0.15, 2.0, bursty=True, terms=True, held_out=True,
-           note="held out: Helios sizes, 15% baremetal, bursts, terms"),
+    Family(
+        "helios-bursty-bm",
+        HELIOS_MIX,
+        0.15,
+        2.0,
+        bursty=True,
+        terms=True,
+        held_out=True,
+        note="held out: Helios sizes, 15% baremetal, bursts, terms",
+    ),
 )
 
 
@@ -114,13 +129,15 @@ def bursty_times(times: Sequence[float], seed: int) -> list[float]:
     return out
 
 
-def family_rows(fam: Family, offers: list[Offer], *, load: float, requests: int, seed: int,
-                baremetal_sku: str | None) -> list[WorkloadRow]:
+def family_rows(
+    fam: Family, offers: list[Offer], *, load: float, requests: int, seed: int, baremetal_sku: str | None
+) -> list[WorkloadRow]:
     """One stream of `fam` at `load`: pure in its arguments."""
     offers = [replace(o, mix={g: w for g, w in fam.mix.items() if g in o.mix}) for o in offers]
     bare = (baremetal_sku, fam.baremetal) if baremetal_sku and fam.baremetal > 0 else None
-    rows = synthesis.workload_rows(offers, load=load, requests=requests, seed=seed, baremetal=bare,
-                                   duration_sigma=fam.sigma)
+    rows = synthesis.workload_rows(
+        offers, load=load, requests=requests, seed=seed, baremetal=bare, duration_sigma=fam.sigma
+    )
     if fam.bursty:
         times = bursty_times([r.arrival_s for r in rows], seed)
         rows = [replace(r, arrival_s=t) for r, t in zip(rows, times, strict=True)]
@@ -169,11 +186,17 @@ class Cell:
 
     def as_dict(self) -> dict[str, Any]:
         closed = self.closed
-        return {"family": self.family, "load": self.load, "held_out": self.held_out,
-                "offered_gpus": self.offered, "fluid_bound_gpu": round(self.fluid_bound, 6),
-                "acceptance_gpu": {p: round(self.acceptance(p), 6) for p in self.accepted},
-                "best_baseline": self.best_baseline,
-                "gap_closed": None if closed is None else round(closed, 4), "below": self.below}
+        return {
+            "family": self.family,
+            "load": self.load,
+            "held_out": self.held_out,
+            "offered_gpus": self.offered,
+            "fluid_bound_gpu": round(self.fluid_bound, 6),
+            "acceptance_gpu": {p: round(self.acceptance(p), 6) for p in self.accepted},
+            "best_baseline": self.best_baseline,
+            "gap_closed": None if closed is None else round(closed, 4),
+            "below": self.below,
+        }
 
 
 Progress = Callable[[int, int, str], None]  # done, total, what
@@ -183,8 +206,15 @@ def fleet(nodes: int = NODES) -> DesiredState:
     return synthesis.desired_state(list(synthesis.fleet_documents(nodes, seed=1)))
 
 
-def run(families: Sequence[Family], loads: Sequence[float], *, seeds: int, requests: int,
-        nodes: int = NODES, progress: Progress | None = None) -> list[Cell]:
+def run(
+    families: Sequence[Family],
+    loads: Sequence[float],
+    *,
+    seeds: int,
+    requests: int,
+    nodes: int = NODES,
+    progress: Progress | None = None,
+) -> list[Cell]:
     """Every family x load x seed through every policy; one `Cell` per family and load."""
     desired = fleet(nodes)
     bare = sorted(s for s, sku in desired.skus.items() if sku.capacity_shape.value == "baremetal")
@@ -197,8 +227,9 @@ def run(families: Sequence[Family], loads: Sequence[float], *, seeds: int, reque
         for load in loads:
             cell = Cell(fam.name, load, fam.held_out)
             for seed in range(1, seeds + 1):
-                rows = family_rows(fam, offers, load=load, requests=requests, seed=seed,
-                                   baremetal_sku=bare[0] if bare else None)
+                rows = family_rows(
+                    fam, offers, load=load, requests=requests, seed=seed, baremetal_sku=bare[0] if bare else None
+                )
                 for name in policies:
                     res = simulation.simulate(desired, rows, policy=name)
                     cell.accepted[name] = cell.accepted.get(name, 0) + res.accepted_gpus

@@ -49,54 +49,114 @@ _NIC_BUS = (0x1A, 0x3A, 0x4D, 0x5D, 0x9B, 0xBA, 0xCA, 0xDB)
 
 def _skus(amd: bool) -> list[dict[str, Any]]:
     h200 = {
-        "apiVersion": API, "kind": "Sku", "sku": H200_SLICE, "display_name": "NVIDIA H200 GPU VM",
-        "capacity_shape": "gpu_slice", "accelerator_vendor": "nvidia", "accelerator_model": "h200",
-        "allowed_gpu_counts": [1, 2, 4, 8], "exclusive_node": False, "same_node_required": True,
+        "apiVersion": API,
+        "kind": "Sku",
+        "sku": H200_SLICE,
+        "display_name": "NVIDIA H200 GPU VM",
+        "capacity_shape": "gpu_slice",
+        "accelerator_vendor": "nvidia",
+        "accelerator_model": "h200",
+        "allowed_gpu_counts": [1, 2, 4, 8],
+        "exclusive_node": False,
+        "same_node_required": True,
         "network_fabric": "infiniband",
-        "topology_policy": {"gpu_count_1": "any_healthy_slot", "gpu_count_2": "numa_aligned_preferred",
-                            "gpu_count_4": "numa_aligned_required",
-                            "gpu_count_8": "full_host_slot_group_required"},
+        "topology_policy": {
+            "gpu_count_1": "any_healthy_slot",
+            "gpu_count_2": "numa_aligned_preferred",
+            "gpu_count_4": "numa_aligned_required",
+            "gpu_count_8": "full_host_slot_group_required",
+        },
         "gpu_hourly_price_minor": 450,
         "resource_profile": {
-            "fabric": "ib", "slice_unit_gpu_count": 1, "default_slice_vm_profile": "h200_1g_24c_64g",
+            "fabric": "ib",
+            "slice_unit_gpu_count": 1,
+            "default_slice_vm_profile": "h200_1g_24c_64g",
             "slice_vm_profiles": {
-                "h200_1g_24c_64g": {"gpu_count": 1, "vcpu_count": 24, "memory_mib": 65536,
-                                    "hugepages": {"enabled": True, "page_size": "1G"}},
+                "h200_1g_24c_64g": {
+                    "gpu_count": 1,
+                    "vcpu_count": 24,
+                    "memory_mib": 65536,
+                    "hugepages": {"enabled": True, "page_size": "1G"},
+                },
             },
         },
     }
     bare = {
-        "apiVersion": API, "kind": "Sku", "sku": H200_BAREMETAL, "display_name": "NVIDIA H200 full node",
-        "capacity_shape": "baremetal", "accelerator_vendor": "nvidia", "accelerator_model": "h200",
-        "gpu_count": 8, "exclusive_node": True, "network_fabric": "infiniband", "gpu_hourly_price_minor": 399,
+        "apiVersion": API,
+        "kind": "Sku",
+        "sku": H200_BAREMETAL,
+        "display_name": "NVIDIA H200 full node",
+        "capacity_shape": "baremetal",
+        "accelerator_vendor": "nvidia",
+        "accelerator_model": "h200",
+        "gpu_count": 8,
+        "exclusive_node": True,
+        "network_fabric": "infiniband",
+        "gpu_hourly_price_minor": 399,
     }
     out = [h200, bare]
     if amd:
-        out.append({
-            "apiVersion": API, "kind": "Sku", "sku": AMD_SLICE, "display_name": "AMD MI300X GPU VM (RoCE)",
-            "capacity_shape": "gpu_slice", "accelerator_vendor": "amd", "accelerator_model": "mi300x",
-            "allowed_gpu_counts": [1, 2, 4], "network_fabric": "roce",
-            "topology_policy": {"gpu_count_1": "any_healthy_slot", "gpu_count_2": "numa_aligned_required",
-                                "gpu_count_4": "numa_aligned_required"},
-            "gpu_hourly_price_minor": 380,
-            "resource_profile": {"fabric": "roce", "default_slice_vm_profile": "mi300x_1g_24c_128g",
-                                 "slice_vm_profiles": {"mi300x_1g_24c_128g": {
-                                     "gpu_count": 1, "vcpu_count": 24, "memory_mib": 131072}}},
-        })
+        out.append(
+            {
+                "apiVersion": API,
+                "kind": "Sku",
+                "sku": AMD_SLICE,
+                "display_name": "AMD MI300X GPU VM (RoCE)",
+                "capacity_shape": "gpu_slice",
+                "accelerator_vendor": "amd",
+                "accelerator_model": "mi300x",
+                "allowed_gpu_counts": [1, 2, 4],
+                "network_fabric": "roce",
+                "topology_policy": {
+                    "gpu_count_1": "any_healthy_slot",
+                    "gpu_count_2": "numa_aligned_required",
+                    "gpu_count_4": "numa_aligned_required",
+                },
+                "gpu_hourly_price_minor": 380,
+                "resource_profile": {
+                    "fabric": "roce",
+                    "default_slice_vm_profile": "mi300x_1g_24c_128g",
+                    "slice_vm_profiles": {
+                        "mi300x_1g_24c_128g": {"gpu_count": 1, "vcpu_count": 24, "memory_mib": 131072}
+                    },
+                },
+            }
+        )
     return out
 
 
 def _images() -> list[dict[str, Any]]:
     digest = "0" * 63 + "1"
     return [
-        {"apiVersion": API, "kind": "Image", "slug": "ubuntu-24.04-gpuaas-slice", "version": "1",
-         "target": "vm_slice", "family": "ubuntu", "architecture": "amd64", "image_format": "qcow2",
-         "source_type": "platform_storage", "source_ref": "images/ubuntu-24.04-gpuaas-slice.qcow2",
-         "digest_sha256": digest, "default_username": "ubuntu", "driver_strategy": "install_on_boot"},
-        {"apiVersion": API, "kind": "Image", "slug": "ubuntu-24.04-maas", "version": "1",
-         "target": "baremetal", "family": "ubuntu", "architecture": "amd64", "image_format": "maas",
-         "source_type": "maas", "source_ref": "ubuntu/noble", "default_username": "ubuntu",
-         "driver_strategy": "none"},
+        {
+            "apiVersion": API,
+            "kind": "Image",
+            "slug": "ubuntu-24.04-gpuaas-slice",
+            "version": "1",
+            "target": "vm_slice",
+            "family": "ubuntu",
+            "architecture": "amd64",
+            "image_format": "qcow2",
+            "source_type": "platform_storage",
+            "source_ref": "images/ubuntu-24.04-gpuaas-slice.qcow2",
+            "digest_sha256": digest,
+            "default_username": "ubuntu",
+            "driver_strategy": "install_on_boot",
+        },
+        {
+            "apiVersion": API,
+            "kind": "Image",
+            "slug": "ubuntu-24.04-maas",
+            "version": "1",
+            "target": "baremetal",
+            "family": "ubuntu",
+            "architecture": "amd64",
+            "image_format": "maas",
+            "source_type": "maas",
+            "source_ref": "ubuntu/noble",
+            "default_username": "ubuntu",
+            "driver_strategy": "none",
+        },
     ]
 
 
@@ -110,10 +170,15 @@ def _node(i: int, amd: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     fabric = "roce" if amd else "infiniband"
     serial = f"SYN{i:07d}"
     node: dict[str, Any] = {
-        "apiVersion": API, "kind": "Node", "name": name, "region": REGION,
+        "apiVersion": API,
+        "kind": "Node",
+        "name": name,
+        "region": REGION,
         "pool": "mi300x-roce" if amd else "h200",
         "hardware_tags": [f"gpu-{'amd' if amd else 'nvidia'}-{model}", "fabric-cx7" if amd else "fabric-bf3"],
-        "profile_tags": ["gpuaas-profile-slice-vm"], "admin_state": "active", "storage_mode": "slice",
+        "profile_tags": ["gpuaas-profile-slice-vm"],
+        "admin_state": "active",
+        "storage_mode": "slice",
         "os_disk": f"/dev/disk/by-id/nvme-BOSS_{serial}_OS",
         "firmware_profile": {"version": f"{model}-slice-vm-v1", "ready": True},
     }
@@ -122,15 +187,28 @@ def _node(i: int, amd: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     slots = []
     for s in range(SLOTS):
         group = s // 4
-        slots.append({
-            "slot_index": s, "gpu_pci_address": _pci(_GPU_BUS[s]), "gpu_model": model, "numa_node": group,
-            "slot_group": f"numa{group}", "pcie_pair": f"numa{group}-pair{(s % 4) // 2}",
-            "nvme_device": f"/dev/disk/by-id/nvme-SYN_{serial}_{s}", "network_fabric": fabric,
-            "nvme_identity": {"serial": f"{serial}_{s}", "size_bytes": 3840755982336},
-            "fabric_vf_pci_address": _pci(_NIC_BUS[s], 1), "fabric_parent_device": _pci(_NIC_BUS[s]),
-            "fabric_claim_mode": "per_slot_vf", "mac_address": _mac(i, s), "private_ip": f"10.100.0.{10 + s}",
-            "capacity_metadata": {"storage_ownership": "slice", "destructive_wipe_policy": "wipefs-blkdiscard-verify"},
-        })
+        slots.append(
+            {
+                "slot_index": s,
+                "gpu_pci_address": _pci(_GPU_BUS[s]),
+                "gpu_model": model,
+                "numa_node": group,
+                "slot_group": f"numa{group}",
+                "pcie_pair": f"numa{group}-pair{(s % 4) // 2}",
+                "nvme_device": f"/dev/disk/by-id/nvme-SYN_{serial}_{s}",
+                "network_fabric": fabric,
+                "nvme_identity": {"serial": f"{serial}_{s}", "size_bytes": 3840755982336},
+                "fabric_vf_pci_address": _pci(_NIC_BUS[s], 1),
+                "fabric_parent_device": _pci(_NIC_BUS[s]),
+                "fabric_claim_mode": "per_slot_vf",
+                "mac_address": _mac(i, s),
+                "private_ip": f"10.100.0.{10 + s}",
+                "capacity_metadata": {
+                    "storage_ownership": "slice",
+                    "destructive_wipe_policy": "wipefs-blkdiscard-verify",
+                },
+            }
+        )
     slot_map = {"apiVersion": API, "kind": "SlotMap", "node": name, "slots": slots}
     return node, slot_map
 
@@ -153,12 +231,20 @@ def fleet_documents(nodes: int, *, amd_share: float = 0.0, seed: int = 0) -> Ite
     pools = [{"name": "h200", "description": "H200 hosts sold as GPU VMs or whole"}]
     if amd_count:
         pools.append({"name": "mi300x-roce", "description": "MI300X RoCE GPU VM hosts"})
-    yield SynthFile("fleet.yaml", {
-        "apiVersion": API, "kind": "Fleet", "name": "synth",
-        "regions": [{"name": REGION, "pools": pools}],
-        "placement": {"policy": "default", "max_claim_attempts": 5,
-                      "workload_mix": {1: 0.4, 2: 0.25, 4: 0.2, 8: 0.15}},
-    })
+    yield SynthFile(
+        "fleet.yaml",
+        {
+            "apiVersion": API,
+            "kind": "Fleet",
+            "name": "synth",
+            "regions": [{"name": REGION, "pools": pools}],
+            "placement": {
+                "policy": "default",
+                "max_claim_attempts": 5,
+                "workload_mix": {1: 0.4, 2: 0.25, 4: 0.2, 8: 0.15},
+            },
+        },
+    )
     for sku in _skus(bool(amd_count)):
         yield SynthFile(f"skus/{sku['sku']}.yaml", sku)
     for image in _images():
@@ -209,9 +295,16 @@ class Offer:
     mix: Mapping[int, float]
 
 
-def workload_rows(offers: list[Offer], *, load: float, requests: int, seed: int = 0,
-                  baremetal: tuple[str, float] | None = None, mean_duration_s: float = 3600.0,
-                  duration_sigma: float = 1.0) -> list[WorkloadRow]:
+def workload_rows(
+    offers: list[Offer],
+    *,
+    load: float,
+    requests: int,
+    seed: int = 0,
+    baremetal: tuple[str, float] | None = None,
+    mean_duration_s: float = 3600.0,
+    duration_sigma: float = 1.0,
+) -> list[WorkloadRow]:
     """A Poisson request stream whose offered load is `load` x the fleet's GPUs.
 
     Each request picks a SKU in proportion to the GPUs that serve it, then a
@@ -236,14 +329,15 @@ def workload_rows(offers: list[Offer], *, load: float, requests: int, seed: int 
     mean_gpus = sum(g * p for _, g, p in classes)
     rate = load * total / (mean_duration_s * mean_gpus)
     weights = [p for _, _, p in classes]
-    mu = math.log(mean_duration_s) - duration_sigma ** 2 / 2
+    mu = math.log(mean_duration_s) - duration_sigma**2 / 2
     rows = []
     now = 0.0
     for _ in range(requests):
         now += rnd.expovariate(rate)
         sku, g, _ = rnd.choices(classes, weights)[0]
-        duration = (rnd.expovariate(1 / mean_duration_s) if duration_sigma == 0
-                    else rnd.lognormvariate(mu, duration_sigma))
+        duration = (
+            rnd.expovariate(1 / mean_duration_s) if duration_sigma == 0 else rnd.lognormvariate(mu, duration_sigma)
+        )
         rows.append(WorkloadRow(round(now, 3), round(max(duration, 1.0), 3), sku, g))
     return rows
 
@@ -257,8 +351,9 @@ def term_for(planned_s: float, terms: Sequence[float]) -> float:
     return longest * math.ceil(planned_s / longest)
 
 
-def lease_terms(rows: Sequence[WorkloadRow], *, terms: Sequence[float] = DEFAULT_TERMS,
-                early_release: float = 0.0, seed: int = 0) -> list[WorkloadRow]:
+def lease_terms(
+    rows: Sequence[WorkloadRow], *, terms: Sequence[float] = DEFAULT_TERMS, early_release: float = 0.0, seed: int = 0
+) -> list[WorkloadRow]:
     """The same requests with the lease term each would carry (`lease_s`).
 
     A customer buys the shortest term that covers the use it plans. Most plan

@@ -29,8 +29,16 @@ class Response:
         return json.loads(self.body) if self.body else None
 
 
-def request(method: str, url: str, *, provider: str, headers: Mapping[str, str] | None = None,
-            body: bytes | None = None, timeout: float = 10.0, missing_ok: bool = False) -> Response | None:
+def request(
+    method: str,
+    url: str,
+    *,
+    provider: str,
+    headers: Mapping[str, str] | None = None,
+    body: bytes | None = None,
+    timeout: float = 10.0,
+    missing_ok: bool = False,
+) -> Response | None:
     """One HTTP request; None for a 404 when `missing_ok`."""
     # http(s) only: the provider URL's pattern in desired.models allows no other scheme.
     req = urllib.request.Request(url, data=body, method=method, headers=dict(headers or {}))  # noqa: S310

@@ -57,8 +57,9 @@ class IronicNode(TypedDict):
 class IronicProvider:
     kind = "ironic"
 
-    def __init__(self, name: str, url: str, *, token: str | None = None, timeout: float = 10.0,
-                 image_base_url: str | None = None) -> None:
+    def __init__(
+        self, name: str, url: str, *, token: str | None = None, timeout: float = 10.0, image_base_url: str | None = None
+    ) -> None:
         self.name = name
         self._url = url.rstrip("/")
         self._token = token
@@ -76,8 +77,15 @@ class IronicProvider:
         if body is not None:
             headers["Content-Type"] = "application/json"
             data = json.dumps(body).encode()
-        return http.request(method, f"{self._url}{path}", provider=self.name, headers=headers, body=data,
-                            timeout=self._timeout, missing_ok=missing_ok)
+        return http.request(
+            method,
+            f"{self._url}{path}",
+            provider=self.name,
+            headers=headers,
+            body=data,
+            timeout=self._timeout,
+            missing_ok=missing_ok,
+        )
 
     def machine(self, machine_id: str) -> Machine:
         resp = self._call("GET", f"/v1/nodes/{machine_id}", missing_ok=True)
@@ -97,23 +105,41 @@ class IronicProvider:
         mapped = _STATES.get(state, MachineState.OTHER)
         addresses = tuple(str(a) for a in extra.get("addresses", ()) if isinstance(a, str))
         owner = info.get("gpuaas_allocation")
-        return Machine(machine_id, mapped, state, owner if isinstance(owner, str) else None, addresses,
-                       str(node.get("last_error") or ""))
+        return Machine(
+            machine_id,
+            mapped,
+            state,
+            owner if isinstance(owner, str) else None,
+            addresses,
+            str(node.get("last_error") or ""),
+        )
 
     def deploy(self, request: DeployRequest) -> Machine:
         image = request.image if "://" in request.image else f"{self._image_base}/{request.image}"
-        self._call("PATCH", f"/v1/nodes/{request.machine_id}", [
-            {"op": "add", "path": "/instance_info", "value": {
-                "image_source": image, "gpuaas_allocation": request.allocation_id}},
-            {"op": "add", "path": "/instance_uuid",
-             "value": str(uuid.uuid5(_LEASE_NS, request.allocation_id))},
-        ])
+        self._call(
+            "PATCH",
+            f"/v1/nodes/{request.machine_id}",
+            [
+                {
+                    "op": "add",
+                    "path": "/instance_info",
+                    "value": {"image_source": image, "gpuaas_allocation": request.allocation_id},
+                },
+                {"op": "add", "path": "/instance_uuid", "value": str(uuid.uuid5(_LEASE_NS, request.allocation_id))},
+            ],
+        )
         keys = {str(i): k for i, k in enumerate(request.ssh_keys)}
-        self._call("PUT", f"/v1/nodes/{request.machine_id}/states/provision", {
-            "target": "active",
-            "configdrive": {"user_data": request.user_data,
-                            "meta_data": {"public_keys": keys, "hostname": request.hostname}},
-        })
+        self._call(
+            "PUT",
+            f"/v1/nodes/{request.machine_id}/states/provision",
+            {
+                "target": "active",
+                "configdrive": {
+                    "user_data": request.user_data,
+                    "meta_data": {"public_keys": keys, "hostname": request.hostname},
+                },
+            },
+        )
         return self.machine(request.machine_id)
 
     def release(self, request: ReleaseRequest) -> Machine:

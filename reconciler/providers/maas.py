@@ -57,8 +57,9 @@ def oauth_header(api_key: str) -> str:
     """The Authorization header MAAS expects: OAuth 1.0 with a PLAINTEXT signature ('&' + token secret)."""
     parts = api_key.strip().split(":")
     if len(parts) != 3 or not all(parts):
-        raise PermanentError("a MAAS API key has three parts, consumer_key:token_key:token_secret",
-                             code="baremetal.provider.credentials")
+        raise PermanentError(
+            "a MAAS API key has three parts, consumer_key:token_key:token_secret", code="baremetal.provider.credentials"
+        )
     consumer, token, secret = parts
     fields = {
         "oauth_version": "1.0",
@@ -77,7 +78,7 @@ def multipart(fields: dict[str, str]) -> tuple[bytes, str]:
     boundary = secrets.token_hex(16)
     out = bytearray()
     for k, v in fields.items():
-        out += (f"--{boundary}\r\nContent-Disposition: form-data; name=\"{k}\"\r\n\r\n").encode()
+        out += (f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n').encode()
         out += v.encode() + b"\r\n"
     out += f"--{boundary}--\r\n".encode()
     return bytes(out), f"multipart/form-data; boundary={boundary}"
@@ -96,14 +97,22 @@ class MaasProvider:
     def __repr__(self) -> str:  # never the key
         return f"MaasProvider({self.name!r}, {self._url!r})"
 
-    def _call(self, method: str, path: str, fields: dict[str, str] | None = None, *,
-              missing_ok: bool = False) -> http.Response | None:
+    def _call(
+        self, method: str, path: str, fields: dict[str, str] | None = None, *, missing_ok: bool = False
+    ) -> http.Response | None:
         headers = {"Authorization": oauth_header(self._key), "Accept": "application/json"}
         body = None
         if fields is not None:
             body, headers["Content-Type"] = multipart(fields)
-        return http.request(method, f"{self._url}{path}", provider=self.name, headers=headers, body=body,
-                            timeout=self._timeout, missing_ok=missing_ok)
+        return http.request(
+            method,
+            f"{self._url}{path}",
+            provider=self.name,
+            headers=headers,
+            body=body,
+            timeout=self._timeout,
+            missing_ok=missing_ok,
+        )
 
     def machine(self, machine_id: str) -> Machine:
         resp = self._call("GET", f"/machines/{machine_id}/", missing_ok=True)
@@ -124,9 +133,11 @@ class MaasProvider:
             raise ProviderRefused(f"{self.name}: machine {mid} is {now.provider_state}, not Ready")
         self._call("POST", f"/machines/{mid}/op-set_owner_data", {"gpuaas_allocation": request.allocation_id})
         osystem, _, series = request.image.rpartition("/")
-        fields = {"distro_series": series,
-                  "user_data": base64.b64encode(request.user_data.encode()).decode(),
-                  "comment": f"gpuaas lease {request.allocation_id}"}
+        fields = {
+            "distro_series": series,
+            "user_data": base64.b64encode(request.user_data.encode()).decode(),
+            "comment": f"gpuaas lease {request.allocation_id}",
+        }
         if osystem:
             fields["osystem"] = osystem
         resp = self._call("POST", f"/machines/{mid}/op-deploy", fields)
@@ -145,5 +156,11 @@ class MaasProvider:
 def _machine(data: Any) -> Machine:
     m: MaasMachine = data
     owner = (m.get("owner_data") or {}).get("gpuaas_allocation")
-    return Machine(m["system_id"], _STATES.get(m["status_name"], MachineState.OTHER), m["status_name"],
-                   owner, tuple(m.get("ip_addresses") or ()), str(m.get("status_message") or ""))
+    return Machine(
+        m["system_id"],
+        _STATES.get(m["status_name"], MachineState.OTHER),
+        m["status_name"],
+        owner,
+        tuple(m.get("ip_addresses") or ()),
+        str(m.get("status_message") or ""),
+    )

@@ -39,15 +39,15 @@ def build(spec: m.MachineProviderSpec) -> MachineProvider:
         if key is None:
             raise PermanentError(f"MAAS provider {spec.name} needs credentials (an API key)", code=CREDENTIALS)
         return MaasProvider(spec.name, spec.url, api_key=key, timeout=spec.timeout_s)
-    return IronicProvider(spec.name, spec.url, token=key, timeout=spec.timeout_s,
-                          image_base_url=spec.image_base_url)
+    return IronicProvider(spec.name, spec.url, token=key, timeout=spec.timeout_s, image_base_url=spec.image_base_url)
 
 
 class Providers:
     """The declared providers, built lazily: one with unreadable credentials fails only its own leases."""
 
-    def __init__(self, specs: tuple[m.MachineProviderSpec, ...] = (),
-                 built: Mapping[str, MachineProvider] | None = None) -> None:
+    def __init__(
+        self, specs: tuple[m.MachineProviderSpec, ...] = (), built: Mapping[str, MachineProvider] | None = None
+    ) -> None:
         self._specs = {s.name: s for s in specs}
         self._built: dict[str, MachineProvider] = dict(built or {})
 

@@ -71,21 +71,29 @@ def issue_token(conn: psycopg.Connection[Any], node: str, *, rotate: bool) -> st
         if conn.execute("SELECT 1 FROM nodes WHERE name = %s", (node,)).fetchone() is None:
             raise PermanentError(f"no node {node!r} in the store", code="host.token.no_node")
         if rotate:
-            sql = ("INSERT INTO node_agent_tokens (node_name, token_sha256) VALUES (%s, %s) ON CONFLICT (node_name)"
-                   " DO UPDATE SET token_sha256 = EXCLUDED.token_sha256, rotated_at = now()")
+            sql = (
+                "INSERT INTO node_agent_tokens (node_name, token_sha256) VALUES (%s, %s) ON CONFLICT (node_name)"
+                " DO UPDATE SET token_sha256 = EXCLUDED.token_sha256, rotated_at = now()"
+            )
         else:
-            sql = ("INSERT INTO node_agent_tokens (node_name, token_sha256) VALUES (%s, %s)"
-                   " ON CONFLICT (node_name) DO NOTHING")
+            sql = (
+                "INSERT INTO node_agent_tokens (node_name, token_sha256) VALUES (%s, %s)"
+                " ON CONFLICT (node_name) DO NOTHING"
+            )
         if conn.execute(sql + " RETURNING node_name", (node, token_hash(token))).fetchone() is None:
-            raise PermanentError(f"node {node} has a token already: `gpuaas host token rotate {node}` replaces it",
-                                 code="host.token.exists")
+            raise PermanentError(
+                f"node {node} has a token already: `gpuaas host token rotate {node}` replaces it",
+                code="host.token.exists",
+            )
     return token
 
 
 def revoke_token(conn: psycopg.Connection[Any], node: str) -> bool:
     with dberrors.wrapped(f"revoke the agent token of {node}"):
-        return conn.execute("DELETE FROM node_agent_tokens WHERE node_name = %s RETURNING 1",
-                            (node,)).fetchone() is not None
+        return (
+            conn.execute("DELETE FROM node_agent_tokens WHERE node_name = %s RETURNING 1", (node,)).fetchone()
+            is not None
+        )
 
 
 class Batcher(Generic[V]):
@@ -139,17 +147,22 @@ class GatewayCollector:
 
     def collect(self) -> Iterator[Metric]:
         g = self.gateway
-        yield GaugeMetricFamily("gpuaas_agent_watches_waiting", "Agent plan watches waiting in this process",
-                                value=g.waiting())
-        yield GaugeMetricFamily("gpuaas_agent_notifications_listening",
-                                "1 while this process hears plan notifications (LISTEN connection up)",
-                                value=int(g.listening))
-        for name, help_text in (("heartbeats", "Agent heartbeats received"),
-                                ("heartbeat_batches", "Heartbeat batches written"),
-                                ("reports", "Agent reports received"),
-                                ("reports_stale", "Agent reports ignored as older than the stored one"),
-                                ("plan_reads", "Plan reads for agents"),
-                                ("watch_wakeups", "Watches woken by a plan notification")):
+        yield GaugeMetricFamily(
+            "gpuaas_agent_watches_waiting", "Agent plan watches waiting in this process", value=g.waiting()
+        )
+        yield GaugeMetricFamily(
+            "gpuaas_agent_notifications_listening",
+            "1 while this process hears plan notifications (LISTEN connection up)",
+            value=int(g.listening),
+        )
+        for name, help_text in (
+            ("heartbeats", "Agent heartbeats received"),
+            ("heartbeat_batches", "Heartbeat batches written"),
+            ("reports", "Agent reports received"),
+            ("reports_stale", "Agent reports ignored as older than the stored one"),
+            ("plan_reads", "Plan reads for agents"),
+            ("watch_wakeups", "Watches woken by a plan notification"),
+        ):
             yield CounterMetricFamily(f"gpuaas_agent_{name}", help_text, value=g.counts[name])
 
 
@@ -173,8 +186,7 @@ class PlanRead:
 
 def _as_node(conn: psycopg.Connection[Any], node: str) -> None:
     """Take the agent identity for the rest of this transaction (row-level security keys on it)."""
-    conn.execute("SELECT set_config('role', 'gpuaas_agent', true), set_config('gpuaas.agent_node', %s, true)",
-                 (node,))
+    conn.execute("SELECT set_config('role', 'gpuaas_agent', true), set_config('gpuaas.agent_node', %s, true)", (node,))
 
 
 # A report kind is a writer: (connection inside the node's transaction, node, document) -> written?
@@ -201,12 +213,21 @@ WRITERS: dict[str, Writer] = {"status": _write_status}
 class Gateway:
     def __init__(self, url: str, *, pool_size: int = 6, flush_s: float = 1.0, token_ttl_s: float = 300.0) -> None:
         self._url = url
-        kwargs = pools.session_kwargs(url, read_only=False, statement_timeout_ms=30_000, connect_timeout=5,
-                                      application_name="gpuaas-serve-agents")
+        kwargs = pools.session_kwargs(
+            url, read_only=False, statement_timeout_ms=30_000, connect_timeout=5, application_name="gpuaas-serve-agents"
+        )
         self._listen_kwargs = {**kwargs, "application_name": "gpuaas-serve-listen"}
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] = psycopg_pool.ConnectionPool(
-            url, min_size=0, max_size=max(1, pool_size), kwargs=kwargs, open=True, timeout=10.0,
-            check=psycopg_pool.ConnectionPool.check_connection, name="gpuaas-serve-agents", max_idle=300.0)
+            url,
+            min_size=0,
+            max_size=max(1, pool_size),
+            kwargs=kwargs,
+            open=True,
+            timeout=10.0,
+            check=psycopg_pool.ConnectionPool.check_connection,
+            name="gpuaas-serve-agents",
+            max_idle=300.0,
+        )
         self._flush_s = flush_s
         self._token_ttl_s = token_ttl_s
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -220,8 +241,15 @@ class Gateway:
         self._listener: threading.Thread | None = None
         self._flusher: asyncio.Task[None] | None = None
         self.listening = False
-        self.counts = {"heartbeats": 0, "heartbeat_batches": 0, "reports": 0, "reports_stale": 0, "plan_reads": 0,
-                       "notifications": 0, "watch_wakeups": 0}
+        self.counts = {
+            "heartbeats": 0,
+            "heartbeat_batches": 0,
+            "reports": 0,
+            "reports_stale": 0,
+            "plan_reads": 0,
+            "notifications": 0,
+            "watch_wakeups": 0,
+        }
 
     # ------------------------------------------------------------ lifecycle
 
@@ -280,8 +308,9 @@ class Gateway:
 
     def _lookup(self, digests: list[str]) -> dict[str, str]:
         with self._connection("authenticate agents") as conn:
-            rows = conn.execute("SELECT token_sha256, node_name FROM node_agent_tokens WHERE token_sha256 = ANY(%s)",
-                                (digests,)).fetchall()
+            rows = conn.execute(
+                "SELECT token_sha256, node_name FROM node_agent_tokens WHERE token_sha256 = ANY(%s)", (digests,)
+            ).fetchall()
         return {str(r[0]): str(r[1]) for r in rows}
 
     @contextlib.contextmanager
@@ -326,8 +355,9 @@ class Gateway:
                 if self._known.get(node) == known:  # no newer notification arrived during the read
                     self._known[node] = read.generation
                 if after is None or read.generation != after:
-                    return agentwire.PlanAnswer(node=node, generation=read.generation or None, changed=True,
-                                                plan=read.plan)
+                    return agentwire.PlanAnswer(
+                        node=node, generation=read.generation or None, changed=True, plan=read.plan
+                    )
                 if self._known.get(node) != after:
                     continue  # a notification came in while reading: read again
             left = deadline - time.monotonic()
@@ -383,8 +413,12 @@ class Gateway:
                             self._call(self._heard, n.channel, n.payload)
             except psycopg.Error as e:
                 if not self._stop.is_set():
-                    log.warning("plan notifications lost (%s); reconnecting in %.1fs", e, delay,
-                                extra={"event": "serve.listen.lost"})
+                    log.warning(
+                        "plan notifications lost (%s); reconnecting in %.1fs",
+                        e,
+                        delay,
+                        extra={"event": "serve.listen.lost"},
+                    )
             finally:
                 self.listening = False
             self._stop.wait(delay)
@@ -404,8 +438,9 @@ class Gateway:
         if not written:
             self.counts["reports_stale"] += 1
         gen = doc.get("observed_generation")
-        return agentwire.ReportAnswer(node=node, kind=kind, written=written,
-                                      stored_generation=gen if isinstance(gen, int) and written else None)
+        return agentwire.ReportAnswer(
+            node=node, kind=kind, written=written, stored_generation=gen if isinstance(gen, int) and written else None
+        )
 
     def _write(self, node: str, writer: Writer, doc: Mapping[str, Any]) -> bool:
         try:
@@ -427,22 +462,29 @@ class Gateway:
     def _read_rewipes(self, node: str) -> agentwire.RewipeRequests:
         with self._connection(f"read the rewipe requests of {node}") as conn, conn.transaction():
             _as_node(conn, node)
-            rows = conn.execute("SELECT id, slot_index FROM slot_rewipe_requests WHERE node_name = %s"
-                                " AND state = 'pending' ORDER BY id", (node,)).fetchall()
-        return agentwire.RewipeRequests(node=node, requests=[
-            agentwire.RewipeRequest(id=int(r[0]), slot_index=int(r[1])) for r in rows])
+            rows = conn.execute(
+                "SELECT id, slot_index FROM slot_rewipe_requests WHERE node_name = %s"
+                " AND state = 'pending' ORDER BY id",
+                (node,),
+            ).fetchall()
+        return agentwire.RewipeRequests(
+            node=node, requests=[agentwire.RewipeRequest(id=int(r[0]), slot_index=int(r[1])) for r in rows]
+        )
 
-    async def answer_rewipe(self, node: str, request_id: int,
-                            answer: agentwire.RewipeAnswer) -> agentwire.RewipeAnswered:
+    async def answer_rewipe(
+        self, node: str, request_id: int, answer: agentwire.RewipeAnswer
+    ) -> agentwire.RewipeAnswered:
         return await to_thread.run_sync(self._answer_rewipe, node, request_id, answer)
 
     def _answer_rewipe(self, node: str, request_id: int, answer: agentwire.RewipeAnswer) -> agentwire.RewipeAnswered:
         # As the node: another node's request is invisible (row-level security), so it is "not found", never written.
         with self._connection(f"answer rewipe request {request_id} of {node}") as conn, conn.transaction():
             _as_node(conn, node)
-            row = conn.execute("UPDATE slot_rewipe_requests SET state = %s, answered_at = now(), answer = %s"
-                               " WHERE id = %s AND state = 'pending' RETURNING id",
-                               (answer.state, Jsonb(answer.answer), request_id)).fetchone()
+            row = conn.execute(
+                "UPDATE slot_rewipe_requests SET state = %s, answered_at = now(), answer = %s"
+                " WHERE id = %s AND state = 'pending' RETURNING id",
+                (answer.state, Jsonb(answer.answer), request_id),
+            ).fetchone()
             if row is None:
                 seen = conn.execute("SELECT state FROM slot_rewipe_requests WHERE id = %s", (request_id,)).fetchone()
                 if seen is None:
@@ -462,8 +504,12 @@ class Gateway:
             try:
                 await self._flush()
             except GpuaasError as e:
-                log.warning("heartbeats not written: %s: %s", e.code, e.message,
-                            extra={"event": "serve.heartbeat.failed", "code": e.code})
+                log.warning(
+                    "heartbeats not written: %s: %s",
+                    e.code,
+                    e.message,
+                    extra={"event": "serve.heartbeat.failed", "code": e.code},
+                )
 
     async def _flush(self) -> None:
         if not self._beats:

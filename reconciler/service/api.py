@@ -36,8 +36,19 @@ CAPACITY_COMPUTING = capacities.CapacityComputing.code  # first capacity model n
 INTERNAL = "api.internal"  # a bug: see the server log
 FORBIDDEN = "api.forbidden"  # a tenant token on an operator-only path
 
-CODES = (NOT_FOUND, ROUTE_NOT_FOUND, BAD_REQUEST, METHOD_NOT_ALLOWED, UNAUTHORIZED, TOKEN_INVALID, DB_UNAVAILABLE,
-         NO_SCHEMA, CAPACITY_COMPUTING, INTERNAL, FORBIDDEN)
+CODES = (
+    NOT_FOUND,
+    ROUTE_NOT_FOUND,
+    BAD_REQUEST,
+    METHOD_NOT_ALLOWED,
+    UNAUTHORIZED,
+    TOKEN_INVALID,
+    DB_UNAVAILABLE,
+    NO_SCHEMA,
+    CAPACITY_COMPUTING,
+    INTERNAL,
+    FORBIDDEN,
+)
 
 
 class ApiError(GpuaasError):
@@ -115,8 +126,14 @@ def _allocations(ctx: Context, _m: Sequence[str], q: Query) -> Any:
     if ctx.principal.tenant is not None and _one(q, "node") is not None:
         _operator_only(ctx, "filtering by node")
     with ctx.pool.reading() as conn:
-        return reads.allocations(conn, tenant=_tenant(ctx, q), state=state, node=_one(q, "node"),
-                                 limit=_int(q, "limit", 1000, 1, 10_000), offset=_int(q, "offset", 0, 0, 10**9))
+        return reads.allocations(
+            conn,
+            tenant=_tenant(ctx, q),
+            state=state,
+            node=_one(q, "node"),
+            limit=_int(q, "limit", 1000, 1, 10_000),
+            offset=_int(q, "offset", 0, 0, 10**9),
+        )
 
 
 def _allocation(ctx: Context, m: Sequence[str], _q: Query) -> Any:
@@ -141,10 +158,16 @@ def _capacity(ctx: Context, _m: Sequence[str], q: Query) -> Any:
     answer = ctx.capacity.get()
     doc = answer.computed.doc
     region, sku = _one(q, "region"), _one(q, "sku")
-    offers = [o for o in doc["capacity"] if (region is None or o["region"] == region)
-              and (sku is None or o["sku"] == sku)]
-    return {"revision": doc["revision"], "as_of": answer.computed.as_of.isoformat(), "stale": answer.stale,
-            "computed_in_s": round(answer.computed.seconds, 3), "capacity": offers}
+    offers = [
+        o for o in doc["capacity"] if (region is None or o["region"] == region) and (sku is None or o["sku"] == sku)
+    ]
+    return {
+        "revision": doc["revision"],
+        "as_of": answer.computed.as_of.isoformat(),
+        "stale": answer.stale,
+        "computed_in_s": round(answer.computed.seconds, 3),
+        "capacity": offers,
+    }
 
 
 def _skus(ctx: Context, _m: Sequence[str], _q: Query) -> Any:
@@ -165,8 +188,13 @@ def _nodes(ctx: Context, _m: Sequence[str], q: Query) -> Any:
     _operator_only(ctx, "the node list")
     state = _choice(q, "state", reads.SLOT_STATES)
     with ctx.pool.reading() as conn:
-        return reads.nodes(conn, region=_one(q, "region"), state=state, limit=_int(q, "limit", 1000, 1, 10_000),
-                           offset=_int(q, "offset", 0, 0, 10**9))
+        return reads.nodes(
+            conn,
+            region=_one(q, "region"),
+            state=state,
+            limit=_int(q, "limit", 1000, 1, 10_000),
+            offset=_int(q, "offset", 0, 0, 10**9),
+        )
 
 
 def _node(ctx: Context, m: Sequence[str], _q: Query) -> Any:
@@ -215,21 +243,24 @@ def _openapi(_ctx: Context, _m: Sequence[str], _q: Query) -> Any:
 
 
 _ID = r"([A-Za-z0-9][A-Za-z0-9._:-]{0,252})"
-ROUTES: tuple[tuple[re.Pattern[str], Handler], ...] = tuple((re.compile(f"^{PREFIX}{p}$"), h) for p, h in (
-    ("/?", _index),
-    ("/openapi.json", _openapi),
-    ("/allocations", _allocations),
-    (f"/allocations/{_ID}", _allocation),
-    (f"/allocations/{_ID}/telemetry", _telemetry),
-    ("/capacity", _capacity),
-    ("/skus", _skus),
-    ("/images", _images),
-    ("/nodes", _nodes),
-    (f"/nodes/{_ID}", _node),
-    ("/drift", _drift),
-    ("/history", _history),
-    ("/usage", _usage),
-))
+ROUTES: tuple[tuple[re.Pattern[str], Handler], ...] = tuple(
+    (re.compile(f"^{PREFIX}{p}$"), h)
+    for p, h in (
+        ("/?", _index),
+        ("/openapi.json", _openapi),
+        ("/allocations", _allocations),
+        (f"/allocations/{_ID}", _allocation),
+        (f"/allocations/{_ID}/telemetry", _telemetry),
+        ("/capacity", _capacity),
+        ("/skus", _skus),
+        ("/images", _images),
+        ("/nodes", _nodes),
+        (f"/nodes/{_ID}", _node),
+        ("/drift", _drift),
+        ("/history", _history),
+        ("/usage", _usage),
+    )
+)
 
 
 def handle(ctx: Context, path: str, query: Query) -> Any:
@@ -245,8 +276,13 @@ def handle(ctx: Context, path: str, query: Query) -> Any:
 
 
 def _param(name: str, where: str, description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"name": name, "in": where, "required": where == "path", "description": description,
-            "schema": schema or {"type": "string"}}
+    return {
+        "name": name,
+        "in": where,
+        "required": where == "path",
+        "description": description,
+        "schema": schema or {"type": "string"},
+    }
 
 
 SERVE_CODES = ("serve.host_not_allowed", "serve.request_timeout", "serve.too_many_connections")
@@ -275,10 +311,12 @@ def _get(summary: str, model: type[BaseModel], *params: dict[str, Any], not_foun
     return {"get": {"summary": summary, "parameters": list(params), "responses": responses}}
 
 
-def _agent(method: str, summary: str, model: type[BaseModel], *params: dict[str, Any],
-           body: type[BaseModel] | None = None) -> dict[str, Any]:
+def _agent(
+    method: str, summary: str, model: type[BaseModel], *params: dict[str, Any], body: type[BaseModel] | None = None
+) -> dict[str, Any]:
     op: dict[str, Any] = {
-        "summary": summary, "security": [{"node_token": []}],
+        "summary": summary,
+        "security": [{"node_token": []}],
         "parameters": [_param("node", "path", "this node's name (the token's node)"), *params],
         "responses": {
             "200": {"description": "OK", "content": {"application/json": {"schema": models.ref(model)}}},
@@ -298,72 +336,132 @@ _OFFSET = _param("offset", "query", "items to skip", {"type": "integer", "minimu
 
 OPENAPI: dict[str, Any] = {
     "openapi": "3.1.0",
-    "info": {"title": "gpuaas API", "version": "v1",
-             "description": "Read-only view of allocations, capacity, nodes, drift, history and usage; "
-                            "the host agents' API under /agent. "
-                            "Errors are {\"error\": {\"code\", \"message\"}} with stable codes: " + ", ".join(CODES)},
+    "info": {
+        "title": "gpuaas API",
+        "version": "v1",
+        "description": "Read-only view of allocations, capacity, nodes, drift, history and usage; "
+        "the host agents' API under /agent. "
+        'Errors are {"error": {"code", "message"}} with stable codes: ' + ", ".join(CODES),
+    },
     "servers": [{"url": PREFIX}],
     "components": {
-        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
-                            "node_token": {"type": "http", "scheme": "bearer",
-                                           "description": "a node token (gpuaas host token issue NODE)"}},
+        "securitySchemes": {
+            "bearer": {"type": "http", "scheme": "bearer"},
+            "node_token": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "a node token (gpuaas host token issue NODE)",
+            },
+        },
         "schemas": _components(),
     },
     "security": [{"bearer": []}, {}],
     "paths": {
-        "/allocations": _get("Allocations, oldest request first", models.AllocationPage,
-                             _param("tenant", "query", "only this tenant"),
-                             _param("state", "query", "only this state",
-                                    {"type": "string", "enum": list(reads.ALLOCATION_STATES)}),
-                             _param("node", "query", "only allocations placed on this node"), _LIMIT, _OFFSET),
-        "/allocations/{id}": _get("One allocation: state and pending reason, placement, boot slot MAC and IP, "
-                                  "host phase, claims, timestamps", models.Allocation,
-                                  _param("id", "path", "allocation id"), not_found=True),
+        "/allocations": _get(
+            "Allocations, oldest request first",
+            models.AllocationPage,
+            _param("tenant", "query", "only this tenant"),
+            _param("state", "query", "only this state", {"type": "string", "enum": list(reads.ALLOCATION_STATES)}),
+            _param("node", "query", "only allocations placed on this node"),
+            _LIMIT,
+            _OFFSET,
+        ),
+        "/allocations/{id}": _get(
+            "One allocation: state and pending reason, placement, boot slot MAC and IP, host phase, claims, timestamps",
+            models.Allocation,
+            _param("id", "path", "allocation id"),
+            not_found=True,
+        ),
         "/allocations/{id}/telemetry": _get(
             "The guest's newest GPU telemetry (utilisation, memory, temperature, ECC), or state unavailable "
-            "with the reason; a field the guest could not read is null, never 0", models.Telemetry,
-            _param("id", "path", "allocation id"), not_found=True),
-        "/capacity": _get("Launchable capacity per region x SKU x GPU count (the numbers of `gpuaas status`)",
-                          models.Capacity,
-                          _param("region", "query", "only this region"), _param("sku", "query", "only this SKU")),
-        "/skus": _get("The SKUs on sale: display names, GPU counts, VM profiles, prices (minor units per hour)",
-                      portalmodels.SkuCatalog),
-        "/images": _get("Active images, each with the SKUs it can boot; with sku=, only that SKU's",
-                        portalmodels.ImageCatalog,
-                        _param("sku", "query", "only images this SKU can boot (404 for an unknown SKU)"),
-                        not_found=True),
-        "/nodes": _get("Nodes with slots by state", models.NodePage, _param("region", "query", "only this region"),
-                       _param("state", "query", "only nodes with a slot in this state",
-                              {"type": "string", "enum": list(reads.SLOT_STATES)}), _LIMIT, _OFFSET),
-        "/nodes/{name}": _get("One node: slots with state, claims and drift; its host report", models.Node,
-                              _param("name", "path", "node name"), not_found=True),
-        "/drift": _get("Drift findings the hosts reported, and invalid reports", models.Drift,
-                       _param("node", "query", "only this node")),
+            "with the reason; a field the guest could not read is null, never 0",
+            models.Telemetry,
+            _param("id", "path", "allocation id"),
+            not_found=True,
+        ),
+        "/capacity": _get(
+            "Launchable capacity per region x SKU x GPU count (the numbers of `gpuaas status`)",
+            models.Capacity,
+            _param("region", "query", "only this region"),
+            _param("sku", "query", "only this SKU"),
+        ),
+        "/skus": _get(
+            "The SKUs on sale: display names, GPU counts, VM profiles, prices (minor units per hour)",
+            portalmodels.SkuCatalog,
+        ),
+        "/images": _get(
+            "Active images, each with the SKUs it can boot; with sku=, only that SKU's",
+            portalmodels.ImageCatalog,
+            _param("sku", "query", "only images this SKU can boot (404 for an unknown SKU)"),
+            not_found=True,
+        ),
+        "/nodes": _get(
+            "Nodes with slots by state",
+            models.NodePage,
+            _param("region", "query", "only this region"),
+            _param(
+                "state",
+                "query",
+                "only nodes with a slot in this state",
+                {"type": "string", "enum": list(reads.SLOT_STATES)},
+            ),
+            _LIMIT,
+            _OFFSET,
+        ),
+        "/nodes/{name}": _get(
+            "One node: slots with state, claims and drift; its host report",
+            models.Node,
+            _param("name", "path", "node name"),
+            not_found=True,
+        ),
+        "/drift": _get(
+            "Drift findings the hosts reported, and invalid reports",
+            models.Drift,
+            _param("node", "query", "only this node"),
+        ),
         "/history": _get("Recent reconciliations, newest first", models.History, _LIMIT),
-        "/usage": _get("GPU-hours and amounts per allocation and tenant, prorated to the window", models.Usage,
-                       _param("from", "query", "start (YYYY-MM-DD or ISO 8601; default: this month)"),
-                       _param("to", "query", "end, exclusive (default: now)"),
-                       _param("tenant", "query", "only this tenant")),
+        "/usage": _get(
+            "GPU-hours and amounts per allocation and tenant, prorated to the window",
+            models.Usage,
+            _param("from", "query", "start (YYYY-MM-DD or ISO 8601; default: this month)"),
+            _param("to", "query", "end, exclusive (default: now)"),
+            _param("tenant", "query", "only this tenant"),
+        ),
         "/openapi.json": _get("This document", models.OpenApiDocument),
         "/agent/nodes/{node}/plan": _agent(
-            "get", "This node's plan; with `after`, a watch: answers when the generation differs from `after`, or "
-                   "after `wait` seconds with changed=false", agentwire.PlanAnswer,
+            "get",
+            "This node's plan; with `after`, a watch: answers when the generation differs from `after`, or "
+            "after `wait` seconds with changed=false",
+            agentwire.PlanAnswer,
             _param("after", "query", "the generation the agent holds", {"type": "integer", "minimum": 0}),
-            _param("wait", "query", f"seconds to wait for a change (at most {agentwire.MAX_WAIT_S:g})",
-                   {"type": "number", "minimum": 0, "maximum": agentwire.MAX_WAIT_S})),
-        "/agent/nodes/{node}/heartbeat": _agent("post", "The agent is alive (written in batches)",
-                                                agentwire.HeartbeatAnswer),
+            _param(
+                "wait",
+                "query",
+                f"seconds to wait for a change (at most {agentwire.MAX_WAIT_S:g})",
+                {"type": "number", "minimum": 0, "maximum": agentwire.MAX_WAIT_S},
+            ),
+        ),
+        "/agent/nodes/{node}/heartbeat": _agent(
+            "post", "The agent is alive (written in batches)", agentwire.HeartbeatAnswer
+        ),
         "/agent/nodes/{node}/reports/status": _agent(
-            "post", "The node's status after a pass (slots, VMs, drift, errors, image cache, guest readiness); "
-                    "a report older than the stored one is ignored (written=false)", agentwire.ReportAnswer,
-            body=agentwire.StatusReport),
-        "/agent/nodes/{node}/rewipes": _agent("get", "This node's pending `gpuaas slot rewipe` requests, oldest first",
-                                              agentwire.RewipeRequests),
+            "post",
+            "The node's status after a pass (slots, VMs, drift, errors, image cache, guest readiness); "
+            "a report older than the stored one is ignored (written=false)",
+            agentwire.ReportAnswer,
+            body=agentwire.StatusReport,
+        ),
+        "/agent/nodes/{node}/rewipes": _agent(
+            "get", "This node's pending `gpuaas slot rewipe` requests, oldest first", agentwire.RewipeRequests
+        ),
         "/agent/nodes/{node}/rewipes/{id}": _agent(
-            "post", f"The agent's answer to one rewipe request; 404 {agentwire.REWIPE_NOT_FOUND} for a request that "
-                    f"is not this node's, 409 {agentwire.REWIPE_ANSWERED} when answered already",
-            agentwire.RewipeAnswered, _param("id", "path", "the request id", {"type": "integer", "minimum": 1}),
-            body=agentwire.RewipeAnswer),
+            "post",
+            f"The agent's answer to one rewipe request; 404 {agentwire.REWIPE_NOT_FOUND} for a request that "
+            f"is not this node's, 409 {agentwire.REWIPE_ANSWERED} when answered already",
+            agentwire.RewipeAnswered,
+            _param("id", "path", "the request id", {"type": "integer", "minimum": 1}),
+            body=agentwire.RewipeAnswer,
+        ),
     },
 }
 
@@ -373,21 +471,35 @@ def _write(summary: str, body: type[BaseModel] | None, *params: dict[str, Any]) 
     intake_error = {"content": {"application/json": {"schema": models.ref(portalmodels.IntakeError)}}}
     op: dict[str, Any] = {
         "summary": summary,
-        "parameters": [*params, _param("Idempotency-Key", "header", "the same key (per token) and body again gives "
-                                       "the first answer (header Idempotent-Replayed: true), durably; another body: "
-                                       "422 intake.idempotency_key_reused")],
+        "parameters": [
+            *params,
+            _param(
+                "Idempotency-Key",
+                "header",
+                "the same key (per token) and body again gives "
+                "the first answer (header Idempotent-Replayed: true), durably; another body: "
+                "422 intake.idempotency_key_reused",
+            ),
+        ],
         "responses": {
-            "202": {"description": "committed (and pushed) by the portal bot; the reconciler places it next",
-                    "content": {"application/json": {"schema": models.ref(portalmodels.Accepted)}}},
+            "202": {
+                "description": "committed (and pushed) by the portal bot; the reconciler places it next",
+                "content": {"application/json": {"schema": models.ref(portalmodels.Accepted)}},
+            },
             "400": {"description": "intake.bad_request: not JSON or a field of the wrong type", **_ERROR},
             "401": {"description": f"{UNAUTHORIZED}, {TOKEN_INVALID}", **_ERROR},
             "403": {"description": "intake.tenant_mismatch: a tenant token naming another tenant", **_ERROR},
             "404": {"description": f"{NOT_FOUND} (another tenant's allocation is absent too)", **_ERROR},
             "405": {"description": f"{METHOD_NOT_ALLOWED}: serve has no --intake-repo", **_ERROR},
-            "409": {"description": "intake.exists: the id is already in the desired-state repo; "
-                                   "intake.already_released", **_ERROR},
-            "422": {"description": "request.invalid (problems as `gpuaas validate` prints them), "
-                                   "intake.idempotency_key_reused", **intake_error},
+            "409": {
+                "description": "intake.exists: the id is already in the desired-state repo; intake.already_released",
+                **_ERROR,
+            },
+            "422": {
+                "description": "request.invalid (problems as `gpuaas validate` prints them), "
+                "intake.idempotency_key_reused",
+                **intake_error,
+            },
             "503": {"description": "intake.git_failed (nothing left behind), intake.db_unavailable", **_ERROR},
         },
     }
@@ -398,20 +510,34 @@ def _write(summary: str, body: type[BaseModel] | None, *params: dict[str, Any]) 
 
 OPENAPI["paths"]["/allocations"]["post"] = _write(
     "Request an allocation: validated as `gpuaas validate` would, committed to the desired-state repo by the "
-    "portal bot and pushed", portalmodels.AllocationRequest)
+    "portal bot and pushed",
+    portalmodels.AllocationRequest,
+)
 OPENAPI["paths"]["/allocations/{id}"]["delete"] = _write(
-    "Release an allocation: the bot commits state: released", None, _param("id", "path", "allocation id"))
-OPENAPI["paths"]["/events"] = {"get": {
-    "summary": "Allocation state changes as server-sent events (text/event-stream) from the outbox: `id:` is the "
-               "event id, `event:` its type, `data:` an AllocationEvent. Reconnect with Last-Event-ID (or after=) "
-               "to miss nothing; a tenant token gets its tenant's events only",
-    "parameters": [_param("after", "query", "start after this event id (default: the newest; 0: all kept)",
-                          {"type": "integer", "minimum": 0}),
-                   _param("Last-Event-ID", "header", "as after=, sent by EventSource on reconnect")],
-    "responses": {
-        "200": {"description": "the stream; it ends after a few minutes (reconnect with the last id)",
-                "content": {"text/event-stream": {"schema": models.ref(portalmodels.AllocationEvent)}}},
-        "400": {"description": BAD_REQUEST, **_ERROR},
-        "401": {"description": f"{UNAUTHORIZED}, {TOKEN_INVALID}", **_ERROR},
-        "503": {"description": DB_UNAVAILABLE, **_ERROR},
-    }}}
+    "Release an allocation: the bot commits state: released", None, _param("id", "path", "allocation id")
+)
+OPENAPI["paths"]["/events"] = {
+    "get": {
+        "summary": "Allocation state changes as server-sent events (text/event-stream) from the outbox: `id:` is the "
+        "event id, `event:` its type, `data:` an AllocationEvent. Reconnect with Last-Event-ID (or after=) "
+        "to miss nothing; a tenant token gets its tenant's events only",
+        "parameters": [
+            _param(
+                "after",
+                "query",
+                "start after this event id (default: the newest; 0: all kept)",
+                {"type": "integer", "minimum": 0},
+            ),
+            _param("Last-Event-ID", "header", "as after=, sent by EventSource on reconnect"),
+        ],
+        "responses": {
+            "200": {
+                "description": "the stream; it ends after a few minutes (reconnect with the last id)",
+                "content": {"text/event-stream": {"schema": models.ref(portalmodels.AllocationEvent)}},
+            },
+            "400": {"description": BAD_REQUEST, **_ERROR},
+            "401": {"description": f"{UNAUTHORIZED}, {TOKEN_INVALID}", **_ERROR},
+            "503": {"description": DB_UNAVAILABLE, **_ERROR},
+        },
+    }
+}

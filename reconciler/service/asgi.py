@@ -61,9 +61,13 @@ def _json_bytes(doc: Any) -> bytes:
 
 def _headers(content_type: str, length: int, extra: Sequence[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     # Names as clients print them (HTTP does not care; people reading a capture do).
-    return [(b"Content-Type", content_type.encode()), (b"Content-Length", str(length).encode()),
-            (b"Cache-Control", b"no-store"), (b"X-Content-Type-Options", b"nosniff"),
-            *((k.encode(), v.encode()) for k, v in extra)]
+    return [
+        (b"Content-Type", content_type.encode()),
+        (b"Content-Length", str(length).encode()),
+        (b"Cache-Control", b"no-store"),
+        (b"X-Content-Type-Options", b"nosniff"),
+        *((k.encode(), v.encode()) for k, v in extra),
+    ]
 
 
 async def _send_json(send: Send, status: int, doc: Any, headers: Sequence[tuple[str, str]] = ()) -> None:
@@ -81,8 +85,13 @@ async def _deny(scope: Scope, receive: Receive, send: Send, status: int, doc: An
     await receive()  # websocket.connect
     if "websocket.http.response" in scope.get("extensions", {}):
         body = _json_bytes(doc)
-        await send({"type": "websocket.http.response.start", "status": status,
-                    "headers": _headers("application/json", len(body), ())})
+        await send(
+            {
+                "type": "websocket.http.response.start",
+                "status": status,
+                "headers": _headers("application/json", len(body), ()),
+            }
+        )
         await send({"type": "websocket.http.response.body", "body": body})
     else:  # a server without the denial-response extension answers 403
         await send({"type": "websocket.close", "code": 1008})
@@ -113,8 +122,15 @@ class HostAllowList:
         if host_name(given) in self.allowed:
             await self.app(scope, receive, send)
             return
-        await _deny(scope, receive, send, 421, api.error_body(
-            HOST_NOT_ALLOWED, f"this server does not answer for Host {given[:100]!r} (serve --allow-host NAME)"))
+        await _deny(
+            scope,
+            receive,
+            send,
+            421,
+            api.error_body(
+                HOST_NOT_ALLOWED, f"this server does not answer for Host {given[:100]!r} (serve --allow-host NAME)"
+            ),
+        )
 
 
 class Deadline:
@@ -140,13 +156,18 @@ class Deadline:
         except TimeoutError:
             if started:
                 raise  # part of a response left already: cutting the connection is all that is left
-            await _send_json(send, 503, api.error_body(
-                REQUEST_TIMEOUT, f"the request took longer than {self.seconds:g}s"), (("Connection", "close"),))
+            await _send_json(
+                send,
+                503,
+                api.error_body(REQUEST_TIMEOUT, f"the request took longer than {self.seconds:g}s"),
+                (("Connection", "close"),),
+            )
 
 
 def _agent_error(status: int, code: str, message: str, headers: Sequence[tuple[str, str]] = ()) -> JSONResponse:
-    return JSONResponse(api.error_body(code, message), status_code=status,
-                        headers={"Cache-Control": "no-store", **dict(headers)})
+    return JSONResponse(
+        api.error_body(code, message), status_code=status, headers={"Cache-Control": "no-store", **dict(headers)}
+    )
 
 
 class AgentRoutes:
@@ -159,15 +180,20 @@ class AgentRoutes:
         scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
         challenge = (("WWW-Authenticate", 'Bearer realm="gpuaas-agent"'),)
         if scheme.lower() != "bearer" or not token.strip():
-            return _agent_error(401, agentwire.UNAUTHORIZED, "an agent request needs Authorization: Bearer "
-                                "<node token> (gpuaas host token issue NODE)", challenge)
+            return _agent_error(
+                401,
+                agentwire.UNAUTHORIZED,
+                "an agent request needs Authorization: Bearer <node token> (gpuaas host token issue NODE)",
+                challenge,
+            )
         try:
             node = await self.gateway.authenticate(token.strip())
         except TemporaryError as e:
             return _agent_error(503, api.DB_UNAVAILABLE, e.message, (("Retry-After", "1"),))
         if node is None:
-            return _agent_error(401, agentwire.UNAUTHORIZED, "this node token is not known (revoked or rotated?)",
-                                challenge)
+            return _agent_error(
+                401, agentwire.UNAUTHORIZED, "this node token is not known (revoked or rotated?)", challenge
+            )
         wanted = request.path_params["node"]
         if wanted != node:
             return _agent_error(403, agentwire.FORBIDDEN, f"this token is node {node}'s; it may not act for {wanted}")
@@ -206,8 +232,11 @@ class AgentRoutes:
             return node
         kind = request.path_params["kind"]
         if kind not in agentwire.REPORT_KINDS:
-            return _agent_error(404, agentwire.REPORT_KIND_UNKNOWN,
-                                f"no report kind {kind!r} (known: {', '.join(agentwire.REPORT_KINDS)})")
+            return _agent_error(
+                404,
+                agentwire.REPORT_KIND_UNKNOWN,
+                f"no report kind {kind!r} (known: {', '.join(agentwire.REPORT_KINDS)})",
+            )
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
@@ -228,7 +257,6 @@ class AgentRoutes:
         except TemporaryError as e:
             return _agent_error(503, api.DB_UNAVAILABLE, e.message, (("Retry-After", "1"),))
         return JSONResponse(answer.model_dump(mode="json"))
-
 
     async def rewipes(self, request: Request) -> Response:
         node = await self._node(request)
@@ -299,9 +327,20 @@ def _read_side(service: server.Service) -> ASGIApp:
         t0 = time.perf_counter()
         resp = await to_thread.run_sync(service.respond, scope["method"], target, {"Authorization": auth})
         ms = round((time.perf_counter() - t0) * 1000, 1)
-        log.info("%s %s %d %.1fms", scope["method"], scope["path"], resp.status, ms,
-                 extra={"event": "request", "method": scope["method"], "path": scope["path"], "status": resp.status,
-                        "ms": ms})
+        log.info(
+            "%s %s %d %.1fms",
+            scope["method"],
+            scope["path"],
+            resp.status,
+            ms,
+            extra={
+                "event": "request",
+                "method": scope["method"],
+                "path": scope["path"],
+                "status": resp.status,
+                "ms": ms,
+            },
+        )
         headers = _headers(resp.content_type, len(resp.body), resp.headers)
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else resp.body})
@@ -333,7 +372,7 @@ def _fast_watch(gateway: agents.Gateway) -> Callable[[Scope, Send], Awaitable[bo
         path: str = scope.get("path", "")
         if scope.get("method") != "GET" or not path.startswith(_PLAN_PREFIX) or not path.endswith("/plan"):
             return False
-        node = path[len(_PLAN_PREFIX):-len("/plan")]
+        node = path[len(_PLAN_PREFIX) : -len("/plan")]
         if not node or "/" in node:
             return False
         auth = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"")
@@ -356,17 +395,24 @@ def _fast_watch(gateway: agents.Gateway) -> Callable[[Scope, Send], Awaitable[bo
         except TemporaryError:
             return False  # the framework's path answers 503 with the reason
         body = answer.model_dump_json().encode()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"cache-control", b"no-store")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"cache-control", b"no-store"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
         return True
 
     return handle
 
 
-def _websockets(console_app: ASGIApp | None, connections: Callable[[], int] | None,
-                max_connections: int) -> ASGIApp:
+def _websockets(console_app: ASGIApp | None, connections: Callable[[], int] | None, max_connections: int) -> ASGIApp:
     """WebSocket handshakes: the console route when `serve --console-credentials` mounted it, else 404.
 
     uvicorn's --limit-concurrency refuses HTTP requests only, never an upgrade:
@@ -379,20 +425,35 @@ def _websockets(console_app: ASGIApp | None, connections: Callable[[], int] | No
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
         if console_app is None or not pattern.match(path):
-            await _deny(scope, receive, send, 404, api.error_body(api.ROUTE_NOT_FOUND,
-                                                                  f"no such WebSocket path: {path[:200]}"))
+            await _deny(
+                scope, receive, send, 404, api.error_body(api.ROUTE_NOT_FOUND, f"no such WebSocket path: {path[:200]}")
+            )
         elif connections is not None and connections() > max_connections:
-            await _deny(scope, receive, send, 503, api.error_body(
-                TOO_MANY_CONNECTIONS, f"this server holds {max_connections} connections (serve --max-connections)"))
+            await _deny(
+                scope,
+                receive,
+                send,
+                503,
+                api.error_body(
+                    TOO_MANY_CONNECTIONS, f"this server holds {max_connections} connections (serve --max-connections)"
+                ),
+            )
         else:
             await console_app(scope, receive, send)
 
     return app
 
 
-def build(service: server.Service, gateway: agents.Gateway, *, allowed_hosts: Sequence[str],
-          request_timeout_s: float, console_app: ASGIApp | None = None,
-          connections: Callable[[], int] | None = None, max_connections: int = 16384) -> ASGIApp:
+def build(
+    service: server.Service,
+    gateway: agents.Gateway,
+    *,
+    allowed_hosts: Sequence[str],
+    request_timeout_s: float,
+    console_app: ASGIApp | None = None,
+    connections: Callable[[], int] | None = None,
+    max_connections: int = 16384,
+) -> ASGIApp:
     routes = AgentRoutes(gateway)
     node = "{node:str}"
 
@@ -404,14 +465,19 @@ def build(service: server.Service, gateway: agents.Gateway, *, allowed_hosts: Se
         finally:
             await gateway.stop()
 
-    agent_app = Starlette(routes=[
-        Route(f"{agentwire.PREFIX}/nodes/{node}/plan", routes.plan, methods=["GET"]),
-        Route(f"{agentwire.PREFIX}/nodes/{node}/heartbeat", routes.heartbeat, methods=["POST"]),
-        Route(f"{agentwire.PREFIX}/nodes/{node}/reports/{{kind:str}}", routes.report, methods=["POST"]),
-        Route(f"{agentwire.PREFIX}/nodes/{node}/rewipes", routes.rewipes, methods=["GET"]),
-        Route(f"{agentwire.PREFIX}/nodes/{node}/rewipes/{{request_id:int}}", routes.answer_rewipe,
-              methods=["POST"]),
-    ], lifespan=lifespan, exception_handlers={404: _no_route, 405: _no_method})
+    agent_app = Starlette(
+        routes=[
+            Route(f"{agentwire.PREFIX}/nodes/{node}/plan", routes.plan, methods=["GET"]),
+            Route(f"{agentwire.PREFIX}/nodes/{node}/heartbeat", routes.heartbeat, methods=["POST"]),
+            Route(f"{agentwire.PREFIX}/nodes/{node}/reports/{{kind:str}}", routes.report, methods=["POST"]),
+            Route(f"{agentwire.PREFIX}/nodes/{node}/rewipes", routes.rewipes, methods=["GET"]),
+            Route(
+                f"{agentwire.PREFIX}/nodes/{node}/rewipes/{{request_id:int}}", routes.answer_rewipe, methods=["POST"]
+            ),
+        ],
+        lifespan=lifespan,
+        exception_handlers={404: _no_route, 405: _no_method},
+    )
     read_side = _read_side(service)
     fast = _fast_watch(gateway)
     websockets = _websockets(console_app, connections, max_connections)

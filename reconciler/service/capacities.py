@@ -62,8 +62,9 @@ def status_document(conn: Connection, *, policy: str | None = None) -> dict[str,
     from reconciler.store import history, live, migrations, views
 
     if not migrations.applied(conn):
-        raise PermanentError("the database has no schema yet: nothing was reconciled (run `gpuaas run`)",
-                             code="status.no_schema")
+        raise PermanentError(
+            "the database has no schema yet: nothing was reconciled (run `gpuaas run`)", code="status.no_schema"
+        )
     state = views.desired_state(conn)
     observed = live.observe(conn)
     allocations = views.allocations(conn)
@@ -77,22 +78,42 @@ def status_document(conn: Connection, *, policy: str | None = None) -> dict[str,
 
     catalog.priced(doc["capacity"], state.skus)
     doc["reconciliation"] = {
-        "last_applied_revision": health.last_applied_revision, "last_applied_at": health.last_applied_at,
-        "failing": {"since": health.failing_since, "failures": health.failures,
-                    "revision": health.failing_revision, "code": health.failing_code,
-                    "message": health.failing_message} if health.failing else None,
+        "last_applied_revision": health.last_applied_revision,
+        "last_applied_at": health.last_applied_at,
+        "failing": {
+            "since": health.failing_since,
+            "failures": health.failures,
+            "revision": health.failing_revision,
+            "code": health.failing_code,
+            "message": health.failing_message,
+        }
+        if health.failing
+        else None,
         "invalid_revision": health.invalid_revision,
-        "head": None if health.head is None else {
-            "revision": health.head.revision, "applied": health.head.applied, "since": health.head.since,
-            "code": health.head.code, "message": health.head.message},
+        "head": None
+        if health.head is None
+        else {
+            "revision": health.head.revision,
+            "applied": health.head.applied,
+            "since": health.head.since,
+            "code": health.head.code,
+            "message": health.head.message,
+        },
     }
     status_command.add_removed(doc, views.removed_nodes(conn))  # nodes removed from git that hold claims
     return doc
 
 
 class Cache:
-    def __init__(self, pool: Pool, *, policy: str | None = None, refresh_s: float = 10.0, wait_s: float = 2.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        *,
+        policy: str | None = None,
+        refresh_s: float = 10.0,
+        wait_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._pool = pool
         self._policy = policy
         self.refresh_s = refresh_s
@@ -150,8 +171,9 @@ class Cache:
             if cur is None:
                 if self._error is not None and not self._running:
                     raise self._error
-                raise CapacityComputing("capacity is still being computed for the first time; retry shortly",
-                                        delay=max(1.0, self.wait_s))
+                raise CapacityComputing(
+                    "capacity is still being computed for the first time; retry shortly", delay=max(1.0, self.wait_s)
+                )
             return Answer(cur, stale=cur.key != key)
 
     def peek(self) -> Answer | None:

@@ -32,8 +32,10 @@ def _typed(conn: Connection) -> tuple[dict[str, m.Sku], dict[str, m.Image]]:
         cur = conn.cursor(row_factory=dict_row)
         skus = cur.execute("SELECT * FROM sku_catalog WHERE present ORDER BY sku").fetchall()
         imgs = cur.execute("SELECT * FROM os_images WHERE present ORDER BY slug").fetchall()
-    return ({r["sku"]: m.Sku.model_validate(views._sku(r)) for r in skus},
-            {r["slug"]: m.Image.model_validate(views._image(r)) for r in imgs})
+    return (
+        {r["sku"]: m.Sku.model_validate(views._sku(r)) for r in skus},
+        {r["slug"]: m.Image.model_validate(views._image(r)) for r in imgs},
+    )
 
 
 def price_of(sku: m.Sku, gpu_count: int) -> int:
@@ -43,15 +45,28 @@ def price_of(sku: m.Sku, gpu_count: int) -> int:
 def sku_doc(sku: m.Sku, images: Mapping[str, m.Image]) -> dict[str, Any]:
     rp = sku.resource_profile
     return {
-        "sku": sku.sku, "display_name": sku.display_name or sku.sku, "capacity_shape": sku.capacity_shape.value,
+        "sku": sku.sku,
+        "display_name": sku.display_name or sku.sku,
+        "capacity_shape": sku.capacity_shape.value,
         "accelerator": {"vendor": sku.accelerator_vendor, "model": sku.accelerator_model},
         "network_fabric": str(getattr(sku.network_fabric, "value", sku.network_fabric)),
-        "gpu_counts": list(sku.counts), "exclusive_node": sku.exclusive_node,
-        "vm_profiles": [{"name": name, "gpu_count": p.gpu_count, "vcpu_count": p.vcpu_count,
-                         "memory_mib": p.memory_mib, "default": name == rp.default_slice_vm_profile}
-                        for name, p in sorted(rp.slice_vm_profiles.items())],
-        "price": {"currency": sku.currency, "gpu_hourly_minor": sku.gpu_hourly_price_minor,
-                  "hourly_minor_by_gpu_count": {str(n): price_of(sku, n) for n in sku.counts}},
+        "gpu_counts": list(sku.counts),
+        "exclusive_node": sku.exclusive_node,
+        "vm_profiles": [
+            {
+                "name": name,
+                "gpu_count": p.gpu_count,
+                "vcpu_count": p.vcpu_count,
+                "memory_mib": p.memory_mib,
+                "default": name == rp.default_slice_vm_profile,
+            }
+            for name, p in sorted(rp.slice_vm_profiles.items())
+        ],
+        "price": {
+            "currency": sku.currency,
+            "gpu_hourly_minor": sku.gpu_hourly_price_minor,
+            "hourly_minor_by_gpu_count": {str(n): price_of(sku, n) for n in sku.counts},
+        },
         "default_image": image_rules.default(dict(images), sku),
     }
 
@@ -73,9 +88,18 @@ def images(conn: Connection, *, sku: str | None) -> dict[str, Any] | None:
     for slug, image in image_map.items():
         fits = [s.sku for s in wanted if image_rules.unviable(image_map, slug, s, now) is None]
         if image.active and fits:
-            out.append({"slug": slug, "display_name": image.display_name or slug, "version": image.version,
-                        "family": image.family, "architecture": image.architecture, "target": image.target,
-                        "default_username": image.default_username, "skus": fits})
+            out.append(
+                {
+                    "slug": slug,
+                    "display_name": image.display_name or slug,
+                    "version": image.version,
+                    "family": image.family,
+                    "architecture": image.architecture,
+                    "target": image.target,
+                    "default_username": image.default_username,
+                    "skus": fits,
+                }
+            )
     return {"items": out}
 
 

@@ -80,28 +80,52 @@ class ConsoleGateway:
 
     async def _target(self, allocation_id: str) -> Target | None:
         row = await asyncio.to_thread(
-            self._query, "SELECT a.tenant, a.status, a.capacity_shape, n.name FROM allocations a"
-                         " LEFT JOIN nodes n ON n.id = a.node_id WHERE a.id = %s", (allocation_id,))
+            self._query,
+            "SELECT a.tenant, a.status, a.capacity_shape, n.name FROM allocations a"
+            " LEFT JOIN nodes n ON n.id = a.node_id WHERE a.id = %s",
+            (allocation_id,),
+        )
         return Target(str(row[0]), str(row[1]), row[2], row[3]) if row else None
 
-    async def _audit(self, allocation_id: str, who: Principal | None, remote: str, *, outcome: str,
-                     reason: str | None, node: str | None = None) -> int:
+    async def _audit(
+        self,
+        allocation_id: str,
+        who: Principal | None,
+        remote: str,
+        *,
+        outcome: str,
+        reason: str | None,
+        node: str | None = None,
+    ) -> int:
         row = await asyncio.to_thread(
             self._query,
             "INSERT INTO console_sessions (allocation_id, principal, role, tenant, node, remote, outcome, reason,"
             " closed_at, duration_ms) VALUES (%s, %s, %s, %s, %s, %s, %s, %s,"
             " CASE WHEN %s <> 'open' THEN now() END, CASE WHEN %s <> 'open' THEN 0 END) RETURNING id",
-            (allocation_id, who.name if who else None, who.role.value if who else None, who.tenant if who else None,
-             node, remote, outcome, reason, outcome, outcome))
+            (
+                allocation_id,
+                who.name if who else None,
+                who.role.value if who else None,
+                who.tenant if who else None,
+                node,
+                remote,
+                outcome,
+                reason,
+                outcome,
+                outcome,
+            ),
+        )
         return int(row[0])
 
-    async def _finish(self, session: int, *, outcome: str, reason: str | None, started: float, bytes_in: int,
-                      bytes_out: int) -> None:
+    async def _finish(
+        self, session: int, *, outcome: str, reason: str | None, started: float, bytes_in: int, bytes_out: int
+    ) -> None:
         await asyncio.to_thread(
             self._query,
             "UPDATE console_sessions SET outcome = %s, reason = %s, closed_at = now(), duration_ms = %s,"
             " bytes_in = %s, bytes_out = %s WHERE id = %s RETURNING id",
-            (outcome, reason, int((time.monotonic() - started) * 1000), bytes_in, bytes_out, session))
+            (outcome, reason, int((time.monotonic() - started) * 1000), bytes_in, bytes_out, session),
+        )
 
     # -- the route -----------------------------------------------------------------------------
     async def endpoint(self, websocket: WebSocket) -> None:
@@ -110,25 +134,35 @@ class ConsoleGateway:
         token, subprotocol = _token(websocket)
         who = self.credentials.lookup(token)
         target = await self._target(allocation_id) if who is not None else None
-        if who is None or (target is None and not who.may_open("")) or (
-                target is not None and not who.may_open(target.tenant)):
-            why = ("no credential" if token is None else "unknown credential" if who is None
-                   else "not this tenant's allocation")
+        if (
+            who is None
+            or (target is None and not who.may_open(""))
+            or (target is not None and not who.may_open(target.tenant))
+        ):
+            why = (
+                "no credential"
+                if token is None
+                else "unknown credential"
+                if who is None
+                else "not this tenant's allocation"
+            )
             await self._audit(allocation_id, who, remote, outcome="refused", reason=why)
             await websocket.close(code=1008)  # before accept: the client sees HTTP 403
             return
         why_not = _why_not(target)
         if why_not is not None or target is None or target.node is None:
-            await self._audit(allocation_id, who, remote, outcome="refused", reason=why_not,
-                              node=target.node if target else None)
+            await self._audit(
+                allocation_id, who, remote, outcome="refused", reason=why_not, node=target.node if target else None
+            )
             await websocket.accept(subprotocol)
             await websocket.close(code=CLOSE_REFUSED, reason=(why_not or "")[:120])
             return
         try:
             stream = await self.opener.open(target.node, vm_name(allocation_id))
         except GpuaasError as e:
-            await self._audit(allocation_id, who, remote, outcome="failed", reason=f"{e.code}: {e.message}",
-                              node=target.node)
+            await self._audit(
+                allocation_id, who, remote, outcome="failed", reason=f"{e.code}: {e.message}", node=target.node
+            )
             await websocket.accept(subprotocol)
             await websocket.close(code=CLOSE_FAILED, reason=e.code)
             return
@@ -141,8 +175,9 @@ class ConsoleGateway:
         log.info("console %s opened by %s (%s) from %s", allocation_id, who.name, who.role, remote)
         await self._run(websocket, stream, session, allocation_id, target)
 
-    async def _run(self, websocket: WebSocket, stream: ConsoleStream, session: int, allocation_id: str,
-                   target: Target) -> None:
+    async def _run(
+        self, websocket: WebSocket, stream: ConsoleStream, session: int, allocation_id: str, target: Target
+    ) -> None:
         started = time.monotonic()
         counts = {"in": 0, "out": 0}
 
@@ -194,14 +229,21 @@ class ConsoleGateway:
                     await t
             stream.close()
             try:  # the audit row is final before the client hears the close
-                await self._finish(session, outcome=outcome, reason=reason, started=started,
-                                   bytes_in=counts["in"], bytes_out=counts["out"])
+                await self._finish(
+                    session,
+                    outcome=outcome,
+                    reason=reason,
+                    started=started,
+                    bytes_in=counts["in"],
+                    bytes_out=counts["out"],
+                )
             finally:
                 code = {"cut": CLOSE_CUT, "failed": CLOSE_FAILED}.get(outcome, 1000)
                 with contextlib.suppress(Exception):
                     await websocket.close(code=code, reason=reason[:120])
-            log.info("console %s %s (%s): %d bytes in, %d out", allocation_id, outcome, reason, counts["in"],
-                     counts["out"])
+            log.info(
+                "console %s %s (%s): %d bytes in, %d out", allocation_id, outcome, reason, counts["in"], counts["out"]
+            )
 
 
 def _token(websocket: WebSocket) -> tuple[str | None, str | None]:
@@ -226,15 +268,17 @@ def _why_not(target: Target | None) -> str | None:
     return None
 
 
-def gateway_from(db_url: str, credentials_file: Path, libvirt_uri_template: str, *,
-                 poll_s: float = 2.0) -> ConsoleGateway:
+def gateway_from(
+    db_url: str, credentials_file: Path, libvirt_uri_template: str, *, poll_s: float = 2.0
+) -> ConsoleGateway:
     """The gateway `serve` mounts: credentials from their file (mode 0600), consoles over libvirt.
 
     `libvirt_uri_template` names each node's libvirt, `{node}` replaced by the
     node name, e.g. `qemu+ssh://gpuaas@{node}/system` or `qemu+tls://{node}/system`.
     """
-    return ConsoleGateway(db_url, Credentials.load(credentials_file), LibvirtConsoles(libvirt_uri_template),
-                          poll_s=poll_s)
+    return ConsoleGateway(
+        db_url, Credentials.load(credentials_file), LibvirtConsoles(libvirt_uri_template), poll_s=poll_s
+    )
 
 
 def routes(gateway: ConsoleGateway) -> list[WebSocketRoute]:

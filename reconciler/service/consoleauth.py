@@ -71,7 +71,7 @@ class Credentials:
     def parse(cls, doc: Any, where: str = "console credentials") -> Credentials:
         entries = doc.get("credentials") if isinstance(doc, dict) else None
         if not isinstance(entries, list):
-            raise CredentialsError(f"{where}: needs {{\"credentials\": [...]}}")
+            raise CredentialsError(f'{where}: needs {{"credentials": [...]}}')
         out: dict[str, Principal] = {}
         for i, e in enumerate(entries):
             at = f"{where}: credentials[{i}]"
@@ -98,8 +98,10 @@ class Credentials:
             if not stat.S_ISREG(st.st_mode):
                 raise CredentialsError(f"{path} is not a regular file")
             if st.st_mode & 0o077:
-                raise CredentialsError(f"{path} is accessible by group or others (mode {st.st_mode & 0o777:04o}); "
-                                       f"chmod 600 {path}", code="serve.console_credentials_permissions")
+                raise CredentialsError(
+                    f"{path} is accessible by group or others (mode {st.st_mode & 0o777:04o}); chmod 600 {path}",
+                    code="serve.console_credentials_permissions",
+                )
             doc = json.loads(path.read_text(encoding="utf-8"))
         except OSError as e:
             raise CredentialsError(f"cannot read {path}: {e.strerror or e}") from e

@@ -70,8 +70,7 @@ class LibvirtConsole:
         self._queue: asyncio.Queue[bytes] = asyncio.Queue()
         self._lock = threading.Lock()
         self._closed = False
-        events = (libvirt.VIR_STREAM_EVENT_READABLE | libvirt.VIR_STREAM_EVENT_ERROR
-                  | libvirt.VIR_STREAM_EVENT_HANGUP)
+        events = libvirt.VIR_STREAM_EVENT_READABLE | libvirt.VIR_STREAM_EVENT_ERROR | libvirt.VIR_STREAM_EVENT_HANGUP
         stream.eventAddCallback(events, self._on_event, None)
 
     def _push(self, data: bytes) -> None:

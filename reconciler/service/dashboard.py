@@ -32,11 +32,15 @@ CAPACITY_WAIT_S = 0.5
 
 
 def environment() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.PackageLoader("reconciler.service", "templates"),
-                             autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
-                             lstrip_blocks=True)
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("reconciler.service", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.filters["short"] = lambda rev: (rev or "-")[:12]
-    env.filters["when"] = lambda ts: (str(ts)[:19].replace("T", " ") if ts else "-")
+    env.filters["when"] = lambda ts: str(ts)[:19].replace("T", " ") if ts else "-"
     return env
 
 
@@ -90,15 +94,38 @@ class Dashboard:
         width = max((len(n["slots"]) for n in grid["items"]), default=0)
 
         def link(**changes: Any) -> str:
-            params = {k: v for k, v in {"region": region, "state": state, "page": page, **changes}.items()
-                      if v not in (None, 1)}
+            params = {
+                k: v
+                for k, v in {"region": region, "state": state, "page": page, **changes}.items()
+                if v not in (None, 1)
+            }
             return "/?" + urlencode(params) if params else "/"
 
         return self._render(
-            "fleet.html", summary=summary, overview=overview, grid=grid, width=width, page=page, pages=pages,
-            region=region, state=state, link=link, pending=pending, drift=drift, drift_shown=drift["findings"][:100],
-            recent=recent, health=health, capacity=capacity, capacity_error=capacity_error,
-            slot_states=reads.SLOT_STATES, troubled=troubled, found=found, q=q, tenant=tenant, disrupted=disrupted)
+            "fleet.html",
+            summary=summary,
+            overview=overview,
+            grid=grid,
+            width=width,
+            page=page,
+            pages=pages,
+            region=region,
+            state=state,
+            link=link,
+            pending=pending,
+            drift=drift,
+            drift_shown=drift["findings"][:100],
+            recent=recent,
+            health=health,
+            capacity=capacity,
+            capacity_error=capacity_error,
+            slot_states=reads.SLOT_STATES,
+            troubled=troubled,
+            found=found,
+            q=q,
+            tenant=tenant,
+            disrupted=disrupted,
+        )
 
     def node(self, name: str) -> str:
         with self._ctx.pool.reading() as conn:

@@ -44,8 +44,12 @@ MAX_STREAM_S = 300.0
 BATCH = 500
 
 # The allocation state an outbox event announces (None: an event without one state, e.g. a failed attempt retried).
-STATES = {"provisioning.requested": "reserved", "release.requested": "releasing",
-          "allocation.released": "released", "allocation.failed": "failed"}
+STATES = {
+    "provisioning.requested": "reserved",
+    "release.requested": "releasing",
+    "allocation.released": "released",
+    "allocation.failed": "failed",
+}
 
 
 def state_of(event_type: str, payload: dict[str, Any]) -> str | None:
@@ -59,13 +63,27 @@ def read_after(pool: Pool, after: int, tenant: str | None, limit: int = BATCH) -
     where = "o.id > %s AND o.aggregate_type = 'allocation'" + (" AND a.tenant = %s" if tenant else "")
     params: tuple[Any, ...] = (after, tenant, limit) if tenant else (after, limit)
     with pool.reading() as conn, dberrors.wrapped("read the event stream"):
-        rows = conn.cursor(row_factory=dict_row).execute(
-            "SELECT o.id, o.event_type, o.aggregate_id, o.payload, o.created_at, a.tenant FROM outbox o"  # noqa: S608
-            f" LEFT JOIN allocations a ON a.id = o.aggregate_id WHERE {where} ORDER BY o.id LIMIT %s",
-            params).fetchall()
-    return [{"outbox_id": r["id"], "event_type": r["event_type"], "allocation_id": r["aggregate_id"],
-             "tenant": r["tenant"], "state": state_of(r["event_type"], r["payload"] or {}),
-             "at": r["created_at"].isoformat(), "payload": r["payload"] or {}} for r in rows]
+        rows = (
+            conn.cursor(row_factory=dict_row)
+            .execute(
+                "SELECT o.id, o.event_type, o.aggregate_id, o.payload, o.created_at, a.tenant FROM outbox o"  # noqa: S608
+                f" LEFT JOIN allocations a ON a.id = o.aggregate_id WHERE {where} ORDER BY o.id LIMIT %s",
+                params,
+            )
+            .fetchall()
+        )
+    return [
+        {
+            "outbox_id": r["id"],
+            "event_type": r["event_type"],
+            "allocation_id": r["aggregate_id"],
+            "tenant": r["tenant"],
+            "state": state_of(r["event_type"], r["payload"] or {}),
+            "at": r["created_at"].isoformat(),
+            "payload": r["payload"] or {},
+        }
+        for r in rows
+    ]
 
 
 def newest(pool: Pool) -> int:
@@ -134,8 +152,7 @@ def _resume_id(scope: asgi.Scope) -> int | None:
     return int(text)
 
 
-async def stream(service: server.Service, hub: Hub, scope: asgi.Scope, receive: asgi.Receive,
-                 send: asgi.Send) -> None:
+async def stream(service: server.Service, hub: Hub, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
     from reconciler.service import portal
 
     auth = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"authorization"), "")
@@ -150,9 +167,17 @@ async def stream(service: server.Service, hub: Hub, scope: asgi.Scope, receive: 
     except GpuaasError as e:
         await portal.send_json(send, 503, api.error_body(api.DB_UNAVAILABLE, e.message), (("Retry-After", "1"),))
         return
-    await send({"type": "http.response.start", "status": 200, "headers": [
-        (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-store"),
-        (b"x-accel-buffering", b"no")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", b"text/event-stream; charset=utf-8"),
+                (b"cache-control", b"no-store"),
+                (b"x-accel-buffering", b"no"),
+            ],
+        }
+    )
     gone = asyncio.Event()
 
     async def watch_disconnect() -> None:
@@ -164,8 +189,13 @@ async def stream(service: server.Service, hub: Hub, scope: asgi.Scope, receive: 
     hub.streams += 1
     started = last_sent = time.monotonic()
     try:
-        await send({"type": "http.response.body", "body": b"retry: 1000\n: stream from event " +
-                    str(after).encode() + b"\n\n", "more_body": True})
+        await send(
+            {
+                "type": "http.response.body",
+                "body": b"retry: 1000\n: stream from event " + str(after).encode() + b"\n\n",
+                "more_body": True,
+            }
+        )
         while not gone.is_set() and not hub.closed and time.monotonic() - started < MAX_STREAM_S:
             seen = hub.head  # a wake-up between this read and the wait below is not lost
             try:
@@ -175,8 +205,9 @@ async def stream(service: server.Service, hub: Hub, scope: asgi.Scope, receive: 
                 events = []
             if events:
                 after = int(events[-1]["outbox_id"])
-                await send({"type": "http.response.body", "body": b"".join(frame(e) for e in events),
-                            "more_body": True})
+                await send(
+                    {"type": "http.response.body", "body": b"".join(frame(e) for e in events), "more_body": True}
+                )
                 last_sent = time.monotonic()
                 if len(events) == BATCH:
                     continue  # more are waiting: no need to wait for a wake-up

@@ -76,37 +76,64 @@ def read(conn: Connection) -> list[Metric]:
             "SELECT n.name, n.region, l.liveness, extract(epoch FROM l.reported_at)::float8,"
             " CASE WHEN jsonb_typeof(h.errors) = 'array' THEN jsonb_array_length(h.errors) END"
             " FROM nodes n JOIN node_liveness l ON l.node_name = n.name"
-            " LEFT JOIN host_status h ON h.node_name = n.name WHERE n.present ORDER BY n.name").fetchall()
+            " LEFT JOIN host_status h ON h.node_name = n.name WHERE n.present ORDER BY n.name"
+        ).fetchall()
         allocations = conn.execute(
             "SELECT region, sku, status, count(*) FROM allocations WHERE present OR status <> 'pending'"
-            " GROUP BY 1, 2, 3 ORDER BY 1, 2, 3").fetchall()
+            " GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
+        ).fetchall()
         pending = conn.execute(
             "SELECT region, sku, extract(epoch FROM max(now() - requested_at))::float8 FROM allocations"
             " WHERE status = 'pending' AND present AND desired_state = 'present' GROUP BY 1, 2 ORDER BY 1, 2"
         ).fetchall()
     return [
-        _family("gpuaas_node_live", "1 while the node's host reports within the liveness TTL, 0 once silent past it"
-                " (a node whose host never reported has no sample)", ["node", "region"],
-                [([n, r], 1.0 if state == "live" else 0.0) for n, r, state, _, _ in nodes if state != "unknown"]),
-        _family("gpuaas_node_last_report_timestamp_seconds", "Unix time of the newest report of the node's host",
-                ["node", "region"], [([n, r], at) for n, r, _, at, _ in nodes if at is not None]),
-        _family("gpuaas_node_converge_errors", "Errors in the newest report of the node's host (steps that failed)",
-                ["node", "region"], [([n, r], float(e)) for n, r, _, _, e in nodes if e is not None]),
-        _family("gpuaas_sku_allocations", "Allocations by region, SKU and state", ["region", "sku", "state"],
-                [([str(r), str(s), str(st)], float(c)) for r, s, st, c in allocations]),
-        _family("gpuaas_allocations_pending_oldest_seconds",
-                "Seconds since the oldest still-pending request of the region and SKU was made", ["region", "sku"],
-                [([str(r), str(s)], float(age)) for r, s, age in pending]),
+        _family(
+            "gpuaas_node_live",
+            "1 while the node's host reports within the liveness TTL, 0 once silent past it"
+            " (a node whose host never reported has no sample)",
+            ["node", "region"],
+            [([n, r], 1.0 if state == "live" else 0.0) for n, r, state, _, _ in nodes if state != "unknown"],
+        ),
+        _family(
+            "gpuaas_node_last_report_timestamp_seconds",
+            "Unix time of the newest report of the node's host",
+            ["node", "region"],
+            [([n, r], at) for n, r, _, at, _ in nodes if at is not None],
+        ),
+        _family(
+            "gpuaas_node_converge_errors",
+            "Errors in the newest report of the node's host (steps that failed)",
+            ["node", "region"],
+            [([n, r], float(e)) for n, r, _, _, e in nodes if e is not None],
+        ),
+        _family(
+            "gpuaas_sku_allocations",
+            "Allocations by region, SKU and state",
+            ["region", "sku", "state"],
+            [([str(r), str(s), str(st)], float(c)) for r, s, st, c in allocations],
+        ),
+        _family(
+            "gpuaas_allocations_pending_oldest_seconds",
+            "Seconds since the oldest still-pending request of the region and SKU was made",
+            ["region", "sku"],
+            [([str(r), str(s)], float(age)) for r, s, age in pending],
+        ),
     ]
 
 
 def capacity(doc: dict[str, Any], gpus_per_node: dict[str, int]) -> Iterator[Metric]:
     """Units and GPUs per region x SKU from a capacity document (`status`'s `capacity` list)."""
-    units = GaugeMetricFamily("gpuaas_sku_units", "Sellable units (slots, or whole nodes for baremetal SKUs) by "
-                              "state: total, in_use, free, usable (free and launchable now)",
-                              labels=["region", "sku", "unit", "state"])
-    gpus = GaugeMetricFamily("gpuaas_sku_gpus", "GPUs by state: total, used, free, launchable (in usable units)",
-                             labels=["region", "sku", "state"])
+    units = GaugeMetricFamily(
+        "gpuaas_sku_units",
+        "Sellable units (slots, or whole nodes for baremetal SKUs) by "
+        "state: total, in_use, free, usable (free and launchable now)",
+        labels=["region", "sku", "unit", "state"],
+    )
+    gpus = GaugeMetricFamily(
+        "gpuaas_sku_gpus",
+        "GPUs by state: total, used, free, launchable (in usable units)",
+        labels=["region", "sku", "state"],
+    )
     for o in doc["capacity"]:
         per = gpus_per_node.get(o["sku"], 8) if o["unit"] == "node" else 1
         for state in ("total", "in_use", "free", "usable"):
@@ -125,8 +152,9 @@ def gpus_per_node(conn: Connection) -> dict[str, int]:
 
 
 def build_info() -> GaugeMetricFamily:
-    g = GaugeMetricFamily("gpuaas_build_info", "The running gpuaas: its version and Python (always 1)",
-                          labels=["version", "python"])
+    g = GaugeMetricFamily(
+        "gpuaas_build_info", "The running gpuaas: its version and Python (always 1)", labels=["version", "python"]
+    )
     g.add_metric([version(), platform.python_version()], 1)
     return g
 

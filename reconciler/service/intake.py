@@ -95,28 +95,50 @@ class Intake:
         except (ValueError, ValidationError) as e:
             return _error(400, BAD_BODY, f"the body is not an allocation request: {_short(e)}")
         if who.tenant is not None and req.tenant not in (None, who.tenant):
-            return _error(403, TENANT_MISMATCH, f"this token is tenant {who.tenant}'s; it may not request for "
-                                                f"{req.tenant}")
+            return _error(
+                403, TENANT_MISMATCH, f"this token is tenant {who.tenant}'s; it may not request for {req.tenant}"
+            )
         tenant = who.tenant or req.tenant
         if tenant is None:
             return _error(400, BAD_BODY, "tenant is required with an operator token")
         req = req.model_copy(update={"tenant": tenant})
-        return self._serialized(who, "create", allocation_id=req.id, key=key,
-                                fingerprint_doc=req.model_dump(mode="json"), work=lambda: self._create(req))
+        return self._serialized(
+            who,
+            "create",
+            allocation_id=req.id,
+            key=key,
+            fingerprint_doc=req.model_dump(mode="json"),
+            work=lambda: self._create(req),
+        )
 
     def release(self, who: tenants.Principal, allocation_id: str, key: str | None) -> Answer:
-        return self._serialized(who, "release", allocation_id=allocation_id, key=key,
-                                fingerprint_doc={"release": allocation_id},
-                                work=lambda: self._release(who, allocation_id))
+        return self._serialized(
+            who,
+            "release",
+            allocation_id=allocation_id,
+            key=key,
+            fingerprint_doc={"release": allocation_id},
+            work=lambda: self._release(who, allocation_id),
+        )
 
     # -------------------------------------------------------------- the work
 
     def _create(self, req: AllocationRequest) -> tuple[Answer, str | None]:
         def attempt() -> requests.Written:
-            return requests.create(self.repo, tenant=str(req.tenant), sku=req.sku, gpus=req.gpu_count,
-                                   region=req.region, image=req.image, ssh_keys=list(req.ssh_keys),
-                                   allocation_id=req.id, vm_profile=req.vm_profile, lease_hours=req.lease_hours,
-                                   commit=True, push=self.push)
+            return requests.create(
+                self.repo,
+                tenant=str(req.tenant),
+                sku=req.sku,
+                gpus=req.gpu_count,
+                region=req.region,
+                image=req.image,
+                ssh_keys=list(req.ssh_keys),
+                allocation_id=req.id,
+                vm_profile=req.vm_profile,
+                lease_hours=req.lease_hours,
+                commit=True,
+                push=self.push,
+            )
 
         if req.id is not None and req.id in _allocations(self.repo):
             return _error(409, EXISTS, f"allocation {req.id!r} is already in the desired-state repo"), None
@@ -129,8 +151,9 @@ class Intake:
             return _error(404, "api.not_found", f"no allocation {allocation_id!r} in the desired-state repo"), None
         if found[1] == "released":
             return _error(409, RELEASED, f"allocation {allocation_id!r} is already released"), None
-        return self._pushed(lambda: requests.release(self.repo, allocation_id, commit=True, push=self.push),
-                            found[0], "released")
+        return self._pushed(
+            lambda: requests.release(self.repo, allocation_id, commit=True, push=self.push), found[0], "released"
+        )
 
     def _pushed(self, attempt: Any, tenant: str, state: str) -> tuple[Answer, str | None]:
         """Run `attempt` (write, commit, push); on a refused push, catch up with the remote and redo it."""
@@ -140,8 +163,12 @@ class Intake:
             try:
                 written: requests.Written = attempt()
             except requests.RequestRejected as e:
-                return _error(422, INVALID, "the request would make the desired state invalid; nothing was written",
-                              problems=[p.as_dict() for p in e.problems]), None
+                return _error(
+                    422,
+                    INVALID,
+                    "the request would make the desired state invalid; nothing was written",
+                    problems=[p.as_dict() for p in e.problems],
+                ), None
             except PermanentError as e:
                 if e.code == "request.exists":
                     return _error(409, EXISTS, e.message), None
@@ -153,12 +180,20 @@ class Intake:
                 time.sleep(min(0.05 * 2**n, 1.0))  # another writer pushed: let it finish, then catch up
                 continue
             commit = str(written.commit)
-            doc = Accepted(id=written.allocation_id, tenant=tenant, state=state, commit=commit,
-                           pushed_to="/".join(self.push) if self.push else None,
-                           location=f"/api/v1/allocations/{written.allocation_id}").model_dump(mode="json")
+            doc = Accepted(
+                id=written.allocation_id,
+                tenant=tenant,
+                state=state,
+                commit=commit,
+                pushed_to="/".join(self.push) if self.push else None,
+                location=f"/api/v1/allocations/{written.allocation_id}",
+            ).model_dump(mode="json")
             return Answer(202, doc), commit
-        return _error(503, GIT_FAILED, f"the commit could not be pushed after {PUSH_ATTEMPTS} tries: "
-                                       f"{last.message if last else 'unknown'}"), None
+        return _error(
+            503,
+            GIT_FAILED,
+            f"the commit could not be pushed after {PUSH_ATTEMPTS} tries: {last.message if last else 'unknown'}",
+        ), None
 
     def _catch_up(self) -> None:
         """Bring the checkout to the remote branch (fast-forward only: the intake never leaves local commits)."""
@@ -170,22 +205,42 @@ class Intake:
                 repo.git.fetch("--quiet", "--", remote, branch)  # values after "--": never options
                 repo.git.merge("--ff-only", "--quiet", "FETCH_HEAD")
         except git.GitCommandError as e:
-            log.warning("intake: cannot catch up with %s/%s: %s", remote, branch, e,
-                        extra={"event": "serve.intake.catch_up_failed"})
+            log.warning(
+                "intake: cannot catch up with %s/%s: %s",
+                remote,
+                branch,
+                e,
+                extra={"event": "serve.intake.catch_up_failed"},
+            )
 
     # ------------------------------------------------------ serialization, db
 
-    def _serialized(self, who: tenants.Principal, action: str, *, allocation_id: str | None, key: str | None,
-                    fingerprint_doc: dict[str, Any], work: Any) -> Answer:
+    def _serialized(
+        self,
+        who: tenants.Principal,
+        action: str,
+        *,
+        allocation_id: str | None,
+        key: str | None,
+        fingerprint_doc: dict[str, Any],
+        work: Any,
+    ) -> Answer:
         fingerprint = hashlib.sha256(json.dumps(fingerprint_doc, sort_keys=True).encode()).hexdigest()
         with self._lock:
-            answer = self._locked(who, action, allocation_id=allocation_id, key=key, fingerprint=fingerprint,
-                                  work=work)
+            answer = self._locked(who, action, allocation_id=allocation_id, key=key, fingerprint=fingerprint, work=work)
             self.counts[answer.status] = self.counts.get(answer.status, 0) + 1
             return answer
 
-    def _locked(self, who: tenants.Principal, action: str, *, allocation_id: str | None, key: str | None,
-                fingerprint: str, work: Any) -> Answer:
+    def _locked(
+        self,
+        who: tenants.Principal,
+        action: str,
+        *,
+        allocation_id: str | None,
+        key: str | None,
+        fingerprint: str,
+        work: Any,
+    ) -> Answer:
         try:
             conn = self._connection()
         except psycopg.Error as e:
@@ -193,23 +248,41 @@ class Intake:
         try:
             with _advisory(conn):
                 if key is not None:
-                    row = conn.execute("SELECT fingerprint, status, response FROM portal_idempotency"
-                                       " WHERE principal = %s AND key = %s", (who.name, key)).fetchone()
+                    row = conn.execute(
+                        "SELECT fingerprint, status, response FROM portal_idempotency"
+                        " WHERE principal = %s AND key = %s",
+                        (who.name, key),
+                    ).fetchone()
                     if row is not None:
                         if row[0] != fingerprint:
-                            return _error(422, KEY_REUSED, f"Idempotency-Key {key!r} was used with another "
-                                                           "request; use a new key")
+                            return _error(
+                                422, KEY_REUSED, f"Idempotency-Key {key!r} was used with another request; use a new key"
+                            )
                         return Answer(int(row[1]), row[2], replayed=True)
                 answer: Answer
                 answer, commit = work()
                 try:
-                    self._record(conn, who, action, allocation_id=allocation_id or answer.doc.get("id"),
-                                 key=key, fingerprint=fingerprint, answer=answer, commit=commit)
+                    self._record(
+                        conn,
+                        who,
+                        action,
+                        allocation_id=allocation_id or answer.doc.get("id"),
+                        key=key,
+                        fingerprint=fingerprint,
+                        answer=answer,
+                        commit=commit,
+                    )
                 except psycopg.Error as e:
                     # The commit is pushed: that is the truth the client must hear. Only the audit line and
                     # the idempotency record are lost (a retry with this key would not be recognised).
-                    log.error("intake %s %s: committed %s but not recorded: %s", action, answer.doc.get("id"),
-                              commit, e, extra={"event": "serve.intake.unrecorded", "commit": commit})
+                    log.error(
+                        "intake %s %s: committed %s but not recorded: %s",
+                        action,
+                        answer.doc.get("id"),
+                        commit,
+                        e,
+                        extra={"event": "serve.intake.unrecorded", "commit": commit},
+                    )
                     self._drop()
                 done: Answer = answer
                 return done
@@ -217,25 +290,57 @@ class Intake:
             self._drop()
             return _error(503, DB_FAILED, f"the intake's database failed: {e}")
 
-    def _record(self, conn: psycopg.Connection[Any], who: tenants.Principal, action: str, *, allocation_id: Any,
-                key: str | None, fingerprint: str, answer: Answer, commit: str | None) -> None:
+    def _record(
+        self,
+        conn: psycopg.Connection[Any],
+        who: tenants.Principal,
+        action: str,
+        *,
+        allocation_id: Any,
+        key: str | None,
+        fingerprint: str,
+        answer: Answer,
+        commit: str | None,
+    ) -> None:
         code = answer.doc.get("error", {}).get("code") if answer.status >= 400 else None
         with conn.transaction():
-            conn.execute("INSERT INTO portal_audit (principal, action, allocation_id, idempotency_key, status, code,"
-                         " commit_sha) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                         (who.name, action, allocation_id, key, answer.status, code, commit))
+            conn.execute(
+                "INSERT INTO portal_audit (principal, action, allocation_id, idempotency_key, status, code,"
+                " commit_sha) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                (who.name, action, allocation_id, key, answer.status, code, commit),
+            )
             if key is not None and answer.status < 500:  # a temporary failure is retried, not remembered
-                conn.execute("INSERT INTO portal_idempotency (principal, key, fingerprint, status, response)"
-                             " VALUES (%s, %s, %s, %s, %s)",
-                             (who.name, key, fingerprint, answer.status, Jsonb(answer.doc)))
-        log.info("intake %s %s by %s: %d %s", action, allocation_id, who.name, answer.status, commit or code or "",
-                 extra={"event": "serve.intake", "principal": who.name, "action": action,
-                        "allocation_id": allocation_id, "status": answer.status, "commit": commit})
+                conn.execute(
+                    "INSERT INTO portal_idempotency (principal, key, fingerprint, status, response)"
+                    " VALUES (%s, %s, %s, %s, %s)",
+                    (who.name, key, fingerprint, answer.status, Jsonb(answer.doc)),
+                )
+        log.info(
+            "intake %s %s by %s: %d %s",
+            action,
+            allocation_id,
+            who.name,
+            answer.status,
+            commit or code or "",
+            extra={
+                "event": "serve.intake",
+                "principal": who.name,
+                "action": action,
+                "allocation_id": allocation_id,
+                "status": answer.status,
+                "commit": commit,
+            },
+        )
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:
-            kwargs = session_kwargs(self.db_url, read_only=False, statement_timeout_ms=30_000, connect_timeout=5,
-                                    application_name="gpuaas-serve-intake")
+            kwargs = session_kwargs(
+                self.db_url,
+                read_only=False,
+                statement_timeout_ms=30_000,
+                connect_timeout=5,
+                application_name="gpuaas-serve-intake",
+            )
             self._conn = psycopg.connect(self.db_url, **kwargs)
         return self._conn
 

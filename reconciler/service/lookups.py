@@ -36,30 +36,55 @@ def search(conn: Connection, q: str | None, tenant: str | None, limit: int = LIM
     nodes: list[dict[str, Any]] = []
     tenants: list[dict[str, Any]] = []
     if like is not None:
-        nodes = reads._rows(conn, "SELECT name, region, pool, admin_state FROM nodes WHERE present"
-                                  " AND name ILIKE %s ORDER BY name LIMIT %s", (like, limit))
-        tenants = reads._rows(conn, "SELECT tenant, count(*) AS allocations,"
-                                    " count(*) FILTER (WHERE status = 'active') AS active,"
-                                    " count(*) FILTER (WHERE status = 'failed') AS failed"
-                                    " FROM allocations WHERE (present OR status <> 'pending') AND tenant ILIKE %s"
-                                    " GROUP BY tenant ORDER BY tenant LIMIT %s", (like, limit))
+        nodes = reads._rows(
+            conn,
+            "SELECT name, region, pool, admin_state FROM nodes WHERE present AND name ILIKE %s ORDER BY name LIMIT %s",
+            (like, limit),
+        )
+        tenants = reads._rows(
+            conn,
+            "SELECT tenant, count(*) AS allocations,"
+            " count(*) FILTER (WHERE status = 'active') AS active,"
+            " count(*) FILTER (WHERE status = 'failed') AS failed"
+            " FROM allocations WHERE (present OR status <> 'pending') AND tenant ILIKE %s"
+            " GROUP BY tenant ORDER BY tenant LIMIT %s",
+            (like, limit),
+        )
     rows = reads._rows(
-        conn, f"SELECT {reads._ALLOCATION_COLUMNS} FROM allocations a LEFT JOIN nodes n ON n.id = a.node_id"  # noqa: S608
-              " WHERE (a.present OR a.status <> 'pending')"
-              " AND (%(like)s::text IS NULL OR a.id ILIKE %(like)s OR a.tenant ILIKE %(like)s)"
-              " AND (%(tenant)s::text IS NULL OR a.tenant = %(tenant)s)"
-              " ORDER BY a.id LIMIT %(limit)s", {"like": like, "tenant": tenant, "limit": limit})
-    return {"q": q, "tenant": tenant, "nodes": nodes, "tenants": tenants,
-            "allocations": [reads._allocation_summary(r) for r in rows], "limit": limit}
+        conn,
+        f"SELECT {reads._ALLOCATION_COLUMNS} FROM allocations a LEFT JOIN nodes n ON n.id = a.node_id"  # noqa: S608
+        " WHERE (a.present OR a.status <> 'pending')"
+        " AND (%(like)s::text IS NULL OR a.id ILIKE %(like)s OR a.tenant ILIKE %(like)s)"
+        " AND (%(tenant)s::text IS NULL OR a.tenant = %(tenant)s)"
+        " ORDER BY a.id LIMIT %(limit)s",
+        {"like": like, "tenant": tenant, "limit": limit},
+    )
+    return {
+        "q": q,
+        "tenant": tenant,
+        "nodes": nodes,
+        "tenants": tenants,
+        "allocations": [reads._allocation_summary(r) for r in rows],
+        "limit": limit,
+    }
 
 
 def troubled(conn: Connection, limit: int = LIMIT, stuck_after_s: int = STUCK_AFTER_S) -> list[dict[str, Any]]:
     """Failed, stuck and host-unreachable allocations (still wanted), with why and what the host said."""
     # Two steps: the few allocations that qualify (filtered, then sorted and cut), then their details. As one
     # query the planner sorted every allocation first (150-300 ms at 20,000 of them).
-    silent = [r["id"] for r in reads._rows(
-        conn, "SELECT n.id FROM node_liveness l JOIN nodes n ON n.name = l.node_name WHERE l.liveness = 'unavailable'")]
-    picked = [r["id"] for r in reads._rows(conn, """
+    silent = [
+        r["id"]
+        for r in reads._rows(
+            conn,
+            "SELECT n.id FROM node_liveness l JOIN nodes n ON n.name = l.node_name WHERE l.liveness = 'unavailable'",
+        )
+    ]
+    picked = [
+        r["id"]
+        for r in reads._rows(
+            conn,
+            """
         SELECT a.id FROM allocations a
         WHERE a.present AND a.desired_state = 'present' AND (
             a.status = 'failed'
@@ -67,10 +92,15 @@ def troubled(conn: Connection, limit: int = LIMIT, stuck_after_s: int = STUCK_AF
                 AND coalesce(a.placed_at, a.requested_at) < now() - make_interval(secs => %(stuck)s))
             OR (a.status IN ('reserved', 'provisioning', 'active') AND a.node_id = ANY(%(silent)s)))
         ORDER BY a.status = 'failed' DESC, coalesce(a.failed_at, a.placed_at, a.requested_at) DESC, a.id
-        LIMIT %(limit)s""", {"stuck": stuck_after_s, "silent": silent, "limit": limit})]
+        LIMIT %(limit)s""",
+            {"stuck": stuck_after_s, "silent": silent, "limit": limit},
+        )
+    ]
     if not picked:
         return []
-    rows = reads._rows(conn, """
+    rows = reads._rows(
+        conn,
+        """
         SELECT a.id, a.tenant, a.sku, a.gpu_count, a.region, a.status, n.name AS node,
                a.failure_code, a.failure_message, a.failed_at, a.placed_at,
                a.node_id = ANY(%(silent)s) AS host_unreachable,
@@ -84,23 +114,42 @@ def troubled(conn: Connection, limit: int = LIMIT, stuck_after_s: int = STUCK_AF
         LEFT JOIN host_status h ON h.node_name = n.name
         LEFT JOIN LATERAL (SELECT t.code, t.message, t.phase FROM allocation_attempts t
                            WHERE t.allocation_id = a.id ORDER BY t.attempt DESC LIMIT 1) last ON true
-        WHERE a.id = ANY(%(picked)s)""", {"silent": silent, "picked": picked})
+        WHERE a.id = ANY(%(picked)s)""",
+        {"silent": silent, "picked": picked},
+    )
     order = {aid: i for i, aid in enumerate(picked)}
     rows.sort(key=lambda r: order[r["id"]])
     out = []
     for r in rows:
-        kind = ("failed" if r["status"] == "failed" else "host unreachable" if r["host_unreachable"]
-                else "stuck")
-        reason = (f"{r['failure_code']}: {r['failure_message']}" if r["failure_code"]
-                  else f"{r['status']} since {reads.iso(r['placed_at'])}" if kind == "stuck"
-                  else "host silent past its liveness TTL")
-        code, phase, message = ((r["host_code"], r["host_phase"], r["host_message"]) if r["host_code"]
-                                else (r["attempt_code"], r["attempt_phase"], r["attempt_message"]))
+        kind = "failed" if r["status"] == "failed" else "host unreachable" if r["host_unreachable"] else "stuck"
+        reason = (
+            f"{r['failure_code']}: {r['failure_message']}"
+            if r["failure_code"]
+            else f"{r['status']} since {reads.iso(r['placed_at'])}"
+            if kind == "stuck"
+            else "host silent past its liveness TTL"
+        )
+        code, phase, message = (
+            (r["host_code"], r["host_phase"], r["host_message"])
+            if r["host_code"]
+            else (r["attempt_code"], r["attempt_phase"], r["attempt_message"])
+        )
         said = f"{code}" + (f" in {phase}" if phase else "") + f": {message}" if code else None
-        out.append({"id": r["id"], "tenant": r["tenant"], "request": f"{r['gpu_count']}x {r['sku']} in {r['region']}",
-                    "status": r["status"], "kind": kind, "node": r["node"], "reason": reason,
-                    "attempts": int(r["attempts"]), "host_message": said, "host_phase": r["host_phase"],
-                    "at": reads.iso(r["failed_at"] or r["placed_at"])})
+        out.append(
+            {
+                "id": r["id"],
+                "tenant": r["tenant"],
+                "request": f"{r['gpu_count']}x {r['sku']} in {r['region']}",
+                "status": r["status"],
+                "kind": kind,
+                "node": r["node"],
+                "reason": reason,
+                "attempts": int(r["attempts"]),
+                "host_message": said,
+                "host_phase": r["host_phase"],
+                "at": reads.iso(r["failed_at"] or r["placed_at"]),
+            }
+        )
     return out
 
 

@@ -73,65 +73,147 @@ class StoreCollector(Collector):
         for result in ("changed", "unchanged", "error", "abandoned"):
             runs.add_metric([result], by_result.get(result, 0))
         yield runs
-        yield GaugeMetricFamily("gpuaas_reconciliations_running", "Reconciliations in progress now",
-                                value=by_result.get("running", 0))
-        yield HistogramMetricFamily("gpuaas_reconcile_duration_seconds", "Duration of finished reconciliations",
-                                    buckets=[(str(b) if b != float("inf") else "+Inf", n) for b, n in buckets],
-                                    sum_value=total)
+        yield GaugeMetricFamily(
+            "gpuaas_reconciliations_running", "Reconciliations in progress now", value=by_result.get("running", 0)
+        )
+        yield HistogramMetricFamily(
+            "gpuaas_reconcile_duration_seconds",
+            "Duration of finished reconciliations",
+            buckets=[(str(b) if b != float("inf") else "+Inf", n) for b, n in buckets],
+            sum_value=total,
+        )
         if health.last_applied_at is not None and now is not None:
             age = (now[0] - health.last_applied_at).total_seconds()
-            yield GaugeMetricFamily("gpuaas_last_applied_age_seconds",
-                                    "Seconds since the newest successful reconciliation finished", value=age)
-        yield GaugeMetricFamily("gpuaas_reconciliation_failing",
-                                "1 while reconciliations fail after the newest success", value=int(health.failing))
-        yield GaugeMetricFamily("gpuaas_reconciliation_failures",
-                                "Failed reconciliations since the newest success", value=health.failures)
+            yield GaugeMetricFamily(
+                "gpuaas_last_applied_age_seconds",
+                "Seconds since the newest successful reconciliation finished",
+                value=age,
+            )
+        yield GaugeMetricFamily(
+            "gpuaas_reconciliation_failing",
+            "1 while reconciliations fail after the newest success",
+            value=int(health.failing),
+        )
+        yield GaugeMetricFamily(
+            "gpuaas_reconciliation_failures", "Failed reconciliations since the newest success", value=health.failures
+        )
         yield from _head_families(health, now[0] if now else None)
-        yield _gauge("gpuaas_allocations", "Allocations by state", ["state"],
-                     {(k,): v for k, v in summary["allocations"].items()})
-        yield _gauge("gpuaas_allocations_pending", "Pending allocations by reason code", ["reason"],
-                     {(k,): v for k, v in summary["pending_by_reason"].items()})
-        yield _gauge("gpuaas_slots", "Slots of present nodes by state (blocked: cleanup failed)", ["state"],
-                     {(k,): v for k, v in summary["slots"].items()})
-        yield GaugeMetricFamily("gpuaas_slots_cleanup_blocked", "Slots whose wipe failed, out of sale until repaired",
-                                value=summary["slots"].get("blocked", 0))
-        yield _gauge("gpuaas_nodes", "Present nodes by admin state", ["admin_state"],
-                     {(k,): v for k, v in summary["nodes"].items()})
-        yield _gauge("gpuaas_drift_findings", "Drift findings the hosts reported, by code", ["code"],
-                     {(k,): v for k, v in summary["drift_by_code"].items()})
-        yield GaugeMetricFamily("gpuaas_drift_reports_invalid", "Host drift reports that could not be read",
-                                value=len(summary["invalid_drift_reports"]))
-        yield _gauge("gpuaas_nodes_liveness", "Present nodes by host liveness (unavailable: silent past the TTL;"
-                     " unknown: never reported)", ["state"],
-                     {(k,): cycle["nodes_by_liveness"].get(k, 0)
-                      for k in ("live", "unavailable", "disrupted", "unknown")})
-        yield _gauge("gpuaas_region_disrupted", "1 while a region is disrupted: most of its hosts went silent together,"
-                     " so none of them is marked unavailable (the zone-disruption rule)", ["region"],
-                     {(r["region"],): int(r["disrupted"]) for r in cycle.get("regions", ())})
-        yield GaugeMetricFamily("gpuaas_allocations_host_unreachable",
-                                "Placed allocations whose host is silent past the TTL (never released for it)",
-                                value=cycle["allocations_host_unreachable"])
-        yield GaugeMetricFamily("gpuaas_slots_quarantined", "Slots quarantined after a permanent provision failure",
-                                value=cycle["slots_quarantined"])
-        attempts = CounterMetricFamily("gpuaas_provision_attempts_failed",
-                                       "Failed provision attempts, by what followed", labels=["outcome"])
+        yield _gauge(
+            "gpuaas_allocations",
+            "Allocations by state",
+            ["state"],
+            {(k,): v for k, v in summary["allocations"].items()},
+        )
+        yield _gauge(
+            "gpuaas_allocations_pending",
+            "Pending allocations by reason code",
+            ["reason"],
+            {(k,): v for k, v in summary["pending_by_reason"].items()},
+        )
+        yield _gauge(
+            "gpuaas_slots",
+            "Slots of present nodes by state (blocked: cleanup failed)",
+            ["state"],
+            {(k,): v for k, v in summary["slots"].items()},
+        )
+        yield GaugeMetricFamily(
+            "gpuaas_slots_cleanup_blocked",
+            "Slots whose wipe failed, out of sale until repaired",
+            value=summary["slots"].get("blocked", 0),
+        )
+        yield _gauge(
+            "gpuaas_nodes",
+            "Present nodes by admin state",
+            ["admin_state"],
+            {(k,): v for k, v in summary["nodes"].items()},
+        )
+        yield _gauge(
+            "gpuaas_drift_findings",
+            "Drift findings the hosts reported, by code",
+            ["code"],
+            {(k,): v for k, v in summary["drift_by_code"].items()},
+        )
+        yield GaugeMetricFamily(
+            "gpuaas_drift_reports_invalid",
+            "Host drift reports that could not be read",
+            value=len(summary["invalid_drift_reports"]),
+        )
+        yield _gauge(
+            "gpuaas_nodes_liveness",
+            "Present nodes by host liveness (unavailable: silent past the TTL; unknown: never reported)",
+            ["state"],
+            {(k,): cycle["nodes_by_liveness"].get(k, 0) for k in ("live", "unavailable", "disrupted", "unknown")},
+        )
+        yield _gauge(
+            "gpuaas_region_disrupted",
+            "1 while a region is disrupted: most of its hosts went silent together,"
+            " so none of them is marked unavailable (the zone-disruption rule)",
+            ["region"],
+            {(r["region"],): int(r["disrupted"]) for r in cycle.get("regions", ())},
+        )
+        yield GaugeMetricFamily(
+            "gpuaas_allocations_host_unreachable",
+            "Placed allocations whose host is silent past the TTL (never released for it)",
+            value=cycle["allocations_host_unreachable"],
+        )
+        yield GaugeMetricFamily(
+            "gpuaas_slots_quarantined",
+            "Slots quarantined after a permanent provision failure",
+            value=cycle["slots_quarantined"],
+        )
+        attempts = CounterMetricFamily(
+            "gpuaas_provision_attempts_failed", "Failed provision attempts, by what followed", labels=["outcome"]
+        )
         for outcome in ("rescheduled", "failed"):
             attempts.add_metric([outcome], cycle["failed_attempts"].get(outcome, 0))
         yield attempts
-        yield _gauge("gpuaas_ingress_ports_used", "Public ingress ports held by live endpoints, per node", ["node"],
-                     {(n,): used for n, (used, _) in ports.items()})
-        yield _gauge("gpuaas_ingress_ports", "Public ingress ports a node declares (its range)", ["node"],
-                     {(n,): size for n, (_, size) in ports.items()})
-        yield _gauge("gpuaas_baremetal_leases", "Baremetal leases through a machine provider, by phase", ["phase"],
-                     {(k,): leased["phases"].get(k, 0) for k in (
-                         "deploy_requested", "deploying", "active", "deploy_failed", "release_requested", "erasing",
-                         "erased", "erase_failed")})
-        yield _gauge("gpuaas_baremetal_leases_waiting", "Unfinished leases waiting, by reason code", ["code"],
-                     {(k,): v for k, v in leased["waiting"].items()})
-        yield GaugeMetricFamily("gpuaas_machines_quarantined", "Machines quarantined after a failed provider deploy",
-                                value=leased["quarantined"]["machines"])
-        yield _gauge("gpuaas_machine_drift", "Provider machines that disagree with our leases, by code", ["code"],
-                     {(k,): v for k, v in leased["drift"].items()})
+        yield _gauge(
+            "gpuaas_ingress_ports_used",
+            "Public ingress ports held by live endpoints, per node",
+            ["node"],
+            {(n,): used for n, (used, _) in ports.items()},
+        )
+        yield _gauge(
+            "gpuaas_ingress_ports",
+            "Public ingress ports a node declares (its range)",
+            ["node"],
+            {(n,): size for n, (_, size) in ports.items()},
+        )
+        yield _gauge(
+            "gpuaas_baremetal_leases",
+            "Baremetal leases through a machine provider, by phase",
+            ["phase"],
+            {
+                (k,): leased["phases"].get(k, 0)
+                for k in (
+                    "deploy_requested",
+                    "deploying",
+                    "active",
+                    "deploy_failed",
+                    "release_requested",
+                    "erasing",
+                    "erased",
+                    "erase_failed",
+                )
+            },
+        )
+        yield _gauge(
+            "gpuaas_baremetal_leases_waiting",
+            "Unfinished leases waiting, by reason code",
+            ["code"],
+            {(k,): v for k, v in leased["waiting"].items()},
+        )
+        yield GaugeMetricFamily(
+            "gpuaas_machines_quarantined",
+            "Machines quarantined after a failed provider deploy",
+            value=leased["quarantined"]["machines"],
+        )
+        yield _gauge(
+            "gpuaas_machine_drift",
+            "Provider machines that disagree with our leases, by code",
+            ["code"],
+            {(k,): v for k, v in leased["drift"].items()},
+        )
         yield from self._capacity_families()
         yield from guests
 
@@ -139,9 +221,11 @@ class StoreCollector(Collector):
         answer = self._capacity.peek()
         if answer is None:
             return
-        launchable = GaugeMetricFamily("gpuaas_capacity_launchable",
-                                       "More requests of exactly this size that would be placed now",
-                                       labels=["region", "sku", "gpu_count"])
+        launchable = GaugeMetricFamily(
+            "gpuaas_capacity_launchable",
+            "More requests of exactly this size that would be placed now",
+            labels=["region", "sku", "gpu_count"],
+        )
         for offer in answer.computed.doc["capacity"]:
             for size in offer["sizes"]:
                 launchable.add_metric([offer["region"], offer["sku"], str(size["gpu_count"])], size["launchable"])
@@ -155,16 +239,23 @@ def _head_families(health: history.Health, now: dt.datetime | None) -> Iterator[
     head = health.head
     if head is None:
         return
-    yield GaugeMetricFamily("gpuaas_head_applied", "1 when the newest revision recorded (HEAD) is the one applied;"
-                            " 0 while it is refused (invalid, behind) or failing", value=int(head.applied))
+    yield GaugeMetricFamily(
+        "gpuaas_head_applied",
+        "1 when the newest revision recorded (HEAD) is the one applied;"
+        " 0 while it is refused (invalid, behind) or failing",
+        value=int(head.applied),
+    )
     since = 0.0
     if not head.applied and head.since is not None and now is not None:
         since = max(0.0, (now - head.since).total_seconds())
-    yield GaugeMetricFamily("gpuaas_head_unapplied_seconds",
-                            "Seconds HEAD has not been applied (0 while it is)", value=since)
-    yield GaugeMetricFamily("gpuaas_head_unapplied_since_seconds",
-                            "Unix time since when HEAD is not applied (0 while it is)",
-                            value=head.since.timestamp() if not head.applied and head.since is not None else 0.0)
+    yield GaugeMetricFamily(
+        "gpuaas_head_unapplied_seconds", "Seconds HEAD has not been applied (0 while it is)", value=since
+    )
+    yield GaugeMetricFamily(
+        "gpuaas_head_unapplied_since_seconds",
+        "Unix time since when HEAD is not applied (0 while it is)",
+        value=head.since.timestamp() if not head.applied and head.since is not None else 0.0,
+    )
 
 
 def registry(pool: Pool, capacity: capacities.Cache) -> CollectorRegistry:

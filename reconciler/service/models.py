@@ -228,8 +228,10 @@ class NodeSummary(_Doc):
     allocations: int
     slots_by_state: dict[str, int]
     slots: list[SlotSummary]
-    removed: bool = Field(False, description="removed from git while live claims remain on it (nothing released "
-                                             "them); it takes nothing new")
+    removed: bool = Field(
+        False,
+        description="removed from git while live claims remain on it (nothing released them); it takes nothing new",
+    )
 
 
 class NodePage(_Doc):
@@ -395,8 +397,11 @@ class CapacitySize(_Doc):
     launchable: int
     stranded_gpus: int
     limit: Reason | None = Field(description="why no more of this size can be launched (None: not limited)")
-    hourly_price_minor: int | None = Field(default=None, description="price per hour of one allocation of this "
-                                           "size, in the currency's minor unit (gpu_count x the SKU's GPU-hour price)")
+    hourly_price_minor: int | None = Field(
+        default=None,
+        description="price per hour of one allocation of this "
+        "size, in the currency's minor unit (gpu_count x the SKU's GPU-hour price)",
+    )
 
 
 class CapacityOffer(_Doc):
@@ -411,8 +416,7 @@ class CapacityOffer(_Doc):
     not_launchable: dict[str, Any]
     sizes: list[CapacitySize]
     dedicated: dict[str, Any]
-    removed_in_use: int = Field(0, description="units in use on nodes removed from git (counted in total and "
-                                               "in_use)")
+    removed_in_use: int = Field(0, description="units in use on nodes removed from git (counted in total and in_use)")
     price: OfferPrice | None = None
 
 
@@ -434,11 +438,27 @@ class OpenApiDocument(BaseModel):
 
 
 MODELS: tuple[type[BaseModel], ...] = (
-    Error, Allocation, AllocationPage, NodePage, Node, Drift, History, Usage, Capacity, Index, OpenApiDocument,
+    Error,
+    Allocation,
+    AllocationPage,
+    NodePage,
+    Node,
+    Drift,
+    History,
+    Usage,
+    Capacity,
+    Index,
+    OpenApiDocument,
     Telemetry,
-    agentwire.PlanAnswer, agentwire.ReportAnswer, agentwire.HeartbeatAnswer, agentwire.StatusReport,
-    agentwire.RewipeRequests, agentwire.RewipeAnswer, agentwire.RewipeAnswered,
-    *portalmodels.MODELS)
+    agentwire.PlanAnswer,
+    agentwire.ReportAnswer,
+    agentwire.HeartbeatAnswer,
+    agentwire.StatusReport,
+    agentwire.RewipeRequests,
+    agentwire.RewipeAnswer,
+    agentwire.RewipeAnswered,
+    *portalmodels.MODELS,
+)
 
 
 def components() -> dict[str, Any]:

@@ -25,25 +25,50 @@ READ_ONLY_OPTIONS = "-c default_transaction_read_only=on"
 _BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 
 
-def session_kwargs(url: str, *, read_only: bool, statement_timeout_ms: int, connect_timeout: int,
-                   application_name: str) -> dict[str, Any]:
+def session_kwargs(
+    url: str, *, read_only: bool, statement_timeout_ms: int, connect_timeout: int, application_name: str
+) -> dict[str, Any]:
     """Connection keyword arguments: the URL's own options plus ours (read-only, statement timeout)."""
     params = conninfo.conninfo_to_dict(url)
     extra = (READ_ONLY_OPTIONS if read_only else None, f"-c statement_timeout={int(statement_timeout_ms)}")
     options = " ".join(str(o) for o in (params.get("options"), *extra) if o)
-    return {"options": options, "connect_timeout": connect_timeout, "application_name": application_name,
-            "autocommit": True}
+    return {
+        "options": options,
+        "connect_timeout": connect_timeout,
+        "application_name": application_name,
+        "autocommit": True,
+    }
 
 
 class Pool:
-    def __init__(self, url: str, *, size: int = 8, statement_timeout_ms: int = 30_000,
-                 connect_timeout: int = 5, wait_timeout_s: float = 5.0) -> None:
-        kwargs = session_kwargs(url, read_only=True, statement_timeout_ms=statement_timeout_ms,
-                                connect_timeout=connect_timeout, application_name="gpuaas-serve")
+    def __init__(
+        self,
+        url: str,
+        *,
+        size: int = 8,
+        statement_timeout_ms: int = 30_000,
+        connect_timeout: int = 5,
+        wait_timeout_s: float = 5.0,
+    ) -> None:
+        kwargs = session_kwargs(
+            url,
+            read_only=True,
+            statement_timeout_ms=statement_timeout_ms,
+            connect_timeout=connect_timeout,
+            application_name="gpuaas-serve",
+        )
         # min_size 0: a command that reads once (`gpuaas usage`) opens one connection, not a warm pool.
         self._pool: psycopg_pool.ConnectionPool[connections.Connection] = psycopg_pool.ConnectionPool(
-            url, min_size=0, max_size=max(1, size), kwargs=kwargs, open=True, timeout=wait_timeout_s,
-            check=psycopg_pool.ConnectionPool.check_connection, name="gpuaas-serve-read", max_idle=300.0)
+            url,
+            min_size=0,
+            max_size=max(1, size),
+            kwargs=kwargs,
+            open=True,
+            timeout=wait_timeout_s,
+            check=psycopg_pool.ConnectionPool.check_connection,
+            name="gpuaas-serve-read",
+            max_idle=300.0,
+        )
 
     @property
     def size(self) -> int:

@@ -39,8 +39,12 @@ def _header(scope: asgi.Scope, name: bytes) -> str | None:
 
 async def send_json(send: asgi.Send, status: int, doc: Any, extra: tuple[tuple[str, str], ...] = ()) -> None:
     body = json.dumps(doc, default=str, separators=(",", ":")).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               (b"cache-control", b"no-store"), *((k.encode(), v.encode()) for k, v in extra)]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"cache-control", b"no-store"),
+        *((k.encode(), v.encode()) for k, v in extra),
+    ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -59,9 +63,15 @@ async def _body(receive: asgi.Receive) -> bytes | None:
 async def handle(service: server.Service, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
     work = service.intake
     if work is None:  # the read-only server of before: the same 405 and code
-        await send_json(send, 405, api.error_body(api.METHOD_NOT_ALLOWED, f"{scope['method']} is not allowed: this "
-                                              "server is read-only (serve --intake-repo PATH takes requests)"),
-                    (("Allow", "GET, HEAD"),))
+        await send_json(
+            send,
+            405,
+            api.error_body(
+                api.METHOD_NOT_ALLOWED,
+                f"{scope['method']} is not allowed: this server is read-only (serve --intake-repo PATH takes requests)",
+            ),
+            (("Allow", "GET, HEAD"),),
+        )
         return
     auth = _header(scope, b"authorization") or ""
     try:
@@ -76,8 +86,9 @@ async def handle(service: server.Service, scope: asgi.Scope, receive: asgi.Recei
     if scope["method"] == "POST":
         body = await _body(receive)
         if body is None:
-            await send_json(send, 413, api.error_body(intake.BAD_BODY, f"a request body is at most {intake.MAX_BODY} "
-                                                  "bytes"))
+            await send_json(
+                send, 413, api.error_body(intake.BAD_BODY, f"a request body is at most {intake.MAX_BODY} bytes")
+            )
             return
         answer = await to_thread.run_sync(work.create, who, body, key)
     else:
@@ -98,14 +109,19 @@ class PortalCollector:
 
     def collect(self) -> Iterator[Metric]:
         s = self.service
-        intakes = CounterMetricFamily("gpuaas_portal_intakes", "Portal writes answered, by HTTP status",
-                                      labels=["status"])
+        intakes = CounterMetricFamily(
+            "gpuaas_portal_intakes", "Portal writes answered, by HTTP status", labels=["status"]
+        )
         for status, n in sorted((s.intake.counts if s.intake else {}).items()):
             intakes.add_metric([str(status)], n)
         yield intakes
         yield GaugeMetricFamily("gpuaas_portal_event_streams", "Open /api/v1/events streams", value=s.events.streams)
         hooks = s.webhooks
-        yield CounterMetricFamily("gpuaas_portal_webhook_delivered", "Webhook events delivered (2xx)",
-                                  value=hooks.delivered if hooks else 0)
-        yield CounterMetricFamily("gpuaas_portal_webhook_dead_letters", "Webhook events given up on after retries",
-                                  value=hooks.dead if hooks else 0)
+        yield CounterMetricFamily(
+            "gpuaas_portal_webhook_delivered", "Webhook events delivered (2xx)", value=hooks.delivered if hooks else 0
+        )
+        yield CounterMetricFamily(
+            "gpuaas_portal_webhook_dead_letters",
+            "Webhook events given up on after retries",
+            value=hooks.dead if hooks else 0,
+        )

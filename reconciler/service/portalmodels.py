@@ -12,9 +12,22 @@ KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGkq1pXK4n0mR2o1x0dYt1cJ3Yb0vW2e9o8G1
 class AllocationRequest(BaseModel):
     """What the portal sends; ranges and names are checked by `gpuaas validate`'s rules (422), not here."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
-        "tenant": "globex", "sku": "h200-sxm-slice", "region": "us-east-1", "gpu_count": 2,
-        "image": "h200-ubuntu-24.04-gpuaas-slice", "ssh_keys": [KEY], "lease_hours": 72}]})
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "tenant": "globex",
+                    "sku": "h200-sxm-slice",
+                    "region": "us-east-1",
+                    "gpu_count": 2,
+                    "image": "h200-ubuntu-24.04-gpuaas-slice",
+                    "ssh_keys": [KEY],
+                    "lease_hours": 72,
+                }
+            ]
+        },
+    )
 
     id: str | None = Field(default=None, description="allocation id (default: req-YYYYMMDD-<random>)")
     tenant: str | None = Field(default=None, description="the tenant (with a tenant token: its own; may be omitted)")
@@ -28,10 +41,21 @@ class AllocationRequest(BaseModel):
 
 
 class Accepted(BaseModel):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
-        "id": "req-20261127-1a2b3c4d", "tenant": "globex", "state": "present",
-        "commit": "5f0c2e1d9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d", "pushed_to": "origin/main",
-        "location": "/api/v1/allocations/req-20261127-1a2b3c4d"}]})
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": "req-20261127-1a2b3c4d",
+                    "tenant": "globex",
+                    "state": "present",
+                    "commit": "5f0c2e1d9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d",
+                    "pushed_to": "origin/main",
+                    "location": "/api/v1/allocations/req-20261127-1a2b3c4d",
+                }
+            ]
+        },
+    )
 
     id: str
     tenant: str
@@ -57,11 +81,28 @@ class IntakeErrorBody(BaseModel):
 
 
 class IntakeError(BaseModel):
-    model_config = ConfigDict(json_schema_extra={"examples": [{"error": {
-        "code": "request.invalid", "message": "the request would make the desired state invalid; nothing was written",
-        "problems": [{"code": "desired.ref.unresolved", "message": "unknown image 'no-such-image'",
-                      "file": "allocations/req-20261127-1a2b3c4d.yaml", "line": 9, "column": 8,
-                      "severity": "error"}]}}]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "error": {
+                        "code": "request.invalid",
+                        "message": "the request would make the desired state invalid; nothing was written",
+                        "problems": [
+                            {
+                                "code": "desired.ref.unresolved",
+                                "message": "unknown image 'no-such-image'",
+                                "file": "allocations/req-20261127-1a2b3c4d.yaml",
+                                "line": 9,
+                                "column": 8,
+                                "severity": "error",
+                            }
+                        ],
+                    }
+                }
+            ]
+        }
+    )
     error: IntakeErrorBody
 
 
@@ -80,12 +121,28 @@ class SkuPrice(BaseModel):
 
 
 class SkuEntry(BaseModel):
-    model_config = ConfigDict(json_schema_extra={"examples": [{
-        "sku": "h200-sxm-slice", "display_name": "H200 SXM (VM slice)", "capacity_shape": "gpu_slice",
-        "accelerator": {"vendor": "nvidia", "model": "h200-sxm"}, "network_fabric": "infiniband",
-        "gpu_counts": [1, 2, 4, 8], "exclusive_node": False, "vm_profiles": [],
-        "price": {"currency": "USD", "gpu_hourly_minor": 399, "hourly_minor_by_gpu_count": {"1": 399, "2": 798}},
-        "default_image": "h200-ubuntu-24.04-gpuaas-slice"}]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "sku": "h200-sxm-slice",
+                    "display_name": "H200 SXM (VM slice)",
+                    "capacity_shape": "gpu_slice",
+                    "accelerator": {"vendor": "nvidia", "model": "h200-sxm"},
+                    "network_fabric": "infiniband",
+                    "gpu_counts": [1, 2, 4, 8],
+                    "exclusive_node": False,
+                    "vm_profiles": [],
+                    "price": {
+                        "currency": "USD",
+                        "gpu_hourly_minor": 399,
+                        "hourly_minor_by_gpu_count": {"1": 399, "2": 798},
+                    },
+                    "default_image": "h200-ubuntu-24.04-gpuaas-slice",
+                }
+            ]
+        }
+    )
     sku: str
     display_name: str
     capacity_shape: str
@@ -120,9 +177,21 @@ class ImageCatalog(BaseModel):
 class AllocationEvent(BaseModel):
     """One server-sent event's data (the SSE `id:` is `outbox_id`, the `event:` is `event_type`)."""
 
-    model_config = ConfigDict(json_schema_extra={"examples": [{
-        "outbox_id": 1042, "event_type": "allocation.reserved", "allocation_id": "req-20261127-1a2b3c4d",
-        "tenant": "globex", "state": "reserved", "at": "2026-11-27T16:20:00+00:00", "payload": {}}]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "outbox_id": 1042,
+                    "event_type": "allocation.reserved",
+                    "allocation_id": "req-20261127-1a2b3c4d",
+                    "tenant": "globex",
+                    "state": "reserved",
+                    "at": "2026-11-27T16:20:00+00:00",
+                    "payload": {},
+                }
+            ]
+        }
+    )
     outbox_id: int
     event_type: str
     allocation_id: str
@@ -132,5 +201,11 @@ class AllocationEvent(BaseModel):
     payload: dict[str, Any]
 
 
-MODELS: tuple[type[BaseModel], ...] = (AllocationRequest, Accepted, IntakeError, SkuCatalog, ImageCatalog,
-                                       AllocationEvent)
+MODELS: tuple[type[BaseModel], ...] = (
+    AllocationRequest,
+    Accepted,
+    IntakeError,
+    SkuCatalog,
+    ImageCatalog,
+    AllocationEvent,
+)

@@ -19,8 +19,9 @@ HEAD_UNAPPLIED = "ready.head_unapplied"
 FAILING = "ready.reconciliation_failing"
 
 
-def failing_check(health: history.Health, now: dt.datetime, grace_s: float,
-                  checks: dict[str, Any]) -> tuple[str, str] | None:
+def failing_check(
+    health: history.Health, now: dt.datetime, grace_s: float, checks: dict[str, Any]
+) -> tuple[str, str] | None:
     """(code, message) when reconciliations have failed for `grace_s` or longer; fills `checks["failing"]`."""
     if not health.failing or health.failing_since is None:
         return None
@@ -28,24 +29,34 @@ def failing_check(health: history.Health, now: dt.datetime, grace_s: float,
     checks["failing"] = {"since": health.failing_since, "failures": health.failures, "code": health.failing_code}
     if failing_for < grace_s:
         return None
-    return FAILING, (f"reconciliation has failed for {failing_for:.0f}s ({health.failures} run(s)), "
-                     f"newest: {health.failing_code}: {health.failing_message}")
+    return FAILING, (
+        f"reconciliation has failed for {failing_for:.0f}s ({health.failures} run(s)), "
+        f"newest: {health.failing_code}: {health.failing_message}"
+    )
 
 
-def head_check(health: history.Health, now: dt.datetime, grace_s: float,
-               checks: dict[str, Any]) -> tuple[str, str] | None:
+def head_check(
+    health: history.Health, now: dt.datetime, grace_s: float, checks: dict[str, Any]
+) -> tuple[str, str] | None:
     """(code, message) when HEAD has not been applied for `grace_s` or longer; fills `checks["head"]`."""
     head = health.head
     if head is None:
         return None
-    checks["head"] = {"revision": head.revision, "applied": head.applied, "since": head.since,
-                      "code": head.code, "message": head.message}
+    checks["head"] = {
+        "revision": head.revision,
+        "applied": head.applied,
+        "since": head.since,
+        "code": head.code,
+        "message": head.message,
+    }
     if head.applied or head.since is None:
         return None
     unapplied_for = (now - head.since).total_seconds()
     if unapplied_for < grace_s:
         return None
     first = f"{head.code}: {head.message}" if head.code else "no error recorded"
-    return HEAD_UNAPPLIED, (f"HEAD {(head.revision or '-')[:12]} has not been applied for {unapplied_for:.0f}s "
-                            f"(grace {grace_s:g}s; {(health.last_applied_revision or '-')[:12]} stays in force): "
-                            f"{first}")
+    return HEAD_UNAPPLIED, (
+        f"HEAD {(head.revision or '-')[:12]} has not been applied for {unapplied_for:.0f}s "
+        f"(grace {grace_s:g}s; {(health.last_applied_revision or '-')[:12]} stays in force): "
+        f"{first}"
+    )

@@ -59,8 +59,10 @@ log = logging.getLogger("gpuaas.serve")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 _HTML_HEADERS = (
-    ("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; "
-                                "form-action 'self'; frame-ancestors 'none'"),
+    (
+        "Content-Security-Policy",
+        "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; frame-ancestors 'none'",
+    ),
     ("X-Frame-Options", "DENY"),
     ("Referrer-Policy", "no-referrer"),
 )
@@ -105,19 +107,23 @@ def load_token(path: Path) -> str:
             raise ServeError(f"token file {path} is not a regular file", code="serve.token_file_invalid")
         if st.st_mode & 0o077:
             mode = stat.S_IMODE(st.st_mode)
-            raise ServeError(f"token file {path} is accessible by group or others (mode {mode:04o}); chmod 600 {path}",
-                             code="serve.token_file_permissions")
+            raise ServeError(
+                f"token file {path} is accessible by group or others (mode {mode:04o}); chmod 600 {path}",
+                code="serve.token_file_permissions",
+            )
         # Bounded, regular file only, never quoted: a file named by mistake (a key, /dev/zero) is refused unread.
         try:
-            token = inputfiles.read_text(path, limit=4 * inputfiles.KIB, code="serve.token_file_invalid",
-                                         what="token file").strip()
+            token = inputfiles.read_text(
+                path, limit=4 * inputfiles.KIB, code="serve.token_file_invalid", what="token file"
+            ).strip()
         except PermanentError as e:
             raise ServeError(e.message, code=e.code) from e
     except OSError as e:
         raise ServeError(f"cannot read token file {path}: {e.strerror or e}", code="serve.token_file_unreadable") from e
     if not token or any(c.isspace() for c in token):
-        raise ServeError(f"token file {path} must hold one token (no spaces), and not be empty",
-                         code="serve.token_file_invalid")
+        raise ServeError(
+            f"token file {path} must hold one token (no spaces), and not be empty", code="serve.token_file_invalid"
+        )
     return token
 
 
@@ -155,11 +161,15 @@ class Settings:
 
     def check(self) -> None:
         if self.webhook_url is not None and self.webhook_secret is None:
-            raise ServeError("--webhook needs --webhook-secret-file (payloads are signed)",
-                             code="serve.webhook_secret_missing")
+            raise ServeError(
+                "--webhook needs --webhook-secret-file (payloads are signed)", code="serve.webhook_secret_missing"
+            )
         if not is_loopback(self.host) and self.token is None:
-            raise ServeError(f"listening on {self.host} (not loopback) needs --token-file: every request but "
-                             "/healthz must then carry that bearer token", code="serve.listen_needs_token")
+            raise ServeError(
+                f"listening on {self.host} (not loopback) needs --token-file: every request but "
+                "/healthz must then carry that bearer token",
+                code="serve.listen_needs_token",
+            )
 
 
 # ----------------------------------------------------------------- service
@@ -174,8 +184,9 @@ class Response:
 
 
 def json_response(status: int, doc: Any, headers: Sequence[tuple[str, str]] = ()) -> Response:
-    return Response(status, json.dumps(doc, default=str, separators=(",", ":")).encode(), "application/json",
-                    tuple(headers))
+    return Response(
+        status, json.dumps(doc, default=str, separators=(",", ":")).encode(), "application/json", tuple(headers)
+    )
 
 
 class Service:
@@ -186,8 +197,9 @@ class Service:
         self.settings = settings
         self.gateway: agents.Gateway | None = None  # set by HTTPServer: the agent API's state, for metrics
         self.pool = Pool(url, size=settings.pool_size)
-        self.capacity = capacities.Cache(self.pool, policy=settings.policy, refresh_s=settings.capacity_refresh_s,
-                                         wait_s=settings.capacity_wait_s)
+        self.capacity = capacities.Cache(
+            self.pool, policy=settings.policy, refresh_s=settings.capacity_refresh_s, wait_s=settings.capacity_wait_s
+        )
         self.ctx = api.Context(self.pool, self.capacity)
         self.dashboard = dashboard.Dashboard(self.ctx, refresh_s=settings.refresh_s)
         self.registry = metrics.registry(self.pool, self.capacity)
@@ -210,9 +222,13 @@ class Service:
         if settings.webhook_url is not None and settings.webhook_secret is not None:  # Settings.check: both
             from reconciler.service import webhooks
 
-            self.webhooks = webhooks.Deliverer(url, self.pool, settings.webhook_url,
-                                               webhooks.load_secret(settings.webhook_secret),
-                                               backoff_s=settings.webhook_backoff_s)
+            self.webhooks = webhooks.Deliverer(
+                url,
+                self.pool,
+                settings.webhook_url,
+                webhooks.load_secret(settings.webhook_secret),
+                backoff_s=settings.webhook_backoff_s,
+            )
             self.webhooks.start()
 
     def close(self, timeout: float = 60.0) -> None:
@@ -231,8 +247,9 @@ class Service:
         scheme, _, value = given.partition(" ")
         challenge = (("WWW-Authenticate", 'Bearer realm="gpuaas"'),)
         if scheme.lower() != "bearer" or not value.strip():
-            return api.ApiError(401, api.UNAUTHORIZED, "this server needs Authorization: Bearer <token>",
-                                headers=challenge)
+            return api.ApiError(
+                401, api.UNAUTHORIZED, "this server needs Authorization: Bearer <token>", headers=challenge
+            )
         if not hmac.compare_digest(value.strip().encode(), token.encode()):
             return api.ApiError(401, api.TOKEN_INVALID, "the bearer token is not this server's", headers=challenge)
         return None
@@ -277,8 +294,12 @@ class Service:
         html = not (path.startswith("/api/") or path in ("/healthz", "/readyz", "/metrics"))
         try:
             if method not in ("GET", "HEAD"):
-                raise api.ApiError(405, api.METHOD_NOT_ALLOWED, f"{method} is not allowed: this server is read-only",
-                                   headers=(("Allow", "GET, HEAD"),))
+                raise api.ApiError(
+                    405,
+                    api.METHOD_NOT_ALLOWED,
+                    f"{method} is not allowed: this server is read-only",
+                    headers=(("Allow", "GET, HEAD"),),
+                )
             if path == "/healthz":
                 return json_response(200, {"status": "ok"})
             who = self.principal(headers)
@@ -293,16 +314,18 @@ class Service:
             return self._error(503, code, e.message, html=html, headers=retry)
         except GpuaasError as e:
             if e.code == "status.no_schema" or (e.code == "db.error" and not self._schema_applied()):
-                return self._error(503, api.NO_SCHEMA, "the database has no schema yet: nothing was reconciled",
-                                   html=html)
+                return self._error(
+                    503, api.NO_SCHEMA, "the database has no schema yet: nothing was reconciled", html=html
+                )
             log.error("request failed: %s %s: %s: %s", method, path, e.code, e.message)
             return self._error(500, e.code, e.message, html=html)
         except Exception:
             log.exception("request failed: %s %s", method, path)
             return self._error(500, api.INTERNAL, "internal error; see the server log", html=html)
 
-    def _route(self, path: str, query: Mapping[str, Sequence[str]],
-               who: tenants.Principal = tenants.OPERATOR_PRINCIPAL) -> Response:
+    def _route(
+        self, path: str, query: Mapping[str, Sequence[str]], who: tenants.Principal = tenants.OPERATOR_PRINCIPAL
+    ) -> Response:
         if path == api.PREFIX or path.startswith(api.PREFIX + "/"):
             ctx = self.ctx if who.tenant is None else api.Context(self.ctx.pool, self.ctx.capacity, who)
             return json_response(200, api.handle(ctx, path, query))
@@ -314,8 +337,8 @@ class Service:
         if path == "/":
             return self._html(self.dashboard.fleet(query))
         for prefix, page in (("/nodes/", self.dashboard.node), ("/allocations/", self.dashboard.allocation)):
-            if path.startswith(prefix) and len(path) > len(prefix) and "/" not in path[len(prefix):]:
-                return self._html(page(path[len(prefix):]))
+            if path.startswith(prefix) and len(path) > len(prefix) and "/" not in path[len(prefix) :]:
+                return self._html(page(path[len(prefix) :]))
         raise api.ApiError(404, api.ROUTE_NOT_FOUND, f"no such page: {path}")
 
     def _schema_applied(self) -> bool:
@@ -330,8 +353,9 @@ class Service:
     def _html(self, text: str) -> Response:
         return Response(200, text.encode(), "text/html; charset=utf-8", _HTML_HEADERS)
 
-    def _error(self, status: int, code: str, message: str, *, html: bool,
-               headers: Sequence[tuple[str, str]] = ()) -> Response:
+    def _error(
+        self, status: int, code: str, message: str, *, html: bool, headers: Sequence[tuple[str, str]] = ()
+    ) -> Response:
         if html and status != 401:
             try:
                 page = self.dashboard.error(status, code, message)
@@ -363,11 +387,15 @@ class Service:
             age = (now - health.last_applied_at).total_seconds()
             checks["last_applied_age_s"] = round(age, 3)
             if age > limit:
-                return False, _not_ready(checks, "ready.reconciliation_stale",
-                                         f"the newest successful reconciliation finished {age:.0f}s ago "
-                                         f"(over --max-reconcile-age {limit:g}s)")
-        problem = (readiness.failing_check(health, now, self.settings.failing_grace_s, checks)
-                   or readiness.head_check(health, now, self.settings.head_grace_s, checks))
+                return False, _not_ready(
+                    checks,
+                    "ready.reconciliation_stale",
+                    f"the newest successful reconciliation finished {age:.0f}s ago "
+                    f"(over --max-reconcile-age {limit:g}s)",
+                )
+        problem = readiness.failing_check(health, now, self.settings.failing_grace_s, checks) or readiness.head_check(
+            health, now, self.settings.head_grace_s, checks
+        )
         if problem is not None:
             return False, _not_ready(checks, *problem)
         return True, {"ready": True, "checks": checks}
@@ -426,8 +454,9 @@ class _Uvicorn(uvicorn.Server):
 class HTTPServer:
     """A bound socket and the uvicorn server that serves `service` on it (the caller runs `serve_forever`)."""
 
-    def __init__(self, sock: socket.socket, service: Service, settings: Settings,
-                 console_app: asgi.ASGIApp | None = None) -> None:
+    def __init__(
+        self, sock: socket.socket, service: Service, settings: Settings, console_app: asgi.ASGIApp | None = None
+    ) -> None:
         from reconciler.service import agents
 
         self.service = service
@@ -435,15 +464,30 @@ class HTTPServer:
         self.gateway = agents.Gateway(service.url, pool_size=settings.agent_pool_size)
         service.gateway = self.gateway
         service.registry.register(agents.GatewayCollector(self.gateway))
-        app = asgi.build(service, self.gateway, allowed_hosts=settings.hosts(),
-                         request_timeout_s=settings.request_timeout_s, console_app=console_app,
-                         connections=lambda: len(self._server.server_state.connections),
-                         max_connections=settings.max_connections)
-        config = uvicorn.Config(app, http=_protocol_with_header_deadline(settings.header_timeout_s),
-                                ws="websockets-sansio",
-                                loop="auto", lifespan="on", access_log=False, log_config=None, server_header=False,
-                                date_header=False, limit_concurrency=settings.max_connections,
-                                timeout_keep_alive=30, timeout_graceful_shutdown=5, backlog=4096)
+        app = asgi.build(
+            service,
+            self.gateway,
+            allowed_hosts=settings.hosts(),
+            request_timeout_s=settings.request_timeout_s,
+            console_app=console_app,
+            connections=lambda: len(self._server.server_state.connections),
+            max_connections=settings.max_connections,
+        )
+        config = uvicorn.Config(
+            app,
+            http=_protocol_with_header_deadline(settings.header_timeout_s),
+            ws="websockets-sansio",
+            loop="auto",
+            lifespan="on",
+            access_log=False,
+            log_config=None,
+            server_header=False,
+            date_header=False,
+            limit_concurrency=settings.max_connections,
+            timeout_keep_alive=30,
+            timeout_graceful_shutdown=5,
+            backlog=4096,
+        )
         self._server = _Uvicorn(config)
         self._done = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -501,15 +545,15 @@ def make_server(url: str, settings: Settings) -> HTTPServer:
     if settings.console_credentials is not None:  # a bad credentials file stops startup before anything binds
         from reconciler.service import console
 
-        console_app = console.app(console.gateway_from(url, settings.console_credentials,
-                                                       settings.console_libvirt_uri))
+        console_app = console.app(console.gateway_from(url, settings.console_credentials, settings.console_libvirt_uri))
     service = Service(url, settings)
     try:
         sock = _bind(settings.host, settings.port)
     except OSError as e:
         service.close()
-        raise ServeError(f"cannot listen on {settings.host}:{settings.port}: {e.strerror or e}",
-                         code="serve.listen_failed") from e
+        raise ServeError(
+            f"cannot listen on {settings.host}:{settings.port}: {e.strerror or e}", code="serve.listen_failed"
+        ) from e
     service.capacity.warm()
     return HTTPServer(sock, service, settings, console_app)
 

@@ -47,8 +47,16 @@ def allocation(conn: Connection, allocation_id: str) -> dict[str, Any] | None:
     if row is None:
         return None
     status = str(row[0])
-    doc: dict[str, Any] = {"allocation_id": allocation_id, "allocation_state": status, "state": "unavailable",
-                           "reason": None, "node": None, "received_at": None, "age_s": None, "gpus": []}
+    doc: dict[str, Any] = {
+        "allocation_id": allocation_id,
+        "allocation_state": status,
+        "state": "unavailable",
+        "reason": None,
+        "node": None,
+        "received_at": None,
+        "age_s": None,
+        "gpus": [],
+    }
     r = _latest(conn, [allocation_id]).get(allocation_id)
     if r is None:
         doc["reason"] = "no sample: the guest has not reported GPU telemetry (no nvidia-smi in the image?)"
@@ -68,26 +76,43 @@ def allocation(conn: Connection, allocation_id: str) -> dict[str, Any] | None:
 
 _SERIES = (
     ("gpuaas_allocation_gpu_utilization_ratio", "GPU utilisation the guest reports (0-1)", "utilization_pct", 0.01),
-    ("gpuaas_allocation_gpu_memory_used_bytes", "GPU memory in use, as the guest reports it", "memory_used_mib",
-     1 << 20),
+    (
+        "gpuaas_allocation_gpu_memory_used_bytes",
+        "GPU memory in use, as the guest reports it",
+        "memory_used_mib",
+        1 << 20,
+    ),
     ("gpuaas_allocation_gpu_memory_total_bytes", "GPU memory, as the guest reports it", "memory_total_mib", 1 << 20),
     ("gpuaas_allocation_gpu_temperature_celsius", "GPU temperature the guest reports", "temperature_c", 1.0),
-    ("gpuaas_allocation_gpu_ecc_corrected_errors", "Volatile corrected ECC errors the guest reports",
-     "ecc_corrected", 1.0),
-    ("gpuaas_allocation_gpu_ecc_uncorrected_errors", "Volatile uncorrected ECC errors the guest reports",
-     "ecc_uncorrected", 1.0),
+    (
+        "gpuaas_allocation_gpu_ecc_corrected_errors",
+        "Volatile corrected ECC errors the guest reports",
+        "ecc_corrected",
+        1.0,
+    ),
+    (
+        "gpuaas_allocation_gpu_ecc_uncorrected_errors",
+        "Volatile uncorrected ECC errors the guest reports",
+        "ecc_uncorrected",
+        1.0,
+    ),
 )
 
 
 def families(conn: Connection) -> Iterator[Metric]:
     """Fresh samples of running allocations, by allocation and GPU index; a null field is no series."""
     with dberrors.wrapped("read running allocations"):
-        running = [str(r[0]) for r in conn.execute(
-            "SELECT id FROM allocations WHERE status::text = ANY(%s)", (list(_RUNNING),)).fetchall()]
+        running = [
+            str(r[0])
+            for r in conn.execute(
+                "SELECT id FROM allocations WHERE status::text = ANY(%s)", (list(_RUNNING),)
+            ).fetchall()
+        ]
     latest = _latest(conn, running) if running else {}
     fams = {name: GaugeMetricFamily(name, doc, labels=["allocation", "gpu"]) for name, doc, _f, _s in _SERIES}
-    age = GaugeMetricFamily("gpuaas_allocation_telemetry_age_seconds", "Age of the newest guest telemetry sample",
-                            labels=["allocation"])
+    age = GaugeMetricFamily(
+        "gpuaas_allocation_telemetry_age_seconds", "Age of the newest guest telemetry sample", labels=["allocation"]
+    )
     for alloc, r in sorted(latest.items()):
         age.add_metric([alloc], float(r["age_s"]))
         if float(r["age_s"]) > FRESH_S:
@@ -102,4 +127,3 @@ def families(conn: Connection) -> Iterator[Metric]:
                     fams[name].add_metric([alloc, str(gpu["index"])], value * scale)
     yield age
     yield from fams.values()
-

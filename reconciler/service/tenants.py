@@ -80,8 +80,10 @@ def load(path: Path) -> TenantTokens:
     except UnicodeDecodeError as e:
         raise TenantTokensInvalid(f"tenant token file {path} is not UTF-8 text") from e
     if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o022:
-        raise TenantTokensInvalid(f"tenant token file {path} is not a regular file writable only by its owner "
-                                  f"(mode {stat.S_IMODE(st.st_mode):04o}): anyone who can write it can add a tenant")
+        raise TenantTokensInvalid(
+            f"tenant token file {path} is not a regular file writable only by its owner "
+            f"(mode {stat.S_IMODE(st.st_mode):04o}): anyone who can write it can add a tenant"
+        )
     found: dict[str, str] = {}
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
@@ -99,8 +101,9 @@ def issue(path: Path, tenant: str) -> str:
     import os
 
     if not _LINE.match(f"{tenant}:{'0' * 64}"):
-        raise PermanentError(f"tenant {tenant!r} is not 1-63 lowercase letters, digits or '-'",
-                             code="tenant.name_invalid")
+        raise PermanentError(
+            f"tenant {tenant!r} is not 1-63 lowercase letters, digits or '-'", code="tenant.name_invalid"
+        )
     token = new_token()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "a", encoding="utf-8") as fh:

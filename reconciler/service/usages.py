@@ -44,8 +44,9 @@ def parse_time(text: str, *, what: str) -> dt.datetime:
     try:
         value = dt.datetime.fromisoformat(text.strip())
     except ValueError as e:
-        raise UsageError(f"{what}: {text!r} is not a date (YYYY-MM-DD) or an ISO 8601 time",
-                         code="usage.bad_time") from e
+        raise UsageError(
+            f"{what}: {text!r} is not a date (YYYY-MM-DD) or an ISO 8601 time", code="usage.bad_time"
+        ) from e
     return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
 
 
@@ -62,23 +63,41 @@ def _hours(value: Decimal | float | None) -> float:
 def usage(conn: Connection, *, start: dt.datetime, end: dt.datetime, tenant: str | None = None) -> dict[str, Any]:
     """Per allocation and per tenant (and currency): GPU-hours and amount inside [start, end)."""
     if end <= start:
-        raise UsageError(f"the window is empty: --to {end.isoformat()} is not after --from {start.isoformat()}",
-                         code="usage.empty_window")
+        raise UsageError(
+            f"the window is empty: --to {end.isoformat()} is not after --from {start.isoformat()}",
+            code="usage.empty_window",
+        )
     with dberrors.wrapped("read usage"):
-        rows = conn.cursor(row_factory=dict_row).execute(
-            _SQL, {"from": start, "to": end, "tenant": tenant}).fetchall()
-    allocations = [{
-        "allocation_id": r["allocation_id"], "tenant": r["tenant"], "sku": r["sku"], "claims": int(r["claims"]),
-        "gpus": int(r["gpus"] or 0), "usage_from": r["usage_from"].isoformat(), "usage_to": r["usage_to"].isoformat(),
-        "gpu_hours": _hours(r["gpu_hours"]), "gpu_hourly_price_minor": r["gpu_hourly_price_minor"],
-        "currency": r["currency"], "amount_minor": int(r["amount_minor"] or 0),
-    } for r in rows]
+        rows = conn.cursor(row_factory=dict_row).execute(_SQL, {"from": start, "to": end, "tenant": tenant}).fetchall()
+    allocations = [
+        {
+            "allocation_id": r["allocation_id"],
+            "tenant": r["tenant"],
+            "sku": r["sku"],
+            "claims": int(r["claims"]),
+            "gpus": int(r["gpus"] or 0),
+            "usage_from": r["usage_from"].isoformat(),
+            "usage_to": r["usage_to"].isoformat(),
+            "gpu_hours": _hours(r["gpu_hours"]),
+            "gpu_hourly_price_minor": r["gpu_hourly_price_minor"],
+            "currency": r["currency"],
+            "amount_minor": int(r["amount_minor"] or 0),
+        }
+        for r in rows
+    ]
     tenants: dict[tuple[str, str], dict[str, Any]] = {}
     for a in allocations:
-        t = tenants.setdefault((a["tenant"], a["currency"]), {
-            "tenant": a["tenant"], "currency": a["currency"], "allocations": 0, "gpu_hours": 0.0, "amount_minor": 0})
+        t = tenants.setdefault(
+            (a["tenant"], a["currency"]),
+            {"tenant": a["tenant"], "currency": a["currency"], "allocations": 0, "gpu_hours": 0.0, "amount_minor": 0},
+        )
         t["allocations"] += 1
         t["gpu_hours"] = round(t["gpu_hours"] + a["gpu_hours"], 4)
         t["amount_minor"] += a["amount_minor"]
-    return {"from": start.isoformat(), "to": end.isoformat(), "tenant": tenant, "allocations": allocations,
-            "tenants": list(tenants.values())}
+    return {
+        "from": start.isoformat(),
+        "to": end.isoformat(),
+        "tenant": tenant,
+        "allocations": allocations,
+        "tenants": list(tenants.values()),
+    }

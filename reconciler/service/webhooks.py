@@ -50,19 +50,32 @@ def load_secret(path: Path) -> bytes:
         st = path.stat()
         secret = path.read_bytes().strip()
     except OSError as e:
-        raise PermanentError(f"cannot read webhook secret {path}: {e.strerror or e}",
-                             code="serve.webhook_secret_unreadable") from e
+        raise PermanentError(
+            f"cannot read webhook secret {path}: {e.strerror or e}", code="serve.webhook_secret_unreadable"
+        ) from e
     if st.st_mode & 0o077:
-        raise PermanentError(f"webhook secret {path} is accessible by group or others; chmod 600 {path}",
-                             code="serve.webhook_secret_permissions")
+        raise PermanentError(
+            f"webhook secret {path} is accessible by group or others; chmod 600 {path}",
+            code="serve.webhook_secret_permissions",
+        )
     if len(secret) < 16:
         raise PermanentError(f"webhook secret {path} is shorter than 16 bytes", code="serve.webhook_secret_invalid")
     return secret
 
 
 class Deliverer:
-    def __init__(self, db_url: str, pool: Pool, url: str, secret: bytes, *, max_attempts: int = 8,
-                 backoff_s: float = 1.0, timeout_s: float = 10.0, poll_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        db_url: str,
+        pool: Pool,
+        url: str,
+        secret: bytes,
+        *,
+        max_attempts: int = 8,
+        backoff_s: float = 1.0,
+        timeout_s: float = 10.0,
+        poll_s: float = 0.5,
+    ) -> None:
         self.db_url, self.pool, self.url, self.secret = db_url, pool, url, secret
         self.max_attempts, self.backoff_s, self.timeout_s, self.poll_s = max_attempts, backoff_s, timeout_s, poll_s
         self._stop = threading.Event()
@@ -80,8 +93,13 @@ class Deliverer:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                kwargs = session_kwargs(self.db_url, read_only=False, statement_timeout_ms=30_000, connect_timeout=5,
-                                        application_name="gpuaas-serve-webhooks")
+                kwargs = session_kwargs(
+                    self.db_url,
+                    read_only=False,
+                    statement_timeout_ms=30_000,
+                    connect_timeout=5,
+                    application_name="gpuaas-serve-webhooks",
+                )
                 with psycopg.connect(self.db_url, **kwargs) as conn, httpx.Client(timeout=self.timeout_s) as client:
                     key = int(hashlib.sha256(self.url.encode()).hexdigest()[:15], 16)
                     while not self._stop.is_set():
@@ -95,8 +113,11 @@ class Deliverer:
                 self._stop.wait(2.0)
 
     def _deliver_all(self, conn: psycopg.Connection[Any], client: httpx.Client) -> None:
-        conn.execute("INSERT INTO portal_webhook_cursors (url, last_id) SELECT %s, coalesce(max(id), 0) FROM outbox"
-                     " ON CONFLICT (url) DO NOTHING", (self.url,))  # a new webhook starts at the newest event
+        conn.execute(
+            "INSERT INTO portal_webhook_cursors (url, last_id) SELECT %s, coalesce(max(id), 0) FROM outbox"
+            " ON CONFLICT (url) DO NOTHING",
+            (self.url,),
+        )  # a new webhook starts at the newest event
         while not self._stop.is_set():
             row = conn.execute("SELECT last_id FROM portal_webhook_cursors WHERE url = %s", (self.url,)).fetchone()
             after = int(row[0]) if row else 0
@@ -109,8 +130,10 @@ class Deliverer:
                     return
                 if not self._deliver(conn, client, event):
                     return  # stopping mid-retry: the cursor stays, the event is sent again after a restart
-                conn.execute("UPDATE portal_webhook_cursors SET last_id = %s, updated_at = now() WHERE url = %s",
-                             (event["outbox_id"], self.url))
+                conn.execute(
+                    "UPDATE portal_webhook_cursors SET last_id = %s, updated_at = now() WHERE url = %s",
+                    (event["outbox_id"], self.url),
+                )
 
     def _deliver(self, conn: psycopg.Connection[Any], client: httpx.Client, event: dict[str, Any]) -> bool:
         """Deliver `event` or dead-letter it (True); False when stopping before either."""
@@ -118,9 +141,12 @@ class Deliverer:
         status: int | None = None
         error = ""
         for attempt in range(1, self.max_attempts + 1):
-            headers = {"Content-Type": "application/json", "X-Gpuaas-Event-Id": str(event["outbox_id"]),
-                       "X-Gpuaas-Event": str(event["event_type"]),
-                       "X-Gpuaas-Signature": signature(self.secret, int(time.time()), body)}
+            headers = {
+                "Content-Type": "application/json",
+                "X-Gpuaas-Event-Id": str(event["outbox_id"]),
+                "X-Gpuaas-Event": str(event["event_type"]),
+                "X-Gpuaas-Signature": signature(self.secret, int(time.time()), body),
+            }
             try:
                 resp = client.post(self.url, content=body, headers=headers)
                 status, error = resp.status_code, resp.text[:300]
@@ -132,9 +158,18 @@ class Deliverer:
             if attempt < self.max_attempts and self._stop.wait(min(self.backoff_s * 2 ** (attempt - 1), 300.0)):
                 return False
         self.dead += 1
-        log.error("webhook %s: event %s dead-lettered after %d tries (%s %s)", self.url, event["outbox_id"],
-                  self.max_attempts, status, error, extra={"event": "serve.webhook.dead_letter"})
-        conn.execute("INSERT INTO portal_webhook_dead_letters (url, outbox_id, attempts, last_status, last_error,"
-                     " payload) VALUES (%s, %s, %s, %s, %s, %s)",
-                     (self.url, event["outbox_id"], self.max_attempts, status, error, Jsonb(event)))
+        log.error(
+            "webhook %s: event %s dead-lettered after %d tries (%s %s)",
+            self.url,
+            event["outbox_id"],
+            self.max_attempts,
+            status,
+            error,
+            extra={"event": "serve.webhook.dead_letter"},
+        )
+        conn.execute(
+            "INSERT INTO portal_webhook_dead_letters (url, outbox_id, attempts, last_status, last_error,"
+            " payload) VALUES (%s, %s, %s, %s, %s, %s)",
+            (self.url, event["outbox_id"], self.max_attempts, status, error, Jsonb(event)),
+        )
         return True

@@ -116,15 +116,20 @@ class ApplyResult:
 
     @property
     def changed(self) -> bool:
-        return bool(self.placed or any(p.changed for p in self.pending)
-                    or any(r.changed for r in self.releases) or self.cancelled
-                    or any(p.pending_code for p in self.placements))
+        return bool(
+            self.placed
+            or any(p.changed for p in self.pending)
+            or any(r.changed for r in self.releases)
+            or self.cancelled
+            or any(p.pending_code for p in self.placements)
+        )
 
 
 def _require_autocommit(conn: Connection) -> None:
     if not conn.autocommit:
-        raise PermanentError("apply needs an autocommit connection (one transaction per placement)",
-                             code="db.apply.autocommit")
+        raise PermanentError(
+            "apply needs an autocommit connection (one transaction per placement)", code="db.apply.autocommit"
+        )
 
 
 def _candidates(placement: Placement, max_attempts: int) -> list[tuple[str, tuple[int, ...]]]:
@@ -133,12 +138,14 @@ def _candidates(placement: Placement, max_attempts: int) -> list[tuple[str, tupl
         cand = (alt.node, tuple(alt.slot_indexes))
         if cand not in out:
             out.append(cand)
-    return out[:max(1, max_attempts)]
+    return out[: max(1, max_attempts)]
 
 
 _PLACE = "SELECT outcome, detail, claim_ids FROM gpuaas_place(%s, %s, %s, %s, %s::jsonb, %s, %s)"
-_PLACE_BATCH = ("CALL gpuaas_place_batch(%s::text[], %s::text[], %s::jsonb[], %s::text[], %s::integer[],"
-                " %s::text[], %s::text[], %s::text)")
+_PLACE_BATCH = (
+    "CALL gpuaas_place_batch(%s::text[], %s::text[], %s::jsonb[], %s::text[], %s::integer[],"
+    " %s::text[], %s::text[], %s::text)"
+)
 BATCH = 100  # placements per round trip in place_many
 _FINAL = (Outcome.BUSY, Outcome.NOT_PENDING, Outcome.UNKNOWN)
 
@@ -149,10 +156,24 @@ def _profile_json(profile: ResolvedProfile | None) -> str | None:
     return None if doc is None else json.dumps(doc)
 
 
-def _try(conn: Connection, placement: Placement, node: str, slots: tuple[int, ...], *, revision: str | None,
-         fault: Fault | None) -> tuple[Outcome, str | None, tuple[str, ...]]:
-    args = (placement.allocation_id, node, list(slots), placement.claim_kind.value, _profile_json(placement.profile),
-            placement.image, revision)
+def _try(
+    conn: Connection,
+    placement: Placement,
+    node: str,
+    slots: tuple[int, ...],
+    *,
+    revision: str | None,
+    fault: Fault | None,
+) -> tuple[Outcome, str | None, tuple[str, ...]]:
+    args = (
+        placement.allocation_id,
+        node,
+        list(slots),
+        placement.claim_kind.value,
+        _profile_json(placement.profile),
+        placement.image,
+        revision,
+    )
     try:
         if fault is None:
             row = conn.execute(_PLACE, args).fetchone()
@@ -174,28 +195,51 @@ def _try(conn: Connection, placement: Placement, node: str, slots: tuple[int, ..
     return Outcome(outcome), detail, tuple(str(i) for i in ids or ())
 
 
-def _finish(conn: Connection, placement: Placement, attempts: list[Attempt],
-            claim_ids: tuple[str, ...]) -> PlacementResult:
+def _finish(
+    conn: Connection, placement: Placement, attempts: list[Attempt], claim_ids: tuple[str, ...]
+) -> PlacementResult:
     """The result of a placement's attempts; pending with the reason when its candidates ran out."""
     last = attempts[-1] if attempts else None
     if last is not None and last.outcome is Outcome.PLACED:
-        return PlacementResult(placement.allocation_id, last.outcome, last.node, last.slot_indexes, claim_ids,
-                               tuple(attempts))
+        return PlacementResult(
+            placement.allocation_id, last.outcome, last.node, last.slot_indexes, claim_ids, tuple(attempts)
+        )
     if last is not None and last.outcome in _FINAL:
         return PlacementResult(placement.allocation_id, last.outcome, attempts=tuple(attempts))
     raced = sum(1 for a in attempts if a.outcome is Outcome.LOST_RACE)
     code = CONFLICT_EXHAUSTED if raced else CANDIDATES_REFUSED
     tried = "; ".join(f"{a.node}{list(a.slot_indexes)}: {a.detail}" for a in attempts)
-    message = (f"lost the race for all {len(attempts)} candidate(s); retried on the next reconciliation ({tried})"
-               if raced else f"every candidate was refused on re-check ({tried})")
-    record_pending(conn, Pending(placement.allocation_id, code, message,
-                                 {"attempts": [[a.node, list(a.slot_indexes), a.outcome.value] for a in attempts]}))
-    return PlacementResult(placement.allocation_id, last.outcome if last else Outcome.LOST_RACE,
-                           attempts=tuple(attempts), pending_code=code, pending_message=message)
+    message = (
+        f"lost the race for all {len(attempts)} candidate(s); retried on the next reconciliation ({tried})"
+        if raced
+        else f"every candidate was refused on re-check ({tried})"
+    )
+    record_pending(
+        conn,
+        Pending(
+            placement.allocation_id,
+            code,
+            message,
+            {"attempts": [[a.node, list(a.slot_indexes), a.outcome.value] for a in attempts]},
+        ),
+    )
+    return PlacementResult(
+        placement.allocation_id,
+        last.outcome if last else Outcome.LOST_RACE,
+        attempts=tuple(attempts),
+        pending_code=code,
+        pending_message=message,
+    )
 
 
-def place(conn: Connection, placement: Placement, *, revision: str | None = None, max_attempts: int = 5,
-          fault: Fault | None = None) -> PlacementResult:
+def place(
+    conn: Connection,
+    placement: Placement,
+    *,
+    revision: str | None = None,
+    max_attempts: int = 5,
+    fault: Fault | None = None,
+) -> PlacementResult:
     """Claim the placement's node/slots, or its next candidates after a lost race."""
     _require_autocommit(conn)
     if fault is None:
@@ -210,18 +254,20 @@ def place(conn: Connection, placement: Placement, *, revision: str | None = None
     return _finish(conn, placement, attempts, ids)
 
 
-def place_many(conn: Connection, placements: Sequence[Placement], *, revision: str | None = None,
-               max_attempts: int = 5) -> list[PlacementResult]:
+def place_many(
+    conn: Connection, placements: Sequence[Placement], *, revision: str | None = None, max_attempts: int = 5
+) -> list[PlacementResult]:
     """`place` for each placement, in order, `BATCH` of them per round trip; one transaction per attempt."""
     _require_autocommit(conn)
     out: list[PlacementResult] = []
     for start in range(0, len(placements), BATCH):
-        out += _place_batch(conn, placements[start:start + BATCH], revision, max_attempts)
+        out += _place_batch(conn, placements[start : start + BATCH], revision, max_attempts)
     return out
 
 
-def _place_batch(conn: Connection, batch: Sequence[Placement], revision: str | None,
-                 max_attempts: int) -> list[PlacementResult]:
+def _place_batch(
+    conn: Connection, batch: Sequence[Placement], revision: str | None, max_attempts: int
+) -> list[PlacementResult]:
     """One CALL for the batch; after a refusal the database raised (rare), one more from where it stopped."""
     cands = [_candidates(p, max_attempts) for p in batch]
     attempts: list[list[Attempt]] = [[] for _ in batch]
@@ -229,24 +275,31 @@ def _place_batch(conn: Connection, batch: Sequence[Placement], revision: str | N
     start, skip = 0, 0  # placement `start` first, minus the first `skip` of its candidates (already tried)
     while start < len(batch):
         todo = [(k, cands[k][skip:] if k == start else cands[k]) for k in range(start, len(batch))]
-        args = ([batch[k].allocation_id for k, _ in todo], [batch[k].claim_kind.value for k, _ in todo],
-                [_profile_json(batch[k].profile) for k, _ in todo], [batch[k].image for k, _ in todo],
-                [len(c) for _, c in todo], [node for _, c in todo for node, _ in c],
-                ["{" + ",".join(map(str, slots)) + "}" for _, c in todo for _, slots in c], revision)
+        args = (
+            [batch[k].allocation_id for k, _ in todo],
+            [batch[k].claim_kind.value for k, _ in todo],
+            [_profile_json(batch[k].profile) for k, _ in todo],
+            [batch[k].image for k, _ in todo],
+            [len(c) for _, c in todo],
+            [node for _, c in todo for node, _ in c],
+            ["{" + ",".join(map(str, slots)) + "}" for _, c in todo for _, slots in c],
+            revision,
+        )
         with dberrors.wrapped(f"place {len(todo)} allocation(s)"):
             row = conn.execute(_PLACE_BATCH, args).fetchone()
         if row is None:  # pragma: no cover - CALL always returns its INOUT parameters
             raise PermanentError("gpuaas_place_batch returned nothing", code="db.apply.no_result")
         r_placement, r_candidate, r_outcome, r_detail, r_ids, sqlstate, constraint = row
         stopped = None
-        for p, c, outcome, detail, claim_ids in zip(r_placement, r_candidate, r_outcome, r_detail, r_ids,
-                                                    strict=True):
+        for p, c, outcome, detail, claim_ids in zip(r_placement, r_candidate, r_outcome, r_detail, r_ids, strict=True):
             k, cand = todo[p - 1]
             node, slots = cand[c - 1]
             if outcome == "error":  # always the last entry: the batch stopped there
                 err = dberrors.refusal(sqlstate, constraint, detail or "", f"place {batch[k].allocation_id} on {node}")
-                if not (isinstance(err, dberrors.SerializationConflict)
-                        or (isinstance(err, dberrors.ConstraintRefused) and err.lost_race)):
+                if not (
+                    isinstance(err, dberrors.SerializationConflict)
+                    or (isinstance(err, dberrors.ConstraintRefused) and err.lost_race)
+                ):
                     for earlier in range(k):
                         _finish(conn, batch[earlier], attempts[earlier], ids[earlier])
                     raise err
@@ -272,8 +325,8 @@ def record_pending(conn: Connection, pending: Pending) -> PendingResult:
             " pending_since = coalesce(pending_since, now()), updated_at = now()"
             " WHERE id = %s AND status = 'pending'"
             " AND (pending_code, pending_message) IS DISTINCT FROM (%s, %s)",
-            (pending.code, pending.message, Jsonb(details), pending.allocation_id, pending.code,
-             pending.message))
+            (pending.code, pending.message, Jsonb(details), pending.allocation_id, pending.code, pending.message),
+        )
     return PendingResult(pending.allocation_id, pending.code, pending.message, cur.rowcount > 0)
 
 
@@ -281,8 +334,9 @@ def release(conn: Connection, rel: Release, *, revision: str | None = None) -> R
     """Desired state says released: claims -> releasing, slots -> cleanup (no freeing here)."""
     _require_autocommit(conn)
     with dberrors.wrapped(f"release {rel.allocation_id}"):
-        row = conn.execute("SELECT outcome, node, slot_indexes FROM gpuaas_release(%s, %s)",
-                           (rel.allocation_id, revision)).fetchone()
+        row = conn.execute(
+            "SELECT outcome, node, slot_indexes FROM gpuaas_release(%s, %s)", (rel.allocation_id, revision)
+        ).fetchone()
     if row is None:  # pragma: no cover
         raise PermanentError("gpuaas_release returned nothing", code="db.apply.no_result")
     outcome, node, idx = row
@@ -302,18 +356,22 @@ def cancel_unplaced(conn: Connection) -> tuple[str, ...]:
             "UPDATE allocations SET status = 'released', released_at = now(), pending_code = NULL,"
             " pending_message = NULL, pending_details = NULL, pending_since = NULL, updated_at = now(),"
             " status_changed_at = now()"
-            " WHERE status IN ('pending', 'failed') AND desired_state = 'released' RETURNING id").fetchall()
+            " WHERE status IN ('pending', 'failed') AND desired_state = 'released' RETURNING id"
+        ).fetchall()
     return tuple(sorted(str(r[0]) for r in rows))
 
 
-def apply(conn: Connection, plan: Plan, *, revision: str | None = None, max_attempts: int = 5,
-          fault: Fault | None = None) -> ApplyResult:
+def apply(
+    conn: Connection, plan: Plan, *, revision: str | None = None, max_attempts: int = 5, fault: Fault | None = None
+) -> ApplyResult:
     """Write the whole plan: releases, placements (one transaction each), pending reasons."""
     _require_autocommit(conn)
     releases = tuple(release(conn, r, revision=revision) for r in plan.releases)
-    placements = (tuple(place(conn, p, revision=revision, max_attempts=max_attempts, fault=fault)
-                        for p in plan.placements) if fault is not None
-                  else tuple(place_many(conn, plan.placements, revision=revision, max_attempts=max_attempts)))
+    placements = (
+        tuple(place(conn, p, revision=revision, max_attempts=max_attempts, fault=fault) for p in plan.placements)
+        if fault is not None
+        else tuple(place_many(conn, plan.placements, revision=revision, max_attempts=max_attempts))
+    )
     pending = tuple(record_pending(conn, p) for p in plan.pending)
     cancelled = cancel_unplaced(conn)
     return ApplyResult(placements, pending, releases, cancelled)

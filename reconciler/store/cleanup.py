@@ -48,8 +48,9 @@ class AbsorbResult:
 def free_cleaned(conn: Connection, node: str | None = None) -> tuple[Freed, ...]:
     """Free every releasing slot (of one node, or all) whose host status proves the wipe."""
     with dberrors.wrapped("free cleaned slots"), conn.transaction():
-        rows = conn.execute("SELECT node, slot_index, allocation_id, outcome FROM gpuaas_free_cleaned(%s)",
-                            (node,)).fetchall()
+        rows = conn.execute(
+            "SELECT node, slot_index, allocation_id, outcome FROM gpuaas_free_cleaned(%s)", (node,)
+        ).fetchall()
     return tuple(Freed(n, i, str(a), str(o)) for n, i, a, o in rows)
 
 

@@ -56,9 +56,11 @@ def database_url(explicit_url: str | None = None, state: Path | None = None, *, 
     if not embedded.running(server):
         how = "gpuaas db start" + ("" if state is None else f" --state-dir {where}")
         was = "stopped" if server.initialized else "never initialised"
-        raise PermanentError(f"no database server runs for the state dir {where} ({was}); this command only "
-                             f"reads and starts none: start it with `{how}`, or set {ENV_URL} (or --db-url)",
-                             code=NOT_RUNNING)
+        raise PermanentError(
+            f"no database server runs for the state dir {where} ({was}); this command only "
+            f"reads and starts none: start it with `{how}`, or set {ENV_URL} (or --db-url)",
+            code=NOT_RUNNING,
+        )
     return server.url()
 
 

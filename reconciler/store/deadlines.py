@@ -35,7 +35,8 @@ def expire(conn: Connection, state: DesiredState, *, now: dt.datetime | None = N
     with dberrors.wrapped("read pending allocations for their deadline"):
         rows = conn.execute(
             "SELECT id, sku, requested_at, created_at, pending_code, pending_message, pending_details, now()"
-            " FROM allocations WHERE present AND status = 'pending' AND desired_state = 'present'").fetchall()
+            " FROM allocations WHERE present AND status = 'pending' AND desired_state = 'present'"
+        ).fetchall()
     out: list[Expired] = []
     for aid, sku, requested_at, seen_at, code, text, details, db_now in rows:
         seconds = deadlines.seconds_for(placement, sku)
@@ -46,13 +47,26 @@ def expire(conn: Connection, state: DesiredState, *, now: dt.datetime | None = N
             done = conn.execute(
                 "UPDATE allocations SET status = 'failed', failure_code = %s, failure_message = %s,"
                 " failed_at = now(), status_changed_at = now(), updated_at = now()"
-                " WHERE id = %s AND status = 'pending' RETURNING id", (deadlines.CODE, message, aid)).fetchone()
+                " WHERE id = %s AND status = 'pending' RETURNING id",
+                (deadlines.CODE, message, aid),
+            ).fetchone()
             if done is None:
                 continue  # placed or released meanwhile
             conn.execute(
                 "INSERT INTO outbox (event_type, aggregate_type, aggregate_id, payload)"
                 " VALUES ('allocation.failed', 'allocation', %s, %s)",
-                (aid, Jsonb({"allocation_id": aid, "code": deadlines.CODE, "message": message, "deadline_s": seconds,
-                             "reasons": [{"code": code, "message": text, "details": details}]})))
+                (
+                    aid,
+                    Jsonb(
+                        {
+                            "allocation_id": aid,
+                            "code": deadlines.CODE,
+                            "message": message,
+                            "deadline_s": seconds,
+                            "reasons": [{"code": code, "message": text, "details": details}],
+                        }
+                    ),
+                ),
+            )
         out.append(Expired(aid, seconds, code))
     return tuple(out)

@@ -136,15 +136,20 @@ def bin_dir() -> Path:
     override = os.environ.get("GPUAAS_PG_BIN")
     if override:
         return Path(override)
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"),
-                   key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0)
+    found = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/initdb"),
+        key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0,
+    )
     if found:
         return found[-1].parent
     on_path = shutil.which("pg_ctl")
     if on_path:
         return Path(on_path).parent
-    raise EmbeddedError("no PostgreSQL server binaries found (apt-get install postgresql, "
-                        "or set GPUAAS_PG_BIN, or set GPUAAS_DATABASE_URL)", code="db.embedded.no_postgres")
+    raise EmbeddedError(
+        "no PostgreSQL server binaries found (apt-get install postgresql, "
+        "or set GPUAAS_PG_BIN, or set GPUAAS_DATABASE_URL)",
+        code="db.embedded.no_postgres",
+    )
 
 
 def _as_owner() -> list[str]:
@@ -160,15 +165,17 @@ def _owner_ids() -> tuple[int, int] | None:
     try:
         entry = pwd.getpwnam(OWNER)
     except KeyError as e:
-        raise EmbeddedError(f"running as root needs a {OWNER!r} user to own the server",
-                            code="db.embedded.no_owner") from e
+        raise EmbeddedError(
+            f"running as root needs a {OWNER!r} user to own the server", code="db.embedded.no_owner"
+        ) from e
     return entry.pw_uid, entry.pw_gid
 
 
 def _run(argv: list[str], what: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                              timeout=timeout, check=False)
+        return subprocess.run(
+            argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise EmbeddedError(f"{what}: {e}", code="db.embedded.command") from e
 
@@ -189,7 +196,8 @@ def _check_reachable(path: Path) -> None:
             raise EmbeddedError(
                 f"{parent} is not searchable by other users, so the {OWNER!r} user cannot reach "
                 f"{path}; choose another --state-dir or chmod o+x {parent}",
-                code="db.embedded.state_dir_unreachable")
+                code="db.embedded.state_dir_unreachable",
+            )
 
 
 def _make_reachable(path: Path) -> None:
@@ -247,14 +255,23 @@ def init(server: Server, *, durable: bool = True) -> bool:
     server.root.parent.mkdir(parents=True, exist_ok=True)
     _check_reachable(server.root.parent)
     _own_dir(server.root, ids, 0o700)
-    argv = [*_as_owner(), str(bin_dir() / "initdb"), "-D", str(server.data_dir), "-U", OWNER,
-            "--auth=trust", "--encoding=UTF8", "--no-locale", "--no-instructions"]
+    argv = [
+        *_as_owner(),
+        str(bin_dir() / "initdb"),
+        "-D",
+        str(server.data_dir),
+        "-U",
+        OWNER,
+        "--auth=trust",
+        "--encoding=UTF8",
+        "--no-locale",
+        "--no-instructions",
+    ]
     if not durable:
         argv.append("--no-sync")
     done = _run(argv, "initdb")
     if done.returncode != 0:
-        raise EmbeddedError(f"initdb failed: {done.stderr.strip() or done.stdout.strip()}",
-                            code="db.embedded.initdb")
+        raise EmbeddedError(f"initdb failed: {done.stderr.strip() or done.stdout.strip()}", code="db.embedded.initdb")
     conf = server.data_dir / "postgresql.conf"
     with conf.open("a") as fh:
         fh.write(f"\ninclude_if_exists = '{_CONF}'\n")
@@ -288,8 +305,10 @@ def start(server: Server, *, durable: bool = True, dbname: str = DEFAULT_DB) -> 
             _write_config(server)
             done = _pg_ctl(server, "start", "-l", str(server.log_file), "-t", "60")
             if done.returncode != 0:
-                raise EmbeddedError(f"server did not start: {done.stderr.strip() or done.stdout.strip()}; "
-                                    f"see {server.log_file}", code="db.embedded.start")
+                raise EmbeddedError(
+                    f"server did not start: {done.stderr.strip() or done.stdout.strip()}; see {server.log_file}",
+                    code="db.embedded.start",
+                )
         create_database(server, dbname)
     return server
 
@@ -339,8 +358,10 @@ def stop(server: Server, *, mode: str = "fast", wait_s: float = STOP_WAIT_S) -> 
         while any(_alive(p) for p in processes):
             if time.monotonic() > deadline:
                 left = [p for p in processes if _alive(p)]
-                raise EmbeddedError(f"server processes {left} still run {wait_s:g}s after the stop; "
-                                    f"see {server.log_file}", code="db.embedded.stop")
+                raise EmbeddedError(
+                    f"server processes {left} still run {wait_s:g}s after the stop; see {server.log_file}",
+                    code="db.embedded.stop",
+                )
             time.sleep(0.02)
         return True
 
@@ -370,9 +391,15 @@ def create_database(server: Server, dbname: str, *, template: str | None = None)
 def status(state_dir: Path) -> Status:
     server = server_for(state_dir)
     pid = server.pid()
-    return Status(state_dir=Path(os.path.abspath(state_dir)), initialized=server.initialized,
-                  running=pid is not None, pid=pid, url=server.url(), data_dir=server.data_dir,
-                  log_file=server.log_file)
+    return Status(
+        state_dir=Path(os.path.abspath(state_dir)),
+        initialized=server.initialized,
+        running=pid is not None,
+        pid=pid,
+        url=server.url(),
+        data_dir=server.data_dir,
+        log_file=server.log_file,
+    )
 
 
 def running(server: Server) -> bool:

@@ -32,16 +32,23 @@ class Endpoint:
         return self.guest_port == SSH_PORT
 
     def as_dict(self) -> dict[str, object]:
-        return {"public_address": self.public_address, "public_port": self.public_port,
-                "guest_port": self.guest_port, "private_ip": self.private_ip,
-                "protocol": "tcp", "purpose": "ssh" if self.ssh else "extra"}
+        return {
+            "public_address": self.public_address,
+            "public_port": self.public_port,
+            "guest_port": self.guest_port,
+            "private_ip": self.private_ip,
+            "protocol": "tcp",
+            "purpose": "ssh" if self.ssh else "extra",
+        }
 
 
-_CURRENT = ("SELECT e.allocation_id, n.name, host(e.public_address), e.public_port, e.guest_port,"
-            " host(e.private_ip) FROM allocation_endpoints e JOIN nodes n ON n.id = e.node_id"
-            " WHERE e.freed_at IS NULL AND e.node_id = (SELECT a.node_id FROM allocations a"
-            " WHERE a.id = e.allocation_id) AND (%s::text[] IS NULL OR e.allocation_id = ANY(%s::text[]))"
-            " ORDER BY e.allocation_id, e.guest_port <> 22, e.guest_port")
+_CURRENT = (
+    "SELECT e.allocation_id, n.name, host(e.public_address), e.public_port, e.guest_port,"
+    " host(e.private_ip) FROM allocation_endpoints e JOIN nodes n ON n.id = e.node_id"
+    " WHERE e.freed_at IS NULL AND e.node_id = (SELECT a.node_id FROM allocations a"
+    " WHERE a.id = e.allocation_id) AND (%s::text[] IS NULL OR e.allocation_id = ANY(%s::text[]))"
+    " ORDER BY e.allocation_id, e.guest_port <> 22, e.guest_port"
+)
 
 
 def _endpoints(rows: Iterable[tuple[object, ...]]) -> list[Endpoint]:
@@ -71,7 +78,9 @@ def rules_for(conn: Connection, node_id: object, allocation_ids: Iterable[str]) 
     rows = conn.execute(
         "SELECT allocation_id, host(public_address), public_port, host(private_ip), guest_port"
         " FROM allocation_endpoints WHERE node_id = %s AND freed_at IS NULL AND allocation_id = ANY(%s)"
-        " ORDER BY allocation_id, public_port", (node_id, wanted)).fetchall()
+        " ORDER BY allocation_id, public_port",
+        (node_id, wanted),
+    ).fetchall()
     return tuple(codec.IngressRule(str(a), str(addr), int(p), str(ip), int(g)) for a, addr, p, ip, g in rows)
 
 
@@ -82,5 +91,6 @@ def used_ports(conn: Connection) -> dict[str, tuple[int, int]]:
             "SELECT n.name,"
             " (SELECT count(*) FROM allocation_endpoints e WHERE e.node_id = n.id AND e.freed_at IS NULL),"
             " (n.ingress ->> 'port_last')::integer - (n.ingress ->> 'port_first')::integer + 1"
-            " FROM nodes n WHERE n.present AND n.ingress IS NOT NULL ORDER BY n.name").fetchall()
+            " FROM nodes n WHERE n.present AND n.ingress IS NOT NULL ORDER BY n.name"
+        ).fetchall()
     return {str(n): (int(used), int(size)) for n, used, size in rows}

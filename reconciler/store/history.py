@@ -49,27 +49,41 @@ def sweep(conn: Connection) -> int:
 def start(conn: Connection, *, revision: str | None, source: str = "") -> int:
     sweep(conn)
     with dberrors.wrapped("record reconciliation start"):
-        row = conn.execute("INSERT INTO reconciliations (revision, source, reconciler) VALUES (%s, %s, %s)"
-                           " RETURNING id", (revision, source, reconciler_id())).fetchone()
+        row = conn.execute(
+            "INSERT INTO reconciliations (revision, source, reconciler) VALUES (%s, %s, %s) RETURNING id",
+            (revision, source, reconciler_id()),
+        ).fetchone()
     if row is None:  # pragma: no cover - INSERT ... RETURNING always returns the row
         raise dberrors.DatabaseError("reconciliations insert returned nothing")
     return int(row[0])
 
 
-def finish(conn: Connection, run_id: int, *, result: str, counts: Mapping[str, Any] | None = None,
-           problems: Sequence[Any] = (), revision: str | None = None) -> None:
+def finish(
+    conn: Connection,
+    run_id: int,
+    *,
+    result: str,
+    counts: Mapping[str, Any] | None = None,
+    problems: Sequence[Any] = (),
+    revision: str | None = None,
+) -> None:
     with dberrors.wrapped("record reconciliation end"):
-        conn.execute("UPDATE reconciliations SET finished_at = clock_timestamp(), result = %s, counts = %s,"
-                     " errors = %s, revision = coalesce(%s, revision) WHERE id = %s",
-                     (result, Jsonb(dict(counts or {})), Jsonb(list(problems)), revision, run_id))
+        conn.execute(
+            "UPDATE reconciliations SET finished_at = clock_timestamp(), result = %s, counts = %s,"
+            " errors = %s, revision = coalesce(%s, revision) WHERE id = %s",
+            (result, Jsonb(dict(counts or {})), Jsonb(list(problems)), revision, run_id),
+        )
 
 
 def recent(conn: Connection, limit: int = 20) -> list[Reconciliation]:
     """The newest runs; a run whose process died reads as abandoned (no write: read-only callers too)."""
     with dberrors.wrapped("read reconciliation history"):
         cur = conn.cursor(row_factory=class_row(Reconciliation))
-        return cur.execute("SELECT id, revision, source, reconciler, started_at, finished_at, result, counts,"
-                           " errors FROM reconciliation_history ORDER BY id DESC LIMIT %s", (limit,)).fetchall()
+        return cur.execute(
+            "SELECT id, revision, source, reconciler, started_at, finished_at, result, counts,"
+            " errors FROM reconciliation_history ORDER BY id DESC LIMIT %s",
+            (limit,),
+        ).fetchall()
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +141,8 @@ def health(conn: Connection) -> Health:
             "        (SELECT revision FROM newest), (SELECT errors -> -1 ->> 'code' FROM newest),"
             "        (SELECT errors -> -1 ->> 'message' FROM newest),"
             "        (SELECT revision FROM after WHERE counts ? %s ORDER BY id DESC LIMIT 1)",
-            (list(revisions.REFUSAL_COUNTS), revisions.INVALID_COUNT)).fetchone()
+            (list(revisions.REFUSAL_COUNTS), revisions.INVALID_COUNT),
+        ).fetchone()
         head = conn.execute(
             "WITH ok AS (SELECT id, revision FROM reconciliations"
             "            WHERE result IN ('changed', 'unchanged') ORDER BY id DESC LIMIT 1),"
@@ -141,12 +156,15 @@ def health(conn: Connection) -> Health:
             # FILE:LINE first when the problem has one (an invalid commit): what to open and fix
             "        concat_ws(': ', CASE WHEN top.errors -> 0 ? 'file' THEN concat(top.errors -> 0 ->> 'file',"
             "                        ':' || (top.errors -> 0 ->> 'line')) END, top.errors -> 0 ->> 'message')"
-            " FROM top", (list(revisions.REFUSAL_COUNTS),)).fetchone()
+            " FROM top",
+            (list(revisions.REFUSAL_COUNTS),),
+        ).fetchone()
     if row is None:  # pragma: no cover - one row always
         raise dberrors.DatabaseError("reconciliation health returned nothing")
     top = None
     if head is not None:
         applied = bool(head[1])
-        top = Head(head[0], applied, None if applied else head[2], None if applied else head[3],
-                   None if applied else head[4])
+        top = Head(
+            head[0], applied, None if applied else head[2], None if applied else head[3], None if applied else head[4]
+        )
     return Health(row[0], row[1], row[2], int(row[3] or 0), row[4], row[5], row[6], row[7], top)

@@ -47,10 +47,14 @@ class Written:
 
 def _bundle(slot: Mapping[str, Any]) -> codec.SlotBundle:
     return codec.SlotBundle(
-        slot_index=int(slot["slot_index"]), gpu_pci_address=str(slot["gpu_pci_address"]),
-        fabric_vf_pci_address=slot.get("fabric_vf_pci_address"), nvme_device=str(slot["nvme_device"]),
-        mac_address=str(slot["mac_address"]), private_ip=str(slot["private_ip"]),
-        numa_node=int(slot["numa_node"]))
+        slot_index=int(slot["slot_index"]),
+        gpu_pci_address=str(slot["gpu_pci_address"]),
+        fabric_vf_pci_address=slot.get("fabric_vf_pci_address"),
+        nvme_device=str(slot["nvme_device"]),
+        mac_address=str(slot["mac_address"]),
+        private_ip=str(slot["private_ip"]),
+        numa_node=int(slot["numa_node"]),
+    )
 
 
 def _vm(allocation_id: str, claims: list[tuple[str, Mapping[str, Any]]]) -> codec.VmSpec:
@@ -62,23 +66,35 @@ def _vm(allocation_id: str, claims: list[tuple[str, Mapping[str, Any]]]) -> code
         raise PermanentError(f"{where}: a slice VM's claim records no profile", code=snapshots.NO_PROFILE)
     image = snap.get("image")
     return codec.VmSpec(
-        allocation_id=allocation_id, tenant=str(snap.get("tenant", "")),
+        allocation_id=allocation_id,
+        tenant=str(snap.get("tenant", "")),
         bundles=tuple(_bundle(s["slot"]) for _, s in claims),
-        vcpu_count=profile.vcpu_count, memory_mib=profile.memory_mib,
-        hugepages=profile.hugepages_enabled, hugepage_size=profile.hugepage_size,
-        image=codec.ImageRef(slug=str(image["slug"]), source_ref=str(image["source_ref"]),
-                             digest_sha256=image.get("digest_sha256"), image_format=str(image["image_format"]),
-                             default_username=str(image.get("default_username") or "ubuntu")) if image else None,
+        vcpu_count=profile.vcpu_count,
+        memory_mib=profile.memory_mib,
+        hugepages=profile.hugepages_enabled,
+        hugepage_size=profile.hugepage_size,
+        image=codec.ImageRef(
+            slug=str(image["slug"]),
+            source_ref=str(image["source_ref"]),
+            digest_sha256=image.get("digest_sha256"),
+            image_format=str(image["image_format"]),
+            default_username=str(image.get("default_username") or "ubuntu"),
+        )
+        if image
+        else None,
         ssh_keys=tuple(snap.get("ssh_keys") or ()),
         claim_ids=tuple(cid for cid, _ in claims),
-        readiness_timeout_s=profile.readiness_timeout_s)
+        readiness_timeout_s=profile.readiness_timeout_s,
+    )
 
 
 def build(conn: Connection, node: str, generation: int = 0) -> codec.HostPlan | None:
     """The plan `node` should run now (None when the node is unknown)."""
     row = conn.execute(
         "SELECT n.id, n.os_disk, n.management_network, f.graceful_shutdown_timeout_s, f.readiness_timeout_s"
-        " FROM nodes n LEFT JOIN fleet_settings f ON true WHERE n.name = %s", (node,)).fetchone()
+        " FROM nodes n LEFT JOIN fleet_settings f ON true WHERE n.name = %s",
+        (node,),
+    ).fetchone()
     if row is None:
         return None
     node_id, os_disk, net, graceful, readiness = row
@@ -86,7 +102,9 @@ def build(conn: Connection, node: str, generation: int = 0) -> codec.HostPlan | 
         "SELECT id, allocation_id, status, resource_snapshot FROM allocation_resource_claims"
         " WHERE node_id = %s AND claim_kind = 'slot'"
         " AND status IN ('reserved', 'provisioning', 'active', 'releasing')"
-        " ORDER BY allocation_id, slot_index", (node_id,)).fetchall()
+        " ORDER BY allocation_id, slot_index",
+        (node_id,),
+    ).fetchall()
     running: dict[str, list[tuple[str, Mapping[str, Any]]]] = defaultdict(list)
     releasing: dict[str, list[tuple[str, Mapping[str, Any]]]] = defaultdict(list)
     for cid, alloc, status, snap in claims:
@@ -94,24 +112,43 @@ def build(conn: Connection, node: str, generation: int = 0) -> codec.HostPlan | 
     slots = conn.execute(
         "SELECT slot_index, gpu_pci_address, fabric_vf_pci_address, nvme_device, mac_address,"
         " host(private_ip) AS private_ip, numa_node, nvme_identity FROM node_resource_slots"
-        " WHERE node_id = %s AND present AND approved ORDER BY slot_index", (node_id,)).fetchall()
+        " WHERE node_id = %s AND present AND approved ORDER BY slot_index",
+        (node_id,),
+    ).fetchall()
     dhcp = net.get("dhcp_range", {})
     return codec.HostPlan(
         pinned_images=pinned_images(conn),
-        node=node, generation=generation,
-        network=codec.Network(subnet=str(net["subnet"]), gateway=str(net["gateway"]),
-                              dhcp_start=str(dhcp.get("start", "")), dhcp_end=str(dhcp.get("end", "")),
-                              bridge=str(net.get("bridge", "gpuaasbr0"))),
+        node=node,
+        generation=generation,
+        network=codec.Network(
+            subnet=str(net["subnet"]),
+            gateway=str(net["gateway"]),
+            dhcp_start=str(dhcp.get("start", "")),
+            dhcp_end=str(dhcp.get("end", "")),
+            bridge=str(net.get("bridge", "gpuaasbr0")),
+        ),
         os_disk=str(os_disk),
-        graceful_timeout_s=int(graceful or 120), readiness_timeout_s=int(readiness or 300),
+        graceful_timeout_s=int(graceful or 120),
+        readiness_timeout_s=int(readiness or 300),
         vms=tuple(_vm(a, c) for a, c in sorted(running.items())),
         releases=tuple(_vm(a, c) for a, c in sorted(releasing.items())),
-        slots=tuple(codec.SlotBundle(slot_index=int(i), gpu_pci_address=str(g), fabric_vf_pci_address=vf,
-                                     nvme_device=str(d), mac_address=str(mac), private_ip=str(ip),
-                                     numa_node=int(numa))
-                    for i, g, vf, d, mac, ip, numa, _ in slots),
-        disk_identities=tuple(codec.SlotIdentity(int(row[0]), identity) for row in slots
-                              if (identity := codec.DiskIdentity.from_dict(row[7])) is not None),
+        slots=tuple(
+            codec.SlotBundle(
+                slot_index=int(i),
+                gpu_pci_address=str(g),
+                fabric_vf_pci_address=vf,
+                nvme_device=str(d),
+                mac_address=str(mac),
+                private_ip=str(ip),
+                numa_node=int(numa),
+            )
+            for i, g, vf, d, mac, ip, numa, _ in slots
+        ),
+        disk_identities=tuple(
+            codec.SlotIdentity(int(row[0]), identity)
+            for row in slots
+            if (identity := codec.DiskIdentity.from_dict(row[7])) is not None
+        ),
         ingress=endpoints.rules_for(conn, node_id, running),
     )
 
@@ -122,8 +159,9 @@ def _without_generation(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 def pinned_images(conn: Connection) -> tuple[str, ...]:
     """Digests of the images the catalog pins in every host's cache (`Image.cache_pinned`)."""
-    rows = conn.execute("SELECT digest_sha256 FROM os_images WHERE present AND cache_pinned"
-                        " AND digest_sha256 IS NOT NULL ORDER BY 1").fetchall()
+    rows = conn.execute(
+        "SELECT digest_sha256 FROM os_images WHERE present AND cache_pinned AND digest_sha256 IS NOT NULL ORDER BY 1"
+    ).fetchall()
     return tuple(str(r[0]) for r in rows)
 
 
@@ -144,12 +182,18 @@ def write_one(conn: Connection, node: str, *, revision: str | None = None) -> Wr
             "INSERT INTO host_plans (node_name, generation, spec, revision) VALUES (%s, %s, %s, %s)"
             " ON CONFLICT (node_name) DO UPDATE SET generation = EXCLUDED.generation, spec = EXCLUDED.spec,"
             " revision = EXCLUDED.revision, updated_at = now()",
-            (node, plan.generation, Jsonb(codec.to_json(plan)), revision))
+            (node, plan.generation, Jsonb(codec.to_json(plan)), revision),
+        )
         return Written(node, plan.generation, changed=True)
 
 
-def write(conn: Connection, nodes: Iterable[str] | None = None, *, revision: str | None = None,
-          shown: progress.Phase | None = None) -> list[Written]:
+def write(
+    conn: Connection,
+    nodes: Iterable[str] | None = None,
+    *,
+    revision: str | None = None,
+    shown: progress.Phase | None = None,
+) -> list[Written]:
     """Rebuild the plans of `nodes` (default: every present node and every node holding claims).
 
     `shown` (a progress phase) gets the node count and advances per node.
@@ -159,7 +203,8 @@ def write(conn: Connection, nodes: Iterable[str] | None = None, *, revision: str
             rows = conn.execute(
                 "SELECT name FROM nodes n WHERE present OR EXISTS (SELECT 1 FROM allocation_resource_claims c"
                 " WHERE c.node_id = n.id AND c.status IN ('reserved', 'provisioning', 'active', 'releasing'))"
-                " ORDER BY name").fetchall()
+                " ORDER BY name"
+            ).fetchall()
         nodes = [str(r[0]) for r in rows]
     out = []
     todo = sorted(set(nodes))

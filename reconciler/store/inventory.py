@@ -115,8 +115,9 @@ class Memory:
 Guard = Callable[[Sequence[RowChange], set[str] | None], None]
 
 
-def sync(conn: Connection, state: DesiredState, *, memory: Memory | None = None,
-         guard: Guard | None = None) -> SyncResult:
+def sync(
+    conn: Connection, state: DesiredState, *, memory: Memory | None = None, guard: Guard | None = None
+) -> SyncResult:
     """Project `state` into the inventory tables in one transaction.
 
     With `memory` (kept by the watch loop across revisions), documents that
@@ -155,17 +156,37 @@ def _sync(conn: Connection, state: DesiredState, memory: Memory | None, guard: G
             delta = None
         work = _Work(state, delta)
         changes += _sync_fleet(conn, state, revision)
-        changes += _sync_table(conn, SKUS, [((s.sku,), (s,), partial(inventoryrows.sku_row, s))
-                                            for s in work.docs("Sku")],
-                               revision, memory=mem(SKUS), trust=trust, maybe_gone=work.gone("Sku"))
-        changes += _sync_table(conn, IMAGES, [((i.slug,), (i,), partial(inventoryrows.image_row, i))
-                                              for i in work.docs("Image")],
-                               revision, memory=mem(IMAGES), trust=trust, maybe_gone=work.gone("Image"))
+        changes += _sync_table(
+            conn,
+            SKUS,
+            [((s.sku,), (s,), partial(inventoryrows.sku_row, s)) for s in work.docs("Sku")],
+            revision,
+            memory=mem(SKUS),
+            trust=trust,
+            maybe_gone=work.gone("Sku"),
+        )
+        changes += _sync_table(
+            conn,
+            IMAGES,
+            [((i.slug,), (i,), partial(inventoryrows.image_row, i)) for i in work.docs("Image")],
+            revision,
+            memory=mem(IMAGES),
+            trust=trust,
+            maybe_gone=work.gone("Image"),
+        )
         fleet = state.fleet
-        changes += _sync_table(conn, NODES, [((n.name,), (n, state.slot_maps.get(n.name), fleet),
-                                              partial(inventoryrows.node_row, state, n))
-                                             for n in work.docs("Node", "SlotMap")],
-                               revision, memory=mem(NODES), trust=trust, maybe_gone=work.gone("Node", "SlotMap"))
+        changes += _sync_table(
+            conn,
+            NODES,
+            [
+                ((n.name,), (n, state.slot_maps.get(n.name), fleet), partial(inventoryrows.node_row, state, n))
+                for n in work.docs("Node", "SlotMap")
+            ],
+            revision,
+            memory=mem(NODES),
+            trust=trust,
+            maybe_gone=work.gone("Node", "SlotMap"),
+        )
         node_ids = _node_ids(conn, state, memory, trust, work.names("Node", "SlotMap"))
         if delta is not None and memory is not None:
             slot_items, kept, maybe_gone = _slot_delta(state, node_ids, memory, work.names("Node", "SlotMap"))
@@ -174,15 +195,29 @@ def _sync(conn: Connection, state: DesiredState, memory: Memory | None, guard: G
             if memory is not None:
                 memory.slot_count = len(slot_items) + len(kept)
         names = {v: k for k, v in node_ids.items()}
-        changes += _sync_table(conn, SLOTS, slot_items, revision,
-                               label=lambda key: f"{names.get(key[0], key[0])}:{key[1]}", memory=mem(SLOTS),
-                               trust=trust, kept=kept, maybe_gone=maybe_gone)
+        changes += _sync_table(
+            conn,
+            SLOTS,
+            slot_items,
+            revision,
+            label=lambda key: f"{names.get(key[0], key[0])}:{key[1]}",
+            memory=mem(SLOTS),
+            trust=trust,
+            kept=kept,
+            maybe_gone=maybe_gone,
+        )
         _slot_statuses(conn)
         if guard is not None:
             guard(changes, work.names("Allocation"))  # the stored allocation rows are still the old ones
-        changes += _sync_table(conn, ALLOCATIONS, [((a.id,), (a,), partial(inventoryrows.allocation_row, a))
-                                                   for a in work.docs("Allocation")],
-                               revision, memory=mem(ALLOCATIONS), trust=trust, maybe_gone=work.gone("Allocation"))
+        changes += _sync_table(
+            conn,
+            ALLOCATIONS,
+            [((a.id,), (a,), partial(inventoryrows.allocation_row, a)) for a in work.docs("Allocation")],
+            revision,
+            memory=mem(ALLOCATIONS),
+            trust=trust,
+            maybe_gone=work.gone("Allocation"),
+        )
         if changes:
             generation = _bump_generation(conn)
         if memory is not None:
@@ -190,16 +225,23 @@ def _sync(conn: Connection, state: DesiredState, memory: Memory | None, guard: G
             memory.syncs += 1
             memory.synced = weakref.ref(state)
             memory.delta_syncs += delta is not None
-        new_revision = conn.execute("SELECT 1 FROM desired_revisions WHERE revision = %s",
-                                    (revision,)).fetchone() is None
+        new_revision = (
+            conn.execute("SELECT 1 FROM desired_revisions WHERE revision = %s", (revision,)).fetchone() is None
+        )
         if new_revision:
             slots = memory.slot_count if memory is not None else len(slot_items) + len(kept)
-            counts = {"nodes": len(state.nodes), "slots": slots, "skus": len(state.skus),
-                      "images": len(state.images), "allocations": len(state.allocations)}
+            counts = {
+                "nodes": len(state.nodes),
+                "slots": slots,
+                "skus": len(state.skus),
+                "images": len(state.images),
+                "allocations": len(state.allocations),
+            }
             conn.execute(
                 "INSERT INTO desired_revisions (revision, content_hash, file_count, counts)"
                 " VALUES (%s, %s, %s, %s) ON CONFLICT (revision) DO NOTHING",
-                (revision, digest, state.file_count, _jsonb(counts)))
+                (revision, digest, state.file_count, _jsonb(counts)),
+            )
     return SyncResult(revision, digest, new_revision, tuple(changes))
 
 
@@ -237,8 +279,9 @@ class _Work:
         return None if names is None else [(n,) for n in sorted(names)]
 
 
-def _slot_delta(state: DesiredState, node_ids: dict[str, Any], memory: Memory,
-                names: set[str] | None) -> tuple[list[Item], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+def _slot_delta(
+    state: DesiredState, node_ids: dict[str, Any], memory: Memory, names: set[str] | None
+) -> tuple[list[Item], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """Slot rows of changed nodes and slot maps; the keys their last sync wrote may have gone."""
     items: list[Item] = []
     maybe_gone: list[tuple[Any, ...]] = []
@@ -262,12 +305,16 @@ def _slot_delta(state: DesiredState, node_ids: dict[str, Any], memory: Memory,
     return items, [], maybe_gone
 
 
-def _node_ids(conn: Connection, state: DesiredState, memory: Memory | None, trust: bool,
-              names: set[str] | None = None) -> dict[str, Any]:
+def _node_ids(
+    conn: Connection, state: DesiredState, memory: Memory | None, trust: bool, names: set[str] | None = None
+) -> dict[str, Any]:
     """name -> node id (ids never change: node rows are never deleted). `names`: only these may be new."""
     wanted = state.slot_maps if names is None else names
-    if memory is not None and trust and all(name in memory.node_ids for name in wanted
-                                            if name in state.nodes and name in state.slot_maps):
+    if (
+        memory is not None
+        and trust
+        and all(name in memory.node_ids for name in wanted if name in state.nodes and name in state.slot_maps)
+    ):
         return memory.node_ids
     ids = {str(name): node_id for name, node_id in conn.execute("SELECT name, id FROM nodes")}
     if memory is not None:
@@ -275,8 +322,9 @@ def _node_ids(conn: Connection, state: DesiredState, memory: Memory | None, trus
     return ids
 
 
-def _slot_work(state: DesiredState, node_ids: dict[str, Any],
-               memory: Memory | None) -> tuple[list[Item], list[tuple[Any, ...]]]:
+def _slot_work(
+    state: DesiredState, node_ids: dict[str, Any], memory: Memory | None
+) -> tuple[list[Item], list[tuple[Any, ...]]]:
     """Slot rows to build and compare, and the keys of rows known in place without a look.
 
     With a trusted memory, a SlotMap that is the very object of the last sync
@@ -343,8 +391,13 @@ def _same_docs(a: tuple[Any, ...] | None, b: tuple[Any, ...]) -> bool:
     return a is not None and len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
-def _current(conn: Connection, table: Table, memory: _TableMemory | None, trust: bool,
-             keys: Iterable[tuple[Any, ...]] | None = None) -> dict[tuple[Any, ...], tuple[bool, tuple[Any, ...]]]:
+def _current(
+    conn: Connection,
+    table: Table,
+    memory: _TableMemory | None,
+    trust: bool,
+    keys: Iterable[tuple[Any, ...]] | None = None,
+) -> dict[tuple[Any, ...], tuple[bool, tuple[Any, ...]]]:
     """key -> (present, desired columns) of every row, or of the rows with these keys.
 
     Read from the table, never kept: at 10,000 nodes the rows' values were
@@ -354,7 +407,9 @@ def _current(conn: Connection, table: Table, memory: _TableMemory | None, trust:
     current = {}
     query = sql.SQL("SELECT {keys}, present, {cols} FROM {name}").format(
         keys=sql.SQL(", ").join(map(sql.Identifier, table.key)),
-        cols=sql.SQL(", ").join(map(sql.Identifier, table.columns)), name=sql.Identifier(table.name))
+        cols=sql.SQL(", ").join(map(sql.Identifier, table.columns)),
+        name=sql.Identifier(table.name),
+    )
     wanted = None if keys is None else set(keys)
     params: tuple[Any, ...] = ()
     if wanted is not None:
@@ -364,7 +419,7 @@ def _current(conn: Connection, table: Table, memory: _TableMemory | None, trust:
     for rec in conn.execute(query, params):
         key = tuple(rec[:n])
         if wanted is None or key in wanted:
-            current[key] = (bool(rec[n]), tuple(rec[n + 1:]))
+            current[key] = (bool(rec[n]), tuple(rec[n + 1 :]))
     if memory is not None and not trust:
         memory.idents = {}
     return current
@@ -373,10 +428,18 @@ def _current(conn: Connection, table: Table, memory: _TableMemory | None, trust:
 _WRITE_BATCH = 2000  # rows built before they are written: a cold sync's peak memory is one batch's
 
 
-def _sync_table(conn: Connection, table: Table, items: Sequence[Item], revision: str, *,
-                label: Any = None, memory: _TableMemory | None = None, trust: bool = False,
-                kept: Sequence[tuple[Any, ...]] = (),
-                maybe_gone: Sequence[tuple[Any, ...]] | None = None) -> list[RowChange]:
+def _sync_table(
+    conn: Connection,
+    table: Table,
+    items: Sequence[Item],
+    revision: str,
+    *,
+    label: Any = None,
+    memory: _TableMemory | None = None,
+    trust: bool = False,
+    kept: Sequence[tuple[Any, ...]] = (),
+    maybe_gone: Sequence[tuple[Any, ...]] | None = None,
+) -> list[RowChange]:
     """Write the differences between the desired rows and the table.
 
     items: (key, documents the row is built from, row builder). With a
@@ -386,8 +449,9 @@ def _sync_table(conn: Connection, table: Table, items: Sequence[Item], revision:
     `maybe_gone` (only with `trust`: a delta's items): only these rows may be
     removed, and every row not itemised is in place.
     """
-    current = _current(conn, table, memory, trust,
-                       None if maybe_gone is None else [*(key for key, _, _ in items), *maybe_gone])
+    current = _current(
+        conn, table, memory, trust, None if maybe_gone is None else [*(key for key, _, _ in items), *maybe_gone]
+    )
 
     def show(key: tuple[Any, ...]) -> str:
         return str(label(key)) if label else ":".join(str(k) for k in key)
@@ -428,40 +492,61 @@ def _sync_table(conn: Connection, table: Table, items: Sequence[Item], revision:
     return changes
 
 
-def _write(conn: Connection, table: Table, inserts: list[Row], updates: list[Row], gone: list[tuple[Any, ...]],
-           *, revision: str) -> None:
+def _write(
+    conn: Connection,
+    table: Table,
+    inserts: list[Row],
+    updates: list[Row],
+    gone: list[tuple[Any, ...]],
+    *,
+    revision: str,
+) -> None:
     name = sql.Identifier(table.name)
     every = (*table.key, *table.columns)
     if inserts:
         stmt = sql.SQL("INSERT INTO {name} ({cols}, present, revision) VALUES ({vals}, true, %(revision)s)").format(
-            name=name, cols=sql.SQL(", ").join(map(sql.Identifier, every)),
-            vals=sql.SQL(", ").join(sql.Placeholder(c) for c in every))
+            name=name,
+            cols=sql.SQL(", ").join(map(sql.Identifier, every)),
+            vals=sql.SQL(", ").join(sql.Placeholder(c) for c in every),
+        )
         conn.cursor().executemany(stmt, [_params(table, r, revision) for r in inserts])
     if updates:
-        stmt = sql.SQL("UPDATE {name} SET {sets}, present = true, revision = %(revision)s, updated_at = now()"
-                       " WHERE {where}").format(
+        stmt = sql.SQL(
+            "UPDATE {name} SET {sets}, present = true, revision = %(revision)s, updated_at = now() WHERE {where}"
+        ).format(
             name=name,
-            sets=sql.SQL(", ").join(sql.SQL("{} = {}").format(sql.Identifier(c), sql.Placeholder(c))
-                                    for c in table.columns),
-            where=sql.SQL(" AND ").join(sql.SQL("{} = {}").format(sql.Identifier(k), sql.Placeholder(k))
-                                        for k in table.key))
+            sets=sql.SQL(", ").join(
+                sql.SQL("{} = {}").format(sql.Identifier(c), sql.Placeholder(c)) for c in table.columns
+            ),
+            where=sql.SQL(" AND ").join(
+                sql.SQL("{} = {}").format(sql.Identifier(k), sql.Placeholder(k)) for k in table.key
+            ),
+        )
         conn.cursor().executemany(stmt, [_params(table, r, revision) for r in updates])
     if gone:
-        stmt = sql.SQL("UPDATE {name} SET present = false, revision = %(revision)s, updated_at = now()"
-                       " WHERE {where}").format(
+        stmt = sql.SQL(
+            "UPDATE {name} SET present = false, revision = %(revision)s, updated_at = now() WHERE {where}"
+        ).format(
             name=name,
-            where=sql.SQL(" AND ").join(sql.SQL("{} = {}").format(sql.Identifier(k), sql.Placeholder(k))
-                                        for k in table.key))
-        conn.cursor().executemany(stmt, [{**dict(zip(table.key, key, strict=True)), "revision": revision}
-                                         for key in gone])
+            where=sql.SQL(" AND ").join(
+                sql.SQL("{} = {}").format(sql.Identifier(k), sql.Placeholder(k)) for k in table.key
+            ),
+        )
+        conn.cursor().executemany(
+            stmt, [{**dict(zip(table.key, key, strict=True)), "revision": revision} for key in gone]
+        )
 
 
 def _slot_statuses(conn: Connection) -> None:
     """A free slot git no longer offers is disabled; one offered again is available."""
-    conn.execute("UPDATE node_resource_slots SET status = 'disabled', updated_at = now()"
-                 " WHERE status = 'available' AND NOT (present AND enabled)")
-    conn.execute("UPDATE node_resource_slots SET status = 'available', updated_at = now()"
-                 " WHERE status = 'disabled' AND present AND enabled")
+    conn.execute(
+        "UPDATE node_resource_slots SET status = 'disabled', updated_at = now()"
+        " WHERE status = 'available' AND NOT (present AND enabled)"
+    )
+    conn.execute(
+        "UPDATE node_resource_slots SET status = 'available', updated_at = now()"
+        " WHERE status = 'disabled' AND present AND enabled"
+    )
 
 
 def _sync_fleet(conn: Connection, state: DesiredState, revision: str) -> list[RowChange]:
@@ -469,13 +554,16 @@ def _sync_fleet(conn: Connection, state: DesiredState, revision: str) -> list[Ro
     if fleet is None:
         return []
     row = {
-        "name": fleet.name, "management_network": fleet.management_network.model_dump(mode="json"),
+        "name": fleet.name,
+        "management_network": fleet.management_network.model_dump(mode="json"),
         "placement": fleet.placement.model_dump(mode="json"),
         "graceful_shutdown_timeout_s": fleet.graceful_shutdown_timeout_s,
         "readiness_timeout_s": fleet.graceful_timeout_seconds,  # the column keeps its first name
     }
-    have = conn.execute("SELECT name, management_network, placement, graceful_shutdown_timeout_s,"
-                        " readiness_timeout_s FROM fleet_settings").fetchone()
+    have = conn.execute(
+        "SELECT name, management_network, placement, graceful_shutdown_timeout_s,"
+        " readiness_timeout_s FROM fleet_settings"
+    ).fetchone()
     plain = {k: _plain_json(v) if isinstance(v, dict) else v for k, v in row.items()}
     if have is not None and _same(tuple(have), tuple(plain.values())):
         return []
@@ -489,6 +577,6 @@ def _sync_fleet(conn: Connection, state: DesiredState, revision: str) -> list[Ro
         " graceful_shutdown_timeout_s = EXCLUDED.graceful_shutdown_timeout_s,"
         " readiness_timeout_s = EXCLUDED.readiness_timeout_s, revision = EXCLUDED.revision,"
         " updated_at = now()",
-        {**{k: _jsonb(v) if isinstance(v, dict) else v for k, v in row.items()}, "revision": revision})
+        {**{k: _jsonb(v) if isinstance(v, dict) else v for k, v in row.items()}, "revision": revision},
+    )
     return [RowChange("fleet", fleet.name, "added" if have is None else "changed")]
-

@@ -39,28 +39,131 @@ class Table:
     json_columns: frozenset[str] = frozenset()
 
 
-SKUS = Table("sku_catalog", "sku", ("sku",), (
-    "display_name", "capacity_shape", "accelerator_vendor", "accelerator_model", "allowed_gpu_counts",
-    "gpu_count", "exclusive_node", "network_fabric", "topology_policy", "resource_profile",
-    "gpu_hourly_price_minor", "currency", "active"), frozenset({"topology_policy", "resource_profile"}))
-IMAGES = Table("os_images", "image", ("slug",), (
-    "display_name", "version", "target", "family", "architecture", "accelerator_vendor",
-    "accelerator_model", "network_fabric", "image_format", "source_type", "source_ref", "digest_sha256",
-    "size_bytes", "cloud_init_supported", "guest_agent_supported", "default_username", "driver_strategy",
-    "compatible_skus", "active", "inactive_since", "cache_pinned"))
-NODES = Table("nodes", "node", ("name",), (
-    "region", "pool", "hardware_tags", "profile_tags", "baremetal_sku", "admin_state", "storage_mode",
-    "os_disk", "org", "firmware_version", "firmware_ready", "capability", "capability_reasons",
-    "management_network", "public_addresses", "ingress"), frozenset({"management_network", "ingress"}))
-SLOTS = Table("node_resource_slots", "slot", ("node_id", "slot_index"), (
-    "gpu_model", "gpu_pci_address", "gpu_uuid", "numa_node", "slot_group", "pcie_pair", "nvme_device",
-    "nvme_identity", "network_fabric", "fabric_vf_pci_address", "fabric_parent_device", "fabric_claim_mode",
-    "mac_address", "private_ip", "vcpu_count", "memory_mib", "sharing_model", "max_claims",
-    "parent_slot_id", "compute_milli", "capacity_metadata", "blockers", "approved", "enabled",
-    "eligible", "ineligible_reasons"), frozenset({"nvme_identity", "capacity_metadata", "blockers"}))
-ALLOCATIONS = Table("allocations", "allocation", ("id",), (
-    "tenant", "sku", "gpu_count", "region", "image", "ssh_keys", "vm_profile", "desired_state",
-    "requested_at", "lease_hours", "extra_ports"))
+SKUS = Table(
+    "sku_catalog",
+    "sku",
+    ("sku",),
+    (
+        "display_name",
+        "capacity_shape",
+        "accelerator_vendor",
+        "accelerator_model",
+        "allowed_gpu_counts",
+        "gpu_count",
+        "exclusive_node",
+        "network_fabric",
+        "topology_policy",
+        "resource_profile",
+        "gpu_hourly_price_minor",
+        "currency",
+        "active",
+    ),
+    frozenset({"topology_policy", "resource_profile"}),
+)
+IMAGES = Table(
+    "os_images",
+    "image",
+    ("slug",),
+    (
+        "display_name",
+        "version",
+        "target",
+        "family",
+        "architecture",
+        "accelerator_vendor",
+        "accelerator_model",
+        "network_fabric",
+        "image_format",
+        "source_type",
+        "source_ref",
+        "digest_sha256",
+        "size_bytes",
+        "cloud_init_supported",
+        "guest_agent_supported",
+        "default_username",
+        "driver_strategy",
+        "compatible_skus",
+        "active",
+        "inactive_since",
+        "cache_pinned",
+    ),
+)
+NODES = Table(
+    "nodes",
+    "node",
+    ("name",),
+    (
+        "region",
+        "pool",
+        "hardware_tags",
+        "profile_tags",
+        "baremetal_sku",
+        "admin_state",
+        "storage_mode",
+        "os_disk",
+        "org",
+        "firmware_version",
+        "firmware_ready",
+        "capability",
+        "capability_reasons",
+        "management_network",
+        "public_addresses",
+        "ingress",
+    ),
+    frozenset({"management_network", "ingress"}),
+)
+SLOTS = Table(
+    "node_resource_slots",
+    "slot",
+    ("node_id", "slot_index"),
+    (
+        "gpu_model",
+        "gpu_pci_address",
+        "gpu_uuid",
+        "numa_node",
+        "slot_group",
+        "pcie_pair",
+        "nvme_device",
+        "nvme_identity",
+        "network_fabric",
+        "fabric_vf_pci_address",
+        "fabric_parent_device",
+        "fabric_claim_mode",
+        "mac_address",
+        "private_ip",
+        "vcpu_count",
+        "memory_mib",
+        "sharing_model",
+        "max_claims",
+        "parent_slot_id",
+        "compute_milli",
+        "capacity_metadata",
+        "blockers",
+        "approved",
+        "enabled",
+        "eligible",
+        "ineligible_reasons",
+    ),
+    frozenset({"nvme_identity", "capacity_metadata", "blockers"}),
+)
+ALLOCATIONS = Table(
+    "allocations",
+    "allocation",
+    ("id",),
+    (
+        "tenant",
+        "sku",
+        "gpu_count",
+        "region",
+        "image",
+        "ssh_keys",
+        "vm_profile",
+        "desired_state",
+        "requested_at",
+        "lease_hours",
+        "extra_ports",
+    ),
+)
 
 
 def content_hash(state: DesiredState, memory: Memory | None = None) -> str:
@@ -106,14 +209,26 @@ def content_hash(state: DesiredState, memory: Memory | None = None) -> str:
     return hashlib.sha256(b"".join(parts.values())).hexdigest()
 
 
-_KINDS = {"fleet": "Fleet", "skus": "Sku", "images": "Image", "nodes": "Node", "slot_maps": "SlotMap",
-          "allocations": "Allocation"}
+_KINDS = {
+    "fleet": "Fleet",
+    "skus": "Sku",
+    "images": "Image",
+    "nodes": "Node",
+    "slot_maps": "SlotMap",
+    "allocations": "Allocation",
+}
 TABLE_OF = {v: k for k, v in _KINDS.items()}  # document kind -> its DesiredState attribute
 
 
 def _hash_tables(state: DesiredState) -> list[tuple[str, dict[str, Any]]]:
-    return [("fleet", {"": state.fleet} if state.fleet else {}), ("skus", state.skus), ("images", state.images),
-            ("nodes", state.nodes), ("slot_maps", state.slot_maps), ("allocations", state.allocations)]
+    return [
+        ("fleet", {"": state.fleet} if state.fleet else {}),
+        ("skus", state.skus),
+        ("images", state.images),
+        ("nodes", state.nodes),
+        ("slot_maps", state.slot_maps),
+        ("allocations", state.allocations),
+    ]
 
 
 def revision_key(state: DesiredState, digest: str | None = None) -> str:
@@ -122,12 +237,20 @@ def revision_key(state: DesiredState, digest: str | None = None) -> str:
 
 def sku_row(s: m.Sku) -> Row:
     return {
-        "sku": s.sku, "display_name": s.display_name, "capacity_shape": s.capacity_shape.value,
-        "accelerator_vendor": s.accelerator_vendor, "accelerator_model": s.accelerator_model,
-        "allowed_gpu_counts": list(s.counts), "gpu_count": s.gpu_count, "exclusive_node": s.exclusive_node,
-        "network_fabric": s.network_fabric.value, "topology_policy": s.topology_policy.model_dump(mode="json"),
+        "sku": s.sku,
+        "display_name": s.display_name,
+        "capacity_shape": s.capacity_shape.value,
+        "accelerator_vendor": s.accelerator_vendor,
+        "accelerator_model": s.accelerator_model,
+        "allowed_gpu_counts": list(s.counts),
+        "gpu_count": s.gpu_count,
+        "exclusive_node": s.exclusive_node,
+        "network_fabric": s.network_fabric.value,
+        "topology_policy": s.topology_policy.model_dump(mode="json"),
         "resource_profile": s.resource_profile.model_dump(mode="json"),
-        "gpu_hourly_price_minor": s.gpu_hourly_price_minor, "currency": s.currency, "active": s.active,
+        "gpu_hourly_price_minor": s.gpu_hourly_price_minor,
+        "currency": s.currency,
+        "active": s.active,
     }
 
 
@@ -142,11 +265,19 @@ def node_row(state: DesiredState, n: m.Node) -> Row:
     eligible = sum(1 for why in eligibility.eligible_slots(smap).values() if not why) if smap else 0
     verdict = capability.node_capability(n, firmware_ready=n.firmware_ready, eligible_slots=eligible)
     return {
-        "name": n.name, "region": n.region, "pool": n.pool, "hardware_tags": list(n.hardware_tags),
-        "profile_tags": list(n.profile_tags), "baremetal_sku": n.baremetal_sku,
-        "admin_state": n.admin_state.value, "storage_mode": n.storage_mode.value, "os_disk": n.os_disk,
-        "org": n.org, "firmware_version": n.firmware_profile.version if n.firmware_profile else None,
-        "firmware_ready": n.firmware_ready, "capability": verdict.capability.value,
+        "name": n.name,
+        "region": n.region,
+        "pool": n.pool,
+        "hardware_tags": list(n.hardware_tags),
+        "profile_tags": list(n.profile_tags),
+        "baremetal_sku": n.baremetal_sku,
+        "admin_state": n.admin_state.value,
+        "storage_mode": n.storage_mode.value,
+        "os_disk": n.os_disk,
+        "org": n.org,
+        "firmware_version": n.firmware_profile.version if n.firmware_profile else None,
+        "firmware_ready": n.firmware_ready,
+        "capability": verdict.capability.value,
         "capability_reasons": [code for code, _ in verdict.reasons],
         "management_network": validation.management_network(state, n).model_dump(mode="json"),
         "public_addresses": list(n.public_addresses),
@@ -159,19 +290,33 @@ def _slot_rows(smap: m.SlotMap, node_id: Any) -> Iterable[Row]:
     for s in smap.slots:
         why = reasons.get(s.slot_index, [])
         yield {
-            "node_id": node_id, "slot_index": s.slot_index, "gpu_model": s.gpu_model,
-            "gpu_pci_address": s.gpu_pci_address, "gpu_uuid": s.gpu_uuid, "numa_node": s.numa_node,
-            "slot_group": s.slot_group, "pcie_pair": s.pcie_pair, "nvme_device": s.nvme_device,
+            "node_id": node_id,
+            "slot_index": s.slot_index,
+            "gpu_model": s.gpu_model,
+            "gpu_pci_address": s.gpu_pci_address,
+            "gpu_uuid": s.gpu_uuid,
+            "numa_node": s.numa_node,
+            "slot_group": s.slot_group,
+            "pcie_pair": s.pcie_pair,
+            "nvme_device": s.nvme_device,
             "nvme_identity": s.nvme_identity.model_dump(mode="json", exclude_none=True) if s.nvme_identity else None,
-            "network_fabric": s.network_fabric.value, "fabric_vf_pci_address": s.fabric_vf_pci_address,
+            "network_fabric": s.network_fabric.value,
+            "fabric_vf_pci_address": s.fabric_vf_pci_address,
             "fabric_parent_device": s.fabric_parent_device,
             "fabric_claim_mode": s.fabric_claim_mode.value if s.fabric_claim_mode else None,
-            "mac_address": s.mac_address, "private_ip": ipaddress.ip_address(s.private_ip),
-            "vcpu_count": s.vcpu_count, "memory_mib": s.memory_mib, "sharing_model": s.sharing_model.value,
-            "max_claims": s.max_claims, "parent_slot_id": s.parent_slot_id, "compute_milli": s.compute_milli,
+            "mac_address": s.mac_address,
+            "private_ip": ipaddress.ip_address(s.private_ip),
+            "vcpu_count": s.vcpu_count,
+            "memory_mib": s.memory_mib,
+            "sharing_model": s.sharing_model.value,
+            "max_claims": s.max_claims,
+            "parent_slot_id": s.parent_slot_id,
+            "compute_milli": s.compute_milli,
             "capacity_metadata": s.capacity_metadata.model_dump(mode="json"),
             "blockers": [b.model_dump(mode="json") for b in s.blockers],
-            "approved": not smap.approval_required, "enabled": s.enabled, "eligible": not why,
+            "approved": not smap.approval_required,
+            "enabled": s.enabled,
+            "eligible": not why,
             "ineligible_reasons": [r.code for r in why],
         }
 
@@ -179,9 +324,17 @@ def _slot_rows(smap: m.SlotMap, node_id: Any) -> Iterable[Row]:
 def allocation_row(a: m.Allocation) -> Row:
     requested = a.requested_at if a.requested_at.tzinfo else a.requested_at.replace(tzinfo=dt.UTC)
     return {
-        "id": a.id, "tenant": a.tenant, "sku": a.sku, "gpu_count": a.gpu_count, "region": a.region,
-        "image": a.image, "ssh_keys": list(a.ssh_keys), "vm_profile": a.vm_profile,
-        "desired_state": a.state.value, "requested_at": requested, "lease_hours": a.lease_hours,
+        "id": a.id,
+        "tenant": a.tenant,
+        "sku": a.sku,
+        "gpu_count": a.gpu_count,
+        "region": a.region,
+        "image": a.image,
+        "ssh_keys": list(a.ssh_keys),
+        "vm_profile": a.vm_profile,
+        "desired_state": a.state.value,
+        "requested_at": requested,
+        "lease_hours": a.lease_hours,
         "extra_ports": list(a.extra_ports),
     }
 

@@ -78,12 +78,19 @@ class Liveness:
     def reason(self) -> str | None:
         if self.liveness != "unavailable":
             return None
-        return (f"host.silent: no report for {self.silent_s:.0f} s (TTL {self.ttl_s} s, "
-                f"last {self.reported_at.isoformat(timespec='seconds') if self.reported_at else '-'})")
+        return (
+            f"host.silent: no report for {self.silent_s:.0f} s (TTL {self.ttl_s} s, "
+            f"last {self.reported_at.isoformat(timespec='seconds') if self.reported_at else '-'})"
+        )
 
     def as_dict(self) -> dict[str, Any]:
-        return {"state": self.liveness, "reported_at": self.reported_at, "silent_s": self.silent_s,
-                "ttl_s": self.ttl_s, "reason": self.reason}
+        return {
+            "state": self.liveness,
+            "reported_at": self.reported_at,
+            "silent_s": self.silent_s,
+            "ttl_s": self.ttl_s,
+            "reason": self.reason,
+        }
 
 
 def fleet_settings(state: DesiredState) -> tuple[int, int]:
@@ -100,22 +107,31 @@ def sync_settings(conn: Connection, state: DesiredState) -> bool:
     with dberrors.wrapped("store the lifecycle settings"):
         cur = conn.execute(
             "UPDATE fleet_settings SET host_liveness_ttl_s = %s, max_attempts = %s"
-            " WHERE (host_liveness_ttl_s, max_attempts) IS DISTINCT FROM (%s, %s)", (ttl, attempts, ttl, attempts))
+            " WHERE (host_liveness_ttl_s, max_attempts) IS DISTINCT FROM (%s, %s)",
+            (ttl, attempts, ttl, attempts),
+        )
     return cur.rowcount > 0
 
 
-def reschedule(conn: Connection, *, max_attempts: int,
-               patterns: Iterable[str] = RESCHEDULE_PATTERNS) -> tuple[Rescheduled, ...]:
+def reschedule(
+    conn: Connection, *, max_attempts: int, patterns: Iterable[str] = RESCHEDULE_PATTERNS
+) -> tuple[Rescheduled, ...]:
     """Act on every permanent provision failure the hosts reported: one transaction per allocation."""
     pats = list(patterns)
     with dberrors.wrapped("find failed provisions"):
-        ids = [str(r[0]) for r in conn.execute(
-            "SELECT DISTINCT allocation_id FROM gpuaas_provision_failures(%s) ORDER BY 1", (pats,)).fetchall()]
+        ids = [
+            str(r[0])
+            for r in conn.execute(
+                "SELECT DISTINCT allocation_id FROM gpuaas_provision_failures(%s) ORDER BY 1", (pats,)
+            ).fetchall()
+        ]
     out = []
     for aid in ids:
         with dberrors.wrapped(f"reschedule {aid}"), conn.transaction():
-            row = conn.execute("SELECT outcome, node, attempt, code, message FROM gpuaas_reschedule(%s, %s, %s)",
-                               (aid, max_attempts, pats)).fetchone()
+            row = conn.execute(
+                "SELECT outcome, node, attempt, code, message FROM gpuaas_reschedule(%s, %s, %s)",
+                (aid, max_attempts, pats),
+            ).fetchone()
         if row is not None:
             out.append(Rescheduled(aid, str(row[0]), row[1], row[2], row[3], row[4]))
     return tuple(out)
@@ -133,8 +149,9 @@ class Cleared:
 def clear_quarantine(conn: Connection, node: str, slot_index: int) -> Cleared:
     """An operator's decision: the slot returns to service (available, or disabled if git no longer offers it)."""
     with dberrors.wrapped(f"clear the quarantine of {node}:{slot_index}"), conn.transaction():
-        row = conn.execute("SELECT outcome, status, evidence FROM gpuaas_clear_quarantine(%s, %s)",
-                           (node, slot_index)).fetchone()
+        row = conn.execute(
+            "SELECT outcome, status, evidence FROM gpuaas_clear_quarantine(%s, %s)", (node, slot_index)
+        ).fetchone()
     if row is None:
         return Cleared(node, slot_index, "unknown", None, None)
     return Cleared(node, slot_index, str(row[0]), row[1], row[2])
@@ -143,10 +160,13 @@ def clear_quarantine(conn: Connection, node: str, slot_index: int) -> Cleared:
 def liveness(conn: Connection) -> dict[str, Liveness]:
     """Every present node's liveness (`unknown` for a node whose host never reported)."""
     with dberrors.wrapped("read node liveness"):
-        rows = conn.execute("SELECT node_name, liveness, reported_at, silent_s, ttl_s FROM node_liveness"
-                            " ORDER BY node_name").fetchall()
-    return {str(n): Liveness(str(n), str(state), at, float(s) if s is not None else None, int(ttl))
-            for n, state, at, s, ttl in rows}
+        rows = conn.execute(
+            "SELECT node_name, liveness, reported_at, silent_s, ttl_s FROM node_liveness ORDER BY node_name"
+        ).fetchall()
+    return {
+        str(n): Liveness(str(n), str(state), at, float(s) if s is not None else None, int(ttl))
+        for n, state, at, s, ttl in rows
+    }
 
 
 def silent_nodes(conn: Connection) -> frozenset[str]:
@@ -160,13 +180,25 @@ def lifecycles(conn: Connection, allocation_ids: Iterable[str] | None = None) ->
     ids = None if allocation_ids is None else list(allocation_ids)
     every = ids is None  # bound, not spliced: one query text for both cases
     with dberrors.wrapped("read allocation lifecycles"):
-        rows = conn.cursor(row_factory=dict_row).execute(
-            "SELECT * FROM allocation_lifecycle WHERE %(every)s OR allocation_id = ANY(%(ids)s)"
-            " ORDER BY allocation_id", {"every": every, "ids": ids or []}).fetchall()
-        tries = conn.cursor(row_factory=dict_row).execute(
-            "SELECT allocation_id, attempt, node, slot_indexes, phase, code, message, quarantined, outcome,"
-            " failed_at FROM allocation_attempts WHERE %(every)s OR allocation_id = ANY(%(ids)s)"
-            " ORDER BY allocation_id, attempt", {"every": every, "ids": ids or []}).fetchall()
+        rows = (
+            conn.cursor(row_factory=dict_row)
+            .execute(
+                "SELECT * FROM allocation_lifecycle WHERE %(every)s OR allocation_id = ANY(%(ids)s)"
+                " ORDER BY allocation_id",
+                {"every": every, "ids": ids or []},
+            )
+            .fetchall()
+        )
+        tries = (
+            conn.cursor(row_factory=dict_row)
+            .execute(
+                "SELECT allocation_id, attempt, node, slot_indexes, phase, code, message, quarantined, outcome,"
+                " failed_at FROM allocation_attempts WHERE %(every)s OR allocation_id = ANY(%(ids)s)"
+                " ORDER BY allocation_id, attempt",
+                {"every": every, "ids": ids or []},
+            )
+            .fetchall()
+        )
     attempts: dict[str, list[dict[str, Any]]] = {}
     for t in tries:
         aid = t.pop("allocation_id")
@@ -185,7 +217,8 @@ def avoided_nodes(conn: Connection) -> dict[str, frozenset[str]]:
         rows = conn.execute(
             "SELECT t.allocation_id, array_agg(DISTINCT t.node) FROM allocation_attempts t"
             " JOIN allocations a ON a.id = t.allocation_id WHERE a.status = 'pending'"
-            " GROUP BY t.allocation_id").fetchall()
+            " GROUP BY t.allocation_id"
+        ).fetchall()
     return {str(a): frozenset(str(n) for n in nodes) for a, nodes in rows}
 
 
@@ -204,26 +237,42 @@ def health_reasons(conn: Connection) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for node, live in liveness(conn).items():
         if live.reason is not None:
-            out.setdefault(node, []).append({
-                "code": "host.silent", "message": live.reason,
-                "evidence": {"reported_at": live.reported_at, "silent_s": live.silent_s, "ttl_s": live.ttl_s}})
+            out.setdefault(node, []).append(
+                {
+                    "code": "host.silent",
+                    "message": live.reason,
+                    "evidence": {"reported_at": live.reported_at, "silent_s": live.silent_s, "ttl_s": live.ttl_s},
+                }
+            )
     with dberrors.wrapped("read host health"):
-        rows = conn.execute("SELECT node_name, drift, errors FROM host_status WHERE healthy = false"
-                            " ORDER BY node_name").fetchall()
+        rows = conn.execute(
+            "SELECT node_name, drift, errors FROM host_status WHERE healthy = false ORDER BY node_name"
+        ).fetchall()
     for node, drift, errs in rows:
-        found = [_finding(d) for d in (drift if isinstance(drift, list) else [])
-                 if isinstance(d, dict) and str(d.get("code", "")).startswith("drift.network.")]
+        found = [
+            _finding(d)
+            for d in (drift if isinstance(drift, list) else [])
+            if isinstance(d, dict) and str(d.get("code", "")).startswith("drift.network.")
+        ]
         if not found:
             found = [_finding(e) for e in (errs if isinstance(errs, list) else []) if isinstance(e, dict)][:3]
-        out.setdefault(str(node), []).extend(found or [{
-            "code": "host.unhealthy", "message": "the host reported itself unhealthy without a finding",
-            "evidence": {}}])
+        out.setdefault(str(node), []).extend(
+            found
+            or [
+                {
+                    "code": "host.unhealthy",
+                    "message": "the host reported itself unhealthy without a finding",
+                    "evidence": {},
+                }
+            ]
+        )
     return out
 
 
 def _finding(d: dict[str, Any]) -> dict[str, Any]:
-    evidence = {k: d[k] for k in ("expected", "observed", "subject", "step", "allocation_id")
-                if isinstance(d.get(k), str)}
+    evidence = {
+        k: d[k] for k in ("expected", "observed", "subject", "step", "allocation_id") if isinstance(d.get(k), str)
+    }
     return {"code": str(d.get("code", ""))[:128], "message": str(d.get("message", ""))[:4096], "evidence": evidence}
 
 
@@ -239,10 +288,13 @@ def summary(conn: Connection) -> dict[str, Any]:
     with dberrors.wrapped("read lifecycle counts"):
         live: dict[str, int] = dict(conn.execute("SELECT liveness, count(*) FROM node_liveness GROUP BY 1").fetchall())
         unreachable = conn.execute("SELECT count(*) FROM allocation_lifecycle WHERE host_unreachable").fetchone()
-        quarantined = conn.execute("SELECT count(*) FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id"
-                                   " WHERE n.present AND s.quarantine IS NOT NULL").fetchone()
+        quarantined = conn.execute(
+            "SELECT count(*) FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id"
+            " WHERE n.present AND s.quarantine IS NOT NULL"
+        ).fetchone()
         attempts: dict[str, int] = dict(
-            conn.execute("SELECT outcome, count(*) FROM allocation_attempts GROUP BY 1").fetchall())
+            conn.execute("SELECT outcome, count(*) FROM allocation_attempts GROUP BY 1").fetchall()
+        )
     return {
         "nodes_by_liveness": {str(k): int(v) for k, v in live.items()},
         "regions": disruption(conn),
@@ -253,6 +305,7 @@ def summary(conn: Connection) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ transitions
+
 
 @dataclass(frozen=True, slots=True)
 class Transition:
@@ -268,8 +321,16 @@ class Transition:
     details: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"at": self.at, "event": self.event, "state": self.state, "node": self.node, "attempt": self.attempt,
-                "code": self.code, "message": self.message, "details": self.details or {}}
+        return {
+            "at": self.at,
+            "event": self.event,
+            "state": self.state,
+            "node": self.node,
+            "attempt": self.attempt,
+            "code": self.code,
+            "message": self.message,
+            "details": self.details or {},
+        }
 
 
 def transitions(conn: Connection, allocation_id: str) -> list[Transition] | None:
@@ -280,25 +341,36 @@ def transitions(conn: Connection, allocation_id: str) -> list[Transition] | None
     claims add when an attempt became ready and when its cleanup was proven.
     """
     with dberrors.wrapped(f"read the lifecycle of {allocation_id}"):
-        alloc = conn.cursor(row_factory=dict_row).execute(
-            "SELECT requested_at, status, pending_code, pending_message, pending_since FROM allocations"
-            " WHERE id = %s", (allocation_id,)).fetchone()
+        alloc = (
+            conn.cursor(row_factory=dict_row)
+            .execute(
+                "SELECT requested_at, status, pending_code, pending_message, pending_since FROM allocations"
+                " WHERE id = %s",
+                (allocation_id,),
+            )
+            .fetchone()
+        )
         if alloc is None:
             return None
-        events = conn.execute("SELECT event_type, payload, created_at FROM outbox"
-                              " WHERE aggregate_type = 'allocation' AND aggregate_id = %s ORDER BY id",
-                              (allocation_id,)).fetchall()
-        claims = conn.execute("SELECT c.id::text, c.active_at, c.released_at FROM allocation_resource_claims c"
-                              " WHERE c.allocation_id = %s", (allocation_id,)).fetchall()
-    return timeline(alloc, [(str(t), p, at) for t, p, at in events],
-                    {str(i): (a, r) for i, a, r in claims})
+        events = conn.execute(
+            "SELECT event_type, payload, created_at FROM outbox"
+            " WHERE aggregate_type = 'allocation' AND aggregate_id = %s ORDER BY id",
+            (allocation_id,),
+        ).fetchall()
+        claims = conn.execute(
+            "SELECT c.id::text, c.active_at, c.released_at FROM allocation_resource_claims c"
+            " WHERE c.allocation_id = %s",
+            (allocation_id,),
+        ).fetchall()
+    return timeline(alloc, [(str(t), p, at) for t, p, at in events], {str(i): (a, r) for i, a, r in claims})
 
 
 ClaimTimes = tuple[dt.datetime | None, dt.datetime | None]  # (active_at, released_at) of one claim
 
 
-def timeline(alloc: dict[str, Any], events: list[tuple[str, dict[str, Any], dt.datetime]],
-             claims: dict[str, ClaimTimes]) -> list[Transition]:
+def timeline(
+    alloc: dict[str, Any], events: list[tuple[str, dict[str, Any], dt.datetime]], claims: dict[str, ClaimTimes]
+) -> list[Transition]:
     """Pure: the allocation row, its outbox events in order and its claims' times -> the transitions, by time."""
     out = [Transition(alloc["requested_at"], "requested", "pending")]
     attempt = 1
@@ -306,42 +378,108 @@ def timeline(alloc: dict[str, Any], events: list[tuple[str, dict[str, Any], dt.d
         node = p.get("node")
         if kind == "provisioning.requested":
             slots = list(p.get("slot_indexes") or [])
-            out.append(Transition(at, "placed", "reserved", node, attempt, details={
-                "slot_indexes": slots, "claim_kind": p.get("claim_kind"), "revision": p.get("revision")}))
+            out.append(
+                Transition(
+                    at,
+                    "placed",
+                    "reserved",
+                    node,
+                    attempt,
+                    details={"slot_indexes": slots, "claim_kind": p.get("claim_kind"), "revision": p.get("revision")},
+                )
+            )
             times = [claims[c] for c in p.get("claim_ids") or [] if c in claims]
             if times and all(a is not None for a, _ in times):
                 out.append(Transition(max(a for a, _ in times if a is not None), "ready", "ready", node, attempt))
             if times and all(r is not None for _, r in times):
-                out.append(Transition(max(r for _, r in times if r is not None), "cleanup_proven", "cleanup",
-                                      node, attempt, details={"slot_indexes": slots}))
+                out.append(
+                    Transition(
+                        max(r for _, r in times if r is not None),
+                        "cleanup_proven",
+                        "cleanup",
+                        node,
+                        attempt,
+                        details={"slot_indexes": slots},
+                    )
+                )
         elif kind == "provisioning.failed":
             again = p.get("next") == "reschedule"
-            out.append(Transition(at, "attempt_failed", "pending" if again else "failed", node, p.get("attempt"),
-                                  p.get("code"), p.get("message"), details={
-                                      "phase": p.get("phase"), "slot_indexes": list(p.get("slot_indexes") or []),
-                                      "quarantined": bool(p.get("quarantined")),
-                                      "next": "reschedule" if again else "failed"}))
+            out.append(
+                Transition(
+                    at,
+                    "attempt_failed",
+                    "pending" if again else "failed",
+                    node,
+                    p.get("attempt"),
+                    p.get("code"),
+                    p.get("message"),
+                    details={
+                        "phase": p.get("phase"),
+                        "slot_indexes": list(p.get("slot_indexes") or []),
+                        "quarantined": bool(p.get("quarantined")),
+                        "next": "reschedule" if again else "failed",
+                    },
+                )
+            )
             attempt = int(p.get("attempt") or attempt) + 1
         elif kind == "release.requested":
-            out.append(Transition(at, "release_requested", "releasing", node, details={
-                "slot_indexes": list(p.get("slot_indexes") or []), "revision": p.get("revision")}))
+            out.append(
+                Transition(
+                    at,
+                    "release_requested",
+                    "releasing",
+                    node,
+                    details={"slot_indexes": list(p.get("slot_indexes") or []), "revision": p.get("revision")},
+                )
+            )
         elif kind == "allocation.released":
             out.append(Transition(at, "released", "released"))
         elif kind.startswith("baremetal."):  # a lease's provider phase (issue 30), on the attempt's node
             phase = kind.removeprefix("baremetal.")
-            out.append(Transition(at, kind, _LEASE_STATES.get(phase, phase), node, message=p.get("message"), details={
-                                      k: p[k] for k in ("provider", "machine_id", "provider_state", "adopted",
-                                                        "evidence") if k in p}))
+            out.append(
+                Transition(
+                    at,
+                    kind,
+                    _LEASE_STATES.get(phase, phase),
+                    node,
+                    message=p.get("message"),
+                    details={
+                        k: p[k] for k in ("provider", "machine_id", "provider_state", "adopted", "evidence") if k in p
+                    },
+                )
+            )
     if alloc["status"] == "pending" and alloc["pending_code"] and alloc["pending_since"] is not None:
-        out.append(Transition(alloc["pending_since"], "waiting", "pending",
-                              code=alloc["pending_code"], message=alloc["pending_message"]))
-    order = {"requested": 0, "placed": 1, "ready": 2, "attempt_failed": 3, "release_requested": 3,
-             "cleanup_proven": 4, "released": 5, "waiting": 6}
+        out.append(
+            Transition(
+                alloc["pending_since"],
+                "waiting",
+                "pending",
+                code=alloc["pending_code"],
+                message=alloc["pending_message"],
+            )
+        )
+    order = {
+        "requested": 0,
+        "placed": 1,
+        "ready": 2,
+        "attempt_failed": 3,
+        "release_requested": 3,
+        "cleanup_proven": 4,
+        "released": 5,
+        "waiting": 6,
+    }
     # Steps of one transaction share a timestamp: break ties by the lifecycle's own order.
     return sorted(out, key=lambda t: (t.at, order.get(t.event, 1.5)))
 
 
 # A lease phase -> the allocation's lifecycle state it shows (the node names the attempt).
-_LEASE_STATES = {"deploy_requested": "provisioning", "deploying": "provisioning", "active": "ready",
-                 "deploy_failed": "provisioning", "release_requested": "releasing", "erasing": "cleanup",
-                 "erased": "cleanup", "erase_failed": "cleanup"}
+_LEASE_STATES = {
+    "deploy_requested": "provisioning",
+    "deploying": "provisioning",
+    "active": "ready",
+    "deploy_failed": "provisioning",
+    "release_requested": "releasing",
+    "erasing": "cleanup",
+    "erased": "cleanup",
+    "erase_failed": "cleanup",
+}

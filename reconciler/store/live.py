@@ -34,28 +34,35 @@ class _ClaimRow:
 
 def observe(conn: Connection) -> Observed:
     with dberrors.wrapped("read observed state"):
-        claims = conn.cursor(row_factory=class_row(_ClaimRow)).execute(
-            "SELECT c.allocation_id, n.name AS node, c.claim_kind, c.slot_index, c.status, a.tenant,"
-            " rc.attempt AS retired_attempt"
-            " FROM allocation_resource_claims c JOIN nodes n ON n.id = c.node_id"
-            " JOIN allocations a ON a.id = c.allocation_id"
-            " LEFT JOIN retired_claims rc ON rc.claim_id = c.id"
-            " WHERE c.status = ANY(%s) ORDER BY n.name, c.slot_index NULLS FIRST, c.allocation_id",
-            (list(_LIVE),)).fetchall()
+        claims = (
+            conn.cursor(row_factory=class_row(_ClaimRow))
+            .execute(
+                "SELECT c.allocation_id, n.name AS node, c.claim_kind, c.slot_index, c.status, a.tenant,"
+                " rc.attempt AS retired_attempt"
+                " FROM allocation_resource_claims c JOIN nodes n ON n.id = c.node_id"
+                " JOIN allocations a ON a.id = c.allocation_id"
+                " LEFT JOIN retired_claims rc ON rc.claim_id = c.id"
+                " WHERE c.status = ANY(%s) ORDER BY n.name, c.slot_index NULLS FIRST, c.allocation_id",
+                (list(_LIVE),),
+            )
+            .fetchall()
+        )
         # Slots that are neither free nor simply claimed.
         odd = conn.execute(
             "SELECT n.name, s.slot_index, s.status FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id"
             " WHERE s.status IN ('releasing', 'cleanup', 'cleanup_blocked', 'failed', 'disabled',"
-            " 'quarantined')").fetchall()
+            " 'quarantined')"
+        ).fetchall()
         hosts = conn.execute("SELECT node_name, healthy, firmware_ready FROM host_status").fetchall()
         # A failed attempt's claims do not make the allocation placed: it is pending again.
         placed = conn.execute(
             "SELECT id FROM allocations WHERE status <> 'pending'"
             " UNION SELECT DISTINCT c.allocation_id FROM allocation_resource_claims c"
-            " WHERE NOT EXISTS (SELECT 1 FROM retired_claims rc WHERE rc.claim_id = c.id)").fetchall()
+            " WHERE NOT EXISTS (SELECT 1 FROM retired_claims rc WHERE rc.claim_id = c.id)"
+        ).fetchall()
         cached = conn.execute(
-            "SELECT node_name, array_agg(digest_sha256 ORDER BY digest_sha256) FROM node_image_cache"
-            " GROUP BY node_name").fetchall()
+            "SELECT node_name, array_agg(digest_sha256 ORDER BY digest_sha256) FROM node_image_cache GROUP BY node_name"
+        ).fetchall()
     silent = lifecycle.silent_nodes(conn)
     # Baremetal (issue 30): a machine quarantined after a failed deploy takes nothing new, and a
     # slice-tagged node a lease wrote over serves no slice until its host agent reports again.
@@ -65,14 +72,23 @@ def observe(conn: Connection) -> Observed:
     slot_blocks, corrupt = host_blocks(conn)
     slot_status: dict[SlotKey, SlotStatus] = {(str(n), int(i)): SlotStatus(str(s)) for n, i, s in odd}
     return Observed(
-        claims=tuple(ExistingClaim(allocation_id=c.allocation_id if c.retired_attempt is None
-                                   else lifecycle.retired_label(c.allocation_id, c.retired_attempt),
-                                   node=c.node, kind=ClaimKind(c.claim_kind),
-                                   slot_index=c.slot_index, status=ClaimStatus(c.status), tenant=c.tenant)
-                     for c in claims),
+        claims=tuple(
+            ExistingClaim(
+                allocation_id=c.allocation_id
+                if c.retired_attempt is None
+                else lifecycle.retired_label(c.allocation_id, c.retired_attempt),
+                node=c.node,
+                kind=ClaimKind(c.claim_kind),
+                slot_index=c.slot_index,
+                status=ClaimStatus(c.status),
+                tenant=c.tenant,
+            )
+            for c in claims
+        ),
         slot_status=MappingProxyType(slot_status),
-        firmware_ready=MappingProxyType({str(n): bool(f) for n, _, f in hosts if f is not None}
-                                        | {n: False for n in owed}),
+        firmware_ready=MappingProxyType(
+            {str(n): bool(f) for n, _, f in hosts if f is not None} | {n: False for n in owed}
+        ),
         unavailable_nodes=frozenset(str(n) for n, healthy, _ in hosts if healthy is False) | silent | blocked,
         placed=frozenset(str(r[0]) for r in placed),
         avoid=MappingProxyType(avoid),
@@ -83,8 +99,10 @@ def observe(conn: Connection) -> Observed:
 
 
 # Drift codes of one report (an array of objects, checked by 0008), optionally only the node's own entries.
-_CODES = ("ARRAY(SELECT DISTINCT e ->> 'code' FROM jsonb_array_elements({col}) e"
-          " WHERE jsonb_typeof(e) = 'object' {only} ORDER BY 1)")
+_CODES = (
+    "ARRAY(SELECT DISTINCT e ->> 'code' FROM jsonb_array_elements({col}) e"
+    " WHERE jsonb_typeof(e) = 'object' {only} ORDER BY 1)"
+)
 
 
 def host_blocks(conn: Connection) -> tuple[dict[SlotKey, tuple[str, ...]], dict[str, tuple[str, ...]]]:
@@ -99,10 +117,12 @@ def host_blocks(conn: Connection) -> tuple[dict[SlotKey, tuple[str, ...]], dict[
         # Only reports that say something: a clean fleet reads no JSON.
         slots = conn.execute(
             f"SELECT node_name, slot_index, {slot_codes}, wipe_state = 'failed' FROM host_slot_status"  # noqa: S608
-            " WHERE jsonb_typeof(drift) = 'array' AND (drift <> '[]' OR wipe_state = 'failed')").fetchall()
+            " WHERE jsonb_typeof(drift) = 'array' AND (drift <> '[]' OR wipe_state = 'failed')"
+        ).fetchall()
         nodes = conn.execute(
             f"SELECT node_name, {node_codes} FROM host_status WHERE jsonb_typeof(drift) = 'array'"  # noqa: S608
-            " AND drift <> '[]'").fetchall()
+            " AND drift <> '[]'"
+        ).fetchall()
     blocks: dict[SlotKey, tuple[str, ...]] = {}
     for node, idx, codes, wipe_failed in slots:
         found = hostreports.slot_block([str(c) for c in codes or ()], wipe_failed=bool(wipe_failed))
@@ -114,9 +134,13 @@ def host_blocks(conn: Connection) -> tuple[dict[SlotKey, tuple[str, ...]], dict[
     reported: dict[str, int] = {}
     if per_node:
         with dberrors.wrapped("count reported slots"):
-            reported = {str(n): int(c) for n, c in conn.execute(
-                "SELECT node_name, count(*) FROM host_slot_status WHERE node_name = ANY(%s) GROUP BY node_name",
-                (sorted(per_node),)).fetchall()}
+            reported = {
+                str(n): int(c)
+                for n, c in conn.execute(
+                    "SELECT node_name, count(*) FROM host_slot_status WHERE node_name = ANY(%s) GROUP BY node_name",
+                    (sorted(per_node),),
+                ).fetchall()
+            }
     own = {str(n): [str(c) for c in codes or ()] for n, codes in nodes}
     corrupt: dict[str, tuple[str, ...]] = {}
     for node in sorted(own.keys() | per_node.keys()):
@@ -133,12 +157,12 @@ def free_slots(conn: Connection) -> dict[str, list[int]]:
             "SELECT n.name, array_agg(s.slot_index ORDER BY s.slot_index)"
             " FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id"
             " WHERE s.status = 'available' AND s.present AND s.eligible AND n.present"
-            " AND n.admin_state = 'active' GROUP BY n.name ORDER BY n.name").fetchall()
+            " AND n.admin_state = 'active' GROUP BY n.name ORDER BY n.name"
+        ).fetchall()
     return {str(name): [int(i) for i in idx] for name, idx in rows}
 
 
-def held(conn: Connection, *, ids: Iterable[str] | None = None,
-         skus: Iterable[str] = ()) -> dict[str, immutables.Held]:
+def held(conn: Connection, *, ids: Iterable[str] | None = None, skus: Iterable[str] = ()) -> dict[str, immutables.Held]:
     """The sale of allocations that hold live claims, as the store placed it (`policies.immutables`).
 
     `ids` / `skus`: only those allocations, and those of these SKUs (None:
@@ -156,6 +180,6 @@ def held(conn: Connection, *, ids: Iterable[str] | None = None,
             "     WHERE c.allocation_id = a.id AND c.status = ANY(%(live)s)"
             "     AND NOT EXISTS (SELECT 1 FROM retired_claims rc WHERE rc.claim_id = c.id))"
             " AND (%(all)s OR a.id = ANY(%(ids)s) OR a.sku = ANY(%(skus)s)) ORDER BY a.id",
-            {"live": list(_LIVE), "all": ids is None, "ids": sorted(ids or ()), "skus": sorted(skus)}).fetchall()
-    return {str(r[0]): immutables.Held(str(r[1]), str(r[2]), str(r[3]), int(r[4]), r[5], r[6], r[7])
-            for r in rows}
+            {"live": list(_LIVE), "all": ids is None, "ids": sorted(ids or ()), "skus": sorted(skus)},
+        ).fetchall()
+    return {str(r[0]): immutables.Held(str(r[1]), str(r[2]), str(r[3]), int(r[4]), r[5], r[6], r[7]) for r in rows}

@@ -83,7 +83,8 @@ def migrate(conn: Connection) -> list[str]:
                 conn.execute(
                     "CREATE TABLE IF NOT EXISTS schema_migrations ("
                     " version text PRIMARY KEY, name text NOT NULL, checksum text NOT NULL,"
-                    " applied_at timestamptz NOT NULL DEFAULT now())")
+                    " applied_at timestamptz NOT NULL DEFAULT now())"
+                )
             done = applied(conn)  # another process may have migrated while we waited
             _check_unchanged(todo, done)
             for m in todo:
@@ -91,8 +92,10 @@ def migrate(conn: Connection) -> list[str]:
                     continue
                 with conn.transaction():
                     conn.execute(m.sql.encode())
-                    conn.execute("INSERT INTO schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
-                                 (m.version, m.name, m.checksum))
+                    conn.execute(
+                        "INSERT INTO schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
+                        (m.version, m.name, m.checksum),
+                    )
                 ran.append(m.version)
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
@@ -104,4 +107,6 @@ def _check_unchanged(todo: list[Migration], done: dict[str, str]) -> None:
         if m.version in done and done[m.version] != m.checksum:
             raise PermanentError(
                 f"migration {m.version}_{m.name}.sql changed after it was applied; "
-                "add a new migration instead of editing an applied one", code="db.migration.changed")
+                "add a new migration instead of editing an applied one",
+                code="db.migration.changed",
+            )

@@ -59,7 +59,9 @@ def applied_by(conn: Connection, revision: str) -> str | None:
     with dberrors.wrapped("read reconciliation history"):
         row = conn.execute(
             "SELECT reconciler FROM reconciliations WHERE revision = %s AND result IN ('changed', 'unchanged')"
-            " ORDER BY id LIMIT 1", (revision,)).fetchone()
+            " ORDER BY id LIMIT 1",
+            (revision,),
+        ).fetchone()
     return str(row[0]) if row else None
 
 
@@ -75,7 +77,9 @@ def refused_by(conn: Connection, revision: str) -> str | None:
             "SELECT reconciler FROM reconciliations WHERE revision = %s AND result = 'error'"
             " AND counts ?| %s AND id > coalesce((SELECT max(id) FROM reconciliations"
             "                                     WHERE result IN ('changed', 'unchanged')), 0)"
-            " ORDER BY id LIMIT 1", (revision, list(REFUSAL_COUNTS))).fetchone()
+            " ORDER BY id LIMIT 1",
+            (revision, list(REFUSAL_COUNTS)),
+        ).fetchone()
     return str(row[0]) if row else None
 
 
@@ -83,8 +87,8 @@ def latest_applied(conn: Connection) -> str | None:
     """The revision of the newest successful reconciliation, whoever ran it (the loop, `gpuaas apply`)."""
     with dberrors.wrapped("read reconciliation history"):
         row = conn.execute(
-            "SELECT revision FROM reconciliations WHERE result IN ('changed', 'unchanged')"
-            " ORDER BY id DESC LIMIT 1").fetchone()
+            "SELECT revision FROM reconciliations WHERE result IN ('changed', 'unchanged') ORDER BY id DESC LIMIT 1"
+        ).fetchone()
     return str(row[0]) if row else None
 
 
@@ -116,5 +120,6 @@ def work(conn: Connection, since: dt.datetime | None) -> Work:
             "      OR EXISTS (SELECT 1 FROM host_slot_status WHERE updated_at >= %(since)s)"
             "      OR EXISTS (SELECT 1 FROM host_status WHERE reported_at >= %(since)s"
             "                 OR cleanup_reported_at >= %(since)s))",
-            {"since": since}).fetchone()
+            {"since": since},
+        ).fetchone()
     return Work(bool(row and row[0]), bool(row and row[1]))

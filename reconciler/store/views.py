@@ -62,8 +62,10 @@ def _rows(conn: Connection, query: str) -> list[dict[str, Any]]:
 def current_revision(conn: Connection) -> str | None:
     """The revision the inventory was last synced from (the newest successful reconciliation)."""
     with dberrors.wrapped("read the current revision"):
-        row = conn.execute("SELECT revision FROM reconciliations WHERE result IN ('changed', 'unchanged')"
-                           " AND revision IS NOT NULL ORDER BY id DESC LIMIT 1").fetchone()
+        row = conn.execute(
+            "SELECT revision FROM reconciliations WHERE result IN ('changed', 'unchanged')"
+            " AND revision IS NOT NULL ORDER BY id DESC LIMIT 1"
+        ).fetchone()
         if row is None:
             row = conn.execute("SELECT revision FROM desired_revisions ORDER BY recorded_at DESC LIMIT 1").fetchone()
     return str(row[0]) if row else None
@@ -71,13 +73,19 @@ def current_revision(conn: Connection) -> str | None:
 
 def desired_state(conn: Connection) -> DesiredState:
     with dberrors.wrapped("read the stored inventory"):
-        fleet = _rows(conn, "SELECT name, management_network, placement, graceful_shutdown_timeout_s,"
-                            " readiness_timeout_s FROM fleet_settings")
+        fleet = _rows(
+            conn,
+            "SELECT name, management_network, placement, graceful_shutdown_timeout_s,"
+            " readiness_timeout_s FROM fleet_settings",
+        )
         skus = _rows(conn, "SELECT * FROM sku_catalog WHERE present ORDER BY sku")
         images = _rows(conn, "SELECT * FROM os_images WHERE present ORDER BY slug")
         nodes = _rows(conn, "SELECT * FROM nodes WHERE present ORDER BY name")
-        slots = _rows(conn, "SELECT n.name AS node, s.* FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id"
-                            " WHERE s.present AND n.present ORDER BY n.name, s.slot_index")
+        slots = _rows(
+            conn,
+            "SELECT n.name AS node, s.* FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id"
+            " WHERE s.present AND n.present ORDER BY n.name, s.slot_index",
+        )
         allocations = _rows(conn, "SELECT * FROM allocations WHERE present ORDER BY id")
     state = DesiredState(revision=current_revision(conn))
     try:
@@ -93,8 +101,9 @@ def desired_state(conn: Connection) -> DesiredState:
         state.slot_maps = {name: m.SlotMap.model_validate(_slot_map(name, rows)) for name, rows in by_node.items()}
         state.allocations = {r["id"]: m.Allocation.model_validate(_allocation(r)) for r in allocations}
     except ValidationError as e:
-        raise PermanentError(f"the stored inventory does not read back as desired state: {e}",
-                             code="db.inventory.unreadable") from e
+        raise PermanentError(
+            f"the stored inventory does not read back as desired state: {e}", code="db.inventory.unreadable"
+        ) from e
     return state
 
 
@@ -102,29 +111,67 @@ def _fleet(r: dict[str, Any], nodes: list[dict[str, Any]]) -> dict[str, Any]:
     regions: dict[str, set[str]] = defaultdict(set)
     for n in nodes:
         regions[n["region"]].add(n["pool"])
-    return {**_DOC, "kind": "Fleet", "name": r["name"], "management_network": r["management_network"],
-            "placement": r["placement"], "graceful_shutdown_timeout_s": r["graceful_shutdown_timeout_s"],
-            "readiness_timeout_s": r["readiness_timeout_s"],
-            "regions": [{"name": reg, "pools": [{"name": p} for p in sorted(pools)]}
-                        for reg, pools in sorted(regions.items())] or [{"name": "none", "pools": [{"name": "none"}]}]}
+    return {
+        **_DOC,
+        "kind": "Fleet",
+        "name": r["name"],
+        "management_network": r["management_network"],
+        "placement": r["placement"],
+        "graceful_shutdown_timeout_s": r["graceful_shutdown_timeout_s"],
+        "readiness_timeout_s": r["readiness_timeout_s"],
+        "regions": [
+            {"name": reg, "pools": [{"name": p} for p in sorted(pools)]} for reg, pools in sorted(regions.items())
+        ]
+        or [{"name": "none", "pools": [{"name": "none"}]}],
+    }
 
 
 def _sku(r: dict[str, Any]) -> dict[str, Any]:
     baremetal = r["capacity_shape"] == m.CapacityShape.BAREMETAL.value
-    return {**_DOC, "kind": "Sku", "sku": r["sku"], "display_name": r["display_name"],
-            "capacity_shape": r["capacity_shape"], "accelerator_vendor": r["accelerator_vendor"],
-            "accelerator_model": r["accelerator_model"],
-            "allowed_gpu_counts": None if baremetal else list(r["allowed_gpu_counts"]),
-            "gpu_count": r["gpu_count"] if baremetal else None, "exclusive_node": r["exclusive_node"],
-            "network_fabric": r["network_fabric"], "topology_policy": r["topology_policy"],
-            "resource_profile": r["resource_profile"], "gpu_hourly_price_minor": r["gpu_hourly_price_minor"],
-            "currency": r["currency"], "active": r["active"]}
+    return {
+        **_DOC,
+        "kind": "Sku",
+        "sku": r["sku"],
+        "display_name": r["display_name"],
+        "capacity_shape": r["capacity_shape"],
+        "accelerator_vendor": r["accelerator_vendor"],
+        "accelerator_model": r["accelerator_model"],
+        "allowed_gpu_counts": None if baremetal else list(r["allowed_gpu_counts"]),
+        "gpu_count": r["gpu_count"] if baremetal else None,
+        "exclusive_node": r["exclusive_node"],
+        "network_fabric": r["network_fabric"],
+        "topology_policy": r["topology_policy"],
+        "resource_profile": r["resource_profile"],
+        "gpu_hourly_price_minor": r["gpu_hourly_price_minor"],
+        "currency": r["currency"],
+        "active": r["active"],
+    }
 
 
-_IMAGE_FIELDS = ("slug", "display_name", "version", "target", "family", "architecture", "accelerator_vendor",
-                 "accelerator_model", "network_fabric", "image_format", "source_type", "source_ref", "digest_sha256",
-                 "size_bytes", "cloud_init_supported", "guest_agent_supported", "default_username",
-                 "driver_strategy", "compatible_skus", "active", "inactive_since", "cache_pinned")
+_IMAGE_FIELDS = (
+    "slug",
+    "display_name",
+    "version",
+    "target",
+    "family",
+    "architecture",
+    "accelerator_vendor",
+    "accelerator_model",
+    "network_fabric",
+    "image_format",
+    "source_type",
+    "source_ref",
+    "digest_sha256",
+    "size_bytes",
+    "cloud_init_supported",
+    "guest_agent_supported",
+    "default_username",
+    "driver_strategy",
+    "compatible_skus",
+    "active",
+    "inactive_since",
+    "cache_pinned",
+)
 
 
 def _image(r: dict[str, Any]) -> dict[str, Any]:
@@ -136,44 +183,101 @@ def _node(r: dict[str, Any], fleet_network: Any) -> dict[str, Any]:
     if r["firmware_version"] is not None:
         firmware = {"version": r["firmware_version"], "ready": r["firmware_ready"]}
     network = r["management_network"]
-    return {**_DOC, "kind": "Node", "name": r["name"], "region": r["region"], "pool": r["pool"],
-            "hardware_tags": list(r["hardware_tags"]), "profile_tags": list(r["profile_tags"]),
-            "baremetal_sku": r["baremetal_sku"], "admin_state": r["admin_state"], "storage_mode": r["storage_mode"],
-            "os_disk": r["os_disk"], "org": r["org"], "firmware_profile": firmware,
-            "management_network": None if network == fleet_network else network,
-            **({"public_addresses": list(r["public_addresses"])} if r.get("public_addresses") else {}),
-            **({"ingress": r["ingress"]} if r.get("ingress") else {})}
+    return {
+        **_DOC,
+        "kind": "Node",
+        "name": r["name"],
+        "region": r["region"],
+        "pool": r["pool"],
+        "hardware_tags": list(r["hardware_tags"]),
+        "profile_tags": list(r["profile_tags"]),
+        "baremetal_sku": r["baremetal_sku"],
+        "admin_state": r["admin_state"],
+        "storage_mode": r["storage_mode"],
+        "os_disk": r["os_disk"],
+        "org": r["org"],
+        "firmware_profile": firmware,
+        "management_network": None if network == fleet_network else network,
+        **({"public_addresses": list(r["public_addresses"])} if r.get("public_addresses") else {}),
+        **({"ingress": r["ingress"]} if r.get("ingress") else {}),
+    }
 
 
-_SLOT_FIELDS = ("slot_index", "gpu_pci_address", "gpu_model", "gpu_uuid", "numa_node", "slot_group", "pcie_pair",
-                "nvme_device", "network_fabric", "fabric_vf_pci_address", "fabric_parent_device",
-                "fabric_claim_mode", "mac_address", "vcpu_count", "memory_mib", "sharing_model", "max_claims",
-                "parent_slot_id", "compute_milli", "capacity_metadata", "blockers", "enabled")
+_SLOT_FIELDS = (
+    "slot_index",
+    "gpu_pci_address",
+    "gpu_model",
+    "gpu_uuid",
+    "numa_node",
+    "slot_group",
+    "pcie_pair",
+    "nvme_device",
+    "network_fabric",
+    "fabric_vf_pci_address",
+    "fabric_parent_device",
+    "fabric_claim_mode",
+    "mac_address",
+    "vcpu_count",
+    "memory_mib",
+    "sharing_model",
+    "max_claims",
+    "parent_slot_id",
+    "compute_milli",
+    "capacity_metadata",
+    "blockers",
+    "enabled",
+)
 
 
 def _slot_map(node: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    slots = [{**{k: r[k] for k in _SLOT_FIELDS}, "private_ip": str(r["private_ip"]),
-              **({"nvme_identity": r["nvme_identity"]} if r.get("nvme_identity") else {})} for r in rows]
-    return {**_DOC, "kind": "SlotMap", "node": node, "approval_required": not all(r["approved"] for r in rows),
-            "slots": slots}
+    slots = [
+        {
+            **{k: r[k] for k in _SLOT_FIELDS},
+            "private_ip": str(r["private_ip"]),
+            **({"nvme_identity": r["nvme_identity"]} if r.get("nvme_identity") else {}),
+        }
+        for r in rows
+    ]
+    return {
+        **_DOC,
+        "kind": "SlotMap",
+        "node": node,
+        "approval_required": not all(r["approved"] for r in rows),
+        "slots": slots,
+    }
 
 
 def _allocation(r: dict[str, Any]) -> dict[str, Any]:
-    return {**_DOC, "kind": "Allocation", "id": r["id"], "tenant": r["tenant"], "sku": r["sku"],
-            "gpu_count": r["gpu_count"], "region": r["region"], "image": r["image"], "ssh_keys": list(r["ssh_keys"]),
-            "vm_profile": r["vm_profile"], "state": r["desired_state"], "requested_at": r["requested_at"],
-            **({"lease_hours": r["lease_hours"]} if r.get("lease_hours") is not None else {}),
-            **({"extra_ports": list(r["extra_ports"])} if r.get("extra_ports") else {})}
+    return {
+        **_DOC,
+        "kind": "Allocation",
+        "id": r["id"],
+        "tenant": r["tenant"],
+        "sku": r["sku"],
+        "gpu_count": r["gpu_count"],
+        "region": r["region"],
+        "image": r["image"],
+        "ssh_keys": list(r["ssh_keys"]),
+        "vm_profile": r["vm_profile"],
+        "state": r["desired_state"],
+        "requested_at": r["requested_at"],
+        **({"lease_hours": r["lease_hours"]} if r.get("lease_hours") is not None else {}),
+        **({"extra_ports": list(r["extra_ports"])} if r.get("extra_ports") else {}),
+    }
 
 
 def allocations(conn: Connection, *, include_released: bool = False) -> list[AllocationView]:
     """Allocations with their status, placement and claims (live ones, or all with include_released)."""
     with dberrors.wrapped("read allocations"):
-        rows = _rows(conn, "SELECT a.*, n.name AS node FROM allocations a LEFT JOIN nodes n ON n.id = a.node_id"
-                           " ORDER BY a.requested_at, a.id")
+        rows = _rows(
+            conn,
+            "SELECT a.*, n.name AS node FROM allocations a LEFT JOIN nodes n ON n.id = a.node_id"
+            " ORDER BY a.requested_at, a.id",
+        )
         claims = conn.execute(
             "SELECT c.allocation_id, n.name, c.slot_index, c.claim_kind, c.status FROM allocation_resource_claims c"
-            " JOIN nodes n ON n.id = c.node_id ORDER BY c.allocation_id, c.slot_index NULLS FIRST").fetchall()
+            " JOIN nodes n ON n.id = c.node_id ORDER BY c.allocation_id, c.slot_index NULLS FIRST"
+        ).fetchall()
     by_alloc: dict[str, list[ClaimView]] = defaultdict(list)
     for aid, node, idx, kind, status in claims:
         by_alloc[str(aid)].append(ClaimView(str(node), idx, str(kind), str(status)))
@@ -184,13 +288,25 @@ def allocations(conn: Connection, *, include_released: bool = False) -> list[All
         placement = r["placement"] or {}
         profile = placement.get("profile")
         profile_name = profile.get("name") if isinstance(profile, dict) else profile
-        out.append(AllocationView(
-            id=r["id"], tenant=r["tenant"], sku=r["sku"], gpu_count=r["gpu_count"], region=r["region"],
-            desired_state=r["desired_state"], status=r["status"], node=r["node"],
-            slot_indexes=tuple(int(i) for i in placement.get("slot_indexes") or ()),
-            vm_profile=profile_name or r["vm_profile"], pending_code=r["pending_code"],
-            pending_message=r["pending_message"], claims=tuple(by_alloc.get(r["id"], ())),
-            placed_at=r["placed_at"], active_at=r["active_at"]))
+        out.append(
+            AllocationView(
+                id=r["id"],
+                tenant=r["tenant"],
+                sku=r["sku"],
+                gpu_count=r["gpu_count"],
+                region=r["region"],
+                desired_state=r["desired_state"],
+                status=r["status"],
+                node=r["node"],
+                slot_indexes=tuple(int(i) for i in placement.get("slot_indexes") or ()),
+                vm_profile=profile_name or r["vm_profile"],
+                pending_code=r["pending_code"],
+                pending_message=r["pending_message"],
+                claims=tuple(by_alloc.get(r["id"], ())),
+                placed_at=r["placed_at"],
+                active_at=r["active_at"],
+            )
+        )
     return out
 
 
@@ -204,7 +320,8 @@ def orphaned(conn: Connection) -> list[str]:
         rows = conn.execute(
             "SELECT DISTINCT a.id FROM allocations a JOIN allocation_resource_claims c ON c.allocation_id = a.id"
             " WHERE NOT a.present AND c.status IN ('reserved', 'provisioning', 'active', 'releasing')"
-            " ORDER BY a.id").fetchall()
+            " ORDER BY a.id"
+        ).fetchall()
     return [str(r[0]) for r in rows]
 
 
@@ -230,10 +347,18 @@ def removed_nodes(conn: Connection) -> list[dict[str, Any]]:
             " FROM nodes n JOIN allocation_resource_claims c ON c.node_id = n.id"
             " JOIN allocations a ON a.id = c.allocation_id"
             " WHERE NOT n.present AND c.status IN ('reserved', 'provisioning', 'active', 'releasing')"
-            " ORDER BY n.name, c.slot_index NULLS FIRST, c.allocation_id").fetchall()
+            " ORDER BY n.name, c.slot_index NULLS FIRST, c.allocation_id"
+        ).fetchall()
     out: dict[str, dict[str, Any]] = {}
     for name, region, sku, shape, alloc, slot, status in rows:
         node = out.setdefault(str(name), {"name": str(name), "region": str(region), "claims": []})
-        node["claims"].append({"allocation_id": str(alloc), "sku": str(sku), "capacity_shape": str(shape),
-                               "slot_index": slot, "status": str(status)})
+        node["claims"].append(
+            {
+                "allocation_id": str(alloc),
+                "sku": str(sku),
+                "capacity_shape": str(shape),
+                "slot_index": slot,
+                "status": str(status),
+            }
+        )
     return list(out.values())

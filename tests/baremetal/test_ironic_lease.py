@@ -1,6 +1,6 @@
 """A baremetal lease through a real standalone Ironic (fake-hardware): the real provision state machine.
 
-    available -> deploying -> active (configdrive with the tenant's keys) -> deleting -> cleaning -> available
+available -> deploying -> active (configdrive with the tenant's keys) -> deleting -> cleaning -> available
 """
 
 from __future__ import annotations

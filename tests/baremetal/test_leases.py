@@ -1,7 +1,7 @@
 """Baremetal leases end to end through the MAAS simulator and real PostgreSQL (issue 30).
 
-    reconcile -> deploy (once) -> Deployed + SSH answers -> active, usage accrues
-    release in git -> release with erase (once) -> Ready -> erase evidence frees the claim -> node available
+reconcile -> deploy (once) -> Deployed + SSH answers -> active, usage accrues
+release in git -> release with erase (once) -> Ready -> erase evidence frees the claim -> node available
 """
 
 from __future__ import annotations
@@ -38,10 +38,12 @@ def _phase(conn: Connection, aid: str) -> str | None:
     return leases.details(conn, [aid]).get(aid, {}).get("phase")
 
 
-def test_lease_deploys_once_goes_active_and_releases_with_erase(conn: Connection, maas: MaasSimulator,
-                                                                ssh: Listener) -> None:
-    state = fleets.fleet(provider=maas_provider(maas), baremetal_nodes=2, leases=1, ssh_address=ssh.address,
-                         wipe_policy="quick_erase")
+def test_lease_deploys_once_goes_active_and_releases_with_erase(
+    conn: Connection, maas: MaasSimulator, ssh: Listener
+) -> None:
+    state = fleets.fleet(
+        provider=maas_provider(maas), baremetal_nodes=2, leases=1, ssh_address=ssh.address, wipe_policy="quick_erase"
+    )
     _until(conn, state, lambda c: _status(c, A0) == "active")
     lease = leases.details(conn, [A0])[A0]
     assert lease["phase"] == "active" and lease["ssh_endpoint"] == ssh.address
@@ -62,8 +64,9 @@ def test_lease_deploys_once_goes_active_and_releases_with_erase(conn: Connection
     assert checks.run(conn) == []
 
 
-def test_unreachable_provider_waits_with_the_reason_and_deploys_nothing(conn: Connection, maas: MaasSimulator,
-                                                                        ssh: Listener) -> None:
+def test_unreachable_provider_waits_with_the_reason_and_deploys_nothing(
+    conn: Connection, maas: MaasSimulator, ssh: Listener
+) -> None:
     state = fleets.fleet(provider=maas_provider(maas), baremetal_nodes=1, leases=1, ssh_address=ssh.address)
     maas.down = True
     for _ in range(3):
@@ -77,15 +80,23 @@ def test_unreachable_provider_waits_with_the_reason_and_deploys_nothing(conn: Co
 
 
 def test_failed_deploy_quarantines_the_machine_and_places_the_lease_elsewhere(
-        conn: Connection, db_url: str, maas: MaasSimulator, ssh: Listener) -> None:
+    conn: Connection, db_url: str, maas: MaasSimulator, ssh: Listener
+) -> None:
     state = fleets.fleet(provider=maas_provider(maas), baremetal_nodes=2, leases=1, ssh_address=ssh.address)
     inventory.sync(conn, state)
     first = "bm-00000"
     maas.fail_deploy.add(first)
-    _until(conn, state, lambda c: _status(c, A0) == "active" and c.execute(
-        "SELECT count(*) FROM baremetal_leases WHERE phase = 'erased'").fetchone() == (1,))
-    nodes = conn.execute("SELECT node_name, phase FROM baremetal_leases WHERE allocation_id = %s"
-                         " ORDER BY deploy_requested_at", (A0,)).fetchall()
+    _until(
+        conn,
+        state,
+        lambda c: (
+            _status(c, A0) == "active"
+            and c.execute("SELECT count(*) FROM baremetal_leases WHERE phase = 'erased'").fetchone() == (1,)
+        ),
+    )
+    nodes = conn.execute(
+        "SELECT node_name, phase FROM baremetal_leases WHERE allocation_id = %s ORDER BY deploy_requested_at", (A0,)
+    ).fetchall()
     assert [p for _, p in nodes] == ["erased", "active"], nodes  # the failed machine was erased, then freed
     q = conn.execute("SELECT node_name, code, message FROM machine_quarantine").fetchall()
     assert len(q) == 1 and q[0][1] == "baremetal.deploy.failed" and "curtin" in q[0][2]
@@ -99,8 +110,9 @@ def test_failed_deploy_quarantines_the_machine_and_places_the_lease_elsewhere(
     assert cli.main(["machine", "clear", "node-00000", "--db-url", db_url]) != 0  # nothing to clear
 
 
-def test_failed_erase_leaves_the_node_blocked(conn: Connection, db_url: str, maas: MaasSimulator,
-                                              ssh: Listener) -> None:
+def test_failed_erase_leaves_the_node_blocked(
+    conn: Connection, db_url: str, maas: MaasSimulator, ssh: Listener
+) -> None:
     state = fleets.fleet(provider=maas_provider(maas), baremetal_nodes=1, leases=1, ssh_address=ssh.address)
     _until(conn, state, lambda c: _status(c, A0) == "active")
     maas.fail_erase.add("bm-00000")
@@ -117,8 +129,9 @@ def test_failed_erase_leaves_the_node_blocked(conn: Connection, db_url: str, maa
     assert maas.releases == {"bm-00000": 1}
 
 
-def test_a_machine_deployed_behind_our_back_is_drift_never_released(conn: Connection, maas: MaasSimulator,
-                                                                    ssh: Listener) -> None:
+def test_a_machine_deployed_behind_our_back_is_drift_never_released(
+    conn: Connection, maas: MaasSimulator, ssh: Listener
+) -> None:
     state = fleets.fleet(provider=maas_provider(maas), baremetal_nodes=2, leases=0, ssh_address=ssh.address)
     other = maas.machines["bm-00001"]
     other.status, other.owner = "Deployed", "someone-else"
@@ -129,8 +142,9 @@ def test_a_machine_deployed_behind_our_back_is_drift_never_released(conn: Connec
     assert other.status == "Deployed" and maas.releases == {} and maas.deploys == {}
 
 
-def test_status_api_and_history_show_the_lease(conn: Connection, db_url: str, maas: MaasSimulator,
-                                               ssh: Listener) -> None:
+def test_status_api_and_history_show_the_lease(
+    conn: Connection, db_url: str, maas: MaasSimulator, ssh: Listener
+) -> None:
     from reconciler.commands import status
     from reconciler.service import reads
     from reconciler.store import lifecycle
@@ -151,17 +165,29 @@ def test_status_api_and_history_show_the_lease(conn: Connection, db_url: str, ma
     host, port = ssh.address.split(":")
     assert detail["ssh"] == {"address": host, "port": int(port)}
     events = [t.event for t in lifecycle.transitions(conn, A0) or []]
-    assert events[:5] == ["requested", "placed", "baremetal.deploy_requested", "baremetal.deploying",
-                          "baremetal.active"], events
+    assert events[:5] == [
+        "requested",
+        "placed",
+        "baremetal.deploy_requested",
+        "baremetal.deploying",
+        "baremetal.active",
+    ], events
 
 
 def test_a_leased_both_capable_node_is_never_sold_as_slots_and_owes_its_slice_profile(
-        conn: Connection, maas: MaasSimulator, ssh: Listener) -> None:
+    conn: Connection, maas: MaasSimulator, ssh: Listener
+) -> None:
     from reconciler.service import reads
     from reconciler.store import live
 
-    state = fleets.fleet(provider=maas_provider(maas), baremetal_nodes=0, slice_nodes=1, slice_machines=True,
-                         leases=1, ssh_address=ssh.address)
+    state = fleets.fleet(
+        provider=maas_provider(maas),
+        baremetal_nodes=0,
+        slice_nodes=1,
+        slice_machines=True,
+        leases=1,
+        ssh_address=ssh.address,
+    )
     _until(conn, state, lambda c: _status(c, A0) == "active")
     node = reads.nodes(conn)["items"][0]
     assert node["leased"] and [s["state"] for s in node["slots"]] == ["leased"] * 8  # not 8 green "available"
@@ -171,8 +197,10 @@ def test_a_leased_both_capable_node_is_never_sold_as_slots_and_owes_its_slice_pr
     # The tenant's OS was written over the slice host: no slice lands there until its agent reports again.
     assert live.observe(conn).firmware_ready.get("node-00000") is False
     assert leases.node_states(conn)["node-00000"] == {"needs_slice_profile": True}
-    conn.execute("INSERT INTO host_status (node_name, firmware_ready, reported_at) VALUES ('node-00000', true,"
-                 " clock_timestamp())")
+    conn.execute(
+        "INSERT INTO host_status (node_name, firmware_ready, reported_at) VALUES ('node-00000', true,"
+        " clock_timestamp())"
+    )
     reconciling.reconcile(conn, gone)
     assert "node-00000" not in leases.node_states(conn)
     assert live.observe(conn).firmware_ready.get("node-00000") is True
@@ -192,8 +220,9 @@ def test_a_lease_no_longer_declared_is_never_deployed(conn: Connection, maas: Ma
     assert maas.deploys == {} and _phase(conn, A0) == "deploy_requested"
 
 
-def test_two_reconcilers_at_once_deploy_and_erase_each_lease_once(db_url: str, conn: Connection,
-                                                                  maas: MaasSimulator, ssh: Listener) -> None:
+def test_two_reconcilers_at_once_deploy_and_erase_each_lease_once(
+    db_url: str, conn: Connection, maas: MaasSimulator, ssh: Listener
+) -> None:
     import threading
 
     from reconciler.store import connections

@@ -27,8 +27,10 @@ RECORDED = Path(__file__).parent / "recorded"
 
 def test_oauth_header_is_plaintext_signed_with_the_token_secret() -> None:
     header = oauth_header("ck:tk:s3cr3t")
-    fields = dict((k, urllib.parse.unquote(v)) for k, v in
-                  (part.strip().split("=", 1) for part in header.removeprefix("OAuth ").split(",")))
+    fields = dict(
+        (k, urllib.parse.unquote(v))
+        for k, v in (part.strip().split("=", 1) for part in header.removeprefix("OAuth ").split(","))
+    )
     fields = {k: v.strip('"') for k, v in fields.items()}
     assert fields["oauth_signature_method"] == "PLAINTEXT" and fields["oauth_signature"] == "&s3cr3t"
     assert fields["oauth_consumer_key"] == "ck" and fields["oauth_token"] == "tk"  # noqa: S105 - a test key
@@ -65,16 +67,20 @@ def recorded() -> Iterator[tuple[str, type[_Recorded]]]:
         server.server_close()
 
 
-@pytest.mark.parametrize(("name", "state", "owner"), [
-    ("machine_deploying.json", pr.MachineState.DEPLOYING, "alloc-0004"),
-    ("machine_deployed.json", pr.MachineState.DEPLOYED, "alloc-0004"),
-    ("machine_failed_deployment.json", pr.MachineState.DEPLOY_FAILED, "alloc-0004"),
-    ("machine_disk_erasing.json", pr.MachineState.RELEASING, None),
-    ("machine_failed_disk_erasing.json", pr.MachineState.ERASE_FAILED, None),
-    ("machine_ready.json", pr.MachineState.READY, None),
-])
-def test_recorded_machine_states_map_to_the_lease(recorded: tuple[str, type[_Recorded]], name: str,
-                                                  state: pr.MachineState, owner: str | None) -> None:
+@pytest.mark.parametrize(
+    ("name", "state", "owner"),
+    [
+        ("machine_deploying.json", pr.MachineState.DEPLOYING, "alloc-0004"),
+        ("machine_deployed.json", pr.MachineState.DEPLOYED, "alloc-0004"),
+        ("machine_failed_deployment.json", pr.MachineState.DEPLOY_FAILED, "alloc-0004"),
+        ("machine_disk_erasing.json", pr.MachineState.RELEASING, None),
+        ("machine_failed_disk_erasing.json", pr.MachineState.ERASE_FAILED, None),
+        ("machine_ready.json", pr.MachineState.READY, None),
+    ],
+)
+def test_recorded_machine_states_map_to_the_lease(
+    recorded: tuple[str, type[_Recorded]], name: str, state: pr.MachineState, owner: str | None
+) -> None:
     url, handler = recorded
     handler.body = (RECORDED / name).read_bytes()
     m = MaasProvider("maas-rec", url, api_key="a:b:c").machine("4y3h8a")
@@ -103,8 +109,9 @@ def test_deploy_and_release_speak_the_documented_operations() -> None:
     with MaasSimulator({"m1": "127.0.0.1"}, deploy_s=0, erase_s=0) as sim:
         maas = MaasProvider("maas-sim", sim.url, api_key=API_KEY)
         keys = ("ssh-ed25519 AAAAkey tenant@laptop",)
-        m = maas.deploy(pr.DeployRequest("alloc-1", "m1", "ubuntu/noble", keys, pr.cloud_init(keys, "alloc-1"),
-                                         "alloc-1"))
+        m = maas.deploy(
+            pr.DeployRequest("alloc-1", "m1", "ubuntu/noble", keys, pr.cloud_init(keys, "alloc-1"), "alloc-1")
+        )
         assert m.allocation_id == "alloc-1" and sim.machines["m1"].distro == "noble"
         assert "ssh_authorized_keys" in sim.machines["m1"].user_data and keys[0] in sim.machines["m1"].user_data
         assert maas.machine("m1").state is pr.MachineState.DEPLOYED

@@ -1,8 +1,8 @@
 """Fixtures for the claims store tests: a connection and a small synced fleet.
 
-    node-00000 .. node-00003   slice nodes, 8 slots each (numa0: 0-3, numa1: 4-7)
-    node-00004, node-00005     baremetal nodes (no slot map)
-    alloc-0000000 ..           pending 1-GPU slice allocations, then 8-GPU baremetal ones
+node-00000 .. node-00003   slice nodes, 8 slots each (numa0: 0-3, numa1: 4-7)
+node-00004, node-00005     baremetal nodes (no slot map)
+alloc-0000000 ..           pending 1-GPU slice allocations, then 8-GPU baremetal ones
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ from tests.claims.test_lifecycle import NOT_VFIO, report_vm_failure, where
 
 
 def test_the_history_of_a_rescheduled_allocation_lists_each_step_and_attempt(
-        conn: Connection, db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    conn: Connection, db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     state = synthetic.fleet(nodes=3, allocations=1, baremetal_nodes=0, baremetal_allocations=0)
     reconciling.reconcile(conn, state)
     (aid,) = state.allocations
@@ -58,15 +59,21 @@ def test_the_history_of_a_rescheduled_allocation_lists_each_step_and_attempt(
     ]
     failed = next(t for t in steps if t.event == "attempt_failed")
     assert (failed.code, failed.message) == ("host.pci.not_vfio", NOT_VFIO[2])
-    assert failed.details == {"phase": "vfio_check", "slot_indexes": list(slots), "quarantined": True,
-                              "next": "reschedule"}
+    assert failed.details == {
+        "phase": "vfio_check",
+        "slot_indexes": list(slots),
+        "quarantined": True,
+        "next": "reschedule",
+    }
     assert steps[1].details is not None and steps[1].details["slot_indexes"] == list(slots)
 
     assert cli.main(["history", "--allocation", aid, "--db-url", db_url]) == 0
     text = capsys.readouterr().out
     assert text.startswith(f"{aid}  RELEASED") and "1 failed attempt(s)" in text
-    assert f"attempt_failed     pending    {first:<16}    1  slots {','.join(map(str, slots))};" \
-           f" host.pci.not_vfio in vfio_check: {NOT_VFIO[2]}; next reschedule, slots quarantined" in text
+    assert (
+        f"attempt_failed     pending    {first:<16}    1  slots {','.join(map(str, slots))};"
+        f" host.pci.not_vfio in vfio_check: {NOT_VFIO[2]}; next reschedule, slots quarantined" in text
+    )
     assert f"placed             reserved   {second:<16}    2  slots {new_slots[0]}" in text
 
     assert cli.main(["history", "--allocation", aid, "--db-url", db_url, "-o", "json"]) == 0
@@ -76,8 +83,7 @@ def test_the_history_of_a_rescheduled_allocation_lists_each_step_and_attempt(
     assert doc["transitions"][2]["code"] == "host.pci.not_vfio"
 
 
-def test_an_allocation_that_failed_for_good(
-        conn: Connection, db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_allocation_that_failed_for_good(conn: Connection, db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     state = synthetic.fleet(nodes=1, allocations=1, baremetal_nodes=0, baremetal_allocations=0)
     reconciling.reconcile(conn, state)
     (aid,) = state.allocations
@@ -87,8 +93,11 @@ def test_an_allocation_that_failed_for_good(
     reconciling.reconcile(conn, state)
     steps = lifecycle.transitions(conn, aid)
     assert steps is not None
-    assert [(t.event, t.state) for t in steps] == [("requested", "pending"), ("placed", "reserved"),
-                                                   ("attempt_failed", "failed")]
+    assert [(t.event, t.state) for t in steps] == [
+        ("requested", "pending"),
+        ("placed", "reserved"),
+        ("attempt_failed", "failed"),
+    ]
     assert steps[-1].details is not None and steps[-1].details["next"] == "failed"
     assert steps[-1].details["quarantined"] is False
     assert cli.main(["history", "--allocation", aid, "--db-url", db_url]) == 0
@@ -96,7 +105,8 @@ def test_an_allocation_that_failed_for_good(
 
 
 def test_a_request_no_node_can_take_is_waiting_with_the_planners_reason(
-        conn: Connection, db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    conn: Connection, db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     state = synthetic.fleet(nodes=1, allocations=9, baremetal_nodes=0, baremetal_allocations=0)
     reconciling.reconcile(conn, state)  # one node of 8 slots, nine 1-GPU requests
     (waiting,) = [a for a in state.allocations if where(conn, a) == (None, ())]

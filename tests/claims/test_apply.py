@@ -17,15 +17,35 @@ PROFILE = ResolvedProfile(name="bench_1g_24c_64g", gpu_count=1, vcpu_count=24, m
 
 
 def slice_placement(alloc: str, node: str, slots: tuple[int, ...], *alts: Candidate) -> Placement:
-    return Placement(allocation_id=alloc, tenant="t", sku="bench-h200-slice", capacity_shape="gpu_slice",
-                     gpu_count=len(slots), region="bench-1", node=node, slot_indexes=slots, profile=PROFILE,
-                     image="bench-ubuntu-24.04", alternatives=tuple(alts))
+    return Placement(
+        allocation_id=alloc,
+        tenant="t",
+        sku="bench-h200-slice",
+        capacity_shape="gpu_slice",
+        gpu_count=len(slots),
+        region="bench-1",
+        node=node,
+        slot_indexes=slots,
+        profile=PROFILE,
+        image="bench-ubuntu-24.04",
+        alternatives=tuple(alts),
+    )
 
 
 def baremetal_placement(alloc: str, node: str, *alts: str) -> Placement:
-    return Placement(allocation_id=alloc, tenant="t", sku="bench-h200-baremetal-8g", capacity_shape="baremetal",
-                     gpu_count=8, region="bench-1", node=node, slot_indexes=(), profile=None, image=None,
-                     alternatives=tuple(Candidate(n, ()) for n in alts))
+    return Placement(
+        allocation_id=alloc,
+        tenant="t",
+        sku="bench-h200-baremetal-8g",
+        capacity_shape="baremetal",
+        gpu_count=8,
+        region="bench-1",
+        node=node,
+        slot_indexes=(),
+        profile=None,
+        image=None,
+        alternatives=tuple(Candidate(n, ()) for n in alts),
+    )
 
 
 def test_a_placement_writes_claims_snapshot_slots_allocation_and_event(conn: Connection, fleet: DesiredState) -> None:
@@ -40,8 +60,14 @@ def test_a_placement_writes_claims_snapshot_slots_allocation_and_event(conn: Con
     assert util.slot_status(conn, NODE, 2) == "reserved"
     a = util.allocation(conn, "alloc-0000000")
     assert (a["status"], a["placed_revision"], a["capacity_shape"]) == ("reserved", "rev1", "gpu_slice")
-    assert util.count(conn, "SELECT count(*) FROM outbox WHERE event_type = 'provisioning.requested'"
-                      " AND aggregate_id = 'alloc-0000000'") == 1
+    assert (
+        util.count(
+            conn,
+            "SELECT count(*) FROM outbox WHERE event_type = 'provisioning.requested'"
+            " AND aggregate_id = 'alloc-0000000'",
+        )
+        == 1
+    )
     assert checks.run(conn) == []
 
 
@@ -53,8 +79,9 @@ def test_lost_race_takes_the_next_candidate(conn: Connection, fleet: DesiredStat
     assert r.conflicts == 1
 
 
-def test_after_bounded_tries_the_allocation_stays_pending_with_the_reason(conn: Connection,
-                                                                          fleet: DesiredState) -> None:
+def test_after_bounded_tries_the_allocation_stays_pending_with_the_reason(
+    conn: Connection, fleet: DesiredState
+) -> None:
     for i in range(3):
         assert claims.place(conn, slice_placement(f"alloc-000000{i}", NODE, (i,))).placed
     alts = [Candidate(NODE, (i,)) for i in range(1, 3)] + [Candidate("node-00001", (0,))]
@@ -95,16 +122,16 @@ def test_baremetal_lease_blocks_slices_and_needs_an_idle_node(conn: Connection, 
 
 
 @pytest.mark.parametrize("shape", ["slice", "baremetal"])
-def test_failure_between_claim_insert_and_commit_leaves_nothing(conn: Connection, fleet: DesiredState,
-                                                                shape: str) -> None:
+def test_failure_between_claim_insert_and_commit_leaves_nothing(
+    conn: Connection, fleet: DesiredState, shape: str
+) -> None:
     def boom(point: str) -> None:
         assert point == "claims_inserted"
         # The claims are visible inside the transaction at this point...
         assert util.count(conn, "SELECT count(*) FROM allocation_resource_claims") > 0
         raise RuntimeError("injected failure before COMMIT")
 
-    p = (slice_placement("alloc-0000000", NODE, (0,)) if shape == "slice"
-         else baremetal_placement("alloc-0000024", NODE))
+    p = slice_placement("alloc-0000000", NODE, (0,)) if shape == "slice" else baremetal_placement("alloc-0000024", NODE)
     with pytest.raises(RuntimeError, match="injected"):
         claims.place(conn, p, fault=boom)
     # ...and gone afterwards, with every other write of the placement.
@@ -116,8 +143,7 @@ def test_failure_between_claim_insert_and_commit_leaves_nothing(conn: Connection
     assert claims.place(conn, p).placed  # and the allocation can still be placed
 
 
-def test_database_failure_inside_the_placement_rolls_back_and_is_wrapped(conn: Connection,
-                                                                         fleet: DesiredState) -> None:
+def test_database_failure_inside_the_placement_rolls_back_and_is_wrapped(conn: Connection, fleet: DesiredState) -> None:
     """A failure raised by the database after the claim insert (the outbox write) undoes it all."""
     conn.execute("""
         CREATE FUNCTION fail_outbox() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -181,9 +207,11 @@ def test_psycopg_errors_never_leak(conn: Connection, fleet: DesiredState) -> Non
 
 # ---------------------------------------------------------------- many placements per round trip
 
+
 def _fail_claims_of(conn: Connection, allocation: str, errcode: str, constraint: str) -> None:
     """A claim insert of `allocation` fails the way a guard would, with that SQLSTATE and constraint name."""
-    conn.execute(f"""
+    conn.execute(
+        f"""
         CREATE FUNCTION fail_claim() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
             IF NEW.allocation_id = '{allocation}' THEN
@@ -193,11 +221,13 @@ def _fail_claims_of(conn: Connection, allocation: str, errcode: str, constraint:
         END $$;
         CREATE TRIGGER fail_claim BEFORE INSERT ON allocation_resource_claims
             FOR EACH ROW EXECUTE FUNCTION fail_claim();
-    """.encode())
+    """.encode()
+    )
 
 
-def test_place_many_commits_each_placement_on_its_own_in_order(conn: Connection, fleet: DesiredState,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_place_many_commits_each_placement_on_its_own_in_order(
+    conn: Connection, fleet: DesiredState, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(claims, "BATCH", 5)  # 12 placements: three round trips
     todo = [slice_placement(f"alloc-{i:07d}", f"node-{i // 8:05d}", (i % 8,)) for i in range(12)]
     results = claims.place_many(conn, todo, revision="rev1")
@@ -209,14 +239,16 @@ def test_place_many_commits_each_placement_on_its_own_in_order(conn: Connection,
     assert claims.place_many(conn, []) == []
 
 
-def test_place_many_takes_the_next_candidate_and_reports_each_attempt(conn: Connection,
-                                                                      fleet: DesiredState) -> None:
+def test_place_many_takes_the_next_candidate_and_reports_each_attempt(conn: Connection, fleet: DesiredState) -> None:
     assert claims.place(conn, slice_placement("alloc-0000000", NODE, (0,))).placed
-    results = claims.place_many(conn, [
-        slice_placement("alloc-0000001", NODE, (0,), Candidate(NODE, (0,)), Candidate(NODE, (1,))),
-        slice_placement("alloc-0000002", NODE, (1,), Candidate(NODE, (2,))),
-        slice_placement("alloc-0000000", NODE, (3,)),
-    ])
+    results = claims.place_many(
+        conn,
+        [
+            slice_placement("alloc-0000001", NODE, (0,), Candidate(NODE, (0,)), Candidate(NODE, (1,))),
+            slice_placement("alloc-0000002", NODE, (1,), Candidate(NODE, (2,))),
+            slice_placement("alloc-0000000", NODE, (3,)),
+        ],
+    )
     first, second, third = results
     assert first.placed and first.slot_indexes == (1,) and first.conflicts == 1  # duplicate candidate dropped
     assert second.placed and second.slot_indexes == (2,) and second.conflicts == 1
@@ -226,11 +258,14 @@ def test_place_many_takes_the_next_candidate_and_reports_each_attempt(conn: Conn
 
 def test_place_many_goes_on_after_a_lost_race_the_database_raised(conn: Connection, fleet: DesiredState) -> None:
     _fail_claims_of(conn, "alloc-0000001", "23505", "claims_one_live_per_slot")
-    results = claims.place_many(conn, [
-        slice_placement("alloc-0000000", NODE, (0,)),
-        slice_placement("alloc-0000001", NODE, (1,), Candidate(NODE, (2,))),
-        slice_placement("alloc-0000002", NODE, (3,)),
-    ])
+    results = claims.place_many(
+        conn,
+        [
+            slice_placement("alloc-0000000", NODE, (0,)),
+            slice_placement("alloc-0000001", NODE, (1,), Candidate(NODE, (2,))),
+            slice_placement("alloc-0000002", NODE, (3,)),
+        ],
+    )
     assert [r.placed for r in results] == [True, False, True]
     lost = results[1]
     assert [a.outcome for a in lost.attempts] == [claims.Outcome.LOST_RACE] * 2
@@ -244,11 +279,14 @@ def test_place_many_goes_on_after_a_lost_race_the_database_raised(conn: Connecti
 def test_place_many_stops_at_a_refusal_that_is_no_race(conn: Connection, fleet: DesiredState) -> None:
     _fail_claims_of(conn, "alloc-0000001", "23514", "claims_allocation_one_node")
     with pytest.raises(dberrors.ConstraintRefused) as info:
-        claims.place_many(conn, [
-            slice_placement("alloc-0000000", NODE, (0,)),
-            slice_placement("alloc-0000001", NODE, (1,), Candidate(NODE, (2,))),
-            slice_placement("alloc-0000002", NODE, (3,)),
-        ])
+        claims.place_many(
+            conn,
+            [
+                slice_placement("alloc-0000000", NODE, (0,)),
+                slice_placement("alloc-0000001", NODE, (1,), Candidate(NODE, (2,))),
+                slice_placement("alloc-0000002", NODE, (3,)),
+            ],
+        )
     assert info.value.code == "claim.allocation_other_node"
     assert util.allocation(conn, "alloc-0000000")["status"] == "reserved"  # committed before the refusal
     assert [util.allocation(conn, a)["status"] for a in ("alloc-0000001", "alloc-0000002")] == ["pending"] * 2

@@ -30,7 +30,12 @@ def test_a_cold_reconciliation_reports_its_phases_and_counts_host_plans(conn: Co
     state = fleet(nodes=4, allocations=2)
     shown = Recorded()
     reconciling.reconcile(conn, state, shown=shown)
-    assert [p.name for p in shown.seen] == ["sync inventory", "absorb host reports", "plan", "write claims",
-                                            "write host plans"]
+    assert [p.name for p in shown.seen] == [
+        "sync inventory",
+        "absorb host reports",
+        "plan",
+        "write claims",
+        "write host plans",
+    ]
     plans = shown.seen[-1]
     assert plans.total == plans.done == 4 and plans.unit == "nodes"

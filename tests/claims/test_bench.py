@@ -11,10 +11,33 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bench_claims_reports_throughput_checks_and_pgbench(db_url: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "reconciler.cli", "bench", "claims", "--db-url", db_url,
-                           "--nodes", "4", "--requests", "24", "--workers", "2", "--gpus", "1,2",
-                           "--pgbench-seconds", "1", "--json"],
-                          check=False, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reconciler.cli",
+            "bench",
+            "claims",
+            "--db-url",
+            db_url,
+            "--nodes",
+            "4",
+            "--requests",
+            "24",
+            "--workers",
+            "2",
+            "--gpus",
+            "1,2",
+            "--pgbench-seconds",
+            "1",
+            "--json",
+        ],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc["double_claims"] == 0 and doc["violations"] == []

@@ -64,17 +64,22 @@ def untriggered(conn: Connection, rescheduled: Rescheduled) -> Iterator[Connecti
 
 
 def drop_evidence(conn: Connection, r: Rescheduled) -> None:
-    conn.execute("UPDATE node_resource_slots SET quarantine = NULL"
-                 " WHERE node_id = (SELECT id FROM nodes WHERE name = %s) AND slot_index = %s",
-                 (r.failed_node, r.failed_slots[0]))
+    conn.execute(
+        "UPDATE node_resource_slots SET quarantine = NULL"
+        " WHERE node_id = (SELECT id FROM nodes WHERE name = %s) AND slot_index = %s",
+        (r.failed_node, r.failed_slots[0]),
+    )
 
 
 Corruption = Callable[[Connection, Rescheduled], str]  # corrupts, returns the expected offender text
 
 
 def retired_claim_live_again(conn: Connection, r: Rescheduled) -> str:
-    conn.execute("UPDATE allocation_resource_claims SET status = 'active'"
-                 " WHERE id IN (SELECT claim_id FROM retired_claims WHERE allocation_id = %s)", (r.allocation,))
+    conn.execute(
+        "UPDATE allocation_resource_claims SET status = 'active'"
+        " WHERE id IN (SELECT claim_id FROM retired_claims WHERE allocation_id = %s)",
+        (r.allocation,),
+    )
     return f"{r.allocation} {r.failed_node}:{r.failed_slots[0]} active"
 
 
@@ -98,15 +103,19 @@ def attempt_failed_for_good_but_placed(conn: Connection, r: Rescheduled) -> str:
     return f"{r.allocation} reserved"
 
 
-@pytest.mark.parametrize(("check", "corrupt"), [
-    ("retired_claim_not_released", retired_claim_live_again),
-    ("placed_on_failed_node", attempt_moved_to_current_node),
-    ("attempt_without_retired_claims", retired_claims_forgotten),
-    ("quarantine_without_evidence", quarantine_evidence_dropped),
-    ("exhausted_not_failed", attempt_failed_for_good_but_placed),
-])
+@pytest.mark.parametrize(
+    ("check", "corrupt"),
+    [
+        ("retired_claim_not_released", retired_claim_live_again),
+        ("placed_on_failed_node", attempt_moved_to_current_node),
+        ("attempt_without_retired_claims", retired_claims_forgotten),
+        ("quarantine_without_evidence", quarantine_evidence_dropped),
+        ("exhausted_not_failed", attempt_failed_for_good_but_placed),
+    ],
+)
 def test_each_lifecycle_invariant_reports_its_corruption(
-        untriggered: Connection, rescheduled: Rescheduled, check: str, corrupt: Corruption) -> None:
+    untriggered: Connection, rescheduled: Rescheduled, check: str, corrupt: Corruption
+) -> None:
     offender = corrupt(untriggered, rescheduled)
     found = {v.name: v for v in checks.run(untriggered)}
     assert check in found, f"{check} missed the corruption; found {sorted(found)}"
@@ -115,7 +124,8 @@ def test_each_lifecycle_invariant_reports_its_corruption(
 
 
 def test_the_triggers_refuse_the_same_corruption_through_the_normal_path(
-        conn: Connection, rescheduled: Rescheduled) -> None:
+    conn: Connection, rescheduled: Rescheduled
+) -> None:
     """Without the replica role a dropped evidence frees the slot instead: the check is the backstop, not the guard."""
     r = rescheduled
     drop_evidence(conn, r)

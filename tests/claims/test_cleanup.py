@@ -29,15 +29,19 @@ def test_no_evidence_keeps_the_slot_in_cleanup(conn: Connection, released: None)
     assert util.slot_status(conn, NODE, 3) == "cleanup"
 
 
-@pytest.mark.parametrize(("who", "kwargs"), [
-    ("another allocation", {"allocation_id": "alloc-0000009"}),
-    ("another disk", {"device": "/dev/disk/by-id/nvme-somewhere-else"}),
-    ("signature still there", {"signature_clear": False}),
-    ("blocks not zero", {"sampled_zero": False}),
-    ("wipe still running", {"state": "running"}),
-])
-def test_incomplete_or_foreign_evidence_frees_nothing(conn: Connection, released: None, who: str,
-                                                      kwargs: dict[str, object]) -> None:
+@pytest.mark.parametrize(
+    ("who", "kwargs"),
+    [
+        ("another allocation", {"allocation_id": "alloc-0000009"}),
+        ("another disk", {"device": "/dev/disk/by-id/nvme-somewhere-else"}),
+        ("signature still there", {"signature_clear": False}),
+        ("blocks not zero", {"sampled_zero": False}),
+        ("wipe still running", {"state": "running"}),
+    ],
+)
+def test_incomplete_or_foreign_evidence_frees_nothing(
+    conn: Connection, released: None, who: str, kwargs: dict[str, object]
+) -> None:
     args: dict[str, object] = {"allocation_id": A}
     args.update(kwargs)
     util.report_wipe(conn, NODE, 3, str(args.pop("allocation_id")), **args)  # type: ignore[arg-type]
@@ -101,8 +105,11 @@ def test_usage_runs_from_ready_to_release(conn: Connection, fleet: DesiredState)
     a = util.allocation(conn, A)
     assert a["status"] == "active" and a["active_at"] is not None
     claims.release(conn, Release(A, NODE, (3,)))
-    row = conn.execute("SELECT gpus, usage_started_at, usage_ended_at, gpu_hours, gpu_hourly_price_minor"
-                       " FROM allocation_usage WHERE allocation_id = %s", (A,)).fetchone()
+    row = conn.execute(
+        "SELECT gpus, usage_started_at, usage_ended_at, gpu_hours, gpu_hourly_price_minor"
+        " FROM allocation_usage WHERE allocation_id = %s",
+        (A,),
+    ).fetchone()
     assert row is not None
     gpus, started, ended, hours, price = row
     assert gpus == 1 and price == 450 and started is not None and ended is not None and ended >= started
@@ -111,13 +118,17 @@ def test_usage_runs_from_ready_to_release(conn: Connection, fleet: DesiredState)
 
 def test_baremetal_lease_is_freed_by_node_cleanup_proof(conn: Connection, fleet: DesiredState) -> None:
     assert claims.place(conn, baremetal_placement("alloc-0000024", "node-00004")).placed
-    conn.execute("INSERT INTO host_status (node_name, lease_allocation_id, lease_state, lease_ready_at)"
-                 " VALUES ('node-00004', 'alloc-0000024', 'ready', clock_timestamp())")
+    conn.execute(
+        "INSERT INTO host_status (node_name, lease_allocation_id, lease_state, lease_ready_at)"
+        " VALUES ('node-00004', 'alloc-0000024', 'ready', clock_timestamp())"
+    )
     cleanup.absorb(conn)
     assert util.allocation(conn, "alloc-0000024")["status"] == "active"
     claims.release(conn, Release("alloc-0000024", "node-00004", ()))
     assert cleanup.free_cleaned(conn) == ()
-    conn.execute("UPDATE host_status SET cleanup_allocation_id = 'alloc-0000024', cleanup_state = 'verified',"
-                 " cleanup_reported_at = clock_timestamp()")
+    conn.execute(
+        "UPDATE host_status SET cleanup_allocation_id = 'alloc-0000024', cleanup_state = 'verified',"
+        " cleanup_reported_at = clock_timestamp()"
+    )
     assert [f.outcome for f in cleanup.free_cleaned(conn)] == ["freed", "released"]
     assert checks.run(conn) == []

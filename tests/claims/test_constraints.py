@@ -97,17 +97,24 @@ def test_released_claims_do_not_count(conn: Connection, fleet: DesiredState) -> 
     util.insert_node_claim(conn, BM0, "node-00001")
 
 
-@pytest.mark.parametrize(("setup", "code"), [
-    ("UPDATE node_resource_slots SET status = 'disabled', present = false"
-     " WHERE slot_index = 2", "claim.slot_not_claimable"),
-    ("UPDATE node_resource_slots SET status = 'cleanup_blocked' WHERE slot_index = 2",
-     "claim.slot_not_claimable"),
-    ("UPDATE node_resource_slots SET eligible = false, ineligible_reasons = '{slot.vf_shared}'"
-     " WHERE slot_index = 2", "claim.slot_not_claimable"),
-    ("UPDATE nodes SET admin_state = 'draining'", "claim.node_not_claimable"),
-    ("UPDATE nodes SET present = false", "claim.node_not_claimable"),
-    ("UPDATE allocations SET status = 'released'", "claim.allocation_not_pending"),
-])
+@pytest.mark.parametrize(
+    ("setup", "code"),
+    [
+        (
+            "UPDATE node_resource_slots SET status = 'disabled', present = false WHERE slot_index = 2",
+            "claim.slot_not_claimable",
+        ),
+        ("UPDATE node_resource_slots SET status = 'cleanup_blocked' WHERE slot_index = 2", "claim.slot_not_claimable"),
+        (
+            "UPDATE node_resource_slots SET eligible = false, ineligible_reasons = '{slot.vf_shared}'"
+            " WHERE slot_index = 2",
+            "claim.slot_not_claimable",
+        ),
+        ("UPDATE nodes SET admin_state = 'draining'", "claim.node_not_claimable"),
+        ("UPDATE nodes SET present = false", "claim.node_not_claimable"),
+        ("UPDATE allocations SET status = 'released'", "claim.allocation_not_pending"),
+    ],
+)
 def test_trigger_refuses_unclaimable_targets(conn: Connection, fleet: DesiredState, setup: str, code: str) -> None:
     _only(conn, "ALTER TABLE node_resource_slots DISABLE TRIGGER slots_guard_status", setup)
     err = _refused(conn, lambda: util.insert_slot_claim(conn, A0, NODE, 2))
@@ -127,8 +134,9 @@ def test_claims_are_never_deleted_and_statuses_only_move_forward(conn: Connectio
     conn.execute("UPDATE allocation_resource_claims SET status = 'active'")
     err = _refused(conn, lambda: conn.execute("UPDATE allocation_resource_claims SET status = 'reserved'"))
     assert err.code == "claim.bad_transition"
-    err = _refused(conn, lambda: conn.execute(
-        "UPDATE allocation_resource_claims SET resource_snapshot = '{\"gpus\": 2}'"))
+    err = _refused(
+        conn, lambda: conn.execute("UPDATE allocation_resource_claims SET resource_snapshot = '{\"gpus\": 2}'")
+    )
     assert err.code == "claim.immutable"
 
 
@@ -143,21 +151,30 @@ def test_a_claim_leaves_the_live_set_only_with_wipe_proof(conn: Connection, flee
 
 def test_a_slot_cannot_look_free_under_a_live_claim(conn: Connection, fleet: DesiredState) -> None:
     util.insert_slot_claim(conn, A0, NODE, 0)
-    conn.execute("UPDATE node_resource_slots SET status = 'reserved' WHERE slot_index = 0"
-                 " AND node_id = (SELECT id FROM nodes WHERE name = %s)", (NODE,))
-    err = _refused(conn, lambda: conn.execute(
-        "UPDATE node_resource_slots SET status = 'available' WHERE status = 'reserved'"))
+    conn.execute(
+        "UPDATE node_resource_slots SET status = 'reserved' WHERE slot_index = 0"
+        " AND node_id = (SELECT id FROM nodes WHERE name = %s)",
+        (NODE,),
+    )
+    err = _refused(
+        conn, lambda: conn.execute("UPDATE node_resource_slots SET status = 'available' WHERE status = 'reserved'")
+    )
     assert err.code == "slot.free_with_live_claim"
-    err = _refused(conn, lambda: conn.execute(
-        "UPDATE node_resource_slots SET status = 'active' WHERE status = 'available' AND slot_index = 5"))
+    err = _refused(
+        conn,
+        lambda: conn.execute(
+            "UPDATE node_resource_slots SET status = 'active' WHERE status = 'available' AND slot_index = 5"
+        ),
+    )
     assert err.code == "slot.claimed_without_claim"
 
 
 # ---------------------------------------------------------------- racing transactions
 
 
-def _race(db_url: str, first: Callable[[Connection], None], second: Callable[[Connection], None]
-          ) -> psycopg.Error | None:
+def _race(
+    db_url: str, first: Callable[[Connection], None], second: Callable[[Connection], None]
+) -> psycopg.Error | None:
     """T1 runs `first` and holds its transaction open; T2 runs `second` and must block until T1 commits."""
     t1 = connections.connect(db_url)
     t2 = connections.connect(db_url)
@@ -189,8 +206,9 @@ def _race(db_url: str, first: Callable[[Connection], None], second: Callable[[Co
 
 @pytest.mark.parametrize("guards", ["exclusion only", "all guards"])
 @pytest.mark.parametrize("order", ["exclusive first", "slot first"])
-def test_exclusive_and_slot_claims_race_in_both_orders(db_url: str, conn: Connection, fleet: DesiredState,
-                                                        guards: str, order: str) -> None:
+def test_exclusive_and_slot_claims_race_in_both_orders(
+    db_url: str, conn: Connection, fleet: DesiredState, guards: str, order: str
+) -> None:
     if guards == "exclusion only":
         _only(conn, NO_TRIGGER, NO_UNIQUE)
 
@@ -212,8 +230,9 @@ def test_exclusive_and_slot_claims_race_in_both_orders(db_url: str, conn: Connec
 def test_two_claims_race_for_one_slot(db_url: str, conn: Connection, fleet: DesiredState, guards: str) -> None:
     if guards == "unique index only":
         _only(conn, NO_TRIGGER, NO_EXCLUSION)
-    err = _race(db_url, lambda c: util.insert_slot_claim(c, A0, NODE, 7),
-                lambda c: util.insert_slot_claim(c, A1, NODE, 7))
+    err = _race(
+        db_url, lambda c: util.insert_slot_claim(c, A0, NODE, 7), lambda c: util.insert_slot_claim(c, A1, NODE, 7)
+    )
     assert err is not None
     assert dberrors.translate(err, "racing claim").code == "claim.slot_taken"
     assert util.count(conn, "SELECT count(*) FROM allocation_resource_claims") == 1

@@ -33,8 +33,15 @@ def state_dir(pg_server: embedded.Server) -> Iterator[Path]:
 def gpuaas(state: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != connections.ENV_URL}
     env[connections.ENV_STATE_DIR] = str(state)
-    return subprocess.run([sys.executable, "-m", "reconciler.cli", *argv], cwd=ROOT, env=env, check=False,
-                          capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        [sys.executable, "-m", "reconciler.cli", *argv],
+        cwd=ROOT,
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 def test_db_commands_and_apply_on_the_embedded_server(state_dir: Path) -> None:
@@ -60,8 +67,7 @@ def test_db_commands_and_apply_on_the_embedded_server(state_dir: Path) -> None:
     # A violation is named and exits 1 (made by hand, behind the guards' back).
     with connections.connect(url, autocommit=True) as conn:
         conn.execute("ALTER TABLE node_resource_slots DISABLE TRIGGER slots_guard_status")
-        conn.execute("UPDATE node_resource_slots SET status = 'reserved' WHERE status = 'available'"
-                     " AND slot_index = 0")
+        conn.execute("UPDATE node_resource_slots SET status = 'reserved' WHERE status = 'available' AND slot_index = 0")
         assert util.count(conn, "SELECT count(*) FROM node_resource_slots WHERE status = 'reserved'") > 0
     bad = gpuaas(state_dir, "db", "check")
     assert bad.returncode == 1 and "held_slot_without_one_claim" in bad.stderr
@@ -74,7 +80,8 @@ def test_db_commands_and_apply_on_the_embedded_server(state_dir: Path) -> None:
 
 
 def test_an_unreachable_state_dir_keeps_its_server_under_the_embedded_root(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if os.geteuid() != 0:
         pytest.skip("the postgres-user path only exists as root")
     private = tmp_path / "private"

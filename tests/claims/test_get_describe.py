@@ -40,8 +40,9 @@ def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
     return code, out, err
 
 
-def test_get_lists_and_names_with_the_reason(failed: tuple[DesiredState, str, str], db_url: str,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_get_lists_and_names_with_the_reason(
+    failed: tuple[DesiredState, str, str], db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     _, aid, node = failed
     code, out, _ = _cli(["get", "allocations", "--db-url", db_url], capsys)
     assert code == 0
@@ -59,7 +60,8 @@ def test_get_lists_and_names_with_the_reason(failed: tuple[DesiredState, str, st
 
 
 def test_an_unknown_name_is_a_coded_error_with_the_closest_names(
-        failed: tuple[DesiredState, str, str], db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    failed: tuple[DesiredState, str, str], db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     _, _, node = failed
     code, out, err = _cli(["get", "node", node + "x", "--db-url", db_url], capsys)
     assert code == 1 and out == ""
@@ -67,7 +69,8 @@ def test_an_unknown_name_is_a_coded_error_with_the_closest_names(
 
 
 def test_describe_allocation_has_claims_phase_reason_and_events(
-        failed: tuple[DesiredState, str, str], db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    failed: tuple[DesiredState, str, str], db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     _, aid, node = failed
     code, out, _ = _cli(["describe", "allocation", aid, "--db-url", db_url], capsys)
     assert code == 0
@@ -85,8 +88,9 @@ def test_describe_allocation_has_claims_phase_reason_and_events(
     assert doc["lifecycle"]["attempts"][0]["code"] == "host.seed.ssh_key"
 
 
-def test_describe_node_and_sku(failed: tuple[DesiredState, str, str], db_url: str,
-                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_describe_node_and_sku(
+    failed: tuple[DesiredState, str, str], db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     state, aid, node = failed
     code, out, _ = _cli(["describe", "node", node, "--db-url", db_url], capsys)
     assert code == 0 and "Liveness:" in out and "last report" in out
@@ -99,12 +103,30 @@ def test_describe_node_and_sku(failed: tuple[DesiredState, str, str], db_url: st
 
 
 def test_get_watch_prints_again_when_the_answer_changes(
-        failed: tuple[DesiredState, str, str], conn: Connection, db_url: str) -> None:
+    failed: tuple[DesiredState, str, str], conn: Connection, db_url: str
+) -> None:
     _, aid, _ = failed
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with subprocess.Popen([sys.executable, "-m", "reconciler.cli", "get", "allocation", aid, "--watch",
-                           "--interval", "0.2", "-o", "json", "--db-url", db_url],
-                          stdout=subprocess.PIPE, text=True, env=env) as proc:
+    with subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "reconciler.cli",
+            "get",
+            "allocation",
+            aid,
+            "--watch",
+            "--interval",
+            "0.2",
+            "-o",
+            "json",
+            "--db-url",
+            db_url,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as proc:
         try:
             assert proc.stdout is not None
             first = json.loads(proc.stdout.readline())

@@ -13,8 +13,18 @@ from tests.claims.conftest import small_fleet
 from tests.claims.test_apply import slice_placement
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "fleet"
-TABLES = ("fleet_settings", "sku_catalog", "os_images", "nodes", "node_resource_slots", "allocations",
-          "allocation_resource_claims", "outbox", "desired_revisions", "host_plans")
+TABLES = (
+    "fleet_settings",
+    "sku_catalog",
+    "os_images",
+    "nodes",
+    "node_resource_slots",
+    "allocations",
+    "allocation_resource_claims",
+    "outbox",
+    "desired_revisions",
+    "host_plans",
+)
 
 
 def snapshot(conn: Connection) -> dict[str, list[tuple[object, ...]]]:
@@ -77,8 +87,10 @@ def test_a_changed_slot_map_updates_eligibility(conn: Connection) -> None:
     state.revision = "rev-2"
     result = inventory.sync(conn, state)
     assert [c.render() for c in result.changes] == ["slot node-00001:2 changed"]
-    row = conn.execute("SELECT eligible, ineligible_reasons FROM node_resource_slots s JOIN nodes n"
-                       " ON n.id = s.node_id WHERE n.name = 'node-00001' AND slot_index = 2").fetchone()
+    row = conn.execute(
+        "SELECT eligible, ineligible_reasons FROM node_resource_slots s JOIN nodes n"
+        " ON n.id = s.node_id WHERE n.name = 'node-00001' AND slot_index = 2"
+    ).fetchone()
     assert row == (False, ["slot.fabric_not_per_slot_vf"])
     assert 2 not in live.free_slots(conn).get("node-00001", [])
 

@@ -73,8 +73,13 @@ def _edit(rng: random.Random, state: DesiredState, spare: DesiredState) -> Desir
 def _with_delta(old: DesiredState, new: DesiredState) -> DesiredState:
     """`new` marked as `old` plus what differs (by object identity, as desired.deltas builds it)."""
     keys = {("Fleet", new.fleet.name if new.fleet else "")} if new.fleet is not old.fleet else set()
-    for kind, attr in (("Sku", "skus"), ("Image", "images"), ("Node", "nodes"), ("SlotMap", "slot_maps"),
-                       ("Allocation", "allocations")):
+    for kind, attr in (
+        ("Sku", "skus"),
+        ("Image", "images"),
+        ("Node", "nodes"),
+        ("SlotMap", "slot_maps"),
+        ("Allocation", "allocations"),
+    ):
         a, b = getattr(old, attr), getattr(new, attr)
         keys.update((kind, n) for n in a.keys() | b.keys() if a.get(n) is not b.get(n))
     new.delta = deltas.Delta(weakref.ref(old), frozenset(keys))

@@ -22,13 +22,19 @@ KILLS = 12
 
 
 def kill_fleet() -> DesiredState:
-    return synthetic.fleet(nodes=6, baremetal_nodes=2, allocations=1200, baremetal_allocations=150,
-                           gpus=(1, 2, 4), seed=3)
+    return synthetic.fleet(
+        nodes=6, baremetal_nodes=2, allocations=1200, baremetal_allocations=150, gpus=(1, 2, 4), seed=3
+    )
 
 
 def _victim(db_url: str, seed: int) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "tests.claims.racers", db_url, str(seed)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.claims.racers", db_url, str(seed)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line.strip() == "ready", (line, proc.stderr.read() if proc.stderr else "")
@@ -64,8 +70,15 @@ def test_sigkill_at_random_points_leaves_db_check_clean(db_url: str, conn: Conne
     assert len({session for _, _, session in switches}) == 1, (out, err)  # the same backend throughout
     assert {("node_exclusive", "slot"), ("slot", "node_exclusive")} <= set(itertools.pairwise(order)), order
     for kind, allocation, _ in switches:  # what the victim says it placed is in the store, of that kind
-        assert util.count(conn, "SELECT count(*) FROM allocation_resource_claims WHERE allocation_id = %s"
-                                " AND claim_kind::text = %s", allocation, kind) > 0, (kind, allocation)
+        assert (
+            util.count(
+                conn,
+                "SELECT count(*) FROM allocation_resource_claims WHERE allocation_id = %s AND claim_kind::text = %s",
+                allocation,
+                kind,
+            )
+            > 0
+        ), (kind, allocation)
     assert checks.run(conn) == []
     # No ghosts: every round a kill interrupted reads as abandoned, none as running.
     assert util.count(conn, "SELECT count(*) FROM reconciliation_history WHERE result = 'running'") == 0
@@ -77,7 +90,13 @@ def test_sigkill_at_random_points_leaves_db_check_clean(db_url: str, conn: Conne
     assert util.count(conn, "SELECT count(*) FROM allocation_attempts WHERE outcome = 'rescheduled'") > 0
     assert util.count(conn, "SELECT count(*) FROM retired_claims") > 0
     # The command operators run after an incident agrees.
-    done = subprocess.run([sys.executable, "-m", "reconciler.cli", "db", "check", "--db-url", db_url],
-                          check=False, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "reconciler.cli", "db", "check", "--db-url", db_url],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "invariants hold" in done.stdout

@@ -28,10 +28,15 @@ from tests.claims import util
 NOT_VFIO = ("vfio_check", "host.pci.not_vfio", "0000:19:00.1 is bound to mlx5_core, not vfio-pci")
 
 
-def fleet(*, nodes: int = 3, allocations: int = 1, baremetal_nodes: int = 0, baremetal_allocations: int = 0,
-          **settings: Any) -> DesiredState:
-    state = synthetic.fleet(nodes=nodes, allocations=allocations, baremetal_nodes=baremetal_nodes,
-                            baremetal_allocations=baremetal_allocations)
+def fleet(
+    *, nodes: int = 3, allocations: int = 1, baremetal_nodes: int = 0, baremetal_allocations: int = 0, **settings: Any
+) -> DesiredState:
+    state = synthetic.fleet(
+        nodes=nodes,
+        allocations=allocations,
+        baremetal_nodes=baremetal_nodes,
+        baremetal_allocations=baremetal_allocations,
+    )
     if settings and state.fleet is not None:
         state.fleet = state.fleet.model_copy(update=settings)
     return state
@@ -43,25 +48,53 @@ def where(conn: Connection, allocation_id: str) -> tuple[str | None, tuple[int, 
         "SELECT n.name, c.slot_index FROM allocation_resource_claims c JOIN nodes n ON n.id = c.node_id"
         " WHERE c.allocation_id = %s AND c.status IN ('reserved', 'provisioning', 'active')"
         " AND NOT EXISTS (SELECT 1 FROM retired_claims r WHERE r.claim_id = c.id)"
-        " ORDER BY c.slot_index", (allocation_id,)).fetchall()
+        " ORDER BY c.slot_index",
+        (allocation_id,),
+    ).fetchall()
     nodes = {str(r[0]) for r in rows}
     assert len(nodes) <= 1
     return (nodes.pop() if nodes else None), tuple(int(r[1]) for r in rows if r[1] is not None)
 
 
 def report_vm_failure(  # noqa: PLR0917  # the fields of one host error, in the order the host reports them
-        conn: Connection, node: str, slots: tuple[int, ...], allocation_id: str, phase: str,
-        code: str, message: str, *, state: str = "failed") -> None:
+    conn: Connection,
+    node: str,
+    slots: tuple[int, ...],
+    allocation_id: str,
+    phase: str,
+    code: str,
+    message: str,
+    *,
+    state: str = "failed",
+) -> None:
     """What the host reconciler writes after a PermanentError in a provision phase (or a readiness timeout)."""
-    error = {"allocation_id": allocation_id, "step": phase, "code": code, "message": message,
-             "retry": state != "failed", "slot_indexes": list(slots)}
-    details = {"vms": [{"allocation_id": allocation_id, "name": f"gpuaas-{allocation_id}", "state": state,
-                        "phase": phase, "phase_timings": {}, "error": error, "hard_stopped": False}]}
+    error = {
+        "allocation_id": allocation_id,
+        "step": phase,
+        "code": code,
+        "message": message,
+        "retry": state != "failed",
+        "slot_indexes": list(slots),
+    }
+    details = {
+        "vms": [
+            {
+                "allocation_id": allocation_id,
+                "name": f"gpuaas-{allocation_id}",
+                "state": state,
+                "phase": phase,
+                "phase_timings": {},
+                "error": error,
+                "hard_stopped": False,
+            }
+        ]
+    }
     conn.execute(
         "INSERT INTO host_status (node_name, observed_generation, reported_at, healthy, details, errors)"
         " VALUES (%s, 1, now(), true, %s, %s) ON CONFLICT (node_name) DO UPDATE SET reported_at = now(),"
         " details = EXCLUDED.details, errors = EXCLUDED.errors",
-        (node, Jsonb(details), Jsonb([{k: v for k, v in error.items() if k != "slot_indexes"}])))
+        (node, Jsonb(details), Jsonb([{k: v for k, v in error.items() if k != "slot_indexes"}])),
+    )
     for s in slots:
         util.report_vm(conn, node, s, allocation_id, "failed" if state == "failed" else "provisioning")
 
@@ -80,7 +113,8 @@ def three(conn: Connection) -> tuple[DesiredState, str]:
 
 
 def test_permanent_failure_quarantines_releases_and_places_again_elsewhere(
-        conn: Connection, three: tuple[DesiredState, str]) -> None:
+    conn: Connection, three: tuple[DesiredState, str]
+) -> None:
     state, aid = three
     first, slots = where(conn, aid)
     assert first is not None and cycle(conn, aid)["state"] == "reserved"
@@ -89,27 +123,39 @@ def test_permanent_failure_quarantines_releases_and_places_again_elsewhere(
     result = reconciling.reconcile(conn, state)
 
     assert [(r.outcome, r.node, r.attempt, r.code) for r in result.rescheduled] == [
-        ("rescheduled", first, 1, "host.pci.not_vfio")]
+        ("rescheduled", first, 1, "host.pci.not_vfio")
+    ]
     second, new_slots = where(conn, aid)
     assert second is not None and second != first
     # the failed attempt's claims release through cleanup; its slot carries the evidence
-    assert util.count(conn, "SELECT count(*) FROM allocation_resource_claims c JOIN retired_claims r"
-                            " ON r.claim_id = c.id WHERE c.status = 'releasing'") == len(slots)
+    assert util.count(
+        conn,
+        "SELECT count(*) FROM allocation_resource_claims c JOIN retired_claims r"
+        " ON r.claim_id = c.id WHERE c.status = 'releasing'",
+    ) == len(slots)
     assert util.slot_status(conn, first, slots[0]) == "cleanup"
-    evidence = conn.execute("SELECT s.quarantine FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id"
-                            " WHERE n.name = %s AND s.slot_index = %s", (first, slots[0])).fetchone()
+    evidence = conn.execute(
+        "SELECT s.quarantine FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id"
+        " WHERE n.name = %s AND s.slot_index = %s",
+        (first, slots[0]),
+    ).fetchone()
     assert evidence is not None and evidence[0]["code"] == "host.pci.not_vfio"
     assert evidence[0]["phase"] == "vfio_check" and evidence[0]["attempt"] == 1
     c = cycle(conn, aid)
     assert (c["state"], c["node"], c["failed_attempts"], c["failed_nodes"]) == ("reserved", second, 1, [first])
     assert [(t["attempt"], t["node"], t["outcome"], t["quarantined"]) for t in c["attempts"]] == [
-        (1, first, "rescheduled", True)]
+        (1, first, "rescheduled", True)
+    ]
     # the failed node's host is told to release, the new node's to provision
     old_plan, new_plan = hostplans.read(conn, first), hostplans.read(conn, second)
     assert old_plan is not None and [v.allocation_id for v in old_plan.releases] == [aid]
     assert new_plan is not None and [v.allocation_id for v in new_plan.vms] == [aid]
-    assert util.count(conn, "SELECT count(*) FROM outbox WHERE aggregate_id = %s"
-                            " AND event_type = 'provisioning.failed'", aid) == 1
+    assert (
+        util.count(
+            conn, "SELECT count(*) FROM outbox WHERE aggregate_id = %s AND event_type = 'provisioning.failed'", aid
+        )
+        == 1
+    )
     assert checks.run(conn) == []
     counts = lifecycle.summary(conn)
     assert counts["slots_quarantined"] == len(slots) and counts["failed_attempts"] == {"rescheduled": 1}
@@ -129,19 +175,27 @@ def test_permanent_failure_quarantines_releases_and_places_again_elsewhere(
     assert lifecycle.clear_quarantine(conn, first, 99).outcome == "unknown"
 
 
-def test_the_new_placement_goes_through_the_whole_lifecycle(conn: Connection,
-                                                            three: tuple[DesiredState, str]) -> None:
+def test_the_new_placement_goes_through_the_whole_lifecycle(conn: Connection, three: tuple[DesiredState, str]) -> None:
     state, aid = three
     first, slots = where(conn, aid)
     assert first is not None
-    report_vm_failure(conn, first, slots, aid, "image_verify", "host.image.digest_mismatch",
-                      "sha256 of the cached image is 00ab..., the claim says 0000...01")
+    report_vm_failure(
+        conn,
+        first,
+        slots,
+        aid,
+        "image_verify",
+        "host.image.digest_mismatch",
+        "sha256 of the cached image is 00ab..., the claim says 0000...01",
+    )
     reconciling.reconcile(conn, state)
     second, new_slots = where(conn, aid)
     assert second is not None
     util.report_vm(conn, second, new_slots[0], aid, "provisioning")
-    conn.execute("INSERT INTO host_status (node_name, details) VALUES (%s, %s)", (second, Jsonb(
-        {"vms": [{"allocation_id": aid, "state": "provisioning", "phase": "disk_write"}]})))
+    conn.execute(
+        "INSERT INTO host_status (node_name, details) VALUES (%s, %s)",
+        (second, Jsonb({"vms": [{"allocation_id": aid, "state": "provisioning", "phase": "disk_write"}]})),
+    )
     reconciling.reconcile(conn, state)
     c = cycle(conn, aid)
     assert (c["state"], c["host_phase"]) == ("provisioning", "disk_write")
@@ -174,8 +228,9 @@ def test_max_attempts_then_failed_with_every_reason(conn: Connection) -> None:
     reconciling.reconcile(conn, state)
     second, slots2 = where(conn, aid)
     assert second is not None and second != first
-    report_vm_failure(conn, second, slots2, aid, "host_checks", "host.disk.mounted",
-                      "/dev/disk/by-id/nvme-x is mounted at /mnt")
+    report_vm_failure(
+        conn, second, slots2, aid, "host_checks", "host.disk.mounted", "/dev/disk/by-id/nvme-x is mounted at /mnt"
+    )
     result = reconciling.reconcile(conn, state)
     assert [r.outcome for r in result.rescheduled] == ["failed"]
     assert where(conn, aid) == (None, ())
@@ -193,7 +248,8 @@ def test_max_attempts_then_failed_with_every_reason(conn: Connection) -> None:
 
 
 def test_a_failure_that_does_not_depend_on_the_node_fails_at_once_without_quarantine(
-        conn: Connection, three: tuple[DesiredState, str]) -> None:
+    conn: Connection, three: tuple[DesiredState, str]
+) -> None:
     state, aid = three
     first, slots = where(conn, aid)
     assert first is not None
@@ -209,7 +265,8 @@ def test_a_failure_that_does_not_depend_on_the_node_fails_at_once_without_quaran
 
 
 def test_a_failed_allocation_the_tenant_releases_is_released_and_keeps_its_record(
-        conn: Connection, three: tuple[DesiredState, str]) -> None:
+    conn: Connection, three: tuple[DesiredState, str]
+) -> None:
     state, aid = three
     first, slots = where(conn, aid)
     assert first is not None
@@ -218,7 +275,8 @@ def test_a_failed_allocation_the_tenant_releases_is_released_and_keeps_its_recor
     assert util.allocation(conn, aid)["status"] == "failed"
     alloc = state.allocations[aid]
     released = dataclasses.replace(
-        state, allocations={aid: alloc.model_copy(update={"state": m.AllocationState.RELEASED})})
+        state, allocations={aid: alloc.model_copy(update={"state": m.AllocationState.RELEASED})}
+    )
     result = reconciling.reconcile(conn, released)
     assert aid in result.applied.cancelled
     a = util.allocation(conn, aid)
@@ -235,16 +293,26 @@ def test_a_failed_allocation_the_tenant_releases_is_released_and_keeps_its_recor
 
 
 def test_readiness_timeout_reschedules_but_a_temporary_error_does_not(
-        conn: Connection, three: tuple[DesiredState, str]) -> None:
+    conn: Connection, three: tuple[DesiredState, str]
+) -> None:
     state, aid = three
     first, slots = where(conn, aid)
     assert first is not None
-    report_vm_failure(conn, first, slots, aid, "readiness", "host.image.missing", "image not cached yet",
-                      state="provisioning")
+    report_vm_failure(
+        conn, first, slots, aid, "readiness", "host.image.missing", "image not cached yet", state="provisioning"
+    )
     assert reconciling.reconcile(conn, state).rescheduled == ()
     assert where(conn, aid)[0] == first
-    report_vm_failure(conn, first, slots, aid, "readiness", "host.readiness.port_timeout",
-                      "10.100.0.10:22 did not answer in 300 s", state="provisioning")
+    report_vm_failure(
+        conn,
+        first,
+        slots,
+        aid,
+        "readiness",
+        "host.readiness.port_timeout",
+        "10.100.0.10:22 did not answer in 300 s",
+        state="provisioning",
+    )
     result = reconciling.reconcile(conn, state)
     assert [(r.outcome, r.code) for r in result.rescheduled] == [("rescheduled", "host.readiness.port_timeout")]
     assert where(conn, aid)[0] not in (None, first)
@@ -256,9 +324,10 @@ def test_baremetal_lease_failure_goes_to_another_node_without_quarantine(conn: C
     (aid,) = state.allocations
     first, _ = where(conn, aid)
     assert first is not None
-    conn.execute("INSERT INTO host_status (node_name, lease_allocation_id, lease_state, errors) VALUES"
-                 " (%s, %s, 'failed', %s)", (first, aid, Jsonb([{"allocation_id": aid, "step": "reimage",
-                                                               "code": "host.disk.os_disk", "message": "no"}])))
+    conn.execute(
+        "INSERT INTO host_status (node_name, lease_allocation_id, lease_state, errors) VALUES (%s, %s, 'failed', %s)",
+        (first, aid, Jsonb([{"allocation_id": aid, "step": "reimage", "code": "host.disk.os_disk", "message": "no"}])),
+    )
     result = reconciling.reconcile(conn, state)
     assert [(r.outcome, r.code) for r in result.rescheduled] == [("rescheduled", "host.disk.os_disk")]
     second, _ = where(conn, aid)
@@ -268,15 +337,17 @@ def test_baremetal_lease_failure_goes_to_another_node_without_quarantine(conn: C
 
 
 def test_the_database_refuses_a_claim_on_a_node_where_the_allocation_failed(
-        conn: Connection, three: tuple[DesiredState, str]) -> None:
+    conn: Connection, three: tuple[DesiredState, str]
+) -> None:
     _, aid = three
     first, slots = where(conn, aid)
     assert first is not None
     report_vm_failure(conn, first, slots, aid, *NOT_VFIO)
     with conn.transaction():
         # only the reschedule step, no placement yet
-        (outcome,) = conn.execute("SELECT outcome FROM gpuaas_reschedule(%s, 3, %s)",
-                                  (aid, list(lifecycle.RESCHEDULE_PATTERNS))).fetchone() or ("",)
+        (outcome,) = conn.execute(
+            "SELECT outcome FROM gpuaas_reschedule(%s, 3, %s)", (aid, list(lifecycle.RESCHEDULE_PATTERNS))
+        ).fetchone() or ("",)
     assert outcome == "rescheduled"
     free = next(i for i in range(8) if i not in slots)
     with pytest.raises(dberrors.ConstraintRefused) as caught, dberrors.wrapped("claim on the failed node"):
@@ -286,8 +357,9 @@ def test_the_database_refuses_a_claim_on_a_node_where_the_allocation_failed(
     assert live.observe(conn).avoid == {aid: frozenset({first})}
 
 
-def test_a_commit_that_changes_the_slot_clears_the_quarantine(conn: Connection,
-                                                              three: tuple[DesiredState, str]) -> None:
+def test_a_commit_that_changes_the_slot_clears_the_quarantine(
+    conn: Connection, three: tuple[DesiredState, str]
+) -> None:
     state, aid = three
     first, slots = where(conn, aid)
     assert first is not None
@@ -298,24 +370,31 @@ def test_a_commit_that_changes_the_slot_clears_the_quarantine(conn: Connection,
     reconciling.reconcile(conn, state)
     assert util.slot_status(conn, first, slots[0]) == "quarantined"
     key = (first, slots[0])
-    conn.execute("UPDATE node_resource_slots s SET revision = 'r2' FROM nodes n"  # no change to the slot itself
-                 " WHERE n.id = s.node_id AND n.name = %s AND s.slot_index = %s", key)
+    conn.execute(
+        "UPDATE node_resource_slots s SET revision = 'r2' FROM nodes n"  # no change to the slot itself
+        " WHERE n.id = s.node_id AND n.name = %s AND s.slot_index = %s",
+        key,
+    )
     assert util.slot_status(conn, *key) == "quarantined"
-    conn.execute("UPDATE node_resource_slots s SET fabric_vf_pci_address = '0000:99:00.1' FROM nodes n"
-                 " WHERE n.id = s.node_id AND n.name = %s AND s.slot_index = %s", key)
+    conn.execute(
+        "UPDATE node_resource_slots s SET fabric_vf_pci_address = '0000:99:00.1' FROM nodes n"
+        " WHERE n.id = s.node_id AND n.name = %s AND s.slot_index = %s",
+        key,
+    )
     assert util.slot_status(conn, *key) == "available"
     assert checks.run(conn) == []
 
 
 # ------------------------------------------------------------------- liveness
 
+
 def age_report(conn: Connection, node: str, seconds: float) -> None:
-    conn.execute("UPDATE host_status SET reported_at = now() - make_interval(secs => %s) WHERE node_name = %s",
-                 (seconds, node))
+    conn.execute(
+        "UPDATE host_status SET reported_at = now() - make_interval(secs => %s) WHERE node_name = %s", (seconds, node)
+    )
 
 
-def test_a_silent_host_is_unavailable_after_the_ttl_and_back_at_its_next_report(conn: Connection,
-                                                                                db_url: str) -> None:
+def test_a_silent_host_is_unavailable_after_the_ttl_and_back_at_its_next_report(conn: Connection, db_url: str) -> None:
     state = fleet(nodes=2, allocations=1)
     reconciling.reconcile(conn, state)
     (aid,) = state.allocations
@@ -386,8 +465,9 @@ def test_time_for_a_silent_host_to_be_marked_unavailable(conn: Connection) -> No
     took = time.monotonic() - t0
     print(f"silent host marked unavailable after {took:.2f} s (TTL 5 s)")
     assert took >= 5.0  # never before the TTL; the upper bound is the loop's (load 10 on 2 cores)
-    silent = conn.execute("SELECT extract(epoch FROM now() - reported_at) FROM host_status"
-                          " WHERE node_name = 'node-00000'").fetchone()
+    silent = conn.execute(
+        "SELECT extract(epoch FROM now() - reported_at) FROM host_status WHERE node_name = 'node-00000'"
+    ).fetchone()
     assert silent is not None and 5.0 <= float(silent[0]) < 30.0  # in the database's own clock
 
 
@@ -402,25 +482,37 @@ def test_connections_of_host_roles_heartbeat_only_their_own_node(conn: Connectio
     assert lifecycle.liveness(conn)["node-00001"].liveness == "unknown"
 
 
-
 def test_an_unhealthy_host_says_why_in_status(conn: Connection, db_url: str) -> None:
     reconciling.reconcile(conn, fleet(nodes=2, allocations=0))
-    drift = [{"code": "drift.network.problem", "message": "bridge gpuaasbr0 is missing", "slot_index": None,
-              "subject": "gpuaasbr0"}]
-    conn.execute("INSERT INTO host_status (node_name, healthy, drift) VALUES ('node-00001', false, %s)",
-                 (Jsonb(drift),))
+    drift = [
+        {
+            "code": "drift.network.problem",
+            "message": "bridge gpuaasbr0 is missing",
+            "slot_index": None,
+            "subject": "gpuaasbr0",
+        }
+    ]
+    conn.execute(
+        "INSERT INTO host_status (node_name, healthy, drift) VALUES ('node-00001', false, %s)", (Jsonb(drift),)
+    )
     doc = status_command.collect(db_url)
     node = next(n for n in doc["nodes"] if n["name"] == "node-00001")
     assert node["healthy"] is False and node["unavailable"] is False
-    assert node["health_reasons"] == [{"code": "drift.network.problem", "message": "bridge gpuaasbr0 is missing",
-                                       "evidence": {"subject": "gpuaasbr0"}}]
+    assert node["health_reasons"] == [
+        {
+            "code": "drift.network.problem",
+            "message": "bridge gpuaasbr0 is missing",
+            "evidence": {"subject": "gpuaasbr0"},
+        }
+    ]
     text = status_command.render_text(doc)
     assert "UNHEALTHY\n      drift.network.problem: bridge gpuaasbr0 is missing" in text
     assert next(n for n in doc["nodes"] if n["name"] == "node-00000")["health_reasons"] == []
 
 
-def test_slot_clear_command(conn: Connection, db_url: str, three: tuple[DesiredState, str],
-                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_slot_clear_command(
+    conn: Connection, db_url: str, three: tuple[DesiredState, str], capsys: pytest.CaptureFixture[str]
+) -> None:
     from reconciler import cli
 
     state, aid = three

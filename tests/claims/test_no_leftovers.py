@@ -38,8 +38,15 @@ def state_dir(pg_server: embedded.Server) -> Iterator[Path]:
 def gpuaas(state: Path, *argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != connections.ENV_URL}
     env[connections.ENV_STATE_DIR] = str(state)
-    return subprocess.run([sys.executable, "-m", "reconciler.cli", *argv], cwd=cwd, env=env, check=False,
-                          capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        [sys.executable, "-m", "reconciler.cli", *argv],
+        cwd=cwd,
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 def _state(pid: int) -> list[str] | None:
@@ -55,12 +62,16 @@ def _alive(pid: int) -> bool:
 
 
 def _children(pid: int) -> list[int]:
-    return [int(p.name) for p in Path("/proc").iterdir()
-            if p.name.isdigit() and (f := _state(int(p.name))) is not None and int(f[2]) == pid]
+    return [
+        int(p.name)
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and (f := _state(int(p.name))) is not None and int(f[2]) == pid
+    ]
 
 
-@pytest.mark.parametrize("argv", [("status",), ("history",), ("history", "--allocation", "alloc-0001"),
-                                  ("drift",), ("usage",)], ids="-".join)
+@pytest.mark.parametrize(
+    "argv", [("status",), ("history",), ("history", "--allocation", "alloc-0001"), ("drift",), ("usage",)], ids="-".join
+)
 def test_a_read_only_command_starts_no_server_and_says_how(state_dir: Path, argv: tuple[str, ...]) -> None:
     done = gpuaas(state_dir, *argv)
     assert done.returncode == 1, done

@@ -25,8 +25,7 @@ BAREMETAL_IDS = [synthetic.allocation_id(24 + j) for j in range(4)]
 
 
 @pytest.mark.parametrize("order", ["baremetal-slice", "slice-baremetal", "interleaved"])
-def test_every_order_of_claim_kinds_places_on_one_connection(conn: Connection, fleet: DesiredState,
-                                                             order: str) -> None:
+def test_every_order_of_claim_kinds_places_on_one_connection(conn: Connection, fleet: DesiredState, order: str) -> None:
     slices = iter(SLICE_IDS)
     bare = iter(BAREMETAL_IDS)
     # Baremetal goes to the baremetal nodes and the spare slice nodes; slices share node-00000.

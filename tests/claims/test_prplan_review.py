@@ -15,7 +15,9 @@ from tests.claims.test_lifecycle import fleet, where
 
 
 def test_a_failed_allocation_whose_claims_still_release_is_not_called_undeclared(
-        failed: tuple[DesiredState, str, str], conn: Connection) -> None:  # noqa: F811  # the fixture
+    failed: tuple[DesiredState, str, str],  # noqa: F811  # the fixture
+    conn: Connection,
+) -> None:
     state, _, _ = failed
     pr = prplan.compose(state, state, live.observe(conn), offline=False)
     assert pr.orphaned == ()  # it is declared; its failed attempt's claims are labelled `ID@attempt-1`

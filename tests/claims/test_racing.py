@@ -41,23 +41,33 @@ def test_four_processes_racing_for_the_last_free_slots(db_url: str, conn: Connec
     assert len(last) == 6
     plans = []
     for w in range(WORKERS):
-        mine = ids[10 + 6 * w: 16 + 6 * w]
+        mine = ids[10 + 6 * w : 16 + 6 * w]
         order = last[:]
         random.Random(w).shuffle(order)  # noqa: S311 - test randomness
         # Every racer aims at the same six slots, each with all of them as candidates.
         plans.append([synthetic.first_fit(state, free, [aid])[0] for aid in mine])
-        plans[-1] = [dataclasses.replace(p, node=order[k % 6][0], slot_indexes=(order[k % 6][1],),
-                                         alternatives=tuple(Candidate(n, (i,)) for n, i in order if
-                                                            (n, i) != order[k % 6]))
-                     for k, p in enumerate(plans[-1])]
+        plans[-1] = [
+            dataclasses.replace(
+                p,
+                node=order[k % 6][0],
+                slot_indexes=(order[k % 6][1],),
+                alternatives=tuple(Candidate(n, (i,)) for n, i in order if (n, i) != order[k % 6]),
+            )
+            for k, p in enumerate(plans[-1])
+        ]
     results = _run(db_url, plans)
     placed = [r for r in results if r[1]]
     assert len(placed) == 6, results
     assert len({(r[2], r[3]) for r in placed}) == 6  # six different slots
     assert sum(r[4] for r in results) > 0  # they did race
     assert checks.run(conn) == []
-    assert util.count(conn, "SELECT count(*) FROM allocations WHERE status = 'pending'"
-                      " AND pending_code = 'claim.conflict_exhausted'") == 18
+    assert (
+        util.count(
+            conn,
+            "SELECT count(*) FROM allocations WHERE status = 'pending' AND pending_code = 'claim.conflict_exhausted'",
+        )
+        == 18
+    )
 
 
 def test_baremetal_and_slices_racing_for_one_node(db_url: str, conn: Connection) -> None:

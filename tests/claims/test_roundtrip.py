@@ -24,10 +24,18 @@ def test_every_allocation_field_survives_sync_and_rebuild(conn: Connection) -> N
     first = next(iter(sorted(state.allocations)))
     a = state.allocations[first]
     # Every optional field set to a non-default value, so a dropped column cannot hide behind a default.
-    state.allocations[first] = a.model_copy(update={"lease_hours": 36.5, "state": m.AllocationState.RELEASED,
-                                                    "requested_at": dt.datetime(2026, 11, 2, 8, 0, tzinfo=dt.UTC)})
-    unset = [name for name, f in m.Allocation.model_fields.items()
-             if getattr(state.allocations[first], name) == f.default and name not in ("vm_profile", "image")]
+    state.allocations[first] = a.model_copy(
+        update={
+            "lease_hours": 36.5,
+            "state": m.AllocationState.RELEASED,
+            "requested_at": dt.datetime(2026, 11, 2, 8, 0, tzinfo=dt.UTC),
+        }
+    )
+    unset = [
+        name
+        for name, f in m.Allocation.model_fields.items()
+        if getattr(state.allocations[first], name) == f.default and name not in ("vm_profile", "image")
+    ]
     assert unset == [], f"set these in the test so the guard covers them: {unset}"
     inventory.sync(conn, state)
     rebuilt = views.desired_state(conn)
@@ -39,12 +47,23 @@ def test_every_allocation_field_survives_sync_and_rebuild(conn: Connection) -> N
 def test_every_image_field_survives_sync_and_rebuild(conn: Connection) -> None:
     state = sources.load(EXAMPLES).state
     slug = next(iter(sorted(state.images)))
-    state.images[slug] = state.images[slug].model_copy(update={
-        "active": False, "inactive_since": dt.datetime(2026, 11, 1, tzinfo=dt.UTC), "cache_pinned": True})
-    unset = [name for name, f in m.Image.model_fields.items()
-             if getattr(state.images[slug], name) == f.default
-             and name not in ("accelerator_model", "size_bytes", "compatible_skus", "network_fabric",
-                              "cloud_init_supported", "guest_agent_supported")]
+    state.images[slug] = state.images[slug].model_copy(
+        update={"active": False, "inactive_since": dt.datetime(2026, 11, 1, tzinfo=dt.UTC), "cache_pinned": True}
+    )
+    unset = [
+        name
+        for name, f in m.Image.model_fields.items()
+        if getattr(state.images[slug], name) == f.default
+        and name
+        not in (
+            "accelerator_model",
+            "size_bytes",
+            "compatible_skus",
+            "network_fabric",
+            "cloud_init_supported",
+            "guest_agent_supported",
+        )
+    ]
     assert unset == [], f"set these in the test so the guard covers them: {unset}"
     inventory.sync(conn, state)
     rebuilt = views.desired_state(conn)

@@ -27,23 +27,36 @@ from tests.test_snapshots import OLD_ROW
 
 NODE = "node-00000"
 # Every field away from its default, so a key the SQL dropped would show.
-PROFILE = Profile("bench_1g_24c_64g", 1, 24, 65536, hugepages_enabled=True, hugepage_size="1G", derived=True,
-                  readiness_timeout_s=600)
+PROFILE = Profile(
+    "bench_1g_24c_64g", 1, 24, 65536, hugepages_enabled=True, hugepage_size="1G", derived=True, readiness_timeout_s=600
+)
 PLACE = "SELECT outcome FROM gpuaas_place(%s, %s, %s, 'slot', %s::jsonb, 'bench-ubuntu-24.04', 'rev1')"
 # `profile -> 'key'` / `profile ->> 'key'` in any migration (p_profile, c.profile, snapshot -> 'profile' -> ...).
 _SQL_READ = re.compile(r"profile'?\s*->>?\s*'(\w+)'")
 
 
 def _placement(alloc: str, slot: int) -> Placement:
-    return Placement(allocation_id=alloc, tenant="t", sku="bench-h200-slice", capacity_shape="gpu_slice",
-                     gpu_count=1, region="bench-1", node=NODE, slot_indexes=(slot,), profile=PROFILE,
-                     image="bench-ubuntu-24.04")
+    return Placement(
+        allocation_id=alloc,
+        tenant="t",
+        sku="bench-h200-slice",
+        capacity_shape="gpu_slice",
+        gpu_count=1,
+        region="bench-1",
+        node=NODE,
+        slot_indexes=(slot,),
+        profile=PROFILE,
+        image="bench-ubuntu-24.04",
+    )
 
 
 def _stored(conn: Connection, alloc: str) -> tuple[Any, Any]:
-    row = conn.execute("SELECT c.resource_snapshot -> 'profile', a.placement ->> 'profile'"
-                       " FROM allocation_resource_claims c JOIN allocations a ON a.id = c.allocation_id"
-                       " WHERE c.allocation_id = %s", (alloc,)).fetchone()
+    row = conn.execute(
+        "SELECT c.resource_snapshot -> 'profile', a.placement ->> 'profile'"
+        " FROM allocation_resource_claims c JOIN allocations a ON a.id = c.allocation_id"
+        " WHERE c.allocation_id = %s",
+        (alloc,),
+    ).fetchone()
     assert row is not None
     return row[0], row[1]
 
@@ -56,7 +69,8 @@ def _vm(conn: Connection, alloc: str) -> Any:
 
 @pytest.mark.parametrize("path", ["batch", "one_call"])
 def test_apply_stores_the_codec_json_that_sql_keeps_and_the_host_plan_decodes(
-        conn: Connection, fleet: DesiredState, path: str) -> None:
+    conn: Connection, fleet: DesiredState, path: str
+) -> None:
     # place() sends gpuaas_place_batch; a fault hook makes it call gpuaas_place itself.
     fault = (lambda point: None) if path == "one_call" else None
     assert claims.place(conn, _placement("alloc-0000000", 3), fault=fault).placed
@@ -84,14 +98,18 @@ def test_a_row_written_before_the_codec_still_makes_the_same_vm(conn: Connection
     assert (vm.vcpu_count, vm.memory_mib, vm.hugepages, vm.hugepage_size) == (48, 131072, True, "1G")
 
 
-@pytest.mark.parametrize(("profile", "code"), [
-    ('{"name": "p", "gpu_count": 1, "vcpu_count": 24, "memory_mib": 65536}', snapshots.MISSING_KEY),
-    (OLD_ROW[:-1] + ', "cpu_model": "host"}', snapshots.UNKNOWN_KEY),
-    (OLD_ROW.replace('"vcpu_count": 48', '"vcpu_count": "48"'), snapshots.BAD_VALUE),
-    (None, snapshots.NO_PROFILE),
-])
+@pytest.mark.parametrize(
+    ("profile", "code"),
+    [
+        ('{"name": "p", "gpu_count": 1, "vcpu_count": 24, "memory_mib": 65536}', snapshots.MISSING_KEY),
+        (OLD_ROW[:-1] + ', "cpu_model": "host"}', snapshots.UNKNOWN_KEY),
+        (OLD_ROW.replace('"vcpu_count": 48', '"vcpu_count": "48"'), snapshots.BAD_VALUE),
+        (None, snapshots.NO_PROFILE),
+    ],
+)
 def test_a_corrupt_snapshot_profile_stops_the_host_plan_with_its_code(
-        conn: Connection, fleet: DesiredState, profile: str | None, code: str) -> None:
+    conn: Connection, fleet: DesiredState, profile: str | None, code: str
+) -> None:
     # The SQL takes any object: the codec, not the database, refuses it, before a VM gets guessed sizes.
     row = conn.execute(PLACE, ("alloc-0000002", NODE, [5], profile)).fetchone()
     assert row is not None and row[0] == "placed"

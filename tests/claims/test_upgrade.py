@@ -33,15 +33,19 @@ def test_0006_upgrades_a_store_with_live_claims(empty_db_url: str, monkeypatch: 
         assert claims.release(conn, Release("alloc-0000002", "node-00000", (2,))).outcome == "releasing"
         cleanup.free_cleaned(conn)
         conn.execute("SELECT gpuaas_absorb_vm_states()")
-        conn.execute("UPDATE allocation_resource_claims SET status = 'provisioning' WHERE allocation_id = %s",
-                     ("alloc-0000000",))
+        conn.execute(
+            "UPDATE allocation_resource_claims SET status = 'provisioning' WHERE allocation_id = %s", ("alloc-0000000",)
+        )
 
         assert migrations.migrate(conn) == ["0006", "0011", *later]
         assert checks.run(conn) == []
         assert util.slot_status(conn, "node-00000", 2) == "cleanup"
-        kinds = dict(conn.execute(
-            "SELECT column_name, domain_name FROM information_schema.columns"
-            " WHERE table_name = 'allocation_resource_claims' AND domain_name IS NOT NULL").fetchall())
+        kinds = dict(
+            conn.execute(
+                "SELECT column_name, domain_name FROM information_schema.columns"
+                " WHERE table_name = 'allocation_resource_claims' AND domain_name IS NOT NULL"
+            ).fetchall()
+        )
         assert kinds == {"claim_kind": "gpuaas_claim_kind", "status": "gpuaas_claim_status"}
         # The guards still refuse, the usage views still answer, and placing goes on where it was.
         with pytest.raises(psycopg.errors.CheckViolation) as refused:
@@ -49,8 +53,9 @@ def test_0006_upgrades_a_store_with_live_claims(empty_db_url: str, monkeypatch: 
         assert refused.value.diag.constraint_name == "claims_slot_claimable"
         r = claims.place(conn, slice_placement("alloc-0000003", "node-00000", (3,)))
         assert r.placed and util.slot_status(conn, "node-00000", 3) == "reserved"
-        conn.execute("UPDATE allocation_resource_claims SET status = 'active' WHERE allocation_id = %s",
-                     ("alloc-0000000",))
+        conn.execute(
+            "UPDATE allocation_resource_claims SET status = 'active' WHERE allocation_id = %s", ("alloc-0000000",)
+        )
         assert util.count(conn, "SELECT count(*) FROM allocation_usage WHERE allocation_id = 'alloc-0000000'") == 1
         assert claims.release(conn, Release("alloc-0000001", "node-00000", (1,))).outcome == "releasing"
         util.report_wipe(conn, "node-00000", 2, "alloc-0000002")
@@ -58,4 +63,3 @@ def test_0006_upgrades_a_store_with_live_claims(empty_db_url: str, monkeypatch: 
         assert util.slot_status(conn, "node-00000", 2) == "available", freed
         conn.execute("SELECT gpuaas_absorb_vm_states()")
         assert checks.run(conn) == []
-

@@ -38,13 +38,17 @@ def repo(tmp_path: Path) -> Path:
 
 def _picture(result: loading.LoadResult) -> tuple[list[str], list[str]]:
     s = result.state
-    models = [obj.model_dump_json() for table in (s.skus, s.images, s.nodes, s.slot_maps, s.allocations)
-              for obj in table.values()]
+    models = [
+        obj.model_dump_json()
+        for table in (s.skus, s.images, s.nodes, s.slot_maps, s.allocations)
+        for obj in table.values()
+    ]
     return [p.render() for p in result.problems], models
 
 
-def _load(root: Path, cache_dir: Path,
-          notes: list[str] | None = None) -> tuple[loading.LoadResult, blobstore.DiskStore]:
+def _load(
+    root: Path, cache_dir: Path, notes: list[str] | None = None
+) -> tuple[loading.LoadResult, blobstore.DiskStore]:
     store = blobstore.open_store(cache_dir, note=(notes.append if notes is not None else None))
     assert store is not None
     result = sources.load(root, "HEAD", cache=loading.BlobCache(store))
@@ -55,8 +59,10 @@ def _load(root: Path, cache_dir: Path,
 def _rows(cache_dir: Path) -> list[tuple[str, str, bytes, bytes]]:
     """(version, blob, mac, payload of its pack) of every indexed blob."""
     with sqlite3.connect(cache_dir / blobstore.DB_NAME) as db:
-        return db.execute("SELECT e.version, e.blob, p.mac, p.payload FROM pack_entries e"
-                          " JOIN packs p ON p.id = e.pack ORDER BY e.blob").fetchall()
+        return db.execute(
+            "SELECT e.version, e.blob, p.mac, p.payload FROM pack_entries e"
+            " JOIN packs p ON p.id = e.pack ORDER BY e.blob"
+        ).fetchall()
 
 
 def _packs(cache_dir: Path) -> list[tuple[str, bytes, bytes]]:
@@ -82,8 +88,11 @@ def test_a_second_run_reads_every_blob_from_the_cache_and_gives_the_same_result(
 
 def test_cache_files_are_private(repo: Path, tmp_path: Path) -> None:
     _load(repo, tmp_path / "cache")
-    for path, mode in ((tmp_path / "cache", 0o700), (tmp_path / "cache" / blobstore.DB_NAME, 0o600),
-                       (tmp_path / "cache" / blobstore.KEY_NAME, 0o600)):
+    for path, mode in (
+        (tmp_path / "cache", 0o700),
+        (tmp_path / "cache" / blobstore.DB_NAME, 0o600),
+        (tmp_path / "cache" / blobstore.KEY_NAME, 0o600),
+    ):
         assert stat.S_IMODE(os.lstat(path).st_mode) == mode, path
 
 
@@ -93,7 +102,7 @@ def test_a_damaged_pack_is_parsed_again_and_replaced(repo: Path, tmp_path: Path)
     _load(repo, cache)
     rows, packs = _rows(cache), _packs(cache)
     assert len(packs) == 1 and len(rows) == cold.state.file_count
-    (_version, _mac, payload), = packs
+    ((_version, _mac, payload),) = packs
     _rewrite(cache, payload=payload[:-3] + b"xyz")
     again, store = _load(repo, cache)
     assert (store.rejected, store.written) == (len(rows), len(rows))
@@ -152,7 +161,8 @@ def test_bytes_that_are_not_the_blob_are_never_stored(repo: Path, tmp_path: Path
 
 
 def test_entries_of_another_reader_version_are_never_read_and_are_dropped(
-        repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cache = tmp_path / "cache"
     monkeypatch.setattr(blobstore, "reader_version", lambda: "an-older-reader")
     _load(repo, cache)
@@ -198,7 +208,8 @@ def test_an_unsafe_cache_is_not_used(repo: Path, tmp_path: Path, damage: str) ->
 
 
 def test_validate_and_plan_on_a_revision_use_the_cache_and_print_the_same(
-        repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     state = tmp_path / "state"
     r = git.Repo(repo)
     (repo / "allocations" / "alloc-0001.yaml").unlink()
@@ -207,15 +218,31 @@ def test_validate_and_plan_on_a_revision_use_the_cache_and_print_the_same(
     outputs = []
     for extra in (["--no-cache"], [], []):
         assert cli.main(["validate", str(repo), "--rev", "HEAD", "-o", "json", "--state-dir", str(state), *extra]) == 0
-        assert cli.main(["plan", str(repo), "--offline", "--base", "HEAD~1", "--head", "HEAD", "-o", "json",
-                         "--state-dir", str(state), *extra]) == 0
+        assert (
+            cli.main(
+                [
+                    "plan",
+                    str(repo),
+                    "--offline",
+                    "--base",
+                    "HEAD~1",
+                    "--head",
+                    "HEAD",
+                    "-o",
+                    "json",
+                    "--state-dir",
+                    str(state),
+                    *extra,
+                ]
+            )
+            == 0
+        )
         outputs.append(capsys.readouterr().out)
     assert outputs[0] == outputs[1] == outputs[2]
     assert json.loads(outputs[0].split("\n}\n", 1)[0] + "\n}")["valid"] is True
     assert (state / "cache" / blobstore.DB_NAME).exists()
     # One entry per distinct blob of base and head, all written by the first cached run.
-    assert len(_rows(state / "cache")) == len({ref.key for rev in ("HEAD", "HEAD~1")
-                                               for ref in _refs(repo, rev)})
+    assert len(_rows(state / "cache")) == len({ref.key for rev in ("HEAD", "HEAD~1") for ref in _refs(repo, rev)})
 
 
 def _refs(root: Path, rev: str) -> list[loading.FileRef]:

@@ -81,7 +81,7 @@ def test_a_model_holding_a_timestamp_comes_back_with_its_timezone(tmp_path: Path
 def test_a_document_typing_refused_keeps_its_problems_and_no_model(tmp_path: Path) -> None:
     data = b"apiVersion: gpuaas.io/v1alpha1\nkind: Node\nname: n1\nbogus: 1\n"
     blob, entry = _typed("nodes/n1.yaml", data)
-    (_index, _line, model, found), = entry.docs
+    ((_index, _line, model, found),) = entry.docs
     assert model is None and "desired.field.unknown" in [code for code, *_ in found]
     _store(tmp_path).put_many([(blob, entry)])
     assert _store(tmp_path).get_many([blob])[blob] == entry
@@ -141,23 +141,28 @@ def _pack(*items: object) -> bytes:
     return _p((blobstore.FORMAT, items))
 
 
-@pytest.mark.parametrize("payload", [
-    _pack((BLOB, DATA, (), [])),  # docs a list, not a tuple
-    _p((blobstore.FORMAT - 1, ((BLOB, DATA, (), ()),))),  # another format
-    _p((blobstore.FORMAT, [(BLOB, DATA, (), ())])),  # files a list, not a tuple
-    _pack((_blob_id(b"b: 2\n"), DATA, (), ())),  # names another blob only
-    _pack((BLOB, DATA, (("c", "m", 1, True),), ())),  # a bool column
-    _pack((BLOB, DATA, (), ((0, 1, None, (), "extra"),))),
-    _pack((BLOB, DATA, (), ((0, 1, {"a": 1}, ()),))),  # a plain value where a model goes
-    # A model of desired.models that is not a document kind:
-    _pack((BLOB, DATA, (), ((0, 1, m.Region(name="r", pools=(m.Pool(name="p"),)), ()),))),
-    _pack((BLOB, DATA, (), ((0, 1, None, (("c", "m", 1),)),))),  # a short problem
-    _pack((BLOB, DATA, ()), ),  # a file without its documents
-    _pack((BLOB, DATA, (), ()), "not a file"),  # one good file, one odd: the whole pack is a miss
-    b"p\xff not pickle",
-    b"z" + pickle.dumps((blobstore.FORMAT, ((BLOB, DATA, (), ()),))),  # an encoding we never write
-    b"",
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        _pack((BLOB, DATA, (), [])),  # docs a list, not a tuple
+        _p((blobstore.FORMAT - 1, ((BLOB, DATA, (), ()),))),  # another format
+        _p((blobstore.FORMAT, [(BLOB, DATA, (), ())])),  # files a list, not a tuple
+        _pack((_blob_id(b"b: 2\n"), DATA, (), ())),  # names another blob only
+        _pack((BLOB, DATA, (("c", "m", 1, True),), ())),  # a bool column
+        _pack((BLOB, DATA, (), ((0, 1, None, (), "extra"),))),
+        _pack((BLOB, DATA, (), ((0, 1, {"a": 1}, ()),))),  # a plain value where a model goes
+        # A model of desired.models that is not a document kind:
+        _pack((BLOB, DATA, (), ((0, 1, m.Region(name="r", pools=(m.Pool(name="p"),)), ()),))),
+        _pack((BLOB, DATA, (), ((0, 1, None, (("c", "m", 1),)),))),  # a short problem
+        _pack(
+            (BLOB, DATA, ()),
+        ),  # a file without its documents
+        _pack((BLOB, DATA, (), ()), "not a file"),  # one good file, one odd: the whole pack is a miss
+        b"p\xff not pickle",
+        b"z" + pickle.dumps((blobstore.FORMAT, ((BLOB, DATA, (), ()),))),  # an encoding we never write
+        b"",
+    ],
+)
 def test_an_odd_payload_is_a_miss_even_with_a_valid_mac(tmp_path: Path, payload: bytes) -> None:
     """Defence in depth: a payload that passes the HMAC must still decode to what `encoded` writes."""
     store = _store(tmp_path)
@@ -173,11 +178,15 @@ def test_an_odd_payload_is_a_miss_even_with_a_valid_mac(tmp_path: Path, payload:
 def test_format_1_and_3_tables_are_dropped_on_the_next_write(tmp_path: Path) -> None:
     store = _store(tmp_path)
     with sqlite3.connect(tmp_path / blobstore.DB_NAME) as db:
-        db.execute("CREATE TABLE blobs (version TEXT NOT NULL, blob TEXT NOT NULL, mac BLOB NOT NULL,"
-                   " payload BLOB NOT NULL, stamp INTEGER NOT NULL, PRIMARY KEY (version, blob)) WITHOUT ROWID")
+        db.execute(
+            "CREATE TABLE blobs (version TEXT NOT NULL, blob TEXT NOT NULL, mac BLOB NOT NULL,"
+            " payload BLOB NOT NULL, stamp INTEGER NOT NULL, PRIMARY KEY (version, blob)) WITHOUT ROWID"
+        )
         db.execute("INSERT INTO blobs VALUES ('old', 'b', x'00', x'00', 0)")
-        db.execute("CREATE TABLE entries (version TEXT NOT NULL, blob TEXT NOT NULL, mac BLOB NOT NULL,"
-                   " payload BLOB NOT NULL, stamp INTEGER NOT NULL, PRIMARY KEY (version, blob))")
+        db.execute(
+            "CREATE TABLE entries (version TEXT NOT NULL, blob TEXT NOT NULL, mac BLOB NOT NULL,"
+            " payload BLOB NOT NULL, stamp INTEGER NOT NULL, PRIMARY KEY (version, blob))"
+        )
     blob, entry = _entry(b"a: 1\n", ((0, 1, None, ()),))
     store.put_many([(blob, entry)])
     with sqlite3.connect(tmp_path / blobstore.DB_NAME) as db:

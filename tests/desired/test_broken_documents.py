@@ -110,10 +110,16 @@ def test_private_ip_parsing(ip: str, ok: bool) -> None:
     from desired import models as m
 
     fields = {
-        "slot_index": 0, "gpu_pci_address": "0000:1b:00.0", "gpu_model": "h200", "numa_node": 0,
-        "slot_group": "numa0", "nvme_device": "/dev/disk/by-id/nvme-a", "network_fabric": "infiniband",
-        "mac_address": "52:54:00:00:00:01", "private_ip": ip,
-    }  # fmt: skip
+        "slot_index": 0,
+        "gpu_pci_address": "0000:1b:00.0",
+        "gpu_model": "h200",
+        "numa_node": 0,
+        "slot_group": "numa0",
+        "nvme_device": "/dev/disk/by-id/nvme-a",
+        "network_fabric": "infiniband",
+        "mac_address": "52:54:00:00:00:01",
+        "private_ip": ip,
+    }
     if ok:
         assert m.Slot.model_validate(fields).private_ip == ip
     else:

@@ -27,7 +27,9 @@ def _slot_map(node: str, wipe: str = "wipefs-blkdiscard-verify") -> bytes:
   capacity_metadata:
     storage_ownership: slice
     destructive_wipe_policy: {wipe}
-""" for i in range(2))
+"""
+        for i in range(2)
+    )
     return f"apiVersion: gpuaas.io/v1alpha1\nkind: SlotMap\nnode: {node}\nslots:{slots}".encode()
 
 

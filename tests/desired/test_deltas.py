@@ -23,13 +23,19 @@ from desired import gitrepo, loading
 from policies import validating, validation
 from tests.desired.test_incremental_validation import EXAMPLE, _edit, _rendered
 
-_GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
-            "GIT_COMMITTER_EMAIL": "t@example.invalid", "PATH": "/usr/bin:/bin"}
+_GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.invalid",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.invalid",
+    "PATH": "/usr/bin:/bin",
+}
 
 
 def _git(root: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True,
-                          env=_GIT_ENV).stdout.strip()
+    return subprocess.run(
+        ["git", *args], cwd=root, check=True, capture_output=True, text=True, env=_GIT_ENV
+    ).stdout.strip()
 
 
 @pytest.fixture
@@ -73,7 +79,8 @@ def _move_things(rng: random.Random, root: Path) -> None:
 def _shape(result: loading.LoadResult) -> dict[str, Any]:
     s = result.state
     return {
-        "fleet": s.fleet, "file_count": s.file_count,
+        "fleet": s.fleet,
+        "file_count": s.file_count,
         **{attr: list(getattr(s, attr).items()) for attr in ("skus", "images", "nodes", "slot_maps", "allocations")},
         "sources": sorted((k, v.file, v.line, v.doc.index) for k, v in s.sources.items()),
         "problems": _rendered(result),
@@ -112,8 +119,9 @@ def test_a_revision_that_does_not_descend_from_the_kept_one_is_read_whole(repo: 
     cache = loading.BlobCache()
     gitrepo.read_revision(repo, "HEAD", cache=cache)
     first = _git(repo, "rev-parse", "HEAD")
-    (repo / "nodes" / "extra.yaml").write_text((next((repo / "nodes").glob("*.yaml"))).read_text()
-                                               .replace("name: ", "name: x", 1))
+    (repo / "nodes" / "extra.yaml").write_text(
+        (next((repo / "nodes").glob("*.yaml"))).read_text().replace("name: ", "name: x", 1)
+    )
     _commit(repo)
     ahead = gitrepo.read_revision(repo, "HEAD", cache=cache)
     assert ahead.state.delta is not None and cache.last_full == ""
@@ -147,9 +155,12 @@ def test_validation_of_a_clean_delta_checks_only_the_changed_node_and_its_slot_m
     cache, memo = loading.BlobCache(), validating.Memo()
     first = memo.validate(gitrepo.read_revision(repo, "HEAD", cache=cache))
     assert first.problems and not first.errors
-    node = next(n for n in sorted((repo / "nodes").glob("*.yaml"))
-                if (repo / "slotmaps" / n.name).exists()
-                and not any(x.file in (f"nodes/{n.name}", f"slotmaps/{n.name}") for x in first.problems))
+    node = next(
+        n
+        for n in sorted((repo / "nodes").glob("*.yaml"))
+        if (repo / "slotmaps" / n.name).exists()
+        and not any(x.file in (f"nodes/{n.name}", f"slotmaps/{n.name}") for x in first.problems)
+    )
     node.write_text(node.read_text() + "\n")
     _commit(repo)
     warm = memo.validate(gitrepo.read_revision(repo, "HEAD", cache=cache))

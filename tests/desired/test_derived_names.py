@@ -40,4 +40,5 @@ def test_ids_whose_vm_name_fits_validate(length: int) -> None:
 def test_ids_whose_vm_name_would_exceed_a_dns_label_are_refused_naming_the_limit(length: int) -> None:
     assert _errors("r" * length) == [
         f"desired.field.value: field 'id': allocation id is {length} characters; at most 56: its VM name "
-        "gpuaas-<id> is a hostname, a DNS label of at most 63 characters"]
+        "gpuaas-<id> is a hostname, a DNS label of at most 63 characters"
+    ]

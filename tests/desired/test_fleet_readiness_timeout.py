@@ -18,28 +18,38 @@ from reconciler import reconciling
 from reconciler.bench import synthetic
 from reconciler.store import connections, hostplans
 
-BASE: dict[str, Any] = {"apiVersion": m.API_VERSION, "kind": "Fleet", "name": "f",
-                        "regions": [{"name": "r", "pools": [{"name": "p"}]}]}
+BASE: dict[str, Any] = {
+    "apiVersion": m.API_VERSION,
+    "kind": "Fleet",
+    "name": "f",
+    "regions": [{"name": "r", "pools": [{"name": "p"}]}],
+}
 
 
-@pytest.mark.parametrize(("given", "timeout"), [
-    ({}, 300),
-    ({"graceful_timeout_seconds": 30}, 30),
-    ({"graceful_timeout_seconds": 900}, 900),
-    ({"readiness_timeout_s": 120}, 120),  # deprecated name
-    ({"readiness_timeout_s": 120, "graceful_timeout_seconds": 120}, 120),
-])
+@pytest.mark.parametrize(
+    ("given", "timeout"),
+    [
+        ({}, 300),
+        ({"graceful_timeout_seconds": 30}, 30),
+        ({"graceful_timeout_seconds": 900}, 900),
+        ({"readiness_timeout_s": 120}, 120),  # deprecated name
+        ({"readiness_timeout_s": 120, "graceful_timeout_seconds": 120}, 120),
+    ],
+)
 def test_accepted(given: dict[str, Any], timeout: int) -> None:
     assert m.Fleet.model_validate({**BASE, **given}).graceful_timeout_seconds == timeout
 
 
-@pytest.mark.parametrize(("given", "says"), [
-    ({"graceful_timeout_seconds": 29}, "greater than or equal to 30"),
-    ({"graceful_timeout_seconds": 901}, "less than or equal to 900"),
-    ({"readiness_timeout_s": 5}, "greater than or equal to 30"),  # the old range (1-3600) is gone
-    ({"readiness_timeout_s": 3600}, "less than or equal to 900"),
-    ({"readiness_timeout_s": 120, "graceful_timeout_seconds": 60}, "disagree"),
-])
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ({"graceful_timeout_seconds": 29}, "greater than or equal to 30"),
+        ({"graceful_timeout_seconds": 901}, "less than or equal to 900"),
+        ({"readiness_timeout_s": 5}, "greater than or equal to 30"),  # the old range (1-3600) is gone
+        ({"readiness_timeout_s": 3600}, "less than or equal to 900"),
+        ({"readiness_timeout_s": 120, "graceful_timeout_seconds": 60}, "disagree"),
+    ],
+)
 def test_refused(given: dict[str, Any], says: str) -> None:
     with pytest.raises(ValidationError, match=says):
         m.Fleet.model_validate({**BASE, **given})

@@ -85,7 +85,8 @@ def _calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
 
 
 def test_a_revision_is_read_in_one_batch_with_the_same_result(
-        tree: Path, reads: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    tree: Path, reads: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls = _calls(monkeypatch)
     batched = gitrepo.read_revision(tree, "HEAD")
     assert reads == []  # not one blob read on its own
@@ -107,7 +108,8 @@ def test_batched_bytes_are_the_blobs_bytes(tree: Path, reads: list[str]) -> None
 
 
 def test_only_blobs_missing_from_the_cache_are_fetched(
-        tree: Path, reads: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    tree: Path, reads: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     cache = loading.BlobCache()
     gitrepo.read_revision(tree, "HEAD", cache=cache)
     gitrepo.release(cache)
@@ -124,7 +126,8 @@ def test_only_blobs_missing_from_the_cache_are_fetched(
 
 
 def test_a_read_by_delta_batches_its_changed_blobs(
-        tree: Path, reads: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    tree: Path, reads: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     cache = loading.BlobCache()
     try:
         gitrepo.read_revision(tree, "HEAD", cache=cache)
@@ -143,14 +146,15 @@ def test_a_read_by_delta_batches_its_changed_blobs(
 
 def test_few_blobs_are_read_one_by_one(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _calls(monkeypatch)
-    refs = gitrepo.revision_refs(tree, "HEAD")[:gitrepo.BATCH_MIN - 1]
+    refs = gitrepo.revision_refs(tree, "HEAD")[: gitrepo.BATCH_MIN - 1]
     files = loading._read_files(refs, list(range(len(refs))), None)
     assert calls == []  # the Repo's running cat-file read them
     assert [data for _, data in files] == [(tree / ref.name).read_bytes() for ref in refs]
 
 
 def test_an_oversized_blob_is_read_cut_off_and_refused_by_size(
-        tree: Path, reads: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    tree: Path, reads: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     big = tree / "allocations" / "big.yaml"
     big.write_bytes(b"# " + b"x" * (yamlio.MAX_FILE_BYTES + 10) + b"\n")
     _commit(tree, "big")
@@ -180,11 +184,11 @@ def _twisted(out: bytes, keys: list[str], sizes: dict[str, int]) -> Iterator[tup
     yield "truncated", out[:-1]
     yield "a byte too many", out + b"\n"
     yield "a wrong size", out.replace(first, f"{keys[0]} blob {sizes[keys[0]] - 1}\n".encode(), 1)
-    yield "missing", f"{keys[0]} missing\n".encode() + out[len(first) + sizes[keys[0]] + 1:]
+    yield "missing", f"{keys[0]} missing\n".encode() + out[len(first) + sizes[keys[0]] + 1 :]
     yield "another object", out.replace(keys[0].encode(), keys[1].encode(), 1)
     yield "not a blob", out.replace(first, f"{keys[0]} tree {sizes[keys[0]]}\n".encode(), 1)
     after = len(first) + sizes[keys[0]]
-    yield "no newline after a blob", out[:after] + b"X" + out[after + 1:]
+    yield "no newline after a blob", out[:after] + b"X" + out[after + 1 :]
     yield "nothing", b""
 
 
@@ -207,7 +211,8 @@ def test_unexpected_batch_output_gives_no_bytes(tree: Path) -> None:
 
 @pytest.mark.parametrize("output", [None, b"", b"garbage\n", b"\n"])
 def test_a_failed_or_odd_batch_falls_back_to_reading_each_blob(
-        tree: Path, reads: list[str], monkeypatch: pytest.MonkeyPatch, output: bytes | None) -> None:
+    tree: Path, reads: list[str], monkeypatch: pytest.MonkeyPatch, output: bytes | None
+) -> None:
     plain = gitrepo._cat_file
 
     def broken(repo: git.Repo, mode: str, keys: Sequence[str]) -> bytes | None:

@@ -40,7 +40,7 @@ def _replace(path: Path, rng: random.Random, pattern: str, new: str) -> None:
     hits = [m for m in re.finditer(pattern, text, re.MULTILINE)]
     if hits:
         m = rng.choice(hits)
-        path.write_text(text[:m.start()] + new + text[m.end():])
+        path.write_text(text[: m.start()] + new + text[m.end() :])
 
 
 def _steal_mac(rng: random.Random, root: Path) -> None:
@@ -71,8 +71,12 @@ def _edit(rng: random.Random, root: Path, pool: list[Path]) -> None:
     elif what == 4:
         _steal_mac(rng, root)
     elif what == 5:
-        _replace(target, rng, r"^(sku|baremetal_sku): \S+", rng.choice(["sku: h200-sxm-baremetal-8g", "sku: nope",
-                                                                           "baremetal_sku: h200-sxm-slice"]))
+        _replace(
+            target,
+            rng,
+            r"^(sku|baremetal_sku): \S+",
+            rng.choice(["sku: h200-sxm-baremetal-8g", "sku: nope", "baremetal_sku: h200-sxm-slice"]),
+        )
     elif what == 6:
         _replace(target, rng, r"^region: \S+", rng.choice(["region: us-east-1", "region: mars-1"]))
     elif what == 7:  # the fleet or a SKU changes: every rule may read them

@@ -21,11 +21,17 @@ from desired import models as m
 SCHEMAS = Path(__file__).parent.parent.parent / "schemas"
 PROFILE = {"gpu_count": 1, "vcpu_count": 24, "memory_mib": 65536}
 SKU: dict[str, Any] = {
-    "apiVersion": m.API_VERSION, "kind": "Sku", "sku": "s1", "capacity_shape": "gpu_slice",
-    "accelerator_vendor": "nvidia", "accelerator_model": "h200", "allowed_gpu_counts": [1],
-    "network_fabric": "infiniband", "gpu_hourly_price_minor": 1,
+    "apiVersion": m.API_VERSION,
+    "kind": "Sku",
+    "sku": "s1",
+    "capacity_shape": "gpu_slice",
+    "accelerator_vendor": "nvidia",
+    "accelerator_model": "h200",
+    "allowed_gpu_counts": [1],
+    "network_fabric": "infiniband",
+    "gpu_hourly_price_minor": 1,
     "resource_profile": {"default_slice_vm_profile": "p1", "slice_vm_profiles": {"p1": PROFILE}},
-}  # fmt: skip
+}
 BAD = ["<img src=//evil.invalid/p.png></details>", "UPPER", "a|b", "-lead", "x" * 64, "", "a b", "p1\n"]
 
 
@@ -66,7 +72,16 @@ def test_a_bad_profile_name_is_refused_by_the_model_and_the_schema(bad: str) -> 
 
 @pytest.mark.parametrize("bad", BAD)
 def test_an_allocation_names_its_vm_profile_by_the_name_rule(bad: str) -> None:
-    doc = {"apiVersion": m.API_VERSION, "kind": "Allocation", "id": "req-1", "tenant": "acme", "sku": "s1",
-           "gpu_count": 1, "region": "r1", "vm_profile": bad, "requested_at": "2026-11-01T08:00:00Z"}
+    doc = {
+        "apiVersion": m.API_VERSION,
+        "kind": "Allocation",
+        "id": "req-1",
+        "tenant": "acme",
+        "sku": "s1",
+        "gpu_count": 1,
+        "region": "r1",
+        "vm_profile": bad,
+        "requested_at": "2026-11-01T08:00:00Z",
+    }
     with pytest.raises(ValidationError):
         m.Allocation.model_validate(doc)

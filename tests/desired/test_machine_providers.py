@@ -22,12 +22,14 @@ def test_an_undeclared_provider_is_refused_at_its_line() -> None:
 def test_one_machine_serves_one_node() -> None:
     found = problems({B02: ("machine_id: h200-use1-b02", "machine_id: h200-use1-b01")})
     assert found == [(B02, line_of(B02, "  machine_id:"), p.NODE_MACHINE_DUPLICATE)] or found == [
-        (B01, line_of(B01, "  machine_id:"), p.NODE_MACHINE_DUPLICATE)]
+        (B01, line_of(B01, "  machine_id:"), p.NODE_MACHINE_DUPLICATE)
+    ]
 
 
 def test_a_secret_written_into_git_is_refused() -> None:
-    found = problems({FLEET_FILE: ("credentials: {env: GPUAAS_MAAS_EUW1_KEY}",
-                                   "credentials: {api_key: 'ck:tk:secret'}")})
+    found = problems(
+        {FLEET_FILE: ("credentials: {env: GPUAAS_MAAS_EUW1_KEY}", "credentials: {api_key: 'ck:tk:secret'}")}
+    )
     # The Fleet document is refused at the credentials line (and what needs it reports it missing).
     mine = [(line, code) for f, line, code in found if f == FLEET_FILE]
     assert mine and mine[0][1].startswith("desired.field.")

@@ -89,9 +89,7 @@ def _assert_gone(pid_file: Path) -> None:
     assert mp.active_children() == []
 
 
-def test_a_hung_worker_is_killed_and_its_files_parsed_here(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_hung_worker_is_killed_and_its_files_parsed_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(loading, "WORKER_TIMEOUT_S", 1.0)
     files, pid_file = _with_a_hung_worker(tmp_path)
     started = time.monotonic()

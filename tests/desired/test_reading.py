@@ -53,11 +53,21 @@ def test_symlinks_fifos_and_devices_are_refused_by_path_without_reading(tree: Pa
     (elsewhere / "a.yaml").write_text("kind: Allocation\n")
     (tree / "linked").symlink_to(elsewhere)
     codes = _codes(tree)
-    assert codes == {"allocations/x.yaml": "desired.file.symlink", "allocations/zero.yaml": "desired.file.symlink",
-                     "allocations/pipe.yaml": "desired.file.not_regular", "linked": "desired.file.symlink"}
+    assert codes == {
+        "allocations/x.yaml": "desired.file.symlink",
+        "allocations/zero.yaml": "desired.file.symlink",
+        "allocations/pipe.yaml": "desired.file.not_regular",
+        "linked": "desired.file.symlink",
+    }
     # As a user runs it: exit 1, every refusal named, nothing from the linked file echoed, no hang.
-    done = subprocess.run([sys.executable, "-m", "reconciler.cli", "validate", str(tree)], capture_output=True,
-                          text=True, timeout=60, cwd=ROOT, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "reconciler.cli", "validate", str(tree)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=False,
+    )
     assert done.returncode == 1
     assert "allocations/pipe.yaml:1:1: desired.file.not_regular" in done.stdout + done.stderr
     assert "secret" not in done.stdout + done.stderr and "Traceback" not in done.stderr
@@ -83,9 +93,17 @@ def test_a_file_past_the_size_cap_is_refused_by_what_was_read(tree: Path) -> Non
 
 def _picture(result: loading.LoadResult) -> tuple[list[str], dict[str, str]]:
     s = result.state
-    models = {f"{kind}/{name}": obj.model_dump_json() for kind, table in
-              (("Sku", s.skus), ("Image", s.images), ("Node", s.nodes), ("SlotMap", s.slot_maps),
-               ("Allocation", s.allocations)) for name, obj in table.items()}
+    models = {
+        f"{kind}/{name}": obj.model_dump_json()
+        for kind, table in (
+            ("Sku", s.skus),
+            ("Image", s.images),
+            ("Node", s.nodes),
+            ("SlotMap", s.slot_maps),
+            ("Allocation", s.allocations),
+        )
+        for name, obj in table.items()
+    }
     if s.fleet is not None:
         models["Fleet"] = s.fleet.model_dump_json()
     return [p.render() for p in result.problems], models
@@ -135,7 +153,8 @@ def test_a_new_revision_reads_only_the_blobs_it_changed(tree: Path) -> None:
     assert (cache.hits, cache.misses) == (0, first.state.file_count)
     shutil.copy(EXAMPLE / "allocations" / "alloc-0001.yaml", tree / "allocations" / "alloc-0100.yaml")
     (tree / "allocations" / "alloc-0100.yaml").write_text(
-        (tree / "allocations" / "alloc-0100.yaml").read_text().replace("alloc-0001", "alloc-0100"))
+        (tree / "allocations" / "alloc-0100.yaml").read_text().replace("alloc-0001", "alloc-0100")
+    )
     repo.git.add("-A")
     repo.index.commit("one more", author=git.Actor("t", "t@example.com"))
     reads: list[str] = []

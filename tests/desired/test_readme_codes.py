@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def readme_codes() -> set[str]:
     """Codes of the README table; `.x` after a full code abbreviates the same prefix."""
     text = (ROOT / "README.md").read_text()
-    table = text[text.index("| code | meaning |"):]
-    table = table[:table.index("\n\n")]
+    table = text[text.index("| code | meaning |") :]
+    table = table[: table.index("\n\n")]
     found: set[str] = set()
     for row in table.splitlines()[2:]:
         prefix = ""
@@ -29,11 +29,17 @@ def readme_codes() -> set[str]:
 
 def emitted_codes() -> set[str]:
     """Codes of desired/problems.py that some module of desired/ or policies/ reports."""
-    sources = "".join(f.read_text() for d in ("desired", "policies") for f in (ROOT / d).glob("*.py")
-                      if f.name != "problems.py")
-    return {value for name, value in vars(p).items()
-            if name.isupper() and isinstance(value, str) and value.startswith("desired.")
-            and re.search(rf"\bp\.{name}\b", sources)}
+    sources = "".join(
+        f.read_text() for d in ("desired", "policies") for f in (ROOT / d).glob("*.py") if f.name != "problems.py"
+    )
+    return {
+        value
+        for name, value in vars(p).items()
+        if name.isupper()
+        and isinstance(value, str)
+        and value.startswith("desired.")
+        and re.search(rf"\bp\.{name}\b", sources)
+    }
 
 
 def test_every_emitted_code_is_in_the_readme() -> None:

@@ -46,16 +46,39 @@ EXAMPLE = ROOT / "examples" / "fleet"
 SAMPLE = 600
 SEED = 17
 
-SINGLE_DOCUMENT = ("desired.yaml.", "desired.document.", "desired.field.", p.SKU_GPU_COUNTS, p.SKU_PROFILE,
-                   p.IMAGE_DIGEST, p.NODE_PROFILE_TAGS)
+SINGLE_DOCUMENT = (
+    "desired.yaml.",
+    "desired.document.",
+    "desired.field.",
+    p.SKU_GPU_COUNTS,
+    p.SKU_PROFILE,
+    p.IMAGE_DIGEST,
+    p.NODE_PROFILE_TAGS,
+)
 INEXPRESSIBLE = (
     (p.FIELD_VALUE, r"is outside subnet|is after dhcp_range|has host bits set"),
     (p.SKU_PROFILE, r"is not in slice_vm_profiles|is not a profile of this SKU"),
 )
 
-STRINGS = ("", "x" * 70, "Upper Case", "not an ip", "10.0.0.256", "10.100.0.0/33", "10.100.0.0", "::1",
-           "2026-11-20", "2026-11-20T09:00:00", "2026-13-20T09:00:00Z", "2026-11-20T09:05:00Z", "0000:zz:00.0",
-           "a b", "gpuaas-profile-other", 5, None)
+STRINGS = (
+    "",
+    "x" * 70,
+    "Upper Case",
+    "not an ip",
+    "10.0.0.256",
+    "10.100.0.0/33",
+    "10.100.0.0",
+    "::1",
+    "2026-11-20",
+    "2026-11-20T09:00:00",
+    "2026-13-20T09:00:00Z",
+    "2026-11-20T09:05:00Z",
+    "0000:zz:00.0",
+    "a b",
+    "gpuaas-profile-other",
+    5,
+    None,
+)
 INTEGERS = (-1, 0, 3, 9, 100000, 1.5, True, None)
 
 
@@ -96,8 +119,11 @@ class Mutation:
 
 
 def _documents() -> dict[str, list[dict[str, Any]]]:
-    return {name: [_editor_view(d.value) for d in yamlio.read_documents(name, data)]
-            for name, data in loading.iter_directory(EXAMPLE) if isinstance(data, bytes)}
+    return {
+        name: [_editor_view(d.value) for d in yamlio.read_documents(name, data)]
+        for name, data in loading.iter_directory(EXAMPLE)
+        if isinstance(data, bytes)
+    }
 
 
 def _candidates(value: Any) -> tuple[Any, ...]:  # noqa: PLR0911 - one return per value type reads best
@@ -161,9 +187,12 @@ class Verdicts:
         self.raw = {name: (EXAMPLE / name).read_bytes() for name in self.files}
         self.cache = loading.BlobCache()
         checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
-        self.schemas = {kind: jsonschema.Draft202012Validator(
-            json.loads((ROOT / "schemas" / jsonschemas.filename(kind)).read_text()), format_checker=checker)
-            for kind in jsonschemas.generate()}
+        self.schemas = {
+            kind: jsonschema.Draft202012Validator(
+                json.loads((ROOT / "schemas" / jsonschemas.filename(kind)).read_text()), format_checker=checker
+            )
+            for kind in jsonschemas.generate()
+        }
 
     def validate(self, mut: Mutation) -> tuple[bool | None, list[str]]:
         """True/False: validate accepts/refuses on a single-document rule; None: refused only by a relation."""
@@ -208,34 +237,40 @@ def test_schema_and_validate_agree_on_single_field_mutations(verdicts: Verdicts)
         refused += not valid
         schema_ok, messages = verdicts.schema(mut)
         if schema_ok != valid:
-            disagreements.append(f"{mut.file} {mut.what}: validate {'accepts' if valid else 'refuses'} "
-                                 f"{problems[:1]}, schema {'accepts' if schema_ok else 'refuses'} {messages}")
+            disagreements.append(
+                f"{mut.file} {mut.what}: validate {'accepts' if valid else 'refuses'} "
+                f"{problems[:1]}, schema {'accepts' if schema_ok else 'refuses'} {messages}"
+            )
     assert len(every) > 5000 and compared > SAMPLE * 0.95
     assert refused > compared // 2  # the sample exercises refusals, not just harmless edits
     assert {m.kind for m in sample} == {"Fleet", "Sku", "Image", "Node", "SlotMap", "Allocation"}
     assert disagreements == []
 
 
-@pytest.mark.parametrize(("file", "path", "value", "accepted"), [
-    ("slotmaps/h200-use1-s01.yaml", ("slots", 0, "private_ip"), "10.100.0.300", False),
-    ("slotmaps/h200-use1-s01.yaml", ("slots", 0, "private_ip"), "fd00::10", True),
-    ("fleet.yaml", ("management_network", "subnet"), "10.100.0.0/40", False),
-    ("fleet.yaml", ("management_network", "gateway"), "gateway", False),
-    ("fleet.yaml", ("management_network", "dhcp_range", "end"), "10.100.0.999", False),
-    ("allocations/alloc-0001.yaml", ("requested_at",), "2026-11-20T09:05:00Z", True),  # quoted: accepted
-    ("allocations/alloc-0001.yaml", ("requested_at",), "2026-11-20 09:05:00+02:00", True),
-    ("allocations/alloc-0001.yaml", ("requested_at",), "20 Nov 2026", False),
-    ("allocations/alloc-0001.yaml", ("requested_at",), "2026-11-20", False),
-    ("skus/h200-sxm-baremetal-8g.yaml", ("exclusive_node",), False, False),
-    ("skus/h200-sxm-slice.yaml", ("allowed_gpu_counts",), [], False),
-    ("skus/h200-sxm-slice.yaml", ("allowed_gpu_counts",), [1, 3], False),
-    ("skus/h200-sxm-slice.yaml", ("exclusive_node",), True, False),
-    ("images/h200-ubuntu-24.04-gpuaas-slice.yaml", ("digest_sha256",), "ABC", False),
-    ("nodes/h200-use1-s01.yaml", ("profile_tags",), ["gpuaas-profile-slice-vm", "gpuaas-profile-baremetal"], False),
-    ("allocations/alloc-0001.yaml", ("id",), "a" * 57, False),  # its VM name would not be a DNS label
-])
+@pytest.mark.parametrize(
+    ("file", "path", "value", "accepted"),
+    [
+        ("slotmaps/h200-use1-s01.yaml", ("slots", 0, "private_ip"), "10.100.0.300", False),
+        ("slotmaps/h200-use1-s01.yaml", ("slots", 0, "private_ip"), "fd00::10", True),
+        ("fleet.yaml", ("management_network", "subnet"), "10.100.0.0/40", False),
+        ("fleet.yaml", ("management_network", "gateway"), "gateway", False),
+        ("fleet.yaml", ("management_network", "dhcp_range", "end"), "10.100.0.999", False),
+        ("allocations/alloc-0001.yaml", ("requested_at",), "2026-11-20T09:05:00Z", True),  # quoted: accepted
+        ("allocations/alloc-0001.yaml", ("requested_at",), "2026-11-20 09:05:00+02:00", True),
+        ("allocations/alloc-0001.yaml", ("requested_at",), "20 Nov 2026", False),
+        ("allocations/alloc-0001.yaml", ("requested_at",), "2026-11-20", False),
+        ("skus/h200-sxm-baremetal-8g.yaml", ("exclusive_node",), False, False),
+        ("skus/h200-sxm-slice.yaml", ("allowed_gpu_counts",), [], False),
+        ("skus/h200-sxm-slice.yaml", ("allowed_gpu_counts",), [1, 3], False),
+        ("skus/h200-sxm-slice.yaml", ("exclusive_node",), True, False),
+        ("images/h200-ubuntu-24.04-gpuaas-slice.yaml", ("digest_sha256",), "ABC", False),
+        ("nodes/h200-use1-s01.yaml", ("profile_tags",), ["gpuaas-profile-slice-vm", "gpuaas-profile-baremetal"], False),
+        ("allocations/alloc-0001.yaml", ("id",), "a" * 57, False),  # its VM name would not be a DNS label
+    ],
+)
 def test_the_rules_issue_17_named(
-        verdicts: Verdicts, file: str, path: tuple[Any, ...], value: Any, accepted: bool) -> None:
+    verdicts: Verdicts, file: str, path: tuple[Any, ...], value: Any, accepted: bool
+) -> None:
     mut = Mutation(file, 0, f"{path}={value!r}", _set(verdicts.files[file][0], path, value))
     assert verdicts.validate(mut)[0] is accepted
     assert verdicts.schema(mut)[0] is accepted
@@ -258,9 +293,16 @@ def test_every_field_has_a_description_and_no_description_is_stale() -> None:
                 if not str(prop.get("description", "")).strip():
                     missing.append(f"{name}.{field_name}")
     assert missing == []
-    generated = {name: set(sub.get("properties", {})) for kind, schema in jsonschemas.generate().items()
-                 for name, sub in [(kind, schema), *schema.get("$defs", {}).items()]}
-    stale = [f"{model}.{f}" for model, texts in jsonschemas.DESCRIPTIONS.items() for f in texts
-             if f not in generated.get(model, set())]
+    generated = {
+        name: set(sub.get("properties", {}))
+        for kind, schema in jsonschemas.generate().items()
+        for name, sub in [(kind, schema), *schema.get("$defs", {}).items()]
+    }
+    stale = [
+        f"{model}.{f}"
+        for model, texts in jsonschemas.DESCRIPTIONS.items()
+        for f in texts
+        if f not in generated.get(model, set())
+    ]
     assert stale == []
     assert sum(len(v) for v in generated.values()) >= 146

@@ -17,8 +17,9 @@ print(len(kinds), before, sum(k.__pydantic_complete__ for k in kinds))
 
 
 def _probe(action: str) -> list[int]:
-    done = subprocess.run([sys.executable, "-c", _PROBE.format(action=action)], capture_output=True, text=True,
-                          check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(action=action)], capture_output=True, text=True, check=True
+    )
     return [int(x) for x in done.stdout.split()]
 
 
@@ -31,4 +32,3 @@ def test_importing_the_models_builds_no_validator_and_warm_builds_every_one() ->
 def test_a_model_is_built_on_first_use_without_warm() -> None:
     kinds, before, after = _probe("models.Sku.model_json_schema()")
     assert before < after < kinds
-

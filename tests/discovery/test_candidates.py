@@ -22,15 +22,11 @@ def _path(switch: str, dev: str) -> tuple[str, ...]:
 
 
 def gpu(addr: str, switch: str, numa: int | None, **kw: object) -> facts.Gpu:
-    base = facts.Gpu(
-        addr, "10de", "2335", "030200", "h200", numa, 1, (), "vfio-pci", _path(switch, addr)
-    )
+    base = facts.Gpu(addr, "10de", "2335", "030200", "h200", numa, 1, (), "vfio-pci", _path(switch, addr))
     return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
 
 
-def nic(
-    addr: str, switch: str, numa: int, vfs: int, *, state: str = "ACTIVE"
-) -> facts.FabricDevice:
+def nic(addr: str, switch: str, numa: int, vfs: int, *, state: str = "ACTIVE") -> facts.FabricDevice:
     port = facts.FabricPort(1, state, "LinkUp", "InfiniBand", None)
     functions = tuple(
         facts.VirtualFunction(
@@ -96,9 +92,7 @@ def host(
     nvme: list[facts.NvmeNamespace],
     prerequisites: tuple[facts.Prerequisite, ...] = OK,
 ) -> facts.Discovery:
-    return facts.Discovery(
-        "h", "k", "", tuple(gpus), tuple(fabric), tuple(nvme), (), (), (), prerequisites
-    )
+    return facts.Discovery("h", "k", "", tuple(gpus), tuple(fabric), tuple(nvme), (), (), (), prerequisites)
 
 
 def codes(p: candidates.Pairing) -> list[str]:
@@ -134,9 +128,7 @@ def test_remote_vf_and_disk_are_flagged_missing_ones_named() -> None:
     _, far = candidates.pairings(found)
     assert far.vf is not None and far.vf.pci_address == "0000:11:00.2"
     assert codes(far) == [b.FABRIC_NUMA_REMOTE, b.DISK_NUMA_REMOTE]
-    lonely = candidates.pairings(
-        host([gpu("0000:10:00.0", "a", 0)], [], [disk("nvme0n1", "x", "a", 0)])
-    )
+    lonely = candidates.pairings(host([gpu("0000:10:00.0", "a", 0)], [], [disk("nvme0n1", "x", "a", 0)]))
     assert codes(lonely[0]) == [b.FABRIC_NO_VF]
 
 

@@ -72,22 +72,15 @@ def test_user_mistakes_are_coded_errors_not_tracebacks(
     assert err.startswith(f"error: {code}: ") and "Traceback" not in err
 
 
-def test_gate_refuses_a_file_that_is_not_a_slot_map(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_gate_refuses_a_file_that_is_not_a_slot_map(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "x.yaml"
     bad.write_text("apiVersion: gpuaas.io/v1alpha1\nkind: SlotMap\nnode: n1\nslots: []\n")
     assert cli.main(["host", "gate", str(bad)]) == 1
     assert "error: gate.slotmap.invalid: " in capsys.readouterr().err
 
 
-def test_bench_prints_the_figure(
-    trees: dict[str, Path], capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert (
-        cli.main(["bench", "discover", "--sysfs-root", str(trees["xe9680l-h200"]), "--runs", "2"])
-        == 0
-    )
+def test_bench_prints_the_figure(trees: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "discover", "--sysfs-root", str(trees["xe9680l-h200"]), "--runs", "2"]) == 0
     out = capsys.readouterr().out
     assert "8 GPUs" in out and "goal <= 200 ms per 8-GPU host" in out
 

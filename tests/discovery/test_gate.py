@@ -57,9 +57,7 @@ def test_matching_host_keeps_every_slot(approved: m.SlotMap, h200: facts.Discove
     assert result.unapproved_gpus == ()
 
 
-def test_renumbered_vf_blocks_exactly_that_slot(
-    approved: m.SlotMap, tree_copy: Callable[[str], Path]
-) -> None:
+def test_renumbered_vf_blocks_exactly_that_slot(approved: m.SlotMap, tree_copy: Callable[[str], Path]) -> None:
     root = tree_copy("xe9680l-h200")
     move_pci_function(root, "0000:3a:00.1", "0000:3a:00.3")
     result = gating.gate(approved, discovering.discover(root))
@@ -82,9 +80,7 @@ def test_gate_command_reports_drift_and_exit_status(
     tree_copy: Callable[[str], Path],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert (
-        cli.main(["host", "gate", str(approved_file), "--sysfs-root", str(trees["xe9680l-h200"])]) == 0
-    )
+    assert cli.main(["host", "gate", str(approved_file), "--sysfs-root", str(trees["xe9680l-h200"])]) == 0
     assert "8 slot(s) in service, 0 blocked" in capsys.readouterr().out
     root = tree_copy("xe9680l-h200")
     move_pci_function(root, "0000:3a:00.1", "0000:3a:00.3")
@@ -114,10 +110,7 @@ def _move_vf(d: facts.Discovery, vf_addr: str, new_parent: str) -> facts.Discove
     fabric = tuple(
         dataclasses.replace(
             f,
-            vfs=tuple(
-                dataclasses.replace(v, parent=new_parent) if v.pci_address == vf_addr else v
-                for v in f.vfs
-            ),
+            vfs=tuple(dataclasses.replace(v, parent=new_parent) if v.pci_address == vf_addr else v for v in f.vfs),
         )
         for f in d.fabric
     )
@@ -128,14 +121,10 @@ W105 = "/dev/disk/by-id/nvme-SAMSUNG_MZWLR3T8HBLS-00007_S6EXNA0W105"
 SWAPPED = "/dev/disk/by-id/nvme-SAMSUNG_MZWLR3T8HBLS-00007_S6EXNA0W999"
 
 # (what changes on the host, blocked slot, code, field, old, new)
-CASES: list[
-    tuple[str, Callable[[facts.Discovery], facts.Discovery], int, str, str, object, object]
-] = [
+CASES: list[tuple[str, Callable[[facts.Discovery], facts.Discovery], int, str, str, object, object]] = [
     (
         "gpu gone",
-        lambda d: dataclasses.replace(
-            d, gpus=tuple(g for g in d.gpus if g.pci_address != "0000:cd:00.0")
-        ),
+        lambda d: dataclasses.replace(d, gpus=tuple(g for g in d.gpus if g.pci_address != "0000:cd:00.0")),
         6,
         gating.GPU_MISSING,
         "gpu_pci_address",
@@ -191,9 +180,7 @@ CASES: list[
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_each_drift_blocks_only_its_slot(
-    approved: m.SlotMap, h200: facts.Discovery, case: tuple[Any, ...]
-) -> None:
+def test_each_drift_blocks_only_its_slot(approved: m.SlotMap, h200: facts.Discovery, case: tuple[Any, ...]) -> None:
     _, change, slot, code, field, old, new = case
     result = gating.gate(approved, change(h200))
     assert list(result.blocked) == [slot]

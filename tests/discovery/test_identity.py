@@ -24,8 +24,12 @@ from reconciler import sources
 from tests.discovery.conftest import FLEET
 from tests.discovery.test_candidates import disk
 
-GOOD = {"model": "SAMSUNG MZWLR3T8HBLS-00007", "serial": "S6EXNA0W400", "wwid": "eui.0025388500001c0a",
-        "size_bytes": 3840755982336}  # fmt: skip
+GOOD = {
+    "model": "SAMSUNG MZWLR3T8HBLS-00007",
+    "serial": "S6EXNA0W400",
+    "wwid": "eui.0025388500001c0a",
+    "size_bytes": 3840755982336,
+}
 
 
 @pytest.mark.parametrize(
@@ -94,8 +98,10 @@ def test_example_identities_load() -> None:
     ("change", "want"),
     [
         ({}, {"model": "TEST", "serial": "nvme0n1", "size_bytes": 10**12}),
-        ({"wwid": "eui.0025388500001c0a"},
-         {"model": "TEST", "serial": "nvme0n1", "wwid": "eui.0025388500001c0a", "size_bytes": 10**12}),
+        (
+            {"wwid": "eui.0025388500001c0a"},
+            {"model": "TEST", "serial": "nvme0n1", "wwid": "eui.0025388500001c0a", "size_bytes": 10**12},
+        ),
         ({"wwid": "t10.ATA SAMSUNG"}, {"model": "TEST", "serial": "nvme0n1", "size_bytes": 10**12}),
         ({"serial": "Sé1", "wwid": "eui.01"}, {"model": "TEST", "wwid": "eui.01", "size_bytes": 10**12}),
         ({"model": None, "serial": None, "wwid": "eui.01"}, {"wwid": "eui.01", "size_bytes": 10**12}),
@@ -103,7 +109,7 @@ def test_example_identities_load() -> None:
         ({"serial": "bad\tserial"}, None),
         ({"size_bytes": 0}, None),
     ],
-)  # fmt: skip
+)
 def test_discovery_records_only_what_the_schema_holds(change: dict[str, Any], want: dict[str, Any] | None) -> None:
     found = dataclasses.replace(disk("nvme0n1", "0000:12:00.0", "a", 0), **change)
     got = candidates.nvme_identity(found)

@@ -80,9 +80,7 @@ def test_parse_cpulist(text: str | None, cpus: tuple[int, ...]) -> None:
         (None, None, None, None),
     ],
 )
-def test_by_id_path(
-    model: str | None, serial: str | None, wwid: str | None, name: str | None
-) -> None:
+def test_by_id_path(model: str | None, serial: str | None, wwid: str | None, name: str | None) -> None:
     assert disks.by_id_path(model, serial, wwid) == name
 
 

@@ -40,20 +40,14 @@ def check_golden(name: str, text: str) -> None:
 
 
 @pytest.mark.parametrize("tree", TREES)
-def test_candidate_yaml_matches_golden(
-    tree: str, trees: dict[str, Path], capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_candidate_yaml_matches_golden(tree: str, trees: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     status, out, err = run_cli(capsys, "host", "discover", "--sysfs-root", str(trees[tree]))
     assert (status, err) == (0, "")
     check_golden(f"{tree}.yaml", out)
 
 
-def test_discovery_json_matches_golden(
-    trees: dict[str, Path], capsys: pytest.CaptureFixture[str]
-) -> None:
-    status, out, _ = run_cli(
-        capsys, "host", "discover", "--sysfs-root", str(trees["xe9680l-h200"]), "-o", "json"
-    )
+def test_discovery_json_matches_golden(trees: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run_cli(capsys, "host", "discover", "--sysfs-root", str(trees["xe9680l-h200"]), "-o", "json")
     assert status == 0
     check_golden("xe9680l-h200.json", out)
     doc = json.loads(out)
@@ -67,9 +61,7 @@ def test_candidate_is_the_node_example_map_plus_blockers(tree: str, trees: dict[
     found = discovering.discover(trees[tree])
     candidate = candidates.candidate_map(found, node=NODES[tree])
     assert candidate.slot_map is not None
-    approved = m.SlotMap.model_validate(
-        yaml.safe_load((FLEET / "slotmaps" / f"{NODES[tree]}.yaml").read_text())
-    )
+    approved = m.SlotMap.model_validate(yaml.safe_load((FLEET / "slotmaps" / f"{NODES[tree]}.yaml").read_text()))
     strip = {"blockers": (), "capacity_metadata": m.CapacityMetadata()}
     # The demo nodes' maps record no disk identity (their lab disks are loop devices): compare without it.
     if all(s.nvme_identity is None for s in approved.slots):
@@ -120,9 +112,7 @@ def test_shared_parent_tree_blocks_every_slot(trees: dict[str, Path]) -> None:
 
 
 def test_mi300x_blockers_name_the_broken_slots(trees: dict[str, Path]) -> None:
-    candidate = candidates.candidate_map(
-        discovering.discover(trees["xe9680-mi300x-roce"]), node="mi300x-euw1-r01"
-    )
+    candidate = candidates.candidate_map(discovering.discover(trees["xe9680-mi300x-roce"]), node="mi300x-euw1-r01")
     assert candidate.slot_map is not None
     codes = {s.slot_index: [b.code for b in s.blockers] for s in candidate.slot_map.slots}
     assert codes == {

@@ -61,9 +61,16 @@ class Repo:
     def request(self, allocation_id: str, gpus: int = 1, *, tenant: str = "acme") -> str:
         """The portal bot's request, committed; each one a minute after the last (placement order)."""
         self.clock[0] += 1
-        written = requests.create(self.root, tenant=tenant, sku=SKU, gpus=gpus, region=REGION,
-                                  allocation_id=allocation_id, now=T0 + dt.timedelta(minutes=self.clock[0]),
-                                  commit=True)
+        written = requests.create(
+            self.root,
+            tenant=tenant,
+            sku=SKU,
+            gpus=gpus,
+            region=REGION,
+            allocation_id=allocation_id,
+            now=T0 + dt.timedelta(minutes=self.clock[0]),
+            commit=True,
+        )
         assert written.commit is not None
         return written.commit
 
@@ -120,8 +127,14 @@ def make_loop(repo: Repo, db_url: str, *, interval: float = 3600.0) -> LoopRun:
     stop = threading.Event()
     events: list[watching.Event] = []
     source = heads.LocalHead(repo.root, stop)
-    loop = watching.Loop(repo.root, source, lambda: connections.connect(db_url, autocommit=True), stop=stop,
-                         interval=interval, log=events.append)
+    loop = watching.Loop(
+        repo.root,
+        source,
+        lambda: connections.connect(db_url, autocommit=True),
+        stop=stop,
+        interval=interval,
+        log=events.append,
+    )
     return LoopRun(loop, events, stop)
 
 
@@ -134,15 +147,21 @@ def loop(fleet_repo: Repo, db_url: str) -> Iterator[LoopRun]:
 
 
 def claims(conn: connections.Connection, allocation_id: str) -> list[tuple[str, int | None, str]]:
-    rows = conn.execute("SELECT n.name, c.slot_index, c.status FROM allocation_resource_claims c"
-                        " JOIN nodes n ON n.id = c.node_id WHERE c.allocation_id = %s"
-                        " ORDER BY c.slot_index", (allocation_id,)).fetchall()
+    rows = conn.execute(
+        "SELECT n.name, c.slot_index, c.status FROM allocation_resource_claims c"
+        " JOIN nodes n ON n.id = c.node_id WHERE c.allocation_id = %s"
+        " ORDER BY c.slot_index",
+        (allocation_id,),
+    ).fetchall()
     return [(str(n), i, str(s)) for n, i, s in rows]
 
 
 def slot_statuses(conn: connections.Connection, node: str) -> dict[int, str]:
-    rows = conn.execute("SELECT s.slot_index, s.status FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id"
-                        " WHERE n.name = %s ORDER BY s.slot_index", (node,)).fetchall()
+    rows = conn.execute(
+        "SELECT s.slot_index, s.status FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id"
+        " WHERE n.name = %s ORDER BY s.slot_index",
+        (node,),
+    ).fetchall()
     return {int(i): str(s) for i, s in rows}
 
 
@@ -157,7 +176,9 @@ def prove_wipe(conn: connections.Connection, allocation_id: str) -> int:
     rows = conn.execute(
         "SELECT n.name, c.slot_index, c.resource_snapshot -> 'slot' ->> 'nvme_device'"
         " FROM allocation_resource_claims c JOIN nodes n ON n.id = c.node_id"
-        " WHERE c.allocation_id = %s AND c.status = 'releasing'", (allocation_id,)).fetchall()
+        " WHERE c.allocation_id = %s AND c.status = 'releasing'",
+        (allocation_id,),
+    ).fetchall()
     for node, idx, device in rows:
         evidence = {"device": device, "signature_clear": True, "sampled_zero": True}
         conn.execute(
@@ -167,7 +188,9 @@ def prove_wipe(conn: connections.Connection, allocation_id: str) -> int:
             " ON CONFLICT (node_name, slot_index) DO UPDATE SET vm_state = 'absent',"
             " wipe_allocation_id = EXCLUDED.wipe_allocation_id, wipe_state = 'verified',"
             " wipe_evidence = EXCLUDED.wipe_evidence, wipe_reported_at = clock_timestamp(),"
-            " updated_at = clock_timestamp()", (node, idx, allocation_id, Jsonb(evidence)))
+            " updated_at = clock_timestamp()",
+            (node, idx, allocation_id, Jsonb(evidence)),
+        )
     return len(rows)
 
 

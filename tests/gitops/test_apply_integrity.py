@@ -28,12 +28,20 @@ def _apply(capsys: pytest.CaptureFixture[str], db_url: str, *args: str) -> tuple
 
 
 def _uncommitted_request(repo: Repo, allocation_id: str, gpus: int = 1) -> None:
-    requests.create(repo.root, tenant="acme", sku=SKU, gpus=gpus, region=REGION, allocation_id=allocation_id,
-                    now=T0 + dt.timedelta(minutes=30))
+    requests.create(
+        repo.root,
+        tenant="acme",
+        sku=SKU,
+        gpus=gpus,
+        region=REGION,
+        allocation_id=allocation_id,
+        now=T0 + dt.timedelta(minutes=30),
+    )
 
 
 def test_an_uncommitted_allocation_is_refused_and_nothing_is_applied(
-        fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]
+) -> None:
     _uncommitted_request(fleet_repo, "req-local")
     rc, _, err = _apply(capsys, db_url, str(fleet_repo.root))
     assert rc == 1
@@ -44,7 +52,8 @@ def test_an_uncommitted_allocation_is_refused_and_nothing_is_applied(
 
 
 def test_modified_and_deleted_files_are_named_too(
-        fleet_repo: Repo, db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     fleet_repo.edit("nodes/h200-use1-s01.yaml", "admin_state: active", "admin_state: draining")
     (fleet_repo.root / "slotmaps/h200-use1-s02.yaml").unlink()
     (fleet_repo.root / "README.md").write_text("not desired state\n")  # not YAML: never read, never dirty
@@ -54,7 +63,8 @@ def test_modified_and_deleted_files_are_named_too(
 
 
 def test_a_clean_tree_applies_head_and_history_names_it(
-        fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]
+) -> None:
     sha = fleet_repo.request("req-committed")
     (fleet_repo.root / ".gitignore").write_text("scratch/\n")
     (fleet_repo.root / "scratch").mkdir()
@@ -66,7 +76,8 @@ def test_a_clean_tree_applies_head_and_history_names_it(
 
 
 def test_allow_dirty_applies_the_working_tree_recorded_as_a_tree_not_as_head(
-        fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]
+) -> None:
     head = fleet_repo.repo.head.commit.hexsha
     _uncommitted_request(fleet_repo, "req-local")
     rc, out, err = _apply(capsys, db_url, str(fleet_repo.root), "--allow-dirty", "-o", "json")
@@ -80,7 +91,8 @@ def test_allow_dirty_applies_the_working_tree_recorded_as_a_tree_not_as_head(
 
 
 def test_an_explicit_revision_is_read_from_git_whatever_the_working_tree_holds(
-        fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]
+) -> None:
     head = fleet_repo.repo.head.commit.hexsha
     _uncommitted_request(fleet_repo, "req-local")
     rc, out, _ = _apply(capsys, db_url, str(fleet_repo.root), "--rev", "HEAD")
@@ -90,7 +102,8 @@ def test_an_explicit_revision_is_read_from_git_whatever_the_working_tree_holds(
 
 
 def test_a_subdirectory_is_compared_under_its_own_path(
-        tmp_path: Path, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]
+) -> None:
     import git
 
     top = tmp_path / "monorepo"
@@ -106,7 +119,8 @@ def test_a_subdirectory_is_compared_under_its_own_path(
 
 
 def test_a_plain_directory_applies_as_a_tree(
-        tmp_path: Path, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = tmp_path / "plain"
     shutil.copytree(EXAMPLE, root)
     rc, out, err = _apply(capsys, db_url, str(root))
@@ -115,7 +129,8 @@ def test_a_plain_directory_applies_as_a_tree(
 
 
 def test_status_flags_an_allocation_whose_file_was_deleted(
-        fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]
+) -> None:
     fleet_repo.request("req-kept")
     fleet_repo.request("req-gone")
     assert _apply(capsys, db_url, str(fleet_repo.root))[0] == 0

@@ -44,14 +44,17 @@ def applied(fleet_repo: Repo, db_url: str, capsys: pytest.CaptureFixture[str]) -
 
 
 def test_an_older_revision_is_refused_with_what_would_leave(
-        fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str],
-        applied: tuple[str, str]) -> None:
+    fleet_repo: Repo,
+    db_url: str,
+    conn: connections.Connection,
+    capsys: pytest.CaptureFixture[str],
+    applied: tuple[str, str],
+) -> None:
     base, head = applied
     before = _present(conn), claims(conn, "alloc-a"), history_rows(conn)
     rc, out, err = _apply(capsys, db_url, str(fleet_repo.root), "--rev", "HEAD~4")
     assert rc == 1 and out == ""
-    assert (f"error: apply.rewind: revision {base[:12]} does not descend from the applied revision {head[:12]}"
-            in err)
+    assert f"error: apply.rewind: revision {base[:12]} does not descend from the applied revision {head[:12]}" in err
     assert "3 allocation(s) would leave the inventory, 3 of them placed (orphaned), and 1 node(s)" in err
     assert "--allow-rewind" in err and "Traceback" not in err
     for aid in ("alloc-a", "alloc-b", "alloc-c"):
@@ -63,7 +66,8 @@ def test_an_older_revision_is_refused_with_what_would_leave(
 
 
 def test_another_line_of_history_is_refused_too(
-        fleet_repo: Repo, db_url: str, capsys: pytest.CaptureFixture[str], applied: tuple[str, str]) -> None:
+    fleet_repo: Repo, db_url: str, capsys: pytest.CaptureFixture[str], applied: tuple[str, str]
+) -> None:
     base, _ = applied
     fleet_repo.repo.git.checkout("-b", "other", base)
     fleet_repo.request("alloc-z", 1)
@@ -72,8 +76,12 @@ def test_another_line_of_history_is_refused_too(
 
 
 def test_allow_rewind_applies_it_and_says_what_left(
-        fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str],
-        applied: tuple[str, str]) -> None:
+    fleet_repo: Repo,
+    db_url: str,
+    conn: connections.Connection,
+    capsys: pytest.CaptureFixture[str],
+    applied: tuple[str, str],
+) -> None:
     base, head = applied
     rc, _, err = _apply(capsys, db_url, str(fleet_repo.root), "--rev", base, "--allow-rewind")
     assert rc == 0, err
@@ -84,7 +92,8 @@ def test_allow_rewind_applies_it_and_says_what_left(
 
 
 def test_a_descendant_and_the_same_revision_apply_as_before(
-        fleet_repo: Repo, db_url: str, capsys: pytest.CaptureFixture[str], applied: tuple[str, str]) -> None:
+    fleet_repo: Repo, db_url: str, capsys: pytest.CaptureFixture[str], applied: tuple[str, str]
+) -> None:
     assert _apply(capsys, db_url, str(fleet_repo.root), "--rev", "HEAD")[0] == 0
     fleet_repo.request("alloc-d", 1)
     rc, _, err = _apply(capsys, db_url, str(fleet_repo.root))

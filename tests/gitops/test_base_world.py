@@ -48,6 +48,7 @@ def _child(repo: Repo, base: str, change: Callable[[Repo], object], message: str
 
 def _heads(repo: Repo, base: str) -> dict[str, str]:
     """One PR per kind of change, each a child of base."""
+
     def edit(rel: str, old: str, new: str) -> Callable[[Repo], None]:
         return lambda r: r.edit(rel, old, new)
 
@@ -104,9 +105,9 @@ def _keep_world(capsys: pytest.CaptureFixture[str], root: Path, base: str, head:
     assert len(_worlds(cache)) == 1
 
 
-def test_plans_from_a_kept_base_equal_plans_from_scratch(based: tuple[Repo, str], tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture[str],
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plans_from_a_kept_base_equal_plans_from_scratch(
+    based: tuple[Repo, str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     repo, base = based
     heads = _heads(repo, base)
     cache = tmp_path / "cache"
@@ -116,8 +117,7 @@ def test_plans_from_a_kept_base_equal_plans_from_scratch(based: tuple[Repo, str]
     rcs = set()
     for kind, head in heads.items():
         for fmt in FORMATS:
-            flags = ("--offline", "--base", base, "--head", head, "-o", fmt, "--detailed-exitcode",
-                     "--fail-on-pending")
+            flags = ("--offline", "--base", base, "--head", head, "-o", fmt, "--detailed-exitcode", "--fail-on-pending")
             want = _run(capsys, root, *flags, "--no-cache")
             rcs.add(want[0])
             got = _run(capsys, root, *flags, "--cache-dir", str(cache))
@@ -128,8 +128,8 @@ def test_plans_from_a_kept_base_equal_plans_from_scratch(based: tuple[Repo, str]
 
 
 def test_a_request_reads_no_slot_map_and_a_slot_map_edit_reads_them(
-        based: tuple[Repo, str], tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    based: tuple[Repo, str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     repo, base = based
     heads = _heads(repo, base)
     cache = tmp_path / "cache"
@@ -140,16 +140,31 @@ def test_a_request_reads_no_slot_map_and_a_slot_map_edit_reads_them(
     # a release reads the node it frees (its slots go to cleanup: their facts are made again)
     for kind, slot_map_files in (("request", 0), ("grow", 0), ("release", 1), ("drain", 1), ("mac", 2)):
         loads.clear()
-        _run(capsys, str(repo.root), "--offline", "--base", base, "--head", heads[kind], "-o", "json",
-             "--cache-dir", str(cache))
+        _run(
+            capsys,
+            str(repo.root),
+            "--offline",
+            "--base",
+            base,
+            "--head",
+            heads[kind],
+            "-o",
+            "json",
+            "--cache-dir",
+            str(cache),
+        )
         # the world itself, then one load per slot-map file read (a MAC edit validates every slot map)
         assert len(loads) == 1 + slot_map_files, kind
 
 
 @pytest.mark.parametrize("damage", ["payload", "mac", "size", "symlink", "missing", "key", "code"])
-def test_a_damaged_foreign_or_stale_world_is_not_used(based: tuple[Repo, str], tmp_path: Path, damage: str,
-                                                      capsys: pytest.CaptureFixture[str],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_damaged_foreign_or_stale_world_is_not_used(
+    based: tuple[Repo, str],
+    tmp_path: Path,
+    damage: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     repo, base = based
     heads = _heads(repo, base)
     cache = tmp_path / "cache"
@@ -182,7 +197,8 @@ def test_a_damaged_foreign_or_stale_world_is_not_used(based: tuple[Repo, str], t
 
 
 def test_a_world_is_kept_only_when_a_base_is_planned_again_and_the_newest_two_stay(
-        based: tuple[Repo, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    based: tuple[Repo, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     repo, base = based
     heads = _heads(repo, base)
     cache = tmp_path / "cache"
@@ -201,14 +217,24 @@ def test_a_world_is_kept_only_when_a_base_is_planned_again_and_the_newest_two_st
         assert {k for (k,) in db.execute("SELECT key FROM worlds")} == kept
 
 
-def test_no_world_is_kept_for_an_invalid_base(based: tuple[Repo, str], tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_world_is_kept_for_an_invalid_base(
+    based: tuple[Repo, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     repo, base = based
     heads = _heads(repo, base)
     cache = tmp_path / "cache"
     for _ in range(3):
-        _run(capsys, str(repo.root), "--offline", "--base", heads["invalid"], "--head", heads["request"],
-             "--cache-dir", str(cache))
+        _run(
+            capsys,
+            str(repo.root),
+            "--offline",
+            "--base",
+            heads["invalid"],
+            "--head",
+            heads["request"],
+            "--cache-dir",
+            str(cache),
+        )
     assert _worlds(cache) == []
 
 
@@ -223,9 +249,9 @@ def example_repo(tmp_path: Path) -> Iterator[Repo]:
     repo.repo.close()
 
 
-def test_a_base_with_warnings_is_kept_and_plans_equal(example_repo: Repo, tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture[str],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_base_with_warnings_is_kept_and_plans_equal(
+    example_repo: Repo, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     base = str(example_repo.repo.head.commit.hexsha)
     assert sources.load(example_repo.root, base).warnings  # the case this test is about
     heads = [_child(example_repo, base, lambda r, n=n: r.request(f"req-{n}", n), f"{n} GPUs") for n in (1, 2, 4)]
@@ -261,8 +287,12 @@ def bundled(tmp_path: Path) -> Iterator[tuple[Repo, str]]:
     (slotmaps / "pair.yaml").write_text("---\n".join(both))
     node = (root / "nodes/h200-use1-c01.yaml").read_text()
     (root / "nodes/c01-with-slots.yaml").write_text(node + "\n---\n" + (slotmaps / "h200-use1-c01.yaml").read_text())
-    for gone in ("slotmaps/h200-use1-s02.yaml", "slotmaps/h200-euw1-s01.yaml", "slotmaps/h200-use1-c01.yaml",
-                 "nodes/h200-use1-c01.yaml"):
+    for gone in (
+        "slotmaps/h200-use1-s02.yaml",
+        "slotmaps/h200-euw1-s01.yaml",
+        "slotmaps/h200-use1-c01.yaml",
+        "nodes/h200-use1-c01.yaml",
+    ):
         (root / gone).unlink()
     repo = Repo(root, git.Repo.init(root, initial_branch="main"))
     repo.commit("bundled fleet")
@@ -271,17 +301,25 @@ def bundled(tmp_path: Path) -> Iterator[tuple[Repo, str]]:
     repo.repo.close()
 
 
-def test_files_holding_several_documents_are_kept_and_plan_equal(bundled: tuple[Repo, str], tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture[str],
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_files_holding_several_documents_are_kept_and_plan_equal(
+    bundled: tuple[Repo, str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     repo, base = bundled
     assert not sources.load(repo.root, base).errors
     heads = {
         "request": _child(repo, base, lambda r: r.request("req-new", 1), "a request"),
-        "paired-mac": _child(repo, base, lambda r: r.edit("slotmaps/pair.yaml", S02_MAC, '"52:54:d1:f8:71:ce"'),
-                             "a MAC in the paired file"),
-        "bundled-drain": _child(repo, base, lambda r: r.edit("nodes/c01-with-slots.yaml", "admin_state: active",
-                                                             "admin_state: draining"), "c01 drained"),
+        "paired-mac": _child(
+            repo,
+            base,
+            lambda r: r.edit("slotmaps/pair.yaml", S02_MAC, '"52:54:d1:f8:71:ce"'),
+            "a MAC in the paired file",
+        ),
+        "bundled-drain": _child(
+            repo,
+            base,
+            lambda r: r.edit("nodes/c01-with-slots.yaml", "admin_state: active", "admin_state: draining"),
+            "c01 drained",
+        ),
         "release": _child(repo, base, lambda r: r.release("req-b"), "req-b released"),
     }
     cache = tmp_path / "cache"
@@ -307,8 +345,9 @@ def test_files_holding_several_documents_are_kept_and_plan_equal(bundled: tuple[
     store.close()
 
 
-def test_a_world_file_no_row_names_is_removed_when_the_next_is_kept(based: tuple[Repo, str], tmp_path: Path,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_world_file_no_row_names_is_removed_when_the_next_is_kept(
+    based: tuple[Repo, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     repo, base = based
     heads = _heads(repo, base)
     cache = tmp_path / "cache"

@@ -22,13 +22,22 @@ def test_the_bench_times_every_case_and_checks_outputs(tmp_path: Path) -> None:
     assert len(list((tmp_path / "kept").glob("world-*"))) == 1  # the cached plans had a kept base to read
     assert len(said) == 7
     # each head was new: the base stays where it was, and the repo holds one commit per head
-    assert subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                          check=True).stdout.strip() == base
+    assert (
+        subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        == base
+    )
 
 
 def test_the_command_prints_json(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "reconciler.cli", "bench", "prplan", "--nodes", "8", "--runs", "1",
-                           "--json"], capture_output=True, text=True, check=False, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "reconciler.cli", "bench", "prplan", "--nodes", "8", "--runs", "1", "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+    )
     out = json.loads(done.stdout)
     assert out["nodes"] == 8 and out["files"] == 21 and out["same_output"] is True
     assert done.returncode == (0 if out["goal_met"] else 1)

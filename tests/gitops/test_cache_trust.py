@@ -40,9 +40,11 @@ def _err(capsys: pytest.CaptureFixture[str], *args: str) -> str:
 
 
 def _allocation(tenant: str) -> bytes:
-    return (f'apiVersion: gpuaas.io/v1alpha1\nkind: Allocation\nid: req-evil\ntenant: "{tenant}"\n'
-            "sku: h200-sxm-slice\ngpu_count: 1\nregion: us-east-1\nssh_keys: []\nstate: present\n"
-            "requested_at: 2026-11-20T09:00:00Z\n").encode()
+    return (
+        f'apiVersion: gpuaas.io/v1alpha1\nkind: Allocation\nid: req-evil\ntenant: "{tenant}"\n'
+        "sku: h200-sxm-slice\ngpu_count: 1\nregion: us-east-1\nssh_keys: []\nstate: present\n"
+        "requested_at: 2026-11-20T09:00:00Z\n"
+    ).encode()
 
 
 def _forged_pack(directory: Path, evil: bytes) -> None:
@@ -67,9 +69,9 @@ def mask(request: pytest.FixtureRequest) -> Iterator[int]:
     os.umask(old)
 
 
-def test_a_committed_cache_never_changes_the_plan(fleet_repo: Repo, tmp_path: Path, mask: int,
-                                                  capsys: pytest.CaptureFixture[str],
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_committed_cache_never_changes_the_plan(
+    fleet_repo: Repo, tmp_path: Path, mask: int, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     base = fleet_repo.repo.head.commit.hexsha
     evil = _allocation("Evil Tenant <b>")
     _forged_pack(fleet_repo.root / ".gpuaas" / "cache", evil)
@@ -104,8 +106,9 @@ def test_the_default_cache_is_outside_the_working_dir(tmp_path: Path, monkeypatc
     assert blobstore.default_dir() == tmp_path / "state" / "cache"
 
 
-def test_a_result_is_never_replayed_for_another_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_result_is_never_replayed_for_another_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Fleets in `a/` and `b/`; head breaks only `b/`: `plan b` after `plan a` still exits 1."""
     root = tmp_path / "two"
     make_fleet(root / "a")
@@ -155,18 +158,20 @@ def test_a_killed_writers_world_temp_is_removed_and_a_live_ones_kept(tmp_path: P
     assert store.get_world(key) == b"payload"
 
 
-@pytest.mark.parametrize("name", [
-    "desired.loading\nPath",  # imported there, defined in pathlib
-    "desired.loading\nBaseProcess",  # imported there, defined in multiprocessing
-    "desired.loading\nDiskStore",  # imported there, defined in desired.blobstore
-    "desired.loading\nBlobCache",  # defined there, but no part of a world
-    "desired.blobstore\nDiskStore",  # a module no world names
-    "reconciler.placement.placing\nplan",  # a function
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "desired.loading\nPath",  # imported there, defined in pathlib
+        "desired.loading\nBaseProcess",  # imported there, defined in multiprocessing
+        "desired.loading\nDiskStore",  # imported there, defined in desired.blobstore
+        "desired.loading\nBlobCache",  # defined there, but no part of a world
+        "desired.blobstore\nDiskStore",  # a module no world names
+        "reconciler.placement.placing\nplan",  # a function
+    ],
+)
 def test_the_world_unpickler_admits_only_listed_project_types(name: str) -> None:
     crafted = b"c" + name.encode() + b"\n."  # pickle's GLOBAL opcode: the class itself
     with pytest.raises(pickle.UnpicklingError):
         baseworld._loads(crafted)
     assert baseworld._loads(b"cdesired.loading\nSource\n.") is loading.Source
     assert baseworld.load(crafted, None) is None  # a miss, never an error
-

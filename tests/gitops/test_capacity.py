@@ -1,8 +1,8 @@
 """The capacity read model and PR plan composition, pure: desired state + observed facts in, values out.
 
-    us-east-1 / h200-slice (both nodes slice-capable, baremetal SKU h200-sxm-baremetal-8g)
-      h200-use1-s01  numa0 [0 1 2 3]  numa1 [4 5 6 7]
-      h200-use1-s02  numa0 [0 1 2 3]  numa1 [4 5 6 7]
+us-east-1 / h200-slice (both nodes slice-capable, baremetal SKU h200-sxm-baremetal-8g)
+  h200-use1-s01  numa0 [0 1 2 3]  numa1 [4 5 6 7]
+  h200-use1-s02  numa0 [0 1 2 3]  numa1 [4 5 6 7]
 """
 
 from __future__ import annotations
@@ -35,8 +35,13 @@ def _state(tmp_path: Path, edits: dict[str, tuple[str, str]] | None = None) -> D
     return result.state
 
 
-def _claim(alloc: str, node: str, idx: int | None, status: states.ClaimStatus = states.ClaimStatus.ACTIVE,
-           kind: states.ClaimKind = SLOT) -> plans.ExistingClaim:
+def _claim(
+    alloc: str,
+    node: str,
+    idx: int | None,
+    status: states.ClaimStatus = states.ClaimStatus.ACTIVE,
+    kind: states.ClaimKind = SLOT,
+) -> plans.ExistingClaim:
     return plans.ExistingClaim(alloc, node, kind, idx, status, "acme")
 
 
@@ -48,29 +53,78 @@ def _sizes(offer: capacity.Offer) -> dict[int, int]:
     return {s.gpu_count: s.launchable for s in offer.sizes}
 
 
-@pytest.mark.parametrize(("edits", "observed", "blocked", "sizes"), [
-    pytest.param({}, plans.Observed(), {}, {1: 16, 2: 8, 4: 4, 8: 2}, id="empty fleet"),
-    pytest.param({f"nodes/{S02}.yaml": ("admin_state: active", "admin_state: draining")}, plans.Observed(),
-                 {"draining": 8}, {1: 8, 2: 4, 4: 2, 8: 1}, id="draining node"),
-    pytest.param({f"nodes/{S02}.yaml": ("admin_state: active", "admin_state: maintenance")}, plans.Observed(),
-                 {"maintenance": 8}, {1: 8, 2: 4, 4: 2, 8: 1}, id="maintenance"),
-    pytest.param({f"nodes/{S02}.yaml": ("pool: h200-slice", "pool: h200-slice\norg: initech")}, plans.Observed(),
-                 {"tenant_boundary": 8}, {1: 8, 2: 4, 4: 2, 8: 1}, id="tenant boundary"),
-    pytest.param({f"slotmaps/{S02}.yaml": ("network_fabric: infiniband", "network_fabric: ethernet")},
-                 plans.Observed(), {"fabric": 1}, {1: 15, 2: 7, 4: 3, 8: 1}, id="one slot without IB"),
-    pytest.param({}, plans.Observed(unavailable_nodes=frozenset({S02})), {"unhealthy": 8}, {1: 8, 2: 4, 4: 2, 8: 1},
-                 id="unhealthy"),
-    pytest.param({}, plans.Observed(firmware_ready=MappingProxyType({S02: False})), {"not_slice_ready": 8},
-                 {1: 8, 2: 4, 4: 2, 8: 1}, id="firmware not ready"),
-    pytest.param({}, plans.Observed(claims=(_claim("a", S01, 0, states.ClaimStatus.RELEASING),),
-                                    slot_status=MappingProxyType({(S01, 0): states.SlotStatus.CLEANUP})),
-                 {"cleanup": 1}, {1: 15, 2: 7, 4: 3, 8: 1}, id="cleanup"),
-    pytest.param({}, plans.Observed(slot_status=MappingProxyType({(S01, 3): states.SlotStatus.CLEANUP_BLOCKED})),
-                 {"cleanup_blocked": 1}, {1: 15, 2: 7, 4: 3, 8: 1}, id="cleanup blocked"),
-])
+@pytest.mark.parametrize(
+    ("edits", "observed", "blocked", "sizes"),
+    [
+        pytest.param({}, plans.Observed(), {}, {1: 16, 2: 8, 4: 4, 8: 2}, id="empty fleet"),
+        pytest.param(
+            {f"nodes/{S02}.yaml": ("admin_state: active", "admin_state: draining")},
+            plans.Observed(),
+            {"draining": 8},
+            {1: 8, 2: 4, 4: 2, 8: 1},
+            id="draining node",
+        ),
+        pytest.param(
+            {f"nodes/{S02}.yaml": ("admin_state: active", "admin_state: maintenance")},
+            plans.Observed(),
+            {"maintenance": 8},
+            {1: 8, 2: 4, 4: 2, 8: 1},
+            id="maintenance",
+        ),
+        pytest.param(
+            {f"nodes/{S02}.yaml": ("pool: h200-slice", "pool: h200-slice\norg: initech")},
+            plans.Observed(),
+            {"tenant_boundary": 8},
+            {1: 8, 2: 4, 4: 2, 8: 1},
+            id="tenant boundary",
+        ),
+        pytest.param(
+            {f"slotmaps/{S02}.yaml": ("network_fabric: infiniband", "network_fabric: ethernet")},
+            plans.Observed(),
+            {"fabric": 1},
+            {1: 15, 2: 7, 4: 3, 8: 1},
+            id="one slot without IB",
+        ),
+        pytest.param(
+            {},
+            plans.Observed(unavailable_nodes=frozenset({S02})),
+            {"unhealthy": 8},
+            {1: 8, 2: 4, 4: 2, 8: 1},
+            id="unhealthy",
+        ),
+        pytest.param(
+            {},
+            plans.Observed(firmware_ready=MappingProxyType({S02: False})),
+            {"not_slice_ready": 8},
+            {1: 8, 2: 4, 4: 2, 8: 1},
+            id="firmware not ready",
+        ),
+        pytest.param(
+            {},
+            plans.Observed(
+                claims=(_claim("a", S01, 0, states.ClaimStatus.RELEASING),),
+                slot_status=MappingProxyType({(S01, 0): states.SlotStatus.CLEANUP}),
+            ),
+            {"cleanup": 1},
+            {1: 15, 2: 7, 4: 3, 8: 1},
+            id="cleanup",
+        ),
+        pytest.param(
+            {},
+            plans.Observed(slot_status=MappingProxyType({(S01, 3): states.SlotStatus.CLEANUP_BLOCKED})),
+            {"cleanup_blocked": 1},
+            {1: 15, 2: 7, 4: 3, 8: 1},
+            id="cleanup blocked",
+        ),
+    ],
+)
 def test_why_free_slots_are_not_launchable(
-        tmp_path: Path, edits: dict[str, tuple[str, str]], observed: plans.Observed, blocked: dict[str, int],
-        sizes: dict[int, int]) -> None:
+    tmp_path: Path,
+    edits: dict[str, tuple[str, str]],
+    observed: plans.Observed,
+    blocked: dict[str, int],
+    sizes: dict[int, int],
+) -> None:
     offer = _offer(capacity.read_model(_state(tmp_path, edits), observed))
     assert dict(offer.not_launchable) == blocked
     assert _sizes(offer) == sizes
@@ -132,13 +186,17 @@ def test_offline_observed_and_an_unchanged_head_plan_nothing(tmp_path: Path) -> 
 def test_after_applies_placements_and_releases(tmp_path: Path) -> None:
     observed = plans.Observed(claims=(_claim("old", S01, 0),))
     plan = plans.Plan(
-        placements=(plans.Placement("new", "acme", "h200-sxm-slice", "gpu_slice", 2, "us-east-1", S02, (0, 1),
-                                    None, None),),
-        releases=(plans.Release("old", S01, (0,)),))
+        placements=(
+            plans.Placement("new", "acme", "h200-sxm-slice", "gpu_slice", 2, "us-east-1", S02, (0, 1), None, None),
+        ),
+        releases=(plans.Release("old", S01, (0,)),),
+    )
     later = prplan.after(observed, plan)
     assert {(c.allocation_id, c.slot_index, c.status) for c in later.claims} == {
-        ("old", 0, states.ClaimStatus.RELEASING), ("new", 0, states.ClaimStatus.RESERVED),
-        ("new", 1, states.ClaimStatus.RESERVED)}
+        ("old", 0, states.ClaimStatus.RELEASING),
+        ("new", 0, states.ClaimStatus.RESERVED),
+        ("new", 1, states.ClaimStatus.RESERVED),
+    }
     assert later.slot_status[(S01, 0)] is states.SlotStatus.CLEANUP and "new" in later.placed
 
 

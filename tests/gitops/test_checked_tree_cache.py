@@ -84,16 +84,21 @@ def _stored(cache: Path, root: Path, rev: str) -> tuple[blobstore.DiskStore, str
 
 
 @pytest.mark.parametrize("tree", ["clean", "broken"])
-def test_a_commit_checked_before_is_not_validated_again(tree: str, fleet_repo: Repo, broken_repo: Repo,
-                                                        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_commit_checked_before_is_not_validated_again(
+    tree: str, fleet_repo: Repo, broken_repo: Repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = (fleet_repo if tree == "clean" else broken_repo).root
     want = sources.load(root, "HEAD")  # the full rules, no memo, no cache
     if tree == "clean":
         assert not want.problems
     else:
         codes = {(x.code, x.severity) for x in want.problems}
-        assert {(p.FIELD_UNKNOWN, p.Severity.ERROR), (p.REF_UNRESOLVED, p.Severity.ERROR),
-                (p.SLOT_DUPLICATE_MAC, p.Severity.ERROR), (p.SLOT_UNSCHEDULABLE, p.Severity.WARNING)} <= codes
+        assert {
+            (p.FIELD_UNKNOWN, p.Severity.ERROR),
+            (p.REF_UNRESOLVED, p.Severity.ERROR),
+            (p.SLOT_DUPLICATE_MAC, p.Severity.ERROR),
+            (p.SLOT_UNSCHEDULABLE, p.Severity.WARNING),
+        } <= codes
     cache = tmp_path / "cache"
     _same(_reader(cache).load(root, "HEAD"), want)
     runs = _rule_runs(monkeypatch)
@@ -104,9 +109,9 @@ def test_a_commit_checked_before_is_not_validated_again(tree: str, fleet_repo: R
         assert again.memo.owners == validating._mac_owners(want.state.slot_maps) != {}
 
 
-def test_gpuaas_validate_reads_a_checked_commit(broken_repo: Repo, tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str],
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpuaas_validate_reads_a_checked_commit(
+    broken_repo: Repo, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     def validate(*args: str) -> tuple[int, str]:
         capsys.readouterr()
         rc = cli.main(["validate", str(broken_repo.root), "--rev", "HEAD", *args])
@@ -173,9 +178,9 @@ def _cases(repo: Repo) -> list[tuple[str, str, str]]:
     return cases
 
 
-def test_pr_plans_over_a_checked_base_equal_plans_without_a_cache(fleet_repo: Repo, tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture[str],
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pr_plans_over_a_checked_base_equal_plans_without_a_cache(
+    fleet_repo: Repo, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     def run(*args: str) -> tuple[int, str]:
         capsys.readouterr()
         rc = cli.main([*args])
@@ -219,25 +224,29 @@ def test_pr_plans_over_a_checked_base_equal_plans_without_a_cache(fleet_repo: Re
     assert exits == {0, 1, 2}
 
 
-@pytest.mark.parametrize("payload", [
-    b"garbage",
-    b"",
-    b"[]",
-    b'{"format": 1, "found": [], "owners": {}, "more": 1}',
-    b'{"format": 2, "found": [], "owners": {}}',
-    b'{"format": true, "found": [], "owners": {}}',
-    b'[' * 100_000,
-    b'{"format": 1, "found": [["c", "m", "f", "1", 1, "error"]], "owners": {}}',
-    b'{"format": 1, "found": [["c", "m", "f", 1, 1, "fatal"]], "owners": {}}',
-    b'{"format": 1, "found": [["c", "m", "f", 1, true, "error"]], "owners": {}}',
-    b'{"format": 1, "found": [["c", "m", "f", 1, 1]], "owners": {}}',
-    b'{"format": 1, "found": {}, "owners": {}}',
-    b'{"format": 1, "found": [], "owners": {"52:54:00:00:00:01": [["n", 0]]}}',
-    b'{"format": 1, "found": [], "owners": {"52:54:00:00:00:01": [["n", 0], ["m", "1"]]}}',
-    b'{"format": 1, "found": [], "owners": []}',
-])
-def test_an_entry_of_another_shape_is_a_miss(payload: bytes, broken_repo: Repo, tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"garbage",
+        b"",
+        b"[]",
+        b'{"format": 1, "found": [], "owners": {}, "more": 1}',
+        b'{"format": 2, "found": [], "owners": {}}',
+        b'{"format": true, "found": [], "owners": {}}',
+        b"[" * 100_000,
+        b'{"format": 1, "found": [["c", "m", "f", "1", 1, "error"]], "owners": {}}',
+        b'{"format": 1, "found": [["c", "m", "f", 1, 1, "fatal"]], "owners": {}}',
+        b'{"format": 1, "found": [["c", "m", "f", 1, true, "error"]], "owners": {}}',
+        b'{"format": 1, "found": [["c", "m", "f", 1, 1]], "owners": {}}',
+        b'{"format": 1, "found": {}, "owners": {}}',
+        b'{"format": 1, "found": [], "owners": {"52:54:00:00:00:01": [["n", 0]]}}',
+        b'{"format": 1, "found": [], "owners": {"52:54:00:00:00:01": [["n", 0], ["m", "1"]]}}',
+        b'{"format": 1, "found": [], "owners": []}',
+    ],
+)
+def test_an_entry_of_another_shape_is_a_miss(
+    payload: bytes, broken_repo: Repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert blobcache.decode(payload) is None
     root = broken_repo.root
     want = sources.load(root, "HEAD")
@@ -253,8 +262,9 @@ def test_an_entry_of_another_shape_is_a_miss(payload: bytes, broken_repo: Repo, 
 
 
 @pytest.mark.parametrize("damage", ["payload", "mac", "key"])
-def test_a_damaged_or_foreign_entry_is_a_miss(damage: str, broken_repo: Repo, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_damaged_or_foreign_entry_is_a_miss(
+    damage: str, broken_repo: Repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = broken_repo.root
     want = sources.load(root, "HEAD")
     cache = tmp_path / "cache"
@@ -272,8 +282,9 @@ def test_a_damaged_or_foreign_entry_is_a_miss(damage: str, broken_repo: Repo, tm
     assert runs
 
 
-def test_other_code_or_another_path_is_a_miss(fleet_repo: Repo, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_other_code_or_another_path_is_a_miss(
+    fleet_repo: Repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = fleet_repo.root
     cache = tmp_path / "cache"
     fleet_repo.edit("nodes/h200-use1-s01.yaml", "region: us-east-1", "region: us-nowhere-1")

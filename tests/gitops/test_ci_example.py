@@ -40,7 +40,7 @@ def _command(workflow: dict[str, Any], prefix: str) -> list[str]:
         for line in str(step.get("run", "")).splitlines():
             if line.strip().startswith(prefix):
                 argv = shlex.split(line.replace("${BASE_REF}", "main"))
-                return argv[:argv.index(">")] if ">" in argv else argv
+                return argv[: argv.index(">")] if ">" in argv else argv
     raise AssertionError(f"no step runs {prefix!r}")
 
 
@@ -69,8 +69,8 @@ def test_workflow_validates_plans_and_posts_the_markdown(workflow: dict[str, Any
 
 
 def test_workflow_commands_run_against_a_real_pr(
-        workflow: dict[str, Any], fleet_repo: Repo, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    workflow: dict[str, Any], fleet_repo: Repo, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     main = fleet_repo.repo.head.commit.hexsha
     fleet_repo.repo.git.update_ref("refs/remotes/origin/main", main)  # what checkout with fetch-depth 0 leaves
     fleet_repo.repo.git.checkout("-b", "pr")
@@ -100,10 +100,17 @@ def test_the_plan_comment_is_posted_before_anything_fails(workflow: dict[str, An
 
 @pytest.mark.parametrize(("plan_exit", "job_passes"), [("0", True), ("2", True), ("1", False), ("3", False)])
 def test_the_gate_fails_the_job_on_invalid_and_pending_only(
-        workflow: dict[str, Any], plan_exit: str, job_passes: bool) -> None:
+    workflow: dict[str, Any], plan_exit: str, job_passes: bool
+) -> None:
     gate = next(s for s in _steps(workflow) if "PLAN_EXIT" in str(s.get("run", "")))
-    done = subprocess.run(["bash", "-e", "-c", gate["run"]], env={**os.environ, "PLAN_EXIT": plan_exit},
-                          capture_output=True, text=True, check=False, timeout=30)
+    done = subprocess.run(
+        ["bash", "-e", "-c", gate["run"]],
+        env={**os.environ, "PLAN_EXIT": plan_exit},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
     assert (done.returncode == 0) is job_passes
     assert job_passes or "::error::" in done.stdout
 
@@ -115,8 +122,8 @@ def _pr(fleet_repo: Repo, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_an_over_subscribing_pr_gets_its_comment_and_fails(
-        workflow: dict[str, Any], fleet_repo: Repo, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    workflow: dict[str, Any], fleet_repo: Repo, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Five 8-GPU requests where two hosts fit two: exit 3, and the markdown names the three left pending."""
     _pr(fleet_repo, monkeypatch)
     for i in range(5):
@@ -131,8 +138,8 @@ def test_an_over_subscribing_pr_gets_its_comment_and_fails(
 
 
 def test_an_invalid_pr_still_gets_its_invalid_comment(
-        workflow: dict[str, Any], fleet_repo: Repo, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    workflow: dict[str, Any], fleet_repo: Repo, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     _pr(fleet_repo, monkeypatch)
     fleet_repo.write("allocations/broken.yaml", "apiVersion: gpuaas.io/v1alpha1\nkind: Allocation\nid: broken\n")
     fleet_repo.commit("a broken request")

@@ -22,7 +22,8 @@ def _slice(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_draining_blocks_new_placements_only(
-        fleet_repo: Repo, loop: LoopRun, db_url: str, conn: connections.Connection) -> None:
+    fleet_repo: Repo, loop: LoopRun, db_url: str, conn: connections.Connection
+) -> None:
     fleet_repo.request("req-running", 1)
     loop.step()
     ((node, idx, _),) = claims(conn, "req-running")
@@ -63,7 +64,8 @@ def test_draining_blocks_new_placements_only(
 
 
 def test_status_counts_launchable_sizes_not_raw_slots(
-        fleet_repo: Repo, loop: LoopRun, db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, loop: LoopRun, db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     # s01: numa0 [0 1 2 3] numa1 [4 5 6 7]; one 1-GPU and one 2-GPU slice leave 5 free GPUs there
     fleet_repo.request("req-one", 1)
     fleet_repo.request("req-two", 2)

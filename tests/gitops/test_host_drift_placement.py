@@ -30,26 +30,38 @@ def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
 
 
 def _drift(code: str, slot: int | None) -> dict[str, object]:
-    return {"code": code, "message": f"{code} on {slot}", "slot_index": slot, "allocation_id": None,
-            "expected": None, "observed": None, "heal": None, "subject": None, "state": None}
+    return {
+        "code": code,
+        "message": f"{code} on {slot}",
+        "slot_index": slot,
+        "allocation_id": None,
+        "expected": None,
+        "observed": None,
+        "heal": None,
+        "subject": None,
+        "state": None,
+    }
 
 
 def _report_slot(conn: connections.Connection, node: str, slot: int, codes: list[str]) -> None:
     conn.execute(
         "INSERT INTO host_slot_status (node_name, slot_index, vm_state, drift) VALUES (%s, %s, 'absent', %s)"
         " ON CONFLICT (node_name, slot_index) DO UPDATE SET drift = EXCLUDED.drift, updated_at = clock_timestamp()",
-        (node, slot, Jsonb([_drift(c, slot) for c in codes])))
+        (node, slot, Jsonb([_drift(c, slot) for c in codes])),
+    )
 
 
 def _report_node(conn: connections.Connection, node: str, codes: list[str]) -> None:
     conn.execute(
         "INSERT INTO host_status (node_name, healthy, drift) VALUES (%s, true, %s)"
         " ON CONFLICT (node_name) DO UPDATE SET drift = EXCLUDED.drift, reported_at = now()",
-        (node, Jsonb([_drift(c, None) for c in codes])))
+        (node, Jsonb([_drift(c, None) for c in codes])),
+    )
 
 
 def test_host_reports_keep_drifted_slots_and_corrupt_nodes_off_the_market(
-        fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = str(fleet_repo.root)
     assert _cli(capsys, "apply", root, "--db-url", db_url)[0] == 0
     _report_node(conn, S01, ["drift.identity.changed"])  # node-wide: the host is not the machine approved
@@ -109,7 +121,8 @@ def test_host_reports_keep_drifted_slots_and_corrupt_nodes_off_the_market(
 
 
 def test_every_slot_drifted_is_node_wide_evidence(
-        fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert _cli(capsys, "apply", str(fleet_repo.root), "--db-url", db_url)[0] == 0
     for i in range(8):
         _report_slot(conn, S01, i, ["drift.disk.missing"])

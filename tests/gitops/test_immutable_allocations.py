@@ -39,8 +39,9 @@ def _placed(repo: Repo, db_url: str, capsys: pytest.CaptureFixture[str], conn: c
 
 
 def _row(conn: connections.Connection) -> tuple[object, ...]:
-    row = conn.execute("SELECT tenant, gpu_count, image, vm_profile, status FROM allocations"
-                       " WHERE id = 'alloc-r1'").fetchone()
+    row = conn.execute(
+        "SELECT tenant, gpu_count, image, vm_profile, status FROM allocations WHERE id = 'alloc-r1'"
+    ).fetchone()
     assert row is not None
     return tuple(row)
 
@@ -53,15 +54,25 @@ def _line_of(repo: Repo, err: str, field: str) -> None:
     assert lines[int(found[1]) - 1].startswith(f"{field}:"), (found[0], lines)
 
 
-@pytest.mark.parametrize(("field", "old", "new"), [
-    ("gpu_count", "gpu_count: 2", "gpu_count: 4"),
-    ("tenant", "tenant: acme", "tenant: globex"),
-    ("image", "region: us-east-1", f"region: us-east-1\nimage: {IMAGE}"),
-    ("vm_profile", "region: us-east-1", "region: us-east-1\nvm_profile: h200_2g_48c_128g"),
-])
+@pytest.mark.parametrize(
+    ("field", "old", "new"),
+    [
+        ("gpu_count", "gpu_count: 2", "gpu_count: 4"),
+        ("tenant", "tenant: acme", "tenant: globex"),
+        ("image", "region: us-east-1", f"region: us-east-1\nimage: {IMAGE}"),
+        ("vm_profile", "region: us-east-1", "region: us-east-1\nvm_profile: h200_2g_48c_128g"),
+    ],
+)
 def test_apply_refuses_an_edit_of_a_placed_allocation(
-        fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str], *,
-        field: str, old: str, new: str) -> None:
+    fleet_repo: Repo,
+    db_url: str,
+    conn: connections.Connection,
+    capsys: pytest.CaptureFixture[str],
+    *,
+    field: str,
+    old: str,
+    new: str,
+) -> None:
     good = _placed(fleet_repo, db_url, capsys, conn)
     before, held = _row(conn), claims(conn, "alloc-r1")
     fleet_repo.edit("allocations/alloc-r1.yaml", old, new)
@@ -82,7 +93,8 @@ def test_apply_refuses_an_edit_of_a_placed_allocation(
 
 
 def test_a_resize_is_a_release_and_a_new_request(
-        fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]
+) -> None:
     _placed(fleet_repo, db_url, capsys, conn)
     fleet_repo.release("alloc-r1")
     fleet_repo.request("alloc-r2", 4)
@@ -93,7 +105,8 @@ def test_a_resize_is_a_release_and_a_new_request(
 
 
 def test_an_edit_before_placement_is_allowed(
-        fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Only claims fix the sale: a request still pending may be edited."""
     fleet_repo.drain("h200-use1-s01")
     fleet_repo.drain("h200-use1-s02")
@@ -107,7 +120,8 @@ def test_an_edit_before_placement_is_allowed(
 
 
 def test_the_loop_refuses_it_once_and_keeps_the_last_valid_revision(
-        fleet_repo: Repo, db_url: str, conn: connections.Connection) -> None:
+    fleet_repo: Repo, db_url: str, conn: connections.Connection
+) -> None:
     run = make_loop(fleet_repo, db_url)
     try:
         good = fleet_repo.request("alloc-r1", 2)
@@ -138,13 +152,13 @@ def test_the_loop_refuses_it_once_and_keeps_the_last_valid_revision(
         run.loop.source.close()
 
 
-def test_plan_refuses_the_edit_head_against_base(
-        fleet_repo: Repo, capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_refuses_the_edit_head_against_base(fleet_repo: Repo, capsys: pytest.CaptureFixture[str]) -> None:
     base = fleet_repo.request("alloc-r1", 2)
     fleet_repo.edit("allocations/alloc-r1.yaml", "gpu_count: 2", "gpu_count: 4")
     head = fleet_repo.commit("alloc-r1: 4 GPUs")
-    rc, out, err = _cli(capsys, "plan", str(fleet_repo.root), "--offline", "--base", base, "--head", head,
-                        "--no-cache", "-o", "json")
+    rc, out, err = _cli(
+        capsys, "plan", str(fleet_repo.root), "--offline", "--base", base, "--head", head, "--no-cache", "-o", "json"
+    )
     assert rc == 1, err
     doc = json.loads(out)
     assert [(e["code"], e["file"]) for e in doc["errors"]] == [(CODE, "allocations/alloc-r1.yaml")]
@@ -155,7 +169,8 @@ def test_plan_refuses_the_edit_head_against_base(
 
 
 def test_nothing_of_a_refused_commit_is_written(
-        fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Other changes in the same commit (a drain, a new request) stay unwritten: one transaction rolled back."""
     _placed(fleet_repo, db_url, capsys, conn)
     generation = conn.execute("SELECT generation FROM inventory_generation").fetchone()

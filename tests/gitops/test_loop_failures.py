@@ -36,7 +36,8 @@ class Clock:
 
 
 def test_a_failing_session_is_replaced_and_the_revision_applies_on_a_fresh_one(
-        fleet_repo: Repo, db_url: str, conn: connections.Connection) -> None:
+    fleet_repo: Repo, db_url: str, conn: connections.Connection
+) -> None:
     made: list[connections.Connection] = []
 
     def connect() -> connections.Connection:
@@ -48,8 +49,9 @@ def test_a_failing_session_is_replaced_and_the_revision_applies_on_a_fresh_one(
 
     clock = Clock()
     run = make_loop(fleet_repo, db_url)
-    loop = watching.Loop(fleet_repo.root, run.loop.source, connect, stop=run.stop, interval=3600.0,
-                         log=run.events.append, clock=clock)
+    loop = watching.Loop(
+        fleet_repo.root, run.loop.source, connect, stop=run.stop, interval=3600.0, log=run.events.append, clock=clock
+    )
     try:
         sha = fleet_repo.request("req-fresh", 1)
         first = loop.step()
@@ -94,9 +96,16 @@ def test_failing_longer_than_max_failing_seconds_returns_gave_up(fleet_repo: Rep
     clock = Clock()
     nowhere = f"postgresql://gpuaas@/gpuaas?host={quote(str(tmp_path), safe='')}&port=5"
     events: list[watching.Event] = []
-    loop = watching.Loop(fleet_repo.root, _FixedHead(fleet_repo.commit("x"), clock),
-                         lambda: connections.connect(nowhere, autocommit=True, connect_timeout=2),
-                         stop=threading.Event(), interval=30.0, log=events.append, clock=clock, max_failing_s=120.0)
+    loop = watching.Loop(
+        fleet_repo.root,
+        _FixedHead(fleet_repo.commit("x"), clock),
+        lambda: connections.connect(nowhere, autocommit=True, connect_timeout=2),
+        stop=threading.Event(),
+        interval=30.0,
+        log=events.append,
+        clock=clock,
+        max_failing_s=120.0,
+    )
     last = loop.run()
     assert loop.gave_up and last is not None and last.kind == "error" and "exiting" in last.message
     tries = [e for e in events if e.kind == "error" and "db.unavailable" in e.message]
@@ -104,8 +113,9 @@ def test_failing_longer_than_max_failing_seconds_returns_gave_up(fleet_repo: Rep
     assert "fresh connection" in tries[0].message and "try 2" in tries[1].message
 
 
-def test_a_run_killed_mid_reconciliation_reads_as_abandoned_and_is_swept(db_url: str,
-                                                                          conn: connections.Connection) -> None:
+def test_a_run_killed_mid_reconciliation_reads_as_abandoned_and_is_swept(
+    db_url: str, conn: connections.Connection
+) -> None:
     victim = connections.connect(db_url, autocommit=True)
     ghost = history.start(victim, revision="deadbeef", source="apply test")
     alive = history.start(conn, revision="cafe", source="apply test")
@@ -117,8 +127,9 @@ def test_a_run_killed_mid_reconciliation_reads_as_abandoned_and_is_swept(db_url:
     seen = {r.id: r.result for r in history.recent(conn)}
     assert seen[ghost] == "abandoned" and seen[alive] == "running"  # a live run is never called abandoned
     history.start(conn, revision="next", source="apply test")  # the next start sweeps for good
-    row = conn.execute("SELECT result, finished_at IS NOT NULL, errors -> 0 ->> 'code' FROM reconciliations"
-                       " WHERE id = %s", (ghost,)).fetchone()
+    row = conn.execute(
+        "SELECT result, finished_at IS NOT NULL, errors -> 0 ->> 'code' FROM reconciliations WHERE id = %s", (ghost,)
+    ).fetchone()
     assert row == ("abandoned", True, "gitops.reconciliation_abandoned")
     assert revisions.latest_applied(conn) is None
 
@@ -130,14 +141,21 @@ def _socket_dir(db_url: str) -> tuple[Path, str]:
 
 @pytest.mark.slow
 def test_run_waits_for_the_database_at_start_up_then_applies(
-        fleet_repo: Repo, db_url: str, tmp_path: Path, conn: connections.Connection) -> None:
+    fleet_repo: Repo, db_url: str, tmp_path: Path, conn: connections.Connection
+) -> None:
     real_dir, port = _socket_dir(db_url)
     later = tmp_path / "sock"
     later.mkdir()
     url = db_url.replace(quote(str(real_dir), safe=""), quote(str(later), safe=""))
     assert url != db_url
-    proc = subprocess.Popen(_gpuaas("run", str(fleet_repo.root), "--db-url", url, "--interval", "60"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT)
+    proc = subprocess.Popen(
+        _gpuaas("run", str(fleet_repo.root), "--db-url", url, "--interval", "60"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+    )
     try:
         _wait_for_line(proc, "waiting for the database")
         _wait_for_line(proc, "waiting for the database")  # it keeps trying, it does not exit
@@ -168,8 +186,14 @@ def test_sigterm_during_start_up_is_a_clean_exit(fleet_repo: Repo, tmp_path: Pat
     spawn landed in the interpreter's own start-up at load 10, before any handler: killed, not exited);
     the bound is loose (a hang is what fails it; at load 10 an exit alone takes over a second)."""
     nowhere = f"postgresql://gpuaas@/gpuaas?host={quote(str(tmp_path), safe='')}&port=5"
-    proc = subprocess.Popen(_gpuaas("run", str(fleet_repo.root), "--db-url", nowhere),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT)
+    proc = subprocess.Popen(
+        _gpuaas("run", str(fleet_repo.root), "--db-url", nowhere),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+    )
     deadline = time.monotonic() + 60
     while not _catches_sigterm(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -184,11 +208,27 @@ def test_sigterm_during_start_up_is_a_clean_exit(fleet_repo: Repo, tmp_path: Pat
 
 def test_run_refuses_option_like_remote_and_branch_names(fleet_repo: Repo, tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
-    for remote, branch in ((f"--upload-pack=touch {marker};", "main"), ("origin", "--upload-pack=x"),
-                           ("origin", "a..b")):
-        done = subprocess.run(_gpuaas("run", str(fleet_repo.root), "--once", f"--remote={remote}",
-                                      f"--branch={branch}", "--db-url", "postgresql://nowhere/x"),
-                              capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+    for remote, branch in (
+        (f"--upload-pack=touch {marker};", "main"),
+        ("origin", "--upload-pack=x"),
+        ("origin", "a..b"),
+    ):
+        done = subprocess.run(
+            _gpuaas(
+                "run",
+                str(fleet_repo.root),
+                "--once",
+                f"--remote={remote}",
+                f"--branch={branch}",
+                "--db-url",
+                "postgresql://nowhere/x",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+            check=False,
+        )
         assert done.returncode == 1, done
         assert "gitops.ref_name" in done.stderr and "Traceback" not in done.stderr
     assert not marker.exists()
@@ -200,9 +240,9 @@ def test_remote_branch_source_needs_a_configured_remote(fleet_repo: Repo) -> Non
     assert e.value.code == "gitops.remote_unknown"
 
 
-
 def test_status_reports_a_failing_loop_until_a_reconciliation_succeeds(
-        db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]) -> None:
+    db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]
+) -> None:
     from reconciler import cli
 
     ok = history.start(conn, revision="aaaa", source="apply test")
@@ -214,8 +254,7 @@ def test_status_reports_a_failing_loop_until_a_reconciliation_succeeds(
     history.finish(conn, invalid, result="error", counts={revisions.INVALID_COUNT: 1}, problems=[])
     health = history.health(conn)
     assert health.failing and health.failures == 2 and health.failing_code == "db.error"
-    assert (health.last_applied_revision, health.failing_revision, health.invalid_revision) == ("aaaa", "bbbb",
-                                                                                                "cccc")
+    assert (health.last_applied_revision, health.failing_revision, health.invalid_revision) == ("aaaa", "bbbb", "cccc")
     assert cli.main(["status", "--db-url", db_url]) == 0
     text = capsys.readouterr().out
     assert "FAILING since" in text and "db.error: it broke" in text and "cccc is invalid" in text
@@ -227,7 +266,8 @@ def test_status_reports_a_failing_loop_until_a_reconciliation_succeeds(
 
 
 def test_one_apply_places_baremetal_and_slice_requests_added_together_on_a_fresh_database(
-        tmp_path: Path, db_url: str, conn: connections.Connection) -> None:
+    tmp_path: Path, db_url: str, conn: connections.Connection
+) -> None:
     import shutil
 
     from reconciler import cli, requests
@@ -235,21 +275,32 @@ def test_one_apply_places_baremetal_and_slice_requests_added_together_on_a_fresh
 
     root = tmp_path / "fleet"
     shutil.copytree(EXAMPLE, root)
-    requests.create(root, tenant="acme", sku="h200-sxm-baremetal-8g", gpus=8, region="us-east-1",
-                    allocation_id="req-bm")
+    requests.create(
+        root, tenant="acme", sku="h200-sxm-baremetal-8g", gpus=8, region="us-east-1", allocation_id="req-bm"
+    )
     requests.create(root, tenant="acme", sku="h200-sxm-slice", gpus=1, region="us-east-1", allocation_id="req-1g")
     assert cli.main(["apply", str(root), "--db-url", db_url]) == 0
-    kinds = dict(conn.execute("SELECT allocation_id, min(claim_kind::text) FROM allocation_resource_claims"
-                              " WHERE allocation_id IN ('req-bm', 'req-1g') GROUP BY allocation_id").fetchall())
+    kinds = dict(
+        conn.execute(
+            "SELECT allocation_id, min(claim_kind::text) FROM allocation_resource_claims"
+            " WHERE allocation_id IN ('req-bm', 'req-1g') GROUP BY allocation_id"
+        ).fetchall()
+    )
     assert kinds == {"req-bm": "node_exclusive", "req-1g": "slot"}
 
 
 def test_run_exits_3_when_the_database_stays_unreachable_from_start_up(fleet_repo: Repo, tmp_path: Path) -> None:
     nowhere = f"postgresql://gpuaas@/gpuaas?host={quote(str(tmp_path), safe='')}&port=5"
     t0 = time.monotonic()
-    done = subprocess.run(_gpuaas("run", str(fleet_repo.root), "--db-url", nowhere, "--interval", "0.5",
-                                  "--max-failing-seconds", "1.5"),
-                          capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=180, check=False)
+    done = subprocess.run(
+        _gpuaas("run", str(fleet_repo.root), "--db-url", nowhere, "--interval", "0.5", "--max-failing-seconds", "1.5"),
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+        timeout=180,
+        check=False,
+    )
     assert done.returncode == GAVE_UP, done
     # gave up after S, it did not wait forever (loose: start-up alone takes seconds at load 10 on 2 cores)
     assert time.monotonic() - t0 < 60, done.stdout
@@ -259,21 +310,29 @@ def test_run_exits_3_when_the_database_stays_unreachable_from_start_up(fleet_rep
 
 @pytest.mark.slow
 def test_run_exits_3_when_the_database_goes_away_and_stays_away(
-        fleet_repo: Repo, db_url: str, tmp_path: Path, conn: connections.Connection) -> None:
+    fleet_repo: Repo, db_url: str, tmp_path: Path, conn: connections.Connection
+) -> None:
     real_dir, port = _socket_dir(db_url)
     via = tmp_path / "sock"
     via.mkdir()
     link = via / f".s.PGSQL.{port}"
     os.symlink(real_dir / link.name, link)
     url = db_url.replace(quote(str(real_dir), safe=""), quote(str(via), safe=""))
-    proc = subprocess.Popen(_gpuaas("run", str(fleet_repo.root), "--db-url", url, "--interval", "0.5",
-                                    "--max-failing-seconds", "2"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT)
+    proc = subprocess.Popen(
+        _gpuaas("run", str(fleet_repo.root), "--db-url", url, "--interval", "0.5", "--max-failing-seconds", "2"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+    )
     try:
         _wait_for_line(proc, "applied")
         link.unlink()  # the database goes away: no new session can reach it ...
-        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"  # ... and the loop's is cut
-                     " WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"  # ... and the loop's is cut
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
         fleet_repo.request("req-while-down", 1)
         t0 = time.monotonic()
         out, _ = proc.communicate(timeout=120)
@@ -288,18 +347,30 @@ def test_run_exits_3_when_the_database_goes_away_and_stays_away(
 
 
 def test_a_revision_that_keeps_failing_in_the_database_does_not_hold_back_a_newer_one(
-        fleet_repo: Repo, db_url: str, conn: connections.Connection) -> None:
+    fleet_repo: Repo, db_url: str, conn: connections.Connection
+) -> None:
     # A fault bound to one revision's content, on every session: the database refuses the
     # allocation it adds (as a constraint or a bug in a statement would), on every try.
-    conn.execute("CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
-                 " IF NEW.id = 'req-poison' THEN RAISE EXCEPTION 'req-poison refused'; END IF;"
-                 " RETURN NEW; END $$")
-    conn.execute("CREATE TRIGGER refuse_poison BEFORE INSERT OR UPDATE ON allocations"
-                 " FOR EACH ROW EXECUTE FUNCTION refuse_poison()")
+    conn.execute(
+        "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " IF NEW.id = 'req-poison' THEN RAISE EXCEPTION 'req-poison refused'; END IF;"
+        " RETURN NEW; END $$"
+    )
+    conn.execute(
+        "CREATE TRIGGER refuse_poison BEFORE INSERT OR UPDATE ON allocations"
+        " FOR EACH ROW EXECUTE FUNCTION refuse_poison()"
+    )
     clock = Clock()
     run = make_loop(fleet_repo, db_url)
-    loop = watching.Loop(fleet_repo.root, run.loop.source, lambda: connections.connect(db_url, autocommit=True),
-                         stop=run.stop, interval=30.0, log=run.events.append, clock=clock)
+    loop = watching.Loop(
+        fleet_repo.root,
+        run.loop.source,
+        lambda: connections.connect(db_url, autocommit=True),
+        stop=run.stop,
+        interval=30.0,
+        log=run.events.append,
+        clock=clock,
+    )
     try:
         bad = fleet_repo.request("req-poison", 1)
         for tries in (1, 2, 3):  # the first on a fresh connection, then with back-off: it keeps failing

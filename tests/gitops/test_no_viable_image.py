@@ -22,8 +22,9 @@ def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
     return rc, out.out, out.err
 
 
-def test_no_image_no_placement(fleet_repo: Repo, db_url: str, conn: connections.Connection,
-                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_image_no_placement(
+    fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]
+) -> None:
     for image in ("h200-ubuntu-24.04-gpuaas-slice", "ubuntu-24.04-gpuaas-slice", "ubuntu-24.04-maas"):
         fleet_repo.remove(f"images/{image}.yaml")
     fleet_repo.commit("no images")

@@ -34,19 +34,25 @@ def test_the_deadline_is_a_pure_function_of_times_and_policy() -> None:
     assert not deadlines.overdue(requested_at=t0, seen_at=t0 + dt.timedelta(seconds=30), now=late, seconds=60)
 
 
-def test_an_unplaceable_request_fails_past_its_deadline(db_url: str, tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unplaceable_request_fails_past_its_deadline(
+    db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     fleet = tmp_path / "fleet"
     shutil.copytree(EXAMPLE, fleet)
     text = (fleet / "fleet.yaml").read_text()
-    (fleet / "fleet.yaml").write_text(text.replace("  max_claim_attempts: 5\n",
-                                                   "  max_claim_attempts: 5\n  pending_deadline_seconds: 0\n"
-                                                   "  pending_deadline_by_sku: {amd-mi300x-roce-slice: 600}\n"))
+    (fleet / "fleet.yaml").write_text(
+        text.replace(
+            "  max_claim_attempts: 5\n",
+            "  max_claim_attempts: 5\n  pending_deadline_seconds: 0\n"
+            "  pending_deadline_by_sku: {amd-mi300x-roce-slice: 600}\n",
+        )
+    )
     # MI300X in us-east-1, where no node has them: pending with a reason
     (fleet / "allocations" / "late-0001.yaml").write_text(
         "apiVersion: gpuaas.io/v1alpha1\nkind: Allocation\nid: late-0001\ntenant: hooli\n"
         "sku: amd-mi300x-roce-slice\ngpu_count: 4\nregion: us-east-1\n"
-        f"ssh_keys:\n  - {KEY}\nstate: present\nrequested_at: 2026-11-20T09:00:00Z\n")
+        f"ssh_keys:\n  - {KEY}\nstate: present\nrequested_at: 2026-11-20T09:00:00Z\n"
+    )
     assert cli.main(["apply", str(fleet), "--db-url", db_url]) == 0
     with connections.connect(db_url, autocommit=True) as conn:
         status, code = conn.execute("SELECT status, pending_code FROM allocations WHERE id = 'late-0001'").fetchone()
@@ -56,12 +62,15 @@ def test_an_unplaceable_request_fails_past_its_deadline(db_url: str, tmp_path: P
     assert cli.main(["apply", str(fleet), "--db-url", db_url, "-o", "json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     with connections.connect(db_url, autocommit=True) as conn:
-        row = conn.execute("SELECT status, failure_code, failure_message FROM allocations WHERE id = 'late-0001'"
-                           ).fetchone()
-        event = conn.execute("SELECT payload FROM outbox WHERE aggregate_id = 'late-0001'"
-                             " AND event_type = 'allocation.failed'").fetchone()
-        others = conn.execute("SELECT count(*) FROM allocations WHERE status = 'failed' AND id <> 'late-0001'"
-                              ).fetchone()
+        row = conn.execute(
+            "SELECT status, failure_code, failure_message FROM allocations WHERE id = 'late-0001'"
+        ).fetchone()
+        event = conn.execute(
+            "SELECT payload FROM outbox WHERE aggregate_id = 'late-0001' AND event_type = 'allocation.failed'"
+        ).fetchone()
+        others = conn.execute(
+            "SELECT count(*) FROM allocations WHERE status = 'failed' AND id <> 'late-0001'"
+        ).fetchone()
     assert row[0] == "failed" and row[1] == "sku_unavailable" and code in row[2]
     assert event[0]["reasons"][0]["code"] == code and event[0]["deadline_s"] == 600
     assert others[0] == 0  # deadline 0 elsewhere: nothing else failed, however old

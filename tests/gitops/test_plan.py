@@ -42,7 +42,8 @@ def without_s02_slots(fleet_repo: Repo) -> Repo:
 
 
 def test_pr_adding_a_slot_map_plans_the_new_capacity(
-        without_s02_slots: Repo, capsys: pytest.CaptureFixture[str]) -> None:
+    without_s02_slots: Repo, capsys: pytest.CaptureFixture[str]
+) -> None:
     rc, doc = _json(capsys, without_s02_slots, "--offline", "--base", "main", "--head", "pr", "--detailed-exitcode")
     assert rc == 2 and doc["valid"] and doc["changed"]
     assert {"kind": "SlotMap", "name": "h200-use1-s02", "action": "added", "fields": []} in doc["inventory"]["changes"]
@@ -54,8 +55,12 @@ def test_pr_adding_a_slot_map_plans_the_new_capacity(
     assert (node["mode_before"], node["mode_after"]) == ("slice_candidate", "both_capable")
     assert doc["placements"] == [] and doc["pending"] == []
     capacity = {(c["region"], c["sku"], c["gpu_count"]): (c["before"], c["after"]) for c in doc["capacity"]}
-    assert capacity == {("us-east-1", "h200-sxm-slice", 1): (0, 8), ("us-east-1", "h200-sxm-slice", 2): (0, 4),
-                        ("us-east-1", "h200-sxm-slice", 4): (0, 2), ("us-east-1", "h200-sxm-slice", 8): (0, 1)}
+    assert capacity == {
+        ("us-east-1", "h200-sxm-slice", 1): (0, 8),
+        ("us-east-1", "h200-sxm-slice", 2): (0, 4),
+        ("us-east-1", "h200-sxm-slice", 4): (0, 2),
+        ("us-east-1", "h200-sxm-slice", 8): (0, 1),
+    }
 
 
 def test_pr_adding_a_slot_map_places_what_waited(without_s02_slots: Repo, capsys: pytest.CaptureFixture[str]) -> None:
@@ -90,12 +95,15 @@ def test_pr_plan_text_and_markdown(without_s02_slots: Repo, capsys: pytest.Captu
 
 
 def test_pr_with_a_broken_file_plans_nothing_and_exits_1_with_file_line(
-        fleet_repo: Repo, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, capsys: pytest.CaptureFixture[str]
+) -> None:
     _branch(fleet_repo, "pr")
     fleet_repo.request("req-ok", 1)
-    fleet_repo.write("allocations/req-bad.yaml",
-                     "apiVersion: gpuaas.io/v1alpha1\nkind: Allocation\nid: req-bad\ntenant: acme\n"
-                     "sku: h200-sxm-slice\ngpu_count: 3\nregion: us-east-1\nrequested_at: 2026-11-01T00:00:00Z\n")
+    fleet_repo.write(
+        "allocations/req-bad.yaml",
+        "apiVersion: gpuaas.io/v1alpha1\nkind: Allocation\nid: req-bad\ntenant: acme\n"
+        "sku: h200-sxm-slice\ngpu_count: 3\nregion: us-east-1\nrequested_at: 2026-11-01T00:00:00Z\n",
+    )
     fleet_repo.commit("a request for 3 GPUs")
     for flags in ((), ("--detailed-exitcode",)):
         rc, out, err = _plan(capsys, str(fleet_repo.root), "--offline", "--base", "main", "--head", "pr", *flags)
@@ -116,7 +124,8 @@ def test_no_change_exits_0_with_detailed_exitcode(fleet_repo: Repo, capsys: pyte
 
 
 def test_draining_shows_in_plan_and_takes_no_new_placement(
-        fleet_repo: Repo, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, capsys: pytest.CaptureFixture[str]
+) -> None:
     fleet_repo.request("req-running", 1)  # lands on h200-use1-s01 (first node with a free best fit)
     _branch(fleet_repo, "pr")
     fleet_repo.drain("h200-use1-s01")
@@ -127,12 +136,14 @@ def test_draining_shows_in_plan_and_takes_no_new_placement(
     assert modes["h200-use1-s01"] == ("slice_active", "draining")
     assert [(p["allocation_id"], p["node"]) for p in doc["placements"]] == [("req-new", "h200-use1-s02")]
     assert doc["releases"] == []  # the running allocation stays
-    assert {"kind": "Node", "name": "h200-use1-s01", "action": "changed", "fields": ["admin_state"]} in \
-        doc["inventory"]["changes"]
+    assert {"kind": "Node", "name": "h200-use1-s01", "action": "changed", "fields": ["admin_state"]} in doc[
+        "inventory"
+    ]["changes"]
 
 
 def test_plan_against_the_database_reads_claims_and_writes_nothing(
-        fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]
+) -> None:
     fleet_repo.request("req-live", 8)
     run = make_loop(fleet_repo, db_url)
     run.step()
@@ -159,7 +170,8 @@ def test_unknown_base_is_an_error_not_a_traceback(fleet_repo: Repo, capsys: pyte
 
 
 def test_plan_against_a_database_without_schema_plans_from_nothing(
-        fleet_repo: Repo, empty_db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, empty_db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     fleet_repo.request("req-first", 1)
     rc, doc = _json(capsys, fleet_repo, "--db-url", empty_db_url, "--detailed-exitcode")
     assert rc == 2 and doc["base"] is None

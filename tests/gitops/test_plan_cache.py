@@ -69,9 +69,9 @@ def _count_planning(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return planned
 
 
-def test_replayed_plans_equal_plans_from_scratch(fleet_repo: Repo, tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str],
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_replayed_plans_equal_plans_from_scratch(
+    fleet_repo: Repo, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     shas = _history(fleet_repo)
     cache = str(tmp_path / "cache")
     root = str(fleet_repo.root)
@@ -89,9 +89,9 @@ def test_replayed_plans_equal_plans_from_scratch(fleet_repo: Repo, tmp_path: Pat
 
 
 @pytest.mark.parametrize("damage", ["payload", "mac", "key"])
-def test_a_damaged_or_foreign_entry_is_planned_again(fleet_repo: Repo, tmp_path: Path, damage: str,
-                                                     capsys: pytest.CaptureFixture[str],
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_damaged_or_foreign_entry_is_planned_again(
+    fleet_repo: Repo, tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     base = fleet_repo.request("req-a", 1)
     head = fleet_repo.request("req-b", 2)
     cache = tmp_path / "cache"
@@ -113,9 +113,9 @@ def test_a_damaged_or_foreign_entry_is_planned_again(fleet_repo: Repo, tmp_path:
     assert planned == [1]
 
 
-def test_other_code_or_a_saved_plan_is_never_replayed(fleet_repo: Repo, tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture[str],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_other_code_or_a_saved_plan_is_never_replayed(
+    fleet_repo: Repo, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     base = fleet_repo.request("req-a", 1)
     head = fleet_repo.request("req-b", 2)
     flags = (str(fleet_repo.root), "--offline", "--base", base, "--head", head, "--cache-dir", str(tmp_path / "c"))
@@ -134,8 +134,9 @@ def test_the_command_equals_a_plan_composed_cold(fleet_repo: Repo, capsys: pytes
 
     shas = _history(fleet_repo)
     for base, head in itertools.pairwise(shas):
-        rc, out, _ = _run(capsys, str(fleet_repo.root), "--offline", "--base", base, "--head", head, "-o", "json",
-                          "--no-cache")
+        rc, out, _ = _run(
+            capsys, str(fleet_repo.root), "--offline", "--base", base, "--head", head, "-o", "json", "--no-cache"
+        )
         loaded_head = sources.load(fleet_repo.root, head)
         if loaded_head.errors:
             assert rc == 1
@@ -158,8 +159,10 @@ def test_a_read_model_reusing_the_base_memo_equals_one_built_fresh(fleet_repo: R
         memo = capacity.Memo()
         warm = replanning.WarmPlanner()
         capacity.read_model(base_state, observed, engine=warm.engine(base_state, observed), memo=memo)
-        reused = capacity.read_model(head_state, observed_after, engine=warm.engine(head_state, observed_after),
-                                     memo=memo)
-        assert reused == capacity.read_model(head_state, observed_after, engine=placing.Engine(head_state,
-                                                                                                observed_after))
+        reused = capacity.read_model(
+            head_state, observed_after, engine=warm.engine(head_state, observed_after), memo=memo
+        )
+        assert reused == capacity.read_model(
+            head_state, observed_after, engine=placing.Engine(head_state, observed_after)
+        )
         assert memo.summaries and memo.slices

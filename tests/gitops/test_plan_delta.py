@@ -37,8 +37,8 @@ FORMATS = ("json", "markdown", "text")
 def fleet_repo(tmp_path: Path) -> Iterator[Repo]:
     """The conftest fleet plus a node in another region that no edit touches.
 
-        us-east-1   h200-use1-s01, h200-use1-s02   (edited, planned onto)
-        eu-west-1   h200-euw1-s01                  (never touched)
+    us-east-1   h200-use1-s01, h200-use1-s02   (edited, planned onto)
+    eu-west-1   h200-euw1-s01                  (never touched)
     """
     root = tmp_path / "desired"
     make_fleet(root, (*NODES, "h200-euw1-s01"))
@@ -102,8 +102,13 @@ def _cold(root: Path, base: str, head: str) -> tuple[int, prplan.PrPlan]:
         return 1, prplan.invalid(base, loaded_head.state.revision, tuple(loaded_head.errors), offline=True)
     loaded_base = sources.load(root, base)
     assert deltas.delta_of(loaded_head.state, loaded_base.state) is None  # really read whole
-    pr = prplan.compose(loaded_base.state, loaded_head.state, prplan.offline_observed(loaded_base.state),
-                        offline=True, base_errors=tuple(loaded_base.errors))
+    pr = prplan.compose(
+        loaded_base.state,
+        loaded_head.state,
+        prplan.offline_observed(loaded_base.state),
+        offline=True,
+        base_errors=tuple(loaded_base.errors),
+    )
     # errors: an edit of an allocation base placed ("req-c grows to 4 GPUs", desired.allocation.immutable)
     return (1 if pr.errors else 2 if pr.changed else 0), pr
 
@@ -114,8 +119,9 @@ def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     return rc, capsys.readouterr().out
 
 
-def test_a_head_read_by_delta_plans_byte_for_byte_as_two_whole_reads(fleet_repo: Repo, tmp_path: Path,
-                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_head_read_by_delta_plans_byte_for_byte_as_two_whole_reads(
+    fleet_repo: Repo, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     shas = _history(fleet_repo)
     root = str(fleet_repo.root)
     seen = set()
@@ -140,8 +146,10 @@ def test_the_inventory_diff_by_delta_equals_the_whole_comparison(fleet_repo: Rep
         whole = sources.load(fleet_repo.root, head).state
         assert inventory_diff.diff(base_state, by_delta) == inventory_diff.diff(base_state, whole), (base, head)
         ready = {"h200-use1-s01": False}  # observed firmware readiness overrides the node's
-        assert (inventory_diff.diff(base_state, by_delta, ready)
-                == inventory_diff.diff(base_state, whole, ready)), (base, head)
+        assert inventory_diff.diff(base_state, by_delta, ready) == inventory_diff.diff(base_state, whole, ready), (
+            base,
+            head,
+        )
 
 
 def _whole_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -157,8 +165,9 @@ def _whole_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return whole_reads
 
 
-def test_head_is_read_by_delta_from_base(fleet_repo: Repo, capsys: pytest.CaptureFixture[str],
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_head_is_read_by_delta_from_base(
+    fleet_repo: Repo, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Fails when the command silently reads head whole, or compares every document."""
     base = fleet_repo.request("req-a", 1)
     fleet_repo.drain("h200-use1-s02")
@@ -198,8 +207,19 @@ def test_head_is_read_by_delta_from_base(fleet_repo: Repo, capsys: pytest.Captur
     monkeypatch.setattr(prplan, "compose", compose)
     monkeypatch.setattr(blobcache, "open_reader", open_reader)
     monkeypatch.setattr(inventory_diff, "_capabilities", capabilities)
-    rc, out = _run(capsys, str(fleet_repo.root), "--offline", "--base", base, "--head", head, "-o", "json",
-                   "--no-cache", "--detailed-exitcode")
+    rc, out = _run(
+        capsys,
+        str(fleet_repo.root),
+        "--offline",
+        "--base",
+        base,
+        "--head",
+        head,
+        "-o",
+        "json",
+        "--no-cache",
+        "--detailed-exitcode",
+    )
     assert rc == 2 and '"req-b"' in out
     assert whole_reads == [base]  # head came from git diff-tree, not a listing of its whole tree
     ((base_state, head_state),) = composed
@@ -214,7 +234,8 @@ def test_head_is_read_by_delta_from_base(fleet_repo: Repo, capsys: pytest.Captur
 
 
 def test_against_the_database_a_given_base_is_read_first_and_head_by_delta(
-        fleet_repo: Repo, db_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    fleet_repo: Repo, db_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Online with `--base`: the same output as two whole reads (the delta declined), and head read by delta."""
     base = fleet_repo.request("req-live", 2)
     run = make_loop(fleet_repo, db_url)  # req-live's claims are in the database
@@ -223,8 +244,19 @@ def test_against_the_database_a_given_base_is_read_first_and_head_by_delta(
     fleet_repo.drain("h200-use1-s01")
     head = fleet_repo.request("req-next", 4)
     whole_reads = _whole_reads(monkeypatch)
-    flags = (str(fleet_repo.root), "--db-url", db_url, "--base", base, "--head", head, "-o", "json",
-             "--detailed-exitcode", "--no-cache")
+    flags = (
+        str(fleet_repo.root),
+        "--db-url",
+        db_url,
+        "--base",
+        base,
+        "--head",
+        head,
+        "-o",
+        "json",
+        "--detailed-exitcode",
+        "--no-cache",
+    )
     by_delta = _run(capsys, *flags)
     assert whole_reads == [base]
     assert by_delta[0] == 2 and '"req-next"' in by_delta[1]

@@ -19,8 +19,9 @@ def _plan(capsys: pytest.CaptureFixture[str], repo: Repo, *args: str) -> str:
 def test_a_changed_field_shows_its_old_and_new_value(fleet_repo: Repo, capsys: pytest.CaptureFixture[str]) -> None:
     fleet_repo.repo.git.checkout("-b", "pr")
     fleet_repo.edit("nodes/h200-use1-s01.yaml", "admin_state: active", "admin_state: draining")
-    fleet_repo.edit("slotmaps/h200-use1-s02.yaml", "private_ip: 10.100.0.10\n", "private_ip: 10.100.0.10\n"
-                    "    enabled: false\n")  # the first slot
+    fleet_repo.edit(
+        "slotmaps/h200-use1-s02.yaml", "private_ip: 10.100.0.10\n", "private_ip: 10.100.0.10\n    enabled: false\n"
+    )  # the first slot
     fleet_repo.commit("drain s01, disable a slot of s02")
     text = _plan(capsys, fleet_repo)
     assert "~ Node h200-use1-s01 (admin_state: active -> draining)" in text
@@ -28,8 +29,13 @@ def test_a_changed_field_shows_its_old_and_new_value(fleet_repo: Repo, capsys: p
     md = _plan(capsys, fleet_repo, "-o", "markdown")
     assert "| \\~ changed | Node | `h200-use1-s01` | admin\\_state: active → draining |" in md
     doc = json.loads(_plan(capsys, fleet_repo, "-o", "json"))
-    assert {"kind": "Node", "name": "h200-use1-s01", "field": "admin_state", "before": "active",
-            "after": "draining"} in doc["inventory"]["values"]
+    assert {
+        "kind": "Node",
+        "name": "h200-use1-s01",
+        "field": "admin_state",
+        "before": "active",
+        "after": "draining",
+    } in doc["inventory"]["values"]
 
 
 def test_long_and_many_values_are_cut() -> None:
@@ -43,7 +49,8 @@ def test_long_and_many_values_are_cut() -> None:
 
 
 def test_a_node_whose_capability_does_not_change_shows_no_arrow_for_it(
-        fleet_repo: Repo, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, capsys: pytest.CaptureFixture[str]
+) -> None:
     fleet_repo.repo.git.checkout("-b", "pr")
     fleet_repo.request("req-1", 1)
     doc = json.loads(_plan(capsys, fleet_repo, "-o", "json"))
@@ -59,7 +66,8 @@ def test_a_node_whose_capability_does_not_change_shows_no_arrow_for_it(
 
 
 def test_a_removed_document_reads_removed_as_the_sync_records_it(
-        fleet_repo: Repo, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The PR plan and the sync (`RowChange`, tests/claims/test_inventory.py) use one word for a file git drops."""
     fleet_repo.repo.git.checkout("-b", "pr")
     fleet_repo.remove("slotmaps/h200-use1-s02.yaml")

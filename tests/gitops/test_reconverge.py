@@ -46,7 +46,8 @@ def _tick(loop: LoopRun) -> watching.Event | None:
 
 
 def test_a_restore_from_an_older_backup_is_brought_back_to_head(
-        fleet_repo: Repo, loop: LoopRun, db_url: str, conn: connections.Connection, tmp_path: Path) -> None:
+    fleet_repo: Repo, loop: LoopRun, db_url: str, conn: connections.Connection, tmp_path: Path
+) -> None:
     first = loop.step()
     assert first is not None and first.kind == "applied"
     backup = tmp_path / "at-base.dump"
@@ -54,8 +55,12 @@ def test_a_restore_from_an_older_backup_is_brought_back_to_head(
     head = fleet_repo.request("req-head", 2)
     applied = loop.step()
     assert applied is not None and applied.revision == head and len(claims(conn, "req-head")) == 2
-    subprocess.run([str(PG_BIN / "pg_restore"), "--clean", "--if-exists", "--single-transaction", "-d", db_url,
-                    str(backup)], check=True, timeout=120, capture_output=True)
+    subprocess.run(
+        [str(PG_BIN / "pg_restore"), "--clean", "--if-exists", "--single-transaction", "-d", db_url, str(backup)],
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
     assert claims(conn, "req-head") == [] and revisions.latest_applied(conn) == first.revision  # the old store
     event = _tick(loop)  # one tick: no error first (the restored tables make the old session's plans stale)
     assert event is not None and event.kind == "applied" and "gitops.reconverged" in event.message, event
@@ -64,7 +69,8 @@ def test_a_restore_from_an_older_backup_is_brought_back_to_head(
 
 
 def test_another_writer_applying_an_ancestor_is_undone_within_one_interval(
-        fleet_repo: Repo, loop: LoopRun, conn: connections.Connection) -> None:
+    fleet_repo: Repo, loop: LoopRun, conn: connections.Connection
+) -> None:
     base, head = _applied_twice(fleet_repo, loop)
     reconciling.reconcile(conn, _state_at(fleet_repo, base), source="apply")  # `gpuaas apply --rev base`
     assert revisions.latest_applied(conn) == base
@@ -84,7 +90,8 @@ def test_a_truncated_history_is_applied_again(fleet_repo: Repo, loop: LoopRun, c
 
 
 def test_a_newer_revision_applied_elsewhere_is_left_alone(
-        fleet_repo: Repo, loop: LoopRun, conn: connections.Connection) -> None:
+    fleet_repo: Repo, loop: LoopRun, conn: connections.Connection
+) -> None:
     """Another reconciler is ahead (a commit this clone has not fetched): never rolled back from here."""
     _base, head = _applied_twice(fleet_repo, loop)
     conn.execute("UPDATE reconciliations SET revision = %s WHERE revision = %s", ("f" * 40, head))
@@ -93,7 +100,8 @@ def test_a_newer_revision_applied_elsewhere_is_left_alone(
 
 
 def test_a_database_that_lost_its_schema_is_migrated_and_brought_back(
-        fleet_repo: Repo, loop: LoopRun, conn: connections.Connection) -> None:
+    fleet_repo: Repo, loop: LoopRun, conn: connections.Connection
+) -> None:
     _base, head = _applied_twice(fleet_repo, loop)
     conn.execute("DROP SCHEMA public CASCADE")
     conn.execute("CREATE SCHEMA public")
@@ -106,7 +114,8 @@ def test_a_database_that_lost_its_schema_is_migrated_and_brought_back(
 
 
 def test_told_not_to_migrate_the_loop_stops_with_a_code(
-        fleet_repo: Repo, loop: LoopRun, conn: connections.Connection) -> None:
+    fleet_repo: Repo, loop: LoopRun, conn: connections.Connection
+) -> None:
     _applied_twice(fleet_repo, loop)
     loop.loop.migrate = False
     conn.execute("DROP SCHEMA public CASCADE")
@@ -119,15 +128,21 @@ def test_told_not_to_migrate_the_loop_stops_with_a_code(
 def test_run_no_migrate_exits_4_on_an_empty_database(fleet_repo: Repo, empty_db_url: str) -> None:
     from tests.gitops.test_run_command import _env, _gpuaas
 
-    done = subprocess.run(_gpuaas("run", str(fleet_repo.root), "--once", "--no-migrate", "--db-url", empty_db_url),
-                          env=_env(), timeout=120, capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        _gpuaas("run", str(fleet_repo.root), "--once", "--no-migrate", "--db-url", empty_db_url),
+        env=_env(),
+        timeout=120,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 4, done
     assert "gitops.no_schema" in done.stdout + done.stderr
 
 
 def test_a_force_push_to_an_older_commit_is_recorded_and_shown(
-        fleet_repo: Repo, loop: LoopRun, conn: connections.Connection, db_url: str,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, loop: LoopRun, conn: connections.Connection, db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     base, head = _applied_twice(fleet_repo, loop)
     fleet_repo.repo.git.reset("--hard", base)  # the branch moved back (force-push, rollback)
     event = loop.step()
@@ -152,7 +167,8 @@ def test_a_force_push_to_an_older_commit_is_recorded_and_shown(
 
 
 def test_an_invalid_head_is_not_applied_and_says_since_when(
-        fleet_repo: Repo, loop: LoopRun, conn: connections.Connection) -> None:
+    fleet_repo: Repo, loop: LoopRun, conn: connections.Connection
+) -> None:
     loop.step()
     fleet_repo.write("allocations/zz-broken.yaml", "apiVersion: gpuaas.io/v1alpha1\nkind: Allocation\nid: [\n")
     bad = fleet_repo.commit("a broken allocation file")

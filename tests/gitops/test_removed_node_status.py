@@ -26,7 +26,8 @@ def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
 
 
 def test_a_removed_node_with_claims_is_named_and_counted(
-        fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = str(fleet_repo.root)
     fleet_repo.request("alloc-a", 2)
     assert _cli(capsys, "apply", root, "--db-url", db_url)[0] == 0
@@ -54,8 +55,10 @@ def test_a_removed_node_with_claims_is_named_and_counted(
     assert (offer["total"], offer["in_use"], offer["removed_in_use"]) == (10, 2, 2)
     assert offer["usable"] == 8  # the removed node's free slots are not for sale
     rc, text, _ = _cli(capsys, "status", "--db-url", db_url)
-    assert f"warning: nodes removed from git still hold claims (their allocations run on; release them, then " \
-           f"remove the node): {node}" in text
+    assert (
+        f"warning: nodes removed from git still hold claims (their allocations run on; release them, then "
+        f"remove the node): {node}" in text
+    )
     assert "REMOVED from git; 2 live claim(s) of alloc-a remain" in text
     assert "2 in use on node(s) removed from git" in text
     api = capacities.status_document(conn)  # what the service's status endpoints serve

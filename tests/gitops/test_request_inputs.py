@@ -15,8 +15,20 @@ from reconciler import cli
 from tests.gitops.conftest import Repo
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGkq1pXK4n0mR2o1x0dYt1cJ3Yb0vW2e9o8G1q3hZpXa acme@laptop"
-CREATE = ("request", "create", "--tenant", "acme", "--sku", "h200-sxm-slice", "--gpus", "1",
-          "--region", "us-east-1", "--id", "req-key")
+CREATE = (
+    "request",
+    "create",
+    "--tenant",
+    "acme",
+    "--sku",
+    "h200-sxm-slice",
+    "--gpus",
+    "1",
+    "--region",
+    "us-east-1",
+    "--id",
+    "req-key",
+)
 
 
 def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -26,12 +38,16 @@ def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
     return rc, out.out, out.err
 
 
-@pytest.mark.parametrize("content", [
-    f"{KEY}\nroot:TOPSECRET:0:0:root:/root:/bin/bash\n",
-    "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAATOPSECRET\n-----END OPENSSH PRIVATE KEY-----\n",
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        f"{KEY}\nroot:TOPSECRET:0:0:root:/root:/bin/bash\n",
+        "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAATOPSECRET\n-----END OPENSSH PRIVATE KEY-----\n",
+    ],
+)
 def test_a_file_that_is_not_public_keys_is_refused_without_its_lines(
-        fleet_repo: Repo, tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str) -> None:
+    fleet_repo: Repo, tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str
+) -> None:
     key = tmp_path / "id"
     key.write_text(content)
     for output in ("text", "json"):
@@ -52,16 +68,24 @@ def test_public_keys_are_taken(fleet_repo: Repo, tmp_path: Path, capsys: pytest.
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     """The CLI in its own process, at most 1 GiB of address space (an unbounded read dies, not the machine)."""
+
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
 
-    return subprocess.run([sys.executable, "-m", "reconciler.cli", *args], capture_output=True, text=True,
-                          check=False, timeout=60, preexec_fn=limit)
+    return subprocess.run(
+        [sys.executable, "-m", "reconciler.cli", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        preexec_fn=limit,
+    )
 
 
 @pytest.mark.parametrize("kind", ["zero", "directory", "fifo", "big"])
 def test_an_ssh_key_that_is_no_small_file_is_refused_without_a_traceback(
-        fleet_repo: Repo, tmp_path: Path, kind: str) -> None:
+    fleet_repo: Repo, tmp_path: Path, kind: str
+) -> None:
     path = tmp_path / "key"
     if kind == "zero":
         path = Path("/dev/zero")
@@ -76,10 +100,13 @@ def test_an_ssh_key_that_is_no_small_file_is_refused_without_a_traceback(
     assert "Traceback" not in done.stderr and "error: request.ssh_key:" in done.stderr
 
 
-@pytest.mark.parametrize("argv", [
-    ("apply", "{fifo}"),
-    ("simulate", "--fleet", "{repo}", "--workload", "{fifo}"),
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("apply", "{fifo}"),
+        ("simulate", "--fleet", "{repo}", "--workload", "{fifo}"),
+    ],
+)
 def test_other_file_arguments_refuse_a_fifo(fleet_repo: Repo, tmp_path: Path, argv: tuple[str, ...]) -> None:
     fifo = tmp_path / "fifo.json"
     os.mkfifo(fifo)

@@ -21,8 +21,16 @@ def test_a_rejected_push_undoes_the_commit_and_the_file(fleet_repo: Repo, tmp_pa
     subprocess.run(["git", "-C", str(fleet_repo.root), "remote", "add", "origin", str(remote)], check=True)
     before = fleet_repo.repo.head.commit.hexsha
     with pytest.raises(PermanentError) as caught:
-        requests.create(fleet_repo.root, tenant="acme", sku="h200-sxm-slice", gpus=2, region="us-east-1",
-                        allocation_id="req-push-1", commit=True, push=("origin", "main"))
+        requests.create(
+            fleet_repo.root,
+            tenant="acme",
+            sku="h200-sxm-slice",
+            gpus=2,
+            region="us-east-1",
+            allocation_id="req-push-1",
+            commit=True,
+            push=("origin", "main"),
+        )
     assert caught.value.code == "request.push_rejected" and "no local commit was left" in caught.value.message
     assert fleet_repo.repo.head.commit.hexsha == before
     assert not (fleet_repo.root / "allocations" / "req-push-1.yaml").exists()

@@ -32,8 +32,22 @@ def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
 
 
 def _create(capsys: pytest.CaptureFixture[str], repo: Repo, allocation_id: str) -> tuple[int, str]:
-    return _run(capsys, "create", "--repo", str(repo.root), "--tenant", "acme", "--sku", "h200-sxm-slice",
-                "--gpus", "1", "--region", "us-east-1", f"--id={allocation_id}", "--commit")
+    return _run(
+        capsys,
+        "create",
+        "--repo",
+        str(repo.root),
+        "--tenant",
+        "acme",
+        "--sku",
+        "h200-sxm-slice",
+        "--gpus",
+        "1",
+        "--region",
+        "us-east-1",
+        f"--id={allocation_id}",
+        "--commit",
+    )
 
 
 @pytest.fixture
@@ -52,7 +66,8 @@ def _unchanged(repo: Repo, before: str, outside: Path) -> None:
 
 
 def test_release_refuses_a_symlinked_request_file(
-        fleet_repo: Repo, outside: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, outside: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     link = fleet_repo.root / "allocations" / "req-x.yaml"
     link.symlink_to(outside / "req-x.yaml")
     fleet_repo.commit("a symlinked request")
@@ -64,7 +79,8 @@ def test_release_refuses_a_symlinked_request_file(
 
 
 def test_release_refuses_a_hard_link_to_a_file_elsewhere(
-        fleet_repo: Repo, outside: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, outside: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     os.link(outside / "req-x.yaml", fleet_repo.root / "allocations" / "req-x.yaml")
     fleet_repo.commit("a hard-linked request")
     before = fleet_repo.repo.head.commit.hexsha
@@ -73,13 +89,21 @@ def test_release_refuses_a_hard_link_to_a_file_elsewhere(
     _unchanged(fleet_repo, before, outside)
 
 
-@pytest.mark.parametrize("case", [
-    ("allocations", "allocations: is a symlink or not a directory"),
-    ("allocations/req-x.yaml", "allocations/req-x.yaml: is a symlink;"),
-], ids=["directory", "file"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("allocations", "allocations: is a symlink or not a directory"),
+        ("allocations/req-x.yaml", "allocations/req-x.yaml: is a symlink;"),
+    ],
+    ids=["directory", "file"],
+)
 def test_release_refuses_a_link_swapped_in_after_the_lookup(
-        fleet_repo: Repo, outside: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-        case: tuple[str, str]) -> None:
+    fleet_repo: Repo,
+    outside: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    case: tuple[str, str],
+) -> None:
     swapped, message = case
     fleet_repo.write("allocations/req-x.yaml", REQUEST.format(id="req-x"))
     fleet_repo.commit("a request")
@@ -99,7 +123,8 @@ def test_release_refuses_a_link_swapped_in_after_the_lookup(
 
 
 def test_create_refuses_a_symlinked_allocations_directory(
-        fleet_repo: Repo, outside: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, outside: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     allocations = fleet_repo.root / "allocations"
     for f in allocations.iterdir():
         f.unlink()
@@ -113,7 +138,8 @@ def test_create_refuses_a_symlinked_allocations_directory(
 
 
 def test_create_refuses_a_dangling_link_where_the_file_would_go(
-        fleet_repo: Repo, outside: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, outside: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     link = fleet_repo.root / "allocations" / "req-new.yaml"
     link.symlink_to(outside / "planted.yaml")  # does not exist: Path.exists() says False
     fleet_repo.commit("a dangling link")
@@ -126,7 +152,8 @@ def test_create_refuses_a_dangling_link_where_the_file_would_go(
 
 @pytest.mark.parametrize("bad", ["../../escape", "a/b", "UPPER", "-x"])
 def test_create_refuses_an_id_that_is_not_a_file_name(
-        fleet_repo: Repo, capsys: pytest.CaptureFixture[str], bad: str) -> None:
+    fleet_repo: Repo, capsys: pytest.CaptureFixture[str], bad: str
+) -> None:
     before = fleet_repo.repo.head.commit.hexsha
     rc, err = _create(capsys, fleet_repo, bad)
     assert rc == 1 and "error: request.id:" in err
@@ -134,7 +161,8 @@ def test_create_refuses_an_id_that_is_not_a_file_name(
 
 
 def test_release_replaces_a_regular_file_and_keeps_its_mode(
-        fleet_repo: Repo, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = fleet_repo.root / "allocations" / "req-x.yaml"
     fleet_repo.write("allocations/req-x.yaml", REQUEST.format(id="req-x"))
     path.chmod(0o640)

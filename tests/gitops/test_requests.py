@@ -18,8 +18,25 @@ def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
 
 
 def test_create_commits_as_the_bot(fleet_repo: Repo, capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, _ = _run(capsys, "create", "--repo", str(fleet_repo.root), "--tenant", "acme", "--sku", "h200-sxm-slice",
-                      "--gpus", "2", "--region", "us-east-1", "--id", "req-bot-1", "--commit", "-o", "json")
+    rc, out, _ = _run(
+        capsys,
+        "create",
+        "--repo",
+        str(fleet_repo.root),
+        "--tenant",
+        "acme",
+        "--sku",
+        "h200-sxm-slice",
+        "--gpus",
+        "2",
+        "--region",
+        "us-east-1",
+        "--id",
+        "req-bot-1",
+        "--commit",
+        "-o",
+        "json",
+    )
     assert rc == 0
     doc = json.loads(out)
     head = fleet_repo.repo.head.commit
@@ -30,15 +47,33 @@ def test_create_commits_as_the_bot(fleet_repo: Repo, capsys: pytest.CaptureFixtu
     assert not fleet_repo.repo.is_dirty(untracked_files=True)
 
 
-@pytest.mark.parametrize(("args", "code"), [
-    (("--gpus", "3", "--region", "us-east-1"), "desired.allocation.gpu_count"),
-    (("--gpus", "1", "--region", "mars-1"), "desired.ref.unresolved"),
-])
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (("--gpus", "3", "--region", "us-east-1"), "desired.allocation.gpu_count"),
+        (("--gpus", "1", "--region", "mars-1"), "desired.ref.unresolved"),
+    ],
+)
 def test_invalid_request_is_never_committed_and_returns_the_code(
-        fleet_repo: Repo, capsys: pytest.CaptureFixture[str], args: tuple[str, ...], code: str) -> None:
+    fleet_repo: Repo, capsys: pytest.CaptureFixture[str], args: tuple[str, ...], code: str
+) -> None:
     before = fleet_repo.repo.head.commit.hexsha
-    rc, out, _ = _run(capsys, "create", "--repo", str(fleet_repo.root), "--tenant", "acme", "--sku", "h200-sxm-slice",
-                      "--id", "req-bad", "--commit", "-o", "json", *args)
+    rc, out, _ = _run(
+        capsys,
+        "create",
+        "--repo",
+        str(fleet_repo.root),
+        "--tenant",
+        "acme",
+        "--sku",
+        "h200-sxm-slice",
+        "--id",
+        "req-bad",
+        "--commit",
+        "-o",
+        "json",
+        *args,
+    )
     assert rc == 1
     doc = json.loads(out)
     assert doc["error"] == requests.RequestRejected.code
@@ -47,8 +82,20 @@ def test_invalid_request_is_never_committed_and_returns_the_code(
     assert fleet_repo.repo.head.commit.hexsha == before
     assert not (fleet_repo.root / "allocations/req-bad.yaml").exists()
     assert not fleet_repo.repo.is_dirty(untracked_files=True)
-    rc, _, err = _run(capsys, "create", "--repo", str(fleet_repo.root), "--tenant", "acme", "--sku", "h200-sxm-slice",
-                      "--id", "req-bad", "--commit", *args)
+    rc, _, err = _run(
+        capsys,
+        "create",
+        "--repo",
+        str(fleet_repo.root),
+        "--tenant",
+        "acme",
+        "--sku",
+        "h200-sxm-slice",
+        "--id",
+        "req-bad",
+        "--commit",
+        *args,
+    )
     assert rc == 1 and f"{code}:" in err and "request.invalid" in err
 
 
@@ -71,7 +118,8 @@ def test_release_keeps_comments_and_key_order(fleet_repo: Repo, capsys: pytest.C
     rc, out, _ = _run(capsys, "release", "req-annotated", "--repo", str(fleet_repo.root), "--commit")
     assert rc == 0 and "released req-annotated" in out
     assert (fleet_repo.root / "allocations/req-annotated.yaml").read_text() == text.replace(
-        "state: present", "state: released")
+        "state: present", "state: released"
+    )
     head = fleet_repo.repo.head.commit
     assert head.author.name == requests.BOT_NAME and list(head.stats.files) == ["allocations/req-annotated.yaml"]
 
@@ -82,13 +130,29 @@ def test_release_of_an_unknown_allocation_is_an_error(fleet_repo: Repo, capsys: 
 
 
 def _create(root: str, allocation_id: str, **extra: str) -> list[str]:
-    argv = ["create", "--repo", root, "--tenant", "acme", "--sku", "h200-sxm-slice", "--gpus", "1",
-            "--region", "us-east-1", "--id", allocation_id, "-o", "json"]
+    argv = [
+        "create",
+        "--repo",
+        root,
+        "--tenant",
+        "acme",
+        "--sku",
+        "h200-sxm-slice",
+        "--gpus",
+        "1",
+        "--region",
+        "us-east-1",
+        "--id",
+        allocation_id,
+        "-o",
+        "json",
+    ]
     return argv + [x for k, v in extra.items() for x in (f"--{k}", v)]
 
 
 def test_the_request_reads_the_files_its_rules_need_not_every_node(
-        fleet_repo: Repo, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A request is checked against the Fleet, SKUs, images and any file spelling its id; node files are not parsed.
 
     A SKU moved into a JSON-ish flow file in nodes/ is still found (the sniff is by kind, not directory), a
@@ -104,7 +168,8 @@ def test_the_request_reads_the_files_its_rules_need_not_every_node(
     assert rc == 0, out
 
     (root / "nodes/elsewhere.yaml").write_text(
-        (root / "allocations/req-ok-1.yaml").read_text().replace("req-ok-1", "req-dup-1"))
+        (root / "allocations/req-ok-1.yaml").read_text().replace("req-ok-1", "req-dup-1")
+    )
     rc, out, _ = _run(capsys, *_create(str(root), "req-dup-1"))
     assert rc == 1
     assert "duplicate" in json.dumps(json.loads(out)["problems"])

@@ -44,10 +44,16 @@ def _env() -> dict[str, str]:
 
 @pytest.mark.slow
 def test_watch_mode_places_a_commit_and_sigterm_exits_zero(
-        fleet_repo: Repo, db_url: str, conn: connections.Connection) -> None:
-    proc = subprocess.Popen(_gpuaas("run", str(fleet_repo.root), "--db-url", db_url, "--interval", "60"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(),
-                            cwd=Path(__file__).resolve().parents[2])
+    fleet_repo: Repo, db_url: str, conn: connections.Connection
+) -> None:
+    proc = subprocess.Popen(
+        _gpuaas("run", str(fleet_repo.root), "--db-url", db_url, "--interval", "60"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(),
+        cwd=Path(__file__).resolve().parents[2],
+    )
     try:
         _wait_for_line(proc, "applied")
         fleet_repo.request("req-watch", 1)
@@ -67,11 +73,19 @@ def test_watch_mode_places_a_commit_and_sigterm_exits_zero(
 
 @pytest.mark.slow
 def test_two_reconcilers_racing_apply_a_revision_once(
-        fleet_repo: Repo, db_url: str, conn: connections.Connection) -> None:
+    fleet_repo: Repo, db_url: str, conn: connections.Connection
+) -> None:
     sha = fleet_repo.request("req-race", 2)
-    procs = [subprocess.Popen(_gpuaas("run", str(fleet_repo.root), "--db-url", db_url, "--once"),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            _gpuaas("run", str(fleet_repo.root), "--db-url", db_url, "--once"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=_env(),
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=60)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     applies = [r for r in history_rows(conn) if r[0] == sha and r[1].startswith("apply")]
@@ -79,8 +93,7 @@ def test_two_reconcilers_racing_apply_a_revision_once(
     assert len(claims(conn, "req-race")) == 2
 
 
-def test_history_shows_each_reconciliation(
-        fleet_repo: Repo, db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_history_shows_each_reconciliation(fleet_repo: Repo, db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["run", str(fleet_repo.root), "--db-url", db_url, "--once"]) == 0
     fleet_repo.write("allocations/bad.yaml", "apiVersion: gpuaas.io/v1alpha1\nkind: Allocation\nid: x\n")
     bad = fleet_repo.commit("broken")

@@ -31,7 +31,8 @@ def _save(capsys: pytest.CaptureFixture[str], repo: Path, db_url: str, out: Path
 
 
 def test_out_is_its_own_flag_not_an_abbreviation_of_output(
-        fleet_repo: Repo, db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "plan.json"
     rc, stdout, _ = _run(capsys, "plan", str(fleet_repo.root), "--db-url", db_url, "--out", str(out))
     assert rc == 0 and stdout.startswith("Plan: ")  # text on stdout: --out did not become -o
@@ -43,14 +44,19 @@ def test_out_is_its_own_flag_not_an_abbreviation_of_output(
 
 
 def test_a_saved_plan_round_trip_applies_exactly_the_plan(
-        fleet_repo: Repo, db_url: str, tmp_path: Path, conn: connections.Connection,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, db_url: str, tmp_path: Path, conn: connections.Connection, capsys: pytest.CaptureFixture[str]
+) -> None:
     fleet_repo.request("req-4", 4)
     head = fleet_repo.request("req-1", 1)
     plan_file = tmp_path / "plan.json"
     doc = _save(capsys, fleet_repo.root, db_url, plan_file, "--detailed-exitcode")
     assert (doc["format"], doc["version"], doc["head_revision"], doc["valid"], doc["offline"]) == (
-        "gpuaas.io/plan", 1, head, True, False)
+        "gpuaas.io/plan",
+        1,
+        head,
+        True,
+        False,
+    )
     assert doc["base_revision"] is None and doc["repo"] == str(fleet_repo.root.resolve())
     assert len(doc["desired_hash"]) == 64 and len(doc["observed_digest"]) == 64
     planned = {p["allocation_id"]: (p["node"], p["slot_indexes"]) for p in doc["decisions"]["placements"]}
@@ -74,8 +80,8 @@ def test_a_saved_plan_round_trip_applies_exactly_the_plan(
 
 
 def test_a_plan_is_stale_when_the_database_moved(
-        fleet_repo: Repo, db_url: str, tmp_path: Path, conn: connections.Connection,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, db_url: str, tmp_path: Path, conn: connections.Connection, capsys: pytest.CaptureFixture[str]
+) -> None:
     fleet_repo.request("req-a", 8)
     plan_file = tmp_path / "plan.json"
     _save(capsys, fleet_repo.root, db_url, plan_file)
@@ -88,7 +94,8 @@ def test_a_plan_is_stale_when_the_database_moved(
 
 
 def test_a_plan_is_stale_when_the_desired_state_moved(
-        tmp_path: Path, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, db_url: str, conn: connections.Connection, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = tmp_path / "plain"  # outside git: head is the directory, pinned by its content hash
     shutil.copytree(EXAMPLE, root)
     plan_file = tmp_path / "plan.json"
@@ -106,8 +113,13 @@ def test_a_plan_is_stale_when_the_desired_state_moved(
 
 
 def test_the_planner_guard_refuses_decisions_that_differ_from_the_saved_ones(  # noqa: PLR0917 - fixtures
-        fleet_repo: Repo, db_url: str, tmp_path: Path, conn: connections.Connection,
-        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    fleet_repo: Repo,
+    db_url: str,
+    tmp_path: Path,
+    conn: connections.Connection,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A writer that moves the database between apply's check and its planner cannot change what is placed."""
     fleet_repo.request("req-a", 8)
     plan_file = tmp_path / "plan.json"
@@ -124,7 +136,8 @@ def test_the_planner_guard_refuses_decisions_that_differ_from_the_saved_ones(  #
 
 
 def test_plans_that_cannot_be_applied_are_refused_with_a_code(
-        fleet_repo: Repo, db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     offline = tmp_path / "offline.json"
     rc, _, err = _run(capsys, "plan", str(fleet_repo.root), "--offline", "--out", str(offline))
     assert rc == 0 and "for review only" in err
@@ -132,8 +145,11 @@ def test_plans_that_cannot_be_applied_are_refused_with_a_code(
     good = json.loads(offline.read_text()) | {"offline": False}
     for name, doc, code in (
         ("v2.json", good | {"version": 2}, "apply.plan_version"),
-        ("edited.json", good | {"decisions": {"placements": [], "releases": [], "pending": ["forged"]}},
-         "apply.plan_unreadable"),
+        (
+            "edited.json",
+            good | {"decisions": {"placements": [], "releases": [], "pending": ["forged"]}},
+            "apply.plan_unreadable",
+        ),
         ("other.json", {"format": "terraform"}, "apply.plan_unreadable"),
         ("invalid.json", good | {"valid": False}, "apply.plan_invalid"),
     ):
@@ -149,7 +165,8 @@ def test_plans_that_cannot_be_applied_are_refused_with_a_code(
 
 
 def test_nothing_is_saved_for_an_invalid_head(
-        fleet_repo: Repo, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     fleet_repo.write("allocations/bad.yaml", "apiVersion: gpuaas.io/v1alpha1\nkind: Allocation\nid: x\n")
     fleet_repo.commit("bad")
     out = tmp_path / "plan.json"
@@ -158,7 +175,8 @@ def test_nothing_is_saved_for_an_invalid_head(
 
 
 def test_a_plan_made_before_the_first_migration_applies_to_the_fresh_schema(
-        fleet_repo: Repo, empty_db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_repo: Repo, empty_db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     head = fleet_repo.request("req-1", 1)
     plan_file = tmp_path / "plan.json"
     rc, _, err = _run(capsys, "plan", str(fleet_repo.root), "--db-url", empty_db_url, "--out", str(plan_file))

@@ -73,8 +73,16 @@ class Story:
     def request(self, sku: str, gpus: int) -> str:
         self.n += 1
         aid = f"soak-{self.n:04d}"
-        w = requests.create(self.repo.root, tenant="acme", sku=sku, gpus=gpus, region="us-east-1",
-                            allocation_id=aid, now=T0 + dt.timedelta(minutes=self.n), commit=True)
+        w = requests.create(
+            self.repo.root,
+            tenant="acme",
+            sku=sku,
+            gpus=gpus,
+            region="us-east-1",
+            allocation_id=aid,
+            now=T0 + dt.timedelta(minutes=self.n),
+            commit=True,
+        )
         assert w.commit is not None
         self.live.append(aid)
         return w.commit
@@ -115,7 +123,8 @@ class Story:
 
 
 def test_one_loop_applies_every_kind_of_revision_without_wedging(
-        soak_repo: Repo, soak_loop: LoopRun, conn: connections.Connection, db_url: str, tmp_path: Path) -> None:
+    soak_repo: Repo, soak_loop: LoopRun, conn: connections.Connection, db_url: str, tmp_path: Path
+) -> None:
     loop = soak_loop.loop
     first = loop.step()
     assert first is not None and first.kind == "applied"
@@ -138,8 +147,11 @@ def test_one_loop_applies_every_kind_of_revision_without_wedging(
         assert revisions.latest_applied(conn) == newest_valid, (step, what)
         assert checks.run(conn) == [], (step, what)
         if step == BACKUP_AT:
-            subprocess.run([str(PG_BIN / "pg_dump"), "-Fc", "-f", str(tmp_path / "backup.dump"), "-d", db_url],
-                           check=True, timeout=300)
+            subprocess.run(
+                [str(PG_BIN / "pg_dump"), "-Fc", "-f", str(tmp_path / "backup.dump"), "-d", db_url],
+                check=True,
+                timeout=300,
+            )
         if step == RESTORE_AT:
             _restore_under_the_loop(loop, conn, db_url, tmp_path / "backup.dump", newest_valid)
             session = loop.conn  # re-converging opened a fresh one on purpose; that one lasts to the end
@@ -147,15 +159,21 @@ def test_one_loop_applies_every_kind_of_revision_without_wedging(
     assert loop.conn is session and loop.failing is None  # one session (since the restore): nothing was reset
     # Every kind of revision happened, baremetal and slices were both placed in this one session.
     assert {"slice", "baremetal", "release", "admin", "inventory", "invalid", "fix"} <= set(story.kinds)
-    kinds = {str(k) for (k,) in conn.execute(
-        "SELECT DISTINCT claim_kind::text FROM allocation_resource_claims").fetchall()}
+    kinds = {
+        str(k) for (k,) in conn.execute("SELECT DISTINCT claim_kind::text FROM allocation_resource_claims").fetchall()
+    }
     assert kinds == {"slot", "node_exclusive"}
 
 
-def _restore_under_the_loop(loop: watching.Loop, conn: connections.Connection, db_url: str, backup: Path,
-                            newest_valid: str | None) -> None:
-    subprocess.run([str(PG_BIN / "pg_restore"), "--clean", "--if-exists", "--single-transaction", "-d", db_url,
-                    str(backup)], check=True, timeout=300, capture_output=True)
+def _restore_under_the_loop(
+    loop: watching.Loop, conn: connections.Connection, db_url: str, backup: Path, newest_valid: str | None
+) -> None:
+    subprocess.run(
+        [str(PG_BIN / "pg_restore"), "--clean", "--if-exists", "--single-transaction", "-d", db_url, str(backup)],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
     assert revisions.latest_applied(conn) != newest_valid  # the store really went back
     loop.next_retry = 0.0  # one interval later
     event = loop.step()
@@ -167,15 +185,22 @@ def _restore_under_the_loop(loop: watching.Loop, conn: connections.Connection, d
 
 def prove_wipe_all(conn: connections.Connection) -> int:
     """What hosts report after cleaning released allocations: wipe proof per slot, reimage proof per node."""
-    slots = conn.execute("SELECT DISTINCT allocation_id FROM allocation_resource_claims"
-                         " WHERE status = 'releasing' AND claim_kind = 'slot'").fetchall()
+    slots = conn.execute(
+        "SELECT DISTINCT allocation_id FROM allocation_resource_claims"
+        " WHERE status = 'releasing' AND claim_kind = 'slot'"
+    ).fetchall()
     proved = sum(prove_wipe(conn, str(a)) for (a,) in slots)
-    nodes = conn.execute("SELECT n.name, c.allocation_id FROM allocation_resource_claims c"
-                         " JOIN nodes n ON n.id = c.node_id"
-                         " WHERE c.status = 'releasing' AND c.claim_kind = 'node_exclusive'").fetchall()
+    nodes = conn.execute(
+        "SELECT n.name, c.allocation_id FROM allocation_resource_claims c"
+        " JOIN nodes n ON n.id = c.node_id"
+        " WHERE c.status = 'releasing' AND c.claim_kind = 'node_exclusive'"
+    ).fetchall()
     for node, aid in nodes:
-        conn.execute("INSERT INTO host_status (node_name, cleanup_allocation_id, cleanup_state, cleanup_evidence,"
-                     " cleanup_reported_at) VALUES (%s, %s, 'verified', '{}', clock_timestamp())"
-                     " ON CONFLICT (node_name) DO UPDATE SET cleanup_allocation_id = EXCLUDED.cleanup_allocation_id,"
-                     " cleanup_state = 'verified', cleanup_reported_at = clock_timestamp()", (node, aid))
+        conn.execute(
+            "INSERT INTO host_status (node_name, cleanup_allocation_id, cleanup_state, cleanup_evidence,"
+            " cleanup_reported_at) VALUES (%s, %s, 'verified', '{}', clock_timestamp())"
+            " ON CONFLICT (node_name) DO UPDATE SET cleanup_allocation_id = EXCLUDED.cleanup_allocation_id,"
+            " cleanup_state = 'verified', cleanup_reported_at = clock_timestamp()",
+            (node, aid),
+        )
     return proved + len(nodes)

@@ -24,7 +24,8 @@ from tests.gitops.conftest import (
 
 
 def test_bot_request_commit_is_placed_within_one_iteration(
-        fleet_repo: Repo, loop: LoopRun, conn: connections.Connection) -> None:
+    fleet_repo: Repo, loop: LoopRun, conn: connections.Connection
+) -> None:
     first = loop.step()
     assert first is not None and first.kind == "applied"
     sha = fleet_repo.request("req-one", 2)
@@ -39,10 +40,11 @@ def test_bot_request_commit_is_placed_within_one_iteration(
 
 
 def test_release_moves_slots_to_cleanup_and_wipe_proof_frees_them(
-        fleet_repo: Repo, loop: LoopRun, conn: connections.Connection) -> None:
+    fleet_repo: Repo, loop: LoopRun, conn: connections.Connection
+) -> None:
     fleet_repo.request("req-rel", 1)
     loop.step()
-    (node, idx, _), = claims(conn, "req-rel")
+    ((node, idx, _),) = claims(conn, "req-rel")
     assert idx is not None
     fleet_repo.release("req-rel")
     event = loop.step()
@@ -60,7 +62,8 @@ def test_release_moves_slots_to_cleanup_and_wipe_proof_frees_them(
 
 
 def test_pending_allocation_is_retried_when_capacity_frees(
-        fleet_repo: Repo, loop: LoopRun, conn: connections.Connection) -> None:
+    fleet_repo: Repo, loop: LoopRun, conn: connections.Connection
+) -> None:
     fleet_repo.request("req-big-1", 8)
     fleet_repo.request("req-big-2", 8)
     fleet_repo.request("req-waits", 8)
@@ -79,10 +82,12 @@ def test_pending_allocation_is_retried_when_capacity_frees(
 
 
 def test_invalid_revision_is_recorded_with_file_line_and_last_valid_stays(
-        fleet_repo: Repo, loop: LoopRun, conn: connections.Connection) -> None:
+    fleet_repo: Repo, loop: LoopRun, conn: connections.Connection
+) -> None:
     loop.step()
-    fleet_repo.write("allocations/broken.yaml", "apiVersion: gpuaas.io/v1alpha1\nkind: Allocation\n"
-                                                "id: req-broken\ngpu_count: two\n")
+    fleet_repo.write(
+        "allocations/broken.yaml", "apiVersion: gpuaas.io/v1alpha1\nkind: Allocation\nid: req-broken\ngpu_count: two\n"
+    )
     bad = fleet_repo.commit("a broken request")
     event = loop.step()
     assert event is not None and event.kind == "invalid" and "allocations/broken.yaml:" in event.message
@@ -94,7 +99,8 @@ def test_invalid_revision_is_recorded_with_file_line_and_last_valid_stays(
 
 
 def test_second_reconciler_does_not_apply_a_revision_twice(
-        fleet_repo: Repo, db_url: str, conn: connections.Connection) -> None:
+    fleet_repo: Repo, db_url: str, conn: connections.Connection
+) -> None:
     sha = fleet_repo.request("req-twice", 1)
     a, b = make_loop(fleet_repo, db_url), make_loop(fleet_repo, db_url)
     try:
@@ -115,13 +121,15 @@ def test_second_reconciler_does_not_apply_a_revision_twice(
             run.loop.source.close()
     applies = [r for r in history_rows(conn) if r[0] == sha and r[1].startswith("apply")]
     assert len(applies) == 1
-    events = conn.execute("SELECT count(*) FROM outbox WHERE event_type = 'provisioning.requested'"
-                          " AND aggregate_id = 'req-twice'").fetchone()
+    events = conn.execute(
+        "SELECT count(*) FROM outbox WHERE event_type = 'provisioning.requested' AND aggregate_id = 'req-twice'"
+    ).fetchone()
     assert events == (1,)
 
 
 def test_stale_clone_does_not_roll_the_fleet_back(
-        fleet_repo: Repo, loop: LoopRun, db_url: str, conn: connections.Connection) -> None:
+    fleet_repo: Repo, loop: LoopRun, db_url: str, conn: connections.Connection
+) -> None:
     old = fleet_repo.request("req-old", 1)
     new = fleet_repo.request("req-new", 1)
     loop.step()  # applies `new`
@@ -136,7 +144,8 @@ def test_stale_clone_does_not_roll_the_fleet_back(
 
 
 def test_sigterm_during_a_reconciliation_finishes_it_and_stops(
-        fleet_repo: Repo, db_url: str, conn: connections.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
+    fleet_repo: Repo, db_url: str, conn: connections.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The signal lands while the plan is being applied: the transaction completes, then the loop returns."""
     import os
     import signal
@@ -179,15 +188,21 @@ def test_local_head_wakes_on_commit(fleet_repo: Repo) -> None:
 
 
 def test_remote_branch_is_polled_and_applied_without_touching_the_checkout(
-        fleet_repo: Repo, tmp_path: Path, db_url: str, conn: connections.Connection) -> None:
+    fleet_repo: Repo, tmp_path: Path, db_url: str, conn: connections.Connection
+) -> None:
     bare = git.Repo.clone_from(fleet_repo.root, tmp_path / "remote.git", bare=True)
     fleet_repo.repo.create_remote("origin", str(tmp_path / "remote.git"))
     clone = git.Repo.clone_from(tmp_path / "remote.git", tmp_path / "reconciler-clone")
     checkout_head = clone.head.commit.hexsha
     stop = threading.Event()
     source = heads.RemoteBranch(tmp_path / "reconciler-clone", "origin", "main", stop)
-    loop = watching.Loop(tmp_path / "reconciler-clone", source, lambda: connections.connect(db_url, autocommit=True),
-                         stop=stop, interval=3600)
+    loop = watching.Loop(
+        tmp_path / "reconciler-clone",
+        source,
+        lambda: connections.connect(db_url, autocommit=True),
+        stop=stop,
+        interval=3600,
+    )
     try:
         first = loop.step()
         assert first is not None and first.kind == "applied" and first.revision == checkout_head

@@ -67,8 +67,9 @@ SLOTS = (
     (3, "0000:ba:00.0", "0000:bb:00.1", 1),
 )
 SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGkq1pXK4n0mR2o1x0dYt1cJ3Yb0vW2e9o8G1q3hZpXa t@lab"
-NETWORK = hp.Network(subnet="10.100.0.0/24", gateway="10.100.0.1", dhcp_start="10.100.0.10",
-                     dhcp_end="10.100.0.250", bridge="gpuaasbr0")  # fmt: skip
+NETWORK = hp.Network(
+    subnet="10.100.0.0/24", gateway="10.100.0.1", dhcp_start="10.100.0.10", dhcp_end="10.100.0.250", bridge="gpuaasbr0"
+)
 
 
 def need_root(*tools: str) -> None:
@@ -86,13 +87,29 @@ def run(*argv: str) -> str:
 def node_xml(path: Path, slots: tuple[tuple[int, str, str, int], ...] = SLOTS) -> str:
     devs = []
     for _slot, gpu, vf, numa in slots:
-        for addr, product, label, vendor, vname in ((gpu, "0x2335", "H200", "0x10de", "NVIDIA"),
-                                                    (vf, "0x101e", "CX7 VF", "0x15b3", "Mellanox")):
+        for addr, product, label, vendor, vname in (
+            (gpu, "0x2335", "H200", "0x10de", "NVIDIA"),
+            (vf, "0x101e", "CX7 VF", "0x15b3", "Mellanox"),
+        ):
             d, b, rest = addr.split(":")
             s, f = rest.split(".")
-            devs.append(PCI_DEVICE.format(dom=d, bus=b, slot=s, fn=f, idom=int(d, 16), ibus=int(b, 16),
-                                          islot=int(s, 16), ifn=int(f, 16), product=product, label=label,
-                                          vendor=vendor, vendor_name=vname, numa=numa))
+            devs.append(
+                PCI_DEVICE.format(
+                    dom=d,
+                    bus=b,
+                    slot=s,
+                    fn=f,
+                    idom=int(d, 16),
+                    ibus=int(b, 16),
+                    islot=int(s, 16),
+                    ifn=int(f, 16),
+                    product=product,
+                    label=label,
+                    vendor=vendor,
+                    vendor_name=vname,
+                    numa=numa,
+                )
+            )
     path.write_text(NODE_XML.format(devices="\n".join(devs)))
     return f"test://{path}"
 
@@ -202,27 +219,45 @@ class Lab:
 
     def bundle(self, slot: int) -> hp.SlotBundle:
         _s, gpu, vf, numa = SLOTS[slot]
-        return hp.SlotBundle(slot, gpu, vf, self.slot_disks[slot].by_id, f"52:54:00:aa:00:{slot:02x}",
-                             f"10.100.0.{10 + slot}", numa)  # fmt: skip
+        return hp.SlotBundle(
+            slot, gpu, vf, self.slot_disks[slot].by_id, f"52:54:00:aa:00:{slot:02x}", f"10.100.0.{10 + slot}", numa
+        )
 
-    def vm(self, alloc: str, slots: tuple[int, ...], *, vcpus: int = 2, memory_mib: int = 1024,
-           hugepages: bool = False) -> hp.VmSpec:
+    def vm(
+        self, alloc: str, slots: tuple[int, ...], *, vcpus: int = 2, memory_mib: int = 1024, hugepages: bool = False
+    ) -> hp.VmSpec:
         return hp.VmSpec(
-            allocation_id=alloc, tenant="acme", bundles=tuple(self.bundle(s) for s in slots),
-            vcpu_count=vcpus, memory_mib=memory_mib, hugepages=hugepages,
+            allocation_id=alloc,
+            tenant="acme",
+            bundles=tuple(self.bundle(s) for s in slots),
+            vcpu_count=vcpus,
+            memory_mib=memory_mib,
+            hugepages=hugepages,
             hugepage_size="1G" if hugepages else None,
             image=hp.ImageRef("lab-image", "lab/lab-image.raw", self.digest, "raw"),
             ssh_keys=(SSH_KEY,),
-        )  # fmt: skip
+        )
 
-    def plan(self, generation: int = 1, *, vms: tuple[hp.VmSpec, ...] = (),
-             releases: tuple[hp.VmSpec, ...] = (), **changes: Any) -> hp.HostPlan:
+    def plan(
+        self,
+        generation: int = 1,
+        *,
+        vms: tuple[hp.VmSpec, ...] = (),
+        releases: tuple[hp.VmSpec, ...] = (),
+        **changes: Any,
+    ) -> hp.HostPlan:
         plan = hp.HostPlan(
-            node=self.node, generation=generation, network=NETWORK, os_disk=self.os_disk.by_id,
-            graceful_timeout_s=2, readiness_timeout_s=5, vms=vms, releases=releases,
+            node=self.node,
+            generation=generation,
+            network=NETWORK,
+            os_disk=self.os_disk.by_id,
+            graceful_timeout_s=2,
+            readiness_timeout_s=5,
+            vms=vms,
+            releases=releases,
             slots=tuple(self.bundle(s) for s in sorted(self.slot_disks)),
             disk_identities=tuple(hp.SlotIdentity(s, self.identity(s)) for s in sorted(self.slot_disks)),
-        )  # fmt: skip
+        )
         return replace(plan, **changes)
 
     def identity(self, slot: int) -> hp.DiskIdentity:
@@ -231,8 +266,9 @@ class Lab:
         return hp.DiskIdentity(size_bytes=backing.stat().st_size, backing_file=os.path.realpath(backing))
 
 
-def make_lab(tmp_path: Path, loops: Loops, ns: str, *, slots: int = 4, libvirt_uri: str | None = None,
-             disk_mb: int = 16) -> Lab:
+def make_lab(
+    tmp_path: Path, loops: Loops, ns: str, *, slots: int = 4, libvirt_uri: str | None = None, disk_mb: int = 16
+) -> Lab:
     os_disk = loops.make("nvme-OS", 16, fs="ext4")
     disks = {i: loops.make(f"nvme-S{i}", disk_mb) for i in range(slots)}  # free slots: blank
     image = tmp_path / "images" / "lab" / "lab-image.raw"
@@ -242,10 +278,16 @@ def make_lab(tmp_path: Path, loops: Loops, ns: str, *, slots: int = 4, libvirt_u
     digest = hashlib.sha256(image.read_bytes()).hexdigest()
     uri = libvirt_uri or node_xml(tmp_path / "node.xml")
     doc = {
-        "libvirt_uri": uri, "state_dir": str(tmp_path / "state"), "image_dir": str(tmp_path / "images"),
-        "by_id_root": str(loops.by_id_root), "netns": ns, "readiness": "none", "pci": "fake-vfio",
-        "graceful_poll_s": 0.05, "wipe_sample_count": 16,
-    }  # fmt: skip
+        "libvirt_uri": uri,
+        "state_dir": str(tmp_path / "state"),
+        "image_dir": str(tmp_path / "images"),
+        "by_id_root": str(loops.by_id_root),
+        "netns": ns,
+        "readiness": "none",
+        "pci": "fake-vfio",
+        "graceful_poll_s": 0.05,
+        "wipe_sample_count": 16,
+    }
     return Lab(tmp_path, loops, os_disk, disks, image, digest, doc)
 
 

@@ -1,10 +1,10 @@
 """The host agent through the service only: no database URL, a node token, a real `gpuaas serve`.
 
-    lab node-a (loop disks, a namespace, libvirt test driver)
-      <- plan generation 1 (alloc-1 on slot 0) from serve
-      -> status report to serve                       host_slot_status: slot 0 ready
-      <- plan generation 2 (+ alloc-2 on slot 1), delivered by the watch, not the interval
-      -> status report                                 slot 1 ready, observed generation 2
+lab node-a (loop disks, a namespace, libvirt test driver)
+  <- plan generation 1 (alloc-1 on slot 0) from serve
+  -> status report to serve                       host_slot_status: slot 0 ready
+  <- plan generation 2 (+ alloc-2 on slot 1), delivered by the watch, not the interval
+  -> status report                                 slot 1 ready, observed generation 2
 """
 
 from __future__ import annotations
@@ -26,13 +26,19 @@ from tests.service.conftest import serve
 
 def slot_rows(url: str, node: str) -> list[tuple[int, str, int]]:
     with psycopg.connect(url) as conn:
-        return [tuple(r) for r in conn.execute(  # type: ignore[misc]
-            "SELECT slot_index, vm_state, observed_generation FROM host_slot_status WHERE node_name = %s"
-            " ORDER BY slot_index", (node,)).fetchall()]
+        return [
+            tuple(r)
+            for r in conn.execute(  # type: ignore[misc]
+                "SELECT slot_index, vm_state, observed_generation FROM host_slot_status WHERE node_name = %s"
+                " ORDER BY slot_index",
+                (node,),
+            ).fetchall()
+        ]
 
 
-def test_the_lab_host_converges_through_the_api_only(lab: Lab, db_url: str, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_lab_host_converges_through_the_api_only(
+    lab: Lab, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with store.connect(db_url) as conn:
         add_node(conn, lab.node)
         store.write_plan(conn, lab.plan(1, vms=(lab.vm("alloc-1", (0,)),)))
@@ -42,8 +48,22 @@ def test_the_lab_host_converges_through_the_api_only(lab: Lab, db_url: str, tmp_
     for s in serve(db_url):
         codes: list[int] = []
         started = time.monotonic()
-        argv = ["host", "run", "--node", lab.node, "--config", str(lab.write_config()), "--service", s.url,
-                "--credential", str(credential), "--passes", "2", "--interval", "120"]
+        argv = [
+            "host",
+            "run",
+            "--node",
+            lab.node,
+            "--config",
+            str(lab.write_config()),
+            "--service",
+            s.url,
+            "--credential",
+            str(credential),
+            "--passes",
+            "2",
+            "--interval",
+            "120",
+        ]
         agent = threading.Thread(target=lambda argv=argv, codes=codes: codes.append(cli.main(argv)))
         agent.start()
         try:
@@ -75,8 +95,17 @@ def test_the_agent_keeps_its_plan_and_queues_reports_while_the_service_is_away(d
     try:
         # the service is gone: the agent converges to the plan it holds (never to "no plan") and queues reports
         assert source.plan() is held
-        report = {"node": "node-a", "generation": 1, "observed_generation": 1, "healthy": True, "slots": [],
-                  "vms": [], "drift": [], "errors": [], "images": {"cached": []}}
+        report = {
+            "node": "node-a",
+            "generation": 1,
+            "observed_generation": 1,
+            "healthy": True,
+            "slots": [],
+            "vms": [],
+            "drift": [],
+            "errors": [],
+            "images": {"cached": []},
+        }
         source.report("status", report)
         assert source.queued == {"status": report}
         stop = threading.Event()

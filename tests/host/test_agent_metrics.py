@@ -38,8 +38,11 @@ def scrape(url: str) -> Samples:
     with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:  # noqa: S310 - loopback
         assert resp.headers["Content-Type"].startswith("text/plain")
         text = resp.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def wait_for(url: str, ok: Callable[[Samples], bool], timeout: float = 60.0) -> Samples:
@@ -57,10 +60,30 @@ def test_host_agent_serves_metrics_and_health_and_logs_json(lab: Lab) -> None:
     plan_file.write_text(json.dumps(hostplans.to_json(lab.plan(1, vms=(vm,)))))
     lines: list[str] = []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "reconciler.cli", "host", "run", "--node", lab.node, "--config",
-         str(lab.write_config()), "--plan-file", str(plan_file), "--interval", "0.2",
-         "--metrics-listen", "127.0.0.1:0", "--log-format", "json"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "reconciler.cli",
+            "host",
+            "run",
+            "--node",
+            lab.node,
+            "--config",
+            str(lab.write_config()),
+            "--plan-file",
+            str(plan_file),
+            "--interval",
+            "0.2",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stderr is not None and proc.stdout is not None
     reader = threading.Thread(target=lambda: lines.extend(proc.stderr or ()), daemon=True)
     reader.start()
@@ -97,8 +120,7 @@ def test_host_agent_serves_metrics_and_health_and_logs_json(lab: Lab) -> None:
         assert after[("gpuaas_host_actions_total", (("kind", "wipe"), ("result", "failed")))] == 1
         assert after[("gpuaas_host_slots", (("state", "cleanup_blocked"),))] == 1
         assert after[("gpuaas_host_passes_total", (("result", "step_errors"),))] >= 1
-        drift = {dict(labels)["code"]: v for (name, labels), v in after.items()
-                 if name == "gpuaas_host_drift_findings"}
+        drift = {dict(labels)["code"]: v for (name, labels), v in after.items() if name == "gpuaas_host_drift_findings"}
         assert drift == {"drift.disk.mounted": 1}  # slot 3 only
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
@@ -118,11 +140,14 @@ def test_host_agent_serves_metrics_and_health_and_logs_json(lab: Lab) -> None:
     assert docs[-1]["event"] == "host.stopped"
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    ("127.0.0.1:9101", ("127.0.0.1", 9101)),
-    ("[::1]:0", ("::1", 0)),
-    ("0.0.0.0:65535", ("0.0.0.0", 65535)),  # noqa: S104 - parsed, not bound
-])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("127.0.0.1:9101", ("127.0.0.1", 9101)),
+        ("[::1]:0", ("::1", 0)),
+        ("0.0.0.0:65535", ("0.0.0.0", 65535)),  # noqa: S104 - parsed, not bound
+    ],
+)
 def test_metrics_listen_parses(value: str, expected: tuple[str, int]) -> None:
     assert metrics.parse_listen(value) == expected
 

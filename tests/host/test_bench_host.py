@@ -16,8 +16,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bench_host_converges_scans_and_wipes_a_lab_host() -> None:
-    done = subprocess.run([sys.executable, "-m", "reconciler.cli", "bench", "host", "--runs", "1", "--json"],
-                          check=False, cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "reconciler.cli", "bench", "host", "--runs", "1", "--json"],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc["verified"] is True

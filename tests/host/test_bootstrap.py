@@ -1,9 +1,9 @@
 """`gpuaas host bootstrap`: pure checks by table, --check on this machine, --apply in a throwaway root.
 
-    <root>/proc/{cmdline,cpuinfo,modules}, proc/sys/net/ipv4/ip_forward     read
-    <root>/etc/default/grub                                                 read, never written
-    <root>/etc/default/grub.d/90-gpuaas.cfg, etc/modules-load.d/..., etc/sysctl.d/...   managed
-    <root>/var/lib/gpuaas/bootstrap/state.json                              the result the agent reports
+<root>/proc/{cmdline,cpuinfo,modules}, proc/sys/net/ipv4/ip_forward     read
+<root>/etc/default/grub                                                 read, never written
+<root>/etc/default/grub.d/90-gpuaas.cfg, etc/modules-load.d/..., etc/sysctl.d/...   managed
+<root>/var/lib/gpuaas/bootstrap/state.json                              the result the agent reports
 """
 
 from __future__ import annotations
@@ -22,37 +22,58 @@ from reconciler import cli
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sysfs" / "xe9680l-h200"
 ALL_TOOLS = {t: True for t, _ in b.TOOLS}
 PREPARED = b.Facts(
-    cmdline=("ro", "intel_iommu=on", "iommu=pt"), cpu_vendor="GenuineIntel", kvm=True, tools=ALL_TOOLS, ovmf=True,
+    cmdline=("ro", "intel_iommu=on", "iommu=pt"),
+    cpu_vendor="GenuineIntel",
+    kvm=True,
+    tools=ALL_TOOLS,
+    ovmf=True,
     grub_default='GRUB_CMDLINE_LINUX="intel_iommu=on iommu=pt"\n',
     files={b.MODULES_FILE: b._managed(b.VFIO_MODULES), b.SYSCTL_FILE: b._managed(["net.ipv4.ip_forward = 1"])},
-    modules=frozenset(b.VFIO_MODULES), sysctl={"net.ipv4.ip_forward": "1"},
+    modules=frozenset(b.VFIO_MODULES),
+    sysctl={"net.ipv4.ip_forward": "1"},
 )
 
 
 def _with(**kw: object) -> b.Facts:
     from dataclasses import replace
+
     return replace(PREPARED, **kw)  # type: ignore[arg-type]  # test table: field names checked by replace
 
 
-@pytest.mark.parametrize(("facts", "check", "outcome", "code"), [
-    (PREPARED, "kernel_args", b.Outcome.OK, None),
-    (_with(kvm=False), "virtualization", b.Outcome.BLOCKED, "host.bootstrap.kvm_missing"),
-    (_with(ovmf=False), "virtualization", b.Outcome.CHANGE, None),
-    (_with(cmdline=("ro",)), "kernel_args", b.Outcome.REBOOT, "host.bootstrap.reboot_required"),  # staged in grub
-    (_with(cmdline=("ro",), grub_default='GRUB_CMDLINE_LINUX=""\n'), "kernel_args", b.Outcome.CHANGE, None),
-    (_with(cmdline=("ro",), grub_default='GRUB_CMDLINE_LINUX="intel_iommu=off"\n'), "kernel_args",
-     b.Outcome.BLOCKED, "host.bootstrap.grub_conflict"),
-    (_with(cmdline=("ro",), grub_default=None), "kernel_args", b.Outcome.BLOCKED, "host.bootstrap.grub_missing"),
-    (_with(modules=frozenset()), "vfio_modules", b.Outcome.CHANGE, None),
-    (_with(files={b.MODULES_FILE: "vfio\n# mine\n"}), "vfio_modules", b.Outcome.BLOCKED,
-     "host.bootstrap.file_changed"),
-    (_with(sysctl={"net.ipv4.ip_forward": "0"}), "sysctl", b.Outcome.CHANGE, None),
-    (_with(services={"nvidia-persistenced.service": b.ServiceState(enabled=True, active=None)}),
-     "nvidia_services", b.Outcome.CHANGE, None),
-    (_with(dir_modes={"/var/lib/gpuaas": 0o700}), "libvirt_permissions", b.Outcome.CHANGE, None),
-    (_with(reservations=("vm-a", "vm-b"), domains=frozenset({"vm-a"})), "dnsmasq_cleanup", b.Outcome.CHANGE, None),
-    (_with(reservations=("vm-a",), domains=None), "dnsmasq_cleanup", b.Outcome.OK, None),
-])
+@pytest.mark.parametrize(
+    ("facts", "check", "outcome", "code"),
+    [
+        (PREPARED, "kernel_args", b.Outcome.OK, None),
+        (_with(kvm=False), "virtualization", b.Outcome.BLOCKED, "host.bootstrap.kvm_missing"),
+        (_with(ovmf=False), "virtualization", b.Outcome.CHANGE, None),
+        (_with(cmdline=("ro",)), "kernel_args", b.Outcome.REBOOT, "host.bootstrap.reboot_required"),  # staged in grub
+        (_with(cmdline=("ro",), grub_default='GRUB_CMDLINE_LINUX=""\n'), "kernel_args", b.Outcome.CHANGE, None),
+        (
+            _with(cmdline=("ro",), grub_default='GRUB_CMDLINE_LINUX="intel_iommu=off"\n'),
+            "kernel_args",
+            b.Outcome.BLOCKED,
+            "host.bootstrap.grub_conflict",
+        ),
+        (_with(cmdline=("ro",), grub_default=None), "kernel_args", b.Outcome.BLOCKED, "host.bootstrap.grub_missing"),
+        (_with(modules=frozenset()), "vfio_modules", b.Outcome.CHANGE, None),
+        (
+            _with(files={b.MODULES_FILE: "vfio\n# mine\n"}),
+            "vfio_modules",
+            b.Outcome.BLOCKED,
+            "host.bootstrap.file_changed",
+        ),
+        (_with(sysctl={"net.ipv4.ip_forward": "0"}), "sysctl", b.Outcome.CHANGE, None),
+        (
+            _with(services={"nvidia-persistenced.service": b.ServiceState(enabled=True, active=None)}),
+            "nvidia_services",
+            b.Outcome.CHANGE,
+            None,
+        ),
+        (_with(dir_modes={"/var/lib/gpuaas": 0o700}), "libvirt_permissions", b.Outcome.CHANGE, None),
+        (_with(reservations=("vm-a", "vm-b"), domains=frozenset({"vm-a"})), "dnsmasq_cleanup", b.Outcome.CHANGE, None),
+        (_with(reservations=("vm-a",), domains=None), "dnsmasq_cleanup", b.Outcome.OK, None),
+    ],
+)
 def test_checks(facts: b.Facts, check: str, outcome: b.Outcome, code: str | None) -> None:
     found = {c.name: c for c in b.plan(facts, b.Options()).checks}[check]
     assert (found.outcome, found.code) == (outcome, code), found.detail
@@ -62,7 +83,12 @@ def test_a_prepared_host_needs_nothing_and_amd_gets_amd_iommu() -> None:
     p = b.plan(PREPARED, b.Options())
     assert (p.state, p.changes, p.reboot_required) == (b.State.READY, (), False)
     assert b.kernel_args(_with(cpu_vendor="AuthenticAMD"), b.Options(hugepages_1g=8)) == (
-        "amd_iommu=on", "iommu=pt", "default_hugepagesz=1G", "hugepagesz=1G", "hugepages=8")
+        "amd_iommu=on",
+        "iommu=pt",
+        "default_hugepagesz=1G",
+        "hugepagesz=1G",
+        "hugepages=8",
+    )
 
 
 def test_packages_install_in_one_change_placed_first() -> None:
@@ -72,9 +98,13 @@ def test_packages_install_in_one_change_placed_first() -> None:
 
 
 def test_the_argv_run_is_the_one_check_lists() -> None:
-    for change in (b.Change(b.ChangeKind.INSTALL, operands=("ovmf",)), b.Change(b.ChangeKind.UPDATE_GRUB),
-                   b.Change(b.ChangeKind.LOAD_MODULES, operands=b.VFIO_MODULES), b.Change(b.ChangeKind.RELOAD_SYSCTL),
-                   b.Change(b.ChangeKind.DISABLE_SERVICE, operands=("nvidia-persistenced.service",))):
+    for change in (
+        b.Change(b.ChangeKind.INSTALL, operands=("ovmf",)),
+        b.Change(b.ChangeKind.UPDATE_GRUB),
+        b.Change(b.ChangeKind.LOAD_MODULES, operands=b.VFIO_MODULES),
+        b.Change(b.ChangeKind.RELOAD_SYSCTL),
+        b.Change(b.ChangeKind.DISABLE_SERVICE, operands=("nvidia-persistenced.service",)),
+    ):
         assert "run: " + " ".join(hostroot.HostRoot._argv(change)) == change.describe()
 
 
@@ -135,7 +165,8 @@ def test_apply_in_a_throwaway_root_is_idempotent(tmp_path: Path, capsys: pytest.
 
 
 def test_a_file_edited_after_bootstrap_is_reported_not_overwritten(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = _root(tmp_path, grub='GRUB_CMDLINE_LINUX="intel_iommu=on iommu=pt"\n')
     _cli(capsys, "--apply", "--root", str(root))
     edited = "# operator's own\nvfio\n"
@@ -147,7 +178,8 @@ def test_a_file_edited_after_bootstrap_is_reported_not_overwritten(
 
 
 def test_grub_that_turns_iommu_off_is_reported_and_left_alone(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     grub = 'GRUB_CMDLINE_LINUX="quiet intel_iommu=off"\n'
     root = _root(tmp_path, grub=grub)
     rc, doc = _cli(capsys, "--apply", "--root", str(root))
@@ -161,8 +193,12 @@ def test_check_on_this_machine_changes_nothing(capsys: pytest.CaptureFixture[str
     managed = {p: Path(p).exists() for p in (b.GRUB_DROPIN, b.MODULES_FILE, b.SYSCTL_FILE)}
     rc, doc = _cli(capsys, "--check")
     assert rc in (0, 3)
-    assert [c["name"] for c in doc["checks"]] == [fn.__name__.removeprefix("check_").replace(  # type: ignore[union-attr]
-        "dnsmasq", "dnsmasq_cleanup") for fn in b.CHECKS]
+    assert [c["name"] for c in doc["checks"]] == [
+        fn.__name__.removeprefix("check_").replace(  # type: ignore[union-attr]
+            "dnsmasq", "dnsmasq_cleanup"
+        )
+        for fn in b.CHECKS
+    ]
     assert {p: Path(p).exists() for p in managed} == managed
 
 
@@ -174,15 +210,24 @@ def test_firmware_evidence(tmp_path: Path) -> None:
     (d / "state.json").write_text("{not json")
     assert onboarding.firmware(d)[:2] == (False, "host.firmware.evidence_invalid")
     attrs = {a: "Enabled" for a in onboarding.SLICE_MINIMUM}
-    doc = {"profile_tag": "gpuaas-profile-slice-vm", "profile_version": "h200-xe9680l-slice-vm-v1",
-           "verified": True, "verified_at": "2026-04-17T10:00:00Z", "expected": {}, "observed": attrs}
+    doc = {
+        "profile_tag": "gpuaas-profile-slice-vm",
+        "profile_version": "h200-xe9680l-slice-vm-v1",
+        "verified": True,
+        "verified_at": "2026-04-17T10:00:00Z",
+        "expected": {},
+        "observed": attrs,
+    }
     (d / "state.json").write_text(json.dumps(doc))
     ready, code, evidence = onboarding.firmware(d)
     assert (ready, code, evidence["profile_version"]) == (True, "host.firmware.ready", "h200-xe9680l-slice-vm-v1")
     (d / "state.json").write_text(json.dumps({**doc, "observed": {**attrs, "BIOS.ProcSettings.LogicalProc": "Off"}}))
     ready, code, evidence = onboarding.firmware(d)
-    assert (ready, code, evidence["mismatched"]) == (False, "host.firmware.attribute_mismatch",
-                                                     ["BIOS.ProcSettings.LogicalProc"])
+    assert (ready, code, evidence["mismatched"]) == (
+        False,
+        "host.firmware.attribute_mismatch",
+        ["BIOS.ProcSettings.LogicalProc"],
+    )
     (d / "state.json").write_text(json.dumps({**doc, "verified": False}))
     assert onboarding.firmware(d)[:2] == (False, "host.firmware.not_verified")
 

@@ -28,8 +28,9 @@ KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGkq1pXK4n0mR2o1x0dYt1cJ3Yb0vW2e9o8G1
 
 
 def vm() -> hp.VmSpec:
-    b = hp.SlotBundle(0, "0000:1b:00.0", "0000:1a:00.1", "/dev/disk/by-id/nvme-S0", "52:54:00:00:00:01",
-                      "10.100.0.10", 0)
+    b = hp.SlotBundle(
+        0, "0000:1b:00.0", "0000:1a:00.1", "/dev/disk/by-id/nvme-S0", "52:54:00:00:00:01", "10.100.0.10", 0
+    )
     return hp.VmSpec("alloc-emoji", "acme", (b,), vcpu_count=2, memory_mib=1024, ssh_keys=(KEY,))
 
 
@@ -68,15 +69,25 @@ def _cloudinit_python() -> tuple[list[str], dict[str, str]] | None:
 def test_cloud_inits_own_loader_reads_the_key_back_identically(tmp_path: Path) -> None:
     found = _cloudinit_python()
     if found is None:
-        pytest.skip("cloud-init is not installed (apt-get download cloud-init; dpkg-deb -x; "
-                    "GPUAAS_CLOUDINIT_PATH=<tree>/usr/lib/python3/dist-packages)")
+        pytest.skip(
+            "cloud-init is not installed (apt-get download cloud-init; dpkg-deb -x; "
+            "GPUAAS_CLOUDINIT_PATH=<tree>/usr/lib/python3/dist-packages)"
+        )
     argv, env = found
     seed = tmp_path / "user-data"
     seed.write_bytes(cloudinit.render(vm())["user-data"])
     out = subprocess.run(
-        [*argv, "-c", "import json, sys; from cloudinit import util; "
-                      "doc = util.load_yaml(open(sys.argv[1], 'rb').read()); "
-                      "sys.stdout.buffer.write(json.dumps(doc['users'][0]['ssh_authorized_keys'],"
-                      " ensure_ascii=False).encode('utf-8'))", str(seed)],
-        env=env, capture_output=True, check=True)
+        [
+            *argv,
+            "-c",
+            "import json, sys; from cloudinit import util; "
+            "doc = util.load_yaml(open(sys.argv[1], 'rb').read()); "
+            "sys.stdout.buffer.write(json.dumps(doc['users'][0]['ssh_authorized_keys'],"
+            " ensure_ascii=False).encode('utf-8'))",
+            str(seed),
+        ],
+        env=env,
+        capture_output=True,
+        check=True,
+    )
     assert json.loads(out.stdout.decode("utf-8")) == [KEY]

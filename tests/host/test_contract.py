@@ -1,9 +1,9 @@
 """The contract with the central reconciler, end to end on a real PostgreSQL.
 
-    git (examples/fleet) --apply--> claims + host plan of h200-use1-s01
-    host reconciler (node role) --converge--> VMs ready --apply--> claims active
-    git: alloc-0001 released --apply--> claim releasing, slot 0 in cleanup, plan.releases
-    host reconciler --wipe + verify--> evidence --apply--> slot 0 available, claim released
+git (examples/fleet) --apply--> claims + host plan of h200-use1-s01
+host reconciler (node role) --converge--> VMs ready --apply--> claims active
+git: alloc-0001 released --apply--> claim releasing, slot 0 in cleanup, plan.releases
+host reconciler --wipe + verify--> evidence --apply--> slot 0 available, claim released
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ def slot_and_claim(db_url: str, slot: int) -> tuple[str, str]:
         row = conn.execute(
             """SELECT s.status, c.status FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id
                JOIN allocation_resource_claims c ON c.slot_id = s.id AND c.allocation_id = 'alloc-0001'
-               WHERE n.name = %s AND s.slot_index = %s""", (NODE, slot)).fetchone()
+               WHERE n.name = %s AND s.slot_index = %s""",
+            (NODE, slot),
+        ).fetchone()
     assert row is not None
     return str(row[0]), str(row[1])
 
@@ -52,14 +54,22 @@ def test_central_frees_a_released_slot_only_after_the_hosts_wipe_proof(db_url: s
         creds = store.create_node_role(conn, NODE, "pw")
     assert plan is not None
     tree = lab.retag_tree(FLEET.parent / "sysfs" / "xe9680l-h200", tmp_path / "sysfs", "x", "x")
-    with lab.lab_host(NODE, tmp_path / "host", disk_paths=[s.nvme_device for s in plan.slots],
-                      os_disk=plan.os_disk, sysfs_tree=tree) as host, \
-            store.connect(db_url, role=creds.role, password=creds.password) as conn:
+    with (
+        lab.lab_host(
+            NODE,
+            tmp_path / "host",
+            disk_paths=[s.nvme_device for s in plan.slots],
+            os_disk=plan.os_disk,
+            sysfs_tree=tree,
+        ) as host,
+        store.connect(db_url, role=creds.role, password=creds.password) as conn,
+    ):
         demo._restamp(db_url, NODE, host.image_dir)  # the example digests are placeholders
         s = host.settings()
         drivers = wiring.drivers(s)
         conv = converging.Converger(s, drivers)
         try:
+
             def host_pass() -> converging.PassResult:
                 p = store.read_plan(conn, NODE)
                 assert p is not None

@@ -1,8 +1,8 @@
 """Slot disks on real loop devices: refusals leave disks untouched; wipe + verify prove a clean disk.
 
-    by-id/nvme-OS  -> loop (ext4)           the OS disk: refused
-    by-id/nvme-S0  -> loop (ext4)           slot 0: wiped and verified
-    by-id/nvme-S1  -> loop (ext4, mounted)  slot 1: refused while mounted
+by-id/nvme-OS  -> loop (ext4)           the OS disk: refused
+by-id/nvme-S0  -> loop (ext4)           slot 0: wiped and verified
+by-id/nvme-S1  -> loop (ext4, mounted)  slot 1: refused while mounted
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def test_wipe_refuses_mounted_disk_and_leaves_it_untouched(loops: Loops) -> None
         assert e.value.code == "host.disk.mounted"
     assert (point / "tenant.txt").read_text() == "still here"
     # (no byte hash here: the mounted ext4 itself writes its journal)
-    assert "TYPE=\"ext4\"" in blkid(s1.device).stdout
+    assert 'TYPE="ext4"' in blkid(s1.device).stdout
     assert d.inspect(s1.by_id, os_disk=os_disk.by_id, probe=True).mounted == (str(point),)
 
 
@@ -159,8 +159,9 @@ def test_image_is_written_only_when_its_digest_matches(loops: Loops, tmp_path: P
     good = os.urandom(1 << 20)
     img.write_bytes(good)
     digest = hashlib.sha256(good).hexdigest()
-    ev = driver(loops).write_image(slot(0, s0, os_disk.by_id), images.verify(path, digest),
-                                   digest=digest, image_format="raw")
+    ev = driver(loops).write_image(
+        slot(0, s0, os_disk.by_id), images.verify(path, digest), digest=digest, image_format="raw"
+    )
     assert ev["bytes"] == len(good)
     assert s0.backing.read_bytes()[: len(good)] == good
 

@@ -18,12 +18,26 @@ NET = Network("10.100.0.0/24", "10.100.0.1", "10.100.0.10", "10.100.0.250", "gpu
 def test_the_domain_has_a_serial_console_and_validates(tmp_path: Path) -> None:
     if shutil.which("virt-xml-validate") is None:
         pytest.skip("virt-xml-validate not installed (libvirt-clients)")
-    vm = VmSpec("alloc-c", "t", (SlotBundle(0, "0000:1b:00.0", "0000:1a:00.1", "/dev/disk/by-id/nvme-S0",
-                                            "52:54:00:00:00:01", "10.100.0.10", 0),), 4, 4096)
+    vm = VmSpec(
+        "alloc-c",
+        "t",
+        (
+            SlotBundle(
+                0, "0000:1b:00.0", "0000:1a:00.1", "/dev/disk/by-id/nvme-S0", "52:54:00:00:00:01", "10.100.0.10", 0
+            ),
+        ),
+        4,
+        4096,
+    )
     topo = pinning.HostTopology(cells=(pinning.Cell(0, tuple(range(8))),))
     options = domains.DomainOptions()
-    xml = domains.build(vm, network=NET, placement=pinning.place_vcpus(vm, vm.bundles, topo), options=options,
-                        digest=domains.spec_digest(vm, NET, options))
+    xml = domains.build(
+        vm,
+        network=NET,
+        placement=pinning.place_vcpus(vm, vm.bundles, topo),
+        options=options,
+        digest=domains.spec_digest(vm, NET, options),
+    )
     devices = ET.fromstring(xml).find("devices")  # noqa: S314 -- XML we just built
     assert devices is not None
     serial, cons = devices.find("serial"), devices.find("console")

@@ -1,7 +1,7 @@
 """Domain XML from slot bundles, checked by libvirt itself (test driver), and CPU pinning.
 
-    host (test:///node.xml): NUMA 0 = CPUs 0-7, NUMA 1 = CPUs 8-15
-    slots 0,1 on NUMA 0 (4 CPUs each), slots 2,3 on NUMA 1 (4 CPUs each)
+host (test:///node.xml): NUMA 0 = CPUs 0-7, NUMA 1 = CPUs 8-15
+slots 0,1 on NUMA 0 (4 CPUs each), slots 2,3 on NUMA 1 (4 CPUs each)
 """
 
 from __future__ import annotations
@@ -21,16 +21,24 @@ from tests.host.conftest import NETWORK, SLOTS, node_xml
 
 def bundle(slot: int) -> hp.SlotBundle:
     _s, gpu, vf, numa = SLOTS[slot]
-    return hp.SlotBundle(slot, gpu, vf, f"/dev/disk/by-id/nvme-S{slot}", f"52:54:00:aa:00:{slot:02x}",
-                         f"10.100.0.{10 + slot}", numa)
+    return hp.SlotBundle(
+        slot, gpu, vf, f"/dev/disk/by-id/nvme-S{slot}", f"52:54:00:aa:00:{slot:02x}", f"10.100.0.{10 + slot}", numa
+    )
 
 
 APPROVED = tuple(bundle(i) for i in range(4))
 
 
 def vm(slots: tuple[int, ...], vcpus: int, memory_mib: int = 2048, hugepages: bool = False) -> hp.VmSpec:
-    return hp.VmSpec("alloc-x", "acme", tuple(bundle(s) for s in slots), vcpu_count=vcpus,
-                     memory_mib=memory_mib, hugepages=hugepages, hugepage_size="1G" if hugepages else None)
+    return hp.VmSpec(
+        "alloc-x",
+        "acme",
+        tuple(bundle(s) for s in slots),
+        vcpu_count=vcpus,
+        memory_mib=memory_mib,
+        hugepages=hugepages,
+        hugepage_size="1G" if hugepages else None,
+    )
 
 
 def test_topology_from_capabilities_of_the_default_test_host() -> None:
@@ -90,8 +98,13 @@ def defined_xml(tmp_path: Path, spec: hp.VmSpec, **opts: object) -> ET.Element:
     try:
         placement = pinning.place_vcpus(spec, APPROVED, driver.topology())
         options = domains.DomainOptions(domain_type="test", **opts)  # type: ignore[arg-type]
-        xml = domains.build(spec, network=NETWORK, placement=placement, options=options,
-                            digest=domains.spec_digest(spec, NETWORK, options))
+        xml = domains.build(
+            spec,
+            network=NETWORK,
+            placement=placement,
+            options=options,
+            digest=domains.spec_digest(spec, NETWORK, options),
+        )
         driver.define(xml)  # libvirt parses and validates it
         observed = driver.domains()[spec.name]
         assert observed.facts.spec_digest == domains.spec_digest(spec, NETWORK, options)
@@ -115,7 +128,8 @@ def test_domain_xml_is_accepted_by_libvirt_and_has_every_required_part(tmp_path:
     assert root.find("./memoryBacking/hugepages/page").get("size") == "1048576"
     hostdevs = sorted(
         "{:04x}:{:02x}:{:02x}.{:x}".format(*(int(a.get(k), 16) for k in ("domain", "bus", "slot", "function")))
-        for a in root.findall("./devices/hostdev/source/address"))
+        for a in root.findall("./devices/hostdev/source/address")
+    )
     assert hostdevs == sorted([SLOTS[1][1], SLOTS[1][2], SLOTS[2][1], SLOTS[2][2]])
     assert all(h.get("managed") == "no" for h in root.findall("./devices/hostdev"))
     disks = root.findall("./devices/disk[@type='block']")

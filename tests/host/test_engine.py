@@ -49,9 +49,21 @@ def test_converge_provisions_then_release_wipes_verifies_and_frees(lab: Lab) -> 
         assert r.status.converged and r.status.observed_generation == 1
         assert slot_states(r) == {0: "active", 1: "available", 2: "active", 3: "active"}
         vm1 = next(v for v in r.status.vms if v.allocation_id == "alloc-1")
-        assert set(vm1.phase_timings) == {str(s) for s in (
-            Step.LEASE, Step.HOST_CHECKS, Step.VFIO_CHECK, Step.IMAGE_FETCH, Step.IMAGE_VERIFY, Step.CLOUD_INIT_SEED,
-            Step.DHCP_RESERVATION, Step.DISK_WRITE, Step.DEFINE_START, Step.READINESS)}
+        assert set(vm1.phase_timings) == {
+            str(s)
+            for s in (
+                Step.LEASE,
+                Step.HOST_CHECKS,
+                Step.VFIO_CHECK,
+                Step.IMAGE_FETCH,
+                Step.IMAGE_VERIFY,
+                Step.CLOUD_INIT_SEED,
+                Step.DHCP_RESERVATION,
+                Step.DISK_WRITE,
+                Step.DEFINE_START,
+                Step.READINESS,
+            )
+        }
         assert lab.slot_disks[0].backing.read_bytes()[:12] == lab.image.read_bytes()[:12]
         assert leftovers(lab, c) == {
             "domains": ["gpuaas-alloc-1", "gpuaas-alloc-2"],
@@ -73,8 +85,12 @@ def test_converge_provisions_then_release_wipes_verifies_and_frees(lab: Lab) -> 
             assert ev["device"] == lab.slot_disks[slot].by_id and ev["signature_clear"] and ev["sampled_zero"]
         rel = next(v for v in r.status.vms if v.allocation_id == "alloc-2")
         assert rel.state == "released" and not rel.hard_stopped
-        assert leftovers(lab, c) == {"domains": ["gpuaas-alloc-1"], "reservations": ["gpuaas-alloc-1"],
-                                     "leases": {0: "alloc-1"}, "seeds": ["gpuaas-alloc-1"]}
+        assert leftovers(lab, c) == {
+            "domains": ["gpuaas-alloc-1"],
+            "reservations": ["gpuaas-alloc-1"],
+            "leases": {0: "alloc-1"},
+            "seeds": ["gpuaas-alloc-1"],
+        }
     finally:
         c.drivers.close()
 
@@ -175,8 +191,11 @@ def test_drift_is_reported_then_healed_in_self_heal_mode(lab: Lab) -> None:
         lab.loops.mount(lab.slot_disks[1])  # a free slot's disk mounted on the host
         r = c.converge(plan)  # report-only (the default) changes nothing
         found = {(d.slot_index, d.code) for d in r.status.drift}
-        assert {(0, DriftCode.RESERVATION_MISSING), (0, DriftCode.DOMAIN_NOT_RUNNING),
-                (1, DriftCode.DISK_MOUNTED)} <= found
+        assert {
+            (0, DriftCode.RESERVATION_MISSING),
+            (0, DriftCode.DOMAIN_NOT_RUNNING),
+            (1, DriftCode.DISK_MOUNTED),
+        } <= found
         assert r.executed == ()
         free = next(s for s in r.status.slots if s.slot_index == 1)
         assert not free.schedulable
@@ -190,8 +209,9 @@ def test_drift_is_reported_then_healed_in_self_heal_mode(lab: Lab) -> None:
 
 def test_permanent_failure_fails_the_vm_until_a_new_generation(lab: Lab) -> None:
     c = converger(lab)
-    bad = dataclasses.replace(lab.vm("alloc-1", (0,)), image=dataclasses.replace(
-        lab.vm("alloc-1", (0,)).image, digest_sha256="0" * 64))  # type: ignore[arg-type]
+    bad = dataclasses.replace(
+        lab.vm("alloc-1", (0,)), image=dataclasses.replace(lab.vm("alloc-1", (0,)).image, digest_sha256="0" * 64)
+    )  # type: ignore[arg-type]
     try:
         r = c.converge(lab.plan(1, vms=(bad,)))
         assert [e.code for e in r.errors] == ["host.image.digest_mismatch"]
@@ -216,8 +236,12 @@ def test_orphans_are_reported_and_removed_only_in_self_heal(lab: Lab) -> None:
         assert not c.converge(lab.plan(1, vms=(vm,))).errors
         empty: HostPlan = lab.plan(2)  # the plan dropped the VM without a release (a central bug)
         r = c.converge(empty)
-        assert {d.code for d in r.status.drift} >= {DriftCode.DOMAIN_UNEXPECTED, DriftCode.RESERVATION_STALE,
-                                                    DriftCode.SEED_ORPHAN, DriftCode.LEASE_ORPHAN}
+        assert {d.code for d in r.status.drift} >= {
+            DriftCode.DOMAIN_UNEXPECTED,
+            DriftCode.RESERVATION_STALE,
+            DriftCode.SEED_ORPHAN,
+            DriftCode.LEASE_ORPHAN,
+        }
         assert leftovers(lab, c)["domains"] == ["gpuaas-alloc-1"]
         c.converge(empty, mode=DriftMode.SELF_HEAL)
         assert leftovers(lab, c) == {"domains": [], "reservations": [], "leases": {}, "seeds": []}

@@ -19,8 +19,9 @@ def reported_at(db_url: str, node: str) -> dt.datetime | None:
     return row[0] if row else None
 
 
-def test_host_run_without_a_plan_still_reports_alive(db_url: str, monkeypatch: pytest.MonkeyPatch,
-                                                     tmp_path: Path) -> None:
+def test_host_run_without_a_plan_still_reports_alive(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     with store.connect(db_url) as conn:
         add_node(conn, "node-a")
         creds = store.create_node_role(conn, "node-a", "pw-beat")
@@ -28,8 +29,27 @@ def test_host_run_without_a_plan_still_reports_alive(db_url: str, monkeypatch: p
     config = tmp_path / "host.json"
     config.write_text('{"pci": "fake-vfio", "readiness": "none", "libvirt_uri": "test:///default"}')
     assert reported_at(db_url, "node-a") is None
-    assert cli.main(["host", "run", "--node", "node-a", "--config", str(config), "--db-url", db_url,
-                     "--db-role", creds.role, "--passes", "1", "--interval", "0.1"]) == 0
+    assert (
+        cli.main(
+            [
+                "host",
+                "run",
+                "--node",
+                "node-a",
+                "--config",
+                str(config),
+                "--db-url",
+                db_url,
+                "--db-role",
+                creds.role,
+                "--passes",
+                "1",
+                "--interval",
+                "0.1",
+            ]
+        )
+        == 0
+    )
     assert reported_at(db_url, "node-a") is not None
 
 

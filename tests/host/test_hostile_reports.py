@@ -25,8 +25,16 @@ from reconciler import cli
 from reconciler.store import connections, migrations
 from tests.host.test_store import add_node, plan, status
 
-GOOD = {"code": "drift.disk.mounted", "slot_index": 0, "message": "mounted at /mnt", "allocation_id": None,
-        "expected": None, "observed": "/mnt", "heal": None, "subject": None}
+GOOD = {
+    "code": "drift.disk.mounted",
+    "slot_index": 0,
+    "message": "mounted at /mnt",
+    "allocation_id": None,
+    "expected": None,
+    "observed": "/mnt",
+    "heal": None,
+    "subject": None,
+}
 
 BAD_DRIFT = {
     "a string": "garbage",
@@ -66,56 +74,81 @@ def _as_node(db_url: str, creds: store.NodeCredentials) -> psycopg.Connection[An
 
 @pytest.mark.parametrize("drift", BAD_DRIFT.values(), ids=BAD_DRIFT.keys())
 def test_a_node_role_cannot_store_a_malformed_drift_report(
-        db_url: str, nodes: dict[str, store.NodeCredentials], drift: Any) -> None:
+    db_url: str, nodes: dict[str, store.NodeCredentials], drift: Any
+) -> None:
     with _as_node(db_url, nodes["node-a"]) as conn:
         with pytest.raises(psycopg.errors.CheckViolation) as refused:
             conn.execute("INSERT INTO host_status (node_name, drift) VALUES ('node-a', %s)", (Jsonb(drift),))
         assert refused.value.diag.constraint_name == "host_status_drift_shape"
         with pytest.raises(psycopg.errors.CheckViolation) as refused:
-            conn.execute("INSERT INTO host_slot_status (node_name, slot_index, drift) VALUES ('node-a', 0, %s)",
-                         (Jsonb(drift),))
+            conn.execute(
+                "INSERT INTO host_slot_status (node_name, slot_index, drift) VALUES ('node-a', 0, %s)", (Jsonb(drift),)
+            )
         assert refused.value.diag.constraint_name == "host_slot_status_drift_shape"
         store.write_status(conn, status("node-a"))  # the host's own writer still goes through
 
 
-@pytest.mark.parametrize(("column", "value", "constraint"), [
-    ("errors", "garbage", "host_status_errors_shape"),
-    ("errors", [{"code": 5, "message": "m"}], "host_status_errors_shape"),
-    # issue 26: an entry must carry the step and the allocation (null: node-wide), as the host writes it
-    ("errors", [{"code": "host.vm.start", "message": "m"}], "host_status_errors_shape"),
-    ("errors", [{"code": "host.vm.start", "message": "m", "step": "start"}], "host_status_errors_shape"),
-    ("errors", [{"code": "host.vm.start", "message": "m", "allocation_id": None}], "host_status_errors_shape"),
-    ("errors", [{"code": "", "message": "m", "step": "start", "allocation_id": None}], "host_status_errors_shape"),
-    ("details", [1, 2], "host_status_objects_shape"),
-    ("phase_timings", "fast", "host_status_objects_shape"),
-    ("cleanup_evidence", ["verified"], "host_status_objects_shape"),
-    ("details", {"blob": "x" * (1 << 20)}, "host_status_objects_shape"),
-])
+@pytest.mark.parametrize(
+    ("column", "value", "constraint"),
+    [
+        ("errors", "garbage", "host_status_errors_shape"),
+        ("errors", [{"code": 5, "message": "m"}], "host_status_errors_shape"),
+        # issue 26: an entry must carry the step and the allocation (null: node-wide), as the host writes it
+        ("errors", [{"code": "host.vm.start", "message": "m"}], "host_status_errors_shape"),
+        ("errors", [{"code": "host.vm.start", "message": "m", "step": "start"}], "host_status_errors_shape"),
+        ("errors", [{"code": "host.vm.start", "message": "m", "allocation_id": None}], "host_status_errors_shape"),
+        ("errors", [{"code": "", "message": "m", "step": "start", "allocation_id": None}], "host_status_errors_shape"),
+        ("details", [1, 2], "host_status_objects_shape"),
+        ("phase_timings", "fast", "host_status_objects_shape"),
+        ("cleanup_evidence", ["verified"], "host_status_objects_shape"),
+        ("details", {"blob": "x" * (1 << 20)}, "host_status_objects_shape"),
+    ],
+)
 def test_a_node_role_cannot_store_other_malformed_node_reports(
-        db_url: str, nodes: dict[str, store.NodeCredentials], column: str, value: Any, constraint: str) -> None:
+    db_url: str, nodes: dict[str, store.NodeCredentials], column: str, value: Any, constraint: str
+) -> None:
     with _as_node(db_url, nodes["node-a"]) as conn, pytest.raises(psycopg.errors.CheckViolation) as refused:
-        conn.execute(f"INSERT INTO host_status (node_name, {column}) VALUES ('node-a', %s)",  # noqa: S608 -- fixed names
-                     (Jsonb(value),))
+        conn.execute(
+            f"INSERT INTO host_status (node_name, {column}) VALUES ('node-a', %s)",  # noqa: S608 -- fixed names
+            (Jsonb(value),),
+        )
     assert refused.value.diag.constraint_name == constraint
 
 
-@pytest.mark.parametrize(("column", "value", "constraint"), [
-    ("wipe_evidence", "verified", "host_slot_status_objects_shape"),
-    ("phase_timings", [1], "host_slot_status_objects_shape"),
-    ("wipe_error", "x" * 4097, "host_slot_status_text_size"),
-])
+@pytest.mark.parametrize(
+    ("column", "value", "constraint"),
+    [
+        ("wipe_evidence", "verified", "host_slot_status_objects_shape"),
+        ("phase_timings", [1], "host_slot_status_objects_shape"),
+        ("wipe_error", "x" * 4097, "host_slot_status_text_size"),
+    ],
+)
 def test_a_node_role_cannot_store_a_malformed_slot_report(
-        db_url: str, nodes: dict[str, store.NodeCredentials], column: str, value: Any, constraint: str) -> None:
+    db_url: str, nodes: dict[str, store.NodeCredentials], column: str, value: Any, constraint: str
+) -> None:
     param = value if column == "wipe_error" else Jsonb(value)
     with _as_node(db_url, nodes["node-a"]) as conn, pytest.raises(psycopg.errors.CheckViolation) as refused:
-        conn.execute(f"INSERT INTO host_slot_status (node_name, slot_index, {column})"  # noqa: S608 -- fixed names
-                     " VALUES ('node-a', 0, %s)", (param,))
+        conn.execute(
+            f"INSERT INTO host_slot_status (node_name, slot_index, {column})"  # noqa: S608 -- fixed names
+            " VALUES ('node-a', 0, %s)",
+            (param,),
+        )
     assert refused.value.diag.constraint_name == constraint
 
 
 def test_every_drift_code_the_host_writes_is_accepted(db_url: str, nodes: dict[str, store.NodeCredentials]) -> None:
-    drift = tuple(Drift(code, i % 8 if i % 3 else None, f"finding {code}", allocation_id="alloc-node-a",
-                        expected="e", observed="o", subject="s") for i, code in enumerate(DriftCode))
+    drift = tuple(
+        Drift(
+            code,
+            i % 8 if i % 3 else None,
+            f"finding {code}",
+            allocation_id="alloc-node-a",
+            expected="e",
+            observed="o",
+            subject="s",
+        )
+        for i, code in enumerate(DriftCode)
+    )
     with _as_node(db_url, nodes["node-a"]) as conn:
         store.write_status(conn, status("node-a", drift=drift))
     with store.connect(db_url) as central:
@@ -135,7 +168,8 @@ def _plant_bad_reports(db_url: str) -> None:
 
 
 def test_drift_command_shows_a_malformed_report_as_invalid_and_every_other_node(
-        db_url: str, nodes: dict[str, store.NodeCredentials], capsys: pytest.CaptureFixture[str]) -> None:
+    db_url: str, nodes: dict[str, store.NodeCredentials], capsys: pytest.CaptureFixture[str]
+) -> None:
     _plant_bad_reports(db_url)
     capsys.readouterr()
     assert cli.main(["drift", "--db-url", db_url, "--exit-code"]) == 3
@@ -156,7 +190,10 @@ def test_drift_command_shows_a_malformed_report_as_invalid_and_every_other_node(
     doc = json.loads(capsys.readouterr().out)
     assert doc["total"] == 3
     assert {n["node"]: [d["code"] for d in n["drift"]] for n in doc["nodes"]} == {
-        "node-a": ["drift.disk.mounted"], "node-b": [reports.INVALID], "node-c": [reports.INVALID]}
+        "node-a": ["drift.disk.mounted"],
+        "node-b": [reports.INVALID],
+        "node-c": [reports.INVALID],
+    }
 
     assert cli.main(["drift", "--db-url", db_url, "--node", "node-c", "-o", "markdown"]) == 0
     assert "| node-c | - | `drift.report.invalid` |" in capsys.readouterr().out
@@ -174,18 +211,32 @@ def test_0008_repairs_malformed_rows_written_before_it(empty_db_url: str, monkey
             migrations.migrate(conn)
         for node in ("node-a", "node-b", "node-c"):
             add_node(conn, node)
-        conn.execute("INSERT INTO host_status (node_name, drift, errors, details) VALUES"
-                     " ('node-a', %s, '[]', '{}'), ('node-b', '\"garbage\"', '{\"x\": 1}', '[1]'),"
-                     " ('node-c', '[1, null, {\"code\": 5}]', '[]', '{}')", (Jsonb([GOOD]),))
-        conn.execute("INSERT INTO host_slot_status (node_name, slot_index, drift, wipe_evidence, wipe_error) VALUES"
-                     " ('node-a', 0, %s, '{\"device\": \"/dev/disk/by-id/nvme-S0\"}', NULL),"
-                     " ('node-b', 3, '{}', '\"proof\"', repeat('e', 5000))", (Jsonb([GOOD]),))
+        conn.execute(
+            "INSERT INTO host_status (node_name, drift, errors, details) VALUES"
+            " ('node-a', %s, '[]', '{}'), ('node-b', '\"garbage\"', '{\"x\": 1}', '[1]'),"
+            " ('node-c', '[1, null, {\"code\": 5}]', '[]', '{}')",
+            (Jsonb([GOOD]),),
+        )
+        conn.execute(
+            "INSERT INTO host_slot_status (node_name, slot_index, drift, wipe_evidence, wipe_error) VALUES"
+            " ('node-a', 0, %s, '{\"device\": \"/dev/disk/by-id/nvme-S0\"}', NULL),"
+            " ('node-b', 3, '{}', '\"proof\"', repeat('e', 5000))",
+            (Jsonb([GOOD]),),
+        )
 
         assert migrations.migrate(conn) == ["0008", "0055"]
-        rows = {r[0]: r[1:] for r in conn.execute(
-            "SELECT node_name, drift, errors, details FROM host_status ORDER BY node_name").fetchall()}
-        slots = {r[0]: r[1:] for r in conn.execute(
-            "SELECT node_name, drift, wipe_evidence, length(wipe_error) FROM host_slot_status").fetchall()}
+        rows = {
+            r[0]: r[1:]
+            for r in conn.execute(
+                "SELECT node_name, drift, errors, details FROM host_status ORDER BY node_name"
+            ).fetchall()
+        }
+        slots = {
+            r[0]: r[1:]
+            for r in conn.execute(
+                "SELECT node_name, drift, wipe_evidence, length(wipe_error) FROM host_slot_status"
+            ).fetchall()
+        }
     assert rows["node-a"] == ([GOOD], [], {})
     assert [d["code"] for d in rows["node-b"][0]] == [reports.INVALID] == [d["code"] for d in rows["node-c"][0]]
     assert rows["node-b"][1][0]["code"] == "host.report.invalid" and rows["node-b"][2] == {}

@@ -109,8 +109,12 @@ def test_the_image_write_is_refused_too(loops: Loops, tmp_path: Path) -> None:
     token = images.verify(images.resolve(tmp_path / "store", hp.ImageRef("x", "img.raw", digest, "raw")), digest)
     before = b.sha256()
     with pytest.raises(protocols.IdentityChanged):
-        driver(loops).write_image(protocols.SlotDisk(0, a.by_id, a.by_id, os_disk.by_id, identity_of(a)), token,
-                                  digest=digest, image_format="raw")  # fmt: skip
+        driver(loops).write_image(
+            protocols.SlotDisk(0, a.by_id, a.by_id, os_disk.by_id, identity_of(a)),
+            token,
+            digest=digest,
+            image_format="raw",
+        )
     assert b.sha256() == before
 
 
@@ -229,8 +233,12 @@ def test_identity_travels_from_the_slot_map_to_the_host_plan(db_url: str) -> Non
         again = inventory.sync(conn, state)
         rewritten = hostplans.write(conn, ["h200-use1-c01", "h200-use1-s01"])
     assert c01 is not None and s01 is not None and stored is not None and raw is not None
-    assert stored[0] == {"model": "SAMSUNG MZWLR3T8HBLS-00007", "serial": "S6EXNA0W400",
-                         "wwid": "eui.0025388500001c0a", "size_bytes": 3840755982336}  # fmt: skip
+    assert stored[0] == {
+        "model": "SAMSUNG MZWLR3T8HBLS-00007",
+        "serial": "S6EXNA0W400",
+        "wwid": "eui.0025388500001c0a",
+        "size_bytes": 3840755982336,
+    }
     approved = state.slot_maps["h200-use1-c01"].slots
     assert [(i.slot_index, i.nvme_identity.serial) for i in c01.disk_identities] == [
         (s.slot_index, s.nvme_identity.serial if s.nvme_identity else None) for s in approved
@@ -386,7 +394,10 @@ def test_the_planner_never_places_on_a_slot_without_a_recorded_identity() -> Non
     w = pictures.world("n1: [....|....]")
     smap = w.desired.slot_maps["n1"]
     bound = {6, 7}  # only these two slots record their disk's identity
-    w.desired.slot_maps["n1"] = smap.model_copy(update={"slots": [
-        s if s.slot_index in bound else s.model_copy(update={"nvme_identity": None}) for s in smap.slots]})
+    w.desired.slot_maps["n1"] = smap.model_copy(
+        update={
+            "slots": [s if s.slot_index in bound else s.model_copy(update={"nvme_identity": None}) for s in smap.slots]
+        }
+    )
     assert isinstance(w.place(pictures.SLICE, 4), str)  # pending: six of the eight slots are not sellable
     assert w.place(pictures.SLICE, 2) == ("n1", (6, 7))

@@ -1,8 +1,8 @@
 """The image cache trusts nothing on disk (issue 27): links, odd files and wrong bytes are never a hit.
 
-    <cache>/partial/<hex> -> /elsewhere   never written through (the target keeps its bytes)
-    <cache>/sha256/<hex>  -> /elsewhere   never a hit: removed, the image fetched and verified
-    <cache>/sha256/<hex>  wrong bytes     hashed again (no seal), removed, fetched
+<cache>/partial/<hex> -> /elsewhere   never written through (the target keeps its bytes)
+<cache>/sha256/<hex>  -> /elsewhere   never a hit: removed, the image fetched and verified
+<cache>/sha256/<hex>  wrong bytes     hashed again (no seal), removed, fetched
 """
 
 from __future__ import annotations
@@ -60,9 +60,17 @@ def test_a_cached_file_with_other_bytes_is_hashed_and_fetched_again(tmp_path: Pa
     assert not got.cached and path.read_bytes() == data
 
 
-@pytest.mark.parametrize("digest", [
-    "a" * 64 + "\n", "sha256:" + "a" * 64 + "\n", "A" * 64, "a" * 63, "a" * 65, "sha256:" + "g" * 64,
-])
+@pytest.mark.parametrize(
+    "digest",
+    [
+        "a" * 64 + "\n",
+        "sha256:" + "a" * 64 + "\n",
+        "A" * 64,
+        "a" * 63,
+        "a" * 65,
+        "sha256:" + "g" * 64,
+    ],
+)
 def test_a_digest_is_exactly_64_lowercase_hex(digest: str) -> None:
     with pytest.raises(imagecache.CacheError):
         imagecache.digest_hex(digest)

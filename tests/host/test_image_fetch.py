@@ -1,9 +1,9 @@
 """Fetching images into the host cache from a real HTTP server on 127.0.0.1 (a thread in the test).
 
-    ImageServer (127.0.0.1:<port>, Range-capable)  --HTTP-->  fetching.fetch  -->  <cache>/partial/<hex>
-        faults: drop the connection halfway,                                      | sha256 == digest?
-                serve other bytes, ignore Range                                   v
-                                                                              <cache>/sha256/<hex>
+ImageServer (127.0.0.1:<port>, Range-capable)  --HTTP-->  fetching.fetch  -->  <cache>/partial/<hex>
+    faults: drop the connection halfway,                                      | sha256 == digest?
+            serve other bytes, ignore Range                                   v
+                                                                          <cache>/sha256/<hex>
 """
 
 from __future__ import annotations
@@ -96,8 +96,13 @@ def test_an_image_over_the_cap_is_refused_before_it_is_written(tmp_path: Path, s
     cache = imagecache.ImageCache(tmp_path / "cache")
     written: list[int] = []
     with pytest.raises(fetching.TooLarge) as e:
-        fetching.fetch(cache, srv.url("img.raw"), digest, max_bytes=len(data) - 1,
-                       progress=lambda done, _total: written.append(done))
+        fetching.fetch(
+            cache,
+            srv.url("img.raw"),
+            digest,
+            max_bytes=len(data) - 1,
+            progress=lambda done, _total: written.append(done),
+        )
     assert e.value.code == "host.image.too_large"
     assert nothing_cached(cache)
     assert written == []  # refused on the declared length, before a byte was written
@@ -123,8 +128,7 @@ def test_a_missing_image_is_an_http_error_with_nothing_cached(tmp_path: Path, se
     assert nothing_cached(cache)
 
 
-def test_a_connection_that_keeps_dropping_keeps_its_partial_for_the_next_pass(tmp_path: Path,
-                                                                              served: tuple) -> None:
+def test_a_connection_that_keeps_dropping_keeps_its_partial_for_the_next_pass(tmp_path: Path, served: tuple) -> None:
     srv, root = served
     data, digest = publish(root, "img.raw")
     srv.faults["img.raw"] = Fault(drop_after=MiB // 2, times=3)

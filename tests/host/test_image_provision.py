@@ -1,9 +1,9 @@
 """A provision that fetches its image: HTTP server on 127.0.0.1 -> cache -> qcow2 convert -> slot disk.
 
-    ImageServer  remote/guest.qcow2  (drops the first connection halfway)
-        ▲ image_base_url
-    lab node-a:  alloc-1 slot 0, alloc-2 slot 1, both naming the same image
-        image_fetch (once for both) -> image_verify -> disk_write (qemu-img convert -O raw, compare)
+ImageServer  remote/guest.qcow2  (drops the first connection halfway)
+    ▲ image_base_url
+lab node-a:  alloc-1 slot 0, alloc-2 slot 1, both naming the same image
+    image_fetch (once for both) -> image_verify -> disk_write (qemu-img convert -O raw, compare)
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ def test_a_provision_fetches_its_image_once_resuming_a_dropped_download(lab: Lab
         assert not r.errors, r.errors
         statuses = [status for _path, _range, status in srv.stats.requests]
         assert statuses == [200, 206]  # one download for both VMs, resumed once
-    done = {a.allocation_id: [str(x.step) for x, _ in r.executed if x.allocation_id == a.allocation_id]
-            for a in (one, two)}  # fmt: skip
+    done = {
+        a.allocation_id: [str(x.step) for x, _ in r.executed if x.allocation_id == a.allocation_id] for a in (one, two)
+    }
     assert str(Step.IMAGE_FETCH) in done["alloc-1"]
     for slot in (0, 1):
         assert lab.slot_disks[slot].backing.read_bytes()[: len(guest)] == guest

@@ -23,8 +23,10 @@ A, B, C = "a" * 64, "b" * 64, "c" * 64
 
 
 def with_images(node: str, *digests: str) -> object:
-    entries = tuple(CacheEntry(d, f"/var/lib/gpuaas/images/sha256/{d}", 1000 + i, 1_700_000_000.0 + i)
-                    for i, d in enumerate(digests))  # fmt: skip
+    entries = tuple(
+        CacheEntry(d, f"/var/lib/gpuaas/images/sha256/{d}", 1000 + i, 1_700_000_000.0 + i)
+        for i, d in enumerate(digests)
+    )
     return dataclasses.replace(status(node), images=ImageCacheReport(entries=entries, in_use=digests[:1]))
 
 
@@ -47,8 +49,11 @@ def test_each_pass_replaces_the_nodes_rows_and_the_planner_sees_them(db_url: str
         details = conn.execute("SELECT details FROM host_status WHERE node_name = 'node-a'").fetchone()
         assert details is not None and details[0]["images"]["cached"][0]["in_use"] is True
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute("INSERT INTO node_image_cache (node_name, digest_sha256, size_bytes, last_used_at)"
-                         " VALUES ('node-b', %s, 1, now())", (A,))  # fmt: skip
+            conn.execute(
+                "INSERT INTO node_image_cache (node_name, digest_sha256, size_bytes, last_used_at)"
+                " VALUES ('node-b', %s, 1, now())",
+                (A,),
+            )
     with connections.connect(db_url, autocommit=True) as conn:
         observed = live.observe(conn)
         assert dict(observed.image_cache) == {"node-a": frozenset({B}), "node-b": frozenset({C})}
@@ -58,8 +63,9 @@ def test_a_malformed_report_is_refused_by_the_database(db_url: str) -> None:
     with store.connect(db_url) as conn:
         add_node(conn, "node-a")
         store.write_plan(conn, plan("node-a"))
-        bad = dataclasses.replace(status("node-a"), images=ImageCacheReport(
-            entries=(CacheEntry("not-a-digest", "/x", 1, 0.0),)))
+        bad = dataclasses.replace(
+            status("node-a"), images=ImageCacheReport(entries=(CacheEntry("not-a-digest", "/x", 1, 0.0),))
+        )
         with pytest.raises(GpuaasError):
             store.write_status(conn, bad)
         assert store.read_image_cache(conn, "node-a") == []  # the whole status transaction rolled back

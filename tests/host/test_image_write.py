@@ -98,7 +98,7 @@ def test_qcow2_image_is_converted_to_raw_and_compared(loops: Loops, tmp_path: Pa
     assert ev["bytes"] == len(data)  # the virtual size
     assert ev["verify"]["method"] == "qemu-img compare" and ev["verify"]["identical"] is True
     assert device_prefix(s0, len(data)) == data
-    assert device_prefix(s0, len(data) + MiB)[len(data):] == b"\xff" * MiB  # nothing past the image
+    assert device_prefix(s0, len(data) + MiB)[len(data) :] == b"\xff" * MiB  # nothing past the image
 
 
 def test_a_bad_write_is_caught_by_the_read_back(loops: Loops, tmp_path: Path) -> None:
@@ -128,8 +128,9 @@ def test_a_qcow2_with_a_backing_file_is_never_converted(loops: Loops, tmp_path: 
     secret = tmp_path / "host-secret.raw"
     secret.write_bytes(b"host secret" * 100_000)
     overlay = tmp_path / "overlay.qcow2"
-    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(secret), str(overlay)],
-                   check=True)  # fmt: skip
+    subprocess.run(
+        ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(secret), str(overlay)], check=True
+    )
     token = cached(tmp_path, overlay)
     with pytest.raises(images.ImageError) as e:
         driver(loops).write_image(slot(s0, os_disk), token, digest=token.digest, image_format="qcow2")
@@ -172,8 +173,9 @@ def test_the_guard_refuses_a_mounted_or_unapproved_disk(loops: Loops, tmp_path: 
     assert e.value.code == "host.disk.mounted"
     assert (point / "tenant.txt").read_text() == "still here"
     with pytest.raises(protocols.DiskRefused) as e:  # slot 0's disk, but the plan approved another one
-        d.write_image(protocols.SlotDisk(0, s0.by_id, s1.by_id, os_disk.by_id), token, digest=token.digest,
-                      image_format=fmt)  # fmt: skip
+        d.write_image(
+            protocols.SlotDisk(0, s0.by_id, s1.by_id, os_disk.by_id), token, digest=token.digest, image_format=fmt
+        )
     assert e.value.code == "host.disk.not_approved"
     with pytest.raises(protocols.DiskRefused) as e:
         d.write_image(slot(os_disk, os_disk), token, digest=token.digest, image_format=fmt)

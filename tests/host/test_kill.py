@@ -45,13 +45,19 @@ def libvirtd_test() -> Iterator[str]:
     shutil.chown(root, user="nobody")
     for p in root.iterdir():
         shutil.chown(p, user="nobody")
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin:/usr/sbin:/sbin"), "HOME": str(root / "home"),
-           "XDG_RUNTIME_DIR": str(root / "run"), "XDG_CONFIG_HOME": str(root / "config"),
-           "XDG_CACHE_HOME": str(root / "cache")}
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin:/usr/sbin:/sbin"),
+        "HOME": str(root / "home"),
+        "XDG_RUNTIME_DIR": str(root / "run"),
+        "XDG_CONFIG_HOME": str(root / "config"),
+        "XDG_CACHE_HOME": str(root / "cache"),
+    }
     log = (root / "libvirtd.log").open("wb")
     proc = subprocess.Popen(
         ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "libvirtd", "--timeout", "0"],
-        env=env, stdout=subprocess.DEVNULL, stderr=log,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
     )
     sock = root / "run" / "libvirt" / "libvirt-sock"
     uri = f"test+unix:///default?socket={sock}"
@@ -167,13 +173,17 @@ def test_kill_at_every_phase_then_restart_converges_without_leaks(kill_lab: Lab,
         assert reconciler(lab, running, p_kill) == -signal.SIGKILL, f"not killed at {p_kill}"
         reconciler(lab, running)
         assert world(lab, libvirtd_test) == {
-            "domains": [name], "reservations": [name], "leases": ["slot-0.json"], "seeds": [name],
+            "domains": [name],
+            "reservations": [name],
+            "leases": ["slot-0.json"],
+            "seeds": [name],
         }, f"after a kill at provision {p_kill}"
 
         assert reconciler(lab, released, r_kill) == -signal.SIGKILL, f"not killed at {r_kill}"
         reconciler(lab, released)
         assert world(lab, libvirtd_test) == {"domains": [], "reservations": [], "leases": [], "seeds": []}, (
-            f"after a kill at release {r_kill}")
+            f"after a kill at release {r_kill}"
+        )
         wipe = json.loads((Path(lab.settings_doc["state_dir"]) / "wipes" / "slot-0.json").read_text())
         assert (wipe["allocation_id"], wipe["verified"], wipe["blocked"]) == (alloc, True, None)
         assert lab.slot_disks[0].backing.read_bytes().count(0) == 8 << 20  # really zero

@@ -50,8 +50,11 @@ def _images(root: Path) -> Iterator[Listening]:
         yield "127.0.0.1", srv.port, srv.httpd
 
 
-LISTENERS = {"guest_marker": (guestmarker, _marker), "metrics": (metrics, _metrics),
-             "image_server": (imageserver, _images)}
+LISTENERS = {
+    "guest_marker": (guestmarker, _marker),
+    "metrics": (metrics, _metrics),
+    "image_server": (imageserver, _images),
+}
 
 
 def _closed(sock: socket.socket) -> bool:
@@ -68,15 +71,17 @@ def _closed(sock: socket.socket) -> bool:
 def test_a_dribbling_client_is_cut_at_the_deadline(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     module, make = LISTENERS[name]
     monkeypatch.setattr(module, "DEADLINE_S", 1.0, raising=False)
-    with (make(tmp_path) if name == "image_server" else make()) as (host, port, _), \
-            socket.create_connection((host, port), timeout=5) as sock:
+    with (
+        make(tmp_path) if name == "image_server" else make() as (host, port, _),
+        socket.create_connection((host, port), timeout=5) as sock,
+    ):
         sock.settimeout(0.3)
         request = f"POST {guestmarker.PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 900\r\n\r\n".encode()
         cut_at = None
         start = time.monotonic()
         for i in range(40):  # 12 s of one byte per 0.3 s at most
             try:
-                sock.send(request[i:i + 1] if i < len(request) else b"x")
+                sock.send(request[i : i + 1] if i < len(request) else b"x")
             except OSError:
                 cut_at = time.monotonic() - start
                 break
@@ -87,11 +92,12 @@ def test_a_dribbling_client_is_cut_at_the_deadline(name: str, tmp_path: Path, mo
 
 
 @pytest.mark.parametrize("name", LISTENERS)
-def test_connections_over_the_cap_are_closed_at_once(name: str, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_connections_over_the_cap_are_closed_at_once(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     module, make = LISTENERS[name]
     monkeypatch.setattr(module, "MAX_CONNECTIONS", 2, raising=False)
-    with (make(tmp_path) if name == "image_server" else make()) as (host, port, server):
+    with make(tmp_path) if name == "image_server" else make() as (host, port, server):
         held = [socket.create_connection((host, port), timeout=5) for _ in range(2)]
         try:
             deadline = time.monotonic() + 30
@@ -107,10 +113,16 @@ def test_connections_over_the_cap_are_closed_at_once(name: str, tmp_path: Path,
                 sock.close()
 
 
-@pytest.mark.parametrize(("host", "status"), [
-    ("rebind.attacker.example", 421), ("rebind.attacker.example:9101", 421),
-    ("127.0.0.1", 200), ("localhost:9101", 200), ("[::1]:9101", 200),
-])
+@pytest.mark.parametrize(
+    ("host", "status"),
+    [
+        ("rebind.attacker.example", 421),
+        ("rebind.attacker.example:9101", 421),
+        ("127.0.0.1", 200),
+        ("localhost:9101", 200),
+        ("[::1]:9101", 200),
+    ],
+)
 def test_the_metrics_listener_answers_only_for_its_names(host: str, status: int) -> None:
     with _metrics() as (address, port, _):
         conn = http.client.HTTPConnection(address, port, timeout=10)

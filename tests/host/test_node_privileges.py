@@ -1,10 +1,10 @@
 """A node role has least privilege (migration 0051), in a real PostgreSQL server.
 
-    node-a's role: CONNECT to its own database, nothing else
-      - another database of the server (postgres, the migrated template): refused
-      - CREATE TEMP TABLE, CREATE TABLE public.x, CREATE SCHEMA: refused
-    a login role that existed before the lock-down: still connects (no TEMP);
-    one made after it: needs GRANT CONNECT
+node-a's role: CONNECT to its own database, nothing else
+  - another database of the server (postgres, the migrated template): refused
+  - CREATE TEMP TABLE, CREATE TABLE public.x, CREATE SCHEMA: refused
+a login role that existed before the lock-down: still connects (no TEMP);
+one made after it: needs GRANT CONNECT
 """
 
 from __future__ import annotations
@@ -43,19 +43,21 @@ def test_a_node_role_works_in_its_own_database(db_url: str, node_a: store.NodeCr
 
 
 @pytest.mark.parametrize("other", ["postgres", TEMPLATE_DB])
-def test_a_node_role_cannot_connect_to_another_database(
-        db_url: str, node_a: store.NodeCredentials, other: str) -> None:
+def test_a_node_role_cannot_connect_to_another_database(db_url: str, node_a: store.NodeCredentials, other: str) -> None:
     with pytest.raises(psycopg.OperationalError, match="permission denied for database"):
         _connect(db_url, node_a, other).close()
 
 
-@pytest.mark.parametrize("statement", [
-    "CREATE TEMP TABLE t (x int)",
-    "CREATE TABLE public.x (x int)",
-    "CREATE TABLE x (x int)",
-    "CREATE SCHEMA evil",
-    "CREATE FUNCTION public.gpuaas_current_node() RETURNS text LANGUAGE sql AS $$ SELECT 'node-b' $$",
-])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "CREATE TEMP TABLE t (x int)",
+        "CREATE TABLE public.x (x int)",
+        "CREATE TABLE x (x int)",
+        "CREATE SCHEMA evil",
+        "CREATE FUNCTION public.gpuaas_current_node() RETURNS text LANGUAGE sql AS $$ SELECT 'node-b' $$",
+    ],
+)
 def test_a_node_role_can_create_nothing(db_url: str, node_a: store.NodeCredentials, statement: str) -> None:
     with _connect(db_url, node_a) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
         conn.execute(statement)

@@ -1,8 +1,8 @@
 """PCI/VFIO check on sysfs trees: read-only unless the host opts in to binding.
 
-    <root>/bus/pci/devices/0000:1b:00.0/driver -> ../../drivers/nvidia     (not vfio-pci)
-    <root>/bus/pci/devices/0000:1a:00.1/driver -> ../../drivers/vfio-pci
-    <root>/bus/pci/devices/0000:1a:00.1/numa_node = 0
+<root>/bus/pci/devices/0000:1b:00.0/driver -> ../../drivers/nvidia     (not vfio-pci)
+<root>/bus/pci/devices/0000:1a:00.1/driver -> ../../drivers/vfio-pci
+<root>/bus/pci/devices/0000:1a:00.1/numa_node = 0
 """
 
 from __future__ import annotations
@@ -89,11 +89,19 @@ def test_discovery_gate_runs_on_every_pass_and_blocks_only_the_swapped_disk(tmp_
     from tests.host.conftest import NETWORK
 
     doc = yaml.safe_load((EXAMPLE.parents[2] / "fleet" / "slotmaps" / "h200-use1-s01.yaml").read_text())
-    slots = tuple(hostplans.SlotBundle(s["slot_index"], s["gpu_pci_address"], s["fabric_vf_pci_address"],
-                                       s["nvme_device"], s["mac_address"], s["private_ip"], s["numa_node"])
-                  for s in doc["slots"])
-    plan = hostplans.HostPlan("h200-use1-s01", 1, NETWORK, "/dev/disk/by-id/nvme-Dell_BOSS-N1_S6EXNA0W1OS",
-                              slots=slots)
+    slots = tuple(
+        hostplans.SlotBundle(
+            s["slot_index"],
+            s["gpu_pci_address"],
+            s["fabric_vf_pci_address"],
+            s["nvme_device"],
+            s["mac_address"],
+            s["private_ip"],
+            s["numa_node"],
+        )
+        for s in doc["slots"]
+    )
+    plan = hostplans.HostPlan("h200-use1-s01", 1, NETWORK, "/dev/disk/by-id/nvme-Dell_BOSS-N1_S6EXNA0W1OS", slots=slots)
     # The host's slot-5 disk was swapped for another one (new serial, new by-id names).
     tree = lab.retag_tree(EXAMPLE.parent, tmp_path / "host", "S6EXNA0W105", "S6EXNA0W199")
     settings = HostSettings(node="h200-use1-s01", discovery_root=tree, state_dir=tmp_path / "state")

@@ -33,7 +33,8 @@ def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str,
 
 
 def test_rewipe_frees_a_blocked_slot_once_its_cause_is_fixed(
-        lab: Lab, db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    lab: Lab, db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     state = desired(lab, digest=lab.digest)
     config = str(lab.write_config())
     converge = ("host", "converge", "--node", "node-a", "--db-url", db_url, "--config", config, "-o", "json")
@@ -52,17 +53,45 @@ def test_rewipe_frees_a_blocked_slot_once_its_cause_is_fixed(
         assert rc == 2 and mine["state"] == "cleanup_blocked" and mine["wipe_error"].startswith("host.disk.mounted")
 
         other = 1 - slot
-        rc, asked = _cli(capsys, "slot", "rewipe", "node-a", str(other), "--reason", "wrong slot", "--by", "ops",
-                         "--db-url", db_url, "-o", "json")
+        rc, asked = _cli(
+            capsys,
+            "slot",
+            "rewipe",
+            "node-a",
+            str(other),
+            "--reason",
+            "wrong slot",
+            "--by",
+            "ops",
+            "--db-url",
+            db_url,
+            "-o",
+            "json",
+        )
         assert rc == 0 and asked["outcome"] == "requested"
         subprocess.run(["umount", str(point)], check=True)
-        rc, asked = _cli(capsys, "slot", "rewipe", "node-a", str(slot), "--reason", "disk unmounted", "--by", "ops",
-                         "--db-url", db_url, "-o", "json")
+        rc, asked = _cli(
+            capsys,
+            "slot",
+            "rewipe",
+            "node-a",
+            str(slot),
+            "--reason",
+            "disk unmounted",
+            "--by",
+            "ops",
+            "--db-url",
+            db_url,
+            "-o",
+            "json",
+        )
         assert rc == 0 and asked["outcome"] == "requested"
         again = _cli(capsys, "slot", "rewipe", "node-a", str(slot), "--db-url", db_url, "-o", "json")[1]
         assert again["outcome"] == "already_pending" and again["request_id"] == asked["request_id"]
-        event = conn.execute("SELECT payload FROM outbox WHERE event_type = 'slot.rewipe_requested'"
-                             " AND aggregate_id = %s", (f"node-a:{slot}",)).fetchone()
+        event = conn.execute(
+            "SELECT payload FROM outbox WHERE event_type = 'slot.rewipe_requested' AND aggregate_id = %s",
+            (f"node-a:{slot}",),
+        ).fetchone()
         assert event is not None and event[0]["requested_by"] == "ops" and event[0]["reason"] == "disk unmounted"
 
         rc, doc = _cli(capsys, *converge)  # the agent answers, then wipes, verifies, checks health, frees
@@ -75,8 +104,11 @@ def test_rewipe_frees_a_blocked_slot_once_its_cause_is_fixed(
         refusal = conn.execute("SELECT answer FROM slot_rewipe_requests WHERE slot_index = %s", (other,)).fetchone()
         assert refusal is not None and refusal[0]["code"] == "host.rewipe.not_blocked"
         reconciling.reconcile(conn, state)
-        status = conn.execute("SELECT s.status::text FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id"
-                              " WHERE n.name = 'node-a' AND s.slot_index = %s", (slot,)).fetchone()
+        status = conn.execute(
+            "SELECT s.status::text FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id"
+            " WHERE n.name = 'node-a' AND s.slot_index = %s",
+            (slot,),
+        ).fetchone()
         assert status == ("available",)
 
 
@@ -87,8 +119,8 @@ def test_rewipe_of_an_unknown_slot_is_a_coded_error(db_url: str, capsys: pytest.
 
 
 def test_the_agent_behind_the_service_answers_a_rewipe(
-        lab: Lab, db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    lab: Lab, db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The same flow with the agent given no database: plan, reports and the rewipe answer go through serve."""
     state = desired(lab, digest=lab.digest)
     credential = tmp_path / "node.token"
@@ -98,8 +130,20 @@ def test_the_agent_behind_the_service_answers_a_rewipe(
         assert cli.main(["host", "token", "issue", "node-a", "--out", str(credential), "--db-url", db_url]) == 0
         for s in serve(db_url):
             monkeypatch.delenv("GPUAAS_DATABASE_URL", raising=False)
-            converge = ("host", "converge", "--node", "node-a", "--service", s.url, "--credential", str(credential),
-                        "--config", str(lab.write_config()), "-o", "json")
+            converge = (
+                "host",
+                "converge",
+                "--node",
+                "node-a",
+                "--service",
+                s.url,
+                "--credential",
+                str(credential),
+                "--config",
+                str(lab.write_config()),
+                "-o",
+                "json",
+            )
             assert _cli(capsys, *converge)[0] == 0
             released = {"state": m.AllocationState.RELEASED}
             state.allocations["alloc-1"] = state.allocations["alloc-1"].model_copy(update=released)
@@ -111,14 +155,28 @@ def test_the_agent_behind_the_service_answers_a_rewipe(
                 subprocess.run(["umount", str(point)], check=True)
             mine = next(x for x in doc["slots"] if x["slot_index"] == slot)  # type: ignore[attr-defined]
             assert rc == 2 and mine["state"] == "cleanup_blocked"
-            rc, asked = _cli(capsys, "slot", "rewipe", "node-a", str(slot), "--reason", "disk unmounted",
-                             "--by", "ops", "--db-url", db_url, "-o", "json")
+            rc, asked = _cli(
+                capsys,
+                "slot",
+                "rewipe",
+                "node-a",
+                str(slot),
+                "--reason",
+                "disk unmounted",
+                "--by",
+                "ops",
+                "--db-url",
+                db_url,
+                "-o",
+                "json",
+            )
             assert rc == 0 and asked["outcome"] == "requested"
             rc, doc = _cli(capsys, *converge)
             mine = next(x for x in doc["slots"] if x["slot_index"] == slot)  # type: ignore[attr-defined]
             assert rc == 0 and mine["state"] == "available" and mine["wipe_state"] == "verified", mine
         answer = conn.execute("SELECT state, answer FROM slot_rewipe_requests").fetchall()
         assert [a[0] for a in answer] == ["accepted"] and answer[0][1]["allocation_id"] == "alloc-1"
-        reported = conn.execute("SELECT wipe_state FROM host_slot_status WHERE node_name = 'node-a'"
-                                " AND slot_index = %s", (slot,)).fetchone()
+        reported = conn.execute(
+            "SELECT wipe_state FROM host_slot_status WHERE node_name = 'node-a' AND slot_index = %s", (slot,)
+        ).fetchone()
         assert reported == ("verified",)  # the report went through the API too

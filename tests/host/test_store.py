@@ -1,7 +1,7 @@
 """Host plans and status in a real PostgreSQL, with one role per node and row-level security.
 
-    central (owner) writes plans for node-a and node-b, creates both node roles
-    node-a's role: reads node-a's plan only, writes node-a's status only
+central (owner) writes plans for node-a and node-b, creates both node roles
+node-a's role: reads node-a's plan only, writes node-a's status only
 """
 
 from __future__ import annotations
@@ -34,16 +34,29 @@ def add_node(conn: psycopg.Connection[Any], name: str) -> None:
 
 
 def plan(node: str, generation: int = 1) -> hp.HostPlan:
-    b = hp.SlotBundle(0, "0000:1b:00.0", "0000:1a:00.1", "/dev/disk/by-id/nvme-S0", "52:54:00:00:00:01",
-                      "10.100.0.10", 0)
+    b = hp.SlotBundle(
+        0, "0000:1b:00.0", "0000:1a:00.1", "/dev/disk/by-id/nvme-S0", "52:54:00:00:00:01", "10.100.0.10", 0
+    )
     vm = hp.VmSpec(f"alloc-{node}", "acme", (b,), vcpu_count=2, memory_mib=1024)
     return hp.HostPlan(node, generation, NETWORK, "/dev/disk/by-id/nvme-OS", vms=(vm,), slots=(b,))
 
 
 def status(node: str, *, drift: tuple[Drift, ...] = (), wipe: dict[str, Any] | None = None) -> HostStatus:
-    slot = SlotReport(0, SlotStatus.AVAILABLE if wipe else SlotStatus.ACTIVE, f"alloc-{node}",
-                      "absent" if wipe else "ready", None, None, f"alloc-{node}" if wipe else None,
-                      "verified" if wipe else None, wipe or {}, None, {"lease": 1.5}, drift, schedulable=bool(wipe))
+    slot = SlotReport(
+        0,
+        SlotStatus.AVAILABLE if wipe else SlotStatus.ACTIVE,
+        f"alloc-{node}",
+        "absent" if wipe else "ready",
+        None,
+        None,
+        f"alloc-{node}" if wipe else None,
+        "verified" if wipe else None,
+        wipe or {},
+        None,
+        {"lease": 1.5},
+        drift,
+        schedulable=bool(wipe),
+    )
     return HostStatus(node, 1, 1, DriftMode.REPORT, True, True, (slot,), (), drift, (), ())
 
 
@@ -96,7 +109,8 @@ def test_status_rows_carry_the_wipe_proof_the_central_reconciler_checks(
         again = conn.execute("SELECT wipe_reported_at FROM host_slot_status WHERE node_name='node-a'").fetchone()
         assert first == again
         row = conn.execute(
-            "SELECT wipe_state, wipe_evidence, vm_state FROM host_slot_status WHERE node_name='node-a'").fetchone()
+            "SELECT wipe_state, wipe_evidence, vm_state FROM host_slot_status WHERE node_name='node-a'"
+        ).fetchone()
     assert row is not None and row[0] == "verified" and row[1] == evidence and row[2] == "absent"
 
 
@@ -104,9 +118,21 @@ def test_drift_command_renders_the_fleet(
     db_url: str, two_nodes: dict[str, store.NodeCredentials], capsys: pytest.CaptureFixture[str]
 ) -> None:
     with store.connect(db_url) as conn:
-        store.write_status(conn, status("node-a", drift=(
-            Drift(DriftCode.RESERVATION_MISSING, 0, "DHCP reservation of gpuaas-alloc-node-a is missing",
-                  allocation_id="alloc-node-a", expected="52:54:00:00:00:01,10.100.0.10"),)))
+        store.write_status(
+            conn,
+            status(
+                "node-a",
+                drift=(
+                    Drift(
+                        DriftCode.RESERVATION_MISSING,
+                        0,
+                        "DHCP reservation of gpuaas-alloc-node-a is missing",
+                        allocation_id="alloc-node-a",
+                        expected="52:54:00:00:00:01,10.100.0.10",
+                    ),
+                ),
+            ),
+        )
     assert cli.main(["drift", "-o", "markdown", "--db-url", db_url]) == 0
     md = capsys.readouterr().out
     assert "| node-a | 0 | `drift.reservation.missing` |" in md
@@ -133,16 +159,18 @@ def test_the_host_report_writes_firmware_ready_and_reaches_the_planner_input(
     with store.connect(db_url, role=a.role, password=a.password) as conn:
         store.write_status(conn, dataclasses.replace(status("node-a"), host=report))
     with store.connect(db_url) as central:
-        row = central.execute("SELECT firmware_ready, details->'host' FROM host_status WHERE node_name = 'node-a'"
-                              ).fetchone()
+        row = central.execute(
+            "SELECT firmware_ready, details->'host' FROM host_status WHERE node_name = 'node-a'"
+        ).fetchone()
         assert row is not None and row[0] is False and row[1]["firmware_code"] == "host.firmware.not_verified"
         assert row[1]["bootstrap_state"] == "never_run" and row[1]["reboot_required"] is False
         seen = central.execute("SELECT firmware_ready FROM host_status WHERE node_name = 'node-b'").fetchone()
         assert seen == (None,)  # a host without a report leaves the git claim standing
 
 
-def test_a_report_older_than_the_stored_one_is_ignored(db_url: str, two_nodes: dict[str, store.NodeCredentials]
-                                                        ) -> None:
+def test_a_report_older_than_the_stored_one_is_ignored(
+    db_url: str, two_nodes: dict[str, store.NodeCredentials]
+) -> None:
     """A delayed retry of generation 1 must not overwrite generation 2's report (nor its slot rows)."""
     import dataclasses
 
@@ -153,7 +181,7 @@ def test_a_report_older_than_the_stored_one_is_ignored(db_url: str, two_nodes: d
         assert store.write_status(conn, newer) is True
         assert store.write_status(conn, older) is False
     with store.connect(db_url) as conn:
-        assert conn.execute("SELECT observed_generation FROM host_status WHERE node_name = 'node-a'"
-                            ).fetchone() == (2,)
-        assert conn.execute("SELECT vm_state, observed_generation FROM host_slot_status WHERE node_name = 'node-a'"
-                            ).fetchall() == [("ready", 2)]
+        assert conn.execute("SELECT observed_generation FROM host_status WHERE node_name = 'node-a'").fetchone() == (2,)
+        assert conn.execute(
+            "SELECT vm_state, observed_generation FROM host_slot_status WHERE node_name = 'node-a'"
+        ).fetchall() == [("ready", 2)]

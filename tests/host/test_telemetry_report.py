@@ -25,9 +25,17 @@ class GuestStandIn:
     def announce_for(self, name: str, gateway: str) -> protocols.GuestAnnounce | None:
         return None
 
-    def wait_ready(self, mac: str, ip: str, port: int, timeout_s: float, *, name: str | None = None,
-                   gateway: str | None = None,
-                   expect: devicereports.Expectation | None = None) -> protocols.ReadinessResult:
+    def wait_ready(
+        self,
+        mac: str,
+        ip: str,
+        port: int,
+        timeout_s: float,
+        *,
+        name: str | None = None,
+        gateway: str | None = None,
+        expect: devicereports.Expectation | None = None,
+    ) -> protocols.ReadinessResult:
         return protocols.ReadinessResult(mac, ip, port, 0.0, 0.0)
 
     def guest_telemetry(self, expected: Mapping[str, str]) -> dict[str, dict[str, Any]]:

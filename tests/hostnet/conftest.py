@@ -125,10 +125,32 @@ class Lab:
         subprocess.run(
             # -n: give up without a lease, -q: quit once bound, -f: foreground,
             # -t/-T: 4 discovers 1 s apart, -A 1: no long back-off.
-            ["ip", "netns", "exec", ns, "udhcpc", "-i", "eth0", "-n", "-q", "-f",
-             "-t", "4", "-T", "1", "-A", "1", "-s", str(script)],
-            env=env, capture_output=True, text=True, check=False, timeout=30,
-        )  # fmt: skip
+            [
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                "udhcpc",
+                "-i",
+                "eth0",
+                "-n",
+                "-q",
+                "-f",
+                "-t",
+                "4",
+                "-T",
+                "1",
+                "-A",
+                "1",
+                "-s",
+                str(script),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
         return log.read_text().splitlines() if log.exists() else []
 
 

@@ -167,12 +167,15 @@ class _Cpio:
 def seed_files(user_data: bytes) -> dict[str, tuple[bytes, int]]:
     """A cloud-init user-data's `write_files` (the project's seeds are JSON below the header): path -> (data, mode)."""
     doc = json.loads(user_data.decode("utf-8").split("\n", 1)[1])
-    return {f["path"]: (f["content"].encode("utf-8"), int(f.get("permissions", "0644"), 8))
-            for f in doc.get("write_files", [])}
+    return {
+        f["path"]: (f["content"].encode("utf-8"), int(f.get("permissions", "0644"), 8))
+        for f in doc.get("write_files", [])
+    }
 
 
-def build_initramfs(kernel: Kernel, dest: Path, *, sector: int,
-                    files: Mapping[str, tuple[bytes, int]] | None = None) -> list[str]:
+def build_initramfs(
+    kernel: Kernel, dest: Path, *, sector: int, files: Mapping[str, tuple[bytes, int]] | None = None
+) -> list[str]:
     """Write the initramfs to `dest` (with `files` at their absolute paths); return the module list it loads."""
     busybox = shutil.which("busybox")
     if busybox is None:

@@ -14,9 +14,14 @@ pytestmark = pytest.mark.root
 
 
 def test_bench_ingress_prints_its_figures() -> None:
-    done = subprocess.run([sys.executable, "-m", "reconciler.cli", "bench", "ingress", "--runs", "2",
-                           "--allocations", "4", "--json"],
-                          check=False, cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "reconciler.cli", "bench", "ingress", "--runs", "2", "--allocations", "4", "--json"],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc["rules_per_node_4"] == 2 * 4 + 2

@@ -122,15 +122,30 @@ def booted() -> Iterator[str]:
         _start(daemon)
         doms = LibvirtDomains(daemon.uri)
         stack.callback(doms.close)
-        vm = VmSpec(lab.ALLOC, lab.TENANT, (SlotBundle(0, "0000:00:00.0", None, "/dev/disk/by-id/none",
-                                                       "52:54:00:c0:00:01", "10.100.0.10", 0),), 1, 256)
+        vm = VmSpec(
+            lab.ALLOC,
+            lab.TENANT,
+            (SlotBundle(0, "0000:00:00.0", None, "/dev/disk/by-id/none", "52:54:00:c0:00:01", "10.100.0.10", 0),),
+            1,
+            256,
+        )
         for teardown in (doms.undefine, doms.destroy):  # the daemon may already be gone: nothing left to undo
             stack.callback(_quietly, teardown, vm.name)
         net = Network("10.100.0.0/24", "10.100.0.1", "10.100.0.10", "10.100.0.200", "gpcons0")
-        options = domains.DomainOptions(domain_type="qemu", firmware="bios", direct_kernel=domains.DirectKernel(
-            kernel=str(vmlinuz), initrd=str(initrd), cmdline="console=ttyS0 loglevel=1 panic=-1"))
-        xml = domains.build(vm, network=net, placement=pinning.place_vcpus(vm, vm.bundles, doms.topology()),
-                            options=options, digest=domains.spec_digest(vm, net, options))
+        options = domains.DomainOptions(
+            domain_type="qemu",
+            firmware="bios",
+            direct_kernel=domains.DirectKernel(
+                kernel=str(vmlinuz), initrd=str(initrd), cmdline="console=ttyS0 loglevel=1 panic=-1"
+            ),
+        )
+        xml = domains.build(
+            vm,
+            network=net,
+            placement=pinning.place_vcpus(vm, vm.bundles, doms.topology()),
+            options=options,
+            digest=domains.spec_digest(vm, net, options),
+        )
         stack.callback(Path(f"/var/log/libvirt/qemu/{vm.name}.log").unlink, missing_ok=True)
         doms.define(_lab_xml(xml))
         doms.start(vm.name)
@@ -192,9 +207,26 @@ def test_the_session_is_cut_when_the_allocation_is_released(base: str, db_url: s
 def test_bench_console_measures_the_keystroke_round_trip(base: str, tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text(lab.TOKENS["tenant"])
-    done = subprocess.run([sys.executable, "-m", "reconciler.cli", "bench", "console", lab.url(base),
-                           "--token-file", str(token), "--keys", "20", "--json"],
-                          check=False, cwd=ROOT, capture_output=True, text=True, timeout=400)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reconciler.cli",
+            "bench",
+            "console",
+            lab.url(base),
+            "--token-file",
+            str(token),
+            "--keys",
+            "20",
+            "--json",
+        ],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert done.returncode == 0, done.stderr
     print(done.stdout)  # the figures (pytest -s shows them)
     doc = __import__("json").loads(done.stdout)

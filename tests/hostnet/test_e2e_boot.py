@@ -66,11 +66,23 @@ STAND_IN_NVIDIA_SMI = f"""#!/bin/sh
 echo "GPU 0: NVIDIA H200 (UUID: {STAND_IN_UUID})"
 """
 
+
 def _skip_unless_possible() -> guest.Kernel:
     if os.geteuid() != 0:
         pytest.skip("needs root: bridge, loop devices, libvirtd")
-    for tool in ("libvirtd", "virtlogd", "qemu-system-x86_64", "dnsmasq", "dhcp_release",
-                 "busybox", "losetup", "mkfs.ext4", "wipefs", "blkdiscard", "blkid"):  # fmt: skip
+    for tool in (
+        "libvirtd",
+        "virtlogd",
+        "qemu-system-x86_64",
+        "dnsmasq",
+        "dhcp_release",
+        "busybox",
+        "losetup",
+        "mkfs.ext4",
+        "wipefs",
+        "blkdiscard",
+        "blkid",
+    ):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} not installed (make apt installs it)")
     kernel = guest.find_kernel()
@@ -259,8 +271,15 @@ def test_e2e_guest_boots_gets_its_reservation_passes_readiness_and_is_wiped() ->
 
         # -- readiness gate: the reserved lease, then TCP 22, then the guest marker ---
         try:
-            result = gate.wait_ready(MAC, VM_IP, 22, READINESS_TIMEOUT_S, name=vm.name, gateway=net.gateway,
-                                     expect=devicereports.Expectation(gpus=1, fabric_vfs=0))
+            result = gate.wait_ready(
+                MAC,
+                VM_IP,
+                22,
+                READINESS_TIMEOUT_S,
+                name=vm.name,
+                gateway=net.gateway,
+                expect=devicereports.Expectation(gpus=1, fabric_vfs=0),
+            )
         except readiness.ReadinessTimeout as e:
             pytest.fail(
                 f"{e.code}: {e.message}\n--- guest console ---\n{_console(console_log)}\n"

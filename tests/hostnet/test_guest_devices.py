@@ -44,29 +44,40 @@ def report(token: str, words: str, *, tool: str = "nvidia-smi", fabric: str = ""
     return f"gpuaas-devices 1\nname {name}\ntoken {token}\ntool {tool}\n{fabric}smi-begin\n{words}smi-end\n".encode()
 
 
-@pytest.mark.parametrize(("tool", "words", "fabric", "count", "ports"), [
-    ("nvidia-smi", NVIDIA_SMI_L, "fabric mlx5_0.1 4: ACTIVE\nfabric mlx5_1.1 1: DOWN\n", 2,
-     (("mlx5_0.1", "ACTIVE"), ("mlx5_1.1", "DOWN"))),
-    ("amd-smi", AMD_SMI_LIST, "", 1, ()),
-    ("rocm-smi", ROCM_SMI, "", 2, ()),
-    ("nvidia-smi", "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n", "", 0, ()),
-    ("none", "", "", 0, ()),
-])
+@pytest.mark.parametrize(
+    ("tool", "words", "fabric", "count", "ports"),
+    [
+        (
+            "nvidia-smi",
+            NVIDIA_SMI_L,
+            "fabric mlx5_0.1 4: ACTIVE\nfabric mlx5_1.1 1: DOWN\n",
+            2,
+            (("mlx5_0.1", "ACTIVE"), ("mlx5_1.1", "DOWN")),
+        ),
+        ("amd-smi", AMD_SMI_LIST, "", 1, ()),
+        ("rocm-smi", ROCM_SMI, "", 2, ()),
+        ("nvidia-smi", "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n", "", 0, ()),
+        ("none", "", "", 0, ()),
+    ],
+)
 def test_parse(tool: str, words: str, fabric: str, count: int, ports: tuple[tuple[str, str], ...]) -> None:
     name, token, got = devicereports.parse(report("a" * 32, words, tool=tool, fabric=fabric))
     assert (name, token, got.tool, got.gpu_count, got.fabric) == (NAME, "a" * 32, tool, count, ports)
     assert got.words == words.strip()
 
 
-@pytest.mark.parametrize(("body", "code"), [
-    (b"x" * (devicereports.MAX_BYTES + 1), "oversized"),
-    (b"\xff\xfe", "malformed"),
-    (b"hello", "malformed"),
-    (report("a" * 31, ""), "malformed"),
-    (report("a" * 32, "").replace(b"smi-begin", b"begin"), "malformed"),
-    (report("a" * 32, "", fabric="fabric mlx5_0.1 $(reboot)\n"), "malformed"),
-    (report("a" * 32, "", tool="bash"), "malformed"),
-])
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b"x" * (devicereports.MAX_BYTES + 1), "oversized"),
+        (b"\xff\xfe", "malformed"),
+        (b"hello", "malformed"),
+        (report("a" * 31, ""), "malformed"),
+        (report("a" * 32, "").replace(b"smi-begin", b"begin"), "malformed"),
+        (report("a" * 32, "", fabric="fabric mlx5_0.1 $(reboot)\n"), "malformed"),
+        (report("a" * 32, "", tool="bash"), "malformed"),
+    ],
+)
 def test_parse_refuses(body: bytes, code: str) -> None:
     with pytest.raises(devicereports.Refused) as e:
         devicereports.parse(body)
@@ -77,9 +88,14 @@ def test_compare() -> None:
     _, _, two = devicereports.parse(report("a" * 32, NVIDIA_SMI_L, fabric="fabric mlx5_0.1 4: ACTIVE\n"))
     assert devicereports.compare(devicereports.Expectation(2, 1), two) == []
     assert devicereports.compare(devicereports.Expectation(4, 1), two) == [
-        "the guest sees 2 GPU(s) with nvidia-smi, the claim gives 4"]
-    assert "0 fabric port(s) ACTIVE" in devicereports.compare(
-        devicereports.Expectation(2, 1), devicereports.parse(report("a" * 32, NVIDIA_SMI_L))[2])[0]
+        "the guest sees 2 GPU(s) with nvidia-smi, the claim gives 4"
+    ]
+    assert (
+        "0 fabric port(s) ACTIVE"
+        in devicereports.compare(
+            devicereports.Expectation(2, 1), devicereports.parse(report("a" * 32, NVIDIA_SMI_L))[2]
+        )[0]
+    )
 
 
 def test_refused_reports_are_counted_and_never_stored(heard: guestmarker.Announcements) -> None:
@@ -100,8 +116,9 @@ def test_refused_reports_are_counted_and_never_stored(heard: guestmarker.Announc
     assert stored is not None and stored.devices.gpu_count == 2 and stored.ip == "127.0.0.1"
 
 
-def _announcer(tmp_path: Path, announce: protocols.GuestAnnounce, smi_output: str, *,
-               smi_script: str | None = None) -> subprocess.Popen[bytes]:
+def _announcer(
+    tmp_path: Path, announce: protocols.GuestAnnounce, smi_output: str, *, smi_script: str | None = None
+) -> subprocess.Popen[bytes]:
     """The seed's announcer under busybox sh, its paths moved into tmp_path, a stand-in nvidia-smi on PATH."""
     busybox = shutil.which("busybox")
     if busybox is None:
@@ -112,14 +129,21 @@ def _announcer(tmp_path: Path, announce: protocols.GuestAnnounce, smi_output: st
         (bin_dir / tool).symlink_to(busybox)
     (tmp_path / "smi-output").write_text(smi_output)
     smi = bin_dir / "nvidia-smi"
-    smi.write_text(f"#!{busybox} sh\n" + (smi_script or f"[ \"$1\" = -L ] || exit 2\ncat {tmp_path / 'smi-output'}")
-                   + "\n")
+    smi.write_text(
+        f"#!{busybox} sh\n" + (smi_script or f'[ "$1" = -L ] || exit 2\ncat {tmp_path / "smi-output"}') + "\n"
+    )
     smi.chmod(0o755)
-    paths = {protocols.GUEST_MARKER: tmp_path / "slice-ready", cloudinit.ANNOUNCE_URL: tmp_path / "url",
-             cloudinit.ANNOUNCE_BODY: tmp_path / "body", cloudinit.DEVICES_URL: tmp_path / "devices-url",
-             cloudinit.DEVICES_HEAD: tmp_path / "devices-head", cloudinit.DEVICES_REPORT: tmp_path / "report",
-             cloudinit.TELEMETRY_URL: tmp_path / "telemetry-url", cloudinit.TELEMETRY_HEAD: tmp_path / "telemetry-head",
-             cloudinit.TELEMETRY_REPORT: tmp_path / "telemetry"}
+    paths = {
+        protocols.GUEST_MARKER: tmp_path / "slice-ready",
+        cloudinit.ANNOUNCE_URL: tmp_path / "url",
+        cloudinit.ANNOUNCE_BODY: tmp_path / "body",
+        cloudinit.DEVICES_URL: tmp_path / "devices-url",
+        cloudinit.DEVICES_HEAD: tmp_path / "devices-head",
+        cloudinit.DEVICES_REPORT: tmp_path / "report",
+        cloudinit.TELEMETRY_URL: tmp_path / "telemetry-url",
+        cloudinit.TELEMETRY_HEAD: tmp_path / "telemetry-head",
+        cloudinit.TELEMETRY_REPORT: tmp_path / "telemetry",
+    }
     paths[cloudinit.ANNOUNCE_URL].write_text(announce.url)
     paths[cloudinit.ANNOUNCE_BODY].write_text(announce.body)
     paths[cloudinit.DEVICES_URL].write_text(announce.devices_url)
@@ -136,7 +160,8 @@ def _announcer(tmp_path: Path, announce: protocols.GuestAnnounce, smi_output: st
 @pytest.mark.integration
 @pytest.mark.parametrize(("gpus_claimed", "matches"), [(2, True), (4, False)])
 def test_the_gate_passes_only_when_the_guest_sees_the_claimed_gpus(
-        tmp_path: Path, heard: guestmarker.Announcements, gpus_claimed: int, matches: bool) -> None:
+    tmp_path: Path, heard: guestmarker.Announcements, gpus_claimed: int, matches: bool
+) -> None:
     leases = tmp_path / "dnsmasq.leases"
     _lease(leases, MAC, "127.0.0.1", expires=0)
     gate = readiness.LeaseReadiness(leases, connect=_accept, poll_s=0.1, announcements=heard)
@@ -168,8 +193,9 @@ def test_no_device_report_is_a_devices_timeout(tmp_path: Path, heard: guestmarke
     assert announce is not None
     assert post(announce.url, announce.body.encode()) == 204  # the marker, but no device report
     with pytest.raises(readiness.ReadinessTimeout) as e:
-        gate.wait_ready(MAC, "127.0.0.1", 22, 0.5, name=NAME, gateway="127.0.0.1",
-                        expect=devicereports.Expectation(1, 0))
+        gate.wait_ready(
+            MAC, "127.0.0.1", 22, 0.5, name=NAME, gateway="127.0.0.1", expect=devicereports.Expectation(1, 0)
+        )
     assert (e.value.code, e.value.stage) == ("host.readiness.devices_timeout", "devices")
 
 

@@ -91,8 +91,9 @@ def test_a_taken_port_is_a_coded_error(heard: guestmarker.Announcements) -> None
 
 
 def _gate(leases: Path, clock: FakeClock, heard: guestmarker.Announcements) -> readiness.LeaseReadiness:
-    return readiness.LeaseReadiness(leases, clock=clock, wall_clock=lambda: NOW, sleep=clock.sleep,
-                                    connect=_accept, poll_s=1.0, announcements=heard)
+    return readiness.LeaseReadiness(
+        leases, clock=clock, wall_clock=lambda: NOW, sleep=clock.sleep, connect=_accept, poll_s=1.0, announcements=heard
+    )
 
 
 def test_the_gate_waits_for_the_marker_after_the_port(tmp_path: Path, heard: guestmarker.Announcements) -> None:
@@ -171,8 +172,11 @@ def test_the_seeds_announcer_runs_under_busybox(tmp_path: Path, heard: guestmark
     marker, url_file, body_file = tmp_path / "slice-ready", tmp_path / "url", tmp_path / "body"
     url_file.write_text(announce.url)
     body_file.write_text(announce.body)
-    script = (cloudinit.ANNOUNCER_SCRIPT.replace(protocols.GUEST_MARKER, str(marker))
-              .replace(cloudinit.ANNOUNCE_URL, str(url_file)).replace(cloudinit.ANNOUNCE_BODY, str(body_file)))
+    script = (
+        cloudinit.ANNOUNCER_SCRIPT.replace(protocols.GUEST_MARKER, str(marker))
+        .replace(cloudinit.ANNOUNCE_URL, str(url_file))
+        .replace(cloudinit.ANNOUNCE_BODY, str(body_file))
+    )
     proc = subprocess.Popen([busybox, "sh", "-c", script], env={"PATH": str(bin_dir)})
     try:
         time.sleep(1.5)

@@ -1,8 +1,8 @@
 """Guest GPU telemetry on the host: parsed, refused when it should be, buffered, rate-limited.
 
-    guest: the seed's announcer (busybox sh), a stand-in nvidia-smi --query-gpu
-        ──POST /v1/slice-telemetry (name, token)──▶ Announcements (127.0.0.1)
-    the agent's pass: LeaseReadiness.guest_telemetry({vm name: reserved IP}) -> newest sample per VM
+guest: the seed's announcer (busybox sh), a stand-in nvidia-smi --query-gpu
+    ──POST /v1/slice-telemetry (name, token)──▶ Announcements (127.0.0.1)
+the agent's pass: LeaseReadiness.guest_telemetry({vm name: reserved IP}) -> newest sample per VM
 """
 
 from __future__ import annotations
@@ -47,8 +47,12 @@ def test_parse_keeps_unavailable_fields_null() -> None:
     gpu = sample.gpus[0]
     assert (name, gpu.utilization_pct, gpu.memory_used_mib, gpu.temperature_c) == (NAME, 87, 40960, 61)
     assert gpu.ecc_corrected == 0 and gpu.ecc_uncorrected is None  # "[N/A]": unavailable, never 0
-    for bad in (b"x" * (telemetry.MAX_BYTES + 1), b"gpuaas-telemetry 1\nname x\n", body("a" * 32, "0, a, b\n"),
-                body("a" * 32, QUERY + QUERY)):
+    for bad in (
+        b"x" * (telemetry.MAX_BYTES + 1),
+        b"gpuaas-telemetry 1\nname x\n",
+        body("a" * 32, "0, a, b\n"),
+        body("a" * 32, QUERY + QUERY),
+    ):
         with pytest.raises(telemetry.Refused):
             telemetry.parse(bad)
 
@@ -66,8 +70,13 @@ def test_bad_posts_are_refused_counted_and_never_kept(heard: guestmarker.Announc
     assert heard.latest_telemetry() == {}
     assert post(url, body(heard.token(NAME)), path) == 204
     assert post(url, body(heard.token(NAME)), path) == 429  # within MIN_INTERVAL_S of the last one
-    assert heard.refused == {"telemetry.wrong_source": 2, "telemetry.bad_token": 1, "telemetry.oversized": 1,
-                             "telemetry.malformed": 1, "telemetry.rate_limited": 1}
+    assert heard.refused == {
+        "telemetry.wrong_source": 2,
+        "telemetry.bad_token": 1,
+        "telemetry.oversized": 1,
+        "telemetry.malformed": 1,
+        "telemetry.rate_limited": 1,
+    }
     for _ in range(telemetry.BUFFER + 3):
         clock.sleep(telemetry.MIN_INTERVAL_S)
         assert post(url, body(heard.token(NAME)), path) == 204

@@ -34,16 +34,19 @@ pytestmark = pytest.mark.root
 PUBLIC = "203.0.113.1"
 RULE = IngressRule("alloc-a", PUBLIC, 20000, "10.100.0.10", 22)
 BANNER = b"SSH-2.0-lab\r\n"
-LISTENER = ("import socket,sys\n"
-            "s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-            "s.bind(('0.0.0.0', 22)); s.listen(8); print('up', flush=True)\n"
-            "while True:\n"
-            "    c,_=s.accept(); c.sendall(b'SSH-2.0-lab\\r\\n'); c.close()\n")
+LISTENER = (
+    "import socket,sys\n"
+    "s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind(('0.0.0.0', 22)); s.listen(8); print('up', flush=True)\n"
+    "while True:\n"
+    "    c,_=s.accept(); c.sendall(b'SSH-2.0-lab\\r\\n'); c.close()\n"
+)
 
 
 def _vm(alloc: str, slot: int, ip_: str) -> VmSpec:
-    bundle = SlotBundle(slot, f"0000:1b:00.{slot}", None, f"/dev/disk/by-id/nvme-x{slot}", f"52:54:00:00:00:1{slot}",
-                        ip_, 0)
+    bundle = SlotBundle(
+        slot, f"0000:1b:00.{slot}", None, f"/dev/disk/by-id/nvme-x{slot}", f"52:54:00:00:00:1{slot}", ip_, 0
+    )
     return VmSpec(alloc, "t", (bundle,), 4, 4096)
 
 
@@ -69,14 +72,26 @@ def wired(lab: Lab) -> Iterator[dict[str, Any]]:
         ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
         ip("-n", ns, "route", "add", "default", "via", "10.100.0.1")
         vms[i] = ns
-    server = subprocess.Popen(["ip", "netns", "exec", vms[1], sys.executable, "-c", LISTENER],
-                              stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", vms[1], sys.executable, "-c", LISTENER], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert server.stdout is not None and server.stdout.readline().strip() == "up"
-        plan = HostPlan(node="n", generation=1, network=net, os_disk="/dev/disk/by-id/os",
-                        vms=(_vm("alloc-a", 0, "10.100.0.10"),), ingress=(RULE,))
-        yield {"outside": outside, "vm1": vms[1], "vm2": vms[2], "plan": plan,
-               "driver": ingress.IptablesIngress(lab.host)}
+        plan = HostPlan(
+            node="n",
+            generation=1,
+            network=net,
+            os_disk="/dev/disk/by-id/os",
+            vms=(_vm("alloc-a", 0, "10.100.0.10"),),
+            ingress=(RULE,),
+        )
+        yield {
+            "outside": outside,
+            "vm1": vms[1],
+            "vm2": vms[2],
+            "plan": plan,
+            "driver": ingress.IptablesIngress(lab.host),
+        }
     finally:
         server.kill()
         server.wait()
@@ -120,8 +135,10 @@ def test_the_outside_reaches_the_vm_only_through_its_endpoint(lab: Lab, wired: d
 
     nat = in_ns(lab.host, "iptables", "-t", "nat", "-S").stdout
     assert "-A PREROUTING -j GPUAAS-INGRESS" in nat
-    assert ('-A GPUAAS-INGRESS -d 203.0.113.1/32 -p tcp -m tcp --dport 20000 -m comment --comment '
-            '"gpuaas-ingress:alloc-a" -j DNAT --to-destination 10.100.0.10:22') in nat
+    assert (
+        "-A GPUAAS-INGRESS -d 203.0.113.1/32 -p tcp -m tcp --dport 20000 -m comment --comment "
+        '"gpuaas-ingress:alloc-a" -j DNAT --to-destination 10.100.0.10:22'
+    ) in nat
     filt = in_ns(lab.host, "iptables", "-t", "filter", "-S").stdout
     assert "-A FORWARD -j GPUAAS-INGRESS-FWD" in filt
     assert "--ctstate DNAT --ctorigdst 203.0.113.1 --ctorigdstport 20000" in filt
@@ -159,10 +176,28 @@ def test_drift_by_hand_is_reported_and_healed(lab: Lab, wired: dict[str, Any]) -
     # extra: a tagged rule for an allocation no plan names; foreign: an untagged rule in our chain
     stray = IngressRule("alloc-gone", PUBLIC, 20005, "10.100.0.11", 22)
     drv.add(plan.network.bridge, stray)
-    assert in_ns(lab.host, "iptables", "-t", "nat", "-A", "GPUAAS-INGRESS", "-p", "tcp", "--dport", "20009",
-                 "-j", "DNAT", "--to-destination", "10.100.0.11:22").returncode == 0
-    assert _drift(plan, drv) == sorted(map(str, (DriftCode.INGRESS_EXTRA, DriftCode.INGRESS_FOREIGN,
-                                                 DriftCode.INGRESS_MISSING)))
+    assert (
+        in_ns(
+            lab.host,
+            "iptables",
+            "-t",
+            "nat",
+            "-A",
+            "GPUAAS-INGRESS",
+            "-p",
+            "tcp",
+            "--dport",
+            "20009",
+            "-j",
+            "DNAT",
+            "--to-destination",
+            "10.100.0.11:22",
+        ).returncode
+        == 0
+    )
+    assert _drift(plan, drv) == sorted(
+        map(str, (DriftCode.INGRESS_EXTRA, DriftCode.INGRESS_FOREIGN, DriftCode.INGRESS_MISSING))
+    )
     heals = [a.step for a in diff.diff(plan, _observed_active(plan, drv), mode=_self_heal())]
     assert Step.REMOVE_STRAY_INGRESS in heals and Step.INGRESS in heals
     assert heals.index(Step.REMOVE_STRAY_INGRESS) < heals.index(Step.INGRESS)

@@ -126,8 +126,7 @@ def test_subnet_rejects_inconsistent_networks(change: dict[str, str]) -> None:
 
 def _vm(mac: str, ip: str, allocation: str = "a1") -> VmSpec:
     boot = SlotBundle(0, "0000:17:00.0", None, "/dev/disk/by-id/nvme-x", mac, ip, 0)
-    other = SlotBundle(1, "0000:18:00.0", None, "/dev/disk/by-id/nvme-y", "52:54:00:00:00:99",
-                       "10.100.0.11", 0)  # fmt: skip
+    other = SlotBundle(1, "0000:18:00.0", None, "/dev/disk/by-id/nvme-y", "52:54:00:00:00:99", "10.100.0.11", 0)
     return VmSpec(allocation, "t", (boot, other), vcpu_count=2, memory_mib=1024)
 
 
@@ -162,16 +161,20 @@ def test_reservation_requires_canonical_values() -> None:
 @pytest.mark.parametrize(
     ("text", "parsed"),
     [
-        ("52:54:00:aa:bb:01,10.100.0.10,gpuaas-a1\n",
-         protocols.Reservation("gpuaas-a1", "52:54:00:aa:bb:01", "10.100.0.10")),
-        ("# ours\n52:54:00:aa:bb:01,10.100.0.10,gpuaas-a1\n",
-         protocols.Reservation("gpuaas-a1", "52:54:00:aa:bb:01", "10.100.0.10")),
+        (
+            "52:54:00:aa:bb:01,10.100.0.10,gpuaas-a1\n",
+            protocols.Reservation("gpuaas-a1", "52:54:00:aa:bb:01", "10.100.0.10"),
+        ),
+        (
+            "# ours\n52:54:00:aa:bb:01,10.100.0.10,gpuaas-a1\n",
+            protocols.Reservation("gpuaas-a1", "52:54:00:aa:bb:01", "10.100.0.10"),
+        ),
         ("dhcp-host=52:54:00:aa:bb:01,10.100.0.10,gpuaas-a1\n", None),
         ("52:54:00:aa:bb:01,10.100.0.10\n", None),
         ("52:54:00:aa:bb:01,10.100.0.10,a\n52:54:00:aa:bb:02,10.100.0.11,b\n", None),
         ("", None),
     ],
-)  # fmt: skip
+)
 def test_parse_reservation(text: str, parsed: protocols.Reservation | None) -> None:
     assert dnsmasq.parse_reservation(text) == parsed
 
@@ -185,10 +188,9 @@ def test_parse_leases_skips_ipv6_and_garbage() -> None:
         "garbage\n"
     )
     assert dnsmasq.parse_leases(text) == (
-        protocols.Lease(1800000600, "52:54:00:aa:bb:01", "10.100.0.10", "gpuaas-a1",
-                      "01:52:54:00:aa:bb:01"),
+        protocols.Lease(1800000600, "52:54:00:aa:bb:01", "10.100.0.10", "gpuaas-a1", "01:52:54:00:aa:bb:01"),
         protocols.Lease(0, "52:54:00:aa:bb:02", "10.100.0.11", None, None),
-    )  # fmt: skip
+    )
 
 
 def test_dnsmasq_argv_is_dhcp_only_on_the_bridge_and_static(tmp_path: Path) -> None:
@@ -216,11 +218,25 @@ def test_nat_rules_name_the_bridge_and_subnet() -> None:
     rules = network.nat_rules(NET)
     assert rules[0] == (
         "nat",
-        ("POSTROUTING", "-s", "10.100.0.0/24", "!", "-d", "10.100.0.0/24",
-         "-m", "comment", "--comment", "gpuaas:br-mgmt", "-j", "MASQUERADE"),
-    )  # fmt: skip
-    assert ("filter", ("FORWARD", "-i", "br-mgmt", "-o", "br-mgmt", "-m", "comment",
-                       "--comment", "gpuaas:br-mgmt", "-j", "DROP")) in rules  # fmt: skip
+        (
+            "POSTROUTING",
+            "-s",
+            "10.100.0.0/24",
+            "!",
+            "-d",
+            "10.100.0.0/24",
+            "-m",
+            "comment",
+            "--comment",
+            "gpuaas:br-mgmt",
+            "-j",
+            "MASQUERADE",
+        ),
+    )
+    assert (
+        "filter",
+        ("FORWARD", "-i", "br-mgmt", "-o", "br-mgmt", "-m", "comment", "--comment", "gpuaas:br-mgmt", "-j", "DROP"),
+    ) in rules
 
 
 @pytest.mark.parametrize(

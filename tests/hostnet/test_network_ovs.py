@@ -43,16 +43,39 @@ def ovsdb(lab: Lab) -> Iterator[str]:
     db = f"unix:{run}/db.sock"
     subprocess.run(["ovsdb-tool", "create", str(run / "conf.db"), schema], check=True, env=env)
     subprocess.run(
-        ["ip", "netns", "exec", lab.host, "ovsdb-server", str(run / "conf.db"), f"--remote=punix:{run}/db.sock",
-         f"--pidfile={run}/ovsdb-server.pid", "--detach", f"--log-file={run}/ovsdb-server.log"],
-        check=True, env=env, capture_output=True,
-    )  # fmt: skip
+        [
+            "ip",
+            "netns",
+            "exec",
+            lab.host,
+            "ovsdb-server",
+            str(run / "conf.db"),
+            f"--remote=punix:{run}/db.sock",
+            f"--pidfile={run}/ovsdb-server.pid",
+            "--detach",
+            f"--log-file={run}/ovsdb-server.log",
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     subprocess.run(["ovs-vsctl", f"--db={db}", "--no-wait", "init"], check=True, env=env)
     subprocess.run(
-        ["ip", "netns", "exec", lab.host, "ovs-vswitchd", db, f"--pidfile={run}/ovs-vswitchd.pid", "--detach",
-         f"--log-file={run}/ovs-vswitchd.log"],
-        check=True, env=env, capture_output=True,
-    )  # fmt: skip
+        [
+            "ip",
+            "netns",
+            "exec",
+            lab.host,
+            "ovs-vswitchd",
+            db,
+            f"--pidfile={run}/ovs-vswitchd.pid",
+            "--detach",
+            f"--log-file={run}/ovs-vswitchd.log",
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     try:
         yield db
     finally:

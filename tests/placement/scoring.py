@@ -14,18 +14,27 @@ def ranked(engine: placing.Engine, req: placing.Request) -> list[tuple[str, tupl
     for node in engine.nodes:
         for part, _lid, lay in node.views:
             free = lay.full & ~node.claimed
-            o = packing.option(packing.Policy.DEFAULT, lay, free, req.gpu_count, spec.rule,
-                               demands=engine._mixes[part.mix_id])
+            o = packing.option(
+                packing.Policy.DEFAULT, lay, free, req.gpu_count, spec.rule, demands=engine._mixes[part.mix_id]
+            )
             if o is None:
                 continue
             rank = packing.rank(packing.Policy.DEFAULT, o)
-            tie = packing.node_key(packing.Policy.DEFAULT, node.id, len(node.allocs),
-                                   min(node.since.values()) if node.since else 0.0)
+            tie = packing.node_key(
+                packing.Policy.DEFAULT, node.id, len(node.allocs), min(node.since.values()) if node.since else 0.0
+            )
             if req.ends_at is None:
                 key = packing.place_key(rank, tie)
             else:
-                key = packing.lease_key(packing.lease_rank(rank, packing.node_end(node.ends.values()),
-                                                           req.requested_at, req.ends_at, engine.lease_end_weight),
-                                        tie)
+                key = packing.lease_key(
+                    packing.lease_rank(
+                        rank,
+                        packing.node_end(node.ends.values()),
+                        req.requested_at,
+                        req.ends_at,
+                        engine.lease_end_weight,
+                    ),
+                    tie,
+                )
             scored.append((key, node.name, tuple(node.slot_indexes[p] for p in o.choice.positions)))
     return [(name, slots) for _, name, slots in sorted(scored)]

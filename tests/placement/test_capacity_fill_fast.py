@@ -27,8 +27,18 @@ from tests.placement.pictures import BAREMETAL, REGION, SLICE, world
 POLICIES = [p.value for p in packing.ALL]
 TENANTS = ("", "acme", "globex")
 REGIONS = (REGION, "r2", "nowhere")
-_WORDS = ("draining", "maintenance", "unhealthy", "org=acme", "org=globex", "region=r2", "no-bm", "notag",
-          "fw-off", "share")
+_WORDS = (
+    "draining",
+    "maintenance",
+    "unhealthy",
+    "org=acme",
+    "org=globex",
+    "region=r2",
+    "no-bm",
+    "notag",
+    "fw-off",
+    "share",
+)
 _SLOT_MARKS = "....#~!-"
 
 
@@ -37,7 +47,7 @@ def _slots(rng: random.Random, i: int) -> str:
     roll = rng.random()
     if roll < 0.15:
         return f"{string.ascii_uppercase[i] * 4}|{string.ascii_uppercase[i] * 4}"
-    letters = string.ascii_lowercase[3 * i:3 * i + 3]  # a node's own letters: one allocation, one node
+    letters = string.ascii_lowercase[3 * i : 3 * i + 3]  # a node's own letters: one allocation, one node
     free_only = roll < 0.55
     marks = "".join("." if free_only else rng.choice(_SLOT_MARKS + letters) for _ in range(8))
     return f"{marks[:4]}|{marks[4:]}"
@@ -137,9 +147,14 @@ def test_the_random_fleets_reach_every_outcome() -> None:
                 codes.add(refusal.code if refusal else None)
                 counts.add(n)
     assert {0, 1, 2} <= counts
-    assert {None, "plan.sku_unavailable.no_empty_node", "plan.sku_unavailable.no_node",
-            "plan.sku_unavailable.fabric", "plan.sku_unavailable.tenant_boundary",
-            "plan.sku_inactive"} <= codes
+    assert {
+        None,
+        "plan.sku_unavailable.no_empty_node",
+        "plan.sku_unavailable.no_node",
+        "plan.sku_unavailable.fabric",
+        "plan.sku_unavailable.tenant_boundary",
+        "plan.sku_inactive",
+    } <= codes
 
 
 def test_dedicated_nodes_count_for_their_org_and_shared_for_everyone() -> None:
@@ -163,14 +178,16 @@ def test_dedicated_nodes_count_for_their_org_and_shared_for_everyone() -> None:
 
 def test_a_held_probe_id_falls_back_to_probing() -> None:
     """An allocation named like a probe changes what probing answers (place returns it as it is)."""
+
     def build() -> placing.Engine:
         w = world("""
             n1: [....|....]
             n2: [....|....]
             n3: [....|....]
             """)
-        held = plans.ExistingClaim(f"{capacity.PROBE_PREFIX}1", "n1", states.ClaimKind.NODE_EXCLUSIVE, None,
-                                   states.ClaimStatus.ACTIVE)
+        held = plans.ExistingClaim(
+            f"{capacity.PROBE_PREFIX}1", "n1", states.ClaimKind.NODE_EXCLUSIVE, None, states.ClaimStatus.ACTIVE
+        )
         observed = plans.Observed(claims=(held,), placed=frozenset({held.allocation_id}))
         return placing.Engine(w.desired, observed)
 

@@ -22,65 +22,127 @@ POLICIES = [p.value for p in packing.ALL]
 
 # (story, picture, tenant, sku, gpus, expected node or pending code)
 CASES = [
-    ("own clean node beats a shared node already in slice use (which every policy otherwise prefers)",
-     """
+    (
+        "own clean node beats a shared node already in slice use (which every policy otherwise prefers)",
+        """
      s1: [a...|....]
      d1: [....|....] org=acme
-     """, "acme", SLICE, 1, "d1"),
-    ("own node beats a lower-named shared node",
-     """
+     """,
+        "acme",
+        SLICE,
+        1,
+        "d1",
+    ),
+    (
+        "own node beats a lower-named shared node",
+        """
      a1: [....|....]
      z1: [....|....] org=acme
-     """, "acme", SLICE, 4, "z1"),
-    ("full dedicated pool: the tenant falls back to the shared node",
-     """
+     """,
+        "acme",
+        SLICE,
+        4,
+        "z1",
+    ),
+    (
+        "full dedicated pool: the tenant falls back to the shared node",
+        """
      d1: [abcd|efgh] org=acme
      d2: [ijkl|mnop] org=acme
      s1: [....|....]
-     """, "acme", SLICE, 2, "s1"),
-    ("own node has free GPUs but no NUMA-aligned group of 4: shared node takes it",
-     """
+     """,
+        "acme",
+        SLICE,
+        2,
+        "s1",
+    ),
+    (
+        "own node has free GPUs but no NUMA-aligned group of 4: shared node takes it",
+        """
      d1: [a.b.|c.d.] org=acme
      s1: [....|....]
-     """, "acme", SLICE, 4, "s1"),
-    ("another tenant never lands on a dedicated node, even when the shared pool is full",
-     """
+     """,
+        "acme",
+        SLICE,
+        4,
+        "s1",
+    ),
+    (
+        "another tenant never lands on a dedicated node, even when the shared pool is full",
+        """
      d1: [....|....] org=acme
      s1: [abcd|efgh]
-     """, "globex", SLICE, 1, reasons.CAPACITY),
-    ("another tenant with only dedicated nodes of others: tenant boundary",
-     """
+     """,
+        "globex",
+        SLICE,
+        1,
+        reasons.CAPACITY,
+    ),
+    (
+        "another tenant with only dedicated nodes of others: tenant boundary",
+        """
      d1: [....|....] org=acme
      d2: [....|....] org=acme
-     """, "globex", SLICE, 1, reasons.TENANT_BOUNDARY),
-    ("a tenant's dedicated node of someone else is not its own",
-     """
+     """,
+        "globex",
+        SLICE,
+        1,
+        reasons.TENANT_BOUNDARY,
+    ),
+    (
+        "a tenant's dedicated node of someone else is not its own",
+        """
      d1: [....|....] org=acme
      s1: [a...|....]
-     """, "globex", SLICE, 1, "s1"),
-    ("baremetal: the tenant's own empty node first",
-     """
+     """,
+        "globex",
+        SLICE,
+        1,
+        "s1",
+    ),
+    (
+        "baremetal: the tenant's own empty node first",
+        """
      b01: [] bm-only
      b02: [] bm-only org=acme
-     """, "acme", BAREMETAL, 8, "b02"),
-    ("baremetal: own node holds a lease, fall back to a shared empty node",
-     """
+     """,
+        "acme",
+        BAREMETAL,
+        8,
+        "b02",
+    ),
+    (
+        "baremetal: own node holds a lease, fall back to a shared empty node",
+        """
      b01: [] bm-only
      b02: [AAAA|AAAA] org=acme
-     """, "acme", BAREMETAL, 8, "b01"),
-    ("baremetal: another tenant never leases the dedicated node",
-     """
+     """,
+        "acme",
+        BAREMETAL,
+        8,
+        "b01",
+    ),
+    (
+        "baremetal: another tenant never leases the dedicated node",
+        """
      b01: [AAAA|AAAA]
      b02: [....|....] org=acme
-     """, "globex", BAREMETAL, 8, reasons.NO_EMPTY_NODE),
+     """,
+        "globex",
+        BAREMETAL,
+        8,
+        reasons.NO_EMPTY_NODE,
+    ),
 ]
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize(("story", "picture", "tenant", "sku", "gpus", "expected"), CASES,
-                         ids=[c[0][:60] for c in CASES])
+@pytest.mark.parametrize(
+    ("story", "picture", "tenant", "sku", "gpus", "expected"), CASES, ids=[c[0][:60] for c in CASES]
+)
 def test_dedicated_nodes_first(  # noqa: PLR0917  # one parameter per table column
-        story: str, picture: str, tenant: str, sku: str, gpus: int, expected: str, policy: str) -> None:
+    story: str, picture: str, tenant: str, sku: str, gpus: int, expected: str, policy: str
+) -> None:
     w = world(picture)
     got = w.place(sku, gpus, tenant=tenant, policy=policy)
     where = got if isinstance(got, str) else got[0]
@@ -155,15 +217,15 @@ def test_avoided_nodes_are_never_chosen_and_stay_usable_for_others() -> None:
     """
     w = world(test_avoided_nodes_are_never_chosen_and_stay_usable_for_others.__doc__)
     w.request(SLICE, 1, aid="retry")
-    w.observed = plans.Observed(claims=w.observed.claims, placed=w.observed.placed,
-                                avoid={"retry": frozenset({"n1"})})
+    w.observed = plans.Observed(claims=w.observed.claims, placed=w.observed.placed, avoid={"retry": frozenset({"n1"})})
     other = w.request(SLICE, 1)
     result = w.plan()
     placed = {p.allocation_id: p for p in result.placements}
     assert placed["retry"].node == "n2"
     assert all(c.node != "n1" for c in placed["retry"].alternatives)
     assert placed[other].node == "n1"  # the avoided node still serves everyone else
-    w.observed = plans.Observed(claims=w.observed.claims, placed=w.observed.placed,
-                                avoid={"retry": frozenset({"n1", "n2"})})
+    w.observed = plans.Observed(
+        claims=w.observed.claims, placed=w.observed.placed, avoid={"retry": frozenset({"n1", "n2"})}
+    )
     pending = {p.allocation_id: p.code for p in w.plan().pending}
     assert pending["retry"] == reasons.CAPACITY

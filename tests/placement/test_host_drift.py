@@ -25,26 +25,32 @@ def test_the_planner_blocks_exactly_what_the_host_blocks() -> None:
     assert {str(c) for c in actions.BLOCKING_DRIFT} == hostreports.BLOCKING
 
 
-@pytest.mark.parametrize(("codes", "wipe_failed", "blocked"), [
-    ((), False, ()),
-    (("drift.reservation.stale", "drift.domain.missing"), False, ()),  # heals itself: not blocking
-    (("drift.disk.mounted", "drift.reservation.stale"), False, ("drift.disk.mounted",)),
-    (("drift.report.invalid",), False, ("drift.report.invalid",)),
-    ((), True, ("host.wipe.failed",)),
-])
+@pytest.mark.parametrize(
+    ("codes", "wipe_failed", "blocked"),
+    [
+        ((), False, ()),
+        (("drift.reservation.stale", "drift.domain.missing"), False, ()),  # heals itself: not blocking
+        (("drift.disk.mounted", "drift.reservation.stale"), False, ("drift.disk.mounted",)),
+        (("drift.report.invalid",), False, ("drift.report.invalid",)),
+        ((), True, ("host.wipe.failed",)),
+    ],
+)
 def test_slot_block(codes: tuple[str, ...], wipe_failed: bool, blocked: tuple[str, ...]) -> None:
     assert hostreports.slot_block(codes, wipe_failed=wipe_failed) == blocked
 
 
-@pytest.mark.parametrize(("node_codes", "blocked", "reported", "corrupt"), [
-    ((), 1, 8, ()),
-    ((), 7, 8, ()),
-    ((), 8, 8, (hostreports.EVERY_SLOT,)),
-    ((), 1, 1, ()),  # one slot is not node-wide evidence
-    (("drift.network.problem",), 0, 8, ()),  # network problems make the node unhealthy instead
-    (("drift.identity.changed",), 0, 8, ("drift.identity.changed",)),
-    (("drift.report.invalid",), 0, 0, ("drift.report.invalid",)),
-])
+@pytest.mark.parametrize(
+    ("node_codes", "blocked", "reported", "corrupt"),
+    [
+        ((), 1, 8, ()),
+        ((), 7, 8, ()),
+        ((), 8, 8, (hostreports.EVERY_SLOT,)),
+        ((), 1, 1, ()),  # one slot is not node-wide evidence
+        (("drift.network.problem",), 0, 8, ()),  # network problems make the node unhealthy instead
+        (("drift.identity.changed",), 0, 8, ("drift.identity.changed",)),
+        (("drift.report.invalid",), 0, 0, ("drift.report.invalid",)),
+    ],
+)
 def test_node_corruption(node_codes: tuple[str, ...], blocked: int, reported: int, corrupt: tuple[str, ...]) -> None:
     assert hostreports.node_corruption(node_codes, blocked, reported) == corrupt
 
@@ -70,8 +76,10 @@ def test_no_slot_left_names_the_drift() -> None:
         n1: [....|....]
     """)
     aid = w.request(SLICE, 1)
-    w.observed = replace(w.observed, slot_blocks=MappingProxyType({("n1", i): NOT_VFIO for i in range(7)}
-                                                                  | {("n1", 7): ("drift.disk.mounted",)}))
+    w.observed = replace(
+        w.observed,
+        slot_blocks=MappingProxyType({("n1", i): NOT_VFIO for i in range(7)} | {("n1", 7): ("drift.disk.mounted",)}),
+    )
     pending = {q.allocation_id: q for q in w.plan().pending}[aid]
     assert pending.code == reasons.CAPACITY
     assert pending.details["host_drift_slots"] == 8 and "report them clear of drift" in pending.message
@@ -82,8 +90,9 @@ def test_a_corrupt_node_takes_nothing_new_and_shows_unavailable() -> None:
         n1: [a...|....]
         b1: [] bm-only
     """)
-    w.observed = replace(w.observed, corrupt_nodes=MappingProxyType({"n1": ("drift.identity.changed",),
-                                                                     "b1": ("drift.report.invalid",)}))
+    w.observed = replace(
+        w.observed, corrupt_nodes=MappingProxyType({"n1": ("drift.identity.changed",), "b1": ("drift.report.invalid",)})
+    )
     slice_req, bm_req = w.request(SLICE, 1), w.request(BAREMETAL, 8)
     plan = w.plan()
     assert plan.placements == ()

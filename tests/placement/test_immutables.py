@@ -16,8 +16,17 @@ from tests.placement.pictures import API, BAREMETAL, EPOCH, REGION, SLICE, skus
 def _state(**over: Any) -> DesiredState:
     state = DesiredState()
     state.skus = skus()
-    doc: dict[str, Any] = {"apiVersion": API, "kind": "Allocation", "id": "alloc-a", "tenant": "t", "sku": SLICE,
-                           "gpu_count": 2, "region": REGION, "requested_at": EPOCH, **over}
+    doc: dict[str, Any] = {
+        "apiVersion": API,
+        "kind": "Allocation",
+        "id": "alloc-a",
+        "tenant": "t",
+        "sku": SLICE,
+        "gpu_count": 2,
+        "region": REGION,
+        "requested_at": EPOCH,
+        **over,
+    }
     state.allocations["alloc-a"] = m.Allocation.model_validate(doc)
     return state
 
@@ -25,17 +34,20 @@ def _state(**over: Any) -> DesiredState:
 HELD = immutables.held_from(_state(), {"alloc-a"})
 
 
-@pytest.mark.parametrize(("over", "fields"), [
-    ({}, []),
-    ({"gpu_count": 4}, ["gpu_count"]),
-    ({"tenant": "u"}, ["tenant"]),
-    ({"region": "r2"}, ["region"]),
-    ({"image": "img"}, ["image"]),
-    ({"vm_profile": "h200_2g_48c_128g"}, ["vm_profile"]),
-    ({"sku": BAREMETAL, "gpu_count": 8}, ["sku", "gpu_count"]),
-    ({"state": "released"}, []),  # releasing is how it ends, not an edit
-    ({"ssh_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGkq1pXK4n0mR2o1x0dYt1cJ3Yb0vW2e9o8G1q3hZpXa x"]}, []),
-])
+@pytest.mark.parametrize(
+    ("over", "fields"),
+    [
+        ({}, []),
+        ({"gpu_count": 4}, ["gpu_count"]),
+        ({"tenant": "u"}, ["tenant"]),
+        ({"region": "r2"}, ["region"]),
+        ({"image": "img"}, ["image"]),
+        ({"vm_profile": "h200_2g_48c_128g"}, ["vm_profile"]),
+        ({"sku": BAREMETAL, "gpu_count": 8}, ["sku", "gpu_count"]),
+        ({"state": "released"}, []),  # releasing is how it ends, not an edit
+        ({"ssh_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGkq1pXK4n0mR2o1x0dYt1cJ3Yb0vW2e9o8G1q3hZpXa x"]}, []),
+    ],
+)
 def test_fixed_fields(over: dict[str, Any], fields: list[str]) -> None:
     found = immutables.check(_state(**over), HELD)
     assert {x.code for x in found} <= {p.ALLOCATION_IMMUTABLE}

@@ -83,8 +83,7 @@ def test_release_restores_the_index_exactly(policy: str) -> None:
         if live and rnd.random() < 0.45:
             assert engine.release(live.pop(rnd.randrange(len(live))))
             continue
-        sku, gpus = rnd.choice([(synthesis.H200_SLICE, g) for g in (1, 1, 2, 4, 8)]
-                               + [(synthesis.H200_BAREMETAL, 8)])
+        sku, gpus = rnd.choice([(synthesis.H200_SLICE, g) for g in (1, 1, 2, 4, 8)] + [(synthesis.H200_BAREMETAL, 8)])
         out = engine.place(placing.Request(f"r{i}", "t", sku, gpus, synthesis.REGION))
         if isinstance(out, placing.Placed):
             live.append(f"r{i}")
@@ -114,7 +113,10 @@ def test_engine_modes_follow_claims() -> None:
     w = world(test_engine_modes_follow_claims.__doc__)
     engine = placing.Engine(w.desired, w.observed)
     assert {n: engine.mode(n).value for n in ("n1", "n2", "n3", "n4", "b1")} == {
-        "n1": "slice_active", "n2": "baremetal_active", "n3": "draining", "n4": "cleanup_blocked",
+        "n1": "slice_active",
+        "n2": "baremetal_active",
+        "n3": "draining",
+        "n4": "cleanup_blocked",
         "b1": "baremetal_only",
     }
     facts = engine.mode_facts("n1")
@@ -123,10 +125,12 @@ def test_engine_modes_follow_claims() -> None:
 
 def test_engine_reports_claims_it_cannot_map() -> None:
     w = world("n1: [....|....]")
-    observed = plans.Observed(claims=(
-        plans.ExistingClaim("x1x", "ghost", states.ClaimKind.SLOT, 0, states.ClaimStatus.ACTIVE),
-        plans.ExistingClaim("x2x", "n1", states.ClaimKind.SLOT, 42, states.ClaimStatus.ACTIVE),
-    ))
+    observed = plans.Observed(
+        claims=(
+            plans.ExistingClaim("x1x", "ghost", states.ClaimKind.SLOT, 0, states.ClaimStatus.ACTIVE),
+            plans.ExistingClaim("x2x", "n1", states.ClaimKind.SLOT, 42, states.ClaimStatus.ACTIVE),
+        )
+    )
     engine = placing.Engine(w.desired, observed)
     assert len(engine.warnings) == 2
 

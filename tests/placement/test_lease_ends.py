@@ -37,13 +37,16 @@ def three_hosts() -> World:
     return w
 
 
-@pytest.mark.parametrize(("hours", "node"), [
-    (0.5, "n1"),  # ends before every host empties: the one that empties first (least slack)
-    (3, "n3"),  # n1 would wait for it; n3 empties soonest after it
-    (7, "n2"),  # only n2 is busy longer
-    (20, "n2"),  # delays every host: the least delay
-    (None, "n1"),  # no term: today's ranking (same pattern, same count and age: node order)
-])
+@pytest.mark.parametrize(
+    ("hours", "node"),
+    [
+        (0.5, "n1"),  # ends before every host empties: the one that empties first (least slack)
+        (3, "n3"),  # n1 would wait for it; n3 empties soonest after it
+        (7, "n2"),  # only n2 is busy longer
+        (20, "n2"),  # delays every host: the least delay
+        (None, "n1"),  # no term: today's ranking (same pattern, same count and age: node order)
+    ],
+)
 def test_a_lease_joins_the_host_whose_leases_end_with_it(hours: float | None, node: str) -> None:
     assert three_hosts().place(SLICE, 1, lease_hours=hours) == (node, (1,))
 
@@ -78,9 +81,20 @@ def test_leases_ending_together_share_a_host_that_then_empties_for_baremetal() -
         engine = placing.Engine(w.desired, w.observed)
         for aid in (long, short):
             alloc = w.desired.allocations[aid]
-            assert isinstance(engine.place(placing.Request(
-                aid, "t", SLICE, 4, "r1", requested_at=alloc.requested_at.timestamp(),
-                ends_at=placing.lease_end(alloc))), placing.Placed)
+            assert isinstance(
+                engine.place(
+                    placing.Request(
+                        aid,
+                        "t",
+                        SLICE,
+                        4,
+                        "r1",
+                        requested_at=alloc.requested_at.timestamp(),
+                        ends_at=placing.lease_end(alloc),
+                    )
+                ),
+                placing.Placed,
+            )
         assert engine.release("alloc-a") and engine.release(short)
         bare = engine.place(placing.Request("bm", "t", BAREMETAL, 8, "r1"))
         if known:
@@ -110,6 +124,7 @@ def test_a_clean_host_is_still_opened_last() -> None:
 
 # ------------------------------------------------------------------ engine
 
+
 def _brute_force(engine: placing.Engine, req: placing.Request) -> tuple[str, tuple[int, ...]] | None:
     """The documented ranking's first choice, by scoring every node: what the index must agree with."""
     found = ranked(engine, req)
@@ -121,7 +136,8 @@ def test_index_agrees_with_scoring_every_node(weight: float) -> None:
     desired = synthesis.desired_state(synthesis.fleet_documents(10))
     assert desired.fleet is not None
     desired.fleet = desired.fleet.model_copy(
-        update={"placement": desired.fleet.placement.model_copy(update={"lease_end_weight": weight})})
+        update={"placement": desired.fleet.placement.model_copy(update={"lease_end_weight": weight})}
+    )
     engine = placing.Engine(desired)
     rnd = random.Random(7)  # noqa: S311  # seeded, reproducible simulation input, not security
     live: list[str] = []
@@ -133,8 +149,15 @@ def test_index_agrees_with_scoring_every_node(weight: float) -> None:
             continue
         gpus = rnd.choice((1, 1, 1, 2, 2, 4))
         term = rnd.choice((None, 0.2, 1.0, 3.0, 9.0, 30.0))  # hours; None: on-demand
-        req = placing.Request(f"r{i}", "t", synthesis.H200_SLICE, gpus, synthesis.REGION, requested_at=now,
-                              ends_at=None if term is None else now + term * H)
+        req = placing.Request(
+            f"r{i}",
+            "t",
+            synthesis.H200_SLICE,
+            gpus,
+            synthesis.REGION,
+            requested_at=now,
+            ends_at=None if term is None else now + term * H,
+        )
         expected = _brute_force(engine, req)
         out = engine.place(req)
         if expected is None:
@@ -161,10 +184,12 @@ def test_requests_without_terms_place_as_before(monkeypatch: pytest.MonkeyPatch)
             if live and rnd.random() < 0.45:
                 engine.release(live.pop(rnd.randrange(len(live))))
                 continue
-            sku, gpus = rnd.choice([(synthesis.H200_SLICE, g) for g in (1, 1, 2, 4, 8)]
-                                   + [(synthesis.H200_BAREMETAL, 8)])
-            out = engine.place(placing.Request(f"r{i}", "t", sku, gpus, synthesis.REGION, requested_at=float(i)),
-                               alternatives=2)
+            sku, gpus = rnd.choice(
+                [(synthesis.H200_SLICE, g) for g in (1, 1, 2, 4, 8)] + [(synthesis.H200_BAREMETAL, 8)]
+            )
+            out = engine.place(
+                placing.Request(f"r{i}", "t", sku, gpus, synthesis.REGION, requested_at=float(i)), alternatives=2
+            )
             placed.append(out)
             if isinstance(out, placing.Placed):
                 live.append(f"r{i}")
@@ -200,11 +225,13 @@ def test_end_order_queries() -> None:
 
 # --------------------------------------------------------------- simulate
 
+
 def test_simulate_passes_exact_departures_as_lease_ends_only_default_reads_them() -> None:
     desired = synthesis.desired_state(synthesis.fleet_documents(6))
     offers = simulation.offers(desired, dict(synthesis.DEFAULT_MIX))
-    rows = synthesis.workload_rows(offers, load=1.0, requests=3000, seed=2,
-                                      baremetal=(synthesis.H200_BAREMETAL, 0.1), duration_sigma=1.5)
+    rows = synthesis.workload_rows(
+        offers, load=1.0, requests=3000, seed=2, baremetal=(synthesis.H200_BAREMETAL, 0.1), duration_sigma=1.5
+    )
     exact, none = simulation.LeaseEnds.EXACT, simulation.LeaseEnds.NONE
     for policy in ("first-fit", "seed-rank"):
         a = simulation.simulate(desired, rows, policy=policy, lease_ends=exact)
@@ -218,10 +245,21 @@ def test_simulate_passes_exact_departures_as_lease_ends_only_default_reads_them(
 
 # ------------------------------------------------------------------- model
 
+
 def _alloc(**extra: object) -> m.Allocation:
-    return m.Allocation.model_validate({
-        "apiVersion": API, "kind": "Allocation", "id": "alloc-1", "tenant": "t", "sku": SLICE, "gpu_count": 1,
-        "region": "r1", "requested_at": EPOCH, **extra})
+    return m.Allocation.model_validate(
+        {
+            "apiVersion": API,
+            "kind": "Allocation",
+            "id": "alloc-1",
+            "tenant": "t",
+            "sku": SLICE,
+            "gpu_count": 1,
+            "region": "r1",
+            "requested_at": EPOCH,
+            **extra,
+        }
+    )
 
 
 def test_lease_hours_is_optional_and_positive() -> None:

@@ -21,8 +21,9 @@ def _records(text: str) -> list[dict[str, str]]:
 
 
 def test_lease_s_is_optional_per_file_and_per_row() -> None:
-    rows = simulation.read_rows(_records("arrival_s,duration_s,sku,gpus,lease_s\n"
-                                         "0,50,x,1,3600\n1,7200,x,2,3600\n2,10,x,1,\n"))
+    rows = simulation.read_rows(
+        _records("arrival_s,duration_s,sku,gpus,lease_s\n0,50,x,1,3600\n1,7200,x,2,3600\n2,10,x,1,\n")
+    )
     assert [r.lease_s for r in rows] == [3600.0, 3600.0, None]
     # the allocation leaves when its use ends or when its term runs out, whichever comes first
     assert [r.departure_s for r in rows] == [50.0, 3601.0, 12.0]
@@ -33,21 +34,32 @@ def test_lease_s_is_optional_per_file_and_per_row() -> None:
             simulation.read_rows(_records(f"arrival_s,duration_s,sku,gpus,lease_s\n0,5,x,1,{bad}\n"))
 
 
-@pytest.mark.parametrize(("lease_s", "mode", "told"), [
-    (None, LeaseEnds.TERMS, None),  # no term: on demand
-    (3600.0, LeaseEnds.TERMS, 100.0 + 3600.0),  # the term, not the use
-    (3600.0, LeaseEnds.NONE, None),
-    (None, LeaseEnds.EXACT, 100.0 + 50.0),  # the oracle: the real departure
-    (20.0, LeaseEnds.EXACT, 100.0 + 20.0),  # cut at the end of the term
-])
+@pytest.mark.parametrize(
+    ("lease_s", "mode", "told"),
+    [
+        (None, LeaseEnds.TERMS, None),  # no term: on demand
+        (3600.0, LeaseEnds.TERMS, 100.0 + 3600.0),  # the term, not the use
+        (3600.0, LeaseEnds.NONE, None),
+        (None, LeaseEnds.EXACT, 100.0 + 50.0),  # the oracle: the real departure
+        (20.0, LeaseEnds.EXACT, 100.0 + 20.0),  # cut at the end of the term
+    ],
+)
 def test_what_the_planner_is_told(lease_s: float | None, mode: LeaseEnds, told: float | None) -> None:
     assert simulation.lease_end(WorkloadRow(100.0, 50.0, SLICE, 1, lease_s), mode) == told
 
 
-@pytest.mark.parametrize(("planned", "term"), [
-    (1.0, 3600.0), (3600.0, 3600.0), (3601.0, 86400.0), (86400.0, 86400.0),
-    (600000.0, 604800.0), (604801.0, 2 * 604800.0), (3 * 604800.0, 3 * 604800.0),
-])
+@pytest.mark.parametrize(
+    ("planned", "term"),
+    [
+        (1.0, 3600.0),
+        (3600.0, 3600.0),
+        (3601.0, 86400.0),
+        (86400.0, 86400.0),
+        (600000.0, 604800.0),
+        (604801.0, 2 * 604800.0),
+        (3 * 604800.0, 3 * 604800.0),
+    ],
+)
 def test_terms_round_the_planned_use_up(planned: float, term: float) -> None:
     assert synthesis.term_for(planned, synthesis.DEFAULT_TERMS) == term
 
@@ -58,8 +70,9 @@ def test_lease_terms_keep_the_stream_and_cover_every_use() -> None:
     exact = synthesis.lease_terms(rows, seed=3)
     early = synthesis.lease_terms(rows, early_release=0.5, seed=3)
     for terms in (exact, early):
-        assert [(r.arrival_s, r.duration_s, r.sku, r.gpus) for r in terms] == \
-            [(r.arrival_s, r.duration_s, r.sku, r.gpus) for r in rows]
+        assert [(r.arrival_s, r.duration_s, r.sku, r.gpus) for r in terms] == [
+            (r.arrival_s, r.duration_s, r.sku, r.gpus) for r in rows
+        ]
         assert all(r.lease_s is not None and r.lease_s >= r.duration_s for r in terms)
         assert [r.departure_s for r in terms] == [r.arrival_s + r.duration_s for r in rows]
     # without early releases each term is the shortest that covers the use
@@ -76,8 +89,7 @@ def test_lease_terms_keep_the_stream_and_cover_every_use() -> None:
 def test_exact_lease_ends_are_an_option_never_the_default() -> None:
     desired = synthesis.desired_state(synthesis.fleet_documents(6))
     offers = simulation.offers(desired, dict(synthesis.DEFAULT_MIX))
-    rows = synthesis.workload_rows(offers, load=1.0, requests=3000, seed=2,
-                                      baremetal=(WHOLE, 0.1), duration_sigma=1.5)
+    rows = synthesis.workload_rows(offers, load=1.0, requests=3000, seed=2, baremetal=(WHOLE, 0.1), duration_sigma=1.5)
     plain = simulation.simulate(desired, rows, policy="default")
     blind = simulation.simulate(desired, rows, policy="default", lease_ends=LeaseEnds.NONE)
     oracle = simulation.simulate(desired, rows, policy="default", lease_ends=LeaseEnds.EXACT)
@@ -96,9 +108,13 @@ def test_repack_bound_moves_what_a_policy_cannot() -> None:
     empty host. With every allocation free to move both slices share a host and it fits;
     the third 8-GPU request does not fit even then (6 GPUs free)."""
     desired = synthesis.desired_state(synthesis.fleet_documents(2))
-    rows = [WorkloadRow(0.0, 50.0, SLICE, 1), WorkloadRow(1.0, 50.0, SLICE, 1),
-            WorkloadRow(2.0, 50.0, SLICE, 8), WorkloadRow(3.0, 50.0, WHOLE, 8),
-            WorkloadRow(60.0, 50.0, WHOLE, 8)]
+    rows = [
+        WorkloadRow(0.0, 50.0, SLICE, 1),
+        WorkloadRow(1.0, 50.0, SLICE, 1),
+        WorkloadRow(2.0, 50.0, SLICE, 8),
+        WorkloadRow(3.0, 50.0, WHOLE, 8),
+        WorkloadRow(60.0, 50.0, WHOLE, 8),
+    ]
     spread = simulation.simulate(desired, rows, policy="k8s-least-allocated")
     assert spread.accepted_gpus == 2 + 8  # the 8-GPU slice refused, the lease at 60 s accepted
     assert simulation.repack_bound(desired, rows) == pytest.approx((2 + 8 + 8) / 26)
@@ -110,8 +126,7 @@ def test_repack_bound_meets_the_fluid_bound_on_power_of_two_hosts() -> None:
     and no policy beats them."""
     desired = synthesis.desired_state(synthesis.fleet_documents(8))
     offers = simulation.offers(desired, dict(synthesis.DEFAULT_MIX))
-    rows = synthesis.workload_rows(offers, load=1.0, requests=3000, seed=5,
-                                      baremetal=(WHOLE, 0.1), duration_sigma=1.5)
+    rows = synthesis.workload_rows(offers, load=1.0, requests=3000, seed=5, baremetal=(WHOLE, 0.1), duration_sigma=1.5)
     bound = simulation.repack_bound(desired, rows)
     runs = [simulation.simulate(desired, rows, policy=p) for p in ("default", "first-fit")]
     assert bound == pytest.approx(runs[0].fluid_bound_gpu)
@@ -121,22 +136,73 @@ def test_repack_bound_meets_the_fluid_bound_on_power_of_two_hosts() -> None:
 def test_workload_lease_terms_and_simulate_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fleet, work = tmp_path / "fleet", tmp_path / "w.csv"
     assert cli.main(["fleet", "synth", "--nodes", "6", "--out", str(fleet)]) == 0
-    assert cli.main(["fleet", "workload", "--fleet", str(fleet), "--out", str(work), "--load", "0.9",
-                     "--requests", "300", "--seed", "2", "--lease-terms", "--early-release", "0.3"]) == 0
+    assert (
+        cli.main(
+            [
+                "fleet",
+                "workload",
+                "--fleet",
+                str(fleet),
+                "--out",
+                str(work),
+                "--load",
+                "0.9",
+                "--requests",
+                "300",
+                "--seed",
+                "2",
+                "--lease-terms",
+                "--early-release",
+                "0.3",
+            ]
+        )
+        == 0
+    )
     with work.open() as handle:
         rows = list(csv.DictReader(handle))
     assert list(rows[0]) == ["arrival_s", "duration_s", "sku", "gpus", "lease_s"] and len(rows) == 300
     assert {float(r["lease_s"]) for r in rows} <= {3600.0, 86400.0, 604800.0}
     capsys.readouterr()
-    assert cli.main(["simulate", "--fleet", str(fleet), "--workload", str(work), "--json", "--quiet",
-                     "--repack-bound"]) == 0
+    assert (
+        cli.main(["simulate", "--fleet", str(fleet), "--workload", str(work), "--json", "--quiet", "--repack-bound"])
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
     assert doc["lease_mode"] == "terms" and doc["lease_ends"] is True
     assert doc["repack_bound_gpu"] is not None
-    assert cli.main(["simulate", "--fleet", str(fleet), "--workload", str(work), "--compare", "--quiet",
-                     "--lease-ends", "exact"]) == 0
+    assert (
+        cli.main(
+            [
+                "simulate",
+                "--fleet",
+                str(fleet),
+                "--workload",
+                str(work),
+                "--compare",
+                "--quiet",
+                "--lease-ends",
+                "exact",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "exact departures (oracle)" in out and "repack_bound" in out
-    assert cli.main(["fleet", "workload", "--fleet", str(fleet), "--out", str(work), "--load", "0.9",
-                     "--lease-terms", "1h,2h,1h"]) == 1
+    assert (
+        cli.main(
+            [
+                "fleet",
+                "workload",
+                "--fleet",
+                str(fleet),
+                "--out",
+                str(work),
+                "--load",
+                "0.9",
+                "--lease-terms",
+                "1h,2h,1h",
+            ]
+        )
+        == 1
+    )
     assert "increasing" in capsys.readouterr().err

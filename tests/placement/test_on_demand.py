@@ -25,11 +25,19 @@ H = packing.HOUR_S
 def _since(w: World, letter: str, hours_before: float, lease_hours: float | None = None) -> None:
     """Declare a pictured slice allocation, requested `hours_before` EPOCH."""
     held = [c for c in w.observed.claims if c.allocation_id == aid(letter)]
-    w.desired.allocations[aid(letter)] = m.Allocation.model_validate({
-        "apiVersion": API, "kind": "Allocation", "id": aid(letter), "tenant": "t", "sku": SLICE,
-        "gpu_count": len(held), "region": REGION, "requested_at": EPOCH - dt.timedelta(hours=hours_before),
-        "lease_hours": lease_hours,
-    })
+    w.desired.allocations[aid(letter)] = m.Allocation.model_validate(
+        {
+            "apiVersion": API,
+            "kind": "Allocation",
+            "id": aid(letter),
+            "tenant": "t",
+            "sku": SLICE,
+            "gpu_count": len(held),
+            "region": REGION,
+            "requested_at": EPOCH - dt.timedelta(hours=hours_before),
+            "lease_hours": lease_hours,
+        }
+    )
 
 
 def test_the_node_with_more_allocations_wins_over_a_smaller_fragmentation_rise() -> None:
@@ -123,6 +131,7 @@ def test_lease_bound_is_a_lower_bound_of_lease_key() -> None:
 
 # ------------------------------------------------------------------ engine
 
+
 @pytest.mark.parametrize("terms", [False, True])
 def test_index_agrees_with_scoring_every_node(terms: bool) -> None:
     """Choice and alternatives (on demand) equal a brute-force ranking of every node, over a long random stream."""
@@ -139,8 +148,15 @@ def test_index_agrees_with_scoring_every_node(terms: bool) -> None:
             continue
         gpus = rnd.choice((1, 1, 1, 2, 2, 4))
         term = rnd.choice((None, 0.2, 1.0, 9.0)) if terms else None
-        req = placing.Request(f"r{i}", "t", synthesis.H200_SLICE, gpus, synthesis.REGION, requested_at=now,
-                              ends_at=None if term is None else now + term * H)
+        req = placing.Request(
+            f"r{i}",
+            "t",
+            synthesis.H200_SLICE,
+            gpus,
+            synthesis.REGION,
+            requested_at=now,
+            ends_at=None if term is None else now + term * H,
+        )
         order = ranked(engine, req)
         out = engine.place(req, alternatives=3)
         if not order:

@@ -50,8 +50,7 @@ def test_released_allocations_with_claims_become_releases() -> None:
     for letter, sku, gpus in (("a", SLICE, 2), ("b", SLICE, 4), ("C", BAREMETAL, 8)):
         aid = pictures.aid(letter)
         w.request(sku, gpus, aid=aid)
-        w.desired.allocations[aid] = w.desired.allocations[aid].model_copy(
-            update={"state": m.AllocationState.RELEASED})
+        w.desired.allocations[aid] = w.desired.allocations[aid].model_copy(update={"state": m.AllocationState.RELEASED})
     result = w.plan()
     assert result.releases == (
         plans.Release("alloc-a", "n1", (0, 1)),
@@ -63,11 +62,13 @@ def test_released_allocations_with_claims_become_releases() -> None:
 
 def test_releasing_claims_are_not_released_twice_and_still_block() -> None:
     w = world("n1: [....|....]")
-    w.observed = plans.Observed(claims=tuple(
-        plans.ExistingClaim("old", "n1", states.ClaimKind.SLOT, s, states.ClaimStatus.RELEASING) for s in range(8)))
+    w.observed = plans.Observed(
+        claims=tuple(
+            plans.ExistingClaim("old", "n1", states.ClaimKind.SLOT, s, states.ClaimStatus.RELEASING) for s in range(8)
+        )
+    )
     w.request(SLICE, 1, aid="old")
-    w.desired.allocations["old"] = w.desired.allocations["old"].model_copy(
-        update={"state": m.AllocationState.RELEASED})
+    w.desired.allocations["old"] = w.desired.allocations["old"].model_copy(update={"state": m.AllocationState.RELEASED})
     assert w.plan().releases == ()
     assert w.place(SLICE, 1) == reasons.CAPACITY  # slots stay claimed until cleanup
 
@@ -131,8 +132,7 @@ def test_alternatives_do_not_leak_into_later_placements() -> None:
     assert b.alternatives == ()
 
 
-@pytest.mark.parametrize("policy", ["default", "first-fit", "k8s-least-allocated", "k8s-most-allocated",
-                                    "seed-rank"])
+@pytest.mark.parametrize("policy", ["default", "first-fit", "k8s-least-allocated", "k8s-most-allocated", "seed-rank"])
 def test_every_policy_plans_the_example_fleet(policy: str) -> None:
     desired = sources.load(EXAMPLES).state
     result = planner.plan(desired, plans.Observed(), policy=policy)

@@ -15,6 +15,7 @@ from tests.placement.pictures import BAREMETAL, ROCE, SLICE, world
 
 # ------------------------------------------------------------- GPU counts
 
+
 def test_one_gpu_fills_a_fragmented_group_before_a_clean_one() -> None:
     """
     n1: [....|abc.]
@@ -26,7 +27,8 @@ def test_one_gpu_fills_a_fragmented_group_before_a_clean_one() -> None:
     assert w.place(SLICE, 1) == ("n1", (7,))
     # first-fit, for contrast, breaks the clean group
     assert world(test_one_gpu_fills_a_fragmented_group_before_a_clean_one.__doc__).place(
-        SLICE, 1, policy="first-fit") == ("n1", (0,))
+        SLICE, 1, policy="first-fit"
+    ) == ("n1", (0,))
 
 
 def test_two_gpus_take_an_aligned_pair_in_a_used_group() -> None:
@@ -84,7 +86,9 @@ def test_eight_gpus_take_every_slot_of_a_clean_host() -> None:
     n2: [....|....]
     """
     assert world(test_eight_gpus_take_every_slot_of_a_clean_host.__doc__).place(SLICE, 8) == (
-        "n2", (0, 1, 2, 3, 4, 5, 6, 7))
+        "n2",
+        (0, 1, 2, 3, 4, 5, 6, 7),
+    )
 
 
 def test_eight_gpus_never_on_a_host_with_a_failed_slot() -> None:
@@ -105,6 +109,7 @@ def test_failed_slot_is_never_placed_and_counts_as_fragmentation() -> None:
 
 
 # ------------------------------------------------------ baremetal and slices
+
 
 def test_baremetal_needs_a_node_without_any_claim() -> None:
     """
@@ -173,6 +178,7 @@ def test_mixed_plan_orders_by_request_time() -> None:
 
 # ---------------------------------------------------- draining and health
 
+
 def test_draining_nodes_take_nothing_new() -> None:
     """
     n1: [a...|....] draining
@@ -209,6 +215,7 @@ def test_cleanup_blocked_slot_blocks_only_itself() -> None:
 
 # ------------------------------------------------------- tenant boundary
 
+
 def test_tenant_boundary() -> None:
     """
     n1: [....|....] org=acme
@@ -231,6 +238,7 @@ def test_shared_nodes_serve_every_tenant_and_dedicated_ones_only_theirs() -> Non
 
 
 # ----------------------------------------------------------------- fabric
+
 
 def test_roce_sku_goes_to_roce_slots_and_never_to_infiniband() -> None:
     """
@@ -262,6 +270,7 @@ def test_roce_sku_without_roce_hosts_has_no_node() -> None:
 
 # ------------------------------------------------------------ readiness
 
+
 @pytest.mark.parametrize("word", ["notag", "fw-off", "share"])
 def test_slice_capability_needs_tag_firmware_and_slice_storage(word: str) -> None:
     w = world(f"n1: [....|....] {word}")
@@ -279,11 +288,15 @@ def test_slots_without_per_slot_vf_make_no_slice_host() -> None:
 
 # ------------------------------------------------------- request errors
 
-@pytest.mark.parametrize(("sku", "gpus", "code"), [
-    ("no-such-sku", 1, reasons.SKU_UNKNOWN),
-    (SLICE, 3, reasons.GPU_COUNT),
-    (ROCE, 8, reasons.GPU_COUNT),
-])
+
+@pytest.mark.parametrize(
+    ("sku", "gpus", "code"),
+    [
+        ("no-such-sku", 1, reasons.SKU_UNKNOWN),
+        (SLICE, 3, reasons.GPU_COUNT),
+        (ROCE, 8, reasons.GPU_COUNT),
+    ],
+)
 def test_request_errors(sku: str, gpus: int, code: str) -> None:
     assert world("n1: [....|....]").place(sku, gpus) == code
 

@@ -15,13 +15,15 @@ from reconciler.placement.synthesis import WorkloadRow
 
 def test_synth_fleet_validates_with_unique_macs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "fleet"
-    assert cli.main(["fleet", "synth", "--nodes", "12", "--out", str(out), "--amd-share", "0.25",
-                     "--seed", "3"]) == 0
+    assert cli.main(["fleet", "synth", "--nodes", "12", "--out", str(out), "--amd-share", "0.25", "--seed", "3"]) == 0
     loaded = sources.load(out)
     assert loaded.errors == [] and loaded.warnings == []
     state = loaded.state
     assert len(state.nodes) == 12 and set(state.skus) == {
-        synthesis.H200_SLICE, synthesis.H200_BAREMETAL, synthesis.AMD_SLICE}
+        synthesis.H200_SLICE,
+        synthesis.H200_BAREMETAL,
+        synthesis.AMD_SLICE,
+    }
     macs = [s.mac_address for sm in state.slot_maps.values() for s in sm.slots]
     assert len(macs) == len(set(macs)) == 96
     assert sum(1 for n in state.nodes.values() if n.name.startswith("mi300x")) == 3
@@ -37,8 +39,25 @@ def test_synth_fleet_validates_with_unique_macs(tmp_path: Path, capsys: pytest.C
 def test_workload_and_simulate_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fleet, work = tmp_path / "fleet", tmp_path / "w.csv"
     assert cli.main(["fleet", "synth", "--nodes", "6", "--out", str(fleet)]) == 0
-    assert cli.main(["fleet", "workload", "--fleet", str(fleet), "--out", str(work), "--load", "0.9",
-                     "--requests", "400", "--seed", "2"]) == 0
+    assert (
+        cli.main(
+            [
+                "fleet",
+                "workload",
+                "--fleet",
+                str(fleet),
+                "--out",
+                str(work),
+                "--load",
+                "0.9",
+                "--requests",
+                "400",
+                "--seed",
+                "2",
+            ]
+        )
+        == 0
+    )
     with work.open() as handle:
         rows = list(csv.DictReader(handle))
     assert list(rows[0]) == ["arrival_s", "duration_s", "sku", "gpus"] and len(rows) == 400
@@ -46,9 +65,18 @@ def test_workload_and_simulate_cli(tmp_path: Path, capsys: pytest.CaptureFixture
     capsys.readouterr()
     assert cli.main(["simulate", "--fleet", str(fleet), "--workload", str(work), "--json", "--quiet"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    for key in ("policy", "offered_requests", "accepted_requests", "offered_gpus", "accepted_gpus",
-                "acceptance_gpu", "fluid_bound_gpu", "rejected_with_capacity", "mean_empty_nodes",
-                "placements_per_second"):
+    for key in (
+        "policy",
+        "offered_requests",
+        "accepted_requests",
+        "offered_gpus",
+        "accepted_gpus",
+        "acceptance_gpu",
+        "fluid_bound_gpu",
+        "rejected_with_capacity",
+        "mean_empty_nodes",
+        "placements_per_second",
+    ):
         assert key in doc
     assert doc["policy"] == "default" and doc["offered_requests"] == 400
     assert doc["acceptance_gpu"] == pytest.approx(doc["accepted_gpus"] / doc["offered_gpus"], abs=1e-6)
@@ -96,8 +124,11 @@ def test_fluid_bound_counts_capacity_lost_to_topology() -> None:
     """Two hosts, k8s-least-allocated spreads two 1-GPU slices over both: 14 GPUs free, no
     empty host for the 8-GPU request, which the fluid bound accepts."""
     desired = synthesis.desired_state(synthesis.fleet_documents(2))
-    rows = [WorkloadRow(0.0, 50.0, synthesis.H200_SLICE, 1), WorkloadRow(1.0, 50.0, synthesis.H200_SLICE, 1),
-            WorkloadRow(2.0, 50.0, synthesis.H200_SLICE, 8)]
+    rows = [
+        WorkloadRow(0.0, 50.0, synthesis.H200_SLICE, 1),
+        WorkloadRow(1.0, 50.0, synthesis.H200_SLICE, 1),
+        WorkloadRow(2.0, 50.0, synthesis.H200_SLICE, 8),
+    ]
     spread = simulation.simulate(desired, rows, policy="k8s-least-allocated")
     assert (spread.accepted_gpus, spread.rejected_with_capacity) == (2, 1)
     assert spread.rejections == {"plan.sku_unavailable.topology": 1}
@@ -108,9 +139,9 @@ def test_fluid_bound_counts_capacity_lost_to_topology() -> None:
 
 def test_workload_rows_hit_the_requested_load() -> None:
     offers = [synthesis.Offer(synthesis.H200_SLICE, 800, synthesis.DEFAULT_MIX)]
-    rows = synthesis.workload_rows(offers, load=0.8, requests=20000, seed=1,
-                                      baremetal=(synthesis.H200_BAREMETAL, 0.1))
+    rows = synthesis.workload_rows(offers, load=0.8, requests=20000, seed=1, baremetal=(synthesis.H200_BAREMETAL, 0.1))
     gpu_seconds = sum(r.gpus * r.duration_s for r in rows)
     assert gpu_seconds / (rows[-1].arrival_s * 800) == pytest.approx(0.8, rel=0.08)
-    assert rows == synthesis.workload_rows(offers, load=0.8, requests=20000, seed=1,
-                                              baremetal=(synthesis.H200_BAREMETAL, 0.1))
+    assert rows == synthesis.workload_rows(
+        offers, load=0.8, requests=20000, seed=1, baremetal=(synthesis.H200_BAREMETAL, 0.1)
+    )

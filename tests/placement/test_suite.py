@@ -51,19 +51,54 @@ def test_bursty_arrivals_keep_the_stream_and_clump_it() -> None:
 
 
 def test_suite_runs_a_tiny_configuration(capsys: pytest.CaptureFixture[str]) -> None:
-    code = cli.main(["simulate", "--suite", "--json", "--seeds", "1", "--requests", "200", "--loads", "0.9",
-                     "--nodes", "4", "--families", "synth,eight-gpu"])
+    code = cli.main(
+        [
+            "simulate",
+            "--suite",
+            "--json",
+            "--seeds",
+            "1",
+            "--requests",
+            "200",
+            "--loads",
+            "0.9",
+            "--nodes",
+            "4",
+            "--families",
+            "synth,eight-gpu",
+        ]
+    )
     captured = capsys.readouterr()
     doc = json.loads(captured.out)
     assert [c["family"] for c in doc["cells"]] == ["synth", "eight-gpu"]
     for cell in doc["cells"]:
-        assert set(cell["acceptance_gpu"]) == {"default", "first-fit", "k8s-least-allocated",
-                                               "k8s-most-allocated", "seed-rank"}
+        assert set(cell["acceptance_gpu"]) == {
+            "default",
+            "first-fit",
+            "k8s-least-allocated",
+            "k8s-most-allocated",
+            "seed-rank",
+        }
         assert 0 < cell["fluid_bound_gpu"] <= 1
     assert code == (1 if doc["default_below_a_baseline"] else 0)
     assert "10/10 runs" in captured.err  # progress
-    assert cli.main(["simulate", "--suite", "--quiet", "--seeds", "1", "--requests", "100", "--loads", "0.9",
-                     "--nodes", "2", "--families", "one-gpu"]) in (0, 1)
+    assert cli.main(
+        [
+            "simulate",
+            "--suite",
+            "--quiet",
+            "--seeds",
+            "1",
+            "--requests",
+            "100",
+            "--loads",
+            "0.9",
+            "--nodes",
+            "2",
+            "--families",
+            "one-gpu",
+        ]
+    ) in (0, 1)
     table = capsys.readouterr().out
     assert "one-gpu" in table and "fluid" in table and "goal" in table
 
@@ -78,9 +113,20 @@ def test_suite_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_cells_judge_default_against_every_baseline() -> None:
-    cell = suite.Cell("f", 0.9, False, offered=1000, fluid=1000,
-                      accepted={"default": 960, "first-fit": 950, "k8s-least-allocated": 700,
-                                "k8s-most-allocated": 970, "seed-rank": 940})
+    cell = suite.Cell(
+        "f",
+        0.9,
+        False,
+        offered=1000,
+        fluid=1000,
+        accepted={
+            "default": 960,
+            "first-fit": 950,
+            "k8s-least-allocated": 700,
+            "k8s-most-allocated": 970,
+            "seed-rank": 940,
+        },
+    )
     assert cell.best_baseline == "k8s-most-allocated" and cell.below == ["k8s-most-allocated"]
     assert cell.closed == pytest.approx(-1 / 3)
     misses = suite.goal_misses([cell])

@@ -24,10 +24,20 @@ FLEET = """
 
 def _image(slug: str, **over: Any) -> m.Image:
     doc: dict[str, Any] = {
-        "apiVersion": API, "kind": "Image", "slug": slug, "target": "vm_slice", "family": "ubuntu",
-        "architecture": "amd64", "image_format": "qcow2", "source_type": "platform_storage",
-        "source_ref": f"images/{slug}.qcow2", "digest_sha256": "a" * 64, "default_username": "ubuntu",
-        "driver_strategy": "none", **over}
+        "apiVersion": API,
+        "kind": "Image",
+        "slug": slug,
+        "target": "vm_slice",
+        "family": "ubuntu",
+        "architecture": "amd64",
+        "image_format": "qcow2",
+        "source_type": "platform_storage",
+        "source_ref": f"images/{slug}.qcow2",
+        "digest_sha256": "a" * 64,
+        "default_username": "ubuntu",
+        "driver_strategy": "none",
+        **over,
+    }
     return m.Image.model_validate(doc)
 
 
@@ -47,19 +57,25 @@ def test_no_image_at_all_stays_pending_with_the_reason() -> None:
     w.desired.images = {}
     aid = w.request(SLICE, 1)
     bm = w.request(BAREMETAL, 8)
-    assert _outcome(w, aid) == ("pending", reasons.IMAGE_UNAVAILABLE,
-                                {"image": None, "why": "none", "target": "vm_slice"})
+    assert _outcome(w, aid) == (
+        "pending",
+        reasons.IMAGE_UNAVAILABLE,
+        {"image": None, "why": "none", "target": "vm_slice"},
+    )
     assert _outcome(w, bm)[:2] == ("pending", reasons.IMAGE_UNAVAILABLE)
     message = next(q.message for q in w.plan().pending if q.allocation_id == aid)
     assert "no active image with a digest fits SKU h200-sxm-slice" in message
 
 
-@pytest.mark.parametrize(("over", "why"), [
-    ({"active": False, "inactive_since": "2025-01-01T00:00:00Z"}, "none"),  # inactive: never a default
-    ({"target": "baremetal", "image_format": "maas", "source_type": "maas", "source_ref": "x"}, "none"),
-    ({"compatible_skus": ["other-sku"]}, "none"),
-    ({"accelerator_vendor": "amd"}, "none"),
-])
+@pytest.mark.parametrize(
+    ("over", "why"),
+    [
+        ({"active": False, "inactive_since": "2025-01-01T00:00:00Z"}, "none"),  # inactive: never a default
+        ({"target": "baremetal", "image_format": "maas", "source_type": "maas", "source_ref": "x"}, "none"),
+        ({"compatible_skus": ["other-sku"]}, "none"),
+        ({"accelerator_vendor": "amd"}, "none"),
+    ],
+)
 def test_an_image_that_does_not_fit_is_no_default(over: dict[str, Any], why: str) -> None:
     w = world(FLEET)
     w.desired.images = {"only": _image("only", **over)}
@@ -74,8 +90,11 @@ def test_a_named_image_is_checked_too() -> None:
     w.desired.images = {"mine": _image("mine", digest_sha256=None)}
     aid = w.request(SLICE, 1)
     w.desired.allocations[aid] = w.desired.allocations[aid].model_copy(update={"image": "mine"})
-    assert _outcome(w, aid) == ("pending", reasons.IMAGE_UNAVAILABLE,
-                                {"image": "mine", "why": "no_digest", "target": "vm_slice"})
+    assert _outcome(w, aid) == (
+        "pending",
+        reasons.IMAGE_UNAVAILABLE,
+        {"image": "mine", "why": "no_digest", "target": "vm_slice"},
+    )
     w.desired.allocations[aid] = w.desired.allocations[aid].model_copy(update={"image": "gone"})
     assert _outcome(w, aid)[2]["why"] == "unknown"
 

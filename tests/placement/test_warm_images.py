@@ -24,7 +24,8 @@ OTHER = "b" * 64
 
 def _warm(w: World, cache: dict[str, set[str]]) -> World:
     observed = dataclasses.replace(
-        w.observed, image_cache=MappingProxyType({n: frozenset(ds) for n, ds in cache.items()}))
+        w.observed, image_cache=MappingProxyType({n: frozenset(ds) for n, ds in cache.items()})
+    )
     return World(w.desired, observed, w.claims)
 
 
@@ -37,11 +38,14 @@ def _place(w: World, sku: str, gpus: int, digest: str | None, policy: str) -> st
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_equal_nodes_the_warm_one_wins(policy: str) -> None:
-    w = _warm(world("""
+    w = _warm(
+        world("""
         a1: [....|....]
         a2: [....|....]
         a3: [....|....]
-        """), {"a2": {WARM}, "a3": {OTHER}})
+        """),
+        {"a2": {WARM}, "a3": {OTHER}},
+    )
     assert _place(w, SLICE, 1, None, policy) == "a1"  # node order decides without an image
     assert _place(w, SLICE, 1, OTHER, policy) == "a3"
     assert _place(w, SLICE, 1, WARM, policy) == "a2"
@@ -68,11 +72,14 @@ def test_a_better_packed_cold_node_beats_a_warm_one(policy: str) -> None:
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_baremetal_takes_the_warm_empty_node(policy: str) -> None:
-    w = _warm(world("""
+    w = _warm(
+        world("""
         b01: [] bm-only
         b02: [] bm-only
         b03: [AAAA|AAAA] bm-only
-        """), {"b02": {WARM}, "b03": {WARM}})
+        """),
+        {"b02": {WARM}, "b03": {WARM}},
+    )
     assert _place(w, BAREMETAL, 8, None, policy) == "b01"
     assert _place(w, BAREMETAL, 8, WARM, policy) == "b02"
 
@@ -82,12 +89,25 @@ def test_the_planner_passes_the_allocations_image_digest() -> None:
         a1: [....|....]
         a2: [....|....]
         """)
-    w.desired.images["slice-img"] = m.Image.model_validate({
-        "apiVersion": API, "kind": "Image", "slug": "slice-img", "display_name": "x", "version": "1",
-        "target": "vm_slice", "family": "ubuntu", "architecture": "amd64", "accelerator_vendor": "nvidia",
-        "image_format": "qcow2", "source_type": "http", "source_ref": "https://images.invalid/x.qcow2",
-        "digest_sha256": WARM, "driver_strategy": "none", "default_username": "ubuntu",
-    })
+    w.desired.images["slice-img"] = m.Image.model_validate(
+        {
+            "apiVersion": API,
+            "kind": "Image",
+            "slug": "slice-img",
+            "display_name": "x",
+            "version": "1",
+            "target": "vm_slice",
+            "family": "ubuntu",
+            "architecture": "amd64",
+            "accelerator_vendor": "nvidia",
+            "image_format": "qcow2",
+            "source_type": "http",
+            "source_ref": "https://images.invalid/x.qcow2",
+            "digest_sha256": WARM,
+            "driver_strategy": "none",
+            "default_username": "ubuntu",
+        }
+    )
     aid = w.request(SLICE, 2)
     assert {p.allocation_id: p.node for p in w.plan().placements}[aid] == "a1"
     warm = _warm(w, {"a2": {WARM}})

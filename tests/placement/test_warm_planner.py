@@ -40,9 +40,14 @@ def _fleet(**kw: Any) -> DesiredState:
     """A synthetic fleet whose slot disks carry a recorded identity (every slot eligible)."""
     state = synthetic.fleet(**kw)
     for name, smap in state.slot_maps.items():
-        slots = tuple(s if s.nvme_identity is not None else s.model_copy(update={
-            "nvme_identity": m.NvmeIdentity(serial=f"bench-{name}-{s.slot_index}", size_bytes=2**40)})
-            for s in smap.slots)
+        slots = tuple(
+            s
+            if s.nvme_identity is not None
+            else s.model_copy(
+                update={"nvme_identity": m.NvmeIdentity(serial=f"bench-{name}-{s.slot_index}", size_bytes=2**40)}
+            )
+            for s in smap.slots
+        )
         state.slot_maps[name] = smap.model_copy(update={"slots": slots})
     return state
 
@@ -63,8 +68,12 @@ def _observed(db: Claims, base: plans.Observed) -> plans.Observed:
     return dataclasses.replace(base, claims=claims, placed=frozenset(c.allocation_id for c in claims))
 
 
-def _claim(aid: str, node: str, slot: int | None, status: states.ClaimStatus = states.ClaimStatus.ACTIVE,
-           ) -> plans.ExistingClaim:
+def _claim(
+    aid: str,
+    node: str,
+    slot: int | None,
+    status: states.ClaimStatus = states.ClaimStatus.ACTIVE,
+) -> plans.ExistingClaim:
     kind = states.ClaimKind.NODE_EXCLUSIVE if slot is None else states.ClaimKind.SLOT
     return plans.ExistingClaim(aid, node, kind, slot, status)
 
@@ -117,16 +126,25 @@ def _edit_allocations(rng: random.Random, new: DesiredState, step: int) -> None:
     if roll < 0.35:
         bare = rng.random() < 0.15
         new_id = f"new-{step:04d}"
-        new.allocations[new_id] = alloc.model_copy(update={
-            "id": new_id, "tenant": rng.choice(("tenant-1", "tenant-2")),
-            "sku": synthetic.BAREMETAL_SKU if bare else synthetic.SLICE_SKU,
-            "gpu_count": 8 if bare else rng.choice((1, 2, 4, 8)), "image": None if bare else synthetic.IMAGE,
-            "requested_at": alloc.requested_at + dt.timedelta(seconds=rng.randrange(-50, 500)),
-            "lease_hours": rng.choice((None, 1.0, 24.0)), "state": m.AllocationState.PRESENT})
+        new.allocations[new_id] = alloc.model_copy(
+            update={
+                "id": new_id,
+                "tenant": rng.choice(("tenant-1", "tenant-2")),
+                "sku": synthetic.BAREMETAL_SKU if bare else synthetic.SLICE_SKU,
+                "gpu_count": 8 if bare else rng.choice((1, 2, 4, 8)),
+                "image": None if bare else synthetic.IMAGE,
+                "requested_at": alloc.requested_at + dt.timedelta(seconds=rng.randrange(-50, 500)),
+                "lease_hours": rng.choice((None, 1.0, 24.0)),
+                "state": m.AllocationState.PRESENT,
+            }
+        )
     elif roll < 0.55:
-        new.allocations[aid] = alloc.model_copy(update={
-            "requested_at": alloc.requested_at + dt.timedelta(seconds=rng.randrange(-30, 30)),
-            "lease_hours": rng.choice((None, 2.0, 48.0))})
+        new.allocations[aid] = alloc.model_copy(
+            update={
+                "requested_at": alloc.requested_at + dt.timedelta(seconds=rng.randrange(-30, 30)),
+                "lease_hours": rng.choice((None, 2.0, 48.0)),
+            }
+        )
     elif roll < 0.8:
         new.allocations[aid] = alloc.model_copy(update={"state": m.AllocationState.RELEASED})
     else:
@@ -163,8 +181,9 @@ def _edit_shape(rng: random.Random, new: DesiredState) -> None:
     """The Fleet or a SKU: what every partition is built from."""
     if rng.random() < 0.5 and new.fleet is not None:
         weight = rng.choice((0.5, 1.0, 2.0))
-        new.fleet = new.fleet.model_copy(update={
-            "placement": new.fleet.placement.model_copy(update={"lease_end_weight": weight})})
+        new.fleet = new.fleet.model_copy(
+            update={"placement": new.fleet.placement.model_copy(update={"lease_end_weight": weight})}
+        )
     else:
         new.skus = dict(new.skus)
         sku = new.skus[synthetic.SLICE_SKU]
@@ -181,12 +200,16 @@ def _observe(rng: random.Random, state: DesiredState, base: plans.Observed) -> p
         if key in statuses:
             del statuses[key]
         else:
-            statuses[key] = rng.choice((states.SlotStatus.CLEANUP, states.SlotStatus.FAILED,
-                                        states.SlotStatus.DISABLED))
+            statuses[key] = rng.choice(
+                (states.SlotStatus.CLEANUP, states.SlotStatus.FAILED, states.SlotStatus.DISABLED)
+            )
         return dataclasses.replace(base, slot_status=statuses)
     if roll < 0.6:
-        return dataclasses.replace(base, unavailable_nodes=frozenset(rng.sample(nodes, rng.choice((0, 1)))),
-                                   firmware_ready={n: rng.random() < 0.8 for n in rng.sample(nodes, 2)})
+        return dataclasses.replace(
+            base,
+            unavailable_nodes=frozenset(rng.sample(nodes, rng.choice((0, 1)))),
+            firmware_ready={n: rng.random() < 0.8 for n in rng.sample(nodes, 2)},
+        )
     cache = dict(base.image_cache)
     for n in rng.sample(nodes, 3):
         cache[n] = frozenset(d for d in DIGESTS if rng.random() < 0.5)
@@ -197,8 +220,7 @@ def _observe(rng: random.Random, state: DesiredState, base: plans.Observed) -> p
 @pytest.mark.parametrize(("seed", "by_delta"), [(1, False), (2, False), (3, True), (4, True)])
 def test_warm_plans_equal_cold_plans_over_random_edits(policy: str, seed: int, by_delta: bool) -> None:
     rng = random.Random(seed)  # noqa: S311 - test randomness
-    state = _fleet(nodes=10, baremetal_nodes=2, allocations=40, baremetal_allocations=2,
-                            gpus=(1, 2, 4, 8), seed=seed)
+    state = _fleet(nodes=10, baremetal_nodes=2, allocations=40, baremetal_allocations=2, gpus=(1, 2, 4, 8), seed=seed)
     db: Claims = {}
     base = plans.Observed()
     warm = replanning.WarmPlanner(policy)
@@ -244,9 +266,11 @@ def test_a_placement_whose_apply_failed_is_not_believed() -> None:
     aid = "late-one"
     state.allocations[aid] = state.allocations[synthetic.allocation_id(0)].model_copy(update={"id": aid})
     second = warm(state, plans.Observed())
-    assert {p.allocation_id for p in second.placements} == {synthetic.allocation_id(0),
-                                                            synthetic.allocation_id(1), aid} - {
-        p.allocation_id for p in second.pending}
+    assert {p.allocation_id for p in second.placements} == {
+        synthetic.allocation_id(0),
+        synthetic.allocation_id(1),
+        aid,
+    } - {p.allocation_id for p in second.pending}
     assert second == _cold(state, plans.Observed(), packing.Policy.DEFAULT.value)
     assert len(second.placements) == 2 and len(second.pending) == 1
     assert warm.cold == 1
@@ -283,8 +307,9 @@ def test_a_changed_request_time_moves_the_tie_break_of_the_nodes_holding_it() ->
     later.allocations = dict(state.allocations)
     del later.allocations[new]
     assert warm(later, observed).placements == ()  # the kept engine placed nothing on n0 or n1
-    state.allocations[first] = state.allocations[first].model_copy(update={
-        "requested_at": state.allocations[new].requested_at + dt.timedelta(hours=1)})
+    state.allocations[first] = state.allocations[first].model_copy(
+        update={"requested_at": state.allocations[new].requested_at + dt.timedelta(hours=1)}
+    )
     got = warm(state, observed)
     assert [p.node for p in got.placements] == [n1]
     assert got == _cold(state, observed, packing.Policy.DEFAULT.value)
@@ -329,7 +354,8 @@ def test_one_new_allocation_resets_one_node() -> None:
     _apply(random.Random(0), dataclasses.replace(first, releases=()), db)  # noqa: S311 - test randomness
     # edited in place, deliberately: the planner must keep its own copy of what it planned from
     state.allocations["one-more"] = state.allocations[synthetic.allocation_id(0)].model_copy(
-        update={"id": "one-more", "requested_at": dt.datetime(2027, 1, 1, tzinfo=dt.UTC)})
+        update={"id": "one-more", "requested_at": dt.datetime(2027, 1, 1, tzinfo=dt.UTC)}
+    )
     second = warm(state, _observed(db, plans.Observed()))
     assert "one-more" in {p.allocation_id for p in second.placements}
     assert warm.last_reset == len({p.node for p in first.placements})  # what plan 1 placed, applied or not
@@ -342,7 +368,8 @@ def test_one_new_allocation_resets_one_node() -> None:
 
 
 def test_an_error_in_the_incremental_path_falls_back_to_a_cold_engine(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     state = _fleet(nodes=4, allocations=6, gpus=(1, 2), seed=9)
     warm = replanning.WarmPlanner()
     warm(state, plans.Observed())

@@ -53,16 +53,19 @@ def _observe(rng: random.Random, state: DesiredState) -> plans.Observed:
             if rng.random() < 0.1:
                 statuses[(name, s.slot_index)] = rng.choice([states.SlotStatus.CLEANUP, states.SlotStatus.FAILED])
     nodes = sorted(state.nodes)
-    return plans.Observed(slot_status=statuses,
-                          firmware_ready={n: rng.random() < 0.9 for n in rng.sample(nodes, 2)},
-                          unavailable_nodes=frozenset(rng.sample(nodes, 1)))
+    return plans.Observed(
+        slot_status=statuses,
+        firmware_ready={n: rng.random() < 0.9 for n in rng.sample(nodes, 2)},
+        unavailable_nodes=frozenset(rng.sample(nodes, 1)),
+    )
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_warm_plans_equal_cold_plans(seed: int) -> None:
     rng = random.Random(seed)  # noqa: S311 - test randomness
-    state = synthetic.fleet(nodes=8, baremetal_nodes=2, allocations=30, baremetal_allocations=2, gpus=(1, 2, 4, 8),
-                            seed=seed)
+    state = synthetic.fleet(
+        nodes=8, baremetal_nodes=2, allocations=30, baremetal_allocations=2, gpus=(1, 2, 4, 8), seed=seed
+    )
     observed = plans.Observed()
     for _ in range(25):
         if rng.random() < 0.6:

@@ -32,8 +32,9 @@ from tests.placement.test_warm_planner import POLICIES, _cold, _edit_allocations
 
 def _view(engine: placing.Engine, desired: DesiredState, observed: plans.Observed) -> dict[str, Any]:
     """What readers of an engine see, and the per-node state planning starts from."""
-    nodes = {n.name: (n.facts, dict(n.allocs), dict(n.since), dict(n.ends), n.exclusive, n.claimed)
-             for n in engine.nodes}
+    nodes = {
+        n.name: (n.facts, dict(n.allocs), dict(n.since), dict(n.ends), n.exclusive, n.claimed) for n in engine.nodes
+    }
     return {
         "nodes": nodes,
         "where": {aid: node.name for aid, node in engine.where.items()},
@@ -44,8 +45,9 @@ def _view(engine: placing.Engine, desired: DesiredState, observed: plans.Observe
 
 
 def _same_as_cold(engine: placing.Engine, desired: DesiredState, observed: plans.Observed, policy: str) -> None:
-    assert _view(engine, desired, observed) == _view(placing.Engine(desired, observed, policy=policy),
-                                                    desired, observed)
+    assert _view(engine, desired, observed) == _view(
+        placing.Engine(desired, observed, policy=policy), desired, observed
+    )
 
 
 def _head(rng: random.Random, base: DesiredState, edits: int) -> DesiredState:
@@ -107,8 +109,12 @@ def test_the_same_frozen_state_follows_changed_observed_facts() -> None:
     warm(head, observed)
     warm(base, observed)
     n0, n1, n2 = sorted(base.nodes)[:3]
-    changed = dataclasses.replace(observed, slot_status={**observed.slot_status, (n0, 3): states.SlotStatus.FAILED},
-                                  unavailable_nodes=frozenset({n1}), firmware_ready={n2: False})
+    changed = dataclasses.replace(
+        observed,
+        slot_status={**observed.slot_status, (n0, 3): states.SlotStatus.FAILED},
+        unavailable_nodes=frozenset({n1}),
+        firmware_ready={n2: False},
+    )
     got = warm(base, changed)
     assert warm.last_sync == "same" and warm.last_reset >= 3
     assert got == _cold(base, changed, "default")

@@ -41,28 +41,65 @@ HTML_MESSAGE = "<script>document.title='pwned'</script><b>bold</b>"
 
 
 def report_hosts(url: str) -> None:
-    finding = {"code": "drift.disk.signature_present", "slot_index": DRIFT_SLOT, "message": "a filesystem signature",
-               "allocation_id": None, "expected": "clean", "observed": "ext4", "heal": None, "subject": None}
-    details = {"generation": 1, "mode": "report", "converged": False, "pending": [], "pass_ms": 12.0,
-               "reported_at": "2026-11-20T10:00:00+00:00",
-               "vms": [{"allocation_id": "alloc-0001", "name": "gpuaas-alloc-0001", "state": "provisioning",
-                        "phase": "image", "phase_timings": {}, "error": None, "hard_stopped": False}],
-               "host": {"agent_version": "0.1.0", "firmware_ready": None, "firmware_code": "host.firmware.no_evidence",
-                        "firmware_evidence": {}, "bootstrap_state": "reboot_required",
-                        "bootstrap_checked_at": "2026-11-20T09:00:00+00:00", "reboot_required": True,
-                        "reboot_reasons": ["bootstrap staged changes that take effect at the next boot"]}}
+    finding = {
+        "code": "drift.disk.signature_present",
+        "slot_index": DRIFT_SLOT,
+        "message": "a filesystem signature",
+        "allocation_id": None,
+        "expected": "clean",
+        "observed": "ext4",
+        "heal": None,
+        "subject": None,
+    }
+    details = {
+        "generation": 1,
+        "mode": "report",
+        "converged": False,
+        "pending": [],
+        "pass_ms": 12.0,
+        "reported_at": "2026-11-20T10:00:00+00:00",
+        "vms": [
+            {
+                "allocation_id": "alloc-0001",
+                "name": "gpuaas-alloc-0001",
+                "state": "provisioning",
+                "phase": "image",
+                "phase_timings": {},
+                "error": None,
+                "hard_stopped": False,
+            }
+        ],
+        "host": {
+            "agent_version": "0.1.0",
+            "firmware_ready": None,
+            "firmware_code": "host.firmware.no_evidence",
+            "firmware_evidence": {},
+            "bootstrap_state": "reboot_required",
+            "bootstrap_checked_at": "2026-11-20T09:00:00+00:00",
+            "reboot_required": True,
+            "reboot_reasons": ["bootstrap staged changes that take effect at the next boot"],
+        },
+    }
     html = {"code": "drift.network.problem", "slot_index": None, "message": HTML_MESSAGE}
     with connections.connect(url, autocommit=True) as conn:
         # Rows from before migration 0008 (which refuses malformed reports) must still read: drop its check here.
         conn.execute("ALTER TABLE host_status DROP CONSTRAINT IF EXISTS host_status_drift_shape")
-        rows = [(DRIFT_NODE, True, [finding], details), (BROKEN_NODE, True, {"not": "a list"}, {}),
-                (HTML_NODE, True, [html, "garbage"], {})]
+        rows = [
+            (DRIFT_NODE, True, [finding], details),
+            (BROKEN_NODE, True, {"not": "a list"}, {}),
+            (HTML_NODE, True, [html, "garbage"], {}),
+        ]
         for node, healthy, drift, det in rows:
-            conn.execute("INSERT INTO host_status (node_name, observed_generation, healthy, drift, details)"
-                         " VALUES (%s, 1, %s, %s, %s)", (node, healthy, Jsonb(drift), Jsonb(det)))
-        conn.execute("INSERT INTO host_slot_status (node_name, slot_index, allocation_id, vm_state, drift)"
-                     " VALUES (%s, 0, 'alloc-0001', 'provisioning', '[]'), (%s, %s, NULL, 'absent', %s)",
-                     (DRIFT_NODE, DRIFT_NODE, DRIFT_SLOT, Jsonb([finding])))
+            conn.execute(
+                "INSERT INTO host_status (node_name, observed_generation, healthy, drift, details)"
+                " VALUES (%s, 1, %s, %s, %s)",
+                (node, healthy, Jsonb(drift), Jsonb(det)),
+            )
+        conn.execute(
+            "INSERT INTO host_slot_status (node_name, slot_index, allocation_id, vm_state, drift)"
+            " VALUES (%s, 0, 'alloc-0001', 'provisioning', '[]'), (%s, %s, NULL, 'absent', %s)",
+            (DRIFT_NODE, DRIFT_NODE, DRIFT_SLOT, Jsonb([finding])),
+        )
 
 
 @pytest.fixture
@@ -95,8 +132,13 @@ class Served:
 
 
 def serve(url: str, **settings: Any) -> Iterator[Served]:
-    values: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "capacity_refresh_s": 0.0, "capacity_wait_s": 30.0,
-                              **settings}
+    values: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "port": 0,
+        "capacity_refresh_s": 0.0,
+        "capacity_wait_s": 30.0,
+        **settings,
+    }
     httpd = server.make_server(url, server.Settings(**values))
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()

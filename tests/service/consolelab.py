@@ -1,8 +1,8 @@
 """What the console tests share: credentials, an active slice allocation, a gateway under uvicorn.
 
-    client (websockets) ──ws://127.0.0.1:PORT/.../console──▶ uvicorn + ConsoleGateway
-                                                              │ PostgreSQL: allocations, console_sessions
-                                                              └ libvirt (test driver, or a TCG guest)
+client (websockets) ──ws://127.0.0.1:PORT/.../console──▶ uvicorn + ConsoleGateway
+                                                          │ PostgreSQL: allocations, console_sessions
+                                                          └ libvirt (test driver, or a TCG guest)
 """
 
 from __future__ import annotations
@@ -32,11 +32,13 @@ TOKENS = {"tenant": "tok-tenant-t", "other": "tok-tenant-other", "operator": "to
 
 
 def credentials() -> Credentials:
-    return Credentials({
-        token_sha256(TOKENS["tenant"]): Principal("alice", Role.TENANT, TENANT),
-        token_sha256(TOKENS["other"]): Principal("mallory", Role.TENANT, "someone-else"),
-        token_sha256(TOKENS["operator"]): Principal("oncall", Role.OPERATOR),
-    })
+    return Credentials(
+        {
+            token_sha256(TOKENS["tenant"]): Principal("alice", Role.TENANT, TENANT),
+            token_sha256(TOKENS["other"]): Principal("mallory", Role.TENANT, "someone-else"),
+            token_sha256(TOKENS["operator"]): Principal("oncall", Role.OPERATOR),
+        }
+    )
 
 
 def active_allocation(db_url: str, placement: Placement | None = None) -> None:

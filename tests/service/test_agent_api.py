@@ -55,13 +55,38 @@ def client(s: Served, token: str | None) -> httpx.Client:
 
 
 def status_doc(node: str, observed: int) -> dict[str, Any]:
-    return {"node": node, "generation": observed, "observed_generation": observed, "mode": "report",
-            "converged": True, "healthy": True, "reported_at": "2026-11-27T10:00:00+00:00", "pass_ms": 1.0,
-            "slots": [{"slot_index": 0, "state": "active", "allocation_id": f"alloc-{node}", "vm_state": "ready",
-                       "vm_ready_at": None, "phase": None, "wipe_allocation_id": None, "wipe_state": None,
-                       "wipe_evidence": {}, "wipe_error": None, "phase_timings": {}, "drift": [],
-                       "schedulable": True}],
-            "vms": [], "drift": [], "errors": [], "pending": [], "images": {"cached": []}}
+    return {
+        "node": node,
+        "generation": observed,
+        "observed_generation": observed,
+        "mode": "report",
+        "converged": True,
+        "healthy": True,
+        "reported_at": "2026-11-27T10:00:00+00:00",
+        "pass_ms": 1.0,
+        "slots": [
+            {
+                "slot_index": 0,
+                "state": "active",
+                "allocation_id": f"alloc-{node}",
+                "vm_state": "ready",
+                "vm_ready_at": None,
+                "phase": None,
+                "wipe_allocation_id": None,
+                "wipe_state": None,
+                "wipe_evidence": {},
+                "wipe_error": None,
+                "phase_timings": {},
+                "drift": [],
+                "schedulable": True,
+            }
+        ],
+        "vms": [],
+        "drift": [],
+        "errors": [],
+        "pending": [],
+        "images": {"cached": []},
+    }
 
 
 def stored(url: str, node: str) -> Any:
@@ -119,8 +144,9 @@ def test_heartbeats_are_batched_into_reported_at(served: Served, nodes_url: str)
         time.sleep(0.1)
     from prometheus_client.parser import text_string_to_metric_families
 
-    samples = {x.name: x.value for m in text_string_to_metric_families(served.get("/metrics")[2].decode())
-               for x in m.samples}
+    samples = {
+        x.name: x.value for m in text_string_to_metric_families(served.get("/metrics")[2].decode()) for x in m.samples
+    }
     assert samples["gpuaas_agent_heartbeats_total"] == 1 and samples["gpuaas_agent_heartbeat_batches_total"] >= 1
 
 
@@ -146,8 +172,9 @@ def test_a_watch_returns_when_the_plan_changes(served: Served, nodes_url: str) -
         source.close()
 
 
-def test_token_commands_issue_rotate_revoke(served: Served, nodes_url: str, tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_token_commands_issue_rotate_revoke(
+    served: Served, nodes_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "node-a.token"
     assert cli.main(["host", "token", "issue", "node-a", "--out", str(out), "--db-url", nodes_url]) == 0
     assert out.stat().st_mode & 0o077 == 0
@@ -247,11 +274,15 @@ def test_two_replicas_need_nothing_from_each_other(nodes_url: str) -> None:
     for one in serve(nodes_url):
         for two in serve(nodes_url):
             with client(one, a) as http:  # the report goes to one replica ...
-                assert http.post(agentwire.report_path("node-a", "status"),
-                                 json=status_doc("node-a", 3)).json()["written"] is True
+                assert (
+                    http.post(agentwire.report_path("node-a", "status"), json=status_doc("node-a", 3)).json()["written"]
+                    is True
+                )
             with client(two, a) as http:  # ... a stale retry to the other is still refused by the stored state
-                assert http.post(agentwire.report_path("node-a", "status"),
-                                 json=status_doc("node-a", 2)).json()["written"] is False
+                assert (
+                    http.post(agentwire.report_path("node-a", "status"), json=status_doc("node-a", 2)).json()["written"]
+                    is False
+                )
             answers: list[agentwire.PlanAnswer] = []
             watcher = agentclient.AgentClient(two.url, "node-a", a)
             watch = threading.Thread(target=lambda w=watcher, out=answers: out.append(w.plan(after=1, wait_s=40)))

@@ -31,8 +31,11 @@ def served(nodes_url: str) -> Iterator[Served]:
 
 def _request(url: str, node: str, slot: int) -> int:
     with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute("INSERT INTO slot_rewipe_requests (node_name, slot_index, requested_by, reason)"
-                           " VALUES (%s, %s, 'ops', 'test') RETURNING id", (node, slot)).fetchone()
+        row = conn.execute(
+            "INSERT INTO slot_rewipe_requests (node_name, slot_index, requested_by, reason)"
+            " VALUES (%s, %s, 'ops', 'test') RETURNING id",
+            (node, slot),
+        ).fetchone()
     assert row is not None
     return int(row[0])
 
@@ -47,8 +50,9 @@ def test_a_status_report_with_telemetry_lands_in_allocation_telemetry(served: Se
         assert r.json()["written"] is True
         # a report naming another node's telemetry cannot place rows there: the report names its node only
     with psycopg.connect(nodes_url) as conn:
-        rows = conn.execute("SELECT allocation_id, node_name, sample, extract(epoch FROM received_at)"
-                            " FROM allocation_telemetry").fetchall()
+        rows = conn.execute(
+            "SELECT allocation_id, node_name, sample, extract(epoch FROM received_at) FROM allocation_telemetry"
+        ).fetchall()
     assert [(a, n, s) for a, n, s, _ in rows] == [("alloc-node-a", "node-a", SAMPLE)]
     assert abs(float(rows[0][3]) - received) < 1.0
 
@@ -67,15 +71,17 @@ def test_a_node_reads_and_answers_only_its_own_rewipe_requests(served: Served, n
         assert r.status_code == 404 and r.json()["error"]["code"] == "agent.rewipe_not_found", r.text
         r = a.post(f"/api/v1/agent/nodes/node-a/rewipes/{mine}", json={"state": "maybe"})
         assert r.status_code == 400 and r.json()["error"]["code"] == "agent.report_invalid"
-        r = a.post(f"/api/v1/agent/nodes/node-a/rewipes/{mine}",
-                   json={"state": "refused", "answer": {"code": "host.rewipe.not_blocked"}})
+        r = a.post(
+            f"/api/v1/agent/nodes/node-a/rewipes/{mine}",
+            json={"state": "refused", "answer": {"code": "host.rewipe.not_blocked"}},
+        )
         assert r.status_code == 200, r.text
         assert r.json() == {"node": "node-a", "id": mine, "state": "refused"}
         r = a.post(f"/api/v1/agent/nodes/node-a/rewipes/{mine}", json={"state": "accepted"})
         assert r.status_code == 409 and r.json()["error"]["code"] == "agent.rewipe_answered"
         assert a.get("/api/v1/agent/nodes/node-a/rewipes").json()["requests"] == []
     with psycopg.connect(nodes_url) as conn:
-        rows = conn.execute("SELECT id, state, answered_at IS NOT NULL, answer FROM slot_rewipe_requests"
-                            " ORDER BY id").fetchall()
-    assert rows == [(mine, "refused", True, {"code": "host.rewipe.not_blocked"}),
-                    (theirs, "pending", False, {})]
+        rows = conn.execute(
+            "SELECT id, state, answered_at IS NOT NULL, answer FROM slot_rewipe_requests ORDER BY id"
+        ).fetchall()
+    assert rows == [(mine, "refused", True, {"code": "host.rewipe.not_blocked"}), (theirs, "pending", False, {})]

@@ -33,8 +33,7 @@ _NAME = re.compile(r"\b((?:gpuaas|process)_[a-zA-Z0-9_]*)")
 
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
     assert PROMTOOL is not None
-    return subprocess.run([PROMTOOL, *args], cwd=RULES.parent, capture_output=True, text=True, timeout=120,
-                          check=False)
+    return subprocess.run([PROMTOOL, *args], cwd=RULES.parent, capture_output=True, text=True, timeout=120, check=False)
 
 
 @needs_promtool

@@ -21,30 +21,37 @@ def _status_doc(url: str, capsys: pytest.CaptureFixture[str]) -> dict:  # type: 
     return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
 
 
-def test_allocations_list_and_filters_match_the_status_command(served: Served, fleet_url: str,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_allocations_list_and_filters_match_the_status_command(
+    served: Served, fleet_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     status = _status_doc(fleet_url, capsys)
     everything = served.json("/api/v1/allocations")
     assert everything["total"] == len(everything["items"]) >= len(status["allocations"])
     by_id = {a["id"]: a for a in everything["items"]}
     for a in status["allocations"]:  # the live ones: same state, node, slots, profile and reason
         mine = by_id[a["id"]]
-        assert (mine["state"], mine["node"], mine["slot_indexes"], mine["vm_profile"], mine["tenant"]) == \
-               (a["status"], a["node"], a["slot_indexes"], a["vm_profile"], a["tenant"])
+        assert (mine["state"], mine["node"], mine["slot_indexes"], mine["vm_profile"], mine["tenant"]) == (
+            a["status"],
+            a["node"],
+            a["slot_indexes"],
+            a["vm_profile"],
+            a["tenant"],
+        )
         expected = None if a["pending"] is None else {**a["pending"], "since": mine["pending"]["since"]}
         assert mine["pending"] == expected
     pending = served.json("/api/v1/allocations?state=pending")["items"]
     assert {a["id"] for a in pending} == {a["id"] for a in status["allocations"] if a["status"] == "pending"}
     assert pending and all(a["pending"]["code"].startswith("plan.") for a in pending)
     tenant = status["allocations"][0]["tenant"]
-    assert {a["id"] for a in served.json(f"/api/v1/allocations?tenant={tenant}")["items"]} == \
-           {a["id"] for a in everything["items"] if a["tenant"] == tenant}
+    assert {a["id"] for a in served.json(f"/api/v1/allocations?tenant={tenant}")["items"]} == {
+        a["id"] for a in everything["items"] if a["tenant"] == tenant
+    }
     on_node = served.json(f"/api/v1/allocations?node={DRIFT_NODE}")["items"]
-    assert on_node and {a["id"] for a in on_node} == \
-           {a["id"] for a in status["allocations"] if a["node"] == DRIFT_NODE}
+    assert on_node and {a["id"] for a in on_node} == {a["id"] for a in status["allocations"] if a["node"] == DRIFT_NODE}
     page = served.json("/api/v1/allocations?limit=2&offset=1")
-    assert page["total"] == everything["total"] and [a["id"] for a in page["items"]] == \
-           [a["id"] for a in everything["items"][1:3]]
+    assert page["total"] == everything["total"] and [a["id"] for a in page["items"]] == [
+        a["id"] for a in everything["items"][1:3]
+    ]
 
 
 def test_allocation_detail_has_placement_boot_slot_host_phase_and_times(served: Served, fleet_url: str) -> None:
@@ -53,12 +60,16 @@ def test_allocation_detail_has_placement_boot_slot_host_phase_and_times(served: 
     assert a["sku"] == "h200-sxm-slice" and a["vm_profile"] and a["pending"] is None
     slots = yaml.safe_load((EXAMPLE / "slotmaps" / f"{DRIFT_NODE}.yaml").read_text())["slots"]
     boot = next(s for s in slots if s["slot_index"] == min(a["slot_indexes"]))
-    assert a["boot_slot"] == {"slot_index": boot["slot_index"], "mac_address": boot["mac_address"],
-                              "private_ip": boot["private_ip"]}
+    assert a["boot_slot"] == {
+        "slot_index": boot["slot_index"],
+        "mac_address": boot["mac_address"],
+        "private_ip": boot["private_ip"],
+    }
     assert a["host"]["vm_state"] == "provisioning" and a["host"]["phase"] == "image"
     assert a["requested_at"].startswith("2026-11-20T09:00:00") and a["placed_at"] and a["active_at"] is None
-    assert [(c["node"], c["slot_index"], c["status"]) for c in a["claims"]] == \
-           [(DRIFT_NODE, i, "reserved") for i in a["slot_indexes"]]
+    assert [(c["node"], c["slot_index"], c["status"]) for c in a["claims"]] == [
+        (DRIFT_NODE, i, "reserved") for i in a["slot_indexes"]
+    ]
     multi = served.json("/api/v1/allocations/alloc-0003")  # 4 GPUs: the boot slot is the lowest index
     assert multi["boot_slot"]["slot_index"] == min(multi["slot_indexes"]) and len(multi["slot_indexes"]) == 4
     waiting = served.json("/api/v1/allocations/alloc-0007")
@@ -66,16 +77,19 @@ def test_allocation_detail_has_placement_boot_slot_host_phase_and_times(served: 
     assert waiting["pending"]["message"] and waiting["boot_slot"] is None and waiting["node"] is None
 
 
-@pytest.mark.parametrize(("path", "status", "code"), [
-    ("/api/v1/allocations/no-such-allocation", 404, api.NOT_FOUND),
-    ("/api/v1/nodes/no-such-node", 404, api.NOT_FOUND),
-    ("/api/v1/no-such-thing", 404, api.ROUTE_NOT_FOUND),
-    ("/api/v1/allocations?state=sleeping", 400, api.BAD_REQUEST),
-    ("/api/v1/allocations?limit=0", 400, api.BAD_REQUEST),
-    ("/api/v1/nodes?state=purple", 400, api.BAD_REQUEST),
-    ("/api/v1/usage?from=yesterday", 400, api.BAD_REQUEST),
-    ("/api/v1/usage?from=2026-11-02&to=2026-11-01", 400, api.BAD_REQUEST),
-])
+@pytest.mark.parametrize(
+    ("path", "status", "code"),
+    [
+        ("/api/v1/allocations/no-such-allocation", 404, api.NOT_FOUND),
+        ("/api/v1/nodes/no-such-node", 404, api.NOT_FOUND),
+        ("/api/v1/no-such-thing", 404, api.ROUTE_NOT_FOUND),
+        ("/api/v1/allocations?state=sleeping", 400, api.BAD_REQUEST),
+        ("/api/v1/allocations?limit=0", 400, api.BAD_REQUEST),
+        ("/api/v1/nodes?state=purple", 400, api.BAD_REQUEST),
+        ("/api/v1/usage?from=yesterday", 400, api.BAD_REQUEST),
+        ("/api/v1/usage?from=2026-11-02&to=2026-11-01", 400, api.BAD_REQUEST),
+    ],
+)
 def test_errors_are_json_with_stable_codes(served: Served, path: str, status: int, code: str) -> None:
     got, headers, body = served.get(path)
     assert got == status and headers["Content-Type"] == "application/json"
@@ -114,9 +128,13 @@ def test_capacity_follows_a_change_in_the_store(served: Served, fleet_url: str) 
 
 def test_nodes_show_slot_states_claims_and_drift(served: Served, fleet_url: str) -> None:
     with connections.connect(fleet_url, autocommit=True) as conn:
-        truth = {(str(n), int(i)): str(s) for n, i, s in conn.execute(
-            "SELECT n.name, s.slot_index, s.status FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id"
-            " WHERE s.present AND n.present").fetchall()}
+        truth = {
+            (str(n), int(i)): str(s)
+            for n, i, s in conn.execute(
+                "SELECT n.name, s.slot_index, s.status FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id"
+                " WHERE s.present AND n.present"
+            ).fetchall()
+        }
         names = [str(r[0]) for r in conn.execute("SELECT name FROM nodes WHERE present ORDER BY name").fetchall()]
     listing = served.json("/api/v1/nodes")
     assert [n["name"] for n in listing["items"]] == names and listing["total"] == len(names)
@@ -132,7 +150,10 @@ def test_nodes_show_slot_states_claims_and_drift(served: Served, fleet_url: str)
     node = served.json(f"/api/v1/nodes/{DRIFT_NODE}")
     assert node["host"]["healthy"] is True and node["host"]["drift_valid"] is True
     assert (node["host"]["agent_version"], node["host"]["bootstrap_state"], node["host"]["reboot_required"]) == (
-        "0.1.0", "reboot_required", True)
+        "0.1.0",
+        "reboot_required",
+        True,
+    )
     assert node["host"]["firmware"] == {"ready": None, "code": "host.firmware.no_evidence", "evidence": {}}
     by_index = {s["slot_index"]: s for s in node["slots"]}
     assert by_index[DRIFT_SLOT]["state"] == "drift" and by_index[DRIFT_SLOT]["status"] == "available"
@@ -150,7 +171,9 @@ def test_drift_lists_findings_and_invalid_reports(served: Served) -> None:
     doc = served.json("/api/v1/drift")
     assert doc["nodes_reporting"] == 3 and sorted(doc["invalid_reports"]) == sorted([BROKEN_NODE, HTML_NODE])
     assert {(f["node"], f["slot_index"], f["code"]) for f in doc["findings"]} == {
-        (DRIFT_NODE, DRIFT_SLOT, "drift.disk.signature_present"), (HTML_NODE, None, "drift.network.problem")}
+        (DRIFT_NODE, DRIFT_SLOT, "drift.disk.signature_present"),
+        (HTML_NODE, None, "drift.network.problem"),
+    }
     assert next(f for f in doc["findings"] if f["node"] == HTML_NODE)["message"] == HTML_MESSAGE
     assert served.json(f"/api/v1/drift?node={DRIFT_NODE}")["total"] == 1
 
@@ -160,8 +183,9 @@ def test_history_is_the_history_commands(served: Served, fleet_url: str, capsys:
     assert cli.main(["history", "-o", "json", "--db-url", fleet_url]) == 0
     cli_rows = json.loads(capsys.readouterr().out)
     mine = served.json("/api/v1/history")["items"]
-    assert [(r["id"], r["revision"], r["result"], r["counts"]) for r in mine] == \
-           [(r["id"], r["revision"], r["result"], r["counts"]) for r in cli_rows]
+    assert [(r["id"], r["revision"], r["result"], r["counts"]) for r in mine] == [
+        (r["id"], r["revision"], r["result"], r["counts"]) for r in cli_rows
+    ]
     assert mine[0]["result"] == "changed" and mine[0]["counts"]["placed"] >= 1
 
 

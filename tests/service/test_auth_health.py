@@ -30,17 +30,33 @@ def guarded(fleet_url: str) -> Iterator[Served]:
     yield from serve(fleet_url, token=TOKEN)
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("127.0.0.1:8080", ("127.0.0.1", 8080)), (":9000", ("127.0.0.1", 9000)), ("9000", ("127.0.0.1", 9000)),
-    ("[::1]:8081", ("::1", 8081)), ("0.0.0.0:0", ("0.0.0.0", 0)),  # noqa: S104 - parsing only
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("127.0.0.1:8080", ("127.0.0.1", 8080)),
+        (":9000", ("127.0.0.1", 9000)),
+        ("9000", ("127.0.0.1", 9000)),
+        ("[::1]:8081", ("::1", 8081)),
+        ("0.0.0.0:0", ("0.0.0.0", 0)),  # noqa: S104 - parsing only
+    ],
+)
 def test_listen_addresses(text: str, expected: tuple[str, int]) -> None:
     assert server.parse_listen(text) == expected
 
 
-@pytest.mark.parametrize(("host", "loopback"), [("127.0.0.1", True), ("127.3.4.5", True), ("::1", True),
-                                                ("localhost", True), ("0.0.0.0", False), ("10.0.0.5", False),  # noqa: S104
-                                                ("::", False), ("gpuaas.example", False)])
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.3.4.5", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),  # noqa: S104
+        ("10.0.0.5", False),
+        ("::", False),
+        ("gpuaas.example", False),
+    ],
+)
 def test_loopback(host: str, loopback: bool) -> None:
     assert server.is_loopback(host) is loopback
 
@@ -51,8 +67,9 @@ def test_a_public_bind_needs_a_token(db_url: str, capsys: pytest.CaptureFixture[
 
 
 @pytest.mark.parametrize("mode", [0o640, 0o604, 0o644, 0o660])
-def test_a_token_file_others_can_read_is_refused(token_file: Path, db_url: str, mode: int,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_token_file_others_can_read_is_refused(
+    token_file: Path, db_url: str, mode: int, capsys: pytest.CaptureFixture[str]
+) -> None:
     token_file.chmod(mode)
     assert cli.main(["serve", "--listen", "127.0.0.1:0", "--token-file", str(token_file), "--db-url", db_url]) == 1
     assert "error: serve.token_file_permissions:" in capsys.readouterr().err
@@ -86,8 +103,14 @@ def test_a_token_file_too_big_or_not_text_is_refused_unquoted(tmp_path: Path) ->
 def test_every_request_but_healthz_needs_the_token(guarded: Served, token_file: Path) -> None:
     assert server.load_token(token_file) == TOKEN
     assert guarded.get("/healthz")[0] == 200
-    for path in ("/api/v1/allocations", "/api/v1/allocations/alloc-0001", "/metrics", "/readyz", "/",
-                 "/nodes/h200-use1-s01"):
+    for path in (
+        "/api/v1/allocations",
+        "/api/v1/allocations/alloc-0001",
+        "/metrics",
+        "/readyz",
+        "/",
+        "/nodes/h200-use1-s01",
+    ):
         status, headers, body = guarded.get(path)
         assert status == 401 and json.loads(body)["error"]["code"] == api.UNAUTHORIZED, path
         assert headers["WWW-Authenticate"].startswith("Bearer")
@@ -122,8 +145,10 @@ def test_readyz_and_api_when_the_database_is_gone(tmp_path: Path) -> None:
 
 def test_readyz_when_reconciliation_is_old(fleet_url: str) -> None:
     with connections.connect(fleet_url, autocommit=True) as conn:
-        conn.execute("UPDATE reconciliations SET finished_at = finished_at - interval '2 hours',"
-                     " started_at = started_at - interval '2 hours'")
+        conn.execute(
+            "UPDATE reconciliations SET finished_at = finished_at - interval '2 hours',"
+            " started_at = started_at - interval '2 hours'"
+        )
     for s in serve(fleet_url, max_reconcile_age_s=3600):
         doc = s.json("/readyz", status=503)
         assert doc["error"]["code"] == "ready.reconciliation_stale" and doc["checks"]["last_applied_age_s"] > 7000
@@ -133,10 +158,12 @@ def test_readyz_when_reconciliation_is_old(fleet_url: str) -> None:
 
 def test_readyz_when_reconciliation_keeps_failing(fleet_url: str) -> None:
     with connections.connect(fleet_url, autocommit=True) as conn:
-        conn.execute("INSERT INTO reconciliations (revision, source, reconciler, started_at, finished_at, result,"
-                     " errors) VALUES ('abc', 'watch', 'test:1', now() - interval '10 minutes',"
-                     " now() - interval '10 minutes', 'error', %s)",
-                     (Jsonb([{"code": "db.unavailable", "message": "connection refused"}]),))
+        conn.execute(
+            "INSERT INTO reconciliations (revision, source, reconciler, started_at, finished_at, result,"
+            " errors) VALUES ('abc', 'watch', 'test:1', now() - interval '10 minutes',"
+            " now() - interval '10 minutes', 'error', %s)",
+            (Jsonb([{"code": "db.unavailable", "message": "connection refused"}]),),
+        )
     for s in serve(fleet_url, failing_grace_s=3600, head_grace_s=3600):  # failing, but not for long enough
         assert s.json("/readyz")["checks"]["failing"]["failures"] == 1
     for s in serve(fleet_url, failing_grace_s=60):

@@ -18,9 +18,29 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bench_telemetry_times_every_sample_to_the_api(db_url: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "reconciler.cli", "bench", "telemetry", "--db-url", db_url,
-                           "--samples", "3", "--vms", "2", "--report-interval", "0.2", "--json"],
-                          check=False, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reconciler.cli",
+            "bench",
+            "telemetry",
+            "--db-url",
+            db_url,
+            "--samples",
+            "3",
+            "--vms",
+            "2",
+            "--report-interval",
+            "0.2",
+            "--json",
+        ],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc["samples"] == 3 and doc["vms"] == 2 and doc["agent_reports"] >= 1
@@ -31,7 +51,12 @@ def test_bench_telemetry_times_every_sample_to_the_api(db_url: str) -> None:
 
 
 def test_bench_telemetry_refuses_bad_arguments(db_url: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "reconciler.cli", "bench", "telemetry", "--db-url", db_url,
-                           "--vms", "9"],
-                          check=False, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "reconciler.cli", "bench", "telemetry", "--db-url", db_url, "--vms", "9"],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode != 0 and "bench.telemetry.usage" in done.stderr and "Traceback" not in done.stderr

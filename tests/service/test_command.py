@@ -16,16 +16,38 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_version() -> None:
-    done = subprocess.run([sys.executable, "-m", "reconciler.cli", "--version"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "reconciler.cli", "--version"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0 and done.stdout.strip() == f"gpuaas {metadata.version('gpuaas-reconciler')}"
 
 
 def test_serve_process_logs_json_and_stops_on_sigterm(fleet_url: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "GPUAAS_LOG_FORMAT"}
-    with subprocess.Popen([sys.executable, "-m", "reconciler.cli", "serve", "--listen", "127.0.0.1:0",
-                           "--log-format", "json", "--db-url", fleet_url], cwd=ROOT, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+    with subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "reconciler.cli",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+            "--db-url",
+            fleet_url,
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
         try:
             assert proc.stdout is not None and proc.stderr is not None
             line = proc.stdout.readline()

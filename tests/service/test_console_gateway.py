@@ -34,13 +34,17 @@ def _refused(url: str, headers: dict[str, str] | None = None) -> int:
     return int(e.value.response.status_code)
 
 
-@pytest.mark.parametrize(("who", "headers", "reason"), [
-    ("no credential", None, "no credential"),
-    ("an unknown token", {"Authorization": "Bearer not-a-token"}, "unknown credential"),
-    ("another tenant", {"Authorization": f"Bearer {lab.TOKENS['other']}"}, "not this tenant's allocation"),
-])
-def test_a_refused_attempt_is_403_and_audited(base: str, db_url: str, who: str, headers: dict[str, str] | None,
-                                              reason: str) -> None:
+@pytest.mark.parametrize(
+    ("who", "headers", "reason"),
+    [
+        ("no credential", None, "no credential"),
+        ("an unknown token", {"Authorization": "Bearer not-a-token"}, "unknown credential"),
+        ("another tenant", {"Authorization": f"Bearer {lab.TOKENS['other']}"}, "not this tenant's allocation"),
+    ],
+)
+def test_a_refused_attempt_is_403_and_audited(
+    base: str, db_url: str, who: str, headers: dict[str, str] | None, reason: str
+) -> None:
     assert _refused(lab.url(base), headers) == 403
     (row,) = lab.sessions(db_url)
     assert (row["allocation_id"], row["outcome"], row["reason"]) == (lab.ALLOC, "refused", reason)
@@ -55,8 +59,11 @@ def test_a_tenant_cannot_probe_for_allocation_ids(base: str, db_url: str) -> Non
 
 def test_a_token_in_the_subprotocol_works_for_browsers(base: str, db_url: str) -> None:
     """Allowed (its own allocation), so it reaches libvirt; the test driver has no console: 4500, audited."""
-    with connect(lab.url(base), subprotocols=[console.SUBPROTOCOL, f"bearer.{lab.TOKENS['tenant']}"],  # type: ignore[list-item]
-                 open_timeout=10) as ws:
+    with connect(
+        lab.url(base),
+        subprotocols=[console.SUBPROTOCOL, f"bearer.{lab.TOKENS['tenant']}"],  # type: ignore[list-item]
+        open_timeout=10,
+    ) as ws:
         assert ws.subprotocol == console.SUBPROTOCOL
         with pytest.raises(ConnectionClosed) as closed:
             ws.recv(timeout=10)
@@ -69,8 +76,12 @@ def test_a_token_in_the_subprotocol_works_for_browsers(base: str, db_url: str) -
 def test_an_operator_on_a_released_allocation_is_told_why(base: str, db_url: str) -> None:
     with connections.connect(db_url, autocommit=True) as conn:
         conn.execute("UPDATE allocations SET status = 'releasing' WHERE id = %s", (lab.ALLOC,))
-    with connect(lab.url(base), additional_headers={"Authorization": f"Bearer {lab.TOKENS['operator']}"},
-                 open_timeout=10) as ws, pytest.raises(ConnectionClosed) as closed:
+    with (
+        connect(
+            lab.url(base), additional_headers={"Authorization": f"Bearer {lab.TOKENS['operator']}"}, open_timeout=10
+        ) as ws,
+        pytest.raises(ConnectionClosed) as closed,
+    ):
         ws.recv(timeout=10)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == console.CLOSE_REFUSED
     (row,) = lab.sessions(db_url)

@@ -30,11 +30,26 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 def _credentials(tmp_path: Path) -> Path:
     path = tmp_path / "console.json"
-    path.write_text(json.dumps({"credentials": [
-        {"principal": "alice", "role": "tenant", "tenant": lab.TENANT,
-         "token_sha256": token_sha256(lab.TOKENS["tenant"])},
-        {"principal": "mallory", "role": "tenant", "tenant": "someone-else",
-         "token_sha256": token_sha256(lab.TOKENS["other"])}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "credentials": [
+                    {
+                        "principal": "alice",
+                        "role": "tenant",
+                        "tenant": lab.TENANT,
+                        "token_sha256": token_sha256(lab.TOKENS["tenant"]),
+                    },
+                    {
+                        "principal": "mallory",
+                        "role": "tenant",
+                        "tenant": "someone-else",
+                        "token_sha256": token_sha256(lab.TOKENS["other"]),
+                    },
+                ]
+            }
+        )
+    )
     path.chmod(0o600)
     return path
 
@@ -43,8 +58,9 @@ def _ws(s: Served, allocation: str = lab.ALLOC) -> str:
     return lab.url(s.url.replace("http://", "ws://"), allocation)
 
 
-def _refused(url: str, headers: dict[str, str] | None = None,
-             sock: socket.socket | None = None) -> tuple[int, dict[str, str]]:
+def _refused(
+    url: str, headers: dict[str, str] | None = None, sock: socket.socket | None = None
+) -> tuple[int, dict[str, str]]:
     with pytest.raises(InvalidStatus) as e:
         connect(url, additional_headers=headers, open_timeout=10, sock=sock)
     resp = e.value.response
@@ -54,14 +70,17 @@ def _refused(url: str, headers: dict[str, str] | None = None,
 @pytest.fixture
 def served(db_url: str, tmp_path: Path) -> Iterator[Served]:
     lab.active_allocation(db_url)
-    yield from serve(db_url, console_credentials=_credentials(tmp_path), console_libvirt_uri="test:///default",
-                     max_connections=2)
+    yield from serve(
+        db_url, console_credentials=_credentials(tmp_path), console_libvirt_uri="test:///default", max_connections=2
+    )
 
 
 def test_a_tenant_opens_its_console_and_a_foreign_credential_is_refused(served: Served, db_url: str) -> None:
     tenant = {"Authorization": f"Bearer {lab.TOKENS['tenant']}"}
-    with connect(_ws(served), additional_headers=tenant, open_timeout=10) as ws, \
-            pytest.raises(ConnectionClosed) as closed:
+    with (
+        connect(_ws(served), additional_headers=tenant, open_timeout=10) as ws,
+        pytest.raises(ConnectionClosed) as closed,
+    ):
         ws.recv(timeout=10)  # accepted (mounted, authorised); the test driver has no console to stream
     assert closed.value.rcvd is not None and closed.value.rcvd.code == console.CLOSE_FAILED
     status, _ = _refused(_ws(served), {"Authorization": f"Bearer {lab.TOKENS['other']}"})
@@ -95,8 +114,9 @@ def test_without_console_credentials_there_is_no_console_route(db_url: str) -> N
         assert (status, error["code"]) == (404, "api.route_not_found")
 
 
-def test_a_credentials_file_others_can_read_stops_serve(db_url: str, tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_credentials_file_others_can_read_stops_serve(
+    db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = _credentials(tmp_path)
     path.chmod(0o644)
     assert cli.main(["serve", "--listen", "127.0.0.1:0", "--db-url", db_url, "--console-credentials", str(path)]) != 0

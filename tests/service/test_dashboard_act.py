@@ -48,7 +48,8 @@ def _rows(dom: str, attr: str) -> dict[str, str]:
 
 
 def test_the_failed_allocation_is_listed_with_reason_attempts_and_the_hosts_words(
-        acted: Served, tmp_path: Path) -> None:
+    acted: Served, tmp_path: Path
+) -> None:
     dom = dump_dom(acted.url + "/", tmp_path / "profile")
     row = _rows(dom, "data-troubled")[FAILED]
     assert "failed" in row and "acme-research" in row and "lifecycle.provision_failed" in row
@@ -85,11 +86,23 @@ def test_search_finds_nodes_allocations_and_tenants(acted: Served, tmp_path: Pat
 
 def test_retries_fold_into_one_row_but_changes_do_not() -> None:
     def row(i: int, result: str, error: str | None = None) -> dict[str, object]:
-        return {"id": i, "revision": "abc", "result": result, "source": "retry local /repo", "started_at": i,
-                "errors": [{"code": error}] if error else []}
+        return {
+            "id": i,
+            "revision": "abc",
+            "result": result,
+            "source": "retry local /repo",
+            "started_at": i,
+            "errors": [{"code": error}] if error else [],
+        }
 
-    rows = [row(9, "error", "x"), row(8, "error", "x"), row(7, "error", "x"), row(6, "error", "y"),
-            row(5, "changed"), row(4, "changed")]
+    rows = [
+        row(9, "error", "x"),
+        row(8, "error", "x"),
+        row(7, "error", "x"),
+        row(6, "error", "y"),
+        row(5, "changed"),
+        row(4, "changed"),
+    ]
     folded = lookups.collapsed(rows)
     assert [(r["id"], r["repeats"]) for r in folded] == [(9, 3), (6, 1), (5, 1), (4, 1)]
     assert folded[0]["first_started_at"] == 7

@@ -19,18 +19,26 @@ SECRET = "s3cr%3At"  # noqa: S105 -- a test password (percent-encoded ':' inside
 PLAIN = "s3cr:t"  # the same, decoded
 
 
-@pytest.mark.parametrize(("url", "expected"), [
-    ("postgresql://gpuaas:hunter2@db.example:5432/gpuaas", "postgresql://gpuaas:***@db.example:5432/gpuaas"),
-    ("postgres://gpuaas@db/gpuaas?sslmode=require", "postgres://gpuaas@db/gpuaas?sslmode=require"),
-    ("postgresql://u:p%40ss@h1:5432,h2:5433/d?sslmode=verify-full",
-     "postgresql://u:***@h1:5432,h2:5433/d?sslmode=verify-full"),
-    ("postgresql://u@[::1]/d?password=hunter2&sslmode=require", "postgresql://u@[::1]/d?password=***&sslmode=require"),
-    ("postgresql:///d?host=/run/postgresql", "postgresql:///d?host=/run/postgresql"),
-    ("host=db user=u password=hunter2 dbname=d", "host=db user=u password=*** dbname=d"),
-    ("host=db password = 'a b\\' c' dbname=d", "host=db password = *** dbname=d"),
-    ("postgresql://u:x@[::1/d", "postgresql://u:***@[::1/d"),  # not a URL urllib can take apart
-    ("postgresql://u:a:b@h/d#password=x", "postgresql://u:***@h/d#password=x"),
-])
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("postgresql://gpuaas:hunter2@db.example:5432/gpuaas", "postgresql://gpuaas:***@db.example:5432/gpuaas"),
+        ("postgres://gpuaas@db/gpuaas?sslmode=require", "postgres://gpuaas@db/gpuaas?sslmode=require"),
+        (
+            "postgresql://u:p%40ss@h1:5432,h2:5433/d?sslmode=verify-full",
+            "postgresql://u:***@h1:5432,h2:5433/d?sslmode=verify-full",
+        ),
+        (
+            "postgresql://u@[::1]/d?password=hunter2&sslmode=require",
+            "postgresql://u@[::1]/d?password=***&sslmode=require",
+        ),
+        ("postgresql:///d?host=/run/postgresql", "postgresql:///d?host=/run/postgresql"),
+        ("host=db user=u password=hunter2 dbname=d", "host=db user=u password=*** dbname=d"),
+        ("host=db password = 'a b\\' c' dbname=d", "host=db password = *** dbname=d"),
+        ("postgresql://u:x@[::1/d", "postgresql://u:***@[::1/d"),  # not a URL urllib can take apart
+        ("postgresql://u:a:b@h/d#password=x", "postgresql://u:***@h/d#password=x"),
+    ],
+)
 def test_redact_hides_every_form_of_password(url: str, expected: str) -> None:
     assert db.redact(url) == expected
 
@@ -44,7 +52,8 @@ def test_db_url_hides_the_password_unless_asked(capsys: pytest.CaptureFixture[st
 
 
 def test_db_status_of_an_unreachable_database_exits_3_without_the_password(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     nowhere = f"postgresql://gpuaas:{SECRET}@/gpuaas?host={quote(str(tmp_path), safe='')}&port=5"
     assert cli.main(["db", "status", "--db-url", nowhere]) == 3
     out, err = capsys.readouterr()
@@ -57,7 +66,8 @@ def test_db_status_of_an_unreachable_database_exits_3_without_the_password(
 
 
 def test_db_status_of_a_reachable_database_says_who_and_what_is_pending(
-        db_url: str, empty_db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    db_url: str, empty_db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with_password = db_url.replace("@/", f":{SECRET}@/", 1)  # the test server trusts local sockets
     assert with_password != db_url
     assert cli.main(["db", "status", "--db-url", with_password, "-o", "json"]) == 0
@@ -70,7 +80,8 @@ def test_db_status_of_a_reachable_database_says_who_and_what_is_pending(
 
 
 def test_migrate_needs_createrole_and_a_database_it_owns(
-        pg_server: embedded.Server, capsys: pytest.CaptureFixture[str]) -> None:
+    pg_server: embedded.Server, capsys: pytest.CaptureFixture[str]
+) -> None:
     """What the README promises an external PostgreSQL's administrator: owner of the database, CREATEROLE."""
     made: list[str] = []
     with psycopg.connect(pg_server.url("postgres"), autocommit=True) as admin:

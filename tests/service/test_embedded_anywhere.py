@@ -1,9 +1,9 @@
 """The embedded database works from any directory, also one the `postgres` user cannot reach (issue 16).
 
-    /tmp/xyz (0700, as `mktemp -d` makes it)
-      fleet/            a copy of examples/fleet; `gpuaas apply .` runs here
-        .gpuaas/        the state dir: root only, so the cluster lives under
-    <embedded root>/<sha256(state dir)[:16]>/pg    (0755 down to it)
+/tmp/xyz (0700, as `mktemp -d` makes it)
+  fleet/            a copy of examples/fleet; `gpuaas apply .` runs here
+    .gpuaas/        the state dir: root only, so the cluster lives under
+<embedded root>/<sha256(state dir)[:16]>/pg    (0755 down to it)
 """
 
 from __future__ import annotations
@@ -41,8 +41,7 @@ def embedded_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 @as_root
-def test_an_unreachable_state_dir_gets_its_server_under_the_embedded_root(tmp_path: Path,
-                                                                         embedded_root: Path) -> None:
+def test_an_unreachable_state_dir_gets_its_server_under_the_embedded_root(tmp_path: Path, embedded_root: Path) -> None:
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
     state = private / "repo" / ".gpuaas"
@@ -77,8 +76,15 @@ def test_apply_and_status_in_a_repo_under_a_private_directory(embedded_root: Pat
         env["PYTHONPATH"] = str(ROOT)
 
         def gpuaas(*argv: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([sys.executable, "-m", "reconciler.cli", *argv], cwd=repo, env=env, check=False,
-                                  capture_output=True, text=True, timeout=240)
+            return subprocess.run(
+                [sys.executable, "-m", "reconciler.cli", *argv],
+                cwd=repo,
+                env=env,
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=240,
+            )
 
         applied = gpuaas("apply", ".")
         assert applied.returncode == 0, applied.stderr

@@ -31,16 +31,23 @@ def _record_invalid(url: str, revision: str, *, ago_s: float) -> None:
     """What the loop writes for an invalid commit on the watched branch (tests/gitops cover the loop itself)."""
     with connections.connect(url, autocommit=True) as conn:
         run_id = history.start(conn, revision=revision, source="apply watch:/repo")
-        history.finish(conn, run_id, result="error", counts={revisions.INVALID_COUNT: 1},
-                       problems=[{"code": "desired.yaml.syntax", "message": "allocations/x.yaml:3: bad YAML"}])
-        conn.execute("UPDATE reconciliations SET started_at = now() - make_interval(secs => %s) WHERE id = %s",
-                     (ago_s, run_id))
+        history.finish(
+            conn,
+            run_id,
+            result="error",
+            counts={revisions.INVALID_COUNT: 1},
+            problems=[{"code": "desired.yaml.syntax", "message": "allocations/x.yaml:3: bad YAML"}],
+        )
+        conn.execute(
+            "UPDATE reconciliations SET started_at = now() - make_interval(secs => %s) WHERE id = %s", (ago_s, run_id)
+        )
 
 
 def _metrics(s: Served) -> dict[str, float]:
     body = s.get("/metrics")[2].decode()
-    return {f"{x.name}{sorted(x.labels.items())}": x.value
-            for f in text_string_to_metric_families(body) for x in f.samples}
+    return {
+        f"{x.name}{sorted(x.labels.items())}": x.value for f in text_string_to_metric_families(body) for x in f.samples
+    }
 
 
 @pytest.fixture
@@ -59,8 +66,9 @@ def test_an_invalid_head_pages_and_readyz_fails_after_the_grace(strict: Served, 
     assert m["gpuaas_reconciliation_failing[]"] == 0  # a refusal is not a failing loop
     assert strict.get("/readyz")[0] == 200
     with connections.connect(fleet_url, autocommit=True) as conn:
-        conn.execute("UPDATE reconciliations SET started_at = started_at - interval '2 minutes'"
-                     " WHERE revision = %s", (BAD,))
+        conn.execute(
+            "UPDATE reconciliations SET started_at = started_at - interval '2 minutes' WHERE revision = %s", (BAD,)
+        )
     doc = strict.json("/readyz", status=503)
     assert doc["error"]["code"] == "ready.head_unapplied"
     assert BAD[:12] in doc["error"]["message"] and "desired.yaml.syntax" in doc["error"]["message"]
@@ -107,8 +115,9 @@ def test_counters_only_go_up_across_reconciliations(served: Served, fleet_url: s
     assert 'gpuaas_provision_attempts_failed_total{outcome="failed"}' in last_body
     promtool = shutil.which("promtool")
     if promtool is not None:  # Debian's prometheus package (Makefile APT_PACKAGES)
-        done = subprocess.run([promtool, "check", "metrics"], input=last_body, capture_output=True, text=True,
-                              timeout=60, check=False)
+        done = subprocess.run(
+            [promtool, "check", "metrics"], input=last_body, capture_output=True, text=True, timeout=60, check=False
+        )
         assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -118,8 +127,10 @@ def test_a_malformed_host_error_report_shows_as_invalid_on_the_node_page(fleet_u
         node = conn.execute("SELECT node_name FROM host_status ORDER BY 1 LIMIT 1").fetchone()
         assert node is not None
         conn.execute("ALTER TABLE host_status DROP CONSTRAINT host_status_errors_shape")
-        conn.execute("UPDATE host_status SET errors = %s WHERE node_name = %s",
-                     (Jsonb([{"code": "host.vm.start", "message": "no step, no allocation"}]), node[0]))
+        conn.execute(
+            "UPDATE host_status SET errors = %s WHERE node_name = %s",
+            (Jsonb([{"code": "host.vm.start", "message": "no step, no allocation"}]), node[0]),
+        )
     for s in serve(fleet_url):
         status, _, body = s.get(f"/nodes/{node[0]}")
         page = body.decode()

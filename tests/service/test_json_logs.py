@@ -38,8 +38,15 @@ def test_run_once_logs_one_json_object_per_line(tmp_path: Path, db_url: str) -> 
     repo.git.add("-A")
     sha = repo.index.commit("base fleet", author=PEOPLE, committer=PEOPLE).hexsha
     env = {**os.environ, logs.ENV: "json"}  # the variable alone selects JSON
-    done = subprocess.run([sys.executable, "-m", "reconciler.cli", "run", str(root), "--once", "--db-url", db_url],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "reconciler.cli", "run", str(root), "--once", "--db-url", db_url],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     out, err = parse_json_lines(done.stdout), parse_json_lines(done.stderr)
     assert not err
@@ -78,10 +85,17 @@ def test_an_unknown_format_in_the_environment_is_refused(monkeypatch: pytest.Mon
 
 def test_json_formatter_carries_extra_fields_and_handler_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     with logs.configured("json", defaults={"node": "n1"}):
-        logging.getLogger("gpuaas.test").warning("slot %d blocked", 3, extra={"event": "slot.blocked",
-                                                                            "allocation": "a-1", "node": "n2"})
+        logging.getLogger("gpuaas.test").warning(
+            "slot %d blocked", 3, extra={"event": "slot.blocked", "allocation": "a-1", "node": "n2"}
+        )
         logging.getLogger("gpuaas.test").info("plain")
     first, second = parse_json_lines(capsys.readouterr().err)
-    assert first == {**first, "event": "slot.blocked", "level": "warning", "message": "slot 3 blocked",
-                     "allocation": "a-1", "node": "n2"}  # the call's node wins over the default
+    assert first == {
+        **first,
+        "event": "slot.blocked",
+        "level": "warning",
+        "message": "slot 3 blocked",
+        "allocation": "a-1",
+        "node": "n2",
+    }  # the call's node wins over the default
     assert second["event"] == "gpuaas.test" and second["node"] == "n1" and "allocation" not in second

@@ -42,7 +42,8 @@ def test_allocation_detail_carries_the_lifecycle(served: Served) -> None:
 
 
 def test_a_quarantine_shows_in_the_allocation_and_in_metrics(
-        served: Served, fleet_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    served: Served, fleet_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     before = _metrics(served)
     assert before["gpuaas_slots_quarantined"][()] == 0
     assert _by(before["gpuaas_provision_attempts_failed_total"], "outcome") == {"rescheduled": 0, "failed": 0}
@@ -55,9 +56,15 @@ def test_a_quarantine_shows_in_the_allocation_and_in_metrics(
     c = a["lifecycle"]
     assert a["node"] not in (None, DRIFT_NODE) and c["state"] == "reserved" and c["failed_attempts"] == 1
     (attempt,) = c["attempts"]
-    assert (attempt["attempt"], attempt["node"], attempt["slot_indexes"], attempt["phase"], attempt["code"],
-            attempt["outcome"], attempt["quarantined"]) == (
-        1, DRIFT_NODE, list(slots), "vfio_check", "host.pci.not_vfio", "rescheduled", True)
+    assert (
+        attempt["attempt"],
+        attempt["node"],
+        attempt["slot_indexes"],
+        attempt["phase"],
+        attempt["code"],
+        attempt["outcome"],
+        attempt["quarantined"],
+    ) == (1, DRIFT_NODE, list(slots), "vfio_check", "host.pci.not_vfio", "rescheduled", True)
     assert attempt["message"] == NOT_VFIO[2] and attempt["failed_at"]
     m = _metrics(served)
     assert m["gpuaas_slots_quarantined"][()] == len(slots)
@@ -73,23 +80,34 @@ def test_a_quarantine_shows_in_the_allocation_and_in_metrics(
 
 
 def test_a_silent_host_shows_in_liveness_and_its_allocations(served: Served, fleet_url: str) -> None:
-    placed = [a["id"] for a in served.json(f"/api/v1/allocations?node={DRIFT_NODE}")["items"]
-              if a["state"] in ("reserved", "provisioning", "active")]
+    placed = [
+        a["id"]
+        for a in served.json(f"/api/v1/allocations?node={DRIFT_NODE}")["items"]
+        if a["state"] in ("reserved", "provisioning", "active")
+    ]
     assert ALLOC in placed
     with connections.connect(fleet_url, autocommit=True) as conn:
         reported = util.count(conn, "SELECT count(*) FROM host_status")
         present = util.count(conn, "SELECT count(*) FROM nodes WHERE present")
         conn.execute("UPDATE host_status SET reported_at = now()")
     m = _metrics(served)
-    assert _by(m["gpuaas_nodes_liveness"], "state") == {"live": reported, "unavailable": 0, "disrupted": 0,
-                                                        "unknown": present - reported}
+    assert _by(m["gpuaas_nodes_liveness"], "state") == {
+        "live": reported,
+        "unavailable": 0,
+        "disrupted": 0,
+        "unknown": present - reported,
+    }
     assert m["gpuaas_allocations_host_unreachable"][()] == 0
 
     with connections.connect(fleet_url, autocommit=True) as conn:
         age_report(conn, DRIFT_NODE, 91)  # past the default TTL (90 s)
     m = _metrics(served)
-    assert _by(m["gpuaas_nodes_liveness"], "state") == {"live": reported - 1, "unavailable": 1, "disrupted": 0,
-                                                        "unknown": present - reported}
+    assert _by(m["gpuaas_nodes_liveness"], "state") == {
+        "live": reported - 1,
+        "unavailable": 1,
+        "disrupted": 0,
+        "unknown": present - reported,
+    }
     assert m["gpuaas_allocations_host_unreachable"][()] == len(placed)
     c = served.json(f"/api/v1/allocations/{ALLOC}")["lifecycle"]
     assert c["host_unreachable"] is True and c["state"] == "reserved"  # flagged, never released

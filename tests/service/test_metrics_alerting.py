@@ -17,8 +17,9 @@ needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not in
 
 def promtool_check(text: str) -> str:
     assert PROMTOOL is not None
-    done = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60,
-                          check=False)
+    done = subprocess.run(
+        [PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60, check=False
+    )
     return (done.stdout + done.stderr).strip() if done.returncode != 0 or done.stdout.strip() else ""
 
 
@@ -38,10 +39,14 @@ def test_serve_metrics_carry_node_sku_and_region_labels(served: Served) -> None:
     live = {dict(k)["node"]: v for k, v in m["gpuaas_node_live"].items()}
     assert live["h200-use1-s01"] == 1  # it reported just now (tests/service/conftest.py)
     assert all(dict(k)["region"] for k in m["gpuaas_node_last_report_timestamp_seconds"])
-    states = {(dict(k)["sku"], dict(k)["state"]): v for k, v in m["gpuaas_sku_gpus"].items()
-              if dict(k)["region"] == "us-east-1"}
-    assert states[("h200-sxm-slice", "total")] == states[("h200-sxm-slice", "used")] + \
-        states[("h200-sxm-slice", "free")]
+    states = {
+        (dict(k)["sku"], dict(k)["state"]): v
+        for k, v in m["gpuaas_sku_gpus"].items()
+        if dict(k)["region"] == "us-east-1"
+    }
+    assert (
+        states[("h200-sxm-slice", "total")] == states[("h200-sxm-slice", "used")] + states[("h200-sxm-slice", "free")]
+    )
     assert states[("h200-sxm-baremetal-8g", "total")] % 8 == 0  # whole nodes of 8 GPUs
     assert sum(m["gpuaas_sku_allocations"].values()) >= 1
     info = list(m["gpuaas_build_info"])

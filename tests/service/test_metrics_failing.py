@@ -11,8 +11,12 @@ from tests.service.conftest import Served
 def _failing(served: Served) -> tuple[float, float]:
     status, _, body = served.get("/metrics")
     assert status == 200
-    values = {s.name: s.value for family in text_string_to_metric_families(body.decode()) for s in family.samples
-              if not s.labels}
+    values = {
+        s.name: s.value
+        for family in text_string_to_metric_families(body.decode())
+        for s in family.samples
+        if not s.labels
+    }
     return values["gpuaas_reconciliation_failing"], values["gpuaas_reconciliation_failures"]
 
 

@@ -37,12 +37,19 @@ def test_metrics_read_the_store(served: Served, fleet_url: str) -> None:
     m = _samples(body.decode())
     assert m["gpuaas_database_up"][()] == 1
     with connections.connect(fleet_url, autocommit=True) as conn:
-        allocs = {str(s): float(n) for s, n in conn.execute(
-            "SELECT status, count(*) FROM allocations GROUP BY status").fetchall()}
-        pending = {str(c): float(n) for c, n in conn.execute(
-            "SELECT pending_code, count(*) FROM allocations WHERE status = 'pending' AND present GROUP BY 1")}
-        slots = conn.execute("SELECT count(*) FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id"
-                             " WHERE s.present AND n.present").fetchone()
+        allocs = {
+            str(s): float(n)
+            for s, n in conn.execute("SELECT status, count(*) FROM allocations GROUP BY status").fetchall()
+        }
+        pending = {
+            str(c): float(n)
+            for c, n in conn.execute(
+                "SELECT pending_code, count(*) FROM allocations WHERE status = 'pending' AND present GROUP BY 1"
+            )
+        }
+        slots = conn.execute(
+            "SELECT count(*) FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id WHERE s.present AND n.present"
+        ).fetchone()
     assert _by(m["gpuaas_allocations"], "state") == allocs
     assert _by(m["gpuaas_allocations_pending"], "reason") == pending and pending
     assert slots is not None and sum(m["gpuaas_slots"].values()) == slots[0]
@@ -55,10 +62,13 @@ def test_metrics_read_the_store(served: Served, fleet_url: str) -> None:
     assert m["gpuaas_slots_cleanup_blocked"][()] == 0
     capacity = served.json("/api/v1/capacity")["capacity"]  # computed now; the next scrape exports it
     m = _samples(served.get("/metrics")[2].decode())
-    launchable = {(dict(k)["region"], dict(k)["sku"], int(dict(k)["gpu_count"])): v
-                  for k, v in m["gpuaas_capacity_launchable"].items()}
-    assert launchable == {(o["region"], o["sku"], s["gpu_count"]): s["launchable"]
-                          for o in capacity for s in o["sizes"]}
+    launchable = {
+        (dict(k)["region"], dict(k)["sku"], int(dict(k)["gpu_count"])): v
+        for k, v in m["gpuaas_capacity_launchable"].items()
+    }
+    assert launchable == {
+        (o["region"], o["sku"], s["gpu_count"]): s["launchable"] for o in capacity for s in o["sizes"]
+    }
     assert any(launchable.values())
 
 
@@ -71,15 +81,26 @@ def test_metrics_say_the_database_is_down(tmp_path: Path) -> None:
 def _run_claims(url: str) -> dict[str, int]:
     """alloc-0002 (2 GPUs) active T0..T0+10h and released; alloc-0001 (1 GPU) active from T0+4h, still running."""
     with connections.connect(url, autocommit=True) as conn:
-        conn.execute("UPDATE allocation_resource_claims SET status = 'active', active_at = %s"
-                     " WHERE allocation_id = 'alloc-0002'", (T0,))
-        conn.execute("UPDATE allocation_resource_claims SET status = 'releasing', release_requested_at = %s"
-                     " WHERE allocation_id = 'alloc-0002'", (T0 + dt.timedelta(hours=10),))
-        conn.execute("UPDATE allocation_resource_claims SET status = 'active', active_at = %s"
-                     " WHERE allocation_id = 'alloc-0001'", (T0 + dt.timedelta(hours=4),))
-        prices = conn.execute("SELECT allocation_id, max((resource_snapshot -> 'price' ->> 'gpu_hourly_price_minor')"
-                              "::int) FROM allocation_resource_claims WHERE allocation_id IN ('alloc-0001',"
-                              " 'alloc-0002') GROUP BY 1").fetchall()
+        conn.execute(
+            "UPDATE allocation_resource_claims SET status = 'active', active_at = %s"
+            " WHERE allocation_id = 'alloc-0002'",
+            (T0,),
+        )
+        conn.execute(
+            "UPDATE allocation_resource_claims SET status = 'releasing', release_requested_at = %s"
+            " WHERE allocation_id = 'alloc-0002'",
+            (T0 + dt.timedelta(hours=10),),
+        )
+        conn.execute(
+            "UPDATE allocation_resource_claims SET status = 'active', active_at = %s"
+            " WHERE allocation_id = 'alloc-0001'",
+            (T0 + dt.timedelta(hours=4),),
+        )
+        prices = conn.execute(
+            "SELECT allocation_id, max((resource_snapshot -> 'price' ->> 'gpu_hourly_price_minor')"
+            "::int) FROM allocation_resource_claims WHERE allocation_id IN ('alloc-0001',"
+            " 'alloc-0002') GROUP BY 1"
+        ).fetchall()
     return {str(a): int(p) for a, p in prices}
 
 

@@ -60,13 +60,26 @@ def portal(fleet_url: str, remote: Path, tmp_path: Path, tokens: tuple[Path, dic
     token_file.write_text("operator-secret\n")
     token_file.chmod(0o600)
     checkout = _clone(remote, tmp_path / "intake")
-    yield from serve(fleet_url, token="operator-secret", tenant_tokens=tokens[0], intake_repo=checkout,  # noqa: S106
-                     intake_push=("origin", "main"))
+    yield from serve(
+        fleet_url,
+        token="operator-secret",  # noqa: S106
+        tenant_tokens=tokens[0],
+        intake_repo=checkout,
+        intake_push=("origin", "main"),
+    )
 
 
 def _body(**over: Any) -> dict[str, Any]:
-    return {"tenant": "globex", "sku": "h200-sxm-slice", "region": "us-east-1", "gpu_count": 1,
-            "image": "h200-ubuntu-24.04-gpuaas-slice", "ssh_keys": [KEY], "lease_hours": 24, **over}
+    return {
+        "tenant": "globex",
+        "sku": "h200-sxm-slice",
+        "region": "us-east-1",
+        "gpu_count": 1,
+        "image": "h200-ubuntu-24.04-gpuaas-slice",
+        "ssh_keys": [KEY],
+        "lease_hours": 24,
+        **over,
+    }
 
 
 def _auth(token: str) -> dict[str, str]:
@@ -101,8 +114,9 @@ def test_tenant_token_sees_only_its_tenant(portal: Served, tokens: tuple[Path, d
         assert c.get("/api/v1/allocations", headers=_auth(tokens[1]["globex"])).status_code == 200
 
 
-def test_intake_commits_pushes_replays_and_releases(portal: Served, remote: Path, fleet_url: str,
-                                                    tokens: tuple[Path, dict[str, str]]) -> None:
+def test_intake_commits_pushes_replays_and_releases(
+    portal: Served, remote: Path, fleet_url: str, tokens: tuple[Path, dict[str, str]]
+) -> None:
     globex = _auth(tokens[1]["globex"])
     with httpx.Client(base_url=portal.url, timeout=60) as c:
         body = _body(tenant=None, id="portal-0001")
@@ -129,15 +143,21 @@ def test_intake_commits_pushes_replays_and_releases(portal: Served, remote: Path
         for status, n in (("202", 3), ("409", 2), ("422", 1)):  # every answer, a replay too
             assert f'gpuaas_portal_intakes_total{{status="{status}"}} {n}.0' in metrics
     with connections.connect(fleet_url, autocommit=True) as conn:
-        rows = conn.execute("SELECT principal, action, status, code, commit_sha FROM portal_audit"
-                            " ORDER BY id").fetchall()
-    assert [(r[0], r[1], r[2]) for r in rows] == [("tenant:globex", "create", 202), ("tenant:globex", "create", 409),
-                                                  ("tenant:globex", "release", 202), ("tenant:globex", "release", 409)]
+        rows = conn.execute(
+            "SELECT principal, action, status, code, commit_sha FROM portal_audit ORDER BY id"
+        ).fetchall()
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        ("tenant:globex", "create", 202),
+        ("tenant:globex", "create", 409),
+        ("tenant:globex", "release", 202),
+        ("tenant:globex", "release", 409),
+    ]
     assert rows[0][4] == doc["commit"] and rows[1][3] == "intake.exists"
 
 
-def test_422_carries_validates_codes_and_messages(portal: Served, remote: Path, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_422_carries_validates_codes_and_messages(
+    portal: Served, remote: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     body = _body(id="portal-bad1", gpu_count=9, image="no-such-image", ssh_keys=["not a key"])
     with httpx.Client(base_url=portal.url, timeout=60) as c:
         r = c.post("/api/v1/allocations", headers=OP, json=body)
@@ -147,10 +167,19 @@ def test_422_carries_validates_codes_and_messages(portal: Served, remote: Path, 
     from reconciler import requests
 
     check = _clone(remote, tmp_path / "check")
-    (check / "allocations" / "portal-bad1.yaml").write_bytes(requests.render_request(
-        allocation_id="portal-bad1", tenant="globex", sku=body["sku"], gpus=9, region=body["region"],
-        image="no-such-image", ssh_keys=["not a key"], requested_at=__import__("datetime").datetime.now(
-            __import__("datetime").UTC), lease_hours=24))
+    (check / "allocations" / "portal-bad1.yaml").write_bytes(
+        requests.render_request(
+            allocation_id="portal-bad1",
+            tenant="globex",
+            sku=body["sku"],
+            gpus=9,
+            region=body["region"],
+            image="no-such-image",
+            ssh_keys=["not a key"],
+            requested_at=__import__("datetime").datetime.now(__import__("datetime").UTC),
+            lease_hours=24,
+        )
+    )
     capsys.readouterr()
     assert cli.main(["validate", str(check), "-o", "json"]) == 1
     want = [(p["code"], p["message"]) for p in json.loads(capsys.readouterr().out)["errors"]]
@@ -161,13 +190,17 @@ def test_422_carries_validates_codes_and_messages(portal: Served, remote: Path, 
 def test_concurrent_intakes_on_two_replicas_lose_no_commit(fleet_url: str, remote: Path, tmp_path: Path) -> None:
     n = 20
     with ExitStack() as stack:
-        replicas = [stack.enter_context(_serving(fleet_url, _clone(remote, tmp_path / f"replica{i}")))
-                    for i in range(2)]
+        replicas = [
+            stack.enter_context(_serving(fleet_url, _clone(remote, tmp_path / f"replica{i}"))) for i in range(2)
+        ]
 
         def one(i: int) -> httpx.Response:
             with httpx.Client(base_url=replicas[i % 2].url, timeout=120) as c:
-                return c.post("/api/v1/allocations", json=_body(id=f"burst-{i:04d}", tenant="hooli"),
-                              headers={"Idempotency-Key": f"burst-{i}"})
+                return c.post(
+                    "/api/v1/allocations",
+                    json=_body(id=f"burst-{i:04d}", tenant="hooli"),
+                    headers={"Idempotency-Key": f"burst-{i}"},
+                )
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=n) as pool:
             answers = list(pool.map(one, range(n)))
@@ -227,8 +260,9 @@ def _events(response: httpx.Response, want: int) -> list[dict[str, Any]]:
     return out
 
 
-def test_event_stream_resumes_from_last_event_id(portal: Served, remote: Path, tmp_path: Path, fleet_url: str,
-                                                 tokens: tuple[Path, dict[str, str]]) -> None:
+def test_event_stream_resumes_from_last_event_id(
+    portal: Served, remote: Path, tmp_path: Path, fleet_url: str, tokens: tuple[Path, dict[str, str]]
+) -> None:
     globex = _auth(tokens[1]["globex"])
     with connections.connect(fleet_url, autocommit=True) as conn:
         start = conn.execute("SELECT coalesce(max(id), 0) FROM outbox").fetchone()[0]
@@ -237,8 +271,9 @@ def test_event_stream_resumes_from_last_event_id(portal: Served, remote: Path, t
             assert first.status_code == 200 and first.headers["content-type"].startswith("text/event-stream")
             for i in range(3):
                 assert c.post("/api/v1/allocations", headers=globex, json=_body(id=f"sse-{i:04d}")).status_code == 202
-            assert c.post("/api/v1/allocations", headers=OP, json=_body(id="sse-other", tenant="hooli")
-                          ).status_code == 202
+            assert (
+                c.post("/api/v1/allocations", headers=OP, json=_body(id="sse-other", tenant="hooli")).status_code == 202
+            )
             applied = _clone(remote, tmp_path / "applied")
             assert cli.main(["apply", str(applied), "--db-url", fleet_url]) == 0
             got = _events(first, 1)  # then the client goes away mid-stream
@@ -246,9 +281,14 @@ def test_event_stream_resumes_from_last_event_id(portal: Served, remote: Path, t
         with c.stream("GET", "/api/v1/events", headers={**globex, "Last-Event-ID": str(got[0]["outbox_id"])}) as again:
             got += _events(again, 2)
     with connections.connect(fleet_url, autocommit=True) as conn:
-        want = [r[0] for r in conn.execute(
-            "SELECT o.id FROM outbox o JOIN allocations a ON a.id = o.aggregate_id"
-            " WHERE o.id > %s AND a.tenant = 'globex' ORDER BY o.id", (start,)).fetchall()]
+        want = [
+            r[0]
+            for r in conn.execute(
+                "SELECT o.id FROM outbox o JOIN allocations a ON a.id = o.aggregate_id"
+                " WHERE o.id > %s AND a.tenant = 'globex' ORDER BY o.id",
+                (start,),
+            ).fetchall()
+        ]
         other = conn.execute("SELECT count(*) FROM outbox WHERE aggregate_id = 'sse-other'").fetchone()[0]
     assert [e["outbox_id"] for e in got] == want and len(want) == 3  # each once, in order, none missed
     assert {e["tenant"] for e in got} == {"globex"} and other == 1  # hooli's event was not in globex's stream
@@ -285,10 +325,14 @@ def test_webhooks_are_signed_retried_and_dead_lettered(fleet_url: str, remote: P
     receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
     try:
-        with contextmanager_serve(fleet_url, intake_repo=_clone(remote, tmp_path / "intake"),
-                                  intake_push=("origin", "main"),
-                                  webhook_url=f"http://127.0.0.1:{receiver.server_port}/hook",
-                                  webhook_secret=tmp_path / "secret", webhook_backoff_s=0.01) as served:
+        with contextmanager_serve(
+            fleet_url,
+            intake_repo=_clone(remote, tmp_path / "intake"),
+            intake_push=("origin", "main"),
+            webhook_url=f"http://127.0.0.1:{receiver.server_port}/hook",
+            webhook_secret=tmp_path / "secret",
+            webhook_backoff_s=0.01,
+        ) as served:
             with httpx.Client(base_url=served.url, timeout=60) as c:
                 for aid in ("wh-0001", "wh-dead"):
                     assert c.post("/api/v1/allocations", json=_body(id=aid)).status_code == 202
@@ -298,8 +342,9 @@ def test_webhooks_are_signed_retried_and_dead_lettered(fleet_url: str, remote: P
             while time.monotonic() < until and not (got and dead):
                 time.sleep(0.1)
                 with connections.connect(fleet_url, autocommit=True) as conn:
-                    dead = conn.execute("SELECT payload, attempts, last_status FROM portal_webhook_dead_letters"
-                                        ).fetchall()
+                    dead = conn.execute(
+                        "SELECT payload, attempts, last_status FROM portal_webhook_dead_letters"
+                    ).fetchall()
     finally:
         receiver.shutdown()
         receiver.server_close()
@@ -317,14 +362,34 @@ def contextmanager_serve(url: str, **settings: Any) -> Any:
     return contextmanager(serve)(url, **settings)
 
 
-def test_request_create_takes_vm_profile_and_lease_hours(remote: Path, tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_request_create_takes_vm_profile_and_lease_hours(
+    remote: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     checkout = _clone(remote, tmp_path / "bot")
     key = tmp_path / "id.pub"
     key.write_text(KEY + "\n")
-    argv = ["request", "create", "--repo", str(checkout), "--tenant", "globex", "--sku", "h200-sxm-slice",
-            "--gpus", "1", "--region", "us-east-1", "--ssh-key", str(key), "--vm-profile", "h200_1g_24c_64g",
-            "--lease-hours", "48", "-o", "json"]
+    argv = [
+        "request",
+        "create",
+        "--repo",
+        str(checkout),
+        "--tenant",
+        "globex",
+        "--sku",
+        "h200-sxm-slice",
+        "--gpus",
+        "1",
+        "--region",
+        "us-east-1",
+        "--ssh-key",
+        str(key),
+        "--vm-profile",
+        "h200_1g_24c_64g",
+        "--lease-hours",
+        "48",
+        "-o",
+        "json",
+    ]
     assert cli.main([*argv, "--id", "bot-0001"]) == 0
     text = (checkout / "allocations" / "bot-0001.yaml").read_text()
     assert "vm_profile: h200_1g_24c_64g" in text and "lease_hours: 48" in text

@@ -20,8 +20,11 @@ UNITS = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
 INSTALLED = "/usr/local/bin/gpuaas"
 ANALYZE = shutil.which("systemd-analyze")
 needs_analyze = pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is not installed (Debian: systemd)")
-COMMANDS = {"gpuaas-reconciler.service": " run ", "gpuaas-serve.service": " serve ",
-            "gpuaas-host.service": " host run "}
+COMMANDS = {
+    "gpuaas-reconciler.service": " run ",
+    "gpuaas-serve.service": " serve ",
+    "gpuaas-host.service": " host run ",
+}
 
 
 def _settings(text: str) -> dict[str, list[str]]:
@@ -35,8 +38,9 @@ def _settings(text: str) -> dict[str, list[str]]:
 
 def _verify(paths: list[Path]) -> subprocess.CompletedProcess[str]:
     assert ANALYZE is not None
-    return subprocess.run([ANALYZE, "verify", *map(str, paths)], capture_output=True, text=True, timeout=120,
-                          check=False)
+    return subprocess.run(
+        [ANALYZE, "verify", *map(str, paths)], capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 def _local_copies(tmp_path: Path, mangle: bool = False) -> list[Path]:
@@ -94,8 +98,13 @@ EXPOSURE = {"gpuaas-host.service": 6.0, "gpuaas-reconciler.service": 2.0, "gpuaa
 @pytest.mark.parametrize("name", sorted(EXPOSURE))
 def test_exposure_stays_low(name: str) -> None:
     assert ANALYZE is not None
-    done = subprocess.run([ANALYZE, "security", "--offline=yes", str(UNITS / name)], capture_output=True,
-                          text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [ANALYZE, "security", "--offline=yes", str(UNITS / name)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     line = next((x for x in done.stdout.splitlines() if "Overall exposure level" in x), None)
     if line is None:
         pytest.skip(f"this systemd-analyze has no offline security check: {done.stderr.strip()[:200]}")

@@ -18,17 +18,25 @@ from reconciler.store import connections
 from tests.service.conftest import DRIFT_NODE, Served
 from tests.service.test_metrics_usage import _samples
 
-GPU = {"index": 0, "uuid": "GPU-2f6c1d3e-8a4b-4c55-9d1e-0b7a6f3e2c11", "utilization_pct": 87,
-       "memory_used_mib": 40960, "memory_total_mib": 143771, "temperature_c": 61, "ecc_corrected": 0,
-       "ecc_uncorrected": None}
+GPU = {
+    "index": 0,
+    "uuid": "GPU-2f6c1d3e-8a4b-4c55-9d1e-0b7a6f3e2c11",
+    "utilization_pct": 87,
+    "memory_used_mib": 40960,
+    "memory_total_mib": 143771,
+    "temperature_c": 61,
+    "ecc_corrected": 0,
+    "ecc_uncorrected": None,
+}
 
 
 def _report(url: str, sample: dict[str, object]) -> None:
     """What node h200-use1-s01's agent writes: its status, with one allocation's newest sample."""
     with connections.connect(url, autocommit=True) as conn:
         creds = host_store.create_node_role(conn, DRIFT_NODE, "pw-telemetry")
-    status = HostStatus(DRIFT_NODE, 1, 1, DriftMode.REPORT, True, True, (), (), (), (), (),
-                        telemetry={"alloc-0001": sample})
+    status = HostStatus(
+        DRIFT_NODE, 1, 1, DriftMode.REPORT, True, True, (), (), (), (), (), telemetry={"alloc-0001": sample}
+    )
     with host_store.connect(url, role=creds.role, password=creds.password) as conn:
         host_store.write_status(conn, status)
 

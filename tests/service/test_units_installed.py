@@ -22,19 +22,30 @@ ROOT = Path(__file__).resolve().parents[2]
 UNITS = sorted((ROOT / "deploy" / "systemd").glob("*.service"))
 ANALYZE = shutil.which("systemd-analyze")
 SYSTEM_UNITS = Path("/usr/lib/systemd/system")
-needs_analyze = pytest.mark.skipif(ANALYZE is None or not SYSTEM_UNITS.is_dir(),
-                                   reason="systemd-analyze is not installed (Debian: systemd)")
+needs_analyze = pytest.mark.skipif(
+    ANALYZE is None or not SYSTEM_UNITS.is_dir(), reason="systemd-analyze is not installed (Debian: systemd)"
+)
 
 
 def _install(root: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["sh", str(ROOT / "deploy" / "install.sh"), "--root", str(root)], capture_output=True,
-                          text=True, timeout=120, check=False)
+    return subprocess.run(
+        ["sh", str(ROOT / "deploy" / "install.sh"), "--root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def _verify(root: Path) -> subprocess.CompletedProcess[str]:
     assert ANALYZE is not None
-    return subprocess.run([ANALYZE, "verify", f"--root={root}", *(u.name for u in UNITS)], capture_output=True,
-                          text=True, timeout=120, check=False)
+    return subprocess.run(
+        [ANALYZE, "verify", f"--root={root}", *(u.name for u in UNITS)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 @pytest.fixture
@@ -70,8 +81,12 @@ def test_the_units_verify_exactly_as_shipped_once_installed(image: Path) -> None
 def test_every_documentation_link_is_installed(image: Path) -> None:
     assert _install(image).returncode == 0
     for unit in UNITS:
-        docs = [w for line in unit.read_text().splitlines() if line.startswith("Documentation=")
-                for w in line.removeprefix("Documentation=").split()]
+        docs = [
+            w
+            for line in unit.read_text().splitlines()
+            if line.startswith("Documentation=")
+            for w in line.removeprefix("Documentation=").split()
+        ]
         assert docs, unit.name
         for url in docs:
             assert url.startswith("file:///usr/share/doc/gpuaas/"), url
@@ -103,9 +118,21 @@ def test_serve_says_ready_pings_the_watchdog_and_says_stopping(notify_socket: tu
     sock, path = notify_socket
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NOTIFY_SOCKET": path, "WATCHDOG_USEC": "400000"}
     env.pop("WATCHDOG_PID", None)
-    with subprocess.Popen([sys.executable, "-m", "reconciler.cli", "serve", "--listen", "127.0.0.1:0",
-                           "--db-url", "postgresql://127.0.0.1:1/unreachable"], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+    with subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "reconciler.cli",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--db-url",
+            "postgresql://127.0.0.1:1/unreachable",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    ) as proc:
         try:
             ready = sock.recv(4096).decode().splitlines()
             assert ready[0] == "READY=1" and ready[1].startswith("STATUS=serving on http://127.0.0.1:")

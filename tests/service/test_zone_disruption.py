@@ -1,9 +1,9 @@
 """Mass silence is not mass death: the zone-disruption rule (migration 0061) on a real PostgreSQL.
 
-    region us-east-1: node-0 .. node-5, all reported
-    silence 2 of 6    -> those two are `unavailable` (ordinary silence)
-    silence 5 of 6    -> the region is disrupted: the five are `disrupted`, not
-                         unavailable; status, the dashboard and /metrics say so
+region us-east-1: node-0 .. node-5, all reported
+silence 2 of 6    -> those two are `unavailable` (ordinary silence)
+silence 5 of 6    -> the region is disrupted: the five are `disrupted`, not
+                     unavailable; status, the dashboard and /metrics say so
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ NODES = [f"node-{i}" for i in range(6)]
 def silence(url: str, nodes: list[str]) -> None:
     with store.connect(url) as conn:
         conn.execute("UPDATE host_status SET reported_at = now() WHERE true")
-        conn.execute("UPDATE host_status SET reported_at = now() - interval '1 hour' WHERE node_name = ANY(%s)",
-                     (nodes,))
+        conn.execute(
+            "UPDATE host_status SET reported_at = now() - interval '1 hour' WHERE node_name = ANY(%s)", (nodes,)
+        )
 
 
 @pytest.fixture
@@ -55,8 +56,11 @@ def test_disruption_is_shown_in_metrics_and_dashboard(region_url: str) -> None:
     silence(region_url, NODES[:5])
     for s in serve(region_url):
         text = s.get("/metrics")[2].decode()
-        samples = {(m.name, tuple(sorted(x.labels.items()))): x.value
-                   for m in text_string_to_metric_families(text) for x in m.samples}
+        samples = {
+            (m.name, tuple(sorted(x.labels.items()))): x.value
+            for m in text_string_to_metric_families(text)
+            for x in m.samples
+        }
         assert samples[("gpuaas_region_disrupted", (("region", "us-east-1"),))] == 1
         assert samples[("gpuaas_nodes_liveness", (("state", "disrupted"),))] == 5
         assert samples[("gpuaas_nodes_liveness", (("state", "unavailable"),))] == 0

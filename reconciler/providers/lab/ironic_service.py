@@ -91,11 +91,19 @@ class IronicService:
         (self.dir / "locks").mkdir(exist_ok=True)
         conf = self.dir / "ironic.conf"
         conf.write_text(_CONFIG.format(dir=self.dir, port=self.port))
-        subprocess.run([str(self._venv / "bin" / "ironic-dbsync"), f"--config-file={conf}", "create_schema"],
-                       check=True, capture_output=True, timeout=timeout)
+        subprocess.run(
+            [str(self._venv / "bin" / "ironic-dbsync"), f"--config-file={conf}", "create_schema"],
+            check=True,
+            capture_output=True,
+            timeout=timeout,
+        )
         with (self.dir / "ironic.out").open("wb") as out:  # the child keeps its own copy of the descriptor
-            self._proc = subprocess.Popen([str(self._venv / "bin" / "ironic"), f"--config-file={conf}"],
-                                          stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            self._proc = subprocess.Popen(
+                [str(self._venv / "bin" / "ironic"), f"--config-file={conf}"],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -126,8 +134,15 @@ class IronicService:
 
     def call(self, method: str, path: str, body: Any = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"{self.url}{path}", data=data, method=method, headers={  # noqa: S310 - our own service
-            "X-OpenStack-Ironic-API-Version": "latest", "Content-Type": "application/json"})
+        req = urllib.request.Request(  # noqa: S310
+            f"{self.url}{path}",
+            data=data,
+            method=method,
+            headers={
+                "X-OpenStack-Ironic-API-Version": "latest",
+                "Content-Type": "application/json",
+            },
+        )
         with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 - our own http://127.0.0.1 service
             raw = resp.read()
         return json.loads(raw) if raw else None
@@ -139,9 +154,19 @@ class IronicService:
         """Enroll fake-hardware machines and bring each through manage and provide (cleaning) to available."""
         for name in names:
             extra = {"addresses": [addresses[name]]} if addresses and name in addresses else {}
-            self.call("POST", "/v1/nodes", {
-                "name": name, "driver": "fake-hardware", "boot_interface": "fake", "deploy_interface": "fake",
-                "power_interface": "fake", "management_interface": "fake", "extra": extra})
+            self.call(
+                "POST",
+                "/v1/nodes",
+                {
+                    "name": name,
+                    "driver": "fake-hardware",
+                    "boot_interface": "fake",
+                    "deploy_interface": "fake",
+                    "power_interface": "fake",
+                    "management_interface": "fake",
+                    "extra": extra,
+                },
+            )
         for target, want in (("manage", "manageable"), ("provide", "available")):
             for name in names:
                 self.call("PUT", f"/v1/nodes/{name}/states/provision", {"target": target})

@@ -50,15 +50,25 @@ class SimMachine:
     message: str = ""
 
     def payload(self) -> dict[str, Any]:
-        return {"system_id": self.system_id, "hostname": self.hostname, "fqdn": f"{self.hostname}.maas",
-                "status_name": self.status, "status_message": self.message, "owner": self.owner,
-                "owner_data": dict(self.owner_data), "ip_addresses": [self.ip], "osystem": "ubuntu",
-                "distro_series": self.distro, "resource_uri": f"/MAAS/api/2.0/machines/{self.system_id}/"}
+        return {
+            "system_id": self.system_id,
+            "hostname": self.hostname,
+            "fqdn": f"{self.hostname}.maas",
+            "status_name": self.status,
+            "status_message": self.message,
+            "owner": self.owner,
+            "owner_data": dict(self.owner_data),
+            "ip_addresses": [self.ip],
+            "osystem": "ubuntu",
+            "distro_series": self.distro,
+            "resource_uri": f"/MAAS/api/2.0/machines/{self.system_id}/",
+        }
 
 
 class MaasSimulator:
-    def __init__(self, machines: dict[str, str], *, api_key: str = API_KEY, deploy_s: float = 0.2,
-                 erase_s: float = 0.2) -> None:
+    def __init__(
+        self, machines: dict[str, str], *, api_key: str = API_KEY, deploy_s: float = 0.2, erase_s: float = 0.2
+    ) -> None:
         self.machines = {mid: SimMachine(mid, f"host-{mid}", ip) for mid, ip in machines.items()}
         self.api_key = api_key
         self.deploy_s = deploy_s
@@ -138,9 +148,14 @@ class _Handler(BaseHTTPRequestHandler):
     def _authorised(self) -> bool:
         fields = {k: urllib.parse.unquote(v) for k, v in _OAUTH.findall(self.headers.get("Authorization", ""))}
         consumer, token, secret = self.simulator.api_key.split(":")
-        return (fields.get("oauth_signature_method") == "PLAINTEXT" and fields.get("oauth_consumer_key") == consumer
-                and fields.get("oauth_token") == token and fields.get("oauth_signature") == "&" + secret
-                and bool(fields.get("oauth_nonce")) and fields.get("oauth_timestamp", "").isdigit())
+        return (
+            fields.get("oauth_signature_method") == "PLAINTEXT"
+            and fields.get("oauth_consumer_key") == consumer
+            and fields.get("oauth_token") == token
+            and fields.get("oauth_signature") == "&" + secret
+            and bool(fields.get("oauth_nonce"))
+            and fields.get("oauth_timestamp", "").isdigit()
+        )
 
     def _form(self) -> dict[str, str]:
         length = int(self.headers.get("Content-Length") or 0)
