@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import time
+import threading
 from collections.abc import Callable
 from typing import Any
 
-from schemas import output
+from schemas import output, signals
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,16 +31,18 @@ def show(args: argparse.Namespace, read: Callable[[], Any], render: Callable[[An
     if not getattr(args, "watch", False):
         _print(args.output, read(), render, watching=False)
         return 0
+    # Ctrl-C asks the watch to stop instead of raising inside a database read: a KeyboardInterrupt
+    # in the middle of a query makes psycopg cancel it over a second connection, which can stall
+    # on a busy server. The read in progress finishes, then the watch ends with status 0.
     last: Any = None
-    try:
-        while True:
+    with signals.stop_on(threading.Event()) as stop:
+        while not stop.is_set():
             doc = read()
             if doc != last:
                 _print(args.output, doc, render, watching=True)
                 last = doc
-            time.sleep(max(0.1, args.interval))
-    except KeyboardInterrupt:  # the way a watch ends
-        return 0
+            stop.wait(max(0.1, args.interval))
+    return 0
 
 
 def _print(fmt: str, doc: Any, render: Callable[[Any], str], *, watching: bool) -> None:
