@@ -122,6 +122,17 @@ def _status(generation: int, samples: dict[str, Any], mode: Any) -> Any:
     return HostStatus(NODE, generation, generation, mode, True, True, (), (), (), (), (), telemetry=samples)
 
 
+def _wait_first_report(agent: _Agent) -> None:
+    """Until the agent's first pass is written: before it the listener knows no VM and answers 403."""
+    deadline = time.monotonic() + 60
+    while agent.reports == 0:
+        if agent.error is not None:
+            raise agent.error
+        if time.monotonic() > deadline or not agent.is_alive():
+            raise UsageError("the host agent wrote no report within 60 s", code="bench.telemetry.agent_silent")
+        time.sleep(0.02)
+
+
 def _post(url: str, body: bytes) -> int:
     req = urllib.request.Request(url, data=body, method="POST")  # noqa: S310 -- http://127.0.0.1 only
     try:
@@ -177,7 +188,7 @@ def _measure(url: str, placed: list[str], args: argparse.Namespace) -> tuple[lis
             names = sorted(by_name)
             rng = random.Random(0)  # noqa: S311 - post phase jitter, not security
             spacing = max(0.2, (5.0 + 0.2) / len(names))  # each VM posts at most once per 5 s (else 429)
-            time.sleep(args.report_interval)  # the agent has told the listener the VMs' addresses
+            _wait_first_report(agent)  # the agent's first pass tells the listener the VMs' addresses
             for i in range(args.samples):
                 name = names[i % len(names)]
                 mem = 1000 + i
