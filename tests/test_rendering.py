@@ -28,8 +28,8 @@ from markdown_it.token import Token
 from desired import problems as p
 from host_reconciler import reports
 from policies.profiles import Profile
-from reconciler import inventory_diff, plans
-from reconciler.placement import prplan_render
+from reconciler import plans
+from reconciler.placement import inventory_diff, prplan_render
 from reconciler.placement.prplan import Affected, NodeChange, PrPlan
 from schemas import rendering
 

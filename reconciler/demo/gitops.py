@@ -19,8 +19,9 @@ from pathlib import Path
 
 import git
 
-from reconciler import heads, sources, watching
+from reconciler import sources
 from reconciler.commands import history, status
+from reconciler.loop import heads, watching
 from reconciler.placement import prplan, prplan_render
 from reconciler.store import connections
 from reconciler.store import history as store_history

@@ -57,7 +57,8 @@ def _heading(out: Callable[[str], None], text: str) -> None:
 
 
 def _ensure_plans(db_url: str, fleet: Path, nodes: list[str], out: Callable[[str], None]) -> None:
-    from reconciler import reconciling, sources
+    from reconciler import sources
+    from reconciler.reconcile import reconciling
     from reconciler.store import migrations
 
     with store.connect(db_url) as conn:

@@ -45,8 +45,8 @@ from typing import Any
 from desired import deltas
 from desired import models as m
 from desired.loading import DesiredState
-from reconciler import fleetgraph, plans
-from reconciler.placement import placing, planner
+from reconciler import plans
+from reconciler.placement import fleetgraph, placing, planner
 
 log = logging.getLogger("gpuaas.planning")
 

@@ -25,5 +25,5 @@ Modules (import the module, call through it):
 
 Schema and SQL functions: schemas/sql/0001-0049 (this package), 0050+ (later features).
 psycopg errors -> project errors: schemas/dberrors.py. The whole reconciliation
-of a revision: reconciler/reconciling.py. Design and decisions: docs/claims.md.
+of a revision: reconciler/reconcile/reconciling.py. Design and decisions: docs/claims.md.
 """

@@ -72,7 +72,7 @@ def test_every_image_field_survives_sync_and_rebuild(conn: Connection) -> None:
 
 
 def test_pinning_an_image_reaches_every_host_plan(conn: Connection) -> None:
-    from reconciler import reconciling
+    from reconciler.reconcile import reconciling
     from reconciler.store import hostplans
 
     state = sources.load(EXAMPLES).state

@@ -18,11 +18,11 @@ from typing import Any
 from desired import problems as p
 from desired.loading import DesiredState
 from policies import immutables
-from reconciler import leasing
 from reconciler.placement import planner as planning
 from reconciler.plans import Observed, Plan
 from reconciler.providers import protocols as provider_protocols
 from reconciler.providers.registry import Providers
+from reconciler.reconcile import leasing
 from reconciler.store import (
     claims,
     cleanup,
