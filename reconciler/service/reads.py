@@ -25,9 +25,8 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from reconciler.commands import history as history_command
+from reconciler.reports import history as history_report
 from reconciler.store import endpoints as store_endpoints
-from reconciler.store import history as store_history
 from reconciler.store.connections import Connection
 from schemas import dberrors, hostreports
 
@@ -673,7 +672,7 @@ def regions(conn: Connection) -> list[dict[str, Any]]:
 
 def history(conn: Connection, limit: int = 20) -> list[dict[str, Any]]:
     """The newest reconciliations, as `gpuaas history -o json` shows them."""
-    rows = [history_command.as_row(r) for r in store_history.recent(conn, limit)]
+    rows = history_report.recent(conn, limit)
     return [{k: iso(v) for k, v in row.items()} for row in rows]
 
 
