@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from desired import defaults
 from desired import problems as p
 from desired.loading import DesiredState
 from policies import immutables
@@ -118,7 +119,7 @@ def planner_for(policy: str | None = None) -> Planner:
 
 
 def max_attempts(state: DesiredState) -> int:
-    return state.fleet.placement.max_claim_attempts if state.fleet else 5
+    return state.fleet.placement.max_claim_attempts if state.fleet else defaults.CLAIM_CANDIDATES
 
 
 def reconcile(

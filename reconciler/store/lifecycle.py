@@ -36,6 +36,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
+from desired import defaults
 from desired.loading import DesiredState
 from reconciler.store.connections import Connection
 from schemas import dberrors
@@ -51,9 +52,6 @@ RESCHEDULE_PATTERNS: tuple[str, ...] = (
     "host.hugepages.%",
     "baremetal.deploy.%",  # a machine provider's failed deploy (the machine is quarantined, issue 30)
 )
-
-DEFAULT_TTL_S = 90
-DEFAULT_MAX_ATTEMPTS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +95,7 @@ def fleet_settings(state: DesiredState) -> tuple[int, int]:
     """(liveness TTL seconds, max attempts) of the desired state's Fleet."""
     fleet = state.fleet
     if fleet is None:
-        return DEFAULT_TTL_S, DEFAULT_MAX_ATTEMPTS
+        return defaults.HOST_LIVENESS_TTL_S, defaults.PROVISION_ATTEMPTS
     return fleet.host_liveness_ttl_seconds, fleet.max_attempts
 
 
