@@ -1,4 +1,4 @@
-"""Incremental planning for `gpuaas run`: one placement engine kept across revisions (issue 10).
+"""Incremental planning for `gpuaas run`: one placement engine kept across revisions.
 
 `planner.plan` builds a `placing.Engine` and its packing index for the whole
 fleet, about a second at 10,000 nodes. A commit changes one allocation or one

@@ -1,4 +1,4 @@
-"""The machine-provider contract: what a baremetal lease needs from MAAS or Ironic (issue 30).
+"""The machine-provider contract: what a baremetal lease needs from MAAS or Ironic.
 
 One Protocol for the family, no implementation imported here (as
 `host_reconciler.drivers.protocols`). A provider deploys a whole machine

@@ -1,4 +1,4 @@
-"""The allocation lifecycle, reschedules, quarantined slots and host liveness (issue 15).
+"""The allocation lifecycle, reschedules, quarantined slots and host liveness.
 
 One lifecycle per allocation, kept in PostgreSQL and fed by host reports
 (view `allocation_lifecycle`, migration 0011):
@@ -50,7 +50,7 @@ RESCHEDULE_PATTERNS: tuple[str, ...] = (
     "host.readiness.%",  # no DHCP lease or no TCP answer before the readiness timeout
     "host.kvm_missing",
     "host.hugepages.%",
-    "baremetal.deploy.%",  # a machine provider's failed deploy (the machine is quarantined, issue 30)
+    "baremetal.deploy.%",  # a machine provider's failed deploy (the machine is quarantined)
 )
 
 
@@ -432,7 +432,7 @@ def timeline(
             )
         elif kind == "allocation.released":
             out.append(Transition(at, "released", "released"))
-        elif kind.startswith("baremetal."):  # a lease's provider phase (issue 30), on the attempt's node
+        elif kind.startswith("baremetal."):  # a lease's provider phase, on the attempt's node
             phase = kind.removeprefix("baremetal.")
             out.append(
                 Transition(
