@@ -75,11 +75,13 @@ from typing import Any
 
 import yaml
 
+from schemas import environment
+
 FORMAT = 4  # 4: packs of typed documents (models), pickled, a tag byte first; 3 kept one row per blob
 KEY_BYTES = 32
 DB_NAME = "blobs.sqlite3"
 KEY_NAME = "key"
-ENV_STATE_DIR = "GPUAAS_STATE_DIR"
+ENV_STATE_DIR = environment.STATE_DIR
 MAX_ENTRIES = 200_000  # beyond this, the oldest entries not in the current tree are dropped
 MAX_RESULTS = 64  # whole command results (PR plans) kept; the newest win
 TEMP_GRACE_S = 600  # a kept base's temp file older than this, whose writer is dead, is removed

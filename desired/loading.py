@@ -159,7 +159,7 @@ def iter_directory(root: Path) -> Iterator[tuple[str, FileData]]:
     top = os.fspath(root)
     for dirpath, dirnames, filenames in os.walk(top):
         # One relpath per directory, not per file: at 4,000 files relpath's two abspaths were a
-        # fifth of the portal bot's request (reconciler.requests reads the whole tree).
+        # fifth of the portal bot's request (reconciler.reconcile.requests reads the whole tree).
         base = os.path.relpath(dirpath, top)
         prefix = "" if base == "." else base + os.sep
         kept = []

@@ -32,6 +32,7 @@ from pydantic import (
     model_validator,
 )
 
+from desired import defaults
 from desired.patterns import BY_ID_RE, MAC_RE, PCI_RE, SSH_KEY_RE
 
 API_VERSION = "gpuaas.io/v1alpha1"
@@ -206,7 +207,7 @@ class Region(_Model):
 
 class PlacementSettings(_Model):
     policy: Literal["default", "first-fit", "k8s-least-allocated", "k8s-most-allocated", "seed-rank"] = "default"
-    max_claim_attempts: int = Field(default=5, ge=1, le=100)
+    max_claim_attempts: int = Field(default=defaults.CLAIM_CANDIDATES, ge=1, le=100)
     # Expected request-size mix (GPU count -> share); weights the fragmentation score.
     workload_mix: dict[Annotated[int, Strict(False)], float] = Field(
         default_factory=lambda: {1: 0.4, 2: 0.25, 4: 0.2, 8: 0.15}
@@ -309,9 +310,9 @@ class Fleet(_Doc):
     regions: Annotated[tuple[Region, ...], Strict(False)] = Field(min_length=1)
     management_network: ManagementNetwork = ManagementNetwork()
     placement: PlacementSettings = PlacementSettings()
-    graceful_shutdown_timeout_s: int = Field(default=120, ge=1, le=3600)
+    graceful_shutdown_timeout_s: int = Field(default=defaults.SHUTDOWN_TIMEOUT_S, ge=1, le=3600)
     graceful_timeout_seconds: int = Field(
-        default=300,
+        default=defaults.READINESS_TIMEOUT_S,
         ge=30,
         le=900,
         description="Seconds a new VM has to pass readiness (a DHCP lease of its private IP, TCP 22 answering, and "
@@ -326,7 +327,7 @@ class Fleet(_Doc):
         description="Deprecated: the earlier name of graceful_timeout_seconds (same meaning and range).",
     )
     host_liveness_ttl_seconds: int = Field(
-        default=90,
+        default=defaults.HOST_LIVENESS_TTL_S,
         ge=5,
         le=86400,
         description="A node whose host agent reported once and then stayed silent longer than this is "
@@ -337,7 +338,7 @@ class Fleet(_Doc):
         description="Limits of tenant ingress: how many extra guest ports an allocation may expose.",
     )
     max_attempts: int = Field(
-        default=3,
+        default=defaults.PROVISION_ATTEMPTS,
         ge=1,
         le=20,
         description="Provision attempts per allocation: after a permanent host failure the allocation is placed "

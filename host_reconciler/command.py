@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from schemas import hostplans, logs, notify, output, signals
+from schemas import environment, hostplans, logs, notify, output, signals
 from schemas.errors import GpuaasError, PermanentError, UsageError
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 ENV_SERVICE = "GPUAAS_SERVICE_URL"
 ENV_CREDENTIAL = "GPUAAS_CREDENTIAL_FILE"
-ENV_URL = "GPUAAS_DATABASE_URL"  # the same variable the central reconciler reads
+ENV_URL = environment.DATABASE_URL  # the same variable the central reconciler reads
 ENV_ROLE = "GPUAAS_HOST_DB_ROLE"
 ENV_PASSWORD = "GPUAAS_HOST_DB_PASSWORD"  # noqa: S105 -- the name of a variable, not a secret
 # Seconds between heartbeats of `host run`: well under the fleet's liveness TTL

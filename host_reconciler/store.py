@@ -4,8 +4,8 @@ A host connects as its own node role (`gpuaas_create_node_role`, migration
 0050); row-level security makes `host_plans`, `host_status` and
 `host_slot_status` show and accept only that node's rows, so a host cannot
 read another node's plan or write another node's status even if its code
-asked to. The central reconciler (table owner) reads every node's status for
-`gpuaas drift`.
+asked to. The central reconciler (table owner) reads every node's status
+through its own store (reconciler/store/hoststatus.py).
 
 psycopg errors become project errors here (`schemas.dberrors`).
 """
@@ -93,53 +93,6 @@ def read_image_cache(conn: psycopg.Connection[Any], node: str) -> list[dict[str,
 def heartbeat(conn: psycopg.Connection[Any], node: str) -> None:
     """Say this host agent is alive (host_status.reported_at = now), without touching its last report."""
     hostrows.heartbeat(conn, [node])
-
-
-def read_status(conn: psycopg.Connection[Any], node: str | None = None) -> list[dict[str, Any]]:
-    """Node status rows with their slot rows (all visible nodes, or one)."""
-    where = "WHERE s.node_name = %s" if node else ""
-    with dberrors.wrapped("read host status"):
-        rows = conn.execute(
-            f"""SELECT s.node_name, s.observed_generation, s.reported_at, s.healthy, s.drift,
-                       s.errors, s.details, p.generation
-                FROM host_status s LEFT JOIN host_plans p USING (node_name)
-                {where} ORDER BY s.node_name""",  # noqa: S608 -- fixed fragment, value bound
-            (node,) if node else (),
-        ).fetchall()
-        slot_rows = conn.execute(
-            f"""SELECT node_name, slot_index, allocation_id, vm_state, wipe_state, wipe_error,
-                       wipe_evidence, drift, updated_at
-                FROM host_slot_status s {where} ORDER BY node_name, slot_index""",  # noqa: S608
-            (node,) if node else (),
-        ).fetchall()
-    slots: dict[str, list[dict[str, Any]]] = {}
-    for r in slot_rows:
-        slots.setdefault(r[0], []).append(
-            {
-                "slot_index": r[1],
-                "allocation_id": r[2],
-                "vm_state": r[3],
-                "wipe_state": r[4],
-                "wipe_error": r[5],
-                "wipe_evidence": r[6],
-                "drift": r[7],
-                "updated_at": str(r[8]),
-            }
-        )
-    return [
-        {
-            "node": r[0],
-            "observed_generation": r[1],
-            "reported_at": str(r[2]),
-            "healthy": r[3],
-            "drift": r[4],
-            "errors": r[5],
-            "details": r[6],
-            "plan_generation": r[7],
-            "slots": slots.get(r[0], []),
-        }
-        for r in rows
-    ]
 
 
 def write_plan(conn: psycopg.Connection[Any], plan: hostplans.HostPlan, revision: str | None = None) -> None:

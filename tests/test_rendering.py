@@ -26,12 +26,11 @@ from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
 from desired import problems as p
-from host_reconciler import reports
 from policies.profiles import Profile
-from reconciler import inventory_diff, plans
-from reconciler.placement import prplan_render
+from reconciler import plans
+from reconciler.placement import inventory_diff, prplan_render
 from reconciler.placement.prplan import Affected, NodeChange, PrPlan
-from schemas import rendering
+from schemas import driftreports, rendering
 
 MD = MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"])
 
@@ -282,17 +281,19 @@ def hostile_nodes(v: str) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("value", HOSTILE, ids=IDS)
 def test_drift_markdown_keeps_its_structure_with_hostile_reports(value: str) -> None:
     seen = rendering.one_line(value)
-    tabs = check_document(reports.drift_markdown(hostile_nodes(value)), reports.drift_markdown(hostile_nodes("x")))
+    tabs = check_document(
+        driftreports.drift_markdown(hostile_nodes(value)), driftreports.drift_markdown(hostile_nodes("x"))
+    )
     assert len(tabs) == 1
     rows = {r[0]: r for r in tabs[0][1:]}
     assert rows[seen] == [seen, "0", seen, seen, seen, seen, seen]
-    assert rows["node-b"][2] == rows["node-c"][2] == reports.INVALID
+    assert rows["node-b"][2] == rows["node-c"][2] == driftreports.INVALID
 
 
 def test_drift_text_and_json_survive_malformed_reports() -> None:
     nodes = hostile_nodes("evil\n\x1b[2Jforged")
-    text = reports.drift_text(nodes)
+    text = driftreports.drift_text(nodes)
     assert "\x1b" not in text and len(text.splitlines()) == 4
     assert "node-b slot -: drift.report.invalid: the drift report of node-b is malformed: the report is str" in text
     assert "node-c slot -: drift.report.invalid" in text and "3 of 3 entries not shown" in text
-    assert '"total": 3' in reports.drift_json(nodes)
+    assert '"total": 3' in driftreports.drift_json(nodes)

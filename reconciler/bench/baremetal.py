@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _loop(conn: Any, state: Any, done: Any, tick: float, timeout: float) -> float:
-    from reconciler import reconciling
+    from reconciler.reconcile import reconciling
 
     t0 = time.perf_counter()
     while True:

@@ -126,8 +126,8 @@ def _percentile(values: list[float], q: float) -> float:
 def measure(
     url: str, root: Path, *, commits: int, debounce_ms: int, timeout: float, start_timeout: float = 900.0
 ) -> dict[str, Any]:
-    from reconciler import requests
     from reconciler.bench import synthetic
+    from reconciler.reconcile import requests
     from reconciler.store import connections, migrations
 
     with connections.connect(url, autocommit=True) as conn:

@@ -48,7 +48,7 @@ def fleet(maas_url: str, ssh: str, leases: int, mode: str) -> Any:
 
 def victim(url: str, maas_url: str, ssh: str, leases: int, mode: str, seed: int) -> int:  # noqa: PLR0917 - argv
     """The loop that gets killed: reconcile until every allocation is active (deploy) or released."""
-    from reconciler import reconciling
+    from reconciler.reconcile import reconciling
     from reconciler.store import connections
 
     rng = random.Random(seed)  # noqa: S311 - kill points, not security

@@ -73,8 +73,8 @@ def _new_head(root: Path, base: str, n: int) -> str:
     Written without the bot's own check of the whole repo: this process stays
     small, and every plan process it starts reports its own peak memory.
     """
-    from reconciler import requests
     from reconciler.placement import synthesis
+    from reconciler.reconcile import requests
 
     _git(root, "checkout", "-q", "--detach", base)
     data = requests.render_request(

@@ -21,7 +21,7 @@ What is applied is what history records:
 - PATH outside git: the directory as it is, recorded as `tree:<hash>`.
 - PLANFILE (written by `gpuaas plan --out`): exactly that plan, refused
   (`apply.plan_stale`) when the desired state or the database moved since it
-  was made (see `reconciler.planfiles`).
+  was made (see `reconciler.reconcile.planfiles`).
 """
 
 from __future__ import annotations
@@ -82,8 +82,8 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reconciler import reconciling
     from reconciler.commands import rewinds
+    from reconciler.reconcile import reconciling
     from reconciler.store import connections, migrations
 
     if args.path.exists() and not args.path.is_dir():  # a FIFO or a device too: refused as a plan file, unread
@@ -208,7 +208,7 @@ def _ignored(path: Path, names: list[str]) -> list[str]:
 
 def _run_saved(args: argparse.Namespace) -> int:
     """`gpuaas apply PLANFILE`: exactly the saved plan, or apply.plan_stale."""
-    from reconciler import planfiles, reconciling
+    from reconciler.reconcile import planfiles, reconciling
     from reconciler.store import connections, inventoryrows, migrations
 
     if args.rev is not None or args.allow_dirty or args.policy is not None:

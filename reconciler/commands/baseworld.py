@@ -82,8 +82,8 @@ _TYPES: dict[str, frozenset[str]] = {
         "policies.packing": "Demand Option Policy",
         "policies.topology": "Choice Layout",
         "reconciler.plans": "Candidate ExistingClaim Observed Pending Placement Release",
-        "reconciler.fleetgraph": "NodeFacts SlotFacts",
-        "reconciler.inventory_diff": "CapabilityChange DocumentChange FieldChange InventoryDiff SlotChange",
+        "reconciler.placement.fleetgraph": "NodeFacts SlotFacts",
+        "reconciler.placement.inventory_diff": "CapabilityChange DocumentChange FieldChange InventoryDiff SlotChange",
         "reconciler.placement.placing": "Engine Placed Request Spec Tier _Node",
         "reconciler.placement.index": "EndOrder NodeHeap SliceIndex WholeNodeIndex",
         "reconciler.placement.capacity": "Blocked Memo NodeSummary Offer ReadModel Size",
@@ -324,7 +324,8 @@ def _plain_dataclasses() -> frozenset[type]:
     """Slotted dataclasses a world holds whose __init__ takes exactly their fields (no __post_init__)."""
     from desired.loading import Source, _Blob
     from policies.capability import CapabilityVerdict
-    from reconciler import fleetgraph, plans
+    from reconciler import plans
+    from reconciler.placement import fleetgraph
 
     return frozenset({Source, _Blob, fleetgraph.NodeFacts, CapabilityVerdict, plans.ExistingClaim})
 

@@ -45,7 +45,8 @@ def _heading(text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reconciler import sources, summary
+    from reconciler import sources
+    from reconciler.reports import summary
 
     if args.path is None:
         args.path = example_fleet()

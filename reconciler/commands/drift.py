@@ -1,7 +1,8 @@
 """`gpuaas drift [-o text|markdown|json|yaml] [--node NAME]`: the fleet's drift for operator review.
 
 Reads what every host reported (host_status.drift: per slot, with stable
-codes) as the central reconciler's role, and renders it. Exit status 0 when
+codes) through the central store (reconciler.store.hoststatus) and renders
+it (schemas.driftreports). Exit status 0 when
 no drift was found; with --exit-code, 3 when some node reports drift (so cron
 and CI can alert on it). A host's report is untrusted input: a malformed one
 shows as `drift.report.invalid` for that node (and counts as drift).
@@ -26,14 +27,14 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from host_reconciler import reports, store
-    from reconciler.store import connections
+    from reconciler.store import connections, hoststatus
+    from schemas import driftreports
 
-    with store.connect(connections.database_url(args.db_url, start=False)) as conn:
+    with connections.connect(connections.database_url(args.db_url, start=False), autocommit=True) as conn:
         # Hosts write their own reports: one malformed report is a finding of its node, not a crash.
-        nodes = reports.checked(store.read_status(conn, args.node))
+        nodes = driftreports.checked(hoststatus.read(conn, args.node))
     if args.output == "yaml":  # the JSON report's data, as YAML
-        output.emit(json.loads(reports.drift_json(nodes)), "yaml")
+        output.emit(json.loads(driftreports.drift_json(nodes)), "yaml")
     else:
-        print(reports.RENDERERS[args.output](nodes), end="" if args.output == "markdown" else "\n")
+        print(driftreports.RENDERERS[args.output](nodes), end="" if args.output == "markdown" else "\n")
     return 3 if args.exit_code and any(n["drift"] for n in nodes) else 0

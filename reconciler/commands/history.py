@@ -7,8 +7,9 @@ result (changed, unchanged, error), its counts and its errors.
 `gpuaas history --allocation ID`: one allocation's lifecycle instead, oldest
 first: requested, each placement (attempt, node, slots), ready, each failed
 attempt with its code, phase and reason and what followed (reschedule or
-failed, slots quarantined), release, cleanup proven, released
-(`reconciler.store.lifecycle.transitions`), under its current state.
+failed, slots quarantined), release, cleanup proven, released, under its
+current state. The documents are `reconciler.reports.history`'s, the ones
+the service serves; this module renders them as text.
 """
 
 from __future__ import annotations
@@ -41,22 +42,6 @@ _SHOWN = (
     "rescheduled",
     "provision_failed",
 )
-
-
-def as_row(r: Any) -> dict[str, Any]:
-    took = (r.finished_at - r.started_at).total_seconds() if r.finished_at else None
-    return {
-        "id": r.id,
-        "revision": r.revision,
-        "source": r.source,
-        "reconciler": r.reconciler,
-        "started_at": r.started_at,
-        "finished_at": r.finished_at,
-        "seconds": took,
-        "result": r.result,
-        "counts": r.counts,
-        "errors": r.errors,
-    }
 
 
 def _message(row: dict[str, Any]) -> str:
@@ -136,15 +121,13 @@ def render_allocation(doc: dict[str, Any]) -> str:
 
 
 def run_allocation(args: argparse.Namespace) -> int:
-    from reconciler.store import connections, lifecycle
+    from reconciler.reports import history
+    from reconciler.store import connections
 
     with connections.connect(db.reading_url(args), autocommit=True) as conn:
-        steps = lifecycle.transitions(conn, args.allocation)
-        current = lifecycle.lifecycles(conn, [args.allocation]).get(args.allocation)
-    if steps is None or current is None:
+        doc = history.allocation(conn, args.allocation)
+    if doc is None:
         raise UsageError(f"no allocation {args.allocation!r} in the database", code="history.unknown_allocation")
-    current.pop("attempts", None)  # the transitions carry them
-    doc = {"allocation_id": args.allocation, "lifecycle": current, "transitions": [t.as_dict() for t in steps]}
     if output.structured(args.output):
         output.emit(doc, args.output)
     else:
@@ -153,12 +136,13 @@ def run_allocation(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reconciler.store import connections, history, migrations
+    from reconciler.reports import history
+    from reconciler.store import connections
 
     if args.allocation is not None:
         return run_allocation(args)
     with connections.connect(db.reading_url(args), autocommit=True) as conn:
-        rows = [as_row(r) for r in history.recent(conn, args.n)] if migrations.applied(conn) else []
+        rows = history.recent(conn, args.n)
     if output.structured(args.output):
         output.emit(rows, args.output)
     else:

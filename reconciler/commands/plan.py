@@ -25,7 +25,7 @@ tree, problems, implied claims, planned side and placement engine,
 `baseworld`): every later plan against it reads and plans only what head
 changes.
 
-`--out FILE` saves the plan for `gpuaas apply FILE` (`reconciler.planfiles`):
+`--out FILE` saves the plan for `gpuaas apply FILE` (`reconciler.reconcile.planfiles`):
 the revisions, the content hash of head, a digest of the database state it
 was computed against and the decisions. Nothing is saved when head is invalid.
 """
@@ -90,7 +90,8 @@ def _online(
     """
     from desired import gitrepo
     from desired.loading import DesiredState
-    from reconciler import planfiles, plans
+    from reconciler import plans
+    from reconciler.reconcile import planfiles
     from reconciler.store import connections, live, migrations, views
 
     with connections.connect(db.database_url(args), autocommit=True) as conn, conn.transaction():
@@ -159,9 +160,9 @@ def _plan(
 ) -> tuple[prplan.PrPlan, DesiredState, str]:
     """The PR plan, the head it planned and the digest of the observed state it was planned against."""
     from desired.loading import LoadResult
-    from reconciler import planfiles
     from reconciler.commands import baseworld
     from reconciler.placement import prplan, replanning
+    from reconciler.reconcile import planfiles
 
     digest = ""
     world_key, base_commit = _world_key(args)
@@ -295,7 +296,7 @@ def _given_base(
 
 
 def _save(args: argparse.Namespace, pr: prplan.PrPlan, head: DesiredState, observed_digest: str) -> None:
-    from reconciler import planfiles
+    from reconciler.reconcile import planfiles
     from reconciler.store import inventoryrows  # the content hash the sync records
 
     desired_hash = inventoryrows.content_hash(head)

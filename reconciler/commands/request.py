@@ -17,7 +17,7 @@ from schemas import output
 from schemas.errors import PermanentError
 
 if TYPE_CHECKING:
-    from reconciler import requests
+    from reconciler.reconcile import requests
 
 
 def register(sub: Any) -> None:
@@ -121,7 +121,7 @@ def public_keys(path: Path) -> list[str]:
 
 
 def run_create(args: argparse.Namespace) -> int:
-    from reconciler import requests
+    from reconciler.reconcile import requests
 
     keys: list[str] = []
     try:
@@ -152,7 +152,7 @@ def run_create(args: argparse.Namespace) -> int:
 
 
 def run_release(args: argparse.Namespace) -> int:
-    from reconciler import requests
+    from reconciler.reconcile import requests
 
     try:
         written = requests.release(

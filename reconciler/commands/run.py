@@ -12,8 +12,8 @@ failed for longer than S (so a supervisor sees a loop that cannot make
 progress). An empty database (no schema: a fresh one, or one re-created
 under the loop) is migrated; with --no-migrate the process exits 4 instead
 (`gitops.no_schema`), never retrying "relation does not exist" forever.
-See reconciler/watching.py (the loop) and reconciler/heads.py (the revision sources) for the rules. `--log-format json`
-(or GPUAAS_LOG_FORMAT=json) prints each line as one JSON object (schemas/logs.py).
+See reconciler/loop/watching.py (the loop) and reconciler/loop/heads.py (the revision sources) for
+the rules. `--log-format json` (or GPUAAS_LOG_FORMAT=json) prints each line as one JSON object (schemas/logs.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from schemas import logs, notify, signals
 from schemas.errors import UsageError
 
 if TYPE_CHECKING:
-    from reconciler import watching
+    from reconciler.loop import watching
 
 log = logging.getLogger("gpuaas.run")
 
@@ -193,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     with stop_on_signals(stop):  # first: a SIGTERM during start-up is a clean stop too
-        from reconciler import heads, watching
+        from reconciler.loop import heads, watching
         from reconciler.store import connections
 
         url = db.database_url(args)

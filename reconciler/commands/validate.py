@@ -32,7 +32,8 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from desired import loading
-    from reconciler import sources, summary
+    from reconciler import sources
+    from reconciler.reports import summary
 
     # The on-disk cache serves revisions (blob ids from git); a working tree is read and parsed as it is.
     with (

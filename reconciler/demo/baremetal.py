@@ -27,8 +27,9 @@ from typing import Any
 
 from desired import models as m
 from desired.loading import DesiredState
-from reconciler import reconciling, sources
+from reconciler import sources
 from reconciler.providers.lab import ironic_service, sshstandin
+from reconciler.reconcile import reconciling
 from reconciler.store import connections, leases, lifecycle
 
 Out = Callable[[str], None]

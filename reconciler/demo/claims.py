@@ -43,9 +43,9 @@ def _database(out: Out) -> str:
 
 
 def run(fleet: Path, out: Out = print) -> None:
-    from reconciler import reconciling
     from reconciler.commands import apply
     from reconciler.placement import planner
+    from reconciler.reconcile import reconciling
     from reconciler.store import checks, connections, migrations
 
     _heading(out, "claims store: embedded PostgreSQL")

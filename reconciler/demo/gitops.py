@@ -19,11 +19,12 @@ from pathlib import Path
 
 import git
 
-from reconciler import heads, sources, watching
+from reconciler import sources
 from reconciler.commands import history, status
+from reconciler.loop import heads, watching
 from reconciler.placement import prplan, prplan_render
+from reconciler.reports import history as history_report
 from reconciler.store import connections
-from reconciler.store import history as store_history
 
 PR_FILES = ("slotmaps/h200-use1-s02.yaml", "allocations/alloc-0002.yaml", "allocations/alloc-0003.yaml")
 DEMO_AUTHOR = git.Actor("gpuaas demo", "demo@gpuaas.invalid")
@@ -101,7 +102,7 @@ def run(fleet: Path, url: str, out: Out = print) -> None:
             out(status.render_text(status.collect(url)))
             _heading(out, "history: gpuaas history -n 5")
             with connections.connect(url, autocommit=True) as conn:
-                rows = [history.as_row(r) for r in store_history.recent(conn, 5)]
+                rows = history_report.recent(conn, 5)
             out(history.render_text(rows))
         finally:
             repo.close()

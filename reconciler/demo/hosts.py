@@ -39,7 +39,8 @@ from host_reconciler import converging, lab, reports, store
 from host_reconciler.actions import DriftMode
 from host_reconciler.context import Drivers
 from host_reconciler.drivers import wiring
-from schemas import hostplans
+from reconciler.store import hoststatus
+from schemas import driftreports, hostplans
 from schemas.errors import PermanentError
 
 DEMO_NODES = {
@@ -57,7 +58,8 @@ def _heading(out: Callable[[str], None], text: str) -> None:
 
 
 def _ensure_plans(db_url: str, fleet: Path, nodes: list[str], out: Callable[[str], None]) -> None:
-    from reconciler import reconciling, sources
+    from reconciler import sources
+    from reconciler.reconcile import reconciling
     from reconciler.store import migrations
 
     with store.connect(db_url) as conn:
@@ -178,7 +180,7 @@ class _Demo:
     def report(self, title: str, render: Callable[[list[dict[str, Any]]], str]) -> None:
         _heading(self.out, title)
         with store.connect(self.db_url) as conn:
-            self.out(render([n for n in store.read_status(conn, None) if n["node"] in self.nodes]).rstrip())
+            self.out(render([n for n in hoststatus.read(conn, None) if n["node"] in self.nodes]).rstrip())
 
 
 def run_demo(
@@ -206,9 +208,9 @@ def run_demo(
             demo.converge_all("converge (observe, diff, act, report)")
             demo.inject()
             demo.converge_all("converge in report-only mode (the default): nothing is changed")
-            demo.report("gpuaas drift -o markdown", reports.drift_markdown)
+            demo.report("gpuaas drift -o markdown", driftreports.drift_markdown)
             demo.converge_all("one self-heal pass", DriftMode.SELF_HEAL)
-            demo.report("drift left after self-heal (disks and devices need an operator)", reports.drift_text)
+            demo.report("drift left after self-heal (disks and devices need an operator)", driftreports.drift_text)
     finally:
         if workdir is None:
             shutil.rmtree(root, ignore_errors=True)

@@ -32,8 +32,8 @@ from types import MappingProxyType
 from desired import models as m
 from desired.loading import DesiredState
 from policies import fabric
-from reconciler import fleetgraph, plans
-from reconciler.placement import placing
+from reconciler import plans
+from reconciler.placement import fleetgraph, placing
 from schemas import states
 
 PROBE_PREFIX = "capacity-probe-"

@@ -23,8 +23,8 @@ from desired import models as m
 from desired.loading import DesiredState
 from policies import fabric, modes, packing, profiles
 from policies import topology as t
-from reconciler import fleetgraph, plans
-from reconciler.placement import reasons
+from reconciler import plans
+from reconciler.placement import fleetgraph, reasons
 from reconciler.placement.index import EndOrder, NodeHeap, NodeKey, SliceIndex, WholeNodeIndex
 from schemas import states
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 from types import MappingProxyType
 
+from desired import defaults
 from desired import models as m
 from desired.loading import DesiredState
 from policies import images
@@ -40,7 +41,7 @@ def plan_with(engine: placing.Engine, desired: DesiredState, observed: plans.Obs
         by_alloc[claim.allocation_id].append(claim)
     releases = _releases(desired, engine, by_alloc)
     held = set(by_alloc) | set(observed.placed)
-    attempts = (desired.fleet.placement.max_claim_attempts if desired.fleet else 5) - 1
+    attempts = (desired.fleet.placement.max_claim_attempts if desired.fleet else defaults.CLAIM_CANDIDATES) - 1
     placements: list[plans.Placement] = []
     pending: list[plans.Pending] = []
     todo = sorted(

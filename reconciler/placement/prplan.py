@@ -34,8 +34,8 @@ from desired import deltas
 from desired import problems as p
 from desired.loading import DesiredState
 from policies import immutables
-from reconciler import inventory_diff, plans
-from reconciler.placement import capacity, placing, planner
+from reconciler import plans
+from reconciler.placement import capacity, inventory_diff, placing, planner
 from schemas import states
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from desired import models as m
 from policies import fabric
-from reconciler import fleetgraph
+from reconciler.placement import fleetgraph
 
 SKU_UNKNOWN = "plan.sku_unknown"
 SKU_INACTIVE = "plan.sku_inactive"

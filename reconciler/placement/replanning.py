@@ -1,4 +1,4 @@
-"""Incremental planning for `gpuaas run`: one placement engine kept across revisions (issue 10).
+"""Incremental planning for `gpuaas run`: one placement engine kept across revisions.
 
 `planner.plan` builds a `placing.Engine` and its packing index for the whole
 fleet, about a second at 10,000 nodes. A commit changes one allocation or one
@@ -45,8 +45,8 @@ from typing import Any
 from desired import deltas
 from desired import models as m
 from desired.loading import DesiredState
-from reconciler import fleetgraph, plans
-from reconciler.placement import placing, planner
+from reconciler import plans
+from reconciler.placement import fleetgraph, placing, planner
 
 log = logging.getLogger("gpuaas.planning")
 

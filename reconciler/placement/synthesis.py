@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from desired import defaults
 from desired import models as m
 from desired.loading import DesiredState
 
@@ -240,7 +241,7 @@ def fleet_documents(nodes: int, *, amd_share: float = 0.0, seed: int = 0) -> Ite
             "regions": [{"name": REGION, "pools": pools}],
             "placement": {
                 "policy": "default",
-                "max_claim_attempts": 5,
+                "max_claim_attempts": defaults.CLAIM_CANDIDATES,
                 "workload_mix": {1: 0.4, 2: 0.25, 4: 0.2, 8: 0.15},
             },
         },

@@ -1,10 +1,10 @@
-"""The machine-provider contract: what a baremetal lease needs from MAAS or Ironic (issue 30).
+"""The machine-provider contract: what a baremetal lease needs from MAAS or Ironic.
 
 One Protocol for the family, no implementation imported here (as
 `host_reconciler.drivers.protocols`). A provider deploys a whole machine
 with the tenant's image and SSH keys, reports its state in our closed
 vocabulary (`MachineState`), and releases it with an erase. The lease loop
-(`reconciler.leasing`) is the only caller; it records every request in
+(`reconciler.reconcile.leasing`) is the only caller; it records every request in
 PostgreSQL before making it, so a provider call is made once per lease.
 
 Errors are the project's own: `ProviderUnreachable` (temporary: the lease

@@ -1,9 +1,7 @@
-"""The capacity read model of `gpuaas status`, computed in the background and cached by database snapshot.
+"""The status document, computed in the background and cached by database snapshot.
 
-The numbers are exactly `gpuaas status -o json`'s: the same readers
-(`views`, `live`, `history.health`), the same pure model
-(`capacity.read_model`) and the same document (`commands.status.as_dict`).
-What differs is when they are computed. Rebuilding the model reads and
+The document is exactly `gpuaas status -o json`'s: both call
+`reconciler.reports.status.document`. What differs is when it is computed. Rebuilding the model reads and
 validates the whole inventory and runs the planner's engine until every
 size is refused: milliseconds for a small fleet, tens of seconds at 10,000
 nodes. So:
@@ -27,8 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from reconciler.commands import status as status_command
-from reconciler.placement import capacity
+from reconciler.reports import status
 from reconciler.service.pool import Pool
 from reconciler.store.connections import Connection
 from schemas.errors import GpuaasError, PermanentError, TemporaryError
@@ -58,50 +55,8 @@ def snapshot_key(conn: Connection) -> str:
 
 
 def status_document(conn: Connection, *, policy: str | None = None) -> dict[str, Any]:
-    """What `gpuaas status -o json` prints, read on `conn` (inside one read-only transaction)."""
-    from reconciler.store import history, live, migrations, views
-
-    if not migrations.applied(conn):
-        raise PermanentError(
-            "the database has no schema yet: nothing was reconciled (run `gpuaas run`)", code="status.no_schema"
-        )
-    state = views.desired_state(conn)
-    observed = live.observe(conn)
-    allocations = views.allocations(conn)
-    health = history.health(conn)
-    try:
-        model = capacity.read_model(state, observed, policy=policy)
-    except ValueError as e:
-        raise PermanentError(str(e), code="status.policy_unknown") from e
-    doc = status_command.as_dict(state.revision, model, allocations)
-    from reconciler.service import catalog
-
-    catalog.priced(doc["capacity"], state.skus)
-    doc["reconciliation"] = {
-        "last_applied_revision": health.last_applied_revision,
-        "last_applied_at": health.last_applied_at,
-        "failing": {
-            "since": health.failing_since,
-            "failures": health.failures,
-            "revision": health.failing_revision,
-            "code": health.failing_code,
-            "message": health.failing_message,
-        }
-        if health.failing
-        else None,
-        "invalid_revision": health.invalid_revision,
-        "head": None
-        if health.head is None
-        else {
-            "revision": health.head.revision,
-            "applied": health.head.applied,
-            "since": health.head.since,
-            "code": health.head.code,
-            "message": health.head.message,
-        },
-    }
-    status_command.add_removed(doc, views.removed_nodes(conn))  # nodes removed from git that hold claims
-    return doc
+    """The status document (`reconciler.reports.status.document`) read on `conn`, in one transaction."""
+    return status.document(conn, policy=policy)
 
 
 class Cache:

@@ -1,11 +1,12 @@
-"""The portal's catalog: SKUs with prices and VM profiles, the images each SKU can boot, prices on capacity.
+"""The portal's catalog: SKUs with prices and VM profiles, and the images each SKU can boot.
 
 Read from the store (the inventory the reconciler applied), in the
 service's read-only transaction. Prices are integers in the currency's
 minor unit (cents), per GPU-hour, as `Sku.gpu_hourly_price_minor` says; an
-offer of n GPUs costs n times that per hour. `priced` adds the same prices
-to the capacity document (`gpuaas status -o json` and /api/v1/capacity), so
-the portal shows availability and price from one read.
+offer of n GPUs costs n times that per hour. The status document
+(`gpuaas status -o json` and /api/v1/capacity) carries the same prices
+(`reconciler.reports.status.priced`), so the portal shows availability and
+price from one read.
 
 Images: an image is offered for a SKU when `policies.images` would place it
 (right target, compatible, active, digest pinned where required): the list
@@ -20,6 +21,7 @@ from typing import Any
 
 from desired import models as m
 from policies import images as image_rules
+from reconciler.reports import status
 from reconciler.store import views
 from reconciler.store.connections import Connection
 from schemas import dberrors
@@ -36,10 +38,6 @@ def _typed(conn: Connection) -> tuple[dict[str, m.Sku], dict[str, m.Image]]:
         {r["sku"]: m.Sku.model_validate(views._sku(r)) for r in skus},
         {r["slug"]: m.Image.model_validate(views._image(r)) for r in imgs},
     )
-
-
-def price_of(sku: m.Sku, gpu_count: int) -> int:
-    return sku.gpu_hourly_price_minor * gpu_count
 
 
 def sku_doc(sku: m.Sku, images: Mapping[str, m.Image]) -> dict[str, Any]:
@@ -65,7 +63,7 @@ def sku_doc(sku: m.Sku, images: Mapping[str, m.Image]) -> dict[str, Any]:
         "price": {
             "currency": sku.currency,
             "gpu_hourly_minor": sku.gpu_hourly_price_minor,
-            "hourly_minor_by_gpu_count": {str(n): price_of(sku, n) for n in sku.counts},
+            "hourly_minor_by_gpu_count": {str(n): status.price_of(sku, n) for n in sku.counts},
         },
         "default_image": image_rules.default(dict(images), sku),
     }
@@ -101,15 +99,3 @@ def images(conn: Connection, *, sku: str | None) -> dict[str, Any] | None:
                 }
             )
     return {"items": out}
-
-
-def priced(capacity: list[dict[str, Any]], sku_map: Mapping[str, m.Sku]) -> list[dict[str, Any]]:
-    """The capacity document's offers, each size with its hourly price (in place; returned for chaining)."""
-    for offer in capacity:
-        sku = sku_map.get(offer["sku"])
-        if sku is None:
-            continue
-        offer["price"] = {"currency": sku.currency, "gpu_hourly_minor": sku.gpu_hourly_price_minor}
-        for size in [*offer["sizes"], *(s for sizes in offer["dedicated"].values() for s in sizes)]:
-            size["hourly_price_minor"] = price_of(sku, size["gpu_count"])
-    return capacity

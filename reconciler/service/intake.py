@@ -1,7 +1,7 @@
 """Request intake: `POST /api/v1/allocations` and `DELETE /api/v1/allocations/{id}` commit to the desired-state repo.
 
 The portal's request becomes `allocations/<id>.yaml` through exactly the code
-`gpuaas request create --commit --push` runs (reconciler/requests.py): the
+`gpuaas request create --commit --push` runs (reconciler/reconcile/requests.py): the
 whole repo is validated with the new file first (422 carries the problems
 `gpuaas validate` would print, same codes and messages), the file is
 committed by the bot and pushed; a refused push is rolled back there (no
@@ -37,7 +37,7 @@ from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
 from desired import loading
-from reconciler import requests
+from reconciler.reconcile import requests
 from reconciler.service import tenants
 from reconciler.service.pool import session_kwargs
 from reconciler.service.portalmodels import Accepted, AllocationRequest

@@ -25,9 +25,8 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from reconciler.commands import history as history_command
+from reconciler.reports import history as history_report
 from reconciler.store import endpoints as store_endpoints
-from reconciler.store import history as store_history
 from reconciler.store.connections import Connection
 from schemas import dberrors, hostreports
 
@@ -48,7 +47,7 @@ SLOT_STATES = (
 ALLOCATION_STATES = ("pending", "reserved", "provisioning", "active", "releasing", "released", "failed")
 
 # The display state of a slot row `s` (see the module docstring; drift is added in Python or by DRIFT_SLOTS).
-# A free slot of a node leased whole (a live node_exclusive claim) is `leased`: never sold as a slot (issue 30).
+# A free slot of a node leased whole (a live node_exclusive claim) is `leased`: never sold as a slot.
 _SLOT_STATE_SQL = (
     "CASE WHEN s.status = 'cleanup_blocked' THEN 'blocked'"
     " WHEN s.status = 'available' AND EXISTS (SELECT 1 FROM allocation_resource_claims lc"
@@ -300,7 +299,7 @@ def allocation(conn: Connection, allocation_id: str) -> dict[str, Any] | None:
 
 
 def _baremetal(conn: Connection, allocation_id: str) -> dict[str, Any] | None:
-    """The lease through its machine provider (issue 30): phase, provider, machine, timings, SSH endpoint."""
+    """The lease through its machine provider: phase, provider, machine, timings, SSH endpoint."""
     from reconciler.store import leases
 
     lease = leases.details(conn, [allocation_id]).get(allocation_id)
@@ -673,7 +672,7 @@ def regions(conn: Connection) -> list[dict[str, Any]]:
 
 def history(conn: Connection, limit: int = 20) -> list[dict[str, Any]]:
     """The newest reconciliations, as `gpuaas history -o json` shows them."""
-    rows = [history_command.as_row(r) for r in store_history.recent(conn, limit)]
+    rows = history_report.recent(conn, limit)
     return [{k: iso(v) for k, v in row.items()} for row in rows]
 
 

@@ -16,6 +16,7 @@ Modules (import the module, call through it):
   claims       write a Plan: placements, pending reasons, releases
   cleanup      absorb host reports: VM ready -> active, wipe proof -> slot free
   hostplans    write one host plan per node, generation bumped on change
+  hoststatus   read what the hosts reported (host_status, host_slot_status) for `gpuaas drift`
   checks       invariant queries (`gpuaas db check`)
   history      reconciliation runs
   lifecycle    allocation lifecycle, reschedules, quarantined slots, host liveness
@@ -25,5 +26,5 @@ Modules (import the module, call through it):
 
 Schema and SQL functions: schemas/sql/0001-0049 (this package), 0050+ (later features).
 psycopg errors -> project errors: schemas/dberrors.py. The whole reconciliation
-of a revision: reconciler/reconciling.py. Design and decisions: docs/claims.md.
+of a revision: reconciler/reconcile/reconciling.py. Design and decisions: docs/claims.md.
 """

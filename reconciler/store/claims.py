@@ -27,6 +27,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from desired import defaults
 from reconciler.plans import Pending, Placement, Plan, Release, ResolvedProfile
 from reconciler.store.connections import Connection
 from schemas import dberrors, snapshots
@@ -237,7 +238,7 @@ def place(
     placement: Placement,
     *,
     revision: str | None = None,
-    max_attempts: int = 5,
+    max_attempts: int = defaults.CLAIM_CANDIDATES,
     fault: Fault | None = None,
 ) -> PlacementResult:
     """Claim the placement's node/slots, or its next candidates after a lost race."""
@@ -255,7 +256,11 @@ def place(
 
 
 def place_many(
-    conn: Connection, placements: Sequence[Placement], *, revision: str | None = None, max_attempts: int = 5
+    conn: Connection,
+    placements: Sequence[Placement],
+    *,
+    revision: str | None = None,
+    max_attempts: int = defaults.CLAIM_CANDIDATES,
 ) -> list[PlacementResult]:
     """`place` for each placement, in order, `BATCH` of them per round trip; one transaction per attempt."""
     _require_autocommit(conn)
@@ -362,7 +367,12 @@ def cancel_unplaced(conn: Connection) -> tuple[str, ...]:
 
 
 def apply(
-    conn: Connection, plan: Plan, *, revision: str | None = None, max_attempts: int = 5, fault: Fault | None = None
+    conn: Connection,
+    plan: Plan,
+    *,
+    revision: str | None = None,
+    max_attempts: int = defaults.CLAIM_CANDIDATES,
+    fault: Fault | None = None,
 ) -> ApplyResult:
     """Write the whole plan: releases, placements (one transaction each), pending reasons."""
     _require_autocommit(conn)

@@ -1,39 +1,33 @@
 """Where the database is, and connecting to it.
 
-GPUAAS_DATABASE_URL names an external PostgreSQL; without it the embedded
-server of the state dir (GPUAAS_STATE_DIR, `.gpuaas/` by default) is started
-on first use and reused.
+An explicit URL (--db-url), else GPUAAS_DATABASE_URL, names an external
+PostgreSQL; without one the embedded server of the state dir (--state-dir,
+GPUAAS_STATE_DIR, `.gpuaas/` by default) is started on first use and reused.
+The environment is read through reconciler.settings.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg.rows import TupleRow
 
+from reconciler import settings
 from reconciler.store import embedded
 from schemas import dberrors
 from schemas.errors import PermanentError
-
-ENV_URL = "GPUAAS_DATABASE_URL"
-ENV_STATE_DIR = "GPUAAS_STATE_DIR"
-DEFAULT_STATE_DIR = Path(".gpuaas")
 
 Connection = psycopg.Connection[TupleRow]
 
 
 def state_dir(explicit: Path | None = None) -> Path:
-    if explicit is not None:
-        return explicit
-    env = os.environ.get(ENV_STATE_DIR)
-    return Path(env) if env else DEFAULT_STATE_DIR
+    return explicit if explicit is not None else settings.current().state_dir
 
 
 def external_url() -> str | None:
-    return os.environ.get(ENV_URL) or None
+    return settings.current().database_url
 
 
 NOT_RUNNING = "db.not_running"  # a read-only command found no embedded server: it never starts one
@@ -58,7 +52,7 @@ def database_url(explicit_url: str | None = None, state: Path | None = None, *, 
         was = "stopped" if server.initialized else "never initialised"
         raise PermanentError(
             f"no database server runs for the state dir {where} ({was}); this command only "
-            f"reads and starts none: start it with `{how}`, or set {ENV_URL} (or --db-url)",
+            f"reads and starts none: start it with `{how}`, or set {settings.ENV_URL} (or --db-url)",
             code=NOT_RUNNING,
         )
     return server.url()

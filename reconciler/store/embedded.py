@@ -42,6 +42,7 @@ from urllib.parse import quote
 import psycopg
 from psycopg import sql
 
+from reconciler import settings
 from schemas.errors import PermanentError, TemporaryError
 
 PORT = 5432
@@ -49,7 +50,6 @@ OWNER = "postgres"
 DEFAULT_DB = "gpuaas"
 _SOCKET_NAME_MAX = 107 - len(f"/.s.PGSQL.{PORT}")
 _CONF = "gpuaas.conf"
-ENV_ROOT = "GPUAAS_EMBEDDED_ROOT"
 DEFAULT_ROOT = Path("/var/lib/gpuaas/embedded")
 
 
@@ -122,8 +122,7 @@ def server_for(state_dir: Path) -> Server:
 
 
 def embedded_root() -> Path:
-    override = os.environ.get(ENV_ROOT)
-    return Path(os.path.abspath(override)) if override else DEFAULT_ROOT
+    return settings.current().embedded_root or DEFAULT_ROOT
 
 
 def _searchable(path: Path) -> bool:
@@ -133,9 +132,9 @@ def _searchable(path: Path) -> bool:
 
 def bin_dir() -> Path:
     """The PostgreSQL server binaries: $GPUAAS_PG_BIN, else the newest Debian install."""
-    override = os.environ.get("GPUAAS_PG_BIN")
-    if override:
-        return Path(override)
+    override = settings.current().pg_bin
+    if override is not None:
+        return override
     found = sorted(
         Path("/usr/lib/postgresql").glob("*/bin/initdb"),
         key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0,

@@ -31,6 +31,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from desired import defaults
 from reconciler.store import endpoints
 from reconciler.store.connections import Connection
 from schemas import dberrors, progress, snapshots
@@ -128,8 +129,8 @@ def build(conn: Connection, node: str, generation: int = 0) -> codec.HostPlan | 
             bridge=str(net.get("bridge", "gpuaasbr0")),
         ),
         os_disk=str(os_disk),
-        graceful_timeout_s=int(graceful or 120),
-        readiness_timeout_s=int(readiness or 300),
+        graceful_timeout_s=int(graceful or defaults.SHUTDOWN_TIMEOUT_S),
+        readiness_timeout_s=int(readiness or defaults.READINESS_TIMEOUT_S),
         vms=tuple(_vm(a, c) for a, c in sorted(running.items())),
         releases=tuple(_vm(a, c) for a, c in sorted(releasing.items())),
         slots=tuple(

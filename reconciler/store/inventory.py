@@ -28,7 +28,7 @@ from desired import deltas
 from desired.loading import DesiredState
 from reconciler.store import inventoryrows
 from reconciler.store.connections import Connection
-from reconciler.store.inventoryrows import ALLOCATIONS, IMAGES, NODES, SKUS, SLOTS, Item, Row, Table
+from reconciler.store.inventoryrows import ALLOCATIONS, FLEET, IMAGES, NODES, SKUS, SLOTS, Item, Row, Table
 from schemas import dberrors
 
 _LOCK_KEY = 0x67707561_0001
@@ -553,30 +553,25 @@ def _sync_fleet(conn: Connection, state: DesiredState, revision: str) -> list[Ro
     fleet = state.fleet
     if fleet is None:
         return []
-    row = {
-        "name": fleet.name,
-        "management_network": fleet.management_network.model_dump(mode="json"),
-        "placement": fleet.placement.model_dump(mode="json"),
-        "graceful_shutdown_timeout_s": fleet.graceful_shutdown_timeout_s,
-        "readiness_timeout_s": fleet.graceful_timeout_seconds,  # the column keeps its first name
-    }
+    row = inventoryrows.fleet_row(fleet)
+    cols = FLEET.columns
     have = conn.execute(
-        "SELECT name, management_network, placement, graceful_shutdown_timeout_s,"
-        " readiness_timeout_s FROM fleet_settings"
+        sql.SQL("SELECT {} FROM fleet_settings").format(sql.SQL(", ").join(map(sql.Identifier, cols)))
     ).fetchone()
-    plain = {k: _plain_json(v) if isinstance(v, dict) else v for k, v in row.items()}
-    if have is not None and _same(tuple(have), tuple(plain.values())):
+    plain = tuple(_plain_json(row[c]) if c in FLEET.json_columns and row[c] is not None else row[c] for c in cols)
+    if have is not None and _same(tuple(have), plain):
         return []
     conn.execute(
-        "INSERT INTO fleet_settings (singleton, name, management_network, placement,"
-        " graceful_shutdown_timeout_s, readiness_timeout_s, revision)"
-        " VALUES (true, %(name)s, %(management_network)s, %(placement)s, %(graceful_shutdown_timeout_s)s,"
-        " %(readiness_timeout_s)s, %(revision)s)"
-        " ON CONFLICT (singleton) DO UPDATE SET name = EXCLUDED.name,"
-        " management_network = EXCLUDED.management_network, placement = EXCLUDED.placement,"
-        " graceful_shutdown_timeout_s = EXCLUDED.graceful_shutdown_timeout_s,"
-        " readiness_timeout_s = EXCLUDED.readiness_timeout_s, revision = EXCLUDED.revision,"
-        " updated_at = now()",
-        {**{k: _jsonb(v) if isinstance(v, dict) else v for k, v in row.items()}, "revision": revision},
+        sql.SQL(
+            "INSERT INTO fleet_settings (singleton, {cols}, revision) VALUES (true, {values}, %(revision)s)"
+            " ON CONFLICT (singleton) DO UPDATE SET {updates}, revision = EXCLUDED.revision, updated_at = now()"
+        ).format(
+            cols=sql.SQL(", ").join(map(sql.Identifier, cols)),
+            values=sql.SQL(", ").join(map(sql.Placeholder, cols)),
+            updates=sql.SQL(", ").join(
+                sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c)) for c in cols
+            ),
+        ),
+        _params(FLEET, row, revision),
     )
     return [RowChange("fleet", fleet.name, "added" if have is None else "changed")]

@@ -39,6 +39,23 @@ class Table:
     json_columns: frozenset[str] = frozenset()
 
 
+# The Fleet's one row. host_liveness_ttl_s and max_attempts are written by store/lifecycle.sync_settings.
+FLEET = Table(
+    "fleet_settings",
+    "fleet",
+    ("singleton",),
+    (
+        "name",
+        "management_network",
+        "placement",
+        "graceful_shutdown_timeout_s",
+        "readiness_timeout_s",
+        "regions",
+        "ingress",
+        "machine_providers",
+    ),
+    frozenset({"management_network", "placement", "regions", "ingress", "machine_providers"}),
+)
 SKUS = Table(
     "sku_catalog",
     "sku",
@@ -57,6 +74,8 @@ SKUS = Table(
         "gpu_hourly_price_minor",
         "currency",
         "active",
+        "same_node_required",
+        "readiness_timeout_seconds",
     ),
     frozenset({"topology_policy", "resource_profile"}),
 )
@@ -109,8 +128,9 @@ NODES = Table(
         "management_network",
         "public_addresses",
         "ingress",
+        "machine",
     ),
-    frozenset({"management_network", "ingress"}),
+    frozenset({"management_network", "ingress", "machine"}),
 )
 SLOTS = Table(
     "node_resource_slots",
@@ -235,6 +255,19 @@ def revision_key(state: DesiredState, digest: str | None = None) -> str:
     return state.revision or f"tree:{(digest or content_hash(state))[:16]}"
 
 
+def fleet_row(f: m.Fleet) -> Row:
+    return {
+        "name": f.name,
+        "management_network": f.management_network.model_dump(mode="json"),
+        "placement": f.placement.model_dump(mode="json"),
+        "graceful_shutdown_timeout_s": f.graceful_shutdown_timeout_s,
+        "readiness_timeout_s": f.graceful_timeout_seconds,  # the column keeps its first name
+        "regions": [r.model_dump(mode="json") for r in f.regions],
+        "ingress": f.ingress.model_dump(mode="json"),
+        "machine_providers": [p.model_dump(mode="json") for p in f.machine_providers],
+    }
+
+
 def sku_row(s: m.Sku) -> Row:
     return {
         "sku": s.sku,
@@ -251,6 +284,8 @@ def sku_row(s: m.Sku) -> Row:
         "gpu_hourly_price_minor": s.gpu_hourly_price_minor,
         "currency": s.currency,
         "active": s.active,
+        "same_node_required": s.same_node_required,
+        "readiness_timeout_seconds": s.readiness_timeout_seconds,
     }
 
 
@@ -282,6 +317,7 @@ def node_row(state: DesiredState, n: m.Node) -> Row:
         "management_network": validation.management_network(state, n).model_dump(mode="json"),
         "public_addresses": list(n.public_addresses),
         "ingress": n.ingress.model_dump(mode="json") if n.ingress is not None else None,
+        "machine": n.machine.model_dump(mode="json") if n.machine is not None else None,
     }
 
 

@@ -3,7 +3,7 @@
 A lease row is written before its provider is asked anything (the durable
 request); every phase change is one transaction with an outbox event
 (`baremetal.<phase>`), which `gpuaas history --allocation` reads. The
-provider calls themselves live in `reconciler.leasing`.
+provider calls themselves live in `reconciler.reconcile.leasing`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The allocation lifecycle, reschedules, quarantined slots and host liveness (issue 15).
+"""The allocation lifecycle, reschedules, quarantined slots and host liveness.
 
 One lifecycle per allocation, kept in PostgreSQL and fed by host reports
 (view `allocation_lifecycle`, migration 0011):
@@ -36,6 +36,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
+from desired import defaults
 from desired.loading import DesiredState
 from reconciler.store.connections import Connection
 from schemas import dberrors
@@ -49,11 +50,8 @@ RESCHEDULE_PATTERNS: tuple[str, ...] = (
     "host.readiness.%",  # no DHCP lease or no TCP answer before the readiness timeout
     "host.kvm_missing",
     "host.hugepages.%",
-    "baremetal.deploy.%",  # a machine provider's failed deploy (the machine is quarantined, issue 30)
+    "baremetal.deploy.%",  # a machine provider's failed deploy (the machine is quarantined)
 )
-
-DEFAULT_TTL_S = 90
-DEFAULT_MAX_ATTEMPTS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +95,7 @@ def fleet_settings(state: DesiredState) -> tuple[int, int]:
     """(liveness TTL seconds, max attempts) of the desired state's Fleet."""
     fleet = state.fleet
     if fleet is None:
-        return DEFAULT_TTL_S, DEFAULT_MAX_ATTEMPTS
+        return defaults.HOST_LIVENESS_TTL_S, defaults.PROVISION_ATTEMPTS
     return fleet.host_liveness_ttl_seconds, fleet.max_attempts
 
 
@@ -434,7 +432,7 @@ def timeline(
             )
         elif kind == "allocation.released":
             out.append(Transition(at, "released", "released"))
-        elif kind.startswith("baremetal."):  # a lease's provider phase (issue 30), on the attempt's node
+        elif kind.startswith("baremetal."):  # a lease's provider phase, on the attempt's node
             phase = kind.removeprefix("baremetal.")
             out.append(
                 Transition(

@@ -2,9 +2,12 @@
 
 `desired_state(conn)` rebuilds a DesiredState from the inventory rows the
 last sync wrote (present rows only), so status needs no git checkout and
-shows exactly what the database reconciles against. Fleet regions are not
-stored: they are derived from the nodes. A node's management network is
-stored resolved; it is dropped again when it equals the fleet's.
+shows exactly what the database reconciles against. It is the inverse of
+the rows (store/inventoryrows.py, store/lifecycle.sync_settings): every
+field of every kind comes back as git declared it (tests/claims/test_roundtrip.py).
+A node's management network is stored resolved; it is dropped again when it
+equals the fleet's. A Fleet row synced before its regions were stored
+(migration 0082) derives them from the nodes until the next sync.
 
 Nothing here writes.
 """
@@ -73,11 +76,7 @@ def current_revision(conn: Connection) -> str | None:
 
 def desired_state(conn: Connection) -> DesiredState:
     with dberrors.wrapped("read the stored inventory"):
-        fleet = _rows(
-            conn,
-            "SELECT name, management_network, placement, graceful_shutdown_timeout_s,"
-            " readiness_timeout_s FROM fleet_settings",
-        )
+        fleet = _rows(conn, "SELECT * FROM fleet_settings")
         skus = _rows(conn, "SELECT * FROM sku_catalog WHERE present ORDER BY sku")
         images = _rows(conn, "SELECT * FROM os_images WHERE present ORDER BY slug")
         nodes = _rows(conn, "SELECT * FROM nodes WHERE present ORDER BY name")
@@ -111,6 +110,9 @@ def _fleet(r: dict[str, Any], nodes: list[dict[str, Any]]) -> dict[str, Any]:
     regions: dict[str, set[str]] = defaultdict(set)
     for n in nodes:
         regions[n["region"]].add(n["pool"])
+    derived = [
+        {"name": reg, "pools": [{"name": p} for p in sorted(pools)]} for reg, pools in sorted(regions.items())
+    ] or [{"name": "none", "pools": [{"name": "none"}]}]
     return {
         **_DOC,
         "kind": "Fleet",
@@ -118,11 +120,12 @@ def _fleet(r: dict[str, Any], nodes: list[dict[str, Any]]) -> dict[str, Any]:
         "management_network": r["management_network"],
         "placement": r["placement"],
         "graceful_shutdown_timeout_s": r["graceful_shutdown_timeout_s"],
-        "readiness_timeout_s": r["readiness_timeout_s"],
-        "regions": [
-            {"name": reg, "pools": [{"name": p} for p in sorted(pools)]} for reg, pools in sorted(regions.items())
-        ]
-        or [{"name": "none", "pools": [{"name": "none"}]}],
+        "graceful_timeout_seconds": r["readiness_timeout_s"],  # the column keeps its first name
+        "host_liveness_ttl_seconds": r["host_liveness_ttl_s"],
+        "max_attempts": r["max_attempts"],
+        "regions": r["regions"] if r["regions"] is not None else derived,
+        **({"ingress": r["ingress"]} if r["ingress"] is not None else {}),
+        **({"machine_providers": r["machine_providers"]} if r["machine_providers"] is not None else {}),
     }
 
 
@@ -145,6 +148,8 @@ def _sku(r: dict[str, Any]) -> dict[str, Any]:
         "gpu_hourly_price_minor": r["gpu_hourly_price_minor"],
         "currency": r["currency"],
         "active": r["active"],
+        "same_node_required": r["same_node_required"],
+        "readiness_timeout_seconds": r["readiness_timeout_seconds"],
     }
 
 
@@ -200,6 +205,7 @@ def _node(r: dict[str, Any], fleet_network: Any) -> dict[str, Any]:
         "management_network": None if network == fleet_network else network,
         **({"public_addresses": list(r["public_addresses"])} if r.get("public_addresses") else {}),
         **({"ingress": r["ingress"]} if r.get("ingress") else {}),
+        "machine": r["machine"],
     }
 
 

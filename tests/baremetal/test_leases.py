@@ -9,9 +9,10 @@ from __future__ import annotations
 import time
 
 from desired.loading import DesiredState
-from reconciler import cli, reconciling
+from reconciler import cli
 from reconciler.bench import leases as fleets
 from reconciler.providers.lab.maas_sim import MaasSimulator
+from reconciler.reconcile import reconciling
 from reconciler.store import checks, inventory, leases, live
 from reconciler.store.connections import Connection
 from tests.baremetal.conftest import Listener, maas_provider

@@ -13,8 +13,9 @@ import json
 import pytest
 
 from desired import models as m
-from reconciler import cli, reconciling
+from reconciler import cli
 from reconciler.bench import synthetic
+from reconciler.reconcile import reconciling
 from reconciler.store import lifecycle
 from reconciler.store.connections import Connection
 from tests.claims import util

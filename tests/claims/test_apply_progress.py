@@ -6,7 +6,7 @@ import io
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from reconciler import reconciling
+from reconciler.reconcile import reconciling
 from reconciler.store.connections import Connection
 from schemas import progress
 from tests.claims.test_lifecycle import fleet

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from reconciler import settings
 from reconciler.store import connections, embedded, migrations
 from tests.claims import util
 
@@ -31,8 +32,8 @@ def state_dir(pg_server: embedded.Server) -> Iterator[Path]:
 
 
 def gpuaas(state: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != connections.ENV_URL}
-    env[connections.ENV_STATE_DIR] = str(state)
+    env = {k: v for k, v in os.environ.items() if k != settings.ENV_URL}
+    env[settings.ENV_STATE_DIR] = str(state)
     return subprocess.run(
         [sys.executable, "-m", "reconciler.cli", *argv],
         cwd=ROOT,
@@ -87,7 +88,7 @@ def test_an_unreachable_state_dir_keeps_its_server_under_the_embedded_root(
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
     root = tmp_path / "embedded-root"
-    monkeypatch.setenv(embedded.ENV_ROOT, str(root))
+    monkeypatch.setenv(settings.ENV_EMBEDDED_ROOT, str(root))
     server = embedded.server_for(private / "state")
     assert root in server.data_dir.parents  # where postgres can reach it, keyed by the checkout
     assert embedded.server_for(private / "state").data_dir == server.data_dir  # the same checkout, the same server

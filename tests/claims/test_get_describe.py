@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from desired.loading import DesiredState
-from reconciler import cli, reconciling
+from reconciler import cli
+from reconciler.reconcile import reconciling
 from reconciler.store.connections import Connection
 from tests.claims import util
 from tests.claims.test_lifecycle import fleet, report_vm_failure, where

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from desired import models as m
-from reconciler import reconciling, sources
+from reconciler import sources
+from reconciler.reconcile import reconciling
 from reconciler.store import checks, claims, inventory, live
 from reconciler.store.connections import Connection
 from tests.claims import util

@@ -19,7 +19,8 @@ from pathlib import Path
 import git
 import pytest
 
-from reconciler.store import connections, embedded
+from reconciler import settings
+from reconciler.store import embedded
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,8 +37,8 @@ def state_dir(pg_server: embedded.Server) -> Iterator[Path]:
 
 
 def gpuaas(state: Path, *argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != connections.ENV_URL}
-    env[connections.ENV_STATE_DIR] = str(state)
+    env = {k: v for k, v in os.environ.items() if k != settings.ENV_URL}
+    env[settings.ENV_STATE_DIR] = str(state)
     return subprocess.run(
         [sys.executable, "-m", "reconciler.cli", *argv],
         cwd=cwd,

@@ -6,8 +6,8 @@ import copy
 
 from desired import models as m
 from desired.loading import DesiredState
-from reconciler import reconciling
 from reconciler.placement import prplan, prplan_render
+from reconciler.reconcile import reconciling
 from reconciler.store import live
 from reconciler.store.connections import Connection
 from tests.claims.test_get_describe import failed  # noqa: F401  # the fixture, shared

@@ -14,8 +14,8 @@ import pytest
 from pydantic import ValidationError
 
 from desired import models as m
-from reconciler import reconciling
 from reconciler.bench import synthetic
+from reconciler.reconcile import reconciling
 from reconciler.store import connections, hostplans
 
 BASE: dict[str, Any] = {

@@ -15,8 +15,8 @@ import pytest
 
 from desired import models as m
 from policies import profiles
-from reconciler import reconciling
 from reconciler.bench import synthetic
+from reconciler.reconcile import reconciling
 from reconciler.store import connections, hostplans
 from schemas import hostplans as hp
 from schemas import snapshots

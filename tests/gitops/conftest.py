@@ -6,7 +6,7 @@
       h200-use1-s01  8 slots  numa0 [0 1 2 3]  numa1 [4 5 6 7]   slice-capable
       h200-use1-s02  8 slots  numa0 [0 1 2 3]  numa1 [4 5 6 7]   slice-capable
 
-no baremetal nodes and no allocations; the portal bot (`reconciler.requests`)
+no baremetal nodes and no allocations; the portal bot (`reconciler.reconcile.requests`)
 adds allocations as commits.
 """
 
@@ -23,7 +23,8 @@ import git
 import pytest
 from psycopg.types.json import Jsonb
 
-from reconciler import heads, requests, watching
+from reconciler.loop import heads, watching
+from reconciler.reconcile import requests
 from reconciler.store import connections
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fleet"

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import cli, requests
+from reconciler import cli
+from reconciler.reconcile import requests
 from reconciler.store import connections
 from tests.gitops.conftest import EXAMPLE, REGION, SKU, T0, Repo, claims, history_rows
 

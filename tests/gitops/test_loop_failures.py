@@ -17,8 +17,8 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import pytest
 
-from reconciler import heads, watching
 from reconciler.commands.run import GAVE_UP
+from reconciler.loop import heads, watching
 from reconciler.store import connections, history, revisions
 from schemas import dberrors
 from tests.gitops.conftest import Repo, claims, make_loop
@@ -270,7 +270,8 @@ def test_one_apply_places_baremetal_and_slice_requests_added_together_on_a_fresh
 ) -> None:
     import shutil
 
-    from reconciler import cli, requests
+    from reconciler import cli
+    from reconciler.reconcile import requests
     from tests.gitops.conftest import EXAMPLE
 
     root = tmp_path / "fleet"

@@ -24,10 +24,10 @@ import pytest
 
 from desired import deltas, gitrepo, loading
 from policies import validating
-from reconciler import cli, inventory_diff, sources
+from reconciler import cli, sources
 from reconciler.commands import blobcache
 from reconciler.commands import plan as plan_command
-from reconciler.placement import prplan
+from reconciler.placement import inventory_diff, prplan
 from tests.gitops.conftest import NODES, Repo, make_fleet, make_loop
 
 FORMATS = ("json", "markdown", "text")

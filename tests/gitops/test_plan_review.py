@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from reconciler import cli, inventory_diff
+from reconciler import cli
+from reconciler.placement import inventory_diff
 from tests.gitops.conftest import Repo
 
 

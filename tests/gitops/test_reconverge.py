@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from desired import loading
-from reconciler import cli, reconciling, sources, watching
+from reconciler import cli, sources
+from reconciler.loop import watching
+from reconciler.reconcile import reconciling
 from reconciler.store import connections, history, revisions
 from tests.gitops.conftest import LoopRun, Repo, claims, history_rows
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import requests
+from reconciler.reconcile import requests
 from schemas.errors import PermanentError
 from tests.gitops.conftest import Repo
 

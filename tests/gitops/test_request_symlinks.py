@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import cli, requests
+from reconciler import cli
+from reconciler.reconcile import requests
 from tests.gitops.conftest import Repo
 
 REQUEST = (

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from reconciler import cli, requests
+from reconciler import cli
+from reconciler.reconcile import requests
 from tests.gitops.conftest import Repo
 
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from reconciler import cli, planfiles
+from reconciler import cli
+from reconciler.reconcile import planfiles
 from reconciler.store import connections
 from tests.gitops.conftest import EXAMPLE, Repo, claims, history_rows
 

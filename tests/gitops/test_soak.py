@@ -27,7 +27,8 @@ from pathlib import Path
 import git
 import pytest
 
-from reconciler import requests, watching
+from reconciler.loop import watching
+from reconciler.reconcile import requests
 from reconciler.store import checks, connections, revisions
 from tests.gitops.conftest import EXAMPLE, T0, LoopRun, Repo, make_fleet, make_loop, prove_wipe
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import git
 import pytest
 
-from reconciler import heads, watching
+from reconciler.loop import heads, watching
 from reconciler.store import connections, revisions
 from tests.gitops.conftest import (
     LoopRun,

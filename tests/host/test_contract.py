@@ -16,8 +16,9 @@ import pytest
 
 from host_reconciler import converging, lab, store
 from host_reconciler.drivers import wiring
-from reconciler import reconciling, sources
+from reconciler import sources
 from reconciler.demo import hosts as demo
+from reconciler.reconcile import reconciling
 from schemas.errors import GpuaasError
 
 NODE = "h200-use1-s01"

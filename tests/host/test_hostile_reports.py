@@ -19,10 +19,11 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from host_reconciler import reports, store
+from host_reconciler import store
 from host_reconciler.actions import Drift, DriftCode
 from reconciler import cli
-from reconciler.store import connections, migrations
+from reconciler.store import connections, hoststatus, migrations
+from schemas import driftreports
 from tests.host.test_store import add_node, plan, status
 
 GOOD = {
@@ -152,7 +153,7 @@ def test_every_drift_code_the_host_writes_is_accepted(db_url: str, nodes: dict[s
     with _as_node(db_url, nodes["node-a"]) as conn:
         store.write_status(conn, status("node-a", drift=drift))
     with store.connect(db_url) as central:
-        row = store.read_status(central, "node-a")[0]
+        row = hoststatus.read(central, "node-a")[0]
     assert [d["code"] for d in row["drift"]] == [str(c) for c in DriftCode]
 
 
@@ -191,8 +192,8 @@ def test_drift_command_shows_a_malformed_report_as_invalid_and_every_other_node(
     assert doc["total"] == 3
     assert {n["node"]: [d["code"] for d in n["drift"]] for n in doc["nodes"]} == {
         "node-a": ["drift.disk.mounted"],
-        "node-b": [reports.INVALID],
-        "node-c": [reports.INVALID],
+        "node-b": [driftreports.INVALID],
+        "node-c": [driftreports.INVALID],
     }
 
     assert cli.main(["drift", "--db-url", db_url, "--node", "node-c", "-o", "markdown"]) == 0
@@ -238,8 +239,8 @@ def test_0008_repairs_malformed_rows_written_before_it(empty_db_url: str, monkey
             ).fetchall()
         }
     assert rows["node-a"] == ([GOOD], [], {})
-    assert [d["code"] for d in rows["node-b"][0]] == [reports.INVALID] == [d["code"] for d in rows["node-c"][0]]
+    assert [d["code"] for d in rows["node-b"][0]] == [driftreports.INVALID] == [d["code"] for d in rows["node-c"][0]]
     assert rows["node-b"][1][0]["code"] == "host.report.invalid" and rows["node-b"][2] == {}
     assert slots["node-a"] == ([GOOD], {"device": "/dev/disk/by-id/nvme-S0"}, None)
-    assert slots["node-b"][0][0]["code"] == reports.INVALID and slots["node-b"][0][0]["slot_index"] == 3
+    assert slots["node-b"][0][0]["code"] == driftreports.INVALID and slots["node-b"][0][0]["slot_index"] == 3
     assert slots["node-b"][1:] == ({}, 4096)

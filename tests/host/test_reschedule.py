@@ -25,7 +25,7 @@ from host_reconciler import converging
 from host_reconciler import store as host_store
 from host_reconciler.drivers import wiring
 from host_reconciler.drivers.fakes import FakePci
-from reconciler import reconciling
+from reconciler.reconcile import reconciling
 from reconciler.store import checks, connections, lifecycle
 from tests.host.conftest import SLOTS, SSH_KEY, Lab
 

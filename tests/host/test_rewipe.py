@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from desired import models as m
-from reconciler import cli, reconciling
+from reconciler import cli
+from reconciler.reconcile import reconciling
 from reconciler.store import connections
 from tests.host.conftest import Lab
 from tests.host.test_reschedule import current_node, desired

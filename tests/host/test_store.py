@@ -17,6 +17,7 @@ from host_reconciler import store
 from host_reconciler.actions import Drift, DriftCode, DriftMode
 from host_reconciler.statuses import HostStatus, SlotReport
 from reconciler import cli
+from reconciler.store import hoststatus
 from schemas import hostplans as hp
 from schemas.errors import GpuaasError
 from schemas.states import SlotStatus
@@ -81,7 +82,7 @@ def test_node_role_cannot_read_another_nodes_plan_or_write_its_status(
         assert store.read_plan(conn, "node-b") is None  # invisible, not an error
         assert conn.execute("SELECT count(*) FROM host_plans").fetchone() == (1,)
         store.write_status(conn, status("node-a"))
-        assert [n["node"] for n in store.read_status(conn)] == ["node-a"]
+        assert [n["node"] for n in hoststatus.read(conn)] == ["node-a"]
         with pytest.raises(GpuaasError):
             store.write_status(conn, status("node-b", drift=(Drift(DriftCode.DISK_MOUNTED, 0, "forged"),)))
         with pytest.raises(GpuaasError), store.dberrors.wrapped("read role map"):
@@ -91,7 +92,7 @@ def test_node_role_cannot_read_another_nodes_plan_or_write_its_status(
         with pytest.raises(psycopg.Error):
             conn.execute("UPDATE host_plans SET generation = 99 WHERE node_name = 'node-a'")
     with store.connect(db_url) as central:
-        rows = {n["node"]: n for n in store.read_status(central)}
+        rows = {n["node"]: n for n in hoststatus.read(central)}
         assert rows["node-b"]["drift"] == [] and rows["node-b"]["healthy"] is True
         assert rows["node-a"]["observed_generation"] == 1
         assert central.execute("SELECT generation FROM host_plans WHERE node_name = 'node-a'").fetchone() == (1,)

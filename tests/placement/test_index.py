@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from reconciler import fleetgraph, plans
-from reconciler.placement import placing, synthesis
+from reconciler import plans
+from reconciler.placement import fleetgraph, placing, synthesis
 from reconciler.placement.index import NodeHeap, SliceIndex
 from schemas import states
 from tests.placement.pictures import BAREMETAL, SLICE, world

@@ -17,9 +17,9 @@ import pytest
 from desired import models as m
 from desired.loading import DesiredState
 from policies import eligibility
-from reconciler import fleetgraph, plans
+from reconciler import plans
 from reconciler.bench import synthetic
-from reconciler.placement import planner
+from reconciler.placement import fleetgraph, planner
 from schemas import states
 
 

@@ -12,6 +12,7 @@ import yaml
 from reconciler import cli
 from reconciler.service import api, pool
 from reconciler.store import connections
+from schemas import output
 from tests.service.conftest import BROKEN_NODE, DRIFT_NODE, DRIFT_SLOT, EXAMPLE, HTML_MESSAGE, HTML_NODE, Served
 
 
@@ -115,6 +116,19 @@ def test_capacity_is_the_status_commands(served: Served, fleet_url: str, capsys:
     assert doc["revision"] == status["revision"] and doc["stale"] is False
     one = served.json("/api/v1/capacity?region=us-east-1&sku=h200-sxm-slice")["capacity"]
     assert [(o["region"], o["sku"]) for o in one] == [("us-east-1", "h200-sxm-slice")]
+
+
+def test_the_service_holds_the_status_commands_whole_document(
+    served: Served, fleet_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One builder: the document the service serves from (capacity, dashboard, gauges) is `status -o json`'s."""
+    status = _status_doc(fleet_url, capsys)
+    answer = served.httpd.service.capacity.get()
+    assert answer.stale is False
+    held = json.loads(output.dumps(answer.computed.doc, "json"))
+    assert held == status
+    assert "orphaned" in held and all("lifecycle" in a and "orphaned" in a for a in held["allocations"])
+    assert any(a["lifecycle"] for a in held["allocations"])
 
 
 def test_capacity_follows_a_change_in_the_store(served: Served, fleet_url: str) -> None:

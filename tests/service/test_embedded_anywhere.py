@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.store import connections, embedded
+from reconciler import settings
+from reconciler.store import embedded
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fleet"
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +32,7 @@ as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the postgres-user path o
 def embedded_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     root = Path(tempfile.mkdtemp(prefix="gpuaas-embedded-", dir="/tmp"))
     root.chmod(0o755)
-    monkeypatch.setenv(embedded.ENV_ROOT, str(root / "embedded"))
+    monkeypatch.setenv(settings.ENV_EMBEDDED_ROOT, str(root / "embedded"))
     try:
         yield root / "embedded"
     finally:
@@ -57,7 +58,7 @@ def test_an_unreachable_state_dir_gets_its_server_under_the_embedded_root(tmp_pa
 
 
 def test_the_default_embedded_root(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(embedded.ENV_ROOT, raising=False)
+    monkeypatch.delenv(settings.ENV_EMBEDDED_ROOT, raising=False)
     assert embedded.embedded_root() == Path("/var/lib/gpuaas/embedded")
 
 
@@ -72,7 +73,7 @@ def test_apply_and_status_in_a_repo_under_a_private_directory(embedded_root: Pat
         assert private.stat().st_mode & 0o777 == 0o700
         repo = private / "fleet"
         shutil.copytree(EXAMPLE, repo)
-        env = {k: v for k, v in os.environ.items() if k not in (connections.ENV_URL, connections.ENV_STATE_DIR)}
+        env = {k: v for k, v in os.environ.items() if k not in (settings.ENV_URL, settings.ENV_STATE_DIR)}
         env["PYTHONPATH"] = str(ROOT)
 
         def gpuaas(*argv: str) -> subprocess.CompletedProcess[str]:

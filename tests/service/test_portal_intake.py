@@ -164,7 +164,7 @@ def test_422_carries_validates_codes_and_messages(
     assert r.status_code == 422, r.text
     got = [(p["code"], p["message"]) for p in r.json()["error"]["problems"]]
     # the same file, written by hand into a checkout, as `gpuaas validate` sees it
-    from reconciler import requests
+    from reconciler.reconcile import requests
 
     check = _clone(remote, tmp_path / "check")
     (check / "allocations" / "portal-bad1.yaml").write_bytes(

@@ -1,4 +1,4 @@
-"""Run baremetal leases through their machine provider: deploy once, readiness, release with erase (issue 30).
+"""Run baremetal leases through their machine provider: deploy once, readiness, release with erase.
 
 Each reconciliation calls `step`: for every node_exclusive claim on a node
 that declares `machine:` (and every lease row not yet finished) it moves

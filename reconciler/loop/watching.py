@@ -1,6 +1,6 @@
 """The GitOps loop: reconcile each new committed revision once, retry what waits, record everything.
 
-Where revisions come from: `Revisions`, implemented by reconciler/heads.py
+Where revisions come from: `Revisions`, implemented by reconciler/loop/heads.py
 (`LocalHead`, `RemoteBranch`).
 
 What the loop does with a revision (`Loop.step`):
@@ -50,8 +50,9 @@ import psycopg
 
 from desired.loading import BlobCache, Cancelled, DesiredState
 from policies import validating
-from reconciler import reconciling, sources
+from reconciler import sources
 from reconciler.placement import replanning
+from reconciler.reconcile import reconciling
 from reconciler.store import connections, history, inventory, live, migrations, revisions
 from schemas import dberrors
 from schemas.errors import GpuaasError, TemporaryError

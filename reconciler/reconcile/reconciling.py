@@ -15,14 +15,15 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from desired import defaults
 from desired import problems as p
 from desired.loading import DesiredState
 from policies import immutables
-from reconciler import leasing
 from reconciler.placement import planner as planning
 from reconciler.plans import Observed, Plan
 from reconciler.providers import protocols as provider_protocols
 from reconciler.providers.registry import Providers
+from reconciler.reconcile import leasing
 from reconciler.store import (
     claims,
     cleanup,
@@ -118,7 +119,7 @@ def planner_for(policy: str | None = None) -> Planner:
 
 
 def max_attempts(state: DesiredState) -> int:
-    return state.fleet.placement.max_claim_attempts if state.fleet else 5
+    return state.fleet.placement.max_claim_attempts if state.fleet else defaults.CLAIM_CANDIDATES
 
 
 def reconcile(

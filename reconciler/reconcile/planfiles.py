@@ -100,7 +100,7 @@ def observed_digest(observed: plans.Observed, inventory_generation: int) -> str:
         "placed": sorted(observed.placed),
         "inventory_generation": inventory_generation,
     }
-    # Host drift blocks slots and nodes (issue 26); keys only when present, so a clean fleet's digest is unchanged.
+    # Host drift blocks slots and nodes; keys only when present, so a clean fleet's digest is unchanged.
     if observed.slot_blocks:
         doc["slot_blocks"] = sorted([n, i, list(c)] for (n, i), c in observed.slot_blocks.items())
     if observed.corrupt_nodes:
