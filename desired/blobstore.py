@@ -143,7 +143,8 @@ def reader_version() -> str:
     import pydantic
     import pydantic_core
 
-    from desired import blockstyle, loading, models, patterns, problems, yamlio
+    from desired import models, patterns, problems
+    from desired.reading import blockstyle, loading, yamlio
 
     h = hashlib.sha256(
         f"format {FORMAT}\0python {sys.version_info[:2]}\0pyyaml {yaml.__version__}\0"

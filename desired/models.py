@@ -89,7 +89,7 @@ def ip_int(value: str) -> int:
 
 class _Model(BaseModel):
     # defer_build: a validator is built when first used (a command reading a kept base validates
-    # one or two documents); the parse pool's fork server builds them all once (`desired.warm`).
+    # one or two documents); the parse pool's fork server builds them all once (`desired.reading.warm`).
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, defer_build=True)
 
 

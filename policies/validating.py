@@ -19,7 +19,7 @@ index, so positions, messages and order are exactly those of a full run
 incremental path) it falls back to a full run and says why (`fallbacks`,
 `last_fallback`, a log line on the `gpuaas` logger).
 
-A state read by delta (`desired.deltas`) names the documents that changed:
+A state read by delta (`desired.reading.deltas`) names the documents that changed:
 when the last state validated was its base, and only nodes and allocations
 changed, only those (and the slot map of a changed node) are checked, not
 every document walked. When they had no problem and still have none, the
@@ -35,10 +35,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from desired import deltas
 from desired import models as m
 from desired import problems as p
-from desired.loading import DesiredState, LoadResult
+from desired.reading import deltas
+from desired.reading.loading import DesiredState, LoadResult
 from policies import validation
 
 log = logging.getLogger("gpuaas.validation")

@@ -10,7 +10,7 @@ changed value down to the leaf with its old and new value (`values`:
 `admin_state: active -> draining`, `slots[3].enabled: true -> false`, list
 items keyed by `slot_index` or `name` where they have one).
 
-A head read by delta from base (`desired.deltas`, as `gpuaas plan` reads
+A head read by delta from base (`desired.reading.deltas`, as `gpuaas plan` reads
 it) is compared only where the delta names a document, and base's answer is
 reused for every other node: the result equals the whole comparison.
 """
@@ -22,8 +22,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from desired import deltas
-from desired.loading import DesiredState
+from desired.reading import deltas
+from desired.reading.loading import DesiredState
 from policies import capability, eligibility
 
 MAX_VALUES = 20  # changed values listed per document; the rest are counted
@@ -116,7 +116,7 @@ def diff(
     *,
     schedulable_before: Mapping[str, Slots] | None = None,
 ) -> InventoryDiff:
-    """What changes from base to head. A head read by delta from base (`desired.deltas`) is compared
+    """What changes from base to head. A head read by delta from base (`desired.reading.deltas`) is compared
     only where the delta names a document: every other document is the very same object in both.
 
     `schedulable_before`: `schedulable(base)`, when the caller kept it (a PR plan's kept base)."""

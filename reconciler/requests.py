@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING, Any
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
-from desired import loading
 from desired import models as m
 from desired import problems as p
+from desired.reading import loading
 from policies import validation
 from schemas.errors import PermanentError
 

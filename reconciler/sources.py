@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from desired import gitrepo, loading
+from desired.reading import gitrepo, loading
 from policies import validating, validation
 from schemas import progress
 from schemas.errors import PermanentError

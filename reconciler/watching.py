@@ -48,7 +48,7 @@ from typing import Protocol
 
 import psycopg
 
-from desired.loading import BlobCache, Cancelled, DesiredState
+from desired.reading.loading import BlobCache, Cancelled, DesiredState
 from policies import validating
 from reconciler import reconciling, sources
 from reconciler.placement import replanning

@@ -41,7 +41,7 @@ def _ensure_fleet(root: Path, nodes: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from desired import loading
+    from desired.reading import loading
     from policies import validation
 
     root = args.dir or Path(tempfile.gettempdir()) / f"gpuaas-bench-fleet-{args.nodes}"

@@ -37,7 +37,7 @@ from schemas import output, progress
 from schemas.errors import PermanentError, UsageError
 
 if TYPE_CHECKING:
-    from desired import loading
+    from desired.reading import loading
 
 DIRTY_LISTED = 20  # files named in an apply.tree_dirty message; the rest are counted
 
@@ -123,7 +123,7 @@ def load(path: Path, rev: str | None, *, allow_dirty: bool = False) -> loading.L
     and then read as it is with no commit as its revision (history records
     `tree:<hash>`). Outside git (or before the first commit): the directory.
     """
-    from desired import gitrepo
+    from desired.reading import gitrepo
     from reconciler import sources
 
     if rev is not None:
@@ -168,7 +168,7 @@ def dirty_files(path: Path) -> list[str]:
     directory (by git blob id) against every YAML file of HEAD under `path`.
     Untracked files git ignores are not desired state and are left out.
     """
-    from desired import gitrepo, loading
+    from desired.reading import gitrepo, loading
 
     try:
         committed = gitrepo.revision_blob_ids(path, "HEAD")

@@ -9,7 +9,7 @@ commit, the path in the repo, `--policy` and the code. So once a base has
 been planned twice (its checked tree was stored: the first run's cache
 writes stay as cheap as before), the second run keeps that base's world:
 
-- the tree as read (paths, documents, models; `desired.deltas.Tree`), so
+- the tree as read (paths, documents, models; `desired.reading.deltas.Tree`), so
   head is read by delta from it (`git diff-tree`: only the files the PR
   changes are parsed and validated);
 - base's cross-file problems and shared MACs (`policies.validating.Memo`);
@@ -52,13 +52,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel
 
-from desired.yamlio import Document
+from desired.reading.yamlio import Document
 
 if TYPE_CHECKING:
     from desired.blobstore import DiskStore
-    from desired.deltas import Tree
-    from desired.loading import DesiredState
     from desired.problems import Problem
+    from desired.reading.deltas import Tree
+    from desired.reading.loading import DesiredState
     from reconciler import plans
     from reconciler.placement.prplan import BaseSide
     from reconciler.placement.replanning import WarmPlanner
@@ -67,14 +67,14 @@ log = logging.getLogger("gpuaas.plan")
 
 FORMAT = 1
 # The types a world is made of, by name: each a data type defined in that module of this project
-# (checked on use: a name a module merely imports, such as `desired.loading.Path`, is never taken).
+# (checked on use: a name a module merely imports, such as `desired.reading.loading.Path`, is never taken).
 # `desired.models`' pydantic models and enums are admitted as a family (`_model_classes`), and
 # `_model` and `_proxy` below are the only callables besides these types. Anything else is a miss.
 _TYPES: dict[str, frozenset[str]] = {
     m: frozenset(names.split())
     for m, names in {
-        "desired.loading": "DesiredState Source _Blob",
-        "desired.yamlio": "Document",
+        "desired.reading.loading": "DesiredState Source _Blob",
+        "desired.reading.yamlio": "Document",
         "desired.problems": "Problem Severity",
         "policies.capability": "Capability CapabilityVerdict",
         "policies.eligibility": "Ineligible",
@@ -322,7 +322,7 @@ def _model_classes() -> tuple[type, ...]:
 @functools.cache
 def _plain_dataclasses() -> frozenset[type]:
     """Slotted dataclasses a world holds whose __init__ takes exactly their fields (no __post_init__)."""
-    from desired.loading import Source, _Blob
+    from desired.reading.loading import Source, _Blob
     from policies.capability import CapabilityVerdict
     from reconciler import fleetgraph, plans
 
@@ -395,8 +395,8 @@ def load(payload: bytes, policy: str | None) -> World | None:
 
 
 def _restore(payload: bytes, policy: str | None) -> World | None:
-    from desired import deltas, loading
     from desired.lazymap import LazyMap
+    from desired.reading import deltas, loading
     from reconciler import plans
     from reconciler.placement.prplan import BaseSide
     from reconciler.placement.replanning import WarmPlanner

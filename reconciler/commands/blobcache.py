@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from desired.blobstore import DiskStore
-    from desired.loading import BlobCache, LoadResult
     from desired.problems import Problem
+    from desired.reading.loading import BlobCache, LoadResult
     from policies.validating import Memo
 
 FORMAT = 1
@@ -59,7 +59,7 @@ class Reader:
         self.problems: tuple[Problem, ...] = ()  # of the last tree loaded
 
     def load(self, path: Path, rev: str | None) -> LoadResult:
-        from desired import gitrepo
+        from desired.reading import gitrepo
         from reconciler import sources
 
         try:
@@ -100,7 +100,7 @@ class Reader:
 
 def commit_of(path: Path, rev: str | None) -> str | None:
     """The commit id `rev` names, or None: not a revision, or one `sources.load` reports as unreadable."""
-    from desired import gitrepo
+    from desired.reading import gitrepo
 
     if rev is None or not path.exists():
         return None
@@ -171,7 +171,7 @@ def decode(payload: bytes) -> tuple[list[Problem], _Owners] | None:
 
 def open_reader(args: argparse.Namespace) -> Reader:
     from desired import blobstore
-    from desired.loading import BlobCache
+    from desired.reading.loading import BlobCache
     from policies.validating import Memo
 
     if getattr(args, "no_cache", False):

@@ -44,7 +44,7 @@ from schemas import output, progress
 from schemas.errors import PermanentError, UsageError
 
 if TYPE_CHECKING:
-    from desired.loading import DesiredState
+    from desired.reading.loading import DesiredState
     from reconciler import plans
     from reconciler.placement import prplan, replanning
 
@@ -88,8 +88,8 @@ def _online(
 
     `given`: `--base` and its problems, read already (`_given_base`).
     """
-    from desired import gitrepo
-    from desired.loading import DesiredState
+    from desired.reading import gitrepo
+    from desired.reading.loading import DesiredState
     from reconciler import planfiles, plans
     from reconciler.store import connections, live, migrations, views
 
@@ -115,7 +115,7 @@ def _online(
 
 
 def run(args: argparse.Namespace) -> int:
-    from desired import gitrepo, loading
+    from desired.reading import gitrepo, loading
     from reconciler.commands import plancache
 
     head_rev = args.head or ("HEAD" if gitrepo.head(args.path) is not None else None)
@@ -158,7 +158,7 @@ def _plan(
     args: argparse.Namespace, head_rev: str | None, reader: blobcache.Reader
 ) -> tuple[prplan.PrPlan, DesiredState, str]:
     """The PR plan, the head it planned and the digest of the observed state it was planned against."""
-    from desired.loading import LoadResult
+    from desired.reading.loading import LoadResult
     from reconciler import planfiles
     from reconciler.commands import baseworld
     from reconciler.placement import prplan, replanning
@@ -277,13 +277,13 @@ def _given_base(
 
     Read first, base is the tree head is read by delta from (`git diff-tree`
     base..head: only the files the PR changes are parsed and validated, see
-    `desired.deltas`), and the inventory diff, the node modes and the warm
+    `desired.reading.deltas`), and the inventory diff, the node modes and the warm
     planner work from that delta too. An unreadable base is raised only once
     head turned out valid, as when head was read first. Without `--base`,
     online, base is the revision the database runs: read after head, whose
     errors need no database (`_online`).
     """
-    from desired.loading import DesiredState
+    from desired.reading.loading import DesiredState
 
     if not args.base:
         return DesiredState(), (), None

@@ -101,7 +101,7 @@ def code_version() -> str:
 
 def key(args: argparse.Namespace, head_rev: str | None) -> str | None:
     """The cache key of this invocation, or None when its result may not be replayed."""
-    from desired import gitrepo
+    from desired.reading import gitrepo
 
     if not args.offline or args.out is not None or head_rev is None or getattr(args, "no_cache", False):
         return None

@@ -31,7 +31,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from desired import loading
+    from desired.reading import loading
     from reconciler import sources, summary
 
     # The on-disk cache serves revisions (blob ids from git); a working tree is read and parsed as it is.

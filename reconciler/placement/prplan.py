@@ -30,9 +30,9 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from types import MappingProxyType
 
-from desired import deltas
 from desired import problems as p
-from desired.loading import DesiredState
+from desired.reading import deltas
+from desired.reading.loading import DesiredState
 from policies import immutables
 from reconciler import inventory_diff, plans
 from reconciler.placement import capacity, placing, planner

@@ -20,7 +20,7 @@ The plan must equal `planner.plan(desired, observed)`; what makes it so:
   in the incremental path, a change to most of the fleet, and every
   `FULL_EVERY` plans. Each cold build is logged with its reason.
 - A desired state read by delta from the one the engine was brought to
-  (`desired.deltas`) names its changed nodes and slot maps; with the
+  (`desired.reading.deltas`) names its changed nodes and slot maps; with the
   observed slot statuses, firmware and health compared as sets, only those
   nodes' facts are built again, instead of every node's. The same holds
   the other way (a PR plan goes from head back to base, and only head
@@ -42,9 +42,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from desired import deltas
 from desired import models as m
-from desired.loading import DesiredState
+from desired.reading import deltas
+from desired.reading.loading import DesiredState
 from reconciler import fleetgraph, plans
 from reconciler.placement import placing, planner
 

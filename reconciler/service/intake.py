@@ -36,7 +36,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
-from desired import loading
+from desired.reading import loading
 from reconciler import requests
 from reconciler.service import tenants
 from reconciler.service.pool import session_kwargs

@@ -24,8 +24,8 @@ from typing import Any
 
 from psycopg import sql
 
-from desired import deltas
-from desired.loading import DesiredState
+from desired.reading import deltas
+from desired.reading.loading import DesiredState
 from reconciler.store import inventoryrows
 from reconciler.store.connections import Connection
 from reconciler.store.inventoryrows import ALLOCATIONS, IMAGES, NODES, SKUS, SLOTS, Item, Row, Table

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from desired import deltas
 from desired import models as m
-from desired.loading import DesiredState
+from desired.reading import deltas
+from desired.reading.loading import DesiredState
 from policies import capability, eligibility, validation
 
 if TYPE_CHECKING:  # the sync's memory is passed in; a type only, no import back at run time

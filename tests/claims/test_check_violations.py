@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from desired.loading import DesiredState
+from desired.reading.loading import DesiredState
 from reconciler import reconciling
 from reconciler.bench import synthetic
 from reconciler.store import checks

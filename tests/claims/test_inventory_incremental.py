@@ -6,7 +6,7 @@ disabled, allocations added, released and removed, nodes removed and
 re-added, the fleet settings changed), after every incremental sync a full
 sync finds nothing left to write and the tables equal a fresh full sync's.
 Another reconciler writing in between makes the memory re-read everything.
-With a Delta on each state (as `desired.deltas` gives the watch loop), only
+With a Delta on each state (as `desired.reading.deltas` gives the watch loop), only
 the changed documents are itemised; the outcome and the content hash are
 the same.
 """
@@ -19,9 +19,9 @@ import weakref
 
 import pytest
 
-from desired import deltas
 from desired import models as m
-from desired.loading import DesiredState
+from desired.reading import deltas
+from desired.reading.loading import DesiredState
 from reconciler.store import inventory, inventoryrows
 from reconciler.store.connections import Connection
 from tests.claims.conftest import small_fleet
@@ -71,7 +71,7 @@ def _edit(rng: random.Random, state: DesiredState, spare: DesiredState) -> Desir
 
 
 def _with_delta(old: DesiredState, new: DesiredState) -> DesiredState:
-    """`new` marked as `old` plus what differs (by object identity, as desired.deltas builds it)."""
+    """`new` marked as `old` plus what differs (by object identity, as desired.reading.deltas builds it)."""
     keys = {("Fleet", new.fleet.name if new.fleet else "")} if new.fleet is not old.fleet else set()
     for kind, attr in (
         ("Sku", "skus"),

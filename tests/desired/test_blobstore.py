@@ -19,7 +19,8 @@ from pathlib import Path
 import git
 import pytest
 
-from desired import blobstore, loading
+from desired import blobstore
+from desired.reading import loading
 from reconciler import cli, sources
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fleet"
@@ -246,6 +247,6 @@ def test_validate_and_plan_on_a_revision_use_the_cache_and_print_the_same(
 
 
 def _refs(root: Path, rev: str) -> list[loading.FileRef]:
-    from desired import gitrepo
+    from desired.reading import gitrepo
 
     return gitrepo.revision_refs(root, rev)

@@ -16,8 +16,9 @@ from pathlib import Path
 import git
 import pytest
 
-from desired import blobstore, loading
+from desired import blobstore
 from desired import models as m
+from desired.reading import loading
 from reconciler import sources
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fleet"

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from desired import gitrepo, loading
+from desired.reading import gitrepo, loading
 from policies import validating, validation
 from tests.desired.test_incremental_validation import EXAMPLE, _edit, _rendered
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import git
 import pytest
 
-from desired import gitrepo, loading, yamlio
+from desired.reading import gitrepo, loading, yamlio
 
 pytestmark = pytest.mark.integration  # real git repositories and subprocesses
 

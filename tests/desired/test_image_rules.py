@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from desired import loading
+from desired.reading import loading
 from policies import validation
 
 FLEET = Path(__file__).resolve().parents[2] / "examples" / "fleet"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from desired import loading
+from desired.reading import loading
 from policies import validating, validation
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fleet"

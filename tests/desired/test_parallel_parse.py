@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from desired import loading
 from desired.problems import Severity
+from desired.reading import loading
 from tests.desired import hanging
 
 FILES = loading.PARALLEL_THRESHOLD + 400

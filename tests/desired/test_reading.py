@@ -19,7 +19,7 @@ from pathlib import Path
 import git
 import pytest
 
-from desired import gitrepo, loading
+from desired.reading import gitrepo, loading
 from policies import validation
 from reconciler import cli, sources
 

@@ -37,8 +37,9 @@ import jsonschema
 import pytest
 import yaml
 
-from desired import jsonschemas, loading, yamlio
+from desired import jsonschemas
 from desired import problems as p
+from desired.reading import loading, yamlio
 from policies import validation
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from desired import jsonschemas, loading
+from desired import jsonschemas
+from desired.reading import loading
 
 ROOT = Path(__file__).parent.parent.parent
 SCHEMAS = ROOT / "schemas"

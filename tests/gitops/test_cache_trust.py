@@ -19,7 +19,8 @@ from pathlib import Path
 import git
 import pytest
 
-from desired import blobstore, loading
+from desired import blobstore
+from desired.reading import loading
 from reconciler import cli
 from reconciler.commands import baseworld
 from tests.gitops.conftest import PEOPLE, Repo, make_fleet
@@ -161,10 +162,10 @@ def test_a_killed_writers_world_temp_is_removed_and_a_live_ones_kept(tmp_path: P
 @pytest.mark.parametrize(
     "name",
     [
-        "desired.loading\nPath",  # imported there, defined in pathlib
-        "desired.loading\nBaseProcess",  # imported there, defined in multiprocessing
-        "desired.loading\nDiskStore",  # imported there, defined in desired.blobstore
-        "desired.loading\nBlobCache",  # defined there, but no part of a world
+        "desired.reading.loading\nPath",  # imported there, defined in pathlib
+        "desired.reading.loading\nBaseProcess",  # imported there, defined in multiprocessing
+        "desired.reading.loading\nDiskStore",  # imported there, defined in desired.blobstore
+        "desired.reading.loading\nBlobCache",  # defined there, but no part of a world
         "desired.blobstore\nDiskStore",  # a module no world names
         "reconciler.placement.placing\nplan",  # a function
     ],

@@ -23,7 +23,7 @@ import pytest
 
 from desired import blobstore
 from desired import problems as p
-from desired.loading import LoadResult
+from desired.reading.loading import LoadResult
 from policies import validating, validation
 from reconciler import cli, sources
 from reconciler.commands import blobcache, plancache

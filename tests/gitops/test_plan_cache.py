@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from desired import loading
+from desired.reading import loading
 from reconciler import cli, sources
 from reconciler.commands import plan as plan_command
 from reconciler.commands import plancache

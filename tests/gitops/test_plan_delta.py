@@ -1,7 +1,7 @@
 """`gpuaas plan --offline` reads head by delta from base, and prints what a cold computation prints.
 
 The command reads base whole, then head as base plus `git diff-tree`
-base..head (`desired.deltas`): only the files the PR changes are parsed and
+base..head (`desired.reading.deltas`): only the files the PR changes are parsed and
 validated, and the inventory diff compares only the documents the delta
 names. Over a history of varied edits (allocations added, changed,
 released; a drain; a node losing its slice tag; a slot map removed and
@@ -22,7 +22,7 @@ from typing import Any
 import git
 import pytest
 
-from desired import deltas, gitrepo, loading
+from desired.reading import deltas, gitrepo, loading
 from policies import validating
 from reconciler import cli, inventory_diff, sources
 from reconciler.commands import blobcache

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from desired import loading
+from desired.reading import loading
 from reconciler import cli, reconciling, sources, watching
 from reconciler.store import connections, history, revisions
 from tests.gitops.conftest import LoopRun, Repo, claims, history_rows

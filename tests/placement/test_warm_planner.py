@@ -8,7 +8,7 @@ slot statuses, health and image caches, claims written to "the database"
 by another reconciler, plans applied in part or not at all - the warm plan
 equals a cold `planner.plan` after every step, and the engine is rebuilt
 cold only when the fleet's shape changed. With a Delta on each state (as
-`desired.deltas` gives the watch loop) only the named nodes and those whose
+`desired.reading.deltas` gives the watch loop) only the named nodes and those whose
 observed facts differ get new facts; the plans are the same.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from desired import models as m
-from desired.loading import DesiredState
+from desired.reading.loading import DesiredState
 from policies import eligibility, packing
 from reconciler import fleetgraph, plans
 from reconciler.bench import synthetic

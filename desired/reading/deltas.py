@@ -4,7 +4,7 @@
 changes a file or two. `loading.parse_refs` walks every file of the tree
 (even when every blob comes from the cache); here the last assembled tree is
 kept (`Tree`) and a new revision is built from the list of changed paths
-(`git diff-tree`, see `desired.gitrepo`): the state's tables are copied (C
+(`git diff-tree`, see `desired.reading.gitrepo`): the state's tables are copied (C
 speed) and only the documents of changed files are taken out and put in.
 
 The result must equal `parse_refs` over the whole tree: the same tables in
@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from desired import loading
-from desired.loading import BlobCache, DesiredState, FileRef, LoadResult, Source
+from desired.reading import loading
+from desired.reading.loading import BlobCache, DesiredState, FileRef, LoadResult, Source
 
 Key = tuple[str, str]  # (kind, name)
 

@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from desired import yamlio
+from desired.reading import yamlio
 
 MAX_SHAPES = 512  # distinct shapes kept; a tree of one-off shapes reads at the event path's speed
 MAX_SHAPE_CHARS = 16 * 1024 * 1024  # and their text, in all (a file may be megabytes)

@@ -16,8 +16,8 @@ from typing import Any
 
 import git
 
-from desired import deltas, loading, yamlio
 from desired import problems as p
+from desired.reading import deltas, loading, yamlio
 
 _MAX_BLOB = yamlio.MAX_FILE_BYTES + 1
 # Fewer blobs than this are read one by one: the Repo's running cat-file answers them sooner than
@@ -148,7 +148,7 @@ def read_revision(
 
     With a cache that kept the tree of an ancestor of `rev` (the watch loop),
     only the paths `git diff-tree` names as changed are read and the kept
-    tree is updated (`desired.deltas`). On any doubt the whole tree is read,
+    tree is updated (`desired.reading.deltas`). On any doubt the whole tree is read,
     and the reason is logged and kept in `cache.last_full`.
     """
     # The kept tree's Repo is reused: its object reader (a `git cat-file` process) stays up between revisions.

@@ -164,7 +164,7 @@ def read_documents(name: str, data: bytes) -> Iterator[Document]:
         col = tab.end() - tab.start()
         raise YamlProblem(p.YAML_TAB, "tab used for indentation; YAML indents with spaces", line, col)
     _check_flow_depth(text)
-    from desired import blockstyle  # imports this module
+    from desired.reading import blockstyle  # imports this module
 
     plain = blockstyle.read(text)
     if plain is not None:  # the common plain block file, without libyaml's event stream

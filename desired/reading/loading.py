@@ -1,7 +1,7 @@
 """Load a desired-state tree into typed models, collecting every problem.
 
 Files come in as (path, bytes) pairs so the same code reads a working
-directory or a git revision (see `desired.gitrepo`). Loading never stops at
+directory or a git revision (see `desired.reading.gitrepo`). Loading never stops at
 the first bad file: a reviewer wants the whole list in one CI run.
 """
 
@@ -30,11 +30,11 @@ from desired import blobstore, patterns
 from desired import models as m
 from desired import problems as p
 from desired.blobstore import DiskStore, Encoded
-from desired.yamlio import MAX_FILE_BYTES, Document, YamlProblem, read_documents
+from desired.reading.yamlio import MAX_FILE_BYTES, Document, YamlProblem, read_documents
 from schemas import progress
 
 if TYPE_CHECKING:
-    from desired.deltas import Delta, Tree
+    from desired.reading.deltas import Delta, Tree
 
 YAML_SUFFIXES = (".yaml", ".yml")
 SKIP_DIRS = frozenset({".git", ".venv", ".gpuaas", "node_modules", "__pycache__"})
@@ -83,7 +83,7 @@ class DesiredState:
     sources: dict[tuple[str, str], Source] = field(default_factory=dict)
     revision: str | None = None
     file_count: int = 0
-    # Set when this state was built from an earlier one by `desired.deltas`: what differs from it.
+    # Set when this state was built from an earlier one by `desired.reading.deltas`: what differs from it.
     delta: Delta | None = field(default=None, compare=False, repr=False)
 
     def source(self, kind: str, name: str) -> Source:
@@ -254,7 +254,7 @@ class BlobCache:
         self.misses = 0
         # Reader output on disk (CLI runs): read before parsing, written after (desired.blobstore).
         self.disk = disk
-        self.tree: Tree | None = None  # the last tree read whole or by delta (desired.deltas)
+        self.tree: Tree | None = None  # the last tree read whole or by delta (desired.reading.deltas)
         self.last_full = ""  # why the last revision was read whole rather than by delta
 
     def __len__(self) -> int:
@@ -356,7 +356,7 @@ def blobs_for(
 ) -> list[_Blob]:
     """The parsed and typed blob of every ref, in order (see `parse_refs`).
 
-    `prune=False` reads a few changed files of a kept tree (desired.deltas):
+    `prune=False` reads a few changed files of a kept tree (desired.reading.deltas):
     the cache's generations do not move, so nothing the tree uses is dropped,
     and the new blobs are not added (the tree holds them; a whole read later
     parses the few changed since the last one again).
@@ -631,9 +631,9 @@ def _join_all(workers: list[BaseProcess], timeout: float) -> None:
 
 _CONTEXT = mp.get_context("forkserver") if "forkserver" in mp.get_all_start_methods() else mp.get_context()
 if "forkserver" in mp.get_all_start_methods():
-    # The fork server imports the parser once, and builds the models' validators (`desired.warm`):
+    # The fork server imports the parser once, and builds the models' validators (`desired.reading.warm`):
     # every worker it forks starts warm.
-    _CONTEXT.set_forkserver_preload(["desired.loading", "desired.warm"])
+    _CONTEXT.set_forkserver_preload(["desired.reading.loading", "desired.reading.warm"])
 
 
 # What a worker sends back for a chunk: its pack (None: not wanted) and, per file, its documents
