@@ -37,8 +37,7 @@ from typing import Any
 
 from desired import models as m
 from desired import problems as p
-from desired.reading import deltas
-from desired.reading.loading import DesiredState, LoadResult
+from desired.state import DesiredState, LoadResult, delta_of
 from policies import validation
 
 log = logging.getLogger("gpuaas.validation")
@@ -126,7 +125,7 @@ class Memo:
 
     def _by_delta(self, state: DesiredState, last: weakref.ref[DesiredState] | None) -> list[p.Problem] | None:
         """The problems from checking only what a delta changed since `last`, or None: walk everything."""
-        delta = deltas.delta_of(state, last() if last is not None else None)
+        delta = delta_of(state, last() if last is not None else None)
         if delta is None or not delta.kinds() <= {"Node", "Allocation"}:
             return None  # the Fleet, SKUs, images: every rule reads them; a slot map: MAC owners move
         rules = {r.kind: r for r in self._rules(state, self._owners)}

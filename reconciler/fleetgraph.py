@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from desired import models as m
-from desired.reading.loading import DesiredState
+from desired.state import DesiredState
 from policies import capability, eligibility
 from reconciler import plans
 from schemas import states

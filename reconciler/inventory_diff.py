@@ -22,8 +22,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from desired.reading import deltas
-from desired.reading.loading import DesiredState
+from desired.state import DesiredState, delta_of
 from policies import capability, eligibility
 
 MAX_VALUES = 20  # changed values listed per document; the rest are counted
@@ -120,7 +119,7 @@ def diff(
     only where the delta names a document: every other document is the very same object in both.
 
     `schedulable_before`: `schedulable(base)`, when the caller kept it (a PR plan's kept base)."""
-    delta = deltas.delta_of(head, base)
+    delta = delta_of(head, base)
     changed = None if delta is None else {kind: delta.names(kind) for kind, _ in _TABLES}
     changes: list[DocumentChange] = []
     for kind, attr in _TABLES:

@@ -46,7 +46,7 @@ from reconciler.placement import prplan, prplan_render
 from schemas.errors import PermanentError
 
 if TYPE_CHECKING:
-    from desired.reading.loading import DesiredState, LoadResult
+    from desired.state import DesiredState, LoadResult
     from reconciler.store.connections import Connection
 
 FORMAT = "gpuaas.io/plan"

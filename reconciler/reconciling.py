@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any
 
 from desired import problems as p
-from desired.reading.loading import DesiredState
+from desired.state import DesiredState
 from policies import immutables
 from reconciler import leasing
 from reconciler.placement import planner as planning

@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from desired.reading import gitrepo, loading
+from desired.reading import gitrepo, loading, safefiles
+from desired.state import LoadResult
 from policies import validating, validation
+from reconciler.caches.blobs import BlobCache
 from schemas import progress
 from schemas.errors import PermanentError
 
-Check = Callable[[loading.LoadResult], loading.LoadResult]
+Check = Callable[[LoadResult], LoadResult]
 
 
 def load(
@@ -18,10 +20,10 @@ def load(
     rev: str | None = None,
     *,
     cancel: loading.Cancel | None = None,
-    cache: loading.BlobCache | None = None,
+    cache: BlobCache | None = None,
     memo: validating.Memo | None = None,
     check: Check | None = None,
-) -> loading.LoadResult:
+) -> LoadResult:
     """Read, parse and cross-check every file; problems are collected, not raised.
 
     With `cache`, files whose content was parsed before (same git blob id) are
@@ -40,8 +42,8 @@ def load(
 
 
 def _load(
-    path: Path, rev: str | None, *, cancel: loading.Cancel | None, cache: loading.BlobCache | None, check: Check | None
-) -> loading.LoadResult:
+    path: Path, rev: str | None, *, cancel: loading.Cancel | None, cache: BlobCache | None, check: Check | None
+) -> LoadResult:
     try:
         if rev is not None:
             parsed = gitrepo.read_revision(path, rev, cancel=cancel, cache=cache)
@@ -61,11 +63,11 @@ def _load(
     return result
 
 
-def _read_directory(path: Path) -> list[tuple[str, loading.FileData]]:
+def _read_directory(path: Path) -> list[tuple[str, safefiles.FileData]]:
     """Every file under `path` with its bytes, counted on the command's progress display in batches."""
-    files: list[tuple[str, loading.FileData]] = []
+    files: list[tuple[str, safefiles.FileData]] = []
     with progress.active().phase("read files", unit="files") as counted:
-        for item in loading.iter_directory(path):
+        for item in safefiles.iter_directory(path):
             files.append(item)
             if len(files) % 256 == 0:
                 counted.done = len(files)
@@ -73,6 +75,6 @@ def _read_directory(path: Path) -> list[tuple[str, loading.FileData]]:
     return files
 
 
-def release(cache: loading.BlobCache) -> None:
+def release(cache: BlobCache) -> None:
     """End the git processes kept for the cache's last tree (a loop that stops, a command that is done)."""
     gitrepo.release(cache)

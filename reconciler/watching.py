@@ -48,9 +48,11 @@ from typing import Protocol
 
 import psycopg
 
-from desired.reading.loading import BlobCache, Cancelled, DesiredState
+from desired.reading.loading import Cancelled
+from desired.state import DesiredState
 from policies import validating
 from reconciler import reconciling, sources
+from reconciler.caches.blobs import BlobCache
 from reconciler.placement import replanning
 from reconciler.store import connections, history, inventory, live, migrations, revisions
 from schemas import dberrors

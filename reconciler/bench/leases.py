@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from desired import models as m
-from desired.reading.loading import DesiredState
+from desired.state import DesiredState
 from reconciler.bench import synthetic
 
 IMAGE = "bench-ubuntu-noble-baremetal"

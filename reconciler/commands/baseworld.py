@@ -52,14 +52,15 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel
 
+from desired.reading import documents
 from desired.reading.yamlio import Document
 
 if TYPE_CHECKING:
-    from desired.blobstore import DiskStore
     from desired.problems import Problem
-    from desired.reading.deltas import Tree
-    from desired.reading.loading import DesiredState
+    from desired.reading.documents import Tree
+    from desired.state import DesiredState
     from reconciler import plans
+    from reconciler.caches.blobpacks import DiskStore
     from reconciler.placement.prplan import BaseSide
     from reconciler.placement.replanning import WarmPlanner
 
@@ -67,13 +68,14 @@ log = logging.getLogger("gpuaas.plan")
 
 FORMAT = 1
 # The types a world is made of, by name: each a data type defined in that module of this project
-# (checked on use: a name a module merely imports, such as `desired.reading.loading.Path`, is never taken).
+# (checked on use: a name a module merely imports, such as `desired.reading.safefiles.Path`, is never taken).
 # `desired.models`' pydantic models and enums are admitted as a family (`_model_classes`), and
 # `_model` and `_proxy` below are the only callables besides these types. Anything else is a miss.
 _TYPES: dict[str, frozenset[str]] = {
     m: frozenset(names.split())
     for m, names in {
-        "desired.reading.loading": "DesiredState Source _Blob",
+        "desired.state": "DesiredState Source",
+        "desired.reading.documents": "Blob",
         "desired.reading.yamlio": "Document",
         "desired.problems": "Problem Severity",
         "policies.capability": "Capability CapabilityVerdict",
@@ -322,11 +324,12 @@ def _model_classes() -> tuple[type, ...]:
 @functools.cache
 def _plain_dataclasses() -> frozenset[type]:
     """Slotted dataclasses a world holds whose __init__ takes exactly their fields (no __post_init__)."""
-    from desired.reading.loading import Source, _Blob
+    from desired.reading.documents import Blob
+    from desired.state import Source
     from policies.capability import CapabilityVerdict
     from reconciler import fleetgraph, plans
 
-    return frozenset({Source, _Blob, fleetgraph.NodeFacts, CapabilityVerdict, plans.ExistingClaim})
+    return frozenset({Source, Blob, fleetgraph.NodeFacts, CapabilityVerdict, plans.ExistingClaim})
 
 
 # ------------------------------------------------------------------ reading
@@ -396,7 +399,7 @@ def load(payload: bytes, policy: str | None) -> World | None:
 
 def _restore(payload: bytes, policy: str | None) -> World | None:
     from desired.lazymap import LazyMap
-    from desired.reading import deltas, loading
+    from desired.state import DesiredState
     from reconciler import plans
     from reconciler.placement.prplan import BaseSide
     from reconciler.placement.replanning import WarmPlanner
@@ -424,7 +427,7 @@ def _restore(payload: bytes, policy: str | None) -> World | None:
         if got is None:
             docs, generation = lazy[path]  # a file is kept lazily only when it has no problem of its own
             typed = _loads(zlib.decompress(file_bytes(path)))
-            got = made[path] = loading._Blob(
+            got = made[path] = documents.Blob(
                 path, [], [(doc, model, found) for (doc, found), model in zip(docs, typed, strict=True)], generation
             )
         return got
@@ -439,7 +442,7 @@ def _restore(payload: bytes, policy: str | None) -> World | None:
     slot_maps: LazyMap[str, Any] = LazyMap(core["slot_maps"], slot_map)
     for name, value in core["kept_maps"].items():
         slot_maps[name] = value
-    state = loading.DesiredState(
+    state = DesiredState(
         fleet=core["fleet"],
         skus=core["skus"],
         images=core["images"],
@@ -450,7 +453,7 @@ def _restore(payload: bytes, policy: str | None) -> World | None:
         revision=core["state_revision"],
         file_count=core["file_count"],
     )
-    tree = deltas.Tree(core["origin"], core["revision"], cast(dict[str, Any], by_path), state, ())
+    tree = documents.Tree(core["origin"], core["revision"], cast(dict[str, Any], by_path), state, ())
     planner = WarmPlanner.resume(core["planner"], state, policy)
     return World(tree, list(core["found"]), core["owners"], core["observed"], core["side"], planner)
 
@@ -461,10 +464,10 @@ def _restore(payload: bytes, policy: str | None) -> World | None:
 def get(store: DiskStore | None, world_key: str | None, policy: str | None) -> World | None:
     if store is None or world_key is None:
         return None
-    payload = store.get_world(world_key)
+    payload = store.get_file("worlds", world_key)
     return load(payload, policy) if payload is not None else None
 
 
 def put(store: DiskStore, world_key: str, payload: bytes | None) -> None:
     if payload is not None:
-        store.put_world(world_key, payload)
+        store.put_file("worlds", world_key, payload)

@@ -44,7 +44,7 @@ from schemas import output, progress
 from schemas.errors import PermanentError, UsageError
 
 if TYPE_CHECKING:
-    from desired.reading.loading import DesiredState
+    from desired.state import DesiredState
     from reconciler import plans
     from reconciler.placement import prplan, replanning
 
@@ -89,7 +89,7 @@ def _online(
     `given`: `--base` and its problems, read already (`_given_base`).
     """
     from desired.reading import gitrepo
-    from desired.reading.loading import DesiredState
+    from desired.state import DesiredState
     from reconciler import planfiles, plans
     from reconciler.store import connections, live, migrations, views
 
@@ -158,7 +158,7 @@ def _plan(
     args: argparse.Namespace, head_rev: str | None, reader: blobcache.Reader
 ) -> tuple[prplan.PrPlan, DesiredState, str]:
     """The PR plan, the head it planned and the digest of the observed state it was planned against."""
-    from desired.reading.loading import LoadResult
+    from desired.state import LoadResult
     from reconciler import planfiles
     from reconciler.commands import baseworld
     from reconciler.placement import prplan, replanning
@@ -283,7 +283,7 @@ def _given_base(
     online, base is the revision the database runs: read after head, whose
     errors need no database (`_online`).
     """
-    from desired.reading.loading import DesiredState
+    from desired.state import DesiredState
 
     if not args.base:
         return DesiredState(), (), None

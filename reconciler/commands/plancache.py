@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from desired.blobstore import DiskStore
+    from reconciler.caches.blobpacks import DiskStore
 
 FORMAT = 1
 # Every package whose code can change a plan or how it prints.
@@ -118,10 +118,10 @@ def key(args: argparse.Namespace, head_rev: str | None) -> str | None:
 def get(store: DiskStore | None, cache_key: str | None) -> Outcome | None:
     if store is None or cache_key is None:
         return None
-    payload = store.get_result(cache_key)
+    payload = store.get_record("results", cache_key)
     return decode(payload) if payload is not None else None
 
 
 def put(store: DiskStore | None, cache_key: str | None, outcome: Outcome) -> None:
     if store is not None and cache_key is not None:
-        store.put_result(cache_key, outcome.encode())
+        store.put_record("results", cache_key, outcome.encode())

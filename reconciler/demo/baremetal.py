@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from desired import models as m
-from desired.reading.loading import DesiredState
+from desired.state import DesiredState
 from reconciler import reconciling, sources
 from reconciler.providers.lab import ironic_service, sshstandin
 from reconciler.store import connections, leases, lifecycle

@@ -17,7 +17,7 @@ from collections import defaultdict
 from types import MappingProxyType
 
 from desired import models as m
-from desired.reading.loading import DesiredState
+from desired.state import DesiredState
 from policies import images
 from reconciler import plans
 from reconciler.placement import placing, reasons

@@ -31,8 +31,7 @@ from functools import partial
 from types import MappingProxyType
 
 from desired import problems as p
-from desired.reading import deltas
-from desired.reading.loading import DesiredState
+from desired.state import DesiredState, delta_of
 from policies import immutables
 from reconciler import inventory_diff, plans
 from reconciler.placement import capacity, placing, planner
@@ -384,7 +383,7 @@ def _mode_candidates(
     statuses head's plan changes. None (look at every node) without a delta,
     or when the delta touches a document every node may read.
     """
-    delta = deltas.delta_of(head, base)
+    delta = delta_of(head, base)
     if delta is None or not delta.kinds() <= {"Node", "SlotMap", "Allocation"}:
         return None
     statuses = observed.slot_status.items() ^ observed_after.slot_status.items()

@@ -24,7 +24,7 @@ The plan must equal `planner.plan(desired, observed)`; what makes it so:
   observed slot statuses, firmware and health compared as sets, only those
   nodes' facts are built again, instead of every node's. The same holds
   the other way (a PR plan goes from head back to base, and only head
-  carries the Delta: `deltas.delta_between`), and for the very state the
+  carries the Delta: `delta_between`), and for the very state the
   engine was brought to, when that state is immutable by contract: it
   carries a Delta, or the engine reached it back from the state built from
   it (`_Kept.frozen`). Then no document changed, and only the observed
@@ -43,8 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from desired import models as m
-from desired.reading import deltas
-from desired.reading.loading import DesiredState
+from desired.state import Delta, DesiredState, delta_between, delta_of
 from reconciler import fleetgraph, plans
 from reconciler.placement import placing, planner
 
@@ -271,7 +270,7 @@ class WarmPlanner:
         return out
 
 
-def _since(kept: _Kept, desired: DesiredState) -> tuple[str, deltas.Delta | None]:
+def _since(kept: _Kept, desired: DesiredState) -> tuple[str, Delta | None]:
     """How the documents of `desired` differ from those the engine was brought to, and the Delta naming them.
 
     "delta": desired was read by delta from that state; "reverse": that state
@@ -281,15 +280,15 @@ def _since(kept: _Kept, desired: DesiredState) -> tuple[str, deltas.Delta | None
     was = kept.desired()
     if was is not None and was is desired:
         # Identity alone proves nothing: a caller may have edited the state in place since.
-        return ("same", deltas.Delta(kept.desired, frozenset())) if kept.frozen else ("full", None)
-    delta = deltas.delta_between(desired, was)
+        return ("same", Delta(kept.desired, frozenset())) if kept.frozen else ("full", None)
+    delta = delta_between(desired, was)
     if delta is None:
         return "full", None
     return ("delta" if delta is getattr(desired, "delta", None) else "reverse"), delta
 
 
 def _frozen(kept: _Kept | None, desired: DesiredState) -> bool:
-    """Is `desired` immutable by contract (`deltas.delta_between`), so planning it again changes no document?
+    """Is `desired` immutable by contract (`delta_between`), so planning it again changes no document?
 
     Yes when it carries a Delta (assembled by `deltas.apply`), when it is the
     base of the state the engine was brought to (the child shares its
@@ -303,7 +302,7 @@ def _frozen(kept: _Kept | None, desired: DesiredState) -> bool:
     was = kept.desired()
     if was is desired:
         return kept.frozen
-    return was is not None and deltas.delta_of(was, desired) is not None
+    return was is not None and delta_of(was, desired) is not None
 
 
 def _refacts(
@@ -320,7 +319,7 @@ def _refacts(
 
 
 def _refacts_by_delta(
-    engine: placing.Engine, desired: DesiredState, observed: plans.Observed, before: plans.Observed, delta: deltas.Delta
+    engine: placing.Engine, desired: DesiredState, observed: plans.Observed, before: plans.Observed, delta: Delta
 ) -> dict[str, fleetgraph.NodeFacts]:
     """New facts for the nodes whose inputs changed: documents the delta names, observed facts that differ."""
     names = delta.names("Node") | delta.names("SlotMap")

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from desired import models as m
-from desired.reading.loading import DesiredState
+from desired.state import DesiredState
 
 API = m.API_VERSION
 REGION = "synth-1"

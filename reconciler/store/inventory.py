@@ -24,8 +24,7 @@ from typing import Any
 
 from psycopg import sql
 
-from desired.reading import deltas
-from desired.reading.loading import DesiredState
+from desired.state import Delta, DesiredState, delta_of
 from reconciler.store import inventoryrows
 from reconciler.store.connections import Connection
 from reconciler.store.inventoryrows import ALLOCATIONS, IMAGES, NODES, SKUS, SLOTS, Item, Row, Table
@@ -151,7 +150,7 @@ def _sync(conn: Connection, state: DesiredState, memory: Memory | None, guard: G
 
         # A state read by delta from the one the trusted memory holds: only changed documents are
         # itemised, and only their rows can have gone (the Fleet is in every node row: all of them).
-        delta = deltas.delta_of(state, memory.synced()) if memory is not None and trust and memory.synced else None
+        delta = delta_of(state, memory.synced()) if memory is not None and trust and memory.synced else None
         if delta is not None and "Fleet" in delta.kinds():
             delta = None
         work = _Work(state, delta)
@@ -258,7 +257,7 @@ def _bump_generation(conn: Connection) -> int:
 class _Work:
     """The documents of a table to itemise: all of them, or with a delta only the changed ones."""
 
-    def __init__(self, state: DesiredState, delta: deltas.Delta | None) -> None:
+    def __init__(self, state: DesiredState, delta: Delta | None) -> None:
         self.state, self.delta = state, delta
 
     def names(self, *kinds: str) -> set[str] | None:

@@ -19,8 +19,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from desired import models as m
-from desired.reading import deltas
-from desired.reading.loading import DesiredState
+from desired.state import DesiredState, delta_of
 from policies import capability, eligibility, validation
 
 if TYPE_CHECKING:  # the sync's memory is passed in; a type only, no import back at run time
@@ -174,7 +173,7 @@ def content_hash(state: DesiredState, memory: Memory | None = None) -> str:
     for a state read by delta from the one it hashed last, only the tables
     of changed kinds are listed again (`Memory.hash_parts`).
     """
-    delta = deltas.delta_of(state, memory.hashed()) if memory is not None and memory.hashed else None
+    delta = delta_of(state, memory.hashed()) if memory is not None and memory.hashed else None
     into = (memory.doc_hashes if delta is not None else memory.doc_hashes_used) if memory is not None else {}
 
     def one(obj: Any) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from desired.reading.loading import DesiredState
+from desired.state import DesiredState
 from reconciler import cli, reconciling
 from reconciler.bench import leases as fleets
 from reconciler.providers.lab.maas_sim import MaasSimulator

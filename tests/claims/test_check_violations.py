@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from desired.reading.loading import DesiredState
+from desired.state import DesiredState
 from reconciler import reconciling
 from reconciler.bench import synthetic
 from reconciler.store import checks

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from desired.reading.loading import DesiredState
+from desired.state import DesiredState
 from reconciler import cli, reconciling
 from reconciler.store.connections import Connection
 from tests.claims import util

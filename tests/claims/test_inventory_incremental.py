@@ -20,8 +20,7 @@ import weakref
 import pytest
 
 from desired import models as m
-from desired.reading import deltas
-from desired.reading.loading import DesiredState
+from desired.state import Delta, DesiredState
 from reconciler.store import inventory, inventoryrows
 from reconciler.store.connections import Connection
 from tests.claims.conftest import small_fleet
@@ -82,7 +81,7 @@ def _with_delta(old: DesiredState, new: DesiredState) -> DesiredState:
     ):
         a, b = getattr(old, attr), getattr(new, attr)
         keys.update((kind, n) for n in a.keys() | b.keys() if a.get(n) is not b.get(n))
-    new.delta = deltas.Delta(weakref.ref(old), frozenset(keys))
+    new.delta = Delta(weakref.ref(old), frozenset(keys))
     return new
 
 

@@ -15,7 +15,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from desired import models as m
-from desired.reading.loading import DesiredState
+from desired.state import DesiredState
 from host_reconciler import store as host_store
 from reconciler import reconciling
 from reconciler.bench import synthetic

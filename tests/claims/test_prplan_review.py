@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 from desired import models as m
-from desired.reading.loading import DesiredState
+from desired.state import DesiredState
 from reconciler import reconciling
 from reconciler.placement import prplan, prplan_render
 from reconciler.store import live

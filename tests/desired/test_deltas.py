@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 
 from desired.reading import gitrepo, loading
+from desired.state import LoadResult
 from policies import validating, validation
+from reconciler.caches.blobs import BlobCache
 from tests.desired.test_incremental_validation import EXAMPLE, _edit, _rendered
 
 _GIT_ENV = {
@@ -76,7 +78,7 @@ def _move_things(rng: random.Random, root: Path) -> None:
             b.unlink()
 
 
-def _shape(result: loading.LoadResult) -> dict[str, Any]:
+def _shape(result: LoadResult) -> dict[str, Any]:
     s = result.state
     return {
         "fleet": s.fleet,
@@ -92,7 +94,7 @@ def test_a_revision_read_by_delta_equals_a_whole_read_after_every_commit(repo: P
     rng = random.Random(seed)  # noqa: S311 - test randomness
     pool = sorted(EXAMPLE.rglob("*.yaml"))
     # as `gpuaas run` holds it (odd seeds): no plain values kept, positions come from the bytes
-    cache, memo = loading.BlobCache(keep_values=seed % 2 == 0), validating.Memo()
+    cache, memo = BlobCache(keep_values=seed % 2 == 0), validating.Memo()
     by_delta = 0
     for _ in range(60):
         roll = rng.random()
@@ -116,7 +118,7 @@ def test_a_revision_read_by_delta_equals_a_whole_read_after_every_commit(repo: P
 
 
 def test_a_revision_that_does_not_descend_from_the_kept_one_is_read_whole(repo: Path) -> None:
-    cache = loading.BlobCache()
+    cache = BlobCache()
     gitrepo.read_revision(repo, "HEAD", cache=cache)
     first = _git(repo, "rev-parse", "HEAD")
     (repo / "nodes" / "extra.yaml").write_text(
@@ -133,7 +135,7 @@ def test_a_revision_that_does_not_descend_from_the_kept_one_is_read_whole(repo: 
 
 
 def test_a_delta_names_exactly_the_documents_that_changed(repo: Path) -> None:
-    cache = loading.BlobCache()
+    cache = BlobCache()
     before = gitrepo.read_revision(repo, "HEAD", cache=cache)
     blobs = len(cache)
     node = sorted((repo / "nodes").glob("*.yaml"))[0]
@@ -152,7 +154,7 @@ def test_a_delta_names_exactly_the_documents_that_changed(repo: Path) -> None:
 
 def test_validation_of_a_clean_delta_checks_only_the_changed_node_and_its_slot_map(repo: Path) -> None:
     """Other documents' problems (the example's slot warnings) stay as they were, in their order."""
-    cache, memo = loading.BlobCache(), validating.Memo()
+    cache, memo = BlobCache(), validating.Memo()
     first = memo.validate(gitrepo.read_revision(repo, "HEAD", cache=cache))
     assert first.problems and not first.errors
     node = next(

@@ -20,9 +20,9 @@ from typing import Any
 import git
 import pytest
 
-from desired import blobstore
 from desired.lazymap import LazyMap
 from reconciler import cli, sources
+from reconciler.caches import blobpacks, cachestore
 from reconciler.commands import baseworld, plancache
 from tests.gitops.conftest import EXAMPLE, Repo
 
@@ -174,7 +174,7 @@ def test_a_damaged_foreign_or_stale_world_is_not_used(
     if damage == "payload":
         world.write_bytes(data[:-100] + bytes(b ^ 1 for b in data[-100:]))
     elif damage == "mac":
-        with sqlite3.connect(cache / blobstore.DB_NAME) as db:
+        with sqlite3.connect(cache / cachestore.DB_NAME) as db:
             db.execute("UPDATE worlds SET mac = zeroblob(32)")
     elif damage == "size":
         world.write_bytes(data + b"\0")
@@ -213,7 +213,7 @@ def test_a_world_is_kept_only_when_a_base_is_planned_again_and_the_newest_two_st
             _run(capsys, root, "--offline", "--base", b, "--head", head, "--cache-dir", str(cache))
     kept = {p.name.removeprefix("world-") for p in _worlds(cache)}
     assert kept == {baseworld.key(repo.root, b, None) for b in bases[1:]}
-    with sqlite3.connect(cache / blobstore.DB_NAME) as db:
+    with sqlite3.connect(cache / cachestore.DB_NAME) as db:
         assert {k for (k,) in db.execute("SELECT key FROM worlds")} == kept
 
 
@@ -331,7 +331,7 @@ def test_files_holding_several_documents_are_kept_and_plan_equal(
         assert _run(capsys, *flags, "--cache-dir", str(cache)) == want, kind
     assert used == [True] * len(heads)
     # how it was kept: the paired file lazily (both its maps one load), the mixed file eagerly
-    store = blobstore.open_store(cache)
+    store = blobpacks.open_store(cache)
     world = baseworld.get(store, baseworld.key(repo.root, base, None), None)
     assert world is not None
     maps, files = world.state.slot_maps, world.tree.by_path

@@ -21,11 +21,11 @@ from typing import Any
 import git
 import pytest
 
-from desired import blobstore
 from desired import problems as p
-from desired.reading.loading import LoadResult
+from desired.state import LoadResult
 from policies import validating, validation
 from reconciler import cli, sources
+from reconciler.caches import blobpacks
 from reconciler.commands import blobcache, plancache
 from tests.gitops.conftest import EXAMPLE, Repo
 
@@ -77,8 +77,8 @@ def _same(got: LoadResult, want: LoadResult) -> None:
     assert got.state.revision == want.state.revision
 
 
-def _stored(cache: Path, root: Path, rev: str) -> tuple[blobstore.DiskStore, str]:
-    store = blobstore.open_store(cache)
+def _stored(cache: Path, root: Path, rev: str) -> tuple[blobpacks.DiskStore, str]:
+    store = blobpacks.open_store(cache)
     assert store is not None
     return store, blobcache.checked_key(root, str(git.Repo(root).commit(rev).hexsha))
 
@@ -252,7 +252,7 @@ def test_an_entry_of_another_shape_is_a_miss(
     want = sources.load(root, "HEAD")
     cache = tmp_path / "cache"
     store, key = _stored(cache, root, "HEAD")
-    store.put_result(key, payload)  # signed by this store: only its shape is wrong
+    store.put_record("results", key, payload)  # signed by this store: only its shape is wrong
     runs = _rule_runs(monkeypatch)
     _same(_reader(cache).load(root, "HEAD"), want)
     assert runs  # validated, and stored again
@@ -308,8 +308,8 @@ def test_only_revisions_read_with_a_disk_store_are_kept(fleet_repo: Repo, tmp_pa
     reader = _reader(cache)
     reader.load(fleet_repo.root, None)  # the working tree: its files may differ from any commit
     store, key = _stored(cache, fleet_repo.root, "HEAD")
-    assert store.get_result(key) is None
+    assert store.get_record("results", key) is None
     reader.load(fleet_repo.root, "HEAD")
-    stored = store.get_result(key)
+    stored = store.get_record("results", key)
     assert stored is not None and blobcache.decode(stored) == ([], {})
     assert json.loads(stored)["format"] == blobcache.FORMAT

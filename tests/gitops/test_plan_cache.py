@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from desired.reading import loading
 from reconciler import cli, sources
+from reconciler.caches.blobs import BlobCache
 from reconciler.commands import plan as plan_command
 from reconciler.commands import plancache
 from reconciler.placement import capacity, placing, prplan, prplan_render, replanning
@@ -150,7 +150,7 @@ def test_a_read_model_reusing_the_base_memo_equals_one_built_fresh(fleet_repo: R
     """Head's capacity read model takes base's per-node parts for the nodes a PR leaves alone."""
 
     shas = _history(fleet_repo)[:-1]  # the last head is invalid
-    cache = loading.BlobCache()  # shared, as the command shares it: unchanged nodes are the same objects
+    cache = BlobCache()  # shared, as the command shares it: unchanged nodes are the same objects
     for base, head in itertools.pairwise(shas):
         base_state = sources.load(fleet_repo.root, base, cache=cache).state
         head_state = sources.load(fleet_repo.root, head, cache=cache).state

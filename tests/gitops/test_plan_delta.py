@@ -22,9 +22,11 @@ from typing import Any
 import git
 import pytest
 
-from desired.reading import deltas, gitrepo, loading
+from desired.reading import deltas, gitrepo
+from desired.state import delta_of
 from policies import validating
 from reconciler import cli, inventory_diff, sources
+from reconciler.caches.blobs import BlobCache
 from reconciler.commands import blobcache
 from reconciler.commands import plan as plan_command
 from reconciler.placement import prplan
@@ -101,7 +103,7 @@ def _cold(root: Path, base: str, head: str) -> tuple[int, prplan.PrPlan]:
     if loaded_head.errors:
         return 1, prplan.invalid(base, loaded_head.state.revision, tuple(loaded_head.errors), offline=True)
     loaded_base = sources.load(root, base)
-    assert deltas.delta_of(loaded_head.state, loaded_base.state) is None  # really read whole
+    assert delta_of(loaded_head.state, loaded_base.state) is None  # really read whole
     pr = prplan.compose(
         loaded_base.state,
         loaded_head.state,
@@ -140,7 +142,7 @@ def test_a_head_read_by_delta_plans_byte_for_byte_as_two_whole_reads(
 def test_the_inventory_diff_by_delta_equals_the_whole_comparison(fleet_repo: Repo) -> None:
     shas = _history(fleet_repo)
     for base, head in _pairs(shas):
-        reader = blobcache.Reader(loading.BlobCache(), validating.Memo())
+        reader = blobcache.Reader(BlobCache(), validating.Memo())
         base_state = reader.load(fleet_repo.root, base).state
         by_delta = reader.load(fleet_repo.root, head).state
         whole = sources.load(fleet_repo.root, head).state
@@ -223,7 +225,7 @@ def test_head_is_read_by_delta_from_base(
     assert rc == 2 and '"req-b"' in out
     assert whole_reads == [base]  # head came from git diff-tree, not a listing of its whole tree
     ((base_state, head_state),) = composed
-    delta = deltas.delta_of(head_state, base_state)
+    delta = delta_of(head_state, base_state)
     assert delta is not None
     assert delta.keys == {("Node", "h200-use1-s02"), ("Allocation", "req-b")}
     assert readers[0].memo.by_delta == 1  # head's validation checked the delta's documents only

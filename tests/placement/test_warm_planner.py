@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from desired import models as m
-from desired.reading.loading import DesiredState
+from desired.state import DesiredState
 from policies import eligibility, packing
 from reconciler import fleetgraph, plans
 from reconciler.bench import synthetic

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from desired import models as m
-from desired.reading.loading import DesiredState
+from desired.state import DesiredState
 from reconciler import plans
 from reconciler.placement import capacity, placing, prplan, replanning
 from reconciler.placement.replanning import WarmPlanner
