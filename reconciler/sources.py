@@ -31,7 +31,7 @@ def load(
     one across revisions). With `memo`, cross-file rules run again only for
     documents whose inputs changed (`policies.validating`). `check`, if
     given, adds the cross-file problems instead (a CLI reader that may have
-    them stored, `reconciler.commands.blobcache`). Raises
+    them stored, `reconciler.caches.checkedtrees`). Raises
     PermanentError only when the source itself cannot be read (no such
     directory, unknown revision); loading.Cancelled when `cancel` says stop.
     """

@@ -97,7 +97,7 @@ class _Builder:
             sources=dict(old.sources),
             file_count=old.file_count,
         )
-        # .copy(), not dict(): a kept base's LazyMap stays lazy (`desired.lazymap`); a dict stays a dict
+        # .copy(), not dict(): a kept base's LazyMap stays lazy (`reconciler.caches.lazymap`); a dict stays a dict
         self.by_path = tree.by_path.copy()
         self.copied: set[str] = set()
         self.removed: dict[Key, Any] = {}  # key -> the document it came from, until put back in place

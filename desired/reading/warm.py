@@ -1,7 +1,7 @@
 """Build every desired-state model's validator now: imported by the parse pool's fork server only.
 
 The models defer building their validators (`defer_build`): a command that
-reads a kept base (`reconciler.commands.baseworld`) validates one or two
+reads a kept base (`reconciler.caches.keptworlds`) validates one or two
 documents, and building all of them at import took 30 ms of its 0.9 s. A
 parse worker validates thousands, so the fork server builds them once,
 before it forks: every worker starts with them built, as before.

@@ -19,10 +19,10 @@ without the change), so CI cannot pass a PR that over-subscribes.
 
 An offline plan of two commits is a pure function of them: what it printed
 is kept in the on-disk cache and replayed by the next run of the same
-commits, policy and format (`plancache`; `--no-cache` turns it off). The
+commits, policy and format (`planresults`; `--no-cache` turns it off). The
 second offline plan against one base commit keeps that base's world (its
 tree, problems, implied claims, planned side and placement engine,
-`baseworld`): every later plan against it reads and plans only what head
+`keptworlds`): every later plan against it reads and plans only what head
 changes.
 
 `--out FILE` saves the plan for `gpuaas apply FILE` (`reconciler.planfiles`):
@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reconciler import exiting
-from reconciler.commands import blobcache, db
+from reconciler.caches import checkedtrees
+from reconciler.commands import db
 from schemas import output, progress
 from schemas.errors import PermanentError, UsageError
 
@@ -71,18 +72,18 @@ def register(sub: Any) -> None:
     p.add_argument("--offline", action="store_true", help="no database: plan head against what base implies")
     p.add_argument("--policy", help="placement policy override (default: the Fleet's)")
     db.add_database_arguments(p)
-    blobcache.add_arguments(p)
+    checkedtrees.add_arguments(p)
     progress.add_argument(p)
     p.set_defaults(func=run)
 
 
-def _load(path: Path, rev: str | None, reader: blobcache.Reader) -> tuple[DesiredState, tuple[Any, ...]]:
+def _load(path: Path, rev: str | None, reader: checkedtrees.Reader) -> tuple[DesiredState, tuple[Any, ...]]:
     result = reader.load(path, rev)
     return result.state, tuple(result.errors)
 
 
 def _online(
-    args: argparse.Namespace, reader: blobcache.Reader, given: tuple[DesiredState, tuple[Any, ...]]
+    args: argparse.Namespace, reader: checkedtrees.Reader, given: tuple[DesiredState, tuple[Any, ...]]
 ) -> tuple[DesiredState, tuple[Any, ...], plans.Observed, str]:
     """Base, its problems, the observed state, and the digest a saved plan pins (planfiles.observed_digest).
 
@@ -116,12 +117,12 @@ def _online(
 
 def run(args: argparse.Namespace) -> int:
     from desired.reading import gitrepo, loading
-    from reconciler.commands import plancache
+    from reconciler.caches import planresults
 
     head_rev = args.head or ("HEAD" if gitrepo.head(args.path) is not None else None)
-    reader = blobcache.open_reader(args)  # base and head share it: a document both hold is parsed once
-    cache_key = plancache.key(args, head_rev)
-    outcome = plancache.get(reader.cache.disk, cache_key)  # None unless offline, from git, without --out
+    reader = checkedtrees.open_reader(args)  # base and head share it: a document both hold is parsed once
+    cache_key = planresults.key(args, head_rev)
+    outcome = planresults.get(reader.cache.disk, cache_key)  # None unless offline, from git, without --out
     saved = None
     if outcome is None:
         # Two trees loaded and planned are millions of long-lived objects: full collections
@@ -129,13 +130,13 @@ def run(args: argparse.Namespace) -> int:
         with loading.collector_paused(), progress.for_args(args, "plan") as shown, shown.phase("plan"):
             pr, head, digest = _plan(args, head_rev, reader)
             exiting.skip_teardown()  # holds two trees' models: the console script need not free them
-        outcome = plancache.Outcome(
+        outcome = planresults.Outcome(
             _render(pr, args.output),
             len(pr.errors),
             pr.changed,
             tuple((x.allocation_id, x.code) for x in pr.new_pending),
         )
-        plancache.put(reader.cache.disk, cache_key, outcome)
+        planresults.put(reader.cache.disk, cache_key, outcome)
         saved = (pr, head, digest)
     sys.stdout.write(outcome.printed)
     if outcome.errors:
@@ -155,17 +156,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plan(
-    args: argparse.Namespace, head_rev: str | None, reader: blobcache.Reader
+    args: argparse.Namespace, head_rev: str | None, reader: checkedtrees.Reader
 ) -> tuple[prplan.PrPlan, DesiredState, str]:
     """The PR plan, the head it planned and the digest of the observed state it was planned against."""
     from desired.state import LoadResult
     from reconciler import planfiles
-    from reconciler.commands import baseworld
+    from reconciler.caches import keptworlds
     from reconciler.placement import prplan, replanning
 
     digest = ""
     world_key, base_commit = _world_key(args)
-    world = baseworld.get(reader.cache.disk, world_key, args.policy)
+    world = keptworlds.get(reader.cache.disk, world_key, args.policy)
     keep: Callable[[prplan.BaseSide, plans.Observed], None] | None = None
     if world is not None:
         # Base as an earlier run left it: head is read by delta from its tree, its side is not planned again.
@@ -224,16 +225,16 @@ def _world_key(args: argparse.Namespace) -> tuple[str | None, str | None]:
     Offline only (online, the claims are the database's), with `--base`
     naming a commit and the on-disk cache on.
     """
-    from reconciler.commands import baseworld
+    from reconciler.caches import keptworlds
 
     if not args.offline or not args.base or getattr(args, "no_cache", False):
         return None, None
-    commit = blobcache.commit_of(args.path, args.base)
-    return (baseworld.key(args.path, commit, args.policy), commit) if commit is not None else (None, None)
+    commit = checkedtrees.commit_of(args.path, args.base)
+    return (keptworlds.key(args.path, commit, args.policy), commit) if commit is not None else (None, None)
 
 
 def _keeper(
-    reader: blobcache.Reader,
+    reader: checkedtrees.Reader,
     *,
     world_key: str | None,
     base_commit: str | None,
@@ -247,7 +248,7 @@ def _keeper(
     checked tree): a base planned once costs no more than before, and one CI
     plans against again and again is planned from the kept world from then on.
     """
-    from reconciler.commands import baseworld
+    from reconciler.caches import keptworlds
 
     disk, tree = reader.cache.disk, reader.cache.tree
     if (
@@ -264,14 +265,14 @@ def _keeper(
     found, owners = list(reader.problems), dict(reader.memo.owners)  # base's: head is not read yet
 
     def keep(side: prplan.BaseSide, observed: plans.Observed) -> None:
-        payload = baseworld.dump(tree, found=found, owners=owners, observed=observed, side=side, planner=warm)
-        baseworld.put(disk, world_key, payload)
+        payload = keptworlds.dump(tree, found=found, owners=owners, observed=observed, side=side, planner=warm)
+        keptworlds.put(disk, world_key, payload)
 
     return keep
 
 
 def _given_base(
-    args: argparse.Namespace, reader: blobcache.Reader
+    args: argparse.Namespace, reader: checkedtrees.Reader
 ) -> tuple[DesiredState, tuple[Any, ...], PermanentError | None]:
     """`--base`, read before head, its problems, and why it could not be read.
 

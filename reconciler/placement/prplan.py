@@ -215,7 +215,7 @@ def invalid(
 
 @dataclass(frozen=True, slots=True)
 class BaseSide:
-    """What a PR plan reads of base alone, against given claims: kept with a base (`commands.baseworld`).
+    """What a PR plan reads of base alone, against given claims: kept with a base (`caches.keptworlds`).
 
     `memo` holds base's per-node capacity parts (head's read model reuses
     them for nodes the PR leaves alone); `modes` is (capability, mode) of

@@ -22,8 +22,7 @@ import pytest
 from desired.reading import loading
 from desired.state import Source
 from reconciler import cli
-from reconciler.caches import blobpacks, cachestore
-from reconciler.commands import baseworld
+from reconciler.caches import blobpacks, cachestore, keptworlds
 from tests.gitops.conftest import PEOPLE, Repo, make_fleet
 
 EVIL = "allocations/req-evil.yaml"
@@ -174,6 +173,6 @@ def test_a_killed_writers_world_temp_is_removed_and_a_live_ones_kept(tmp_path: P
 def test_the_world_unpickler_admits_only_listed_project_types(name: str) -> None:
     crafted = b"c" + name.encode() + b"\n."  # pickle's GLOBAL opcode: the class itself
     with pytest.raises(pickle.UnpicklingError):
-        baseworld._loads(crafted)
-    assert baseworld._loads(b"cdesired.state\nSource\n.") is Source
-    assert baseworld.load(crafted, None) is None  # a miss, never an error
+        keptworlds._loads(crafted)
+    assert keptworlds._loads(b"cdesired.state\nSource\n.") is Source
+    assert keptworlds.load(crafted, None) is None  # a miss, never an error

@@ -1,4 +1,4 @@
-"""`gpuaas plan --offline` replays a finished plan of the same two commits (`reconciler.commands.plancache`).
+"""`gpuaas plan --offline` replays a finished plan of the same two commits (`reconciler.caches.planresults`).
 
 The replay must print exactly what planning from scratch prints and exit
 the same way, over a history of varied edits; an entry that is damaged,
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from reconciler import cli, sources
+from reconciler.caches import planresults
 from reconciler.caches.blobs import BlobCache
 from reconciler.commands import plan as plan_command
-from reconciler.commands import plancache
 from reconciler.placement import capacity, placing, prplan, prplan_render, replanning
 from tests.gitops.conftest import Repo
 
@@ -124,7 +124,7 @@ def test_other_code_or_a_saved_plan_is_never_replayed(
     out = tmp_path / "plan.json"
     rc, _, err = _run(capsys, *flags, "--out", str(out))  # the saved plan needs head: planned again
     assert rc == 0 and out.exists() and "plan saved" in err and planned == [1]
-    monkeypatch.setattr(plancache, "code_version", lambda: "another build")
+    monkeypatch.setattr(planresults, "code_version", lambda: "another build")
     assert _run(capsys, *flags) == first
     assert planned == [1, 1]
 

@@ -26,8 +26,8 @@ from desired.reading import deltas, gitrepo
 from desired.state import delta_of
 from policies import validating
 from reconciler import cli, inventory_diff, sources
+from reconciler.caches import checkedtrees
 from reconciler.caches.blobs import BlobCache
-from reconciler.commands import blobcache
 from reconciler.commands import plan as plan_command
 from reconciler.placement import prplan
 from tests.gitops.conftest import NODES, Repo, make_fleet, make_loop
@@ -142,7 +142,7 @@ def test_a_head_read_by_delta_plans_byte_for_byte_as_two_whole_reads(
 def test_the_inventory_diff_by_delta_equals_the_whole_comparison(fleet_repo: Repo) -> None:
     shas = _history(fleet_repo)
     for base, head in _pairs(shas):
-        reader = blobcache.Reader(BlobCache(), validating.Memo())
+        reader = checkedtrees.Reader(BlobCache(), validating.Memo())
         base_state = reader.load(fleet_repo.root, base).state
         by_delta = reader.load(fleet_repo.root, head).state
         whole = sources.load(fleet_repo.root, head).state
@@ -184,10 +184,10 @@ def test_head_is_read_by_delta_from_base(
         made.append(real_compose(base_state, head_state, *args, **kwargs))
         return made[-1]
 
-    readers: list[blobcache.Reader] = []
-    real_open = blobcache.open_reader
+    readers: list[checkedtrees.Reader] = []
+    real_open = checkedtrees.open_reader
 
-    def open_reader(args: Any) -> blobcache.Reader:
+    def open_reader(args: Any) -> checkedtrees.Reader:
         readers.append(real_open(args))
         return readers[-1]
 
@@ -207,7 +207,7 @@ def test_head_is_read_by_delta_from_base(
 
     monkeypatch.setattr(prplan, "_modes", modes)
     monkeypatch.setattr(prplan, "compose", compose)
-    monkeypatch.setattr(blobcache, "open_reader", open_reader)
+    monkeypatch.setattr(checkedtrees, "open_reader", open_reader)
     monkeypatch.setattr(inventory_diff, "_capabilities", capabilities)
     rc, out = _run(
         capsys,

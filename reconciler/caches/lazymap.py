@@ -1,6 +1,6 @@
 """A table whose keys are known and whose values are built on first read.
 
-A PR plan's kept base (`reconciler.commands.baseworld`) holds 10,000 slot
+A PR plan's kept base (`reconciler.caches.keptworlds`) holds 10,000 slot
 maps, 170,000 models, that a change to one allocation never reads: building
 them all took half a second of a one-second plan. Its tables are LazyMaps
 instead: every key is there in order, and a value is loaded the first time

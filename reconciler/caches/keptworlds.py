@@ -21,7 +21,7 @@ writes stay as cheap as before), the second run keeps that base's world:
 
 Slot maps are most of the tree's objects and a PR rarely reads them: each
 file holding only slot maps is pickled on its own and its models are built
-on first read (`desired.lazymap`). A plan that reads them all (a slot map
+on first read (`reconciler.caches.lazymap`). A plan that reads them all (a slot map
 edit, a full validation) gets exactly what the eager tables gave.
 
 Never trusted, like the rest of the cache: the row's HMAC under the store's
@@ -101,9 +101,9 @@ _DATETIME = frozenset({"datetime", "date", "timezone", "timedelta"})
 
 def key(path: Path, commit: str, policy: str | None) -> str:
     """Where the world of base `commit` is kept: the path in the repo and the policy are inputs too."""
-    from reconciler.commands import plancache
+    from reconciler.caches import planresults
 
-    parts = ("base-world", str(FORMAT), plancache.code_version(), commit, str(path.resolve()), policy or "")
+    parts = ("base-world", str(FORMAT), planresults.code_version(), commit, str(path.resolve()), policy or "")
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
@@ -398,9 +398,9 @@ def load(payload: bytes, policy: str | None) -> World | None:
 
 
 def _restore(payload: bytes, policy: str | None) -> World | None:
-    from desired.lazymap import LazyMap
     from desired.state import DesiredState
     from reconciler import plans
+    from reconciler.caches.lazymap import LazyMap
     from reconciler.placement.prplan import BaseSide
     from reconciler.placement.replanning import WarmPlanner
 

@@ -115,9 +115,9 @@ def commit_of(path: Path, rev: str | None) -> str | None:
 
 def checked_key(path: Path, commit: str) -> str:
     """Where a commit's checked tree is stored: the path is part of it (a folder of a repo is another tree)."""
-    from reconciler.commands import plancache
+    from reconciler.caches import planresults
 
-    parts = ("checked-tree", str(FORMAT), plancache.code_version(), commit, str(path.resolve()))
+    parts = ("checked-tree", str(FORMAT), planresults.code_version(), commit, str(path.resolve()))
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
