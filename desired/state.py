@@ -69,8 +69,6 @@ class DesiredState:
     sources: dict[Key, Source] = field(default_factory=dict)
     revision: str | None = None
     file_count: int = 0
-    # Set when this state was built from an earlier one by `desired.reading.deltas`: what differs from it.
-    delta: Delta | None = field(default=None, compare=False, repr=False)
 
     def source(self, kind: str, name: str) -> Source:
         return self.sources[(kind, name)]
@@ -78,8 +76,13 @@ class DesiredState:
 
 @dataclass
 class LoadResult:
+    """A state as read, its problems, and how it differs from the state it was built from (if it was)."""
+
     state: DesiredState
     problems: list[p.Problem]
+    # Set when the reader built `state` from an earlier state (`desired.reading.deltas`): what differs.
+    # A consumer that remembers the state it saw last works from the change (`delta_since`).
+    delta: Delta | None = field(default=None, compare=False, repr=False)
 
     @property
     def errors(self) -> list[p.Problem]:
@@ -129,27 +132,23 @@ class Delta:
         return {name for k, name in self.keys if k == kind}
 
 
-def delta_of(state: DesiredState, since: DesiredState | None) -> Delta | None:
-    """The delta from `since` to `state`, when `state` was built straight from it."""
-    d = state.delta
-    if d is None or since is None or d.base() is not since:
+def delta_since(delta: Delta | None, since: DesiredState | None) -> Delta | None:
+    """`delta` when it was taken from `since` (the state a consumer saw last), else None: do the full work."""
+    if delta is None or since is None or delta.base() is not since:
         return None
-    return d
+    return delta
 
 
-def delta_between(state: DesiredState, since: DesiredState | None) -> Delta | None:
-    """`delta_of`, or the way back: the delta from `since` to `state` when `since` was built from `state`.
+def delta_back(delta: Delta | None, state: DesiredState, since: DesiredState | None) -> Delta | None:
+    """The way back: when `since` was built from `state` by `delta`, the same keys, based on `since`.
 
-    A PR plan moves one engine from head back to base, and only head carries
-    a Delta (base is where it came from). The keys that differ are the same
-    set either way; the Delta returned is based on `since`, like `delta_of`'s.
-    Sound because neither side is edited in place: a state with a Delta was
-    assembled by the reader, and the state a Delta is based on shares every
-    table its child did not change (copy on write), so editing it in place
-    would change the child too.
+    A PR plan moves one engine from head back to base, and only head's read
+    gives a Delta (base is where it came from). The keys that differ are the
+    same set either way. Sound because neither side is edited in place: a
+    state read by delta was assembled by the reader, and the state a Delta is
+    based on shares every table its child did not change (copy on write), so
+    editing it in place would change the child too.
     """
-    ahead = delta_of(state, since)
-    if ahead is not None or since is None:
-        return ahead
-    back = delta_of(since, state)
-    return None if back is None else Delta(weakref.ref(since), back.keys)
+    if delta is None or since is None or delta.base() is not state:
+        return None
+    return Delta(weakref.ref(since), delta.keys)

@@ -37,7 +37,7 @@ from typing import Any
 
 from desired import models as m
 from desired import problems as p
-from desired.state import DesiredState, LoadResult, delta_of
+from desired.state import DesiredState, LoadResult, delta_since
 from policies import validation
 
 log = logging.getLogger("gpuaas.validation")
@@ -72,7 +72,7 @@ class Memo:
         """Add cross-file problems to a parse result, exactly as `validation.validate` (returns the same object)."""
         state, last, self._last = result.state, self._last, None
         try:
-            found = self._by_delta(state, last) if not result.problems else None
+            found = self._by_delta(result, last) if not result.problems else None
             if found is None:
                 found = list(self._problems(state))
         except Exception as e:  # any doubt: forget everything, run the full rules
@@ -123,9 +123,10 @@ class Memo:
         """MACs used by more than one slot in the last state validated: (node, slot position) of each use."""
         return self._owners
 
-    def _by_delta(self, state: DesiredState, last: weakref.ref[DesiredState] | None) -> list[p.Problem] | None:
-        """The problems from checking only what a delta changed since `last`, or None: walk everything."""
-        delta = delta_of(state, last() if last is not None else None)
+    def _by_delta(self, result: LoadResult, last: weakref.ref[DesiredState] | None) -> list[p.Problem] | None:
+        """The problems from checking only what the read's delta changed since `last`, or None: walk everything."""
+        state = result.state
+        delta = delta_since(result.delta, last() if last is not None else None)
         if delta is None or not delta.kinds() <= {"Node", "Allocation"}:
             return None  # the Fleet, SKUs, images: every rule reads them; a slot map: MAC owners move
         rules = {r.kind: r for r in self._rules(state, self._owners)}

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from desired.state import DesiredState, delta_of
+from desired.state import Delta, DesiredState, delta_since
 from policies import capability, eligibility
 
 MAX_VALUES = 20  # changed values listed per document; the rest are counted
@@ -114,12 +114,13 @@ def diff(
     firmware: Mapping[str, bool] | None = None,
     *,
     schedulable_before: Mapping[str, Slots] | None = None,
+    delta: Delta | None = None,
 ) -> InventoryDiff:
-    """What changes from base to head. A head read by delta from base (`desired.reading.deltas`) is compared
+    """What changes from base to head. A head read by `delta` from base (`desired.reading.deltas`) is compared
     only where the delta names a document: every other document is the very same object in both.
 
     `schedulable_before`: `schedulable(base)`, when the caller kept it (a PR plan's kept base)."""
-    delta = delta_of(head, base)
+    delta = delta_since(delta, base)
     changed = None if delta is None else {kind: delta.names(kind) for kind, _ in _TABLES}
     changes: list[DocumentChange] = []
     for kind, attr in _TABLES:

@@ -14,7 +14,7 @@ files hold no parse problem (no duplicate name, no bad document, no refused
 file; cross-file problems are validation's). Anything else returns a
 reason, and the caller reads the whole tree.
 
-The new state carries a `Delta`: which (kind, name) keys differ from the
+The result carries a `Delta` beside the state: which (kind, name) keys differ from the
 state it was built from, so validation, inventory sync and planning can
 work from the change too.
 """
@@ -77,9 +77,8 @@ def apply(
         return why
     build.order()
     state = build.state
-    state.delta = Delta(weakref.ref(tree.state), frozenset(build.touched))
     cache.tree = Tree(tree.origin, revision, build.by_path, state, (), tree.extra)
-    return LoadResult(state, [])
+    return LoadResult(state, [], Delta(weakref.ref(tree.state), frozenset(build.touched)))
 
 
 class _Builder:

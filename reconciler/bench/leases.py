@@ -79,7 +79,7 @@ def machine_ids(state: DesiredState) -> dict[str, str]:
 
 def released(state: DesiredState, allocation_ids: list[str] | None = None) -> DesiredState:
     """A copy of `state` with the allocations named (default: every baremetal one) released in git."""
-    out = dataclasses.replace(state, allocations=dict(state.allocations), delta=None)
+    out = dataclasses.replace(state, allocations=dict(state.allocations))
     for aid, alloc in state.allocations.items():
         named = aid in allocation_ids if allocation_ids is not None else alloc.sku == synthetic.BAREMETAL_SKU
         if named:

@@ -185,7 +185,8 @@ def _plan(
             base_unreadable=base_unreadable,
             warm=warm,
         )
-    head, head_errors = _load(args.path, head_rev, reader)
+    read = reader.load(args.path, head_rev)
+    head, head_errors = read.state, tuple(read.errors)
     if head_errors:
         return prplan.invalid(args.base, head.revision, head_errors, offline=args.offline), head, digest
     if base_unreadable is not None:
@@ -213,6 +214,7 @@ def _plan(
                 engine_for=warm.engine,
                 side=side,
                 keep=(lambda s: keep(s, observed)) if keep is not None else None,
+                delta=read.delta,
             )
         )
         counted.done = requests  # the planner places them together: counted when it is done

@@ -133,4 +133,4 @@ def _leave_active(url: str, state: DesiredState, out: Out) -> None:
 
 
 def _with_allocations(state: DesiredState, extra: dict[str, m.Allocation]) -> DesiredState:
-    return dataclasses.replace(state, allocations={**state.allocations, **extra}, delta=None)
+    return dataclasses.replace(state, allocations={**state.allocations, **extra})

@@ -214,7 +214,7 @@ def test_a_lease_no_longer_declared_is_never_deployed(conn: Connection, maas: Ma
     reconciling.reconcile(conn, state)
     assert _phase(conn, A0) == "deploy_requested"
     maas.down = False
-    orphaned = dataclasses.replace(state, allocations={}, delta=None)
+    orphaned = dataclasses.replace(state, allocations={})
     for _ in range(3):
         reconciling.reconcile(conn, orphaned)
     assert maas.deploys == {} and _phase(conn, A0) == "deploy_requested"

@@ -111,7 +111,7 @@ def test_a_revision_read_by_delta_equals_a_whole_read_after_every_commit(repo: P
         warm = memo.validate(gitrepo.read_revision(repo, "HEAD", cache=cache))
         cold = validation.validate(loading.parse_refs(gitrepo.revision_refs(repo, "HEAD")))
         assert _shape(warm) == _shape(cold)
-        by_delta += warm.state.delta is not None
+        by_delta += warm.delta is not None
     assert memo.fallbacks == 0
     assert by_delta >= 10  # the delta path did run (edits that leave parse problems read whole)
     assert memo.by_delta >= 1  # and validation by delta too
@@ -126,9 +126,9 @@ def test_a_revision_that_does_not_descend_from_the_kept_one_is_read_whole(repo: 
     )
     _commit(repo)
     ahead = gitrepo.read_revision(repo, "HEAD", cache=cache)
-    assert ahead.state.delta is not None and cache.last_full == ""
+    assert ahead.delta is not None and cache.last_full == ""
     back = gitrepo.read_revision(repo, first, cache=cache)  # a rollback: an ancestor, not a descendant
-    assert back.state.delta is None
+    assert back.delta is None
     assert "does not descend" in cache.last_full
     cold = loading.parse_refs(gitrepo.revision_refs(repo, first))
     assert _shape(back) == _shape(cold)
@@ -142,7 +142,7 @@ def test_a_delta_names_exactly_the_documents_that_changed(repo: Path) -> None:
     node.write_text(node.read_text() + "\n")  # same document, other bytes: a new model object
     _commit(repo)
     after = gitrepo.read_revision(repo, "HEAD", cache=cache)
-    delta = after.state.delta
+    delta = after.delta
     assert delta is not None and delta.base() is before.state
     (name,) = delta.names("Node")
     assert delta.keys == {("Node", name)}

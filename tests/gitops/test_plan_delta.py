@@ -23,7 +23,7 @@ import git
 import pytest
 
 from desired.reading import deltas, gitrepo
-from desired.state import delta_of
+from desired.state import delta_since
 from policies import validating
 from reconciler import cli, inventory_diff, sources
 from reconciler.caches import checkedtrees
@@ -103,7 +103,7 @@ def _cold(root: Path, base: str, head: str) -> tuple[int, prplan.PrPlan]:
     if loaded_head.errors:
         return 1, prplan.invalid(base, loaded_head.state.revision, tuple(loaded_head.errors), offline=True)
     loaded_base = sources.load(root, base)
-    assert delta_of(loaded_head.state, loaded_base.state) is None  # really read whole
+    assert delta_since(loaded_head.delta, loaded_base.state) is None  # really read whole
     pr = prplan.compose(
         loaded_base.state,
         loaded_head.state,
@@ -175,12 +175,12 @@ def test_head_is_read_by_delta_from_base(
     fleet_repo.drain("h200-use1-s02")
     head = fleet_repo.request("req-b", 2)
     whole_reads = _whole_reads(monkeypatch)
-    composed: list[tuple[Any, Any]] = []
+    composed: list[tuple[Any, Any, Any]] = []
     made: list[prplan.PrPlan] = []
     real_compose = prplan.compose
 
     def compose(base_state: Any, head_state: Any, *args: Any, **kwargs: Any) -> Any:
-        composed.append((base_state, head_state))
+        composed.append((base_state, head_state, kwargs.get("delta")))
         made.append(real_compose(base_state, head_state, *args, **kwargs))
         return made[-1]
 
@@ -224,8 +224,8 @@ def test_head_is_read_by_delta_from_base(
     )
     assert rc == 2 and '"req-b"' in out
     assert whole_reads == [base]  # head came from git diff-tree, not a listing of its whole tree
-    ((base_state, head_state),) = composed
-    delta = delta_of(head_state, base_state)
+    ((base_state, _head_state, read_by),) = composed
+    delta = delta_since(read_by, base_state)
     assert delta is not None
     assert delta.keys == {("Node", "h200-use1-s02"), ("Allocation", "req-b")}
     assert readers[0].memo.by_delta == 1  # head's validation checked the delta's documents only

@@ -29,7 +29,7 @@ from reconciler import fleetgraph, plans
 from reconciler.bench import synthetic
 from reconciler.placement import placing, planner, replanning
 from schemas import states
-from tests.claims.test_inventory_incremental import _with_delta
+from tests.claims.test_inventory_incremental import _delta
 
 POLICIES = [p.value for p in packing.ALL]
 DIGESTS = ("a" * 64, "0" * 63 + "1")
@@ -242,9 +242,9 @@ def test_warm_plans_equal_cold_plans_over_random_edits(policy: str, seed: int, b
         # what shapes the whole index: only these rebuild cold
         expected_cold += new.fleet != state.fleet or new.skus != state.skus or new.nodes.keys() != state.nodes.keys()
         # the loop holds the state in force while it plans the next: a delta's base is alive
-        before, state = state, _with_delta(state, new) if by_delta else dataclasses.replace(new, delta=None)
+        before, state = state, new
         observed = _observed(db, base)
-        got = warm(state, observed)
+        got = warm(state, observed, _delta(before, state) if by_delta else None)
         assert got == _cold(state, observed, policy), (step, warm.last_cold)
         placed += len(got.placements)
         released += len(got.releases)
