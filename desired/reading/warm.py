@@ -18,7 +18,7 @@ def build_all() -> int:
     """Build the validator of every model in `desired.models`; how many were built."""
     built = 0
     for value in vars(models).values():
-        if isinstance(value, type) and issubclass(value, BaseModel) and value.__module__ == models.__name__:
+        if models.defined_here(value) and issubclass(value, BaseModel):
             value.model_rebuild(force=True)
             built += 1
     return built

@@ -79,8 +79,11 @@ def reader_version() -> str:
         f"libyaml {getattr(yaml, '__with_libyaml__', False)}\0pydantic {pydantic.VERSION}\0"
         f"pydantic-core {pydantic_core.__version__}\0".encode()
     )
-    for module in (yamlio, blockstyle, loading, documents, parsepool, safefiles, models, patterns, problems, state):
-        h.update(Path(module.__file__ or "").read_bytes())
+    sources = [Path(m.__file__ or "") for m in (yamlio, blockstyle, loading, documents, parsepool, safefiles)]
+    sources += [Path(m.__file__ or "") for m in (patterns, problems, state)]
+    sources += sorted(Path(models.__file__ or "").parent.glob("*.py"))  # the models are a package
+    for source in sources:
+        h.update(source.read_bytes())
     return h.hexdigest()[:32]
 
 
@@ -97,9 +100,9 @@ class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if module == "datetime" and name in self._DATETIME:
             return getattr(dt, name)
-        if module == "desired.models":
+        if module.startswith("desired.models."):
             found = _model_classes().get(name)
-            if found is not None:
+            if found is not None and found.__module__ == module:
                 return found
         raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a cache entry")
 
@@ -116,9 +119,7 @@ def _model_classes() -> dict[str, type]:
     return {
         name: obj
         for name, obj in vars(models).items()
-        if isinstance(obj, type)
-        and obj.__module__ == models.__name__
-        and (issubclass(obj, BaseModel) or issubclass(obj, enum.Enum))
+        if models.defined_here(obj) and (issubclass(obj, BaseModel) or issubclass(obj, enum.Enum))
     }
 
 

@@ -244,9 +244,14 @@ class _Leak(Exception):
     """A model the world keeps lazily was reached from what it keeps eagerly (it would be two objects)."""
 
 
+def _is_model_module(module: str) -> bool:
+    """A module of the desired-state models package (`desired.models.nodes`, ...)."""
+    return module.startswith("desired.models.")
+
+
 def _model(cls: type, values: dict[str, Any], fields_set: set[str], extra: Any, private: Any) -> Any:
     """A pydantic model from its stored fields, without validation (pickle's way, in fewer steps)."""
-    if not (isinstance(cls, type) and issubclass(cls, BaseModel) and cls.__module__ == "desired.models"):
+    if not (_is_model_module(getattr(cls, "__module__", "")) and issubclass(cls, BaseModel)):
         raise pickle.UnpicklingError(f"{cls!r} is not a desired-state model")
     obj = cls.__new__(cls)
     setattr_ = object.__setattr__
@@ -314,11 +319,7 @@ def _reducers(refuse: AbstractSet[int]) -> dict[type, Callable[[Any], Any]]:
 def _model_classes() -> tuple[type, ...]:
     from desired import models
 
-    return tuple(
-        v
-        for v in vars(models).values()
-        if isinstance(v, type) and issubclass(v, BaseModel) and v.__module__ == models.__name__
-    )
+    return tuple(v for v in vars(models).values() if models.defined_here(v) and issubclass(v, BaseModel))
 
 
 @functools.cache
@@ -356,8 +357,10 @@ class _Unpickler(pickle.Unpickler):
 @functools.cache
 def _allowed(module: str, name: str) -> type | None:
     """The type `module.name` when the allow-list names it and that module defines it (not imports it)."""
-    if module == "desired.models":
-        return next((c for c in _model_classes() + _model_enums() if c.__name__ == name), None)
+    if _is_model_module(module):
+        return next(
+            (c for c in _model_classes() + _model_enums() if c.__name__ == name and c.__module__ == module), None
+        )
     if name not in _TYPES.get(module, ()):
         return None
     import importlib
@@ -372,11 +375,7 @@ def _model_enums() -> tuple[type, ...]:
 
     from desired import models
 
-    return tuple(
-        v
-        for v in vars(models).values()
-        if isinstance(v, type) and issubclass(v, enum.Enum) and v.__module__ == models.__name__
-    )
+    return tuple(v for v in vars(models).values() if models.defined_here(v) and issubclass(v, enum.Enum))
 
 
 def _loads(data: bytes | memoryview) -> Any:

@@ -9,7 +9,7 @@ _PROBE = """
 import pydantic
 from desired import models
 kinds = [v for v in vars(models).values()
-         if isinstance(v, type) and issubclass(v, pydantic.BaseModel) and v.__module__ == models.__name__]
+         if models.defined_here(v) and issubclass(v, pydantic.BaseModel)]
 before = sum(k.__pydantic_complete__ for k in kinds)
 {action}
 print(len(kinds), before, sum(k.__pydantic_complete__ for k in kinds))
