@@ -113,7 +113,7 @@ class CredentialRef(_Model):
 
 
 class MachineProviderSpec(_Model):
-    """A machine provider that deploys and erases whole nodes for baremetal leases (issue 30)."""
+    """A machine provider that deploys and erases whole nodes for baremetal leases."""
 
     name: Name = Field(description="The provider's name, which Node.machine.provider refers to.")
     kind: Literal["ironic", "maas"] = Field(

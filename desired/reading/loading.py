@@ -77,9 +77,9 @@ def collector_paused() -> Iterator[None]:
     """No cyclic garbage collection while a tree is built.
 
     Loading makes millions of long-lived, acyclic objects; every full
-    collection on the way walked all of those made so far (at 10,000 nodes,
-    two thirds of the load time). Garbage made meanwhile is freed by
-    reference counting; the collector runs again afterwards as it was.
+    collection on the way would walk all of those made so far, which costs
+    more than the loading itself on a large tree. Garbage made meanwhile is
+    freed by reference counting; the collector runs again afterwards as it was.
     """
     enabled = gc.isenabled()
     gc.disable()
@@ -274,10 +274,10 @@ def _settle(docs: list[tuple[Document, Any, list[p.Problem]]], cache: BlobMemory
     """Where the cache says no reader wants them, drop a file's plain values once typed and pack its bytes.
 
     Positions come from the bytes (`Document.locate` composes them again), so
-    only typing reads the value; a 10,000-node tree held every one of them.
+    only typing reads the value, and a long-lived tree need not hold them.
     The bytes are kept zlib-compressed (one copy per file; `packed`: what a
     pool worker already compressed), since only problem positions read them:
-    a watch loop holding 100,000 nodes keeps ~80 MB instead of ~430 MB.
+    a watch loop's memory follows the models, not the YAML text.
     """
     if cache is None or cache.keep_values or not docs:
         return

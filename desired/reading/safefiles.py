@@ -77,8 +77,8 @@ def iter_directory(root: Path) -> Iterator[tuple[str, FileData]]:
     found: list[str] = []
     top = os.fspath(root)
     for dirpath, dirnames, filenames in os.walk(top):
-        # One relpath per directory, not per file: at 4,000 files relpath's two abspaths were a
-        # fifth of the portal bot's request (reconciler.requests reads the whole tree).
+        # One relpath per directory, not per file: relpath's two abspaths per file are a visible
+        # part of the portal bot's request (reconciler.requests reads the whole tree).
         base = os.path.relpath(dirpath, top)
         prefix = "" if base == "." else base + os.sep
         kept = []

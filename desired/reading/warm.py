@@ -2,9 +2,9 @@
 
 The models defer building their validators (`defer_build`): a command that
 reads a kept base (`reconciler.caches.keptworlds`) validates one or two
-documents, and building all of them at import took 30 ms of its 0.9 s. A
+documents and should not pay for building every validator at import. A
 parse worker validates thousands, so the fork server builds them once,
-before it forks: every worker starts with them built, as before.
+before it forks: every worker starts with them built.
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ class Document:
     data: bytes  # the file's bytes; zlib-compressed when `packed`
     _node: yaml.Node | None = None
     # A long-lived tree (`gpuaas run`) keeps its files compressed: positions are wanted
-    # only for problems, and 100,000 nodes' YAML is ~430 MB raw, ~80 MB packed.
+    # only for problems, and YAML text compresses to a fraction of its size.
     packed: bool = False
 
     @property

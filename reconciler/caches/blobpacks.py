@@ -58,7 +58,7 @@ _PICKLE = b"p"
 # The tables of the packs (created beside the store's own).
 PACK_TABLES = (
     # A rowid table: entries are kilobytes, and a WITHOUT ROWID table keeps whole rows in
-    # its b-tree (writes took twice as long, the file was a third larger).
+    # its b-tree (slower writes, a larger file).
     "CREATE TABLE IF NOT EXISTS packs (id INTEGER PRIMARY KEY, version TEXT NOT NULL,"
     " mac BLOB NOT NULL, payload BLOB NOT NULL)",
     "CREATE TABLE IF NOT EXISTS pack_entries (version TEXT NOT NULL, blob TEXT NOT NULL,"

@@ -100,7 +100,7 @@ def _record_table(namespace: str) -> str:
 
 def _file_table(namespace: str) -> str:
     # The payload is a file beside the database (`<namespace less its s>-<key>`): tens of MB read
-    # from a chain of SQLite overflow pages took 0.3 s, one read() of a file 0.02 s.
+    # from a chain of SQLite overflow pages is many times slower than one read() of a file.
     return (
         f"CREATE TABLE IF NOT EXISTS {namespace} (key TEXT PRIMARY KEY, mac BLOB NOT NULL,"
         " size INTEGER NOT NULL, stamp INTEGER NOT NULL) WITHOUT ROWID"

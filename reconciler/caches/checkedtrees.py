@@ -12,7 +12,7 @@ A git revision's cross-file problems are kept too (a "checked tree"): CI
 plans many PRs against one base commit, and validating a large base costs
 as much as parsing it from the warm cache. They are a pure function of the
 commit, the path in the repo and the code, so they are stored under a hash
-of those (`DiskStore.put_result`) and never trusted: the store checks the
+of those (namespace `results`, `Store.put_record`) and never trusted: the store checks the
 HMAC, the payload is JSON of exactly the expected shape, and anything else
 is a miss that validates the tree again.
 """

@@ -1,10 +1,10 @@
 """A PR plan's base, kept for the next `gpuaas plan --offline` against the same base commit.
 
-CI plans every pull request against the tip of main, and at 10,000 nodes
-the base side of a plan cost more than a second even from the blob cache:
-170,000 slot-map models read from packs, every node's placement facts and
-packing index built, base planned, its capacity read model and every
-slot's schedulability computed. Yet all of it is a pure function of the base
+CI plans every pull request against the tip of main, and on a large fleet
+the base side of a plan is most of its cost even from the blob cache: every
+slot-map model read from packs, every node's placement facts and packing
+index built, base planned, its capacity read model and every slot's
+schedulability computed. Yet all of it is a pure function of the base
 commit, the path in the repo, `--policy` and the code. So once a base has
 been planned twice (its checked tree was stored: the first run's cache
 writes stay as cheap as before), the second run keeps that base's world:
@@ -25,7 +25,7 @@ on first read (`reconciler.caches.lazymap`). A plan that reads them all (a slot 
 edit, a full validation) gets exactly what the eager tables gave.
 
 Never trusted, like the rest of the cache: the row's HMAC under the store's
-secret key (its own domain, `DiskStore.put_world`) is checked before a byte
+secret key (its own domain, `Store.put_file`) is checked before a byte
 is unpickled, and the unpickler knows only the classes a base's world is
 made of. Anything odd is a miss: the base is read and planned again. Only a
 base that read without parse problems or errors is kept (a head is read by
@@ -215,7 +215,7 @@ def _frame(core: bytes, models: Mapping[str, bytes]) -> bytes:
 def _unframe(payload: bytes) -> tuple[memoryview, Callable[[str], memoryview]] | None:
     """The core pickle, and what gives a lazy file's bytes, as views of `payload`; None: not a frame.
 
-    An index entry is checked when its file is read (10,000 checks up front cost 20 ms).
+    An index entry is checked when its file is read: a plan reads few of them.
     """
     if len(payload) < _HEADER.size:
         return None
@@ -305,7 +305,7 @@ def _reducers(refuse: AbstractSet[int]) -> dict[type, Callable[[Any], Any]]:
 
     def plain(obj: Any) -> Any:
         # A slotted dataclass is pickled through dataclasses' Python __setstate__ (fields() on
-        # every object: a fifth of a load); its own __init__ takes the same fields positionally.
+        # every object, slow); its own __init__ takes the same fields positionally.
         return type(obj), tuple(getattr(obj, f.name) for f in dataclasses.fields(obj))
 
     table: dict[type, Callable[[Any], Any]] = dict.fromkeys(_model_classes(), model)

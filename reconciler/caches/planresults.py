@@ -5,7 +5,7 @@ a second output format (a markdown comment and a JSON artifact), the same
 pair planned by a merge queue. An offline plan is a pure function of the
 two commits, the folder planned, `--policy`, the output format and the code, so what the
 command printed and the facts its exit status is made of are kept in the
-blob cache's database (`DiskStore.put_result`) under a hash of all of them,
+blob cache's database (namespace `results`, `Store.put_record`) under a hash of all of them,
 and replayed: no tree is read, nothing is planned.
 
 The cache is never trusted, as the blob cache: its HMAC is checked before
