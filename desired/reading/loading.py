@@ -44,7 +44,7 @@ class FileRef:
 
 
 class BlobMemory(Protocol):
-    """Parsed and typed blobs by content id, kept between revisions (`reconciler.caches.blobs.BlobMemory`).
+    """Parsed and typed blobs by content id, kept between revisions (`reconciler.caches.blobs.BlobCache`).
 
     The reader asks it for a blob before parsing, gives it what it parsed,
     and leaves the whole tree it read with it (`tree`) for the next revision
