@@ -52,6 +52,8 @@ TEMP_GRACE_S = 600  # a file record's temp file older than this, whose writer is
 # The namespaces of keyed records, and how many of each are kept (the newest win).
 RECORDS = {"results": 64}  # whole command results: checked trees, finished offline PR plans
 FILES = {"worlds": 2}  # records too large for a row (kept PR-plan bases, tens of MB): one file each
+# What a record of each namespace is, in notes to the user.
+WHAT = {"results": "result", "worlds": "kept base"}
 MAX_RESULTS = RECORDS["results"]
 MAX_WORLDS = FILES["worlds"]
 
@@ -175,7 +177,7 @@ class Store:
                 (RECORDS[namespace],),
             )
 
-        self._transaction(write, busy=f"{namespace[:-1]} not stored")
+        self._transaction(write, busy=f"{WHAT.get(namespace, namespace)} not stored")
 
     def get_file(self, namespace: str, key: str) -> bytes | None:
         """The payload of a file record, once its HMAC verifies.
@@ -204,7 +206,7 @@ class Store:
                 f.write(payload)
             os.replace(temp, path)  # atomic: a reader sees the old file, the new one, or none
         except OSError as e:
-            self.note(f"blob cache {self.directory}: {namespace[:-1]} not stored: {e.strerror or e}")
+            self.note(f"blob cache {self.directory}: {WHAT.get(namespace, namespace)} not stored: {e.strerror or e}")
             with contextlib.suppress(OSError):
                 os.unlink(temp)
             return
@@ -220,7 +222,7 @@ class Store:
             )
             kept.update(k for (k,) in db.execute(f"SELECT key FROM {namespace}"))  # noqa: S608 - a known name
 
-        if self._transaction(write, busy=f"{namespace[:-1]} not stored"):
+        if self._transaction(write, busy=f"{WHAT.get(namespace, namespace)} not stored"):
             # Files no row names: older records, and any a run killed between its file and its row left.
             # (A `.tmp` file may be another run's write in progress: left alone.)
             for stale in self.directory.glob(f"{prefix}*"):
