@@ -87,7 +87,7 @@ def run_discover(args: argparse.Namespace) -> int:
 
 
 def load_slot_map(path: Path) -> m.SlotMap:
-    from desired import loading
+    from desired.reading import loading
     from schemas import inputfiles
 
     data = inputfiles.read_bytes(path, limit=16 * inputfiles.MIB, code=SLOTMAP_INVALID, what="slot map")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from desired import models as m
 from desired import problems as p
-from desired.loading import DesiredState
+from desired.state import DesiredState
 
 FIELDS = ("tenant", "sku", "region", "gpu_count", "image", "vm_profile")
 LISTED = 10  # allocations a capacity-shape problem names; the rest are counted

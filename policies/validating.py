@@ -19,7 +19,7 @@ index, so positions, messages and order are exactly those of a full run
 incremental path) it falls back to a full run and says why (`fallbacks`,
 `last_fallback`, a log line on the `gpuaas` logger).
 
-A state read by delta (`desired.deltas`) names the documents that changed:
+A state read by delta (`desired.reading.deltas`) names the documents that changed:
 when the last state validated was its base, and only nodes and allocations
 changed, only those (and the slot map of a changed node) are checked, not
 every document walked. When they had no problem and still have none, the
@@ -35,10 +35,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from desired import deltas
 from desired import models as m
 from desired import problems as p
-from desired.loading import DesiredState, LoadResult
+from desired.state import DesiredState, LoadResult, delta_since
 from policies import validation
 
 log = logging.getLogger("gpuaas.validation")
@@ -73,7 +72,7 @@ class Memo:
         """Add cross-file problems to a parse result, exactly as `validation.validate` (returns the same object)."""
         state, last, self._last = result.state, self._last, None
         try:
-            found = self._by_delta(state, last) if not result.problems else None
+            found = self._by_delta(result, last) if not result.problems else None
             if found is None:
                 found = list(self._problems(state))
         except Exception as e:  # any doubt: forget everything, run the full rules
@@ -124,9 +123,10 @@ class Memo:
         """MACs used by more than one slot in the last state validated: (node, slot position) of each use."""
         return self._owners
 
-    def _by_delta(self, state: DesiredState, last: weakref.ref[DesiredState] | None) -> list[p.Problem] | None:
-        """The problems from checking only what a delta changed since `last`, or None: walk everything."""
-        delta = deltas.delta_of(state, last() if last is not None else None)
+    def _by_delta(self, result: LoadResult, last: weakref.ref[DesiredState] | None) -> list[p.Problem] | None:
+        """The problems from checking only what the read's delta changed since `last`, or None: walk everything."""
+        state = result.state
+        delta = delta_since(result.delta, last() if last is not None else None)
         if delta is None or not delta.kinds() <= {"Node", "Allocation"}:
             return None  # the Fleet, SKUs, images: every rule reads them; a slot map: MAC owners move
         rules = {r.kind: r for r in self._rules(state, self._owners)}

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 from desired import models as m
 from desired import problems as p
-from desired.loading import DesiredState, LoadResult, Source
+from desired.state import DesiredState, LoadResult, Source
 from policies import eligibility, images
 
 _DIGEST = re.compile(m.DIGEST_RE)

@@ -10,10 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from policies import profiles
 from schemas.states import ClaimKind, ClaimStatus, SlotStatus
+
+if TYPE_CHECKING:
+    from desired.state import Delta, DesiredState
 
 SlotKey = tuple[str, int]  # (node name, slot_index)
 
@@ -124,3 +127,14 @@ class Plan:
     @property
     def empty(self) -> bool:
         return not (self.placements or self.pending or self.releases)
+
+
+class Planner(Protocol):
+    """Plans a desired state against observed claims (`reconciler.placement.planner.plan` with a policy fixed).
+
+    `delta`: how the reader built `desired` from the state before it, when it
+    did; a planner that keeps its engine between calls works from the change
+    (`replanning.WarmPlanner`), any other ignores it.
+    """
+
+    def __call__(self, desired: DesiredState, observed: Observed, delta: Delta | None = None, /) -> Plan: ...

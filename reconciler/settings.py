@@ -39,6 +39,7 @@ class Settings:
     state_dir: Path
     embedded_root: Path | None  # None: the built-in root (reconciler.store.embedded.DEFAULT_ROOT)
     pg_bin: Path | None  # None: look for an installed server
+    cache_dir: Path  # the on-disk caches (reconciler.caches.cachestore)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -46,11 +47,27 @@ class Settings:
         root = environ.get(ENV_EMBEDDED_ROOT)
         pg_bin = environ.get(ENV_PG_BIN)
         return cls(
+            cache_dir=_cache_dir(environ),
             database_url=environ.get(ENV_URL) or None,
             state_dir=Path(environ.get(ENV_STATE_DIR) or DEFAULT_STATE_DIR),
             embedded_root=Path(os.path.abspath(root)) if root else None,
             pg_bin=Path(pg_bin) if pg_bin else None,
         )
+
+
+def _cache_dir(environ: Mapping[str, str]) -> Path:
+    """`$GPUAAS_STATE_DIR/cache`, else the user's cache dir: `${XDG_CACHE_HOME:-~/.cache}/gpuaas/cache`.
+
+    Never the database's default state dir (`.gpuaas`, relative to where the
+    command runs): CI runs from the checkout root, so a cache there would be
+    one the pull request being planned can commit, key and all.
+    """
+    state = environ.get(ENV_STATE_DIR)
+    if state:
+        return Path(state) / "cache"
+    xdg = environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "gpuaas" / "cache"
 
 
 def current() -> Settings:

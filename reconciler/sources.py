@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from desired import gitrepo, loading
+from desired.reading import gitrepo, loading, safefiles
+from desired.state import LoadResult
 from policies import validating, validation
 from schemas import progress
 from schemas.errors import PermanentError
 
-Check = Callable[[loading.LoadResult], loading.LoadResult]
+Check = Callable[[LoadResult], LoadResult]
 
 
 def load(
@@ -18,10 +19,10 @@ def load(
     rev: str | None = None,
     *,
     cancel: loading.Cancel | None = None,
-    cache: loading.BlobCache | None = None,
+    cache: loading.BlobMemory | None = None,
     memo: validating.Memo | None = None,
     check: Check | None = None,
-) -> loading.LoadResult:
+) -> LoadResult:
     """Read, parse and cross-check every file; problems are collected, not raised.
 
     With `cache`, files whose content was parsed before (same git blob id) are
@@ -29,7 +30,7 @@ def load(
     one across revisions). With `memo`, cross-file rules run again only for
     documents whose inputs changed (`policies.validating`). `check`, if
     given, adds the cross-file problems instead (a CLI reader that may have
-    them stored, `reconciler.commands.blobcache`). Raises
+    them stored, `reconciler.caches.checkedtrees`). Raises
     PermanentError only when the source itself cannot be read (no such
     directory, unknown revision); loading.Cancelled when `cancel` says stop.
     """
@@ -40,8 +41,8 @@ def load(
 
 
 def _load(
-    path: Path, rev: str | None, *, cancel: loading.Cancel | None, cache: loading.BlobCache | None, check: Check | None
-) -> loading.LoadResult:
+    path: Path, rev: str | None, *, cancel: loading.Cancel | None, cache: loading.BlobMemory | None, check: Check | None
+) -> LoadResult:
     try:
         if rev is not None:
             parsed = gitrepo.read_revision(path, rev, cancel=cancel, cache=cache)
@@ -61,11 +62,11 @@ def _load(
     return result
 
 
-def _read_directory(path: Path) -> list[tuple[str, loading.FileData]]:
+def _read_directory(path: Path) -> list[tuple[str, safefiles.FileData]]:
     """Every file under `path` with its bytes, counted on the command's progress display in batches."""
-    files: list[tuple[str, loading.FileData]] = []
+    files: list[tuple[str, safefiles.FileData]] = []
     with progress.active().phase("read files", unit="files") as counted:
-        for item in loading.iter_directory(path):
+        for item in safefiles.iter_directory(path):
             files.append(item)
             if len(files) % 256 == 0:
                 counted.done = len(files)
@@ -73,6 +74,6 @@ def _read_directory(path: Path) -> list[tuple[str, loading.FileData]]:
     return files
 
 
-def release(cache: loading.BlobCache) -> None:
+def release(cache: loading.BlobMemory) -> None:
     """End the git processes kept for the cache's last tree (a loop that stops, a command that is done)."""
     gitrepo.release(cache)

@@ -57,10 +57,10 @@ _VALIDATORS = {"operand", "ifname", "mac"}
 # Key: "path::function" (the function the call is in). A site drops out of here
 # once every value in its argv follows a literal "--" (or is a literal).
 ARGV_ALLOWED = {
-    "desired/gitrepo.py::_refs": "the value before '--' is commit.hexsha: 40 hex digits from git itself",
-    "desired/gitrepo.py::_by_delta": "the values before '--' are two commit ids: 40 hex digits from git itself",
-    "desired/gitrepo.py::_cat_file": "argv is git's executable, 'cat-file', a mode checked against two literals "
-    "and '--buffer'; the object ids go to stdin",
+    "desired/reading/gitrepo.py::_refs": "the value before '--' is commit.hexsha: 40 hex digits from git itself",
+    "desired/reading/gitrepo.py::_by_delta": "the values before '--' are two commit ids: 40 hex digits from git itself",
+    "desired/reading/gitrepo.py::_cat_file": "argv is git's executable, 'cat-file', a mode checked against two "
+    "literals and '--buffer'; the object ids go to stdin",
     "reconciler/bench/claims.py::_pgbench": "bench tool: protocol defaults to a literal, numbers are ints, "
     "the script is a temp path and the URL is the operator's own",
     "reconciler/bench/gitops.py::_git": "bench tool: every caller in the module passes literal git "

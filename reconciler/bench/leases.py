@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from desired import models as m
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from reconciler.bench import synthetic
 
 IMAGE = "bench-ubuntu-noble-baremetal"
@@ -79,7 +79,7 @@ def machine_ids(state: DesiredState) -> dict[str, str]:
 
 def released(state: DesiredState, allocation_ids: list[str] | None = None) -> DesiredState:
     """A copy of `state` with the allocations named (default: every baremetal one) released in git."""
-    out = dataclasses.replace(state, allocations=dict(state.allocations), delta=None)
+    out = dataclasses.replace(state, allocations=dict(state.allocations))
     for aid, alloc in state.allocations.items():
         named = aid in allocation_ids if allocation_ids is not None else alloc.sku == synthetic.BAREMETAL_SKU
         if named:

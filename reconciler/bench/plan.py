@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from schemas.errors import UsageError
 
 if TYPE_CHECKING:
-    from desired.loading import DesiredState
+    from desired.state import DesiredState
     from reconciler import plans
 
 _EPOCH = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

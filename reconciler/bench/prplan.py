@@ -9,7 +9,7 @@ timed from spawn to exit, its peak RSS read from `wait4`:
 - `no_cache`: `--no-cache` (a CI runner that keeps no cache);
 - `fresh_dir`: an empty `--cache-dir` (the cache is written for a next run);
 - `second`: a cache that planned this base once: this run keeps base's
-  world (`reconciler.commands.baseworld`);
+  world (`reconciler.caches.keptworlds`);
 - `cached`: a cache holding base's world (every later PR against base).
 
 Each `cached` plan's stdout must equal the `no_cache` plan's of the same

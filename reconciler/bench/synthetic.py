@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from desired import models as m
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from reconciler.plans import Candidate, Placement, ResolvedProfile
 
 REGION = "bench-1"

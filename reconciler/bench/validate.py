@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from desired.reading import safefiles
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser("validate", help="time validation of a synthetic fleet (files: 2 per node)")
@@ -41,7 +43,7 @@ def _ensure_fleet(root: Path, nodes: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from desired import loading
+    from desired.reading import loading
     from policies import validation
 
     root = args.dir or Path(tempfile.gettempdir()) / f"gpuaas-bench-fleet-{args.nodes}"
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     files = errors = 0
     for _ in range(args.runs):
         start = time.perf_counter()
-        result = validation.validate(loading.parse_files(loading.iter_directory(root), workers=args.workers))
+        result = validation.validate(loading.parse_files(safefiles.iter_directory(root), workers=args.workers))
         timings.append(time.perf_counter() - start)
         files, errors = result.state.file_count, len(result.errors)
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

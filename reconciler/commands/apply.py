@@ -32,12 +32,14 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from desired.reading import safefiles
+from desired.state import LoadResult
 from reconciler.commands import db
 from schemas import output, progress
 from schemas.errors import PermanentError, UsageError
 
 if TYPE_CHECKING:
-    from desired import loading
+    pass
 
 DIRTY_LISTED = 20  # files named in an apply.tree_dirty message; the rest are counted
 
@@ -115,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def load(path: Path, rev: str | None, *, allow_dirty: bool = False) -> loading.LoadResult:
+def load(path: Path, rev: str | None, *, allow_dirty: bool = False) -> LoadResult:
     """The desired state apply reconciles, with the revision history will record.
 
     In git: the committed tree (`rev`, default HEAD). Without `rev`, a working
@@ -123,7 +125,7 @@ def load(path: Path, rev: str | None, *, allow_dirty: bool = False) -> loading.L
     and then read as it is with no commit as its revision (history records
     `tree:<hash>`). Outside git (or before the first commit): the directory.
     """
-    from desired import gitrepo
+    from desired.reading import gitrepo
     from reconciler import sources
 
     if rev is not None:
@@ -156,7 +158,7 @@ def load(path: Path, rev: str | None, *, allow_dirty: bool = False) -> loading.L
     return _as_tree(sources.load(path))
 
 
-def _as_tree(loaded: loading.LoadResult) -> loading.LoadResult:
+def _as_tree(loaded: LoadResult) -> LoadResult:
     loaded.state.revision = None  # no commit holds this tree: history records tree:<content hash>
     return loaded
 
@@ -168,15 +170,15 @@ def dirty_files(path: Path) -> list[str]:
     directory (by git blob id) against every YAML file of HEAD under `path`.
     Untracked files git ignores are not desired state and are left out.
     """
-    from desired import gitrepo, loading
+    from desired.reading import gitrepo
 
     try:
         committed = gitrepo.revision_blob_ids(path, "HEAD")
     except gitrepo.RevisionError:  # path itself is not in HEAD: every file in it is new
         committed = {}
     working: dict[str, str | None] = {}
-    for name, data in loading.iter_directory(path):
-        working[name] = loading.blob_id(data) if isinstance(data, bytes) else None
+    for name, data in safefiles.iter_directory(path):
+        working[name] = safefiles.blob_id(data) if isinstance(data, bytes) else None
     out: dict[str, str] = {}
     for name in sorted(set(committed) | set(working)):
         if name not in working:

@@ -19,10 +19,10 @@ without the change), so CI cannot pass a PR that over-subscribes.
 
 An offline plan of two commits is a pure function of them: what it printed
 is kept in the on-disk cache and replayed by the next run of the same
-commits, policy and format (`plancache`; `--no-cache` turns it off). The
+commits, policy and format (`planresults`; `--no-cache` turns it off). The
 second offline plan against one base commit keeps that base's world (its
 tree, problems, implied claims, planned side and placement engine,
-`baseworld`): every later plan against it reads and plans only what head
+`keptworlds`): every later plan against it reads and plans only what head
 changes.
 
 `--out FILE` saves the plan for `gpuaas apply FILE` (`reconciler.reconcile.planfiles`):
@@ -39,12 +39,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reconciler import exiting
-from reconciler.commands import blobcache, db
+from reconciler.caches import checkedtrees
+from reconciler.commands import db
 from schemas import output, progress
 from schemas.errors import PermanentError, UsageError
 
 if TYPE_CHECKING:
-    from desired.loading import DesiredState
+    from desired.state import DesiredState
     from reconciler import plans
     from reconciler.placement import prplan, replanning
 
@@ -71,25 +72,25 @@ def register(sub: Any) -> None:
     p.add_argument("--offline", action="store_true", help="no database: plan head against what base implies")
     p.add_argument("--policy", help="placement policy override (default: the Fleet's)")
     db.add_database_arguments(p)
-    blobcache.add_arguments(p)
+    checkedtrees.add_arguments(p)
     progress.add_argument(p)
     p.set_defaults(func=run)
 
 
-def _load(path: Path, rev: str | None, reader: blobcache.Reader) -> tuple[DesiredState, tuple[Any, ...]]:
+def _load(path: Path, rev: str | None, reader: checkedtrees.Reader) -> tuple[DesiredState, tuple[Any, ...]]:
     result = reader.load(path, rev)
     return result.state, tuple(result.errors)
 
 
 def _online(
-    args: argparse.Namespace, reader: blobcache.Reader, given: tuple[DesiredState, tuple[Any, ...]]
+    args: argparse.Namespace, reader: checkedtrees.Reader, given: tuple[DesiredState, tuple[Any, ...]]
 ) -> tuple[DesiredState, tuple[Any, ...], plans.Observed, str]:
     """Base, its problems, the observed state, and the digest a saved plan pins (planfiles.observed_digest).
 
     `given`: `--base` and its problems, read already (`_given_base`).
     """
-    from desired import gitrepo
-    from desired.loading import DesiredState
+    from desired.reading import gitrepo
+    from desired.state import DesiredState
     from reconciler import plans
     from reconciler.reconcile import planfiles
     from reconciler.store import connections, live, migrations, views
@@ -116,13 +117,13 @@ def _online(
 
 
 def run(args: argparse.Namespace) -> int:
-    from desired import gitrepo, loading
-    from reconciler.commands import plancache
+    from desired.reading import gitrepo, loading
+    from reconciler.caches import planresults
 
     head_rev = args.head or ("HEAD" if gitrepo.head(args.path) is not None else None)
-    reader = blobcache.open_reader(args)  # base and head share it: a document both hold is parsed once
-    cache_key = plancache.key(args, head_rev)
-    outcome = plancache.get(reader.cache.disk, cache_key)  # None unless offline, from git, without --out
+    reader = checkedtrees.open_reader(args)  # base and head share it: a document both hold is parsed once
+    cache_key = planresults.key(args, head_rev)
+    outcome = planresults.get(reader.cache.disk, cache_key)  # None unless offline, from git, without --out
     saved = None
     if outcome is None:
         # Two trees loaded and planned are millions of long-lived objects: full collections
@@ -130,13 +131,13 @@ def run(args: argparse.Namespace) -> int:
         with loading.collector_paused(), progress.for_args(args, "plan") as shown, shown.phase("plan"):
             pr, head, digest = _plan(args, head_rev, reader)
             exiting.skip_teardown()  # holds two trees' models: the console script need not free them
-        outcome = plancache.Outcome(
+        outcome = planresults.Outcome(
             _render(pr, args.output),
             len(pr.errors),
             pr.changed,
             tuple((x.allocation_id, x.code) for x in pr.new_pending),
         )
-        plancache.put(reader.cache.disk, cache_key, outcome)
+        planresults.put(reader.cache.disk, cache_key, outcome)
         saved = (pr, head, digest)
     sys.stdout.write(outcome.printed)
     if outcome.errors:
@@ -156,17 +157,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plan(
-    args: argparse.Namespace, head_rev: str | None, reader: blobcache.Reader
+    args: argparse.Namespace, head_rev: str | None, reader: checkedtrees.Reader
 ) -> tuple[prplan.PrPlan, DesiredState, str]:
     """The PR plan, the head it planned and the digest of the observed state it was planned against."""
-    from desired.loading import LoadResult
-    from reconciler.commands import baseworld
+    from desired.state import LoadResult
+    from reconciler.caches import keptworlds
     from reconciler.placement import prplan, replanning
     from reconciler.reconcile import planfiles
 
     digest = ""
     world_key, base_commit = _world_key(args)
-    world = baseworld.get(reader.cache.disk, world_key, args.policy)
+    world = keptworlds.get(reader.cache.disk, world_key, args.policy)
     keep: Callable[[prplan.BaseSide, plans.Observed], None] | None = None
     if world is not None:
         # Base as an earlier run left it: head is read by delta from its tree, its side is not planned again.
@@ -185,7 +186,8 @@ def _plan(
             base_unreadable=base_unreadable,
             warm=warm,
         )
-    head, head_errors = _load(args.path, head_rev, reader)
+    read = reader.load(args.path, head_rev)
+    head, head_errors = read.state, tuple(read.errors)
     if head_errors:
         return prplan.invalid(args.base, head.revision, head_errors, offline=args.offline), head, digest
     if base_unreadable is not None:
@@ -213,6 +215,7 @@ def _plan(
                 engine_for=warm.engine,
                 side=side,
                 keep=(lambda s: keep(s, observed)) if keep is not None else None,
+                delta=read.delta,
             )
         )
         counted.done = requests  # the planner places them together: counted when it is done
@@ -225,16 +228,16 @@ def _world_key(args: argparse.Namespace) -> tuple[str | None, str | None]:
     Offline only (online, the claims are the database's), with `--base`
     naming a commit and the on-disk cache on.
     """
-    from reconciler.commands import baseworld
+    from reconciler.caches import keptworlds
 
     if not args.offline or not args.base or getattr(args, "no_cache", False):
         return None, None
-    commit = blobcache.commit_of(args.path, args.base)
-    return (baseworld.key(args.path, commit, args.policy), commit) if commit is not None else (None, None)
+    commit = checkedtrees.commit_of(args.path, args.base)
+    return (keptworlds.key(args.path, commit, args.policy), commit) if commit is not None else (None, None)
 
 
 def _keeper(
-    reader: blobcache.Reader,
+    reader: checkedtrees.Reader,
     *,
     world_key: str | None,
     base_commit: str | None,
@@ -248,7 +251,7 @@ def _keeper(
     checked tree): a base planned once costs no more than before, and one CI
     plans against again and again is planned from the kept world from then on.
     """
-    from reconciler.commands import baseworld
+    from reconciler.caches import keptworlds
 
     disk, tree = reader.cache.disk, reader.cache.tree
     if (
@@ -265,26 +268,26 @@ def _keeper(
     found, owners = list(reader.problems), dict(reader.memo.owners)  # base's: head is not read yet
 
     def keep(side: prplan.BaseSide, observed: plans.Observed) -> None:
-        payload = baseworld.dump(tree, found=found, owners=owners, observed=observed, side=side, planner=warm)
-        baseworld.put(disk, world_key, payload)
+        payload = keptworlds.dump(tree, found=found, owners=owners, observed=observed, side=side, planner=warm)
+        keptworlds.put(disk, world_key, payload)
 
     return keep
 
 
 def _given_base(
-    args: argparse.Namespace, reader: blobcache.Reader
+    args: argparse.Namespace, reader: checkedtrees.Reader
 ) -> tuple[DesiredState, tuple[Any, ...], PermanentError | None]:
     """`--base`, read before head, its problems, and why it could not be read.
 
     Read first, base is the tree head is read by delta from (`git diff-tree`
     base..head: only the files the PR changes are parsed and validated, see
-    `desired.deltas`), and the inventory diff, the node modes and the warm
+    `desired.reading.deltas`), and the inventory diff, the node modes and the warm
     planner work from that delta too. An unreadable base is raised only once
     head turned out valid, as when head was read first. Without `--base`,
     online, base is the revision the database runs: read after head, whose
     errors need no database (`_online`).
     """
-    from desired.loading import DesiredState
+    from desired.state import DesiredState
 
     if not args.base:
         return DesiredState(), (), None

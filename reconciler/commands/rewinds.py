@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from reconciler.store import connections, live, revisions
 from schemas import dberrors
 from schemas.errors import PermanentError

@@ -105,7 +105,7 @@ def _check(args: argparse.Namespace) -> None:
     if args.max_failing_seconds is not None and args.max_failing_seconds <= 0:
         raise UsageError("--max-failing-seconds must be positive")
     if args.remote:
-        from desired import gitrepo
+        from desired.reading import gitrepo
 
         try:
             gitrepo.check_ref_name(args.remote, "--remote")

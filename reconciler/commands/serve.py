@@ -162,7 +162,7 @@ def _remote_branch(text: str | None) -> tuple[str, str] | None:
 
     if text is None:
         return None
-    from desired import gitrepo
+    from desired.reading import gitrepo
 
     remote, sep, branch = text.partition("/")
     if not sep or not remote or not branch:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler import exiting
-from reconciler.commands import blobcache
+from reconciler.caches import checkedtrees
 from schemas import output, progress
 
 
@@ -25,13 +25,13 @@ def register(sub: Any) -> None:
         help="state directory holding the blob cache (<DIR>/cache; default $GPUAAS_STATE_DIR, else "
         "${XDG_CACHE_HOME:-~/.cache}/gpuaas); never inside a git checkout",
     )
-    blobcache.add_arguments(p)
+    checkedtrees.add_arguments(p)
     progress.add_argument(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from desired import loading
+    from desired.reading import loading
     from reconciler import sources
     from reconciler.reports import summary
 
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         shown.phase("read, parse and check the tree"),
     ):
         result = (
-            blobcache.open_reader(args).load(args.path, args.rev)
+            checkedtrees.open_reader(args).load(args.path, args.rev)
             if args.rev is not None
             else sources.load(args.path, args.rev)
         )

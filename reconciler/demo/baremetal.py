@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from desired import models as m
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from reconciler import sources
 from reconciler.providers.lab import ironic_service, sshstandin
 from reconciler.reconcile import reconciling
@@ -134,4 +134,4 @@ def _leave_active(url: str, state: DesiredState, out: Out) -> None:
 
 
 def _with_allocations(state: DesiredState, extra: dict[str, m.Allocation]) -> DesiredState:
-    return dataclasses.replace(state, allocations={**state.allocations, **extra}, delta=None)
+    return dataclasses.replace(state, allocations={**state.allocations, **extra})

@@ -44,7 +44,6 @@ def _database(out: Out) -> str:
 
 def run(fleet: Path, out: Out = print) -> None:
     from reconciler.commands import apply
-    from reconciler.placement import planner
     from reconciler.reconcile import reconciling
     from reconciler.store import checks, connections, migrations
 
@@ -58,7 +57,7 @@ def run(fleet: Path, out: Out = print) -> None:
         out(f"schema: {len(ran)} migration(s) applied" if ran else "schema: up to date")
         for title in (f"gpuaas apply {fleet}", "apply the same revision again: nothing changes"):
             _heading(out, title)
-            result = reconciling.reconcile(conn, loaded.state, source="demo", planner=planner.plan)
+            result = reconciling.reconcile(conn, loaded.state, source="demo", planner=reconciling.planner_for())
             out(apply.render_text(reconciling.summary(result)))
         _heading(out, "gpuaas db check")
         violations = checks.run(conn)

@@ -20,7 +20,7 @@ from typing import Any
 
 import git
 
-from desired import gitrepo
+from desired.reading import gitrepo
 from schemas.errors import GpuaasError, TemporaryError, UsageError
 
 # Only these paths under the git directory say "a ref may have moved".

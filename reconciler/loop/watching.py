@@ -48,10 +48,13 @@ from typing import Protocol
 
 import psycopg
 
-from desired.loading import BlobCache, Cancelled, DesiredState
+from desired.reading.loading import Cancelled
+from desired.state import DesiredState
 from policies import validating
 from reconciler import sources
+from reconciler.caches.blobs import BlobCache
 from reconciler.placement import replanning
+from reconciler.plans import Planner
 from reconciler.reconcile import reconciling
 from reconciler.store import connections, history, inventory, live, migrations, revisions
 from schemas import dberrors
@@ -178,7 +181,7 @@ class Loop:
         self.log(event)
         return event
 
-    def _planner(self) -> reconciling.Planner:
+    def _planner(self) -> Planner:
         return self.plans
 
     # ------------------------------------------------------------------ step
@@ -324,7 +327,12 @@ class Loop:
         # A failure is recorded in history by reconcile itself; step() backs off and retries.
         try:
             result = reconciling.reconcile(
-                conn, loaded.state, source=source, planner=self._planner(), memory=self.inventory
+                conn,
+                loaded.state,
+                source=source,
+                planner=self._planner(),
+                memory=self.inventory,
+                delta=loaded.delta,
             )
         except reconciling.Invalid as e:  # an edit of a held allocation: refused (and recorded) like invalid YAML
             self.seen = rev

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from desired import models as m
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from policies import fabric
 from reconciler import plans
 from reconciler.placement import fleetgraph, placing

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from desired import models as m
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from policies import capability, eligibility
 from reconciler import plans
 from schemas import states
@@ -33,7 +33,7 @@ class SlotFacts(NamedTuple):
     A named tuple, not a frozen dataclass: a 10,000-node engine makes 80,000
     of them, and a frozen dataclass sets each field through object.__setattr__
     (0.13 s against 0.03 s). It holds no model: a PR plan's kept base
-    (`reconciler.commands.baseworld`) loads every node's slot facts, and its
+    (`reconciler.caches.keptworlds`) loads every node's slot facts, and its
     slot maps only when a change reads them.
     """
 

@@ -10,7 +10,7 @@ changed value down to the leaf with its old and new value (`values`:
 `admin_state: active -> draining`, `slots[3].enabled: true -> false`, list
 items keyed by `slot_index` or `name` where they have one).
 
-A head read by delta from base (`desired.deltas`, as `gpuaas plan` reads
+A head read by delta from base (`desired.reading.deltas`, as `gpuaas plan` reads
 it) is compared only where the delta names a document, and base's answer is
 reused for every other node: the result equals the whole comparison.
 """
@@ -22,8 +22,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from desired import deltas
-from desired.loading import DesiredState
+from desired.state import Delta, DesiredState, delta_since
 from policies import capability, eligibility
 
 MAX_VALUES = 20  # changed values listed per document; the rest are counted
@@ -115,12 +114,13 @@ def diff(
     firmware: Mapping[str, bool] | None = None,
     *,
     schedulable_before: Mapping[str, Slots] | None = None,
+    delta: Delta | None = None,
 ) -> InventoryDiff:
-    """What changes from base to head. A head read by delta from base (`desired.deltas`) is compared
+    """What changes from base to head. A head read by `delta` from base (`desired.reading.deltas`) is compared
     only where the delta names a document: every other document is the very same object in both.
 
     `schedulable_before`: `schedulable(base)`, when the caller kept it (a PR plan's kept base)."""
-    delta = deltas.delta_of(head, base)
+    delta = delta_since(delta, base)
     changed = None if delta is None else {kind: delta.names(kind) for kind, _ in _TABLES}
     changes: list[DocumentChange] = []
     for kind, attr in _TABLES:

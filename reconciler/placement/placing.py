@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from desired import models as m
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from policies import fabric, modes, packing, profiles
 from policies import topology as t
 from reconciler import plans

@@ -18,7 +18,7 @@ from types import MappingProxyType
 
 from desired import defaults
 from desired import models as m
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from policies import images
 from reconciler import plans
 from reconciler.placement import placing, reasons

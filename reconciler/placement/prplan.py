@@ -27,12 +27,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from functools import partial
 from types import MappingProxyType
+from typing import Protocol
 
-from desired import deltas
 from desired import problems as p
-from desired.loading import DesiredState
+from desired.state import Delta, DesiredState, delta_since
 from policies import immutables
 from reconciler import plans
 from reconciler.placement import capacity, inventory_diff, placing, planner
@@ -159,15 +158,36 @@ class PrPlan:
         )
 
 
-Planner = Callable[[DesiredState, plans.Observed], plans.Plan]
-EngineMaker = Callable[[DesiredState, plans.Observed], placing.Engine]
+Planner = plans.Planner
+
+
+class EngineMaker(Protocol):
+    """Makes an engine as `placing.Engine(desired, observed)` does; `delta` as `plans.Planner` takes it."""
+
+    def __call__(
+        self, desired: DesiredState, observed: plans.Observed, delta: Delta | None = None, /
+    ) -> placing.Engine: ...
+
+
+def _cold_planner(policy: str | None) -> Planner:
+    def plan(desired: DesiredState, observed: plans.Observed, delta: Delta | None = None, /) -> plans.Plan:
+        return planner.plan(desired, observed, policy=policy)
+
+    return plan
+
+
+def _cold_engine(policy: str | None) -> EngineMaker:
+    def make(desired: DesiredState, observed: plans.Observed, delta: Delta | None = None, /) -> placing.Engine:
+        return placing.Engine(desired, observed, policy=policy)
+
+    return make
 
 
 def offline_observed(
     base: DesiredState, *, policy: str | None = None, plan_with: Planner | None = None
 ) -> plans.Observed:
     """The claims base implies on its own: plan it from no claims, keep what it placed."""
-    plan_with = plan_with or partial(planner.plan, policy=policy)
+    plan_with = plan_with or _cold_planner(policy)
     return after(plans.Observed(), plan_with(base, plans.Observed()))
 
 
@@ -216,7 +236,7 @@ def invalid(
 
 @dataclass(frozen=True, slots=True)
 class BaseSide:
-    """What a PR plan reads of base alone, against given claims: kept with a base (`commands.baseworld`).
+    """What a PR plan reads of base alone, against given claims: kept with a base (`caches.keptworlds`).
 
     `memo` holds base's per-node capacity parts (head's read model reuses
     them for nodes the PR leaves alone); `modes` is (capability, mode) of
@@ -242,6 +262,7 @@ def compose(
     engine_for: EngineMaker | None = None,
     side: BaseSide | None = None,
     keep: Callable[[BaseSide], None] | None = None,
+    delta: Delta | None = None,
 ) -> PrPlan:
     """Everything merging head would do, given the claims in `observed`.
 
@@ -255,15 +276,17 @@ def compose(
     claims (nothing of base is planned or read again). Without it, it is
     computed, and `keep`, if given, is called with it (every node's mode
     read) while `engine_for`'s engine still holds base: the CLI keeps both.
+
+    `delta`: how the reader built head from base, when it read head by delta.
     """
     edits = immutables.check(head, immutables.held_from(base, held_ids(observed)))
     if edits:  # an edit of an allocation that holds claims: refused like a validation error
         return invalid(base.revision, head.revision, tuple(edits), offline=offline)
-    plan_with = plan_with or partial(planner.plan, policy=policy)
-    engine_for = engine_for or partial(placing.Engine, policy=policy)
-    head_plan = plan_with(head, observed)
+    plan_with = plan_with or _cold_planner(policy)
+    engine_for = engine_for or _cold_engine(policy)
+    head_plan = plan_with(head, observed, delta)
     observed_after = after(observed, head_plan)
-    only = _mode_candidates(base, head, observed, observed_after)
+    only = _mode_candidates(base, head, observed, observed_after, delta)
     if side is None:
         side = _base_side(
             base,
@@ -276,8 +299,10 @@ def compose(
         if keep is not None:
             keep(side)
     modes_before = dict(side.modes) if only is None else {n: side.modes[n] for n in sorted(only) if n in side.modes}
-    diff = inventory_diff.diff(base, head, firmware=observed.firmware_ready, schedulable_before=side.schedulable)
-    now = engine_for(head, observed_after)
+    diff = inventory_diff.diff(
+        base, head, firmware=observed.firmware_ready, schedulable_before=side.schedulable, delta=delta
+    )
+    now = engine_for(head, observed_after, delta)
     modes_after = _modes(now, only)
     # Offers only: a PR plan compares launchable counts (`capacity_changes`) and lists no node summaries.
     capacity_after = capacity.read_model(
@@ -374,7 +399,11 @@ def _base_side(
 
 
 def _mode_candidates(
-    base: DesiredState, head: DesiredState, observed: plans.Observed, observed_after: plans.Observed
+    base: DesiredState,
+    head: DesiredState,
+    observed: plans.Observed,
+    observed_after: plans.Observed,
+    delta: Delta | None,
 ) -> set[str] | None:
     """The only nodes whose capability or mode can differ, when head was read by delta from base.
 
@@ -384,7 +413,7 @@ def _mode_candidates(
     statuses head's plan changes. None (look at every node) without a delta,
     or when the delta touches a document every node may read.
     """
-    delta = deltas.delta_of(head, base)
+    delta = delta_since(delta, base)
     if delta is None or not delta.kinds() <= {"Node", "SlotMap", "Allocation"}:
         return None
     statuses = observed.slot_status.items() ^ observed_after.slot_status.items()

@@ -20,13 +20,14 @@ The plan must equal `planner.plan(desired, observed)`; what makes it so:
   in the incremental path, a change to most of the fleet, and every
   `FULL_EVERY` plans. Each cold build is logged with its reason.
 - A desired state read by delta from the one the engine was brought to
-  (`desired.deltas`) names its changed nodes and slot maps; with the
+  (the caller passes the Delta the reader returned beside the state,
+  `desired.reading.deltas`) names its changed nodes and slot maps; with the
   observed slot statuses, firmware and health compared as sets, only those
   nodes' facts are built again, instead of every node's. The same holds
   the other way (a PR plan goes from head back to base, and only head
-  carries the Delta: `deltas.delta_between`), and for the very state the
+  was read by delta: `delta_back`), and for the very state the
   engine was brought to, when that state is immutable by contract: it
-  carries a Delta, or the engine reached it back from the state built from
+  was read by delta, or the engine reached it back from the state built from
   it (`_Kept.frozen`). Then no document changed, and only the observed
   facts and claims are compared. A state known neither way (a test may edit
   one in place and plan it again) has every node's facts compared.
@@ -42,9 +43,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from desired import deltas
 from desired import models as m
-from desired.loading import DesiredState
+from desired.state import Delta, DesiredState, delta_back, delta_since
 from reconciler import plans
 from reconciler.placement import fleetgraph, placing, planner
 
@@ -74,6 +74,11 @@ class _Kept:
     desired: weakref.ref[DesiredState]  # the state itself, for a delta read from it
     observed: plans.Observed  # node facts' other inputs: slot statuses, firmware, health
     frozen: bool  # `desired` is never edited in place (see `_frozen`): planning it again changes no document
+    delta: Delta | None  # how `desired` was read from the state before it, when it was (its reader's Delta)
+
+
+# _Kept's fields `suspend` leaves out: both name states by weak reference.
+_UNKEPT = ("desired", "delta")
 
 
 class _Cold(Exception):
@@ -93,11 +98,12 @@ class WarmPlanner:
         self.by_delta = 0  # warm syncs that built facts only for what a delta named (none: the same state)
         self.last_sync = ""  # how the last call found what changed: delta, reverse, same, full (or cold)
 
-    def __call__(self, desired: DesiredState, observed: plans.Observed) -> plans.Plan:
+    def __call__(self, desired: DesiredState, observed: plans.Observed, delta: Delta | None = None) -> plans.Plan:
+        """`planner.plan(desired, observed)`. `delta`: how the reader built `desired` from an earlier state, if so."""
         kept, self._kept = self._kept, None  # a plan that raises leaves no half-updated engine behind
-        frozen = _frozen(kept, desired)
+        frozen = _frozen(kept, desired, delta)
         by_node, by_alloc = _group(observed.claims)
-        got = "first plan" if kept is None else self._warm(kept, desired, observed, by_node, by_alloc)
+        got = "first plan" if kept is None else self._warm(kept, desired, observed, by_node, by_alloc, delta=delta)
         if isinstance(got, str):
             self.cold += 1
             self.last_cold, self.last_sync = got, "cold"
@@ -120,10 +126,11 @@ class WarmPlanner:
             weakref.ref(desired),
             observed,
             frozen,
+            delta,
         )
         return plan
 
-    def engine(self, desired: DesiredState, observed: plans.Observed) -> placing.Engine:
+    def engine(self, desired: DesiredState, observed: plans.Observed, delta: Delta | None = None) -> placing.Engine:
         """An engine holding what `placing.Engine(desired, observed)` holds, brought from the kept one.
 
         For readers of the engine (PR plans: node modes, the capacity read
@@ -131,12 +138,12 @@ class WarmPlanner:
         placed are released), so the next call syncs from it.
         """
         kept, self._kept = self._kept, None
-        frozen = _frozen(kept, desired)
+        frozen = _frozen(kept, desired, delta)
         by_node, by_alloc = _group(observed.claims)
         engine, age = None, 0
         if kept is not None:
             try:
-                engine, age = self._sync(kept, desired, observed, by_node, by_alloc), kept.age + 1
+                engine, age = self._sync(kept, desired, observed, by_node, by_alloc, read_by=delta), kept.age + 1
             except Exception as e:  # _Cold or any doubt: build it cold
                 log.info("placement engine built cold: %s", e)
         if engine is None:
@@ -156,6 +163,7 @@ class WarmPlanner:
             weakref.ref(desired),
             observed,
             frozen,
+            delta,
         )
         return engine
 
@@ -163,21 +171,22 @@ class WarmPlanner:
         """The kept engine and what it was brought to, as plain fields, for `resume` in another process.
 
         The state itself is left out (it is held by weak reference): the caller
-        keeps it beside these and hands it back to `resume`.
+        keeps it beside these and hands it back to `resume`; so is the Delta it
+        was read by (it names an older state by weak reference too).
         """
         kept = self._kept
         if kept is None:
             return None
-        return tuple(getattr(kept, name) for name in _Kept.__slots__ if name != "desired")
+        return tuple(getattr(kept, name) for name in _Kept.__slots__ if name not in _UNKEPT)
 
     @classmethod
     def resume(cls, fields: tuple[Any, ...], desired: DesiredState, policy: str | None = None) -> WarmPlanner:
         """A planner whose kept engine is one `suspend` gave, brought to `desired` (the very state it was)."""
-        names = [name for name in _Kept.__slots__ if name != "desired"]
+        names = [name for name in _Kept.__slots__ if name not in _UNKEPT]
         if len(fields) != len(names):
             raise ValueError(f"suspended planner has {len(fields)} fields, not {len(names)}")
         planner = cls(policy)
-        planner._kept = _Kept(**dict(zip(names, fields, strict=True)), desired=weakref.ref(desired))
+        planner._kept = _Kept(**dict(zip(names, fields, strict=True)), desired=weakref.ref(desired), delta=None)
         return planner
 
     def _warm(
@@ -187,10 +196,12 @@ class WarmPlanner:
         observed: plans.Observed,
         by_node: dict[str, tuple[plans.ExistingClaim, ...]],
         by_alloc: dict[str, set[str]],
+        *,
+        delta: Delta | None,
     ) -> tuple[plans.Plan, placing.Engine] | str:
         """The plan on the kept engine brought up to date, or why a cold engine must make it."""
         try:
-            engine = self._sync(kept, desired, observed, by_node, by_alloc)
+            engine = self._sync(kept, desired, observed, by_node, by_alloc, read_by=delta)
         except _Cold as e:
             return str(e)
         except Exception as e:  # any doubt: a fresh engine gives the right plan
@@ -211,12 +222,14 @@ class WarmPlanner:
         observed: plans.Observed,
         by_node: dict[str, tuple[plans.ExistingClaim, ...]],
         by_alloc: dict[str, set[str]],
+        *,
+        read_by: Delta | None,
     ) -> placing.Engine:
         """The kept engine, reset node by node to what `placing.Engine(desired, observed)` holds."""
         self._check_shape(kept, desired)
         engine = kept.engine
         engine.warnings.clear()  # they describe what a sync loaded; a kept list would only grow
-        self.last_sync, delta = _since(kept, desired)
+        self.last_sync, delta = _since(kept, desired, read_by)
         self.by_delta += delta is not None
         refacts = (
             _refacts(engine, desired, observed)
@@ -271,39 +284,40 @@ class WarmPlanner:
         return out
 
 
-def _since(kept: _Kept, desired: DesiredState) -> tuple[str, deltas.Delta | None]:
+def _since(kept: _Kept, desired: DesiredState, delta: Delta | None) -> tuple[str, Delta | None]:
     """How the documents of `desired` differ from those the engine was brought to, and the Delta naming them.
 
-    "delta": desired was read by delta from that state; "reverse": that state
-    was read by delta from desired (the same keys differ); "same": it is
-    desired, and frozen, so nothing differs; "full" (no Delta): unknown.
+    "delta": desired was read by `delta` from that state; "reverse": that
+    state was read by delta from desired (the same keys differ); "same": it
+    is desired, and frozen, so nothing differs; "full" (no Delta): unknown.
     """
     was = kept.desired()
     if was is not None and was is desired:
         # Identity alone proves nothing: a caller may have edited the state in place since.
-        return ("same", deltas.Delta(kept.desired, frozenset())) if kept.frozen else ("full", None)
-    delta = deltas.delta_between(desired, was)
-    if delta is None:
-        return "full", None
-    return ("delta" if delta is getattr(desired, "delta", None) else "reverse"), delta
+        return ("same", Delta(kept.desired, frozenset())) if kept.frozen else ("full", None)
+    ahead = delta_since(delta, was)
+    if ahead is not None:
+        return "delta", ahead
+    back = delta_back(kept.delta, desired, was)
+    return ("full", None) if back is None else ("reverse", back)
 
 
-def _frozen(kept: _Kept | None, desired: DesiredState) -> bool:
-    """Is `desired` immutable by contract (`deltas.delta_between`), so planning it again changes no document?
+def _frozen(kept: _Kept | None, desired: DesiredState, delta: Delta | None) -> bool:
+    """Is `desired` immutable by contract (`desired.state.delta_back`), so planning it again changes no document?
 
-    Yes when it carries a Delta (assembled by `deltas.apply`), when it is the
+    Yes when the reader built it by delta (`delta` given), when it is the
     base of the state the engine was brought to (the child shares its
-    tables), or when it is that state and was frozen then. A state with no
-    Delta that nothing was read by delta from may be edited in place.
+    tables), or when it is that state and was frozen then. A state not read
+    by delta, that nothing was read by delta from, may be edited in place.
     """
-    if getattr(desired, "delta", None) is not None:
+    if delta is not None:
         return True
     if kept is None:
         return False
     was = kept.desired()
     if was is desired:
         return kept.frozen
-    return was is not None and deltas.delta_of(was, desired) is not None
+    return was is not None and kept.delta is not None and kept.delta.base() is desired
 
 
 def _refacts(
@@ -320,7 +334,7 @@ def _refacts(
 
 
 def _refacts_by_delta(
-    engine: placing.Engine, desired: DesiredState, observed: plans.Observed, before: plans.Observed, delta: deltas.Delta
+    engine: placing.Engine, desired: DesiredState, observed: plans.Observed, before: plans.Observed, delta: Delta
 ) -> dict[str, fleetgraph.NodeFacts]:
     """New facts for the nodes whose inputs changed: documents the delta names, observed facts that differ."""
     names = delta.names("Node") | delta.names("SlotMap")

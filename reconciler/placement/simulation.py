@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from desired import models as m
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from policies import packing
 from policies import topology as t
 from reconciler import plans

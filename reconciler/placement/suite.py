@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from policies import packing
 from reconciler.placement import simulation, synthesis
 from reconciler.placement.synthesis import Offer, WorkloadRow

@@ -22,7 +22,7 @@ from typing import Any
 
 from desired import defaults
 from desired import models as m
-from desired.loading import DesiredState
+from desired.state import DesiredState
 
 API = m.API_VERSION
 REGION = "synth-1"

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from desired import models as m
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from reconciler.providers.ironic import IronicProvider
 from reconciler.providers.maas import MaasProvider
 from reconciler.providers.protocols import CREDENTIALS, MachineProvider

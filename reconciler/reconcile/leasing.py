@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from reconciler.providers import probes
 from reconciler.providers import protocols as pr
 from reconciler.providers.registry import Providers

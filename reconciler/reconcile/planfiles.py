@@ -36,7 +36,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,14 +46,14 @@ from reconciler.placement import prplan, prplan_render
 from schemas.errors import PermanentError
 
 if TYPE_CHECKING:
-    from desired.loading import DesiredState, LoadResult
+    from desired.state import Delta, DesiredState, LoadResult
     from reconciler.store.connections import Connection
 
 FORMAT = "gpuaas.io/plan"
 VERSION = 1
 MAX_BYTES = 64 * 1024 * 1024
 
-Planner = Callable[["DesiredState", plans.Observed], plans.Plan]
+Planner = plans.Planner
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,7 +304,7 @@ def guarded_planner(saved: SavedPlan) -> Planner:
     """The planner apply runs: refuses (apply.plan_stale) to go on with any decision but the saved ones."""
     from reconciler.placement import planner
 
-    def plan(desired: DesiredState, observed: plans.Observed) -> plans.Plan:
+    def plan(desired: DesiredState, observed: plans.Observed, delta: Delta | None = None, /) -> plans.Plan:
         out = planner.plan(desired, observed, policy=saved.policy)
         if _digest(decisions(out)) != saved.decisions_digest:
             raise PermanentError(

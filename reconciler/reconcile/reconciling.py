@@ -10,17 +10,17 @@ twice changes nothing the second time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from desired import defaults
 from desired import problems as p
-from desired.loading import DesiredState
+from desired.state import Delta, DesiredState
 from policies import immutables
 from reconciler.placement import planner as planning
-from reconciler.plans import Observed, Plan
+from reconciler.plans import Observed, Plan, Planner
 from reconciler.providers import protocols as provider_protocols
 from reconciler.providers.registry import Providers
 from reconciler.reconcile import leasing
@@ -39,8 +39,6 @@ from reconciler.store import (
 from reconciler.store.connections import Connection
 from schemas import dberrors, progress
 from schemas.errors import GpuaasError, PermanentError
-
-Planner = Callable[[DesiredState, Observed], Plan]
 
 
 class Invalid(PermanentError):
@@ -112,7 +110,7 @@ def planner_for(policy: str | None = None) -> Planner:
     keeps the engine between revisions and gives the same plans.
     """
 
-    def run(desired: DesiredState, observed: Observed) -> Plan:
+    def run(desired: DesiredState, observed: Observed, delta: Delta | None = None, /) -> Plan:
         return planning.plan(desired, observed, policy=policy)
 
     return run
@@ -135,6 +133,7 @@ def reconcile(
     providers: Providers | None = None,
     probe: provider_protocols.SshProbe | None = None,
     lease_fault: leasing.Fault | None = None,
+    delta: Delta | None = None,
 ) -> ReconcileResult:
     """Bring the store to `state`; every step is recorded in one history row.
 
@@ -143,7 +142,9 @@ def reconcile(
     (`gpuaas apply` on a terminal: a cold apply of 10,000 nodes runs minutes).
     Baremetal leases on nodes that declare a machine provider are moved through
     `providers` (default: built from the Fleet, credentials read at run time)
-    after the placements.
+    after the placements. `delta`: how the reader built `state` from the
+    revision before it, when it did (the watch loop): the inventory sync and
+    a warm planner work from the change.
     """
     shown = shown or progress.Progress(style="off")
     planner = planner or planner_for(policy)
@@ -152,13 +153,13 @@ def reconcile(
     try:
         pins = hostplans.pinned_images(conn)
         with shown.phase("sync inventory"):
-            synced = inventory.sync(conn, state, memory=memory, guard=partial(refuse_edits, conn, state))
+            synced = inventory.sync(conn, state, memory=memory, guard=partial(refuse_edits, conn, state), delta=delta)
         with shown.phase("absorb host reports"):
             absorbed = cleanup.absorb(conn)
             lifecycle.sync_settings(conn, state)
             moved = lifecycle.reschedule(conn, max_attempts=lifecycle.fleet_settings(state)[1])
         with shown.phase("plan"):
-            plan = planner(state, live.observe(conn))
+            plan = planner(state, live.observe(conn), delta)
         with shown.phase("write claims"):
             applied = claims.apply(conn, plan, revision=synced.revision, max_attempts=max_attempts(state), fault=fault)
             expired = deadlines.expire(conn, state)  # what is still pending after this pass may be past its deadline

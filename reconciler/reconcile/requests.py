@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING, Any
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
-from desired import loading
 from desired import models as m
 from desired import problems as p
+from desired.reading import loading, safefiles
 from policies import validation
 from schemas.errors import PermanentError
 
@@ -128,7 +128,7 @@ def render_request(
 _REFERENCED = re.compile(rb"""["']?\bkind["']?\s*:\s*["']?(?:Fleet|Sku|Image)\b""")
 
 
-def relevant(name: str, data: loading.FileData, allocation_id: str) -> bool:
+def relevant(name: str, data: safefiles.FileData, allocation_id: str) -> bool:
     """Whether the rules of allocation `allocation_id` need this file parsed.
 
     Refused files (links, FIFOs) stay in: they are errors of the repo as before.
@@ -145,7 +145,7 @@ def check_repo_with(root: Path, rel: str, data: bytes, allocation_id: str) -> li
     """Errors allocation `allocation_id` would have if `rel` held `data` (nothing is written)."""
     files = [
         (name, blob)
-        for name, blob in loading.iter_directory(root)
+        for name, blob in safefiles.iter_directory(root)
         if name != rel and relevant(name, blob, allocation_id)
     ]
     files.append((rel, data))
@@ -409,7 +409,7 @@ def _unlink(parent: int, name: str) -> None:
 def _find(root: Path, allocation_id: str) -> str:
     result = loading.parse_files(
         (name, blob)
-        for name, blob in loading.iter_directory(root)
+        for name, blob in safefiles.iter_directory(root)
         if isinstance(blob, bytes) and allocation_id.encode() in blob
     )
     src = result.state.sources.get(("Allocation", allocation_id))

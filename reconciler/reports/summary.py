@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from policies import capability, eligibility
 
 

@@ -36,7 +36,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
-from desired import loading
+from desired.reading import loading, safefiles
 from reconciler.reconcile import requests
 from reconciler.service import tenants
 from reconciler.service.pool import session_kwargs
@@ -362,7 +362,7 @@ def _advisory(conn: psycopg.Connection[Any]) -> Iterator[None]:
 
 def _allocations(root: Path) -> dict[str, tuple[str, str]]:
     """Allocation id -> (tenant, desired state), as the repo has them now."""
-    result = loading.parse_files(loading.iter_directory(root))
+    result = loading.parse_files(safefiles.iter_directory(root))
     return {a.id: (a.tenant, a.state.value) for a in result.state.allocations.values()}
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from psycopg.types.json import Jsonb
 
 from desired import models as m
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from policies import deadlines
 from reconciler.store.connections import Connection
 from schemas import dberrors

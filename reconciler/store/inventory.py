@@ -24,8 +24,7 @@ from typing import Any
 
 from psycopg import sql
 
-from desired import deltas
-from desired.loading import DesiredState
+from desired.state import Delta, DesiredState, delta_since
 from reconciler.store import inventoryrows
 from reconciler.store.connections import Connection
 from reconciler.store.inventoryrows import ALLOCATIONS, FLEET, IMAGES, NODES, SKUS, SLOTS, Item, Row, Table
@@ -116,7 +115,12 @@ Guard = Callable[[Sequence[RowChange], set[str] | None], None]
 
 
 def sync(
-    conn: Connection, state: DesiredState, *, memory: Memory | None = None, guard: Guard | None = None
+    conn: Connection,
+    state: DesiredState,
+    *,
+    memory: Memory | None = None,
+    guard: Guard | None = None,
+    delta: Delta | None = None,
 ) -> SyncResult:
     """Project `state` into the inventory tables in one transaction.
 
@@ -124,10 +128,12 @@ def sync(
     did not change since its last sync are neither turned into rows nor
     compared; the result is the same as a sync without it. `guard` (`Guard`)
     runs before the allocation rows are written; what it raises rolls the
-    whole sync back.
+    whole sync back. `delta`: how the reader built `state` from the state
+    before it, when it did (with `memory`, only the documents it names are
+    itemised).
     """
     try:
-        return _sync(conn, state, memory, guard)
+        return _sync(conn, state, memory, guard, delta)
     except BaseException:
         if memory is not None:  # what it holds may never have been committed
             memory.generation = None
@@ -135,8 +141,10 @@ def sync(
         raise
 
 
-def _sync(conn: Connection, state: DesiredState, memory: Memory | None, guard: Guard | None) -> SyncResult:
-    digest = inventoryrows.content_hash(state, memory)
+def _sync(
+    conn: Connection, state: DesiredState, memory: Memory | None, guard: Guard | None, read_by: Delta | None
+) -> SyncResult:
+    digest = inventoryrows.content_hash(state, memory, read_by)
     revision = inventoryrows.revision_key(state, digest)
     changes: list[RowChange] = []
     with dberrors.wrapped("sync inventory"), conn.transaction():
@@ -151,7 +159,7 @@ def _sync(conn: Connection, state: DesiredState, memory: Memory | None, guard: G
 
         # A state read by delta from the one the trusted memory holds: only changed documents are
         # itemised, and only their rows can have gone (the Fleet is in every node row: all of them).
-        delta = deltas.delta_of(state, memory.synced()) if memory is not None and trust and memory.synced else None
+        delta = delta_since(read_by, memory.synced()) if memory is not None and trust and memory.synced else None
         if delta is not None and "Fleet" in delta.kinds():
             delta = None
         work = _Work(state, delta)
@@ -258,7 +266,7 @@ def _bump_generation(conn: Connection) -> int:
 class _Work:
     """The documents of a table to itemise: all of them, or with a delta only the changed ones."""
 
-    def __init__(self, state: DesiredState, delta: deltas.Delta | None) -> None:
+    def __init__(self, state: DesiredState, delta: Delta | None) -> None:
         self.state, self.delta = state, delta
 
     def names(self, *kinds: str) -> set[str] | None:

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from desired import deltas
 from desired import models as m
-from desired.loading import DesiredState
+from desired.state import Delta, DesiredState, delta_since
 from policies import capability, eligibility, validation
 
 if TYPE_CHECKING:  # the sync's memory is passed in; a type only, no import back at run time
@@ -186,15 +185,16 @@ ALLOCATIONS = Table(
 )
 
 
-def content_hash(state: DesiredState, memory: Memory | None = None) -> str:
+def content_hash(state: DesiredState, memory: Memory | None = None, delta: Delta | None = None) -> str:
     """sha256 over every typed document, independent of file layout and comments.
 
     A hash of per-document hashes, so a Memory that saw a document (the same
     model object: the blob cache hands it out again) does not dump it again;
     for a state read by delta from the one it hashed last, only the tables
-    of changed kinds are listed again (`Memory.hash_parts`).
+    of changed kinds are listed again (`Memory.hash_parts`); `delta` is how
+    the reader built `state` from the state before it, when it did.
     """
-    delta = deltas.delta_of(state, memory.hashed()) if memory is not None and memory.hashed else None
+    delta = delta_since(delta, memory.hashed()) if memory is not None and memory.hashed else None
     into = (memory.doc_hashes if delta is not None else memory.doc_hashes_used) if memory is not None else {}
 
     def one(obj: Any) -> str:

@@ -37,7 +37,7 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from desired import defaults
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from reconciler.store.connections import Connection
 from schemas import dberrors
 

@@ -23,7 +23,7 @@ from psycopg.rows import dict_row
 from pydantic import ValidationError
 
 from desired import models as m
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from reconciler.store.connections import Connection
 from schemas import dberrors
 from schemas.errors import PermanentError

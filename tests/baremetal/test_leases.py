@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from reconciler import cli
 from reconciler.bench import leases as fleets
 from reconciler.providers.lab.maas_sim import MaasSimulator
@@ -215,7 +215,7 @@ def test_a_lease_no_longer_declared_is_never_deployed(conn: Connection, maas: Ma
     reconciling.reconcile(conn, state)
     assert _phase(conn, A0) == "deploy_requested"
     maas.down = False
-    orphaned = dataclasses.replace(state, allocations={}, delta=None)
+    orphaned = dataclasses.replace(state, allocations={})
     for _ in range(3):
         reconciling.reconcile(conn, orphaned)
     assert maas.deploys == {} and _phase(conn, A0) == "deploy_requested"

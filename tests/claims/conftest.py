@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from reconciler.bench import synthetic
 from reconciler.store import connections, inventory
 from reconciler.store.connections import Connection

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from reconciler.plans import Candidate, Pending, Placement, Plan, Release, ResolvedProfile
 from reconciler.store import checks, claims, hostplans
 from reconciler.store.connections import Connection

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from reconciler.bench import synthetic
 from reconciler.reconcile import reconciling
 from reconciler.store import checks

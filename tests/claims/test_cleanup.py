@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from reconciler.plans import Release
 from reconciler.store import checks, claims, cleanup, hostplans
 from reconciler.store.connections import Connection

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import psycopg
 import pytest
 
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from reconciler.store import connections
 from reconciler.store.connections import Connection
 from schemas import dberrors

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from desired import models as m
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from reconciler.plans import Release
 from reconciler.store import checks, claims, cleanup, endpoints, hostplans, inventory
 from reconciler.store.connections import Connection

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from reconciler import cli
 from reconciler.reconcile import reconciling
 from reconciler.store.connections import Connection

@@ -6,7 +6,7 @@ disabled, allocations added, released and removed, nodes removed and
 re-added, the fleet settings changed), after every incremental sync a full
 sync finds nothing left to write and the tables equal a fresh full sync's.
 Another reconciler writing in between makes the memory re-read everything.
-With a Delta on each state (as `desired.deltas` gives the watch loop), only
+With the Delta of each state (as `desired.reading.deltas` gives the watch loop), only
 the changed documents are itemised; the outcome and the content hash are
 the same.
 """
@@ -19,9 +19,8 @@ import weakref
 
 import pytest
 
-from desired import deltas
 from desired import models as m
-from desired.loading import DesiredState
+from desired.state import Delta, DesiredState
 from reconciler.store import inventory, inventoryrows
 from reconciler.store.connections import Connection
 from tests.claims.conftest import small_fleet
@@ -70,8 +69,8 @@ def _edit(rng: random.Random, state: DesiredState, spare: DesiredState) -> Desir
     return new
 
 
-def _with_delta(old: DesiredState, new: DesiredState) -> DesiredState:
-    """`new` marked as `old` plus what differs (by object identity, as desired.deltas builds it)."""
+def _delta(old: DesiredState, new: DesiredState) -> Delta:
+    """`new` as `old` plus what differs (by object identity, as desired.reading.deltas returns it)."""
     keys = {("Fleet", new.fleet.name if new.fleet else "")} if new.fleet is not old.fleet else set()
     for kind, attr in (
         ("Sku", "skus"),
@@ -82,8 +81,7 @@ def _with_delta(old: DesiredState, new: DesiredState) -> DesiredState:
     ):
         a, b = getattr(old, attr), getattr(new, attr)
         keys.update((kind, n) for n in a.keys() | b.keys() if a.get(n) is not b.get(n))
-    new.delta = deltas.Delta(weakref.ref(old), frozenset(keys))
-    return new
+    return Delta(weakref.ref(old), frozenset(keys))
 
 
 @pytest.mark.parametrize(("seed", "by_delta"), [(1, False), (2, False), (1, True), (3, True)])
@@ -96,13 +94,12 @@ def test_incremental_sync_equals_a_full_sync_after_every_edit(conn: Connection, 
     trusted = 0
     for step in range(40):
         old, state = state, _edit(rng, state, spare)
-        if by_delta:
-            state = _with_delta(old, state)
+        delta = _delta(old, state) if by_delta else None
         if step % 9 == 4:  # another reconciler syncs something else in between
             other = _edit(rng, state, spare)
             inventory.sync(conn, other)
         before = memory.full_syncs
-        incremental = inventory.sync(conn, state, memory=memory)
+        incremental = inventory.sync(conn, state, memory=memory, delta=delta)
         trusted += memory.full_syncs == before
         full = inventory.sync(conn, state)  # a cold reconciler on the same state finds nothing to write
         assert not full.changed, (step, [c.render() for c in full.changes], [c.render() for c in incremental.changes])

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from reconciler.bench import synthetic
 from reconciler.store import checks, inventory
 from reconciler.store.connections import Connection

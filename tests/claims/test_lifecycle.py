@@ -15,7 +15,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from desired import models as m
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from host_reconciler import store as host_store
 from reconciler.bench import synthetic
 from reconciler.commands import status as status_command

@@ -14,7 +14,7 @@ import itertools
 
 import pytest
 
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from reconciler.bench import synthetic
 from reconciler.store import checks, claims
 from reconciler.store.connections import Connection

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 from desired import models as m
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from reconciler.placement import prplan, prplan_render
 from reconciler.reconcile import reconciling
 from reconciler.store import live

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from desired import models as m
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from reconciler import sources
 from reconciler.store import inventory, lifecycle, views
 from reconciler.store.connections import Connection

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from reconciler.plans import Placement
 from reconciler.store import claims, hostplans, migrations
 from reconciler.store.connections import Connection

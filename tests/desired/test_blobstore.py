@@ -1,4 +1,4 @@
-"""The on-disk blob cache (`desired.blobstore`): reused by CLI runs, never trusted.
+"""The on-disk blob cache (`reconciler.caches.blobpacks`): reused by CLI runs, never trusted.
 
 Real git repositories (a copy of examples/fleet), a real SQLite file under a
 temporary state dir. Every test compares what a run with the cache gives
@@ -19,8 +19,11 @@ from pathlib import Path
 import git
 import pytest
 
-from desired import blobstore, loading
+from desired.reading import loading
+from desired.state import LoadResult
 from reconciler import cli, sources
+from reconciler.caches import blobpacks, cachestore
+from reconciler.caches.blobs import BlobCache
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fleet"
 ACTOR = git.Actor("t", "t@example.com")
@@ -36,7 +39,7 @@ def repo(tmp_path: Path) -> Path:
     return root
 
 
-def _picture(result: loading.LoadResult) -> tuple[list[str], list[str]]:
+def _picture(result: LoadResult) -> tuple[list[str], list[str]]:
     s = result.state
     models = [
         obj.model_dump_json()
@@ -46,19 +49,17 @@ def _picture(result: loading.LoadResult) -> tuple[list[str], list[str]]:
     return [p.render() for p in result.problems], models
 
 
-def _load(
-    root: Path, cache_dir: Path, notes: list[str] | None = None
-) -> tuple[loading.LoadResult, blobstore.DiskStore]:
-    store = blobstore.open_store(cache_dir, note=(notes.append if notes is not None else None))
+def _load(root: Path, cache_dir: Path, notes: list[str] | None = None) -> tuple[LoadResult, blobpacks.DiskStore]:
+    store = blobpacks.open_store(cache_dir, note=(notes.append if notes is not None else None))
     assert store is not None
-    result = sources.load(root, "HEAD", cache=loading.BlobCache(store))
+    result = sources.load(root, "HEAD", cache=BlobCache(store))
     store.close()
     return result, store
 
 
 def _rows(cache_dir: Path) -> list[tuple[str, str, bytes, bytes]]:
     """(version, blob, mac, payload of its pack) of every indexed blob."""
-    with sqlite3.connect(cache_dir / blobstore.DB_NAME) as db:
+    with sqlite3.connect(cache_dir / cachestore.DB_NAME) as db:
         return db.execute(
             "SELECT e.version, e.blob, p.mac, p.payload FROM pack_entries e"
             " JOIN packs p ON p.id = e.pack ORDER BY e.blob"
@@ -66,13 +67,13 @@ def _rows(cache_dir: Path) -> list[tuple[str, str, bytes, bytes]]:
 
 
 def _packs(cache_dir: Path) -> list[tuple[str, bytes, bytes]]:
-    with sqlite3.connect(cache_dir / blobstore.DB_NAME) as db:
+    with sqlite3.connect(cache_dir / cachestore.DB_NAME) as db:
         return db.execute("SELECT version, mac, payload FROM packs ORDER BY id").fetchall()
 
 
 def _rewrite(cache_dir: Path, **cols: object) -> None:
     """Change every pack (a small tree is one pack)."""
-    with sqlite3.connect(cache_dir / blobstore.DB_NAME) as db:
+    with sqlite3.connect(cache_dir / cachestore.DB_NAME) as db:
         for col, value in cols.items():
             db.execute(f"UPDATE packs SET {col} = ?", (value,))  # noqa: S608 - test columns
 
@@ -90,8 +91,8 @@ def test_cache_files_are_private(repo: Path, tmp_path: Path) -> None:
     _load(repo, tmp_path / "cache")
     for path, mode in (
         (tmp_path / "cache", 0o700),
-        (tmp_path / "cache" / blobstore.DB_NAME, 0o600),
-        (tmp_path / "cache" / blobstore.KEY_NAME, 0o600),
+        (tmp_path / "cache" / cachestore.DB_NAME, 0o600),
+        (tmp_path / "cache" / cachestore.KEY_NAME, 0o600),
     ):
         assert stat.S_IMODE(os.lstat(path).st_mode) == mode, path
 
@@ -114,7 +115,7 @@ def test_an_entry_written_with_another_key_is_foreign_and_ignored(repo: Path, tm
     cache = tmp_path / "cache"
     cold = sources.load(repo, "HEAD")
     _load(repo, cache)
-    (cache / blobstore.KEY_NAME).write_bytes(os.urandom(blobstore.KEY_BYTES))  # another user's or machine's key
+    (cache / cachestore.KEY_NAME).write_bytes(os.urandom(cachestore.KEY_BYTES))  # another user's or machine's key
     again, store = _load(repo, cache)
     assert store.hits == 0
     assert store.rejected == store.written == cold.state.file_count
@@ -128,11 +129,11 @@ def test_a_payload_naming_a_class_is_refused_even_with_a_valid_mac(repo: Path, t
     """
     cache = tmp_path / "cache"
     _load(repo, cache)
-    store = blobstore.open_store(cache)
+    store = blobpacks.open_store(cache)
     assert store is not None
     rows = _rows(cache)
     # The pickle tag (every pack's encoding) and a class outside the allowed set.
-    evil = b"p" + pickle.dumps((blobstore.FORMAT, ((rows[0][1], io.BytesIO(b"x"), (), ()),)))
+    evil = b"p" + pickle.dumps((blobpacks.FORMAT, ((rows[0][1], io.BytesIO(b"x"), (), ()),)))
     _rewrite(cache, payload=evil, mac=store._mac(evil))
     again, store = _load(repo, cache)
     assert (store.rejected, store.written) == (len(rows), len(rows))
@@ -148,7 +149,7 @@ def test_bytes_that_are_not_the_blob_are_never_stored(repo: Path, tmp_path: Path
     _load(repo, cache)
     rows = _rows(cache)
     a, b = rows[0][1], rows[1][1]
-    store = blobstore.open_store(cache)
+    store = blobpacks.open_store(cache)
     assert store is not None
     entries = store.get_many([a, b])
     store.put_many([(a, entries[b])])  # a's key, b's bytes
@@ -164,20 +165,20 @@ def test_entries_of_another_reader_version_are_never_read_and_are_dropped(
     repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cache = tmp_path / "cache"
-    monkeypatch.setattr(blobstore, "reader_version", lambda: "an-older-reader")
+    monkeypatch.setattr(blobpacks, "reader_version", lambda: "an-older-reader")
     _load(repo, cache)
     monkeypatch.undo()
     again, store = _load(repo, cache)
     assert store.hits == 0
     assert store.written == again.state.file_count
-    assert {r[0] for r in _rows(cache)} == {blobstore.reader_version()}
+    assert {r[0] for r in _rows(cache)} == {blobpacks.reader_version()}
 
 
 def test_a_file_that_is_not_a_database_is_replaced(repo: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
-    (cache / blobstore.DB_NAME).write_bytes(b"not a database at all" * 100)
-    os.chmod(cache / blobstore.DB_NAME, 0o600)
+    (cache / cachestore.DB_NAME).write_bytes(b"not a database at all" * 100)
+    os.chmod(cache / cachestore.DB_NAME, 0o600)
     notes: list[str] = []
     first, store = _load(repo, cache, notes)
     assert any("cannot be read" in n for n in notes)
@@ -193,14 +194,14 @@ def test_an_unsafe_cache_is_not_used(repo: Path, tmp_path: Path, damage: str) ->
     if damage == "group_writable_dir":
         os.chmod(cache, 0o770)  # noqa: S103 - the unsafe mode is what the test makes
     elif damage == "readable_key":
-        os.chmod(cache / blobstore.KEY_NAME, 0o644)
+        os.chmod(cache / cachestore.KEY_NAME, 0o644)
     else:
-        (cache / blobstore.DB_NAME).unlink()
-        (cache / blobstore.DB_NAME).symlink_to(tmp_path / "elsewhere.sqlite3")
+        (cache / cachestore.DB_NAME).unlink()
+        (cache / cachestore.DB_NAME).symlink_to(tmp_path / "elsewhere.sqlite3")
     notes: list[str] = []
-    store = blobstore.open_store(cache, note=notes.append)
+    store = blobpacks.open_store(cache, note=notes.append)
     if store is not None:  # the symlink is found when the database is opened
-        result = sources.load(repo, "HEAD", cache=loading.BlobCache(store))
+        result = sources.load(repo, "HEAD", cache=BlobCache(store))
         assert store.hits == 0
         assert _picture(result) == _picture(sources.load(repo, "HEAD"))
         assert not (tmp_path / "elsewhere.sqlite3").exists()
@@ -240,12 +241,12 @@ def test_validate_and_plan_on_a_revision_use_the_cache_and_print_the_same(
         outputs.append(capsys.readouterr().out)
     assert outputs[0] == outputs[1] == outputs[2]
     assert json.loads(outputs[0].split("\n}\n", 1)[0] + "\n}")["valid"] is True
-    assert (state / "cache" / blobstore.DB_NAME).exists()
+    assert (state / "cache" / cachestore.DB_NAME).exists()
     # One entry per distinct blob of base and head, all written by the first cached run.
     assert len(_rows(state / "cache")) == len({ref.key for rev in ("HEAD", "HEAD~1") for ref in _refs(repo, rev)})
 
 
 def _refs(root: Path, rev: str) -> list[loading.FileRef]:
-    from desired import gitrepo
+    from desired.reading import gitrepo
 
     return gitrepo.revision_refs(root, rev)

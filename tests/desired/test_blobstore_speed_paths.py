@@ -1,4 +1,4 @@
-"""The blob store's fast paths (`desired.blobstore`): typed entries in packs, made in the parse worker, a cheap commit.
+"""The blob store's fast paths (`reconciler.caches.blobpacks`): typed entries in packs, a cheap commit.
 
 Each test checks that a faster way of writing or reading keeps a safety
 property of the module: exact models back, a foreign or odd payload a miss,
@@ -16,9 +16,11 @@ from pathlib import Path
 import git
 import pytest
 
-from desired import blobstore, loading
 from desired import models as m
+from desired.reading import parsepool
 from reconciler import sources
+from reconciler.caches import blobpacks, cachestore
+from reconciler.caches.blobs import BlobCache
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fleet"
 ACTOR = git.Actor("t", "t@example.com")
@@ -29,28 +31,28 @@ def _blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
 
 
-def _store(directory: Path) -> blobstore.DiskStore:
-    store = blobstore.open_store(directory)
+def _store(directory: Path) -> blobpacks.DiskStore:
+    store = blobpacks.open_store(directory)
     assert store is not None
     return store
 
 
 def _payloads(directory: Path) -> dict[str, bytes]:
     """Each indexed blob id and the payload of the pack the index names for it."""
-    with sqlite3.connect(directory / blobstore.DB_NAME) as db:
+    with sqlite3.connect(directory / cachestore.DB_NAME) as db:
         return dict(db.execute("SELECT e.blob, p.payload FROM pack_entries e JOIN packs p ON p.id = e.pack").fetchall())
 
 
-def _entry(data: bytes, docs: tuple[blobstore.TypedDoc, ...]) -> tuple[str, blobstore.Entry]:
-    return _blob_id(data), blobstore.Entry(data, (("yaml.x", "a problem", 3, 4),), docs)
+def _entry(data: bytes, docs: tuple[blobpacks.TypedDoc, ...]) -> tuple[str, blobpacks.Entry]:
+    return _blob_id(data), blobpacks.Entry(data, (("yaml.x", "a problem", 3, 4),), docs)
 
 
-def _typed(name: str, data: bytes) -> tuple[str, blobstore.Entry]:
-    """The entry the parse worker makes for `data` (loading._parse_chunk with the store's pack)."""
-    pack, _parts = loading._parse_chunk([(name, data)], False, False, True)
+def _typed(name: str, data: bytes) -> tuple[str, blobpacks.Entry]:
+    """The entry the parse worker makes for `data` (parsepool._parse_chunk with the store's pack)."""
+    pack, _parts = parsepool._parse_chunk([(name, data)], False, False, blobpacks.CODEC.encode)
     assert pack is not None
     (blob,) = pack.blobs
-    entries = blobstore.decode_pack(pack.payload)
+    entries = blobpacks.decode_pack(pack.payload)
     assert entries is not None
     return blob, entries[blob]
 
@@ -88,14 +90,14 @@ def test_a_document_typing_refused_keeps_its_problems_and_no_model(tmp_path: Pat
 
 
 def test_a_pack_names_a_file_only_by_the_blob_id_of_its_bytes(tmp_path: Path) -> None:
-    pack, _parts = loading._parse_chunk([("a.yaml", DATA)], False, False, True)
+    pack, _parts = parsepool._parse_chunk([("a.yaml", DATA)], False, False, blobpacks.CODEC.encode)
     assert pack is not None and pack.blobs == (BLOB,)
     store = _store(tmp_path)
     store.put_packs([pack])
     assert store.written == 1 and _payloads(tmp_path) == {BLOB: pack.payload}
     # An index row pointing another blob id at this pack is a miss: the pack does not name it.
     other = _blob_id(b"other\n")
-    store.put_packs([blobstore.Encoded((other,), pack.payload)])
+    store.put_packs([blobpacks.Encoded((other,), pack.payload)])
     assert store.get_many([other]) == {} and store.rejected == 1
     assert set(store.get_many([BLOB])) == {BLOB}
 
@@ -106,7 +108,7 @@ def test_a_blob_written_again_is_read_from_its_newest_pack_and_old_packs_go(tmp_
     store.put_many([a, b])
     store.put_many([a])
     store.put_many([b])  # the first pack now holds nothing the index points at
-    with sqlite3.connect(tmp_path / blobstore.DB_NAME) as db:
+    with sqlite3.connect(tmp_path / cachestore.DB_NAME) as db:
         assert db.execute("SELECT count(*) FROM packs").fetchone() == (2,)
     assert _store(tmp_path).get_many([a[0], b[0]]) == {a[0]: a[1], b[0]: b[1]}
 
@@ -122,7 +124,7 @@ def test_a_tree_with_timestamps_reads_the_same_from_the_cache(tmp_path: Path) ->
     results = []
     for _ in range(2):
         store = _store(tmp_path / "cache")
-        results.append(sources.load(root, "HEAD", cache=loading.BlobCache(store)))
+        results.append(sources.load(root, "HEAD", cache=BlobCache(store)))
         store.close()
     assert (store.hits, store.rejected) == (len(_payloads(tmp_path / "cache")), 0)
     for result in results:
@@ -138,15 +140,15 @@ def _p(value: object) -> bytes:
 
 
 def _pack(*items: object) -> bytes:
-    return _p((blobstore.FORMAT, items))
+    return _p((blobpacks.FORMAT, items))
 
 
 @pytest.mark.parametrize(
     "payload",
     [
         _pack((BLOB, DATA, (), [])),  # docs a list, not a tuple
-        _p((blobstore.FORMAT - 1, ((BLOB, DATA, (), ()),))),  # another format
-        _p((blobstore.FORMAT, [(BLOB, DATA, (), ())])),  # files a list, not a tuple
+        _p((blobpacks.FORMAT - 1, ((BLOB, DATA, (), ()),))),  # another format
+        _p((blobpacks.FORMAT, [(BLOB, DATA, (), ())])),  # files a list, not a tuple
         _pack((_blob_id(b"b: 2\n"), DATA, (), ())),  # names another blob only
         _pack((BLOB, DATA, (("c", "m", 1, True),), ())),  # a bool column
         _pack((BLOB, DATA, (), ((0, 1, None, (), "extra"),))),
@@ -159,7 +161,7 @@ def _pack(*items: object) -> bytes:
         ),  # a file without its documents
         _pack((BLOB, DATA, (), ()), "not a file"),  # one good file, one odd: the whole pack is a miss
         b"p\xff not pickle",
-        b"z" + pickle.dumps((blobstore.FORMAT, ((BLOB, DATA, (), ()),))),  # an encoding we never write
+        b"z" + pickle.dumps((blobpacks.FORMAT, ((BLOB, DATA, (), ()),))),  # an encoding we never write
         b"",
     ],
 )
@@ -168,7 +170,7 @@ def test_an_odd_payload_is_a_miss_even_with_a_valid_mac(tmp_path: Path, payload:
     store = _store(tmp_path)
     store.put_many([_entry(DATA, ())])
     assert store.get_many([BLOB]), "the entry as written is read back"
-    with sqlite3.connect(tmp_path / blobstore.DB_NAME) as db:
+    with sqlite3.connect(tmp_path / cachestore.DB_NAME) as db:
         db.execute("UPDATE packs SET payload = ?, mac = ?", (payload, store._mac(payload)))
     store = _store(tmp_path)
     assert store.get_many([BLOB]) == {}
@@ -177,7 +179,7 @@ def test_an_odd_payload_is_a_miss_even_with_a_valid_mac(tmp_path: Path, payload:
 
 def test_format_1_and_3_tables_are_dropped_on_the_next_write(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    with sqlite3.connect(tmp_path / blobstore.DB_NAME) as db:
+    with sqlite3.connect(tmp_path / cachestore.DB_NAME) as db:
         db.execute(
             "CREATE TABLE blobs (version TEXT NOT NULL, blob TEXT NOT NULL, mac BLOB NOT NULL,"
             " payload BLOB NOT NULL, stamp INTEGER NOT NULL, PRIMARY KEY (version, blob)) WITHOUT ROWID"
@@ -189,7 +191,7 @@ def test_format_1_and_3_tables_are_dropped_on_the_next_write(tmp_path: Path) -> 
         )
     blob, entry = _entry(b"a: 1\n", ((0, 1, None, ()),))
     store.put_many([(blob, entry)])
-    with sqlite3.connect(tmp_path / blobstore.DB_NAME) as db:
+    with sqlite3.connect(tmp_path / cachestore.DB_NAME) as db:
         tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert tables == {"packs", "pack_entries", "results", "worlds"}
     assert _store(tmp_path).get_many([blob]) == {blob: entry}

@@ -1,6 +1,6 @@
 """The plain block-style reader gives exactly what libyaml's event path gives, or declines.
 
-`desired.blockstyle` reads most fleet files without libyaml. It may decline
+`desired.reading.blockstyle` reads most fleet files without libyaml. It may decline
 any file (the event path reads it then), but a value it returns must equal
 the event path's: the same keys in the same order, the same scalar types and
 values under YAML 1.1, the same first line. Checked over random documents
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from desired import blockstyle, yamlio
+from desired.reading import blockstyle, yamlio
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from desired import models as m
-from desired.loading import parse_files
+from desired.reading.loading import parse_files
 
 
 def _slot_map(node: str, wipe: str = "wipefs-blkdiscard-verify") -> bytes:

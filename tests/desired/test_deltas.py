@@ -19,8 +19,10 @@ from typing import Any
 
 import pytest
 
-from desired import gitrepo, loading
+from desired.reading import gitrepo, loading
+from desired.state import LoadResult
 from policies import validating, validation
+from reconciler.caches.blobs import BlobCache
 from tests.desired.test_incremental_validation import EXAMPLE, _edit, _rendered
 
 _GIT_ENV = {
@@ -76,7 +78,7 @@ def _move_things(rng: random.Random, root: Path) -> None:
             b.unlink()
 
 
-def _shape(result: loading.LoadResult) -> dict[str, Any]:
+def _shape(result: LoadResult) -> dict[str, Any]:
     s = result.state
     return {
         "fleet": s.fleet,
@@ -92,7 +94,7 @@ def test_a_revision_read_by_delta_equals_a_whole_read_after_every_commit(repo: P
     rng = random.Random(seed)  # noqa: S311 - test randomness
     pool = sorted(EXAMPLE.rglob("*.yaml"))
     # as `gpuaas run` holds it (odd seeds): no plain values kept, positions come from the bytes
-    cache, memo = loading.BlobCache(keep_values=seed % 2 == 0), validating.Memo()
+    cache, memo = BlobCache(keep_values=seed % 2 == 0), validating.Memo()
     by_delta = 0
     for _ in range(60):
         roll = rng.random()
@@ -109,14 +111,14 @@ def test_a_revision_read_by_delta_equals_a_whole_read_after_every_commit(repo: P
         warm = memo.validate(gitrepo.read_revision(repo, "HEAD", cache=cache))
         cold = validation.validate(loading.parse_refs(gitrepo.revision_refs(repo, "HEAD")))
         assert _shape(warm) == _shape(cold)
-        by_delta += warm.state.delta is not None
+        by_delta += warm.delta is not None
     assert memo.fallbacks == 0
     assert by_delta >= 10  # the delta path did run (edits that leave parse problems read whole)
     assert memo.by_delta >= 1  # and validation by delta too
 
 
 def test_a_revision_that_does_not_descend_from_the_kept_one_is_read_whole(repo: Path) -> None:
-    cache = loading.BlobCache()
+    cache = BlobCache()
     gitrepo.read_revision(repo, "HEAD", cache=cache)
     first = _git(repo, "rev-parse", "HEAD")
     (repo / "nodes" / "extra.yaml").write_text(
@@ -124,23 +126,23 @@ def test_a_revision_that_does_not_descend_from_the_kept_one_is_read_whole(repo: 
     )
     _commit(repo)
     ahead = gitrepo.read_revision(repo, "HEAD", cache=cache)
-    assert ahead.state.delta is not None and cache.last_full == ""
+    assert ahead.delta is not None and cache.last_full == ""
     back = gitrepo.read_revision(repo, first, cache=cache)  # a rollback: an ancestor, not a descendant
-    assert back.state.delta is None
+    assert back.delta is None
     assert "does not descend" in cache.last_full
     cold = loading.parse_refs(gitrepo.revision_refs(repo, first))
     assert _shape(back) == _shape(cold)
 
 
 def test_a_delta_names_exactly_the_documents_that_changed(repo: Path) -> None:
-    cache = loading.BlobCache()
+    cache = BlobCache()
     before = gitrepo.read_revision(repo, "HEAD", cache=cache)
     blobs = len(cache)
     node = sorted((repo / "nodes").glob("*.yaml"))[0]
     node.write_text(node.read_text() + "\n")  # same document, other bytes: a new model object
     _commit(repo)
     after = gitrepo.read_revision(repo, "HEAD", cache=cache)
-    delta = after.state.delta
+    delta = after.delta
     assert delta is not None and delta.base() is before.state
     (name,) = delta.names("Node")
     assert delta.keys == {("Node", name)}
@@ -152,7 +154,7 @@ def test_a_delta_names_exactly_the_documents_that_changed(repo: Path) -> None:
 
 def test_validation_of_a_clean_delta_checks_only_the_changed_node_and_its_slot_map(repo: Path) -> None:
     """Other documents' problems (the example's slot warnings) stay as they were, in their order."""
-    cache, memo = loading.BlobCache(), validating.Memo()
+    cache, memo = BlobCache(), validating.Memo()
     first = memo.validate(gitrepo.read_revision(repo, "HEAD", cache=cache))
     assert first.problems and not first.errors
     node = next(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from desired import loading
 from desired import models as m
+from desired.reading import loading
 from schemas import hostplans
 
 DOC = """apiVersion: gpuaas.io/v1alpha1

@@ -15,7 +15,9 @@ from pathlib import Path
 import git
 import pytest
 
-from desired import gitrepo, loading, yamlio
+from desired.reading import gitrepo, loading, safefiles, yamlio
+from desired.state import LoadResult
+from reconciler.caches.blobs import BlobCache
 
 pytestmark = pytest.mark.integration  # real git repositories and subprocesses
 
@@ -44,10 +46,10 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
     plain = gitrepo._blob_reader
 
-    def counting(repo: git.Repo, sha: str) -> Callable[[], loading.FileData]:
+    def counting(repo: git.Repo, sha: str) -> Callable[[], safefiles.FileData]:
         read = plain(repo, sha)
 
-        def counted() -> loading.FileData:
+        def counted() -> safefiles.FileData:
             seen.append(sha)
             return read()
 
@@ -65,7 +67,7 @@ def _commit(root: Path, message: str) -> None:
         repo.index.commit(message, author=git.Actor("t", "t@example.com"))
 
 
-def _one_by_one(root: Path, rev: str, monkeypatch: pytest.MonkeyPatch) -> loading.LoadResult:
+def _one_by_one(root: Path, rev: str, monkeypatch: pytest.MonkeyPatch) -> LoadResult:
     with monkeypatch.context() as m:
         m.setattr(gitrepo, "BATCH_MIN", 10**9)
         return gitrepo.read_revision(root, rev)
@@ -104,13 +106,13 @@ def test_batched_bytes_are_the_blobs_bytes(tree: Path, reads: list[str]) -> None
     assert [name for name, _ in files] == [ref.name for ref in refs]
     for (name, data), ref in zip(files, refs, strict=True):
         assert data == (tree / name).read_bytes()
-        assert isinstance(data, bytes) and loading.blob_id(data) == ref.key
+        assert isinstance(data, bytes) and safefiles.blob_id(data) == ref.key
 
 
 def test_only_blobs_missing_from_the_cache_are_fetched(
     tree: Path, reads: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cache = loading.BlobCache()
+    cache = BlobCache()
     gitrepo.read_revision(tree, "HEAD", cache=cache)
     gitrepo.release(cache)
     for n in (100, 101, 102):
@@ -128,7 +130,7 @@ def test_only_blobs_missing_from_the_cache_are_fetched(
 def test_a_read_by_delta_batches_its_changed_blobs(
     tree: Path, reads: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cache = loading.BlobCache()
+    cache = BlobCache()
     try:
         gitrepo.read_revision(tree, "HEAD", cache=cache)
         for n in range(200, 205):
@@ -239,7 +241,7 @@ def test_sizes_leave_out_missing_objects_and_refuse_odd_output(tree: Path, monke
 def test_a_missing_blob_fails_as_its_own_read_does(tree: Path, reads: list[str]) -> None:
     refs = gitrepo.revision_refs(tree, "HEAD")
 
-    def read() -> loading.FileData:
+    def read() -> safefiles.FileData:
         raise LookupError(MISSING)
 
     gone = loading.FileRef("allocations/gone.yaml", MISSING, read, refs[0].read_many)

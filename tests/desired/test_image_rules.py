@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from desired import loading
+from desired.reading import loading, safefiles
 from policies import validation
 
 FLEET = Path(__file__).resolve().parents[2] / "examples" / "fleet"
@@ -20,7 +20,7 @@ ALLOC = "allocations/alloc-0001.yaml"  # requested_at: 2026-11-20T09:00:00Z, ima
 
 def problems(edits: dict[str, tuple[str, str]]) -> list[tuple[str, int, str]]:
     files = []
-    for name, data in loading.iter_directory(FLEET):
+    for name, data in safefiles.iter_directory(FLEET):
         if name in edits:
             old, new = edits[name]
             text = data.decode()

@@ -19,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from desired import loading
+from desired.reading import loading, safefiles
+from desired.state import LoadResult
 from policies import validating, validation
+from reconciler.caches.blobs import BlobCache
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fleet"
 _MAC = re.compile(r'mac_address: "([0-9a-f:]+)"')
@@ -95,7 +97,7 @@ def _edit(rng: random.Random, root: Path, pool: list[Path]) -> None:
             target.write_text(target.read_text().replace("apiVersion", "apiVersoin", 1))
 
 
-def _rendered(result: loading.LoadResult) -> list[str]:
+def _rendered(result: LoadResult) -> list[str]:
     return [f"{p.severity}:{p.render()}" for p in result.problems]
 
 
@@ -103,11 +105,11 @@ def _rendered(result: loading.LoadResult) -> list[str]:
 def test_incremental_validation_equals_a_full_run_after_every_edit(tree: Path, seed: int) -> None:
     rng = random.Random(seed)  # noqa: S311 - test randomness
     pool = sorted(EXAMPLE.rglob("*.yaml"))
-    cache, memo = loading.BlobCache(), validating.Memo()
+    cache, memo = BlobCache(), validating.Memo()
     reused = checked = 0
     for _ in range(60):
         _edit(rng, tree, pool)
-        files = list(loading.iter_directory(tree))
+        files = list(safefiles.iter_directory(tree))
         warm = memo.validate(loading.parse_files(files, cache=cache))
         cold = validation.validate(loading.parse_files(files))
         assert _rendered(warm) == _rendered(cold)
@@ -123,7 +125,7 @@ def test_a_blank_memo_validating_once_gives_the_walk_s_problems_and_shared_macs(
     pool = sorted(EXAMPLE.rglob("*.yaml"))
     for _ in range(25):
         _edit(rng, tree, pool)
-        files = list(loading.iter_directory(tree))
+        files = list(safefiles.iter_directory(tree))
         once, walked = validating.Memo(), validating.Memo()
         quick = once.validate_once(loading.parse_files(files))
         assert _rendered(quick) == _rendered(walked.validate(loading.parse_files(files)))
@@ -132,10 +134,10 @@ def test_a_blank_memo_validating_once_gives_the_walk_s_problems_and_shared_macs(
 
 def test_a_mac_taken_from_an_earlier_map_is_reported_on_the_later_one_and_cleared_when_fixed(tree: Path) -> None:
     """The unchanged map whose MAC another map takes gets no problem; the taker does; fixing clears both."""
-    cache, memo = loading.BlobCache(), validating.Memo()
+    cache, memo = BlobCache(), validating.Memo()
 
     def problems() -> list[str]:
-        files = list(loading.iter_directory(tree))
+        files = list(safefiles.iter_directory(tree))
         warm = memo.validate(loading.parse_files(files, cache=cache))
         cold = validation.validate(loading.parse_files(files))
         assert _rendered(warm) == _rendered(cold)
@@ -159,7 +161,7 @@ def test_a_mac_taken_from_an_earlier_map_is_reported_on_the_later_one_and_cleare
 
 def test_an_error_inside_the_incremental_path_falls_back_to_a_full_run(tree: Path) -> None:
     memo = validating.Memo()
-    files = list(loading.iter_directory(tree))
+    files = list(safefiles.iter_directory(tree))
     memo._kept = None  # type: ignore[assignment] - damage its memory: the next run must not trust it
     memo._context = ()
     result = memo.validate(loading.parse_files(files))

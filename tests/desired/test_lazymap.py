@@ -1,10 +1,10 @@
-"""`desired.lazymap.LazyMap`: a dict's answers, each value loaded once, on first read."""
+"""`reconciler.caches.lazymap.LazyMap`: a dict's answers, each value loaded once, on first read."""
 
 from __future__ import annotations
 
 import pickle
 
-from desired.lazymap import LazyMap
+from reconciler.caches.lazymap import LazyMap
 
 
 def _table(keys: list[str]) -> tuple[LazyMap[str, object], list[str]]:

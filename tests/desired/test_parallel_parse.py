@@ -9,11 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from desired import loading
 from desired.problems import Severity
+from desired.reading import loading, parsepool
+from desired.state import LoadResult
+from reconciler.caches import blobpacks
+from reconciler.caches.blobs import BlobCache
 from tests.desired import hanging
 
-FILES = loading.PARALLEL_THRESHOLD + 400
+FILES = parsepool.PARALLEL_THRESHOLD + 400
 TEMPLATE = (Path(__file__).resolve().parents[2] / "examples/fleet/images/ubuntu-24.04-gpuaas-slice.yaml").read_text()
 
 
@@ -28,7 +31,7 @@ def _tree(n: int = FILES) -> list[tuple[str, bytes]]:
     return files
 
 
-def _summary(result: loading.LoadResult) -> tuple[list[str], list[str]]:
+def _summary(result: LoadResult) -> tuple[list[str], list[str]]:
     return sorted(result.state.images), [p.render() for p in result.problems if p.severity is Severity.ERROR]
 
 
@@ -43,11 +46,11 @@ def test_the_pool_gives_what_one_process_gives() -> None:
 def test_the_pool_never_forks_the_calling_process() -> None:
     # A fork of a process with threads (watchfiles, a DB pool) can wait forever on a lock
     # some other thread held at the fork: the workers come from a clean fork server.
-    assert loading._CONTEXT.get_start_method() == "forkserver"
+    assert parsepool._CONTEXT.get_start_method() == "forkserver"
 
 
 def test_cancel_stops_a_parallel_parse_within_a_second_and_reaps_the_workers() -> None:
-    files = _tree(loading.PARALLEL_THRESHOLD * 6)
+    files = _tree(parsepool.PARALLEL_THRESHOLD * 6)
     busy = threading.Event()  # a thread is running in this process, as in the watch loop
     t = threading.Thread(target=busy.wait, daemon=True)
     t.start()
@@ -67,7 +70,7 @@ def test_cancel_stops_a_parallel_parse_within_a_second_and_reaps_the_workers() -
 
 
 def test_a_stuck_pool_falls_back_to_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loading, "WORKER_TIMEOUT_S", 0.0)  # any wait at all counts as stuck
+    monkeypatch.setattr(parsepool, "WORKER_TIMEOUT_S", 0.0)  # any wait at all counts as stuck
     files = _tree()
     result = loading.parse_files(files, workers=2)
     assert _summary(result) == _summary(loading.parse_files(files, workers=1))
@@ -90,7 +93,7 @@ def _assert_gone(pid_file: Path) -> None:
 
 
 def test_a_hung_worker_is_killed_and_its_files_parsed_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loading, "WORKER_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(parsepool, "WORKER_TIMEOUT_S", 1.0)
     files, pid_file = _with_a_hung_worker(tmp_path)
     started = time.monotonic()
     result = loading.parse_files(files, workers=2)
@@ -134,7 +137,7 @@ def test_a_long_lived_tree_keeps_packed_bytes_and_locates_exactly_as_with_raw_by
     files = _tree()
     # A duplicate slug: reported while the state is assembled, so located from the packed bytes.
     files.append(("images/zz-dup.yaml", b"# moved down a line\n" + files[1][1]))
-    packed = loading.parse_files(files, workers=2, cache=loading.BlobCache(keep_values=False))
+    packed = loading.parse_files(files, workers=2, cache=BlobCache(keep_values=False))
     raw = loading.parse_files(files, workers=1)
     assert _summary(packed) == _summary(raw)
     assert any(p.file == "images/zz-dup.yaml" and (p.line, p.column) == (5, 7) for p in packed.problems)
@@ -148,17 +151,16 @@ def test_a_long_lived_tree_keeps_packed_bytes_and_locates_exactly_as_with_raw_by
 
 def test_the_pool_hands_models_over_in_the_store_packs_and_they_read_back(tmp_path: Path) -> None:
     """With a disk store, a worker's models cross the pipe inside its pack: the same result, and a full store."""
-    from desired import blobstore
 
     files = _tree()
-    store = blobstore.open_store(tmp_path / "cache")
+    store = blobpacks.open_store(tmp_path / "cache")
     assert store is not None
-    parallel = loading.parse_files(files, workers=2, cache=loading.BlobCache(store))
+    parallel = loading.parse_files(files, workers=2, cache=BlobCache(store))
     serial = loading.parse_files(files, workers=1)
     assert _summary(parallel) == _summary(serial)
     assert [p.render() for p in parallel.problems] == [p.render() for p in serial.problems]
     assert parallel.state.images == serial.state.images
-    ids = {blobstore.git_blob_id(data) for _name, data in files}
+    ids = {blobpacks.git_blob_id(data) for _name, data in files}
     back = store.get_many(sorted(ids))
     assert set(back) == ids and store.rejected == 0
     by_slug = {e.docs[0][2].slug: e.docs[0][2] for e in back.values() if e.docs and e.docs[0][2] is not None}
@@ -168,7 +170,7 @@ def test_the_pool_hands_models_over_in_the_store_packs_and_they_read_back(tmp_pa
 def test_a_models_only_cache_takes_the_pool_s_models_in_packs_and_no_plain_values() -> None:
     """`--no-cache` commands read models alone: the same result, no plain value carried or kept."""
     files = _tree()
-    parallel = loading.parse_files(files, workers=2, cache=loading.BlobCache(models_only=True))
+    parallel = loading.parse_files(files, workers=2, cache=BlobCache(models_only=True))
     serial = loading.parse_files(files, workers=1)
     assert [p.render() for p in parallel.problems] == [p.render() for p in serial.problems]
     assert parallel.state.images == serial.state.images

@@ -19,9 +19,11 @@ from pathlib import Path
 import git
 import pytest
 
-from desired import gitrepo, loading
+from desired.reading import gitrepo, loading, safefiles
+from desired.state import LoadResult
 from policies import validation
 from reconciler import cli, sources
+from reconciler.caches.blobs import BlobCache
 
 pytestmark = pytest.mark.integration  # real git repositories and subprocesses
 
@@ -85,13 +87,13 @@ def test_a_symlink_committed_to_git_is_refused_at_a_revision(tree: Path, tmp_pat
 
 def test_a_file_past_the_size_cap_is_refused_by_what_was_read(tree: Path) -> None:
     big = tree / "allocations" / "big.yaml"
-    big.write_bytes(b"# " + b"x" * (loading.MAX_FILE_BYTES + 10) + b"\n")
-    data = loading.read_regular(big)
-    assert isinstance(data, bytes) and len(data) == loading.MAX_FILE_BYTES + 1
+    big.write_bytes(b"# " + b"x" * (safefiles.MAX_FILE_BYTES + 10) + b"\n")
+    data = safefiles.read_regular(big)
+    assert isinstance(data, bytes) and len(data) == safefiles.MAX_FILE_BYTES + 1
     assert _codes(tree) == {"allocations/big.yaml": "desired.yaml.too_large"}
 
 
-def _picture(result: loading.LoadResult) -> tuple[list[str], dict[str, str]]:
+def _picture(result: LoadResult) -> tuple[list[str], dict[str, str]]:
     s = result.state
     models = {
         f"{kind}/{name}": obj.model_dump_json()
@@ -133,10 +135,10 @@ def _edit(rng: random.Random, root: Path, pool: list[Path]) -> None:
 def test_the_blob_cache_gives_exactly_what_a_full_load_gives(tree: Path, seed: int) -> None:
     rng = random.Random(seed)  # noqa: S311 - test randomness
     pool = sorted(EXAMPLE.rglob("*.yaml"))
-    cache = loading.BlobCache()
+    cache = BlobCache()
     for _ in range(40):
         _edit(rng, tree, pool)
-        files = list(loading.iter_directory(tree))
+        files = list(safefiles.iter_directory(tree))
         warm = validation.validate(loading.parse_files(files, cache=cache))
         cold = validation.validate(loading.parse_files(files))
         assert _picture(warm) == _picture(cold)
@@ -148,7 +150,7 @@ def test_a_new_revision_reads_only_the_blobs_it_changed(tree: Path) -> None:
     repo = git.Repo.init(tree)
     repo.git.add("-A")
     repo.index.commit("base", author=git.Actor("t", "t@example.com"))
-    cache = loading.BlobCache()
+    cache = BlobCache()
     first = sources.load(tree, "HEAD", cache=cache)
     assert (cache.hits, cache.misses) == (0, first.state.file_count)
     shutil.copy(EXAMPLE / "allocations" / "alloc-0001.yaml", tree / "allocations" / "alloc-0100.yaml")
@@ -165,8 +167,8 @@ def test_a_new_revision_reads_only_the_blobs_it_changed(tree: Path) -> None:
     assert cli.main(["validate", str(tree), "--rev", "HEAD"]) == 0
 
 
-def _counting(ref: loading.FileRef, reads: list[str]) -> loading.Callable[[], loading.FileData]:
-    def read() -> loading.FileData:
+def _counting(ref: loading.FileRef, reads: list[str]) -> loading.Callable[[], safefiles.FileData]:
+    def read() -> safefiles.FileData:
         reads.append(ref.name)
         return ref.read()
 

@@ -30,7 +30,7 @@ def readme_codes() -> set[str]:
 def emitted_codes() -> set[str]:
     """Codes of desired/problems.py that some module of desired/ or policies/ reports."""
     sources = "".join(
-        f.read_text() for d in ("desired", "policies") for f in (ROOT / d).glob("*.py") if f.name != "problems.py"
+        f.read_text() for d in ("desired", "policies") for f in (ROOT / d).rglob("*.py") if f.name != "problems.py"
     )
     return {
         value

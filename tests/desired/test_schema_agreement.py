@@ -37,9 +37,11 @@ import jsonschema
 import pytest
 import yaml
 
-from desired import jsonschemas, loading, yamlio
+from desired import jsonschemas
 from desired import problems as p
+from desired.reading import loading, safefiles, yamlio
 from policies import validation
+from reconciler.caches.blobs import BlobCache
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "fleet"
@@ -121,7 +123,7 @@ class Mutation:
 def _documents() -> dict[str, list[dict[str, Any]]]:
     return {
         name: [_editor_view(d.value) for d in yamlio.read_documents(name, data)]
-        for name, data in loading.iter_directory(EXAMPLE)
+        for name, data in safefiles.iter_directory(EXAMPLE)
         if isinstance(data, bytes)
     }
 
@@ -185,7 +187,7 @@ class Verdicts:
     def __init__(self) -> None:
         self.files = _documents()
         self.raw = {name: (EXAMPLE / name).read_bytes() for name in self.files}
-        self.cache = loading.BlobCache()
+        self.cache = BlobCache()
         checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
         self.schemas = {
             kind: jsonschema.Draft202012Validator(

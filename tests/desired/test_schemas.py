@@ -10,7 +10,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from desired import jsonschemas, loading
+from desired import jsonschemas
+from desired.reading import loading, safefiles
 
 ROOT = Path(__file__).parent.parent.parent
 SCHEMAS = ROOT / "schemas"
@@ -35,7 +36,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def test_examples_validate_against_committed_schemas() -> None:
-    result = loading.parse_files(loading.iter_directory(ROOT / "examples" / "fleet"))
+    result = loading.parse_files(safefiles.iter_directory(ROOT / "examples" / "fleet"))
     assert not result.errors
     checked = 0
     for kind, (_, src) in zip((k for k, _ in result.state.sources), result.state.sources.items(), strict=True):

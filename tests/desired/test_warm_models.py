@@ -1,4 +1,4 @@
-"""Model validators are built on first use; the parse pool's fork server builds them all (`desired.warm`)."""
+"""Model validators are built on first use; the parse pool's fork server builds them all (`desired.reading.warm`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ _PROBE = """
 import pydantic
 from desired import models
 kinds = [v for v in vars(models).values()
-         if isinstance(v, type) and issubclass(v, pydantic.BaseModel) and v.__module__ == models.__name__]
+         if models.defined_here(v) and issubclass(v, pydantic.BaseModel)]
 before = sum(k.__pydantic_complete__ for k in kinds)
 {action}
 print(len(kinds), before, sum(k.__pydantic_complete__ for k in kinds))
@@ -24,7 +24,7 @@ def _probe(action: str) -> list[int]:
 
 
 def test_importing_the_models_builds_no_validator_and_warm_builds_every_one() -> None:
-    kinds, before, after = _probe("import desired.warm")
+    kinds, before, after = _probe("import desired.reading.warm")
     # a few are built at import: module-level defaults (`Hugepages()`, ...) are validated there
     assert kinds > 15 and before < kinds // 2 and after == kinds
 

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from desired import problems as p
-from desired import yamlio
+from desired.reading import yamlio
 
 CASES = [
     ("two scalars", "a: &x 1\nb: &x 2\n", (2, 4)),

@@ -1,4 +1,4 @@
-"""`gpuaas plan --offline` from a kept base world (`reconciler.commands.baseworld`).
+"""`gpuaas plan --offline` from a kept base world (`reconciler.caches.keptworlds`).
 
 A plan whose base was kept by an earlier run must print exactly what a plan
 from scratch prints and exit the same way, for every kind of change a PR can
@@ -20,10 +20,9 @@ from typing import Any
 import git
 import pytest
 
-from desired import blobstore
-from desired.lazymap import LazyMap
 from reconciler import cli, sources
-from reconciler.commands import baseworld, plancache
+from reconciler.caches import blobpacks, cachestore, keptworlds, planresults
+from reconciler.caches.lazymap import LazyMap
 from tests.gitops.conftest import EXAMPLE, Repo
 
 FORMATS = ("json", "markdown", "text")
@@ -86,7 +85,7 @@ def _worlds(cache: Path) -> list[Path]:
 def _used(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Per plan with the cache on, from now on: was a kept world restored?"""
     used: list[bool] = []
-    real = baseworld.get
+    real = keptworlds.get
 
     def spy(store: Any, *args: Any) -> Any:
         world = real(store, *args)
@@ -94,7 +93,7 @@ def _used(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
             used.append(world is not None)
         return world
 
-    monkeypatch.setattr(baseworld, "get", spy)
+    monkeypatch.setattr(keptworlds, "get", spy)
     return used
 
 
@@ -135,8 +134,8 @@ def test_a_request_reads_no_slot_map_and_a_slot_map_edit_reads_them(
     cache = tmp_path / "cache"
     _keep_world(capsys, repo.root, base, heads["same"], cache)
     loads: list[int] = []
-    real = baseworld._loads
-    monkeypatch.setattr(baseworld, "_loads", lambda data: (loads.append(1), real(data))[1])
+    real = keptworlds._loads
+    monkeypatch.setattr(keptworlds, "_loads", lambda data: (loads.append(1), real(data))[1])
     # a release reads the node it frees (its slots go to cleanup: their facts are made again)
     for kind, slot_map_files in (("request", 0), ("grow", 0), ("release", 1), ("drain", 1), ("mac", 2)):
         loads.clear()
@@ -174,7 +173,7 @@ def test_a_damaged_foreign_or_stale_world_is_not_used(
     if damage == "payload":
         world.write_bytes(data[:-100] + bytes(b ^ 1 for b in data[-100:]))
     elif damage == "mac":
-        with sqlite3.connect(cache / blobstore.DB_NAME) as db:
+        with sqlite3.connect(cache / cachestore.DB_NAME) as db:
             db.execute("UPDATE worlds SET mac = zeroblob(32)")
     elif damage == "size":
         world.write_bytes(data + b"\0")
@@ -188,7 +187,7 @@ def test_a_damaged_foreign_or_stale_world_is_not_used(
     elif damage == "key":  # another user's (or a wiped) key: the world is foreign
         (cache / "key").unlink()
     else:  # other code: another key, never this world
-        monkeypatch.setattr(plancache, "code_version", lambda: "another build")
+        monkeypatch.setattr(planresults, "code_version", lambda: "another build")
     used = _used(monkeypatch)
     flags = (str(repo.root), "--offline", "--base", base, "--head", heads["request"], "-o", "json")
     want = _run(capsys, *flags, "--no-cache")
@@ -212,8 +211,8 @@ def test_a_world_is_kept_only_when_a_base_is_planned_again_and_the_newest_two_st
         for head in (heads["grow"], heads["request"]):  # two plans against each base
             _run(capsys, root, "--offline", "--base", b, "--head", head, "--cache-dir", str(cache))
     kept = {p.name.removeprefix("world-") for p in _worlds(cache)}
-    assert kept == {baseworld.key(repo.root, b, None) for b in bases[1:]}
-    with sqlite3.connect(cache / blobstore.DB_NAME) as db:
+    assert kept == {keptworlds.key(repo.root, b, None) for b in bases[1:]}
+    with sqlite3.connect(cache / cachestore.DB_NAME) as db:
         assert {k for (k,) in db.execute("SELECT key FROM worlds")} == kept
 
 
@@ -331,8 +330,8 @@ def test_files_holding_several_documents_are_kept_and_plan_equal(
         assert _run(capsys, *flags, "--cache-dir", str(cache)) == want, kind
     assert used == [True] * len(heads)
     # how it was kept: the paired file lazily (both its maps one load), the mixed file eagerly
-    store = blobstore.open_store(cache)
-    world = baseworld.get(store, baseworld.key(repo.root, base, None), None)
+    store = blobpacks.open_store(cache)
+    world = keptworlds.get(store, keptworlds.key(repo.root, base, None), None)
     assert world is not None
     maps, files = world.state.slot_maps, world.tree.by_path
     assert isinstance(maps, LazyMap) and isinstance(files, LazyMap)

@@ -19,9 +19,10 @@ from pathlib import Path
 import git
 import pytest
 
-from desired import blobstore, loading
-from reconciler import cli
-from reconciler.commands import baseworld
+from desired.reading import loading
+from desired.state import Source
+from reconciler import cli, settings
+from reconciler.caches import blobpacks, cachestore, keptworlds
 from tests.gitops.conftest import PEOPLE, Repo, make_fleet
 
 EVIL = "allocations/req-evil.yaml"
@@ -54,10 +55,10 @@ def _forged_pack(directory: Path, evil: bytes) -> None:
     assert not parsed.errors
     typed = next(iter(parsed.state.allocations.values()))
     directory.mkdir(parents=True)
-    key = secrets.token_bytes(blobstore.KEY_BYTES)
-    (directory / blobstore.KEY_NAME).write_bytes(key)
-    store = blobstore.DiskStore(directory, key, blobstore.reader_version(), lambda _: None)
-    store.put_packs([blobstore.encoded([(evil, (), ((0, 1, typed, ()),))])])
+    key = secrets.token_bytes(cachestore.KEY_BYTES)
+    (directory / cachestore.KEY_NAME).write_bytes(key)
+    store = blobpacks.DiskStore(directory, key, blobpacks.reader_version(), lambda _: None)
+    store.put_packs([blobpacks.encoded([(evil, (), ((0, 1, typed, ()),))])])
     store.close()
 
 
@@ -92,18 +93,18 @@ def test_a_committed_cache_never_changes_the_plan(
 
 def test_a_cache_inside_a_checkout_is_refused_with_where_it_goes(fleet_repo: Repo) -> None:
     notes: list[str] = []
-    assert blobstore.open_store(fleet_repo.root / "sub" / "cache", note=notes.append) is None
+    assert blobpacks.open_store(fleet_repo.root / "sub" / "cache", note=notes.append) is None
     assert "inside" in notes[0] and "--cache-dir" in notes[0] and "XDG_CACHE_HOME" in notes[0]
     plain = fleet_repo.root.parent / "outside"
-    assert blobstore.open_store(plain, note=notes.append, trees=[plain.parent]) is None  # the tree being read
+    assert blobpacks.open_store(plain, note=notes.append, trees=[plain.parent]) is None  # the tree being read
 
 
 def test_the_default_cache_is_outside_the_working_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(blobstore.ENV_STATE_DIR, raising=False)
+    monkeypatch.delenv(settings.ENV_STATE_DIR, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert blobstore.default_dir() == tmp_path / "xdg" / "gpuaas" / "cache"
-    monkeypatch.setenv(blobstore.ENV_STATE_DIR, str(tmp_path / "state"))
-    assert blobstore.default_dir() == tmp_path / "state" / "cache"
+    assert cachestore.default_dir() == tmp_path / "xdg" / "gpuaas" / "cache"
+    monkeypatch.setenv(settings.ENV_STATE_DIR, str(tmp_path / "state"))
+    assert cachestore.default_dir() == tmp_path / "state" / "cache"
 
 
 def test_a_result_is_never_replayed_for_another_folder(
@@ -129,49 +130,49 @@ def test_a_result_is_never_replayed_for_another_folder(
 
 def test_a_pack_entry_is_bound_to_its_bytes(tmp_path: Path) -> None:
     """An entry filed under another file's blob id (a pack our own key signed) is a miss, never that file."""
-    store = blobstore.open_store(tmp_path / "c", note=lambda _: None)
+    store = blobpacks.open_store(tmp_path / "c", note=lambda _: None)
     assert store is not None
     data, other = b"kind: Fleet\n", b"kind: Sku\n"
-    wrong = blobstore.git_blob_id(other)
-    payload = blobstore._PICKLE + pickle.dumps((blobstore.FORMAT, ((wrong, data, (), ()),)), protocol=5)
-    store.put_packs([blobstore.Encoded((wrong,), payload)])
+    wrong = blobpacks.git_blob_id(other)
+    payload = blobpacks._PICKLE + pickle.dumps((blobpacks.FORMAT, ((wrong, data, (), ()),)), protocol=5)
+    store.put_packs([blobpacks.Encoded((wrong,), payload)])
     assert store.get_many([wrong]) == {}
     assert store.rejected == 1
 
 
 def test_a_killed_writers_world_temp_is_removed_and_a_live_ones_kept(tmp_path: Path) -> None:
-    store = blobstore.open_store(tmp_path / "c", note=lambda _: None)
+    store = blobpacks.open_store(tmp_path / "c", note=lambda _: None)
     assert store is not None
     key = "a" * 64
     old = 1_000_000_000.0
     gone = tmp_path / "c" / f"world-{'b' * 64}.999999999-1.tmp"  # no such pid
     legacy = tmp_path / "c" / f"world-{'c' * 64}.999999998.tmp"  # the old name: a pid only
-    live = tmp_path / "c" / f"world-{'d' * 64}.{blobstore._writer_tag(os.getpid())}.tmp"
+    live = tmp_path / "c" / f"world-{'d' * 64}.{cachestore._writer_tag(os.getpid())}.tmp"
     fresh = tmp_path / "c" / f"world-{'e' * 64}.999999997-1.tmp"  # dead, but young: left for now
     for path in (gone, legacy, live, fresh):
         path.write_bytes(b"x" * 10)
     for path in (gone, legacy, live):
         os.utime(path, (old, old))
-    store.put_world(key, b"payload")
+    store.put_file("worlds", key, b"payload")
     assert not gone.exists() and not legacy.exists()
     assert live.exists() and fresh.exists()
-    assert store.get_world(key) == b"payload"
+    assert store.get_file("worlds", key) == b"payload"
 
 
 @pytest.mark.parametrize(
     "name",
     [
-        "desired.loading\nPath",  # imported there, defined in pathlib
-        "desired.loading\nBaseProcess",  # imported there, defined in multiprocessing
-        "desired.loading\nDiskStore",  # imported there, defined in desired.blobstore
-        "desired.loading\nBlobCache",  # defined there, but no part of a world
-        "desired.blobstore\nDiskStore",  # a module no world names
+        "desired.reading.safefiles\nPath",  # imported there, defined in pathlib
+        "desired.reading.parsepool\nBaseProcess",  # imported there, defined in multiprocessing
+        "reconciler.caches.blobs\nDiskStore",  # imported there, defined in reconciler.caches.blobpacks
+        "reconciler.caches.blobs\nBlobCache",  # defined there, but no part of a world
+        "reconciler.caches.blobpacks\nDiskStore",  # a module no world names
         "reconciler.placement.placing\nplan",  # a function
     ],
 )
 def test_the_world_unpickler_admits_only_listed_project_types(name: str) -> None:
     crafted = b"c" + name.encode() + b"\n."  # pickle's GLOBAL opcode: the class itself
     with pytest.raises(pickle.UnpicklingError):
-        baseworld._loads(crafted)
-    assert baseworld._loads(b"cdesired.loading\nSource\n.") is loading.Source
-    assert baseworld.load(crafted, None) is None  # a miss, never an error
+        keptworlds._loads(crafted)
+    assert keptworlds._loads(b"cdesired.state\nSource\n.") is Source
+    assert keptworlds.load(crafted, None) is None  # a miss, never an error

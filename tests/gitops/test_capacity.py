@@ -12,7 +12,7 @@ from types import MappingProxyType
 
 import pytest
 
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from reconciler import plans, sources
 from reconciler.placement import capacity, prplan
 from schemas import states

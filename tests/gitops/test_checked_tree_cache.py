@@ -1,4 +1,4 @@
-"""A git revision validated by an earlier run is not validated again (`blobcache`'s checked trees).
+"""A git revision validated by an earlier run is not validated again (`checkedtrees`'s checked trees).
 
 What a second run of the same commit reads from the store must give the
 very LoadResult a full validation gives (the same problems in the same
@@ -21,12 +21,11 @@ from typing import Any
 import git
 import pytest
 
-from desired import blobstore
 from desired import problems as p
-from desired.loading import LoadResult
+from desired.state import LoadResult
 from policies import validating, validation
 from reconciler import cli, sources
-from reconciler.commands import blobcache, plancache
+from reconciler.caches import blobpacks, checkedtrees, planresults
 from tests.gitops.conftest import EXAMPLE, Repo
 
 FORMATS = ("json", "markdown", "text")
@@ -48,9 +47,9 @@ def broken_repo(tmp_path: Path) -> Iterator[Repo]:
     repo.repo.close()
 
 
-def _reader(cache: Path) -> blobcache.Reader:
+def _reader(cache: Path) -> checkedtrees.Reader:
     """The Reader of a new command run with this cache dir."""
-    return blobcache.open_reader(argparse.Namespace(no_cache=False, cache_dir=cache, state_dir=None))
+    return checkedtrees.open_reader(argparse.Namespace(no_cache=False, cache_dir=cache, state_dir=None))
 
 
 def _rule_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -77,10 +76,10 @@ def _same(got: LoadResult, want: LoadResult) -> None:
     assert got.state.revision == want.state.revision
 
 
-def _stored(cache: Path, root: Path, rev: str) -> tuple[blobstore.DiskStore, str]:
-    store = blobstore.open_store(cache)
+def _stored(cache: Path, root: Path, rev: str) -> tuple[blobpacks.DiskStore, str]:
+    store = blobpacks.open_store(cache)
     assert store is not None
-    return store, blobcache.checked_key(root, str(git.Repo(root).commit(rev).hexsha))
+    return store, checkedtrees.checked_key(root, str(git.Repo(root).commit(rev).hexsha))
 
 
 @pytest.mark.parametrize("tree", ["clean", "broken"])
@@ -186,10 +185,10 @@ def test_pr_plans_over_a_checked_base_equal_plans_without_a_cache(
         rc = cli.main([*args])
         return rc, capsys.readouterr().out
 
-    readers: list[blobcache.Reader] = []
-    real_open = blobcache.open_reader
+    readers: list[checkedtrees.Reader] = []
+    real_open = checkedtrees.open_reader
 
-    def open_reader(args: Any) -> blobcache.Reader:
+    def open_reader(args: Any) -> checkedtrees.Reader:
         readers.append(real_open(args))
         return readers[-1]
 
@@ -200,7 +199,7 @@ def test_pr_plans_over_a_checked_base_equal_plans_without_a_cache(
         adopted.append(result.state.revision)  # None: set after, by the Reader
         return real_adopt(self, result, *args)
 
-    monkeypatch.setattr(blobcache, "open_reader", open_reader)
+    monkeypatch.setattr(checkedtrees, "open_reader", open_reader)
     monkeypatch.setattr(validating.Memo, "adopt", adopt)
     root = str(fleet_repo.root)
     exits = set()
@@ -247,12 +246,12 @@ def test_pr_plans_over_a_checked_base_equal_plans_without_a_cache(
 def test_an_entry_of_another_shape_is_a_miss(
     payload: bytes, broken_repo: Repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert blobcache.decode(payload) is None
+    assert checkedtrees.decode(payload) is None
     root = broken_repo.root
     want = sources.load(root, "HEAD")
     cache = tmp_path / "cache"
     store, key = _stored(cache, root, "HEAD")
-    store.put_result(key, payload)  # signed by this store: only its shape is wrong
+    store.put_record("results", key, payload)  # signed by this store: only its shape is wrong
     runs = _rule_runs(monkeypatch)
     _same(_reader(cache).load(root, "HEAD"), want)
     assert runs  # validated, and stored again
@@ -274,7 +273,7 @@ def test_a_damaged_or_foreign_entry_is_a_miss(
     else:
         with sqlite3.connect(cache / "blobs.sqlite3") as db:
             if damage == "payload":  # claims the tree is clean
-                db.execute("UPDATE results SET payload = ?", (blobcache.encode([], {}),))
+                db.execute("UPDATE results SET payload = ?", (checkedtrees.encode([], {}),))
             else:
                 db.execute("UPDATE results SET mac = zeroblob(32)")
     runs = _rule_runs(monkeypatch)
@@ -294,7 +293,7 @@ def test_other_code_or_another_path_is_a_miss(
     _same(_reader(cache).load(root, "HEAD"), want)
     sub_want = sources.load(root / "nodes", "HEAD")
     runs = _rule_runs(monkeypatch)
-    monkeypatch.setattr(plancache, "code_version", lambda: "another build")
+    monkeypatch.setattr(planresults, "code_version", lambda: "another build")
     _same(_reader(cache).load(root, "HEAD"), want)
     assert runs.count("validate") == 1  # a fresh reader's memo holds nothing: the whole rules (`validate_once`)
     # A folder of the repo is another tree, though the commit is the same.
@@ -308,8 +307,8 @@ def test_only_revisions_read_with_a_disk_store_are_kept(fleet_repo: Repo, tmp_pa
     reader = _reader(cache)
     reader.load(fleet_repo.root, None)  # the working tree: its files may differ from any commit
     store, key = _stored(cache, fleet_repo.root, "HEAD")
-    assert store.get_result(key) is None
+    assert store.get_record("results", key) is None
     reader.load(fleet_repo.root, "HEAD")
-    stored = store.get_result(key)
-    assert stored is not None and blobcache.decode(stored) == ([], {})
-    assert json.loads(stored)["format"] == blobcache.FORMAT
+    stored = store.get_record("results", key)
+    assert stored is not None and checkedtrees.decode(stored) == ([], {})
+    assert json.loads(stored)["format"] == checkedtrees.FORMAT

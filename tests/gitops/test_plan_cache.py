@@ -1,4 +1,4 @@
-"""`gpuaas plan --offline` replays a finished plan of the same two commits (`reconciler.commands.plancache`).
+"""`gpuaas plan --offline` replays a finished plan of the same two commits (`reconciler.caches.planresults`).
 
 The replay must print exactly what planning from scratch prints and exit
 the same way, over a history of varied edits; an entry that is damaged,
@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from desired import loading
 from reconciler import cli, sources
+from reconciler.caches import planresults
+from reconciler.caches.blobs import BlobCache
 from reconciler.commands import plan as plan_command
-from reconciler.commands import plancache
 from reconciler.placement import capacity, placing, prplan, prplan_render, replanning
 from tests.gitops.conftest import Repo
 
@@ -124,7 +124,7 @@ def test_other_code_or_a_saved_plan_is_never_replayed(
     out = tmp_path / "plan.json"
     rc, _, err = _run(capsys, *flags, "--out", str(out))  # the saved plan needs head: planned again
     assert rc == 0 and out.exists() and "plan saved" in err and planned == [1]
-    monkeypatch.setattr(plancache, "code_version", lambda: "another build")
+    monkeypatch.setattr(planresults, "code_version", lambda: "another build")
     assert _run(capsys, *flags) == first
     assert planned == [1, 1]
 
@@ -150,7 +150,7 @@ def test_a_read_model_reusing_the_base_memo_equals_one_built_fresh(fleet_repo: R
     """Head's capacity read model takes base's per-node parts for the nodes a PR leaves alone."""
 
     shas = _history(fleet_repo)[:-1]  # the last head is invalid
-    cache = loading.BlobCache()  # shared, as the command shares it: unchanged nodes are the same objects
+    cache = BlobCache()  # shared, as the command shares it: unchanged nodes are the same objects
     for base, head in itertools.pairwise(shas):
         base_state = sources.load(fleet_repo.root, base, cache=cache).state
         head_state = sources.load(fleet_repo.root, head, cache=cache).state

@@ -1,7 +1,7 @@
 """`gpuaas plan --offline` reads head by delta from base, and prints what a cold computation prints.
 
 The command reads base whole, then head as base plus `git diff-tree`
-base..head (`desired.deltas`): only the files the PR changes are parsed and
+base..head (`desired.reading.deltas`): only the files the PR changes are parsed and
 validated, and the inventory diff compares only the documents the delta
 names. Over a history of varied edits (allocations added, changed,
 released; a drain; a node losing its slice tag; a slot map removed and
@@ -22,10 +22,12 @@ from typing import Any
 import git
 import pytest
 
-from desired import deltas, gitrepo, loading
+from desired.reading import deltas, gitrepo
+from desired.state import delta_since
 from policies import validating
 from reconciler import cli, sources
-from reconciler.commands import blobcache
+from reconciler.caches import checkedtrees
+from reconciler.caches.blobs import BlobCache
 from reconciler.commands import plan as plan_command
 from reconciler.placement import inventory_diff, prplan
 from tests.gitops.conftest import NODES, Repo, make_fleet, make_loop
@@ -101,7 +103,7 @@ def _cold(root: Path, base: str, head: str) -> tuple[int, prplan.PrPlan]:
     if loaded_head.errors:
         return 1, prplan.invalid(base, loaded_head.state.revision, tuple(loaded_head.errors), offline=True)
     loaded_base = sources.load(root, base)
-    assert deltas.delta_of(loaded_head.state, loaded_base.state) is None  # really read whole
+    assert delta_since(loaded_head.delta, loaded_base.state) is None  # really read whole
     pr = prplan.compose(
         loaded_base.state,
         loaded_head.state,
@@ -140,7 +142,7 @@ def test_a_head_read_by_delta_plans_byte_for_byte_as_two_whole_reads(
 def test_the_inventory_diff_by_delta_equals_the_whole_comparison(fleet_repo: Repo) -> None:
     shas = _history(fleet_repo)
     for base, head in _pairs(shas):
-        reader = blobcache.Reader(loading.BlobCache(), validating.Memo())
+        reader = checkedtrees.Reader(BlobCache(), validating.Memo())
         base_state = reader.load(fleet_repo.root, base).state
         by_delta = reader.load(fleet_repo.root, head).state
         whole = sources.load(fleet_repo.root, head).state
@@ -173,19 +175,19 @@ def test_head_is_read_by_delta_from_base(
     fleet_repo.drain("h200-use1-s02")
     head = fleet_repo.request("req-b", 2)
     whole_reads = _whole_reads(monkeypatch)
-    composed: list[tuple[Any, Any]] = []
+    composed: list[tuple[Any, Any, Any]] = []
     made: list[prplan.PrPlan] = []
     real_compose = prplan.compose
 
     def compose(base_state: Any, head_state: Any, *args: Any, **kwargs: Any) -> Any:
-        composed.append((base_state, head_state))
+        composed.append((base_state, head_state, kwargs.get("delta")))
         made.append(real_compose(base_state, head_state, *args, **kwargs))
         return made[-1]
 
-    readers: list[blobcache.Reader] = []
-    real_open = blobcache.open_reader
+    readers: list[checkedtrees.Reader] = []
+    real_open = checkedtrees.open_reader
 
-    def open_reader(args: Any) -> blobcache.Reader:
+    def open_reader(args: Any) -> checkedtrees.Reader:
         readers.append(real_open(args))
         return readers[-1]
 
@@ -205,7 +207,7 @@ def test_head_is_read_by_delta_from_base(
 
     monkeypatch.setattr(prplan, "_modes", modes)
     monkeypatch.setattr(prplan, "compose", compose)
-    monkeypatch.setattr(blobcache, "open_reader", open_reader)
+    monkeypatch.setattr(checkedtrees, "open_reader", open_reader)
     monkeypatch.setattr(inventory_diff, "_capabilities", capabilities)
     rc, out = _run(
         capsys,
@@ -222,8 +224,8 @@ def test_head_is_read_by_delta_from_base(
     )
     assert rc == 2 and '"req-b"' in out
     assert whole_reads == [base]  # head came from git diff-tree, not a listing of its whole tree
-    ((base_state, head_state),) = composed
-    delta = deltas.delta_of(head_state, base_state)
+    ((base_state, _head_state, read_by),) = composed
+    delta = delta_since(read_by, base_state)
     assert delta is not None
     assert delta.keys == {("Node", "h200-use1-s02"), ("Allocation", "req-b")}
     assert readers[0].memo.by_delta == 1  # head's validation checked the delta's documents only

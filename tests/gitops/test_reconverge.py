@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from desired import loading
+from desired.state import DesiredState
 from reconciler import cli, sources
 from reconciler.loop import watching
 from reconciler.reconcile import reconciling
@@ -27,7 +27,7 @@ from tests.gitops.conftest import LoopRun, Repo, claims, history_rows
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
 
-def _state_at(repo: Repo, rev: str) -> loading.DesiredState:
+def _state_at(repo: Repo, rev: str) -> DesiredState:
     loaded = sources.load(repo.root, rev)
     assert not loaded.errors
     return loaded.state

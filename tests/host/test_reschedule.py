@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from desired import models as m
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from host_reconciler import converging
 from host_reconciler import store as host_store
 from host_reconciler.drivers import wiring

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from desired import models as m
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from reconciler import plans
 from reconciler.placement import planner
 from schemas import states

@@ -8,7 +8,7 @@ import pytest
 
 from desired import models as m
 from desired import problems as p
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from policies import immutables
 from tests.placement.pictures import API, BAREMETAL, EPOCH, REGION, SLICE, skus
 

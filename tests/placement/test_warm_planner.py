@@ -8,7 +8,7 @@ slot statuses, health and image caches, claims written to "the database"
 by another reconciler, plans applied in part or not at all - the warm plan
 equals a cold `planner.plan` after every step, and the engine is rebuilt
 cold only when the fleet's shape changed. With a Delta on each state (as
-`desired.deltas` gives the watch loop) only the named nodes and those whose
+`desired.reading.deltas` gives the watch loop) only the named nodes and those whose
 observed facts differ get new facts; the plans are the same.
 """
 
@@ -23,13 +23,13 @@ from typing import Any
 import pytest
 
 from desired import models as m
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from policies import eligibility, packing
 from reconciler import plans
 from reconciler.bench import synthetic
 from reconciler.placement import fleetgraph, placing, planner, replanning
 from schemas import states
-from tests.claims.test_inventory_incremental import _with_delta
+from tests.claims.test_inventory_incremental import _delta
 
 POLICIES = [p.value for p in packing.ALL]
 DIGESTS = ("a" * 64, "0" * 63 + "1")
@@ -242,9 +242,9 @@ def test_warm_plans_equal_cold_plans_over_random_edits(policy: str, seed: int, b
         # what shapes the whole index: only these rebuild cold
         expected_cold += new.fleet != state.fleet or new.skus != state.skus or new.nodes.keys() != state.nodes.keys()
         # the loop holds the state in force while it plans the next: a delta's base is alive
-        before, state = state, _with_delta(state, new) if by_delta else dataclasses.replace(new, delta=None)
+        before, state = state, new
         observed = _observed(db, base)
-        got = warm(state, observed)
+        got = warm(state, observed, _delta(before, state) if by_delta else None)
         assert got == _cold(state, observed, policy), (step, warm.last_cold)
         placed += len(got.placements)
         released += len(got.releases)

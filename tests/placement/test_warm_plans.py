@@ -15,7 +15,7 @@ import random
 import pytest
 
 from desired import models as m
-from desired.loading import DesiredState
+from desired.state import DesiredState
 from policies import eligibility
 from reconciler import plans
 from reconciler.bench import synthetic

@@ -2,10 +2,10 @@
 
 A PR plan (`prplan.compose` with one `replanning.WarmPlanner`) plans head
 (read by delta from base), then base, then asks for base's engine, then
-head's with head's plan applied. Only head carries a Delta: going back to
+head's with head's plan applied. Only head was read by delta: going back to
 base uses its keys the other way ("reverse"), and asking again for the very
 state the engine was brought to looks at no document ("same") when that
-state is immutable by contract (it carries a Delta, or a Delta is based on
+state is immutable by contract (it was read by delta, or a Delta is based on
 it). Each of these must leave the engine holding what
 `placing.Engine(state, observed)` holds; a state that may have been edited
 in place is compared in full.
@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 
 from desired import models as m
-from desired.loading import DesiredState
+from desired.state import Delta, DesiredState
 from reconciler import plans
 from reconciler.placement import capacity, placing, prplan, replanning
 from reconciler.placement.replanning import WarmPlanner
 from schemas import states
-from tests.claims.test_inventory_incremental import _with_delta
+from tests.claims.test_inventory_incremental import _delta
 from tests.placement.test_warm_planner import POLICIES, _cold, _edit_allocations, _edit_nodes, _fleet
 
 
@@ -50,8 +50,8 @@ def _same_as_cold(engine: placing.Engine, desired: DesiredState, observed: plans
     )
 
 
-def _head(rng: random.Random, base: DesiredState, edits: int) -> DesiredState:
-    """Base with a few allocations and nodes edited, marked as read by delta from it.
+def _head(rng: random.Random, base: DesiredState, edits: int) -> tuple[DesiredState, Delta]:
+    """Base with a few allocations and nodes edited, and the Delta a read of it by delta from base gives.
 
     The node set stays: a node added or removed builds the engine cold (test_warm_planner).
     """
@@ -65,7 +65,7 @@ def _head(rng: random.Random, base: DesiredState, edits: int) -> DesiredState:
             _edit_nodes(rng, edited, step)
         if edited.nodes.keys() == base.nodes.keys():
             new, step = edited, step + 1
-    return _with_delta(base, new)
+    return new, _delta(base, new)
 
 
 def _claims(plan: plans.Plan) -> plans.Observed:
@@ -83,17 +83,17 @@ def test_a_pr_plans_sequence_leaves_each_engine_as_a_cold_one(policy: str, seed:
     warm = WarmPlanner(policy)
     observed = _claims(warm(base, plans.Observed()))
     for _ in range(3):  # one base, several PRs: each head is read by delta from base
-        head = _head(rng, base, rng.choice((1, 3, 6)))
-        head_plan = warm(head, observed)
+        head, delta = _head(rng, base, rng.choice((1, 3, 6)))
+        head_plan = warm(head, observed, delta)
         assert (warm.last_sync, head_plan) == ("delta", _cold(head, observed, policy))
         base_plan = warm(base, observed)
         assert (warm.last_sync, base_plan) == ("reverse", _cold(base, observed, policy))
         _same_as_cold(warm.engine(base, observed), base, observed, policy)
         assert warm.last_sync == "same"
         observed_after = prplan.after(observed, head_plan)
-        _same_as_cold(warm.engine(head, observed_after), head, observed_after, policy)
+        _same_as_cold(warm.engine(head, observed_after, delta), head, observed_after, policy)
         assert warm.last_sync == "delta"
-        _same_as_cold(warm.engine(head, observed), head, observed, policy)  # head again: frozen, claims differ
+        _same_as_cold(warm.engine(head, observed, delta), head, observed, policy)  # head again: frozen, claims differ
         assert warm.last_sync == "same"
         _same_as_cold(warm.engine(base, observed_after), base, observed_after, policy)
         assert warm.last_sync == "reverse"
@@ -103,10 +103,10 @@ def test_a_pr_plans_sequence_leaves_each_engine_as_a_cold_one(policy: str, seed:
 def test_the_same_frozen_state_follows_changed_observed_facts() -> None:
     """No document changed, but slot statuses, health and firmware did: those nodes get new facts."""
     base = _fleet(nodes=6, allocations=12, gpus=(1, 2, 4), seed=11)
-    head = _head(random.Random(11), base, 2)  # noqa: S311 - test randomness
+    head, delta = _head(random.Random(11), base, 2)  # noqa: S311 - test randomness
     warm = WarmPlanner()
     observed = _claims(warm(base, plans.Observed()))
-    warm(head, observed)
+    warm(head, observed, delta)
     warm(base, observed)
     n0, n1, n2 = sorted(base.nodes)[:3]
     changed = dataclasses.replace(
@@ -142,8 +142,8 @@ def test_a_base_with_no_live_child_is_not_trusted() -> None:
     warm(base, plans.Observed())
     warm(base, plans.Observed())
     assert warm.last_sync == "full"  # planned twice with no Delta either side: compared in full
-    head = _head(random.Random(13), base, 1)  # noqa: S311 - test randomness
-    warm(head, plans.Observed())
+    head, delta = _head(random.Random(13), base, 1)  # noqa: S311 - test randomness
+    warm(head, plans.Observed(), delta)
     warm(base, plans.Observed())
     warm(base, plans.Observed())
     assert warm.last_sync == "same"
@@ -151,10 +151,10 @@ def test_a_base_with_no_live_child_is_not_trusted() -> None:
 
 def test_a_pr_plan_with_the_warm_planner_equals_one_composed_cold() -> None:
     base = _fleet(nodes=10, baremetal_nodes=2, allocations=30, baremetal_allocations=2, gpus=(1, 2, 4, 8), seed=14)
-    head = _head(random.Random(14), base, 4)  # noqa: S311 - test randomness
+    head, delta = _head(random.Random(14), base, 4)  # noqa: S311 - test randomness
     cold = prplan.compose(base, head, prplan.offline_observed(base), offline=True)
     warm = replanning.WarmPlanner()
     observed = prplan.offline_observed(base, plan_with=warm)
-    got = prplan.compose(base, head, observed, offline=True, plan_with=warm, engine_for=warm.engine)
+    got = prplan.compose(base, head, observed, offline=True, plan_with=warm, engine_for=warm.engine, delta=delta)
     assert got == cold
     assert warm.cold == 1 and warm.by_delta == 4  # head, back to base, base again, head after

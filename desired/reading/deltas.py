@@ -4,7 +4,7 @@
 changes a file or two. `loading.parse_refs` walks every file of the tree
 (even when every blob comes from the cache); here the last assembled tree is
 kept (`Tree`) and a new revision is built from the list of changed paths
-(`git diff-tree`, see `desired.gitrepo`): the state's tables are copied (C
+(`git diff-tree`, see `desired.reading.gitrepo`): the state's tables are copied (C
 speed) and only the documents of changed files are taken out and put in.
 
 The result must equal `parse_refs` over the whole tree: the same tables in
@@ -14,7 +14,7 @@ files hold no parse problem (no duplicate name, no bad document, no refused
 file; cross-file problems are validation's). Anything else returns a
 reason, and the caller reads the whole tree.
 
-The new state carries a `Delta`: which (kind, name) keys differ from the
+The result carries a `Delta` beside the state: which (kind, name) keys differ from the
 state it was built from, so validation, inventory sync and planning can
 work from the change too.
 """
@@ -23,78 +23,19 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from desired import loading
-from desired.loading import BlobCache, DesiredState, FileRef, LoadResult, Source
-
-Key = tuple[str, str]  # (kind, name)
+from desired.reading import loading
+from desired.reading.documents import Tree
+from desired.reading.loading import BlobMemory, FileRef
+from desired.state import TABLES, Delta, DesiredState, Key, LoadResult, Source, key_of
 
 # Past this share of the tree changed, a full read costs about what the delta does.
 MAX_SHARE = 4
 MAX_MIN = 256
 
 
-@dataclass(frozen=True, slots=True)
-class Delta:
-    """The state holding this is `base()` with only `keys` added, changed or removed.
-
-    `base` is a weak reference: a chain of states must never keep every older
-    revision alive. A consumer that finds `base()` is not the state it last
-    saw (or None) does its full work.
-    """
-
-    base: weakref.ref[DesiredState]
-    keys: frozenset[Key]
-
-    def kinds(self) -> frozenset[str]:
-        return frozenset(kind for kind, _ in self.keys)
-
-    def names(self, kind: str) -> set[str]:
-        return {name for k, name in self.keys if k == kind}
-
-
-def delta_of(state: DesiredState, since: DesiredState | None) -> Delta | None:
-    """The delta from `since` to `state`, when `state` was built straight from it."""
-    d: Any = getattr(state, "delta", None)
-    if d is None or since is None or d.base() is not since:
-        return None
-    assert isinstance(d, Delta)  # noqa: S101 - only this module sets it
-    return d
-
-
-def delta_between(state: DesiredState, since: DesiredState | None) -> Delta | None:
-    """`delta_of`, or the way back: the delta from `since` to `state` when `since` was built from `state`.
-
-    A PR plan moves one engine from head back to base, and only head carries
-    a Delta (base is where it came from). The keys that differ are the same
-    set either way; the Delta returned is based on `since`, like `delta_of`'s.
-    Sound because neither side is edited in place: `state` carrying a Delta
-    was assembled by `apply`, and a state a Delta is based on shares every
-    table its child did not change (copy on write), so editing it in place
-    would change the child too.
-    """
-    ahead = delta_of(state, since)
-    if ahead is not None or since is None:
-        return ahead
-    back = delta_of(since, state)
-    return None if back is None else Delta(weakref.ref(since), back.keys)
-
-
-@dataclass(slots=True)
-class Tree:
-    """The last tree assembled: the blob of every path, the state and its parse problems."""
-
-    origin: str  # what the paths are relative to (a resolved root and prefix)
-    revision: str  # the commit it was read at
-    by_path: dict[str, Any]  # path -> loading._Blob
-    state: DesiredState
-    problems: tuple[Any, ...]  # the parse problems (before cross-file validation)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def remember(cache: BlobCache, tree: Tree) -> None:
+def remember(cache: BlobMemory, tree: Tree) -> None:
     """Keep a tree just read whole, so the next revision can start from it."""
     cache.tree = tree
 
@@ -107,7 +48,7 @@ def tree_of(origin: str, revision: str, refs: Sequence[FileRef], blobs: Sequence
 
 
 def apply(
-    cache: BlobCache,
+    cache: BlobMemory,
     revision: str,
     changes: Sequence[tuple[str, FileRef | None]],
     *,
@@ -136,12 +77,8 @@ def apply(
         return why
     build.order()
     state = build.state
-    state.delta = Delta(weakref.ref(tree.state), frozenset(build.touched))
     cache.tree = Tree(tree.origin, revision, build.by_path, state, (), tree.extra)
-    return LoadResult(state, [])
-
-
-_TABLES = {"Sku": "skus", "Image": "images", "Node": "nodes", "SlotMap": "slot_maps", "Allocation": "allocations"}
+    return LoadResult(state, [], Delta(weakref.ref(tree.state), frozenset(build.touched)))
 
 
 class _Builder:
@@ -159,7 +96,7 @@ class _Builder:
             sources=dict(old.sources),
             file_count=old.file_count,
         )
-        # .copy(), not dict(): a kept base's LazyMap stays lazy (`desired.lazymap`); a dict stays a dict
+        # .copy(), not dict(): a kept base's LazyMap stays lazy (`reconciler.caches.lazymap`); a dict stays a dict
         self.by_path = tree.by_path.copy()
         self.copied: set[str] = set()
         self.removed: dict[Key, Any] = {}  # key -> the document it came from, until put back in place
@@ -167,7 +104,7 @@ class _Builder:
         self.unordered: set[str] = set()
 
     def table(self, kind: str) -> dict[str, Any]:
-        attr = _TABLES[kind]
+        attr = TABLES[kind]
         if attr not in self.copied:  # copy on write: the old state stays as it was
             setattr(self.state, attr, getattr(self.state, attr).copy())
             self.copied.add(attr)
@@ -236,12 +173,11 @@ class _Builder:
         for kind in self.unordered:
             t = self.table(kind)
             order = sorted(t, key=lambda n, kind=kind: _position(sources[(kind, n)]))  # type: ignore[misc]
-            setattr(self.state, _TABLES[kind], {n: t[n] for n in order})
+            setattr(self.state, TABLES[kind], {n: t[n] for n in order})
 
 
 def _key(model: Any) -> Key:
-    kind, name, _ = loading._identity(DesiredState(), model)
-    return kind, name
+    return key_of(model)
 
 
 def _position(source: Source) -> tuple[str, int]:

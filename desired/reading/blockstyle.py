@@ -3,9 +3,8 @@
 Almost every file in a fleet repo is the same few shapes: block mappings
 and sequences of plain or single-quoted one-line scalars (a slot map is
 eight copies of one slot). libyaml makes three Python objects per event
-(the event and two marks) and the event loop handles each one: about 0.3 ms
-for a slot map, 3.5 of the 8 CPU-seconds a 10,000-node PR plan spent
-reading its trees.
+(the event and two marks) and the event loop handles each one, which makes
+it most of the cost of reading a large tree.
 
 This reader splits a file into its *shape* (the text with every `key: value`
 value cut out) and its values, in one C-speed `re.split`. A shape seen before
@@ -24,7 +23,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from desired import yamlio
+from desired.reading import yamlio
 
 MAX_SHAPES = 512  # distinct shapes kept; a tree of one-off shapes reads at the event path's speed
 MAX_SHAPE_CHARS = 16 * 1024 * 1024  # and their text, in all (a file may be megabytes)

@@ -1,8 +1,8 @@
 """A table whose keys are known and whose values are built on first read.
 
-A PR plan's kept base (`reconciler.commands.baseworld`) holds 10,000 slot
-maps, 170,000 models, that a change to one allocation never reads: building
-them all took half a second of a one-second plan. Its tables are LazyMaps
+A PR plan's kept base (`reconciler.caches.keptworlds`) holds every slot map
+of the fleet, most of its models, and a change to one allocation reads none
+of them: building them all would be most of the plan. Its tables are LazyMaps
 instead: every key is there in order, and a value is loaded the first time
 someone reads it. Anything that walks the values (a full validation, a slot
 map edit copying the table) loads them all, and gets what a plain dict would

@@ -16,8 +16,9 @@ from typing import Any
 
 import git
 
-from desired import deltas, loading, yamlio
 from desired import problems as p
+from desired.reading import deltas, loading, safefiles, yamlio
+from desired.state import LoadResult
 
 _MAX_BLOB = yamlio.MAX_FILE_BYTES + 1
 # Fewer blobs than this are read one by one: the Repo's running cat-file answers them sooner than
@@ -130,25 +131,25 @@ def _ref(
     repo: git.Repo, prefix: str, mode: str, sha: str, path: str, *, read_many: loading.ReadMany | None = None
 ) -> loading.FileRef | None:
     """The FileRef of one tree entry, None when it is not read (not YAML, a submodule, a skipped directory)."""
-    if mode in (_GITLINK_MODE, _TREE_MODE) or not path.endswith(loading.YAML_SUFFIXES):
+    if mode in (_GITLINK_MODE, _TREE_MODE) or not path.endswith(safefiles.YAML_SUFFIXES):
         return None
     rel = path[len(prefix) + 1 :] if prefix else path
-    if any(part in loading.SKIP_DIRS or part.startswith(".") for part in rel.split("/")[:-1]):
+    if any(part in safefiles.SKIP_DIRS or part.startswith(".") for part in rel.split("/")[:-1]):
         return None
     if mode == _SYMLINK_MODE:
-        refused = loading.Refused(p.FILE_SYMLINK, "is a symbolic link; only regular files inside the repo are read")
+        refused = safefiles.Refused(p.FILE_SYMLINK, "is a symbolic link; only regular files inside the repo are read")
         return loading.FileRef(rel, None, _constant(refused))
     return loading.FileRef(rel, sha, _blob_reader(repo, sha), read_many)
 
 
 def read_revision(
-    root: Path, rev: str, *, cache: loading.BlobCache | None = None, cancel: loading.Cancel | None = None
-) -> loading.LoadResult:
+    root: Path, rev: str, *, cache: loading.BlobMemory | None = None, cancel: loading.Cancel | None = None
+) -> LoadResult:
     """Parse and type the tree of `rev`, as `parse_refs(revision_refs(root, rev))` gives it.
 
     With a cache that kept the tree of an ancestor of `rev` (the watch loop),
     only the paths `git diff-tree` names as changed are read and the kept
-    tree is updated (`desired.deltas`). On any doubt the whole tree is read,
+    tree is updated (`desired.reading.deltas`). On any doubt the whole tree is read,
     and the reason is logged and kept in `cache.last_full`.
     """
     # The kept tree's Repo is reused: its object reader (a `git cat-file` process) stays up between revisions.
@@ -163,7 +164,7 @@ def read_revision(
             repo.close()
 
 
-def release(cache: loading.BlobCache) -> None:
+def release(cache: loading.BlobMemory) -> None:
     """End the git processes of the Repo a cache's kept tree was read with (the cache stays usable)."""
     kept = cache.tree.extra.pop(_REPO, None) if cache.tree is not None else None
     if kept is not None:
@@ -176,9 +177,9 @@ def _read(
     commit: Any,
     prefix: str,
     *,
-    cache: loading.BlobCache | None,
+    cache: loading.BlobMemory | None,
     cancel: loading.Cancel | None,
-) -> loading.LoadResult:
+) -> LoadResult:
     origin = f"{Path(repo.working_tree_dir or root).resolve()}\0{prefix}"
     if cache is not None and cache.tree is not None and cache.tree.origin == origin:
         try:
@@ -187,7 +188,7 @@ def _read(
             raise
         except Exception as e:  # any doubt: the whole tree gives the right answer
             got = f"the delta read failed ({type(e).__name__}: {e})"
-        if isinstance(got, loading.LoadResult):
+        if isinstance(got, LoadResult):
             cache.last_full = ""
             return got
         cache.last_full = got
@@ -203,8 +204,8 @@ def _read(
 
 
 def _by_delta(
-    repo: git.Repo, commit: Any, prefix: str, cache: loading.BlobCache, *, cancel: loading.Cancel | None
-) -> loading.LoadResult | str:
+    repo: git.Repo, commit: Any, prefix: str, cache: loading.BlobMemory, *, cancel: loading.Cancel | None
+) -> LoadResult | str:
     kept = cache.tree
     assert kept is not None  # noqa: S101 - checked by the caller
     if kept.revision != commit.hexsha:
@@ -234,12 +235,12 @@ def _by_delta(
     return deltas.apply(cache, str(commit.hexsha), changes, cancel=cancel)
 
 
-def _constant(data: loading.FileData) -> Callable[[], loading.FileData]:
+def _constant(data: safefiles.FileData) -> Callable[[], safefiles.FileData]:
     return lambda: data
 
 
-def _blob_reader(repo: git.Repo, sha: str) -> Callable[[], loading.FileData]:
-    def read() -> loading.FileData:
+def _blob_reader(repo: git.Repo, sha: str) -> Callable[[], safefiles.FileData]:
+    def read() -> safefiles.FileData:
         # Oversized blobs are cut just past the limit: the reader refuses them by size.
         return bytes(repo.odb.stream(bytes.fromhex(sha)).read(_MAX_BLOB))
 
@@ -349,7 +350,7 @@ def _cat_file(repo: git.Repo, mode: str, keys: Sequence[str]) -> bytes | None:
     return out if isinstance(out, bytes) else None
 
 
-def iter_revision(root: Path, rev: str) -> Iterator[tuple[str, loading.FileData]]:
+def iter_revision(root: Path, rev: str) -> Iterator[tuple[str, safefiles.FileData]]:
     """Yield (path, bytes or Refused) of every YAML file in `rev`, sorted by path."""
     repo, commit, prefix = _open(root, rev)
     with repo:

@@ -1,15 +1,15 @@
 """A PR plan's base, kept for the next `gpuaas plan --offline` against the same base commit.
 
-CI plans every pull request against the tip of main, and at 10,000 nodes
-the base side of a plan cost more than a second even from the blob cache:
-170,000 slot-map models read from packs, every node's placement facts and
-packing index built, base planned, its capacity read model and every
-slot's schedulability computed. Yet all of it is a pure function of the base
+CI plans every pull request against the tip of main, and on a large fleet
+the base side of a plan is most of its cost even from the blob cache: every
+slot-map model read from packs, every node's placement facts and packing
+index built, base planned, its capacity read model and every slot's
+schedulability computed. Yet all of it is a pure function of the base
 commit, the path in the repo, `--policy` and the code. So once a base has
 been planned twice (its checked tree was stored: the first run's cache
 writes stay as cheap as before), the second run keeps that base's world:
 
-- the tree as read (paths, documents, models; `desired.deltas.Tree`), so
+- the tree as read (paths, documents, models; `desired.reading.deltas.Tree`), so
   head is read by delta from it (`git diff-tree`: only the files the PR
   changes are parsed and validated);
 - base's cross-file problems and shared MACs (`policies.validating.Memo`);
@@ -21,11 +21,11 @@ writes stay as cheap as before), the second run keeps that base's world:
 
 Slot maps are most of the tree's objects and a PR rarely reads them: each
 file holding only slot maps is pickled on its own and its models are built
-on first read (`desired.lazymap`). A plan that reads them all (a slot map
+on first read (`reconciler.caches.lazymap`). A plan that reads them all (a slot map
 edit, a full validation) gets exactly what the eager tables gave.
 
 Never trusted, like the rest of the cache: the row's HMAC under the store's
-secret key (its own domain, `DiskStore.put_world`) is checked before a byte
+secret key (its own domain, `Store.put_file`) is checked before a byte
 is unpickled, and the unpickler knows only the classes a base's world is
 made of. Anything odd is a miss: the base is read and planned again. Only a
 base that read without parse problems or errors is kept (a head is read by
@@ -52,14 +52,15 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel
 
-from desired.yamlio import Document
+from desired.reading import documents
+from desired.reading.yamlio import Document
 
 if TYPE_CHECKING:
-    from desired.blobstore import DiskStore
-    from desired.deltas import Tree
-    from desired.loading import DesiredState
     from desired.problems import Problem
+    from desired.reading.documents import Tree
+    from desired.state import DesiredState
     from reconciler import plans
+    from reconciler.caches.blobpacks import DiskStore
     from reconciler.placement.prplan import BaseSide
     from reconciler.placement.replanning import WarmPlanner
 
@@ -67,14 +68,15 @@ log = logging.getLogger("gpuaas.plan")
 
 FORMAT = 1
 # The types a world is made of, by name: each a data type defined in that module of this project
-# (checked on use: a name a module merely imports, such as `desired.loading.Path`, is never taken).
+# (checked on use: a name a module merely imports, such as `desired.reading.safefiles.Path`, is never taken).
 # `desired.models`' pydantic models and enums are admitted as a family (`_model_classes`), and
 # `_model` and `_proxy` below are the only callables besides these types. Anything else is a miss.
 _TYPES: dict[str, frozenset[str]] = {
     m: frozenset(names.split())
     for m, names in {
-        "desired.loading": "DesiredState Source _Blob",
-        "desired.yamlio": "Document",
+        "desired.state": "DesiredState Source",
+        "desired.reading.documents": "Blob",
+        "desired.reading.yamlio": "Document",
         "desired.problems": "Problem Severity",
         "policies.capability": "Capability CapabilityVerdict",
         "policies.eligibility": "Ineligible",
@@ -99,9 +101,9 @@ _DATETIME = frozenset({"datetime", "date", "timezone", "timedelta"})
 
 def key(path: Path, commit: str, policy: str | None) -> str:
     """Where the world of base `commit` is kept: the path in the repo and the policy are inputs too."""
-    from reconciler.commands import plancache
+    from reconciler.caches import planresults
 
-    parts = ("base-world", str(FORMAT), plancache.code_version(), commit, str(path.resolve()), policy or "")
+    parts = ("base-world", str(FORMAT), planresults.code_version(), commit, str(path.resolve()), policy or "")
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
@@ -213,7 +215,7 @@ def _frame(core: bytes, models: Mapping[str, bytes]) -> bytes:
 def _unframe(payload: bytes) -> tuple[memoryview, Callable[[str], memoryview]] | None:
     """The core pickle, and what gives a lazy file's bytes, as views of `payload`; None: not a frame.
 
-    An index entry is checked when its file is read (10,000 checks up front cost 20 ms).
+    An index entry is checked when its file is read: a plan reads few of them.
     """
     if len(payload) < _HEADER.size:
         return None
@@ -242,9 +244,14 @@ class _Leak(Exception):
     """A model the world keeps lazily was reached from what it keeps eagerly (it would be two objects)."""
 
 
+def _is_model_module(module: str) -> bool:
+    """A module of the desired-state models package (`desired.models.nodes`, ...)."""
+    return module.startswith("desired.models.")
+
+
 def _model(cls: type, values: dict[str, Any], fields_set: set[str], extra: Any, private: Any) -> Any:
     """A pydantic model from its stored fields, without validation (pickle's way, in fewer steps)."""
-    if not (isinstance(cls, type) and issubclass(cls, BaseModel) and cls.__module__ == "desired.models"):
+    if not (_is_model_module(getattr(cls, "__module__", "")) and issubclass(cls, BaseModel)):
         raise pickle.UnpicklingError(f"{cls!r} is not a desired-state model")
     obj = cls.__new__(cls)
     setattr_ = object.__setattr__
@@ -298,7 +305,7 @@ def _reducers(refuse: AbstractSet[int]) -> dict[type, Callable[[Any], Any]]:
 
     def plain(obj: Any) -> Any:
         # A slotted dataclass is pickled through dataclasses' Python __setstate__ (fields() on
-        # every object: a fifth of a load); its own __init__ takes the same fields positionally.
+        # every object, slow); its own __init__ takes the same fields positionally.
         return type(obj), tuple(getattr(obj, f.name) for f in dataclasses.fields(obj))
 
     table: dict[type, Callable[[Any], Any]] = dict.fromkeys(_model_classes(), model)
@@ -312,22 +319,19 @@ def _reducers(refuse: AbstractSet[int]) -> dict[type, Callable[[Any], Any]]:
 def _model_classes() -> tuple[type, ...]:
     from desired import models
 
-    return tuple(
-        v
-        for v in vars(models).values()
-        if isinstance(v, type) and issubclass(v, BaseModel) and v.__module__ == models.__name__
-    )
+    return tuple(v for v in vars(models).values() if models.defined_here(v) and issubclass(v, BaseModel))
 
 
 @functools.cache
 def _plain_dataclasses() -> frozenset[type]:
     """Slotted dataclasses a world holds whose __init__ takes exactly their fields (no __post_init__)."""
-    from desired.loading import Source, _Blob
+    from desired.reading.documents import Blob
+    from desired.state import Source
     from policies.capability import CapabilityVerdict
     from reconciler import plans
     from reconciler.placement import fleetgraph
 
-    return frozenset({Source, _Blob, fleetgraph.NodeFacts, CapabilityVerdict, plans.ExistingClaim})
+    return frozenset({Source, Blob, fleetgraph.NodeFacts, CapabilityVerdict, plans.ExistingClaim})
 
 
 # ------------------------------------------------------------------ reading
@@ -354,8 +358,10 @@ class _Unpickler(pickle.Unpickler):
 @functools.cache
 def _allowed(module: str, name: str) -> type | None:
     """The type `module.name` when the allow-list names it and that module defines it (not imports it)."""
-    if module == "desired.models":
-        return next((c for c in _model_classes() + _model_enums() if c.__name__ == name), None)
+    if _is_model_module(module):
+        return next(
+            (c for c in _model_classes() + _model_enums() if c.__name__ == name and c.__module__ == module), None
+        )
     if name not in _TYPES.get(module, ()):
         return None
     import importlib
@@ -370,11 +376,7 @@ def _model_enums() -> tuple[type, ...]:
 
     from desired import models
 
-    return tuple(
-        v
-        for v in vars(models).values()
-        if isinstance(v, type) and issubclass(v, enum.Enum) and v.__module__ == models.__name__
-    )
+    return tuple(v for v in vars(models).values() if models.defined_here(v) and issubclass(v, enum.Enum))
 
 
 def _loads(data: bytes | memoryview) -> Any:
@@ -396,9 +398,9 @@ def load(payload: bytes, policy: str | None) -> World | None:
 
 
 def _restore(payload: bytes, policy: str | None) -> World | None:
-    from desired import deltas, loading
-    from desired.lazymap import LazyMap
+    from desired.state import DesiredState
     from reconciler import plans
+    from reconciler.caches.lazymap import LazyMap
     from reconciler.placement.prplan import BaseSide
     from reconciler.placement.replanning import WarmPlanner
 
@@ -425,7 +427,7 @@ def _restore(payload: bytes, policy: str | None) -> World | None:
         if got is None:
             docs, generation = lazy[path]  # a file is kept lazily only when it has no problem of its own
             typed = _loads(zlib.decompress(file_bytes(path)))
-            got = made[path] = loading._Blob(
+            got = made[path] = documents.Blob(
                 path, [], [(doc, model, found) for (doc, found), model in zip(docs, typed, strict=True)], generation
             )
         return got
@@ -440,7 +442,7 @@ def _restore(payload: bytes, policy: str | None) -> World | None:
     slot_maps: LazyMap[str, Any] = LazyMap(core["slot_maps"], slot_map)
     for name, value in core["kept_maps"].items():
         slot_maps[name] = value
-    state = loading.DesiredState(
+    state = DesiredState(
         fleet=core["fleet"],
         skus=core["skus"],
         images=core["images"],
@@ -451,7 +453,7 @@ def _restore(payload: bytes, policy: str | None) -> World | None:
         revision=core["state_revision"],
         file_count=core["file_count"],
     )
-    tree = deltas.Tree(core["origin"], core["revision"], cast(dict[str, Any], by_path), state, ())
+    tree = documents.Tree(core["origin"], core["revision"], cast(dict[str, Any], by_path), state, ())
     planner = WarmPlanner.resume(core["planner"], state, policy)
     return World(tree, list(core["found"]), core["owners"], core["observed"], core["side"], planner)
 
@@ -462,10 +464,10 @@ def _restore(payload: bytes, policy: str | None) -> World | None:
 def get(store: DiskStore | None, world_key: str | None, policy: str | None) -> World | None:
     if store is None or world_key is None:
         return None
-    payload = store.get_world(world_key)
+    payload = store.get_file("worlds", world_key)
     return load(payload, policy) if payload is not None else None
 
 
 def put(store: DiskStore, world_key: str, payload: bytes | None) -> None:
     if payload is not None:
-        store.put_world(world_key, payload)
+        store.put_file("worlds", world_key, payload)

@@ -97,7 +97,7 @@ class Document:
     data: bytes  # the file's bytes; zlib-compressed when `packed`
     _node: yaml.Node | None = None
     # A long-lived tree (`gpuaas run`) keeps its files compressed: positions are wanted
-    # only for problems, and 100,000 nodes' YAML is ~430 MB raw, ~80 MB packed.
+    # only for problems, and YAML text compresses to a fraction of its size.
     packed: bool = False
 
     @property
@@ -164,7 +164,7 @@ def read_documents(name: str, data: bytes) -> Iterator[Document]:
         col = tab.end() - tab.start()
         raise YamlProblem(p.YAML_TAB, "tab used for indentation; YAML indents with spaces", line, col)
     _check_flow_depth(text)
-    from desired import blockstyle  # imports this module
+    from desired.reading import blockstyle  # imports this module
 
     plain = blockstyle.read(text)
     if plain is not None:  # the common plain block file, without libyaml's event stream

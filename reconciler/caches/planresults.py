@@ -5,7 +5,7 @@ a second output format (a markdown comment and a JSON artifact), the same
 pair planned by a merge queue. An offline plan is a pure function of the
 two commits, the folder planned, `--policy`, the output format and the code, so what the
 command printed and the facts its exit status is made of are kept in the
-blob cache's database (`DiskStore.put_result`) under a hash of all of them,
+blob cache's database (namespace `results`, `Store.put_record`) under a hash of all of them,
 and replayed: no tree is read, nothing is planned.
 
 The cache is never trusted, as the blob cache: its HMAC is checked before
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from desired.blobstore import DiskStore
+    from reconciler.caches.blobpacks import DiskStore
 
 FORMAT = 1
 # Every package whose code can change a plan or how it prints.
@@ -101,7 +101,7 @@ def code_version() -> str:
 
 def key(args: argparse.Namespace, head_rev: str | None) -> str | None:
     """The cache key of this invocation, or None when its result may not be replayed."""
-    from desired import gitrepo
+    from desired.reading import gitrepo
 
     if not args.offline or args.out is not None or head_rev is None or getattr(args, "no_cache", False):
         return None
@@ -118,10 +118,10 @@ def key(args: argparse.Namespace, head_rev: str | None) -> str | None:
 def get(store: DiskStore | None, cache_key: str | None) -> Outcome | None:
     if store is None or cache_key is None:
         return None
-    payload = store.get_result(cache_key)
+    payload = store.get_record("results", cache_key)
     return decode(payload) if payload is not None else None
 
 
 def put(store: DiskStore | None, cache_key: str | None, outcome: Outcome) -> None:
     if store is not None and cache_key is not None:
-        store.put_result(cache_key, outcome.encode())
+        store.put_record("results", cache_key, outcome.encode())

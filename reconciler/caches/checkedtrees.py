@@ -3,7 +3,7 @@
 The cache lives in `<state dir>/cache` (`--state-dir`, $GPUAAS_STATE_DIR),
 else in `${XDG_CACHE_HOME:-~/.cache}/gpuaas/cache`; never inside a git
 checkout or the tree being read (refused: a pull request could commit a
-cache and its key); see `desired.blobstore` for what it holds and why it is
+cache and its key); see `reconciler.caches.blobpacks` for what it holds and why it is
 never trusted. One Reader (a BlobCache and a validation memo) serves every tree a
 command reads, so a PR plan's base and head parse and check each shared
 document once. The heavy modules are imported when a Reader is made.
@@ -12,7 +12,7 @@ A git revision's cross-file problems are kept too (a "checked tree"): CI
 plans many PRs against one base commit, and validating a large base costs
 as much as parsing it from the warm cache. They are a pure function of the
 commit, the path in the repo and the code, so they are stored under a hash
-of those (`DiskStore.put_result`) and never trusted: the store checks the
+of those (namespace `results`, `Store.put_record`) and never trusted: the store checks the
 HMAC, the payload is JSON of exactly the expected shape, and anything else
 is a miss that validates the tree again.
 """
@@ -25,11 +25,14 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reconciler.caches import blobpacks
+
 if TYPE_CHECKING:
-    from desired.blobstore import DiskStore
-    from desired.loading import BlobCache, LoadResult
     from desired.problems import Problem
+    from desired.state import LoadResult
     from policies.validating import Memo
+    from reconciler.caches.blobpacks import DiskStore
+    from reconciler.caches.blobs import BlobCache
 
 FORMAT = 1
 _Owners = dict[str, list[tuple[str, int]]]
@@ -59,7 +62,7 @@ class Reader:
         self.problems: tuple[Problem, ...] = ()  # of the last tree loaded
 
     def load(self, path: Path, rev: str | None) -> LoadResult:
-        from desired import gitrepo
+        from desired.reading import gitrepo
         from reconciler import sources
 
         try:
@@ -83,7 +86,7 @@ class Reader:
         key = checked_key(path, commit)
 
         def check(parsed: LoadResult) -> LoadResult:
-            stored = disk.get_result(key)
+            stored = disk.get_record("results", key)
             known = decode(stored) if stored is not None else None
             if known is not None:
                 self.seen.add(commit)
@@ -91,7 +94,7 @@ class Reader:
             parse_problems, fallbacks = len(parsed.problems), self.memo.fallbacks
             result = self.memo.validate_once(parsed)
             if self.memo.fallbacks == fallbacks:  # after a fall back, the memo's shared MACs are not this tree's
-                disk.put_result(key, encode(result.problems[parse_problems:], self.memo.owners))
+                disk.put_record("results", key, encode(result.problems[parse_problems:], self.memo.owners))
             return result
 
         # By its id, not its name: the tree read is the one the key names, even if a ref moves.
@@ -100,7 +103,7 @@ class Reader:
 
 def commit_of(path: Path, rev: str | None) -> str | None:
     """The commit id `rev` names, or None: not a revision, or one `sources.load` reports as unreadable."""
-    from desired import gitrepo
+    from desired.reading import gitrepo
 
     if rev is None or not path.exists():
         return None
@@ -112,9 +115,9 @@ def commit_of(path: Path, rev: str | None) -> str | None:
 
 def checked_key(path: Path, commit: str) -> str:
     """Where a commit's checked tree is stored: the path is part of it (a folder of a repo is another tree)."""
-    from reconciler.commands import plancache
+    from reconciler.caches import planresults
 
-    parts = ("checked-tree", str(FORMAT), plancache.code_version(), commit, str(path.resolve()))
+    parts = ("checked-tree", str(FORMAT), planresults.code_version(), commit, str(path.resolve()))
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
@@ -170,9 +173,8 @@ def decode(payload: bytes) -> tuple[list[Problem], _Owners] | None:
 
 
 def open_reader(args: argparse.Namespace) -> Reader:
-    from desired import blobstore
-    from desired.loading import BlobCache
     from policies.validating import Memo
+    from reconciler.caches.blobs import BlobCache
 
     if getattr(args, "no_cache", False):
         return Reader(BlobCache(models_only=True), Memo())  # a command reads models, never plain values
@@ -182,4 +184,4 @@ def open_reader(args: argparse.Namespace) -> Reader:
         directory = Path(state) / "cache"
     tree = getattr(args, "path", None)  # what this command reads: a cache inside it is never used
     trees = [Path(tree)] if tree is not None else []
-    return Reader(BlobCache(blobstore.open_store(directory, trees=trees)), Memo())
+    return Reader(BlobCache(blobpacks.open_store(directory, trees=trees)), Memo())
