@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import time
 
+from gpuaas_tools.bench import leases as fleets
+from gpuaas_tools.lab.ironic_service import IronicService
 from reconciler import reconciling
-from reconciler.bench import leases as fleets
 from reconciler.providers.ironic import IronicProvider
-from reconciler.providers.lab.ironic_service import IronicService
 from reconciler.store import checks, leases
 from reconciler.store.connections import Connection
 from tests.baremetal.conftest import Listener

@@ -9,9 +9,9 @@ from __future__ import annotations
 import time
 
 from desired.loading import DesiredState
+from gpuaas_tools.bench import leases as fleets
+from gpuaas_tools.lab.maas_sim import MaasSimulator
 from reconciler import cli, reconciling
-from reconciler.bench import leases as fleets
-from reconciler.providers.lab.maas_sim import MaasSimulator
 from reconciler.store import checks, inventory, leases, live
 from reconciler.store.connections import Connection
 from tests.baremetal.conftest import Listener, maas_provider

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import pytest
 
 from desired.loading import DesiredState
+from gpuaas_tools.bench import synthetic
 from reconciler import reconciling
-from reconciler.bench import synthetic
 from reconciler.store import checks
 from reconciler.store.connections import Connection
 from tests.claims import util

@@ -16,9 +16,9 @@ from psycopg.types.json import Jsonb
 
 from desired import models as m
 from desired.loading import DesiredState
+from gpuaas_tools.bench import synthetic
 from host_reconciler import store as host_store
 from reconciler import reconciling
-from reconciler.bench import synthetic
 from reconciler.commands import status as status_command
 from reconciler.store import checks, hostplans, lifecycle, live
 from reconciler.store.connections import Connection

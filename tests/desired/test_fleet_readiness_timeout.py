@@ -14,8 +14,8 @@ import pytest
 from pydantic import ValidationError
 
 from desired import models as m
+from gpuaas_tools.bench import synthetic
 from reconciler import reconciling
-from reconciler.bench import synthetic
 from reconciler.store import connections, hostplans
 
 BASE: dict[str, Any] = {

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from desired import models as m
+from gpuaas_tools.bench import synthetic
 from policies import profiles
 from reconciler import reconciling
-from reconciler.bench import synthetic
 from reconciler.store import connections, hostplans
 from schemas import hostplans as hp
 from schemas import snapshots

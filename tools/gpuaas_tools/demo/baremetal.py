@@ -27,8 +27,8 @@ from typing import Any
 
 from desired import models as m
 from desired.loading import DesiredState
+from gpuaas_tools.lab import ironic_service, sshstandin
 from reconciler import reconciling, sources
-from reconciler.providers.lab import ironic_service, sshstandin
 from reconciler.store import connections, leases, lifecycle
 
 Out = Callable[[str], None]

@@ -12,7 +12,7 @@ from typing import Any
 
 from desired import models as m
 from desired.loading import DesiredState
-from reconciler.bench import synthetic
+from gpuaas_tools.bench import synthetic
 
 IMAGE = "bench-ubuntu-noble-baremetal"
 SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGkq1pXK4n0mR2o1x0dYt1cJ3Yb0vW2e9o8G1q3hZpXa bench@gpuaas"
