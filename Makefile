@@ -2,7 +2,7 @@
 #   make demo   - the main job on examples/fleet (embedded PostgreSQL, no setup by hand)
 #   make test   - lint, types, layer contract and the whole test suite
 # Idempotent: a second run skips apt and pip unless a pyproject.toml changed.
-# deps installs the product (.[dev]) and, beside it, the tools (tools/:
+# deps installs the product with its host drivers (.[dev,host]) and, beside it, the tools (tools/:
 # gpuaas bench, gpuaas demo, the labs), which the product finds through entry points.
 
 SHELL := /bin/bash
@@ -63,7 +63,7 @@ $(STAMP): pyproject.toml tools/pyproject.toml
 	@$(MAKE) --no-print-directory apt
 	@test -x $(BIN)/python || python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip 2>&1 | $(QUIET_PIP)
-	$(BIN)/pip install -q -e '.[dev]' 2>&1 | $(QUIET_PIP)
+	$(BIN)/pip install -q -e '.[dev,host]' 2>&1 | $(QUIET_PIP)
 	$(BIN)/pip install -q --no-deps -e tools 2>&1 | $(QUIET_PIP)
 	@touch $(STAMP)
 

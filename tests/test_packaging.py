@@ -81,6 +81,10 @@ def test_the_product_wheel_holds_templates_and_sql_and_no_tool(wheel: tuple[Path
     assert "schemas/sql/0001_inventory.sql" in names
     tools = [n for n in names if re.search(r"(^|/)(bench|demo|lab|hostbench|gpuaas_tools)(/|\.py$)", n)]
     assert tools == []
+    (meta,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+    requires = [line for line in zipfile.ZipFile(wheel[0]).read(meta).decode().splitlines() if "Requires-Dist" in line]
+    # The host drivers come only with the [host] extra: a control plane installs without them.
+    assert [r for r in requires if ("libvirt" in r or "pyroute2" in r) and 'extra == "host"' not in r] == []
 
 
 def test_the_tools_wheel_holds_the_example_fleet_and_the_command_entry_points(
