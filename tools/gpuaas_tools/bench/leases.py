@@ -72,11 +72,6 @@ def fleet(
     return state
 
 
-def machine_ids(state: DesiredState) -> dict[str, str]:
-    """node -> machine id, for the nodes a provider serves."""
-    return {name: n.machine.machine_id for name, n in state.nodes.items() if n.machine is not None}
-
-
 def released(state: DesiredState, allocation_ids: list[str] | None = None) -> DesiredState:
     """A copy of `state` with the allocations named (default: every baremetal one) released in git."""
     out = dataclasses.replace(state, allocations=dict(state.allocations), delta=None)
