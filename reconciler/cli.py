@@ -72,7 +72,7 @@ def commands() -> tuple[Any, ...]:
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The whole parser; for `argv` that starts with a command name, that command's alone.
 
-    Every command module and what its parser needs cost 0.1 s to import,
+    Importing every command module and what its parser needs would be
     paid by each `gpuaas plan` in CI for commands it does not run. The
     parser of one command parses its arguments as the whole one does; any
     other argv (`--help`, `--version`, a typo) gets the whole parser.
@@ -100,7 +100,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 
 class _Version(argparse.Action):
-    """`--version`, looked up only when asked for (importlib.metadata alone costs 15 ms)."""
+    """`--version`, looked up only when asked for (importing importlib.metadata is not free)."""
 
     def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
