@@ -15,7 +15,10 @@ Both agents' command trees use it, hence here and not under reconciler/.
 from __future__ import annotations
 
 import functools
+import sys
 from typing import TYPE_CHECKING, Any
+
+from schemas.errors import PermanentError
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
@@ -42,7 +45,25 @@ def names(parent: str = "") -> tuple[str, ...]:
 
 
 def register(sub: Any, parent: str = "", only: str | None = None) -> None:
-    """Add the tool commands under `gpuaas PARENT` (all, or the one named `only`) to the subparsers `sub`."""
+    """Add the tool commands under `gpuaas PARENT` (all, or the one named `only`) to the subparsers `sub`.
+
+    A tool that does not import (a broken or half-removed install) is left
+    out of a listing with one line on stderr, so `gpuaas --help` and the
+    product's own commands still work; running that very command is
+    `cli.tool_unavailable`.
+    """
     for name in names(parent):
-        if only is None or name == only:
-            _entry_points()[f"{parent}.{name}" if parent else name].load()(sub)
+        if only is not None and name != only:
+            continue
+        path = f"{parent}.{name}" if parent else name
+        try:
+            add = _entry_points()[path].load()
+        except ImportError as e:
+            message = f"`gpuaas {path.replace('.', ' ')}` ({_entry_points()[path].value}) does not import: {e}"
+            if only is not None:
+                raise PermanentError(
+                    f"{message}; reinstall the tools: pip install '{EXTRA}'", code="cli.tool_unavailable"
+                ) from e
+            print(f"warning: {message}", file=sys.stderr)
+            continue
+        add(sub)

@@ -8,7 +8,7 @@ import pytest
 
 from reconciler import cli
 from schemas import plugins
-from schemas.errors import UsageError
+from schemas.errors import PermanentError, UsageError
 
 # The product's commands and the tools' (gpuaas-tools, found through the gpuaas.commands entry points).
 ALL = set(cli.NAMES) | set(plugins.names())
@@ -68,3 +68,17 @@ def test_a_tool_command_without_the_tools_says_what_to_install(monkeypatch: pyte
         cli.build_parser(["demo"])
     assert e.value.code == "cli.tools_missing" and "gpuaas-reconciler[tools]" in e.value.message
     assert "bench" not in _choices(cli.build_parser())
+
+
+def test_a_tool_that_does_not_import_is_left_out_of_help_and_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from importlib.metadata import EntryPoint
+
+    broken = EntryPoint("demo", "gpuaas_tools_gone.demo:register", plugins.GROUP)
+    monkeypatch.setattr(plugins, "_entry_points", lambda: {"demo": broken})
+    assert "demo" not in _choices(cli.build_parser())
+    assert "`gpuaas demo` (gpuaas_tools_gone.demo:register) does not import" in capsys.readouterr().err
+    with pytest.raises(PermanentError) as e:
+        cli.build_parser(["demo"])
+    assert e.value.code == "cli.tool_unavailable"
