@@ -58,6 +58,13 @@ sys.exit(1 if failed else 0)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_the_host_agent_without_them_says_which_extra_to_install(tmp_path: Path) -> None:
+    argv = ["host", "converge", "--node", "n1", "--plan-file", str(tmp_path / "plan.json")]
+    done = _run(f"from reconciler import cli\nsys.exit(cli.main({argv!r}))")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "error: host.drivers_missing:" in done.stderr and "gpuaas-reconciler[host]" in done.stderr
+
+
 def test_the_blocker_refuses_the_host_drivers() -> None:
     """The checks above can fail: the host agent's libvirt driver does not import under the blocker."""
     done = _run("import host_reconciler.drivers.libvirt_driver")
