@@ -1,7 +1,9 @@
 # The README's two commands. Both install whatever is missing, then run.
 #   make demo   - the main job on examples/fleet (embedded PostgreSQL, no setup by hand)
 #   make test   - lint, types, layer contract and the whole test suite
-# Idempotent: a second run skips apt and pip unless pyproject.toml changed.
+# Idempotent: a second run skips apt and pip unless a pyproject.toml changed.
+# deps installs the product with its host drivers (.[dev,host]) and, beside it, the tools (tools/:
+# gpuaas bench, gpuaas demo, the labs), which the product finds through entry points.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
@@ -32,8 +34,8 @@ test: deps lint
 	$(BIN)/pytest -q
 
 lint: deps
-	$(BIN)/ruff check desired policies reconciler host_reconciler schemas tests
-	$(BIN)/ruff format --check desired policies reconciler host_reconciler schemas tests
+	$(BIN)/ruff check desired policies reconciler host_reconciler schemas tools tests
+	$(BIN)/ruff format --check desired policies reconciler host_reconciler schemas tools tests
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
@@ -57,11 +59,12 @@ apt:
 		apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tools/pyproject.toml
 	@$(MAKE) --no-print-directory apt
 	@test -x $(BIN)/python || python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip 2>&1 | $(QUIET_PIP)
-	$(BIN)/pip install -q -e '.[dev]' 2>&1 | $(QUIET_PIP)
+	$(BIN)/pip install -q -e '.[dev,host]' 2>&1 | $(QUIET_PIP)
+	$(BIN)/pip install -q --no-deps -e tools 2>&1 | $(QUIET_PIP)
 	@touch $(STAMP)
 
 clean:

@@ -3,7 +3,7 @@
 # script where every unit's ExecStart points (/usr/local/bin/gpuaas). Idempotent; an existing
 # /etc/gpuaas/*.env is kept.
 #
-#   python3 -m venv /opt/gpuaas && /opt/gpuaas/bin/pip install gpuaas_reconciler-*.whl
+#   python3 -m venv /opt/gpuaas && /opt/gpuaas/bin/pip install gpuaas_reconciler-*.whl  # a GPU host: "WHEEL[host]"
 #   sh deploy/install.sh                          # links /usr/local/bin/gpuaas -> /opt/gpuaas/bin/gpuaas
 #   sh deploy/install.sh --gpuaas "$(command -v gpuaas)"
 #   sh deploy/install.sh --root /tmp/image        # into an image tree (no user, no daemon-reload)

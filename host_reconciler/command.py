@@ -37,6 +37,7 @@ from schemas.errors import GpuaasError, PermanentError, UsageError
 
 if TYPE_CHECKING:
     from host_reconciler import agentclient, converging, metrics, settings
+    from host_reconciler.context import Drivers
 
 ENV_SERVICE = "GPUAAS_SERVICE_URL"
 ENV_CREDENTIAL = "GPUAAS_CREDENTIAL_FILE"
@@ -304,13 +305,27 @@ def _print(result: converging.PassResult, fmt: str) -> None:
     print(reports.status_text(result.status.as_dict()))
 
 
+def _drivers(s: settings.HostSettings) -> Drivers:
+    """The real drivers, or host.drivers_missing when the `[host]` extra (libvirt, netlink) is not installed."""
+    try:
+        from host_reconciler.drivers import wiring
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] not in {"libvirt", "libvirtmod", "pyroute2"}:
+            raise
+        raise PermanentError(
+            f"the host agent's drivers need libvirt-python and pyroute2 ({e.name} is missing): "
+            "pip install 'gpuaas-reconciler[host]'",
+            code="host.drivers_missing",
+        ) from e
+    return wiring.drivers(s)
+
+
 def run_converge(args: argparse.Namespace) -> int:
     from host_reconciler import converging
-    from host_reconciler.drivers import wiring
 
     s = _settings(args)
     source = _Source(args)
-    drivers = wiring.drivers(s)
+    drivers = _drivers(s)
     try:
         plan = source.plan()
         if plan is None:
@@ -387,13 +402,12 @@ class _Watched:
 
 def _passes(args: argparse.Namespace, counted: metrics.AgentMetrics, stop: threading.Event) -> int:
     from host_reconciler import converging
-    from host_reconciler.drivers import wiring
 
     log = logging.getLogger("gpuaas.host")
     s = _settings(args)
     interval = args.interval if args.interval is not None else s.poll_interval_s
     source = _Source(args)
-    drivers = wiring.drivers(s)
+    drivers = _drivers(s)
     converger = converging.Converger(s, drivers)
     beat = _Heartbeat(source.beater(), HEARTBEAT_S)
     beat.start()

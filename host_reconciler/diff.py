@@ -1,7 +1,7 @@
 """`diff(host_plan, observed) -> [Action]` and `drift(host_plan, observed) -> [Drift]`.
 
-Pure (conventions §1): no file, socket or process is touched here; every fact
-comes in through `Observed`. The rules:
+Pure: no file, socket or process is touched here; every fact comes in
+through `Observed`, so every rule below is tested on values alone. The rules:
 
 - a VM of the plan gets the provision phases whose completion observation
   cannot prove; a phase before a proven later one is done (a defined domain

@@ -366,8 +366,8 @@ class _Hasher:
     """sha256 on a second thread while the first reads and writes.
 
     hashlib drops the GIL while it hashes a large block, so hashing overlaps
-    the socket read and the file write instead of adding to them (about a
-    third of a pull's time when done inline). A bounded queue keeps at most a
+    the socket read and the file write instead of adding to them (`gpuaas
+    host image bench` measures pull throughput). A bounded queue keeps at most a
     few blocks in memory; leaving the block waits until every fed block is
     hashed, so `hash` always covers exactly the bytes written.
     """

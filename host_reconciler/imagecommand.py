@@ -1,9 +1,8 @@
-"""`gpuaas host image ...`: the host's image cache by hand (pull, list, evict) and its figures.
+"""`gpuaas host image ...`: the host's image cache by hand (pull, list, evict).
 
     gpuaas host image pull --url URL --digest sha256:HEX [--cache DIR] [--max-bytes N] [-o text|json]
     gpuaas host image list [--cache DIR] [-o text|json]
     gpuaas host image evict [--cache DIR] [--digest sha256:HEX ...] [--to-bytes N] [-o text|json]
-    gpuaas host image bench [--size-mib N] [--runs N] [-o text|json]        (root: a loop device)
 
 `--cache` defaults to the host settings' `image_dir` (--config or
 $GPUAAS_HOST_CONFIG), `--max-bytes` to its `image_max_bytes` (64 GiB).
@@ -13,6 +12,7 @@ partial file, no entry). `evict` never removes an image a provision on this
 host recorded (its journal under the settings' state dir) nor a pinned one
 (`image_pins`); `--digest` removes the named ones, `--to-bytes` the least
 recently used until the cache fits, and with neither it enforces the budget.
+`gpuaas host image bench` comes with the tools (gpuaas_tools.hostbench.images).
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from typing import Any
 
 from host_reconciler import fetching, imagecache, settings
 from host_reconciler.localstate import LocalState
-from schemas import output, progress
+from schemas import output, plugins, progress
 from schemas.errors import GpuaasError, UsageError
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("image", help="the host image cache: pull, list, evict, bench")
+    p = sub.add_parser("image", help="the host image cache: pull, list, evict (and bench, with the tools)")
     isub = p.add_subparsers(dest="image_command", metavar="IMAGE_COMMAND")
     isub.required = True
 
@@ -48,16 +48,12 @@ def register(sub: Any) -> None:
     ev.add_argument("--to-bytes", type=int, help="remove least recently used images until the cache fits N bytes")
     ev.set_defaults(func=run_evict)
 
-    bench = isub.add_parser("bench", help="pull throughput vs curl; qcow2 -> raw convert onto a loop device")
-    bench.add_argument("--size-mib", type=int, default=1024)
-    bench.add_argument("--runs", type=int, default=3)
-    bench.set_defaults(func=run_bench)
-
     for q in (pull, ls, ev):
         q.add_argument("--cache", type=Path, help="cache directory (default: the settings' image_dir)")
         q.add_argument("--config", type=Path, help=f"host settings JSON (default ${settings.ENV_CONFIG})")
-    for q in (pull, ls, ev, bench):
+    for q in (pull, ls, ev):
         output.add_argument(q, "text")
+    plugins.register(isub, "host.image")
 
 
 def _settings(args: argparse.Namespace) -> settings.HostSettings:
@@ -173,23 +169,3 @@ def run_evict(args: argparse.Namespace) -> int:
         for r in refused:
             print(f"kept {r['digest']}: {r['why']}", file=sys.stderr)
     return 1 if refused else 0
-
-
-# -- figures ---------------------------------------------------------------------------------
-
-
-def run_bench(args: argparse.Namespace) -> int:
-    """Pull throughput vs curl on the same file, and qcow2 -> raw onto a loop device (the disk guard on)."""
-    from host_reconciler.bench import images as imagebench
-
-    out = imagebench.run(size_mib=args.size_mib, runs=args.runs)
-    if output.structured(args.output):
-        output.emit(out, args.output)
-        return 0
-    print(f"image: {out['size_bytes']} bytes, {args.runs} run(s) each, same server (127.0.0.1), same session")
-    print(f"pull_mib_s   {out['pull_mib_s']:10.1f}   (gpuaas fetch: Range-capable, sha256 while streaming, fsync)")
-    print(f"curl_mib_s   {out['curl_mib_s']:10.1f}   (curl -o FILE)")
-    print(f"pull/curl    {out['pull_vs_curl']:10.3f}")
-    print(f"qcow2_to_raw_ms {out['convert_ms']:10.1f}   (qemu-img convert -O raw onto a loop device, guarded)")
-    print(f"write_verify_ms {out['compare_ms']:10.1f}   (qemu-img compare read-back)")
-    return 0

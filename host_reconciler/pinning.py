@@ -145,17 +145,6 @@ def format_cpuset(cpus: Sequence[int]) -> str:
     return ",".join(out)
 
 
-def parse_cpuset(text: str) -> tuple[int, ...]:
-    cpus: list[int] = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            cpus.extend(range(int(lo), int(hi) + 1))
-        else:
-            cpus.append(int(part))
-    return tuple(sorted(set(cpus)))
-
-
 def slot_shares(
     slots: Sequence[SlotBundle], topology: HostTopology, *, reserved_per_cell: int = 0
 ) -> dict[int, tuple[int, ...]]:

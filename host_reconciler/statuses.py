@@ -404,7 +404,3 @@ def _first_pending(pending: Iterable[Action]) -> dict[str, str]:
 
 def _blocking(found: Iterable[Drift]) -> bool:
     return any(d.code in BLOCKING_DRIFT for d in found)
-
-
-def for_vm(status: HostStatus, vm: VmSpec) -> VmReport | None:
-    return next((v for v in status.vms if v.allocation_id == vm.allocation_id), None)

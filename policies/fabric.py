@@ -35,10 +35,6 @@ def fabric_serves(sku_fabric: m.Fabric, slot_fabric: m.Fabric) -> bool:
     return slot_fabric in _SERVES[sku_fabric]
 
 
-def accepted_fabrics(sku_fabric: m.Fabric) -> frozenset[m.Fabric]:
-    return _SERVES[sku_fabric]
-
-
 @dataclass(frozen=True, slots=True)
 class Mismatch:
     code: str

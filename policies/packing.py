@@ -116,10 +116,6 @@ class Option:
     gradient: float
     opens: bool  # the node had no claim on its sellable slots before
 
-    @property
-    def first_position(self) -> int:
-        return (self.choice.mask & -self.choice.mask).bit_length() - 1
-
 
 def in_node(policy: Policy, lay: t.Layout, free: int, options: Iterable[t.Choice], demands: Mix) -> t.Choice | None:
     """The slots a policy takes on a node, among the topology-safe choices."""

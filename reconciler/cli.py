@@ -8,6 +8,10 @@ imported inside the command that runs, so `gpuaas validate --help` on a CI
 runner or `gpuaas host run` on a GPU host pays only for what it uses
 (tests/test_light_cli.py). Errors the user can cause are GpuaasError subclasses
 and print as `error: CODE: message` with exit status 1, never a traceback.
+
+The tools (`gpuaas bench ...`, `gpuaas demo`) are another distribution,
+gpuaas-tools; their commands arrive through entry points (schemas/plugins.py)
+and no product module imports them.
 """
 
 from __future__ import annotations
@@ -20,18 +24,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from reconciler import parsing
-from schemas import signals
-from schemas.errors import GpuaasError
+from schemas import plugins, signals
+from schemas.errors import GpuaasError, UsageError
 
-# The command groups, in the order `gpuaas --help` shows them; each is the module that registers it.
+# The product's command groups, in the order `gpuaas --help` shows them (the tools' come after);
+# each is the module under reconciler/commands/ that registers it.
 NAMES = (
     "validate",
     "schema",
     "explain",
     "request",
-    "demo",
     "host",
-    "bench",
     "drift",
     "fleet",
     "simulate",
@@ -54,7 +57,7 @@ NAMES = (
 
 def command(name: str) -> Any:
     """The module that registers `gpuaas NAME`."""
-    return importlib.import_module("reconciler.bench.command" if name == "bench" else f"reconciler.commands.{name}")
+    return importlib.import_module(f"reconciler.commands.{name}")
 
 
 def commands() -> tuple[Any, ...]:
@@ -69,23 +72,35 @@ def commands() -> tuple[Any, ...]:
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The whole parser; for `argv` that starts with a command name, that command's alone.
 
-    Every command module and what its parser needs cost 0.1 s to import,
+    Importing every command module and what its parser needs would be
     paid by each `gpuaas plan` in CI for commands it does not run. The
     parser of one command parses its arguments as the whole one does; any
     other argv (`--help`, `--version`, a typo) gets the whole parser.
     """
     parser = parsing.Parser(prog="gpuaas", description="GitOps reconciler for a GPU cloud")
     parser.add_argument("--version", action=_Version, help="show the version and exit")
-    named = argv is not None and len(argv) > 0 and argv[0] in NAMES
+    first = argv[0] if argv else None
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for module in (command(argv[0]),) if named and argv is not None else commands():
-        module.register(sub)
+    if first in NAMES:
+        command(first).register(sub)
+    elif first is not None and first in plugins.names():
+        plugins.register(sub, only=first)
+    elif first in plugins.TOOL_COMMANDS:
+        raise UsageError(
+            f"`gpuaas {first}` comes with the tools, which are not installed: pip install '{plugins.EXTRA}' "
+            "(from a checkout: pip install -e tools)",
+            code="cli.tools_missing",
+        )
+    else:
+        for module in commands():
+            module.register(sub)
+        plugins.register(sub)
     return parser
 
 
 class _Version(argparse.Action):
-    """`--version`, looked up only when asked for (importlib.metadata alone costs 15 ms)."""
+    """`--version`, looked up only when asked for (importing importlib.metadata is not free)."""
 
     def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)

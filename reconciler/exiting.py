@@ -2,14 +2,15 @@
 
 A PR plan or a validation of a 10,000-node tree ends holding millions of
 small objects (models, node facts, index entries). At interpreter exit they
-are freed one by one: 1.6 s of a 6 s `gpuaas plan` (measured on a
-10,000-node repo), spent after the answer was printed. Such a command arms
+are freed one by one, a large share of the command's wall time spent after
+the answer was printed (`gpuaas bench prplan` times the whole process). Such
+a command arms
 `skip_teardown()`; the console script then flushes what was written and
 shuts logging down, and leaves with `os._exit`.
 
 Armed in the console script, it also freezes the heap (`gc.freeze`): the
-collector's first pass after loading, which walked every object made while
-it was paused, took 0.44 s of the same plan, for nothing to free.
+collector's first pass after loading would walk every object made while it
+was paused, and find nothing to free.
 
 Only the console script ends this way (`cli.entry`): `cli.main()`, which
 tests call in-process, returns as before and freezes nothing. Commands that

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
-PACKAGES = ("desired", "policies", "reconciler", "host_reconciler", "schemas")
+PACKAGES = ("desired", "policies", "reconciler", "host_reconciler", "schemas", "tools/gpuaas_tools")
 PURE = ("desired", "policies")
 DRIVERS = {"psycopg", "libvirt", "pyroute2", "subprocess"}
 
@@ -61,19 +61,19 @@ ARGV_ALLOWED = {
     "desired/reading/gitrepo.py::_by_delta": "the values before '--' are two commit ids: 40 hex digits from git itself",
     "desired/reading/gitrepo.py::_cat_file": "argv is git's executable, 'cat-file', a mode checked against two "
     "literals and '--buffer'; the object ids go to stdin",
-    "reconciler/bench/claims.py::_pgbench": "bench tool: protocol defaults to a literal, numbers are ints, "
+    "tools/gpuaas_tools/bench/claims.py::_pgbench": "bench tool: protocol defaults to a literal, numbers are ints, "
     "the script is a temp path and the URL is the operator's own",
-    "reconciler/bench/gitops.py::_git": "bench tool: every caller in the module passes literal git "
+    "tools/gpuaas_tools/bench/gitops.py::_git": "bench tool: every caller in the module passes literal git "
     "subcommands, options and paths it made itself",
-    "reconciler/bench/portal.py::_git": "bench tool: every caller in the module passes literal git "
+    "tools/gpuaas_tools/bench/portal.py::_git": "bench tool: every caller in the module passes literal git "
     "subcommands, options and paths it made itself",
-    "reconciler/bench/portal.py::run": "bench tool: argv is sys.executable, literals, a temp path, a float "
+    "tools/gpuaas_tools/bench/portal.py::run": "bench tool: argv is sys.executable, literals, a temp path, a float "
     "and the operator's own database URL",
-    "reconciler/bench/prplan.py::_git": "bench tool: every caller in the module passes literal git "
+    "tools/gpuaas_tools/bench/prplan.py::_git": "bench tool: every caller in the module passes literal git "
     "subcommands and options, and commit ids git itself printed",
-    "reconciler/bench/prplan.py::_plan": "bench tool: argv is sys.executable, a literal program, a temp path, commit "
-    "ids git printed (hex, never '-') and literal flags",
-    "reconciler/bench/gitops.py::measure": "bench tool: argv is sys.executable, literals, a temp path, "
+    "tools/gpuaas_tools/bench/prplan.py::_plan": "bench tool: argv is sys.executable, a literal program, a temp path, "
+    "commit ids git printed (hex, never '-') and literal flags",
+    "tools/gpuaas_tools/bench/gitops.py::measure": "bench tool: argv is sys.executable, literals, a temp path, "
     "ints and the operator's own database URL",
     "reconciler/store/embedded.py::_run": "runner: pg_ctl/initdb argv built in this module from literals and "
     "paths under the server's state dir",
@@ -90,12 +90,12 @@ ARGV_ALLOWED = {
         "iptables rule specs from nat_rules(): our literal options around a subnet printed by ipaddress and a "
         "bridge name checked by addresses.ifname, neither of which can start with '-'",
     ),
-    "host_reconciler/lab/__init__.py::_run": "lab only: argv from literals, generated netns names and loop devices",
-    "host_reconciler/bench/images.py::_run": "bench tool: every caller passes literals, paths under its own temp "
-    "dir and /dev/loopN names printed by losetup",
-    "host_reconciler/bench/images.py::_server_process": "bench tool: sys.executable, a literal module name and an "
-    "absolute temp directory it made",
-    "host_reconciler/bench/images.py::_convert": "bench tool: losetup -d of /dev/loopN names losetup printed",
+    "tools/gpuaas_tools/lab/host.py::_run": "lab only: argv from literals, generated netns names and loop devices",
+    "tools/gpuaas_tools/hostbench/images.py::_run": "bench tool: every caller passes literals, paths under its own "
+    "temp dir and /dev/loopN names printed by losetup",
+    "tools/gpuaas_tools/hostbench/images.py::_server_process": "bench tool: sys.executable, a literal module name and "
+    "an absolute temp directory it made",
+    "tools/gpuaas_tools/hostbench/images.py::_convert": "bench tool: losetup -d of /dev/loopN names losetup printed",
     **dict.fromkeys(
         (f"host_reconciler/drivers/ingress.py::IptablesIngress.{f}" for f in ("_run", "_lines", "_hooked", "_present")),
         "iptables argv of the ingress driver: literal tables and chains (_HOOKS, NAT_CHAIN, FORWARD_CHAIN), rule "
@@ -103,11 +103,11 @@ ARGV_ALLOWED = {
         "a bridge name checked by addresses.ifname) and rule positions (ints)",
     ),
     **dict.fromkeys(
-        (f"host_reconciler/bench/ingress.py::{f}" for f in ("_ip", "_lab")),
+        (f"tools/gpuaas_tools/hostbench/ingress.py::{f}" for f in ("_ip", "_lab")),
         "bench tool: literal ip subcommands, generated netns names (gbi<hex>), literal addresses and device names, "
         "sys.executable and a literal program",
     ),
-    "host_reconciler/lab/__init__.py::LabHost.close": "lab only: a generated netns name (gpuaas-l<hex>), mount points "
+    "tools/gpuaas_tools/lab/host.py::LabHost.close": "lab only: a generated netns name (gpuaas-l<hex>), mount points "
     "under the lab root (absolute paths) and /dev/loopN names",
 }
 

@@ -88,7 +88,7 @@ def test_every_signal_handler_of_the_product_is_the_one_in_schemas_signals() -> 
     root = Path(__file__).parents[1]
     offenders = [
         str(p.relative_to(root))
-        for package in ("reconciler", "host_reconciler", "desired", "policies")
+        for package in ("reconciler", "host_reconciler", "desired", "policies", "tools/gpuaas_tools")
         for p in (root / package).rglob("*.py")
         if "signal.signal(" in p.read_text()
     ]

@@ -45,7 +45,6 @@ from desired.models.base import (
     StorageMode,
     Timestamp,
     TopologyRule,
-    _by_id,
     _Doc,
     ip_int,
 )
@@ -145,7 +144,6 @@ __all__ = [
     "VmProfile",
     "compact",
     "ip_int",
-    "is_safe_by_id",
 ]
 
 KINDS: dict[str, type[_Doc]] = {
@@ -156,10 +154,6 @@ KINDS: dict[str, type[_Doc]] = {
     "SlotMap": SlotMap,
     "Allocation": Allocation,
 }
-
-
-def is_safe_by_id(path: str) -> bool:
-    return bool(_by_id.match(path))
 
 
 # ------------------------------------------------------------ compaction

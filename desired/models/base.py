@@ -32,7 +32,6 @@ DIGEST_RE = r"^[0-9a-f]{64}$"
 Name = Annotated[str, Field(pattern=NAME_RE)]
 PciAddress = Annotated[str, Field(pattern=PCI_RE)]
 ByIdPath = Annotated[str, Field(pattern=BY_ID_RE)]
-_by_id = re.compile(BY_ID_RE)
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _IPV4 = re.compile(rf"^{_OCTET}(\.{_OCTET}){{3}}$")
 IPV4_RE = _IPV4.pattern  # for the JSON Schemas: the same rule as the fast path

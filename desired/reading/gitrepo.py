@@ -350,14 +350,6 @@ def _cat_file(repo: git.Repo, mode: str, keys: Sequence[str]) -> bytes | None:
     return out if isinstance(out, bytes) else None
 
 
-def iter_revision(root: Path, rev: str) -> Iterator[tuple[str, safefiles.FileData]]:
-    """Yield (path, bytes or Refused) of every YAML file in `rev`, sorted by path."""
-    repo, commit, prefix = _open(root, rev)
-    with repo:
-        for ref in _refs(repo, commit, prefix):
-            yield ref.name, ref.read()
-
-
 def resolve(root: Path, rev: str) -> str:
     try:
         with git.Repo(root, search_parent_directories=True) as repo:

@@ -97,9 +97,6 @@ class GateResult:
         """Slots out of service for either half: policy (what validate reports) or drift."""
         return tuple(sorted({*self.blocked, *self.ineligible}))
 
-    def is_schedulable(self, slot_index: int) -> bool:
-        return slot_index in self.schedulable
-
     def as_dict(self) -> dict[str, Any]:
         return {
             "node": self.node,

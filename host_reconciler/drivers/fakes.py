@@ -1,6 +1,7 @@
 """Fakes for what cannot run on a machine without GPUs, VFIO or a booting guest.
 
-Each implements the same Protocol as its real driver (conventions §3) and
+Each implements the same Protocol as its real driver, so the engine runs
+unchanged on either and a test of the engine is a test of what ships; each
 keeps its state in plain attributes tests can inspect or change to inject
 drift. Nothing else is faked: libvirt, disks, files and PostgreSQL are real.
 """

@@ -238,7 +238,7 @@ class DiskSettings:
     swaps: Path = Path("/proc/swaps")
     sysfs_root: Path = Path("/sys")
     # Where a disk's identity is read: the host's sysfs; a lab host's recorded tree, in
-    # which each loop device stands in for a recorded namespace (host_reconciler/lab/).
+    # which each loop device stands in for a recorded namespace (tools/gpuaas_tools/lab/host.py).
     identity_root: Path | None = None  # None: sysfs_root
     sample_count: int = 64
     sample_bytes: int = 64 * 1024

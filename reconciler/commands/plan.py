@@ -248,7 +248,7 @@ def _keeper(
     """What keeps base's world once its side is planned, or None when it is not kept this run.
 
     Kept once a base is planned the second time (an earlier run stored its
-    checked tree): a base planned once costs no more than before, and one CI
+    checked tree): a base planned once pays nothing for keeping, and one CI
     plans against again and again is planned from the kept world from then on.
     """
     from reconciler.caches import keptworlds

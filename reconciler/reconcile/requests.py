@@ -8,9 +8,10 @@ lands, and the bot gets the error codes back.
 It parses only what an allocation's rules read (policies.validation): the
 new file, the documents it may reference (Fleet regions, SKUs, images) and
 any file that spells its id (a duplicate). Every file is still read, but
-only those bytes are sniffed; parsing a 2,000-node repo's node and slot-map
-files cost the bot 5 to 18 s a request. A broken node file is CI's to report,
-not a reason to refuse a tenant's request.
+only those bytes are sniffed: parsing every node and slot-map file would make
+each request cost what validating the whole fleet costs (`gpuaas bench
+request` times one end to end). A broken node file is CI's to report, not a
+reason to refuse a tenant's request.
 
 The bot writes only regular files inside the repo, never through a link: the
 repo is input too, and a symlinked `allocations/` or request file (or a hard
@@ -425,8 +426,8 @@ def _commit(root: Path, path: Path, message: str, push: tuple[str, str] | None) 
     no local commit for the next run to push by surprise.
 
     The common path (add, commit, read HEAD) runs git itself: importing
-    GitPython cost the bot 0.15-0.3 s of a request. GitPython is loaded only
-    to push or to undo.
+    GitPython would cost more than the git commands a request runs.
+    GitPython is loaded only to push or to undo.
     """
     top = _stdout(subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, check=False, **_GIT))
     if top is None:

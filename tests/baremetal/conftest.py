@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.providers.lab import ironic_service, maas_sim, sshstandin
+from gpuaas_tools.lab import ironic_service, maas_sim, sshstandin
 from reconciler.store import connections
 from reconciler.store.connections import Connection
 

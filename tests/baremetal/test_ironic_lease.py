@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import time
 
-from reconciler.bench import leases as fleets
+from gpuaas_tools.bench import leases as fleets
+from gpuaas_tools.lab.ironic_service import IronicService
 from reconciler.providers.ironic import IronicProvider
-from reconciler.providers.lab.ironic_service import IronicService
 from reconciler.reconcile import reconciling
 from reconciler.store import checks, leases
 from reconciler.store.connections import Connection

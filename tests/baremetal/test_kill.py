@@ -1,6 +1,6 @@
 """kill -9 of the reconcile loop mid-deploy and mid-erase, at random points (issue 30).
 
-`reconciler.bench.leasekill.campaign` runs the loop in a subprocess and
+`gpuaas_tools.bench.leasekill.campaign` runs the loop in a subprocess and
 SIGKILLs it after a random delay (or it kills itself right after a provider
 call, before the database records it), 10 times here (`gpuaas bench
 leasekill --kills 50` for more). Afterwards every lease was deployed exactly
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from reconciler.bench import leasekill
+from gpuaas_tools.bench import leasekill
 
 
 @pytest.mark.slow

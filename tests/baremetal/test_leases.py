@@ -9,9 +9,9 @@ from __future__ import annotations
 import time
 
 from desired.state import DesiredState
+from gpuaas_tools.bench import leases as fleets
+from gpuaas_tools.lab.maas_sim import MaasSimulator
 from reconciler import cli
-from reconciler.bench import leases as fleets
-from reconciler.providers.lab.maas_sim import MaasSimulator
 from reconciler.reconcile import reconciling
 from reconciler.store import checks, inventory, leases, live
 from reconciler.store.connections import Connection

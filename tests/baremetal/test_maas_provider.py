@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from gpuaas_tools.lab.maas_sim import API_KEY, MaasSimulator
 from reconciler.providers import protocols as pr
-from reconciler.providers.lab.maas_sim import API_KEY, MaasSimulator
 from reconciler.providers.maas import MaasProvider, oauth_header
 
 RECORDED = Path(__file__).parent / "recorded"

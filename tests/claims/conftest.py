@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from desired.state import DesiredState
-from reconciler.bench import synthetic
+from gpuaas_tools.bench import synthetic
 from reconciler.store import connections, inventory
 from reconciler.store.connections import Connection
 

@@ -34,7 +34,7 @@ def apply_forever(url: str, seed: int) -> None:
     """
     import random
 
-    from reconciler.bench import synthetic
+    from gpuaas_tools.bench import synthetic
     from reconciler.plans import Release
     from reconciler.store import claims, cleanup, connections, history, lifecycle, live
     from tests.claims.test_kill import kill_fleet

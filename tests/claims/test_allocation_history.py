@@ -13,8 +13,8 @@ import json
 import pytest
 
 from desired import models as m
+from gpuaas_tools.bench import synthetic
 from reconciler import cli
-from reconciler.bench import synthetic
 from reconciler.reconcile import reconciling
 from reconciler.store import lifecycle
 from reconciler.store.connections import Connection

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pytest
 
 from desired.state import DesiredState
-from reconciler.bench import synthetic
+from gpuaas_tools.bench import synthetic
 from reconciler.reconcile import reconciling
 from reconciler.store import checks
 from reconciler.store.connections import Connection

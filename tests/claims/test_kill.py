@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from desired.state import DesiredState
-from reconciler.bench import synthetic
+from gpuaas_tools.bench import synthetic
 from reconciler.store import checks, inventory
 from reconciler.store.connections import Connection
 from tests.claims import util

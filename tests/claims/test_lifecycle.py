@@ -16,8 +16,8 @@ from psycopg.types.json import Jsonb
 
 from desired import models as m
 from desired.state import DesiredState
+from gpuaas_tools.bench import synthetic
 from host_reconciler import store as host_store
-from reconciler.bench import synthetic
 from reconciler.commands import status as status_command
 from reconciler.reconcile import reconciling
 from reconciler.store import checks, hostplans, lifecycle, live

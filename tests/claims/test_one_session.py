@@ -15,7 +15,7 @@ import itertools
 import pytest
 
 from desired.state import DesiredState
-from reconciler.bench import synthetic
+from gpuaas_tools.bench import synthetic
 from reconciler.store import checks, claims
 from reconciler.store.connections import Connection
 from tests.claims.test_apply import baremetal_placement, slice_placement

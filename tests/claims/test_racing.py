@@ -6,7 +6,7 @@ import dataclasses
 import multiprocessing as mp
 import random
 
-from reconciler.bench import synthetic
+from gpuaas_tools.bench import synthetic
 from reconciler.plans import Candidate, Placement
 from reconciler.store import checks, claims, inventory, live
 from reconciler.store.connections import Connection

@@ -14,7 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from desired import models as m
-from reconciler.bench import synthetic
+from gpuaas_tools.bench import synthetic
 from reconciler.reconcile import reconciling
 from reconciler.store import connections, hostplans
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from desired import models as m
+from gpuaas_tools.bench import synthetic
 from policies import profiles
-from reconciler.bench import synthetic
 from reconciler.reconcile import reconciling
 from reconciler.store import connections, hostplans
 from schemas import hostplans as hp

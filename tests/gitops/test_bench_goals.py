@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reconciler.bench import gitops
+from gpuaas_tools.bench import gitops
 
 
 def test_the_gitops_goal_follows_the_fleet_size() -> None:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from reconciler.bench import prplan
+from gpuaas_tools.bench import prplan
 
 
 def test_the_bench_times_every_case_and_checks_outputs(tmp_path: Path) -> None:

@@ -121,7 +121,7 @@ def test_bench_gitops_measures_commit_to_claim(db_url: str, capsys: pytest.Captu
 
 
 def test_demo_step_shows_a_pr_plan_applies_it_and_prints_status(db_url: str, conn: connections.Connection) -> None:
-    from reconciler.demo import gitops as gitops_demo
+    from gpuaas_tools.demo import gitops as gitops_demo
 
     lines: list[str] = []
     gitops_demo.run(EXAMPLE, db_url, out=lines.append)

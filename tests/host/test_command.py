@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from host_reconciler import lab
+from gpuaas_tools.demo import hosts as demo
+from gpuaas_tools.lab import host as lab
 from reconciler import cli
-from reconciler.demo import hosts as demo
 from schemas import hostplans
 from schemas.errors import GpuaasError
 from tests.host.conftest import Lab

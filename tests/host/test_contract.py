@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from host_reconciler import converging, lab, store
+from gpuaas_tools.demo import hosts as demo
+from gpuaas_tools.lab import host as lab
+from host_reconciler import converging, store
 from host_reconciler.drivers import wiring
 from reconciler import sources
-from reconciler.demo import hosts as demo
 from reconciler.reconcile import reconciling
 from schemas.errors import GpuaasError
 

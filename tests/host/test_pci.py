@@ -83,7 +83,8 @@ def test_fake_follows_the_same_rules() -> None:
 def test_discovery_gate_runs_on_every_pass_and_blocks_only_the_swapped_disk(tmp_path: Path) -> None:
     import yaml
 
-    from host_reconciler import context, diff, lab, observing
+    from gpuaas_tools.lab import host as lab
+    from host_reconciler import context, diff, observing
     from host_reconciler.settings import HostSettings
     from schemas import hostplans
     from tests.host.conftest import NETWORK

@@ -24,9 +24,9 @@ import pytest
 
 from desired import models as m
 from desired.state import DesiredState
+from gpuaas_tools.bench import synthetic
 from policies import eligibility, packing
 from reconciler import plans
-from reconciler.bench import synthetic
 from reconciler.placement import fleetgraph, placing, planner, replanning
 from schemas import states
 from tests.claims.test_inventory_incremental import _delta

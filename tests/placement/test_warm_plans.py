@@ -16,9 +16,9 @@ import pytest
 
 from desired import models as m
 from desired.state import DesiredState
+from gpuaas_tools.bench import synthetic
 from policies import eligibility
 from reconciler import plans
-from reconciler.bench import synthetic
 from reconciler.placement import fleetgraph, planner
 from schemas import states
 

@@ -26,7 +26,7 @@ from tests.claims.conftest import small_fleet
 from tests.claims.test_apply import slice_placement
 
 NODE = "node-00000"
-ALLOC = "alloc-0000000"  # of tenant-0 (reconciler.bench.synthetic: tenant-{j % 97})
+ALLOC = "alloc-0000000"  # of tenant-0 (gpuaas_tools.bench.synthetic: tenant-{j % 97})
 TENANT = "tenant-0"
 TOKENS = {"tenant": "tok-tenant-t", "other": "tok-tenant-other", "operator": "tok-operator"}
 

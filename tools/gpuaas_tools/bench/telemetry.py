@@ -41,7 +41,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from reconciler.bench import claims as bench_claims
+from gpuaas_tools.bench import claims as bench_claims
 from reconciler.commands import db
 from schemas.errors import UsageError
 
@@ -68,7 +68,7 @@ def register(sub: Any) -> None:
 
 
 def _prepare(url: str, vms: int) -> list[str]:
-    from reconciler.bench import synthetic
+    from gpuaas_tools.bench import synthetic
     from reconciler.store import claims, connections, inventory, live, migrations
 
     with connections.connect(url, autocommit=True) as conn:

@@ -43,8 +43,8 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reconciler.bench import claims as claims_bench
-    from reconciler.providers.lab import ironic_service, sshstandin
+    from gpuaas_tools.bench import claims as claims_bench
+    from gpuaas_tools.lab import ironic_service, sshstandin
 
     if args.leases < 1 or args.concurrent < 0 or args.tick <= 0:
         raise UsageError("--leases must be positive, --concurrent at least 0, --tick positive")
@@ -104,7 +104,7 @@ def _count(conn: Any, sql: str, *params: Any) -> int:
 
 
 def _sequential(url: str, provider: dict[str, Any], ssh: str, args: argparse.Namespace) -> dict[str, Any]:
-    from reconciler.bench import leases as fleets
+    from gpuaas_tools.bench import leases as fleets
     from reconciler.store import checks, connections, leases, migrations
 
     full = fleets.fleet(provider=provider, baremetal_nodes=1, leases=args.leases, ssh_address=ssh)
@@ -164,7 +164,7 @@ def _sequential(url: str, provider: dict[str, Any], ssh: str, args: argparse.Nam
 
 
 def _concurrent(url: str, provider: dict[str, Any], ssh: str, args: argparse.Namespace) -> dict[str, Any]:
-    from reconciler.bench import leases as fleets
+    from gpuaas_tools.bench import leases as fleets
     from reconciler.store import checks, connections, migrations
 
     n = args.concurrent

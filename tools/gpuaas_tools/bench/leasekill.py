@@ -2,7 +2,7 @@
 
 A MAAS simulator in this process (it survives the kills and counts every
 deploy and release it served) and a scratch database; the loop runs in a
-subprocess (`python -m reconciler.bench.leasekill DB MAAS SSH LEASES MODE SEED`)
+subprocess (`python -m gpuaas_tools.bench.leasekill DB MAAS SSH LEASES MODE SEED`)
 that is SIGKILLed after a random delay, or kills itself right after a
 provider call and before the database records it. Afterwards: exactly one
 deploy and one erase per lease, every allocation released, `db check` ok.
@@ -39,7 +39,7 @@ def register(sub: Any) -> None:
 
 
 def fleet(maas_url: str, ssh: str, leases: int, mode: str) -> Any:
-    from reconciler.bench import leases as fleets
+    from gpuaas_tools.bench import leases as fleets
 
     provider = {"name": "maas-kill", "kind": "maas", "url": maas_url, "credentials": {"env": KEY_ENV}}
     state = fleets.fleet(provider=provider, baremetal_nodes=leases, leases=leases, ssh_address=ssh)
@@ -85,7 +85,7 @@ def round_(  # noqa: PLR0917
     """One run of the victim; SIGKILLed after `kill_after` seconds when given. Returns its exit status."""
     env = {**os.environ, KILL_P_ENV: str(kill_p), KEY_ENV: key}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "reconciler.bench.leasekill", "--", url, maas_url, ssh, str(leases), mode, str(seed)],
+        [sys.executable, "-m", "gpuaas_tools.bench.leasekill", "--", url, maas_url, ssh, str(leases), mode, str(seed)],
         env=env,
     )
     try:
@@ -103,7 +103,7 @@ def round_(  # noqa: PLR0917
 
 def campaign(url: str, leases: int, kills: int, seed: int = 30) -> dict[str, Any]:
     """Kill the loop `kills` times (half deploying, half erasing), then let it finish; the provider's counts."""
-    from reconciler.providers.lab.maas_sim import API_KEY, MaasSimulator
+    from gpuaas_tools.lab.maas_sim import API_KEY, MaasSimulator
     from reconciler.store import checks, connections, migrations
 
     rng = random.Random(seed)  # noqa: S311 - kill timing, not security
@@ -163,7 +163,7 @@ def _accept(sock: socket.socket) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reconciler.bench import claims as claims_bench
+    from gpuaas_tools.bench import claims as claims_bench
 
     if args.kills < 0 or args.leases < 1:
         raise UsageError("--kills must be at least 0 and --leases positive")

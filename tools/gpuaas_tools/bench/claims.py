@@ -112,7 +112,7 @@ class Job:
 
 def worker(job: Job, barrier: Any, results: Any) -> None:
     """One reconciler process: plan its share, wait for the others, place, report."""
-    from reconciler.bench import synthetic
+    from gpuaas_tools.bench import synthetic
     from reconciler.store import claims, connections, live
 
     url, index, workers, alternatives = job.url, job.index, job.workers, job.alternatives
@@ -214,7 +214,7 @@ def _pgbench(url: str, clients: int, seconds: float, protocol: str = "simple") -
 
 
 def run(args: argparse.Namespace) -> int:
-    from reconciler.bench import synthetic
+    from gpuaas_tools.bench import synthetic
     from reconciler.store import checks, connections, inventory, migrations
 
     try:

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-from reconciler.bench import claims as bench_claims
+from gpuaas_tools.bench import claims as bench_claims
 from reconciler.commands import db
 from schemas.errors import UsageError
 
@@ -62,7 +62,7 @@ def _timed(client: http.client.HTTPConnection, path: str) -> float:
 
 
 def _prepare(url: str, args: argparse.Namespace) -> tuple[list[str], dict[str, float]]:
-    from reconciler.bench import synthetic
+    from gpuaas_tools.bench import synthetic
     from reconciler.store import claims, connections, history, inventory, live, migrations
 
     fleet = {"nodes": args.nodes, "allocations": args.requests, "gpus": (1, 2, 4)}

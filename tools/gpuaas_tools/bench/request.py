@@ -29,7 +29,7 @@ def register(sub: Any) -> None:
 
 
 def _ensure_repo(root: Path, nodes: int) -> None:
-    from reconciler.bench import validate
+    from gpuaas_tools.bench import validate
 
     if (root / ".git").exists():
         return

@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from reconciler.bench.gitops import GIT_ENV
+from gpuaas_tools.bench.gitops import GIT_ENV
 from schemas.errors import UsageError
 
 GOAL_NO_CACHE_S = 5.0

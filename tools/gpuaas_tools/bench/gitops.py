@@ -1,7 +1,7 @@
 """`gpuaas bench gitops --commits 50`: latency from `git commit` of an allocation file to its claim in PostgreSQL.
 
 Builds a desired-state repo in a temp dir (a synthetic fleet of --nodes
-8-GPU slice hosts, `reconciler.bench.synthetic`), starts `gpuaas run` in
+8-GPU slice hosts, `gpuaas_tools.bench.synthetic`), starts `gpuaas run` in
 watch mode against a scratch database as a separate process, then, one after
 the other, writes an allocation file as the portal bot would, runs
 `git commit` and polls the database until the allocation's claim is visible.
@@ -74,7 +74,7 @@ def write_fleet(root: Path, nodes: int) -> None:
     """A synthetic fleet as YAML files, one document per file."""
     import yaml
 
-    from reconciler.bench import synthetic
+    from gpuaas_tools.bench import synthetic
 
     state = synthetic.fleet(nodes=nodes)
     docs: list[tuple[str, Any]] = [("fleet.yaml", state.fleet)]
@@ -126,7 +126,7 @@ def _percentile(values: list[float], q: float) -> float:
 def measure(
     url: str, root: Path, *, commits: int, debounce_ms: int, timeout: float, start_timeout: float = 900.0
 ) -> dict[str, Any]:
-    from reconciler.bench import synthetic
+    from gpuaas_tools.bench import synthetic
     from reconciler.reconcile import requests
     from reconciler.store import connections, migrations
 

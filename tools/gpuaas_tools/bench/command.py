@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from host_reconciler.bench import discovery as discovery_bench
-from host_reconciler.bench import host as host_bench
-from host_reconciler.bench import ingress as ingress_bench
-from reconciler import commands
-from reconciler.bench import (
+from gpuaas_tools.bench import (
     agents,
     baremetal,
     claims,
@@ -23,6 +19,10 @@ from reconciler.bench import (
     telemetry,
     validate,
 )
+from gpuaas_tools.hostbench import discovery as discovery_bench
+from gpuaas_tools.hostbench import host as host_bench
+from gpuaas_tools.hostbench import ingress as ingress_bench
+from reconciler import commands
 
 
 def register(sub: Any) -> None:

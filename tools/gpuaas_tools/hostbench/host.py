@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 from schemas import hostplans as hp
 
 if TYPE_CHECKING:
-    from host_reconciler import converging, lab
+    from gpuaas_tools.lab import host as lab
+    from host_reconciler import converging
 
 
 NET = hp.Network("10.100.0.0/24", "10.100.0.1", "10.100.0.10", "10.100.0.250", "gpuaasbr0")
@@ -64,7 +65,8 @@ def _median(xs: list[float]) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from host_reconciler import converging, lab
+    from gpuaas_tools.lab import host as lab
+    from host_reconciler import converging
     from host_reconciler.drivers import wiring
 
     lab.check_host()

@@ -27,8 +27,8 @@ from typing import Any
 
 from desired import models as m
 from desired.state import DesiredState
+from gpuaas_tools.lab import ironic_service, sshstandin
 from reconciler import sources
-from reconciler.providers.lab import ironic_service, sshstandin
 from reconciler.reconcile import reconciling
 from reconciler.store import connections, leases, lifecycle
 

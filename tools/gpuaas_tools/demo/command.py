@@ -4,8 +4,8 @@ Each step prints a heading and its result, so an operator can read the demo
 as the story of one reconciliation.
 
 Without PATH the demo runs on ./examples/fleet (a source checkout) or else on
-the copy of it the package ships (`reconciler/demo/example-fleet`, files in
-an installed wheel), and says which.
+the copy of it gpuaas-tools ships (`gpuaas_tools/demo/example-fleet`, the
+files themselves in an installed wheel), and says which.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def example_fleet() -> Path:
     from importlib import resources
 
     # resolve(): in a checkout the shipped copy is a link to examples/fleet, and the loader enters no link.
-    return Path(str(resources.files("reconciler.demo") / "example-fleet")).resolve()
+    return Path(str(resources.files("gpuaas_tools.demo") / "example-fleet")).resolve()
 
 
 def _heading(text: str) -> None:
@@ -68,23 +68,23 @@ def run(args: argparse.Namespace) -> int:
 
 def _claims_demo(fleet: Path) -> None:
     """Embedded PostgreSQL, the fleet applied as claims (placements, pending reasons), re-applied, checked."""
-    from reconciler.demo import claims as claims_demo
+    from gpuaas_tools.demo import claims as claims_demo
 
     claims_demo.run(fleet)
 
 
 def _gitops_demo(fleet: Path) -> None:
-    """A PR's plan in markdown, the merge applied by the reconciler loop, then status (reconciler.demo.gitops)."""
-    from reconciler.demo import gitops as gitops_demo
+    """A PR's plan in markdown, the merge applied by the reconciler loop, then status (gpuaas_tools.demo.gitops)."""
+    from gpuaas_tools.demo import gitops as gitops_demo
     from reconciler.store import connections
 
     gitops_demo.run(fleet, connections.database_url())
 
 
 def _baremetal_demo(fleet: Path) -> None:
-    """A lease deployed and released on a local Ironic, then alloc-0004 left active (reconciler.demo.baremetal)."""
-    from reconciler.demo import baremetal as baremetal_demo
-    from reconciler.demo import claims as claims_demo
+    """A lease deployed and released on a local Ironic, then alloc-0004 left active (gpuaas_tools.demo.baremetal)."""
+    from gpuaas_tools.demo import baremetal as baremetal_demo
+    from gpuaas_tools.demo import claims as claims_demo
     from reconciler.store import connections, embedded
 
     scratch = None if connections.external_url() else embedded.ensure(connections.state_dir()).url(claims_demo.DEMO_DB)
@@ -93,8 +93,8 @@ def _baremetal_demo(fleet: Path) -> None:
 
 def _host_demo(fleet: Path) -> None:
     """Two example nodes' host reconcilers converge, drift, report (needs root: loop devices, a netns)."""
-    from host_reconciler import lab
-    from reconciler.demo import hosts as host_demo
+    from gpuaas_tools.demo import hosts as host_demo
+    from gpuaas_tools.lab import host as lab
 
     try:
         lab.check_host()

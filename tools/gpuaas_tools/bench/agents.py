@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from reconciler.bench import claims as bench_claims
+from gpuaas_tools.bench import claims as bench_claims
 from reconciler.commands import db
 from schemas import agentwire, output
 from schemas.errors import UsageError

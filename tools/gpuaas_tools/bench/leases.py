@@ -12,7 +12,7 @@ from typing import Any
 
 from desired import models as m
 from desired.state import DesiredState
-from reconciler.bench import synthetic
+from gpuaas_tools.bench import synthetic
 
 IMAGE = "bench-ubuntu-noble-baremetal"
 SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGkq1pXK4n0mR2o1x0dYt1cJ3Yb0vW2e9o8G1q3hZpXa bench@gpuaas"
@@ -70,11 +70,6 @@ def fleet(
         if alloc.sku == synthetic.BAREMETAL_SKU:
             state.allocations[aid] = alloc.model_copy(update={"image": IMAGE, "ssh_keys": (SSH_KEY,)})
     return state
-
-
-def machine_ids(state: DesiredState) -> dict[str, str]:
-    """node -> machine id, for the nodes a provider serves."""
-    return {name: n.machine.machine_id for name, n in state.nodes.items() if n.machine is not None}
 
 
 def released(state: DesiredState, allocation_ids: list[str] | None = None) -> DesiredState:

@@ -35,7 +35,8 @@ from typing import Any
 
 import psycopg
 
-from host_reconciler import converging, lab, reports, store
+from gpuaas_tools.lab import host as lab
+from host_reconciler import converging, reports, store
 from host_reconciler.actions import DriftMode
 from host_reconciler.context import Drivers
 from host_reconciler.drivers import wiring

@@ -35,7 +35,8 @@ from typing import Any
 from reconciler.commands import db
 from schemas.errors import UsageError
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fleet"
+# The example fleet the demo ships (a link to examples/fleet in a checkout, the files in a wheel).
+EXAMPLE = (Path(__file__).resolve().parents[1] / "demo" / "example-fleet").resolve()
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGkq1pXK4n0mR2o1x0dYt1cJ3Yb0vW2e9o8G1q3hZpXa bench@portal"
 
 
@@ -95,8 +96,8 @@ def _stats(values: list[float]) -> dict[str, float]:
 def run(args: argparse.Namespace) -> int:  # noqa: PLR0912, PLR0915 - one linear scenario
     import httpx
 
+    from gpuaas_tools.bench import claims as bench_claims
     from reconciler import cli
-    from reconciler.bench import claims as bench_claims
     from reconciler.service import server
 
     if args.requests < 1 or args.interval <= 0:
