@@ -3,8 +3,15 @@
 Each file runs in its own transaction and is recorded in schema_migrations
 with a checksum; a recorded file that changed afterwards is an error, never
 silently re-run. A session advisory lock keeps two processes from migrating
-at once. Numbers 0001-0049 belong to the claims store; later features add
-0050 and up.
+at once. Numbers up to 0081 were given out with gaps (0001-0049 the claims
+store, later features 0050 and up); from 0082 on each migration takes the
+next number.
+
+The live body of a function that a migration changes is kept in
+schemas/sql/functions/<name>.sql, and the migration re-applies it with a
+line `\\ir functions/<name>.sql` (psql's include-relative, so a file also
+runs under psql from schemas/sql). The checksum covers the migration as
+written; the included text is read when the migration runs.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ from schemas import dberrors
 from schemas.errors import PermanentError
 
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_INCLUDE = re.compile(r"^\\ir\s+(\S+)\s*$")
+_FUNCTION_FILE = re.compile(r"^functions/[a-z0-9_]+\.sql$")
 _LOCK_KEY = 0x67707561_6173  # "gpuaas"
 
 
@@ -27,11 +36,25 @@ _LOCK_KEY = 0x67707561_6173  # "gpuaas"
 class Migration:
     version: str
     name: str
-    sql: str
+    source: str  # the file as written
+    sql: str = ""  # what runs: `source` with its \\ir lines replaced by the files they name
+
+    def __post_init__(self) -> None:
+        if not self.sql:
+            object.__setattr__(self, "sql", self.source)
+
+    @property
+    def file_name(self) -> str:
+        return f"{self.version}_{self.name}.sql"
 
     @property
     def checksum(self) -> str:
-        return hashlib.sha256(self.sql.encode()).hexdigest()
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+    @property
+    def includes(self) -> tuple[str, ...]:
+        """The function files (`functions/<name>.sql`) this migration re-applies, in order."""
+        return tuple(m.group(1) for line in self.source.splitlines() if (m := _INCLUDE.match(line)))
 
 
 def sql_dir() -> Path:
@@ -39,12 +62,37 @@ def sql_dir() -> Path:
     return Path(str(resources.files("schemas") / "sql"))
 
 
+def expand(file_name: str, source: str, root: Path) -> str:
+    """`source` with each `\\ir functions/<name>.sql` line replaced by that file; any other `\\` line is an error."""
+    out: list[str] = []
+    for number, line in enumerate(source.splitlines(keepends=True), start=1):
+        if not line.startswith("\\"):
+            out.append(line)
+            continue
+        match = _INCLUDE.match(line)
+        target = match.group(1) if match else None
+        if target is None or not _FUNCTION_FILE.match(target):
+            raise PermanentError(
+                f"{file_name}:{number}: a line that starts with a backslash must be"
+                f" `\\ir functions/<name>.sql`, not {line.strip()!r}",
+                code="db.migration.include",
+            )
+        path = root / target
+        if not path.is_file():
+            raise PermanentError(f"{file_name}:{number}: {target} does not exist", code="db.migration.include")
+        body = path.read_text(encoding="utf-8")
+        out.append(body if body.endswith("\n") else body + "\n")
+    return "".join(out)
+
+
 def available() -> list[Migration]:
     found = []
-    for entry in sorted(sql_dir().iterdir()):
+    root = sql_dir()
+    for entry in sorted(root.iterdir()):
         match = _FILE.match(entry.name)
         if match:
-            found.append(Migration(match.group(1), match.group(2), entry.read_text(encoding="utf-8")))
+            source = entry.read_text(encoding="utf-8")
+            found.append(Migration(match.group(1), match.group(2), source, expand(entry.name, source, root)))
     versions = [m.version for m in found]
     dupes = sorted({v for v in versions if versions.count(v) > 1})
     if dupes:
