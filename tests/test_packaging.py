@@ -62,6 +62,7 @@ def test_the_wheel_holds_templates_sql_and_the_example_fleet(wheel: tuple[Path, 
     names = set(zipfile.ZipFile(wheel[0]).namelist())
     assert "reconciler/service/templates/base.html" in names
     assert "schemas/sql/0001_inventory.sql" in names
+    assert "schemas/sql/functions/gpuaas_place_batch.sql" in names  # migrations include it
     shipped = {
         n.removeprefix("reconciler/demo/example-fleet/")
         for n in names
