@@ -11,7 +11,10 @@ The live body of a function that a migration changes is kept in
 schemas/sql/functions/<name>.sql, and the migration re-applies it with a
 line `\\ir functions/<name>.sql` (psql's include-relative, so a file also
 runs under psql from schemas/sql). The checksum covers the migration as
-written; the included text is read when the migration runs.
+written; the included text is read when the migration runs, and its checksum
+is recorded in schema_function_files: a function file that changed after a
+migration applied it, with no pending migration to re-apply it, is an error
+(the databases already migrated would keep the old body).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class Migration:
     name: str
     source: str  # the file as written
     sql: str = ""  # what runs: `source` with its \\ir lines replaced by the files they name
+    included: tuple[tuple[str, str], ...] = ()  # (functions/<name>.sql, checksum of its text) per \\ir line
 
     def __post_init__(self) -> None:
         if not self.sql:
@@ -49,12 +53,12 @@ class Migration:
 
     @property
     def checksum(self) -> str:
-        return hashlib.sha256(self.source.encode()).hexdigest()
+        return _sha256(self.source)
 
     @property
     def includes(self) -> tuple[str, ...]:
         """The function files (`functions/<name>.sql`) this migration re-applies, in order."""
-        return tuple(m.group(1) for line in self.source.splitlines() if (m := _INCLUDE.match(line)))
+        return tuple(path for path, _ in self.included)
 
 
 def sql_dir() -> Path:
@@ -62,9 +66,17 @@ def sql_dir() -> Path:
     return Path(str(resources.files("schemas") / "sql"))
 
 
-def expand(file_name: str, source: str, root: Path) -> str:
-    """`source` with each `\\ir functions/<name>.sql` line replaced by that file; any other `\\` line is an error."""
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def expand(file_name: str, source: str, root: Path) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """`source` with each `\\ir functions/<name>.sql` line replaced by that file, and (file, checksum) of each.
+
+    Any other line that starts with a backslash is an error.
+    """
     out: list[str] = []
+    included: list[tuple[str, str]] = []
     for number, line in enumerate(source.splitlines(keepends=True), start=1):
         if not line.startswith("\\"):
             out.append(line)
@@ -82,7 +94,8 @@ def expand(file_name: str, source: str, root: Path) -> str:
             raise PermanentError(f"{file_name}:{number}: {target} does not exist", code="db.migration.include")
         body = path.read_text(encoding="utf-8")
         out.append(body if body.endswith("\n") else body + "\n")
-    return "".join(out)
+        included.append((target, _sha256(body)))
+    return "".join(out), tuple(included)
 
 
 def available() -> list[Migration]:
@@ -92,7 +105,8 @@ def available() -> list[Migration]:
         match = _FILE.match(entry.name)
         if match:
             source = entry.read_text(encoding="utf-8")
-            found.append(Migration(match.group(1), match.group(2), source, expand(entry.name, source, root)))
+            sql, included = expand(entry.name, source, root)
+            found.append(Migration(match.group(1), match.group(2), source, sql, included))
     versions = [m.version for m in found]
     dupes = sorted({v for v in versions if versions.count(v) > 1})
     if dupes:
@@ -110,6 +124,16 @@ def applied(conn: Connection) -> dict[str, str]:
     return {str(v): str(c) for v, c in rows}
 
 
+def applied_functions(conn: Connection) -> dict[str, tuple[str, str]]:
+    """functions/<name>.sql -> (checksum, version of the migration that last applied it)."""
+    with dberrors.wrapped("read schema_function_files"):
+        exists = conn.execute("SELECT to_regclass('schema_function_files') IS NOT NULL").fetchone()
+        if not exists or not exists[0]:
+            return {}
+        rows = conn.execute("SELECT path, checksum, version FROM schema_function_files").fetchall()
+    return {str(p): (str(c), str(v)) for p, c, v in rows}
+
+
 def migrate(conn: Connection) -> list[str]:
     """Apply every pending migration; returns the versions applied (empty: nothing to do).
 
@@ -120,7 +144,7 @@ def migrate(conn: Connection) -> list[str]:
         conn.autocommit = True
     todo = available()
     done = applied(conn)
-    _check_unchanged(todo, done)
+    _check_unchanged(todo, done, applied_functions(conn))
     if all(m.version in done for m in todo):
         return []
     ran: list[str] = []
@@ -133,8 +157,12 @@ def migrate(conn: Connection) -> list[str]:
                     " version text PRIMARY KEY, name text NOT NULL, checksum text NOT NULL,"
                     " applied_at timestamptz NOT NULL DEFAULT now())"
                 )
+                conn.execute(
+                    "CREATE TABLE IF NOT EXISTS schema_function_files ("
+                    " path text PRIMARY KEY, checksum text NOT NULL, version text NOT NULL)"
+                )
             done = applied(conn)  # another process may have migrated while we waited
-            _check_unchanged(todo, done)
+            _check_unchanged(todo, done, applied_functions(conn))
             for m in todo:
                 if m.version in done:
                     continue
@@ -144,17 +172,33 @@ def migrate(conn: Connection) -> list[str]:
                         "INSERT INTO schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
                         (m.version, m.name, m.checksum),
                     )
+                    for path, checksum in m.included:
+                        conn.execute(
+                            "INSERT INTO schema_function_files (path, checksum, version) VALUES (%s, %s, %s)"
+                            " ON CONFLICT (path) DO UPDATE SET"
+                            " checksum = EXCLUDED.checksum, version = EXCLUDED.version",
+                            (path, checksum, m.version),
+                        )
                 ran.append(m.version)
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
     return ran
 
 
-def _check_unchanged(todo: list[Migration], done: dict[str, str]) -> None:
+def _check_unchanged(todo: list[Migration], done: dict[str, str], functions: dict[str, tuple[str, str]]) -> None:
     for m in todo:
         if m.version in done and done[m.version] != m.checksum:
             raise PermanentError(
                 f"migration {m.version}_{m.name}.sql changed after it was applied; "
                 "add a new migration instead of editing an applied one",
                 code="db.migration.changed",
+            )
+    now = {path: checksum for m in todo for path, checksum in m.included}
+    reapplied = {path for m in todo if m.version not in done for path in m.includes}
+    for path, (checksum, version) in sorted(functions.items()):
+        if path in now and now[path] != checksum and path not in reapplied:
+            raise PermanentError(
+                f"{path} changed after migration {version} applied it; add a migration that"
+                f" re-applies it (a line `\\ir {path}`), or the databases already migrated keep the old body",
+                code="db.migration.function_changed",
             )

@@ -132,3 +132,25 @@ def test_an_include_runs_the_file_and_the_checksum_covers_the_migration_as_writt
     (tmp_path / "functions" / "f.sql").write_text(body.replace("1", "2"))
     (again,) = migrations.available()
     assert again.checksum == m.checksum and again.sql != m.sql
+
+
+def test_a_function_file_changed_without_a_migration_to_reapply_it_is_refused(
+    empty_db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "functions").mkdir()
+    f = tmp_path / "functions" / "f.sql"
+    f.write_text("CREATE OR REPLACE FUNCTION f() RETURNS int LANGUAGE sql AS $$ SELECT 1 $$;\n")
+    (tmp_path / "0001_x.sql").write_text("\\ir functions/f.sql\n")
+    monkeypatch.setattr(migrations, "sql_dir", lambda: tmp_path)
+    with connections.connect(empty_db_url, autocommit=True) as conn:
+        assert migrations.migrate(conn) == ["0001"]
+        f.write_text(f.read_text().replace("SELECT 1", "SELECT 2"))
+        with pytest.raises(PermanentError) as info:
+            migrations.migrate(conn)  # this database would keep `SELECT 1` while a fresh one gets `SELECT 2`
+        assert info.value.code == "db.migration.function_changed"
+        assert "functions/f.sql changed after migration 0001 applied it" in str(info.value)
+        (tmp_path / "0002_y.sql").write_text("-- f returns 2\n\\ir functions/f.sql\n")
+        assert migrations.migrate(conn) == ["0002"]
+        assert conn.execute("SELECT f()").fetchone() == (2,)
+        assert migrations.applied_functions(conn)["functions/f.sql"][1] == "0002"
+        assert migrations.migrate(conn) == []
