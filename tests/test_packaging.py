@@ -79,6 +79,7 @@ def test_the_product_wheel_holds_templates_and_sql_and_no_tool(wheel: tuple[Path
     names = set(zipfile.ZipFile(wheel[0]).namelist())
     assert "reconciler/service/templates/base.html" in names
     assert "schemas/sql/0001_inventory.sql" in names
+    assert "schemas/sql/functions/gpuaas_place_batch.sql" in names  # migrations include it
     tools = [n for n in names if re.search(r"(^|/)(bench|demo|lab|hostbench|gpuaas_tools)(/|\.py$)", n)]
     assert tools == []
     (meta,) = [n for n in names if n.endswith(".dist-info/METADATA")]

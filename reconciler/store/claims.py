@@ -1,30 +1,31 @@
 """Apply a Plan: placements become claims, pending reasons and releases are recorded.
 
-Each placement is one transaction: `gpuaas_place` (schemas/sql/0006) locks
-the allocation, the node row and the chosen slots with SKIP LOCKED, re-checks
-them, and writes the claims with their snapshot, the slot and allocation
-status and a provisioning.requested outbox event, or writes nothing. A lost
-race (a row locked or taken by another reconciler, or a constraint refusing
-the claim) is retried with the planner's next candidate; after
-`max_attempts` candidates the allocation stays pending with the reason.
+Each placement attempt is one transaction: `gpuaas_place`
+(schemas/sql/functions/gpuaas_place.sql) locks the allocation, the node row
+and the chosen slots with SKIP LOCKED, re-checks them, and writes the claims
+with their snapshot, the slot and allocation status and a
+provisioning.requested outbox event, or writes nothing. A lost race (a row
+locked or taken by another reconciler, or a constraint refusing the claim) is
+retried with the planner's next candidate; after `max_attempts` candidates
+the allocation stays pending with the reason.
 
 `place_many` sends up to `BATCH` placements in one round trip to the
 procedure `gpuaas_place_batch`, which commits each attempt on its own (the
 client's work and the network no longer sit between two commits); `place`
-is one of them. The connection must be in autocommit mode: every statement
-here is its own transaction unless a fault hook asks for an explicit one
-(the hook runs one `gpuaas_place` at a time inside a client transaction).
+is one of them. It is the only placing path: a test's `fault` names a point
+inside the procedure where it fails, so fault injection runs the SQL that
+production runs. The connection must be in autocommit mode: every statement
+here is its own transaction.
 """
 
 from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-import psycopg
 from psycopg.types.json import Jsonb
 
 from desired import defaults
@@ -33,10 +34,11 @@ from reconciler.store.connections import Connection
 from schemas import dberrors, snapshots
 from schemas.errors import PermanentError
 
-# Test hook: called with a point name inside the placement transaction
-# ("claims_inserted": after the claims, slots, allocation and outbox are
-# written, before COMMIT). Raising there must leave nothing behind.
-Fault = Callable[[str], None]
+# Tests: a point inside gpuaas_place_batch where the first attempt that placed fails, after its
+# claims, slots, allocation and outbox event are written and before its COMMIT. "claims_inserted"
+# raises out of the call (a DatabaseError; nothing of that attempt may remain); "claims_conflict"
+# is a serialization failure there, a lost race the next candidate answers.
+Fault = Literal["claims_inserted", "claims_conflict"]
 
 # Stable pending codes written by apply itself (the planner brings its own).
 CONFLICT_EXHAUSTED = "claim.conflict_exhausted"
@@ -142,10 +144,9 @@ def _candidates(placement: Placement, max_attempts: int) -> list[tuple[str, tupl
     return out[: max(1, max_attempts)]
 
 
-_PLACE = "SELECT outcome, detail, claim_ids FROM gpuaas_place(%s, %s, %s, %s, %s::jsonb, %s, %s)"
 _PLACE_BATCH = (
     "CALL gpuaas_place_batch(%s::text[], %s::text[], %s::jsonb[], %s::text[], %s::integer[],"
-    " %s::text[], %s::text[], %s::text)"
+    " %s::text[], %s::text[], %s::text, %s::text)"
 )
 BATCH = 100  # placements per round trip in place_many
 _FINAL = (Outcome.BUSY, Outcome.NOT_PENDING, Outcome.UNKNOWN)
@@ -155,45 +156,6 @@ def _profile_json(profile: ResolvedProfile | None) -> str | None:
     """The snapshot profile as the SQL parameter's text (the database casts it to jsonb)."""
     doc = snapshots.profile_to_json(profile)
     return None if doc is None else json.dumps(doc)
-
-
-def _try(
-    conn: Connection,
-    placement: Placement,
-    node: str,
-    slots: tuple[int, ...],
-    *,
-    revision: str | None,
-    fault: Fault | None,
-) -> tuple[Outcome, str | None, tuple[str, ...]]:
-    args = (
-        placement.allocation_id,
-        node,
-        list(slots),
-        placement.claim_kind.value,
-        _profile_json(placement.profile),
-        placement.image,
-        revision,
-    )
-    try:
-        if fault is None:
-            row = conn.execute(_PLACE, args).fetchone()
-        else:
-            with conn.transaction():
-                row = conn.execute(_PLACE, args).fetchone()
-                if row is not None and row[0] == Outcome.PLACED:
-                    fault("claims_inserted")
-    except psycopg.Error as e:
-        err = dberrors.translate(e, f"place {placement.allocation_id} on {node}")
-        if isinstance(err, dberrors.ConstraintRefused) and err.lost_race:
-            return Outcome.LOST_RACE, f"{err.code}: {err.message}", ()
-        if isinstance(err, dberrors.SerializationConflict):
-            return Outcome.LOST_RACE, f"{err.code}: {err.message}", ()
-        raise err from e
-    if row is None:  # pragma: no cover - the function always returns one row
-        raise PermanentError("gpuaas_place returned nothing", code="db.apply.no_result")
-    outcome, detail, ids = row
-    return Outcome(outcome), detail, tuple(str(i) for i in ids or ())
 
 
 def _finish(
@@ -242,17 +204,7 @@ def place(
     fault: Fault | None = None,
 ) -> PlacementResult:
     """Claim the placement's node/slots, or its next candidates after a lost race."""
-    _require_autocommit(conn)
-    if fault is None:
-        return place_many(conn, [placement], revision=revision, max_attempts=max_attempts)[0]
-    attempts: list[Attempt] = []
-    ids: tuple[str, ...] = ()
-    for node, slots in _candidates(placement, max_attempts):
-        outcome, detail, ids = _try(conn, placement, node, slots, revision=revision, fault=fault)
-        attempts.append(Attempt(node, slots, outcome, detail))
-        if outcome is Outcome.PLACED or outcome in _FINAL:
-            break
-    return _finish(conn, placement, attempts, ids)
+    return place_many(conn, [placement], revision=revision, max_attempts=max_attempts, fault=fault)[0]
 
 
 def place_many(
@@ -261,17 +213,22 @@ def place_many(
     *,
     revision: str | None = None,
     max_attempts: int = defaults.CLAIM_CANDIDATES,
+    fault: Fault | None = None,
 ) -> list[PlacementResult]:
-    """`place` for each placement, in order, `BATCH` of them per round trip; one transaction per attempt."""
+    """`place` for each placement, in order, `BATCH` of them per round trip; one transaction per attempt.
+
+    A `fault` fires once: in the first round trip.
+    """
     _require_autocommit(conn)
     out: list[PlacementResult] = []
     for start in range(0, len(placements), BATCH):
-        out += _place_batch(conn, placements[start : start + BATCH], revision, max_attempts)
+        out += _place_batch(conn, placements[start : start + BATCH], revision, max_attempts, fault)
+        fault = None
     return out
 
 
 def _place_batch(
-    conn: Connection, batch: Sequence[Placement], revision: str | None, max_attempts: int
+    conn: Connection, batch: Sequence[Placement], revision: str | None, max_attempts: int, fault: Fault | None
 ) -> list[PlacementResult]:
     """One CALL for the batch; after a refusal the database raised (rare), one more from where it stopped."""
     cands = [_candidates(p, max_attempts) for p in batch]
@@ -289,7 +246,9 @@ def _place_batch(
             [node for _, c in todo for node, _ in c],
             ["{" + ",".join(map(str, slots)) + "}" for _, c in todo for _, slots in c],
             revision,
+            fault,
         )
+        fault = None  # injected once; the call after a lost race runs clean
         with dberrors.wrapped(f"place {len(todo)} allocation(s)"):
             row = conn.execute(_PLACE_BATCH, args).fetchone()
         if row is None:  # pragma: no cover - CALL always returns its INOUT parameters
@@ -377,11 +336,7 @@ def apply(
     """Write the whole plan: releases, placements (one transaction each), pending reasons."""
     _require_autocommit(conn)
     releases = tuple(release(conn, r, revision=revision) for r in plan.releases)
-    placements = (
-        tuple(place(conn, p, revision=revision, max_attempts=max_attempts, fault=fault) for p in plan.placements)
-        if fault is not None
-        else tuple(place_many(conn, plan.placements, revision=revision, max_attempts=max_attempts))
-    )
+    placements = tuple(place_many(conn, plan.placements, revision=revision, max_attempts=max_attempts, fault=fault))
     pending = tuple(record_pending(conn, p) for p in plan.pending)
     cancelled = cancel_unplaced(conn)
     return ApplyResult(placements, pending, releases, cancelled)

@@ -125,15 +125,12 @@ def test_baremetal_lease_blocks_slices_and_needs_an_idle_node(conn: Connection, 
 def test_failure_between_claim_insert_and_commit_leaves_nothing(
     conn: Connection, fleet: DesiredState, shape: str
 ) -> None:
-    def boom(point: str) -> None:
-        assert point == "claims_inserted"
-        # The claims are visible inside the transaction at this point...
-        assert util.count(conn, "SELECT count(*) FROM allocation_resource_claims") > 0
-        raise RuntimeError("injected failure before COMMIT")
-
+    # The fault fires inside gpuaas_place_batch, the procedure production runs, after the attempt wrote.
     p = slice_placement("alloc-0000000", NODE, (0,)) if shape == "slice" else baremetal_placement("alloc-0000024", NODE)
-    with pytest.raises(RuntimeError, match="injected"):
-        claims.place(conn, p, fault=boom)
+    with pytest.raises(dberrors.DatabaseError) as info:
+        claims.place(conn, p, fault="claims_inserted")
+    # The claims were visible inside the transaction at that point...
+    assert f"fault injected at claims_inserted after 1 claim(s) of {p.allocation_id} were written" in str(info.value)
     # ...and gone afterwards, with every other write of the placement.
     assert util.count(conn, "SELECT count(*) FROM allocation_resource_claims") == 0
     assert util.count(conn, "SELECT count(*) FROM outbox") == 0
@@ -141,6 +138,70 @@ def test_failure_between_claim_insert_and_commit_leaves_nothing(
     assert util.allocation(conn, p.allocation_id)["status"] == "pending"
     assert checks.run(conn) == []
     assert claims.place(conn, p).placed  # and the allocation can still be placed
+
+
+def test_failure_before_commit_keeps_the_placements_committed_before_it(conn: Connection, fleet: DesiredState) -> None:
+    first = slice_placement("alloc-0000000", NODE, (0,))
+    second = slice_placement("alloc-0000001", NODE, (1,))
+    assert claims.place(conn, first).placed
+    with pytest.raises(dberrors.DatabaseError, match="claims_inserted after 1 claim"):
+        claims.place_many(conn, [second], fault="claims_inserted")
+    assert util.count(conn, "SELECT count(*) FROM allocation_resource_claims") == 1
+    assert (util.slot_status(conn, NODE, 0), util.slot_status(conn, NODE, 1)) == ("reserved", "available")
+    assert checks.run(conn) == []
+
+
+@pytest.mark.parametrize("shape", ["slice", "baremetal"])
+def test_a_conflict_after_the_claim_insert_is_a_lost_race_and_the_next_candidate_places(
+    conn: Connection, fleet: DesiredState, shape: str
+) -> None:
+    """The database refuses the first attempt after it wrote (a serialization failure, as a concurrent
+    writer causes): that attempt leaves nothing and the next candidate is placed in a second round trip."""
+    if shape == "slice":
+        p = slice_placement("alloc-0000000", NODE, (0,), Candidate(NODE, (1,)))
+        taken, free_slot = (NODE, 0), (NODE, 1)
+    else:
+        p = baremetal_placement("alloc-0000024", "node-00004", "node-00005")
+    r = claims.place(conn, p, fault="claims_conflict")
+    assert r.placed and r.conflicts == 1 and len(r.attempts) == 2, r
+    lost = r.attempts[0]
+    assert lost.outcome is claims.Outcome.LOST_RACE and lost.node == p.node
+    assert (lost.detail or "").startswith("db.conflict:") and "after 1 claim(s)" in (lost.detail or "")
+    assert r.node == p.alternatives[0].node and r.slot_indexes == p.alternatives[0].slot_indexes
+    # Only the second candidate's claims exist; the refused attempt wrote nothing that stayed.
+    nodes = conn.execute(
+        "SELECT n.name, c.slot_index FROM allocation_resource_claims c JOIN nodes n ON n.id = c.node_id"
+    ).fetchall()
+    if shape == "slice":
+        assert nodes == [free_slot] and util.slot_status(conn, *taken) == "available"
+    else:
+        assert nodes == [("node-00005", None)]
+    assert util.count(conn, "SELECT count(*) FROM outbox") == 1
+    assert checks.run(conn) == []
+
+
+def test_a_conflict_on_every_candidate_leaves_the_allocation_pending(conn: Connection, fleet: DesiredState) -> None:
+    # Three placements in one batch; the fault hits the first one that places (the second placement's
+    # only candidate): it goes pending with claim.conflict_exhausted, the others are placed.
+    batch = [
+        slice_placement("alloc-0000000", "node-00001", (0,)),
+        slice_placement("alloc-0000001", NODE, (0,)),
+        slice_placement("alloc-0000002", NODE, (1,)),
+    ]
+    conn.execute("UPDATE nodes SET admin_state = 'draining' WHERE name = 'node-00001'")
+    results = claims.place_many(conn, batch, fault="claims_conflict")
+    assert [r.placed for r in results] == [False, False, True]
+    assert results[0].pending_code == claims.CANDIDATES_REFUSED
+    assert results[1].pending_code == claims.CONFLICT_EXHAUSTED and results[1].conflicts == 1
+    assert util.allocation(conn, "alloc-0000001")["pending_code"] == claims.CONFLICT_EXHAUSTED
+    assert util.slot_status(conn, NODE, 0) == "available"
+    assert checks.run(conn) == []
+
+
+def test_an_unknown_fault_point_is_refused(conn: Connection, fleet: DesiredState) -> None:
+    with pytest.raises(dberrors.DatabaseError, match="unknown fault point"):
+        claims.place(conn, slice_placement("alloc-0000000", NODE, (0,)), fault="nowhere")  # type: ignore[arg-type]
+    assert util.count(conn, "SELECT count(*) FROM allocation_resource_claims") == 0
 
 
 def test_database_failure_inside_the_placement_rolls_back_and_is_wrapped(conn: Connection, fleet: DesiredState) -> None:

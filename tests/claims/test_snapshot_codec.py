@@ -67,13 +67,10 @@ def _vm(conn: Connection, alloc: str) -> Any:
     return next(v for v in plan.vms if v.allocation_id == alloc)
 
 
-@pytest.mark.parametrize("path", ["batch", "one_call"])
 def test_apply_stores_the_codec_json_that_sql_keeps_and_the_host_plan_decodes(
-    conn: Connection, fleet: DesiredState, path: str
+    conn: Connection, fleet: DesiredState
 ) -> None:
-    # place() sends gpuaas_place_batch; a fault hook makes it call gpuaas_place itself.
-    fault = (lambda point: None) if path == "one_call" else None
-    assert claims.place(conn, _placement("alloc-0000000", 3), fault=fault).placed
+    assert claims.place(conn, _placement("alloc-0000000", 3)).placed
 
     profile, placed_name = _stored(conn, "alloc-0000000")
     assert set(profile) == set(snapshots.PROFILE_KEYS)  # nothing dropped or added on the way in
