@@ -426,6 +426,7 @@ def _current(
 
 
 _WRITE_BATCH = 2000  # rows built before they are written: a cold sync's peak memory is one batch's
+_COPY_FROM = 50  # new rows written by COPY from this many on (fewer: one INSERT each, no COPY set-up)
 
 
 def _sync_table(
@@ -465,16 +466,16 @@ def _sync_table(
         if memory is not None and trust and _same_docs(memory.idents.get(key), docs):
             continue  # built from the same documents as the row already in place
         row = build()
-        values = tuple(_plain_json(row[c]) if c in table.json_columns else row[c] for c in table.columns)
         if memory is not None:
             memory.idents[key] = docs
         if len(inserts) + len(updates) >= _WRITE_BATCH:  # a cold sync's rows are written as they come
             _write(conn, table, inserts, updates, [], revision=revision)
             inserts, updates = [], []
-        if key not in current:
+        if key not in current:  # nothing to compare with
             inserts.append(row)
             changes.append(RowChange(table.kind, show(key), "added"))
             continue
+        values = tuple(_plain_json(row[c]) if c in table.json_columns else row[c] for c in table.columns)
         present, have = current[key]
         if not present or not _same(have, values):
             updates.append(row)
@@ -503,6 +504,19 @@ def _write(
 ) -> None:
     name = sql.Identifier(table.name)
     every = (*table.key, *table.columns)
+    if len(inserts) >= _COPY_FROM:  # a cold sync: one COPY instead of a statement per row
+        stmt = sql.SQL("COPY {name} ({cols}, present, revision) FROM STDIN").format(
+            name=name, cols=sql.SQL(", ").join(map(sql.Identifier, every))
+        )
+        json_at = [i for i, c in enumerate(every) if c in table.json_columns]
+        with conn.cursor().copy(stmt) as copy:
+            for r in inserts:
+                values = [r[c] for c in every]
+                for i in json_at:
+                    if values[i] is not None:
+                        values[i] = _jsonb(values[i])
+                copy.write_row((*values, True, revision))
+        inserts = []
     if inserts:
         stmt = sql.SQL("INSERT INTO {name} ({cols}, present, revision) VALUES ({vals}, true, %(revision)s)").format(
             name=name,
