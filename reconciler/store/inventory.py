@@ -52,6 +52,8 @@ class SyncResult:
     content_hash: str
     new_revision: bool
     changes: tuple[RowChange, ...] = field(default=())
+    # Every row was read and compared (no trusted memory): what only a full look finds is looked for.
+    full: bool = True
 
     @property
     def changed(self) -> bool:
@@ -195,6 +197,7 @@ def _sync(conn: Connection, state: DesiredState, memory: Memory | None, guard: G
             if memory is not None:
                 memory.slot_count = len(slot_items) + len(kept)
         names = {v: k for k, v in node_ids.items()}
+        slots_written: list[tuple[Any, ...]] = []
         changes += _sync_table(
             conn,
             SLOTS,
@@ -205,8 +208,9 @@ def _sync(conn: Connection, state: DesiredState, memory: Memory | None, guard: G
             trust=trust,
             kept=kept,
             maybe_gone=maybe_gone,
+            written=slots_written,
         )
-        _slot_statuses(conn)
+        _slot_statuses(conn, slots_written if trust else None)
         if guard is not None:
             guard(changes, work.names("Allocation"))  # the stored allocation rows are still the old ones
         changes += _sync_table(
@@ -242,7 +246,7 @@ def _sync(conn: Connection, state: DesiredState, memory: Memory | None, guard: G
                 " VALUES (%s, %s, %s, %s) ON CONFLICT (revision) DO NOTHING",
                 (revision, digest, state.file_count, _jsonb(counts)),
             )
-    return SyncResult(revision, digest, new_revision, tuple(changes))
+    return SyncResult(revision, digest, new_revision, tuple(changes), full=not trust)
 
 
 def _generation(conn: Connection) -> int:
@@ -360,6 +364,12 @@ def changed_nodes(changes: Iterable[RowChange]) -> set[str]:
     return out
 
 
+def added_nodes(changes: Iterable[RowChange]) -> set[str]:
+    """Nodes whose row this sync added or made present again (the only ones that can lack a host plan
+    after a sync that compared with a trusted memory)."""
+    return {c.key for c in changes if c.kind == "node" and c.action in ("added", "restored")}
+
+
 # --------------------------------------------------------------- writing
 
 
@@ -440,6 +450,7 @@ def _sync_table(
     trust: bool = False,
     kept: Sequence[tuple[Any, ...]] = (),
     maybe_gone: Sequence[tuple[Any, ...]] | None = None,
+    written: list[tuple[Any, ...]] | None = None,
 ) -> list[RowChange]:
     """Write the differences between the desired rows and the table.
 
@@ -448,7 +459,8 @@ def _sync_table(
     sync is known to be in place already (not built, not compared); `kept`
     are keys of such rows the caller did not even itemise (only with `trust`).
     `maybe_gone` (only with `trust`: a delta's items): only these rows may be
-    removed, and every row not itemised is in place.
+    removed, and every row not itemised is in place. `written` collects the keys of
+    the rows written (added, changed, restored, removed).
     """
     current = _current(
         conn, table, memory, trust, None if maybe_gone is None else [*(key for key, _, _ in items), *maybe_gone]
@@ -461,6 +473,7 @@ def _sync_table(
     updates: list[Row] = []
     changes: list[RowChange] = []
     wanted: set[tuple[Any, ...]] = set(kept)
+    wrote = written if written is not None else []
     for key, docs, build in items:
         wanted.add(key)
         if memory is not None and trust and _same_docs(memory.idents.get(key), docs):
@@ -472,12 +485,14 @@ def _sync_table(
             _write(conn, table, inserts, updates, [], revision=revision)
             inserts, updates = [], []
         if key not in current:  # nothing to compare with
+            wrote.append(key)
             inserts.append(row)
             changes.append(RowChange(table.kind, show(key), "added"))
             continue
         values = tuple(_plain_json(row[c]) if c in table.json_columns else row[c] for c in table.columns)
         present, have = current[key]
         if not present or not _same(have, values):
+            wrote.append(key)
             updates.append(row)
             changes.append(RowChange(table.kind, show(key), "changed" if present else "restored"))
     if maybe_gone is None:
@@ -485,6 +500,7 @@ def _sync_table(
     else:
         gone = [key for key in dict.fromkeys(maybe_gone) if key not in wanted and current.get(key, (False,))[0]]
     changes += [RowChange(table.kind, show(key), "removed") for key in sorted(gone, key=str)]
+    wrote.extend(gone)
     if memory is not None:
         for key in gone:
             memory.idents.pop(key, None)
@@ -551,8 +567,26 @@ def _write(
         )
 
 
-def _slot_statuses(conn: Connection) -> None:
-    """A free slot git no longer offers is disabled; one offered again is available."""
+def _slot_statuses(conn: Connection, keys: Sequence[tuple[Any, ...]] | None) -> None:
+    """A free slot git no longer offers is disabled; one offered again is available.
+
+    `keys`: the (node id, slot index) of the slot rows this sync wrote, the
+    only ones whose `present`/`enabled` can have changed (every other writer
+    of a free status keeps it in step with them: schemas/sql 0004, 0011);
+    found by the (node_id, slot_index) unique index. None (a full sync, no
+    trusted memory): every slot is looked at.
+    """
+    if keys is not None:
+        if keys:
+            conn.execute(
+                "UPDATE node_resource_slots s SET status = CASE WHEN s.present AND s.enabled"
+                " THEN 'available' ELSE 'disabled' END, updated_at = now()"
+                " FROM unnest(%s::uuid[], %s::integer[]) k (node_id, slot_index)"
+                " WHERE s.node_id = k.node_id AND s.slot_index = k.slot_index"
+                " AND s.status IN ('available', 'disabled') AND (s.status = 'available') <> (s.present AND s.enabled)",
+                ([k[0] for k in keys], [k[1] for k in keys]),
+            )
+        return
     conn.execute(
         "UPDATE node_resource_slots SET status = 'disabled', updated_at = now()"
         " WHERE status = 'available' AND NOT (present AND enabled)"
