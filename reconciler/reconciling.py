@@ -150,8 +150,8 @@ def reconcile(
     run_id = history.start(conn, revision=revision, source=source)
     try:
         pins = hostplans.pinned_images(conn)
-        with shown.phase("sync inventory"):
-            synced = inventory.sync(conn, state, memory=memory, guard=partial(refuse_edits, conn, state))
+        with shown.phase("sync inventory", unit="rows") as ph:
+            synced = inventory.sync(conn, state, memory=memory, guard=partial(refuse_edits, conn, state), shown=ph)
         with shown.phase("absorb host reports"):
             absorbed = cleanup.absorb(conn)
             lifecycle.sync_settings(conn, state)

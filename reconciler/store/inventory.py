@@ -29,7 +29,7 @@ from desired.loading import DesiredState
 from reconciler.store import inventoryrows
 from reconciler.store.connections import Connection
 from reconciler.store.inventoryrows import ALLOCATIONS, IMAGES, NODES, SKUS, SLOTS, Item, Row, Table
-from schemas import dberrors
+from schemas import dberrors, progress
 
 _LOCK_KEY = 0x67707561_0001
 
@@ -118,7 +118,12 @@ Guard = Callable[[Sequence[RowChange], set[str] | None], None]
 
 
 def sync(
-    conn: Connection, state: DesiredState, *, memory: Memory | None = None, guard: Guard | None = None
+    conn: Connection,
+    state: DesiredState,
+    *,
+    memory: Memory | None = None,
+    guard: Guard | None = None,
+    shown: progress.Phase | None = None,
 ) -> SyncResult:
     """Project `state` into the inventory tables in one transaction.
 
@@ -126,10 +131,10 @@ def sync(
     did not change since its last sync are neither turned into rows nor
     compared; the result is the same as a sync without it. `guard` (`Guard`)
     runs before the allocation rows are written; what it raises rolls the
-    whole sync back.
+    whole sync back. `shown` (a progress phase) counts the rows compared.
     """
     try:
-        return _sync(conn, state, memory, guard)
+        return _sync(conn, state, memory, guard, shown)
     except BaseException:
         if memory is not None:  # what it holds may never have been committed
             memory.generation = None
@@ -137,7 +142,9 @@ def sync(
         raise
 
 
-def _sync(conn: Connection, state: DesiredState, memory: Memory | None, guard: Guard | None) -> SyncResult:
+def _sync(
+    conn: Connection, state: DesiredState, memory: Memory | None, guard: Guard | None, shown: progress.Phase | None
+) -> SyncResult:
     digest = inventoryrows.content_hash(state, memory)
     revision = inventoryrows.revision_key(state, digest)
     changes: list[RowChange] = []
@@ -164,6 +171,7 @@ def _sync(conn: Connection, state: DesiredState, memory: Memory | None, guard: G
             [((s.sku,), (s,), partial(inventoryrows.sku_row, s)) for s in work.docs("Sku")],
             revision,
             memory=mem(SKUS),
+            shown=shown,
             trust=trust,
             maybe_gone=work.gone("Sku"),
         )
@@ -173,6 +181,7 @@ def _sync(conn: Connection, state: DesiredState, memory: Memory | None, guard: G
             [((i.slug,), (i,), partial(inventoryrows.image_row, i)) for i in work.docs("Image")],
             revision,
             memory=mem(IMAGES),
+            shown=shown,
             trust=trust,
             maybe_gone=work.gone("Image"),
         )
@@ -186,6 +195,7 @@ def _sync(conn: Connection, state: DesiredState, memory: Memory | None, guard: G
             ],
             revision,
             memory=mem(NODES),
+            shown=shown,
             trust=trust,
             maybe_gone=work.gone("Node", "SlotMap"),
         )
@@ -205,6 +215,7 @@ def _sync(conn: Connection, state: DesiredState, memory: Memory | None, guard: G
             revision,
             label=lambda key: f"{names.get(key[0], key[0])}:{key[1]}",
             memory=mem(SLOTS),
+            shown=shown,
             trust=trust,
             kept=kept,
             maybe_gone=maybe_gone,
@@ -219,6 +230,7 @@ def _sync(conn: Connection, state: DesiredState, memory: Memory | None, guard: G
             [((a.id,), (a,), partial(inventoryrows.allocation_row, a)) for a in work.docs("Allocation")],
             revision,
             memory=mem(ALLOCATIONS),
+            shown=shown,
             trust=trust,
             maybe_gone=work.gone("Allocation"),
         )
@@ -451,6 +463,7 @@ def _sync_table(
     kept: Sequence[tuple[Any, ...]] = (),
     maybe_gone: Sequence[tuple[Any, ...]] | None = None,
     written: list[tuple[Any, ...]] | None = None,
+    shown: progress.Phase | None = None,
 ) -> list[RowChange]:
     """Write the differences between the desired rows and the table.
 
@@ -474,6 +487,7 @@ def _sync_table(
     changes: list[RowChange] = []
     wanted: set[tuple[Any, ...]] = set(kept)
     wrote = written if written is not None else []
+    shown_at = len(wanted)
     for key, docs, build in items:
         wanted.add(key)
         if memory is not None and trust and _same_docs(memory.idents.get(key), docs):
@@ -484,6 +498,9 @@ def _sync_table(
         if len(inserts) + len(updates) >= _WRITE_BATCH:  # a cold sync's rows are written as they come
             _write(conn, table, inserts, updates, [], revision=revision)
             inserts, updates = [], []
+            if shown is not None:
+                shown.advance(len(wanted) - shown_at)
+                shown_at = len(wanted)
         if key not in current:  # nothing to compare with
             wrote.append(key)
             inserts.append(row)
@@ -506,6 +523,8 @@ def _sync_table(
             memory.idents.pop(key, None)
 
     _write(conn, table, inserts, updates, gone, revision=revision)
+    if shown is not None:
+        shown.advance(len(wanted) - shown_at)
     return changes
 
 
