@@ -9,12 +9,12 @@ and placements running beside it never lose a race to a no-op.
 Each row remembers the revision that last changed it (`revision`); the
 `desired_revisions` table remembers every revision synced and its content
 hash (a plain directory without git is recorded as `tree:<hash>`). The rows
-each document becomes, and the content hash: store/inventoryrows.py.
+each document becomes and the content hash: store/inventoryrows.py; how the
+differences are written (COPY on a cold sync): store/inventorywrites.py.
 """
 
 from __future__ import annotations
 
-import json
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -23,10 +23,11 @@ from functools import partial
 from typing import Any
 
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from desired import deltas
 from desired.loading import DesiredState
-from reconciler.store import inventoryrows
+from reconciler.store import inventoryrows, inventorywrites
 from reconciler.store.connections import Connection
 from reconciler.store.inventoryrows import ALLOCATIONS, IMAGES, NODES, SKUS, SLOTS, Item, Row, Table
 from schemas import dberrors, progress
@@ -164,7 +165,8 @@ def _sync(
         if delta is not None and "Fleet" in delta.kinds():
             delta = None
         work = _Work(state, delta)
-        changes += _sync_fleet(conn, state, revision)
+        if (action := inventorywrites.sync_fleet(conn, state, revision)) and state.fleet:
+            changes.append(RowChange("fleet", state.fleet.name, action))
         changes += _sync_table(
             conn,
             SKUS,
@@ -221,7 +223,7 @@ def _sync(
             maybe_gone=maybe_gone,
             written=slots_written,
         )
-        _slot_statuses(conn, slots_written if trust else None)
+        inventorywrites.slot_statuses(conn, slots_written if trust else None)
         if guard is not None:
             guard(changes, work.names("Allocation"))  # the stored allocation rows are still the old ones
         changes += _sync_table(
@@ -241,14 +243,11 @@ def _sync(
             memory.syncs += 1
             memory.synced = weakref.ref(state)
             memory.delta_syncs += delta is not None
-        new_revision = (
-            conn.execute("SELECT 1 FROM desired_revisions WHERE revision = %s", (revision,)).fetchone() is None
-        )
+        new_revision = not conn.execute("SELECT 1 FROM desired_revisions WHERE revision = %s", (revision,)).fetchone()
         if new_revision:
-            slots = memory.slot_count if memory is not None else len(slot_items) + len(kept)
             counts = {
                 "nodes": len(state.nodes),
-                "slots": slots,
+                "slots": memory.slot_count if memory is not None else len(slot_items) + len(kept),
                 "skus": len(state.skus),
                 "images": len(state.images),
                 "allocations": len(state.allocations),
@@ -256,7 +255,7 @@ def _sync(
             conn.execute(
                 "INSERT INTO desired_revisions (revision, content_hash, file_count, counts)"
                 " VALUES (%s, %s, %s, %s) ON CONFLICT (revision) DO NOTHING",
-                (revision, digest, state.file_count, _jsonb(counts)),
+                (revision, digest, state.file_count, Jsonb(counts)),
             )
     return SyncResult(revision, digest, new_revision, tuple(changes), full=not trust)
 
@@ -382,33 +381,6 @@ def added_nodes(changes: Iterable[RowChange]) -> set[str]:
     return {c.key for c in changes if c.kind == "node" and c.action in ("added", "restored")}
 
 
-# --------------------------------------------------------------- writing
-
-
-def _jsonb(value: Any) -> Any:
-    from psycopg.types.json import Jsonb
-
-    return Jsonb(value)
-
-
-def _plain_json(value: Any) -> Any:
-    """What jsonb gives back: string keys only (e.g. workload_mix {1: 0.4} -> {"1": 0.4})."""
-    return json.loads(json.dumps(value))
-
-
-def _params(table: Table, row: Row, revision: str) -> Row:
-    # None stays SQL NULL (an optional JSON column such as nvme_identity), not JSON null.
-    out = {k: _jsonb(v) if k in table.json_columns and v is not None else v for k, v in row.items()}
-    out["revision"] = revision
-    return out
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return bool(a == b)
-
-
 def _same_docs(a: tuple[Any, ...] | None, b: tuple[Any, ...]) -> bool:
     return a is not None and len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
@@ -448,7 +420,6 @@ def _current(
 
 
 _WRITE_BATCH = 2000  # rows built before they are written: a cold sync's peak memory is one batch's
-_COPY_FROM = 50  # new rows written by COPY from this many on (fewer: one INSERT each, no COPY set-up)
 
 
 def _sync_table(
@@ -496,7 +467,7 @@ def _sync_table(
         if memory is not None:
             memory.idents[key] = docs
         if len(inserts) + len(updates) >= _WRITE_BATCH:  # a cold sync's rows are written as they come
-            _write(conn, table, inserts, updates, [], revision=revision)
+            inventorywrites.write_rows(conn, table, inserts, updates, [], revision=revision)
             inserts, updates = [], []
             if shown is not None:
                 shown.advance(len(wanted) - shown_at)
@@ -506,9 +477,9 @@ def _sync_table(
             inserts.append(row)
             changes.append(RowChange(table.kind, show(key), "added"))
             continue
-        values = tuple(_plain_json(row[c]) if c in table.json_columns else row[c] for c in table.columns)
+        values = tuple(inventorywrites.plain_json(row[c]) if c in table.json_columns else row[c] for c in table.columns)
         present, have = current[key]
-        if not present or not _same(have, values):
+        if not present or not inventorywrites.same(have, values):
             wrote.append(key)
             updates.append(row)
             changes.append(RowChange(table.kind, show(key), "changed" if present else "restored"))
@@ -522,128 +493,7 @@ def _sync_table(
         for key in gone:
             memory.idents.pop(key, None)
 
-    _write(conn, table, inserts, updates, gone, revision=revision)
+    inventorywrites.write_rows(conn, table, inserts, updates, gone, revision=revision)
     if shown is not None:
         shown.advance(len(wanted) - shown_at)
     return changes
-
-
-def _write(
-    conn: Connection,
-    table: Table,
-    inserts: list[Row],
-    updates: list[Row],
-    gone: list[tuple[Any, ...]],
-    *,
-    revision: str,
-) -> None:
-    name = sql.Identifier(table.name)
-    every = (*table.key, *table.columns)
-    if len(inserts) >= _COPY_FROM:  # a cold sync: one COPY instead of a statement per row
-        stmt = sql.SQL("COPY {name} ({cols}, present, revision) FROM STDIN").format(
-            name=name, cols=sql.SQL(", ").join(map(sql.Identifier, every))
-        )
-        json_at = [i for i, c in enumerate(every) if c in table.json_columns]
-        with conn.cursor().copy(stmt) as copy:
-            for r in inserts:
-                values = [r[c] for c in every]
-                for i in json_at:
-                    if values[i] is not None:
-                        values[i] = _jsonb(values[i])
-                copy.write_row((*values, True, revision))
-        inserts = []
-    if inserts:
-        stmt = sql.SQL("INSERT INTO {name} ({cols}, present, revision) VALUES ({vals}, true, %(revision)s)").format(
-            name=name,
-            cols=sql.SQL(", ").join(map(sql.Identifier, every)),
-            vals=sql.SQL(", ").join(sql.Placeholder(c) for c in every),
-        )
-        conn.cursor().executemany(stmt, [_params(table, r, revision) for r in inserts])
-    if updates:
-        stmt = sql.SQL(
-            "UPDATE {name} SET {sets}, present = true, revision = %(revision)s, updated_at = now() WHERE {where}"
-        ).format(
-            name=name,
-            sets=sql.SQL(", ").join(
-                sql.SQL("{} = {}").format(sql.Identifier(c), sql.Placeholder(c)) for c in table.columns
-            ),
-            where=sql.SQL(" AND ").join(
-                sql.SQL("{} = {}").format(sql.Identifier(k), sql.Placeholder(k)) for k in table.key
-            ),
-        )
-        conn.cursor().executemany(stmt, [_params(table, r, revision) for r in updates])
-    if gone:
-        stmt = sql.SQL(
-            "UPDATE {name} SET present = false, revision = %(revision)s, updated_at = now() WHERE {where}"
-        ).format(
-            name=name,
-            where=sql.SQL(" AND ").join(
-                sql.SQL("{} = {}").format(sql.Identifier(k), sql.Placeholder(k)) for k in table.key
-            ),
-        )
-        conn.cursor().executemany(
-            stmt, [{**dict(zip(table.key, key, strict=True)), "revision": revision} for key in gone]
-        )
-
-
-def _slot_statuses(conn: Connection, keys: Sequence[tuple[Any, ...]] | None) -> None:
-    """A free slot git no longer offers is disabled; one offered again is available.
-
-    `keys`: the (node id, slot index) of the slot rows this sync wrote, the
-    only ones whose `present`/`enabled` can have changed (every other writer
-    of a free status keeps it in step with them: schemas/sql 0004, 0011);
-    found by the (node_id, slot_index) unique index. None (a full sync, no
-    trusted memory): every slot is looked at.
-    """
-    if keys is not None:
-        if keys:
-            conn.execute(
-                "UPDATE node_resource_slots s SET status = CASE WHEN s.present AND s.enabled"
-                " THEN 'available' ELSE 'disabled' END, updated_at = now()"
-                " FROM unnest(%s::uuid[], %s::integer[]) k (node_id, slot_index)"
-                " WHERE s.node_id = k.node_id AND s.slot_index = k.slot_index"
-                " AND s.status IN ('available', 'disabled') AND (s.status = 'available') <> (s.present AND s.enabled)",
-                ([k[0] for k in keys], [k[1] for k in keys]),
-            )
-        return
-    conn.execute(
-        "UPDATE node_resource_slots SET status = 'disabled', updated_at = now()"
-        " WHERE status = 'available' AND NOT (present AND enabled)"
-    )
-    conn.execute(
-        "UPDATE node_resource_slots SET status = 'available', updated_at = now()"
-        " WHERE status = 'disabled' AND present AND enabled"
-    )
-
-
-def _sync_fleet(conn: Connection, state: DesiredState, revision: str) -> list[RowChange]:
-    fleet = state.fleet
-    if fleet is None:
-        return []
-    row = {
-        "name": fleet.name,
-        "management_network": fleet.management_network.model_dump(mode="json"),
-        "placement": fleet.placement.model_dump(mode="json"),
-        "graceful_shutdown_timeout_s": fleet.graceful_shutdown_timeout_s,
-        "readiness_timeout_s": fleet.graceful_timeout_seconds,  # the column keeps its first name
-    }
-    have = conn.execute(
-        "SELECT name, management_network, placement, graceful_shutdown_timeout_s,"
-        " readiness_timeout_s FROM fleet_settings"
-    ).fetchone()
-    plain = {k: _plain_json(v) if isinstance(v, dict) else v for k, v in row.items()}
-    if have is not None and _same(tuple(have), tuple(plain.values())):
-        return []
-    conn.execute(
-        "INSERT INTO fleet_settings (singleton, name, management_network, placement,"
-        " graceful_shutdown_timeout_s, readiness_timeout_s, revision)"
-        " VALUES (true, %(name)s, %(management_network)s, %(placement)s, %(graceful_shutdown_timeout_s)s,"
-        " %(readiness_timeout_s)s, %(revision)s)"
-        " ON CONFLICT (singleton) DO UPDATE SET name = EXCLUDED.name,"
-        " management_network = EXCLUDED.management_network, placement = EXCLUDED.placement,"
-        " graceful_shutdown_timeout_s = EXCLUDED.graceful_shutdown_timeout_s,"
-        " readiness_timeout_s = EXCLUDED.readiness_timeout_s, revision = EXCLUDED.revision,"
-        " updated_at = now()",
-        {**{k: _jsonb(v) if isinstance(v, dict) else v for k, v in row.items()}, "revision": revision},
-    )
-    return [RowChange("fleet", fleet.name, "added" if have is None else "changed")]

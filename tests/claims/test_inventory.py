@@ -8,7 +8,7 @@ import pytest
 
 from desired import models as m
 from reconciler import reconciling, sources
-from reconciler.store import checks, claims, inventory, live
+from reconciler.store import checks, claims, inventory, inventorywrites, live
 from reconciler.store.connections import Connection
 from tests.claims import util
 from tests.claims.conftest import small_fleet
@@ -48,14 +48,14 @@ def test_sync_projects_the_desired_state(conn: Connection) -> None:
     assert util.count(conn, "SELECT count(*) FROM nodes WHERE capability = 'both_capable'") == 4
 
 
-# A cold sync writes new rows by COPY (from inventory._COPY_FROM rows on): both ways must write exactly
+# A cold sync writes new rows by COPY (from inventorywrites.COPY_FROM rows on): both ways must write exactly
 # the rows the next sync's comparison expects (a type COPY spells differently would show as a change).
 WRITE_PATHS = pytest.mark.parametrize("copy_from", [1, 10**9], ids=["copy", "insert"])
 
 
 @WRITE_PATHS
 def test_same_revision_twice_writes_nothing(conn: Connection, monkeypatch: pytest.MonkeyPatch, copy_from: int) -> None:
-    monkeypatch.setattr(inventory, "_COPY_FROM", copy_from)
+    monkeypatch.setattr(inventorywrites, "COPY_FROM", copy_from)
     state = small_fleet()
     inventory.sync(conn, state)
     before = snapshot(conn)
@@ -108,7 +108,7 @@ def test_a_changed_slot_map_updates_eligibility(conn: Connection) -> None:
 def test_reapplying_the_example_fleet_is_a_no_op(
     conn: Connection, monkeypatch: pytest.MonkeyPatch, copy_from: int
 ) -> None:
-    monkeypatch.setattr(inventory, "_COPY_FROM", copy_from)
+    monkeypatch.setattr(inventorywrites, "COPY_FROM", copy_from)
     loaded = sources.load(EXAMPLES)
     assert not loaded.errors
     first = reconciling.reconcile(conn, loaded.state, source="test")
