@@ -16,9 +16,11 @@ The plan of a node is derived from the store alone, never from git directly:
   the block device before every write, wipe and verify.
 
 The generation goes up only when the spec changes, so re-applying a revision
-leaves every plan (and every host) alone. Writers of one node are
-serialised by an advisory lock and read the claims after taking it, so a
-plan can never be overwritten by one built from older claims.
+leaves every plan (and every host) alone. Plans are built and stored as sets
+(BATCH nodes per transaction: bulk reads, a COPY and one upsert). Writers of
+a node are serialised by its advisory lock (a batch takes its locks in name
+order) and read the claims after taking it, so a plan can never be
+overwritten by one built from older claims.
 """
 
 from __future__ import annotations
