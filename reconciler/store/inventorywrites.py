@@ -110,7 +110,7 @@ def slot_statuses(conn: Connection, keys: Sequence[tuple[Any, ...]] | None) -> N
     only ones whose `present`/`enabled` can have changed (every other writer
     of a free status keeps it in step with them: schemas/sql 0004, 0011);
     found by the (node_id, slot_index) unique index. None (a full sync, no
-    trusted memory): every slot is looked at.
+    trusted memory): every free slot is looked at, in one scan.
     """
     if keys is not None:
         if keys:
@@ -124,12 +124,9 @@ def slot_statuses(conn: Connection, keys: Sequence[tuple[Any, ...]] | None) -> N
             )
         return
     conn.execute(
-        "UPDATE node_resource_slots SET status = 'disabled', updated_at = now()"
-        " WHERE status = 'available' AND NOT (present AND enabled)"
-    )
-    conn.execute(
-        "UPDATE node_resource_slots SET status = 'available', updated_at = now()"
-        " WHERE status = 'disabled' AND present AND enabled"
+        "UPDATE node_resource_slots SET status = CASE WHEN present AND enabled THEN 'available' ELSE 'disabled' END,"
+        " updated_at = now() WHERE status IN ('available', 'disabled')"
+        " AND (status = 'available') <> (present AND enabled)"
     )
 
 
