@@ -95,18 +95,6 @@ def heartbeat(conn: psycopg.Connection[Any], node: str) -> None:
     hostrows.heartbeat(conn, [node])
 
 
-def write_plan(conn: psycopg.Connection[Any], plan: hostplans.HostPlan, revision: str | None = None) -> None:
-    """Write a host plan (what the central reconciler does; used by tests, demo and bench)."""
-    spec = hostplans.to_json(plan)
-    with dberrors.wrapped(f"write the host plan of {plan.node}"):
-        conn.execute(
-            """INSERT INTO host_plans (node_name, generation, spec, revision) VALUES (%s, %s, %s, %s)
-               ON CONFLICT (node_name) DO UPDATE SET generation = EXCLUDED.generation,
-                   spec = EXCLUDED.spec, revision = EXCLUDED.revision, updated_at = now()""",
-            (plan.node, plan.generation, Jsonb(spec), revision),
-        )
-
-
 def read_rewipes(conn: psycopg.Connection[Any], node: str) -> list[tuple[int, int]]:
     """This node's pending rewipe requests (`gpuaas slot rewipe`, migration 0054): (request id, slot)."""
     with dberrors.wrapped(f"read the rewipe requests of {node}"):

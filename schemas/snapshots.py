@@ -1,11 +1,15 @@
-"""The claim snapshot's VM profile: its type and its only JSON codec.
+"""The claim snapshot (`allocation_resource_claims.resource_snapshot`): its types and its only codec.
 
-At apply, the resolved profile is written once into every claim's
-`resource_snapshot.profile` (schemas/sql/0006 `gpuaas_place` stores the
-object as given and reads only its `name`), so a later SKU edit never
-changes a running VM. The host plan is built from that snapshot. Both sides
-go through `profile_to_json` / `profile_from_json`; the key set is the
-fields of `Profile`, defined here once.
+A slot claim's snapshot is built by PostgreSQL at placement as
+`to_jsonb(ROW(...)::gpuaas_slot_claim_snapshot)` (schemas/sql/0006, with
+`gpuaas_snapshot_slot`, `gpuaas_snapshot_image`, `gpuaas_snapshot_price`);
+`SlotClaimSnapshot` and its parts mirror those composite types field for
+field (tests/claims/test_snapshot_codec.py compares them with the catalog
+and decodes what the server writes). The one part the SQL does not build is
+the VM profile: apply resolves it and passes it in (`profile_to_json`), the
+SQL stores the object as given and reads only its `name`, so a later SKU
+edit never changes a running VM. The host plan is built from the decoded
+snapshot (`slot_claim_from_json`), never from hand-picked keys.
 
 Decoding is strict: a snapshot with a missing, unknown or mistyped key is
 refused with a stable code instead of becoming a VM with guessed sizes.
@@ -28,6 +32,10 @@ MISSING_KEY = "snapshot.profile.missing_key"
 UNKNOWN_KEY = "snapshot.profile.unknown_key"
 BAD_VALUE = "snapshot.profile.bad_value"
 NO_PROFILE = "snapshot.profile.none"  # a slot claim (a VM) whose snapshot records no profile
+CLAIM_NOT_AN_OBJECT = "snapshot.claim.not_object"
+CLAIM_MISSING_KEY = "snapshot.claim.missing_key"
+CLAIM_UNKNOWN_KEY = "snapshot.claim.unknown_key"
+CLAIM_BAD_VALUE = "snapshot.claim.bad_value"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,3 +100,129 @@ def _fits(value: object, hint: Any) -> bool:
     if hint is int:  # bool is an int subclass; `true` is no vCPU count
         return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, hint)
+
+
+# ------------------------------------------------------------------ the whole slot claim snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotImage:
+    """gpuaas_snapshot_image: the image the allocation asked for, as the catalog had it at placement."""
+
+    slug: str
+    version: str
+    source_ref: str
+    digest_sha256: str | None
+    image_format: str
+    default_username: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotPrice:
+    """gpuaas_snapshot_price: the SKU's price at placement (what usage bills)."""
+
+    gpu_hourly_price_minor: int | None
+    currency: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotSlot:
+    """gpuaas_snapshot_slot: the slot bundle the VM owns, frozen at placement."""
+
+    slot_index: int
+    gpu_pci_address: str
+    gpu_uuid: str | None
+    gpu_model: str | None
+    fabric_vf_pci_address: str | None
+    network_fabric: str | None
+    nvme_device: str
+    mac_address: str
+    private_ip: str
+    numa_node: int
+    slot_group: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SlotClaimSnapshot:
+    """gpuaas_slot_claim_snapshot: one slot claim's snapshot, field for field."""
+
+    allocation_id: str
+    tenant: str
+    sku: str
+    capacity_shape: str | None
+    allocation_gpu_count: int
+    region: str
+    node: str
+    profile: Profile | None
+    image: SnapshotImage | None
+    ssh_keys: tuple[str, ...]
+    price: SnapshotPrice | None
+    revision: str | None
+    claimed_at: str
+    gpus: int
+    slot: SnapshotSlot
+
+
+# The composite type each dataclass mirrors (the test reads their attributes from pg_attribute).
+SQL_TYPES: dict[str, type[Any]] = {
+    "gpuaas_slot_claim_snapshot": SlotClaimSnapshot,
+    "gpuaas_snapshot_slot": SnapshotSlot,
+    "gpuaas_snapshot_image": SnapshotImage,
+    "gpuaas_snapshot_price": SnapshotPrice,
+}
+
+
+def slot_claim_from_json(doc: object, *, where: str = "claim snapshot") -> SlotClaimSnapshot:
+    """The snapshot a slot claim recorded; PermanentError with a `snapshot.*` code if it is not exactly one."""
+    return _decode(SlotClaimSnapshot, doc, where)  # type: ignore[no-any-return]
+
+
+def slot_claim_to_json(snap: SlotClaimSnapshot) -> dict[str, Any]:
+    """The JSON PostgreSQL writes for `snap` (keys in the composite type's order)."""
+    doc = {f.name: getattr(snap, f.name) for f in dataclasses.fields(snap)}
+    doc["profile"] = profile_to_json(snap.profile)
+    doc["ssh_keys"] = list(snap.ssh_keys)
+    for key in ("image", "price", "slot"):
+        doc[key] = dataclasses.asdict(doc[key]) if doc[key] is not None else None
+    return doc
+
+
+_HINTS: dict[type[Any], dict[str, Any]] = {}
+
+
+def _decode(cls: type[Any], doc: object, where: str) -> Any:
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    if not isinstance(doc, Mapping):
+        what = type(doc).__name__
+        raise PermanentError(f"{where}: {cls.__name__} is {what}, not an object", code=CLAIM_NOT_AN_OBJECT)
+    missing = [k for k in hints if k not in doc]
+    if missing:
+        raise PermanentError(f"{where}: {cls.__name__} lacks {', '.join(missing)}", code=CLAIM_MISSING_KEY)
+    if len(doc) != len(hints):
+        unknown = sorted(str(k) for k in doc if k not in hints)
+        raise PermanentError(f"{where}: {cls.__name__} has unknown key(s) {', '.join(unknown)}", code=CLAIM_UNKNOWN_KEY)
+    values = {}
+    for key, hint in hints.items():
+        value = doc[key]
+        if key == "profile":
+            values[key] = profile_from_json(value, where=where)
+            continue
+        values[key] = _value(value, hint, f"{where}: {cls.__name__}.{key}")
+    return cls(**values)
+
+
+def _value(value: object, hint: Any, where: str) -> Any:
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if value is None and type(None) in options:
+        return None
+    for option in options:
+        if dataclasses.is_dataclass(option) and isinstance(option, type):
+            return _decode(option, value, where)
+        if typing.get_origin(option) is tuple:
+            if isinstance(value, list) and all(isinstance(v, str) for v in value):
+                return tuple(value)
+        elif option is not type(None) and _fits(value, option):
+            return value
+    raise PermanentError(f"{where} = {value!r} is not {hint}", code=CLAIM_BAD_VALUE)

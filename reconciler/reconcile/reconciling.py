@@ -152,8 +152,10 @@ def reconcile(
     run_id = history.start(conn, revision=revision, source=source)
     try:
         pins = hostplans.pinned_images(conn)
-        with shown.phase("sync inventory"):
-            synced = inventory.sync(conn, state, memory=memory, guard=partial(refuse_edits, conn, state), delta=delta)
+        with shown.phase("sync inventory", unit="rows") as ph:
+            synced = inventory.sync(
+                conn, state, memory=memory, guard=partial(refuse_edits, conn, state), delta=delta, shown=ph
+            )
         with shown.phase("absorb host reports"):
             absorbed = cleanup.absorb(conn)
             lifecycle.sync_settings(conn, state)
@@ -169,7 +171,7 @@ def reconcile(
             touched = sorted(
                 set(claims.placed_nodes(applied))
                 | set(absorbed.nodes)
-                | _unplanned(conn)
+                | _unplanned(conn, None if synced.full else inventory.added_nodes(synced.changes))
                 | inventory.changed_nodes(synced.changes)
                 | {r.node for r in moved if r.node}
             )
@@ -188,9 +190,11 @@ def reconcile(
         )
         raise
     except GpuaasError as e:
+        _doubt(memory)
         history.finish(conn, run_id, result="error", problems=[{"code": e.code, "message": e.message}])
         raise
     except Exception as e:  # a bug: still leave a finished history row behind, then surface it
+        _doubt(memory)
         history.finish(conn, run_id, result="error", problems=[{"code": "gpuaas.bug", "message": repr(e)}])
         raise
     result = ReconcileResult(run_id, synced.revision, synced, absorbed, plan, applied, written, moved, expired, leased)
@@ -217,12 +221,25 @@ def refuse_edits(
         raise Invalid(problems)
 
 
-def _unplanned(conn: Connection) -> set[str]:
-    """Present nodes that have no host plan yet (first apply after they were added)."""
+def _doubt(memory: inventory.Memory | None) -> None:
+    """A step failed after the sync committed: the next sync compares every row (and so every node is
+    checked for a missing host plan again, not only the ones it adds)."""
+    if memory is not None:
+        memory.generation = None
+
+
+def _unplanned(conn: Connection, among: set[str] | None) -> set[str]:
+    """Present nodes that have no host plan yet (first apply after they were added).
+
+    `among`: only these may lack one (the nodes a trusted sync added or restored); None: every node.
+    """
+    if among is not None and not among:
+        return set()
     with dberrors.wrapped("list nodes without a host plan"):
         rows = conn.execute(
             "SELECT n.name FROM nodes n LEFT JOIN host_plans h ON h.node_name = n.name"
-            " WHERE n.present AND h.node_name IS NULL"
+            " WHERE n.present AND h.node_name IS NULL AND (%(all)s OR n.name = ANY(%(among)s))",
+            {"all": among is None, "among": sorted(among or ())},
         ).fetchall()
     return {str(r[0]) for r in rows}
 

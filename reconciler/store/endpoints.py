@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from reconciler.store.connections import Connection
 from schemas import dberrors
-from schemas import hostplans as codec
 
 SSH_PORT = 22
 
@@ -68,20 +67,6 @@ def current(conn: Connection, allocation_ids: Iterable[str] | None = None) -> di
     for e in _endpoints(rows):
         out.setdefault(e.allocation_id, []).append(e)
     return out
-
-
-def rules_for(conn: Connection, node_id: object, allocation_ids: Iterable[str]) -> tuple[codec.IngressRule, ...]:
-    """The host plan's ingress: live endpoints on this node of the allocations it runs, in a fixed order."""
-    wanted = sorted(set(allocation_ids))
-    if not wanted:
-        return ()
-    rows = conn.execute(
-        "SELECT allocation_id, host(public_address), public_port, host(private_ip), guest_port"
-        " FROM allocation_endpoints WHERE node_id = %s AND freed_at IS NULL AND allocation_id = ANY(%s)"
-        " ORDER BY allocation_id, public_port",
-        (node_id, wanted),
-    ).fetchall()
-    return tuple(codec.IngressRule(str(a), str(addr), int(p), str(ip), int(g)) for a, addr, p, ip, g in rows)
 
 
 def used_ports(conn: Connection) -> dict[str, tuple[int, int]]:

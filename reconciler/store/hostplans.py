@@ -16,23 +16,23 @@ The plan of a node is derived from the store alone, never from git directly:
   the block device before every write, wipe and verify.
 
 The generation goes up only when the spec changes, so re-applying a revision
-leaves every plan (and every host) alone. Writers of one node are
-serialised by an advisory lock and read the claims after taking it, so a
-plan can never be overwritten by one built from older claims.
+leaves every plan (and every host) alone. Plans are built and stored as sets
+(BATCH nodes per transaction: bulk reads, a COPY and one upsert). Writers of
+a node are serialised by its advisory lock (a batch takes its locks in name
+order) and read the claims after taking it, so a plan can never be
+overwritten by one built from older claims.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg.types.json import Jsonb
-
 from desired import defaults
-from reconciler.store import endpoints
 from reconciler.store.connections import Connection
 from schemas import dberrors, progress, snapshots
 from schemas import hostplans as codec
@@ -46,81 +46,132 @@ class Written:
     changed: bool
 
 
-def _bundle(slot: Mapping[str, Any]) -> codec.SlotBundle:
+# Nodes per transaction: each holds one advisory lock per node (PostgreSQL's shared lock table has room
+# for max_locks_per_transaction x max_connections), and a failure loses at most one batch's work.
+BATCH = 1000
+_LIVE = ("reserved", "provisioning", "active", "releasing")
+_LOCK = (
+    "SELECT count(pg_advisory_xact_lock(hashtext('gpuaas.host_plan'), hashtext(n)))"
+    " FROM (SELECT n FROM unnest(%s::text[]) n ORDER BY n) s"
+)
+
+
+def _bundle(slot: snapshots.SnapshotSlot) -> codec.SlotBundle:
     return codec.SlotBundle(
-        slot_index=int(slot["slot_index"]),
-        gpu_pci_address=str(slot["gpu_pci_address"]),
-        fabric_vf_pci_address=slot.get("fabric_vf_pci_address"),
-        nvme_device=str(slot["nvme_device"]),
-        mac_address=str(slot["mac_address"]),
-        private_ip=str(slot["private_ip"]),
-        numa_node=int(slot["numa_node"]),
+        slot_index=slot.slot_index,
+        gpu_pci_address=slot.gpu_pci_address,
+        fabric_vf_pci_address=slot.fabric_vf_pci_address,
+        nvme_device=slot.nvme_device,
+        mac_address=slot.mac_address,
+        private_ip=slot.private_ip,
+        numa_node=slot.numa_node,
     )
 
 
-def _vm(allocation_id: str, claims: list[tuple[str, Mapping[str, Any]]]) -> codec.VmSpec:
-    claims = sorted(claims, key=lambda c: int(c[1]["slot"]["slot_index"]))
-    snap = claims[0][1]
-    where = f"snapshot of claim {claims[0][0]} ({allocation_id})"
-    profile = snapshots.profile_from_json(snap.get("profile"), where=where)
-    if profile is None:
+def _vm(allocation_id: str, claims: list[tuple[str, snapshots.SlotClaimSnapshot]]) -> codec.VmSpec:
+    claims = sorted(claims, key=lambda c: c[1].slot.slot_index)
+    cid, snap = claims[0]
+    if snap.profile is None:
+        where = f"snapshot of claim {cid} ({allocation_id})"
         raise PermanentError(f"{where}: a slice VM's claim records no profile", code=snapshots.NO_PROFILE)
-    image = snap.get("image")
+    profile, image = snap.profile, snap.image
     return codec.VmSpec(
         allocation_id=allocation_id,
-        tenant=str(snap.get("tenant", "")),
-        bundles=tuple(_bundle(s["slot"]) for _, s in claims),
+        tenant=snap.tenant,
+        bundles=tuple(_bundle(s.slot) for _, s in claims),
         vcpu_count=profile.vcpu_count,
         memory_mib=profile.memory_mib,
         hugepages=profile.hugepages_enabled,
         hugepage_size=profile.hugepage_size,
         image=codec.ImageRef(
-            slug=str(image["slug"]),
-            source_ref=str(image["source_ref"]),
-            digest_sha256=image.get("digest_sha256"),
-            image_format=str(image["image_format"]),
-            default_username=str(image.get("default_username") or "ubuntu"),
+            slug=image.slug,
+            source_ref=image.source_ref,
+            digest_sha256=image.digest_sha256,
+            image_format=image.image_format,
+            default_username=image.default_username or "ubuntu",
         )
         if image
         else None,
-        ssh_keys=tuple(snap.get("ssh_keys") or ()),
+        ssh_keys=snap.ssh_keys,
         claim_ids=tuple(cid for cid, _ in claims),
         readiness_timeout_s=profile.readiness_timeout_s,
     )
 
 
-def build(conn: Connection, node: str, generation: int = 0) -> codec.HostPlan | None:
-    """The plan `node` should run now (None when the node is unknown)."""
-    row = conn.execute(
-        "SELECT n.id, n.os_disk, n.management_network, f.graceful_shutdown_timeout_s, f.readiness_timeout_s"
-        " FROM nodes n LEFT JOIN fleet_settings f ON true WHERE n.name = %s",
-        (node,),
-    ).fetchone()
-    if row is None:
-        return None
-    node_id, os_disk, net, graceful, readiness = row
-    claims = conn.execute(
-        "SELECT id, allocation_id, status, resource_snapshot FROM allocation_resource_claims"
-        " WHERE node_id = %s AND claim_kind = 'slot'"
-        " AND status IN ('reserved', 'provisioning', 'active', 'releasing')"
-        " ORDER BY allocation_id, slot_index",
-        (node_id,),
-    ).fetchall()
-    running: dict[str, list[tuple[str, Mapping[str, Any]]]] = defaultdict(list)
-    releasing: dict[str, list[tuple[str, Mapping[str, Any]]]] = defaultdict(list)
-    for cid, alloc, status, snap in claims:
-        (releasing if status == "releasing" else running)[str(alloc)].append((str(cid), snap))
-    slots = conn.execute(
-        "SELECT slot_index, gpu_pci_address, fabric_vf_pci_address, nvme_device, mac_address,"
+@dataclass
+class _Node:
+    name: str
+    os_disk: str
+    net: Mapping[str, Any]
+    running: dict[str, list[tuple[str, snapshots.SlotClaimSnapshot]]] = dataclasses.field(
+        default_factory=lambda: defaultdict(list)
+    )
+    releasing: dict[str, list[tuple[str, snapshots.SlotClaimSnapshot]]] = dataclasses.field(
+        default_factory=lambda: defaultdict(list)
+    )
+    slots: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
+    ingress: list[codec.IngressRule] = dataclasses.field(default_factory=list)
+
+
+def build_many(
+    conn: Connection, nodes: Iterable[str], *, pinned: tuple[str, ...] | None = None
+) -> dict[str, codec.HostPlan]:
+    """The plans `nodes` should run now, by name (unknown nodes are left out), from five queries in all."""
+    names = sorted(set(nodes))
+    if not names:
+        return {}
+    pins = pinned_images(conn) if pinned is None else pinned
+    fleet = conn.execute("SELECT graceful_shutdown_timeout_s, readiness_timeout_s FROM fleet_settings").fetchone()
+    graceful, readiness = fleet if fleet is not None else (None, None)
+    by_id: dict[Any, _Node] = {
+        node_id: _Node(str(name), str(os_disk), net)
+        for node_id, name, os_disk, net in conn.execute(
+            "SELECT id, name, os_disk, management_network FROM nodes WHERE name = ANY(%s)", (names,)
+        )
+    }
+    ids = list(by_id)
+    for node_id, cid, alloc, status, doc in conn.execute(
+        "SELECT node_id, id, allocation_id, status, resource_snapshot FROM allocation_resource_claims"
+        " WHERE node_id = ANY(%s) AND claim_kind = 'slot' AND status = ANY(%s)"
+        " ORDER BY node_id, allocation_id, slot_index",
+        (ids, list(_LIVE)),
+    ):
+        where = f"snapshot of claim {cid} ({alloc})"
+        node = by_id[node_id]
+        into = node.releasing if status == "releasing" else node.running
+        into[str(alloc)].append((str(cid), snapshots.slot_claim_from_json(doc, where=where)))
+    for row in conn.execute(
+        "SELECT node_id, slot_index, gpu_pci_address, fabric_vf_pci_address, nvme_device, mac_address,"
         " host(private_ip) AS private_ip, numa_node, nvme_identity FROM node_resource_slots"
-        " WHERE node_id = %s AND present AND approved ORDER BY slot_index",
-        (node_id,),
-    ).fetchall()
+        " WHERE node_id = ANY(%s) AND present AND approved ORDER BY node_id, slot_index",
+        (ids,),
+    ):
+        by_id[row[0]].slots.append(row[1:])
+    # The live public endpoints of the VMs each node runs (a releasing VM has none: its rules go first).
+    for node_id, alloc, addr, port, ip, guest in conn.execute(
+        "SELECT node_id, allocation_id, host(public_address), public_port, host(private_ip), guest_port"
+        " FROM allocation_endpoints WHERE node_id = ANY(%s) AND freed_at IS NULL"
+        " ORDER BY node_id, allocation_id, public_port",
+        (ids,),
+    ):
+        node = by_id[node_id]
+        if str(alloc) in node.running:
+            node.ingress.append(codec.IngressRule(str(alloc), str(addr), int(port), str(ip), int(guest)))
+    return {
+        n.name: _plan(
+            n, pins, int(graceful or defaults.SHUTDOWN_TIMEOUT_S), int(readiness or defaults.READINESS_TIMEOUT_S)
+        )
+        for n in sorted(by_id.values(), key=lambda n: n.name)
+    }
+
+
+def _plan(node: _Node, pins: tuple[str, ...], graceful: int, readiness: int) -> codec.HostPlan:
+    net = node.net
     dhcp = net.get("dhcp_range", {})
     return codec.HostPlan(
-        pinned_images=pinned_images(conn),
-        node=node,
-        generation=generation,
+        pinned_images=pins,
+        node=node.name,
+        generation=0,
         network=codec.Network(
             subnet=str(net["subnet"]),
             gateway=str(net["gateway"]),
@@ -128,11 +179,11 @@ def build(conn: Connection, node: str, generation: int = 0) -> codec.HostPlan | 
             dhcp_end=str(dhcp.get("end", "")),
             bridge=str(net.get("bridge", "gpuaasbr0")),
         ),
-        os_disk=str(os_disk),
-        graceful_timeout_s=int(graceful or defaults.SHUTDOWN_TIMEOUT_S),
-        readiness_timeout_s=int(readiness or defaults.READINESS_TIMEOUT_S),
-        vms=tuple(_vm(a, c) for a, c in sorted(running.items())),
-        releases=tuple(_vm(a, c) for a, c in sorted(releasing.items())),
+        os_disk=node.os_disk,
+        graceful_timeout_s=graceful,
+        readiness_timeout_s=readiness,
+        vms=tuple(_vm(a, c) for a, c in sorted(node.running.items())),
+        releases=tuple(_vm(a, c) for a, c in sorted(node.releasing.items())),
         slots=tuple(
             codec.SlotBundle(
                 slot_index=int(i),
@@ -143,19 +194,21 @@ def build(conn: Connection, node: str, generation: int = 0) -> codec.HostPlan | 
                 private_ip=str(ip),
                 numa_node=int(numa),
             )
-            for i, g, vf, d, mac, ip, numa, _ in slots
+            for i, g, vf, d, mac, ip, numa, _ in node.slots
         ),
         disk_identities=tuple(
             codec.SlotIdentity(int(row[0]), identity)
-            for row in slots
+            for row in node.slots
             if (identity := codec.DiskIdentity.from_dict(row[7])) is not None
         ),
-        ingress=endpoints.rules_for(conn, node_id, running),
+        ingress=tuple(node.ingress),
     )
 
 
-def _without_generation(spec: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in spec.items() if k != "generation"}
+def build(conn: Connection, node: str, generation: int = 0) -> codec.HostPlan | None:
+    """The plan `node` should run now (None when the node is unknown)."""
+    plan = build_many(conn, [node]).get(node)
+    return dataclasses.replace(plan, generation=generation) if plan is not None and generation else plan
 
 
 def pinned_images(conn: Connection) -> tuple[str, ...]:
@@ -168,24 +221,8 @@ def pinned_images(conn: Connection) -> tuple[str, ...]:
 
 def write_one(conn: Connection, node: str, *, revision: str | None = None) -> Written | None:
     """Rebuild one node's plan; bump the generation only if the spec changed."""
-    with dberrors.wrapped(f"write host plan of {node}"), conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext('gpuaas.host_plan'), hashtext(%s))", (node,))
-        have = conn.execute("SELECT generation, spec FROM host_plans WHERE node_name = %s", (node,)).fetchone()
-        plan = build(conn, node)
-        if plan is None:
-            return None
-        current = int(have[0]) if have else 0
-        spec = codec.to_json(plan)
-        if have is not None and _without_generation(have[1]) == _without_generation(_json_round_trip(spec)):
-            return Written(node, current, changed=False)
-        plan = dataclasses.replace(plan, generation=current + 1)
-        conn.execute(
-            "INSERT INTO host_plans (node_name, generation, spec, revision) VALUES (%s, %s, %s, %s)"
-            " ON CONFLICT (node_name) DO UPDATE SET generation = EXCLUDED.generation, spec = EXCLUDED.spec,"
-            " revision = EXCLUDED.revision, updated_at = now()",
-            (node, plan.generation, Jsonb(codec.to_json(plan)), revision),
-        )
-        return Written(node, plan.generation, changed=True)
+    written = write(conn, [node], revision=revision)
+    return written[0] if written else None
 
 
 def write(
@@ -197,7 +234,11 @@ def write(
 ) -> list[Written]:
     """Rebuild the plans of `nodes` (default: every present node and every node holding claims).
 
-    `shown` (a progress phase) gets the node count and advances per node.
+    Built and stored as sets, BATCH nodes per transaction: their advisory
+    locks taken in name order, then their inputs read in bulk (after the
+    locks, so a plan is never built from older claims than one a concurrent
+    writer stored), then one upsert (`store`). `shown` (a progress phase)
+    gets the node count and advances per batch.
     """
     if nodes is None:
         with dberrors.wrapped("list nodes for host plans"):
@@ -207,17 +248,80 @@ def write(
                 " ORDER BY name"
             ).fetchall()
         nodes = [str(r[0]) for r in rows]
-    out = []
+    out: list[Written] = []
     todo = sorted(set(nodes))
     if shown is not None:
         shown.total = len(todo)
-    for node in todo:
-        written = write_one(conn, node, revision=revision)
-        if written is not None:
-            out.append(written)
+    pins: tuple[str, ...] | None = None
+    for at in range(0, len(todo), BATCH):
+        batch = todo[at : at + BATCH]
+        with dberrors.wrapped(f"write the host plans of {len(batch)} node(s) from {batch[0]}"), conn.transaction():
+            _lock(conn, batch)
+            if pins is None:
+                pins = pinned_images(conn)
+            plans = build_many(conn, batch, pinned=pins)
+            out += _upsert(conn, list(plans.values()), revision)
         if shown is not None:
-            shown.advance()
+            shown.advance(len(batch))
     return out
+
+
+def store(conn: Connection, plans: Iterable[codec.HostPlan], *, revision: str | None = None) -> list[Written]:
+    """Store plans built elsewhere (the demo's restamped plans, tests' lab plans) the way `write` stores its own.
+
+    The one writer of `host_plans`: the generation is the stored one, moved up
+    by one only where the spec (all but the generation) changed; the plan's
+    own `generation` is ignored.
+    """
+    todo = sorted(plans, key=lambda p: p.node)
+    out: list[Written] = []
+    for at in range(0, len(todo), BATCH):
+        batch = todo[at : at + BATCH]
+        with dberrors.wrapped(f"store the host plans of {len(batch)} node(s)"), conn.transaction():
+            _lock(conn, [p.node for p in batch])
+            out += _upsert(conn, batch, revision)
+    return out
+
+
+def _lock(conn: Connection, nodes: list[str]) -> None:
+    """Every node's advisory lock, in one statement and in name order (two writers never deadlock)."""
+    conn.execute(_LOCK, (sorted(nodes),))
+
+
+_STAGE = (
+    "CREATE TEMP TABLE IF NOT EXISTS host_plan_stage (node_name text PRIMARY KEY, spec jsonb NOT NULL)"
+    " ON COMMIT DELETE ROWS"
+)
+# One statement for the batch: new nodes get generation 1, a changed spec the stored generation + 1
+# (in the row and in the spec's own "generation"), an unchanged one is not touched (no row version,
+# no NOTIFY to the host's long poll).
+_UPSERT = (
+    "INSERT INTO host_plans AS h (node_name, generation, spec, revision)"
+    " SELECT node_name, 1, jsonb_set(spec, '{generation}', '1'), %(revision)s FROM host_plan_stage"
+    " ON CONFLICT (node_name) DO UPDATE SET generation = h.generation + 1,"
+    " spec = jsonb_set(EXCLUDED.spec, '{generation}', to_jsonb(h.generation + 1)),"
+    " revision = EXCLUDED.revision, updated_at = now()"
+    " WHERE h.spec - 'generation' IS DISTINCT FROM EXCLUDED.spec - 'generation'"
+    " RETURNING node_name, generation"
+)
+
+
+def _upsert(conn: Connection, plans: list[codec.HostPlan], revision: str | None) -> list[Written]:
+    """COPY the batch's specs into a staging table, then one upsert that changes only changed specs."""
+    if not plans:
+        return []
+    names = [p.node for p in plans]
+    have = {
+        str(n): int(g)
+        for n, g in conn.execute("SELECT node_name, generation FROM host_plans WHERE node_name = ANY(%s)", (names,))
+    }
+    conn.execute(_STAGE)
+    with conn.cursor().copy("COPY host_plan_stage (node_name, spec) FROM STDIN") as copy:
+        for plan in plans:
+            copy.write_row((plan.node, json.dumps(codec.to_json(dataclasses.replace(plan, generation=0)))))
+    changed = {str(n): int(g) for n, g in conn.execute(_UPSERT, {"revision": revision})}
+    conn.execute("DELETE FROM host_plan_stage")  # inside an outer transaction, ON COMMIT comes later
+    return [Written(n, changed[n], changed=True) if n in changed else Written(n, have[n], changed=False) for n in names]
 
 
 def read(conn: Connection, node: str) -> codec.HostPlan | None:
@@ -225,9 +329,3 @@ def read(conn: Connection, node: str) -> codec.HostPlan | None:
     with dberrors.wrapped(f"read host plan of {node}"):
         row = conn.execute("SELECT spec FROM host_plans WHERE node_name = %s", (node,)).fetchone()
     return codec.from_json(row[0]) if row else None
-
-
-def _json_round_trip(spec: dict[str, Any]) -> Any:
-    import json
-
-    return json.loads(json.dumps(spec))

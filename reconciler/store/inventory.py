@@ -9,12 +9,12 @@ and placements running beside it never lose a race to a no-op.
 Each row remembers the revision that last changed it (`revision`); the
 `desired_revisions` table remembers every revision synced and its content
 hash (a plain directory without git is recorded as `tree:<hash>`). The rows
-each document becomes, and the content hash: store/inventoryrows.py.
+each document becomes and the content hash: store/inventoryrows.py; how the
+differences are written (COPY on a cold sync): store/inventorywrites.py.
 """
 
 from __future__ import annotations
 
-import json
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -23,12 +23,13 @@ from functools import partial
 from typing import Any
 
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from desired.state import Delta, DesiredState, delta_since
-from reconciler.store import inventoryrows
+from reconciler.store import inventoryrows, inventorywrites
 from reconciler.store.connections import Connection
-from reconciler.store.inventoryrows import ALLOCATIONS, FLEET, IMAGES, NODES, SKUS, SLOTS, Item, Row, Table
-from schemas import dberrors
+from reconciler.store.inventoryrows import ALLOCATIONS, IMAGES, NODES, SKUS, SLOTS, Item, Row, Table
+from schemas import dberrors, progress
 
 _LOCK_KEY = 0x67707561_0001
 
@@ -51,6 +52,8 @@ class SyncResult:
     content_hash: str
     new_revision: bool
     changes: tuple[RowChange, ...] = field(default=())
+    # Every row was read and compared (no trusted memory): what only a full look finds is looked for.
+    full: bool = True
 
     @property
     def changed(self) -> bool:
@@ -121,6 +124,7 @@ def sync(
     memory: Memory | None = None,
     guard: Guard | None = None,
     delta: Delta | None = None,
+    shown: progress.Phase | None = None,
 ) -> SyncResult:
     """Project `state` into the inventory tables in one transaction.
 
@@ -130,10 +134,10 @@ def sync(
     runs before the allocation rows are written; what it raises rolls the
     whole sync back. `delta`: how the reader built `state` from the state
     before it, when it did (with `memory`, only the documents it names are
-    itemised).
+    itemised). `shown` (a progress phase) counts the rows compared.
     """
     try:
-        return _sync(conn, state, memory, guard, delta)
+        return _sync(conn, state, memory=memory, guard=guard, read_by=delta, shown=shown)
     except BaseException:
         if memory is not None:  # what it holds may never have been committed
             memory.generation = None
@@ -142,7 +146,13 @@ def sync(
 
 
 def _sync(
-    conn: Connection, state: DesiredState, memory: Memory | None, guard: Guard | None, read_by: Delta | None
+    conn: Connection,
+    state: DesiredState,
+    *,
+    memory: Memory | None,
+    guard: Guard | None,
+    read_by: Delta | None,
+    shown: progress.Phase | None,
 ) -> SyncResult:
     digest = inventoryrows.content_hash(state, memory, read_by)
     revision = inventoryrows.revision_key(state, digest)
@@ -163,13 +173,15 @@ def _sync(
         if delta is not None and "Fleet" in delta.kinds():
             delta = None
         work = _Work(state, delta)
-        changes += _sync_fleet(conn, state, revision)
+        if (action := inventorywrites.sync_fleet(conn, state, revision)) and state.fleet:
+            changes.append(RowChange("fleet", state.fleet.name, action))
         changes += _sync_table(
             conn,
             SKUS,
             [((s.sku,), (s,), partial(inventoryrows.sku_row, s)) for s in work.docs("Sku")],
             revision,
             memory=mem(SKUS),
+            shown=shown,
             trust=trust,
             maybe_gone=work.gone("Sku"),
         )
@@ -179,6 +191,7 @@ def _sync(
             [((i.slug,), (i,), partial(inventoryrows.image_row, i)) for i in work.docs("Image")],
             revision,
             memory=mem(IMAGES),
+            shown=shown,
             trust=trust,
             maybe_gone=work.gone("Image"),
         )
@@ -192,6 +205,7 @@ def _sync(
             ],
             revision,
             memory=mem(NODES),
+            shown=shown,
             trust=trust,
             maybe_gone=work.gone("Node", "SlotMap"),
         )
@@ -203,6 +217,7 @@ def _sync(
             if memory is not None:
                 memory.slot_count = len(slot_items) + len(kept)
         names = {v: k for k, v in node_ids.items()}
+        slots_written: list[tuple[Any, ...]] = []
         changes += _sync_table(
             conn,
             SLOTS,
@@ -210,11 +225,13 @@ def _sync(
             revision,
             label=lambda key: f"{names.get(key[0], key[0])}:{key[1]}",
             memory=mem(SLOTS),
+            shown=shown,
             trust=trust,
             kept=kept,
             maybe_gone=maybe_gone,
+            written=slots_written,
         )
-        _slot_statuses(conn)
+        inventorywrites.slot_statuses(conn, slots_written if trust else None)
         if guard is not None:
             guard(changes, work.names("Allocation"))  # the stored allocation rows are still the old ones
         changes += _sync_table(
@@ -223,6 +240,7 @@ def _sync(
             [((a.id,), (a,), partial(inventoryrows.allocation_row, a)) for a in work.docs("Allocation")],
             revision,
             memory=mem(ALLOCATIONS),
+            shown=shown,
             trust=trust,
             maybe_gone=work.gone("Allocation"),
         )
@@ -233,14 +251,11 @@ def _sync(
             memory.syncs += 1
             memory.synced = weakref.ref(state)
             memory.delta_syncs += delta is not None
-        new_revision = (
-            conn.execute("SELECT 1 FROM desired_revisions WHERE revision = %s", (revision,)).fetchone() is None
-        )
+        new_revision = not conn.execute("SELECT 1 FROM desired_revisions WHERE revision = %s", (revision,)).fetchone()
         if new_revision:
-            slots = memory.slot_count if memory is not None else len(slot_items) + len(kept)
             counts = {
                 "nodes": len(state.nodes),
-                "slots": slots,
+                "slots": memory.slot_count if memory is not None else len(slot_items) + len(kept),
                 "skus": len(state.skus),
                 "images": len(state.images),
                 "allocations": len(state.allocations),
@@ -248,9 +263,9 @@ def _sync(
             conn.execute(
                 "INSERT INTO desired_revisions (revision, content_hash, file_count, counts)"
                 " VALUES (%s, %s, %s, %s) ON CONFLICT (revision) DO NOTHING",
-                (revision, digest, state.file_count, _jsonb(counts)),
+                (revision, digest, state.file_count, Jsonb(counts)),
             )
-    return SyncResult(revision, digest, new_revision, tuple(changes))
+    return SyncResult(revision, digest, new_revision, tuple(changes), full=not trust)
 
 
 def _generation(conn: Connection) -> int:
@@ -368,31 +383,10 @@ def changed_nodes(changes: Iterable[RowChange]) -> set[str]:
     return out
 
 
-# --------------------------------------------------------------- writing
-
-
-def _jsonb(value: Any) -> Any:
-    from psycopg.types.json import Jsonb
-
-    return Jsonb(value)
-
-
-def _plain_json(value: Any) -> Any:
-    """What jsonb gives back: string keys only (e.g. workload_mix {1: 0.4} -> {"1": 0.4})."""
-    return json.loads(json.dumps(value))
-
-
-def _params(table: Table, row: Row, revision: str) -> Row:
-    # None stays SQL NULL (an optional JSON column such as nvme_identity), not JSON null.
-    out = {k: _jsonb(v) if k in table.json_columns and v is not None else v for k, v in row.items()}
-    out["revision"] = revision
-    return out
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return bool(a == b)
+def added_nodes(changes: Iterable[RowChange]) -> set[str]:
+    """Nodes whose row this sync added or made present again (the only ones that can lack a host plan
+    after a sync that compared with a trusted memory)."""
+    return {c.key for c in changes if c.kind == "node" and c.action in ("added", "restored")}
 
 
 def _same_docs(a: tuple[Any, ...] | None, b: tuple[Any, ...]) -> bool:
@@ -447,6 +441,8 @@ def _sync_table(
     trust: bool = False,
     kept: Sequence[tuple[Any, ...]] = (),
     maybe_gone: Sequence[tuple[Any, ...]] | None = None,
+    written: list[tuple[Any, ...]] | None = None,
+    shown: progress.Phase | None = None,
 ) -> list[RowChange]:
     """Write the differences between the desired rows and the table.
 
@@ -455,7 +451,8 @@ def _sync_table(
     sync is known to be in place already (not built, not compared); `kept`
     are keys of such rows the caller did not even itemise (only with `trust`).
     `maybe_gone` (only with `trust`: a delta's items): only these rows may be
-    removed, and every row not itemised is in place.
+    removed, and every row not itemised is in place. `written` collects the keys of
+    the rows written (added, changed, restored, removed).
     """
     current = _current(
         conn, table, memory, trust, None if maybe_gone is None else [*(key for key, _, _ in items), *maybe_gone]
@@ -468,23 +465,30 @@ def _sync_table(
     updates: list[Row] = []
     changes: list[RowChange] = []
     wanted: set[tuple[Any, ...]] = set(kept)
+    wrote = written if written is not None else []
+    shown_at = len(wanted)
     for key, docs, build in items:
         wanted.add(key)
         if memory is not None and trust and _same_docs(memory.idents.get(key), docs):
             continue  # built from the same documents as the row already in place
         row = build()
-        values = tuple(_plain_json(row[c]) if c in table.json_columns else row[c] for c in table.columns)
         if memory is not None:
             memory.idents[key] = docs
         if len(inserts) + len(updates) >= _WRITE_BATCH:  # a cold sync's rows are written as they come
-            _write(conn, table, inserts, updates, [], revision=revision)
+            inventorywrites.write_rows(conn, table, inserts, updates, [], revision=revision)
             inserts, updates = [], []
-        if key not in current:
+            if shown is not None:
+                shown.advance(len(wanted) - shown_at)
+                shown_at = len(wanted)
+        if key not in current:  # nothing to compare with
+            wrote.append(key)
             inserts.append(row)
             changes.append(RowChange(table.kind, show(key), "added"))
             continue
+        values = tuple(inventorywrites.plain_json(row[c]) if c in table.json_columns else row[c] for c in table.columns)
         present, have = current[key]
-        if not present or not _same(have, values):
+        if not present or not inventorywrites.same(have, values):
+            wrote.append(key)
             updates.append(row)
             changes.append(RowChange(table.kind, show(key), "changed" if present else "restored"))
     if maybe_gone is None:
@@ -492,94 +496,12 @@ def _sync_table(
     else:
         gone = [key for key in dict.fromkeys(maybe_gone) if key not in wanted and current.get(key, (False,))[0]]
     changes += [RowChange(table.kind, show(key), "removed") for key in sorted(gone, key=str)]
+    wrote.extend(gone)
     if memory is not None:
         for key in gone:
             memory.idents.pop(key, None)
 
-    _write(conn, table, inserts, updates, gone, revision=revision)
+    inventorywrites.write_rows(conn, table, inserts, updates, gone, revision=revision)
+    if shown is not None:
+        shown.advance(len(wanted) - shown_at)
     return changes
-
-
-def _write(
-    conn: Connection,
-    table: Table,
-    inserts: list[Row],
-    updates: list[Row],
-    gone: list[tuple[Any, ...]],
-    *,
-    revision: str,
-) -> None:
-    name = sql.Identifier(table.name)
-    every = (*table.key, *table.columns)
-    if inserts:
-        stmt = sql.SQL("INSERT INTO {name} ({cols}, present, revision) VALUES ({vals}, true, %(revision)s)").format(
-            name=name,
-            cols=sql.SQL(", ").join(map(sql.Identifier, every)),
-            vals=sql.SQL(", ").join(sql.Placeholder(c) for c in every),
-        )
-        conn.cursor().executemany(stmt, [_params(table, r, revision) for r in inserts])
-    if updates:
-        stmt = sql.SQL(
-            "UPDATE {name} SET {sets}, present = true, revision = %(revision)s, updated_at = now() WHERE {where}"
-        ).format(
-            name=name,
-            sets=sql.SQL(", ").join(
-                sql.SQL("{} = {}").format(sql.Identifier(c), sql.Placeholder(c)) for c in table.columns
-            ),
-            where=sql.SQL(" AND ").join(
-                sql.SQL("{} = {}").format(sql.Identifier(k), sql.Placeholder(k)) for k in table.key
-            ),
-        )
-        conn.cursor().executemany(stmt, [_params(table, r, revision) for r in updates])
-    if gone:
-        stmt = sql.SQL(
-            "UPDATE {name} SET present = false, revision = %(revision)s, updated_at = now() WHERE {where}"
-        ).format(
-            name=name,
-            where=sql.SQL(" AND ").join(
-                sql.SQL("{} = {}").format(sql.Identifier(k), sql.Placeholder(k)) for k in table.key
-            ),
-        )
-        conn.cursor().executemany(
-            stmt, [{**dict(zip(table.key, key, strict=True)), "revision": revision} for key in gone]
-        )
-
-
-def _slot_statuses(conn: Connection) -> None:
-    """A free slot git no longer offers is disabled; one offered again is available."""
-    conn.execute(
-        "UPDATE node_resource_slots SET status = 'disabled', updated_at = now()"
-        " WHERE status = 'available' AND NOT (present AND enabled)"
-    )
-    conn.execute(
-        "UPDATE node_resource_slots SET status = 'available', updated_at = now()"
-        " WHERE status = 'disabled' AND present AND enabled"
-    )
-
-
-def _sync_fleet(conn: Connection, state: DesiredState, revision: str) -> list[RowChange]:
-    fleet = state.fleet
-    if fleet is None:
-        return []
-    row = inventoryrows.fleet_row(fleet)
-    cols = FLEET.columns
-    have = conn.execute(
-        sql.SQL("SELECT {} FROM fleet_settings").format(sql.SQL(", ").join(map(sql.Identifier, cols)))
-    ).fetchone()
-    plain = tuple(_plain_json(row[c]) if c in FLEET.json_columns and row[c] is not None else row[c] for c in cols)
-    if have is not None and _same(tuple(have), plain):
-        return []
-    conn.execute(
-        sql.SQL(
-            "INSERT INTO fleet_settings (singleton, {cols}, revision) VALUES (true, {values}, %(revision)s)"
-            " ON CONFLICT (singleton) DO UPDATE SET {updates}, revision = EXCLUDED.revision, updated_at = now()"
-        ).format(
-            cols=sql.SQL(", ").join(map(sql.Identifier, cols)),
-            values=sql.SQL(", ").join(map(sql.Placeholder, cols)),
-            updates=sql.SQL(", ").join(
-                sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c)) for c in cols
-            ),
-        ),
-        _params(FLEET, row, revision),
-    )
-    return [RowChange("fleet", fleet.name, "added" if have is None else "changed")]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from desired import models as m
 from reconciler import sources
 from reconciler.reconcile import reconciling
-from reconciler.store import checks, claims, inventory, live
+from reconciler.store import checks, claims, inventory, inventorywrites, live
 from reconciler.store.connections import Connection
 from tests.claims import util
 from tests.claims.conftest import small_fleet
@@ -47,7 +49,14 @@ def test_sync_projects_the_desired_state(conn: Connection) -> None:
     assert util.count(conn, "SELECT count(*) FROM nodes WHERE capability = 'both_capable'") == 4
 
 
-def test_same_revision_twice_writes_nothing(conn: Connection) -> None:
+# A cold sync writes new rows by COPY (from inventorywrites.COPY_FROM rows on): both ways must write exactly
+# the rows the next sync's comparison expects (a type COPY spells differently would show as a change).
+WRITE_PATHS = pytest.mark.parametrize("copy_from", [1, 10**9], ids=["copy", "insert"])
+
+
+@WRITE_PATHS
+def test_same_revision_twice_writes_nothing(conn: Connection, monkeypatch: pytest.MonkeyPatch, copy_from: int) -> None:
+    monkeypatch.setattr(inventorywrites, "COPY_FROM", copy_from)
     state = small_fleet()
     inventory.sync(conn, state)
     before = snapshot(conn)
@@ -96,7 +105,11 @@ def test_a_changed_slot_map_updates_eligibility(conn: Connection) -> None:
     assert 2 not in live.free_slots(conn).get("node-00001", [])
 
 
-def test_reapplying_the_example_fleet_is_a_no_op(conn: Connection) -> None:
+@WRITE_PATHS
+def test_reapplying_the_example_fleet_is_a_no_op(
+    conn: Connection, monkeypatch: pytest.MonkeyPatch, copy_from: int
+) -> None:
+    monkeypatch.setattr(inventorywrites, "COPY_FROM", copy_from)
     loaded = sources.load(EXAMPLES)
     assert not loaded.errors
     first = reconciling.reconcile(conn, loaded.state, source="test")

@@ -84,6 +84,12 @@ def _delta(old: DesiredState, new: DesiredState) -> Delta:
     return Delta(weakref.ref(old), frozenset(keys))
 
 
+_OUT_OF_STEP = (
+    "SELECT count(*) FROM node_resource_slots"
+    " WHERE status IN ('available', 'disabled') AND (status = 'available') <> (present AND enabled)"
+)
+
+
 @pytest.mark.parametrize(("seed", "by_delta"), [(1, False), (2, False), (1, True), (3, True)])
 def test_incremental_sync_equals_a_full_sync_after_every_edit(conn: Connection, seed: int, by_delta: bool) -> None:
     rng = random.Random(seed)  # noqa: S311 - test randomness
@@ -101,6 +107,9 @@ def test_incremental_sync_equals_a_full_sync_after_every_edit(conn: Connection, 
         before = memory.full_syncs
         incremental = inventory.sync(conn, state, memory=memory, delta=delta)
         trusted += memory.full_syncs == before
+        # The statuses of free slots follow their flags after the incremental sync already (it updates
+        # only the slots it wrote; the full sync below would quietly mend any it missed).
+        assert conn.execute(_OUT_OF_STEP).fetchone() == (0,), step
         full = inventory.sync(conn, state)  # a cold reconciler on the same state finds nothing to write
         assert not full.changed, (step, [c.render() for c in full.changes], [c.render() for c in incremental.changes])
         assert incremental.content_hash == inventoryrows.content_hash(state)

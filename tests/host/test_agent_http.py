@@ -19,6 +19,7 @@ import pytest
 from host_reconciler import agentclient, store
 from reconciler import cli
 from reconciler.service import agents
+from reconciler.store import hostplans as central_plans
 from tests.host.conftest import Lab
 from tests.host.test_store import add_node, plan
 from tests.service.conftest import serve
@@ -41,7 +42,7 @@ def test_the_lab_host_converges_through_the_api_only(
 ) -> None:
     with store.connect(db_url) as conn:
         add_node(conn, lab.node)
-        store.write_plan(conn, lab.plan(1, vms=(lab.vm("alloc-1", (0,)),)))
+        central_plans.store(conn, [lab.plan(1, vms=(lab.vm("alloc-1", (0,)),))])
     credential = tmp_path / "node.token"
     assert cli.main(["host", "token", "issue", lab.node, "--out", str(credential), "--db-url", db_url]) == 0
     monkeypatch.delenv("GPUAAS_DATABASE_URL", raising=False)  # the agent is given no database at all
@@ -72,7 +73,7 @@ def test_the_lab_host_converges_through_the_api_only(
                 assert time.monotonic() < deadline and agent.is_alive(), slot_rows(db_url, lab.node)
                 time.sleep(0.2)
             with store.connect(db_url) as conn:  # a new placement: the watch brings it, not the 120 s interval
-                store.write_plan(conn, lab.plan(2, vms=(lab.vm("alloc-1", (0,)), lab.vm("alloc-2", (1,)))))
+                central_plans.store(conn, [lab.plan(2, vms=(lab.vm("alloc-1", (0,)), lab.vm("alloc-2", (1,))))])
         finally:
             agent.join(timeout=100)
         assert codes == [0]
@@ -84,7 +85,7 @@ def test_the_lab_host_converges_through_the_api_only(
 def test_the_agent_keeps_its_plan_and_queues_reports_while_the_service_is_away(db_url: str) -> None:
     with store.connect(db_url) as conn:
         add_node(conn, "node-a")
-        store.write_plan(conn, plan("node-a", 1))
+        central_plans.store(conn, [plan("node-a", 1)])
         token = agents.issue_token(conn, "node-a", rotate=False)
     port = 0
     for s in serve(db_url):

@@ -10,6 +10,7 @@ import pytest
 from gpuaas_tools.demo import hosts as demo
 from gpuaas_tools.lab import host as lab
 from reconciler import cli
+from reconciler.store import hostplans as central_plans
 from schemas import hostplans
 from schemas.errors import GpuaasError
 from tests.host.conftest import Lab
@@ -107,7 +108,7 @@ def test_converge_reads_its_plan_and_writes_its_status_as_the_node_role(
 
     with store.connect(db_url) as conn:
         add_node(conn, lab.node)
-        store.write_plan(conn, lab.plan(1, vms=(lab.vm("alloc-1", (0,)),)))
+        central_plans.store(conn, [lab.plan(1, vms=(lab.vm("alloc-1", (0,)),))])
         creds = store.create_node_role(conn, lab.node, "s3cret")
     monkeypatch.setenv("GPUAAS_HOST_DB_PASSWORD", creds.password)
     assert (

@@ -23,6 +23,7 @@ from host_reconciler import store
 from host_reconciler.actions import Drift, DriftCode
 from reconciler import cli
 from reconciler.store import connections, hoststatus, migrations
+from reconciler.store import hostplans as central_plans
 from schemas import driftreports
 from tests.host.test_store import add_node, plan, status
 
@@ -61,7 +62,7 @@ def nodes(db_url: str) -> dict[str, store.NodeCredentials]:
         creds = {}
         for node in ("node-a", "node-b", "node-c"):
             add_node(conn, node)
-            store.write_plan(conn, plan(node))
+            central_plans.store(conn, [plan(node)])
             creds[node] = store.create_node_role(conn, node, f"pw-{node}")
     return creds
 

@@ -16,6 +16,7 @@ from host_reconciler import store
 from host_reconciler.imagecache import CacheEntry
 from host_reconciler.statuses import ImageCacheReport
 from reconciler.store import connections, live
+from reconciler.store import hostplans as central_plans
 from schemas.errors import GpuaasError
 from tests.host.test_store import add_node, plan, status
 
@@ -35,7 +36,7 @@ def test_each_pass_replaces_the_nodes_rows_and_the_planner_sees_them(db_url: str
         creds = {}
         for node in ("node-a", "node-b"):
             add_node(conn, node)
-            store.write_plan(conn, plan(node))
+            central_plans.store(conn, [plan(node)])
             creds[node] = store.create_node_role(conn, node, f"pw-{node}")
         store.write_status(conn, with_images("node-b", C))  # type: ignore[arg-type]
     a = creds["node-a"]
@@ -62,7 +63,7 @@ def test_each_pass_replaces_the_nodes_rows_and_the_planner_sees_them(db_url: str
 def test_a_malformed_report_is_refused_by_the_database(db_url: str) -> None:
     with store.connect(db_url) as conn:
         add_node(conn, "node-a")
-        store.write_plan(conn, plan("node-a"))
+        central_plans.store(conn, [plan("node-a")])
         bad = dataclasses.replace(
             status("node-a"), images=ImageCacheReport(entries=(CacheEntry("not-a-digest", "/x", 1, 0.0),))
         )

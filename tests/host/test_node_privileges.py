@@ -19,6 +19,7 @@ from psycopg.conninfo import make_conninfo
 
 from host_reconciler import store
 from reconciler.store import connections, migrations
+from reconciler.store import hostplans as central_plans
 from tests.fixtures.pg import TEMPLATE_DB
 from tests.host.test_store import add_node, plan, status
 
@@ -27,7 +28,7 @@ from tests.host.test_store import add_node, plan, status
 def node_a(db_url: str) -> store.NodeCredentials:
     with store.connect(db_url) as conn:
         add_node(conn, "node-a")
-        store.write_plan(conn, plan("node-a"))
+        central_plans.store(conn, [plan("node-a")])
         return store.create_node_role(conn, "node-a", "pw-node-a")
 
 

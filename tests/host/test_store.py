@@ -17,6 +17,7 @@ from host_reconciler import store
 from host_reconciler.actions import Drift, DriftCode, DriftMode
 from host_reconciler.statuses import HostStatus, SlotReport
 from reconciler import cli
+from reconciler.store import hostplans as central_plans
 from reconciler.store import hoststatus
 from schemas import hostplans as hp
 from schemas.errors import GpuaasError
@@ -39,7 +40,10 @@ def plan(node: str, generation: int = 1) -> hp.HostPlan:
         0, "0000:1b:00.0", "0000:1a:00.1", "/dev/disk/by-id/nvme-S0", "52:54:00:00:00:01", "10.100.0.10", 0
     )
     vm = hp.VmSpec(f"alloc-{node}", "acme", (b,), vcpu_count=2, memory_mib=1024)
-    return hp.HostPlan(node, generation, NETWORK, "/dev/disk/by-id/nvme-OS", vms=(vm,), slots=(b,))
+    # Each generation's spec differs (the shutdown timeout): the central writer moves the generation on a change only.
+    return hp.HostPlan(
+        node, generation, NETWORK, "/dev/disk/by-id/nvme-OS", graceful_timeout_s=119 + generation, vms=(vm,), slots=(b,)
+    )
 
 
 def status(node: str, *, drift: tuple[Drift, ...] = (), wipe: dict[str, Any] | None = None) -> HostStatus:
@@ -67,7 +71,7 @@ def two_nodes(db_url: str) -> dict[str, store.NodeCredentials]:
         creds = {}
         for node in ("node-a", "node-b"):
             add_node(conn, node)
-            store.write_plan(conn, plan(node))
+            central_plans.store(conn, [plan(node)])
             creds[node] = store.create_node_role(conn, node, f"pw-{node}")
         store.write_status(conn, status("node-b"))  # node-b already reported once
     return creds

@@ -25,6 +25,7 @@ import pytest
 from host_reconciler import agentclient, store
 from reconciler import cli
 from reconciler.service import agents
+from reconciler.store import hostplans as central_plans
 from schemas import agentwire
 from tests.host.test_store import add_node, plan
 from tests.service.conftest import Served, serve
@@ -35,7 +36,7 @@ def nodes_url(db_url: str) -> str:
     with store.connect(db_url) as conn:
         for node in ("node-a", "node-b"):
             add_node(conn, node)
-            store.write_plan(conn, plan(node, 1))
+            central_plans.store(conn, [plan(node, 1)])
     return db_url
 
 
@@ -162,10 +163,10 @@ def test_a_watch_returns_when_the_plan_changes(served: Served, nodes_url: str) -
         time.sleep(0.5)  # the watch is waiting (no change yet)
         assert not answers
         with store.connect(nodes_url) as conn:
-            store.write_plan(conn, plan("node-b", 2))  # another node's change wakes nobody here
+            central_plans.store(conn, [plan("node-b", 2)])  # another node's change wakes nobody here
             time.sleep(0.3)
             assert not answers
-            store.write_plan(conn, plan("node-a", 2))
+            central_plans.store(conn, [plan("node-a", 2)])
         watch.join(timeout=30)
         assert answers and answers[0].changed and answers[0].generation == 2 and answers[0].plan is not None
     finally:
@@ -289,7 +290,7 @@ def test_two_replicas_need_nothing_from_each_other(nodes_url: str) -> None:
             watch.start()
             time.sleep(0.3)
             with store.connect(nodes_url) as conn:  # the reconciler writes; replica two hears it itself
-                store.write_plan(conn, plan("node-a", 2))
+                central_plans.store(conn, [plan("node-a", 2)])
             watch.join(timeout=30)
             watcher.close()
             assert answers and answers[0].changed and answers[0].generation == 2

@@ -40,6 +40,7 @@ from host_reconciler import converging, reports, store
 from host_reconciler.actions import DriftMode
 from host_reconciler.context import Drivers
 from host_reconciler.drivers import wiring
+from reconciler.store import hostplans as hostplans_store
 from reconciler.store import hoststatus
 from schemas import driftreports, hostplans
 from schemas.errors import PermanentError
@@ -89,9 +90,9 @@ def _restamp(db_url: str, node: str, image_dir: Path) -> hostplans.HostPlan:
                 vm, image=dataclasses.replace(vm.image, digest_sha256=digests[ref], image_format="raw")
             )
 
-        plan = dataclasses.replace(plan, generation=plan.generation + 1, vms=tuple(stand_in(v) for v in plan.vms))
-        store.write_plan(conn, plan, revision="host-demo")
-        return plan
+        plan = dataclasses.replace(plan, vms=tuple(stand_in(v) for v in plan.vms))
+        (written,) = hostplans_store.store(conn, [plan], revision="host-demo")
+        return dataclasses.replace(plan, generation=written.generation)
 
 
 @dataclass

@@ -1,0 +1,62 @@
+"""Host plans written as sets (reconciler.store.hostplans): batches, concurrent writers, one bump per change."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from desired.state import DesiredState
+from reconciler.store import claims, connections, hostplans
+from reconciler.store.connections import Connection
+from schemas import progress
+from tests.claims.test_apply import slice_placement
+
+NODE = "node-00000"
+
+
+def _generations(conn: Connection) -> dict[str, int]:
+    return {str(n): int(g) for n, g in conn.execute("SELECT node_name, generation FROM host_plans")}
+
+
+def test_batches_write_every_node_once_and_count_progress(
+    conn: Connection, fleet: DesiredState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hostplans, "BATCH", 2)  # six nodes: three transactions
+    phase = progress.Phase("write host plans")
+    written = hostplans.write(conn, shown=phase)
+    assert sorted(w.node for w in written) == sorted(fleet.nodes)
+    assert all(w.changed and w.generation == 1 for w in written)
+    assert (phase.done, phase.total) == (6, 6)
+    again = hostplans.write(conn)
+    assert not any(w.changed for w in again) and _generations(conn) == dict.fromkeys(fleet.nodes, 1)
+    for w in again:  # the stored document carries the row's generation
+        plan = hostplans.read(conn, w.node)
+        assert plan is not None and plan.generation == 1
+
+
+def test_concurrent_writers_bump_a_changed_plan_once(conn: Connection, fleet: DesiredState, db_url: str) -> None:
+    hostplans.write(conn)
+    assert claims.place(conn, slice_placement("alloc-0000000", NODE, (1,))).placed
+    errors: list[BaseException] = []
+    order = [sorted(fleet.nodes), sorted(fleet.nodes, reverse=True)]
+
+    def writer(nodes: list[str]) -> None:
+        try:
+            with connections.connect(db_url, autocommit=True) as mine:
+                for _ in range(3):
+                    hostplans.write(mine, nodes)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(nodes,)) for nodes in order]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    generations = _generations(conn)
+    assert generations.pop(NODE) == 2  # one change, one bump, whoever wrote it
+    assert set(generations.values()) == {1}
+    plan = hostplans.read(conn, NODE)
+    assert plan is not None and [v.allocation_id for v in plan.vms] == ["alloc-0000000"]
