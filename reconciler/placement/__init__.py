@@ -17,7 +17,7 @@ Modules (import the module, call through it):
   replanning     `WarmPlanner`: one kept engine re-planned by difference
   reasons        stable pending codes
   capacity       the capacity read model: launchable counts per region x SKU, and why not more
-  prplan         what merging a PR would do (base vs head plans); prplan_render prints it
+  prplan         what merging a PR would do (base vs head plans); prplan_summary groups it, prplan_render prints it
   synthesis      synthetic fleets and workloads; simulation replays them through the engine
 
 Design and decisions: docs/placement.md.
