@@ -90,7 +90,7 @@ _TYPES: dict[str, frozenset[str]] = {
         "reconciler.placement.picking": "Picker",
         "reconciler.placement.strategies": "Buckets ByEnd Interleaved Patterns",
         "reconciler.placement.explaining": "Explainer",
-        "reconciler.placement.counting": "Counter",
+        "reconciler.placement.counting": "FitCounter",
         "reconciler.placement.index": "EndOrder NodeHeap SliceIndex WholeNodeIndex",
         "reconciler.placement.capacity": "Blocked Memo NodeSummary Offer ReadModel Size",
         "reconciler.placement.prplan": "BaseSide CapacityChange NodeChange",

@@ -14,7 +14,7 @@ from reconciler.placement.fleetstate import FleetState
 from reconciler.placement.requests import Refused, Request, Specs, Tier
 
 
-class Counter:
+class FitCounter:
     """Launchable counts over one fleet state; per-pattern fills memoised (patterns repeat fleet-wide)."""
 
     def __init__(self, state: FleetState, specs: Specs, explainer: Explainer) -> None:

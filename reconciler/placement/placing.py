@@ -32,7 +32,7 @@ from policies import modes, packing
 from policies import topology as t
 from reconciler import fleetgraph, plans
 from reconciler.placement import nodestatus, requests
-from reconciler.placement.counting import Counter
+from reconciler.placement.counting import FitCounter
 from reconciler.placement.explaining import Explainer
 from reconciler.placement.fleetstate import FleetState, NodeView
 from reconciler.placement.index import SliceIndex
@@ -80,7 +80,7 @@ class Engine:
         self._specs = requests.Specs(desired.skus)
         self._picker = Picker(self.state)
         self._explainer = Explainer(self.state, self._specs)
-        self._counter = Counter(self.state, self._specs, self._explainer)
+        self._counter = FitCounter(self.state, self._specs, self._explainer)
 
     # ------------------------------------------------------------ reading
 
@@ -157,7 +157,7 @@ class Engine:
         the request avoids are out of the indexes while it is picked (and
         explained, so a refusal counts only what the request could take).
         """
-        spec = self.spec(req.sku, req.gpu_count, req.vm_profile)
+        spec = self._specs.get(req.sku, req.gpu_count, req.vm_profile)
         if isinstance(spec, Refused):
             return spec
         state = self.state

@@ -60,7 +60,11 @@ class Patterns:
 
     def ranks_of(self, part: SliceIndex, g: int, rule: m.TopologyRule) -> dict[int, tuple[float, ...] | None]:
         """The memo of ranks (signature -> rank) for this partition's size mix, g and rule."""
-        return self.ranks.setdefault((part.mix_id, g, rule), {})
+        key = (part.mix_id, g, rule)
+        ranks = self.ranks.get(key)
+        if ranks is None:
+            ranks = self.ranks[key] = {}
+        return ranks
 
     def choice(self, lid: int, mask: int, g: int, rule: m.TopologyRule, mix_id: int) -> t.Choice:
         """The slots the policy takes for g GPUs from free `mask` of layout `lid`."""
