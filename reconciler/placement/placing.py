@@ -70,6 +70,7 @@ class Engine:
             raise ValueError(f"unknown placement policy {name!r}; known: {known}") from None
         if shares is None:
             shares = fleet.placement.workload_mix if fleet else DEFAULT_SHARES
+        # The parts below share this state; tests read it, callers go through the methods here.
         self.state = FleetState(
             desired,
             observed or plans.Observed(),
