@@ -162,8 +162,8 @@ class Engine:
         if isinstance(spec, Refused):
             return spec
         state = self.state
-        held = state.where.get(req.allocation_id)
-        if held is not None:
+        if req.allocation_id in state.where:
+            held = state.where[req.allocation_id]
             return Placed(held.name, held.slots(held.allocs[req.allocation_id]), spec.sku.capacity_shape, spec.profile)
         whole = spec.sku.capacity_shape is m.CapacityShape.BAREMETAL
         hidden = [n for name in sorted(req.avoid) if (n := state.by_name.get(name)) is not None]

@@ -171,11 +171,14 @@ class Buckets:
     ) -> list[tuple[SliceIndex, int]]:
         """The free patterns, across the request's partitions, that the policy ranks first."""
         g = req.gpu_count
-        rank = self.patterns.rank
+        rank, memo = self.patterns.rank, self.patterns.ranks
         best_rank: tuple[float, ...] | None = None
         tied: list[tuple[SliceIndex, int]] = []
         for part in parts:
-            ranks = self.patterns.ranks_of(part, g, rule)
+            rkey = (part.mix_id, g, rule)  # `Patterns.ranks_of`, inline: this runs per partition per request
+            ranks = memo.get(rkey)
+            if ranks is None:
+                ranks = memo[rkey] = {}
             for sig in part.sig_count:
                 r = ranks.get(sig, _MISSING)
                 if r is _MISSING:
