@@ -28,7 +28,7 @@ from markdown_it.token import Token
 from desired import problems as p
 from policies.profiles import Profile
 from reconciler import plans
-from reconciler.placement import inventory_diff, prplan_render
+from reconciler.placement import inventory_diff, prplan_render, prplan_summary
 from reconciler.placement.prplan import Affected, NodeChange, PrPlan
 from schemas import driftreports, rendering
 
@@ -245,7 +245,7 @@ def test_pr_plan_markdown_keeps_its_structure_with_hostile_values(value: str) ->
     assert _rows(tabs, "Allocation", "Code", "Reason", "New") == [[seen, seen, seen, "yes"]]
     assert _rows(tabs, "Allocation", "Tenant", "Node", "Slots") == [[seen, seen, seen, "1"]]
     inline = [plain(t)[0] for t in MD.parse(md) if t.type == "inline"]
-    rev = rendering.one_line(prplan_render.short(value))  # 40 characters read as a commit id: shortened
+    rev = rendering.one_line(prplan_summary.short(value))  # 40 characters read as a commit id: shortened
     assert inline[0] == f"gpuaas plan: {rev} → {rev}"
     assert any(text.endswith(f"to free them): {seen}, {seen}") for text in inline)
 

@@ -17,93 +17,13 @@ from typing import Any
 
 from reconciler import plans
 from reconciler.placement import capacity
-from reconciler.placement.prplan import NodeChange, PrPlan
+from reconciler.placement import prplan_summary as summary
+from reconciler.placement.prplan import PrPlan
 from schemas import rendering
 
 MARKER = "<!-- gpuaas-plan -->"
 OPEN_BELOW = 10  # sections with at most this many rows render expanded
 _SYMBOL = {"added": "+", "changed": "~", "removed": "-"}
-
-
-def short(rev: str | None) -> str:
-    if rev is None:
-        return "(empty)"
-    return rev[:12] if len(rev) == 40 else rev
-
-
-def _slots(idx: tuple[int, ...]) -> str:
-    return ",".join(str(i) for i in idx) if idx else "whole node"
-
-
-def _arrow(a: object, b: object, sep: str = "->") -> str:
-    return f"{a or '-'} {sep} {b or '-'}"
-
-
-def _moved(a: object, b: object, sep: str = "->") -> str:
-    """`a -> b` when the value changes; the value alone when it does not (`x -> x` is noise)."""
-    return _arrow(a, b, sep) if a != b else f"{a or '-'}"
-
-
-def node_changes(pr: PrPlan) -> list[NodeChange]:
-    """Nodes whose capability or mode really changes (a row with neither moving is left out)."""
-    return [n for n in pr.nodes if (n.capability_before, n.mode_before) != (n.capability_after, n.mode_after)]
-
-
-def node_why(pr: PrPlan, n: NodeChange, arrow: str = "->") -> list[str]:
-    """Why a node's capability or mode moves: its capability reasons, else its Node/SlotMap edits."""
-    if n.why:
-        return list(n.why)
-    return [
-        f"{c.kind}: {c.rendered_values(arrow)}"
-        for c in pr.inventory.changes
-        if c.name == n.node and c.kind in ("Node", "SlotMap") and c.fields
-    ]
-
-
-def node_tenants(pr: PrPlan, node: str) -> str:
-    """`3 allocation(s) of acme, globex` running on a node this change touches; empty when none."""
-    here = [a for a in pr.affected if a.node == node]
-    if not here:
-        return ""
-    tenants = ", ".join(sorted({a.tenant for a in here}))
-    return f"{len(here)} running allocation(s) of {tenants}"
-
-
-def headline(pr: PrPlan) -> str:
-    if not pr.valid:
-        return f"{len(pr.errors)} validation error(s) in head; nothing planned"
-    if not pr.changed:
-        return "no changes"
-    parts = []
-    inv = len(pr.inventory.changes)
-    if inv:
-        parts.append(f"{inv} inventory change(s)")
-    if pr.nodes:
-        parts.append(f"{len(pr.nodes)} node(s) change capability or mode")
-    parts.append(f"{len(pr.plan.placements)} to place")
-    parts.append(f"{len(pr.plan.pending)} pending ({len(pr.new_pending)} new)")
-    parts.append(f"{len(pr.plan.releases)} to release")
-    return ", ".join(parts)
-
-
-def slot_groups(pr: PrPlan) -> dict[tuple[str, bool, tuple[str, ...]], list[int]]:
-    """Slot changes grouped by (node, schedulable after, reasons), slot indexes in order."""
-    out: dict[tuple[str, bool, tuple[str, ...]], list[int]] = {}
-    for s in pr.inventory.slots:
-        out.setdefault((s.node, s.schedulable_after, s.reasons), []).append(s.slot_index)
-    return out
-
-
-def ineligible_groups(pr: PrPlan) -> dict[tuple[str, tuple[str, ...]], list[int]]:
-    """Slots of the slot maps this change adds or edits that head still cannot schedule, with the reasons."""
-    touched = {c.name for c in pr.inventory.changes if c.kind in ("SlotMap", "Node") and c.action != "removed"}
-    changed = {(s.node, s.slot_index) for s in pr.inventory.slots}
-    out: dict[tuple[str, tuple[str, ...]], list[int]] = {}
-    for node in sorted(touched & set(pr.inventory.ineligible_after)):
-        for idx, reasons in sorted(pr.inventory.ineligible_after[node].items()):
-            if (node, idx) not in changed:
-                out.setdefault((node, reasons), []).append(idx)
-    return out
 
 
 # ------------------------------------------------------------------- json
@@ -120,7 +40,7 @@ def as_dict(pr: PrPlan) -> dict[str, Any]:
         "changed": pr.changed,
         "errors": [e.as_dict() for e in pr.errors],
         "base_errors": [e.as_dict() for e in pr.base_errors],
-        "summary": headline(pr),
+        "summary": summary.headline(pr),
         "inventory": {
             "changes": [
                 {"kind": c.kind, "name": c.name, "action": c.action, "fields": list(c.fields)} for c in inv.changes
@@ -255,28 +175,28 @@ def _text_inventory(pr: PrPlan) -> list[str]:
     ]
     delta = inv.schedulable_gpus_after - inv.schedulable_gpus_before
     out.append(f"  schedulable slots: {inv.schedulable_gpus_before} -> {inv.schedulable_gpus_after} ({delta:+d})")
-    for (node, now, reasons), idx in slot_groups(pr).items():
+    for (node, now, reasons), idx in summary.slot_groups(pr).items():
         verb = "become schedulable" if now else "stop being schedulable"
         why = f": {', '.join(reasons)}" if reasons else ""
-        out.append(f"    {node} slots [{_slots(tuple(idx))}] {verb}{why}")
-    unschedulable = ineligible_groups(pr)
+        out.append(f"    {node} slots [{summary.slots_text(tuple(idx))}] {verb}{why}")
+    unschedulable = summary.ineligible_groups(pr)
     if unschedulable:
         out.append("  not schedulable in head:")
         out += [
-            f"    {node} slots [{_slots(tuple(idx))}]: {', '.join(reasons)}"
+            f"    {node} slots [{summary.slots_text(tuple(idx))}]: {', '.join(reasons)}"
             for (node, reasons), idx in unschedulable.items()
         ]
     return out
 
 
 def _text_nodes(pr: PrPlan) -> list[str]:
-    if not node_changes(pr):
+    if not summary.node_changes(pr):
         return []
     out = ["", "Nodes:"]
-    for n in node_changes(pr):
-        line = f"  {n.node:<24} capability {_moved(n.capability_before, n.capability_after):<34}"
-        line += f" mode {_moved(n.mode_before, n.mode_after)}"
-        why = node_why(pr, n) + ([node_tenants(pr, n.node)] if node_tenants(pr, n.node) else [])
+    for n in summary.node_changes(pr):
+        line = f"  {n.node:<24} capability {summary.moved(n.capability_before, n.capability_after):<34}"
+        line += f" mode {summary.moved(n.mode_before, n.mode_after)}"
+        why = summary.node_why(pr, n) + ([summary.node_tenants(pr, n.node)] if summary.node_tenants(pr, n.node) else [])
         if why:
             line += f"  ({'; '.join(why)})"
         out.append(line.rstrip())
@@ -288,7 +208,8 @@ def _text_affected(pr: PrPlan) -> list[str]:
         return []
     out = ["", "Running allocations on changed nodes (they keep running; drained nodes take no new ones):"]
     out += [
-        f"  {a.allocation_id:<24} tenant {a.tenant:<14} {a.node} slots [{_slots(a.slot_indexes)}]: {a.change}"
+        f"  {a.allocation_id:<24} tenant {a.tenant:<14} {a.node} "
+        f"slots [{summary.slots_text(a.slot_indexes)}]: {a.change}"
         for a in pr.affected
     ]
     return out
@@ -301,7 +222,8 @@ def _text_allocations(pr: PrPlan) -> list[str]:
         for x in pr.plan.placements:
             prof = f" profile {x.profile.name}" if x.profile else ""
             out.append(
-                f"  + {x.allocation_id:<24} {x.gpu_count}x {x.sku} -> {x.node} slots [{_slots(x.slot_indexes)}]"
+                f"  + {x.allocation_id:<24} {x.gpu_count}x {x.sku} -> {x.node} "
+                f"slots [{summary.slots_text(x.slot_indexes)}]"
                 f"{prof} (tenant {x.tenant})"
             )
     if pr.plan.pending:
@@ -313,7 +235,7 @@ def _text_allocations(pr: PrPlan) -> list[str]:
     if pr.plan.releases:
         out += ["", "Releases:"]
         out += [
-            f"  - {r.allocation_id:<24} {r.node} slots [{_slots(r.slot_indexes)}] -> cleanup"
+            f"  - {r.allocation_id:<24} {r.node} slots [{summary.slots_text(r.slot_indexes)}] -> cleanup"
             f" (tenant {pr.tenants.get(r.allocation_id, '-')})"
             for r in pr.plan.releases
         ]
@@ -326,35 +248,22 @@ def _text_allocations(pr: PrPlan) -> list[str]:
     if pr.host_blocked:
         out += ["", "Not placed until their hosts report them clear:"]
         out += [
-            f"  {node} {'(node-wide corruption)' if idx is None else 'slots [' + _slots(tuple(slots)) + ']'}: "
+            f"  {node} "
+            f"{'(node-wide corruption)' if idx is None else 'slots [' + summary.slots_text(tuple(slots)) + ']'}: "
             f"{', '.join(codes)}"
-            for (node, codes), idxs in host_groups(pr).items()
+            for (node, codes), idxs in summary.host_groups(pr).items()
             for idx, slots in idxs
         ]
     return out
 
 
-def host_groups(pr: PrPlan) -> dict[tuple[str, tuple[str, ...]], list[tuple[int | None, list[int]]]]:
-    """Host-reported blocks grouped by (node, codes): the node itself (None), then its slots together."""
-    out: dict[tuple[str, tuple[str, ...]], list[tuple[int | None, list[int]]]] = {}
-    for node, idx, codes in pr.host_blocked:
-        group = out.setdefault((node, codes), [])
-        if idx is None:
-            group.insert(0, (None, []))
-        elif group and group[-1][0] is not None:
-            group[-1][1].append(idx)
-        else:
-            group.append((idx, [idx]))
-    return out
-
-
 def render_text(pr: PrPlan) -> str:
     out = [
-        f"Plan: {short(pr.base_revision)} -> {short(pr.head_revision)}"
+        f"Plan: {summary.short(pr.base_revision)} -> {summary.short(pr.head_revision)}"
         + (" (offline: base state planned from no claims)" if pr.offline else " (against the database)")
     ]
     if not pr.valid:
-        out += ["", *(e.render() for e in pr.errors), "", f"Plan: {headline(pr)}."]
+        out += ["", *(e.render() for e in pr.errors), "", f"Plan: {summary.headline(pr)}."]
         return _lines(out)
     if pr.base_errors:
         out.append(f"note: base has {len(pr.base_errors)} validation error(s); its state is partial")
@@ -369,7 +278,7 @@ def render_text(pr: PrPlan) -> str:
     if pr.capacity_changes:
         out += ["", "Launchable capacity (before -> after):"]
         out += [f"  {c.region:<12} {c.sku:<26} {c.gpu_count} GPU: {c.before} -> {c.after}" for c in pr.capacity_changes]
-    out += ["", f"Plan: {headline(pr)}."]
+    out += ["", f"Plan: {summary.headline(pr)}."]
     return _lines(out)
 
 
@@ -414,7 +323,7 @@ def _details(title: str, header: list[str], rows: list[list[object]]) -> list[st
 
 
 def render_markdown(pr: PrPlan) -> str:
-    revs = f"{_code(short(pr.base_revision))} → {_code(short(pr.head_revision))}"
+    revs = f"{_code(summary.short(pr.base_revision))} → {_code(summary.short(pr.head_revision))}"
     out = [MARKER, f"### gpuaas plan: {revs}", ""]
     if not pr.valid:
         out += [f"**Invalid: {len(pr.errors)} validation error(s); nothing was planned.**", ""]
@@ -439,7 +348,7 @@ def render_markdown(pr: PrPlan) -> str:
     )
     out += [
         "",
-        f"**{rendering.md_text(headline(pr))}**"
+        f"**{rendering.md_text(summary.headline(pr))}**"
         + (" (offline: base state planned from no claims)" if pr.offline else ""),
     ]
     if pr.base_errors:
@@ -462,14 +371,17 @@ def render_markdown(pr: PrPlan) -> str:
         "Slot eligibility",
         ["Node", "Slots", "Schedulable", "Reasons"],
         [
-            [_code(node), _slots(tuple(idx)), "no → yes" if now else "yes → no", _codes(reasons)]
-            for (node, now, reasons), idx in slot_groups(pr).items()
+            [_code(node), summary.slots_text(tuple(idx)), "no → yes" if now else "yes → no", _codes(reasons)]
+            for (node, now, reasons), idx in summary.slot_groups(pr).items()
         ],
     )
     out += _details(
         "Slots still not schedulable (added or changed nodes)",
         ["Node", "Slots", "Reasons"],
-        [[_code(node), _slots(tuple(idx)), _codes(reasons)] for (node, reasons), idx in ineligible_groups(pr).items()],
+        [
+            [_code(node), summary.slots_text(tuple(idx)), _codes(reasons)]
+            for (node, reasons), idx in summary.ineligible_groups(pr).items()
+        ],
     )
     out += _details(
         "Nodes: capability and mode",
@@ -477,18 +389,21 @@ def render_markdown(pr: PrPlan) -> str:
         [
             [
                 _code(n.node),
-                _moved(n.capability_before, n.capability_after, "→"),
-                _moved(n.mode_before, n.mode_after, "→"),
-                _codes(n.why) if n.why else "; ".join(node_why(pr, n, "→")) or "-",
-                node_tenants(pr, n.node) or "-",
+                summary.moved(n.capability_before, n.capability_after, "→"),
+                summary.moved(n.mode_before, n.mode_after, "→"),
+                _codes(n.why) if n.why else "; ".join(summary.node_why(pr, n, "→")) or "-",
+                summary.node_tenants(pr, n.node) or "-",
             ]
-            for n in node_changes(pr)
+            for n in summary.node_changes(pr)
         ],
     )
     out += _details(
         "Running allocations on changed nodes",
         ["Allocation", "Tenant", "Node", "Slots", "Change"],
-        [[_code(a.allocation_id), a.tenant, _code(a.node), _slots(a.slot_indexes), a.change] for a in pr.affected],
+        [
+            [_code(a.allocation_id), a.tenant, _code(a.node), summary.slots_text(a.slot_indexes), a.change]
+            for a in pr.affected
+        ],
     )
     out += _details(
         "Placements",
@@ -499,7 +414,7 @@ def render_markdown(pr: PrPlan) -> str:
                 x.tenant,
                 f"{x.gpu_count}x {x.sku}",
                 _code(x.node),
-                _slots(x.slot_indexes),
+                summary.slots_text(x.slot_indexes),
                 f"{x.profile.name} ({x.profile.vcpu_count} vCPU, {x.profile.memory_mib} MiB)" if x.profile else "-",
             ]
             for x in pr.plan.placements
@@ -509,8 +424,8 @@ def render_markdown(pr: PrPlan) -> str:
         "Not placed until their hosts report them clear",
         ["Node", "Slots", "Codes"],
         [
-            [_code(node), "whole node" if idx is None else _slots(tuple(slots)), _codes(codes)]
-            for (node, codes), idxs in host_groups(pr).items()
+            [_code(node), "whole node" if idx is None else summary.slots_text(tuple(slots)), _codes(codes)]
+            for (node, codes), idxs in summary.host_groups(pr).items()
             for idx, slots in idxs
         ],
     )
@@ -526,7 +441,12 @@ def render_markdown(pr: PrPlan) -> str:
         "Releases",
         ["Allocation", "Tenant", "Node", "Slots"],
         [
-            [_code(r.allocation_id), pr.tenants.get(r.allocation_id, "-"), _code(r.node), _slots(r.slot_indexes)]
+            [
+                _code(r.allocation_id),
+                pr.tenants.get(r.allocation_id, "-"),
+                _code(r.node),
+                summary.slots_text(r.slot_indexes),
+            ]
             for r in pr.plan.releases
         ],
     )

@@ -395,6 +395,4 @@ def offers(desired: DesiredState, mix: dict[int, float]) -> list[Offer]:
 
 
 def _serving(engine: placing.Engine, sku: str) -> list[tuple[int, ...]]:
-    return [
-        t.positions(lay.full) for node in engine.nodes for part, _, lay in node.views if part in engine.slice_parts(sku)
-    ]
+    return [t.positions(lay.full) for lay in engine.serving_layouts(sku)]

@@ -11,11 +11,11 @@ def ranked(engine: placing.Engine, req: placing.Request) -> list[tuple[str, tupl
     spec = engine.spec(req.sku, req.gpu_count)
     assert not isinstance(spec, placing.Refused)
     scored = []
-    for node in engine.nodes:
+    for node in engine.state.nodes:
         for part, _lid, lay in node.views:
             free = lay.full & ~node.claimed
             o = packing.option(
-                packing.Policy.DEFAULT, lay, free, req.gpu_count, spec.rule, demands=engine._mixes[part.mix_id]
+                packing.Policy.DEFAULT, lay, free, req.gpu_count, spec.rule, demands=engine.state.mixes[part.mix_id]
             )
             if o is None:
                 continue

@@ -80,7 +80,7 @@ _Snapshot = tuple[list[tuple[str, int, str | None]], list[int], list[tuple[str, 
 def _snapshot(engine: placing.Engine) -> _Snapshot:
     """Claims per node, the empty-node heaps and where every allocation is held."""
     nodes = sorted((n.name, n.claimed, n.exclusive) for n in engine.nodes)
-    empty = sorted(nid for w in engine._whole_parts.values() for nid in w.empty.nodes())
+    empty = sorted(nid for w in engine.state.whole_parts.values() for nid in w.empty.nodes())
     return nodes, empty, sorted((a, n.name) for a, n in engine.where.items())
 
 

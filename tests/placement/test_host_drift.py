@@ -13,10 +13,11 @@ from types import MappingProxyType
 
 import pytest
 
+from desired import models as m
 from host_reconciler import actions
 from policies import hostreports, modes
 from reconciler.placement import capacity, placing, prplan, reasons, replanning
-from tests.placement.pictures import BAREMETAL, SLICE, world
+from tests.placement.pictures import BAREMETAL, REGION, SLICE, aid, world
 
 NOT_VFIO = ("drift.pci.not_vfio",)
 
@@ -141,3 +142,30 @@ def test_the_warm_planner_and_the_pr_plan_follow_the_reports() -> None:
     assert [p.node for p in pr.plan.placements] == ["n2"]
     offers = {o.sku: o for o in pr.capacity_after.offers}
     assert offers[SLICE].not_launchable["node_corrupt"] == 8
+
+
+def test_a_refusal_counts_a_drifted_slot_its_release_frees() -> None:
+    """The drift count behind a refusal is kept between refusals; a release must renew it."""
+    w = world("""
+        n1: [a...|....]
+    """)
+    w.observed = replace(w.observed, slot_blocks=MappingProxyType({("n1", i): NOT_VFIO for i in range(8)}))
+    engine = placing.Engine(w.desired, w.observed)
+    req = placing.Request("probe", "t", SLICE, 1, REGION)
+    assert engine.explain(req).details["host_drift_slots"] == 7  # slot 0 is held
+    assert engine.release(aid("a"))
+    assert engine.explain(req).details["host_drift_slots"] == 8
+
+
+def test_a_refusal_reads_the_facts_a_reset_node_brought() -> None:
+    """Refusals that read only facts are kept per (SKU, region, tenant); new facts must renew them."""
+    w = world("""
+        n1: [AAAA|AAAA]
+    """)
+    engine = placing.Engine(w.desired, w.observed)
+    req = placing.Request("probe", "t", SLICE, 1, REGION)
+    assert engine.explain(req).code == reasons.CAPACITY
+    drained = replace(engine.by_name["n1"].facts, admin_state=m.AdminState.DRAINING)
+    engine.reset_node("n1", [c for c in w.observed.claims if c.node == "n1"], drained)
+    expected = reasons.static_refusal(engine.facts, w.desired.skus[SLICE], REGION, "t")
+    assert expected is not None and engine.explain(req) == expected

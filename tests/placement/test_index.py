@@ -62,7 +62,7 @@ def test_slice_index_counts_follow_adds_and_removes() -> None:
 
 def _snapshot(engine: placing.Engine) -> dict[int, object]:
     out: dict[int, object] = {}
-    for node in engine.nodes:
+    for node in engine.state.nodes:
         views = []
         for part, _lid, _lay in node.views:
             sig, bucket, free = part.place[node.id]
@@ -88,14 +88,14 @@ def test_release_restores_the_index_exactly(policy: str) -> None:
         if isinstance(out, placing.Placed):
             live.append(f"r{i}")
         # invariants after every step: indexes agree with the claims
-        for node in engine.nodes:
+        for node in engine.state.nodes:
             claimed = node.claimed
             for part, _lid, lay in node.views:
                 _, (_, mask), free = part.place[node.id]
                 assert mask == lay.full & ~claimed and free == mask.bit_count()
             for w in node.wholes:
                 assert (node.id in w.empty) is (not node.allocs)
-        assert engine.empty_nodes == sum(1 for n in engine.nodes if not n.allocs)
+        assert engine.empty_nodes == sum(1 for n in engine.state.nodes if not n.allocs)
     for aid in live:
         engine.release(aid)
     assert _snapshot(engine) == before

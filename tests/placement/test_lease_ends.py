@@ -176,7 +176,7 @@ def test_requests_without_terms_place_as_before(monkeypatch: pytest.MonkeyPatch)
         if not by_end:  # today's engine: no end order at all
             monkeypatch.setattr(packing, "uses_lease_ends", lambda policy: False)
         engine = placing.Engine(desired)
-        assert engine._by_end is by_end
+        assert engine.state.by_end is by_end
         rnd = random.Random(3)  # noqa: S311  # seeded, reproducible simulation input, not security
         live: list[str] = []
         placed = []

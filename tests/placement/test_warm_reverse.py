@@ -33,7 +33,8 @@ from tests.placement.test_warm_planner import POLICIES, _cold, _edit_allocations
 def _view(engine: placing.Engine, desired: DesiredState, observed: plans.Observed) -> dict[str, Any]:
     """What readers of an engine see, and the per-node state planning starts from."""
     nodes = {
-        n.name: (n.facts, dict(n.allocs), dict(n.since), dict(n.ends), n.exclusive, n.claimed) for n in engine.nodes
+        n.name: (n.facts, dict(n.allocs), dict(n.since), dict(n.ends), n.exclusive, n.claimed)
+        for n in engine.state.nodes
     }
     return {
         "nodes": nodes,
