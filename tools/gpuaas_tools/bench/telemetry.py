@@ -92,6 +92,7 @@ class _Agent(threading.Thread):
         self._url, self._gate, self._expected, self._by_name = url, gate, expected, by_name
         self._interval = interval
         self.stop = threading.Event()
+        self.expecting = threading.Event()  # set once the listener knows the VMs' addresses
         self.reports = 0
         self.error: BaseException | None = None
 
@@ -108,29 +109,20 @@ class _Agent(threading.Thread):
                 while not self.stop.is_set():
                     generation += 1
                     latest = self._gate.guest_telemetry(self._expected)
+                    self.expecting.set()
                     samples = {self._by_name[n]: s for n, s in latest.items() if n in self._by_name}
                     host_store.write_status(conn, _status(generation, samples, DriftMode.REPORT))
                     self.reports += 1
                     self.stop.wait(self._interval)
         except BaseException as e:  # surfaced by the main thread
             self.error = e
+            self.expecting.set()
 
 
 def _status(generation: int, samples: dict[str, Any], mode: Any) -> Any:
     from host_reconciler.statuses import HostStatus
 
     return HostStatus(NODE, generation, generation, mode, True, True, (), (), (), (), (), telemetry=samples)
-
-
-def _wait_first_report(agent: _Agent) -> None:
-    """Until the agent's first pass is written: before it the listener knows no VM and answers 403."""
-    deadline = time.monotonic() + 60
-    while agent.reports == 0:
-        if agent.error is not None:
-            raise agent.error
-        if time.monotonic() > deadline or not agent.is_alive():
-            raise UsageError("the host agent wrote no report within 60 s", code="bench.telemetry.agent_silent")
-        time.sleep(0.02)
 
 
 def _post(url: str, body: bytes) -> int:
@@ -188,7 +180,12 @@ def _measure(url: str, placed: list[str], args: argparse.Namespace) -> tuple[lis
             names = sorted(by_name)
             rng = random.Random(0)  # noqa: S311 - post phase jitter, not security
             spacing = max(0.2, (5.0 + 0.2) / len(names))  # each VM posts at most once per 5 s (else 429)
-            _wait_first_report(agent)  # the agent's first pass tells the listener the VMs' addresses
+            # A sample before the agent's first pass told the listener the VMs' addresses is refused (403):
+            # wait for that pass, not for a fixed time (its database login can take seconds on a busy machine).
+            if not agent.expecting.wait(timeout=120):
+                raise UsageError("the agent's first pass took over 120 s", code="bench.telemetry.agent_stuck")
+            if agent.error is not None:
+                raise agent.error
             for i in range(args.samples):
                 name = names[i % len(names)]
                 mem = 1000 + i
