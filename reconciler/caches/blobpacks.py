@@ -49,7 +49,7 @@ from reconciler.caches.cachestore import Note, Store
 
 __all__ = ["CODEC", "DiskStore", "Encoded", "Entry", "Found", "Packed", "TypedDoc", "git_blob_id", "open_store"]
 
-FORMAT = 4  # 4: packs of typed documents (models), pickled, a tag byte first; 3 kept one row per blob
+FORMAT = 5  # 5: a model pickled as its fields (`_model`); 4 through pydantic's own __getstate__/__setstate__
 MAX_ENTRIES = 200_000  # beyond this, the oldest entries not in the current tree are dropped
 _CHUNK = 500  # keys per SELECT (SQLite's variable limit is 999 on old builds)
 # The payload's first byte says how the rest is encoded (one way so far: pickle).
@@ -104,6 +104,8 @@ class _Unpickler(pickle.Unpickler):
             found = _model_classes().get(name)
             if found is not None and found.__module__ == module:
                 return found
+        if module == __name__ and name == "_model":
+            return _model
         raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a cache entry")
 
 
@@ -253,10 +255,50 @@ class DiskStore(Store):
 def encoded(files: Sequence[Packed]) -> Encoded:
     """The pack of these files (pure: a parse worker makes it beside the parse).
 
-    Models need pickle; the tag byte leaves room for another encoding.
+    Models need pickle; the tag byte leaves room for another encoding. A
+    model goes as its class and validated fields (`_model`), not through
+    pydantic's own pickling: a state dict per model made and read back by
+    Python code on both sides of the pipe and the disk.
     """
     items = tuple((git_blob_id(data), data, problems, docs) for data, problems, docs in files)
-    return Encoded(tuple(item[0] for item in items), _PICKLE + pickle.dumps((FORMAT, items), protocol=5))
+    out = io.BytesIO()
+    out.write(_PICKLE)
+    pickler = pickle.Pickler(out, protocol=5)
+    pickler.dispatch_table = _reducers()  # asked only about objects of these exact types
+    pickler.dump((FORMAT, items))
+    return Encoded(tuple(item[0] for item in items), out.getvalue())
+
+
+def _model(cls: Any, values: Any, fields_set: Any) -> Any:
+    """A desired-state model from the fields it was validated with, not validated again (pickle's way, in one step).
+
+    Only a model class of `desired.models`, with a dict of fields and a set
+    of the fields given: anything else is refused, and the pack is a miss.
+    """
+    if not (cls in _pydantic_models() and type(values) is dict and type(fields_set) is set):
+        raise pickle.UnpicklingError(f"{cls!r}: not a desired-state model's fields")
+    obj = cls.__new__(cls)
+    setattr_ = object.__setattr__
+    setattr_(obj, "__dict__", values)
+    setattr_(obj, "__pydantic_fields_set__", fields_set)
+    setattr_(obj, "__pydantic_extra__", None)  # extra fields are forbidden
+    setattr_(obj, "__pydantic_private__", None)  # the models hold no private attributes
+    return obj
+
+
+@functools.cache
+def _pydantic_models() -> frozenset[type]:
+    from pydantic import BaseModel
+
+    return frozenset(c for c in _model_classes().values() if issubclass(c, BaseModel))
+
+
+@functools.cache
+def _reducers() -> dict[type, Any]:
+    def reduce(obj: Any) -> tuple[Any, ...]:
+        return _model, (type(obj), obj.__dict__, obj.__pydantic_fields_set__)
+
+    return dict.fromkeys(_pydantic_models(), reduce)
 
 
 def decode_pack(payload: bytes) -> dict[str, Entry] | None:

@@ -7,6 +7,7 @@ one transaction per write, old databases replaced rather than misread.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import pickle
 import shutil
@@ -143,6 +144,16 @@ def _pack(*items: object) -> bytes:
     return _p((blobpacks.FORMAT, items))
 
 
+class _Model:
+    """Pickles as a call of the packs' model rebuilder with these arguments (what a forged pack could hold)."""
+
+    def __init__(self, *args: object) -> None:
+        self.args = args
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return blobpacks._model, self.args
+
+
 @pytest.mark.parametrize(
     "payload",
     [
@@ -156,6 +167,8 @@ def _pack(*items: object) -> bytes:
         # A model of desired.models that is not a document kind:
         _pack((BLOB, DATA, (), ((0, 1, m.Region(name="r", pools=(m.Pool(name="p"),)), ()),))),
         _pack((BLOB, DATA, (), ((0, 1, None, (("c", "m", 1),)),))),  # a short problem
+        _pack((BLOB, DATA, (), ((0, 1, _Model(dt.datetime, {}, set()), ()),))),  # the rebuilder on a non-model
+        _pack((BLOB, DATA, (), ((0, 1, _Model(m.Node, {}, ["name"]), ()),))),  # fields set not a set
         _pack(
             (BLOB, DATA, ()),
         ),  # a file without its documents
