@@ -157,7 +157,9 @@ class HostPlan:
     generation: int
     network: Network
     os_disk: str
-    graceful_timeout_s: int = 120
+    # Seconds a released VM gets to shut down gracefully before it is stopped hard (the Fleet's
+    # graceful_shutdown_timeout_s). On the wire under its first name, `graceful_timeout_s` (WIRE_NAMES).
+    shutdown_timeout_s: int = 120
     readiness_timeout_s: int = 300
     vms: tuple[VmSpec, ...] = ()  # allocations that must be running here
     releases: tuple[VmSpec, ...] = ()  # allocations to stop, clean and wipe
@@ -179,8 +181,13 @@ def readiness_timeout(plan: HostPlan, vm: VmSpec) -> int:
     return vm.readiness_timeout_s if vm.readiness_timeout_s is not None else plan.readiness_timeout_s
 
 
+# Fields whose JSON key kept its first name: plans already stored, and host agents not yet upgraded,
+# read the same bytes (a renamed key would change every plan's bytes and break older agents).
+WIRE_NAMES = {"shutdown_timeout_s": "graceful_timeout_s"}
+
+
 def to_json(plan: HostPlan) -> dict[str, Any]:
-    doc = asdict(plan)
+    doc = {WIRE_NAMES.get(k, k): v for k, v in asdict(plan).items()}
     for vm in (*doc["vms"], *doc["releases"]):
         if vm["readiness_timeout_s"] is None:  # unset stays out: plans of VMs without one keep their bytes
             del vm["readiness_timeout_s"]
@@ -211,6 +218,9 @@ def from_json(doc: dict[str, Any]) -> HostPlan:
         return VmSpec(**d)
 
     d = dict(doc)
+    for name, wire in WIRE_NAMES.items():
+        if wire in d:
+            d[name] = d.pop(wire)
     d["network"] = Network(**d["network"])
     d["vms"] = tuple(vm(v) for v in d.get("vms", ()))
     d["releases"] = tuple(vm(v) for v in d.get("releases", ()))

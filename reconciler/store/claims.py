@@ -6,7 +6,7 @@ them, and writes the claims with their snapshot, the slot and allocation
 status and a provisioning.requested outbox event, or writes nothing. A lost
 race (a row locked or taken by another reconciler, or a constraint refusing
 the claim) is retried with the planner's next candidate; after
-`max_attempts` candidates the allocation stays pending with the reason.
+`max_claim_attempts` candidates the allocation stays pending with the reason.
 
 `place_many` sends up to `BATCH` placements in one round trip to the
 procedure `gpuaas_place_batch`, which commits each attempt on its own (the
@@ -132,13 +132,13 @@ def _require_autocommit(conn: Connection) -> None:
         )
 
 
-def _candidates(placement: Placement, max_attempts: int) -> list[tuple[str, tuple[int, ...]]]:
+def _candidates(placement: Placement, max_claim_attempts: int) -> list[tuple[str, tuple[int, ...]]]:
     out = [(placement.node, tuple(placement.slot_indexes))]
     for alt in placement.alternatives:
         cand = (alt.node, tuple(alt.slot_indexes))
         if cand not in out:
             out.append(cand)
-    return out[: max(1, max_attempts)]
+    return out[: max(1, max_claim_attempts)]
 
 
 _PLACE = "SELECT outcome, detail, claim_ids FROM gpuaas_place(%s, %s, %s, %s, %s::jsonb, %s, %s)"
@@ -237,16 +237,16 @@ def place(
     placement: Placement,
     *,
     revision: str | None = None,
-    max_attempts: int = 5,
+    max_claim_attempts: int = 5,
     fault: Fault | None = None,
 ) -> PlacementResult:
     """Claim the placement's node/slots, or its next candidates after a lost race."""
     _require_autocommit(conn)
     if fault is None:
-        return place_many(conn, [placement], revision=revision, max_attempts=max_attempts)[0]
+        return place_many(conn, [placement], revision=revision, max_claim_attempts=max_claim_attempts)[0]
     attempts: list[Attempt] = []
     ids: tuple[str, ...] = ()
-    for node, slots in _candidates(placement, max_attempts):
+    for node, slots in _candidates(placement, max_claim_attempts):
         outcome, detail, ids = _try(conn, placement, node, slots, revision=revision, fault=fault)
         attempts.append(Attempt(node, slots, outcome, detail))
         if outcome is Outcome.PLACED or outcome in _FINAL:
@@ -255,21 +255,21 @@ def place(
 
 
 def place_many(
-    conn: Connection, placements: Sequence[Placement], *, revision: str | None = None, max_attempts: int = 5
+    conn: Connection, placements: Sequence[Placement], *, revision: str | None = None, max_claim_attempts: int = 5
 ) -> list[PlacementResult]:
     """`place` for each placement, in order, `BATCH` of them per round trip; one transaction per attempt."""
     _require_autocommit(conn)
     out: list[PlacementResult] = []
     for start in range(0, len(placements), BATCH):
-        out += _place_batch(conn, placements[start : start + BATCH], revision, max_attempts)
+        out += _place_batch(conn, placements[start : start + BATCH], revision, max_claim_attempts)
     return out
 
 
 def _place_batch(
-    conn: Connection, batch: Sequence[Placement], revision: str | None, max_attempts: int
+    conn: Connection, batch: Sequence[Placement], revision: str | None, max_claim_attempts: int
 ) -> list[PlacementResult]:
     """One CALL for the batch; after a refusal the database raised (rare), one more from where it stopped."""
-    cands = [_candidates(p, max_attempts) for p in batch]
+    cands = [_candidates(p, max_claim_attempts) for p in batch]
     attempts: list[list[Attempt]] = [[] for _ in batch]
     ids: list[tuple[str, ...]] = [() for _ in batch]
     start, skip = 0, 0  # placement `start` first, minus the first `skip` of its candidates (already tried)
@@ -362,15 +362,23 @@ def cancel_unplaced(conn: Connection) -> tuple[str, ...]:
 
 
 def apply(
-    conn: Connection, plan: Plan, *, revision: str | None = None, max_attempts: int = 5, fault: Fault | None = None
+    conn: Connection,
+    plan: Plan,
+    *,
+    revision: str | None = None,
+    max_claim_attempts: int = 5,
+    fault: Fault | None = None,
 ) -> ApplyResult:
     """Write the whole plan: releases, placements (one transaction each), pending reasons."""
     _require_autocommit(conn)
     releases = tuple(release(conn, r, revision=revision) for r in plan.releases)
     placements = (
-        tuple(place(conn, p, revision=revision, max_attempts=max_attempts, fault=fault) for p in plan.placements)
+        tuple(
+            place(conn, p, revision=revision, max_claim_attempts=max_claim_attempts, fault=fault)
+            for p in plan.placements
+        )
         if fault is not None
-        else tuple(place_many(conn, plan.placements, revision=revision, max_attempts=max_attempts))
+        else tuple(place_many(conn, plan.placements, revision=revision, max_claim_attempts=max_claim_attempts))
     )
     pending = tuple(record_pending(conn, p) for p in plan.pending)
     cancelled = cancel_unplaced(conn)

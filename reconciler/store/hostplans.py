@@ -128,7 +128,7 @@ def build(conn: Connection, node: str, generation: int = 0) -> codec.HostPlan | 
             bridge=str(net.get("bridge", "gpuaasbr0")),
         ),
         os_disk=str(os_disk),
-        graceful_timeout_s=int(graceful or 120),
+        shutdown_timeout_s=int(graceful or 120),
         readiness_timeout_s=int(readiness or 300),
         vms=tuple(_vm(a, c) for a, c in sorted(running.items())),
         releases=tuple(_vm(a, c) for a, c in sorted(releasing.items())),

@@ -558,7 +558,7 @@ def _sync_fleet(conn: Connection, state: DesiredState, revision: str) -> list[Ro
         "management_network": fleet.management_network.model_dump(mode="json"),
         "placement": fleet.placement.model_dump(mode="json"),
         "graceful_shutdown_timeout_s": fleet.graceful_shutdown_timeout_s,
-        "readiness_timeout_s": fleet.graceful_timeout_seconds,  # the column keeps its first name
+        "readiness_timeout_s": fleet.readiness_timeout_seconds,
     }
     have = conn.execute(
         "SELECT name, management_network, placement, graceful_shutdown_timeout_s,"

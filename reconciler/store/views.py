@@ -118,7 +118,7 @@ def _fleet(r: dict[str, Any], nodes: list[dict[str, Any]]) -> dict[str, Any]:
         "management_network": r["management_network"],
         "placement": r["placement"],
         "graceful_shutdown_timeout_s": r["graceful_shutdown_timeout_s"],
-        "readiness_timeout_s": r["readiness_timeout_s"],
+        "readiness_timeout_seconds": r["readiness_timeout_s"],
         "regions": [
             {"name": reg, "pools": [{"name": p} for p in sorted(pools)]} for reg, pools in sorted(regions.items())
         ]

@@ -219,7 +219,7 @@ def test_the_new_placement_goes_through_the_whole_lifecycle(conn: Connection, th
 
 
 def test_max_attempts_then_failed_with_every_reason(conn: Connection) -> None:
-    state = fleet(max_attempts=2)
+    state = fleet(max_provision_attempts=2)
     reconciling.reconcile(conn, state)
     (aid,) = state.allocations
     first, slots = where(conn, aid)

@@ -41,7 +41,7 @@ def desired(lab: Lab, *, digest: str) -> DesiredState:
             "kind": "Fleet",
             "name": "lab",
             "regions": [{"name": "r1", "pools": [{"name": "p1"}]}],
-            "graceful_timeout_seconds": 30,
+            "readiness_timeout_seconds": 30,
             "placement": {"policy": "first-fit"},
             "graceful_shutdown_timeout_s": 2,
         }
