@@ -136,7 +136,7 @@ def _ref(
     if any(part in loading.SKIP_DIRS or part.startswith(".") for part in rel.split("/")[:-1]):
         return None
     if mode == _SYMLINK_MODE:
-        refused = loading.Refused(p.FILE_SYMLINK, "is a symbolic link; only regular files inside the repo are read")
+        refused = loading.UnreadFile(p.FILE_SYMLINK, "is a symbolic link; only regular files inside the repo are read")
         return loading.FileRef(rel, None, _constant(refused))
     return loading.FileRef(rel, sha, _blob_reader(repo, sha), read_many)
 
@@ -350,7 +350,7 @@ def _cat_file(repo: git.Repo, mode: str, keys: Sequence[str]) -> bytes | None:
 
 
 def iter_revision(root: Path, rev: str) -> Iterator[tuple[str, loading.FileData]]:
-    """Yield (path, bytes or Refused) of every YAML file in `rev`, sorted by path."""
+    """Yield (path, bytes or UnreadFile) of every YAML file in `rev`, sorted by path."""
     repo, commit, prefix = _open(root, rev)
     with repo:
         for ref in _refs(repo, commit, prefix):

@@ -105,14 +105,14 @@ class LoadResult:
 
 
 @dataclass(frozen=True, slots=True)
-class Refused:
+class UnreadFile:
     """A file that is not read at all: a symlink, a FIFO, a device (the reason is reported at its path)."""
 
     code: str
     message: str
 
 
-FileData = bytes | Refused
+FileData = bytes | UnreadFile
 
 
 # git's name for these bytes (`git hash-object`): the cache key of a working-tree file.
@@ -129,11 +129,11 @@ def read_regular(path: Path | str) -> FileData:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            return Refused(p.FILE_SYMLINK, "is a symbolic link; only regular files inside the repo are read")
-        return Refused(p.FILE_UNREADABLE, f"cannot be read: {e.strerror}")
+            return UnreadFile(p.FILE_SYMLINK, "is a symbolic link; only regular files inside the repo are read")
+        return UnreadFile(p.FILE_UNREADABLE, f"cannot be read: {e.strerror}")
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return Refused(p.FILE_NOT_REGULAR, "is not a regular file (a FIFO, socket or device); it is not read")
+            return UnreadFile(p.FILE_NOT_REGULAR, "is not a regular file (a FIFO, socket or device); it is not read")
         chunks: list[bytes] = []
         left = MAX_FILE_BYTES + 1
         while left > 0:
@@ -144,15 +144,15 @@ def read_regular(path: Path | str) -> FileData:
             left -= len(chunk)
         return b"".join(chunks)
     except OSError as e:
-        return Refused(p.FILE_UNREADABLE, f"cannot be read: {e.strerror}")
+        return UnreadFile(p.FILE_UNREADABLE, f"cannot be read: {e.strerror}")
     finally:
         os.close(fd)
 
 
 def iter_directory(root: Path) -> Iterator[tuple[str, FileData]]:
-    """Yield (relative path, bytes or Refused) for every YAML file under root, sorted.
+    """Yield (relative path, bytes or UnreadFile) for every YAML file under root, sorted.
 
-    Symlinked directories are not entered; they are reported (as Refused) so a
+    Symlinked directories are not entered; they are reported (as UnreadFile) so a
     link out of the repo is visible rather than silently skipped.
     """
     found: list[str] = []
@@ -176,7 +176,7 @@ def iter_directory(root: Path) -> Iterator[tuple[str, FileData]]:
         path = os.path.join(top, rel)
         # Only a linked directory lacks the suffix: a file is never lstat'ed twice (read_regular refuses links).
         if not rel.endswith(YAML_SUFFIXES) and os.path.islink(path):
-            yield rel, Refused(p.FILE_SYMLINK, "is a symbolic link to a directory; its files are not read")
+            yield rel, UnreadFile(p.FILE_SYMLINK, "is a symbolic link to a directory; its files are not read")
         else:
             yield rel, read_regular(path)
 
@@ -420,7 +420,7 @@ _CONSUMED: tuple[str, FileData] = ("", b"")
 def _read_files(
     refs: Sequence[FileRef], todo: list[int], cancel: Cancel | None, shown: progress.Phase | None = None
 ) -> list[tuple[str, FileData]]:
-    """(name, bytes or Refused) of the `todo` refs: in batches where a ref can, else one by one."""
+    """(name, bytes or UnreadFile) of the `todo` refs: in batches where a ref can, else one by one."""
     shown = shown if shown is not None else progress.Phase("read files")
     batched = _read_batched(refs, todo, cancel)  # dropped on return: `files` alone then holds the bytes
     files: list[tuple[str, FileData]] = []
@@ -710,7 +710,7 @@ def _packed(data: bytes, typed: list[_Typed], found: list[p.Problem]) -> blobsto
 
 def _parse_one(name: str, data: FileData, values: bool = True) -> tuple[list[_Typed], list[p.Problem]]:
     """Read and type one file. `values`: keep each document's plain value beside its model."""
-    if isinstance(data, Refused):
+    if isinstance(data, UnreadFile):
         return [], [p.Problem(data.code, data.message, name, 1, 1)]
     typed: list[_Typed] = []
     found: list[p.Problem] = []

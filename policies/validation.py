@@ -322,7 +322,7 @@ def _bounds(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> tuple[int, in
 
 
 def _slot_maps(state: DesiredState, macs: dict[str, str] | None = None) -> Iterator[p.Problem]:
-    """`macs`: MAC -> its first owner in maps validated before these (`policies.validating` checks one map)."""
+    """`macs`: MAC -> its first owner in maps validated before these (`policies.validationmemo` checks one map)."""
     macs = {} if macs is None else macs
     for node_name, smap in state.slot_maps.items():
         src = state.source("SlotMap", node_name)

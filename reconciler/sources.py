@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from desired import gitrepo, loading
-from policies import validating, validation
+from policies import validation, validationmemo
 from schemas import progress
 from schemas.errors import PermanentError
 
@@ -19,7 +19,7 @@ def load(
     *,
     cancel: loading.Cancel | None = None,
     cache: loading.BlobCache | None = None,
-    memo: validating.Memo | None = None,
+    memo: validationmemo.Memo | None = None,
     check: Check | None = None,
 ) -> loading.LoadResult:
     """Read, parse and cross-check every file; problems are collected, not raised.
@@ -27,7 +27,7 @@ def load(
     With `cache`, files whose content was parsed before (same git blob id) are
     taken from it instead of being read and parsed again (the watch loop keeps
     one across revisions). With `memo`, cross-file rules run again only for
-    documents whose inputs changed (`policies.validating`). `check`, if
+    documents whose inputs changed (`policies.validationmemo`). `check`, if
     given, adds the cross-file problems instead (a CLI reader that may have
     them stored, `reconciler.commands.blobcache`). Raises
     PermanentError only when the source itself cannot be read (no such

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from desired.blobstore import DiskStore
     from desired.loading import BlobCache, LoadResult
     from desired.problems import Problem
-    from policies.validating import Memo
+    from policies.validationmemo import Memo
 
 FORMAT = 1
 _Owners = dict[str, list[tuple[str, int]]]
@@ -172,7 +172,7 @@ def decode(payload: bytes) -> tuple[list[Problem], _Owners] | None:
 def open_reader(args: argparse.Namespace) -> Reader:
     from desired import blobstore
     from desired.loading import BlobCache
-    from policies.validating import Memo
+    from policies.validationmemo import Memo
 
     if getattr(args, "no_cache", False):
         return Reader(BlobCache(models_only=True), Memo())  # a command reads models, never plain values

@@ -26,12 +26,12 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from host_reconciler import reports, store
+    from host_reconciler import hostdb, reports
     from reconciler.store import connections
 
-    with store.connect(connections.database_url(args.db_url, start=False)) as conn:
+    with hostdb.connect(connections.database_url(args.db_url, start=False)) as conn:
         # Hosts write their own reports: one malformed report is a finding of its node, not a crash.
-        nodes = reports.checked(store.read_status(conn, args.node))
+        nodes = reports.checked(hostdb.read_status(conn, args.node))
     if args.output == "yaml":  # the JSON report's data, as YAML
         output.emit(json.loads(reports.drift_json(nodes)), "yaml")
     else:

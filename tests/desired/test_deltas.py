@@ -6,7 +6,7 @@ files that sort before or after every other, documents moved between
 files), one commit each. After every commit the state read from the kept
 tree and `git diff-tree` equals a whole read from nothing: the same tables
 in the same order, the same sources, the same problems, FILE:LINE:COL, in
-order. Cross-file validation runs incrementally (`validating.Memo`).
+order. Cross-file validation runs incrementally (`validationmemo.Memo`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from desired import gitrepo, loading
-from policies import validating, validation
+from policies import validation, validationmemo
 from tests.desired.test_incremental_validation import EXAMPLE, _edit, _rendered
 
 _GIT_ENV = {
@@ -92,7 +92,7 @@ def test_a_revision_read_by_delta_equals_a_whole_read_after_every_commit(repo: P
     rng = random.Random(seed)  # noqa: S311 - test randomness
     pool = sorted(EXAMPLE.rglob("*.yaml"))
     # as `gpuaas run` holds it (odd seeds): no plain values kept, positions come from the bytes
-    cache, memo = loading.BlobCache(keep_values=seed % 2 == 0), validating.Memo()
+    cache, memo = loading.BlobCache(keep_values=seed % 2 == 0), validationmemo.Memo()
     by_delta = 0
     for _ in range(60):
         roll = rng.random()
@@ -152,7 +152,7 @@ def test_a_delta_names_exactly_the_documents_that_changed(repo: Path) -> None:
 
 def test_validation_of_a_clean_delta_checks_only_the_changed_node_and_its_slot_map(repo: Path) -> None:
     """Other documents' problems (the example's slot warnings) stay as they were, in their order."""
-    cache, memo = loading.BlobCache(), validating.Memo()
+    cache, memo = loading.BlobCache(), validationmemo.Memo()
     first = memo.validate(gitrepo.read_revision(repo, "HEAD", cache=cache))
     assert first.problems and not first.errors
     node = next(

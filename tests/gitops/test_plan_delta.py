@@ -23,7 +23,7 @@ import git
 import pytest
 
 from desired import deltas, gitrepo, loading
-from policies import validating
+from policies import validationmemo
 from reconciler import cli, inventory_diff, sources
 from reconciler.commands import blobcache
 from reconciler.commands import plan as plan_command
@@ -140,7 +140,7 @@ def test_a_head_read_by_delta_plans_byte_for_byte_as_two_whole_reads(
 def test_the_inventory_diff_by_delta_equals_the_whole_comparison(fleet_repo: Repo) -> None:
     shas = _history(fleet_repo)
     for base, head in _pairs(shas):
-        reader = blobcache.Reader(loading.BlobCache(), validating.Memo())
+        reader = blobcache.Reader(loading.BlobCache(), validationmemo.Memo())
         base_state = reader.load(fleet_repo.root, base).state
         by_delta = reader.load(fleet_repo.root, head).state
         whole = sources.load(fleet_repo.root, head).state

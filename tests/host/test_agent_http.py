@@ -16,7 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from host_reconciler import agentclient, store
+from host_reconciler import agentclient, hostdb
 from reconciler import cli
 from reconciler.service import agents
 from tests.host.conftest import Lab
@@ -39,9 +39,9 @@ def slot_rows(url: str, node: str) -> list[tuple[int, str, int]]:
 def test_the_lab_host_converges_through_the_api_only(
     lab: Lab, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with store.connect(db_url) as conn:
+    with hostdb.connect(db_url) as conn:
         add_node(conn, lab.node)
-        store.write_plan(conn, lab.plan(1, vms=(lab.vm("alloc-1", (0,)),)))
+        hostdb.write_plan(conn, lab.plan(1, vms=(lab.vm("alloc-1", (0,)),)))
     credential = tmp_path / "node.token"
     assert cli.main(["host", "token", "issue", lab.node, "--out", str(credential), "--db-url", db_url]) == 0
     monkeypatch.delenv("GPUAAS_DATABASE_URL", raising=False)  # the agent is given no database at all
@@ -71,8 +71,8 @@ def test_the_lab_host_converges_through_the_api_only(
             while [r[:2] for r in slot_rows(db_url, lab.node)][:1] != [(0, "ready")]:
                 assert time.monotonic() < deadline and agent.is_alive(), slot_rows(db_url, lab.node)
                 time.sleep(0.2)
-            with store.connect(db_url) as conn:  # a new placement: the watch brings it, not the 120 s interval
-                store.write_plan(conn, lab.plan(2, vms=(lab.vm("alloc-1", (0,)), lab.vm("alloc-2", (1,)))))
+            with hostdb.connect(db_url) as conn:  # a new placement: the watch brings it, not the 120 s interval
+                hostdb.write_plan(conn, lab.plan(2, vms=(lab.vm("alloc-1", (0,)), lab.vm("alloc-2", (1,)))))
         finally:
             agent.join(timeout=100)
         assert codes == [0]
@@ -82,9 +82,9 @@ def test_the_lab_host_converges_through_the_api_only(
 
 
 def test_the_agent_keeps_its_plan_and_queues_reports_while_the_service_is_away(db_url: str) -> None:
-    with store.connect(db_url) as conn:
+    with hostdb.connect(db_url) as conn:
         add_node(conn, "node-a")
-        store.write_plan(conn, plan("node-a", 1))
+        hostdb.write_plan(conn, plan("node-a", 1))
         token = agents.issue_token(conn, "node-a", rotate=False)
     port = 0
     for s in serve(db_url):

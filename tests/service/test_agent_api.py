@@ -22,7 +22,7 @@ import httpx
 import psycopg
 import pytest
 
-from host_reconciler import agentclient, store
+from host_reconciler import agentclient, hostdb
 from reconciler import cli
 from reconciler.service import agents
 from schemas import agentwire
@@ -32,10 +32,10 @@ from tests.service.conftest import Served, serve
 
 @pytest.fixture
 def nodes_url(db_url: str) -> str:
-    with store.connect(db_url) as conn:
+    with hostdb.connect(db_url) as conn:
         for node in ("node-a", "node-b"):
             add_node(conn, node)
-            store.write_plan(conn, plan(node, 1))
+            hostdb.write_plan(conn, plan(node, 1))
     return db_url
 
 
@@ -161,11 +161,11 @@ def test_a_watch_returns_when_the_plan_changes(served: Served, nodes_url: str) -
         watch.start()
         time.sleep(0.5)  # the watch is waiting (no change yet)
         assert not answers
-        with store.connect(nodes_url) as conn:
-            store.write_plan(conn, plan("node-b", 2))  # another node's change wakes nobody here
+        with hostdb.connect(nodes_url) as conn:
+            hostdb.write_plan(conn, plan("node-b", 2))  # another node's change wakes nobody here
             time.sleep(0.3)
             assert not answers
-            store.write_plan(conn, plan("node-a", 2))
+            hostdb.write_plan(conn, plan("node-a", 2))
         watch.join(timeout=30)
         assert answers and answers[0].changed and answers[0].generation == 2 and answers[0].plan is not None
     finally:
@@ -208,9 +208,9 @@ def test_the_database_fences_the_agent_identity_without_the_service(nodes_url: s
         conn.execute("SET ROLE gpuaas_agent")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):  # credentials are the owner's only
             conn.execute("SELECT * FROM node_agent_tokens")
-    with store.connect(nodes_url) as conn:
-        creds = store.create_node_role(conn, "node-a", "pw-a")
-    with store.connect(nodes_url, role=creds.role, password=creds.password, autocommit=False) as conn:
+    with hostdb.connect(nodes_url) as conn:
+        creds = hostdb.create_node_role(conn, "node-a", "pw-a")
+    with hostdb.connect(nodes_url, role=creds.role, password=creds.password, autocommit=False) as conn:
         # a node's own login cannot take the service's agent identity to reach another node's rows
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("SET ROLE gpuaas_agent")
@@ -288,8 +288,8 @@ def test_two_replicas_need_nothing_from_each_other(nodes_url: str) -> None:
             watch = threading.Thread(target=lambda w=watcher, out=answers: out.append(w.plan(after=1, wait_s=40)))
             watch.start()
             time.sleep(0.3)
-            with store.connect(nodes_url) as conn:  # the reconciler writes; replica two hears it itself
-                store.write_plan(conn, plan("node-a", 2))
+            with hostdb.connect(nodes_url) as conn:  # the reconciler writes; replica two hears it itself
+                hostdb.write_plan(conn, plan("node-a", 2))
             watch.join(timeout=30)
             watcher.close()
             assert answers and answers[0].changed and answers[0].generation == 2
