@@ -20,7 +20,7 @@ from host_reconciler import agentclient, hostdb
 from reconciler import cli
 from reconciler.service import agents
 from tests.host.conftest import Lab
-from tests.host.test_store import add_node, plan
+from tests.host.test_hostdb import add_node, plan
 from tests.service.conftest import serve
 
 

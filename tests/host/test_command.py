@@ -103,7 +103,7 @@ def test_converge_reads_its_plan_and_writes_its_status_as_the_node_role(
     lab: Lab, db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from host_reconciler import hostdb
-    from tests.host.test_store import add_node
+    from tests.host.test_hostdb import add_node
 
     with hostdb.connect(db_url) as conn:
         add_node(conn, lab.node)

@@ -10,7 +10,7 @@ import pytest
 
 from host_reconciler import command, hostdb
 from reconciler import cli
-from tests.host.test_store import add_node
+from tests.host.test_hostdb import add_node
 
 
 def reported_at(db_url: str, node: str) -> dt.datetime | None:

@@ -23,7 +23,7 @@ from host_reconciler import hostdb, reports
 from host_reconciler.actions import Drift, DriftCode
 from reconciler import cli
 from reconciler.store import connections, migrations
-from tests.host.test_store import add_node, plan, status
+from tests.host.test_hostdb import add_node, plan, status
 
 GOOD = {
     "code": "drift.disk.mounted",

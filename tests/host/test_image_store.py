@@ -17,7 +17,7 @@ from host_reconciler.imagecache import CacheEntry
 from host_reconciler.statuses import ImageCacheReport
 from reconciler.store import connections, live
 from schemas.errors import GpuaasError
-from tests.host.test_store import add_node, plan, status
+from tests.host.test_hostdb import add_node, plan, status
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
 

@@ -20,7 +20,7 @@ from psycopg.conninfo import make_conninfo
 from host_reconciler import hostdb
 from reconciler.store import connections, migrations
 from tests.fixtures.pg import TEMPLATE_DB
-from tests.host.test_store import add_node, plan, status
+from tests.host.test_hostdb import add_node, plan, status
 
 
 @pytest.fixture

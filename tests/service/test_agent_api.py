@@ -26,7 +26,7 @@ from host_reconciler import agentclient, hostdb
 from reconciler import cli
 from reconciler.service import agents
 from schemas import agentwire
-from tests.host.test_store import add_node, plan
+from tests.host.test_hostdb import add_node, plan
 from tests.service.conftest import Served, serve
 
 

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from host_reconciler import hostdb
 from reconciler.store import lifecycle
-from tests.host.test_store import add_node
+from tests.host.test_hostdb import add_node
 from tests.service.conftest import serve
 
 NODES = [f"node-{i}" for i in range(6)]
