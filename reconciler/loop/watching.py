@@ -51,6 +51,7 @@ import psycopg
 from desired.reading.loading import Cancelled
 from desired.state import DesiredState
 from policies import validationmemo
+from reconciler import codes as reconciler_codes
 from reconciler import sources
 from reconciler.caches.blobs import BlobCache
 from reconciler.placement import replanning
@@ -61,9 +62,9 @@ from schemas import dberrors
 from schemas.errors import GpuaasError, TemporaryError
 
 BUSY_RECHECK_S = 1.0  # another reconciler holds the revision: look again this soon
-HEAD_BEHIND = "gitops.head_behind"  # HEAD is an ancestor of the applied revision: refused
-RECONVERGED = "gitops.reconverged"  # the store was behind the applied revision: applied again
-NO_SCHEMA = "gitops.no_schema"  # the database lost its schema: migrated, or the loop stops
+HEAD_BEHIND = reconciler_codes.GITOPS_HEAD_BEHIND  # HEAD is an ancestor of the applied revision: refused
+RECONVERGED = reconciler_codes.GITOPS_RECONVERGED  # the store was behind the applied revision: applied again
+NO_SCHEMA = reconciler_codes.GITOPS_NO_SCHEMA  # the database lost its schema: migrated, or the loop stops
 _SCHEMA_GONE = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction)  # worth a look for the schema
 
 
@@ -208,7 +209,7 @@ class Loop:
         except GpuaasError as e:
             return self._error(e)
         except Exception as e:  # a bug must neither kill nor wedge the loop: logged, retried, counted as failing
-            return self._failed("gpuaas.bug", f"{type(e).__name__}: {e}", None)
+            return self._failed(reconciler_codes.GPUAAS_BUG, f"{type(e).__name__}: {e}", None)
         self.failing = None  # the step went through: whatever failed before works again
         return event
 

@@ -45,12 +45,13 @@ from desired import models as m
 from desired import problems as p
 from desired.reading import loading, safefiles
 from policies import validation
+from reconciler import codes as reconciler_codes
 from schemas.errors import PermanentError
 
 if TYPE_CHECKING:
     import git
 
-NOT_REGULAR = "request.file.not_regular"
+NOT_REGULAR = reconciler_codes.REQUEST_FILE_NOT_REGULAR
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")  # the rule of models.Allocation.id, checked before any path is made
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -62,7 +63,7 @@ ALLOCATIONS_DIR = "allocations"
 class RequestRejected(PermanentError):
     """The request would make the repo invalid; nothing was written."""
 
-    code = "request.invalid"
+    code = reconciler_codes.REQUEST_INVALID
 
     def __init__(self, problems: list[p.Problem]) -> None:
         self.problems = problems
@@ -175,7 +176,7 @@ def create(
     allocation_id = allocation_id or new_id(now)
     rel = _request_file(allocation_id)
     if _existing(root, rel):
-        raise PermanentError(f"{rel} already exists", code="request.exists")
+        raise PermanentError(f"{rel} already exists", code=reconciler_codes.REQUEST_EXISTS)
     data = render_request(
         allocation_id=allocation_id,
         tenant=tenant,
@@ -194,7 +195,7 @@ def create(
     path = root / rel
     with _directory(root, rel, create=True) as parent:
         if parent is None:  # create=True makes every directory or raises
-            raise PermanentError(f"no directory for {rel}", code="request.file")
+            raise PermanentError(f"no directory for {rel}", code=reconciler_codes.REQUEST_FILE)
         _create(parent, rel, data)
     if not commit:
         return Written(allocation_id, path, None)
@@ -213,13 +214,13 @@ def release(root: Path, allocation_id: str, *, commit: bool = False, push: tuple
     path = root / rel
     with _directory(root, rel, create=False) as parent:
         if parent is None:
-            raise PermanentError(f"{rel} is gone", code="request.not_found")
+            raise PermanentError(f"{rel} is gone", code=reconciler_codes.REQUEST_NOT_FOUND)
         original, mode = _read_regular(parent, rel)
         y = _yaml()
         try:
             docs = list(y.load_all(original.decode("utf-8")))
         except (UnicodeDecodeError, YAMLError) as e:
-            raise PermanentError(f"{rel} changed while it was read: {e}", code="request.file") from e
+            raise PermanentError(f"{rel} changed while it was read: {e}", code=reconciler_codes.REQUEST_FILE) from e
         for doc in docs:
             if isinstance(doc, dict) and doc.get("kind") == "Allocation" and doc.get("id") == allocation_id:
                 doc["state"] = m.AllocationState.RELEASED.value
@@ -272,7 +273,7 @@ def _directory(root: Path, rel: str, *, create: bool) -> Iterator[int | None]:
     try:
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as e:
-        raise PermanentError(f"{root}: {e.strerror}", code="request.repo") from e
+        raise PermanentError(f"{root}: {e.strerror}", code=reconciler_codes.REQUEST_REPO) from e
     try:
         for i, part in enumerate(parts[:-1]):
             where = "/".join(parts[: i + 1])
@@ -287,7 +288,7 @@ def _directory(root: Path, rel: str, *, create: bool) -> Iterator[int | None]:
                 except FileExistsError:
                     pass  # made meanwhile (or a link put there): the open below decides
                 except OSError as e:
-                    raise PermanentError(f"{where}: {e.strerror}", code="request.file") from e
+                    raise PermanentError(f"{where}: {e.strerror}", code=reconciler_codes.REQUEST_FILE) from e
                 sub = _open_dir(part, fd, where)
             except OSError as e:
                 raise _dir_error(e, where) from e
@@ -308,13 +309,14 @@ def _open_dir(part: str, parent: int, where: str) -> int:
 def _dir_error(e: OSError, where: str) -> PermanentError:
     if e.errno in (errno.ELOOP, errno.ENOTDIR):
         return _not_regular(where, "is a symlink or not a directory")
-    return PermanentError(f"{where}: {e.strerror}", code="request.file")
+    return PermanentError(f"{where}: {e.strerror}", code=reconciler_codes.REQUEST_FILE)
 
 
 def _request_file(allocation_id: str) -> str:
     if not _ID.match(allocation_id):
         raise PermanentError(
-            f"allocation id {allocation_id!r} is not 3-63 lowercase letters, digits or '-'", code="request.id"
+            f"allocation id {allocation_id!r} is not 3-63 lowercase letters, digits or '-'",
+            code=reconciler_codes.REQUEST_ID,
         )
     return f"{ALLOCATIONS_DIR}/{allocation_id}.yaml"
 
@@ -343,7 +345,7 @@ def _read_regular(parent: int, rel: str) -> tuple[bytes, int]:
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise _not_regular(rel, "is a symlink") from e
-        raise PermanentError(f"{rel}: {e.strerror}", code="request.file") from e
+        raise PermanentError(f"{rel}: {e.strerror}", code=reconciler_codes.REQUEST_FILE) from e
     with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fh.fileno())
         if not stat.S_ISREG(st.st_mode):
@@ -372,9 +374,9 @@ def _create(parent: int, rel: str, data: bytes) -> None:
     try:
         _write_new(parent, _name(rel), data, None)
     except FileExistsError as e:
-        raise PermanentError(f"{rel} already exists", code="request.exists") from e
+        raise PermanentError(f"{rel} already exists", code=reconciler_codes.REQUEST_EXISTS) from e
     except OSError as e:
-        raise PermanentError(f"{rel}: {e.strerror}", code="request.file") from e
+        raise PermanentError(f"{rel}: {e.strerror}", code=reconciler_codes.REQUEST_FILE) from e
 
 
 def _replace(parent: int, rel: str, data: bytes, mode: int) -> None:
@@ -385,7 +387,7 @@ def _replace(parent: int, rel: str, data: bytes, mode: int) -> None:
         os.replace(tmp, _name(rel), src_dir_fd=parent, dst_dir_fd=parent)
     except OSError as e:
         _unlink(parent, tmp)
-        raise PermanentError(f"{rel}: {e.strerror}", code="request.file") from e
+        raise PermanentError(f"{rel}: {e.strerror}", code=reconciler_codes.REQUEST_FILE) from e
 
 
 def _remove(root: Path, rel: str) -> None:
@@ -398,7 +400,7 @@ def _remove(root: Path, rel: str) -> None:
 def _put_back(root: Path, rel: str, original: bytes, mode: int) -> None:
     with _directory(root, rel, create=False) as parent:
         if parent is None:
-            raise PermanentError(f"{rel} is gone", code="request.file")
+            raise PermanentError(f"{rel} is gone", code=reconciler_codes.REQUEST_FILE)
         _replace(parent, rel, original, mode)
 
 
@@ -415,7 +417,7 @@ def _find(root: Path, allocation_id: str) -> str:
     )
     src = result.state.sources.get(("Allocation", allocation_id))
     if src is None:
-        raise PermanentError(f"no Allocation {allocation_id!r} in {root}", code="request.not_found")
+        raise PermanentError(f"no Allocation {allocation_id!r} in {root}", code=reconciler_codes.REQUEST_NOT_FOUND)
     return src.file
 
 
@@ -431,7 +433,7 @@ def _commit(root: Path, path: Path, message: str, push: tuple[str, str] | None) 
     """
     top = _stdout(subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, check=False, **_GIT))
     if top is None:
-        raise PermanentError(f"git: {root} is not a git checkout", code="request.git")
+        raise PermanentError(f"git: {root} is not a git checkout", code=reconciler_codes.REQUEST_GIT)
     before = _stdout(subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=top, check=False, **_GIT))
     rel = str(path.resolve().relative_to(Path(top).resolve()))
     bot = {
@@ -462,7 +464,7 @@ def _commit(root: Path, path: Path, message: str, push: tuple[str, str] | None) 
             why, code = f"git: {(e.stderr or '').strip() or e}", "request.git"
         else:
             why = e.message if isinstance(e, PermanentError) else f"git: {e}"
-            code = e.code if isinstance(e, PermanentError) else "request.git"
+            code = e.code if isinstance(e, PermanentError) else reconciler_codes.REQUEST_GIT
         raise PermanentError(f"{why}; {left}", code=code) from e
 
 
@@ -489,9 +491,9 @@ def _pushed(top: str, push: tuple[str, str]) -> None:
         with git.Repo(top) as repo:
             infos = repo.remote(remote).push(f"HEAD:refs/heads/{branch}")
     except git.GitCommandError as e:
-        raise PermanentError(f"git: {e}", code="request.git") from e
+        raise PermanentError(f"git: {e}", code=reconciler_codes.REQUEST_GIT) from e
     if any(i.flags & i.ERROR for i in infos):
-        raise PermanentError(f"push to {remote}/{branch} was rejected", code="request.push_rejected")
+        raise PermanentError(f"push to {remote}/{branch} was rejected", code=reconciler_codes.REQUEST_PUSH_REJECTED)
 
 
 def _rolled_back(repo: git.Repo, before: str | None, rel: str) -> str:

@@ -44,6 +44,7 @@ from anyio import to_thread
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from psycopg.types.json import Jsonb
 
+from reconciler import codes as reconciler_codes
 from reconciler.service import pool as pools
 from schemas import agentwire, dberrors, hostrows
 from schemas.errors import GpuaasError, PermanentError, TemporaryError
@@ -69,7 +70,7 @@ def issue_token(conn: psycopg.Connection[Any], node: str, *, rotate: bool) -> st
     token = new_token()
     with dberrors.wrapped(f"issue the agent token of {node}"), conn.transaction():
         if conn.execute("SELECT 1 FROM nodes WHERE name = %s", (node,)).fetchone() is None:
-            raise PermanentError(f"no node {node!r} in the store", code="host.token.no_node")
+            raise PermanentError(f"no node {node!r} in the store", code=reconciler_codes.HOST_TOKEN_NO_NODE)
         if rotate:
             sql = (
                 "INSERT INTO node_agent_tokens (node_name, token_sha256) VALUES (%s, %s) ON CONFLICT (node_name)"
@@ -83,7 +84,7 @@ def issue_token(conn: psycopg.Connection[Any], node: str, *, rotate: bool) -> st
         if conn.execute(sql + " RETURNING node_name", (node, token_hash(token))).fetchone() is None:
             raise PermanentError(
                 f"node {node} has a token already: `gpuaas host token rotate {node}` replaces it",
-                code="host.token.exists",
+                code=reconciler_codes.HOST_TOKEN_EXISTS,
             )
     return token
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from reconciler import codes as reconciler_codes
 from reconciler.service import capacities, catalog, models, portalmodels, reads, telemetries, tenants, usages
 from reconciler.service.pool import Pool
 from schemas import agentwire
@@ -24,17 +25,17 @@ from schemas.errors import GpuaasError
 
 PREFIX = "/api/v1"
 
-NOT_FOUND = "api.not_found"  # an allocation or node id the store does not know
-ROUTE_NOT_FOUND = "api.route_not_found"  # no such path
-BAD_REQUEST = "api.bad_request"  # a query parameter out of range or vocabulary
-METHOD_NOT_ALLOWED = "api.method_not_allowed"  # everything is GET (and HEAD)
-UNAUTHORIZED = "api.unauthorized"  # no bearer token where one is required
-TOKEN_INVALID = "api.token_invalid"  # noqa: S105 - an error code, not a secret; a bearer token that is not the configured one
-DB_UNAVAILABLE = "api.db_unavailable"  # PostgreSQL cannot be reached
-NO_SCHEMA = "api.no_schema"  # the database was never migrated (nothing reconciled yet)
+NOT_FOUND = reconciler_codes.API_NOT_FOUND  # an allocation or node id the store does not know
+ROUTE_NOT_FOUND = reconciler_codes.API_ROUTE_NOT_FOUND  # no such path
+BAD_REQUEST = reconciler_codes.API_BAD_REQUEST  # a query parameter out of range or vocabulary
+METHOD_NOT_ALLOWED = reconciler_codes.API_METHOD_NOT_ALLOWED  # everything is GET (and HEAD)
+UNAUTHORIZED = reconciler_codes.API_UNAUTHORIZED  # no bearer token where one is required
+TOKEN_INVALID = reconciler_codes.API_TOKEN_INVALID  # a bearer token that is not the configured one
+DB_UNAVAILABLE = reconciler_codes.API_DB_UNAVAILABLE  # PostgreSQL cannot be reached
+NO_SCHEMA = reconciler_codes.API_NO_SCHEMA  # the database was never migrated (nothing reconciled yet)
 CAPACITY_COMPUTING = capacities.CapacityComputing.code  # first capacity model not ready yet
-INTERNAL = "api.internal"  # a bug: see the server log
-FORBIDDEN = "api.forbidden"  # a tenant token on an operator-only path
+INTERNAL = reconciler_codes.API_INTERNAL  # a bug: see the server log
+FORBIDDEN = reconciler_codes.API_FORBIDDEN  # a tenant token on an operator-only path
 
 CODES = (
     NOT_FOUND,
@@ -285,7 +286,11 @@ def _param(name: str, where: str, description: str, schema: dict[str, Any] | Non
     }
 
 
-SERVE_CODES = ("serve.host_not_allowed", "serve.request_timeout", "serve.too_many_connections")
+SERVE_CODES = (
+    reconciler_codes.SERVE_HOST_NOT_ALLOWED,
+    reconciler_codes.SERVE_REQUEST_TIMEOUT,
+    reconciler_codes.SERVE_TOO_MANY_CONNECTIONS,
+)
 
 
 def _components() -> dict[str, Any]:

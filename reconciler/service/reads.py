@@ -25,6 +25,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
+from reconciler import codes as reconciler_codes
 from reconciler.reports import history as history_report
 from reconciler.store import endpoints as store_endpoints
 from reconciler.store.connections import Connection
@@ -726,7 +727,7 @@ def _missing(e: Any) -> list[str]:
 
 def _invalid_entry(message: str) -> dict[str, Any]:
     return {
-        "code": "host.report.invalid",
+        "code": reconciler_codes.HOST_REPORT_INVALID,
         "message": f"invalid host error report: {message}",
         "step": None,
         "allocation_id": None,

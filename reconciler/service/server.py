@@ -46,8 +46,10 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from reconciler import codes as reconciler_codes
 from reconciler.service import api, asgi, capacities, dashboard, metrics, readiness, tenants
 from reconciler.service.pool import Pool
+from schemas import codes as schemas_codes
 from schemas import inputfiles
 from schemas.errors import GpuaasError, PermanentError, TemporaryError, UsageError
 
@@ -69,7 +71,7 @@ _HTML_HEADERS = (
 
 
 class ServeError(PermanentError):
-    code = "serve.error"
+    code = reconciler_codes.SERVE_ERROR
 
 
 # ------------------------------------------------------------ configuration
@@ -84,9 +86,11 @@ def parse_listen(text: str) -> tuple[str, int]:
     try:
         port = int(port_text)
     except ValueError:
-        raise UsageError(f"--listen takes HOST:PORT, not {text!r}", code="serve.listen_invalid") from None
+        raise UsageError(
+            f"--listen takes HOST:PORT, not {text!r}", code=reconciler_codes.SERVE_LISTEN_INVALID
+        ) from None
     if not 0 <= port <= 65535:
-        raise UsageError(f"--listen port must be 0..65535, not {port}", code="serve.listen_invalid")
+        raise UsageError(f"--listen port must be 0..65535, not {port}", code=reconciler_codes.SERVE_LISTEN_INVALID)
     return host, port
 
 
@@ -104,25 +108,28 @@ def load_token(path: Path) -> str:
     try:
         st = path.stat()
         if not stat.S_ISREG(st.st_mode):
-            raise ServeError(f"token file {path} is not a regular file", code="serve.token_file_invalid")
+            raise ServeError(f"token file {path} is not a regular file", code=reconciler_codes.SERVE_TOKEN_FILE_INVALID)
         if st.st_mode & 0o077:
             mode = stat.S_IMODE(st.st_mode)
             raise ServeError(
                 f"token file {path} is accessible by group or others (mode {mode:04o}); chmod 600 {path}",
-                code="serve.token_file_permissions",
+                code=reconciler_codes.SERVE_TOKEN_FILE_PERMISSIONS,
             )
         # Bounded, regular file only, never quoted: a file named by mistake (a key, /dev/zero) is refused unread.
         try:
             token = inputfiles.read_text(
-                path, limit=4 * inputfiles.KIB, code="serve.token_file_invalid", what="token file"
+                path, limit=4 * inputfiles.KIB, code=reconciler_codes.SERVE_TOKEN_FILE_INVALID, what="token file"
             ).strip()
         except PermanentError as e:
             raise ServeError(e.message, code=e.code) from e
     except OSError as e:
-        raise ServeError(f"cannot read token file {path}: {e.strerror or e}", code="serve.token_file_unreadable") from e
+        raise ServeError(
+            f"cannot read token file {path}: {e.strerror or e}", code=reconciler_codes.SERVE_TOKEN_FILE_UNREADABLE
+        ) from e
     if not token or any(c.isspace() for c in token):
         raise ServeError(
-            f"token file {path} must hold one token (no spaces), and not be empty", code="serve.token_file_invalid"
+            f"token file {path} must hold one token (no spaces), and not be empty",
+            code=reconciler_codes.SERVE_TOKEN_FILE_INVALID,
         )
     return token
 
@@ -162,13 +169,14 @@ class Settings:
     def check(self) -> None:
         if self.webhook_url is not None and self.webhook_secret is None:
             raise ServeError(
-                "--webhook needs --webhook-secret-file (payloads are signed)", code="serve.webhook_secret_missing"
+                "--webhook needs --webhook-secret-file (payloads are signed)",
+                code=reconciler_codes.SERVE_WEBHOOK_SECRET_MISSING,
             )
         if not is_loopback(self.host) and self.token is None:
             raise ServeError(
                 f"listening on {self.host} (not loopback) needs --token-file: every request but "
                 "/healthz must then carry that bearer token",
-                code="serve.listen_needs_token",
+                code=reconciler_codes.SERVE_LISTEN_NEEDS_TOKEN,
             )
 
 
@@ -310,10 +318,12 @@ class Service:
             return self._error(e.status, e.code, e.message, html=html, headers=e.headers)
         except TemporaryError as e:
             retry = (("Retry-After", str(max(1, round(e.delay)))),)
-            code = api.DB_UNAVAILABLE if e.code == "db.unavailable" else e.code
+            code = api.DB_UNAVAILABLE if e.code == schemas_codes.DB_UNAVAILABLE else e.code
             return self._error(503, code, e.message, html=html, headers=retry)
         except GpuaasError as e:
-            if e.code == "status.no_schema" or (e.code == "db.error" and not self._schema_applied()):
+            if e.code == reconciler_codes.STATUS_NO_SCHEMA or (
+                e.code == schemas_codes.DB_ERROR and not self._schema_applied()
+            ):
                 return self._error(
                     503, api.NO_SCHEMA, "the database has no schema yet: nothing was reconciled", html=html
                 )
@@ -372,24 +382,26 @@ class Service:
             with self.pool.reading() as conn:
                 checks["database"] = True
                 if not migrations.applied(conn):
-                    return False, _not_ready(checks, "ready.no_schema", "the database has no schema yet")
+                    return False, _not_ready(checks, reconciler_codes.READY_NO_SCHEMA, "the database has no schema yet")
                 health = history.health(conn)
                 row = conn.execute("SELECT now()").fetchone()
         except GpuaasError as e:
-            return False, _not_ready(checks, "ready.db_unreachable", f"{e.code}: {e.message}")
+            return False, _not_ready(checks, reconciler_codes.READY_DB_UNREACHABLE, f"{e.code}: {e.message}")
         now = row[0] if row else dt.datetime.now(dt.UTC)
         checks["last_applied_revision"] = health.last_applied_revision
         checks["last_applied_at"] = health.last_applied_at
         limit = self.settings.max_reconcile_age_s
         if limit > 0:
             if health.last_applied_at is None:
-                return False, _not_ready(checks, "ready.never_reconciled", "no reconciliation has succeeded yet")
+                return False, _not_ready(
+                    checks, reconciler_codes.READY_NEVER_RECONCILED, "no reconciliation has succeeded yet"
+                )
             age = (now - health.last_applied_at).total_seconds()
             checks["last_applied_age_s"] = round(age, 3)
             if age > limit:
                 return False, _not_ready(
                     checks,
-                    "ready.reconciliation_stale",
+                    reconciler_codes.READY_RECONCILIATION_STALE,
                     f"the newest successful reconciliation finished {age:.0f}s ago "
                     f"(over --max-reconcile-age {limit:g}s)",
                 )
@@ -508,7 +520,7 @@ class HTTPServer:
         self._loop = asyncio.get_running_loop()
         await self._server.serve(sockets=[self.socket])
         if self._server.started is False and not self._server.should_exit:
-            raise ServeError("the server did not start (see the log)", code="serve.start_failed")
+            raise ServeError("the server did not start (see the log)", code=reconciler_codes.SERVE_START_FAILED)
 
     def shutdown(self) -> None:
         """Stop serving and wait until the requests in flight are done (waiting watches are answered now)."""
@@ -552,7 +564,8 @@ def make_server(url: str, settings: Settings) -> HTTPServer:
     except OSError as e:
         service.close()
         raise ServeError(
-            f"cannot listen on {settings.host}:{settings.port}: {e.strerror or e}", code="serve.listen_failed"
+            f"cannot listen on {settings.host}:{settings.port}: {e.strerror or e}",
+            code=reconciler_codes.SERVE_LISTEN_FAILED,
         ) from e
     service.capacity.warm()
     return HTTPServer(sock, service, settings, console_app)
