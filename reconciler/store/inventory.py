@@ -159,7 +159,7 @@ def _sync(
     changes: list[RowChange] = []
     with dberrors.wrapped("sync inventory"), conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-        generation = _generation(conn)
+        generation = inventorywrites.generation(conn)
         trust = memory is not None and memory.trusted(generation)
         if memory is not None and not trust:
             memory.forget()
@@ -245,7 +245,7 @@ def _sync(
             maybe_gone=work.gone("Allocation"),
         )
         if changes:
-            generation = _bump_generation(conn)
+            generation = inventorywrites.bump_generation(conn)
         if memory is not None:
             memory.generation = generation
             memory.syncs += 1
@@ -266,16 +266,6 @@ def _sync(
                 (revision, digest, state.file_count, Jsonb(counts)),
             )
     return SyncResult(revision, digest, new_revision, tuple(changes), full=not trust)
-
-
-def _generation(conn: Connection) -> int:
-    row = conn.execute("SELECT generation FROM inventory_generation").fetchone()
-    return int(row[0]) if row else 0
-
-
-def _bump_generation(conn: Connection) -> int:
-    row = conn.execute("UPDATE inventory_generation SET generation = generation + 1 RETURNING generation").fetchone()
-    return int(row[0]) if row else 0
 
 
 class _Work:
