@@ -21,8 +21,6 @@ _DRIFT_ENTRIES_SQL = (
     "   CASE WHEN jsonb_typeof(h.drift) = 'array' THEN h.drift ELSE '[]'::jsonb END) e"
     " WHERE jsonb_typeof(e) = 'object' AND jsonb_typeof(e -> 'code') = 'string'"
 )
-
-
 _INVALID_REPORTS_SQL = (
     "SELECT h.node_name FROM host_status h WHERE jsonb_typeof(h.drift) <> 'array' OR EXISTS ("
     " SELECT 1 FROM jsonb_array_elements(h.drift) e"

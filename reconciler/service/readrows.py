@@ -25,12 +25,10 @@ SLOT_STATES = (
     "ineligible",
     "drift",
 )
-
-
 ALLOCATION_STATES = ("pending", "reserved", "provisioning", "active", "releasing", "released", "failed")
 
 
-# The display state of a slot row `s` (see the module docstring; drift is added in Python or by DRIFT_SLOTS).
+# The display state of a slot row `s` (see reads.py's docstring; drift is added in Python or by DRIFT_SLOTS).
 # A free slot of a node leased whole (a live node_exclusive claim) is `leased`: never sold as a slot.
 _SLOT_STATE_SQL = (
     "CASE WHEN s.status = 'cleanup_blocked' THEN 'blocked'"
