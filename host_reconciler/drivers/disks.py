@@ -33,15 +33,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import hashlib
 import json
-import mmap
 import os
 import re
 import secrets
 import stat
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +47,8 @@ from desired.patterns import BY_ID_NAME_RE, BY_ID_PREFIX
 from host_reconciler import codes as host_codes
 from host_reconciler import images
 from host_reconciler.drivers import tools
+from host_reconciler.drivers.diskbytes import MiB, _device_size, _open_excl, _read_samples, _sha256_prefix
+from host_reconciler.drivers.diskidentity import _children_and_holders, _read, read_identity
 from host_reconciler.drivers.protocols import DiskRefused, DiskSettings, IdentityChanged, IdentityMissing, SlotDisk
 from host_reconciler.mountinfo import parse_mountinfo
 from host_reconciler.observations import DiskObs
@@ -57,9 +56,7 @@ from schemas.errors import PermanentError, TemporaryError
 from schemas.hostplans import DiskIdentity
 
 _BY_ID_NAME = re.compile(BY_ID_NAME_RE)
-MiB = 1 << 20
 BLKID_NOTHING_FOUND = 2  # `blkid -p` exit status when no signature was found
-SECTOR_BYTES = 512  # sysfs `size` counts 512-byte sectors whatever the logical block size
 
 
 class WipeFailed(PermanentError):
@@ -471,148 +468,5 @@ class BlockDisks:
         return evidence
 
 
-def _device_size(path: str) -> int:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.lseek(fd, 0, os.SEEK_END)
-    finally:
-        os.close(fd)
-
-
-def _sha256_prefix(path: str, length: int) -> str:
-    """sha256 of the first `length` bytes of `path`, read past the page cache (O_DIRECT where it can)."""
-    h = hashlib.sha256()
-    flags = os.O_RDONLY | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags | getattr(os, "O_DIRECT", 0))
-    except OSError:
-        fd = os.open(path, flags)
-    block = 4 * MiB
-    buf = mmap.mmap(-1, block)  # page aligned, as O_DIRECT wants
-    try:
-        left, off = length, 0
-        while left:
-            n = os.preadv(fd, [buf], off)
-            if n <= 0:
-                break
-            take = min(n, left)
-            h.update(memoryview(buf)[:take])
-            left -= take
-            off += take
-    finally:
-        buf.close()
-        os.close(fd)
-    return h.hexdigest()
-
-
-def _open_excl(path: str, flags: int) -> int:
-    try:
-        return os.open(path, flags | os.O_EXCL | os.O_CLOEXEC)
-    except OSError as e:
-        raise DiskRefused(f"{path} is in use ({e.strerror})", code=host_codes.HOST_DISK_IN_USE, device=path) from e
-
-
-def _read_samples(path: str, *, count: int, sample_bytes: int, seed: int) -> tuple[list[int], list[int], int]:
-    """Read first/last MiB and `count` random blocks (O_DIRECT): (offsets, nonzero, size)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_DIRECT", 0))
-    try:
-        size = os.lseek(fd, 0, os.SEEK_END)
-        align = 4096
-        sample = max(align, sample_bytes // align * align)
-        offsets = sorted(set(_offsets(size, count=count, sample=sample, align=align, seed=seed)))
-        nonzero: list[int] = []
-        buf = mmap.mmap(-1, max(sample, MiB))
-        try:
-            for off in offsets:
-                length = min(MiB if off in (0, max(0, size - MiB)) else sample, size - off)
-                length = max(align, length // align * align)
-                n = os.preadv(fd, [memoryview(buf)[:length]], off)
-                if buf[:n].count(0) != n:
-                    nonzero.append(off)
-        finally:
-            buf.close()
-        return offsets, nonzero, size
-    finally:
-        os.close(fd)
-
-
-def _offsets(size: int, *, count: int, sample: int, align: int, seed: int) -> Iterator[int]:
-    if size <= MiB:
-        yield 0
-        return
-    yield 0
-    yield (size - MiB) // align * align
-    rng = _Rng(seed)
-    span = max(1, (size - sample) // align)
-    for _ in range(count):
-        yield rng.below(span) * align
-
-
-class _Rng:
-    """splitmix64: reproducible offsets from the recorded seed (audit can re-read them)."""
-
-    def __init__(self, seed: int) -> None:
-        self.state = seed & (2**64 - 1)
-
-    def below(self, n: int) -> int:
-        self.state = (self.state + 0x9E3779B97F4A7C15) & (2**64 - 1)
-        z = self.state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
-        return (z ^ (z >> 31)) % n
-
-
-def _children_and_holders(sys_dev: Path) -> set[str]:
-    found: set[str] = set()
-    for child in sys_dev.iterdir():
-        if (child / "partition").exists():
-            majmin = _read(child / "dev")
-            if majmin:
-                found.add(majmin)
-                with contextlib.suppress(OSError):
-                    found |= _holders(child)
-    found |= _holders(sys_dev)
-    return found
-
-
-def _holders(sys_dev: Path, depth: int = 0) -> set[str]:
-    out: set[str] = set()
-    holders = sys_dev / "holders"
-    if depth > 4 or not holders.is_dir():
-        return out
-    for h in holders.iterdir():
-        real = Path(os.path.realpath(h))
-        majmin = _read(real / "dev")
-        if majmin:
-            out.add(majmin)
-            out |= _holders(real, depth + 1)
-    return out
-
-
-def _read(p: Path) -> str:
-    try:
-        return p.read_text().strip()
-    except OSError:
-        return ""
-
-
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-
-
-def read_identity(sysfs_root: Path, majmin: str) -> DiskIdentity:
-    """The identity sysfs reports for block device MAJ:MIN (missing attributes read as None).
-
-    NVMe: the namespace's `size` and `wwid`, its controller's (or native
-    multipath subsystem's) `device/model` and `device/serial`; a loop device:
-    `size` and `loop/backing_file`. Values are stripped, as discovery reads them.
-    """
-    base = sysfs_root / "dev" / "block" / majmin
-    sectors = _read(base / "size")
-    return DiskIdentity(
-        size_bytes=int(sectors) * SECTOR_BYTES if sectors.isdigit() else 0,
-        model=_read(base / "device" / "model") or None,
-        serial=_read(base / "device" / "serial") or None,
-        wwid=_read(base / "wwid") or None,
-        backing_file=_read(base / "loop" / "backing_file") or None,
-    )

@@ -57,7 +57,7 @@ def _write_new(path: Path, token: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reconciler.service import agents
+    from reconciler.service import agenttokens
     from reconciler.store import connections, migrations
 
     out: Path | None = getattr(args, "out", None)
@@ -68,14 +68,14 @@ def run(args: argparse.Namespace) -> int:
     with connections.connect(db.database_url(args), autocommit=True) as conn:
         migrations.migrate(conn)
         if args.token_action == "revoke":  # noqa: S105 - an action name
-            revoked = agents.revoke_token(conn, args.node)
+            revoked = agenttokens.revoke_token(conn, args.node)
             doc: dict[str, Any] = {"node": args.node, "revoked": revoked}
             if output.structured(args.output):
                 output.emit(doc, args.output)
             else:
                 print(f"{args.node}: token revoked" if revoked else f"{args.node} had no token")
             return 0
-        token = agents.issue_token(conn, args.node, rotate=args.token_action == "rotate")  # noqa: S105 - an action name
+        token = agenttokens.issue_token(conn, args.node, rotate=args.token_action == "rotate")  # noqa: S105 - an action name
     if out is not None:
         _write_new(out, token)
     doc = {

@@ -30,16 +30,12 @@ import asyncio
 import contextlib
 import datetime as dt
 import hmac
-import ipaddress
 import json
 import logging
-import os
 import socket
-import stat
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -48,18 +44,43 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from reconciler import codes as reconciler_codes
 from reconciler.service import api, asgi, capacities, dashboard, metrics, readiness, tenants
+from reconciler.service.listening import _bind, _protocol_with_header_deadline, _Uvicorn
 from reconciler.service.pool import Pool
+from reconciler.service.servesettings import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    ServeError,
+    Settings,
+    is_loopback,
+    load_token,
+    parse_listen,
+    token_from,
+)
 from schemas import codes as schemas_codes
-from schemas import inputfiles
-from schemas.errors import GpuaasError, PermanentError, TemporaryError, UsageError
+from schemas.errors import GpuaasError, TemporaryError
 
 if TYPE_CHECKING:
     from reconciler.service import agents, intake, webhooks
 
+# What `gpuaas serve` and the tests use, wherever it lives (servesettings: the settings and the token file).
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "HTTPServer",
+    "Response",
+    "ServeError",
+    "Service",
+    "Settings",
+    "is_loopback",
+    "json_response",
+    "load_token",
+    "make_server",
+    "parse_listen",
+    "token_from",
+]
+
 log = logging.getLogger("gpuaas.serve")
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8080
 _HTML_HEADERS = (
     (
         "Content-Security-Policy",
@@ -68,119 +89,6 @@ _HTML_HEADERS = (
     ("X-Frame-Options", "DENY"),
     ("Referrer-Policy", "no-referrer"),
 )
-
-
-class ServeError(PermanentError):
-    code = reconciler_codes.SERVE_ERROR
-
-
-# ------------------------------------------------------------ configuration
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """`HOST:PORT`, `[V6]:PORT`, `:PORT` (loopback) or `PORT`."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep:
-        host, port_text = "", text
-    host = host.strip("[]") or DEFAULT_HOST
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise UsageError(
-            f"--listen takes HOST:PORT, not {text!r}", code=reconciler_codes.SERVE_LISTEN_INVALID
-        ) from None
-    if not 0 <= port <= 65535:
-        raise UsageError(f"--listen port must be 0..65535, not {port}", code=reconciler_codes.SERVE_LISTEN_INVALID)
-    return host, port
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve anywhere
-
-
-def load_token(path: Path) -> str:
-    """The bearer token in `path`; refused when group or others may read it, or when it is empty."""
-    try:
-        st = path.stat()
-        if not stat.S_ISREG(st.st_mode):
-            raise ServeError(f"token file {path} is not a regular file", code=reconciler_codes.SERVE_TOKEN_FILE_INVALID)
-        if st.st_mode & 0o077:
-            mode = stat.S_IMODE(st.st_mode)
-            raise ServeError(
-                f"token file {path} is accessible by group or others (mode {mode:04o}); chmod 600 {path}",
-                code=reconciler_codes.SERVE_TOKEN_FILE_PERMISSIONS,
-            )
-        # Bounded, regular file only, never quoted: a file named by mistake (a key, /dev/zero) is refused unread.
-        try:
-            token = inputfiles.read_text(
-                path, limit=4 * inputfiles.KIB, code=reconciler_codes.SERVE_TOKEN_FILE_INVALID, what="token file"
-            ).strip()
-        except PermanentError as e:
-            raise ServeError(e.message, code=e.code) from e
-    except OSError as e:
-        raise ServeError(
-            f"cannot read token file {path}: {e.strerror or e}", code=reconciler_codes.SERVE_TOKEN_FILE_UNREADABLE
-        ) from e
-    if not token or any(c.isspace() for c in token):
-        raise ServeError(
-            f"token file {path} must hold one token (no spaces), and not be empty",
-            code=reconciler_codes.SERVE_TOKEN_FILE_INVALID,
-        )
-    return token
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    host: str = DEFAULT_HOST
-    port: int = DEFAULT_PORT
-    token: str | None = None
-    max_reconcile_age_s: float = 0.0  # 0: not checked (an idle loop records no reconciliation)
-    failing_grace_s: float = 300.0
-    head_grace_s: float = 300.0  # /readyz: HEAD not applied this long (invalid, behind, failing) is not ready
-    refresh_s: int = 15
-    capacity_refresh_s: float = 10.0
-    capacity_wait_s: float = 2.0
-    policy: str | None = None
-    pool_size: int = 8
-    allowed_hosts: tuple[str, ...] = ()  # besides loopback names and the listen address; "*": any
-    max_connections: int = 16384
-    request_timeout_s: float = 60.0
-    header_timeout_s: float = 10.0
-    agent_pool_size: int = 6
-    tenant_tokens: Path | None = None  # TENANT:SHA256 lines (tenants.py); re-read when the file changes
-    intake_repo: Path | None = None  # the desired-state checkout POST /api/v1/allocations commits to
-    intake_push: tuple[str, str] | None = None  # (remote, branch) the intake pushes to
-    webhook_url: str | None = None  # every allocation event POSTed here, signed (webhooks.py)
-    webhook_secret: Path | None = None
-    webhook_backoff_s: float = 1.0
-    console_credentials: Path | None = None  # None: no console gateway (the route answers 404)
-    console_libvirt_uri: str = "qemu+ssh://gpuaas@{node}/system"
-
-    def hosts(self) -> tuple[str, ...]:
-        """The Host names answered: loopback names, the listen address (unless a wildcard), --allow-host."""
-        own = () if self.host in ("0.0.0.0", "::", "") else (self.host,)  # noqa: S104 - comparing, not binding
-        return (*asgi.LOOPBACK_NAMES, *own, *self.allowed_hosts)
-
-    def check(self) -> None:
-        if self.webhook_url is not None and self.webhook_secret is None:
-            raise ServeError(
-                "--webhook needs --webhook-secret-file (payloads are signed)",
-                code=reconciler_codes.SERVE_WEBHOOK_SECRET_MISSING,
-            )
-        if not is_loopback(self.host) and self.token is None:
-            raise ServeError(
-                f"listening on {self.host} (not loopback) needs --token-file: every request but "
-                "/healthz must then carry that bearer token",
-                code=reconciler_codes.SERVE_LISTEN_NEEDS_TOKEN,
-            )
-
-
-# ----------------------------------------------------------------- service
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,49 +328,6 @@ def _not_ready(checks: dict[str, Any], code: str, message: str) -> dict[str, Any
 # --------------------------------------------------------------------- HTTP
 
 
-def _protocol_with_header_deadline(seconds: float) -> type[Any]:
-    """uvicorn's HTTP protocol, plus: a request head not complete within `seconds` of its first byte is cut.
-
-    uvicorn times out idle keep-alive connections but not a client that
-    sends its head one byte at a time; the per-request `Deadline` (asgi.py)
-    starts only once the head is in.
-    """
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Base
-    except ImportError:  # httptools not installed: the pure-Python parser
-        from uvicorn.protocols.http.h11_impl import H11Protocol as Base  # type: ignore[assignment]
-
-    class Protocol(Base):
-        _head_timer: asyncio.TimerHandle | None = None
-
-        def data_received(self, data: bytes) -> None:
-            if self._head_timer is None and seconds > 0:
-                self._arm(self.cycle)
-            super().data_received(data)
-
-        def _arm(self, cycle: Any) -> None:
-            def fire() -> None:
-                self._head_timer = None
-                if self.cycle is cycle and not self.transport.is_closing():  # no new request began meanwhile
-                    self.transport.close()
-
-            self._head_timer = self.loop.call_later(seconds, fire)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
-            super().connection_lost(exc)
-
-    return Protocol
-
-
-class _Uvicorn(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield  # `gpuaas serve` handles SIGTERM/SIGINT itself (schemas/signals.py)
-
-
 class HTTPServer:
     """A bound socket and the uvicorn server that serves `service` on it (the caller runs `serve_forever`)."""
 
@@ -536,20 +401,6 @@ class HTTPServer:
         self.socket.close()
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-        sock.listen(4096)
-    except OSError:
-        sock.close()
-        raise
-    sock.set_inheritable(True)
-    return sock
-
-
 def make_server(url: str, settings: Settings) -> HTTPServer:
     """Bind (the caller runs `serve_forever` and, at the end, `shutdown` and `server_close`)."""
     settings.check()
@@ -569,7 +420,3 @@ def make_server(url: str, settings: Settings) -> HTTPServer:
         ) from e
     service.capacity.warm()
     return HTTPServer(sock, service, settings, console_app)
-
-
-def token_from(path: str | os.PathLike[str] | None) -> str | None:
-    return None if path is None else load_token(Path(path))
