@@ -169,7 +169,7 @@ class Engine:
         self._seed_rank = packing.slot_tiebreak(self.policy)
         self._by_end = packing.uses_lease_ends(self.policy)
         self._by_head = packing.interleaves(self.policy)
-        self.lease_end_weight = fleet.placement.lease_end_weight if fleet else 1.0
+        self.lease_end_weight = (fleet.placement if fleet else m.PlacementSettings()).lease_end_weight
         if shares is None:
             shares = fleet.placement.workload_mix if fleet else DEFAULT_SHARES
         self.shares = dict(shares)
