@@ -73,14 +73,16 @@ class PlacementSettings(_Model):
     workload_mix: dict[Annotated[int, Strict(False)], float] = Field(
         default_factory=lambda: {1: 0.4, 2: 0.25, 4: 0.2, 8: 0.15}
     )
+    # 0.1, not 1.0: terms are upper bounds (leases are released early and bought rounded up), so an hour of
+    # delay a term predicts is worth little; 0.1 measured best on the workload suite (docs/placement.md).
     lease_end_weight: float = Field(
-        default=1.0,
+        default=0.1,
         ge=0,
         allow_inf_nan=False,
         description="Policy default only: what one hour of delay in a host's emptying costs, in expected stranded "
         "GPUs (the unit of the fragmentation score), when a lease with a known end "
         "(Allocation.lease_hours) would outlast every lease already on the host. 0 keeps lease ends "
-        "as a tie-break only.",
+        "as a tie-break only. Default 0.1.",
     )
     pending_deadline_seconds: int = Field(
         default=86_400,

@@ -2,7 +2,7 @@
 
     gpuaas simulate --fleet DIR --workload FILE.csv [--policy NAME] [--json] [--repack-bound]
     gpuaas simulate --fleet DIR --workload FILE.csv --compare [--json] [--lease-ends terms|none|exact]
-    gpuaas simulate --suite [--json] [--seeds N] [--loads 0.8,0.9,1.0] [--requests N] [--families a,b]
+    gpuaas simulate --suite [--json] [--seeds N] [--first-seed S] [--loads 0.8,0.9,1.0] [--requests N] [--families a,b]
 
 The CSV header is `arrival_s,duration_s,sku,gpus[,lease_s]` (`gpuaas fleet
 workload` writes one). A request arrives, holds its GPUs for `duration_s`,
@@ -76,6 +76,9 @@ def register(sub: Any) -> None:
         help="run the workload suite (every family x load x seed, every policy) on a synthetic fleet",
     )
     p.add_argument("--seeds", type=int, default=3, help="--suite: streams per family and load (default 3)")
+    p.add_argument(
+        "--first-seed", type=int, default=1, help="--suite: seed of the first stream (default 1; 7+ are fresh streams)"
+    )
     p.add_argument("--loads", default="0.8,0.9,1.0", help="--suite: offered loads (default 0.8,0.9,1.0)")
     p.add_argument("--requests", type=int, default=20000, help="--suite: requests per stream (default 20000)")
     p.add_argument("--families", help="--suite: comma-separated family names (default: all)")
@@ -261,9 +264,10 @@ def run_suite(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--loads {args.loads!r}: loads must be in (0, 10]", code=reconciler_codes.SIMULATE_SUITE_LOADS
         )
-    if args.seeds < 1 or args.requests < 1 or args.nodes < 1:
+    if args.seeds < 1 or args.requests < 1 or args.nodes < 1 or args.first_seed < 1:
         raise UsageError(
-            "--seeds, --requests and --nodes must be at least 1", code=reconciler_codes.SIMULATE_SUITE_SIZE
+            "--seeds, --first-seed, --requests and --nodes must be at least 1",
+            code=reconciler_codes.SIMULATE_SUITE_SIZE,
         )
     names = [x.strip() for x in args.families.split(",")] if args.families else [f.name for f in suite.FAMILIES]
     unknown = [n for n in names if n not in {f.name for f in suite.FAMILIES}]
@@ -279,6 +283,7 @@ def run_suite(args: argparse.Namespace) -> int:
         seeds=args.seeds,
         requests=args.requests,
         nodes=args.nodes,
+        first_seed=args.first_seed,
         progress=_suite_progress(args.quiet),
     )
     below = [c for c in cells if c.below]
@@ -289,6 +294,7 @@ def run_suite(args: argparse.Namespace) -> int:
                 {
                     "nodes": args.nodes,
                     "seeds": args.seeds,
+                    "first_seed": args.first_seed,
                     "requests": args.requests,
                     "loads": loads,
                     "families": [f.as_dict() for f in families],
@@ -317,8 +323,8 @@ def render_suite(cells: list[Any], families: list[Any], args: argparse.Namespace
         "seed-rank": "seed-rank",
     }
     lines = [
-        f"workload suite: {args.nodes} nodes, {args.seeds} seed(s) x {args.requests} requests per "
-        "family and load; acceptance_gpu summed over seeds",
+        f"workload suite: {args.nodes} nodes, {args.seeds} seed(s) from {args.first_seed} x {args.requests} "
+        "requests per family and load; acceptance_gpu summed over seeds",
         "",
     ]
     head = f"{'family':<18} {'load':>4} " + " ".join(f"{short.get(p, p):>10}" for p in policies)

@@ -21,7 +21,7 @@ memmove of at most one pointer per node of the signature, microseconds at
 
 `default` ranks nodes by facts of the node between the pattern's scores
 (`policies.packing.place_key`: a spread shape last, then the node holding
-more allocations, then the aligned shape, the oldest allocation, the
+more allocations, then the aligned shape, the oldest allocation by 4-hour class, the
 fragmentation gradient). So under `default` each signature also keeps one heap
 of its nodes in tie-break order (`heads`): a request peeks the head of every
 fitting signature, and the end order is kept per signature *and* allocation

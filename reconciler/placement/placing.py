@@ -76,7 +76,7 @@ class Engine:
             observed or plans.Observed(),
             policy=self.policy,
             shares=shares,
-            lease_end_weight=fleet.placement.lease_end_weight if fleet else 1.0,
+            lease_end_weight=(fleet.placement if fleet else m.PlacementSettings()).lease_end_weight,
         )
         self._specs = requests.Specs(desired.skus)
         self._picker = Picker(self.state)

@@ -213,9 +213,14 @@ def run(
     seeds: int,
     requests: int,
     nodes: int = NODES,
+    first_seed: int = 1,
     progress: Progress | None = None,
 ) -> list[Cell]:
-    """Every family x load x seed through every policy; one `Cell` per family and load."""
+    """Every family x load x seed (`first_seed` ... `first_seed + seeds - 1`) through every policy.
+
+    One `Cell` per family and load. Seeds past the ones a policy was chosen
+    on (1-6 for issue 31's `default`) are fresh streams: `--first-seed 7`.
+    """
     desired = fleet(nodes)
     bare = sorted(s for s, sku in desired.skus.items() if sku.capacity_shape.value == "baremetal")
     offers = simulation.offers(desired, dict(SYNTH_MIX))
@@ -226,7 +231,7 @@ def run(
     for fam in families:
         for load in loads:
             cell = Cell(fam.name, load, fam.held_out)
-            for seed in range(1, seeds + 1):
+            for seed in range(first_seed, first_seed + seeds):
                 rows = family_rows(
                     fam, offers, load=load, requests=requests, seed=seed, baremetal_sku=bare[0] if bare else None
                 )

@@ -113,7 +113,11 @@ def test_place_key_orders_its_terms() -> None:
     assert key(clean, few) > key(spread, full)  # a clean node after everything
     assert key(split, full) < key(aligned, few)  # allocations before the split pair
     assert key(aligned, (-1.0, 0.0, 2.0)) < key(split, (-1.0, 0.0, 1.0))  # equal count: the aligned shape
-    assert key(aligned, (-1.0, 0.0, 2.0)) < key((0.0, 0.0, -1.0), (-1.0, 5.0, 1.0))  # then the oldest
+    older = packing.AGE_CLASS_S  # one age class later
+    assert key(aligned, (-1.0, 0.0, 2.0)) < key((0.0, 0.0, -1.0), (-1.0, older, 1.0))  # then the oldest class
+    # in one age class the gradient decides, then the exact time (issue 31)
+    assert key(aligned, (-1.0, 0.0, 2.0)) > key((0.0, 0.0, -1.0), (-1.0, older - 1, 1.0))
+    assert key(aligned, (-1.0, 0.0, 2.0)) < key(aligned, (-1.0, 5.0, 1.0))
     assert packing.place_bound(spread) == key(spread, full)[:2]
 
 

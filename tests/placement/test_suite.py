@@ -66,10 +66,13 @@ def test_suite_runs_a_tiny_configuration(capsys: pytest.CaptureFixture[str]) -> 
             "4",
             "--families",
             "synth,eight-gpu",
+            "--first-seed",
+            "7",
         ]
     )
     captured = capsys.readouterr()
     doc = json.loads(captured.out)
+    assert doc["first_seed"] == 7 and doc["seeds"] == 1
     assert [c["family"] for c in doc["cells"]] == ["synth", "eight-gpu"]
     for cell in doc["cells"]:
         assert set(cell["acceptance_gpu"]) == {
@@ -108,6 +111,8 @@ def test_suite_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None
     assert "simulate.suite.family" in capsys.readouterr().err
     assert cli.main(["simulate", "--suite", "--loads", "x"]) == 1
     assert "simulate.suite.loads" in capsys.readouterr().err
+    assert cli.main(["simulate", "--suite", "--first-seed", "0"]) == 1
+    assert "simulate.suite.size" in capsys.readouterr().err
     assert cli.main(["simulate"]) == 1  # neither --suite nor --fleet/--workload
     assert "simulate.args.missing" in capsys.readouterr().err
 
@@ -140,3 +145,17 @@ def test_default_never_below_first_fit_on_a_small_fixed_case() -> None:
     cell = cells[0]
     assert cell.accepted["default"] >= cell.accepted["first-fit"]
     assert cell.accepted["default"] > cell.accepted["k8s-least-allocated"]
+
+
+def test_default_is_not_below_any_baseline_on_any_family_at_a_small_scale() -> None:
+    """Every family of the suite, one stream each: `default` accepts at least as many GPUs as every baseline.
+
+    The suite's goal at a scale CI affords (64 hosts, 5,000 requests, load 0.8: seconds). Streams this
+    short are noisy at load 0.9 (one decision moves a whole trajectory), so this is a regression check on
+    fixed streams, not the measurement (docs/placement.md, "Workload suite"). It fails when the ranking
+    degrades: ranking the node with the fewest allocations first puts `default` below three baselines on
+    five families.
+    """
+    cells = suite.run(suite.FAMILIES, [0.8], seeds=1, requests=5000, nodes=64)
+    assert len(cells) == len(suite.FAMILIES)
+    assert {c.family: c.below for c in cells if c.below} == {}
