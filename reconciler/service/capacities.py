@@ -18,10 +18,12 @@ nodes. So:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import gc
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +61,24 @@ def status_document(conn: Connection, *, policy: str | None = None) -> dict[str,
     return status.document(conn, policy=policy)
 
 
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Cyclic garbage collection off while a document is built.
+
+    Building one at 10,000 nodes allocates millions of objects that all live
+    until it is done, so the collector ran full passes over a growing heap
+    again and again for nothing (half the time of `views.desired_state`).
+    Reference counting still frees everything; the collector runs again after.
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 class Cache:
     def __init__(
         self,
@@ -84,7 +104,7 @@ class Cache:
     def _compute(self) -> None:
         try:
             t0 = time.perf_counter()
-            with self._pool.reading() as conn:
+            with self._pool.reading() as conn, gc_paused():
                 key = snapshot_key(conn)
                 doc = status_document(conn, policy=self._policy)
             done = Computed(key, doc, dt.datetime.now(dt.UTC), time.perf_counter() - t0)
