@@ -63,6 +63,8 @@ FIELD_MISSING = "desired.field.missing"
 FIELD_UNKNOWN = "desired.field.unknown"
 FIELD_TYPE = "desired.field.type"
 FIELD_VALUE = "desired.field.value"
+# A renamed key under its old name: still read, with a warning naming the new key.
+FIELD_DEPRECATED = "desired.field.deprecated"
 
 # Cross-file rules
 DUPLICATE_NAME = "desired.name.duplicate"

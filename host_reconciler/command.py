@@ -138,11 +138,11 @@ class _Source:
                 "labs may use --plan-file, or --db-url",
                 code="host.service.url_missing",
             )
-        from host_reconciler import store
+        from host_reconciler import hostdb
 
         role = args.db_role or os.environ.get(ENV_ROLE)
         password = os.environ.get(ENV_PASSWORD)
-        self.connect = lambda: store.connect(url, role=role, password=password)
+        self.connect = lambda: hostdb.connect(url, role=role, password=password)
         self.conn = self.connect()
 
     def plan(self) -> hostplans.HostPlan | None:
@@ -161,9 +161,9 @@ class _Source:
             except ValueError as e:  # json's message names a position, never the content
                 raise UsageError(f"cannot read plan {self.plan_file}: {e}", code="host.plan.unreadable") from e
             return hostplans.from_json(doc)
-        from host_reconciler import store
+        from host_reconciler import hostdb
 
-        return store.read_plan(self.conn, self.node)
+        return hostdb.read_plan(self.conn, self.node)
 
     def report(self, result: converging.PassResult) -> None:
         if result.dry_run:
@@ -175,13 +175,13 @@ class _Source:
             if self.status_file is not None:
                 self.status_file.write_text(json.dumps(result.status.as_dict(), indent=2, default=str))
             return
-        from host_reconciler import store
+        from host_reconciler import hostdb
 
-        store.write_status(self.conn, result.status)
+        hostdb.write_status(self.conn, result.status)
 
     def answer_rewipes(self, state: Any, plan: hostplans.HostPlan) -> None:
         """Answer this node's `gpuaas slot rewipe` requests before the pass (service or database mode)."""
-        from host_reconciler import rewiping, store
+        from host_reconciler import hostdb, rewiping
 
         if self.service is not None:
             self.service.answer_rewipes(lambda slot: rewiping.answer(state, plan, slot))
@@ -189,9 +189,9 @@ class _Source:
         if self.conn is None:
             return
 
-        for request_id, slot in store.read_rewipes(self.conn, self.node):
+        for request_id, slot in hostdb.read_rewipes(self.conn, self.node):
             outcome, answer = rewiping.answer(state, plan, slot)
-            store.answer_rewipe(self.conn, request_id, outcome, answer)
+            hostdb.answer_rewipe(self.conn, request_id, outcome, answer)
             logging.getLogger("gpuaas.host").info(
                 "rewipe request %d for slot %d: %s",
                 request_id,
@@ -204,9 +204,9 @@ class _Source:
         if self.service is not None:
             self.service.heartbeat()
         elif self.conn is not None:
-            from host_reconciler import store
+            from host_reconciler import hostdb
 
-            store.heartbeat(self.conn, self.node)
+            hostdb.heartbeat(self.conn, self.node)
 
     def beater(self) -> Callable[[], None] | None:
         """What the heartbeat thread calls every beat (None: nothing to tell, as with --plan-file)."""
@@ -214,7 +214,7 @@ class _Source:
             return self.service.heartbeat
         if self.connect is None:
             return None
-        from host_reconciler import store
+        from host_reconciler import hostdb
 
         connect, node = self.connect, self.node
         held: list[Any] = []
@@ -223,7 +223,7 @@ class _Source:
             try:
                 if not held:
                     held.append(connect())
-                store.heartbeat(held[0], node)
+                hostdb.heartbeat(held[0], node)
             except GpuaasError:
                 while held:
                     held.pop().close()

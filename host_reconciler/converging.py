@@ -31,7 +31,7 @@ from host_reconciler.actions import PER_SLOT_STEPS, SLOT_BLOCKING_STEPS, Action,
 from host_reconciler.context import Context, Drivers
 from host_reconciler.drivers.protocols import reservation_for
 from host_reconciler.localstate import LocalState
-from host_reconciler.observations import Failure, Observed
+from host_reconciler.observations import Failure, HostObservation
 from host_reconciler.settings import HostSettings
 from schemas.errors import GpuaasError, PermanentError, TemporaryError
 from schemas.hostplans import HostPlan, VmSpec
@@ -49,7 +49,7 @@ class PassResult:
     executed: tuple[tuple[Action, float], ...]  # (action, ms)
     errors: tuple[statuses.StepError, ...]
     status: statuses.HostStatus
-    observed: Observed
+    observed: HostObservation
     dry_run: bool
     retry_after: float | None
     ms: float
@@ -248,7 +248,7 @@ class Converger:
         except (GpuaasError, OSError) as e:
             log.warning("image cache eviction failed: %s", e)
 
-    def _image_report(self, ctx: Context, observed: Observed) -> statuses.ImageCacheReport:
+    def _image_report(self, ctx: Context, observed: HostObservation) -> statuses.ImageCacheReport:
         try:
             budget: int | None = self.settings.image_budget()
         except OSError:
@@ -278,7 +278,7 @@ class Converger:
             return {}
         return {vms[name].allocation_id: sample for name, sample in latest.items() if name in vms}
 
-    def _collect_garbage(self, plan: HostPlan, observed: Observed) -> None:
+    def _collect_garbage(self, plan: HostPlan, observed: HostObservation) -> None:
         """Forget the journals of allocations that left the plan and left nothing behind."""
         planned = {vm.allocation_id for vm in (*plan.vms, *plan.releases)}
         in_use = set(observed.leases.values()) | {d.facts.allocation_id for d in observed.domains.values()}

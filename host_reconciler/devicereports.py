@@ -42,7 +42,7 @@ _AMD_UUID = re.compile(r"^\s+UUID: ([0-9A-Za-z-]{4,64})\s*$")
 _ROCM = re.compile(r"^GPU\[(\d+)\]\s*: Unique ID: (\S{2,64})\s*$")
 
 
-class Refused(ValueError):
+class DeviceReportRefused(ValueError):
     """A report the listener does not store; `code` is counted (`guestmarker.Announcements.refused`)."""
 
     def __init__(self, code: str, message: str) -> None:
@@ -77,19 +77,19 @@ class Expectation:
 
 
 def parse(body: bytes) -> tuple[str, str, GuestDevices]:
-    """(vm name, token, devices) of one report; Refused when it is not one."""
+    """(vm name, token, devices) of one report; DeviceReportRefused when it is not one."""
     if len(body) > MAX_BYTES:
-        raise Refused("oversized", f"report of {len(body)} bytes (at most {MAX_BYTES})")
+        raise DeviceReportRefused("oversized", f"report of {len(body)} bytes (at most {MAX_BYTES})")
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise Refused("malformed", "report is not UTF-8") from e
+        raise DeviceReportRefused("malformed", "report is not UTF-8") from e
     lines = text.split("\n")
     if lines[0].strip() != "gpuaas-devices 1":
-        raise Refused("malformed", "report does not start with 'gpuaas-devices 1'")
+        raise DeviceReportRefused("malformed", "report does not start with 'gpuaas-devices 1'")
     head, rest = _head(lines[1:])
     if "smi-begin" not in [r.strip() for r in rest]:
-        raise Refused("malformed", "report has no smi-begin section")
+        raise DeviceReportRefused("malformed", "report has no smi-begin section")
     words: list[str] = []
     for line in rest[1:]:
         if line.strip() == "smi-end":
@@ -97,7 +97,7 @@ def parse(body: bytes) -> tuple[str, str, GuestDevices]:
         words.append(line)
     name, token, tool = head.get("name", ""), head.get("token", ""), head.get("tool", "")
     if not _NAME.match(name) or not _TOKEN.match(token) or tool not in TOOLS:
-        raise Refused("malformed", "report lacks a valid name, token or tool")
+        raise DeviceReportRefused("malformed", "report lacks a valid name, token or tool")
     fabric = tuple(_fabric(v) for v in head.get("fabric", "").split("\n") if v)
     count, uuids = _gpus(tool, words)
     return name, token, GuestDevices(tool, count, uuids, fabric, "\n".join(words).strip()[:MAX_WORDS])
@@ -117,7 +117,7 @@ def _head(lines: list[str]) -> tuple[dict[str, str], list[str]]:
         elif key in ("name", "token", "tool") and key not in head:
             head[key] = value.strip()
         else:
-            raise Refused("malformed", f"unexpected line {line[:80]!r}")
+            raise DeviceReportRefused("malformed", f"unexpected line {line[:80]!r}")
     return head, []
 
 
@@ -125,7 +125,7 @@ def _fabric(value: str) -> tuple[str, str]:
     port, _, state = value.partition(" ")
     state = state.strip().split(":")[-1].strip()  # "4: ACTIVE" as sysfs writes it
     if not _PORT.match(port) or not _STATE.match(state):
-        raise Refused("malformed", f"bad fabric line {value[:80]!r}")
+        raise DeviceReportRefused("malformed", f"bad fabric line {value[:80]!r}")
     return port, state
 
 

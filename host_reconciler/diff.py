@@ -1,7 +1,7 @@
 """`diff(host_plan, observed) -> [Action]` and `drift(host_plan, observed) -> [Drift]`.
 
 Pure: no file, socket or process is touched here; every fact comes in
-through `Observed`, so every rule below is tested on values alone. The rules:
+through `HostObservation`, so every rule below is tested on values alone. The rules:
 
 - a VM of the plan gets the provision phases whose completion observation
   cannot prove; a phase before a proven later one is done (a defined domain
@@ -36,7 +36,7 @@ from host_reconciler.actions import (
     Flow,
     Step,
 )
-from host_reconciler.observations import DomainObs, Observed, Progress, WipeRecord
+from host_reconciler.observations import DomainObs, HostObservation, Progress, WipeRecord
 from schemas.hostplans import HostPlan, SlotBundle, VmSpec
 
 VFIO_DRIVER = "vfio-pci"
@@ -44,7 +44,7 @@ VFIO_DRIVER = "vfio-pci"
 
 def diff(
     plan: HostPlan,
-    observed: Observed,
+    observed: HostObservation,
     *,
     options: domains.DomainOptions | None = None,
     mode: DriftMode = DriftMode.REPORT,
@@ -60,19 +60,19 @@ def diff(
     return actions
 
 
-def _progress(vm: VmSpec, digest: str, observed: Observed) -> Progress | None:
+def _progress(vm: VmSpec, digest: str, observed: HostObservation) -> Progress | None:
     """The journal of `vm` if it was written for this spec (a new spec starts over)."""
     prog = observed.progress.get(vm.allocation_id)
     return prog if prog is not None and prog.spec_digest == digest else None
 
 
-def was_active(vm: VmSpec, observed: Observed) -> bool:
+def was_active(vm: VmSpec, observed: HostObservation) -> bool:
     """Passed readiness once, whatever spec it had then: from here on, divergence is drift."""
     prog = observed.progress.get(vm.allocation_id)
     return prog is not None and Step.READINESS in prog.done
 
 
-def _provision(plan: HostPlan, vm: VmSpec, observed: Observed, options: domains.DomainOptions) -> list[Action]:
+def _provision(plan: HostPlan, vm: VmSpec, observed: HostObservation, options: domains.DomainOptions) -> list[Action]:
     if was_active(vm, observed):
         return []  # a running tenant VM is never provisioned again; see drift
     digest = domains.spec_digest(vm, plan.network, options)
@@ -114,7 +114,7 @@ def _provision(plan: HostPlan, vm: VmSpec, observed: Observed, options: domains.
     ]
 
 
-def _release(vm: VmSpec, observed: Observed) -> list[Action]:
+def _release(vm: VmSpec, observed: HostObservation) -> list[Action]:
     alloc = vm.allocation_id
     dom = observed.domains.get(vm.name)
     slots = tuple(sorted(b.slot_index for b in vm.bundles))
@@ -151,7 +151,7 @@ def _release(vm: VmSpec, observed: Observed) -> list[Action]:
     return out
 
 
-def drift(plan: HostPlan, observed: Observed, *, options: domains.DomainOptions | None = None) -> list[Drift]:
+def drift(plan: HostPlan, observed: HostObservation, *, options: domains.DomainOptions | None = None) -> list[Drift]:
     opts = options or domains.DomainOptions()
     out: list[Drift] = []
     for vm in plan.vms:
@@ -175,7 +175,7 @@ def drift(plan: HostPlan, observed: Observed, *, options: domains.DomainOptions 
     return out
 
 
-def _orphans(plan: HostPlan, observed: Observed) -> Iterable[Drift]:
+def _orphans(plan: HostPlan, observed: HostObservation) -> Iterable[Drift]:
     """Domains, reservations, seeds and leases that belong to no plan entry."""
     planned = {vm.name for vm in (*plan.vms, *plan.releases)}
     allocations = {vm.allocation_id for vm in (*plan.vms, *plan.releases)}
@@ -224,7 +224,7 @@ def _orphans(plan: HostPlan, observed: Observed) -> Iterable[Drift]:
             )
 
 
-def _slot_drift(plan: HostPlan, bundle: SlotBundle, observed: Observed) -> Iterable[Drift]:
+def _slot_drift(plan: HostPlan, bundle: SlotBundle, observed: HostObservation) -> Iterable[Drift]:
     """An approved slot's disk and PCI devices, whoever holds the slot."""
     s = bundle.slot_index
     disk = observed.disks.get(s)
@@ -310,7 +310,7 @@ def _fields(identity: object, names: list[str]) -> str | None:
     return " ".join(f"{n}={identity.get(n)}" for n in names) or None
 
 
-def _vm_drift(plan: HostPlan, vm: VmSpec, observed: Observed, options: domains.DomainOptions) -> Iterable[Drift]:
+def _vm_drift(plan: HostPlan, vm: VmSpec, observed: HostObservation, options: domains.DomainOptions) -> Iterable[Drift]:
     if not was_active(vm, observed):
         return  # still provisioning: missing pieces are phases, not drift
     digest = domains.spec_digest(vm, plan.network, options)

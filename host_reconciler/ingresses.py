@@ -1,7 +1,7 @@
 """What the host plan's ingress asks of one host, against what the host shows (pure).
 
 Called by `diff`: no file, socket or process here; the observed rules come in
-through `Observed.ingress` (None: this host runs no ingress driver, and
+through `HostObservation.ingress` (None: this host runs no ingress driver, and
 ingress is neither acted on nor reported).
 
 - provision: the `ingress` phase of a VM is proven when every planned endpoint
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from host_reconciler.actions import Drift, DriftCode, Step
-from host_reconciler.observations import Observed
+from host_reconciler.observations import HostObservation
 from schemas.hostplans import HostPlan, IngressRule, VmSpec
 
 
@@ -28,7 +28,7 @@ def planned(plan: HostPlan, allocation_id: str) -> tuple[IngressRule, ...]:
     return tuple(r for r in plan.ingress if r.allocation_id == allocation_id)
 
 
-def provisioned(plan: HostPlan, vm: VmSpec, observed: Observed) -> bool:
+def provisioned(plan: HostPlan, vm: VmSpec, observed: HostObservation) -> bool:
     """The `ingress` phase needs nothing: no endpoint planned, no driver, or every one in place."""
     want = planned(plan, vm.allocation_id)
     if not want or observed.ingress is None:
@@ -36,13 +36,13 @@ def provisioned(plan: HostPlan, vm: VmSpec, observed: Observed) -> bool:
     return set(want) <= observed.ingress.complete
 
 
-def left_behind(vm: VmSpec, observed: Observed) -> bool:
+def left_behind(vm: VmSpec, observed: HostObservation) -> bool:
     """A released allocation still has a rule (either half) on this host."""
     seen = observed.ingress
     return seen is not None and any(r.allocation_id == vm.allocation_id for r in seen.written)
 
 
-def drift(plan: HostPlan, observed: Observed, active: Iterable[VmSpec]) -> Iterable[Drift]:
+def drift(plan: HostPlan, observed: HostObservation, active: Iterable[VmSpec]) -> Iterable[Drift]:
     seen = observed.ingress
     if seen is None:
         return

@@ -146,7 +146,9 @@ class IngressSeen:
 
 
 @dataclass(frozen=True, slots=True)
-class Observed:
+class HostObservation:
+    """What one pass read from this host (drivers, state dir, discovery gate): the input of `diff`."""
+
     domains: Mapping[str, DomainObs] = field(default_factory=_empty)  # gpuaas-* only, by name
     reservations: Mapping[str, ReservationObs] = field(default_factory=_empty)  # by VM name
     disks: Mapping[int, DiskObs] = field(default_factory=_empty)  # by slot_index

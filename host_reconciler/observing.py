@@ -1,4 +1,4 @@
-"""`observe(ctx) -> Observed`: read the node through the drivers and the state dir.
+"""`observe(ctx) -> HostObservation`: read the node through the drivers and the state dir.
 
 The imperative half of "observe, diff, act, report". It reads only: domains
 (ours, `gpuaas-*`), DHCP reservations, slot leases, journals, wipe evidence,
@@ -14,10 +14,10 @@ from typing import Any
 
 from host_reconciler.context import Context
 from host_reconciler.drivers.protocols import bridge_problems
-from host_reconciler.observations import GateFinding, Observed, ReservationObs
+from host_reconciler.observations import GateFinding, HostObservation, ReservationObs
 
 
-def observe(ctx: Context, *, full: bool = True) -> Observed:
+def observe(ctx: Context, *, full: bool = True) -> HostObservation:
     """Everything `diff` and `drift` read; `full=False` skips what only drift reads
 
     (disk probes, PCI, the management network, the discovery gate): the
@@ -44,7 +44,7 @@ def observe(ctx: Context, *, full: bool = True) -> Observed:
         network = bridge_problems(plan.network, drivers.network.observe(plan.network))
     gate, gate_ran = _gate(ctx) if full else ((), False)
     cache = ctx.image_cache()
-    return Observed(
+    return HostObservation(
         domains=drivers.domains.domains(),
         reservations={r.name: ReservationObs(r.name, r.mac, r.ip) for r in drivers.dhcp.reservations()},
         disks=disks,

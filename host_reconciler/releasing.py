@@ -34,7 +34,7 @@ def graceful_stop(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
         return {"graceful": True, "waited_s": 0.0}
     dd.shutdown(v.name)
     t0 = ctx.clock()
-    deadline = t0 + ctx.plan.graceful_timeout_s
+    deadline = t0 + ctx.plan.shutdown_timeout_s
     while _running(dd.state(v.name)):
         if ctx.clock() >= deadline:
             return {"graceful": False, "waited_s": round(ctx.clock() - t0, 3)}

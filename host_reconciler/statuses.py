@@ -25,7 +25,7 @@ from typing import Any
 from host_reconciler import diff, domains
 from host_reconciler.actions import BLOCKING_DRIFT, Action, Drift, DriftMode, Step
 from host_reconciler.imagecache import CacheEntry, PartialFetch
-from host_reconciler.observations import Observed, WipeRecord
+from host_reconciler.observations import HostObservation, WipeRecord
 from schemas.hostplans import HostPlan, VmSpec
 from schemas.hostreports import HostReport
 from schemas.states import SlotStatus
@@ -209,7 +209,7 @@ def wipe_evidence(rec: WipeRecord | None) -> dict[str, Any]:
 @dataclass
 class _Builder:
     plan: HostPlan
-    observed: Observed
+    observed: HostObservation
     errors: Sequence[StepError]
     pending: dict[str, str]  # allocation -> next pending step
     slot_drift: dict[int | None, list[Drift]]
@@ -351,7 +351,7 @@ class _Builder:
 
 def build(
     plan: HostPlan,
-    observed: Observed,
+    observed: HostObservation,
     *,
     pending: Sequence[Action],
     errors: Sequence[StepError],

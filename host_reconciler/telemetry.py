@@ -35,7 +35,7 @@ _UUID = re.compile(r"^GPU-[0-9a-fA-F-]{8,64}$")
 FIELDS = ("utilization_pct", "memory_used_mib", "memory_total_mib", "temperature_c", "ecc_corrected", "ecc_uncorrected")
 
 
-class Refused(ValueError):
+class TelemetryRefused(ValueError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
@@ -73,15 +73,15 @@ def _number(text: str, *, limit: int) -> int | None:
 
 
 def parse(body: bytes) -> tuple[str, str, Sample]:
-    """(vm name, token, sample); Refused (oversized | malformed) otherwise."""
+    """(vm name, token, sample); TelemetryRefused (oversized | malformed) otherwise."""
     if len(body) > MAX_BYTES:
-        raise Refused("oversized", f"telemetry of {len(body)} bytes (at most {MAX_BYTES})")
+        raise TelemetryRefused("oversized", f"telemetry of {len(body)} bytes (at most {MAX_BYTES})")
     try:
         lines = body.decode("ascii").split("\n")
     except UnicodeDecodeError as e:
-        raise Refused("malformed", "telemetry is not ASCII") from e
+        raise TelemetryRefused("malformed", "telemetry is not ASCII") from e
     if lines[0].strip() != "gpuaas-telemetry 1":
-        raise Refused("malformed", "telemetry does not start with 'gpuaas-telemetry 1'")
+        raise TelemetryRefused("malformed", "telemetry does not start with 'gpuaas-telemetry 1'")
     head: dict[str, str] = {}
     gpus: list[GpuSample] = []
     for line in lines[1:]:
@@ -93,19 +93,19 @@ def parse(body: bytes) -> tuple[str, str, Sample]:
         elif key == "gpu" and len(gpus) < MAX_GPUS:
             gpus.append(_gpu(value))
         else:
-            raise Refused("malformed", f"unexpected line {line[:80]!r}")
+            raise TelemetryRefused("malformed", f"unexpected line {line[:80]!r}")
     name, token = head.get("name", ""), head.get("token", "")
     if not _NAME.match(name) or not _TOKEN.match(token):
-        raise Refused("malformed", "telemetry lacks a valid name or token")
+        raise TelemetryRefused("malformed", "telemetry lacks a valid name or token")
     if len({g.index for g in gpus}) != len(gpus):
-        raise Refused("malformed", "a GPU index appears twice")
+        raise TelemetryRefused("malformed", "a GPU index appears twice")
     return name, token, Sample(tuple(gpus))
 
 
 def _gpu(value: str) -> GpuSample:
     parts = [p.strip() for p in value.split(",")]
     if len(parts) != 8 or not parts[0].isdigit() or int(parts[0]) >= MAX_GPUS:
-        raise Refused("malformed", f"bad gpu line {value[:80]!r}")
+        raise TelemetryRefused("malformed", f"bad gpu line {value[:80]!r}")
     uuid = parts[1] if _UUID.match(parts[1]) else None
     return GpuSample(
         int(parts[0]),

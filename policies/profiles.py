@@ -36,7 +36,7 @@ class ProfileError:
 def readiness_timeout(sku: m.Sku, profile: m.VmProfile) -> int | None:
     """Seconds a VM of `profile` has to pass readiness: the profile's own, else the SKU's.
 
-    None leaves it to the Fleet's graceful_timeout_seconds, which the host
+    None leaves it to the Fleet's readiness_timeout_seconds, which the host
     plan carries (schemas.hostplans.readiness_timeout picks).
     """
     if profile.readiness_timeout_seconds is not None:

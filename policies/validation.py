@@ -39,7 +39,24 @@ def validate(result: LoadResult) -> LoadResult:
 def _fleet(state: DesiredState) -> Iterator[p.Problem]:
     if state.fleet is None and state.file_count:
         yield p.Problem(p.FLEET_MISSING, "no Fleet document found; regions and pools are declared there", ".", 1, 1)
+    yield from _deprecated_keys(state)
     yield from _providers(state)
+
+
+def _deprecated_keys(state: DesiredState) -> Iterator[p.Problem]:
+    """A renamed Fleet key still works; the warning names the line and the new key."""
+    if state.fleet is None:
+        return
+    src = state.source("Fleet", state.fleet.name)
+    for old, new in m.DEPRECATED_FLEET_KEYS.items():
+        if getattr(state.fleet, old) is not None:
+            yield src.at(
+                old,
+                code=p.FIELD_DEPRECATED,
+                severity=p.Severity.WARNING,
+                message=f"{old} is deprecated: rename it {new} (same meaning and range)",
+                value=False,
+            )
 
 
 def _providers(state: DesiredState) -> Iterator[p.Problem]:
@@ -305,7 +322,7 @@ def _bounds(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> tuple[int, in
 
 
 def _slot_maps(state: DesiredState, macs: dict[str, str] | None = None) -> Iterator[p.Problem]:
-    """`macs`: MAC -> its first owner in maps validated before these (`policies.validating` checks one map)."""
+    """`macs`: MAC -> its first owner in maps validated before these (`policies.validationmemo` checks one map)."""
     macs = {} if macs is None else macs
     for node_name, smap in state.slot_maps.items():
         src = state.source("SlotMap", node_name)

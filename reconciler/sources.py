@@ -7,7 +7,7 @@ from pathlib import Path
 
 from desired.reading import gitrepo, loading, safefiles
 from desired.state import LoadResult
-from policies import validating, validation
+from policies import validation, validationmemo
 from schemas import progress
 from schemas.errors import PermanentError
 
@@ -20,7 +20,7 @@ def load(
     *,
     cancel: loading.Cancel | None = None,
     cache: loading.BlobMemory | None = None,
-    memo: validating.Memo | None = None,
+    memo: validationmemo.Memo | None = None,
     check: Check | None = None,
 ) -> LoadResult:
     """Read, parse and cross-check every file; problems are collected, not raised.
@@ -28,7 +28,7 @@ def load(
     With `cache`, files whose content was parsed before (same git blob id) are
     taken from it instead of being read and parsed again (the watch loop keeps
     one across revisions). With `memo`, cross-file rules run again only for
-    documents whose inputs changed (`policies.validating`). `check`, if
+    documents whose inputs changed (`policies.validationmemo`). `check`, if
     given, adds the cross-file problems instead (a CLI reader that may have
     them stored, `reconciler.caches.checkedtrees`). Raises
     PermanentError only when the source itself cannot be read (no such

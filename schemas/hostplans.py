@@ -157,7 +157,9 @@ class HostPlan:
     generation: int
     network: Network
     os_disk: str
-    graceful_timeout_s: int = 120
+    # Seconds a released VM gets to shut down gracefully before it is stopped hard (the Fleet's
+    # graceful_shutdown_timeout_s). On the wire under its first name, `graceful_timeout_s` (WIRE_NAMES).
+    shutdown_timeout_s: int = 120
     readiness_timeout_s: int = 300
     vms: tuple[VmSpec, ...] = ()  # allocations that must be running here
     releases: tuple[VmSpec, ...] = ()  # allocations to stop, clean and wipe
@@ -177,6 +179,11 @@ class HostPlan:
 def readiness_timeout(plan: HostPlan, vm: VmSpec) -> int:
     """Seconds `vm` has to pass readiness: its own (VM profile > SKU, snapshotted), else the Fleet's."""
     return vm.readiness_timeout_s if vm.readiness_timeout_s is not None else plan.readiness_timeout_s
+
+
+# Fields whose JSON key kept its first name: plans already stored, and host agents not yet upgraded,
+# read the same bytes (a renamed key would change every plan's bytes and break older agents).
+WIRE_NAMES = {"shutdown_timeout_s": "graceful_timeout_s"}
 
 
 def _flat(obj: Any) -> dict[str, Any]:
@@ -199,7 +206,7 @@ def to_json(plan: HostPlan) -> dict[str, Any]:
     Built field by field: `dataclasses.asdict` deep-copies every value, and
     was most of the cost of writing 10,000 plans.
     """
-    doc = _flat(plan)
+    doc = {WIRE_NAMES.get(k, k): v for k, v in _flat(plan).items()}
     doc["network"] = _flat(plan.network)
     doc["vms"] = tuple(_vm_json(v) for v in plan.vms)
     doc["releases"] = tuple(_vm_json(v) for v in plan.releases)
@@ -232,6 +239,9 @@ def from_json(doc: dict[str, Any]) -> HostPlan:
         return VmSpec(**d)
 
     d = dict(doc)
+    for name, wire in WIRE_NAMES.items():
+        if wire in d:
+            d[name] = d.pop(wire)
     d["network"] = Network(**d["network"])
     d["vms"] = tuple(vm(v) for v in d.get("vms", ()))
     d["releases"] = tuple(vm(v) for v in d.get("releases", ()))

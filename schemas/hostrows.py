@@ -4,7 +4,7 @@ One mirror from the report document (`HostStatus.as_dict()`, the agent API's
 wire form: schemas/agentwire.py) to rows, shared by the two writers: the
 service's agent API (reconciler/service/agents.py, as the node's identity
 for the transaction) and the host agent's direct-database lab mode
-(host_reconciler/store.py, as the node's own role). Row-level security fences
+(host_reconciler/hostdb.py, as the node's own role). Row-level security fences
 either to the node's rows; migration 0008 refuses a report of the wrong shape.
 
 A report older than the one stored (a lower `observed_generation`: a

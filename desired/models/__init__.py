@@ -57,6 +57,7 @@ from desired.models.catalog import (
     VmProfile,
 )
 from desired.models.fleet import (
+    DEPRECATED_FLEET_KEYS,
     CredentialRef,
     DhcpRange,
     Fleet,
@@ -88,6 +89,7 @@ from desired.models.nodes import (
 __all__ = [
     "ALLOCATION_ID_MAX",
     "API_VERSION",
+    "DEPRECATED_FLEET_KEYS",
     "DIGEST_RE",
     "DNS_LABEL_MAX",
     "INGRESS_PORT_MAX",

@@ -33,7 +33,7 @@ class VmProfile(_Model):
         ge=30,
         le=900,
         description="Seconds a VM of this profile has to pass readiness (30-900); wins over the SKU's and the "
-        "Fleet's graceful_timeout_seconds. Snapshotted at placement: an edit changes no running VM.",
+        "Fleet's readiness_timeout_seconds. Snapshotted at placement: an edit changes no running VM.",
     )
 
 
@@ -84,7 +84,7 @@ class Sku(_Doc):
         ge=30,
         le=900,
         description="gpu_slice: seconds a VM of this SKU has to pass readiness (30-900); wins over the Fleet's "
-        "graceful_timeout_seconds, a VM profile's own value wins over it. Snapshotted at placement.",
+        "readiness_timeout_seconds, a VM profile's own value wins over it. Snapshotted at placement.",
     )
 
     @model_validator(mode="after")

@@ -172,20 +172,28 @@ class Fleet(_Doc):
     management_network: ManagementNetwork = ManagementNetwork()
     placement: PlacementSettings = PlacementSettings()
     graceful_shutdown_timeout_s: int = Field(default=defaults.SHUTDOWN_TIMEOUT_S, ge=1, le=3600)
-    graceful_timeout_seconds: int = Field(
+    readiness_timeout_seconds: int = Field(
         default=defaults.READINESS_TIMEOUT_S,
         ge=30,
         le=900,
         description="Seconds a new VM has to pass readiness (a DHCP lease of its private IP, TCP 22 answering, and "
         "the guest marker /var/lib/gpuaas/slice-ready announced to its host) before the provision "
-        "counts as failed (30-900, seed 002).",
+        "counts as failed (30-900, seed 002's graceful_timeout_seconds).",
+    )
+    # Earlier names of readiness_timeout_seconds, still read (validation warns at their line).
+    graceful_timeout_seconds: int | None = Field(
+        default=None,
+        ge=30,
+        le=900,
+        json_schema_extra={"deprecated": True},
+        description="Deprecated: the earlier name of readiness_timeout_seconds (same meaning and range).",
     )
     readiness_timeout_s: int | None = Field(
         default=None,
         ge=30,
         le=900,
         json_schema_extra={"deprecated": True},
-        description="Deprecated: the earlier name of graceful_timeout_seconds (same meaning and range).",
+        description="Deprecated: the earlier name of readiness_timeout_seconds (same meaning and range).",
     )
     host_liveness_ttl_seconds: int = Field(
         default=defaults.HOST_LIVENESS_TTL_S,
@@ -198,27 +206,44 @@ class Fleet(_Doc):
         default=IngressSettings(),
         description="Limits of tenant ingress: how many extra guest ports an allocation may expose.",
     )
-    max_attempts: int = Field(
+    max_provision_attempts: int = Field(
         default=defaults.PROVISION_ATTEMPTS,
         ge=1,
         le=20,
         description="Provision attempts per allocation: after a permanent host failure the allocation is placed "
-        "again on another node until this many attempts failed, then it is failed.",
+        "again on another node until this many attempts failed, then it is failed. Not "
+        "placement.max_claim_attempts (candidate nodes tried within one placement after lost races).",
+    )
+    max_attempts: int | None = Field(
+        default=None,
+        ge=1,
+        le=20,
+        json_schema_extra={"deprecated": True},
+        description="Deprecated: the earlier name of max_provision_attempts (same meaning and range).",
     )
     machine_providers: Annotated[tuple[MachineProviderSpec, ...], Strict(False)] = Field(
         default=(), description="Machine providers (MAAS, Ironic) that deploy and erase nodes for baremetal leases."
     )
 
     @model_validator(mode="after")
-    def _one_readiness_timeout(self) -> Fleet:
-        # Fleet files written before the seed's name keep working; the two names may not disagree.
-        old = self.readiness_timeout_s
-        if old is None:
-            return self
-        if "graceful_timeout_seconds" in self.model_fields_set and old != self.graceful_timeout_seconds:
-            raise ValueError(
-                f"readiness_timeout_s ({old}, deprecated) and graceful_timeout_seconds "
-                f"({self.graceful_timeout_seconds}) disagree: keep graceful_timeout_seconds only"
-            )
-        object.__setattr__(self, "graceful_timeout_seconds", old)  # frozen model: set once, while validating
+    def _renamed_keys(self) -> Fleet:
+        # Fleet files written before a rename keep working; the names given for one setting may not disagree.
+        for new in dict.fromkeys(DEPRECATED_FLEET_KEYS.values()):
+            given = {k: v for k, n in DEPRECATED_FLEET_KEYS.items() if n == new and (v := getattr(self, k)) is not None}
+            if not given:
+                continue
+            if new in self.model_fields_set:
+                given[new] = getattr(self, new)
+            if len(set(given.values())) > 1:
+                said = ", ".join(f"{k} ({v})" for k, v in given.items())
+                raise ValueError(f"{said} disagree: keep {new} only")
+            object.__setattr__(self, new, next(iter(given.values())))  # frozen model: set once, while validating
         return self
+
+
+# Fleet keys renamed: the old name -> the new one. Both are read; validation warns at the old one.
+DEPRECATED_FLEET_KEYS = {
+    "graceful_timeout_seconds": "readiness_timeout_seconds",
+    "readiness_timeout_s": "readiness_timeout_seconds",
+    "max_attempts": "max_provision_attempts",
+}

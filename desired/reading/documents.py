@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from desired import models as m
 from desired import patterns
 from desired import problems as p
-from desired.reading.safefiles import FileData, Refused
+from desired.reading.safefiles import FileData, UnreadFile
 from desired.reading.yamlio import Document, YamlProblem, read_documents
 from desired.state import TABLES, DesiredState, LoadResult, Source, key_of, name_field
 
@@ -75,7 +75,7 @@ def renamed(blob: Blob, name: str) -> Blob:
 
 def parse_one(name: str, data: FileData, values: bool = True) -> tuple[list[Typed], list[p.Problem]]:
     """Read and type one file. `values`: keep each document's plain value beside its model."""
-    if isinstance(data, Refused):
+    if isinstance(data, UnreadFile):
         return [], [p.Problem(data.code, data.message, name, 1, 1)]
     typed: list[Typed] = []
     found: list[p.Problem] = []

@@ -137,7 +137,9 @@ def _ref(
     if any(part in safefiles.SKIP_DIRS or part.startswith(".") for part in rel.split("/")[:-1]):
         return None
     if mode == _SYMLINK_MODE:
-        refused = safefiles.Refused(p.FILE_SYMLINK, "is a symbolic link; only regular files inside the repo are read")
+        refused = safefiles.UnreadFile(
+            p.FILE_SYMLINK, "is a symbolic link; only regular files inside the repo are read"
+        )
         return loading.FileRef(rel, None, _constant(refused))
     return loading.FileRef(rel, sha, _blob_reader(repo, sha), read_many)
 

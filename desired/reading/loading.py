@@ -203,7 +203,7 @@ _CONSUMED: tuple[str, FileData] = ("", b"")
 def _read_files(
     refs: Sequence[FileRef], todo: list[int], cancel: Cancel | None, shown: progress.Phase | None = None
 ) -> list[tuple[str, FileData]]:
-    """(name, bytes or Refused) of the `todo` refs: in batches where a ref can, else one by one."""
+    """(name, bytes or UnreadFile) of the `todo` refs: in batches where a ref can, else one by one."""
     shown = shown if shown is not None else progress.Phase("read files")
     batched = _read_batched(refs, todo, cancel)  # dropped on return: `files` alone then holds the bytes
     files: list[tuple[str, FileData]] = []

@@ -1,6 +1,6 @@
 """Read the files of a working tree safely: regular files only, never through a symlink, never blocking.
 
-A file comes back as its bytes or as `Refused` (a symlink, a FIFO, a device,
+A file comes back as its bytes or as `UnreadFile` (a symlink, a FIFO, a device,
 an unreadable file), whose reason is reported at its path: loading never
 stops at one bad file, and never reads outside the tree.
 """
@@ -23,14 +23,14 @@ SKIP_DIRS = frozenset({".git", ".venv", ".gpuaas", "node_modules", "__pycache__"
 
 
 @dataclass(frozen=True, slots=True)
-class Refused:
+class UnreadFile:
     """A file that is not read at all: a symlink, a FIFO, a device (the reason is reported at its path)."""
 
     code: str
     message: str
 
 
-FileData = bytes | Refused
+FileData = bytes | UnreadFile
 
 
 def blob_id(data: bytes) -> str:
@@ -48,11 +48,11 @@ def read_regular(path: Path | str) -> FileData:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            return Refused(p.FILE_SYMLINK, "is a symbolic link; only regular files inside the repo are read")
-        return Refused(p.FILE_UNREADABLE, f"cannot be read: {e.strerror}")
+            return UnreadFile(p.FILE_SYMLINK, "is a symbolic link; only regular files inside the repo are read")
+        return UnreadFile(p.FILE_UNREADABLE, f"cannot be read: {e.strerror}")
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return Refused(p.FILE_NOT_REGULAR, "is not a regular file (a FIFO, socket or device); it is not read")
+            return UnreadFile(p.FILE_NOT_REGULAR, "is not a regular file (a FIFO, socket or device); it is not read")
         chunks: list[bytes] = []
         left = MAX_FILE_BYTES + 1
         while left > 0:
@@ -63,15 +63,15 @@ def read_regular(path: Path | str) -> FileData:
             left -= len(chunk)
         return b"".join(chunks)
     except OSError as e:
-        return Refused(p.FILE_UNREADABLE, f"cannot be read: {e.strerror}")
+        return UnreadFile(p.FILE_UNREADABLE, f"cannot be read: {e.strerror}")
     finally:
         os.close(fd)
 
 
 def iter_directory(root: Path) -> Iterator[tuple[str, FileData]]:
-    """Yield (relative path, bytes or Refused) for every YAML file under root, sorted.
+    """Yield (relative path, bytes or UnreadFile) for every YAML file under root, sorted.
 
-    Symlinked directories are not entered; they are reported (as Refused) so a
+    Symlinked directories are not entered; they are reported (as UnreadFile) so a
     link out of the repo is visible rather than silently skipped.
     """
     found: list[str] = []
@@ -95,6 +95,6 @@ def iter_directory(root: Path) -> Iterator[tuple[str, FileData]]:
         path = os.path.join(top, rel)
         # Only a linked directory lacks the suffix: a file is never lstat'ed twice (read_regular refuses links).
         if not rel.endswith(YAML_SUFFIXES) and os.path.islink(path):
-            yield rel, Refused(p.FILE_SYMLINK, "is a symbolic link to a directory; its files are not read")
+            yield rel, UnreadFile(p.FILE_SYMLINK, "is a symbolic link to a directory; its files are not read")
         else:
             yield rel, read_regular(path)

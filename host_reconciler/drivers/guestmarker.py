@@ -187,7 +187,7 @@ class Announcements:
         """One telemetry sample: 204 kept; 400, 413, 403 (token, source) or 429 (too often) refused and counted."""
         try:
             name, token, sample = telemetry.parse(body)
-        except telemetry.Refused as e:
+        except telemetry.TelemetryRefused as e:
             return self._refuse(
                 f"telemetry.{e.code}",
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE if e.code == "oversized" else HTTPStatus.BAD_REQUEST,
@@ -234,7 +234,7 @@ class Announcements:
         """One device report from `ip`: 204 stored; 400 malformed, 413 oversized, 403 token or source refused."""
         try:
             name, token, found = devicereports.parse(body)
-        except devicereports.Refused as e:
+        except devicereports.DeviceReportRefused as e:
             return self._refuse(
                 e.code, HTTPStatus.REQUEST_ENTITY_TOO_LARGE if e.code == "oversized" else HTTPStatus.BAD_REQUEST
             )

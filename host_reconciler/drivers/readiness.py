@@ -4,7 +4,7 @@ Seed 000 ("VM Readiness Gate"): never assume readiness after a fixed wait.
 Wait for the expected DHCP lease, then poll TCP :22 (or the image/profile's
 management port), and fail with structured output when the timeout passes.
 Seed 002 adds the guest marker `/var/lib/gpuaas/slice-ready`, bounded by the
-Fleet's `graceful_timeout_seconds` (the plan's `readiness_timeout_s`), unless the VM's SKU or VM profile sets its own
+Fleet's `readiness_timeout_seconds` (the plan's `readiness_timeout_s`), unless the VM's SKU or VM profile sets its own
 (`VmSpec.readiness_timeout_s`, snapshotted with the claim).
 
 `LeaseReadiness` does exactly that in stages sharing one deadline:

@@ -30,7 +30,7 @@ from reconciler.caches import blobpacks
 if TYPE_CHECKING:
     from desired.problems import Problem
     from desired.state import LoadResult
-    from policies.validating import Memo
+    from policies.validationmemo import Memo
     from reconciler.caches.blobpacks import DiskStore
     from reconciler.caches.blobs import BlobCache
 
@@ -173,7 +173,7 @@ def decode(payload: bytes) -> tuple[list[Problem], _Owners] | None:
 
 
 def open_reader(args: argparse.Namespace) -> Reader:
-    from policies.validating import Memo
+    from policies.validationmemo import Memo
     from reconciler.caches.blobs import BlobCache
 
     if getattr(args, "no_cache", False):

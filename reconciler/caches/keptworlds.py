@@ -12,7 +12,7 @@ writes stay as cheap as before), the second run keeps that base's world:
 - the tree as read (paths, documents, models; `desired.reading.deltas.Tree`), so
   head is read by delta from it (`git diff-tree`: only the files the PR
   changes are parsed and validated);
-- base's cross-file problems and shared MACs (`policies.validating.Memo`);
+- base's cross-file problems and shared MACs (`policies.validationmemo.Memo`);
 - the claims base implies offline, and the base side of the plan
   (`prplan.BaseSide`: base's pending requests, capacity, per-node capacity
   parts, slot schedulability, every node's mode);

@@ -11,7 +11,7 @@ have given: laziness only moves the cost, it never changes an answer.
 `load` must give the same object for the same key every time (the loader
 memoizes): copies share it, so a base and the head built from it by delta
 hold one model per document, as two dicts sharing values would, and code
-that compares models by identity (`replanning`, `validating`) sees no change
+that compares models by identity (`replanning`, `validationmemo`) sees no change
 where there is none.
 """
 

@@ -50,7 +50,7 @@ import psycopg
 
 from desired.reading.loading import Cancelled
 from desired.state import DesiredState
-from policies import validating
+from policies import validationmemo
 from reconciler import sources
 from reconciler.caches.blobs import BlobCache
 from reconciler.placement import replanning
@@ -161,7 +161,7 @@ class Loop:
         # no plain values kept beside the models (positions come from the bytes)
         self.blobs = BlobCache(keep_values=False)
         self.inventory = inventory.Memory()  # rows the last sync wrote: a commit re-syncs only what it changed
-        self.checks = validating.Memo()  # cross-file problems per document: a commit re-checks only what it changed
+        self.checks = validationmemo.Memo()  # cross-file problems per document: a commit re-checks only what it changed
         # the placement engine of the last plan, reset per changed node: a commit re-plans at O(change)
         self.plans = replanning.WarmPlanner(policy)
 

@@ -116,7 +116,7 @@ def planner_for(policy: str | None = None) -> Planner:
     return run
 
 
-def max_attempts(state: DesiredState) -> int:
+def max_claim_attempts(state: DesiredState) -> int:
     return state.fleet.placement.max_claim_attempts if state.fleet else defaults.CLAIM_CANDIDATES
 
 
@@ -159,11 +159,13 @@ def reconcile(
         with shown.phase("absorb host reports"):
             absorbed = cleanup.absorb(conn)
             lifecycle.sync_settings(conn, state)
-            moved = lifecycle.reschedule(conn, max_attempts=lifecycle.fleet_settings(state)[1])
+            moved = lifecycle.reschedule(conn, max_provision_attempts=lifecycle.fleet_settings(state)[1])
         with shown.phase("plan"):
             plan = planner(state, live.observe(conn), delta)
         with shown.phase("write claims"):
-            applied = claims.apply(conn, plan, revision=synced.revision, max_attempts=max_attempts(state), fault=fault)
+            applied = claims.apply(
+                conn, plan, revision=synced.revision, max_claim_attempts=max_claim_attempts(state), fault=fault
+            )
             expired = deadlines.expire(conn, state)  # what is still pending after this pass may be past its deadline
         touched: list[str] | None = None  # None: every node's plan is rebuilt (a fleet-wide change)
         # The fleet settings and the catalog's image pins are in every host plan.

@@ -132,7 +132,7 @@ _REFERENCED = re.compile(rb"""["']?\bkind["']?\s*:\s*["']?(?:Fleet|Sku|Image)\b"
 def relevant(name: str, data: safefiles.FileData, allocation_id: str) -> bool:
     """Whether the rules of allocation `allocation_id` need this file parsed.
 
-    Refused files (links, FIFOs) stay in: they are errors of the repo as before.
+    Unread files (links, FIFOs) stay in: they are errors of the repo as before.
     """
     if not isinstance(data, bytes):
         return True

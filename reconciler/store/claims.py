@@ -6,7 +6,7 @@ and the chosen slots with SKIP LOCKED, re-checks them, and writes the claims
 with their snapshot, the slot and allocation status and a
 provisioning.requested outbox event, or writes nothing. A lost race (a row
 locked or taken by another reconciler, or a constraint refusing the claim) is
-retried with the planner's next candidate; after `max_attempts` candidates
+retried with the planner's next candidate; after `max_claim_attempts` candidates
 the allocation stays pending with the reason.
 
 `place_many` sends up to `BATCH` placements in one round trip to the
@@ -135,13 +135,13 @@ def _require_autocommit(conn: Connection) -> None:
         )
 
 
-def _candidates(placement: Placement, max_attempts: int) -> list[tuple[str, tuple[int, ...]]]:
+def _candidates(placement: Placement, max_claim_attempts: int) -> list[tuple[str, tuple[int, ...]]]:
     out = [(placement.node, tuple(placement.slot_indexes))]
     for alt in placement.alternatives:
         cand = (alt.node, tuple(alt.slot_indexes))
         if cand not in out:
             out.append(cand)
-    return out[: max(1, max_attempts)]
+    return out[: max(1, max_claim_attempts)]
 
 
 _PLACE_BATCH = (
@@ -200,11 +200,11 @@ def place(
     placement: Placement,
     *,
     revision: str | None = None,
-    max_attempts: int = defaults.CLAIM_CANDIDATES,
+    max_claim_attempts: int = defaults.CLAIM_CANDIDATES,
     fault: Fault | None = None,
 ) -> PlacementResult:
     """Claim the placement's node/slots, or its next candidates after a lost race."""
-    return place_many(conn, [placement], revision=revision, max_attempts=max_attempts, fault=fault)[0]
+    return place_many(conn, [placement], revision=revision, max_claim_attempts=max_claim_attempts, fault=fault)[0]
 
 
 def place_many(
@@ -212,7 +212,7 @@ def place_many(
     placements: Sequence[Placement],
     *,
     revision: str | None = None,
-    max_attempts: int = defaults.CLAIM_CANDIDATES,
+    max_claim_attempts: int = defaults.CLAIM_CANDIDATES,
     fault: Fault | None = None,
 ) -> list[PlacementResult]:
     """`place` for each placement, in order, `BATCH` of them per round trip; one transaction per attempt.
@@ -222,16 +222,16 @@ def place_many(
     _require_autocommit(conn)
     out: list[PlacementResult] = []
     for start in range(0, len(placements), BATCH):
-        out += _place_batch(conn, placements[start : start + BATCH], revision, max_attempts, fault)
+        out += _place_batch(conn, placements[start : start + BATCH], revision, max_claim_attempts, fault)
         fault = None
     return out
 
 
 def _place_batch(
-    conn: Connection, batch: Sequence[Placement], revision: str | None, max_attempts: int, fault: Fault | None
+    conn: Connection, batch: Sequence[Placement], revision: str | None, max_claim_attempts: int, fault: Fault | None
 ) -> list[PlacementResult]:
     """One CALL for the batch; after a refusal the database raised (rare), one more from where it stopped."""
-    cands = [_candidates(p, max_attempts) for p in batch]
+    cands = [_candidates(p, max_claim_attempts) for p in batch]
     attempts: list[list[Attempt]] = [[] for _ in batch]
     ids: list[tuple[str, ...]] = [() for _ in batch]
     start, skip = 0, 0  # placement `start` first, minus the first `skip` of its candidates (already tried)
@@ -330,13 +330,15 @@ def apply(
     plan: Plan,
     *,
     revision: str | None = None,
-    max_attempts: int = defaults.CLAIM_CANDIDATES,
+    max_claim_attempts: int = defaults.CLAIM_CANDIDATES,
     fault: Fault | None = None,
 ) -> ApplyResult:
     """Write the whole plan: releases, placements (one transaction each), pending reasons."""
     _require_autocommit(conn)
     releases = tuple(release(conn, r, revision=revision) for r in plan.releases)
-    placements = tuple(place_many(conn, plan.placements, revision=revision, max_attempts=max_attempts, fault=fault))
+    placements = tuple(
+        place_many(conn, plan.placements, revision=revision, max_claim_attempts=max_claim_attempts, fault=fault)
+    )
     pending = tuple(record_pending(conn, p) for p in plan.pending)
     cancelled = cancel_unplaced(conn)
     return ApplyResult(placements, pending, releases, cancelled)

@@ -180,7 +180,7 @@ def _plan(node: _Node, pins: tuple[str, ...], graceful: int, readiness: int) -> 
             bridge=str(net.get("bridge", "gpuaasbr0")),
         ),
         os_disk=node.os_disk,
-        graceful_timeout_s=graceful,
+        shutdown_timeout_s=graceful,
         readiness_timeout_s=readiness,
         vms=tuple(_vm(a, c) for a, c in sorted(node.running.items())),
         releases=tuple(_vm(a, c) for a, c in sorted(node.releasing.items())),

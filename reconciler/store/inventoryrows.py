@@ -38,7 +38,7 @@ class Table:
     json_columns: frozenset[str] = frozenset()
 
 
-# The Fleet's one row. host_liveness_ttl_s and max_attempts are written by store/lifecycle.sync_settings.
+# The Fleet's one row. host_liveness_ttl_s and max_provision_attempts are written by store/lifecycle.sync_settings.
 FLEET = Table(
     "fleet_settings",
     "fleet",
@@ -261,7 +261,7 @@ def fleet_row(f: m.Fleet) -> Row:
         "management_network": f.management_network.model_dump(mode="json"),
         "placement": f.placement.model_dump(mode="json"),
         "graceful_shutdown_timeout_s": f.graceful_shutdown_timeout_s,
-        "readiness_timeout_s": f.graceful_timeout_seconds,  # the column keeps its first name
+        "readiness_timeout_s": f.readiness_timeout_seconds,
         "regions": [r.model_dump(mode="json") for r in f.regions],
         "ingress": f.ingress.model_dump(mode="json"),
         "machine_providers": [p.model_dump(mode="json") for p in f.machine_providers],

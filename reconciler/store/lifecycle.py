@@ -12,7 +12,7 @@ lease `failed`, or a readiness timeout) is one transaction
 attempt's claims are released through cleanup (the host stops, wipes and
 verifies as for any release), and the allocation is pending again, placed
 by the next plan on another node (never one where it failed: the planner is
-told, and the claims guard refuses it), until `Fleet.max_attempts` attempts
+told, and the claims guard refuses it), until `Fleet.max_provision_attempts` attempts
 failed; then it is `failed` with the reason chain. A failure whose code
 implicates the node (`RESCHEDULE_PATTERNS`) also quarantines the slots: the
 cleanup proof leaves them `quarantined` instead of available, until an
@@ -92,11 +92,11 @@ class Liveness:
 
 
 def fleet_settings(state: DesiredState) -> tuple[int, int]:
-    """(liveness TTL seconds, max attempts) of the desired state's Fleet."""
+    """(liveness TTL seconds, max provision attempts) of the desired state's Fleet."""
     fleet = state.fleet
     if fleet is None:
         return defaults.HOST_LIVENESS_TTL_S, defaults.PROVISION_ATTEMPTS
-    return fleet.host_liveness_ttl_seconds, fleet.max_attempts
+    return fleet.host_liveness_ttl_seconds, fleet.max_provision_attempts
 
 
 def sync_settings(conn: Connection, state: DesiredState) -> bool:
@@ -104,15 +104,15 @@ def sync_settings(conn: Connection, state: DesiredState) -> bool:
     ttl, attempts = fleet_settings(state)
     with dberrors.wrapped("store the lifecycle settings"):
         cur = conn.execute(
-            "UPDATE fleet_settings SET host_liveness_ttl_s = %s, max_attempts = %s"
-            " WHERE (host_liveness_ttl_s, max_attempts) IS DISTINCT FROM (%s, %s)",
+            "UPDATE fleet_settings SET host_liveness_ttl_s = %s, max_provision_attempts = %s"
+            " WHERE (host_liveness_ttl_s, max_provision_attempts) IS DISTINCT FROM (%s, %s)",
             (ttl, attempts, ttl, attempts),
         )
     return cur.rowcount > 0
 
 
 def reschedule(
-    conn: Connection, *, max_attempts: int, patterns: Iterable[str] = RESCHEDULE_PATTERNS
+    conn: Connection, *, max_provision_attempts: int, patterns: Iterable[str] = RESCHEDULE_PATTERNS
 ) -> tuple[Rescheduled, ...]:
     """Act on every permanent provision failure the hosts reported: one transaction per allocation."""
     pats = list(patterns)
@@ -128,7 +128,7 @@ def reschedule(
         with dberrors.wrapped(f"reschedule {aid}"), conn.transaction():
             row = conn.execute(
                 "SELECT outcome, node, attempt, code, message FROM gpuaas_reschedule(%s, %s, %s)",
-                (aid, max_attempts, pats),
+                (aid, max_provision_attempts, pats),
             ).fetchone()
         if row is not None:
             out.append(Rescheduled(aid, str(row[0]), row[1], row[2], row[3], row[4]))

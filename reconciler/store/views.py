@@ -157,9 +157,9 @@ def _fleet(r: dict[str, Any], nodes: list[dict[str, Any]]) -> dict[str, Any]:
         "management_network": r["management_network"],
         "placement": r["placement"],
         "graceful_shutdown_timeout_s": r["graceful_shutdown_timeout_s"],
-        "graceful_timeout_seconds": r["readiness_timeout_s"],  # the column keeps its first name
+        "readiness_timeout_seconds": r["readiness_timeout_s"],
         "host_liveness_ttl_seconds": r["host_liveness_ttl_s"],
-        "max_attempts": r["max_attempts"],
+        "max_provision_attempts": r["max_provision_attempts"],
         "regions": r["regions"] if r["regions"] is not None else derived,
         **({"ingress": r["ingress"]} if r["ingress"] is not None else {}),
         **({"machine_providers": r["machine_providers"]} if r["machine_providers"] is not None else {}),

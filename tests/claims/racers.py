@@ -18,7 +18,7 @@ def race(url: str, placements: list[Placement], barrier: Any, results: Any) -> N
     barrier.wait()
     out = []
     for p in placements:
-        r = claims.place(conn, p, max_attempts=1 + len(p.alternatives))
+        r = claims.place(conn, p, max_claim_attempts=1 + len(p.alternatives))
         out.append((p.allocation_id, r.placed, r.node, r.slot_indexes, r.conflicts))
     conn.close()
     results.put(out)
@@ -107,7 +107,7 @@ def apply_forever(url: str, seed: int) -> None:
                     " allocation_id = EXCLUDED.allocation_id, vm_state = 'failed'",
                     (node, slot, aid),
                 )
-        lifecycle.reschedule(conn, max_attempts=3)
+        lifecycle.reschedule(conn, max_provision_attempts=3)
         # An operator clears a quarantined slot now and then.
         for node, slot in conn.execute(
             "SELECT n.name, s.slot_index FROM node_resource_slots s JOIN nodes n"

@@ -85,7 +85,7 @@ def test_after_bounded_tries_the_allocation_stays_pending_with_the_reason(
     for i in range(3):
         assert claims.place(conn, slice_placement(f"alloc-000000{i}", NODE, (i,))).placed
     alts = [Candidate(NODE, (i,)) for i in range(1, 3)] + [Candidate("node-00001", (0,))]
-    r = claims.place(conn, slice_placement("alloc-0000009", NODE, (0,), *alts), max_attempts=3)
+    r = claims.place(conn, slice_placement("alloc-0000009", NODE, (0,), *alts), max_claim_attempts=3)
     assert not r.placed and len(r.attempts) == 3  # the fourth candidate is never tried
     assert r.pending_code == claims.CONFLICT_EXHAUSTED
     a = util.allocation(conn, "alloc-0000009")

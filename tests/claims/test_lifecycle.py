@@ -17,7 +17,7 @@ from psycopg.types.json import Jsonb
 from desired import models as m
 from desired.state import DesiredState
 from gpuaas_tools.bench import synthetic
-from host_reconciler import store as host_store
+from host_reconciler import hostdb
 from reconciler.commands import status as status_command
 from reconciler.reconcile import reconciling
 from reconciler.store import checks, hostplans, lifecycle, live
@@ -219,7 +219,7 @@ def test_the_new_placement_goes_through_the_whole_lifecycle(conn: Connection, th
 
 
 def test_max_attempts_then_failed_with_every_reason(conn: Connection) -> None:
-    state = fleet(max_attempts=2)
+    state = fleet(max_provision_attempts=2)
     reconciling.reconcile(conn, state)
     (aid,) = state.allocations
     first, slots = where(conn, aid)
@@ -402,7 +402,7 @@ def test_a_silent_host_is_unavailable_after_the_ttl_and_back_at_its_next_report(
     assert busy is not None
     idle = next(n for n in ("node-00000", "node-00001") if n != busy)
     for n in (busy, idle):
-        host_store.heartbeat(conn, n)
+        hostdb.heartbeat(conn, n)
     age_report(conn, busy, 60)  # inside the TTL (90 s)
     assert lifecycle.liveness(conn)[busy].liveness == "live"
     age_report(conn, busy, 91)
@@ -431,7 +431,7 @@ def test_a_silent_host_is_unavailable_after_the_ttl_and_back_at_its_next_report(
     assert counts["nodes_by_liveness"] == {"live": 1, "unavailable": 1}
     assert counts["allocations_host_unreachable"] == 1
     # the next report brings it back
-    host_store.heartbeat(conn, busy)
+    hostdb.heartbeat(conn, busy)
     assert lifecycle.liveness(conn)[busy].liveness == "live"
     assert busy not in live.observe(conn).unavailable_nodes
     assert cycle(conn, aid)["host_unreachable"] is False
@@ -440,7 +440,7 @@ def test_a_silent_host_is_unavailable_after_the_ttl_and_back_at_its_next_report(
 def test_the_fleet_ttl_is_stored_and_used(conn: Connection) -> None:
     state = fleet(nodes=1, allocations=0, host_liveness_ttl_seconds=20)
     reconciling.reconcile(conn, state)
-    host_store.heartbeat(conn, "node-00000")
+    hostdb.heartbeat(conn, "node-00000")
     age_report(conn, "node-00000", 25)
     assert lifecycle.liveness(conn)["node-00000"].liveness == "unavailable"
     assert lifecycle.liveness(conn)["node-00000"].ttl_s == 20
@@ -458,7 +458,7 @@ def test_time_for_a_silent_host_to_be_marked_unavailable(conn: Connection) -> No
     state = fleet(nodes=1, allocations=0, host_liveness_ttl_seconds=5)
     reconciling.reconcile(conn, state)
     t0 = time.monotonic()  # before the beat: its time is no earlier, so `took` cannot undercut the TTL
-    host_store.heartbeat(conn, "node-00000")
+    hostdb.heartbeat(conn, "node-00000")
     while "node-00000" not in live.observe(conn).unavailable_nodes:
         assert time.monotonic() - t0 < 60
         time.sleep(0.1)
@@ -473,11 +473,11 @@ def test_time_for_a_silent_host_to_be_marked_unavailable(conn: Connection) -> No
 
 def test_connections_of_host_roles_heartbeat_only_their_own_node(conn: Connection, db_url: str) -> None:
     reconciling.reconcile(conn, fleet(nodes=2, allocations=0))
-    creds = host_store.create_node_role(conn, "node-00000", "pw-lifecycle-0")
-    with host_store.connect(db_url, role=creds.role, password=creds.password) as own:
-        host_store.heartbeat(own, "node-00000")
+    creds = hostdb.create_node_role(conn, "node-00000", "pw-lifecycle-0")
+    with hostdb.connect(db_url, role=creds.role, password=creds.password) as own:
+        hostdb.heartbeat(own, "node-00000")
         with pytest.raises(dberrors.DatabaseError):
-            host_store.heartbeat(own, "node-00001")
+            hostdb.heartbeat(own, "node-00001")
     assert lifecycle.liveness(conn)["node-00000"].liveness == "live"
     assert lifecycle.liveness(conn)["node-00001"].liveness == "unknown"
 

@@ -29,8 +29,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "fleet"
 KINDS = {"skus": m.Sku, "images": m.Image, "nodes": m.Node, "slot_maps": m.SlotMap, "allocations": m.Allocation}
 # Fields the round trip cannot see, each with why.
 EXEMPT = {
-    (m.Fleet, "readiness_timeout_s"): "the deprecated spelling of graceful_timeout_seconds: input only, "
-    "stored and rebuilt under the current name",
+    (m.Fleet, old): f"a deprecated spelling of {new}: input only, stored and rebuilt under the current name"
+    for old, new in m.DEPRECATED_FLEET_KEYS.items()
 }
 
 
@@ -58,10 +58,9 @@ def rich_state() -> DesiredState:
         },
         placement={**state.fleet.placement.model_dump(mode="json"), "policy": "first-fit", "max_claim_attempts": 7},
         graceful_shutdown_timeout_s=200,
-        graceful_timeout_seconds=450,
-        readiness_timeout_s=None,
+        readiness_timeout_seconds=450,
         host_liveness_ttl_seconds=120,
-        max_attempts=5,
+        max_provision_attempts=5,
         ingress={"max_extra_ports": 9},
     )
     sku = _first(state.skus, lambda s: s.capacity_shape is m.CapacityShape.GPU_SLICE)

@@ -6,7 +6,7 @@ files that sort before or after every other, documents moved between
 files), one commit each. After every commit the state read from the kept
 tree and `git diff-tree` equals a whole read from nothing: the same tables
 in the same order, the same sources, the same problems, FILE:LINE:COL, in
-order. Cross-file validation runs incrementally (`validating.Memo`).
+order. Cross-file validation runs incrementally (`validationmemo.Memo`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 
 from desired.reading import gitrepo, loading
 from desired.state import LoadResult
-from policies import validating, validation
+from policies import validation, validationmemo
 from reconciler.caches.blobs import BlobCache
 from tests.desired.test_incremental_validation import EXAMPLE, _edit, _rendered
 
@@ -94,7 +94,7 @@ def test_a_revision_read_by_delta_equals_a_whole_read_after_every_commit(repo: P
     rng = random.Random(seed)  # noqa: S311 - test randomness
     pool = sorted(EXAMPLE.rglob("*.yaml"))
     # as `gpuaas run` holds it (odd seeds): no plain values kept, positions come from the bytes
-    cache, memo = BlobCache(keep_values=seed % 2 == 0), validating.Memo()
+    cache, memo = BlobCache(keep_values=seed % 2 == 0), validationmemo.Memo()
     by_delta = 0
     for _ in range(60):
         roll = rng.random()
@@ -154,7 +154,7 @@ def test_a_delta_names_exactly_the_documents_that_changed(repo: Path) -> None:
 
 def test_validation_of_a_clean_delta_checks_only_the_changed_node_and_its_slot_map(repo: Path) -> None:
     """Other documents' problems (the example's slot warnings) stay as they were, in their order."""
-    cache, memo = BlobCache(), validating.Memo()
+    cache, memo = BlobCache(), validationmemo.Memo()
     first = memo.validate(gitrepo.read_revision(repo, "HEAD", cache=cache))
     assert first.problems and not first.errors
     node = next(

@@ -1,4 +1,4 @@
-"""Incremental cross-file validation (`policies.validating.Memo`) gives exactly what a full run gives.
+"""Incremental cross-file validation (`policies.validationmemo.Memo`) gives exactly what a full run gives.
 
 Random edit sequences on a copy of examples/fleet: documents added (copies:
 duplicate names), deleted (a SKU, a node, the Fleet: dangling references),
@@ -21,7 +21,7 @@ import pytest
 
 from desired.reading import loading, safefiles
 from desired.state import LoadResult
-from policies import validating, validation
+from policies import validation, validationmemo
 from reconciler.caches.blobs import BlobCache
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fleet"
@@ -105,7 +105,7 @@ def _rendered(result: LoadResult) -> list[str]:
 def test_incremental_validation_equals_a_full_run_after_every_edit(tree: Path, seed: int) -> None:
     rng = random.Random(seed)  # noqa: S311 - test randomness
     pool = sorted(EXAMPLE.rglob("*.yaml"))
-    cache, memo = BlobCache(), validating.Memo()
+    cache, memo = BlobCache(), validationmemo.Memo()
     reused = checked = 0
     for _ in range(60):
         _edit(rng, tree, pool)
@@ -126,7 +126,7 @@ def test_a_blank_memo_validating_once_gives_the_walk_s_problems_and_shared_macs(
     for _ in range(25):
         _edit(rng, tree, pool)
         files = list(safefiles.iter_directory(tree))
-        once, walked = validating.Memo(), validating.Memo()
+        once, walked = validationmemo.Memo(), validationmemo.Memo()
         quick = once.validate_once(loading.parse_files(files))
         assert _rendered(quick) == _rendered(walked.validate(loading.parse_files(files)))
         assert once.owners == walked.owners
@@ -134,7 +134,7 @@ def test_a_blank_memo_validating_once_gives_the_walk_s_problems_and_shared_macs(
 
 def test_a_mac_taken_from_an_earlier_map_is_reported_on_the_later_one_and_cleared_when_fixed(tree: Path) -> None:
     """The unchanged map whose MAC another map takes gets no problem; the taker does; fixing clears both."""
-    cache, memo = BlobCache(), validating.Memo()
+    cache, memo = BlobCache(), validationmemo.Memo()
 
     def problems() -> list[str]:
         files = list(safefiles.iter_directory(tree))
@@ -160,7 +160,7 @@ def test_a_mac_taken_from_an_earlier_map_is_reported_on_the_later_one_and_cleare
 
 
 def test_an_error_inside_the_incremental_path_falls_back_to_a_full_run(tree: Path) -> None:
-    memo = validating.Memo()
+    memo = validationmemo.Memo()
     files = list(safefiles.iter_directory(tree))
     memo._kept = None  # type: ignore[assignment] - damage its memory: the next run must not trust it
     memo._context = ()

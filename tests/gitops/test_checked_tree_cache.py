@@ -23,7 +23,7 @@ import pytest
 
 from desired import problems as p
 from desired.state import LoadResult
-from policies import validating, validation
+from policies import validation, validationmemo
 from reconciler import cli, sources
 from reconciler.caches import blobpacks, checkedtrees, planresults
 from tests.gitops.conftest import EXAMPLE, Repo
@@ -65,8 +65,8 @@ def _rule_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
         monkeypatch.setattr(owner, name, wrapped)
 
-    spy(validating.Memo, "_problems")
-    spy(validating.Memo, "_by_delta")
+    spy(validationmemo.Memo, "_problems")
+    spy(validationmemo.Memo, "_by_delta")
     spy(validation, "validate")
     return runs
 
@@ -105,7 +105,7 @@ def test_a_commit_checked_before_is_not_validated_again(
     _same(again.load(root, "HEAD"), want)
     assert runs == [] and again.memo.checked == 0
     if tree == "broken":  # the stored shared MACs are the tree's
-        assert again.memo.owners == validating._mac_owners(want.state.slot_maps) != {}
+        assert again.memo.owners == validationmemo._mac_owners(want.state.slot_maps) != {}
 
 
 def test_gpuaas_validate_reads_a_checked_commit(
@@ -193,14 +193,14 @@ def test_pr_plans_over_a_checked_base_equal_plans_without_a_cache(
         return readers[-1]
 
     adopted: list[str | None] = []
-    real_adopt = validating.Memo.adopt
+    real_adopt = validationmemo.Memo.adopt
 
-    def adopt(self: validating.Memo, result: LoadResult, *args: Any) -> LoadResult:
+    def adopt(self: validationmemo.Memo, result: LoadResult, *args: Any) -> LoadResult:
         adopted.append(result.state.revision)  # None: set after, by the Reader
         return real_adopt(self, result, *args)
 
     monkeypatch.setattr(checkedtrees, "open_reader", open_reader)
-    monkeypatch.setattr(validating.Memo, "adopt", adopt)
+    monkeypatch.setattr(validationmemo.Memo, "adopt", adopt)
     root = str(fleet_repo.root)
     exits = set()
     for n, (what, base, head) in enumerate(_cases(fleet_repo)):

@@ -24,7 +24,7 @@ import pytest
 
 from desired.reading import deltas, gitrepo
 from desired.state import delta_since
-from policies import validating
+from policies import validationmemo
 from reconciler import cli, sources
 from reconciler.caches import checkedtrees
 from reconciler.caches.blobs import BlobCache
@@ -142,7 +142,7 @@ def test_a_head_read_by_delta_plans_byte_for_byte_as_two_whole_reads(
 def test_the_inventory_diff_by_delta_equals_the_whole_comparison(fleet_repo: Repo) -> None:
     shas = _history(fleet_repo)
     for base, head in _pairs(shas):
-        reader = checkedtrees.Reader(BlobCache(), validating.Memo())
+        reader = checkedtrees.Reader(BlobCache(), validationmemo.Memo())
         base_state = reader.load(fleet_repo.root, base).state
         by_delta = reader.load(fleet_repo.root, head).state
         whole = sources.load(fleet_repo.root, head).state

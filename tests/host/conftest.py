@@ -251,7 +251,7 @@ class Lab:
             generation=generation,
             network=NETWORK,
             os_disk=self.os_disk.by_id,
-            graceful_timeout_s=2,
+            shutdown_timeout_s=2,
             readiness_timeout_s=5,
             vms=vms,
             releases=releases,

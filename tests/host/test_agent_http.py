@@ -16,12 +16,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from host_reconciler import agentclient, store
+from host_reconciler import agentclient, hostdb
 from reconciler import cli
 from reconciler.service import agents
 from reconciler.store import hostplans as central_plans
 from tests.host.conftest import Lab
-from tests.host.test_store import add_node, plan
+from tests.host.test_hostdb import add_node, plan
 from tests.service.conftest import serve
 
 
@@ -40,7 +40,7 @@ def slot_rows(url: str, node: str) -> list[tuple[int, str, int]]:
 def test_the_lab_host_converges_through_the_api_only(
     lab: Lab, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with store.connect(db_url) as conn:
+    with hostdb.connect(db_url) as conn:
         add_node(conn, lab.node)
         central_plans.store(conn, [lab.plan(1, vms=(lab.vm("alloc-1", (0,)),))])
     credential = tmp_path / "node.token"
@@ -72,7 +72,7 @@ def test_the_lab_host_converges_through_the_api_only(
             while [r[:2] for r in slot_rows(db_url, lab.node)][:1] != [(0, "ready")]:
                 assert time.monotonic() < deadline and agent.is_alive(), slot_rows(db_url, lab.node)
                 time.sleep(0.2)
-            with store.connect(db_url) as conn:  # a new placement: the watch brings it, not the 120 s interval
+            with hostdb.connect(db_url) as conn:  # a new placement: the watch brings it, not the 120 s interval
                 central_plans.store(conn, [lab.plan(2, vms=(lab.vm("alloc-1", (0,)), lab.vm("alloc-2", (1,))))])
         finally:
             agent.join(timeout=100)
@@ -83,7 +83,7 @@ def test_the_lab_host_converges_through_the_api_only(
 
 
 def test_the_agent_keeps_its_plan_and_queues_reports_while_the_service_is_away(db_url: str) -> None:
-    with store.connect(db_url) as conn:
+    with hostdb.connect(db_url) as conn:
         add_node(conn, "node-a")
         central_plans.store(conn, [plan("node-a", 1)])
         token = agents.issue_token(conn, "node-a", rotate=False)

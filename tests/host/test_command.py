@@ -103,13 +103,13 @@ def test_demo_converges_two_example_nodes_injects_drift_and_reports_it(db_url: s
 def test_converge_reads_its_plan_and_writes_its_status_as_the_node_role(
     lab: Lab, db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from host_reconciler import store
-    from tests.host.test_store import add_node
+    from host_reconciler import hostdb
+    from tests.host.test_hostdb import add_node
 
-    with store.connect(db_url) as conn:
+    with hostdb.connect(db_url) as conn:
         add_node(conn, lab.node)
         central_plans.store(conn, [lab.plan(1, vms=(lab.vm("alloc-1", (0,)),))])
-        creds = store.create_node_role(conn, lab.node, "s3cret")
+        creds = hostdb.create_node_role(conn, lab.node, "s3cret")
     monkeypatch.setenv("GPUAAS_HOST_DB_PASSWORD", creds.password)
     assert (
         cli.main(
@@ -129,7 +129,7 @@ def test_converge_reads_its_plan_and_writes_its_status_as_the_node_role(
         == 0
     )
     assert "vm gpuaas-alloc-1: active" in capsys.readouterr().out
-    with store.connect(db_url) as conn:
+    with hostdb.connect(db_url) as conn:
         rows = conn.execute(
             "SELECT slot_index, vm_state FROM host_slot_status WHERE node_name = %s ORDER BY slot_index", (lab.node,)
         ).fetchall()

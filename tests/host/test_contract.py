@@ -16,7 +16,7 @@ import pytest
 
 from gpuaas_tools.demo import hosts as demo
 from gpuaas_tools.lab import host as lab
-from host_reconciler import converging, store
+from host_reconciler import converging, hostdb
 from host_reconciler.drivers import wiring
 from reconciler import sources
 from reconciler.reconcile import reconciling
@@ -27,7 +27,7 @@ FLEET = Path(__file__).resolve().parents[2] / "examples" / "fleet"
 
 
 def slot_and_claim(db_url: str, slot: int) -> tuple[str, str]:
-    with store.connect(db_url) as conn:
+    with hostdb.connect(db_url) as conn:
         row = conn.execute(
             """SELECT s.status, c.status FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id
                JOIN allocation_resource_claims c ON c.slot_id = s.id AND c.allocation_id = 'alloc-0001'
@@ -39,7 +39,7 @@ def slot_and_claim(db_url: str, slot: int) -> tuple[str, str]:
 
 
 def apply(db_url: str, fleet: Path) -> None:
-    with store.connect(db_url) as conn:
+    with hostdb.connect(db_url) as conn:
         reconciling.reconcile(conn, sources.load(fleet).state, source="test")
 
 
@@ -51,9 +51,9 @@ def test_central_frees_a_released_slot_only_after_the_hosts_wipe_proof(db_url: s
     fleet = tmp_path / "fleet"
     shutil.copytree(FLEET, fleet)
     apply(db_url, fleet)
-    with store.connect(db_url) as conn:
-        plan = store.read_plan(conn, NODE)
-        creds = store.create_node_role(conn, NODE, "pw")
+    with hostdb.connect(db_url) as conn:
+        plan = hostdb.read_plan(conn, NODE)
+        creds = hostdb.create_node_role(conn, NODE, "pw")
     assert plan is not None
     tree = lab.retag_tree(FLEET.parent / "sysfs" / "xe9680l-h200", tmp_path / "sysfs", "x", "x")
     with (
@@ -64,7 +64,7 @@ def test_central_frees_a_released_slot_only_after_the_hosts_wipe_proof(db_url: s
             os_disk=plan.os_disk,
             sysfs_tree=tree,
         ) as host,
-        store.connect(db_url, role=creds.role, password=creds.password) as conn,
+        hostdb.connect(db_url, role=creds.role, password=creds.password) as conn,
     ):
         demo._restamp(db_url, NODE, host.image_dir)  # the example digests are placeholders
         s = host.settings()
@@ -73,10 +73,10 @@ def test_central_frees_a_released_slot_only_after_the_hosts_wipe_proof(db_url: s
         try:
 
             def host_pass() -> converging.PassResult:
-                p = store.read_plan(conn, NODE)
+                p = hostdb.read_plan(conn, NODE)
                 assert p is not None
                 r = conv.converge(p)
-                store.write_status(conn, r.status)
+                hostdb.write_status(conn, r.status)
                 return r
 
             first = host_pass()

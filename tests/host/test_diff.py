@@ -19,7 +19,7 @@ from host_reconciler.observations import (
     DomainState,
     Failure,
     GateFinding,
-    Observed,
+    HostObservation,
     PciObs,
     PhaseRecord,
     Progress,
@@ -82,12 +82,12 @@ def done(*steps: Step) -> Progress:
     return Progress("alloc-a", DIGEST_A, MappingProxyType({str(s): PhaseRecord(1.0, "t") for s in steps}))
 
 
-def replace_obs(obs: Observed, **changes: object) -> Observed:
+def replace_obs(obs: HostObservation, **changes: object) -> HostObservation:
     return dataclasses.replace(obs, **changes)  # type: ignore[arg-type]
 
 
 RES_A = ReservationObs("gpuaas-alloc-a", "52:54:00:00:00:00", "10.100.0.10")
-ACTIVE = Observed(
+ACTIVE = HostObservation(
     domains={"gpuaas-alloc-a": dom(VM_A)},
     reservations={"gpuaas-alloc-a": RES_A},
     leases={0: "alloc-a"},
@@ -106,12 +106,12 @@ def steps(actions: list, alloc: str | None = None) -> list[str]:
     [
         (
             "nothing there yet: every phase (no image: nothing to fetch, no endpoint to open)",
-            Observed(),
+            HostObservation(),
             [str(s) for s in PROVISION_STEPS if s not in (Step.IMAGE_FETCH, Step.INGRESS)],
         ),
         (
             "killed after the reservation: lease, seed, reservation proven",
-            Observed(
+            HostObservation(
                 leases={0: "alloc-a"},
                 seeds={"gpuaas-alloc-a": SEED_A},
                 reservations={"gpuaas-alloc-a": RES_A},
@@ -121,7 +121,7 @@ def steps(actions: list, alloc: str | None = None) -> list[str]:
         ),
         (
             "defined but not started: the disk is never written again",
-            Observed(
+            HostObservation(
                 leases={0: "alloc-a"},
                 seeds={"gpuaas-alloc-a": SEED_A},
                 reservations={"gpuaas-alloc-a": RES_A},
@@ -137,7 +137,7 @@ def steps(actions: list, alloc: str | None = None) -> list[str]:
         ("active: nothing to do", ACTIVE, []),
         (
             "stale reservation (other IP) is re-done while provisioning",
-            Observed(
+            HostObservation(
                 leases={0: "alloc-a"},
                 seeds={"gpuaas-alloc-a": SEED_A},
                 reservations={"gpuaas-alloc-a": ReservationObs("gpuaas-alloc-a", RES_A.mac, "10.100.0.99")},
@@ -147,7 +147,7 @@ def steps(actions: list, alloc: str | None = None) -> list[str]:
         ),
         (
             "failed at this generation: left alone",
-            Observed(
+            HostObservation(
                 progress={
                     "alloc-a": Progress("alloc-a", DIGEST_A, MappingProxyType({}), Failure("image_verify", "x", "y", 3))
                 }
@@ -157,7 +157,7 @@ def steps(actions: list, alloc: str | None = None) -> list[str]:
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
-def test_provision_phases(story: str, observed: Observed, expected: list[str]) -> None:
+def test_provision_phases(story: str, observed: HostObservation, expected: list[str]) -> None:
     assert steps(diff.diff(PLAN, observed, options=OPTS), "alloc-a") == expected
 
 
@@ -174,12 +174,12 @@ def _cached(hexd: str) -> dict[str, imagecache.CacheEntry]:
 @pytest.mark.parametrize(
     ("story", "observed", "fetch"),
     [
-        ("not cached: fetched before it is verified", Observed(), True),
-        ("in the cache (whoever fetched it): no fetch", Observed(images=_cached(IMAGE_HEX)), False),
-        ("another image cached: fetched", Observed(images=_cached("cd" * 32)), True),
+        ("not cached: fetched before it is verified", HostObservation(), True),
+        ("in the cache (whoever fetched it): no fetch", HostObservation(images=_cached(IMAGE_HEX)), False),
+        ("another image cached: fetched", HostObservation(images=_cached("cd" * 32)), True),
         (
             "disk written, image evicted since: not fetched again",
-            Observed(
+            HostObservation(
                 progress={
                     "alloc-a": Progress(
                         "alloc-a",
@@ -197,7 +197,7 @@ def _cached(hexd: str) -> dict[str, imagecache.CacheEntry]:
         ),
         (
             "fetched once, evicted before the disk write: fetched again",
-            Observed(
+            HostObservation(
                 progress={
                     "alloc-a": Progress(
                         "alloc-a",
@@ -211,7 +211,7 @@ def _cached(hexd: str) -> dict[str, imagecache.CacheEntry]:
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
-def test_image_fetch_phase(story: str, observed: Observed, fetch: bool) -> None:
+def test_image_fetch_phase(story: str, observed: HostObservation, fetch: bool) -> None:
     got = steps(diff.diff(PLAN_I, observed, options=OPTS), "alloc-a")
     assert ("image_fetch" in got) is fetch
     if fetch:  # before the digest check and the disk write
@@ -219,7 +219,7 @@ def test_image_fetch_phase(story: str, observed: Observed, fetch: bool) -> None:
 
 
 def test_failed_at_an_older_generation_is_retried() -> None:
-    obs = Observed(
+    obs = HostObservation(
         progress={"alloc-a": Progress("alloc-a", DIGEST_A, MappingProxyType({}), Failure("image_verify", "x", "y", 2))}
     )
     assert steps(diff.diff(PLAN, obs, options=OPTS), "alloc-a")[0] == "lease"
@@ -228,7 +228,7 @@ def test_failed_at_an_older_generation_is_retried() -> None:
 def test_changed_spec_restarts_the_journal() -> None:
     before_ready = [s for s in PROVISION_STEPS if s is not Step.READINESS]
     other = Progress("alloc-a", "0" * 32, MappingProxyType({str(s): PhaseRecord(1, "t") for s in before_ready}))
-    assert steps(diff.diff(PLAN, Observed(progress={"alloc-a": other}), options=OPTS), "alloc-a")[:2] == [
+    assert steps(diff.diff(PLAN, HostObservation(progress={"alloc-a": other}), options=OPTS), "alloc-a")[:2] == [
         "lease",
         "host_checks",
     ]
@@ -239,7 +239,7 @@ def test_changed_spec_restarts_the_journal() -> None:
     [
         (
             "running domain: the whole release",
-            Observed(
+            HostObservation(
                 domains={"gpuaas-alloc-r": dom(VM_R)},
                 leases={1: "alloc-r"},
                 reservations={"gpuaas-alloc-r": ReservationObs("gpuaas-alloc-r", "52:54:00:00:00:01", "10.100.0.11")},
@@ -258,50 +258,52 @@ def test_changed_spec_restarts_the_journal() -> None:
         ),
         (
             "killed after undefine",
-            Observed(leases={1: "alloc-r"}, seeds={"gpuaas-alloc-r": "x"}),
+            HostObservation(leases={1: "alloc-r"}, seeds={"gpuaas-alloc-r": "x"}),
             ["remove_reservation", "wipe", "verify", "slot_health", "report_free"],
         ),
         (
             "wiped, not verified",
-            Observed(leases={1: "alloc-r"}, wipes={1: WipeRecord(1, "alloc-r", wiped=True, verified=False)}),
+            HostObservation(leases={1: "alloc-r"}, wipes={1: WipeRecord(1, "alloc-r", wiped=True, verified=False)}),
             ["verify", "slot_health", "report_free"],
         ),
         (
             "verified, devices not yet proven",
-            Observed(leases={1: "alloc-r"}, wipes={1: WipeRecord(1, "alloc-r", True, True)}),
+            HostObservation(leases={1: "alloc-r"}, wipes={1: WipeRecord(1, "alloc-r", True, True)}),
             ["slot_health", "report_free"],
         ),
         (
             "verified and healthy, lease still held",
-            Observed(
+            HostObservation(
                 leases={1: "alloc-r"},
                 wipes={1: WipeRecord(1, "alloc-r", True, True, evidence={"slot_health": {"ok": True}})},
             ),
             ["report_free"],
         ),
-        ("done", Observed(wipes={1: WipeRecord(1, "alloc-r", True, True)}), []),
+        ("done", HostObservation(wipes={1: WipeRecord(1, "alloc-r", True, True)}), []),
         (
             "cleanup blocked: left for an operator",
-            Observed(leases={1: "alloc-r"}, wipes={1: WipeRecord(1, "alloc-r", True, False, blocked="verify failed")}),
+            HostObservation(
+                leases={1: "alloc-r"}, wipes={1: WipeRecord(1, "alloc-r", True, False, blocked="verify failed")}
+            ),
             [],
         ),
         (
             "evidence of an older allocation does not count",
-            Observed(wipes={1: WipeRecord(1, "alloc-old", True, True)}),
+            HostObservation(wipes={1: WipeRecord(1, "alloc-old", True, True)}),
             ["wipe", "verify"],
         ),
-        ("slot held by another allocation: never wiped", Observed(leases={1: "alloc-new"}), []),
+        ("slot held by another allocation: never wiped", HostObservation(leases={1: "alloc-new"}), []),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
-def test_release_phases(story: str, observed: Observed, expected: list[str]) -> None:
+def test_release_phases(story: str, observed: HostObservation, expected: list[str]) -> None:
     assert steps(diff.diff(PLAN, observed, options=OPTS), "alloc-r") == expected
 
 
 def test_release_is_per_slot() -> None:
     vm = hp.VmSpec("alloc-2", "t", (bundle(1), bundle(2, numa=1)), vcpu_count=2, memory_mib=1024)
     plan = hp.HostPlan("n", 1, NET, "/dev/disk/by-id/nvme-OS", releases=(vm,), slots=PLAN.slots)
-    obs = Observed(
+    obs = HostObservation(
         leases={1: "alloc-2", 2: "alloc-2"}, wipes={1: WipeRecord(1, "alloc-2", True, False, blocked="wipe failed")}
     )
     acts = diff.diff(plan, obs, options=OPTS)

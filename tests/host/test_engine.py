@@ -168,7 +168,7 @@ def test_graceful_stop_then_hard_stop_after_the_timeout(lab: Lab) -> None:
     vm = lab.vm("alloc-1", (0,))
     try:
         assert not c.converge(lab.plan(1, vms=(vm,))).errors
-        r = c.converge(lab.plan(2, releases=(vm,), graceful_timeout_s=1))
+        r = c.converge(lab.plan(2, releases=(vm,), shutdown_timeout_s=1))
         assert not r.errors, r.errors
         assert stubborn.shutdowns == 1
         rel = next(v for v in r.status.vms if v.allocation_id == "alloc-1")

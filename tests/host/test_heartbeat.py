@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from host_reconciler import command, store
+from host_reconciler import command, hostdb
 from reconciler import cli
-from tests.host.test_store import add_node
+from tests.host.test_hostdb import add_node
 
 
 def reported_at(db_url: str, node: str) -> dt.datetime | None:
-    with store.connect(db_url) as conn:
+    with hostdb.connect(db_url) as conn:
         row = conn.execute("SELECT reported_at FROM host_status WHERE node_name = %s", (node,)).fetchone()
     return row[0] if row else None
 
@@ -22,9 +22,9 @@ def reported_at(db_url: str, node: str) -> dt.datetime | None:
 def test_host_run_without_a_plan_still_reports_alive(
     db_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    with store.connect(db_url) as conn:
+    with hostdb.connect(db_url) as conn:
         add_node(conn, "node-a")
-        creds = store.create_node_role(conn, "node-a", "pw-beat")
+        creds = hostdb.create_node_role(conn, "node-a", "pw-beat")
     monkeypatch.setenv("GPUAAS_HOST_DB_PASSWORD", creds.password)
     config = tmp_path / "host.json"
     config.write_text('{"pci": "fake-vfio", "readiness": "none", "libvirt_uri": "test:///default"}')
@@ -54,11 +54,11 @@ def test_host_run_without_a_plan_still_reports_alive(
 
 
 def test_the_heartbeat_thread_keeps_reported_at_fresh_during_a_long_pass(db_url: str) -> None:
-    with store.connect(db_url) as conn:
+    with hostdb.connect(db_url) as conn:
         add_node(conn, "node-a")
-        creds = store.create_node_role(conn, "node-a", "pw-beat")
-    conn = store.connect(db_url, role=creds.role, password=creds.password)
-    beat = command._Heartbeat(lambda: store.heartbeat(conn, "node-a"), 0.05)
+        creds = hostdb.create_node_role(conn, "node-a", "pw-beat")
+    conn = hostdb.connect(db_url, role=creds.role, password=creds.password)
+    beat = command._Heartbeat(lambda: hostdb.heartbeat(conn, "node-a"), 0.05)
     beat.start()
     try:
         deadline = time.monotonic() + 10

@@ -19,13 +19,13 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from host_reconciler import store
+from host_reconciler import hostdb
 from host_reconciler.actions import Drift, DriftCode
 from reconciler import cli
 from reconciler.store import connections, hoststatus, migrations
 from reconciler.store import hostplans as central_plans
 from schemas import driftreports
-from tests.host.test_store import add_node, plan, status
+from tests.host.test_hostdb import add_node, plan, status
 
 GOOD = {
     "code": "drift.disk.mounted",
@@ -57,17 +57,17 @@ BAD_DRIFT = {
 
 
 @pytest.fixture
-def nodes(db_url: str) -> dict[str, store.NodeCredentials]:
-    with store.connect(db_url) as conn:
+def nodes(db_url: str) -> dict[str, hostdb.NodeCredentials]:
+    with hostdb.connect(db_url) as conn:
         creds = {}
         for node in ("node-a", "node-b", "node-c"):
             add_node(conn, node)
             central_plans.store(conn, [plan(node)])
-            creds[node] = store.create_node_role(conn, node, f"pw-{node}")
+            creds[node] = hostdb.create_node_role(conn, node, f"pw-{node}")
     return creds
 
 
-def _as_node(db_url: str, creds: store.NodeCredentials) -> psycopg.Connection[Any]:
+def _as_node(db_url: str, creds: hostdb.NodeCredentials) -> psycopg.Connection[Any]:
     return psycopg.connect(db_url, user=creds.role, password=creds.password, autocommit=True)
 
 
@@ -76,7 +76,7 @@ def _as_node(db_url: str, creds: store.NodeCredentials) -> psycopg.Connection[An
 
 @pytest.mark.parametrize("drift", BAD_DRIFT.values(), ids=BAD_DRIFT.keys())
 def test_a_node_role_cannot_store_a_malformed_drift_report(
-    db_url: str, nodes: dict[str, store.NodeCredentials], drift: Any
+    db_url: str, nodes: dict[str, hostdb.NodeCredentials], drift: Any
 ) -> None:
     with _as_node(db_url, nodes["node-a"]) as conn:
         with pytest.raises(psycopg.errors.CheckViolation) as refused:
@@ -87,7 +87,7 @@ def test_a_node_role_cannot_store_a_malformed_drift_report(
                 "INSERT INTO host_slot_status (node_name, slot_index, drift) VALUES ('node-a', 0, %s)", (Jsonb(drift),)
             )
         assert refused.value.diag.constraint_name == "host_slot_status_drift_shape"
-        store.write_status(conn, status("node-a"))  # the host's own writer still goes through
+        hostdb.write_status(conn, status("node-a"))  # the host's own writer still goes through
 
 
 @pytest.mark.parametrize(
@@ -107,7 +107,7 @@ def test_a_node_role_cannot_store_a_malformed_drift_report(
     ],
 )
 def test_a_node_role_cannot_store_other_malformed_node_reports(
-    db_url: str, nodes: dict[str, store.NodeCredentials], column: str, value: Any, constraint: str
+    db_url: str, nodes: dict[str, hostdb.NodeCredentials], column: str, value: Any, constraint: str
 ) -> None:
     with _as_node(db_url, nodes["node-a"]) as conn, pytest.raises(psycopg.errors.CheckViolation) as refused:
         conn.execute(
@@ -126,7 +126,7 @@ def test_a_node_role_cannot_store_other_malformed_node_reports(
     ],
 )
 def test_a_node_role_cannot_store_a_malformed_slot_report(
-    db_url: str, nodes: dict[str, store.NodeCredentials], column: str, value: Any, constraint: str
+    db_url: str, nodes: dict[str, hostdb.NodeCredentials], column: str, value: Any, constraint: str
 ) -> None:
     param = value if column == "wipe_error" else Jsonb(value)
     with _as_node(db_url, nodes["node-a"]) as conn, pytest.raises(psycopg.errors.CheckViolation) as refused:
@@ -138,7 +138,7 @@ def test_a_node_role_cannot_store_a_malformed_slot_report(
     assert refused.value.diag.constraint_name == constraint
 
 
-def test_every_drift_code_the_host_writes_is_accepted(db_url: str, nodes: dict[str, store.NodeCredentials]) -> None:
+def test_every_drift_code_the_host_writes_is_accepted(db_url: str, nodes: dict[str, hostdb.NodeCredentials]) -> None:
     drift = tuple(
         Drift(
             code,
@@ -152,8 +152,8 @@ def test_every_drift_code_the_host_writes_is_accepted(db_url: str, nodes: dict[s
         for i, code in enumerate(DriftCode)
     )
     with _as_node(db_url, nodes["node-a"]) as conn:
-        store.write_status(conn, status("node-a", drift=drift))
-    with store.connect(db_url) as central:
+        hostdb.write_status(conn, status("node-a", drift=drift))
+    with hostdb.connect(db_url) as central:
         row = hoststatus.read(central, "node-a")[0]
     assert [d["code"] for d in row["drift"]] == [str(c) for c in DriftCode]
 
@@ -162,15 +162,15 @@ def test_every_drift_code_the_host_writes_is_accepted(db_url: str, nodes: dict[s
 
 
 def _plant_bad_reports(db_url: str) -> None:
-    with store.connect(db_url) as conn:
-        store.write_status(conn, status("node-a", drift=(Drift(DriftCode.DISK_MOUNTED, 0, "mounted at /mnt"),)))
+    with hostdb.connect(db_url) as conn:
+        hostdb.write_status(conn, status("node-a", drift=(Drift(DriftCode.DISK_MOUNTED, 0, "mounted at /mnt"),)))
         conn.execute("ALTER TABLE host_status DROP CONSTRAINT host_status_drift_shape")
         for node, drift in (("node-b", "garbage"), ("node-c", [1, None, {"code": 5}])):
             conn.execute("INSERT INTO host_status (node_name, drift) VALUES (%s, %s)", (node, Jsonb(drift)))
 
 
 def test_drift_command_shows_a_malformed_report_as_invalid_and_every_other_node(
-    db_url: str, nodes: dict[str, store.NodeCredentials], capsys: pytest.CaptureFixture[str]
+    db_url: str, nodes: dict[str, hostdb.NodeCredentials], capsys: pytest.CaptureFixture[str]
 ) -> None:
     _plant_bad_reports(db_url)
     capsys.readouterr()

@@ -12,13 +12,13 @@ import dataclasses
 import psycopg
 import pytest
 
-from host_reconciler import store
+from host_reconciler import hostdb
 from host_reconciler.imagecache import CacheEntry
 from host_reconciler.statuses import ImageCacheReport
 from reconciler.store import connections, live
 from reconciler.store import hostplans as central_plans
 from schemas.errors import GpuaasError
-from tests.host.test_store import add_node, plan, status
+from tests.host.test_hostdb import add_node, plan, status
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
 
@@ -32,20 +32,20 @@ def with_images(node: str, *digests: str) -> object:
 
 
 def test_each_pass_replaces_the_nodes_rows_and_the_planner_sees_them(db_url: str) -> None:
-    with store.connect(db_url) as conn:
+    with hostdb.connect(db_url) as conn:
         creds = {}
         for node in ("node-a", "node-b"):
             add_node(conn, node)
             central_plans.store(conn, [plan(node)])
-            creds[node] = store.create_node_role(conn, node, f"pw-{node}")
-        store.write_status(conn, with_images("node-b", C))  # type: ignore[arg-type]
+            creds[node] = hostdb.create_node_role(conn, node, f"pw-{node}")
+        hostdb.write_status(conn, with_images("node-b", C))  # type: ignore[arg-type]
     a = creds["node-a"]
-    with store.connect(db_url, role=a.role, password=a.password) as conn:
-        store.write_status(conn, with_images("node-a", A, B))  # type: ignore[arg-type]
-        assert [r["digest"] for r in store.read_image_cache(conn, "node-a")] == [A, B]
-        assert store.read_image_cache(conn, "node-b") == []  # RLS: another node's rows are invisible
-        store.write_status(conn, with_images("node-a", B))  # type: ignore[arg-type]  # A was evicted
-        rows = store.read_image_cache(conn, "node-a")
+    with hostdb.connect(db_url, role=a.role, password=a.password) as conn:
+        hostdb.write_status(conn, with_images("node-a", A, B))  # type: ignore[arg-type]
+        assert [r["digest"] for r in hostdb.read_image_cache(conn, "node-a")] == [A, B]
+        assert hostdb.read_image_cache(conn, "node-b") == []  # RLS: another node's rows are invisible
+        hostdb.write_status(conn, with_images("node-a", B))  # type: ignore[arg-type]  # A was evicted
+        rows = hostdb.read_image_cache(conn, "node-a")
         assert [(r["digest"], r["size_bytes"]) for r in rows] == [(B, 1000)]
         details = conn.execute("SELECT details FROM host_status WHERE node_name = 'node-a'").fetchone()
         assert details is not None and details[0]["images"]["cached"][0]["in_use"] is True
@@ -61,12 +61,12 @@ def test_each_pass_replaces_the_nodes_rows_and_the_planner_sees_them(db_url: str
 
 
 def test_a_malformed_report_is_refused_by_the_database(db_url: str) -> None:
-    with store.connect(db_url) as conn:
+    with hostdb.connect(db_url) as conn:
         add_node(conn, "node-a")
         central_plans.store(conn, [plan("node-a")])
         bad = dataclasses.replace(
             status("node-a"), images=ImageCacheReport(entries=(CacheEntry("not-a-digest", "/x", 1, 0.0),))
         )
         with pytest.raises(GpuaasError):
-            store.write_status(conn, bad)
-        assert store.read_image_cache(conn, "node-a") == []  # the whole status transaction rolled back
+            hostdb.write_status(conn, bad)
+        assert hostdb.read_image_cache(conn, "node-a") == []  # the whole status transaction rolled back

@@ -11,7 +11,7 @@ import pytest
 
 from host_reconciler import diff
 from host_reconciler.actions import DriftMode, Step
-from host_reconciler.observations import IngressSeen, Observed
+from host_reconciler.observations import HostObservation, IngressSeen
 from schemas import hostplans as hp
 from tests.host.test_diff import ACTIVE, PLAN, done
 
@@ -27,7 +27,7 @@ def seen(**kw: object) -> IngressSeen:
     return dataclasses.replace(BOTH, **kw)  # type: ignore[arg-type]
 
 
-def codes(observed: Observed) -> list[str]:
+def codes(observed: HostObservation) -> list[str]:
     return sorted(str(d.code) for d in diff.drift(IPLAN, observed) if d.code.startswith("drift.ingress"))
 
 
@@ -77,8 +77,8 @@ def test_the_ingress_phase_comes_before_readiness_and_only_while_unproven() -> N
 
 
 def test_a_release_removes_its_rules_before_the_wipe() -> None:
-    observed = Observed(ingress=seen(dnat=(SSH, EXTRA, OLD_R)))
+    observed = HostObservation(ingress=seen(dnat=(SSH, EXTRA, OLD_R)))
     steps = [a.step for a in diff.diff(IPLAN, observed) if a.allocation_id == "alloc-r"]
     assert Step.REMOVE_INGRESS in steps and steps.index(Step.REMOVE_INGRESS) < steps.index(Step.WIPE)
-    gone = Observed(ingress=BOTH)
+    gone = HostObservation(ingress=BOTH)
     assert Step.REMOVE_INGRESS not in [a.step for a in diff.diff(IPLAN, gone) if a.allocation_id == "alloc-r"]

@@ -17,34 +17,36 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from host_reconciler import store
+from host_reconciler import hostdb
 from reconciler.store import connections, migrations
 from reconciler.store import hostplans as central_plans
 from tests.fixtures.pg import TEMPLATE_DB
-from tests.host.test_store import add_node, plan, status
+from tests.host.test_hostdb import add_node, plan, status
 
 
 @pytest.fixture
-def node_a(db_url: str) -> store.NodeCredentials:
-    with store.connect(db_url) as conn:
+def node_a(db_url: str) -> hostdb.NodeCredentials:
+    with hostdb.connect(db_url) as conn:
         add_node(conn, "node-a")
         central_plans.store(conn, [plan("node-a")])
-        return store.create_node_role(conn, "node-a", "pw-node-a")
+        return hostdb.create_node_role(conn, "node-a", "pw-node-a")
 
 
-def _connect(url: str, creds: store.NodeCredentials, dbname: str | None = None) -> psycopg.Connection[Any]:
+def _connect(url: str, creds: hostdb.NodeCredentials, dbname: str | None = None) -> psycopg.Connection[Any]:
     target = make_conninfo(url, dbname=dbname) if dbname else url
     return psycopg.connect(target, user=creds.role, password=creds.password, autocommit=True)
 
 
-def test_a_node_role_works_in_its_own_database(db_url: str, node_a: store.NodeCredentials) -> None:
+def test_a_node_role_works_in_its_own_database(db_url: str, node_a: hostdb.NodeCredentials) -> None:
     with _connect(db_url, node_a) as conn:
         assert conn.execute("SELECT count(*) FROM host_plans").fetchone() == (1,)
-        store.write_status(conn, status("node-a"))
+        hostdb.write_status(conn, status("node-a"))
 
 
 @pytest.mark.parametrize("other", ["postgres", TEMPLATE_DB])
-def test_a_node_role_cannot_connect_to_another_database(db_url: str, node_a: store.NodeCredentials, other: str) -> None:
+def test_a_node_role_cannot_connect_to_another_database(
+    db_url: str, node_a: hostdb.NodeCredentials, other: str
+) -> None:
     with pytest.raises(psycopg.OperationalError, match="permission denied for database"):
         _connect(db_url, node_a, other).close()
 
@@ -59,7 +61,7 @@ def test_a_node_role_cannot_connect_to_another_database(db_url: str, node_a: sto
         "CREATE FUNCTION public.gpuaas_current_node() RETURNS text LANGUAGE sql AS $$ SELECT 'node-b' $$",
     ],
 )
-def test_a_node_role_can_create_nothing(db_url: str, node_a: store.NodeCredentials, statement: str) -> None:
+def test_a_node_role_can_create_nothing(db_url: str, node_a: hostdb.NodeCredentials, statement: str) -> None:
     with _connect(db_url, node_a) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
         conn.execute(statement)
 

@@ -110,5 +110,5 @@ def test_discovery_gate_runs_on_every_pass_and_blocks_only_the_swapped_disk(tmp_
     findings, ran = observing._gate(ctx)
     assert ran and {f.slot_index for f in findings} == {5}
     assert findings[0].expected == "/dev/disk/by-id/nvme-SAMSUNG_MZWLR3T8HBLS-00007_S6EXNA0W105"
-    drift = diff.drift(plan, observing.Observed(gate=findings, gate_ran=True))
+    drift = diff.drift(plan, observing.HostObservation(gate=findings, gate_ran=True))
     assert [(d.slot_index, str(d.code)) for d in drift] == [(5, "drift.identity.changed")]

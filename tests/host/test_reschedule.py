@@ -21,8 +21,7 @@ import pytest
 
 from desired import models as m
 from desired.state import DesiredState
-from host_reconciler import converging
-from host_reconciler import store as host_store
+from host_reconciler import converging, hostdb
 from host_reconciler.drivers import wiring
 from host_reconciler.drivers.fakes import FakePci
 from reconciler.reconcile import reconciling
@@ -41,7 +40,7 @@ def desired(lab: Lab, *, digest: str) -> DesiredState:
             "kind": "Fleet",
             "name": "lab",
             "regions": [{"name": "r1", "pools": [{"name": "p1"}]}],
-            "graceful_timeout_seconds": 30,
+            "readiness_timeout_seconds": 30,
             "placement": {"policy": "first-fit"},
             "graceful_shutdown_timeout_s": 2,
         }
@@ -138,10 +137,10 @@ def host_pass(lab: Lab, conn: Any, pci: FakePci) -> converging.PassResult:
     s = lab.settings()
     drivers = dataclasses.replace(wiring.drivers(s), pci=pci)
     try:
-        plan = host_store.read_plan(conn, "node-a")
+        plan = hostdb.read_plan(conn, "node-a")
         assert plan is not None
         result = converging.Converger(s, drivers).converge(plan)
-        host_store.write_status(conn, result.status)
+        hostdb.write_status(conn, result.status)
         return result
     finally:
         drivers.close()
@@ -200,5 +199,5 @@ def test_a_permanent_host_failure_moves_the_allocation_to_another_node(lab: Lab,
         assert status == {slots[0]: "quarantined", **{s: "available" for s in (0, 1) if s != slots[0]}}
         assert checks.run(conn) == []
         # the plan of node-a no longer mentions the allocation; the slot waits for an operator
-        plan = host_store.read_plan(conn, "node-a")
+        plan = hostdb.read_plan(conn, "node-a")
         assert plan is not None and not plan.vms and not plan.releases

@@ -79,7 +79,7 @@ def test_parse(tool: str, words: str, fabric: str, count: int, ports: tuple[tupl
     ],
 )
 def test_parse_refuses(body: bytes, code: str) -> None:
-    with pytest.raises(devicereports.Refused) as e:
+    with pytest.raises(devicereports.DeviceReportRefused) as e:
         devicereports.parse(body)
     assert e.value.code == code
 

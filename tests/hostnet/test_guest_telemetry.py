@@ -53,7 +53,7 @@ def test_parse_keeps_unavailable_fields_null() -> None:
         body("a" * 32, "0, a, b\n"),
         body("a" * 32, QUERY + QUERY),
     ):
-        with pytest.raises(telemetry.Refused):
+        with pytest.raises(telemetry.TelemetryRefused):
             telemetry.parse(bad)
 
 

@@ -24,7 +24,7 @@ import pytest
 from host_reconciler import diff, ingresses, ingressing
 from host_reconciler.actions import Action, DriftCode, Flow, Step
 from host_reconciler.drivers import ingress, netns, network
-from host_reconciler.observations import Observed
+from host_reconciler.observations import HostObservation
 from schemas.hostplans import HostPlan, IngressRule, SlotBundle, VmSpec
 
 from .conftest import Lab, in_ns, ip
@@ -119,7 +119,7 @@ def _ctx(plan: HostPlan, driver: ingress.IptablesIngress) -> Any:
 
 
 def _drift(plan: HostPlan, driver: ingress.IptablesIngress) -> list[str]:
-    observed = Observed(ingress=driver.observe())
+    observed = HostObservation(ingress=driver.observe())
     return sorted(str(d.code) for d in ingresses.drift(plan, observed, plan.vms))
 
 
@@ -143,7 +143,7 @@ def test_the_outside_reaches_the_vm_only_through_its_endpoint(lab: Lab, wired: d
     assert "-A FORWARD -j GPUAAS-INGRESS-FWD" in filt
     assert "--ctstate DNAT --ctorigdst 203.0.113.1 --ctorigdstport 20000" in filt
     assert drv.observe().complete == frozenset({RULE})
-    assert Step.INGRESS not in [a.step for a in diff.diff(plan, Observed(ingress=drv.observe()))]
+    assert Step.INGRESS not in [a.step for a in diff.diff(plan, HostObservation(ingress=drv.observe()))]
 
 
 def _accepted(lab: Lab) -> int:
@@ -214,13 +214,13 @@ def test_release_removes_every_rule_of_the_allocation(lab: Lab, wired: dict[str,
     drv, plan = wired["driver"], wired["plan"]
     drv.add(plan.network.bridge, RULE)
     released = HostPlan(node="n", generation=2, network=plan.network, os_disk=plan.os_disk, releases=plan.vms)
-    steps = [a.step for a in diff.diff(released, Observed(ingress=drv.observe()))]
+    steps = [a.step for a in diff.diff(released, HostObservation(ingress=drv.observe()))]
     assert Step.REMOVE_INGRESS in steps
     assert steps.index(Step.REMOVE_INGRESS) < steps.index(Step.WIPE)
     ingressing.remove(_ctx(released, drv), Action(Flow.RELEASE, Step.REMOVE_INGRESS, "alloc-a"), plan.vms[0])
     assert drv.observe().written == frozenset()
     assert _banner(wired["outside"], timeout=0.5) is None
-    assert Step.REMOVE_INGRESS not in [a.step for a in diff.diff(released, Observed(ingress=drv.observe()))]
+    assert Step.REMOVE_INGRESS not in [a.step for a in diff.diff(released, HostObservation(ingress=drv.observe()))]
 
 
 def _self_heal() -> Any:
@@ -229,7 +229,7 @@ def _self_heal() -> Any:
     return DriftMode.SELF_HEAL
 
 
-def _observed_active(plan: HostPlan, drv: ingress.IptablesIngress) -> Observed:
+def _observed_active(plan: HostPlan, drv: ingress.IptablesIngress) -> HostObservation:
     """The ingress as seen, beside a VM that passed readiness (only then is divergence drift)."""
     from types import MappingProxyType
 
@@ -237,4 +237,4 @@ def _observed_active(plan: HostPlan, drv: ingress.IptablesIngress) -> Observed:
 
     vm = plan.vms[0]
     progress = Progress(vm.allocation_id, "x", MappingProxyType({str(Step.READINESS): PhaseRecord(1.0, "t")}))
-    return Observed(ingress=drv.observe(), progress={vm.allocation_id: progress})
+    return HostObservation(ingress=drv.observe(), progress={vm.allocation_id: progress})

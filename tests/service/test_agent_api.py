@@ -22,18 +22,18 @@ import httpx
 import psycopg
 import pytest
 
-from host_reconciler import agentclient, store
+from host_reconciler import agentclient, hostdb
 from reconciler import cli
 from reconciler.service import agents
 from reconciler.store import hostplans as central_plans
 from schemas import agentwire
-from tests.host.test_store import add_node, plan
+from tests.host.test_hostdb import add_node, plan
 from tests.service.conftest import Served, serve
 
 
 @pytest.fixture
 def nodes_url(db_url: str) -> str:
-    with store.connect(db_url) as conn:
+    with hostdb.connect(db_url) as conn:
         for node in ("node-a", "node-b"):
             add_node(conn, node)
             central_plans.store(conn, [plan(node, 1)])
@@ -162,7 +162,7 @@ def test_a_watch_returns_when_the_plan_changes(served: Served, nodes_url: str) -
         watch.start()
         time.sleep(0.5)  # the watch is waiting (no change yet)
         assert not answers
-        with store.connect(nodes_url) as conn:
+        with hostdb.connect(nodes_url) as conn:
             central_plans.store(conn, [plan("node-b", 2)])  # another node's change wakes nobody here
             time.sleep(0.3)
             assert not answers
@@ -209,9 +209,9 @@ def test_the_database_fences_the_agent_identity_without_the_service(nodes_url: s
         conn.execute("SET ROLE gpuaas_agent")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):  # credentials are the owner's only
             conn.execute("SELECT * FROM node_agent_tokens")
-    with store.connect(nodes_url) as conn:
-        creds = store.create_node_role(conn, "node-a", "pw-a")
-    with store.connect(nodes_url, role=creds.role, password=creds.password, autocommit=False) as conn:
+    with hostdb.connect(nodes_url) as conn:
+        creds = hostdb.create_node_role(conn, "node-a", "pw-a")
+    with hostdb.connect(nodes_url, role=creds.role, password=creds.password, autocommit=False) as conn:
         # a node's own login cannot take the service's agent identity to reach another node's rows
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("SET ROLE gpuaas_agent")
@@ -289,7 +289,7 @@ def test_two_replicas_need_nothing_from_each_other(nodes_url: str) -> None:
             watch = threading.Thread(target=lambda w=watcher, out=answers: out.append(w.plan(after=1, wait_s=40)))
             watch.start()
             time.sleep(0.3)
-            with store.connect(nodes_url) as conn:  # the reconciler writes; replica two hears it itself
+            with hostdb.connect(nodes_url) as conn:  # the reconciler writes; replica two hears it itself
                 central_plans.store(conn, [plan("node-a", 2)])
             watch.join(timeout=30)
             watcher.close()

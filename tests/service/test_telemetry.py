@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from host_reconciler import store as host_store
+from host_reconciler import hostdb
 from host_reconciler.actions import DriftMode
 from host_reconciler.statuses import HostStatus
 from reconciler.store import connections
@@ -33,12 +33,12 @@ GPU = {
 def _report(url: str, sample: dict[str, object]) -> None:
     """What node h200-use1-s01's agent writes: its status, with one allocation's newest sample."""
     with connections.connect(url, autocommit=True) as conn:
-        creds = host_store.create_node_role(conn, DRIFT_NODE, "pw-telemetry")
+        creds = hostdb.create_node_role(conn, DRIFT_NODE, "pw-telemetry")
     status = HostStatus(
         DRIFT_NODE, 1, 1, DriftMode.REPORT, True, True, (), (), (), (), (), telemetry={"alloc-0001": sample}
     )
-    with host_store.connect(url, role=creds.role, password=creds.password) as conn:
-        host_store.write_status(conn, status)
+    with hostdb.connect(url, role=creds.role, password=creds.password) as conn:
+        hostdb.write_status(conn, status)
 
 
 def test_a_guest_sample_is_served_per_allocation_and_exported(served: Served, fleet_url: str) -> None:

@@ -13,16 +13,16 @@ import json
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from host_reconciler import store
+from host_reconciler import hostdb
 from reconciler.store import lifecycle
-from tests.host.test_store import add_node
+from tests.host.test_hostdb import add_node
 from tests.service.conftest import serve
 
 NODES = [f"node-{i}" for i in range(6)]
 
 
 def silence(url: str, nodes: list[str]) -> None:
-    with store.connect(url) as conn:
+    with hostdb.connect(url) as conn:
         conn.execute("UPDATE host_status SET reported_at = now() WHERE true")
         conn.execute(
             "UPDATE host_status SET reported_at = now() - interval '1 hour' WHERE node_name = ANY(%s)", (nodes,)
@@ -31,21 +31,21 @@ def silence(url: str, nodes: list[str]) -> None:
 
 @pytest.fixture
 def region_url(db_url: str) -> str:
-    with store.connect(db_url) as conn:
+    with hostdb.connect(db_url) as conn:
         for node in NODES:
             add_node(conn, node)
-            store.heartbeat(conn, node)
+            hostdb.heartbeat(conn, node)
     return db_url
 
 
 def test_a_few_silent_nodes_are_unavailable_most_of_a_region_is_disrupted(region_url: str) -> None:
     silence(region_url, NODES[:2])
-    with store.connect(region_url) as conn:
+    with hostdb.connect(region_url) as conn:
         live = {n: v.liveness for n, v in lifecycle.liveness(conn).items()}
         assert [live[n] for n in NODES] == ["unavailable"] * 2 + ["live"] * 4
         assert lifecycle.silent_nodes(conn) == frozenset(NODES[:2])
     silence(region_url, NODES[:5])
-    with store.connect(region_url) as conn:
+    with hostdb.connect(region_url) as conn:
         live = {n: v.liveness for n, v in lifecycle.liveness(conn).items()}
         assert [live[n] for n in NODES] == ["disrupted"] * 5 + ["live"]
         assert lifecycle.silent_nodes(conn) == frozenset()  # nothing is marked, the planner avoids nothing

@@ -126,7 +126,7 @@ def worker(job: Job, barrier: Any, results: Any) -> None:
     placed = claimed = conflicts = 0
     for round_ in range(ROUNDS):
         lost: list[str] = []
-        for r in claims.place_many(conn, placements, revision="bench", max_attempts=alternatives + 1):
+        for r in claims.place_many(conn, placements, revision="bench", max_claim_attempts=alternatives + 1):
             conflicts += r.conflicts
             if r.placed:
                 placed += 1

@@ -11,7 +11,7 @@ would leave them). Then, in this process:
 - the agent's report step every --report-interval seconds (shortened from
   the agent's pass interval): the readiness driver's `guest_telemetry`,
   samples keyed by allocation as `Converger._telemetry` does, written with
-  the node's own role by `host_store.write_status` (allocation_telemetry);
+  the node's own role by `hostdb.write_status` (allocation_telemetry);
 - `gpuaas serve` on 127.0.0.1, polled every --poll-ms by a keep-alive client
   at `GET /api/v1/allocations/{id}/telemetry`.
 
@@ -97,21 +97,21 @@ class _Agent(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
-        from host_reconciler import store as host_store
+        from host_reconciler import hostdb
         from host_reconciler.actions import DriftMode
         from reconciler.store import connections
 
         try:
             with connections.connect(self._url, autocommit=True) as conn:
-                creds = host_store.create_node_role(conn, NODE, "bench-telemetry")
-            with host_store.connect(self._url, role=creds.role, password=creds.password) as conn:
+                creds = hostdb.create_node_role(conn, NODE, "bench-telemetry")
+            with hostdb.connect(self._url, role=creds.role, password=creds.password) as conn:
                 generation = 0
                 while not self.stop.is_set():
                     generation += 1
                     latest = self._gate.guest_telemetry(self._expected)
                     self.expecting.set()
                     samples = {self._by_name[n]: s for n, s in latest.items() if n in self._by_name}
-                    host_store.write_status(conn, _status(generation, samples, DriftMode.REPORT))
+                    hostdb.write_status(conn, _status(generation, samples, DriftMode.REPORT))
                     self.reports += 1
                     self.stop.wait(self._interval)
         except BaseException as e:  # surfaced by the main thread

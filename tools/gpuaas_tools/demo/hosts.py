@@ -36,7 +36,7 @@ from typing import Any
 import psycopg
 
 from gpuaas_tools.lab import host as lab
-from host_reconciler import converging, reports, store
+from host_reconciler import converging, hostdb, reports
 from host_reconciler.actions import DriftMode
 from host_reconciler.context import Drivers
 from host_reconciler.drivers import wiring
@@ -64,9 +64,9 @@ def _ensure_plans(db_url: str, fleet: Path, nodes: list[str], out: Callable[[str
     from reconciler.reconcile import reconciling
     from reconciler.store import migrations
 
-    with store.connect(db_url) as conn:
+    with hostdb.connect(db_url) as conn:
         migrations.migrate(conn)  # idempotent: nothing to do after `gpuaas apply`
-        if all(store.read_plan(conn, n) is not None for n in nodes):
+        if all(hostdb.read_plan(conn, n) is not None for n in nodes):
             return
         result = reconciling.reconcile(conn, sources.load(fleet).state, source="host-demo")
         counts = reconciling.summary(result)["counts"]
@@ -74,8 +74,8 @@ def _ensure_plans(db_url: str, fleet: Path, nodes: list[str], out: Callable[[str
 
 
 def _restamp(db_url: str, node: str, image_dir: Path) -> hostplans.HostPlan:
-    with store.connect(db_url) as conn:
-        plan = store.read_plan(conn, node)
+    with hostdb.connect(db_url) as conn:
+        plan = hostdb.read_plan(conn, node)
         if plan is None or not plan.vms:
             raise PermanentError(f"no VMs planned on {node}", code="demo.no_plan")
         digests: dict[str, str] = {}
@@ -111,8 +111,8 @@ class _Demo:
     nodes: dict[str, _Node] = field(default_factory=dict)
 
     def central_plan(self, node: str) -> hostplans.HostPlan:
-        with store.connect(self.db_url) as conn:
-            plan = store.read_plan(conn, node)
+        with hostdb.connect(self.db_url) as conn:
+            plan = hostdb.read_plan(conn, node)
         if plan is None:
             raise PermanentError(f"no host plan for {node}", code="demo.no_plan")
         return plan
@@ -127,9 +127,9 @@ class _Demo:
             )
         )
         _restamp(self.db_url, node, host.image_dir)
-        with store.connect(self.db_url) as conn:
-            creds = store.create_node_role(conn, node, f"demo-{node}")
-        conn_node = stack.enter_context(store.connect(self.db_url, role=creds.role, password=creds.password))
+        with hostdb.connect(self.db_url) as conn:
+            creds = hostdb.create_node_role(conn, node, f"demo-{node}")
+        conn_node = stack.enter_context(hostdb.connect(self.db_url, role=creds.role, password=creds.password))
         s = host.settings()
         drivers = wiring.drivers(s)
         stack.callback(drivers.close)
@@ -142,11 +142,11 @@ class _Demo:
     def converge_all(self, title: str, mode: DriftMode = DriftMode.REPORT) -> None:
         _heading(self.out, title)
         for name, n in self.nodes.items():
-            plan = store.read_plan(n.conn, name)  # as the node's role: RLS shows its own plan only
+            plan = hostdb.read_plan(n.conn, name)  # as the node's role: RLS shows its own plan only
             if plan is None:
                 raise PermanentError(f"{name} cannot read its plan", code="demo.no_plan")
             result = n.converger.converge(plan, mode=mode)
-            store.write_status(n.conn, result.status)
+            hostdb.write_status(n.conn, result.status)
             self.out(f"{name}: ran {len(result.executed)} action(s) in {result.ms:.0f} ms")
             self.out(reports.status_text(result.status.as_dict()))
 
@@ -181,7 +181,7 @@ class _Demo:
 
     def report(self, title: str, render: Callable[[list[dict[str, Any]]], str]) -> None:
         _heading(self.out, title)
-        with store.connect(self.db_url) as conn:
+        with hostdb.connect(self.db_url) as conn:
             self.out(render([n for n in hoststatus.read(conn, None) if n["node"] in self.nodes]).rstrip())
 
 

@@ -116,7 +116,7 @@ def _plan(gen: int, slots: tuple[hp.SlotBundle, ...], ids: tuple[hp.SlotIdentity
         NET,
         "/dev/disk/by-id/nvme-BENCH-OS",
         slots=slots,
-        graceful_timeout_s=5,
+        shutdown_timeout_s=5,
         disk_identities=ids,
         **kw,
     )

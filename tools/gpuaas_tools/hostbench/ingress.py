@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     from host_reconciler import diff, ingresses
     from host_reconciler.actions import Step
     from host_reconciler.drivers import ingress
-    from host_reconciler.observations import Observed, PhaseRecord, Progress
+    from host_reconciler.observations import HostObservation, PhaseRecord, Progress
 
     if os.geteuid() != 0:
         print("bench ingress needs root (network namespaces, iptables)", file=sys.stderr)
@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         passes = []
         for _ in range(args.runs):
             t0 = time.monotonic()
-            observed = Observed(ingress=drv.observe(), progress=progress)
+            observed = HostObservation(ingress=drv.observe(), progress=progress)
             found = list(ingresses.drift(plan, observed, vms))
             steps = [a for a in diff.diff(plan, observed) if a.step in (Step.INGRESS, Step.REMOVE_STRAY_INGRESS)]
             passes.append((time.monotonic() - t0) * 1000)

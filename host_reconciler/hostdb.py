@@ -1,4 +1,4 @@
-"""The host side of PostgreSQL: read this node's plan, write this node's status.
+"""The host's database client: read this node's plan, write this node's status (PostgreSQL, direct mode).
 
 A host connects as its own node role (`gpuaas_create_node_role`, migration
 0050); row-level security makes `host_plans`, `host_status` and

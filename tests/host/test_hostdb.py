@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from host_reconciler import store
+from host_reconciler import hostdb
 from host_reconciler.actions import Drift, DriftCode, DriftMode
 from host_reconciler.statuses import HostStatus, SlotReport
 from reconciler import cli
@@ -42,7 +42,7 @@ def plan(node: str, generation: int = 1) -> hp.HostPlan:
     vm = hp.VmSpec(f"alloc-{node}", "acme", (b,), vcpu_count=2, memory_mib=1024)
     # Each generation's spec differs (the shutdown timeout): the central writer moves the generation on a change only.
     return hp.HostPlan(
-        node, generation, NETWORK, "/dev/disk/by-id/nvme-OS", graceful_timeout_s=119 + generation, vms=(vm,), slots=(b,)
+        node, generation, NETWORK, "/dev/disk/by-id/nvme-OS", shutdown_timeout_s=119 + generation, vms=(vm,), slots=(b,)
     )
 
 
@@ -66,36 +66,36 @@ def status(node: str, *, drift: tuple[Drift, ...] = (), wipe: dict[str, Any] | N
 
 
 @pytest.fixture
-def two_nodes(db_url: str) -> dict[str, store.NodeCredentials]:
-    with store.connect(db_url) as conn:
+def two_nodes(db_url: str) -> dict[str, hostdb.NodeCredentials]:
+    with hostdb.connect(db_url) as conn:
         creds = {}
         for node in ("node-a", "node-b"):
             add_node(conn, node)
             central_plans.store(conn, [plan(node)])
-            creds[node] = store.create_node_role(conn, node, f"pw-{node}")
-        store.write_status(conn, status("node-b"))  # node-b already reported once
+            creds[node] = hostdb.create_node_role(conn, node, f"pw-{node}")
+        hostdb.write_status(conn, status("node-b"))  # node-b already reported once
     return creds
 
 
 def test_node_role_cannot_read_another_nodes_plan_or_write_its_status(
-    db_url: str, two_nodes: dict[str, store.NodeCredentials]
+    db_url: str, two_nodes: dict[str, hostdb.NodeCredentials]
 ) -> None:
     a = two_nodes["node-a"]
-    with store.connect(db_url, role=a.role, password=a.password) as conn:
-        assert store.read_plan(conn, "node-a") == plan("node-a")
-        assert store.read_plan(conn, "node-b") is None  # invisible, not an error
+    with hostdb.connect(db_url, role=a.role, password=a.password) as conn:
+        assert hostdb.read_plan(conn, "node-a") == plan("node-a")
+        assert hostdb.read_plan(conn, "node-b") is None  # invisible, not an error
         assert conn.execute("SELECT count(*) FROM host_plans").fetchone() == (1,)
-        store.write_status(conn, status("node-a"))
+        hostdb.write_status(conn, status("node-a"))
         assert [n["node"] for n in hoststatus.read(conn)] == ["node-a"]
         with pytest.raises(GpuaasError):
-            store.write_status(conn, status("node-b", drift=(Drift(DriftCode.DISK_MOUNTED, 0, "forged"),)))
-        with pytest.raises(GpuaasError), store.dberrors.wrapped("read role map"):
+            hostdb.write_status(conn, status("node-b", drift=(Drift(DriftCode.DISK_MOUNTED, 0, "forged"),)))
+        with pytest.raises(GpuaasError), hostdb.dberrors.wrapped("read role map"):
             conn.execute("SELECT * FROM host_node_roles").fetchall()
         changed = conn.execute("UPDATE host_status SET healthy = false WHERE node_name = 'node-b'")
         assert changed.rowcount == 0
         with pytest.raises(psycopg.Error):
             conn.execute("UPDATE host_plans SET generation = 99 WHERE node_name = 'node-a'")
-    with store.connect(db_url) as central:
+    with hostdb.connect(db_url) as central:
         rows = {n["node"]: n for n in hoststatus.read(central)}
         assert rows["node-b"]["drift"] == [] and rows["node-b"]["healthy"] is True
         assert rows["node-a"]["observed_generation"] == 1
@@ -103,14 +103,14 @@ def test_node_role_cannot_read_another_nodes_plan_or_write_its_status(
 
 
 def test_status_rows_carry_the_wipe_proof_the_central_reconciler_checks(
-    db_url: str, two_nodes: dict[str, store.NodeCredentials]
+    db_url: str, two_nodes: dict[str, hostdb.NodeCredentials]
 ) -> None:
     a = two_nodes["node-a"]
     evidence = {"device": "/dev/disk/by-id/nvme-S0", "signature_clear": True, "sampled_zero": True}
-    with store.connect(db_url, role=a.role, password=a.password) as conn:
-        store.write_status(conn, status("node-a", wipe=evidence))
+    with hostdb.connect(db_url, role=a.role, password=a.password) as conn:
+        hostdb.write_status(conn, status("node-a", wipe=evidence))
         first = conn.execute("SELECT wipe_reported_at FROM host_slot_status WHERE node_name='node-a'").fetchone()
-        store.write_status(conn, status("node-a", wipe=evidence))  # same evidence: time stays
+        hostdb.write_status(conn, status("node-a", wipe=evidence))  # same evidence: time stays
         again = conn.execute("SELECT wipe_reported_at FROM host_slot_status WHERE node_name='node-a'").fetchone()
         assert first == again
         row = conn.execute(
@@ -120,10 +120,10 @@ def test_status_rows_carry_the_wipe_proof_the_central_reconciler_checks(
 
 
 def test_drift_command_renders_the_fleet(
-    db_url: str, two_nodes: dict[str, store.NodeCredentials], capsys: pytest.CaptureFixture[str]
+    db_url: str, two_nodes: dict[str, hostdb.NodeCredentials], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with store.connect(db_url) as conn:
-        store.write_status(
+    with hostdb.connect(db_url) as conn:
+        hostdb.write_status(
             conn,
             status(
                 "node-a",
@@ -149,7 +149,7 @@ def test_drift_command_renders_the_fleet(
 
 
 def test_the_host_report_writes_firmware_ready_and_reaches_the_planner_input(
-    db_url: str, two_nodes: dict[str, store.NodeCredentials], tmp_path: Any
+    db_url: str, two_nodes: dict[str, hostdb.NodeCredentials], tmp_path: Any
 ) -> None:
     """The agent's firmware evidence lands in host_status.firmware_ready (the column the planner reads)."""
     import dataclasses
@@ -161,9 +161,9 @@ def test_the_host_report_writes_firmware_ready_and_reaches_the_planner_input(
     (fw / "state.json").write_text(json.dumps({"profile_tag": "gpuaas-profile-slice-vm", "verified": False}))
     report = onboarding.report(fw, tmp_path / "bootstrap", reboot_flag=tmp_path / "none")
     a = two_nodes["node-a"]
-    with store.connect(db_url, role=a.role, password=a.password) as conn:
-        store.write_status(conn, dataclasses.replace(status("node-a"), host=report))
-    with store.connect(db_url) as central:
+    with hostdb.connect(db_url, role=a.role, password=a.password) as conn:
+        hostdb.write_status(conn, dataclasses.replace(status("node-a"), host=report))
+    with hostdb.connect(db_url) as central:
         row = central.execute(
             "SELECT firmware_ready, details->'host' FROM host_status WHERE node_name = 'node-a'"
         ).fetchone()
@@ -174,7 +174,7 @@ def test_the_host_report_writes_firmware_ready_and_reaches_the_planner_input(
 
 
 def test_a_report_older_than_the_stored_one_is_ignored(
-    db_url: str, two_nodes: dict[str, store.NodeCredentials]
+    db_url: str, two_nodes: dict[str, hostdb.NodeCredentials]
 ) -> None:
     """A delayed retry of generation 1 must not overwrite generation 2's report (nor its slot rows)."""
     import dataclasses
@@ -182,10 +182,10 @@ def test_a_report_older_than_the_stored_one_is_ignored(
     creds = two_nodes["node-a"]
     newer = dataclasses.replace(status("node-a"), generation=2, observed_generation=2)
     older = dataclasses.replace(status("node-a", wipe={"verified": True}), generation=1, observed_generation=1)
-    with store.connect(db_url, role=creds.role, password=creds.password) as conn:
-        assert store.write_status(conn, newer) is True
-        assert store.write_status(conn, older) is False
-    with store.connect(db_url) as conn:
+    with hostdb.connect(db_url, role=creds.role, password=creds.password) as conn:
+        assert hostdb.write_status(conn, newer) is True
+        assert hostdb.write_status(conn, older) is False
+    with hostdb.connect(db_url) as conn:
         assert conn.execute("SELECT observed_generation FROM host_status WHERE node_name = 'node-a'").fetchone() == (2,)
         assert conn.execute(
             "SELECT vm_state, observed_generation FROM host_slot_status WHERE node_name = 'node-a'"
