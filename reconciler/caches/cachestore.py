@@ -52,9 +52,10 @@ KEY_NAME = "key"
 TEMP_GRACE_S = 600  # a file record's temp file older than this, whose writer is dead, is removed
 # The namespaces of keyed records, and how many of each are kept (the newest win).
 RECORDS = {"results": 64}  # whole command results: checked trees, finished offline PR plans
-FILES = {"worlds": 2}  # records too large for a row (kept PR-plan bases, tens of MB): one file each
+FILES = {"worlds": 2, "capacity": 4}  # records too large for a row (kept PR-plan bases, tens of MB;
+# the service's last status documents, reconciler.service.keptcapacity): one file each
 # What a record of each namespace is, in notes to the user.
-WHAT = {"results": "result", "worlds": "kept base"}
+WHAT = {"results": "result", "worlds": "kept base", "capacity": "kept capacity document"}
 MAX_RESULTS = RECORDS["results"]
 MAX_WORLDS = FILES["worlds"]
 

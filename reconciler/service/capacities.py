@@ -13,7 +13,10 @@ nodes. So:
   once, and not more often than `refresh_s`); a request waits up to
   `wait_s` for it, then gets the previous document marked `stale`;
 - before the first document exists a request waits up to `wait_s`, then
-  gets `api.capacity_computing` (503, Retry-After).
+  gets `api.capacity_computing` (503, Retry-After);
+- kept (`keep_in`), each computed document is kept in the database and a restarted
+  service starts from the kept one, served stale until the fresh one is
+  computed, when the inventory generation is unchanged (`keptcapacity`).
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from reconciler.reports import status
+from reconciler.service import keptcapacity
 from reconciler.service.pool import Pool
 from reconciler.store.connections import Connection
 from schemas.errors import GpuaasError, PermanentError, TemporaryError
@@ -90,6 +95,7 @@ class Cache:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._pool = pool
+        self._kept: tuple[Path | None, str] | None = None  # (cache dir, database url) from `keep_in`
         self._policy = policy
         self.refresh_s = refresh_s
         self.wait_s = wait_s
@@ -101,11 +107,19 @@ class Cache:
         self._error: GpuaasError | None = None
         self._thread: threading.Thread | None = None
 
+    def keep_in(self, url: str, directory: Path | None = None) -> None:
+        """Keep each computed document of database `url` in the cache store under `directory` (default:
+        the user's, `cachestore.default_dir`), and start from the kept one (`warm`)."""
+        self._kept = (directory, url)
+
     def _compute(self) -> None:
+        done: Computed | None = None
+        ident = (0, 0)
         try:
             t0 = time.perf_counter()
             with self._pool.reading() as conn, gc_paused():
                 key = snapshot_key(conn)
+                ident = keptcapacity.identity(conn)
                 doc = status_document(conn, policy=self._policy)
             done = Computed(key, doc, dt.datetime.now(dt.UTC), time.perf_counter() - t0)
             with self._cond:
@@ -120,6 +134,16 @@ class Cache:
             with self._cond:
                 self._running = False
                 self._cond.notify_all()
+        if done is not None and self._kept is not None:  # after the waiters were answered
+            keptcapacity.save(
+                *self._kept,
+                self._policy,
+                ident=ident,
+                snapshot=done.key,
+                as_of=done.as_of,
+                seconds=done.seconds,
+                doc=done.doc,
+            )
 
     def _kick(self, key: str | None) -> None:
         """Start a recompute unless one runs, the current one is fresh, or the last started too recently."""
@@ -161,6 +185,14 @@ class Cache:
             return None if cur is None else Answer(cur, stale=cur.key != key)
 
     def warm(self) -> None:
+        """Start computing; first load the kept document, if any is current (see `keptcapacity`)."""
+        if self._kept is not None and self._current is None:
+            with self._pool.reading() as conn:
+                kept = keptcapacity.load(*self._kept, self._policy, conn)
+            if kept is not None:
+                with self._cond:
+                    if self._current is None:
+                        self._current = Computed(*kept)
         with self._cond:
             self._kick(None)
 
