@@ -4,7 +4,7 @@ Computing the document reads and validates the whole inventory and runs the
 planner's engine: tens of seconds at 10,000 nodes, and a restarted service
 answered 503 (`api.capacity_computing`) until then. Each computed document
 is kept in the cache store (`reconciler.caches.cachestore`, namespace
-`capacity`: HMAC-signed under this user's key, a file per database and
+`capacity_documents`: HMAC-signed under this user's key, a file per database and
 policy) with the database's identity and the inventory generation it was
 read at. At start the service loads it only when that generation is still
 the store's: nodes, slots and SKUs are then the ones it describes, and only
@@ -35,7 +35,7 @@ from reconciler.store.connections import Connection
 
 log = logging.getLogger(__name__)
 
-NAMESPACE = "capacity"
+NAMESPACE = "capacity_documents"
 FORMAT = 1
 _TAG = "$datetime"
 
