@@ -11,7 +11,8 @@ nodes. So:
   served as long as the key is unchanged;
 - when the key changed, one background thread recomputes (never two at
   once, and not more often than `refresh_s`); a request waits up to
-  `wait_s` for it, then gets the previous document marked `stale`;
+  `wait_s` for it, then gets the previous document marked `stale` (at once
+  when the previous computation took longer than what is left of the wait);
 - before the first document exists a request waits up to `wait_s`, then
   gets `api.capacity_computing` (503, Retry-After);
 - kept (`keep_in`), each computed document is kept in the database and a restarted
@@ -164,8 +165,13 @@ class Cache:
         wait = self.wait_s if wait_s is None else wait_s
         with self._cond:
             self._kick(key)
-            if self._running and (self._current is None or self._current.key != key):
-                self._cond.wait_for(lambda: not self._running, timeout=wait)
+            cur = self._current
+            if self._running and (cur is None or cur.key != key):
+                # Not when the last computation says this one cannot end within the wait (10,000
+                # nodes: tens of seconds): the previous document now, not the same one 2 s later.
+                left = cur.seconds - (self._clock() - self._started_at) if cur is not None else 0.0
+                if left <= wait:
+                    self._cond.wait_for(lambda: not self._running, timeout=wait)
             cur = self._current
             if cur is None:
                 if self._error is not None and not self._running:

@@ -9,8 +9,10 @@ and the fresh document replaces it as soon as it is computed.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -112,3 +114,28 @@ def test_the_kept_form_gives_back_the_document_as_served(fleet_url: str) -> None
     back = keptcapacity.decode(keptcapacity.encode(doc))
     assert _served(back) == _served(doc)
     assert json.loads(_served(back)) == json.loads(_served(doc))
+
+
+def test_a_request_does_not_wait_for_a_computation_that_cannot_end_in_time(
+    fleet_url: str, pool: Pool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with connections.connect(fleet_url, autocommit=True) as conn:
+        doc = capacities.status_document(conn)
+        ident = keptcapacity.identity(conn)
+        old_key = capacities.snapshot_key(conn)
+        conn.execute("SELECT txid_current()")  # a commit since: the kept document is stale
+    as_of = dt.datetime.now(dt.UTC)
+    # as a 10,000-node fleet's: its computation took 1000 s, so the next cannot end within a 60 s wait
+    assert keptcapacity.save(
+        tmp_path, fleet_url, None, ident=ident, snapshot=old_key, as_of=as_of, seconds=1000.0, doc=doc
+    )
+    go = _blocked(monkeypatch)
+    restarted = _cache(pool, fleet_url, tmp_path, wait_s=60.0)
+    restarted.warm()
+    t0 = time.monotonic()
+    answer = restarted.get()
+    assert time.monotonic() - t0 < 30  # not the 60 s wait
+    assert answer.stale
+    assert answer.computed.as_of == as_of
+    go.set()
+    restarted.join(30)
