@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from host_reconciler import codes as host_codes
 from schemas import agentwire, hostplans
 from schemas.errors import PermanentError, TemporaryError, UsageError
 
@@ -40,11 +41,11 @@ WATCH_CHUNK_S = 15.0  # the longest one watch request blocks (stop is noticed be
 
 
 class ServiceUnreachable(TemporaryError):
-    code = "host.service.unreachable"
+    code = host_codes.SERVICE_UNREACHABLE
 
 
 class ServiceRefused(PermanentError):
-    code = "host.service.refused"
+    code = host_codes.SERVICE_REFUSED
 
 
 def load_credential(path: Path) -> str:
@@ -52,25 +53,25 @@ def load_credential(path: Path) -> str:
     try:
         st = path.stat()
         if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"credential file {path} is not a regular file", code="host.credential.invalid")
+            raise UsageError(f"credential file {path} is not a regular file", code=host_codes.CREDENTIAL_INVALID)
         if st.st_mode & 0o077:
             raise UsageError(
                 f"credential file {path} is accessible by group or others "
                 f"(mode {stat.S_IMODE(st.st_mode):04o}); chmod 600 {path}",
-                code="host.credential.permissions",
+                code=host_codes.CREDENTIAL_PERMISSIONS,
             )
         with path.open("rb") as f:
             raw = f.read(1024)
     except OSError as e:
         raise UsageError(
-            f"cannot read credential file {path}: {e.strerror or e}", code="host.credential.unreadable"
+            f"cannot read credential file {path}: {e.strerror or e}", code=host_codes.CREDENTIAL_UNREADABLE
         ) from e
     token = raw.decode("utf-8", "replace").strip()
     if not token.startswith(agentwire.TOKEN_PREFIX) or any(c.isspace() for c in token):
         raise UsageError(
             f"credential file {path} does not hold one node token ({agentwire.TOKEN_PREFIX}...; "
             "made by `gpuaas host token issue NODE --out FILE`)",
-            code="host.credential.invalid",
+            code=host_codes.CREDENTIAL_INVALID,
         )
     return token
 
@@ -181,9 +182,9 @@ def decode_plan(answer: agentwire.PlanAnswer, node: str) -> hostplans.HostPlan |
     try:
         plan = hostplans.from_json(answer.plan)
     except (TypeError, KeyError, ValueError) as e:
-        raise PermanentError(f"host plan of {node} does not decode: {e}", code="host.plan.invalid") from e
+        raise PermanentError(f"host plan of {node} does not decode: {e}", code=host_codes.PLAN_INVALID) from e
     if plan.node != node:
-        raise PermanentError(f"the service sent a plan for {plan.node}, not {node}", code="host.plan.wrong_node")
+        raise PermanentError(f"the service sent a plan for {plan.node}, not {node}", code=host_codes.PLAN_WRONG_NODE)
     return plan
 
 

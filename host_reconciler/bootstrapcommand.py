@@ -21,6 +21,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from host_reconciler import codes as host_codes
 from schemas import output
 from schemas.errors import GpuaasError, UsageError
 
@@ -60,7 +61,7 @@ def _options(args: argparse.Namespace) -> tuple[Any, Path]:
     from host_reconciler import bootstrapping, settings
 
     if args.hugepages_1g < 0 or args.hugepages_1g > 4096:
-        raise UsageError(f"--hugepages-1g {args.hugepages_1g}: give 0-4096", code="host.bootstrap.invalid_option")
+        raise UsageError(f"--hugepages-1g {args.hugepages_1g}: give 0-4096", code=host_codes.BOOTSTRAP_INVALID_OPTION)
     s = settings.load("bootstrap", args.config)
     traverse = tuple(dict.fromkeys(str(p) for p in (s.state_dir.parent, s.state_dir, s.image_dir)))
     opts = bootstrapping.Options(
@@ -77,7 +78,7 @@ def run_bootstrap(args: argparse.Namespace) -> int:
     from host_reconciler.drivers import hostroot
 
     if not args.root.is_dir():
-        raise UsageError(f"--root {args.root}: not a directory", code="host.bootstrap.invalid_option")
+        raise UsageError(f"--root {args.root}: not a directory", code=host_codes.BOOTSTRAP_INVALID_OPTION)
     opts, state_dir = _options(args)
     state_dir = args.root / str(state_dir).lstrip("/")
     previous = onboarding.read_state(state_dir) or {}
@@ -114,7 +115,7 @@ def apply(driver: Any, plan: Any, opts: Any) -> tuple[list[dict[str, Any]], str 
         try:
             evidence = driver.apply(change, opts)
         except (GpuaasError, OSError) as e:
-            code = e.code if isinstance(e, GpuaasError) else "host.bootstrap.io_error"
+            code = e.code if isinstance(e, GpuaasError) else host_codes.BOOTSTRAP_IO_ERROR
             message = e.message if isinstance(e, GpuaasError) else str(e)
             return done, f"{code}: {change.describe()}: {message}"
         done.append({"change": change.describe(), **evidence})

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from host_reconciler import codes as host_codes
+
 VERSION = 1  # of the bootstrap rules; recorded in the state file
 
 MANAGED_HEADER = "# Managed by `gpuaas host bootstrap` (seed 003 section 2); local edits are reported, not lost.\n"
@@ -211,7 +213,7 @@ def check_virtualization(facts: Facts, opts: Options) -> Check:
             "virtualization",
             Outcome.BLOCKED,
             "/dev/kvm is missing: CPU virtualization is off in the firmware (ProcVirtualization) or kvm is not loaded",
-            code="host.bootstrap.kvm_missing",
+            code=host_codes.BOOTSTRAP_KVM_MISSING,
         )
     if missing:
         return Check(
@@ -253,7 +255,7 @@ def check_kernel_args(facts: Facts, opts: Options) -> Check:
             Outcome.BLOCKED,
             f"kernel lacks {' '.join(missing)} and /etc/default/grub is "
             "missing: stage the arguments in this host's boot loader by hand",
-            code="host.bootstrap.grub_missing",
+            code=host_codes.BOOTSTRAP_GRUB_MISSING,
         )
     staged_words = _grub_values(facts.grub_default)
     conflicts = [w for a in missing if (w := _CONFLICTS.get(a, "")) and w in staged_words]
@@ -262,20 +264,20 @@ def check_kernel_args(facts: Facts, opts: Options) -> Check:
             "kernel_args",
             Outcome.BLOCKED,
             f"/etc/default/grub sets {' '.join(conflicts)}; bootstrap never edits that file: remove it by hand",
-            code="host.bootstrap.grub_conflict",
+            code=host_codes.BOOTSTRAP_GRUB_CONFLICT,
         )
     content = _managed([f'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX {" ".join(want)}"'])
     change, refused = _write(facts, GRUB_DROPIN, content)
     if all(a in staged_words for a in missing):
         change = None  # staged in /etc/default/grub itself (by hand): nothing to write, only a reboot
     elif refused:
-        return Check("kernel_args", Outcome.BLOCKED, refused, code="host.bootstrap.file_changed")
+        return Check("kernel_args", Outcome.BLOCKED, refused, code=host_codes.BOOTSTRAP_FILE_CHANGED)
     if change is None:
         return Check(
             "kernel_args",
             Outcome.REBOOT,
             f"{' '.join(missing)} staged; the running kernel lacks them",
-            code="host.bootstrap.reboot_required",
+            code=host_codes.BOOTSTRAP_REBOOT_REQUIRED,
             reboot_after=True,
         )
     changes = tuple(c for c in (change, Change(ChangeKind.UPDATE_GRUB)) if c is not None)
@@ -291,7 +293,7 @@ def check_kernel_args(facts: Facts, opts: Options) -> Check:
 def check_vfio_modules(facts: Facts, opts: Options) -> Check:
     change, refused = _write(facts, MODULES_FILE, _managed(VFIO_MODULES))
     if refused:
-        return Check("vfio_modules", Outcome.BLOCKED, refused, code="host.bootstrap.file_changed")
+        return Check("vfio_modules", Outcome.BLOCKED, refused, code=host_codes.BOOTSTRAP_FILE_CHANGED)
     unloaded = tuple(m for m in VFIO_MODULES if m not in facts.modules)
     changes = tuple(
         c for c in (change, Change(ChangeKind.LOAD_MODULES, operands=unloaded) if unloaded else None) if c is not None
@@ -313,7 +315,7 @@ def check_hugepages(facts: Facts, opts: Options) -> Check:
         "hugepages",
         Outcome.REBOOT,
         f"{have} of {opts.hugepages_1g} x 1 GiB hugepages reserved; the kernel arguments reserve them at the next boot",
-        code="host.bootstrap.reboot_required",
+        code=host_codes.BOOTSTRAP_REBOOT_REQUIRED,
         reboot_after=True,
     )
 
@@ -322,7 +324,7 @@ def check_sysctl(facts: Facts, opts: Options) -> Check:
     wanted = SYSCTL_BASELINE + (SYSCTL_TUNING if opts.sysctl_tuning else ())
     change, refused = _write(facts, SYSCTL_FILE, _managed([f"{k} = {v}" for k, v in wanted]))
     if refused:
-        return Check("sysctl", Outcome.BLOCKED, refused, code="host.bootstrap.file_changed")
+        return Check("sysctl", Outcome.BLOCKED, refused, code=host_codes.BOOTSTRAP_FILE_CHANGED)
     off = [k for k, v in wanted if facts.sysctl.get(k) != v]
     changes = tuple(c for c in (change, Change(ChangeKind.RELOAD_SYSCTL) if off or change else None) if c is not None)
     if not changes:

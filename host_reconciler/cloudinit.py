@@ -22,6 +22,7 @@ import json
 import re
 
 from desired.patterns import SSH_KEY_RE
+from host_reconciler import codes as host_codes
 from host_reconciler import domains
 from host_reconciler.drivers.protocols import GUEST_MARKER, GuestAnnounce
 from schemas.errors import PermanentError
@@ -33,7 +34,7 @@ ISO_NAME = "seed.iso"
 
 
 class SeedError(PermanentError):
-    code = "host.seed.invalid"
+    code = host_codes.SEED_INVALID
 
 
 ANNOUNCER = "/usr/local/sbin/gpuaas-slice-ready"
@@ -121,11 +122,11 @@ def render(vm: VmSpec, *, announce: GuestAnnounce | None = None) -> dict[str, by
         if not _SSH_KEY.match(key):
             raise SeedError(
                 f"{vm.allocation_id}: an SSH key is not an OpenSSH public key",
-                code="host.seed.ssh_key",
+                code=host_codes.SEED_SSH_KEY,
             )
     user = vm.image.default_username if vm.image else "ubuntu"
     if not _USER.match(user):
-        raise SeedError(f"{vm.allocation_id}: unusable default user {user!r}", code="host.seed.user")
+        raise SeedError(f"{vm.allocation_id}: unusable default user {user!r}", code=host_codes.SEED_USER)
     boot = min(vm.bundles, key=lambda b: b.slot_index)
     user_data = {
         "hostname": vm.name,

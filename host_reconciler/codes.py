@@ -427,3 +427,5 @@ TELEMETRY_BAD_TOKEN = "telemetry.bad_token"
 TELEMETRY_RATE_LIMITED = "telemetry.rate_limited"
 # a guest posted telemetry for another VM
 TELEMETRY_WRONG_SOURCE = "telemetry.wrong_source"
+# the host agent's drivers need libvirt-python and pyroute2 (… is missing): pip install 'gpuaas-reconciler[ho...
+DRIVERS_MISSING = "host.drivers_missing"

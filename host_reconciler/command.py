@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from host_reconciler import codes as host_codes
 from schemas import environment, hostplans, logs, notify, output, signals
 from schemas.errors import GpuaasError, PermanentError, UsageError
 
@@ -125,7 +126,7 @@ class _Source:
                 raise UsageError(
                     f"--service needs this node's token: --credential FILE or ${ENV_CREDENTIAL} "
                     "(`gpuaas host token issue NODE --out FILE`)",
-                    code="host.credential.missing",
+                    code=host_codes.CREDENTIAL_MISSING,
                 )
             ca = getattr(args, "service_ca", None)
             self.service = agentclient.ServiceSource(
@@ -136,7 +137,7 @@ class _Source:
             raise UsageError(
                 f"no control plane: pass --service URL (or set {ENV_SERVICE}) with --credential; "
                 "labs may use --plan-file, or --db-url",
-                code="host.service.url_missing",
+                code=host_codes.SERVICE_URL_MISSING,
             )
         from host_reconciler import hostdb
 
@@ -153,13 +154,13 @@ class _Source:
 
             try:
                 raw = inputfiles.read_bytes(
-                    self.plan_file, limit=PLAN_FILE_LIMIT, code="host.plan.unreadable", what="plan file"
+                    self.plan_file, limit=PLAN_FILE_LIMIT, code=host_codes.PLAN_UNREADABLE, what="plan file"
                 )
                 doc = json.loads(raw)
             except PermanentError as e:
                 raise UsageError(e.message, code=e.code) from e
             except ValueError as e:  # json's message names a position, never the content
-                raise UsageError(f"cannot read plan {self.plan_file}: {e}", code="host.plan.unreadable") from e
+                raise UsageError(f"cannot read plan {self.plan_file}: {e}", code=host_codes.PLAN_UNREADABLE) from e
             return hostplans.from_json(doc)
         from host_reconciler import hostdb
 
@@ -315,7 +316,7 @@ def _drivers(s: settings.HostSettings) -> Drivers:
         raise PermanentError(
             f"the host agent's drivers need libvirt-python and pyroute2 ({e.name} is missing): "
             "pip install 'gpuaas-reconciler[host]'",
-            code="host.drivers_missing",
+            code=host_codes.DRIVERS_MISSING,
         ) from e
     return wiring.drivers(s)
 
@@ -329,7 +330,7 @@ def run_converge(args: argparse.Namespace) -> int:
     try:
         plan = source.plan()
         if plan is None:
-            raise PermanentError(f"no host plan for {args.node}", code="host.plan.none")
+            raise PermanentError(f"no host plan for {args.node}", code=host_codes.PLAN_NONE)
         converger = converging.Converger(s, drivers)
         if not args.dry_run:
             source.answer_rewipes(converger.state, plan)

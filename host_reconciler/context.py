@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from host_reconciler import cloudinit, domains, imagecache, pinning
+from host_reconciler import codes as host_codes
 from host_reconciler.actions import Action
 from host_reconciler.drivers.protocols import (
     DhcpDriver,
@@ -134,7 +135,7 @@ class Context:
                     self.plan.os_disk,
                     self.plan.nvme_identity(slot_index),
                 )
-        raise PermanentError(f"slot {slot_index} is not a slot of {vm.allocation_id}", code="host.slot.unknown")
+        raise PermanentError(f"slot {slot_index} is not a slot of {vm.allocation_id}", code=host_codes.SLOT_UNKNOWN)
 
     def placement(self, vm: VmSpec) -> pinning.CpuPlacement:
         return pinning.place_vcpus(
@@ -159,7 +160,7 @@ def require_vm(vm: VmSpec | None, action: Action) -> VmSpec:
     if vm is None:
         raise PermanentError(
             f"{action.step} needs the plan entry of {action.allocation_id}",
-            code="host.plan.missing_vm",
+            code=host_codes.PLAN_MISSING_VM,
         )
     return vm
 
@@ -167,5 +168,5 @@ def require_vm(vm: VmSpec | None, action: Action) -> VmSpec:
 def one_slot(action: Action) -> int:
     """The slot of a per-slot step (wipe, verify, report_free, an orphan lease)."""
     if len(action.slot_indexes) != 1:
-        raise PermanentError(f"{action.step} acts on one slot, got {action.slot_indexes}", code="host.action.slots")
+        raise PermanentError(f"{action.step} acts on one slot, got {action.slot_indexes}", code=host_codes.ACTION_SLOTS)
     return action.slot_indexes[0]

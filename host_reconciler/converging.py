@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from host_reconciler import codes as host_codes
 from host_reconciler import diff, observing, onboarding, phases, statuses
 from host_reconciler.actions import PER_SLOT_STEPS, SLOT_BLOCKING_STEPS, Action, DriftMode, Flow, Step
 from host_reconciler.context import Context, Drivers
@@ -77,7 +78,7 @@ class Converger:
         if plan.node != self.settings.node:
             raise PermanentError(
                 f"plan for {plan.node} handed to the reconciler of {self.settings.node}",
-                code="host.plan.wrong_node",
+                code=host_codes.PLAN_WRONG_NODE,
             )
         return Context(plan, self.settings, self.drivers, self.state, clock=self.clock, sleep=self.sleep)
 

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from host_reconciler import codes as host_codes
 from schemas import output
 from schemas.errors import PermanentError, UsageError
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from desired import models as m
 
 EXIT_BLOCKED = 3
-SLOTMAP_INVALID = "gate.slotmap.invalid"
+SLOTMAP_INVALID = host_codes.GATE_SLOTMAP_INVALID
 
 
 def register(sub: Any) -> None:

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 from desired.patterns import BY_ID_RE, MAC_RE, PCI_RE
+from host_reconciler import codes as host_codes
 from host_reconciler import pinning
 from schemas.errors import PermanentError
 from schemas.hostplans import Network, VmSpec
@@ -45,7 +46,7 @@ ET.register_namespace("gpuaas", NS)
 
 
 class DomainSpecError(PermanentError):
-    code = "host.domain.invalid_spec"
+    code = host_codes.DOMAIN_INVALID_SPEC
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +137,7 @@ def seed_digest(vm: VmSpec) -> str:
 
 def pci(address: str) -> tuple[str, str, str, str]:
     if not _PCI.match(address):
-        raise DomainSpecError(f"not a PCI address: {address!r}", code="host.domain.invalid_pci")
+        raise DomainSpecError(f"not a PCI address: {address!r}", code=host_codes.DOMAIN_INVALID_PCI)
     domain, bus, device_function = address.split(":")
     device, function = device_function.split(".")
     return domain, bus, device, function
@@ -154,19 +155,19 @@ def _check(vm: VmSpec) -> None:
         if not _BY_ID.match(b.nvme_device):
             raise DomainSpecError(
                 f"slot {b.slot_index} disk {b.nvme_device!r} is not a by-id path",
-                code="host.domain.invalid_disk",
+                code=host_codes.DOMAIN_INVALID_DISK,
             )
         if not _MAC.match(b.mac_address):
             raise DomainSpecError(
                 f"slot {b.slot_index} MAC {b.mac_address!r} is invalid",
-                code="host.domain.invalid_mac",
+                code=host_codes.DOMAIN_INVALID_MAC,
             )
     if vm.vcpu_count < 1 or vm.memory_mib < 256:
         raise DomainSpecError(f"{vm.allocation_id}: {vm.vcpu_count} vCPUs / {vm.memory_mib} MiB")
     if vm.hugepages:
         size = vm.hugepage_size or "1G"
         if size not in pinning.HUGEPAGE_KIB:
-            raise DomainSpecError(f"hugepage size {size!r} is not 1G or 2M", code="host.domain.hugepages")
+            raise DomainSpecError(f"hugepage size {size!r} is not 1G or 2M", code=host_codes.DOMAIN_HUGEPAGES)
 
 
 def boot_bundle(vm: VmSpec) -> int:
@@ -219,7 +220,7 @@ def _memory(dom: ET.Element, vm: VmSpec, placement: pinning.CpuPlacement) -> Non
             raise DomainSpecError(
                 f"{cell.memory_mib} MiB on NUMA node {cell.host_node} is not a whole number of "
                 f"{vm.hugepage_size or '1G'} pages",
-                code="host.domain.hugepages",
+                code=host_codes.DOMAIN_HUGEPAGES,
             )
     backing = ET.SubElement(dom, "memoryBacking")
     ET.SubElement(ET.SubElement(backing, "hugepages"), "page", size=str(size_kib), unit="KiB")

@@ -45,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
+from host_reconciler import codes as host_codes
 from host_reconciler import imagecache
 from host_reconciler.imagecache import CacheEntry, ImageCache
 from host_reconciler.localstate import fsync_dir
@@ -62,19 +63,19 @@ MakeRoom = Callable[[int], None]  # called with the bytes still to come before t
 
 
 class FetchError(TemporaryError):
-    code = "host.image.fetch_failed"
+    code = host_codes.IMAGE_FETCH_FAILED
 
 
 class DigestMismatch(PermanentError):
-    code = "host.image.digest_mismatch"
+    code = host_codes.IMAGE_DIGEST_MISMATCH
 
 
 class TooLarge(PermanentError):
-    code = "host.image.too_large"
+    code = host_codes.IMAGE_TOO_LARGE
 
 
 class SourceError(PermanentError):
-    code = "host.image.source"
+    code = host_codes.IMAGE_SOURCE
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +105,7 @@ def check_url(url: str, *, allow_file: bool = True) -> urllib.parse.SplitResult:
     if parts.scheme == "file" and allow_file and parts.netloc in ("", "localhost") and parts.path.startswith("/"):
         return parts
     allowed = "http(s)://HOST/... or file:///PATH" if allow_file else "http(s)://HOST/..."
-    raise SourceError(f"image URL {url!r} is not {allowed}", code="host.image.bad_url")
+    raise SourceError(f"image URL {url!r} is not {allowed}", code=host_codes.IMAGE_BAD_URL)
 
 
 def fetch(
@@ -287,8 +288,8 @@ class _Job:
                         return True
                     raise _Restart from e
                 if e.code in PERMANENT_HTTP:
-                    raise SourceError(f"{self.url}: HTTP {e.code} {e.reason}", code="host.image.http_error") from e
-                raise FetchError(f"{self.url}: HTTP {e.code} {e.reason}", code="host.image.http_error") from e
+                    raise SourceError(f"{self.url}: HTTP {e.code} {e.reason}", code=host_codes.IMAGE_HTTP_ERROR) from e
+                raise FetchError(f"{self.url}: HTTP {e.code} {e.reason}", code=host_codes.IMAGE_HTTP_ERROR) from e
         except urllib.error.URLError as e:
             reason = e.reason
             raise OSError(getattr(reason, "errno", None) or 0, f"cannot reach {self.url}: {reason}") from e
@@ -306,7 +307,7 @@ class _Job:
                     self._reset(fd)
                 self.total = int(length) if length and length.isdigit() else None
             else:
-                raise FetchError(f"{self.url}: unexpected HTTP {resp.status}", code="host.image.http_error")
+                raise FetchError(f"{self.url}: unexpected HTTP {resp.status}", code=host_codes.IMAGE_HTTP_ERROR)
             self._start(fd, start)
             return self._stream(fd, resp)
 
@@ -315,11 +316,11 @@ class _Job:
         try:
             src = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as e:
-            raise SourceError(f"cannot open {path}: {e.strerror}", code="host.image.source_missing") from e
+            raise SourceError(f"cannot open {path}: {e.strerror}", code=host_codes.IMAGE_SOURCE_MISSING) from e
         with os.fdopen(src, "rb") as f:
             st = os.fstat(f.fileno())
             if not stat.S_ISREG(st.st_mode):
-                raise SourceError(f"{path} is not a regular file", code="host.image.not_regular")
+                raise SourceError(f"{path} is not a regular file", code=host_codes.IMAGE_NOT_REGULAR)
             if self.have > st.st_size:
                 raise _Restart
             self.total = st.st_size

@@ -6,6 +6,7 @@ Each heal re-checks that its target is still an orphan before removing it.
 
 from __future__ import annotations
 
+from host_reconciler import codes as host_codes
 from host_reconciler import domains
 from host_reconciler.actions import Action
 from host_reconciler.context import Context, Result, one_slot, require_vm
@@ -31,7 +32,7 @@ def _planned_names(ctx: Context) -> set[str]:
 def remove_orphan_domain(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
     name = action.target
     if not name.startswith(domains.PREFIX) or name in _planned_names(ctx):
-        raise PermanentError(f"{name!r} is not an orphan of this host", code="host.heal.not_orphan")
+        raise PermanentError(f"{name!r} is not an orphan of this host", code=host_codes.HEAL_NOT_ORPHAN)
     ctx.drivers.domains.destroy(name)
     ctx.drivers.domains.undefine(name)
     return {}
@@ -39,13 +40,13 @@ def remove_orphan_domain(ctx: Context, action: Action, vm: VmSpec | None) -> Res
 
 def remove_stale_reservation(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
     if action.target in {v.name for v in ctx.plan.vms}:
-        raise PermanentError(f"{action.target} belongs to a planned VM", code="host.heal.not_orphan")
+        raise PermanentError(f"{action.target} belongs to a planned VM", code=host_codes.HEAL_NOT_ORPHAN)
     return {"removed": ctx.drivers.dhcp.remove_reservation(action.target)}
 
 
 def remove_orphan_seed(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
     if action.target in _planned_names(ctx):
-        raise PermanentError(f"{action.target} belongs to a plan entry", code="host.heal.not_orphan")
+        raise PermanentError(f"{action.target} belongs to a plan entry", code=host_codes.HEAL_NOT_ORPHAN)
     return {"removed": ctx.state.remove_seed(action.target)}
 
 
@@ -57,6 +58,6 @@ def remove_orphan_lease(ctx: Context, action: Action, vm: VmSpec | None) -> Resu
         return {}
     disk = next((s.nvme_device for s in ctx.plan.slots if s.slot_index == slot), None)
     if disk and any(disk in d.facts.disks for d in ctx.drivers.domains.domains().values()):
-        raise TemporaryError(f"slot {slot} disk is still attached to a domain", code="host.heal.lease_in_use")
+        raise TemporaryError(f"slot {slot} disk is still attached to a domain", code=host_codes.HEAL_LEASE_IN_USE)
     ctx.state.release_lease(slot, holder)
     return {"released": holder}

@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from host_reconciler import codes as host_codes
 from host_reconciler.statuses import HostStatus
 from schemas import dberrors, hostplans, hostrows
 from schemas.errors import PermanentError
@@ -48,7 +49,7 @@ def create_node_role(conn: psycopg.Connection[Any], node: str, password: str) ->
     with dberrors.wrapped(f"create the role of node {node}"):
         row = conn.execute("SELECT gpuaas_create_node_role(%s, %s)", (node, password)).fetchone()
     if row is None:
-        raise PermanentError(f"no role created for {node}", code="host.store.role")
+        raise PermanentError(f"no role created for {node}", code=host_codes.STORE_ROLE)
     return NodeCredentials(node, str(row[0]), password)
 
 
@@ -65,9 +66,9 @@ def read_plan(conn: psycopg.Connection[Any], node: str) -> hostplans.HostPlan | 
     try:
         plan = hostplans.from_json(doc)
     except (TypeError, KeyError, ValueError) as e:
-        raise PermanentError(f"host plan of {node} does not decode: {e}", code="host.plan.invalid") from e
+        raise PermanentError(f"host plan of {node} does not decode: {e}", code=host_codes.PLAN_INVALID) from e
     if plan.node != node:
-        raise PermanentError(f"host plan row of {node} names node {plan.node}", code="host.plan.wrong_node")
+        raise PermanentError(f"host plan row of {node} names node {plan.node}", code=host_codes.PLAN_WRONG_NODE)
     return plan
 
 

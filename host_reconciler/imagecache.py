@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from host_reconciler import codes as host_codes
 from schemas.errors import PermanentError, TemporaryError
 
 _HEX = re.compile(r"[0-9a-f]{64}")  # always fullmatch: `$` would take a trailing newline
@@ -46,14 +47,16 @@ DEFAULT_MAX_BYTES = 64 << 30  # seed 002: 64 GiB cap on one download
 
 
 class CacheError(PermanentError):
-    code = "host.image.cache"
+    code = host_codes.IMAGE_CACHE
 
 
 def digest_hex(digest: str) -> str:
     """`sha256:HEX` or `HEX` -> HEX (64 lowercase hex characters), or CacheError."""
     hexpart = digest.removeprefix("sha256:") if isinstance(digest, str) else ""
     if not _HEX.fullmatch(hexpart):
-        raise CacheError(f"{digest!r} is not a sha256 digest (sha256:<64 lowercase hex>)", code="host.image.bad_digest")
+        raise CacheError(
+            f"{digest!r} is not a sha256 digest (sha256:<64 lowercase hex>)", code=host_codes.IMAGE_BAD_DIGEST
+        )
     return hexpart
 
 
@@ -117,7 +120,7 @@ class ImageCache:
             d.mkdir(parents=True, exist_ok=True, mode=0o700)
             if not stat.S_ISDIR(os.lstat(d).st_mode):
                 raise CacheError(
-                    f"{d} is not a directory (a link?); the image cache refuses it", code="host.image.cache_unsafe"
+                    f"{d} is not a directory (a link?); the image cache refuses it", code=host_codes.IMAGE_CACHE_UNSAFE
                 )
 
     def path(self, digest: str) -> Path:
@@ -261,7 +264,7 @@ class ImageCache:
                     if not wait or (deadline is not None and time.monotonic() >= deadline):
                         raise TemporaryError(
                             f"image sha256:{digest_hex(digest)} is being fetched or used by another process",
-                            code="host.image.fetch_busy",
+                            code=host_codes.IMAGE_FETCH_BUSY,
                             delay=5.0,
                         ) from e
                     time.sleep(0.1)

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from host_reconciler import codes as host_codes
 from host_reconciler import fetching, imagecache, settings
 from host_reconciler.localstate import LocalState
 from schemas import output, plugins, progress
@@ -69,7 +70,7 @@ def run_pull(args: argparse.Namespace) -> int:
     cache = _cache(args, s)
     max_bytes = args.max_bytes if args.max_bytes is not None else s.image_max_bytes
     if max_bytes <= 0:
-        raise UsageError("--max-bytes must be positive", code="host.image.bad_cap")
+        raise UsageError("--max-bytes must be positive", code=host_codes.IMAGE_BAD_CAP)
     try:
         # Progress on stderr (a live line on a terminal, periodic lines otherwise): stdout keeps the path or JSON.
         with progress.for_args(args, "image pull") as shown, shown.phase("fetch", unit="bytes") as ph:

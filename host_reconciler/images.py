@@ -29,6 +29,7 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
+from host_reconciler import codes as host_codes
 from schemas.errors import PermanentError, TemporaryError
 from schemas.hostplans import ImageRef
 
@@ -38,7 +39,7 @@ FORMATS = frozenset({"raw", "qcow2"})
 
 
 class ImageError(PermanentError):
-    code = "host.image.invalid"
+    code = host_codes.IMAGE_INVALID
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,17 +73,17 @@ def resolve(image_dir: Path, image: ImageRef) -> Path:
     if not _REF.match(ref) or ref.startswith("/") or ".." in parts or "." in parts:
         raise ImageError(
             f"image source_ref {ref!r} is not a relative path in the image store",
-            code="host.image.bad_ref",
+            code=host_codes.IMAGE_BAD_REF,
         )
     if image.image_format not in FORMATS:
         raise ImageError(
             f"image format {image.image_format!r} cannot be written to a raw disk",
-            code="host.image.format",
+            code=host_codes.IMAGE_FORMAT,
         )
     root = image_dir.resolve()
     path = (root / ref).resolve()
     if root not in path.parents:
-        raise ImageError(f"image {ref!r} resolves outside {root}", code="host.image.bad_ref")
+        raise ImageError(f"image {ref!r} resolves outside {root}", code=host_codes.IMAGE_BAD_REF)
     return path
 
 
@@ -92,7 +93,7 @@ def source_url(image: ImageRef, *, image_dir: Path, base_url: str | None, allow_
     if image.image_format not in FORMATS:
         raise ImageError(
             f"image format {image.image_format!r} cannot be written to a raw disk",
-            code="host.image.format",
+            code=host_codes.IMAGE_FORMAT,
         )
     scheme = urllib.parse.urlsplit(ref).scheme
     if scheme in ("http", "https"):
@@ -101,7 +102,7 @@ def source_url(image: ImageRef, *, image_dir: Path, base_url: str | None, allow_
         if not allow_file:
             raise ImageError(
                 f"image {image.slug} is a file:// image and this host does not take them (allow_file_images)",
-                code="host.image.file_source_off",
+                code=host_codes.IMAGE_FILE_SOURCE_OFF,
             )
         return ref
     staged = resolve(image_dir, image)
@@ -111,7 +112,7 @@ def source_url(image: ImageRef, *, image_dir: Path, base_url: str | None, allow_
         return urllib.parse.urljoin(base_url.rstrip("/") + "/", urllib.parse.quote(ref))
     raise ImageError(
         f"image {image.slug}: {ref!r} is not staged under {image_dir} and the host has no image_base_url",
-        code="host.image.no_source",
+        code=host_codes.IMAGE_NO_SOURCE,
     )
 
 
@@ -119,7 +120,7 @@ def expected_digest(image: ImageRef) -> str:
     if not image.digest_sha256 or not _DIGEST.match(image.digest_sha256):
         raise ImageError(
             f"image {image.slug} has no sha256 digest; an unverified image is never written",
-            code="host.image.no_digest",
+            code=host_codes.IMAGE_NO_DIGEST,
         )
     return image.digest_sha256
 
@@ -136,11 +137,13 @@ def verify(path: Path, digest: str) -> VerifiedImage:
     try:
         st = path.stat()
     except FileNotFoundError as e:
-        raise TemporaryError(f"image {path} is not in the host cache yet", code="host.image.missing", delay=30.0) from e
+        raise TemporaryError(
+            f"image {path} is not in the host cache yet", code=host_codes.IMAGE_MISSING, delay=30.0
+        ) from e
     got = sha256_file(path)
     if got != digest:
         raise ImageError(
             f"image {path} has sha256 {got}, the claim says {digest}",
-            code="host.image.digest_mismatch",
+            code=host_codes.IMAGE_DIGEST_MISMATCH,
         )
     return VerifiedImage(str(path), digest, st.st_size, st.st_ino, st.st_mtime_ns)

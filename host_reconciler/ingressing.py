@@ -10,6 +10,7 @@ being wiped or to a VM that is gone.
 
 from __future__ import annotations
 
+from host_reconciler import codes as host_codes
 from host_reconciler import ingresses
 from host_reconciler.actions import Action
 from host_reconciler.context import Context, Result, require_vm
@@ -20,7 +21,7 @@ from schemas.hostplans import VmSpec
 
 def _driver(ctx: Context, action: Action) -> IngressDriver:
     if ctx.drivers.ingress is None:
-        raise PermanentError(f"{action.step}: this host runs no ingress driver", code="host.ingress.no_driver")
+        raise PermanentError(f"{action.step}: this host runs no ingress driver", code=host_codes.INGRESS_NO_DRIVER)
     return ctx.drivers.ingress
 
 

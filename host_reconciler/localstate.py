@@ -26,6 +26,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from host_reconciler import codes as host_codes
 from host_reconciler.observations import Failure, PhaseRecord, Progress, WipeRecord
 from schemas.errors import PermanentError, TemporaryError
 
@@ -33,7 +34,7 @@ _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}$")
 
 
 class StateError(PermanentError):
-    code = "host.state.invalid"
+    code = host_codes.STATE_INVALID
 
 
 def _safe(name: str) -> str:
@@ -113,7 +114,7 @@ class LocalState:
             except BlockingIOError as e:
                 raise TemporaryError(
                     f"another host reconciler holds {self.root}/host.lock",
-                    code="host.state.locked",
+                    code=host_codes.STATE_LOCKED,
                     delay=5.0,
                 ) from e
             self.sweep()

@@ -50,6 +50,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from host_reconciler import codes as host_codes
 from host_reconciler import listening
 from schemas.errors import UsageError
 
@@ -187,7 +188,7 @@ def parse_listen(value: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise UsageError(
             f"--metrics-listen {value!r}: expected HOST:PORT, for example 127.0.0.1:9101",
-            code="host.metrics.listen_invalid",
+            code=host_codes.METRICS_LISTEN_INVALID,
         )
     return host, int(port)
 
@@ -202,7 +203,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.dumps(
                 {
                     "error": {
-                        "code": "host.metrics.host_not_allowed",
+                        "code": host_codes.METRICS_HOST_NOT_ALLOWED,
                         "message": "this listener does not serve that Host name (--metrics-allow-host)",
                     }
                 }
@@ -213,7 +214,7 @@ class _Handler(BaseHTTPRequestHandler):
             status, ctype, body = 200, "application/json", json.dumps(self.server.metrics.health()).encode()
         else:
             status, ctype = 404, "application/json"
-            body = json.dumps({"error": {"code": "host.metrics.not_found", "message": f"no {path}"}}).encode()
+            body = json.dumps({"error": {"code": host_codes.METRICS_NOT_FOUND, "message": f"no {path}"}}).encode()
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
@@ -249,7 +250,7 @@ class Server:
             self._httpd = _HTTPServer((host, port), metrics, allowed)
         except OSError as e:
             raise UsageError(
-                f"--metrics-listen {listen}: cannot bind: {e.strerror or e}", code="host.metrics.bind_failed"
+                f"--metrics-listen {listen}: cannot bind: {e.strerror or e}", code=host_codes.METRICS_BIND_FAILED
             ) from e
         bound = self._httpd.server_address
         self.url = f"http://{host if ':' not in host else f'[{host}]'}:{bound[1]}"

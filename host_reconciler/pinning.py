@@ -25,6 +25,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from host_reconciler import codes as host_codes
 from schemas.errors import PermanentError
 from schemas.hostplans import SlotBundle, VmSpec
 
@@ -32,7 +33,7 @@ HUGEPAGE_KIB = {"1G": 1048576, "2M": 2048}
 
 
 class TopologyError(PermanentError):
-    code = "host.topology.invalid"
+    code = host_codes.TOPOLOGY_INVALID
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +60,7 @@ class HostTopology:
                 return c
         raise TopologyError(
             f"NUMA node {node} is not on this host (cells: {[c.id for c in self.cells]})",
-            code="host.topology.numa_node_missing",
+            code=host_codes.TOPOLOGY_NUMA_NODE_MISSING,
         )
 
 
@@ -160,7 +161,7 @@ def slot_shares(
         if per == 0:
             raise TopologyError(
                 f"NUMA node {node} has {len(usable)} usable CPUs for {len(indexes)} slots",
-                code="host.topology.too_few_cpus",
+                code=host_codes.TOPOLOGY_TOO_FEW_CPUS,
             )
         for pos, idx in enumerate(sorted(indexes)):
             shares[idx] = usable[pos * per : (pos + 1) * per]
@@ -197,7 +198,7 @@ def place_vcpus(
             raise TopologyError(
                 f"{vm.allocation_id} asks {count} vCPUs on NUMA node {node}, but its slots there "
                 f"give {len(available)} CPUs ({format_cpuset(available)})",
-                code="host.topology.vcpus_exceed_share",
+                code=host_codes.TOPOLOGY_VCPUS_EXCEED_SHARE,
             )
         start = len(pins)
         pins.extend(available[:count])

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from host_reconciler import cloudinit, devicereports, domains, fetching, imagecache, images, pinning
+from host_reconciler import codes as host_codes
 from host_reconciler.actions import PROVISION_STEPS, Action, Step
 from host_reconciler.context import Context, Result, require_vm
 from host_reconciler.drivers.protocols import (
@@ -43,7 +44,9 @@ def lease(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
     for b in v.bundles:
         if not ctx.state.acquire_lease(b.slot_index, v.allocation_id):
             holder = ctx.state.read_leases().get(b.slot_index, held.get(b.slot_index))
-            raise TemporaryError(f"slot {b.slot_index} is still held by {holder}", code="host.lease.busy", delay=5.0)
+            raise TemporaryError(
+                f"slot {b.slot_index} is still held by {holder}", code=host_codes.LEASE_BUSY, delay=5.0
+            )
     return {}
 
 
@@ -55,19 +58,19 @@ def host_checks(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
             ctx.drivers.network.ensure_bridge(net)
             ctx.drivers.network.ensure_nat(net)
         elif not ctx.drivers.network.bridge_exists(net.bridge):
-            raise PermanentError(f"management bridge {net.bridge} is missing", code="host.network.no_bridge")
+            raise PermanentError(f"management bridge {net.bridge} is missing", code=host_codes.NETWORK_NO_BRIDGE)
     ctx.drivers.dhcp.ensure_running(net)
     opts = ctx.options()
     if opts.domain_type == "kvm" and not Path("/dev/kvm").exists():
         raise PermanentError(
             "/dev/kvm is missing: virtualization is off or kvm is not loaded",
-            code="host.kvm_missing",
+            code=host_codes.KVM_MISSING,
         )
     placement = ctx.placement(v)
     if v.hugepages:
         size = pinning.HUGEPAGE_KIB.get(v.hugepage_size or "1G")
         if size is None:
-            raise PermanentError(f"hugepage size {v.hugepage_size!r} is not 1G or 2M", code="host.hugepages.size")
+            raise PermanentError(f"hugepage size {v.hugepage_size!r} is not 1G or 2M", code=host_codes.HUGEPAGES_SIZE)
         cells = placement.guest_cells or (pinning.GuestCell(placement.nodeset[0], (), v.memory_mib),)
         for cell in cells:
             need = -(-cell.memory_mib * 1024 // size)
@@ -76,7 +79,7 @@ def host_checks(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
                 raise PermanentError(
                     f"{v.allocation_id} needs {need} x {v.hugepage_size or '1G'} pages on NUMA "
                     f"node {cell.host_node}, the host has {free} free",
-                    code="host.hugepages.unavailable",
+                    code=host_codes.HUGEPAGES_UNAVAILABLE,
                 )
     for b in v.bundles:
         with _identity_blocks(ctx, v, b.slot_index, action.step):
@@ -133,14 +136,14 @@ def vfio_check(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
         for address in filter(None, (b.gpu_pci_address, b.fabric_vf_pci_address)):
             dev = ctx.drivers.pci.inspect(address)
             if not dev.present:
-                raise PciError(f"slot {b.slot_index}: {address} is not on the PCI bus", code="host.pci.missing")
+                raise PciError(f"slot {b.slot_index}: {address} is not on the PCI bus", code=host_codes.PCI_MISSING)
             if dev.driver == VFIO:
                 continue
             if not ctx.settings.vfio_bind:
                 raise PciError(
                     f"slot {b.slot_index}: {address} is bound to {dev.driver or 'no driver'}, "
                     f"not {VFIO} (host bootstrap binds it; vfio_bind is off)",
-                    code="host.pci.not_vfio",
+                    code=host_codes.PCI_NOT_VFIO,
                 )
             ctx.drivers.pci.bind_vfio(address)
             bound.append(address)
@@ -150,7 +153,7 @@ def vfio_check(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
 def _no_image(ctx: Context, v: VmSpec) -> Result:
     if ctx.settings.direct_kernel is not None:
         return {"image": None, "skipped": "direct kernel boot"}
-    raise PermanentError(f"{v.allocation_id} names no image", code="host.image.none")
+    raise PermanentError(f"{v.allocation_id} names no image", code=host_codes.IMAGE_NONE)
 
 
 def image_fetch(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
@@ -173,7 +176,7 @@ def image_fetch(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
             raise TemporaryError(
                 f"image {v.image.slug if v.image else '?'} needs {incoming} bytes, {cache.root} has {free} free "
                 "after eviction (in-use and pinned images stay)",
-                code="host.image.no_space",
+                code=host_codes.IMAGE_NO_SPACE,
                 delay=60.0,
             )
 
@@ -238,7 +241,7 @@ def disk_write(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
     if users:
         raise DiskRefused(
             f"{boot.nvme_device} is the disk of running domain(s) {', '.join(users)}",
-            code="host.disk.in_use_by_domain",
+            code=host_codes.DISK_IN_USE_BY_DOMAIN,
             device=boot.nvme_device,
         )
     digest = images.expected_digest(v.image)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from host_reconciler import codes as host_codes
 from host_reconciler.actions import Action, Step
 from host_reconciler.context import Context, Result, one_slot, require_vm
 from host_reconciler.drivers.protocols import VFIO, PciError
@@ -53,7 +54,7 @@ def hard_stop(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
 def undefine(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
     v = require_vm(vm, action)
     if _running(ctx.drivers.domains.state(v.name)):
-        raise TemporaryError(f"{v.name} is still running; not undefining it", code="host.domain.still_running")
+        raise TemporaryError(f"{v.name} is still running; not undefining it", code=host_codes.DOMAIN_STILL_RUNNING)
     ctx.drivers.domains.undefine(v.name)
     return {}
 
@@ -73,7 +74,7 @@ def wipe(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
     if users:  # a defined domain (running or not) still names this disk: never wipe under it
         raise TemporaryError(
             f"slot {slot}: {sd.device} belongs to domain(s) {', '.join(users)}",
-            code="host.disk.in_use_by_domain",
+            code=host_codes.DISK_IN_USE_BY_DOMAIN,
             delay=5.0,
         )
     evidence = ctx.drivers.disks.wipe(sd)
@@ -99,7 +100,7 @@ def verify(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
 class HealthFailed(PermanentError):
     """A slot's device did not come back healthy: the slot is blocked with this evidence."""
 
-    code = "host.health.failed"
+    code = host_codes.HEALTH_FAILED
 
     def __init__(self, message: str, *, code: str, evidence: dict[str, Any]) -> None:
         super().__init__(message, code=code)
@@ -122,7 +123,7 @@ def reset_claimed(ctx: Context, vm: VmSpec, slot: int, address: str) -> dict[str
     if address not in {a for _, a in claimed_devices(vm, slot)}:
         raise PciError(
             f"slot {slot}: {address} is not a device of {vm.allocation_id}'s claim; not resetting it",
-            code="host.health.not_claimed",
+            code=host_codes.HEALTH_NOT_CLAIMED,
         )
     return ctx.drivers.pci.reset(address)
 
@@ -138,7 +139,7 @@ def slot_health(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
     if holders:  # a defined domain still names the device: never reset under it
         raise TemporaryError(
             f"slot {slot}: its devices belong to domain(s) {', '.join(holders)}",
-            code="host.health.in_use_by_domain",
+            code=host_codes.HEALTH_IN_USE_BY_DOMAIN,
             delay=5.0,
         )
     journal = ctx.state.read_journal(v.allocation_id)
@@ -165,7 +166,7 @@ def slot_health(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
         if before is None or not first.present:
             raise HealthFailed(
                 f"slot {slot}: {role} {address} is not on the PCI bus",
-                code="host.health.device_missing",
+                code=host_codes.HEALTH_DEVICE_MISSING,
                 evidence=evidence,
             )
         entry["identity"] = before.as_dict()
@@ -173,7 +174,7 @@ def slot_health(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
             entry["driver"] = first.driver
             raise HealthFailed(
                 f"slot {slot}: {role} {address} is on {first.driver or 'no driver'}, not {VFIO}; not resetting it",
-                code="host.health.not_vfio",
+                code=host_codes.HEALTH_NOT_VFIO,
                 evidence=evidence,
             )
         t = ctx.clock()
@@ -188,20 +189,20 @@ def slot_health(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
         if not after.present or now is None:
             raise HealthFailed(
                 f"slot {slot}: {role} {address} left the bus after its reset",
-                code="host.health.device_lost",
+                code=host_codes.HEALTH_DEVICE_LOST,
                 evidence=evidence,
             )
         if after.driver != VFIO:
             raise HealthFailed(
                 f"slot {slot}: {role} {address} is on {after.driver or 'no driver'} after its reset, not {VFIO}",
-                code="host.health.not_vfio",
+                code=host_codes.HEALTH_NOT_VFIO,
                 evidence=evidence,
             )
         if now != before:
             entry["identity_after"] = now.as_dict()
             raise HealthFailed(
                 f"slot {slot}: {role} {address} changed identity across its reset",
-                code="host.health.identity_changed",
+                code=host_codes.HEALTH_IDENTITY_CHANGED,
                 evidence=evidence,
             )
     evidence.update(
@@ -220,10 +221,10 @@ def report_free(ctx: Context, action: Action, vm: VmSpec | None) -> Result:
     slot = one_slot(action)
     rec = ctx.state.read_wipes().get(slot)
     if rec is None or rec.allocation_id != v.allocation_id or not rec.verified:
-        raise PermanentError(f"slot {slot} has no verified wipe for {v.allocation_id}", code="host.wipe.unproven")
+        raise PermanentError(f"slot {slot} has no verified wipe for {v.allocation_id}", code=host_codes.WIPE_UNPROVEN)
     if not rec.healthy:
         raise PermanentError(
-            f"slot {slot} has not passed its health step for {v.allocation_id}", code="host.health.unproven"
+            f"slot {slot} has not passed its health step for {v.allocation_id}", code=host_codes.HEALTH_UNPROVEN
         )
     ctx.state.release_lease(slot, v.allocation_id)
     return {}

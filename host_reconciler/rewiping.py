@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from host_reconciler import codes as host_codes
 from host_reconciler.localstate import LocalState
 from schemas.hostplans import HostPlan
 
@@ -23,13 +24,13 @@ def answer(state: LocalState, plan: HostPlan, slot: int) -> tuple[str, dict[str,
     rec = state.read_wipes().get(slot)
     if rec is None or not rec.blocked:
         return REFUSED, {
-            "code": "host.rewipe.not_blocked",
+            "code": host_codes.REWIPE_NOT_BLOCKED,
             "message": f"slot {slot} is not cleanup_blocked on {plan.node}; nothing to rewipe",
         }
     releases = {vm.allocation_id for vm in plan.releases if any(b.slot_index == slot for b in vm.bundles)}
     if rec.allocation_id not in releases:
         return REFUSED, {
-            "code": "host.rewipe.no_release",
+            "code": host_codes.REWIPE_NO_RELEASE,
             "message": f"slot {slot} was blocked for {rec.allocation_id}, whose release is no longer "
             "in this host's plan",
         }

@@ -66,6 +66,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from host_reconciler import codes as host_codes
 from host_reconciler.actions import DriftMode
 from host_reconciler.domains import DirectKernel, DomainOptions, default_domain_type
 from host_reconciler.drivers.protocols import DiskSettings
@@ -77,7 +78,7 @@ AUTO: Literal["auto"] = "auto"
 
 
 class SettingsError(PermanentError):
-    code = "host.settings.invalid"
+    code = host_codes.SETTINGS_INVALID
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +178,7 @@ def from_dict(node: str, doc: dict[str, Any]) -> HostSettings:
     known = {f.name for f in fields(HostSettings)} - {"node", "extra"}
     unknown = sorted(set(doc) - known)
     if unknown:
-        raise SettingsError(f"unknown host settings: {', '.join(unknown)}", code="host.settings.unknown")
+        raise SettingsError(f"unknown host settings: {', '.join(unknown)}", code=host_codes.SETTINGS_UNKNOWN)
     values: dict[str, Any] = {}
     for k, v in doc.items():
         if k == "discovery_root" and v == AUTO:
@@ -246,12 +247,12 @@ def load(node: str, path: Path | None = None) -> HostSettings:
 
     try:
         doc = json.loads(
-            inputfiles.read_bytes(p, limit=inputfiles.MIB, code="host.settings.unreadable", what="host settings")
+            inputfiles.read_bytes(p, limit=inputfiles.MIB, code=host_codes.SETTINGS_UNREADABLE, what="host settings")
         )
     except PermanentError as e:
-        raise SettingsError(e.message, code="host.settings.unreadable") from e
+        raise SettingsError(e.message, code=host_codes.SETTINGS_UNREADABLE) from e
     except ValueError as e:  # json's message names a position, never the content
-        raise SettingsError(f"cannot read host settings {p}: {e}", code="host.settings.unreadable") from e
+        raise SettingsError(f"cannot read host settings {p}: {e}", code=host_codes.SETTINGS_UNREADABLE) from e
     if not isinstance(doc, dict):
         raise SettingsError(f"{p} must hold a JSON object")
     return from_dict(node, doc)

@@ -13,6 +13,7 @@ import enum
 from dataclasses import dataclass
 
 from desired import models as m
+from policies import codes as policies_codes
 
 
 class Capability(enum.StrEnum):
@@ -22,10 +23,10 @@ class Capability(enum.StrEnum):
 
 
 # Stable reason codes for a slice candidate. Do not change the string values.
-NO_SLICE_TAG = "node.no_slice_profile_tag"
-FIRMWARE_NOT_READY = "node.firmware_not_ready"
-NO_APPROVED_SLOTS = "node.no_approved_slots"
-STORAGE_NOT_SLICE = "node.storage_not_slice"
+NO_SLICE_TAG = policies_codes.NODE_NO_SLICE_PROFILE_TAG
+FIRMWARE_NOT_READY = policies_codes.NODE_FIRMWARE_NOT_READY
+NO_APPROVED_SLOTS = policies_codes.NODE_NO_APPROVED_SLOTS
+STORAGE_NOT_SLICE = policies_codes.NODE_STORAGE_NOT_SLICE
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,8 +23,6 @@ DRIFT_IDENTITY_CHANGED = "drift.identity.changed"
 DRIFT_PCI_MISSING = "drift.pci.missing"
 # blocking drift: a slot's GPU or VF is not bound to vfio-pci
 DRIFT_PCI_NOT_VFIO = "drift.pci.not_vfio"
-# the stored report was malformed: nothing it says can be trusted
-DRIFT_REPORT_INVALID = "drift.report.invalid"
 # node evidence: blocking drift on every reported slot
 HOST_DRIFT_EVERY_SLOT = "host.drift.every_slot"
 # the slot's last wipe or verify failed (cleanup_blocked on the host)

@@ -14,21 +14,22 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from desired import models as m
+from policies import codes as policies_codes
 
 # Stable reason codes. Do not change the string values.
-NOT_APPROVED = "slot.not_approved"
-DISABLED = "slot.disabled"
-NO_STORAGE_OWNERSHIP = "slot.storage_not_slice"
-NO_WIPE_POLICY = "slot.no_wipe_policy"
-NOT_PER_SLOT_VF = "slot.fabric_not_per_slot_vf"
-NO_VF_ADDRESS = "slot.no_vf_address"
-SHARED_VF = "slot.vf_shared"
-NOT_EXCLUSIVE = "slot.not_exclusive_device"
-HAS_PARENT = "slot.child_slot"
-MULTI_CLAIM = "slot.max_claims"
-FRACTIONAL = "slot.fractional_compute"
-HAS_BLOCKERS = "slot.discovery_blockers"
-NO_DISK_IDENTITY = "disk.identity_missing"
+NOT_APPROVED = policies_codes.SLOT_NOT_APPROVED
+DISABLED = policies_codes.SLOT_DISABLED
+NO_STORAGE_OWNERSHIP = policies_codes.SLOT_STORAGE_NOT_SLICE
+NO_WIPE_POLICY = policies_codes.SLOT_NO_WIPE_POLICY
+NOT_PER_SLOT_VF = policies_codes.SLOT_FABRIC_NOT_PER_SLOT_VF
+NO_VF_ADDRESS = policies_codes.SLOT_NO_VF_ADDRESS
+SHARED_VF = policies_codes.SLOT_VF_SHARED
+NOT_EXCLUSIVE = policies_codes.SLOT_NOT_EXCLUSIVE_DEVICE
+HAS_PARENT = policies_codes.SLOT_CHILD_SLOT
+MULTI_CLAIM = policies_codes.SLOT_MAX_CLAIMS
+FRACTIONAL = policies_codes.SLOT_FRACTIONAL_COMPUTE
+HAS_BLOCKERS = policies_codes.SLOT_DISCOVERY_BLOCKERS
+NO_DISK_IDENTITY = policies_codes.DISK_IDENTITY_MISSING
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,11 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from desired import models as m
+from policies import codes as policies_codes
 
 # Stable reason codes. Do not change the string values.
-FABRIC_MISMATCH = "slot.fabric_mismatch"
-MODEL_MISMATCH = "slot.model_mismatch"
-SKU_PINNED = "slot.pinned_to_other_sku"
+FABRIC_MISMATCH = policies_codes.SLOT_FABRIC_MISMATCH
+MODEL_MISMATCH = policies_codes.SLOT_MODEL_MISMATCH
+SKU_PINNED = policies_codes.SLOT_PINNED_TO_OTHER_SKU
 
 _SERVES: dict[m.Fabric, frozenset[m.Fabric]] = {
     m.Fabric.INFINIBAND: frozenset({m.Fabric.INFINIBAND}),

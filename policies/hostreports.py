@@ -22,21 +22,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from policies import codes as policies_codes
+from schemas import codes as schemas_codes
+
 # The host's blocking drift (host_reconciler.actions.BLOCKING_DRIFT; a test keeps the two equal).
 BLOCKING = frozenset(
     {
-        "drift.disk.missing",
-        "drift.disk.mounted",
-        "drift.disk.signature_present",
-        "drift.disk.os_disk",
-        "drift.pci.not_vfio",
-        "drift.pci.missing",
-        "drift.identity.changed",
+        policies_codes.DRIFT_DISK_MISSING,
+        policies_codes.DRIFT_DISK_MOUNTED,
+        policies_codes.DRIFT_DISK_SIGNATURE_PRESENT,
+        policies_codes.DRIFT_DISK_OS_DISK,
+        policies_codes.DRIFT_PCI_NOT_VFIO,
+        policies_codes.DRIFT_PCI_MISSING,
+        policies_codes.DRIFT_IDENTITY_CHANGED,
     }
 )
-INVALID = "drift.report.invalid"  # the stored report was malformed: nothing it says can be trusted
-WIPE_FAILED = "host.wipe.failed"  # the slot's last wipe or verify failed (cleanup_blocked on the host)
-EVERY_SLOT = "host.drift.every_slot"  # node evidence: blocking drift on every reported slot
+INVALID = schemas_codes.DRIFT_REPORT_INVALID  # the stored report was malformed: nothing it says can be trusted
+WIPE_FAILED = policies_codes.HOST_WIPE_FAILED  # the slot's last wipe or verify failed (cleanup_blocked on the host)
+EVERY_SLOT = policies_codes.HOST_DRIFT_EVERY_SLOT  # node evidence: blocking drift on every reported slot
 
 
 def slot_block(codes: Iterable[str], *, wipe_failed: bool = False) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from desired import models as m
+from policies import codes as policies_codes
 from policies.capability import Capability
 
 
@@ -49,16 +50,16 @@ class Target(enum.StrEnum):
 
 
 # Stable reason codes. Do not change the string values.
-NOT_SLICE_CAPABLE = "node.mode.not_slice_capable"
-STORAGE_NOT_SLICE = "node.mode.storage_not_slice"
-NO_FREE_SLOTS = "node.mode.no_free_slots"
-BAREMETAL_ACTIVE = "node.mode.baremetal_active"
-SLICE_ACTIVE = "node.mode.slice_active"
-CLEANUP_PENDING = "node.mode.cleanup_pending"
-CLEANUP_BLOCKED = "node.mode.cleanup_blocked"
-DRAINING = "node.mode.draining"
-MAINTENANCE = "node.mode.maintenance"
-UNAVAILABLE = "node.mode.unavailable"
+NOT_SLICE_CAPABLE = policies_codes.NODE_MODE_NOT_SLICE_CAPABLE
+STORAGE_NOT_SLICE = policies_codes.NODE_MODE_STORAGE_NOT_SLICE
+NO_FREE_SLOTS = policies_codes.NODE_MODE_NO_FREE_SLOTS
+BAREMETAL_ACTIVE = policies_codes.NODE_MODE_BAREMETAL_ACTIVE
+SLICE_ACTIVE = policies_codes.NODE_MODE_SLICE_ACTIVE
+CLEANUP_PENDING = policies_codes.NODE_MODE_CLEANUP_PENDING
+CLEANUP_BLOCKED = policies_codes.NODE_MODE_CLEANUP_BLOCKED
+DRAINING = policies_codes.NODE_MODE_DRAINING
+MAINTENANCE = policies_codes.NODE_MODE_MAINTENANCE
+UNAVAILABLE = policies_codes.NODE_MODE_UNAVAILABLE
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,12 +14,13 @@ import re
 from dataclasses import dataclass
 
 from desired import models as m
+from policies import codes as policies_codes
 from schemas import snapshots
 
 # Stable reason codes. Do not change the string values.
-NO_PROFILE = "plan.profile.none"
-UNKNOWN_PROFILE = "plan.profile.unknown"
-COUNT_MISMATCH = "plan.profile.gpu_count_mismatch"
+NO_PROFILE = policies_codes.PLAN_PROFILE_NONE
+UNKNOWN_PROFILE = policies_codes.PLAN_PROFILE_UNKNOWN
+COUNT_MISMATCH = policies_codes.PLAN_PROFILE_GPU_COUNT_MISMATCH
 
 _NAMED = re.compile(r"^(?P<prefix>.*)_1g_(?P<vcpu>\d+)c_(?P<mem>\d+)g$")
 

@@ -23,6 +23,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from reconciler import codes as reconciler_codes
 from reconciler import parsing
 from schemas import plugins, signals
 from schemas.errors import GpuaasError, UsageError
@@ -90,7 +91,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         raise UsageError(
             f"`gpuaas {first}` comes with the tools, which are not installed: pip install '{plugins.EXTRA}' "
             "(from a checkout: pip install -e tools)",
-            code="cli.tools_missing",
+            code=reconciler_codes.CLI_TOOLS_MISSING,
         )
     else:
         for module in commands():

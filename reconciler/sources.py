@@ -8,6 +8,7 @@ from pathlib import Path
 from desired.reading import gitrepo, loading, safefiles
 from desired.state import LoadResult
 from policies import validation, validationmemo
+from reconciler import codes as reconciler_codes
 from schemas import progress
 from schemas.errors import PermanentError
 
@@ -35,7 +36,7 @@ def load(
     directory, unknown revision); loading.Cancelled when `cancel` says stop.
     """
     if not path.exists():
-        raise PermanentError(f"{path}: no such directory", code="desired.path.missing")
+        raise PermanentError(f"{path}: no such directory", code=reconciler_codes.DESIRED_PATH_MISSING)
     with loading.collector_paused():
         return _load(path, rev, cancel=cancel, cache=cache, check=check or (memo.validate if memo else None))
 

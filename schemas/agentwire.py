@@ -23,20 +23,22 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from schemas import codes as schemas_codes
+
 PREFIX = "/api/v1/agent"
 TOKEN_PREFIX = "gpuaas-node-"  # noqa: S105 - the visible prefix of a node token, not a secret
 MAX_WAIT_S = 50.0  # a watch never outlives the service's per-request time limit
 MAX_REPORT_BYTES = 4 * 1024 * 1024
 
 # Stable codes (never change the strings: agents and dashboards match on them).
-UNAUTHORIZED = "agent.unauthorized"  # no node token, or one the service does not know
-FORBIDDEN = "agent.forbidden"  # a valid token for another node than the path names
-REPORT_INVALID = "agent.report_invalid"  # a report of the wrong shape (or refused by the database's checks)
-REPORT_STALE = "agent.report_stale"  # a report older than the one stored: ignored, nothing written
-REPORT_KIND_UNKNOWN = "agent.report_kind_unknown"
-TOO_LARGE = "agent.report_too_large"
-REWIPE_NOT_FOUND = "agent.rewipe_not_found"  # no such request for this node (another node's is not seen)
-REWIPE_ANSWERED = "agent.rewipe_answered"  # the request was answered already; nothing written
+UNAUTHORIZED = schemas_codes.AGENT_UNAUTHORIZED  # no node token, or one the service does not know
+FORBIDDEN = schemas_codes.AGENT_FORBIDDEN  # a valid token for another node than the path names
+REPORT_INVALID = schemas_codes.AGENT_REPORT_INVALID  # a report of the wrong shape (or refused by the database's checks)
+REPORT_STALE = schemas_codes.AGENT_REPORT_STALE  # a report older than the one stored: ignored, nothing written
+REPORT_KIND_UNKNOWN = schemas_codes.AGENT_REPORT_KIND_UNKNOWN
+TOO_LARGE = schemas_codes.AGENT_REPORT_TOO_LARGE
+REWIPE_NOT_FOUND = schemas_codes.AGENT_REWIPE_NOT_FOUND  # no such request for this node (another node's is not seen)
+REWIPE_ANSWERED = schemas_codes.AGENT_REWIPE_ANSWERED  # the request was answered already; nothing written
 CODES = (
     UNAUTHORIZED,
     FORBIDDEN,

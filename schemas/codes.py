@@ -97,3 +97,17 @@ SNAPSHOT_PROFILE_NONE = "snapshot.profile.none"
 SNAPSHOT_PROFILE_NOT_OBJECT = "snapshot.profile.not_object"
 # a claim snapshot's profile has a key this version does not know
 SNAPSHOT_PROFILE_UNKNOWN_KEY = "snapshot.profile.unknown_key"
+# …; reinstall the tools: pip install '…'
+CLI_TOOL_UNAVAILABLE = "cli.tool_unavailable"
+# gpuaas: commands
+GPUAAS_COMMANDS = "gpuaas.commands"
+# snapshot: claim bad value
+SNAPSHOT_CLAIM_BAD_VALUE = "snapshot.claim.bad_value"
+# snapshot: claim missing key
+SNAPSHOT_CLAIM_MISSING_KEY = "snapshot.claim.missing_key"
+# snapshot: claim not object
+SNAPSHOT_CLAIM_NOT_OBJECT = "snapshot.claim.not_object"
+# snapshot: claim unknown key
+SNAPSHOT_CLAIM_UNKNOWN_KEY = "snapshot.claim.unknown_key"
+# the stored report was malformed: nothing it says can be trusted
+DRIFT_REPORT_INVALID = "drift.report.invalid"

@@ -13,59 +13,60 @@ from contextlib import contextmanager
 import psycopg
 from psycopg import errors as pge
 
+from schemas import codes as schemas_codes
 from schemas.errors import PermanentError, TemporaryError
 
 # constraint or trigger name -> stable code. Do not change the string values.
 CONSTRAINT_CODES = {
-    "claims_one_live_per_slot": "claim.slot_taken",
-    "claims_node_exclusive": "claim.node_overlap",
-    "claims_slot_claimable": "claim.slot_not_claimable",
-    "claims_node_claimable": "claim.node_not_claimable",
-    "claims_allocation_pending": "claim.allocation_not_pending",
-    "claims_allocation_one_node": "claim.allocation_other_node",
-    "claims_not_on_failed_node": "claim.node_failed_before",
-    "claims_created_live": "claim.created_not_live",
-    "claims_immutable": "claim.immutable",
-    "claims_status_transition": "claim.bad_transition",
-    "claims_release_needs_proof": "claim.release_needs_proof",
-    "claims_no_delete": "claim.no_delete",
-    "claims_kind_shape": "claim.kind_shape",
-    "claims_slot_of_node": "claim.slot_of_other_node",
-    "slots_free_without_claim": "slot.free_with_live_claim",
-    "slots_claimed_needs_claim": "slot.claimed_without_claim",
-    "endpoints_one_live_per_port": "ingress.port_taken",
-    "endpoints_one_live_per_guest_port": "ingress.guest_port_taken",
-    "endpoints_ports_exhausted": "ingress.ports_exhausted",
-    "endpoints_no_delete": "ingress.no_delete",
+    "claims_one_live_per_slot": schemas_codes.CLAIM_SLOT_TAKEN,
+    "claims_node_exclusive": schemas_codes.CLAIM_NODE_OVERLAP,
+    "claims_slot_claimable": schemas_codes.CLAIM_SLOT_NOT_CLAIMABLE,
+    "claims_node_claimable": schemas_codes.CLAIM_NODE_NOT_CLAIMABLE,
+    "claims_allocation_pending": schemas_codes.CLAIM_ALLOCATION_NOT_PENDING,
+    "claims_allocation_one_node": schemas_codes.CLAIM_ALLOCATION_OTHER_NODE,
+    "claims_not_on_failed_node": schemas_codes.CLAIM_NODE_FAILED_BEFORE,
+    "claims_created_live": schemas_codes.CLAIM_CREATED_NOT_LIVE,
+    "claims_immutable": schemas_codes.CLAIM_IMMUTABLE,
+    "claims_status_transition": schemas_codes.CLAIM_BAD_TRANSITION,
+    "claims_release_needs_proof": schemas_codes.CLAIM_RELEASE_NEEDS_PROOF,
+    "claims_no_delete": schemas_codes.CLAIM_NO_DELETE,
+    "claims_kind_shape": schemas_codes.CLAIM_KIND_SHAPE,
+    "claims_slot_of_node": schemas_codes.CLAIM_SLOT_OF_OTHER_NODE,
+    "slots_free_without_claim": schemas_codes.SLOT_FREE_WITH_LIVE_CLAIM,
+    "slots_claimed_needs_claim": schemas_codes.SLOT_CLAIMED_WITHOUT_CLAIM,
+    "endpoints_one_live_per_port": schemas_codes.INGRESS_PORT_TAKEN,
+    "endpoints_one_live_per_guest_port": schemas_codes.INGRESS_GUEST_PORT_TAKEN,
+    "endpoints_ports_exhausted": schemas_codes.INGRESS_PORTS_EXHAUSTED,
+    "endpoints_no_delete": schemas_codes.INGRESS_NO_DELETE,
 }
 
 # Refusals a concurrent placement can cause: the next candidate may succeed.
 RACE_CODES = frozenset(
     {
-        "claim.slot_taken",
-        "claim.node_overlap",
-        "claim.slot_not_claimable",
-        "claim.allocation_not_pending",
+        schemas_codes.CLAIM_SLOT_TAKEN,
+        schemas_codes.CLAIM_NODE_OVERLAP,
+        schemas_codes.CLAIM_SLOT_NOT_CLAIMABLE,
+        schemas_codes.CLAIM_ALLOCATION_NOT_PENDING,
         # A public port taken by a concurrent placement, or a node whose ingress range is full: another
         # candidate (another node) may still have one.
-        "ingress.port_taken",
-        "ingress.ports_exhausted",
+        schemas_codes.INGRESS_PORT_TAKEN,
+        schemas_codes.INGRESS_PORTS_EXHAUSTED,
     }
 )
 
 
 class DatabaseUnavailable(TemporaryError):
-    code = "db.unavailable"
+    code = schemas_codes.DB_UNAVAILABLE
 
 
 class DatabaseError(PermanentError):
-    code = "db.error"
+    code = schemas_codes.DB_ERROR
 
 
 class ConstraintRefused(PermanentError):
     """The database refused a write that would break an invariant."""
 
-    code = "db.constraint"
+    code = schemas_codes.DB_CONSTRAINT
 
     def __init__(self, message: str, *, code: str | None = None, constraint: str | None = None) -> None:
         super().__init__(message, code=code)
@@ -77,7 +78,7 @@ class ConstraintRefused(PermanentError):
 
 
 class SerializationConflict(TemporaryError):
-    code = "db.conflict"
+    code = schemas_codes.DB_CONFLICT
 
 
 # SQLSTATEs of a concurrent writer getting in the way: serialization failure,

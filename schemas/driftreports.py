@@ -14,9 +14,10 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from schemas import codes as schemas_codes
 from schemas import rendering
 
-INVALID = "drift.report.invalid"
+INVALID = schemas_codes.DRIFT_REPORT_INVALID
 _TEXT_FIELDS = ("allocation_id", "expected", "observed", "heal", "subject", "state")
 
 

@@ -8,11 +8,13 @@ PermanentError, in one place.
 
 from __future__ import annotations
 
+from schemas import codes as schemas_codes
+
 
 class GpuaasError(Exception):
     """An error a user can see: printed as `CODE: message`, never a traceback."""
 
-    code = "gpuaas.error"
+    code = schemas_codes.GPUAAS_ERROR
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
@@ -37,4 +39,4 @@ class TemporaryError(GpuaasError):
 
 
 class UsageError(PermanentError):
-    code = "cli.usage"
+    code = schemas_codes.CLI_USAGE

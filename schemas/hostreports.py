@@ -13,13 +13,15 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from schemas import codes as schemas_codes
+
 # firmware_ready is None only when the host has no evidence directory: the git
 # onboarding claim (Node.firmware_profile.ready) then stands.
-FIRMWARE_NO_EVIDENCE = "host.firmware.no_evidence"
-FIRMWARE_INVALID = "host.firmware.evidence_invalid"
-FIRMWARE_NOT_VERIFIED = "host.firmware.not_verified"
-FIRMWARE_MISMATCH = "host.firmware.attribute_mismatch"
-FIRMWARE_READY = "host.firmware.ready"
+FIRMWARE_NO_EVIDENCE = schemas_codes.HOST_FIRMWARE_NO_EVIDENCE
+FIRMWARE_INVALID = schemas_codes.HOST_FIRMWARE_EVIDENCE_INVALID
+FIRMWARE_NOT_VERIFIED = schemas_codes.HOST_FIRMWARE_NOT_VERIFIED
+FIRMWARE_MISMATCH = schemas_codes.HOST_FIRMWARE_ATTRIBUTE_MISMATCH
+FIRMWARE_READY = schemas_codes.HOST_FIRMWARE_READY
 
 BOOTSTRAP_NEVER = "never_run"  # no state file: bootstrap never ran on this host
 BOOTSTRAP_STATES = ("ready", "changes_pending", "reboot_required", "blocked", "failed", BOOTSTRAP_NEVER)

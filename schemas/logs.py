@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TextIO
 
+from schemas import codes as schemas_codes
 from schemas.errors import UsageError
 
 ENV = "GPUAAS_LOG_FORMAT"
@@ -87,7 +88,7 @@ def choose(flag: str | None) -> str:
     value = flag or os.environ.get(ENV) or "text"
     if value not in FORMATS:
         raise UsageError(
-            f"{ENV}={value!r}: the log format is one of {', '.join(FORMATS)}", code="cli.log_format_unknown"
+            f"{ENV}={value!r}: the log format is one of {', '.join(FORMATS)}", code=schemas_codes.CLI_LOG_FORMAT_UNKNOWN
         )
     return value
 

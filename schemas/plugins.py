@@ -18,12 +18,13 @@ import functools
 import sys
 from typing import TYPE_CHECKING, Any
 
+from schemas import codes as schemas_codes
 from schemas.errors import PermanentError
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
 
-GROUP = "gpuaas.commands"
+GROUP = schemas_codes.GPUAAS_COMMANDS
 # The top-level commands the tools add, known by name so that running one without the tools says what to install.
 TOOL_COMMANDS = ("bench", "demo")
 EXTRA = "gpuaas-reconciler[tools]"
@@ -62,7 +63,7 @@ def register(sub: Any, parent: str = "", only: str | None = None) -> None:
             message = f"`gpuaas {path.replace('.', ' ')}` ({_entry_points()[path].value}) does not import: {e}"
             if only is not None:
                 raise PermanentError(
-                    f"{message}; reinstall the tools: pip install '{EXTRA}'", code="cli.tool_unavailable"
+                    f"{message}; reinstall the tools: pip install '{EXTRA}'", code=schemas_codes.CLI_TOOL_UNAVAILABLE
                 ) from e
             print(f"warning: {message}", file=sys.stderr)
             continue

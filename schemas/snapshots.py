@@ -24,18 +24,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from schemas import codes as schemas_codes
 from schemas.errors import PermanentError
 
 # Stable codes. Do not change the string values.
-NOT_AN_OBJECT = "snapshot.profile.not_object"
-MISSING_KEY = "snapshot.profile.missing_key"
-UNKNOWN_KEY = "snapshot.profile.unknown_key"
-BAD_VALUE = "snapshot.profile.bad_value"
-NO_PROFILE = "snapshot.profile.none"  # a slot claim (a VM) whose snapshot records no profile
-CLAIM_NOT_AN_OBJECT = "snapshot.claim.not_object"
-CLAIM_MISSING_KEY = "snapshot.claim.missing_key"
-CLAIM_UNKNOWN_KEY = "snapshot.claim.unknown_key"
-CLAIM_BAD_VALUE = "snapshot.claim.bad_value"
+NOT_AN_OBJECT = schemas_codes.SNAPSHOT_PROFILE_NOT_OBJECT
+MISSING_KEY = schemas_codes.SNAPSHOT_PROFILE_MISSING_KEY
+UNKNOWN_KEY = schemas_codes.SNAPSHOT_PROFILE_UNKNOWN_KEY
+BAD_VALUE = schemas_codes.SNAPSHOT_PROFILE_BAD_VALUE
+NO_PROFILE = schemas_codes.SNAPSHOT_PROFILE_NONE  # a slot claim (a VM) whose snapshot records no profile
+CLAIM_NOT_AN_OBJECT = schemas_codes.SNAPSHOT_CLAIM_NOT_OBJECT
+CLAIM_MISSING_KEY = schemas_codes.SNAPSHOT_CLAIM_MISSING_KEY
+CLAIM_UNKNOWN_KEY = schemas_codes.SNAPSHOT_CLAIM_UNKNOWN_KEY
+CLAIM_BAD_VALUE = schemas_codes.SNAPSHOT_CLAIM_BAD_VALUE
 
 
 @dataclass(frozen=True, slots=True)

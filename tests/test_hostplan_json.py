@@ -14,8 +14,8 @@ from schemas import hostplans as hp
 
 
 def _reference(plan: hp.HostPlan) -> dict[str, Any]:
-    """The codec as it was: asdict, then the optional fields dropped while empty."""
-    doc = dataclasses.asdict(plan)
+    """The codec as it was: asdict under the wire names, then the optional fields dropped while empty."""
+    doc = {hp.WIRE_NAMES.get(k, k): v for k, v in dataclasses.asdict(plan).items()}
     for vm in (*doc["vms"], *doc["releases"]):
         if vm["readiness_timeout_s"] is None:
             del vm["readiness_timeout_s"]

@@ -16,6 +16,7 @@ from typing import Any
 
 import git
 
+from desired import codes as desired_codes
 from desired import problems as p
 from desired.reading import deltas, loading, safefiles, yamlio
 from desired.state import LoadResult
@@ -33,11 +34,11 @@ log = logging.getLogger("gpuaas.loading")
 
 
 class RevisionError(Exception):
-    code = "desired.git.revision"
+    code = desired_codes.GIT_REVISION
 
 
 class RefNameError(ValueError):
-    code = "gitops.ref_name"
+    code = desired_codes.GITOPS_REF_NAME
 
 
 # git check-ref-format's rules, plus no leading '-' (a name must never read as an option).

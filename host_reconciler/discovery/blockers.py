@@ -8,32 +8,33 @@ set, they are set.
 
 from __future__ import annotations
 
+from host_reconciler import codes as host_codes
 from host_reconciler.discovery import hosts
 
-GPU_NOT_VFIO = "gpu.not_vfio"
-GPU_NO_IOMMU_GROUP = "gpu.no_iommu_group"
-GPU_IOMMU_GROUP_SHARED = "gpu.iommu_group_shared"
+GPU_NOT_VFIO = host_codes.GPU_NOT_VFIO
+GPU_NO_IOMMU_GROUP = host_codes.GPU_NO_IOMMU_GROUP
+GPU_IOMMU_GROUP_SHARED = host_codes.GPU_IOMMU_GROUP_SHARED
 
-FABRIC_NO_VF = "fabric.no_vf"
-FABRIC_SHARED_PARENT = "fabric.shared_parent"
-FABRIC_NUMA_REMOTE = "fabric.numa_remote"
-FABRIC_PORT_DOWN = "fabric.port_down"
-FABRIC_VF_NOT_VFIO = "fabric.vf_not_vfio"
+FABRIC_NO_VF = host_codes.FABRIC_NO_VF
+FABRIC_SHARED_PARENT = host_codes.FABRIC_SHARED_PARENT
+FABRIC_NUMA_REMOTE = host_codes.FABRIC_NUMA_REMOTE
+FABRIC_PORT_DOWN = host_codes.FABRIC_PORT_DOWN
+FABRIC_VF_NOT_VFIO = host_codes.FABRIC_VF_NOT_VFIO
 
-DISK_OS = "disk.os_disk"
-DISK_MOUNTED = "disk.mounted"
-DISK_IN_USE = "disk.in_use"
-DISK_SIGNATURE = "disk.signature_present"
-DISK_SIGNATURE_UNCHECKED = "disk.signature_unchecked"
-DISK_NUMA_REMOTE = "disk.numa_remote"
-DISK_NONE = "disk.none"
+DISK_OS = host_codes.DISK_OS_DISK
+DISK_MOUNTED = host_codes.DISK_MOUNTED
+DISK_IN_USE = host_codes.DISK_IN_USE
+DISK_SIGNATURE = host_codes.DISK_SIGNATURE_PRESENT
+DISK_SIGNATURE_UNCHECKED = host_codes.DISK_SIGNATURE_UNCHECKED
+DISK_NUMA_REMOTE = host_codes.DISK_NUMA_REMOTE
+DISK_NONE = host_codes.DISK_NONE
 
 # A failed host prerequisite blocks every slot of the host.
 HOST = {
-    hosts.IOMMU: "host.iommu_off",
-    hosts.KVM: "host.no_kvm",
-    hosts.VFIO_PCI: "host.no_vfio_pci",
-    hosts.LIBVIRT: "host.no_libvirt",
-    hosts.OVS: "host.no_ovs",
-    hosts.REBOOT: "host.reboot_required",
+    hosts.IOMMU: host_codes.IOMMU_OFF,
+    hosts.KVM: host_codes.NO_KVM,
+    hosts.VFIO_PCI: host_codes.NO_VFIO_PCI,
+    hosts.LIBVIRT: host_codes.NO_LIBVIRT,
+    hosts.OVS: host_codes.NO_OVS,
+    hosts.REBOOT: host_codes.REBOOT_REQUIRED,
 }

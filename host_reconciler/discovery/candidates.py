@@ -39,12 +39,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from desired import models as m
+from host_reconciler import codes as host_codes
 from host_reconciler.discovery import blockers as b
 from host_reconciler.discovery import facts
 from schemas.errors import PermanentError
 
 DEFAULT_WIPE_POLICY = "wipefs-blkdiscard-verify"
-NODE_INVALID = "discovery.node.invalid"
+NODE_INVALID = host_codes.DISCOVERY_NODE_INVALID
 _NAME = re.compile(m.NAME_RE)
 _SYSFS_TEXT = re.compile(m.SYSFS_TEXT_RE)
 _WWID = re.compile(m.WWID_RE)

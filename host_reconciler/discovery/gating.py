@@ -41,21 +41,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from desired import models as m
+from host_reconciler import codes as host_codes
 from host_reconciler.discovery import candidates, facts
 from policies import eligibility
 from schemas import hostplans
 
 # Stable codes. Do not change the string values. (An unapproved map is
 # eligibility's `slot.not_approved`; the gate has no code of its own for it.)
-GPU_MISSING = "drift.gpu_missing"
-NUMA_CHANGED = "drift.numa_node"
-VF_MISSING = "drift.vf_missing"
-VF_PARENT_CHANGED = "drift.vf_parent"
-FABRIC_PARENT_MISSING = "drift.fabric_parent_missing"
-DISK_MISSING = "drift.disk_missing"
-DISK_IDENTITY_CHANGED = "drift.disk_identity"
-DISK_MOUNTED = "drift.disk_mounted"
-DISK_OS = "drift.disk_os"
+GPU_MISSING = host_codes.DRIFT_GPU_MISSING
+NUMA_CHANGED = host_codes.DRIFT_NUMA_NODE
+VF_MISSING = host_codes.DRIFT_VF_MISSING
+VF_PARENT_CHANGED = host_codes.DRIFT_VF_PARENT
+FABRIC_PARENT_MISSING = host_codes.DRIFT_FABRIC_PARENT_MISSING
+DISK_MISSING = host_codes.DRIFT_DISK_MISSING
+DISK_IDENTITY_CHANGED = host_codes.DRIFT_DISK_IDENTITY
+DISK_MOUNTED = host_codes.DRIFT_DISK_MOUNTED
+DISK_OS = host_codes.DRIFT_DISK_OS
 
 Value = str | int | bool | None
 

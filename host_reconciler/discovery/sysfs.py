@@ -15,10 +15,11 @@ from __future__ import annotations
 import os
 import stat
 
+from host_reconciler import codes as host_codes
 from schemas.errors import PermanentError
 
-ROOT_MISSING = "discovery.root.missing"
-ROOT_NOT_SYSFS = "discovery.root.not_sysfs"
+ROOT_MISSING = host_codes.DISCOVERY_ROOT_MISSING
+ROOT_NOT_SYSFS = host_codes.DISCOVERY_ROOT_NOT_SYSFS
 
 PCI_DEVICES = "sys/bus/pci/devices"
 

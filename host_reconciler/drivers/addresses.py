@@ -12,6 +12,7 @@ import ipaddress
 import re
 
 from desired.patterns import MAC_RE
+from host_reconciler import codes as host_codes
 from schemas.errors import PermanentError
 from schemas.hostplans import Network
 
@@ -23,16 +24,16 @@ _HOSTNAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
 class InvalidNetworkValue(PermanentError):
-    code = "host.net.invalid_value"
+    code = host_codes.NET_INVALID_VALUE
 
 
 def mac(value: str) -> str:
     """A unicast MAC in lower case with colons, or InvalidNetworkValue."""
     v = value.strip().lower()
     if not _MAC.match(v):
-        raise InvalidNetworkValue(f"not a MAC address: {value!r}", code="host.net.invalid_mac")
+        raise InvalidNetworkValue(f"not a MAC address: {value!r}", code=host_codes.NET_INVALID_MAC)
     if int(v[:2], 16) & 1:
-        raise InvalidNetworkValue(f"multicast MAC cannot be a VM address: {value!r}", code="host.net.invalid_mac")
+        raise InvalidNetworkValue(f"multicast MAC cannot be a VM address: {value!r}", code=host_codes.NET_INVALID_MAC)
     return v
 
 
@@ -40,12 +41,12 @@ def ipv4(value: str) -> ipaddress.IPv4Address:
     try:
         return ipaddress.IPv4Address(value.strip())
     except ValueError as e:
-        raise InvalidNetworkValue(f"not an IPv4 address: {value!r}", code="host.net.invalid_ip") from e
+        raise InvalidNetworkValue(f"not an IPv4 address: {value!r}", code=host_codes.NET_INVALID_IP) from e
 
 
 def ifname(value: str) -> str:
     if not _IFNAME.match(value) or value in {".", ".."}:
-        raise InvalidNetworkValue(f"not a usable interface name: {value!r}", code="host.net.invalid_ifname")
+        raise InvalidNetworkValue(f"not a usable interface name: {value!r}", code=host_codes.NET_INVALID_IFNAME)
     return value
 
 
@@ -54,7 +55,7 @@ def hostname(value: str) -> str:
     if not _HOSTNAME.match(v):
         raise InvalidNetworkValue(
             f"not a DNS label usable as a DHCP host name: {value!r}",
-            code="host.net.invalid_hostname",
+            code=host_codes.NET_INVALID_HOSTNAME,
         )
     return v
 
@@ -64,7 +65,7 @@ def subnet(network: Network) -> ipaddress.IPv4Network:
     try:
         net = ipaddress.IPv4Network(network.subnet, strict=True)
     except ValueError as e:
-        raise InvalidNetworkValue(f"not an IPv4 subnet: {network.subnet!r}", code="host.net.invalid_subnet") from e
+        raise InvalidNetworkValue(f"not an IPv4 subnet: {network.subnet!r}", code=host_codes.NET_INVALID_SUBNET) from e
     for label, value in (
         ("gateway", network.gateway),
         ("dhcp_start", network.dhcp_start),
@@ -72,7 +73,9 @@ def subnet(network: Network) -> ipaddress.IPv4Network:
     ):
         addr = ipv4(value)
         if addr not in net or addr in (net.network_address, net.broadcast_address):
-            raise InvalidNetworkValue(f"{label} {value} is not a host address of {net}", code="host.net.invalid_subnet")
+            raise InvalidNetworkValue(
+                f"{label} {value} is not a host address of {net}", code=host_codes.NET_INVALID_SUBNET
+            )
     ifname(network.bridge)
     return net
 
@@ -82,7 +85,7 @@ def host_ip(network: Network, value: str) -> ipaddress.IPv4Address:
     net = subnet(network)
     addr = ipv4(value)
     if addr not in net or addr in (net.network_address, net.broadcast_address):
-        raise InvalidNetworkValue(f"{value} is not a host address of {net}", code="host.net.ip_outside_subnet")
+        raise InvalidNetworkValue(f"{value} is not a host address of {net}", code=host_codes.NET_IP_OUTSIDE_SUBNET)
     if addr == ipv4(network.gateway):
-        raise InvalidNetworkValue(f"{value} is the gateway of {net}", code="host.net.ip_is_gateway")
+        raise InvalidNetworkValue(f"{value} is the gateway of {net}", code=host_codes.NET_IP_IS_GATEWAY)
     return addr

@@ -33,22 +33,22 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import hashlib
 import json
-import mmap
 import os
 import re
 import secrets
 import stat
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from desired.patterns import BY_ID_NAME_RE, BY_ID_PREFIX
+from host_reconciler import codes as host_codes
 from host_reconciler import images
 from host_reconciler.drivers import tools
+from host_reconciler.drivers.diskbytes import MiB, _device_size, _open_excl, _read_samples, _sha256_prefix
+from host_reconciler.drivers.diskidentity import _children_and_holders, _read, read_identity
 from host_reconciler.drivers.protocols import DiskRefused, DiskSettings, IdentityChanged, IdentityMissing, SlotDisk
 from host_reconciler.mountinfo import parse_mountinfo
 from host_reconciler.observations import DiskObs
@@ -56,13 +56,11 @@ from schemas.errors import PermanentError, TemporaryError
 from schemas.hostplans import DiskIdentity
 
 _BY_ID_NAME = re.compile(BY_ID_NAME_RE)
-MiB = 1 << 20
 BLKID_NOTHING_FOUND = 2  # `blkid -p` exit status when no signature was found
-SECTOR_BYTES = 512  # sysfs `size` counts 512-byte sectors whatever the logical block size
 
 
 class WipeFailed(PermanentError):
-    code = "host.disk.wipe_failed"
+    code = host_codes.DISK_WIPE_FAILED
 
     def __init__(self, message: str, *, code: str | None = None, evidence: dict[str, Any] | None = None) -> None:
         super().__init__(message, code=code)
@@ -70,13 +68,13 @@ class WipeFailed(PermanentError):
 
 
 class VerifyFailed(WipeFailed):
-    code = "host.disk.verify_failed"
+    code = host_codes.DISK_VERIFY_FAILED
 
 
 class WriteVerifyFailed(PermanentError):
     """The disk does not read back as the image just written to it."""
 
-    code = "host.disk.write_verify_failed"
+    code = host_codes.DISK_WRITE_VERIFY_FAILED
 
     def __init__(self, message: str, *, evidence: dict[str, Any]) -> None:
         super().__init__(message)
@@ -95,10 +93,10 @@ class _Dev:
 def by_id_name(device: str) -> str:
     """`/dev/disk/by-id/NAME` -> NAME, or DiskRefused."""
     if not device.startswith(BY_ID_PREFIX):
-        raise DiskRefused(f"{device!r} is not a /dev/disk/by-id path", code="host.disk.not_by_id", device=device)
+        raise DiskRefused(f"{device!r} is not a /dev/disk/by-id path", code=host_codes.DISK_NOT_BY_ID, device=device)
     name = device[len(BY_ID_PREFIX) :]
     if not _BY_ID_NAME.match(name):
-        raise DiskRefused(f"{device!r} is not a udev by-id name", code="host.disk.not_by_id", device=device)
+        raise DiskRefused(f"{device!r} is not a udev by-id name", code=host_codes.DISK_NOT_BY_ID, device=device)
     return name
 
 
@@ -117,13 +115,13 @@ class BlockDisks:
         except OSError as e:
             raise DiskRefused(
                 f"{device} does not resolve to a device ({e.strerror})",
-                code="host.disk.missing",
+                code=host_codes.DISK_MISSING,
                 device=device,
             ) from e
         if not stat.S_ISBLK(st.st_mode):
             raise DiskRefused(
                 f"{device} -> {real} is not a block device",
-                code="host.disk.not_block",
+                code=host_codes.DISK_NOT_BLOCK,
                 device=device,
             )
         majmin = f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
@@ -143,7 +141,7 @@ class BlockDisks:
         try:
             mounts = parse_mountinfo(self.settings.mountinfo.read_text())
         except OSError as e:
-            raise TemporaryError(f"cannot read {self.settings.mountinfo}: {e}", code="host.disk.mountinfo") from e
+            raise TemporaryError(f"cannot read {self.settings.mountinfo}: {e}", code=host_codes.DISK_MOUNTINFO) from e
         points: list[str] = []
         for m in mounts:
             hit = m.majmin in dev.members
@@ -207,7 +205,7 @@ class BlockDisks:
         except DiskRefused as e:
             raise DiskRefused(
                 f"cannot resolve the OS disk {os_disk}: {e.message}; refusing to touch any disk",
-                code="host.disk.os_disk_unknown",
+                code=host_codes.DISK_OS_DISK_UNKNOWN,
                 device=os_disk,
             ) from e
         return dev.whole == os_dev.whole or dev.majmin == os_dev.majmin or bool(dev.members & os_dev.members)
@@ -218,7 +216,7 @@ class BlockDisks:
             raise DiskRefused(
                 f"slot {disk.slot_index}: {disk.device} is not the approved disk of this slot "
                 f"({disk.approved or 'no approved disk'})",
-                code="host.disk.not_approved",
+                code=host_codes.DISK_NOT_APPROVED,
                 device=disk.device,
             )
         dev = self._resolve(disk.device)
@@ -226,14 +224,14 @@ class BlockDisks:
         if self._is_os_disk(dev, disk.os_disk):
             raise DiskRefused(
                 f"slot {disk.slot_index}: {disk.device} ({dev.path}) is the OS disk",
-                code="host.disk.os_disk",
+                code=host_codes.HOST_DISK_OS_DISK,
                 device=disk.device,
             )
         mounted = self._mounts_of(dev)
         if mounted:
             raise DiskRefused(
                 f"slot {disk.slot_index}: {disk.device} ({dev.path}) is mounted at {', '.join(mounted)}",
-                code="host.disk.mounted",
+                code=host_codes.HOST_DISK_MOUNTED,
                 device=disk.device,
             )
         try:
@@ -241,7 +239,7 @@ class BlockDisks:
         except OSError as e:
             raise DiskRefused(
                 f"slot {disk.slot_index}: {dev.path} is in use ({e.strerror})",
-                code="host.disk.in_use",
+                code=host_codes.HOST_DISK_IN_USE,
                 device=disk.device,
             ) from e
         os.close(fd)
@@ -270,7 +268,7 @@ class BlockDisks:
         if res.returncode == BLKID_NOTHING_FOUND:
             return ()
         if res.returncode != 0:
-            raise TemporaryError(f"blkid -p {path} failed: {res.stderr.strip()}", code="host.disk.blkid")
+            raise TemporaryError(f"blkid -p {path} failed: {res.stderr.strip()}", code=host_codes.DISK_BLKID)
         kv = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
         found = [f"{k}={kv[k]}" for k in ("TYPE", "PTTYPE", "USAGE") if k in kv]
         return tuple(found) or ("unknown-signature",)
@@ -283,12 +281,12 @@ class BlockDisks:
         if image.digest != digest:
             raise images.ImageError(
                 f"verified digest {image.digest} is not the claim's {digest}",
-                code="host.image.digest_mismatch",
+                code=host_codes.IMAGE_DIGEST_MISMATCH,
             )
         if not image.still_valid():
             image = images.verify(Path(image.path), digest)
         if image_format not in images.FORMATS:
-            raise images.ImageError(f"cannot write a {image_format!r} image", code="host.image.format")
+            raise images.ImageError(f"cannot write a {image_format!r} image", code=host_codes.IMAGE_FORMAT)
         virtual = self._qcow2_size(image.path) if image_format == "qcow2" else image.size
         dev = self.guard(disk)
         t0 = time.monotonic()
@@ -297,7 +295,7 @@ class BlockDisks:
             if virtual > size:
                 raise PermanentError(
                     f"image {image.path} is {virtual} B (virtual), larger than {dev.path} ({size} B)",
-                    code="host.disk.too_small",
+                    code=host_codes.DISK_TOO_SMALL,
                 )
             res = tools.run(
                 ["qemu-img", "convert", "-n", "-f", "qcow2", "-O", "raw", "--", image.path, dev.path],
@@ -306,7 +304,7 @@ class BlockDisks:
             if res.returncode != 0:
                 raise PermanentError(
                     f"qemu-img convert to {dev.path} failed: {res.stderr.strip()}",
-                    code="host.disk.write_failed",
+                    code=host_codes.DISK_WRITE_FAILED,
                 )
             written = virtual
         else:
@@ -328,18 +326,20 @@ class BlockDisks:
         """The virtual size of a qcow2 we may convert: no backing file, no external data file."""
         res = tools.run(["qemu-img", "info", "--output=json", "-f", "qcow2", "--", path], timeout=120)
         if res.returncode != 0:
-            raise images.ImageError(f"{path} is not a readable qcow2: {res.stderr.strip()}", code="host.image.format")
+            raise images.ImageError(
+                f"{path} is not a readable qcow2: {res.stderr.strip()}", code=host_codes.IMAGE_FORMAT
+            )
         try:
             info = json.loads(res.stdout)
             size = int(info["virtual-size"])
         except (ValueError, KeyError, TypeError) as e:
-            raise images.ImageError(f"qemu-img info {path}: unreadable answer", code="host.image.format") from e
+            raise images.ImageError(f"qemu-img info {path}: unreadable answer", code=host_codes.IMAGE_FORMAT) from e
         data = (info.get("format-specific") or {}).get("data") or {}
         if info.get("backing-filename") or info.get("full-backing-filename") or data.get("data-file"):
             # Converting would read another file of this host into a tenant's disk.
             raise images.ImageError(
                 f"{path} names a backing or data file; only self-contained qcow2 images are written",
-                code="host.image.backing_file",
+                code=host_codes.IMAGE_BACKING_FILE,
             )
         return size
 
@@ -375,7 +375,7 @@ class BlockDisks:
             if src.stat().st_size > size:
                 raise PermanentError(
                     f"image {src} ({src.stat().st_size} B) is larger than {dev.path} ({size} B)",
-                    code="host.disk.too_small",
+                    code=host_codes.DISK_TOO_SMALL,
                 )
             os.lseek(fd, 0, os.SEEK_SET)
             with src.open("rb") as f:
@@ -468,148 +468,5 @@ class BlockDisks:
         return evidence
 
 
-def _device_size(path: str) -> int:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.lseek(fd, 0, os.SEEK_END)
-    finally:
-        os.close(fd)
-
-
-def _sha256_prefix(path: str, length: int) -> str:
-    """sha256 of the first `length` bytes of `path`, read past the page cache (O_DIRECT where it can)."""
-    h = hashlib.sha256()
-    flags = os.O_RDONLY | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags | getattr(os, "O_DIRECT", 0))
-    except OSError:
-        fd = os.open(path, flags)
-    block = 4 * MiB
-    buf = mmap.mmap(-1, block)  # page aligned, as O_DIRECT wants
-    try:
-        left, off = length, 0
-        while left:
-            n = os.preadv(fd, [buf], off)
-            if n <= 0:
-                break
-            take = min(n, left)
-            h.update(memoryview(buf)[:take])
-            left -= take
-            off += take
-    finally:
-        buf.close()
-        os.close(fd)
-    return h.hexdigest()
-
-
-def _open_excl(path: str, flags: int) -> int:
-    try:
-        return os.open(path, flags | os.O_EXCL | os.O_CLOEXEC)
-    except OSError as e:
-        raise DiskRefused(f"{path} is in use ({e.strerror})", code="host.disk.in_use", device=path) from e
-
-
-def _read_samples(path: str, *, count: int, sample_bytes: int, seed: int) -> tuple[list[int], list[int], int]:
-    """Read first/last MiB and `count` random blocks (O_DIRECT): (offsets, nonzero, size)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_DIRECT", 0))
-    try:
-        size = os.lseek(fd, 0, os.SEEK_END)
-        align = 4096
-        sample = max(align, sample_bytes // align * align)
-        offsets = sorted(set(_offsets(size, count=count, sample=sample, align=align, seed=seed)))
-        nonzero: list[int] = []
-        buf = mmap.mmap(-1, max(sample, MiB))
-        try:
-            for off in offsets:
-                length = min(MiB if off in (0, max(0, size - MiB)) else sample, size - off)
-                length = max(align, length // align * align)
-                n = os.preadv(fd, [memoryview(buf)[:length]], off)
-                if buf[:n].count(0) != n:
-                    nonzero.append(off)
-        finally:
-            buf.close()
-        return offsets, nonzero, size
-    finally:
-        os.close(fd)
-
-
-def _offsets(size: int, *, count: int, sample: int, align: int, seed: int) -> Iterator[int]:
-    if size <= MiB:
-        yield 0
-        return
-    yield 0
-    yield (size - MiB) // align * align
-    rng = _Rng(seed)
-    span = max(1, (size - sample) // align)
-    for _ in range(count):
-        yield rng.below(span) * align
-
-
-class _Rng:
-    """splitmix64: reproducible offsets from the recorded seed (audit can re-read them)."""
-
-    def __init__(self, seed: int) -> None:
-        self.state = seed & (2**64 - 1)
-
-    def below(self, n: int) -> int:
-        self.state = (self.state + 0x9E3779B97F4A7C15) & (2**64 - 1)
-        z = self.state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
-        return (z ^ (z >> 31)) % n
-
-
-def _children_and_holders(sys_dev: Path) -> set[str]:
-    found: set[str] = set()
-    for child in sys_dev.iterdir():
-        if (child / "partition").exists():
-            majmin = _read(child / "dev")
-            if majmin:
-                found.add(majmin)
-                with contextlib.suppress(OSError):
-                    found |= _holders(child)
-    found |= _holders(sys_dev)
-    return found
-
-
-def _holders(sys_dev: Path, depth: int = 0) -> set[str]:
-    out: set[str] = set()
-    holders = sys_dev / "holders"
-    if depth > 4 or not holders.is_dir():
-        return out
-    for h in holders.iterdir():
-        real = Path(os.path.realpath(h))
-        majmin = _read(real / "dev")
-        if majmin:
-            out.add(majmin)
-            out |= _holders(real, depth + 1)
-    return out
-
-
-def _read(p: Path) -> str:
-    try:
-        return p.read_text().strip()
-    except OSError:
-        return ""
-
-
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-
-
-def read_identity(sysfs_root: Path, majmin: str) -> DiskIdentity:
-    """The identity sysfs reports for block device MAJ:MIN (missing attributes read as None).
-
-    NVMe: the namespace's `size` and `wwid`, its controller's (or native
-    multipath subsystem's) `device/model` and `device/serial`; a loop device:
-    `size` and `loop/backing_file`. Values are stripped, as discovery reads them.
-    """
-    base = sysfs_root / "dev" / "block" / majmin
-    sectors = _read(base / "size")
-    return DiskIdentity(
-        size_bytes=int(sectors) * SECTOR_BYTES if sectors.isdigit() else 0,
-        model=_read(base / "device" / "model") or None,
-        serial=_read(base / "device" / "serial") or None,
-        wwid=_read(base / "wwid") or None,
-        backing_file=_read(base / "loop" / "backing_file") or None,
-    )

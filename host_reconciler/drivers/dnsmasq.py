@@ -45,6 +45,7 @@ import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
+from host_reconciler import codes as host_codes
 from host_reconciler.drivers import addresses, netns, tools
 from host_reconciler.drivers.protocols import DhcpError, Lease, Reservation
 from schemas.errors import TemporaryError
@@ -56,7 +57,7 @@ _LEASE_TIME = re.compile(r"^([1-9][0-9]{0,6}[smhdw]?|infinite)$")
 
 
 class DhcpServerDown(TemporaryError):
-    code = "host.dhcp.server_down"
+    code = host_codes.DHCP_SERVER_DOWN
 
 
 def parse_reservation(text: str) -> Reservation | None:
@@ -129,7 +130,7 @@ class DnsmasqServer:
         self._binary = binary
         self._release_binary = release_binary
         if not _LEASE_TIME.match(lease_time):
-            raise DhcpError(f"not a dnsmasq lease time: {lease_time!r}", code="host.dhcp.lease_time")
+            raise DhcpError(f"not a dnsmasq lease time: {lease_time!r}", code=host_codes.DHCP_LEASE_TIME)
         self._lease_time = lease_time
         self._dynamic = dynamic
         self._dns = tuple(str(addresses.ipv4(d)) for d in dns_servers)
@@ -229,16 +230,16 @@ class DnsmasqServer:
         # dnsmasq forks, and its first process exits once the daemon started
         # (or failed to bind), so the exit status is meaningful.
         try:
-            netns.run(self._netns, self.argv(network), code="host.dhcp.start_failed")
+            netns.run(self._netns, self.argv(network), code=host_codes.DHCP_START_FAILED)
         except netns.CommandError as e:
-            raise DhcpError(e.message, code="host.dhcp.start_failed") from e
+            raise DhcpError(e.message, code=host_codes.DHCP_START_FAILED) from e
         for _ in range(50):
             if self.running():
                 return True
             time.sleep(0.1)
         raise DhcpError(
             f"dnsmasq for {network.bridge} did not write {self.pid_file}",
-            code="host.dhcp.start_failed",
+            code=host_codes.DHCP_START_FAILED,
         )
 
     def stop(self, timeout_s: float = 5.0) -> bool:
@@ -281,10 +282,10 @@ class DnsmasqServer:
                     addresses.mac(lease.mac),
                     *([] if lease.client_id is None else [tools.operand(lease.client_id)]),
                 ],
-                code="host.dhcp.release_failed",
+                code=host_codes.DHCP_RELEASE_FAILED,
             )
         except netns.CommandError as e:
-            raise DhcpError(e.message, code="host.dhcp.release_failed") from e
+            raise DhcpError(e.message, code=host_codes.DHCP_RELEASE_FAILED) from e
         # dnsmasq handles the packet asynchronously; wait for the file to show it.
         for _ in range(50):
             if not any(x.mac == mac and x.ip == ip for x in read_leases(self.lease_file)):
@@ -292,7 +293,7 @@ class DnsmasqServer:
             time.sleep(0.05)
         raise DhcpError(
             f"dnsmasq kept the lease of {mac} on {ip} after DHCPRELEASE",
-            code="host.dhcp.release_failed",
+            code=host_codes.DHCP_RELEASE_FAILED,
         )
 
     def reload(self) -> bool:

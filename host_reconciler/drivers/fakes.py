@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from host_reconciler import codes as host_codes
 from host_reconciler.drivers.pci import check_address
 from host_reconciler.drivers.protocols import RESET_DONE, VFIO, PciError, PciIdentity
 from host_reconciler.observations import PciObs
@@ -45,9 +46,9 @@ class FakePci:
 
     def bind_vfio(self, address: str) -> None:
         if not self.allow_bind:
-            raise PciError(f"{address} is not on {VFIO} and binding is off", code="host.pci.not_vfio")
+            raise PciError(f"{address} is not on {VFIO} and binding is off", code=host_codes.PCI_NOT_VFIO)
         if address not in self.drivers:
-            raise PciError(f"{address} is not on the PCI bus", code="host.pci.missing")
+            raise PciError(f"{address} is not on the PCI bus", code=host_codes.PCI_MISSING)
         self.drivers[address] = VFIO
         self.bound.append(address)
 
@@ -58,6 +59,6 @@ class FakePci:
 
     def reset(self, address: str) -> dict[str, Any]:
         if not self.inspect(address).present:
-            raise PciError(f"{address} is not on the PCI bus", code="host.pci.missing")
+            raise PciError(f"{address} is not on the PCI bus", code=host_codes.PCI_MISSING)
         self.resets.append(address)
         return {"reset": RESET_DONE, "methods": ["flr"]}

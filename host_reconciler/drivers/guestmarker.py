@@ -39,6 +39,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
+from host_reconciler import codes as host_codes
 from host_reconciler import devicereports, listening, telemetry
 from host_reconciler.drivers import addresses, netns
 from host_reconciler.drivers.protocols import GuestAnnounce
@@ -59,7 +60,7 @@ _IP_FREEBIND = 15  # Linux: bind the bridge address before the bridge holds it (
 class ListenError(TemporaryError):
     """The announcement listener could not bind (the port is taken, the namespace is gone)."""
 
-    code = "host.readiness.marker_listen"
+    code = host_codes.READINESS_MARKER_LISTEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,16 +194,16 @@ class Announcements:
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE if e.code == "oversized" else HTTPStatus.BAD_REQUEST,
             )
         if not hmac.compare_digest(token, self.token(name)):
-            return self._refuse("telemetry.bad_token", HTTPStatus.FORBIDDEN)
+            return self._refuse(host_codes.TELEMETRY_BAD_TOKEN, HTTPStatus.FORBIDDEN)
         now = self._clock()
         with self._lock:
             expected = self._expected.get(name)
             buf = self._telemetry.get(name)
             last = buf[-1][1] if buf else None
         if expected is None or expected != ip:  # only a VM of the plan, from its own address
-            return self._refuse("telemetry.wrong_source", HTTPStatus.FORBIDDEN)
+            return self._refuse(host_codes.TELEMETRY_WRONG_SOURCE, HTTPStatus.FORBIDDEN)
         if last is not None and now - last < telemetry.MIN_INTERVAL_S:
-            return self._refuse("telemetry.rate_limited", HTTPStatus.TOO_MANY_REQUESTS)
+            return self._refuse(host_codes.TELEMETRY_RATE_LIMITED, HTTPStatus.TOO_MANY_REQUESTS)
         with self._lock:
             if name not in self._telemetry and len(self._telemetry) >= telemetry.MAX_VMS:
                 stalest = min(self._telemetry, key=lambda n: self._telemetry[n][-1][1])

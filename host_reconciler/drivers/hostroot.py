@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from host_reconciler import bootstrapping as b
+from host_reconciler import codes as host_codes
 from host_reconciler.drivers import tools
 from schemas.errors import GpuaasError, PermanentError
 
@@ -140,20 +141,22 @@ class HostRoot:
         k = change.kind
         if k is b.ChangeKind.WRITE_FILE:
             if change.target not in _MANAGED:
-                raise PermanentError(f"{change.target} is not a file bootstrap manages", code="host.bootstrap.refused")
+                raise PermanentError(
+                    f"{change.target} is not a file bootstrap manages", code=host_codes.BOOTSTRAP_REFUSED
+                )
             self._write(change.target, change.content or "")
             return {"written": change.target, "sha256": b.digest(change.content or "")}
         if k is b.ChangeKind.CHMOD:
             if change.target not in opts.traverse or change.mode is None:
                 raise PermanentError(
-                    f"{change.target} is not a directory bootstrap may chmod", code="host.bootstrap.refused"
+                    f"{change.target} is not a directory bootstrap may chmod", code=host_codes.BOOTSTRAP_REFUSED
                 )
             os.chmod(self.path(change.target), change.mode)
             return {"chmod": change.target, "mode": f"{change.mode:o}"}
         if k is b.ChangeKind.REMOVE_FILE:
             target = Path(change.target)
             if str(target.parent) != opts.hosts_dir or not b.RESERVATION_NAME.match(target.name):
-                raise PermanentError(f"{change.target} is not a GPUaaS reservation", code="host.bootstrap.refused")
+                raise PermanentError(f"{change.target} is not a GPUaaS reservation", code=host_codes.BOOTSTRAP_REFUSED)
             self.path(change.target).unlink(missing_ok=True)
             return {"removed": change.target}
         argv = self._argv(change)
@@ -163,7 +166,7 @@ class HostRoot:
         if res.returncode != 0:
             raise PermanentError(
                 f"{' '.join(argv)} exited {res.returncode}: {res.stderr.strip()[-500:]}",
-                code="host.bootstrap.command_failed",
+                code=host_codes.BOOTSTRAP_COMMAND_FAILED,
             )
         return {"ran": argv}
 
@@ -180,7 +183,7 @@ class HostRoot:
             return ["update-grub"]
         if k is b.ChangeKind.RELOAD_SYSCTL:
             return ["sysctl", "--system"]
-        raise PermanentError(f"unknown bootstrap change {k}", code="host.bootstrap.refused")
+        raise PermanentError(f"unknown bootstrap change {k}", code=host_codes.BOOTSTRAP_REFUSED)
 
     def _write(self, absolute: str, content: str) -> None:
         target = self.path(absolute)

@@ -26,6 +26,7 @@ import ipaddress
 import shlex
 from collections.abc import Sequence
 
+from host_reconciler import codes as host_codes
 from host_reconciler.drivers import addresses, netns
 from host_reconciler.observations import IngressSeen
 from schemas.errors import PermanentError
@@ -34,13 +35,13 @@ from schemas.hostplans import IngressRule
 NAT_CHAIN = "GPUAAS-INGRESS"
 FORWARD_CHAIN = "GPUAAS-INGRESS-FWD"
 TAG = "gpuaas-ingress:"
-_CODE = "host.ingress.iptables_failed"
+_CODE = host_codes.INGRESS_IPTABLES_FAILED
 # (table, built-in chain, our chain): where our chains are reached from.
 _HOOKS = (("nat", "PREROUTING", NAT_CHAIN), ("filter", "FORWARD", FORWARD_CHAIN))
 
 
 class IngressError(PermanentError):
-    code = "host.ingress.invalid"
+    code = host_codes.INGRESS_INVALID
 
 
 def _checked(rule: IngressRule) -> IngressRule:
@@ -246,14 +247,14 @@ class IptablesIngress:
     def delete_foreign(self, line: str) -> bool:
         table, _, rest = line.partition(" ")
         if table not in ("nat", "filter") or parse(table, rest) is not None:
-            raise IngressError(f"not a foreign rule of our chains: {line!r}", code="host.ingress.not_foreign")
+            raise IngressError(f"not a foreign rule of our chains: {line!r}", code=host_codes.INGRESS_NOT_FOREIGN)
         return self._delete_line(table, rest)
 
     def _delete_line(self, table: str, line: str) -> bool:
         tokens = shlex.split(line)
         chain = tokens[1] if len(tokens) > 1 and tokens[0] == "-A" else ""
         if chain not in (NAT_CHAIN, FORWARD_CHAIN):
-            raise IngressError(f"not a rule of our chains: {line!r}", code="host.ingress.not_ours")
+            raise IngressError(f"not a rule of our chains: {line!r}", code=host_codes.INGRESS_NOT_OURS)
         # By position, found again just now: a spec printed by `-S` does not always match back with `-D`
         # (iptables-nft prints --ctorigdst without its /32). The host lock keeps other writers of our chains out.
         lines = self._lines(table, chain) or []

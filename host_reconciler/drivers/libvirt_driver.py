@@ -19,17 +19,18 @@ from typing import Any
 
 import libvirt
 
+from host_reconciler import codes as host_codes
 from host_reconciler import domains, pinning
 from host_reconciler.observations import DomainObs, DomainState
 from schemas.errors import PermanentError, TemporaryError
 
 
 class LibvirtError(TemporaryError):
-    code = "host.libvirt.error"
+    code = host_codes.LIBVIRT_ERROR
 
 
 class DomainRefused(PermanentError):
-    code = "host.libvirt.refused"
+    code = host_codes.LIBVIRT_REFUSED
 
 
 _STATES = {
@@ -69,8 +70,8 @@ def _wrap(e: libvirt.libvirtError, what: str) -> Exception:
     code = e.get_error_code()
     msg = f"{what}: {e.get_error_message() or e}"
     if code in _REFUSALS:
-        return DomainRefused(msg, code="host.libvirt.refused")
-    return LibvirtError(msg, code="host.libvirt.error", delay=2.0)
+        return DomainRefused(msg, code=host_codes.LIBVIRT_REFUSED)
+    return LibvirtError(msg, code=host_codes.LIBVIRT_ERROR, delay=2.0)
 
 
 class LibvirtDomains:
@@ -94,7 +95,7 @@ class LibvirtDomains:
         except libvirt.libvirtError as e:
             raise LibvirtError(
                 f"cannot connect to {self.uri}: {e.get_error_message()}",
-                code="host.libvirt.connect",
+                code=host_codes.LIBVIRT_CONNECT,
                 delay=5.0,
             ) from e
         return self._conn
@@ -173,7 +174,7 @@ class LibvirtDomains:
     def start(self, name: str) -> None:
         dom = self._lookup(name)
         if dom is None:
-            raise LibvirtError(f"domain {name} is not defined", code="host.libvirt.no_domain")
+            raise LibvirtError(f"domain {name} is not defined", code=host_codes.LIBVIRT_NO_DOMAIN)
         try:
             if not dom.isActive():
                 dom.create()

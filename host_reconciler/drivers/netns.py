@@ -23,6 +23,7 @@ from typing import Any
 
 from pyroute2 import IPRoute
 
+from host_reconciler import codes as host_codes
 from schemas.errors import PermanentError
 
 _CLONE_NEWNET = 0x40000000
@@ -31,25 +32,25 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 
 class NamespaceError(PermanentError):
-    code = "host.netns.error"
+    code = host_codes.NETNS_ERROR
 
 
 class CommandError(PermanentError):
     """A system tool (iptables, sysctl, dnsmasq) exited non-zero."""
 
-    code = "host.command_failed"
+    code = host_codes.COMMAND_FAILED
 
 
 def checked(netns: str | None) -> str | None:
     if netns is not None and (not _NAME.match(netns) or netns in {".", ".."}):
-        raise NamespaceError(f"not a namespace name: {netns!r}", code="host.netns.invalid_name")
+        raise NamespaceError(f"not a namespace name: {netns!r}", code=host_codes.NETNS_INVALID_NAME)
     return netns
 
 
 def _setns(fd: int) -> None:
     if _libc.setns(fd, _CLONE_NEWNET) != 0:
         err = ctypes.get_errno()
-        raise NamespaceError(f"setns failed: {os.strerror(err)}", code="host.netns.setns_failed")
+        raise NamespaceError(f"setns failed: {os.strerror(err)}", code=host_codes.NETNS_SETNS_FAILED)
 
 
 @contextlib.contextmanager
@@ -61,7 +62,7 @@ def entered(netns: str | None) -> Iterator[None]:
     try:
         target = os.open(f"/run/netns/{netns}", os.O_RDONLY | os.O_CLOEXEC)
     except OSError as e:
-        raise NamespaceError(f"network namespace {netns} does not exist", code="host.netns.missing") from e
+        raise NamespaceError(f"network namespace {netns} does not exist", code=host_codes.NETNS_MISSING) from e
     home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
         _setns(target)

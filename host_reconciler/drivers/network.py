@@ -31,6 +31,7 @@ from typing import Any
 
 from pyroute2.netlink.exceptions import NetlinkError
 
+from host_reconciler import codes as host_codes
 from host_reconciler.drivers import addresses, netns
 from host_reconciler.drivers.protocols import BridgeState, PortState
 from schemas.errors import PermanentError
@@ -38,7 +39,7 @@ from schemas.hostplans import Network
 
 
 class NetworkError(PermanentError):
-    code = "host.network.error"
+    code = host_codes.NETWORK_ERROR
 
 
 def bridge_mac(name: str) -> str:
@@ -120,12 +121,14 @@ class IptablesNat:
 
     def ensure(self, network: Network) -> bool:
         changed = False
-        forwarding = netns.run(self._netns, ("sysctl", "-n", "net.ipv4.ip_forward"), code="host.network.sysctl_failed")
+        forwarding = netns.run(
+            self._netns, ("sysctl", "-n", "net.ipv4.ip_forward"), code=host_codes.NETWORK_SYSCTL_FAILED
+        )
         if forwarding.stdout.strip() != "1":
             netns.run(
                 self._netns,
                 ("sysctl", "-q", "-w", "net.ipv4.ip_forward=1"),
-                code="host.network.sysctl_failed",
+                code=host_codes.NETWORK_SYSCTL_FAILED,
             )
             changed = True
         for table, spec in nat_rules(network):
@@ -134,7 +137,7 @@ class IptablesNat:
                 netns.run(
                     self._netns,
                     (self._iptables, "-w", "-t", table, "-I", chain, "1", *rest),
-                    code="host.network.nat_failed",
+                    code=host_codes.NETWORK_NAT_FAILED,
                 )
                 changed = True
         return changed
@@ -146,7 +149,7 @@ class IptablesNat:
                 netns.run(
                     self._netns,
                     (self._iptables, "-w", "-t", table, "-D", *spec),
-                    code="host.network.nat_failed",
+                    code=host_codes.NETWORK_NAT_FAILED,
                 )
                 changed = True
         return changed
@@ -157,7 +160,7 @@ class IptablesNat:
     def _rule_present(self, table: str, spec: Sequence[str]) -> bool:
         # `iptables -C` exits 1 when the rule is absent; anything else is an error.
         command = (self._iptables, "-w", "-t", table, "-C", *spec)
-        proc = netns.run(self._netns, command, code="host.network.nat_failed", ok=(0, 1))
+        proc = netns.run(self._netns, command, code=host_codes.NETWORK_NAT_FAILED, ok=(0, 1))
         return proc.returncode == 0
 
 
@@ -187,7 +190,7 @@ class LinuxBridgeNetwork:
                     changed = True
                 changed = ensure_gateway(ipr, index, network) or changed
         except NetlinkError as e:
-            raise NetworkError(f"cannot set up bridge {name}: {e}", code="host.network.bridge_failed") from e
+            raise NetworkError(f"cannot set up bridge {name}: {e}", code=host_codes.NETWORK_BRIDGE_FAILED) from e
         return changed
 
     def remove_bridge(self, network: Network) -> bool:
@@ -209,7 +212,7 @@ class LinuxBridgeNetwork:
                 br = self._require_bridge(ipr, network.bridge)
                 found = ipr.link_lookup(ifname=port)
                 if not found:
-                    raise NetworkError(f"interface {port} does not exist", code="host.network.port_missing")
+                    raise NetworkError(f"interface {port} does not exist", code=host_codes.NETWORK_PORT_MISSING)
                 link = ipr.get_links(found[0])[0]
                 if _attr(link, "IFLA_MASTER") != br:
                     ipr.link("set", index=found[0], master=br)
@@ -221,7 +224,9 @@ class LinuxBridgeNetwork:
                     ipr.link("set", index=found[0], state="up")
                     changed = True
         except NetlinkError as e:
-            raise NetworkError(f"cannot attach {port} to {network.bridge}: {e}", code="host.network.port_failed") from e
+            raise NetworkError(
+                f"cannot attach {port} to {network.bridge}: {e}", code=host_codes.NETWORK_PORT_FAILED
+            ) from e
         return changed
 
     def isolate_ports(self, network: Network) -> tuple[str, ...]:
@@ -234,7 +239,9 @@ class LinuxBridgeNetwork:
                         ipr.brport("set", index=index, isolated=1)
                         changed.append(name)
         except NetlinkError as e:
-            raise NetworkError(f"cannot isolate ports of {network.bridge}: {e}", code="host.network.port_failed") from e
+            raise NetworkError(
+                f"cannot isolate ports of {network.bridge}: {e}", code=host_codes.NETWORK_PORT_FAILED
+            ) from e
         return tuple(changed)
 
     # -- NAT --------------------------------------------------------------------
@@ -282,14 +289,14 @@ class LinuxBridgeNetwork:
         if kind != "bridge":
             raise NetworkError(
                 f"{name} exists but is a {kind or 'plain'} interface, not a bridge",
-                code="host.network.not_a_bridge",
+                code=host_codes.NETWORK_NOT_A_BRIDGE,
             )
         return int(found[0])
 
     def _require_bridge(self, ipr: Any, name: str) -> int:
         index = self._bridge_index(ipr, addresses.ifname(name))
         if index is None:
-            raise NetworkError(f"bridge {name} does not exist", code="host.network.bridge_missing")
+            raise NetworkError(f"bridge {name} does not exist", code=host_codes.NETWORK_BRIDGE_MISSING)
         return index
 
     @staticmethod

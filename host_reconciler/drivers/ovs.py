@@ -27,6 +27,7 @@ from typing import Any
 
 from pyroute2.netlink.exceptions import NetlinkError
 
+from host_reconciler import codes as host_codes
 from host_reconciler.drivers import addresses, netns
 from host_reconciler.drivers.network import (
     IptablesNat,
@@ -57,9 +58,9 @@ class OvsNetwork:
         timeout_s: int = 10,
     ) -> None:
         if db is not None and not _DB.match(db):
-            raise NetworkError(f"not an OVSDB address: {db!r}", code="host.network.ovs_db")
+            raise NetworkError(f"not an OVSDB address: {db!r}", code=host_codes.NETWORK_OVS_DB)
         if datapath_type not in ("netdev", "system"):
-            raise NetworkError(f"unknown datapath type {datapath_type!r}", code="host.network.ovs_datapath")
+            raise NetworkError(f"unknown datapath type {datapath_type!r}", code=host_codes.NETWORK_OVS_DATAPATH)
         self._netns = netns.checked(netns_name)
         self._db = db
         self._datapath = datapath_type
@@ -99,7 +100,7 @@ class OvsNetwork:
                 index = self._wait_link(ipr, br)
                 changed = ensure_gateway(ipr, index, network) or changed
         except NetlinkError as e:
-            raise NetworkError(f"cannot address OVS bridge {br}: {e}", code="host.network.bridge_failed") from e
+            raise NetworkError(f"cannot address OVS bridge {br}: {e}", code=host_codes.NETWORK_BRIDGE_FAILED) from e
         return changed
 
     def remove_bridge(self, network: Network) -> bool:
@@ -118,7 +119,7 @@ class OvsNetwork:
         # `port-to-br` exits 1 when the port is on no bridge.
         owner = self._run("port-to-br", port, ok=(0, 1)).stdout.strip()
         if owner and owner != br:
-            raise NetworkError(f"{port} is a port of {owner}, not {br}", code="host.network.port_elsewhere")
+            raise NetworkError(f"{port} is a port of {owner}, not {br}", code=host_codes.NETWORK_PORT_ELSEWHERE)
         if not owner:
             self._run("--may-exist", "add-port", br, port, "--", "set", "port", port, "protected=true")
             changed = True
@@ -182,7 +183,7 @@ class OvsNetwork:
         """
         for arg in args:
             if arg.startswith("-") and arg not in _COMMAND_OPTIONS:
-                raise NetworkError(f"refusing {arg!r} as an ovs-vsctl argument", code="host.tool.argv")
+                raise NetworkError(f"refusing {arg!r} as an ovs-vsctl argument", code=host_codes.TOOL_ARGV)
         try:
             return netns.run(
                 self._netns,
@@ -193,11 +194,11 @@ class OvsNetwork:
                     "--",
                     *args,
                 ],
-                code="host.network.ovs_failed",
+                code=host_codes.NETWORK_OVS_FAILED,
                 ok=ok,
             )
         except netns.CommandError as e:
-            raise NetworkError(e.message, code="host.network.ovs_failed") from e
+            raise NetworkError(e.message, code=host_codes.NETWORK_OVS_FAILED) from e
 
     def _get(self, table: str, record: str, column: str) -> str:
         """One column as ovs-vsctl prints it: `[]` when empty, strings JSON-quoted."""
@@ -213,7 +214,7 @@ class OvsNetwork:
     def _require_bridge(self, network: Network) -> str:
         br = addresses.ifname(network.bridge)
         if not self.bridge_exists(br):
-            raise NetworkError(f"OVS bridge {br} does not exist", code="host.network.bridge_missing")
+            raise NetworkError(f"OVS bridge {br} does not exist", code=host_codes.NETWORK_BRIDGE_MISSING)
         return br
 
     def _check_ofport(self, iface: str, expect: int | None = None) -> None:
@@ -228,7 +229,7 @@ class OvsNetwork:
                 error = self._get("interface", iface, "error")
                 reason = error if error not in ("", "[]") else "no ofport assigned"
                 raise NetworkError(
-                    f"OVS could not create interface {iface}: {reason}", code="host.network.ovs_interface_failed"
+                    f"OVS could not create interface {iface}: {reason}", code=host_codes.NETWORK_OVS_INTERFACE_FAILED
                 )
             time.sleep(0.1)
 
@@ -240,6 +241,6 @@ class OvsNetwork:
                 return int(found[0])
             if time.monotonic() > deadline:
                 raise NetworkError(
-                    f"OVS bridge {name} has no internal interface", code="host.network.ovs_interface_failed"
+                    f"OVS bridge {name} has no internal interface", code=host_codes.NETWORK_OVS_INTERFACE_FAILED
                 )
             time.sleep(0.1)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from desired.patterns import PCI_RE
+from host_reconciler import codes as host_codes
 from host_reconciler.drivers.protocols import RESET_DONE, RESET_UNSUPPORTED, VFIO, PciError, PciIdentity
 from host_reconciler.observations import PciObs
 from schemas.errors import TemporaryError
@@ -29,7 +30,7 @@ _PCI = re.compile(PCI_RE)
 
 def check_address(address: str) -> str:
     if not _PCI.match(address):
-        raise PciError(f"not a PCI address: {address!r}", code="host.pci.invalid_address")
+        raise PciError(f"not a PCI address: {address!r}", code=host_codes.PCI_INVALID_ADDRESS)
     return address
 
 
@@ -88,7 +89,7 @@ class SysfsPci:
             knob.write_text("1")
         except OSError as e:
             raise PciError(
-                f"{address}: the kernel refused the reset: {e.strerror}", code="host.health.reset_failed"
+                f"{address}: the kernel refused the reset: {e.strerror}", code=host_codes.HEALTH_RESET_FAILED
             ) from e
         return {"reset": RESET_DONE, "methods": methods}
 
@@ -96,11 +97,11 @@ class SysfsPci:
         if not self.allow_bind:
             raise PciError(
                 f"{address} is not on {VFIO} and binding is off (host setting vfio_bind)",
-                code="host.pci.not_vfio",
+                code=host_codes.PCI_NOT_VFIO,
             )
         dev = self._dev(address)
         if not dev.exists():
-            raise PciError(f"{address} is not on the PCI bus", code="host.pci.missing")
+            raise PciError(f"{address} is not on the PCI bus", code=host_codes.PCI_MISSING)
         try:
             (dev / "driver_override").write_text(VFIO)
             current = self.inspect(address).driver
@@ -109,9 +110,9 @@ class SysfsPci:
             if self.inspect(address).driver != VFIO:
                 (self.root / "bus" / "pci" / "drivers_probe").write_text(address)
         except OSError as e:
-            raise TemporaryError(f"binding {address} to {VFIO} failed: {e}", code="host.pci.bind_failed") from e
+            raise TemporaryError(f"binding {address} to {VFIO} failed: {e}", code=host_codes.PCI_BIND_FAILED) from e
         if self.inspect(address).driver != VFIO:
             raise PciError(
                 f"{address} did not bind to {VFIO} (is the vfio-pci module loaded?)",
-                code="host.pci.bind_failed",
+                code=host_codes.PCI_BIND_FAILED,
             )

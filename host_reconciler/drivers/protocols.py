@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from host_reconciler import codes as host_codes
 from host_reconciler import devicereports, images, pinning
 from host_reconciler.drivers import addresses
 from host_reconciler.observations import DiskObs, DomainObs, DomainState, IngressSeen, PciObs
@@ -92,7 +93,7 @@ class NetworkDriver(Protocol):
 
 
 class DhcpError(PermanentError):
-    code = "host.dhcp.error"
+    code = host_codes.DHCP_ERROR
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,15 +109,15 @@ class Reservation:
         # would also make "is this file current?" comparisons flap.
         if addresses.hostname(self.name) != self.name:
             raise addresses.InvalidNetworkValue(
-                f"host name must be lower case: {self.name!r}", code="host.net.invalid_hostname"
+                f"host name must be lower case: {self.name!r}", code=host_codes.NET_INVALID_HOSTNAME
             )
         if addresses.mac(self.mac) != self.mac:
             raise addresses.InvalidNetworkValue(
-                f"MAC must be lower case with colons: {self.mac!r}", code="host.net.invalid_mac"
+                f"MAC must be lower case with colons: {self.mac!r}", code=host_codes.NET_INVALID_MAC
             )
         if str(addresses.ipv4(self.ip)) != self.ip:
             raise addresses.InvalidNetworkValue(
-                f"IP must be in dotted decimal: {self.ip!r}", code="host.net.invalid_ip"
+                f"IP must be in dotted decimal: {self.ip!r}", code=host_codes.NET_INVALID_IP
             )
 
     def line(self) -> str:
@@ -140,7 +141,7 @@ def reservation_for(vm: VmSpec, network: Network) -> Reservation:
     The VM has one NIC on the management bridge, carrying the boot slot's MAC.
     """
     if not vm.bundles:
-        raise DhcpError(f"VM {vm.name} has no slot bundle", code="host.dhcp.no_bundle")
+        raise DhcpError(f"VM {vm.name} has no slot bundle", code=host_codes.DHCP_NO_BUNDLE)
     boot = vm.bundles[0]
     return Reservation(
         name=addresses.hostname(vm.name),
@@ -177,7 +178,7 @@ class DhcpDriver(Protocol):
 class DiskRefused(PermanentError):
     """The guard said no; nothing was written."""
 
-    code = "host.disk.refused"
+    code = host_codes.DISK_REFUSED
 
     def __init__(self, message: str, *, code: str | None = None, device: str = "") -> None:
         super().__init__(message, code=code)
@@ -187,7 +188,7 @@ class DiskRefused(PermanentError):
 class IdentityChanged(DiskRefused):
     """The block device behind the approved by-id path is not the approved disk."""
 
-    code = "host.disk.identity_changed"
+    code = host_codes.DISK_IDENTITY_CHANGED
 
     def __init__(self, message: str, *, device: str, evidence: dict[str, Any]) -> None:
         super().__init__(message, device=device)
@@ -201,7 +202,7 @@ class IdentityMissing(IdentityChanged):
     identity blocks it here too, until a new approval records the identity.
     """
 
-    code = "host.disk.identity_missing"
+    code = host_codes.DISK_IDENTITY_MISSING
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +261,7 @@ VFIO = "vfio-pci"  # the kernel driver a passed-through device must be bound to
 
 
 class PciError(PermanentError):
-    code = "host.pci.error"
+    code = host_codes.PCI_ERROR
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from host_reconciler import codes as host_codes
 from host_reconciler import devicereports
 from host_reconciler.drivers import addresses, dnsmasq, guestmarker, netns
 from host_reconciler.drivers.protocols import GUEST_MARKER, GuestAnnounce, Lease, ReadinessResult
@@ -43,7 +44,7 @@ from schemas.errors import PermanentError, TemporaryError
 class ReadinessTimeout(TemporaryError):
     """The VM did not become ready in time; `stage` says which step never passed."""
 
-    code = "host.readiness.timeout"
+    code = host_codes.READINESS_TIMEOUT
 
     def __init__(self, message: str, *, code: str, stage: str, waited_s: float) -> None:
         super().__init__(message, code=code)
@@ -54,7 +55,7 @@ class ReadinessTimeout(TemporaryError):
 class DeviceMismatch(PermanentError):
     """The guest does not see the devices its claim gives it (permanent: reschedule and quarantine)."""
 
-    code = "host.readiness.device_mismatch"
+    code = host_codes.READINESS_DEVICE_MISMATCH
 
     def __init__(self, message: str, *, devices: dict[str, object]) -> None:
         super().__init__(message)
@@ -126,7 +127,7 @@ class LeaseReadiness:
             self._announcements.listen(str(addresses.ipv4(gateway)))
         ip = str(addresses.ipv4(ip))
         if not 0 < port < 65536:
-            raise addresses.InvalidNetworkValue(f"not a TCP port: {port}", code="host.net.invalid_port")
+            raise addresses.InvalidNetworkValue(f"not a TCP port: {port}", code=host_codes.NET_INVALID_PORT)
         start = self._clock()
         deadline = start + timeout_s
 
@@ -141,7 +142,7 @@ class LeaseReadiness:
                 deadline,
                 start,
                 stage="lease",
-                code="host.readiness.lease_timeout",
+                code=host_codes.READINESS_LEASE_TIMEOUT,
                 message=(
                     f"no DHCP lease for {mac} with {ip} after {timeout_s:g}s" + (f" (it holds {seen})" if seen else "")
                 ),
@@ -160,7 +161,7 @@ class LeaseReadiness:
                 deadline,
                 start,
                 stage="port",
-                code="host.readiness.port_timeout",
+                code=host_codes.READINESS_PORT_TIMEOUT,
                 message=f"{ip}:{port} not accepting after {timeout_s:g}s ({last_error})",
             )
         if self._announcements is not None and name is not None:
@@ -199,7 +200,7 @@ class LeaseReadiness:
                 deadline,
                 start,
                 stage="devices",
-                code="host.readiness.devices_timeout",
+                code=host_codes.READINESS_DEVICES_TIMEOUT,
                 message=f"{name} sent no device report from {ip} after {timeout_s:g}s "
                 f"(GPU tool output and fabric port states; is nvidia-smi in the image?)",
             )
@@ -218,7 +219,7 @@ class LeaseReadiness:
                 deadline,
                 start,
                 stage="marker",
-                code="host.readiness.marker_timeout",
+                code=host_codes.READINESS_MARKER_TIMEOUT,
                 message=(
                     f"{name} did not announce {GUEST_MARKER} from {ip} after {timeout_s:g}s"
                     + (f" (an announcement came from {other})" if other else "")

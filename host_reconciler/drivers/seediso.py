@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from host_reconciler import codes as host_codes
 from host_reconciler.cloudinit import ISO_NAME, SeedError
 from host_reconciler.drivers import tools
 
@@ -31,4 +32,4 @@ def pack_iso(seed_dir: Path) -> None:
         timeout=60,
     )
     if res.returncode != 0:
-        raise SeedError(f"genisoimage failed: {res.stderr.strip()}", code="host.seed.iso")
+        raise SeedError(f"genisoimage failed: {res.stderr.strip()}", code=host_codes.SEED_ISO)

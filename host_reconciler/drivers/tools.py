@@ -16,6 +16,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from host_reconciler import codes as host_codes
 from schemas.errors import PermanentError, TemporaryError
 
 
@@ -44,13 +45,13 @@ def operand(value: str | os.PathLike[str]) -> str:
     """
     text = os.fspath(value)
     if not text or text.startswith("-") or "\x00" in text:
-        raise PermanentError(f"refusing {text!r} as a command operand", code="host.tool.argv")
+        raise PermanentError(f"refusing {text!r} as a command operand", code=host_codes.TOOL_ARGV)
     return text
 
 
 def run(argv: Sequence[str], *, timeout: float = 600.0) -> ToolResult:
     if not argv or any(not isinstance(a, str) or "\x00" in a for a in argv):
-        raise PermanentError(f"refusing malformed argv {argv!r}", code="host.tool.argv")
+        raise PermanentError(f"refusing malformed argv {argv!r}", code=host_codes.TOOL_ARGV)
     try:
         proc = subprocess.run(
             list(argv),
@@ -60,7 +61,9 @@ def run(argv: Sequence[str], *, timeout: float = 600.0) -> ToolResult:
             check=False,
         )
     except FileNotFoundError as e:
-        raise PermanentError(f"{argv[0]} is not installed on this host", code="host.tool.missing") from e
+        raise PermanentError(f"{argv[0]} is not installed on this host", code=host_codes.TOOL_MISSING) from e
     except subprocess.TimeoutExpired as e:
-        raise TemporaryError(f"{argv[0]} did not finish in {timeout:.0f}s", code="host.tool.timeout", delay=5.0) from e
+        raise TemporaryError(
+            f"{argv[0]} did not finish in {timeout:.0f}s", code=host_codes.TOOL_TIMEOUT, delay=5.0
+        ) from e
     return ToolResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)

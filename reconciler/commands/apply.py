@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from desired.reading import safefiles
 from desired.state import LoadResult
+from reconciler import codes as reconciler_codes
 from reconciler.commands import db
 from schemas import output, progress
 from schemas.errors import PermanentError, UsageError
@@ -91,14 +92,18 @@ def run(args: argparse.Namespace) -> int:
     if args.path.exists() and not args.path.is_dir():  # a FIFO or a device too: refused as a plan file, unread
         return _run_saved(args)
     if args.repo is not None:
-        raise UsageError("--repo goes with a plan file; give the repo itself as PATH", code="apply.usage")
+        raise UsageError(
+            "--repo goes with a plan file; give the repo itself as PATH", code=reconciler_codes.APPLY_USAGE
+        )
     with progress.for_args(args, "apply") as shown:
         with shown.phase("read desired state"):
             loaded = load(args.path, args.rev, allow_dirty=args.allow_dirty)
         if loaded.errors:
             for problem in loaded.errors:
                 print(problem.render(), file=sys.stderr)
-            raise PermanentError(f"{len(loaded.errors)} validation error(s): nothing applied", code="apply.invalid")
+            raise PermanentError(
+                f"{len(loaded.errors)} validation error(s): nothing applied", code=reconciler_codes.APPLY_INVALID
+            )
         with connections.connect(db.database_url(args), autocommit=True) as conn:
             migrations.migrate(conn)
             back = rewinds.check(conn, args.path, loaded.state, allow=args.allow_rewind)
@@ -111,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
                 raise PermanentError(
                     f"{len(e.problems)} error(s) against the store: nothing applied, the last "
                     "valid revision stays in force",
-                    code="apply.invalid",
+                    code=reconciler_codes.APPLY_INVALID,
                 ) from None
     _print(reconciling.summary(result), args.output, verbose=args.verbose)
     return 0
@@ -131,7 +136,8 @@ def load(path: Path, rev: str | None, *, allow_dirty: bool = False) -> LoadResul
     if rev is not None:
         if allow_dirty:
             raise UsageError(
-                "--allow-dirty applies the working tree and --rev a commit: give one of them", code="apply.usage"
+                "--allow-dirty applies the working tree and --rev a commit: give one of them",
+                code=reconciler_codes.APPLY_USAGE,
             )
         return sources.load(path, rev)
     if not path.exists():
@@ -149,7 +155,7 @@ def load(path: Path, rev: str | None, *, allow_dirty: bool = False) -> LoadResul
             f"{len(dirty)} desired-state file(s) under {path} differ from HEAD: {listed}; apply reads the "
             "committed tree, so commit them (or pass --allow-dirty to apply the working tree, recorded as "
             "tree:<hash>, not as a commit)",
-            code="apply.tree_dirty",
+            code=reconciler_codes.APPLY_TREE_DIRTY,
         )
     print(
         f"warning: applying the working tree: {len(dirty)} file(s) differ from HEAD; history records it as tree:<hash>",
@@ -216,7 +222,7 @@ def _run_saved(args: argparse.Namespace) -> int:
     if args.rev is not None or args.allow_dirty or args.policy is not None:
         raise UsageError(
             "a saved plan fixes its revision and policy: --rev, --allow-dirty and --policy do not apply to it",
-            code="apply.usage",
+            code=reconciler_codes.APPLY_USAGE,
         )
     saved = planfiles.read(args.path)
     repo = args.repo if args.repo is not None else Path(saved.repo)
@@ -224,7 +230,7 @@ def _run_saved(args: argparse.Namespace) -> int:
     if loaded.errors:  # the revision was valid when planned; a tree read again may not be
         raise PermanentError(
             f"the planned head {saved.head_revision} has {len(loaded.errors)} validation error(s) now",
-            code="apply.plan_stale",
+            code=reconciler_codes.APPLY_PLAN_STALE,
         )
     planfiles.check_desired(saved, inventoryrows.content_hash(loaded.state))
     with connections.connect(db.database_url(args), autocommit=True) as conn:

@@ -20,11 +20,12 @@ import difflib
 import textwrap
 from typing import Any
 
+from reconciler import codes as reconciler_codes
 from schemas import output
 from schemas.errors import UsageError
 
-UNKNOWN_KIND = "explain.unknown_kind"
-UNKNOWN_FIELD = "explain.unknown_field"
+UNKNOWN_KIND = reconciler_codes.EXPLAIN_UNKNOWN_KIND
+UNKNOWN_FIELD = reconciler_codes.EXPLAIN_UNKNOWN_FIELD
 # Schema keywords shown as constraints, in this order (enum and const are the allowed values).
 CONSTRAINTS = (
     "pattern",

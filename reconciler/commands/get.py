@@ -14,6 +14,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from reconciler import codes as reconciler_codes
 from reconciler import parsing
 from reconciler.commands import db, repeating
 from schemas import output
@@ -62,7 +63,9 @@ def select(doc: dict[str, Any], kind: str, name: str | None) -> list[dict[str, A
     chosen = [o for o in found if name_of(kind, o) == name]
     if not chosen:
         hint = parsing.did_you_mean(parsing.close(name, (name_of(kind, o) for o in found)))
-        raise UsageError(f"no {kind} {name!r} in the database" + (f"; {hint}" if hint else ""), code="get.not_found")
+        raise UsageError(
+            f"no {kind} {name!r} in the database" + (f"; {hint}" if hint else ""), code=reconciler_codes.GET_NOT_FOUND
+        )
     return chosen
 
 

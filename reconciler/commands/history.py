@@ -18,6 +18,7 @@ import argparse
 import datetime as dt
 from typing import Any
 
+from reconciler import codes as reconciler_codes
 from reconciler.commands import db
 from schemas import output
 from schemas.errors import UsageError
@@ -127,7 +128,9 @@ def run_allocation(args: argparse.Namespace) -> int:
     with connections.connect(db.reading_url(args), autocommit=True) as conn:
         doc = history.allocation(conn, args.allocation)
     if doc is None:
-        raise UsageError(f"no allocation {args.allocation!r} in the database", code="history.unknown_allocation")
+        raise UsageError(
+            f"no allocation {args.allocation!r} in the database", code=reconciler_codes.HISTORY_UNKNOWN_ALLOCATION
+        )
     if output.structured(args.output):
         output.emit(doc, args.output)
     else:

@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from reconciler import codes as reconciler_codes
 from reconciler.commands import db
 from schemas import output
 from schemas.errors import UsageError
@@ -45,32 +46,36 @@ def _write_new(path: Path, token: str) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
         raise UsageError(
-            f"--out {path} exists: the token is written only to a new file", code="host.token.out_exists"
+            f"--out {path} exists: the token is written only to a new file", code=reconciler_codes.HOST_TOKEN_OUT_EXISTS
         ) from None
     except OSError as e:
-        raise UsageError(f"cannot create --out {path}: {e.strerror or e}", code="host.token.out_unwritable") from e
+        raise UsageError(
+            f"cannot create --out {path}: {e.strerror or e}", code=reconciler_codes.HOST_TOKEN_OUT_UNWRITABLE
+        ) from e
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
 
 
 def run(args: argparse.Namespace) -> int:
-    from reconciler.service import agents
+    from reconciler.service import agenttokens
     from reconciler.store import connections, migrations
 
     out: Path | None = getattr(args, "out", None)
     if out is not None and (out.exists() or out.is_symlink()):
-        raise UsageError(f"--out {out} exists: the token is written only to a new file", code="host.token.out_exists")
+        raise UsageError(
+            f"--out {out} exists: the token is written only to a new file", code=reconciler_codes.HOST_TOKEN_OUT_EXISTS
+        )
     with connections.connect(db.database_url(args), autocommit=True) as conn:
         migrations.migrate(conn)
         if args.token_action == "revoke":  # noqa: S105 - an action name
-            revoked = agents.revoke_token(conn, args.node)
+            revoked = agenttokens.revoke_token(conn, args.node)
             doc: dict[str, Any] = {"node": args.node, "revoked": revoked}
             if output.structured(args.output):
                 output.emit(doc, args.output)
             else:
                 print(f"{args.node}: token revoked" if revoked else f"{args.node} had no token")
             return 0
-        token = agents.issue_token(conn, args.node, rotate=args.token_action == "rotate")  # noqa: S105 - an action name
+        token = agenttokens.issue_token(conn, args.node, rotate=args.token_action == "rotate")  # noqa: S105 - an action name
     if out is not None:
         _write_new(out, token)
     doc = {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from reconciler import codes as reconciler_codes
 from reconciler.commands import db
 from schemas import output
 from schemas.errors import UsageError
@@ -32,7 +33,9 @@ def run_clear(args: argparse.Namespace) -> int:
     with connections.connect(db.database_url(args), autocommit=True) as conn:
         cleared = leases.clear_quarantine(conn, args.node)
     if cleared is None:
-        raise UsageError(f"machine of node {args.node} is not quarantined", code="machine.not_quarantined")
+        raise UsageError(
+            f"machine of node {args.node} is not quarantined", code=reconciler_codes.MACHINE_NOT_QUARANTINED
+        )
     if output.structured(args.output):
         output.emit({"node": args.node, "outcome": "cleared", **cleared}, args.output)
         return 0

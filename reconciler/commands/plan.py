@@ -38,6 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reconciler import codes as reconciler_codes
 from reconciler import exiting
 from reconciler.caches import checkedtrees
 from reconciler.commands import db
@@ -320,7 +321,7 @@ def _guard(fn: Any) -> Any:
     try:
         return fn()
     except ValueError as e:  # an unknown --policy name
-        raise UsageError(str(e), code="plan.policy_unknown") from e
+        raise UsageError(str(e), code=reconciler_codes.PLAN_POLICY_UNKNOWN) from e
 
 
 def _render(pr: prplan.PrPlan, fmt: str) -> str:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reconciler import codes as reconciler_codes
 from schemas import output
 from schemas.errors import PermanentError
 
@@ -98,7 +99,7 @@ def public_keys(path: Path) -> list[str]:
     from desired.patterns import SSH_KEY_RE
     from schemas import inputfiles
 
-    text = inputfiles.read_text(path, limit=SSH_KEY_LIMIT, code="request.ssh_key", what="--ssh-key")
+    text = inputfiles.read_text(path, limit=SSH_KEY_LIMIT, code=reconciler_codes.REQUEST_SSH_KEY, what="--ssh-key")
     keys: list[str] = []
     bad: list[int] = []
     for number, raw in enumerate(text.splitlines(), 1):
@@ -115,7 +116,7 @@ def public_keys(path: Path) -> list[str]:
         raise PermanentError(
             f"--ssh-key {path}: {'it holds a private key; ' if private else ''}line(s) {shown} are not OpenSSH "
             "public keys (their content is not shown); give the .pub file",
-            code="request.ssh_key.not_public",
+            code=reconciler_codes.REQUEST_SSH_KEY_NOT_PUBLIC,
         )
     return keys
 

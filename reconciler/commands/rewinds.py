@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from desired.state import DesiredState
+from reconciler import codes as reconciler_codes
 from reconciler.store import connections, live, revisions
 from schemas import dberrors
 from schemas.errors import PermanentError
 
 LISTED = 20  # names per kind in the refusal; the rest are counted
-CODE = "apply.rewind"
+CODE = reconciler_codes.APPLY_REWIND
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +106,7 @@ def _descends(path: Path, older: str, newer: str) -> bool | None:
                 return None
             return bool(repo.is_ancestor(old, repo.commit(newer)))
     except (git.GitCommandError, git.InvalidGitRepositoryError, git.NoSuchPathError) as e:
-        raise PermanentError(f"cannot read the history of {path}: {e}", code="apply.git") from e
+        raise PermanentError(f"cannot read the history of {path}: {e}", code=reconciler_codes.APPLY_GIT) from e
 
 
 def _removed(conn: connections.Connection, state: DesiredState, applied: str, target: str) -> Rewind:

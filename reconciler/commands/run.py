@@ -26,6 +26,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reconciler import codes as reconciler_codes
 from reconciler.commands import db
 from schemas import logs, notify, signals
 from schemas.errors import UsageError
@@ -118,7 +119,9 @@ def _check(args: argparse.Namespace) -> None:
         try:
             packing.Policy(args.policy)
         except ValueError as e:
-            raise UsageError(f"unknown placement policy {args.policy!r}", code="plan.policy_unknown") from e
+            raise UsageError(
+                f"unknown placement policy {args.policy!r}", code=reconciler_codes.PLAN_POLICY_UNKNOWN
+            ) from e
 
 
 GAVE_UP = 3  # exit status: failing for longer than --max-failing-seconds
@@ -153,7 +156,7 @@ def _migrate_when_up(
                 f"{', ...' if len(pending) > 3 else ''}) and --no-migrate is set; run `gpuaas db migrate`",
                 "run.no_schema",
                 level=logging.ERROR,
-                code="gitops.no_schema",
+                code=reconciler_codes.GITOPS_NO_SCHEMA,
             )
             return NO_SCHEMA
         except TemporaryError as e:

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from reconciler import codes as reconciler_codes
 from reconciler.commands import db
 from schemas import notify, signals
 
@@ -167,7 +168,8 @@ def _remote_branch(text: str | None) -> tuple[str, str] | None:
     remote, sep, branch = text.partition("/")
     if not sep or not remote or not branch:
         raise UsageError(
-            f"--intake-push takes REMOTE/BRANCH (e.g. origin/main), not {text!r}", code="serve.intake_push_invalid"
+            f"--intake-push takes REMOTE/BRANCH (e.g. origin/main), not {text!r}",
+            code=reconciler_codes.SERVE_INTAKE_PUSH_INVALID,
         )
     gitrepo.check_ref_name(remote, "--intake-push remote")
     gitrepo.check_ref_name(branch, "--intake-push branch")

@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reconciler import codes as reconciler_codes
 from schemas.errors import UsageError
 
 WORKLOAD_LIMIT = 1024 * 1024 * 1024  # a CSV of millions of requests; never an endless device
@@ -88,7 +89,9 @@ def _rows(path: Path) -> list[Any]:
     from schemas.errors import PermanentError
 
     try:
-        text = inputfiles.read_text(path, limit=WORKLOAD_LIMIT, code="simulate.workload.unreadable", what="workload")
+        text = inputfiles.read_text(
+            path, limit=WORKLOAD_LIMIT, code=reconciler_codes.SIMULATE_WORKLOAD_UNREADABLE, what="workload"
+        )
     except PermanentError as e:
         raise UsageError(e.message, code=e.code) from e
     try:
@@ -97,13 +100,14 @@ def _rows(path: Path) -> list[Any]:
             missing = set(synthesis.WORKLOAD_HEADER) - set(reader.fieldnames or ())
             if missing:
                 raise UsageError(
-                    f"{path}: missing column(s) {', '.join(sorted(missing))}", code="simulate.workload.header"
+                    f"{path}: missing column(s) {', '.join(sorted(missing))}",
+                    code=reconciler_codes.SIMULATE_WORKLOAD_HEADER,
                 )
             return simulation.read_rows(reader)
     except OSError as e:
-        raise UsageError(f"{path}: {e.strerror}", code="simulate.workload.unreadable") from e
+        raise UsageError(f"{path}: {e.strerror}", code=reconciler_codes.SIMULATE_WORKLOAD_UNREADABLE) from e
     except ValueError as e:
-        raise UsageError(f"{path}: {e}", code="simulate.workload.row") from e
+        raise UsageError(f"{path}: {e}", code=reconciler_codes.SIMULATE_WORKLOAD_ROW) from e
 
 
 def _progress(label: str) -> simulation.Progress:
@@ -131,16 +135,18 @@ def run(args: argparse.Namespace) -> int:
     if args.suite:
         return run_suite(args)
     if args.fleet is None or args.workload is None:
-        raise UsageError("--fleet and --workload are required (or --suite)", code="simulate.args.missing")
+        raise UsageError(
+            "--fleet and --workload are required (or --suite)", code=reconciler_codes.SIMULATE_ARGS_MISSING
+        )
     result = sources.load(args.fleet)
     if result.errors:
         raise UsageError(
             f"{args.fleet} does not validate ({len(result.errors)} errors); run gpuaas validate",
-            code="simulate.fleet.invalid",
+            code=reconciler_codes.SIMULATE_FLEET_INVALID,
         )
     rows = _rows(args.workload)
     if not rows:
-        raise UsageError(f"{args.workload}: no requests", code="simulate.workload.empty")
+        raise UsageError(f"{args.workload}: no requests", code=reconciler_codes.SIMULATE_WORKLOAD_EMPTY)
     policies = [p.value for p in packing.ALL] if args.compare else [args.policy]
     repack = None
     if args.compare or args.repack_bound:
@@ -249,18 +255,22 @@ def run_suite(args: argparse.Namespace) -> int:
         loads = [float(x) for x in args.loads.split(",") if x.strip()]
     except ValueError as e:
         raise UsageError(
-            f"--loads {args.loads!r}: expected numbers such as 0.8,0.9,1.0", code="simulate.suite.loads"
+            f"--loads {args.loads!r}: expected numbers such as 0.8,0.9,1.0", code=reconciler_codes.SIMULATE_SUITE_LOADS
         ) from e
     if not loads or any(not 0 < x <= 10 for x in loads):
-        raise UsageError(f"--loads {args.loads!r}: loads must be in (0, 10]", code="simulate.suite.loads")
+        raise UsageError(
+            f"--loads {args.loads!r}: loads must be in (0, 10]", code=reconciler_codes.SIMULATE_SUITE_LOADS
+        )
     if args.seeds < 1 or args.requests < 1 or args.nodes < 1:
-        raise UsageError("--seeds, --requests and --nodes must be at least 1", code="simulate.suite.size")
+        raise UsageError(
+            "--seeds, --requests and --nodes must be at least 1", code=reconciler_codes.SIMULATE_SUITE_SIZE
+        )
     names = [x.strip() for x in args.families.split(",")] if args.families else [f.name for f in suite.FAMILIES]
     unknown = [n for n in names if n not in {f.name for f in suite.FAMILIES}]
     if unknown:
         raise UsageError(
             f"--families: unknown {', '.join(unknown)} (known: {', '.join(f.name for f in suite.FAMILIES)})",
-            code="simulate.suite.family",
+            code=reconciler_codes.SIMULATE_SUITE_FAMILY,
         )
     families = [suite.family(n) for n in names]
     cells = suite.run(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from reconciler import codes as reconciler_codes
 from reconciler.commands import db
 from schemas import output
 from schemas.errors import UsageError
@@ -52,12 +53,14 @@ def run_rewipe(args: argparse.Namespace) -> int:
     from reconciler.store import connections, rewipes
 
     if args.slot < 0 or len(args.reason) > 500:
-        raise UsageError("slot must be >= 0 and --reason at most 500 characters", code="slot.rewipe.invalid")
+        raise UsageError(
+            "slot must be >= 0 and --reason at most 500 characters", code=reconciler_codes.SLOT_REWIPE_INVALID
+        )
     by = args.by or getpass.getuser()
     with connections.connect(db.database_url(args), autocommit=True) as conn:
         done = rewipes.request(conn, args.node, args.slot, requested_by=by, reason=args.reason)
     if done.outcome == "unknown":
-        raise UsageError(f"no slot {args.slot} on node {args.node}", code="slot.unknown")
+        raise UsageError(f"no slot {args.slot} on node {args.node}", code=reconciler_codes.SLOT_UNKNOWN)
     if output.structured(args.output):
         output.emit(done.as_dict(), args.output)
         return 0
@@ -77,7 +80,7 @@ def run_clear(args: argparse.Namespace) -> int:
     with connections.connect(db.database_url(args), autocommit=True) as conn:
         cleared = lifecycle.clear_quarantine(conn, args.node, args.slot)
     if cleared.outcome == "unknown":
-        raise UsageError(f"no slot {args.slot} on node {args.node}", code="slot.unknown")
+        raise UsageError(f"no slot {args.slot} on node {args.node}", code=reconciler_codes.SLOT_UNKNOWN)
     if output.structured(args.output):
         output.emit(
             {

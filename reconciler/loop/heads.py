@@ -21,6 +21,7 @@ from typing import Any
 import git
 
 from desired.reading import gitrepo
+from reconciler import codes as reconciler_codes
 from schemas.errors import GpuaasError, TemporaryError, UsageError
 
 # Only these paths under the git directory say "a ref may have moved".
@@ -33,7 +34,8 @@ def _repo(path: Path) -> git.Repo:
         return git.Repo(path, search_parent_directories=True)
     except (git.InvalidGitRepositoryError, git.NoSuchPathError) as e:
         raise GpuaasError(
-            f"{path} is not inside a git repository; the loop reconciles commits", code="gitops.not_a_repo"
+            f"{path} is not inside a git repository; the loop reconciles commits",
+            code=reconciler_codes.GITOPS_NOT_A_REPO,
         ) from e
 
 
@@ -123,7 +125,7 @@ class RemoteBranch(_GitRevisions):
             self.repo.close()
             raise UsageError(
                 f"no remote named {remote!r} in {self.repo.git_dir}; add it with `git remote add`",
-                code="gitops.remote_unknown",
+                code=reconciler_codes.GITOPS_REMOTE_UNKNOWN,
             )
         self.remote, self.branch, self.stop = remote, branch, stop
         self.retry_delay = retry_delay  # after a failed fetch: the next poll, not a tight loop
@@ -136,7 +138,7 @@ class RemoteBranch(_GitRevisions):
         except (git.GitCommandError, ValueError, git.BadName) as e:
             raise TemporaryError(
                 f"cannot fetch {self.remote}/{self.branch}: {str(e).strip()}",
-                code="gitops.fetch",
+                code=reconciler_codes.GITOPS_FETCH,
                 delay=self.retry_delay,
             ) from e
 

@@ -40,19 +40,19 @@ import datetime as dt
 import gc
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
-from typing import Protocol
 
 import psycopg
 
 from desired.reading.loading import Cancelled
 from desired.state import DesiredState
 from policies import validationmemo
+from reconciler import codes as reconciler_codes
 from reconciler import sources
 from reconciler.caches.blobs import BlobCache
+from reconciler.loop.looptypes import Event, Failing, Revisions
 from reconciler.placement import replanning
 from reconciler.plans import Planner
 from reconciler.reconcile import reconciling
@@ -60,48 +60,27 @@ from reconciler.store import connections, history, inventory, live, migrations, 
 from schemas import dberrors
 from schemas.errors import GpuaasError, TemporaryError
 
+# The loop's values live in looptypes; callers and tests name them through this module.
+__all__ = [
+    "BUSY_RECHECK_S",
+    "FRESH_RETRY_S",
+    "HEAD_BEHIND",
+    "NO_SCHEMA",
+    "RECONVERGED",
+    "REHEAP_EVERY",
+    "Connect",
+    "Event",
+    "Failing",
+    "Log",
+    "Loop",
+    "Revisions",
+]
+
 BUSY_RECHECK_S = 1.0  # another reconciler holds the revision: look again this soon
-HEAD_BEHIND = "gitops.head_behind"  # HEAD is an ancestor of the applied revision: refused
-RECONVERGED = "gitops.reconverged"  # the store was behind the applied revision: applied again
-NO_SCHEMA = "gitops.no_schema"  # the database lost its schema: migrated, or the loop stops
+HEAD_BEHIND = reconciler_codes.GITOPS_HEAD_BEHIND  # HEAD is an ancestor of the applied revision: refused
+RECONVERGED = reconciler_codes.GITOPS_RECONVERGED  # the store was behind the applied revision: applied again
+NO_SCHEMA = reconciler_codes.GITOPS_NO_SCHEMA  # the database lost its schema: migrated, or the loop stops
 _SCHEMA_GONE = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction)  # worth a look for the schema
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One thing the loop did (for the log line, and for tests)."""
-
-    kind: str  # applied | invalid | behind | skipped | retried | migrated | error
-    revision: str | None
-    message: str = ""
-    run_id: int | None = None
-    counts: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
-    seconds: float = 0.0
-    changed: bool = False
-
-    def render(self) -> str:
-        rev = (self.revision or "-")[:12]
-        counts = " ".join(f"{k}={v}" for k, v in self.counts.items() if v)
-        took = f" in {self.seconds:.2f}s" if self.seconds else ""
-        text = f"{self.kind:<8} {rev:<12}{took}"
-        if self.kind in ("applied", "retried"):
-            text += " changed" if self.changed else " unchanged"
-        return " ".join(x for x in (text, counts, self.message) if x)
-
-
-class Revisions(Protocol):
-    label: str
-
-    def current(self) -> str | None:
-        """The revision to be in force now (None: nothing committed yet)."""
-
-    def wait(self, timeout: float) -> None:
-        """Return when a new revision may exist, after `timeout` seconds, or when the loop stops."""
-
-    def is_ancestor(self, older: str, newer: str) -> bool:
-        """Is `older` an ancestor of `newer` (both known locally)? False when unknown."""
-
-    def close(self) -> None: ...
 
 
 Connect = Callable[[], connections.Connection]
@@ -109,17 +88,6 @@ Log = Callable[[Event], None]
 
 FRESH_RETRY_S = 1.0  # a new failure is retried this soon, on a fresh connection
 REHEAP_EVERY = 50  # revisions between full collections of the frozen heap (see Loop._settle_heap)
-
-
-@dataclass(frozen=True, slots=True)
-class Failing:
-    """The loop has failed since `since` (its clock); the newest failure is `code` on `revision`."""
-
-    revision: str | None
-    code: str
-    message: str
-    since: float
-    tries: int  # failures in a row of this code on this revision
 
 
 class Loop:
@@ -208,7 +176,7 @@ class Loop:
         except GpuaasError as e:
             return self._error(e)
         except Exception as e:  # a bug must neither kill nor wedge the loop: logged, retried, counted as failing
-            return self._failed("gpuaas.bug", f"{type(e).__name__}: {e}", None)
+            return self._failed(reconciler_codes.GPUAAS_BUG, f"{type(e).__name__}: {e}", None)
         self.failing = None  # the step went through: whatever failed before works again
         return event
 

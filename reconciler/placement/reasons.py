@@ -17,26 +17,27 @@ from typing import Any
 
 from desired import models as m
 from policies import fabric
+from reconciler.placement import codes as placement_codes
 from reconciler.placement import fleetgraph
 
-SKU_UNKNOWN = "plan.sku_unknown"
-SKU_INACTIVE = "plan.sku_inactive"
-GPU_COUNT = "plan.gpu_count_not_allowed"
+SKU_UNKNOWN = placement_codes.SKU_UNKNOWN
+SKU_INACTIVE = placement_codes.SKU_INACTIVE
+GPU_COUNT = placement_codes.GPU_COUNT_NOT_ALLOWED
 
 # The `sku_unavailable` family: the request is valid, nothing can take it now.
-NO_NODE = "plan.sku_unavailable.no_node"  # no node in the region serves this SKU at all
-FABRIC = "plan.sku_unavailable.fabric"  # nodes with the GPU, but not the promised fabric
-NOT_SLICE_READY = "plan.sku_unavailable.not_slice_ready"  # tag/firmware/slot approval incomplete
-TENANT_BOUNDARY = "plan.sku_unavailable.tenant_boundary"  # every candidate belongs to another org
-DRAINING = "plan.sku_unavailable.draining"  # the only candidates are draining
-MAINTENANCE = "plan.sku_unavailable.maintenance"  # the only candidates are in maintenance
-UNHEALTHY = "plan.sku_unavailable.unhealthy"  # the only candidates fail health checks
-NODE_CORRUPT = "plan.sku_unavailable.node_corrupt"  # the only candidates' hosts report node-wide corruption
-NO_EMPTY_NODE = "plan.sku_unavailable.no_empty_node"  # baremetal: every candidate holds a claim
-TOPOLOGY = "plan.sku_unavailable.topology"  # enough free GPUs in aggregate, no topology-safe set
-CAPACITY = "plan.sku_unavailable.capacity"  # not enough free GPUs in aggregate
+NO_NODE = placement_codes.SKU_UNAVAILABLE_NO_NODE  # no node in the region serves this SKU at all
+FABRIC = placement_codes.SKU_UNAVAILABLE_FABRIC  # nodes with the GPU, but not the promised fabric
+NOT_SLICE_READY = placement_codes.SKU_UNAVAILABLE_NOT_SLICE_READY  # tag/firmware/slot approval incomplete
+TENANT_BOUNDARY = placement_codes.SKU_UNAVAILABLE_TENANT_BOUNDARY  # every candidate belongs to another org
+DRAINING = placement_codes.SKU_UNAVAILABLE_DRAINING  # the only candidates are draining
+MAINTENANCE = placement_codes.SKU_UNAVAILABLE_MAINTENANCE  # the only candidates are in maintenance
+UNHEALTHY = placement_codes.SKU_UNAVAILABLE_UNHEALTHY  # the only candidates fail health checks
+NODE_CORRUPT = placement_codes.SKU_UNAVAILABLE_NODE_CORRUPT  # the only candidates' hosts report node-wide corruption
+NO_EMPTY_NODE = placement_codes.SKU_UNAVAILABLE_NO_EMPTY_NODE  # baremetal: every candidate holds a claim
+TOPOLOGY = placement_codes.SKU_UNAVAILABLE_TOPOLOGY  # enough free GPUs in aggregate, no topology-safe set
+CAPACITY = placement_codes.SKU_UNAVAILABLE_CAPACITY  # not enough free GPUs in aggregate
 # No viable image (active, fits the SKU's target, with a digest): seed 002 §4. Details say why.
-IMAGE_UNAVAILABLE = "plan.image_unavailable"
+IMAGE_UNAVAILABLE = placement_codes.IMAGE_UNAVAILABLE
 
 ALL = (
     SKU_UNKNOWN,

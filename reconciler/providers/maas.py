@@ -17,6 +17,7 @@ import time
 import urllib.parse
 from typing import Any, NotRequired, TypedDict
 
+from reconciler import codes as reconciler_codes
 from reconciler.providers import http
 from reconciler.providers.protocols import (
     DeployRequest,
@@ -58,7 +59,8 @@ def oauth_header(api_key: str) -> str:
     parts = api_key.strip().split(":")
     if len(parts) != 3 or not all(parts):
         raise PermanentError(
-            "a MAAS API key has three parts, consumer_key:token_key:token_secret", code="baremetal.provider.credentials"
+            "a MAAS API key has three parts, consumer_key:token_key:token_secret",
+            code=reconciler_codes.BAREMETAL_PROVIDER_CREDENTIALS,
         )
     consumer, token, secret = parts
     fields = {

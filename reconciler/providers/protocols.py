@@ -19,15 +19,16 @@ import json
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from reconciler import codes as reconciler_codes
 from schemas.errors import PermanentError, TemporaryError
 
-UNREACHABLE = "baremetal.provider.unreachable"
-REFUSED = "baremetal.provider.refused"
-CREDENTIALS = "baremetal.provider.credentials"
-DEPLOY_FAILED = "baremetal.deploy.failed"
-ERASE_FAILED = "baremetal.erase.failed"
-MACHINE_MISSING = "baremetal.machine.missing"
-SSH_WAITING = "baremetal.ssh.waiting"
+UNREACHABLE = reconciler_codes.BAREMETAL_PROVIDER_UNREACHABLE
+REFUSED = reconciler_codes.BAREMETAL_PROVIDER_REFUSED
+CREDENTIALS = reconciler_codes.BAREMETAL_PROVIDER_CREDENTIALS
+DEPLOY_FAILED = reconciler_codes.BAREMETAL_DEPLOY_FAILED
+ERASE_FAILED = reconciler_codes.BAREMETAL_ERASE_FAILED
+MACHINE_MISSING = reconciler_codes.BAREMETAL_MACHINE_MISSING
+SSH_WAITING = reconciler_codes.BAREMETAL_SSH_WAITING
 
 WipePolicy = Literal["secure_erase", "quick_erase"]
 

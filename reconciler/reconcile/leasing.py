@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from desired.state import DesiredState
+from reconciler import codes as reconciler_codes
 from reconciler.providers import probes
 from reconciler.providers import protocols as pr
 from reconciler.providers.registry import Providers
@@ -109,7 +110,7 @@ def _advance(  # noqa: PLR0917
         if provider is None:
             raise PermanentError(
                 f"machine provider {lease.provider} is not declared in Fleet.machine_providers",
-                code="baremetal.provider.undeclared",
+                code=reconciler_codes.BAREMETAL_PROVIDER_UNDECLARED,
             )
         if w.claim_status == "releasing":
             return _release(conn, lease, provider, fault)
@@ -140,7 +141,7 @@ def _deploy(  # noqa: PLR0911, PLR0917
                 f"{lease.provider} machine {lease.machine_id} is {machine.provider_state}"
                 + (f" for {machine.allocation_id}" if machine.allocation_id and not ours else "")
                 + ": not free for a deploy",
-                code="baremetal.machine.busy",
+                code=reconciler_codes.BAREMETAL_MACHINE_BUSY,
             )
         request = _deploy_request(w, lease)
         try:
@@ -274,7 +275,8 @@ def _deploy_request(w: leases.Work, lease: leases.Lease) -> pr.DeployRequest:
     ref = str(image.get("source_ref") or image.get("slug") or "") if isinstance(image, dict) else ""
     if not ref:
         raise PermanentError(
-            f"allocation {w.allocation_id} has no baremetal image to deploy", code="baremetal.deploy.no_image"
+            f"allocation {w.allocation_id} has no baremetal image to deploy",
+            code=reconciler_codes.BAREMETAL_DEPLOY_NO_IMAGE,
         )
     keys = tuple(str(k) for k in snap.get("ssh_keys") or ())
     hostname = f"{lease.allocation_id}"

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reconciler import codes as reconciler_codes
 from reconciler import plans, sources
 from reconciler.placement import prplan, prplan_render
 from schemas.errors import PermanentError
@@ -194,7 +195,9 @@ def write(path: Path, doc: Mapping[str, Any]) -> None:
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
     except OSError as e:
-        raise PermanentError(f"{path}: cannot write the plan file: {e.strerror}", code="plan.out_unwritable") from e
+        raise PermanentError(
+            f"{path}: cannot write the plan file: {e.strerror}", code=reconciler_codes.PLAN_OUT_UNWRITABLE
+        ) from e
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -202,14 +205,17 @@ def write(path: Path, doc: Mapping[str, Any]) -> None:
         os.replace(tmp, path)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
-        raise PermanentError(f"{path}: cannot write the plan file: {e.strerror}", code="plan.out_unwritable") from e
+        raise PermanentError(
+            f"{path}: cannot write the plan file: {e.strerror}", code=reconciler_codes.PLAN_OUT_UNWRITABLE
+        ) from e
 
 
 def _need(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], path: Path) -> Any:
     value = doc.get(key)
     if not isinstance(value, kind):
         raise PermanentError(
-            f"{path}: field {key!r} is missing or malformed; not a plan file gpuaas wrote", code="apply.plan_unreadable"
+            f"{path}: field {key!r} is missing or malformed; not a plan file gpuaas wrote",
+            code=reconciler_codes.APPLY_PLAN_UNREADABLE,
         )
     return value
 
@@ -218,19 +224,22 @@ def read(path: Path) -> SavedPlan:
     """The saved plan at `path`; apply.plan_unreadable or apply.plan_version when it is not one we can apply."""
     from schemas import inputfiles
 
-    raw = inputfiles.read_bytes(path, limit=MAX_BYTES, code="apply.plan_unreadable", what="plan file")
+    raw = inputfiles.read_bytes(path, limit=MAX_BYTES, code=reconciler_codes.APPLY_PLAN_UNREADABLE, what="plan file")
     try:
         doc = json.loads(raw)
     except ValueError as e:  # also UnicodeDecodeError and json.JSONDecodeError
         raise PermanentError(
-            f"{path}: not a plan file (a JSON document written by `gpuaas plan --out`)", code="apply.plan_unreadable"
+            f"{path}: not a plan file (a JSON document written by `gpuaas plan --out`)",
+            code=reconciler_codes.APPLY_PLAN_UNREADABLE,
         ) from e
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise PermanentError(f'{path}: not a plan file (no "format": "{FORMAT}")', code="apply.plan_unreadable")
+        raise PermanentError(
+            f'{path}: not a plan file (no "format": "{FORMAT}")', code=reconciler_codes.APPLY_PLAN_UNREADABLE
+        )
     if doc.get("version") != VERSION:
         raise PermanentError(
             f"{path}: plan file version {doc.get('version')!r}; this gpuaas applies version {VERSION} only: plan again",
-            code="apply.plan_version",
+            code=reconciler_codes.APPLY_PLAN_VERSION,
         )
     saved = SavedPlan(
         path=str(path),
@@ -248,15 +257,17 @@ def read(path: Path) -> SavedPlan:
     if _digest(saved.decisions) != saved.decisions_digest:
         raise PermanentError(
             f"{path}: the decisions do not match their digest (the file was edited); plan again",
-            code="apply.plan_unreadable",
+            code=reconciler_codes.APPLY_PLAN_UNREADABLE,
         )
     if not saved.valid:
-        raise PermanentError(f"{path}: the planned head was invalid; nothing to apply", code="apply.plan_invalid")
+        raise PermanentError(
+            f"{path}: the planned head was invalid; nothing to apply", code=reconciler_codes.APPLY_PLAN_INVALID
+        )
     if saved.offline:
         raise PermanentError(
             f"{path}: an --offline plan was computed without the database and cannot be applied; "
             "plan against the database to save a plan for apply",
-            code="apply.plan_offline",
+            code=reconciler_codes.APPLY_PLAN_OFFLINE,
         )
     return saved
 
@@ -278,7 +289,7 @@ def check_desired(saved: SavedPlan, desired_hash: str) -> None:
         raise PermanentError(
             f"the desired state at {saved.head_revision} is not what {saved.path} was planned from (content "
             f"{desired_hash[:12]}, planned {saved.desired_hash[:12]}); plan again",
-            code="apply.plan_stale",
+            code=reconciler_codes.APPLY_PLAN_STALE,
         )
 
 
@@ -287,7 +298,7 @@ def check_database(saved: SavedPlan, digest: str) -> None:
         raise PermanentError(
             f"the database moved since {saved.path} was planned (claims, slot states, host facts or inventory "
             "changed); nothing applied: plan again",
-            code="apply.plan_stale",
+            code=reconciler_codes.APPLY_PLAN_STALE,
         )
 
 
@@ -310,7 +321,7 @@ def guarded_planner(saved: SavedPlan) -> Planner:
             raise PermanentError(
                 f"the planner now decides otherwise than {saved.path} (the database moved while applying); "
                 "nothing placed or released: plan again",
-                code="apply.plan_stale",
+                code=reconciler_codes.APPLY_PLAN_STALE,
             )
         return out
 

@@ -19,6 +19,7 @@ from desired import defaults
 from desired import problems as p
 from desired.state import Delta, DesiredState
 from policies import immutables
+from reconciler import codes as reconciler_codes
 from reconciler.placement import planner as planning
 from reconciler.plans import Observed, Plan, Planner
 from reconciler.providers import protocols as provider_protocols
@@ -197,7 +198,9 @@ def reconcile(
         raise
     except Exception as e:  # a bug: still leave a finished history row behind, then surface it
         _doubt(memory)
-        history.finish(conn, run_id, result="error", problems=[{"code": "gpuaas.bug", "message": repr(e)}])
+        history.finish(
+            conn, run_id, result="error", problems=[{"code": reconciler_codes.GPUAAS_BUG, "message": repr(e)}]
+        )
         raise
     result = ReconcileResult(run_id, synced.revision, synced, absorbed, plan, applied, written, moved, expired, leased)
     history.finish(conn, run_id, result="changed" if result.changed else "unchanged", counts=result.counts())

@@ -25,15 +25,12 @@ Anything else is refused with `request.file.not_regular` and nothing is written.
 from __future__ import annotations
 
 import datetime as dt
-import errno
 import io
 import os
 import re
 import secrets
-import stat
 import subprocess
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,14 +42,22 @@ from desired import models as m
 from desired import problems as p
 from desired.reading import loading, safefiles
 from policies import validation
+from reconciler import codes as reconciler_codes
+from reconciler.reconcile.requestfiles import (
+    _create,
+    _directory,
+    _existing,
+    _put_back,
+    _read_regular,
+    _remove,
+    _replace,
+)
 from schemas.errors import PermanentError
 
 if TYPE_CHECKING:
     import git
 
-NOT_REGULAR = "request.file.not_regular"
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")  # the rule of models.Allocation.id, checked before any path is made
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 BOT_NAME = "gpuaas-portal-bot"
 BOT_EMAIL = "portal-bot@gpuaas.invalid"
@@ -62,7 +67,7 @@ ALLOCATIONS_DIR = "allocations"
 class RequestRejected(PermanentError):
     """The request would make the repo invalid; nothing was written."""
 
-    code = "request.invalid"
+    code = reconciler_codes.REQUEST_INVALID
 
     def __init__(self, problems: list[p.Problem]) -> None:
         self.problems = problems
@@ -175,7 +180,7 @@ def create(
     allocation_id = allocation_id or new_id(now)
     rel = _request_file(allocation_id)
     if _existing(root, rel):
-        raise PermanentError(f"{rel} already exists", code="request.exists")
+        raise PermanentError(f"{rel} already exists", code=reconciler_codes.REQUEST_EXISTS)
     data = render_request(
         allocation_id=allocation_id,
         tenant=tenant,
@@ -194,7 +199,7 @@ def create(
     path = root / rel
     with _directory(root, rel, create=True) as parent:
         if parent is None:  # create=True makes every directory or raises
-            raise PermanentError(f"no directory for {rel}", code="request.file")
+            raise PermanentError(f"no directory for {rel}", code=reconciler_codes.REQUEST_FILE)
         _create(parent, rel, data)
     if not commit:
         return Written(allocation_id, path, None)
@@ -213,13 +218,13 @@ def release(root: Path, allocation_id: str, *, commit: bool = False, push: tuple
     path = root / rel
     with _directory(root, rel, create=False) as parent:
         if parent is None:
-            raise PermanentError(f"{rel} is gone", code="request.not_found")
+            raise PermanentError(f"{rel} is gone", code=reconciler_codes.REQUEST_NOT_FOUND)
         original, mode = _read_regular(parent, rel)
         y = _yaml()
         try:
             docs = list(y.load_all(original.decode("utf-8")))
         except (UnicodeDecodeError, YAMLError) as e:
-            raise PermanentError(f"{rel} changed while it was read: {e}", code="request.file") from e
+            raise PermanentError(f"{rel} changed while it was read: {e}", code=reconciler_codes.REQUEST_FILE) from e
         for doc in docs:
             if isinstance(doc, dict) and doc.get("kind") == "Allocation" and doc.get("id") == allocation_id:
                 doc["state"] = m.AllocationState.RELEASED.value
@@ -239,174 +244,6 @@ def release(root: Path, allocation_id: str, *, commit: bool = False, push: tuple
     return Written(allocation_id, path, sha)
 
 
-# ------------------------------------------------------------ safe file access
-
-
-def _not_regular(rel: str, what: str) -> PermanentError:
-    return PermanentError(
-        f"{rel}: {what}; the portal bot writes only regular files inside the repo, never through a link",
-        code=NOT_REGULAR,
-    )
-
-
-def _parts(rel: str) -> list[str]:
-    parts = rel.split("/")
-    if rel.startswith("/") or any(part in ("", ".", "..") for part in parts):
-        raise _not_regular(rel, "the path leaves the repo")
-    return parts
-
-
-def _name(rel: str) -> str:
-    return _parts(rel)[-1]
-
-
-@contextmanager
-def _directory(root: Path, rel: str, *, create: bool) -> Iterator[int | None]:
-    """The directory holding `rel` (relative to `root`), opened one level at a time without following a link.
-
-    Yields its descriptor, or None when a directory is missing and `create` is
-    False. The descriptor pins the directory that was checked: a link swapped
-    in afterwards changes nothing the bot writes.
-    """
-    parts = _parts(rel)
-    try:
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as e:
-        raise PermanentError(f"{root}: {e.strerror}", code="request.repo") from e
-    try:
-        for i, part in enumerate(parts[:-1]):
-            where = "/".join(parts[: i + 1])
-            try:
-                sub = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    yield None
-                    return
-                try:
-                    os.mkdir(part, 0o755, dir_fd=fd)
-                except FileExistsError:
-                    pass  # made meanwhile (or a link put there): the open below decides
-                except OSError as e:
-                    raise PermanentError(f"{where}: {e.strerror}", code="request.file") from e
-                sub = _open_dir(part, fd, where)
-            except OSError as e:
-                raise _dir_error(e, where) from e
-            os.close(fd)
-            fd = sub
-        yield fd
-    finally:
-        os.close(fd)
-
-
-def _open_dir(part: str, parent: int, where: str) -> int:
-    try:
-        return os.open(part, _DIR_FLAGS, dir_fd=parent)
-    except OSError as e:
-        raise _dir_error(e, where) from e
-
-
-def _dir_error(e: OSError, where: str) -> PermanentError:
-    if e.errno in (errno.ELOOP, errno.ENOTDIR):
-        return _not_regular(where, "is a symlink or not a directory")
-    return PermanentError(f"{where}: {e.strerror}", code="request.file")
-
-
-def _request_file(allocation_id: str) -> str:
-    if not _ID.match(allocation_id):
-        raise PermanentError(
-            f"allocation id {allocation_id!r} is not 3-63 lowercase letters, digits or '-'", code="request.id"
-        )
-    return f"{ALLOCATIONS_DIR}/{allocation_id}.yaml"
-
-
-def _existing(root: Path, rel: str) -> bool:
-    """Whether `rel` is there as a regular file; a link or anything else on the way is refused."""
-    with _directory(root, rel, create=False) as parent:
-        mode = None if parent is None else _lmode(parent, rel)
-    if mode is not None and not stat.S_ISREG(mode):
-        raise _not_regular(rel, "is a symlink or not a regular file")
-    return mode is not None
-
-
-def _lmode(parent: int, rel: str) -> int | None:
-    """st_mode of `rel` itself (a link is not followed), or None when nothing is there."""
-    try:
-        return os.stat(_name(rel), dir_fd=parent, follow_symlinks=False).st_mode
-    except FileNotFoundError:
-        return None
-
-
-def _read_regular(parent: int, rel: str) -> tuple[bytes, int]:
-    """The bytes and permission bits of `rel`, a regular file with one link (anything else: refused)."""
-    try:
-        fd = os.open(_name(rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise _not_regular(rel, "is a symlink") from e
-        raise PermanentError(f"{rel}: {e.strerror}", code="request.file") from e
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise _not_regular(rel, "is not a regular file")
-        if st.st_nlink != 1:
-            raise _not_regular(rel, f"has {st.st_nlink} hard links")
-        return fh.read(), stat.S_IMODE(st.st_mode)
-
-
-def _write_new(parent: int, name: str, data: bytes, mode: int | None) -> None:
-    """Create `name` (O_EXCL: never over anything already there, a dangling link included) and write it."""
-    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            if mode is not None:
-                os.fchmod(fh.fileno(), mode)
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-    except OSError:
-        _unlink(parent, name)
-        raise
-
-
-def _create(parent: int, rel: str, data: bytes) -> None:
-    try:
-        _write_new(parent, _name(rel), data, None)
-    except FileExistsError as e:
-        raise PermanentError(f"{rel} already exists", code="request.exists") from e
-    except OSError as e:
-        raise PermanentError(f"{rel}: {e.strerror}", code="request.file") from e
-
-
-def _replace(parent: int, rel: str, data: bytes, mode: int) -> None:
-    """Replace `rel` atomically: write a new file beside it, then rename it over the name (never through it)."""
-    tmp = f".{_name(rel)}.{secrets.token_hex(6)}.tmp"
-    try:
-        _write_new(parent, tmp, data, mode)
-        os.replace(tmp, _name(rel), src_dir_fd=parent, dst_dir_fd=parent)
-    except OSError as e:
-        _unlink(parent, tmp)
-        raise PermanentError(f"{rel}: {e.strerror}", code="request.file") from e
-
-
-def _remove(root: Path, rel: str) -> None:
-    """Remove the request file `create` made (through the same link-refusing walk)."""
-    with _directory(root, rel, create=False) as parent:
-        if parent is not None:
-            os.unlink(_name(rel), dir_fd=parent)
-
-
-def _put_back(root: Path, rel: str, original: bytes, mode: int) -> None:
-    with _directory(root, rel, create=False) as parent:
-        if parent is None:
-            raise PermanentError(f"{rel} is gone", code="request.file")
-        _replace(parent, rel, original, mode)
-
-
-def _unlink(parent: int, name: str) -> None:
-    with suppress(OSError):
-        os.unlink(name, dir_fd=parent)
-
-
 def _find(root: Path, allocation_id: str) -> str:
     result = loading.parse_files(
         (name, blob)
@@ -415,7 +252,7 @@ def _find(root: Path, allocation_id: str) -> str:
     )
     src = result.state.sources.get(("Allocation", allocation_id))
     if src is None:
-        raise PermanentError(f"no Allocation {allocation_id!r} in {root}", code="request.not_found")
+        raise PermanentError(f"no Allocation {allocation_id!r} in {root}", code=reconciler_codes.REQUEST_NOT_FOUND)
     return src.file
 
 
@@ -431,7 +268,7 @@ def _commit(root: Path, path: Path, message: str, push: tuple[str, str] | None) 
     """
     top = _stdout(subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, check=False, **_GIT))
     if top is None:
-        raise PermanentError(f"git: {root} is not a git checkout", code="request.git")
+        raise PermanentError(f"git: {root} is not a git checkout", code=reconciler_codes.REQUEST_GIT)
     before = _stdout(subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=top, check=False, **_GIT))
     rel = str(path.resolve().relative_to(Path(top).resolve()))
     bot = {
@@ -462,7 +299,7 @@ def _commit(root: Path, path: Path, message: str, push: tuple[str, str] | None) 
             why, code = f"git: {(e.stderr or '').strip() or e}", "request.git"
         else:
             why = e.message if isinstance(e, PermanentError) else f"git: {e}"
-            code = e.code if isinstance(e, PermanentError) else "request.git"
+            code = e.code if isinstance(e, PermanentError) else reconciler_codes.REQUEST_GIT
         raise PermanentError(f"{why}; {left}", code=code) from e
 
 
@@ -489,9 +326,9 @@ def _pushed(top: str, push: tuple[str, str]) -> None:
         with git.Repo(top) as repo:
             infos = repo.remote(remote).push(f"HEAD:refs/heads/{branch}")
     except git.GitCommandError as e:
-        raise PermanentError(f"git: {e}", code="request.git") from e
+        raise PermanentError(f"git: {e}", code=reconciler_codes.REQUEST_GIT) from e
     if any(i.flags & i.ERROR for i in infos):
-        raise PermanentError(f"push to {remote}/{branch} was rejected", code="request.push_rejected")
+        raise PermanentError(f"push to {remote}/{branch} was rejected", code=reconciler_codes.REQUEST_PUSH_REJECTED)
 
 
 def _rolled_back(repo: git.Repo, before: str | None, rel: str) -> str:
@@ -519,3 +356,12 @@ def _undone(error: PermanentError, restore: Callable[[], None], what: str) -> Pe
     except (OSError, PermanentError) as e:
         return PermanentError(f"{error.message}; {what} could not be undone: {e}", code=error.code)
     return PermanentError(f"{error.message}; {what} was undone: the checkout is as it was", code=error.code)
+
+
+def _request_file(allocation_id: str) -> str:
+    if not _ID.match(allocation_id):
+        raise PermanentError(
+            f"allocation id {allocation_id!r} is not 3-63 lowercase letters, digits or '-'",
+            code=reconciler_codes.REQUEST_ID,
+        )
+    return f"{ALLOCATIONS_DIR}/{allocation_id}.yaml"

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from reconciler import codes as reconciler_codes
+
 if TYPE_CHECKING:
     from desired import models as m
     from reconciler.placement import capacity
@@ -30,7 +32,8 @@ def document(conn: Connection, *, policy: str | None = None) -> dict[str, Any]:
 
     if not migrations.applied(conn):
         raise PermanentError(
-            "the database has no schema yet: nothing was reconciled (run `gpuaas run`)", code="status.no_schema"
+            "the database has no schema yet: nothing was reconciled (run `gpuaas run`)",
+            code=reconciler_codes.STATUS_NO_SCHEMA,
         )
     state = views.desired_state(conn)
     observed = live.observe(conn)
@@ -48,7 +51,7 @@ def document(conn: Connection, *, policy: str | None = None) -> dict[str, Any]:
     try:
         model = capacity.read_model(state, observed, policy=policy)
     except ValueError as e:
-        raise PermanentError(str(e), code="status.policy_unknown") from e
+        raise PermanentError(str(e), code=reconciler_codes.STATUS_POLICY_UNKNOWN) from e
     doc = as_dict(state.revision, model, allocations)
     priced(doc["capacity"], state.skus)  # the portal's price per region x SKU x GPU count
     add_lifecycle(doc, node_reasons, cycles)

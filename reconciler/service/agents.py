@@ -28,15 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import itertools
 import logging
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import psycopg
 import psycopg_pool
@@ -45,98 +42,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from psycopg.types.json import Jsonb
 
 from reconciler.service import pool as pools
+from reconciler.service.agenttokens import token_hash
+from reconciler.service.batching import Batcher
 from schemas import agentwire, dberrors, hostrows
 from schemas.errors import GpuaasError, PermanentError, TemporaryError
 
 log = logging.getLogger("gpuaas.serve.agents")
-V = TypeVar("V")
 
 PLAN_CHANNEL = "gpuaas_host_plan"
 TOKEN_CHANNEL = "gpuaas_agent_token"  # noqa: S105 - a channel name, not a secret
-
-
-def new_token() -> str:
-    return agentwire.TOKEN_PREFIX + secrets.token_urlsafe(32)
-
-
-def token_hash(token: str) -> str:
-    # The token is 256 random bits: a plain sha256 is enough (no dictionary to guess from), and a lookup by hash.
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def issue_token(conn: psycopg.Connection[Any], node: str, *, rotate: bool) -> str:
-    """A new token for `node`, stored hashed (run as the owner); `rotate` replaces one that exists."""
-    token = new_token()
-    with dberrors.wrapped(f"issue the agent token of {node}"), conn.transaction():
-        if conn.execute("SELECT 1 FROM nodes WHERE name = %s", (node,)).fetchone() is None:
-            raise PermanentError(f"no node {node!r} in the store", code="host.token.no_node")
-        if rotate:
-            sql = (
-                "INSERT INTO node_agent_tokens (node_name, token_sha256) VALUES (%s, %s) ON CONFLICT (node_name)"
-                " DO UPDATE SET token_sha256 = EXCLUDED.token_sha256, rotated_at = now()"
-            )
-        else:
-            sql = (
-                "INSERT INTO node_agent_tokens (node_name, token_sha256) VALUES (%s, %s)"
-                " ON CONFLICT (node_name) DO NOTHING"
-            )
-        if conn.execute(sql + " RETURNING node_name", (node, token_hash(token))).fetchone() is None:
-            raise PermanentError(
-                f"node {node} has a token already: `gpuaas host token rotate {node}` replaces it",
-                code="host.token.exists",
-            )
-    return token
-
-
-def revoke_token(conn: psycopg.Connection[Any], node: str) -> bool:
-    with dberrors.wrapped(f"revoke the agent token of {node}"):
-        return (
-            conn.execute("DELETE FROM node_agent_tokens WHERE node_name = %s RETURNING 1", (node,)).fetchone()
-            is not None
-        )
-
-
-class Batcher(Generic[V]):
-    """Keys asked for by concurrent requests, answered by one call in a worker thread (one query for many).
-
-    While one batch is in the database the next one gathers, so a single
-    request waits one round trip and ten thousand reconnecting agents cost a
-    few dozen queries, not ten thousand. A key missing from the answer gets None.
-    """
-
-    def __init__(self, fetch: Callable[[list[str]], Mapping[str, Any]], max_batch: int = 1000) -> None:
-        self._fetch = fetch
-        self._max = max_batch
-        self._pending: dict[str, list[asyncio.Future[Any]]] = {}
-        self._running = False
-
-    async def get(self, key: str) -> V:
-        fut: asyncio.Future[V] = asyncio.get_running_loop().create_future()
-        self._pending.setdefault(key, []).append(fut)
-        if not self._running:
-            self._running = True
-            asyncio.get_running_loop().create_task(self._drain())
-        return await fut
-
-    async def _drain(self) -> None:
-        try:
-            while self._pending:
-                keys = list(itertools.islice(self._pending, self._max))
-                waiting = {k: self._pending.pop(k) for k in keys}
-                try:
-                    answers = await to_thread.run_sync(self._fetch, keys)
-                except Exception as e:  # every waiter gets the error it would have had alone
-                    for futs in waiting.values():
-                        for f in futs:
-                            if not f.done():
-                                f.set_exception(e)
-                    continue
-                for k, futs in waiting.items():
-                    for f in futs:
-                        if not f.done():
-                            f.set_result(answers.get(k))
-        finally:
-            self._running = False
 
 
 class GatewayCollector:

@@ -34,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from reconciler import codes as reconciler_codes
 from reconciler.service import api, events, portal
 from schemas import agentwire
 from schemas.errors import GpuaasError, TemporaryError
@@ -49,9 +50,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 log = logging.getLogger("gpuaas.serve")
 
-HOST_NOT_ALLOWED = "serve.host_not_allowed"
-REQUEST_TIMEOUT = "serve.request_timeout"
-TOO_MANY_CONNECTIONS = "serve.too_many_connections"
+HOST_NOT_ALLOWED = reconciler_codes.SERVE_HOST_NOT_ALLOWED
+REQUEST_TIMEOUT = reconciler_codes.SERVE_REQUEST_TIMEOUT
+TOO_MANY_CONNECTIONS = reconciler_codes.SERVE_TOO_MANY_CONNECTIONS
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reconciler import codes as reconciler_codes
 from reconciler.reports import status
 from reconciler.service import keptcapacity
 from reconciler.service.pool import Pool
@@ -40,7 +41,7 @@ from schemas.errors import GpuaasError, PermanentError, TemporaryError
 
 
 class CapacityComputing(TemporaryError):
-    code = "api.capacity_computing"
+    code = reconciler_codes.API_CAPACITY_COMPUTING
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +131,7 @@ class Cache:
                 self._error = e
         except Exception as e:  # a bug must not leave waiters hanging; it is reported to them
             with self._cond:
-                self._error = PermanentError(f"computing capacity failed: {e!r}", code="api.internal")
+                self._error = PermanentError(f"computing capacity failed: {e!r}", code=reconciler_codes.API_INTERNAL)
         finally:
             with self._cond:
                 self._running = False

@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reconciler import codes as reconciler_codes
 from schemas.errors import PermanentError
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class CredentialsError(PermanentError):
-    code = "serve.console_credentials_invalid"
+    code = reconciler_codes.SERVE_CONSOLE_CREDENTIALS_INVALID
 
 
 class Role(enum.StrEnum):
@@ -100,7 +101,7 @@ class Credentials:
             if st.st_mode & 0o077:
                 raise CredentialsError(
                     f"{path} is accessible by group or others (mode {st.st_mode & 0o777:04o}); chmod 600 {path}",
-                    code="serve.console_credentials_permissions",
+                    code=reconciler_codes.SERVE_CONSOLE_CREDENTIALS_PERMISSIONS,
                 )
             doc = json.loads(path.read_text(encoding="utf-8"))
         except OSError as e:

@@ -20,11 +20,12 @@ import threading
 import time
 from typing import Any, Protocol
 
+from reconciler import codes as reconciler_codes
 from schemas.errors import PermanentError, TemporaryError
 
 
 class ConsoleUnavailable(PermanentError):
-    code = "console.unavailable"
+    code = reconciler_codes.CONSOLE_UNAVAILABLE
 
 
 class ConsoleStream(Protocol):
@@ -114,7 +115,9 @@ class LibvirtConsole:
                 sent = self._stream.send(bytes(view))
             if sent == -2:  # the stream's buffer is full: the guest reads slowly
                 if time.monotonic() > deadline:
-                    raise TemporaryError("the console did not take input for 10 s", code="console.stalled")
+                    raise TemporaryError(
+                        "the console did not take input for 10 s", code=reconciler_codes.CONSOLE_STALLED
+                    )
                 time.sleep(0.005)
                 continue
             view = view[sent:]

@@ -37,6 +37,7 @@ from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
 from desired.reading import loading, safefiles
+from reconciler import codes as reconciler_codes
 from reconciler.reconcile import requests
 from reconciler.service import tenants
 from reconciler.service.pool import session_kwargs
@@ -49,14 +50,16 @@ LOCK_KEY = 0x67707561_01  # pg_advisory_lock key of the intake (any replica)
 PUSH_ATTEMPTS = 8
 MAX_BODY = 256 * 1024
 
-BAD_BODY = "intake.bad_request"  # not JSON, or a field of the wrong type
-INVALID = "request.invalid"  # the repo would be invalid: problems as `gpuaas validate` prints them
-EXISTS = "intake.exists"  # an allocation with this id is already in the repo
-KEY_REUSED = "intake.idempotency_key_reused"  # the same Idempotency-Key with another body
-GIT_FAILED = "intake.git_failed"  # commit or push failed after retries (nothing was left behind)
-DB_FAILED = "intake.db_unavailable"  # the idempotency / audit store cannot be reached: nothing was written
-TENANT_MISMATCH = "intake.tenant_mismatch"  # a tenant token asking for another tenant
-RELEASED = "intake.already_released"  # DELETE of an allocation whose file already says released
+BAD_BODY = reconciler_codes.INTAKE_BAD_REQUEST  # not JSON, or a field of the wrong type
+INVALID = reconciler_codes.REQUEST_INVALID  # the repo would be invalid: problems as `gpuaas validate` prints them
+EXISTS = reconciler_codes.INTAKE_EXISTS  # an allocation with this id is already in the repo
+KEY_REUSED = reconciler_codes.INTAKE_IDEMPOTENCY_KEY_REUSED  # the same Idempotency-Key with another body
+GIT_FAILED = reconciler_codes.INTAKE_GIT_FAILED  # commit or push failed after retries (nothing was left behind)
+DB_FAILED = (
+    reconciler_codes.INTAKE_DB_UNAVAILABLE
+)  # the idempotency / audit store cannot be reached: nothing was written
+TENANT_MISMATCH = reconciler_codes.INTAKE_TENANT_MISMATCH  # a tenant token asking for another tenant
+RELEASED = reconciler_codes.INTAKE_ALREADY_RELEASED  # DELETE of an allocation whose file already says released
 CODES = (BAD_BODY, INVALID, EXISTS, KEY_REUSED, RELEASED, GIT_FAILED, DB_FAILED, TENANT_MISMATCH)
 
 
@@ -148,7 +151,9 @@ class Intake:
         self._catch_up()
         found = _allocations(self.repo).get(allocation_id)
         if found is None or not who.may_see(found[0]):
-            return _error(404, "api.not_found", f"no allocation {allocation_id!r} in the desired-state repo"), None
+            return _error(
+                404, reconciler_codes.API_NOT_FOUND, f"no allocation {allocation_id!r} in the desired-state repo"
+            ), None
         if found[1] == "released":
             return _error(409, RELEASED, f"allocation {allocation_id!r} is already released"), None
         return self._pushed(
@@ -170,11 +175,11 @@ class Intake:
                     problems=[p.as_dict() for p in e.problems],
                 ), None
             except PermanentError as e:
-                if e.code == "request.exists":
+                if e.code == reconciler_codes.REQUEST_EXISTS:
                     return _error(409, EXISTS, e.message), None
-                if e.code == "request.not_found":
-                    return _error(404, "api.not_found", e.message), None
-                if e.code not in ("request.push_rejected", "request.git"):
+                if e.code == reconciler_codes.REQUEST_NOT_FOUND:
+                    return _error(404, reconciler_codes.API_NOT_FOUND, e.message), None
+                if e.code not in (reconciler_codes.REQUEST_PUSH_REJECTED, reconciler_codes.REQUEST_GIT):
                     return _error(422, e.code, e.message), None
                 last = e
                 time.sleep(min(0.05 * 2**n, 1.0))  # another writer pushed: let it finish, then catch up

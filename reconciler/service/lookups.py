@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from reconciler.service import reads
+from reconciler.service import allocationreads, readrows
 from reconciler.store.connections import Connection
 
 LIMIT = 50
@@ -36,12 +36,12 @@ def search(conn: Connection, q: str | None, tenant: str | None, limit: int = LIM
     nodes: list[dict[str, Any]] = []
     tenants: list[dict[str, Any]] = []
     if like is not None:
-        nodes = reads._rows(
+        nodes = readrows._rows(
             conn,
             "SELECT name, region, pool, admin_state FROM nodes WHERE present AND name ILIKE %s ORDER BY name LIMIT %s",
             (like, limit),
         )
-        tenants = reads._rows(
+        tenants = readrows._rows(
             conn,
             "SELECT tenant, count(*) AS allocations,"
             " count(*) FILTER (WHERE status = 'active') AS active,"
@@ -50,9 +50,9 @@ def search(conn: Connection, q: str | None, tenant: str | None, limit: int = LIM
             " GROUP BY tenant ORDER BY tenant LIMIT %s",
             (like, limit),
         )
-    rows = reads._rows(
+    rows = readrows._rows(
         conn,
-        f"SELECT {reads._ALLOCATION_COLUMNS} FROM allocations a LEFT JOIN nodes n ON n.id = a.node_id"  # noqa: S608
+        f"SELECT {allocationreads._ALLOCATION_COLUMNS} FROM allocations a LEFT JOIN nodes n ON n.id = a.node_id"  # noqa: S608
         " WHERE (a.present OR a.status <> 'pending')"
         " AND (%(like)s::text IS NULL OR a.id ILIKE %(like)s OR a.tenant ILIKE %(like)s)"
         " AND (%(tenant)s::text IS NULL OR a.tenant = %(tenant)s)"
@@ -64,7 +64,7 @@ def search(conn: Connection, q: str | None, tenant: str | None, limit: int = LIM
         "tenant": tenant,
         "nodes": nodes,
         "tenants": tenants,
-        "allocations": [reads._allocation_summary(r) for r in rows],
+        "allocations": [allocationreads._allocation_summary(r) for r in rows],
         "limit": limit,
     }
 
@@ -75,14 +75,14 @@ def troubled(conn: Connection, limit: int = LIMIT, stuck_after_s: int = STUCK_AF
     # query the planner sorts every allocation first: a cost that grows with the fleet, not with the answer.
     silent = [
         r["id"]
-        for r in reads._rows(
+        for r in readrows._rows(
             conn,
             "SELECT n.id FROM node_liveness l JOIN nodes n ON n.name = l.node_name WHERE l.liveness = 'unavailable'",
         )
     ]
     picked = [
         r["id"]
-        for r in reads._rows(
+        for r in readrows._rows(
             conn,
             """
         SELECT a.id FROM allocations a
@@ -98,7 +98,7 @@ def troubled(conn: Connection, limit: int = LIMIT, stuck_after_s: int = STUCK_AF
     ]
     if not picked:
         return []
-    rows = reads._rows(
+    rows = readrows._rows(
         conn,
         """
         SELECT a.id, a.tenant, a.sku, a.gpu_count, a.region, a.status, n.name AS node,
@@ -125,7 +125,7 @@ def troubled(conn: Connection, limit: int = LIMIT, stuck_after_s: int = STUCK_AF
         reason = (
             f"{r['failure_code']}: {r['failure_message']}"
             if r["failure_code"]
-            else f"{r['status']} since {reads.iso(r['placed_at'])}"
+            else f"{r['status']} since {readrows.iso(r['placed_at'])}"
             if kind == "stuck"
             else "host silent past its liveness TTL"
         )
@@ -147,7 +147,7 @@ def troubled(conn: Connection, limit: int = LIMIT, stuck_after_s: int = STUCK_AF
                 "attempts": int(r["attempts"]),
                 "host_message": said,
                 "host_phase": r["host_phase"],
-                "at": reads.iso(r["failed_at"] or r["placed_at"]),
+                "at": readrows.iso(r["failed_at"] or r["placed_at"]),
             }
         )
     return out

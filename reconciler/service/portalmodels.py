@@ -6,6 +6,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from desired import codes as desired_codes
+from reconciler import codes as reconciler_codes
+
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGkq1pXK4n0mR2o1x0dYt1cJ3Yb0vW2e9o8G1q3hZpXa alice@laptop"
 
 
@@ -86,11 +89,11 @@ class IntakeError(BaseModel):
             "examples": [
                 {
                     "error": {
-                        "code": "request.invalid",
+                        "code": reconciler_codes.REQUEST_INVALID,
                         "message": "the request would make the desired state invalid; nothing was written",
                         "problems": [
                             {
-                                "code": "desired.ref.unresolved",
+                                "code": desired_codes.REF_UNRESOLVED,
                                 "message": "unknown image 'no-such-image'",
                                 "file": "allocations/req-20261127-1a2b3c4d.yaml",
                                 "line": 9,

@@ -13,10 +13,11 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from reconciler import codes as reconciler_codes
 from reconciler.store import history
 
-HEAD_UNAPPLIED = "ready.head_unapplied"
-FAILING = "ready.reconciliation_failing"
+HEAD_UNAPPLIED = reconciler_codes.READY_HEAD_UNAPPLIED
+FAILING = reconciler_codes.READY_RECONCILIATION_FAILING
 
 
 def failing_check(

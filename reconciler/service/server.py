@@ -30,34 +30,57 @@ import asyncio
 import contextlib
 import datetime as dt
 import hmac
-import ipaddress
 import json
 import logging
-import os
 import socket
-import stat
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from reconciler import codes as reconciler_codes
 from reconciler.service import api, asgi, capacities, dashboard, metrics, readiness, tenants
+from reconciler.service.listening import _bind, _protocol_with_header_deadline, _Uvicorn
 from reconciler.service.pool import Pool
-from schemas import inputfiles
-from schemas.errors import GpuaasError, PermanentError, TemporaryError, UsageError
+from reconciler.service.servesettings import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    ServeError,
+    Settings,
+    is_loopback,
+    load_token,
+    parse_listen,
+    token_from,
+)
+from schemas import codes as schemas_codes
+from schemas.errors import GpuaasError, TemporaryError
 
 if TYPE_CHECKING:
     from reconciler.service import agents, intake, webhooks
 
+# What `gpuaas serve` and the tests use, wherever it lives (servesettings: the settings and the token file).
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "HTTPServer",
+    "Response",
+    "ServeError",
+    "Service",
+    "Settings",
+    "is_loopback",
+    "json_response",
+    "load_token",
+    "make_server",
+    "parse_listen",
+    "token_from",
+]
+
 log = logging.getLogger("gpuaas.serve")
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8080
 _HTML_HEADERS = (
     (
         "Content-Security-Policy",
@@ -66,113 +89,6 @@ _HTML_HEADERS = (
     ("X-Frame-Options", "DENY"),
     ("Referrer-Policy", "no-referrer"),
 )
-
-
-class ServeError(PermanentError):
-    code = "serve.error"
-
-
-# ------------------------------------------------------------ configuration
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """`HOST:PORT`, `[V6]:PORT`, `:PORT` (loopback) or `PORT`."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep:
-        host, port_text = "", text
-    host = host.strip("[]") or DEFAULT_HOST
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise UsageError(f"--listen takes HOST:PORT, not {text!r}", code="serve.listen_invalid") from None
-    if not 0 <= port <= 65535:
-        raise UsageError(f"--listen port must be 0..65535, not {port}", code="serve.listen_invalid")
-    return host, port
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve anywhere
-
-
-def load_token(path: Path) -> str:
-    """The bearer token in `path`; refused when group or others may read it, or when it is empty."""
-    try:
-        st = path.stat()
-        if not stat.S_ISREG(st.st_mode):
-            raise ServeError(f"token file {path} is not a regular file", code="serve.token_file_invalid")
-        if st.st_mode & 0o077:
-            mode = stat.S_IMODE(st.st_mode)
-            raise ServeError(
-                f"token file {path} is accessible by group or others (mode {mode:04o}); chmod 600 {path}",
-                code="serve.token_file_permissions",
-            )
-        # Bounded, regular file only, never quoted: a file named by mistake (a key, /dev/zero) is refused unread.
-        try:
-            token = inputfiles.read_text(
-                path, limit=4 * inputfiles.KIB, code="serve.token_file_invalid", what="token file"
-            ).strip()
-        except PermanentError as e:
-            raise ServeError(e.message, code=e.code) from e
-    except OSError as e:
-        raise ServeError(f"cannot read token file {path}: {e.strerror or e}", code="serve.token_file_unreadable") from e
-    if not token or any(c.isspace() for c in token):
-        raise ServeError(
-            f"token file {path} must hold one token (no spaces), and not be empty", code="serve.token_file_invalid"
-        )
-    return token
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    host: str = DEFAULT_HOST
-    port: int = DEFAULT_PORT
-    token: str | None = None
-    max_reconcile_age_s: float = 0.0  # 0: not checked (an idle loop records no reconciliation)
-    failing_grace_s: float = 300.0
-    head_grace_s: float = 300.0  # /readyz: HEAD not applied this long (invalid, behind, failing) is not ready
-    refresh_s: int = 15
-    capacity_refresh_s: float = 10.0
-    capacity_wait_s: float = 2.0
-    policy: str | None = None
-    pool_size: int = 8
-    allowed_hosts: tuple[str, ...] = ()  # besides loopback names and the listen address; "*": any
-    max_connections: int = 16384
-    request_timeout_s: float = 60.0
-    header_timeout_s: float = 10.0
-    agent_pool_size: int = 6
-    tenant_tokens: Path | None = None  # TENANT:SHA256 lines (tenants.py); re-read when the file changes
-    intake_repo: Path | None = None  # the desired-state checkout POST /api/v1/allocations commits to
-    intake_push: tuple[str, str] | None = None  # (remote, branch) the intake pushes to
-    webhook_url: str | None = None  # every allocation event POSTed here, signed (webhooks.py)
-    webhook_secret: Path | None = None
-    webhook_backoff_s: float = 1.0
-    console_credentials: Path | None = None  # None: no console gateway (the route answers 404)
-    console_libvirt_uri: str = "qemu+ssh://gpuaas@{node}/system"
-
-    def hosts(self) -> tuple[str, ...]:
-        """The Host names answered: loopback names, the listen address (unless a wildcard), --allow-host."""
-        own = () if self.host in ("0.0.0.0", "::", "") else (self.host,)  # noqa: S104 - comparing, not binding
-        return (*asgi.LOOPBACK_NAMES, *own, *self.allowed_hosts)
-
-    def check(self) -> None:
-        if self.webhook_url is not None and self.webhook_secret is None:
-            raise ServeError(
-                "--webhook needs --webhook-secret-file (payloads are signed)", code="serve.webhook_secret_missing"
-            )
-        if not is_loopback(self.host) and self.token is None:
-            raise ServeError(
-                f"listening on {self.host} (not loopback) needs --token-file: every request but "
-                "/healthz must then carry that bearer token",
-                code="serve.listen_needs_token",
-            )
-
-
-# ----------------------------------------------------------------- service
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,10 +227,12 @@ class Service:
             return self._error(e.status, e.code, e.message, html=html, headers=e.headers)
         except TemporaryError as e:
             retry = (("Retry-After", str(max(1, round(e.delay)))),)
-            code = api.DB_UNAVAILABLE if e.code == "db.unavailable" else e.code
+            code = api.DB_UNAVAILABLE if e.code == schemas_codes.DB_UNAVAILABLE else e.code
             return self._error(503, code, e.message, html=html, headers=retry)
         except GpuaasError as e:
-            if e.code == "status.no_schema" or (e.code == "db.error" and not self._schema_applied()):
+            if e.code == reconciler_codes.STATUS_NO_SCHEMA or (
+                e.code == schemas_codes.DB_ERROR and not self._schema_applied()
+            ):
                 return self._error(
                     503, api.NO_SCHEMA, "the database has no schema yet: nothing was reconciled", html=html
                 )
@@ -373,24 +291,26 @@ class Service:
             with self.pool.reading() as conn:
                 checks["database"] = True
                 if not migrations.applied(conn):
-                    return False, _not_ready(checks, "ready.no_schema", "the database has no schema yet")
+                    return False, _not_ready(checks, reconciler_codes.READY_NO_SCHEMA, "the database has no schema yet")
                 health = history.health(conn)
                 row = conn.execute("SELECT now()").fetchone()
         except GpuaasError as e:
-            return False, _not_ready(checks, "ready.db_unreachable", f"{e.code}: {e.message}")
+            return False, _not_ready(checks, reconciler_codes.READY_DB_UNREACHABLE, f"{e.code}: {e.message}")
         now = row[0] if row else dt.datetime.now(dt.UTC)
         checks["last_applied_revision"] = health.last_applied_revision
         checks["last_applied_at"] = health.last_applied_at
         limit = self.settings.max_reconcile_age_s
         if limit > 0:
             if health.last_applied_at is None:
-                return False, _not_ready(checks, "ready.never_reconciled", "no reconciliation has succeeded yet")
+                return False, _not_ready(
+                    checks, reconciler_codes.READY_NEVER_RECONCILED, "no reconciliation has succeeded yet"
+                )
             age = (now - health.last_applied_at).total_seconds()
             checks["last_applied_age_s"] = round(age, 3)
             if age > limit:
                 return False, _not_ready(
                     checks,
-                    "ready.reconciliation_stale",
+                    reconciler_codes.READY_RECONCILIATION_STALE,
                     f"the newest successful reconciliation finished {age:.0f}s ago "
                     f"(over --max-reconcile-age {limit:g}s)",
                 )
@@ -407,49 +327,6 @@ def _not_ready(checks: dict[str, Any], code: str, message: str) -> dict[str, Any
 
 
 # --------------------------------------------------------------------- HTTP
-
-
-def _protocol_with_header_deadline(seconds: float) -> type[Any]:
-    """uvicorn's HTTP protocol, plus: a request head not complete within `seconds` of its first byte is cut.
-
-    uvicorn times out idle keep-alive connections but not a client that
-    sends its head one byte at a time; the per-request `Deadline` (asgi.py)
-    starts only once the head is in.
-    """
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Base
-    except ImportError:  # httptools not installed: the pure-Python parser
-        from uvicorn.protocols.http.h11_impl import H11Protocol as Base  # type: ignore[assignment]
-
-    class Protocol(Base):
-        _head_timer: asyncio.TimerHandle | None = None
-
-        def data_received(self, data: bytes) -> None:
-            if self._head_timer is None and seconds > 0:
-                self._arm(self.cycle)
-            super().data_received(data)
-
-        def _arm(self, cycle: Any) -> None:
-            def fire() -> None:
-                self._head_timer = None
-                if self.cycle is cycle and not self.transport.is_closing():  # no new request began meanwhile
-                    self.transport.close()
-
-            self._head_timer = self.loop.call_later(seconds, fire)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
-            super().connection_lost(exc)
-
-    return Protocol
-
-
-class _Uvicorn(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield  # `gpuaas serve` handles SIGTERM/SIGINT itself (schemas/signals.py)
 
 
 class HTTPServer:
@@ -509,7 +386,7 @@ class HTTPServer:
         self._loop = asyncio.get_running_loop()
         await self._server.serve(sockets=[self.socket])
         if self._server.started is False and not self._server.should_exit:
-            raise ServeError("the server did not start (see the log)", code="serve.start_failed")
+            raise ServeError("the server did not start (see the log)", code=reconciler_codes.SERVE_START_FAILED)
 
     def shutdown(self) -> None:
         """Stop serving and wait until the requests in flight are done (waiting watches are answered now)."""
@@ -523,20 +400,6 @@ class HTTPServer:
 
     def server_close(self) -> None:
         self.socket.close()
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-        sock.listen(4096)
-    except OSError:
-        sock.close()
-        raise
-    sock.set_inheritable(True)
-    return sock
 
 
 def make_server(url: str, settings: Settings) -> HTTPServer:
@@ -553,11 +416,8 @@ def make_server(url: str, settings: Settings) -> HTTPServer:
     except OSError as e:
         service.close()
         raise ServeError(
-            f"cannot listen on {settings.host}:{settings.port}: {e.strerror or e}", code="serve.listen_failed"
+            f"cannot listen on {settings.host}:{settings.port}: {e.strerror or e}",
+            code=reconciler_codes.SERVE_LISTEN_FAILED,
         ) from e
     service.capacity.warm()
     return HTTPServer(sock, service, settings, console_app)
-
-
-def token_from(path: str | os.PathLike[str] | None) -> str | None:
-    return None if path is None else load_token(Path(path))

@@ -22,6 +22,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from reconciler import codes as reconciler_codes
 from schemas.errors import PermanentError
 
 OPERATOR = "operator"
@@ -29,7 +30,7 @@ _LINE = re.compile(r"^([a-z0-9][a-z0-9-]{0,62}):([0-9a-f]{64})$")
 
 
 class TenantTokensInvalid(PermanentError):
-    code = "serve.tenant_tokens_invalid"
+    code = reconciler_codes.SERVE_TENANT_TOKENS_INVALID
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +103,7 @@ def issue(path: Path, tenant: str) -> str:
 
     if not _LINE.match(f"{tenant}:{'0' * 64}"):
         raise PermanentError(
-            f"tenant {tenant!r} is not 1-63 lowercase letters, digits or '-'", code="tenant.name_invalid"
+            f"tenant {tenant!r} is not 1-63 lowercase letters, digits or '-'", code=reconciler_codes.TENANT_NAME_INVALID
         )
     token = new_token()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

@@ -17,6 +17,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
+from reconciler import codes as reconciler_codes
 from reconciler.store.connections import Connection
 from schemas import dberrors
 from schemas.errors import UsageError
@@ -45,7 +46,7 @@ def parse_time(text: str, *, what: str) -> dt.datetime:
         value = dt.datetime.fromisoformat(text.strip())
     except ValueError as e:
         raise UsageError(
-            f"{what}: {text!r} is not a date (YYYY-MM-DD) or an ISO 8601 time", code="usage.bad_time"
+            f"{what}: {text!r} is not a date (YYYY-MM-DD) or an ISO 8601 time", code=reconciler_codes.USAGE_BAD_TIME
         ) from e
     return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
 
@@ -65,7 +66,7 @@ def usage(conn: Connection, *, start: dt.datetime, end: dt.datetime, tenant: str
     if end <= start:
         raise UsageError(
             f"the window is empty: --to {end.isoformat()} is not after --from {start.isoformat()}",
-            code="usage.empty_window",
+            code=reconciler_codes.USAGE_EMPTY_WINDOW,
         )
     with dberrors.wrapped("read usage"):
         rows = conn.cursor(row_factory=dict_row).execute(_SQL, {"from": start, "to": end, "tenant": tenant}).fetchall()

@@ -33,6 +33,7 @@ import httpx
 import psycopg
 from psycopg.types.json import Jsonb
 
+from reconciler import codes as reconciler_codes
 from reconciler.service import events
 from reconciler.service.pool import Pool, session_kwargs
 from schemas.errors import GpuaasError, PermanentError
@@ -51,15 +52,18 @@ def load_secret(path: Path) -> bytes:
         secret = path.read_bytes().strip()
     except OSError as e:
         raise PermanentError(
-            f"cannot read webhook secret {path}: {e.strerror or e}", code="serve.webhook_secret_unreadable"
+            f"cannot read webhook secret {path}: {e.strerror or e}",
+            code=reconciler_codes.SERVE_WEBHOOK_SECRET_UNREADABLE,
         ) from e
     if st.st_mode & 0o077:
         raise PermanentError(
             f"webhook secret {path} is accessible by group or others; chmod 600 {path}",
-            code="serve.webhook_secret_permissions",
+            code=reconciler_codes.SERVE_WEBHOOK_SECRET_PERMISSIONS,
         )
     if len(secret) < 16:
-        raise PermanentError(f"webhook secret {path} is shorter than 16 bytes", code="serve.webhook_secret_invalid")
+        raise PermanentError(
+            f"webhook secret {path} is shorter than 16 bytes", code=reconciler_codes.SERVE_WEBHOOK_SECRET_INVALID
+        )
     return secret
 
 

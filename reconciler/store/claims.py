@@ -29,6 +29,7 @@ from typing import Any, Literal
 from psycopg.types.json import Jsonb
 
 from desired import defaults
+from reconciler import codes as reconciler_codes
 from reconciler.plans import Pending, Placement, Plan, Release, ResolvedProfile
 from reconciler.store.connections import Connection
 from schemas import dberrors, snapshots
@@ -41,8 +42,8 @@ from schemas.errors import PermanentError
 Fault = Literal["claims_inserted", "claims_conflict"]
 
 # Stable pending codes written by apply itself (the planner brings its own).
-CONFLICT_EXHAUSTED = "claim.conflict_exhausted"
-CANDIDATES_REFUSED = "claim.candidates_refused"
+CONFLICT_EXHAUSTED = reconciler_codes.CLAIM_CONFLICT_EXHAUSTED
+CANDIDATES_REFUSED = reconciler_codes.CLAIM_CANDIDATES_REFUSED
 
 
 class Outcome(enum.StrEnum):
@@ -131,7 +132,8 @@ class ApplyResult:
 def _require_autocommit(conn: Connection) -> None:
     if not conn.autocommit:
         raise PermanentError(
-            "apply needs an autocommit connection (one transaction per placement)", code="db.apply.autocommit"
+            "apply needs an autocommit connection (one transaction per placement)",
+            code=reconciler_codes.DB_APPLY_AUTOCOMMIT,
         )
 
 
@@ -252,7 +254,7 @@ def _place_batch(
         with dberrors.wrapped(f"place {len(todo)} allocation(s)"):
             row = conn.execute(_PLACE_BATCH, args).fetchone()
         if row is None:  # pragma: no cover - CALL always returns its INOUT parameters
-            raise PermanentError("gpuaas_place_batch returned nothing", code="db.apply.no_result")
+            raise PermanentError("gpuaas_place_batch returned nothing", code=reconciler_codes.DB_APPLY_NO_RESULT)
         r_placement, r_candidate, r_outcome, r_detail, r_ids, sqlstate, constraint = row
         stopped = None
         for p, c, outcome, detail, claim_ids in zip(r_placement, r_candidate, r_outcome, r_detail, r_ids, strict=True):
@@ -302,7 +304,7 @@ def release(conn: Connection, rel: Release, *, revision: str | None = None) -> R
             "SELECT outcome, node, slot_indexes FROM gpuaas_release(%s, %s)", (rel.allocation_id, revision)
         ).fetchone()
     if row is None:  # pragma: no cover
-        raise PermanentError("gpuaas_release returned nothing", code="db.apply.no_result")
+        raise PermanentError("gpuaas_release returned nothing", code=reconciler_codes.DB_APPLY_NO_RESULT)
     outcome, node, idx = row
     return ReleaseResult(rel.allocation_id, str(outcome), node, tuple(int(i) for i in idx or ()))
 

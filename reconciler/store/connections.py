@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import TupleRow
 
+from reconciler import codes as reconciler_codes
 from reconciler import settings
 from reconciler.store import embedded
 from schemas import dberrors
@@ -30,7 +31,7 @@ def external_url() -> str | None:
     return settings.current().database_url
 
 
-NOT_RUNNING = "db.not_running"  # a read-only command found no embedded server: it never starts one
+NOT_RUNNING = reconciler_codes.DB_NOT_RUNNING  # a read-only command found no embedded server: it never starts one
 
 
 def database_url(explicit_url: str | None = None, state: Path | None = None, *, start: bool = True) -> str:

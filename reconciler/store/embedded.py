@@ -42,7 +42,9 @@ from urllib.parse import quote
 import psycopg
 from psycopg import sql
 
+from reconciler import codes as reconciler_codes
 from reconciler import settings
+from schemas import codes as schemas_codes
 from schemas.errors import PermanentError, TemporaryError
 
 PORT = 5432
@@ -54,7 +56,7 @@ DEFAULT_ROOT = Path("/var/lib/gpuaas/embedded")
 
 
 class EmbeddedError(PermanentError):
-    code = "db.embedded"
+    code = reconciler_codes.DB_EMBEDDED
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +149,7 @@ def bin_dir() -> Path:
     raise EmbeddedError(
         "no PostgreSQL server binaries found (apt-get install postgresql, "
         "or set GPUAAS_PG_BIN, or set GPUAAS_DATABASE_URL)",
-        code="db.embedded.no_postgres",
+        code=reconciler_codes.DB_EMBEDDED_NO_POSTGRES,
     )
 
 
@@ -165,7 +167,7 @@ def _owner_ids() -> tuple[int, int] | None:
         entry = pwd.getpwnam(OWNER)
     except KeyError as e:
         raise EmbeddedError(
-            f"running as root needs a {OWNER!r} user to own the server", code="db.embedded.no_owner"
+            f"running as root needs a {OWNER!r} user to own the server", code=reconciler_codes.DB_EMBEDDED_NO_OWNER
         ) from e
     return entry.pw_uid, entry.pw_gid
 
@@ -176,7 +178,7 @@ def _run(argv: list[str], what: str, timeout: float = 120) -> subprocess.Complet
             argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout, check=False
         )
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise EmbeddedError(f"{what}: {e}", code="db.embedded.command") from e
+        raise EmbeddedError(f"{what}: {e}", code=reconciler_codes.DB_EMBEDDED_COMMAND) from e
 
 
 def _own_dir(path: Path, ids: tuple[int, int] | None, mode: int) -> None:
@@ -195,7 +197,7 @@ def _check_reachable(path: Path) -> None:
             raise EmbeddedError(
                 f"{parent} is not searchable by other users, so the {OWNER!r} user cannot reach "
                 f"{path}; choose another --state-dir or chmod o+x {parent}",
-                code="db.embedded.state_dir_unreachable",
+                code=reconciler_codes.DB_EMBEDDED_STATE_DIR_UNREACHABLE,
             )
 
 
@@ -270,7 +272,9 @@ def init(server: Server, *, durable: bool = True) -> bool:
         argv.append("--no-sync")
     done = _run(argv, "initdb")
     if done.returncode != 0:
-        raise EmbeddedError(f"initdb failed: {done.stderr.strip() or done.stdout.strip()}", code="db.embedded.initdb")
+        raise EmbeddedError(
+            f"initdb failed: {done.stderr.strip() or done.stdout.strip()}", code=reconciler_codes.DB_EMBEDDED_INITDB
+        )
     conf = server.data_dir / "postgresql.conf"
     with conf.open("a") as fh:
         fh.write(f"\ninclude_if_exists = '{_CONF}'\n")
@@ -306,7 +310,7 @@ def start(server: Server, *, durable: bool = True, dbname: str = DEFAULT_DB) -> 
             if done.returncode != 0:
                 raise EmbeddedError(
                     f"server did not start: {done.stderr.strip() or done.stdout.strip()}; see {server.log_file}",
-                    code="db.embedded.start",
+                    code=reconciler_codes.DB_EMBEDDED_START,
                 )
         create_database(server, dbname)
     return server
@@ -352,14 +356,14 @@ def stop(server: Server, *, mode: str = "fast", wait_s: float = STOP_WAIT_S) -> 
         processes = [pid, *_children(pid)]
         done = _pg_ctl(server, "stop", "-m", mode)
         if done.returncode != 0 and server.pid() is not None:
-            raise EmbeddedError(f"server did not stop: {done.stderr.strip()}", code="db.embedded.stop")
+            raise EmbeddedError(f"server did not stop: {done.stderr.strip()}", code=reconciler_codes.DB_EMBEDDED_STOP)
         deadline = time.monotonic() + wait_s
         while any(_alive(p) for p in processes):
             if time.monotonic() > deadline:
                 left = [p for p in processes if _alive(p)]
                 raise EmbeddedError(
                     f"server processes {left} still run {wait_s:g}s after the stop; see {server.log_file}",
-                    code="db.embedded.stop",
+                    code=reconciler_codes.DB_EMBEDDED_STOP,
                 )
             time.sleep(0.02)
         return True
@@ -381,10 +385,12 @@ def create_database(server: Server, dbname: str, *, template: str | None = None)
         except psycopg.OperationalError as e:
             # The server may still be finishing recovery right after pg_ctl -w returns.
             if time.monotonic() > deadline:
-                raise TemporaryError(f"cannot reach the embedded server: {e}", code="db.unavailable") from e
+                raise TemporaryError(f"cannot reach the embedded server: {e}", code=schemas_codes.DB_UNAVAILABLE) from e
             time.sleep(0.2)
         except psycopg.Error as e:
-            raise EmbeddedError(f"cannot create database {dbname!r}: {e}", code="db.embedded.createdb") from e
+            raise EmbeddedError(
+                f"cannot create database {dbname!r}: {e}", code=reconciler_codes.DB_EMBEDDED_CREATEDB
+            ) from e
 
 
 def status(state_dir: Path) -> Status:

@@ -294,20 +294,25 @@ _STAGE = (
 )
 # One statement for the batch: new nodes get generation 1, a changed spec the stored generation + 1
 # (in the row and in the spec's own "generation"), an unchanged one is not touched (no row version,
-# no NOTIFY to the host's long poll).
+# no NOTIFY to the host's long poll). {source} yields (node_name, spec).
 _UPSERT = (
     "INSERT INTO host_plans AS h (node_name, generation, spec, revision)"
-    " SELECT node_name, 1, jsonb_set(spec, '{generation}', '1'), %(revision)s FROM host_plan_stage"
+    " SELECT s.node_name, 1, jsonb_set(s.spec, '{{generation}}', '1'), %(revision)s FROM {source}"
     " ON CONFLICT (node_name) DO UPDATE SET generation = h.generation + 1,"
-    " spec = jsonb_set(EXCLUDED.spec, '{generation}', to_jsonb(h.generation + 1)),"
+    " spec = jsonb_set(EXCLUDED.spec, '{{generation}}', to_jsonb(h.generation + 1)),"
     " revision = EXCLUDED.revision, updated_at = now()"
     " WHERE h.spec - 'generation' IS DISTINCT FROM EXCLUDED.spec - 'generation'"
     " RETURNING node_name, generation"
 )
+_FROM_STAGE = _UPSERT.format(source="host_plan_stage s")
+_FROM_ARRAYS = _UPSERT.format(
+    source="(SELECT n, j::jsonb FROM unnest(%(nodes)s::text[], %(specs)s::text[]) AS u (n, j)) AS s (node_name, spec)"
+)
+COPY_FROM = 100  # plans staged by COPY from this many on; fewer (a commit's few nodes) go as two arrays
 
 
 def _upsert(conn: Connection, plans: list[codec.HostPlan], revision: str | None) -> list[Written]:
-    """COPY the batch's specs into a staging table, then one upsert that changes only changed specs."""
+    """Stage the batch's specs (COPY, or arrays for a few), then one upsert that changes only changed specs."""
     if not plans:
         return []
     names = [p.node for p in plans]
@@ -315,12 +320,17 @@ def _upsert(conn: Connection, plans: list[codec.HostPlan], revision: str | None)
         str(n): int(g)
         for n, g in conn.execute("SELECT node_name, generation FROM host_plans WHERE node_name = ANY(%s)", (names,))
     }
-    conn.execute(_STAGE)
-    with conn.cursor().copy("COPY host_plan_stage (node_name, spec) FROM STDIN") as copy:
-        for plan in plans:
-            copy.write_row((plan.node, json.dumps(codec.to_json(dataclasses.replace(plan, generation=0)))))
-    changed = {str(n): int(g) for n, g in conn.execute(_UPSERT, {"revision": revision})}
-    conn.execute("DELETE FROM host_plan_stage")  # inside an outer transaction, ON COMMIT comes later
+    specs = [json.dumps(codec.to_json(dataclasses.replace(plan, generation=0))) for plan in plans]
+    if len(plans) < COPY_FROM:
+        rows = conn.execute(_FROM_ARRAYS, {"revision": revision, "nodes": names, "specs": specs})
+        changed = {str(n): int(g) for n, g in rows}
+    else:
+        conn.execute(_STAGE)
+        with conn.cursor().copy("COPY host_plan_stage (node_name, spec) FROM STDIN") as copy:
+            for name, spec in zip(names, specs, strict=True):
+                copy.write_row((name, spec))
+        changed = {str(n): int(g) for n, g in conn.execute(_FROM_STAGE, {"revision": revision})}
+        conn.execute("DELETE FROM host_plan_stage")  # inside an outer transaction, ON COMMIT comes later
     return [Written(n, changed[n], changed=True) if n in changed else Written(n, have[n], changed=False) for n in names]
 
 

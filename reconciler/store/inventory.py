@@ -28,7 +28,7 @@ from psycopg.types.json import Jsonb
 from desired.state import Delta, DesiredState, delta_since
 from reconciler.store import inventoryrows, inventorywrites
 from reconciler.store.connections import Connection
-from reconciler.store.inventoryrows import ALLOCATIONS, IMAGES, NODES, SKUS, SLOTS, Item, Row, Table
+from reconciler.store.inventoryrows import ALLOCATIONS, IMAGES, NODES, SKUS, SLOTS, Item, Row, Table, _Work
 from schemas import dberrors, progress
 
 _LOCK_KEY = 0x67707561_0001
@@ -159,7 +159,7 @@ def _sync(
     changes: list[RowChange] = []
     with dberrors.wrapped("sync inventory"), conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-        generation = _generation(conn)
+        generation = inventorywrites.generation(conn)
         trust = memory is not None and memory.trusted(generation)
         if memory is not None and not trust:
             memory.forget()
@@ -245,7 +245,7 @@ def _sync(
             maybe_gone=work.gone("Allocation"),
         )
         if changes:
-            generation = _bump_generation(conn)
+            generation = inventorywrites.bump_generation(conn)
         if memory is not None:
             memory.generation = generation
             memory.syncs += 1
@@ -266,40 +266,6 @@ def _sync(
                 (revision, digest, state.file_count, Jsonb(counts)),
             )
     return SyncResult(revision, digest, new_revision, tuple(changes), full=not trust)
-
-
-def _generation(conn: Connection) -> int:
-    row = conn.execute("SELECT generation FROM inventory_generation").fetchone()
-    return int(row[0]) if row else 0
-
-
-def _bump_generation(conn: Connection) -> int:
-    row = conn.execute("UPDATE inventory_generation SET generation = generation + 1 RETURNING generation").fetchone()
-    return int(row[0]) if row else 0
-
-
-class _Work:
-    """The documents of a table to itemise: all of them, or with a delta only the changed ones."""
-
-    def __init__(self, state: DesiredState, delta: Delta | None) -> None:
-        self.state, self.delta = state, delta
-
-    def names(self, *kinds: str) -> set[str] | None:
-        if self.delta is None:
-            return None
-        return set().union(*(self.delta.names(k) for k in kinds))
-
-    def docs(self, *kinds: str) -> list[Any]:
-        table: dict[str, Any] = getattr(self.state, inventoryrows.TABLE_OF[kinds[0]])
-        names = self.names(*kinds)
-        if names is None:
-            return list(table.values())
-        return [table[n] for n in sorted(names) if n in table]
-
-    def gone(self, *kinds: str) -> list[tuple[Any, ...]] | None:
-        """Keys of rows that may have gone: None, every row not wanted (no delta)."""
-        names = self.names(*kinds)
-        return None if names is None else [(n,) for n in sorted(names)]
 
 
 def _slot_delta(

@@ -387,3 +387,27 @@ def slot_items(smap: m.SlotMap, node_id: Any) -> list[Item]:
         return built
 
     return [((node_id, s.slot_index), (smap,), partial(row, i)) for i, s in enumerate(smap.slots)]
+
+
+class _Work:
+    """The documents of a table the sync itemises: all of them, or with a delta only the changed ones."""
+
+    def __init__(self, state: DesiredState, delta: Delta | None) -> None:
+        self.state, self.delta = state, delta
+
+    def names(self, *kinds: str) -> set[str] | None:
+        if self.delta is None:
+            return None
+        return set().union(*(self.delta.names(k) for k in kinds))
+
+    def docs(self, *kinds: str) -> list[Any]:
+        table: dict[str, Any] = getattr(self.state, TABLE_OF[kinds[0]])
+        names = self.names(*kinds)
+        if names is None:
+            return list(table.values())
+        return [table[n] for n in sorted(names) if n in table]
+
+    def gone(self, *kinds: str) -> list[tuple[Any, ...]] | None:
+        """Keys of rows that may have gone: None, every row not wanted (no delta)."""
+        names = self.names(*kinds)
+        return None if names is None else [(n,) for n in sorted(names)]

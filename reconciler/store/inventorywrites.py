@@ -104,6 +104,17 @@ def write_rows(
         )
 
 
+def generation(conn: Connection) -> int:
+    """The inventory generation: moved by every sync that wrote (another writer moves it too)."""
+    row = conn.execute("SELECT generation FROM inventory_generation").fetchone()
+    return int(row[0]) if row else 0
+
+
+def bump_generation(conn: Connection) -> int:
+    row = conn.execute("UPDATE inventory_generation SET generation = generation + 1 RETURNING generation").fetchone()
+    return int(row[0]) if row else 0
+
+
 def slot_statuses(conn: Connection, keys: Sequence[tuple[Any, ...]] | None) -> None:
     """A free slot git no longer offers is disabled; one offered again is available.
 

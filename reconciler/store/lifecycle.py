@@ -38,6 +38,7 @@ from psycopg.rows import dict_row
 
 from desired import defaults
 from desired.state import DesiredState
+from reconciler import codes as reconciler_codes
 from reconciler.store.connections import Connection
 from schemas import dberrors
 
@@ -237,7 +238,7 @@ def health_reasons(conn: Connection) -> dict[str, list[dict[str, Any]]]:
         if live.reason is not None:
             out.setdefault(node, []).append(
                 {
-                    "code": "host.silent",
+                    "code": reconciler_codes.HOST_SILENT,
                     "message": live.reason,
                     "evidence": {"reported_at": live.reported_at, "silent_s": live.silent_s, "ttl_s": live.ttl_s},
                 }
@@ -258,7 +259,7 @@ def health_reasons(conn: Connection) -> dict[str, list[dict[str, Any]]]:
             found
             or [
                 {
-                    "code": "host.unhealthy",
+                    "code": reconciler_codes.HOST_UNHEALTHY,
                     "message": "the host reported itself unhealthy without a finding",
                     "evidence": {},
                 }

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from reconciler import codes as reconciler_codes
 from reconciler.store.connections import Connection
 from schemas import dberrors
 from schemas.errors import PermanentError
@@ -87,11 +88,13 @@ def expand(file_name: str, source: str, root: Path) -> tuple[str, tuple[tuple[st
             raise PermanentError(
                 f"{file_name}:{number}: a line that starts with a backslash must be"
                 f" `\\ir functions/<name>.sql`, not {line.strip()!r}",
-                code="db.migration.include",
+                code=reconciler_codes.DB_MIGRATION_INCLUDE,
             )
         path = root / target
         if not path.is_file():
-            raise PermanentError(f"{file_name}:{number}: {target} does not exist", code="db.migration.include")
+            raise PermanentError(
+                f"{file_name}:{number}: {target} does not exist", code=reconciler_codes.DB_MIGRATION_INCLUDE
+            )
         body = path.read_text(encoding="utf-8")
         out.append(body if body.endswith("\n") else body + "\n")
         included.append((target, _sha256(body)))
@@ -110,7 +113,9 @@ def available() -> list[Migration]:
     versions = [m.version for m in found]
     dupes = sorted({v for v in versions if versions.count(v) > 1})
     if dupes:
-        raise PermanentError(f"two migrations share version(s) {', '.join(dupes)}", code="db.migration.duplicate")
+        raise PermanentError(
+            f"two migrations share version(s) {', '.join(dupes)}", code=reconciler_codes.DB_MIGRATION_DUPLICATE
+        )
     return sorted(found, key=lambda m: m.version)
 
 
@@ -191,7 +196,7 @@ def _check_unchanged(todo: list[Migration], done: dict[str, str], functions: dic
             raise PermanentError(
                 f"migration {m.version}_{m.name}.sql changed after it was applied; "
                 "add a new migration instead of editing an applied one",
-                code="db.migration.changed",
+                code=reconciler_codes.DB_MIGRATION_CHANGED,
             )
     now = {path: checksum for m in todo for path, checksum in m.included}
     reapplied = {path for m in todo if m.version not in done for path in m.includes}
@@ -200,5 +205,5 @@ def _check_unchanged(todo: list[Migration], done: dict[str, str], functions: dic
             raise PermanentError(
                 f"{path} changed after migration {version} applied it; add a migration that"
                 f" re-applies it (a line `\\ir {path}`), or the databases already migrated keep the old body",
-                code="db.migration.function_changed",
+                code=reconciler_codes.DB_MIGRATION_FUNCTION_CHANGED,
             )

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from desired import models as m
 from desired.state import DesiredState
+from reconciler import codes as reconciler_codes
 from reconciler.store.connections import Connection
 from schemas import dberrors
 from schemas.errors import PermanentError
@@ -138,7 +139,8 @@ def desired_state(conn: Connection) -> DesiredState:
         state.allocations = {r["id"]: m.Allocation.model_validate(_allocation(r)) for r in allocations}
     except ValidationError as e:
         raise PermanentError(
-            f"the stored inventory does not read back as desired state: {e}", code="db.inventory.unreadable"
+            f"the stored inventory does not read back as desired state: {e}",
+            code=reconciler_codes.DB_INVENTORY_UNREADABLE,
         ) from e
     return state
 

@@ -19,10 +19,12 @@ def _generations(conn: Connection) -> dict[str, int]:
     return {str(n): int(g) for n, g in conn.execute("SELECT node_name, generation FROM host_plans")}
 
 
+@pytest.mark.parametrize("copy_from", [1, 10**9], ids=["copy", "arrays"])
 def test_batches_write_every_node_once_and_count_progress(
-    conn: Connection, fleet: DesiredState, monkeypatch: pytest.MonkeyPatch
+    conn: Connection, fleet: DesiredState, monkeypatch: pytest.MonkeyPatch, copy_from: int
 ) -> None:
     monkeypatch.setattr(hostplans, "BATCH", 2)  # six nodes: three transactions
+    monkeypatch.setattr(hostplans, "COPY_FROM", copy_from)  # staged by COPY, or sent as arrays
     phase = progress.Phase("write host plans")
     written = hostplans.write(conn, shown=phase)
     assert sorted(w.node for w in written) == sorted(fleet.nodes)

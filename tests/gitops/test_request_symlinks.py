@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from reconciler import cli
-from reconciler.reconcile import requests
+from reconciler.reconcile import requestfiles, requests
 from tests.gitops.conftest import Repo
 
 REQUEST = (
@@ -181,5 +181,5 @@ def test_the_bot_gets_the_refusal_as_json(fleet_repo: Repo, outside: Path, capsy
     capsys.readouterr()
     rc = cli.main(["request", "release", "req-x", "--repo", str(fleet_repo.root), "-o", "json"])
     out = capsys.readouterr()
-    assert rc == 1 and json.loads(out.out)["error"] == requests.NOT_REGULAR
+    assert rc == 1 and json.loads(out.out)["error"] == requestfiles.NOT_REGULAR
     assert "error: request.file.not_regular:" in out.err

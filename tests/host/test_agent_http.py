@@ -18,7 +18,7 @@ import pytest
 
 from host_reconciler import agentclient, hostdb
 from reconciler import cli
-from reconciler.service import agents
+from reconciler.service import agenttokens
 from reconciler.store import hostplans as central_plans
 from tests.host.conftest import Lab
 from tests.host.test_hostdb import add_node, plan
@@ -86,7 +86,7 @@ def test_the_agent_keeps_its_plan_and_queues_reports_while_the_service_is_away(d
     with hostdb.connect(db_url) as conn:
         add_node(conn, "node-a")
         central_plans.store(conn, [plan("node-a", 1)])
-        token = agents.issue_token(conn, "node-a", rotate=False)
+        token = agenttokens.issue_token(conn, "node-a", rotate=False)
     port = 0
     for s in serve(db_url):
         port = int(s.url.rsplit(":", 1)[1])
@@ -133,7 +133,7 @@ def test_backoff_is_exponential_with_full_jitter() -> None:
 
 def test_a_credential_file_others_can_read_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "token"
-    path.write_text(agents.new_token() + "\n")
+    path.write_text(agenttokens.new_token() + "\n")
     path.chmod(0o644)
     with pytest.raises(Exception, match="group or others") as e:
         agentclient.load_credential(path)

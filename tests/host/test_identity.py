@@ -27,7 +27,7 @@ from host_reconciler import converging, images, statuses
 from host_reconciler import settings as hs
 from host_reconciler.actions import DriftCode
 from host_reconciler.discovery import candidates, discovering
-from host_reconciler.drivers import disks, protocols, wiring
+from host_reconciler.drivers import diskidentity, disks, protocols, wiring
 from policies import eligibility
 from reconciler import sources
 from reconciler.store import connections, hostplans, inventory
@@ -173,7 +173,7 @@ def h200_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_nvme_identity_is_read_from_a_recorded_sysfs_tree(h200_tree: Path) -> None:
     sys_root = h200_tree / "sys"
     majmin = (sys_root / "block" / "nvme0n1" / "dev").read_text().strip()
-    assert disks.read_identity(sys_root, majmin) == hp.DiskIdentity(
+    assert diskidentity.read_identity(sys_root, majmin) == hp.DiskIdentity(
         size_bytes=7501476528 * 512,
         model="SAMSUNG MZWLR3T8HBLS-00007",
         serial="S6EXNA0W100",
@@ -181,7 +181,7 @@ def test_nvme_identity_is_read_from_a_recorded_sysfs_tree(h200_tree: Path) -> No
     )
     # The OS disk's partition has no controller: a partition is never an approved namespace.
     part = (sys_root / "block" / "nvme4n1" / "nvme4n1p2" / "dev").read_text().strip()
-    assert disks.read_identity(sys_root, part).serial is None
+    assert diskidentity.read_identity(sys_root, part).serial is None
 
 
 def test_the_host_reads_what_discovery_records_for_every_namespace(h200_tree: Path) -> None:
@@ -192,7 +192,7 @@ def test_the_host_reads_what_discovery_records_for_every_namespace(h200_tree: Pa
         recorded = candidates.nvme_identity(ns)
         assert recorded is not None
         majmin = (h200_tree / "sys" / "block" / ns.name / "dev").read_text().strip()
-        seen = disks.read_identity(h200_tree / "sys", majmin)
+        seen = diskidentity.read_identity(h200_tree / "sys", majmin)
         approved = hp.DiskIdentity.from_dict(recorded)
         assert approved is not None and approved.differences(seen) == []
         assert seen.as_dict() == recorded

@@ -24,7 +24,7 @@ import pytest
 
 from host_reconciler import agentclient, hostdb
 from reconciler import cli
-from reconciler.service import agents
+from reconciler.service import agenttokens
 from reconciler.store import hostplans as central_plans
 from schemas import agentwire
 from tests.host.test_hostdb import add_node, plan
@@ -42,7 +42,7 @@ def nodes_url(db_url: str) -> str:
 
 def issue(url: str, node: str) -> str:
     with psycopg.connect(url, autocommit=True) as conn:
-        return agents.issue_token(conn, node, rotate=False)
+        return agenttokens.issue_token(conn, node, rotate=False)
 
 
 @pytest.fixture
@@ -295,7 +295,7 @@ def test_two_replicas_need_nothing_from_each_other(nodes_url: str) -> None:
             watcher.close()
             assert answers and answers[0].changed and answers[0].generation == 2
             with psycopg.connect(nodes_url, autocommit=True) as conn:
-                agents.issue_token(conn, "node-a", rotate=True)
+                agenttokens.issue_token(conn, "node-a", rotate=True)
             for replica in (one, two):  # both drop the old token (each heard the NOTIFY)
                 with client(replica, a) as http:
                     deadline = time.monotonic() + 30

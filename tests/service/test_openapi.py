@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 from openapi_spec_validator import validate
 
-from reconciler.service import api
+from reconciler.service import openapi
 from tests.service.conftest import Served
 
 PATHS = [
@@ -42,13 +42,13 @@ def check(doc: dict[str, Any], path: str, status: str, body: Any, method: str = 
 
 
 def test_the_document_is_valid_openapi_and_names_no_bare_object() -> None:
-    validate(api.OPENAPI)
-    for path, item in api.OPENAPI["paths"].items():
+    validate(openapi.OPENAPI)
+    for path, item in openapi.OPENAPI["paths"].items():
         for op in item.values():
             ok = op["responses"].get("200") or op["responses"]["202"]  # 202: the portal's writes
             schema = next(iter(ok["content"].values()))["schema"]  # JSON, or the event stream's events
             assert "$ref" in schema, path  # a declared model, never {"type": "object"}
-    allocation = api.OPENAPI["components"]["schemas"]["Allocation"]
+    allocation = openapi.OPENAPI["components"]["schemas"]["Allocation"]
     assert allocation["additionalProperties"] is False
     assert {"present", "capacity_shape", "updated_at", "boot_slot", "lifecycle"} <= set(allocation["properties"])
 
@@ -67,4 +67,4 @@ def test_error_responses_match_the_document(served: Served) -> None:
 
 def test_an_undeclared_field_fails_the_check() -> None:
     with pytest.raises(jsonschema.ValidationError):
-        check(api.OPENAPI, "/history", "200", {"items": [], "surprise": 1})
+        check(openapi.OPENAPI, "/history", "200", {"items": [], "surprise": 1})

@@ -210,11 +210,11 @@ class _Failed(Exception):
 def _seed(url: str, n: int) -> list[tuple[str, str]]:
     from psycopg.types.json import Jsonb
 
-    from reconciler.service import agents
+    from reconciler.service import agenttokens
     from reconciler.store import connections, migrations
 
     names = [f"bench-{i:06d}" for i in range(n)]
-    tokens = [agents.new_token() for _ in names]
+    tokens = [agenttokens.new_token() for _ in names]
     with connections.connect(url, autocommit=True) as conn:
         migrations.migrate(conn)
         conn.execute(
@@ -234,7 +234,7 @@ def _seed(url: str, n: int) -> list[tuple[str, str]]:
         )
         conn.execute(
             "INSERT INTO node_agent_tokens (node_name, token_sha256) SELECT * FROM unnest(%s::text[], %s::text[])",
-            (names, [agents.token_hash(t) for t in tokens]),
+            (names, [agenttokens.token_hash(t) for t in tokens]),
         )
     return list(zip(names, tokens, strict=True))
 
