@@ -15,9 +15,10 @@ nodes. So:
   when the previous computation took longer than what is left of the wait);
 - before the first document exists a request waits up to `wait_s`, then
   gets `api.capacity_computing` (503, Retry-After);
-- kept (`keep_in`), each computed document is kept in the database and a restarted
-  service starts from the kept one, served stale until the fresh one is
-  computed, when the inventory generation is unchanged (`keptcapacity`).
+- kept (`keep_in`), each computed document is kept on disk and a restarted
+  service starts from the kept one (current when nothing committed since,
+  else stale until the fresh one is computed) when the inventory generation
+  is unchanged (`keptcapacity`).
 """
 
 from __future__ import annotations
