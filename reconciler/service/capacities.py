@@ -195,8 +195,11 @@ class Cache:
     def warm(self) -> None:
         """Start computing; first load the kept document, if any is current (see `keptcapacity`)."""
         if self._kept is not None and self._current is None:
-            with self._pool.reading() as conn, gc_paused():  # decoding 10,000 nodes: 0.36 s, with GC 3.4 s
-                kept = keptcapacity.load(*self._kept, self._policy, conn)
+            try:
+                with self._pool.reading() as conn, gc_paused():  # decoding 10,000 nodes: 0.36 s, with GC 3.4 s
+                    kept = keptcapacity.load(*self._kept, self._policy, conn)
+            except GpuaasError:  # the database is not there yet: /readyz says so, the service still starts
+                kept = None
             if kept is not None:
                 with self._cond:
                     if self._current is None:
