@@ -3,10 +3,11 @@
 Every on-disk cache of the central side lives here, each under its own
 namespace: the packs of parsed blobs (`reconciler.caches.blobpacks`),
 checked trees and finished offline plans (namespace `results`:
-`reconciler.caches.checkedtrees`, `reconciler.caches.planresults`) and the
+`reconciler.caches.checkedtrees`, `reconciler.caches.planresults`), the
 kept bases of PR plans (namespace `worlds`, payloads in files beside the
-database: `reconciler.caches.keptworlds`). The store gives bytes back only
-once their HMAC verifies; what the bytes mean is each client's business.
+database: `reconciler.caches.keptworlds`) and the service's last status
+documents (`capacity_documents`, files too: `reconciler.service.keptcapacity`).
+The store gives bytes back only once their HMAC verifies; what the bytes mean is each client's business.
 
 The directory is `$GPUAAS_STATE_DIR/cache`, else
 `${XDG_CACHE_HOME:-~/.cache}/gpuaas/cache`. The cache is an optimization and
@@ -52,9 +53,10 @@ KEY_NAME = "key"
 TEMP_GRACE_S = 600  # a file record's temp file older than this, whose writer is dead, is removed
 # The namespaces of keyed records, and how many of each are kept (the newest win).
 RECORDS = {"results": 64}  # whole command results: checked trees, finished offline PR plans
-FILES = {"worlds": 2}  # records too large for a row (kept PR-plan bases, tens of MB): one file each
+FILES = {"worlds": 2, "capacity_documents": 4}  # records too large for a row (kept PR-plan bases, tens of MB;
+# the service's last status documents, reconciler.service.keptcapacity): one file each
 # What a record of each namespace is, in notes to the user.
-WHAT = {"results": "result", "worlds": "kept base"}
+WHAT = {"results": "result", "worlds": "kept base", "capacity_documents": "kept capacity document"}
 MAX_RESULTS = RECORDS["results"]
 MAX_WORLDS = FILES["worlds"]
 

@@ -116,6 +116,7 @@ class Service:
         self.capacity = capacities.Cache(
             self.pool, policy=settings.policy, refresh_s=settings.capacity_refresh_s, wait_s=settings.capacity_wait_s
         )
+        self.capacity.keep_in(url)  # a restart starts from the last computed document (keptcapacity)
         self.ctx = api.Context(self.pool, self.capacity)
         self.dashboard = dashboard.Dashboard(self.ctx, refresh_s=settings.refresh_s)
         self.registry = metrics.registry(self.pool, self.capacity)

@@ -15,11 +15,16 @@ Nothing here writes.
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
+import json
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from psycopg.abc import Buffer, Loader
 from psycopg.rows import dict_row
+from psycopg.types.json import JsonbLoader, JsonLoader
 from pydantic import ValidationError
 
 from desired import models as m
@@ -59,8 +64,44 @@ class AllocationView:
     active_at: dt.datetime | None
 
 
-def _rows(conn: Connection, query: str) -> list[dict[str, Any]]:
-    return conn.cursor(row_factory=dict_row).execute(query).fetchall()
+def _rows(conn: Connection, query: str, *, memo_json: bool = False) -> list[dict[str, Any]]:
+    cur = conn.cursor(row_factory=dict_row)
+    if memo_json:
+        # 80,000 slot rows repeat a handful of JSON values (capacity metadata, blockers):
+        # each distinct text is parsed once. The values are only read (validated into models).
+        for name in ("json", "jsonb"):
+            cur.adapters.register_loader(name, _memo_loader(name))
+    return cur.execute(query).fetchall()
+
+
+def _memo_loader(name: str) -> type[Loader]:
+    base: type[Loader] = JsonLoader if name == "json" else JsonbLoader
+    seen: dict[bytes, Any] = {}
+
+    class Memo(base):  # type: ignore[valid-type,misc]
+        def load(self, data: Buffer) -> Any:
+            key = bytes(data)
+            value = seen.get(key, _MISSING)
+            if value is _MISSING:
+                value = seen[key] = json.loads(key.decode())
+            return value
+
+    return Memo
+
+
+_MISSING = object()
+
+# Only the columns the models are rebuilt from: `*` also parsed health, quarantine and
+# placement JSON of every row.
+_NODES_SQL = (
+    "SELECT name, region, pool, hardware_tags, profile_tags, baremetal_sku, admin_state, storage_mode, os_disk, org,"
+    " firmware_version, firmware_ready, management_network, public_addresses, ingress, machine"
+    " FROM nodes WHERE present ORDER BY name"
+)
+_ALLOCATIONS_SQL = (
+    "SELECT id, tenant, sku, gpu_count, region, image, ssh_keys, vm_profile, desired_state, requested_at, lease_hours,"
+    " extra_ports FROM allocations WHERE present ORDER BY id"
+)
 
 
 def current_revision(conn: Connection) -> str | None:
@@ -80,13 +121,9 @@ def desired_state(conn: Connection) -> DesiredState:
         fleet = _rows(conn, "SELECT * FROM fleet_settings")
         skus = _rows(conn, "SELECT * FROM sku_catalog WHERE present ORDER BY sku")
         images = _rows(conn, "SELECT * FROM os_images WHERE present ORDER BY slug")
-        nodes = _rows(conn, "SELECT * FROM nodes WHERE present ORDER BY name")
-        slots = _rows(
-            conn,
-            "SELECT n.name AS node, s.* FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id"
-            " WHERE s.present AND n.present ORDER BY n.name, s.slot_index",
-        )
-        allocations = _rows(conn, "SELECT * FROM allocations WHERE present ORDER BY id")
+        nodes = _rows(conn, _NODES_SQL, memo_json=True)
+        slots = _rows(conn, _SLOTS_SQL, memo_json=True)
+        allocations = _rows(conn, _ALLOCATIONS_SQL)
     state = DesiredState(revision=current_revision(conn))
     try:
         network = fleet[0]["management_network"] if fleet else None
@@ -235,13 +272,23 @@ _SLOT_FIELDS = (
     "blockers",
     "enabled",
 )
+# private_ip as PostgreSQL prints it (no prefix on a single address): the inet loader built an
+# ipaddress object per slot only for it to be printed again.
+_SLOTS_SQL = (
+    "SELECT n.name AS node, "  # noqa: S608 - built from the constant field names above, no input
+    + ", ".join(f"s.{k}" for k in _SLOT_FIELDS)
+    + ", CASE WHEN masklen(s.private_ip) = CASE family(s.private_ip) WHEN 4 THEN 32 ELSE 128 END"
+    " THEN host(s.private_ip) ELSE s.private_ip::text END AS private_ip, s.nvme_identity, s.approved"
+    " FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id"
+    " WHERE s.present AND n.present ORDER BY n.name, s.slot_index"
+)
 
 
 def _slot_map(node: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     slots = [
         {
             **{k: r[k] for k in _SLOT_FIELDS},
-            "private_ip": str(r["private_ip"]),
+            "private_ip": _ip_text(r["private_ip"]),
             **({"nvme_identity": r["nvme_identity"]} if r.get("nvme_identity") else {}),
         }
         for r in rows
@@ -253,6 +300,16 @@ def _slot_map(node: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "approval_required": not all(r["approved"] for r in rows),
         "slots": slots,
     }
+
+
+def _ip_text(text: str) -> str:
+    """The inet as psycopg's loader printed it: an address, or (with a prefix) an interface."""
+    if "/" in text:
+        return str(ipaddress.ip_interface(text))
+    return text if _IPV4_HOST.match(text) else str(ipaddress.ip_address(text))
+
+
+_IPV4_HOST = re.compile(r"^[0-9]{1,3}(\.[0-9]{1,3}){3}$")
 
 
 def _allocation(r: dict[str, Any]) -> dict[str, Any]:

@@ -52,5 +52,5 @@ def test_the_blob_packs_are_a_client_of_the_same_store(tmp_path: Path) -> None:
     store.put_record("results", KEY, b"kept beside the packs")
     with sqlite3.connect(store.path) as db:
         tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert tables == {"packs", "pack_entries", "results", "worlds"}
+    assert tables == {"packs", "pack_entries", "results", "worlds", "capacity_documents"}
     assert store.get_record("results", KEY) == b"kept beside the packs"

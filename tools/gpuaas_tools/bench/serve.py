@@ -10,6 +10,13 @@ request, client side): `GET /api/v1/allocations/{id}` (random placed ids),
 `GET /api/v1/capacity` (the first one computes the capacity model: reported
 on its own as the cold time; the rest are served from the snapshot cache),
 the dashboard `GET /` (first page of the grid) and `GET /metrics`.
+
+Then the service is restarted twice with its default settings, and the time
+from starting it to the first 200 of `GET /api/v1/capacity` (retrying each
+503 after 0.1 s, as a client honouring Retry-After would sooner) is reported:
+once with nothing committed since the last document was computed, once
+after a commit (the document is then served stale until the fresh one is
+computed). Each is the cold time again where no document is kept.
 """
 
 from __future__ import annotations
@@ -59,6 +66,42 @@ def _timed(client: http.client.HTTPConnection, path: str) -> float:
     if resp.status != 200:
         raise UsageError(f"GET {path}: {resp.status} {body[:300]!r}", code="bench.serve.request_failed")
     return took
+
+
+def _restart(url: str, *, commit_first: bool) -> dict[str, Any]:
+    """Seconds from starting `gpuaas serve` (default settings) to its first 200 for the capacity."""
+    from reconciler.service import server
+    from reconciler.store import connections
+
+    if commit_first:  # any commit (a claim, a host report) since the last document was computed
+        with connections.connect(url, autocommit=True) as conn:
+            conn.execute("SELECT txid_current()")
+    t0 = time.perf_counter()
+    httpd = server.make_server(url, server.Settings(port=0))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        host, port = httpd.socket.getsockname()[:2]
+        client = http.client.HTTPConnection(host, port, timeout=3600)
+        while True:
+            client.request("GET", "/api/v1/capacity")
+            resp = client.getresponse()
+            body = resp.read()
+            if resp.status == 200:
+                break
+            if resp.status != 503:
+                raise UsageError(
+                    f"GET /api/v1/capacity: {resp.status} {body[:300]!r}", code="bench.serve.request_failed"
+                )
+            time.sleep(0.1)
+        took = time.perf_counter() - t0
+        client.close()
+        return {"s": round(took, 2), "stale": bool(json.loads(body).get("stale"))}
+    finally:
+        httpd.service.capacity.join()
+        httpd.shutdown()
+        httpd.server_close()
+        httpd.service.close()
 
 
 def _prepare(url: str, args: argparse.Namespace) -> tuple[list[str], dict[str, float]]:
@@ -129,9 +172,14 @@ def run(args: argparse.Namespace) -> int:
             }
             client.close()
         finally:
+            httpd.service.capacity.join()  # a computed document is kept before the restart
             httpd.shutdown()
             httpd.server_close()
             httpd.service.close()
+        restart = {
+            "capacity_restart": _restart(url, commit_first=False),
+            "capacity_restart_after_commit": _restart(url, commit_first=True),
+        }
     finally:
         if not args.keep:
             bench_claims._drop_db(base, name)
@@ -141,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
         "allocations_placed": len(placed),
         **setup,
         "capacity_cold_s": round(cold, 2),
+        **restart,
         **results,
         "database": "scratch " + ("(kept) " + url if args.keep else "(dropped)"),
     }
@@ -152,6 +201,12 @@ def run(args: argparse.Namespace) -> int:
             f"placed (sync {setup['sync_s']}s, placing {setup['place_s']}s)"
         )
         print(f"  capacity, first request (computes the model)  {doc['capacity_cold_s']} s")
+        for key, label in (
+            ("capacity_restart", "after a restart"),
+            ("capacity_restart_after_commit", "after a commit and a restart"),
+        ):
+            r = doc[key]
+            print(f"  capacity ready {label:<31} {r['s']} s (stale: {r['stale']})")
         for key, label in (
             ("allocation", "GET /api/v1/allocations/{id}"),
             ("capacity_warm", "GET /api/v1/capacity"),
