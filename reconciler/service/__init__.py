@@ -7,7 +7,7 @@ stays the only writer of placements. It also serves the host agents
 (`/api/v1/agent/...`): each reads its own plan (by watch) and writes its own
 reports, as its node's identity in the database.
 
-Modules: `reads` (the queries, plain data out), `capacities` (the capacity
+Modules: `reads` (the queries, plain data out), `statuscache` (the capacity
 read model of `gpuaas status`, cached by database snapshot), `usages`
 (GPU-hours per allocation and tenant), `api` (routes, error codes, OpenAPI),
 `dashboard` (Jinja2 pages), `metrics` (a Prometheus collector that reads at

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reconciler import codes as reconciler_codes
-from reconciler.service import capacities, catalog, reads, telemetries, tenants, usages
+from reconciler.service import catalog, reads, statuscache, telemetries, tenants, usages
 from reconciler.service.pool import Pool
 from schemas.errors import GpuaasError
 
@@ -30,7 +30,7 @@ UNAUTHORIZED = reconciler_codes.API_UNAUTHORIZED  # no bearer token where one is
 TOKEN_INVALID = reconciler_codes.API_TOKEN_INVALID  # a bearer token that is not the configured one
 DB_UNAVAILABLE = reconciler_codes.API_DB_UNAVAILABLE  # PostgreSQL cannot be reached
 NO_SCHEMA = reconciler_codes.API_NO_SCHEMA  # the database was never migrated (nothing reconciled yet)
-CAPACITY_COMPUTING = capacities.CapacityComputing.code  # first capacity model not ready yet
+CAPACITY_COMPUTING = statuscache.CapacityComputing.code  # first capacity model not ready yet
 INTERNAL = reconciler_codes.API_INTERNAL  # a bug: see the server log
 FORBIDDEN = reconciler_codes.API_FORBIDDEN  # a tenant token on an operator-only path
 
@@ -63,7 +63,7 @@ def error_body(code: str, message: str) -> dict[str, Any]:
 @dataclass(frozen=True, slots=True)
 class Context:
     pool: Pool
-    capacity: capacities.Cache
+    capacity: statuscache.Cache
     principal: tenants.Principal = tenants.OPERATOR_PRINCIPAL  # who asks: a tenant sees only its own
 
 

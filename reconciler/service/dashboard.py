@@ -24,7 +24,7 @@ from urllib.parse import urlencode
 
 import jinja2
 
-from reconciler.service import api, capacities, lookups, reads
+from reconciler.service import api, lookups, reads, statuscache
 from schemas.errors import GpuaasError
 
 PAGE_SIZE = 100
@@ -58,7 +58,7 @@ class Dashboard:
     def _render(self, template: str, **values: Any) -> str:
         return self._env.get_template(template).render(refresh_s=self.refresh_s, **values)
 
-    def _capacity(self) -> tuple[capacities.Answer | None, str | None]:
+    def _capacity(self) -> tuple[statuscache.Answer | None, str | None]:
         try:
             return self._ctx.capacity.get(wait_s=CAPACITY_WAIT_S), None
         except GpuaasError as e:

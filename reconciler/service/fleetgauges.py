@@ -31,7 +31,7 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from reconciler.service import capacities
+from reconciler.service import statuscache
 from reconciler.service.pool import Pool
 from reconciler.store.connections import Connection
 from schemas import dberrors
@@ -43,7 +43,7 @@ log = logging.getLogger("gpuaas.serve")
 class LabelledCollector(Collector):
     """`gpuaas_build_info` always; the labelled gauges when the store answers."""
 
-    def __init__(self, pool: Pool, capacity: capacities.Cache) -> None:
+    def __init__(self, pool: Pool, capacity: statuscache.Cache) -> None:
         self._pool = pool
         self._capacity = capacity
 

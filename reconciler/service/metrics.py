@@ -6,7 +6,7 @@ report the same values and a restart loses nothing. Counters only go up
 (Prometheus reads a drop as a restart and `increase()` invents runs): a run
 in progress is the gauge `gpuaas_reconciliations_running`, never a counter
 label. Launchable capacity
-comes from the capacity cache (`capacities`), never computed inside a
+comes from the capacity cache (`statuscache`), never computed inside a
 scrape; its age is exported beside it. When the database cannot be read
 the scrape still succeeds with `gpuaas_database_up 0`.
 """
@@ -26,7 +26,7 @@ from prometheus_client.core import (
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from reconciler.service import capacities, fleetgauges, reads, telemetries
+from reconciler.service import fleetgauges, reads, statuscache, telemetries
 from reconciler.service.pool import Pool
 from reconciler.store import endpoints, history, leases, lifecycle
 from schemas.errors import GpuaasError
@@ -42,7 +42,7 @@ def _gauge(name: str, doc: str, labels: list[str], values: dict[tuple[str, ...],
 
 
 class StoreCollector(Collector):
-    def __init__(self, pool: Pool, capacity: capacities.Cache) -> None:
+    def __init__(self, pool: Pool, capacity: statuscache.Cache) -> None:
         self._pool = pool
         self._capacity = capacity
 
@@ -258,7 +258,7 @@ def _head_families(health: history.Health, now: dt.datetime | None) -> Iterator[
     )
 
 
-def registry(pool: Pool, capacity: capacities.Cache) -> CollectorRegistry:
+def registry(pool: Pool, capacity: statuscache.Cache) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
     reg.register(StoreCollector(pool, capacity))
     reg.register(fleetgauges.LabelledCollector(pool, capacity))  # per node and region x SKU: what alerts need

@@ -1,6 +1,6 @@
 """The shape of every JSON document the service sends: pydantic models, from which the OpenAPI document is made.
 
-The read functions (reads.py, usages.py, capacities.py) build plain dicts;
+The read functions (reads.py, usages.py, statuscache.py) build plain dicts;
 these models only describe them (`extra="forbid"`: a field a reader adds
 must be declared here too, or tests/service/test_openapi.py fails, which is
 how the document stays true). Fields are nullable where the store may hold

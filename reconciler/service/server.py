@@ -43,7 +43,7 @@ import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from reconciler import codes as reconciler_codes
-from reconciler.service import api, asgi, capacities, dashboard, metrics, readiness, tenants
+from reconciler.service import api, asgi, dashboard, metrics, readiness, statuscache, tenants
 from reconciler.service.listening import _bind, _protocol_with_header_deadline, _Uvicorn
 from reconciler.service.pool import Pool
 from reconciler.service.servesettings import (
@@ -113,7 +113,7 @@ class Service:
         self.settings = settings
         self.gateway: agents.Gateway | None = None  # set by HTTPServer: the agent API's state, for metrics
         self.pool = Pool(url, size=settings.pool_size)
-        self.capacity = capacities.Cache(
+        self.capacity = statuscache.Cache(
             self.pool, policy=settings.policy, refresh_s=settings.capacity_refresh_s, wait_s=settings.capacity_wait_s
         )
         self.capacity.keep_in(url)  # a restart starts from the last computed document (keptcapacity)

@@ -15,7 +15,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from reconciler import cli
-from reconciler.service import capacities
+from reconciler.service import statuscache
 from reconciler.store import connections, live
 from tests.gitops.conftest import Repo, allocation_status, claims
 
@@ -91,7 +91,7 @@ def test_host_reports_keep_drifted_slots_and_corrupt_nodes_off_the_market(
     offer = next(o for o in doc["capacity"] if o["sku"] == "h200-sxm-slice")
     assert offer["not_launchable"] == {"host_drift": 7, "node_corrupt": 8}
     assert offer["usable"] == 0
-    api = {n["name"]: n for n in capacities.status_document(conn)["nodes"]}  # what the service serves
+    api = {n["name"]: n for n in statuscache.status_document(conn)["nodes"]}  # what the service serves
     assert api[S01]["corrupt"] == ["drift.identity.changed"] and len(api[S02]["host_drift"]) == 7
     rc, text, _ = _cli(capsys, "status", "--db-url", db_url)
     assert "CORRUPT (host reports node-wide corruption: drift.identity.changed" in text

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from reconciler import cli
-from reconciler.service import capacities, reads
+from reconciler.service import reads, statuscache
 from reconciler.store import connections
 from tests.gitops.conftest import Repo, claims
 
@@ -61,7 +61,7 @@ def test_a_removed_node_with_claims_is_named_and_counted(
     )
     assert "REMOVED from git; 2 live claim(s) of alloc-a remain" in text
     assert "2 in use on node(s) removed from git" in text
-    api = capacities.status_document(conn)  # what the service's status endpoints serve
+    api = statuscache.status_document(conn)  # what the service's status endpoints serve
     assert api["removed_nodes"] == [node] and node in {n["name"] for n in api["nodes"]}
     grid = {n["name"]: n for n in reads.nodes(conn)["items"]}  # the API's and the dashboard's node list
     assert grid[node]["removed"] is True and grid[node]["allocations"] == 1 and grid[other]["removed"] is False

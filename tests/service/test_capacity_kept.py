@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.service import capacities, keptcapacity
+from reconciler.service import keptcapacity, statuscache
 from reconciler.service.pool import Pool
 from reconciler.store import connections
 
@@ -37,8 +37,8 @@ def pool(fleet_url: str) -> Iterator[Pool]:
         p.close()
 
 
-def _cache(pool: Pool, url: str, kept: Path, *, wait_s: float) -> capacities.Cache:
-    cache = capacities.Cache(pool, refresh_s=3600.0, wait_s=wait_s)
+def _cache(pool: Pool, url: str, kept: Path, *, wait_s: float) -> statuscache.Cache:
+    cache = statuscache.Cache(pool, refresh_s=3600.0, wait_s=wait_s)
     cache.keep_in(url, kept)
     return cache
 
@@ -46,13 +46,13 @@ def _cache(pool: Pool, url: str, kept: Path, *, wait_s: float) -> capacities.Cac
 def _blocked(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """The next computations wait for the returned event: what a request sees meanwhile is deterministic."""
     go = threading.Event()
-    compute = capacities.status_document
+    compute = statuscache.status_document
 
     def slow(conn: Any, *, policy: str | None = None) -> dict[str, Any]:
         assert go.wait(60)
         return compute(conn, policy=policy)
 
-    monkeypatch.setattr(capacities, "status_document", slow)
+    monkeypatch.setattr(statuscache, "status_document", slow)
     return go
 
 
@@ -101,7 +101,7 @@ def test_a_kept_document_of_another_inventory_generation_is_not_served(
     go = _blocked(monkeypatch)
     restarted = _cache(pool, fleet_url, tmp_path, wait_s=0.0)
     restarted.warm()
-    with pytest.raises(capacities.CapacityComputing):
+    with pytest.raises(statuscache.CapacityComputing):
         restarted.get()
     go.set()
     assert not restarted.get(wait_s=60.0).stale
@@ -110,7 +110,7 @@ def test_a_kept_document_of_another_inventory_generation_is_not_served(
 
 def test_the_kept_form_gives_back_the_document_as_served(fleet_url: str) -> None:
     with connections.connect(fleet_url, autocommit=True) as conn:
-        doc = capacities.status_document(conn)
+        doc = statuscache.status_document(conn)
     back = keptcapacity.decode(keptcapacity.encode(doc))
     assert _served(back) == _served(doc)
     assert json.loads(_served(back)) == json.loads(_served(doc))
@@ -120,9 +120,9 @@ def test_a_request_does_not_wait_for_a_computation_that_cannot_end_in_time(
     fleet_url: str, pool: Pool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with connections.connect(fleet_url, autocommit=True) as conn:
-        doc = capacities.status_document(conn)
+        doc = statuscache.status_document(conn)
         ident = keptcapacity.identity(conn)
-        old_key = capacities.snapshot_key(conn)
+        old_key = statuscache.snapshot_key(conn)
         conn.execute("SELECT txid_current()")  # a commit since: the kept document is stale
     as_of = dt.datetime.now(dt.UTC)
     # as a 10,000-node fleet's: its computation took 1000 s, so the next cannot end within a 60 s wait
