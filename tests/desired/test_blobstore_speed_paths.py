@@ -206,7 +206,8 @@ def test_format_1_and_3_tables_are_dropped_on_the_next_write(tmp_path: Path) -> 
     store.put_many([(blob, entry)])
     with sqlite3.connect(tmp_path / cachestore.DB_NAME) as db:
         tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert tables == {"packs", "pack_entries", "results", "worlds"}
+    # the pack tables and one table per namespace; the format 1 and 3 tables are gone
+    assert tables == {"packs", "pack_entries", *cachestore.RECORDS, *cachestore.FILES}
     assert _store(tmp_path).get_many([blob]) == {blob: entry}
 
 
