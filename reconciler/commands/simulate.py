@@ -324,11 +324,12 @@ def render_suite(cells: list[Any], families: list[Any], args: argparse.Namespace
     }
     lines = [
         f"workload suite: {args.nodes} nodes, {args.seeds} seed(s) from {args.first_seed} x {args.requests} "
-        "requests per family and load; acceptance_gpu summed over seeds",
+        "requests per family and load; acceptance_gpu summed over seeds; "
+        "± se: standard error of the gap closed per seed's stream",
         "",
     ]
     head = f"{'family':<18} {'load':>4} " + " ".join(f"{short.get(p, p):>10}" for p in policies)
-    lines.append(head + f" {'fluid':>8} {'best base':>10} {'closed':>7}  note")
+    lines.append(head + f" {'fluid':>8} {'best base':>10} {'closed':>7} {'± se':>5}  note")
     by_name = {f.name: f for f in families}
     for c in cells:
         closed = c.closed
@@ -341,13 +342,16 @@ def render_suite(cells: list[Any], families: list[Any], args: argparse.Namespace
             + " ".join(f"{c.acceptance(p):>10.4f}" for p in policies)
             + f" {c.fluid_bound:>8.4f} {short.get(c.best_baseline, c.best_baseline):>10} "
             + (f"{closed:>7.0%}" if closed is not None else f"{'no gap':>7}")
+            + (f" {se:>5.0%}" if (se := c.closed_se) is not None else f" {'-':>5}")
             + f"  {flag}"
         )
     worst = [c for c in cells if c.closed is not None and abs(c.load - 0.9) < 1e-9]
     lines.append("")
     if worst:
         w = min(worst, key=lambda c: c.closed if c.closed is not None else 1.0)
-        lines.append(f"worst family at load 0.9: {w.family} (closes {w.closed:.0%} of the best baseline's gap)")
+        se = w.closed_se
+        spread = "" if se is None else f" ± {se:.0%} over {len(w.closed_by_seed)} streams"
+        lines.append(f"worst family at load 0.9: {w.family} (closes {w.closed:.0%}{spread} of the best baseline's gap)")
     for c in cells:
         if c.held_out and abs(c.load - 0.9) < 1e-9:
             closed = c.closed

@@ -156,6 +156,8 @@ class Cell:
     offered: int = 0
     fluid: int = 0
     accepted: dict[str, int] = field(default_factory=dict)
+    # per seed, in run order: (offered GPUs, fluid-bound GPUs, GPUs accepted per policy)
+    seeds: list[tuple[int, int, dict[str, int]]] = field(default_factory=list)
 
     def acceptance(self, policy: str) -> float:
         return self.accepted.get(policy, 0) / self.offered if self.offered else 1.0
@@ -179,6 +181,31 @@ class Cell:
         return (self.acceptance(packing.Policy.DEFAULT.value) - best) / gap
 
     @property
+    def closed_by_seed(self) -> list[float]:
+        """`closed` of each seed's stream alone, against the cell's best baseline (seeds with no gap left out)."""
+        best, mine = self.best_baseline, packing.Policy.DEFAULT.value
+        out = []
+        for _, fluid, accepted in self.seeds:
+            gap = fluid - accepted.get(best, 0)
+            if gap > 0:
+                out.append((accepted.get(mine, 0) - accepted.get(best, 0)) / gap)
+        return out
+
+    @property
+    def closed_se(self) -> float | None:
+        """Standard error of the mean of `closed_by_seed`: how far the cell moves with its streams.
+
+        At 64 hosts one changed decision moves a whole trajectory, so a cell of
+        a few seeds swings by tenths; a miss within about two of these is not
+        evidence that a policy is worse on the family (docs/placement.md).
+        """
+        xs = self.closed_by_seed
+        if len(xs) < 2:
+            return None
+        mean = sum(xs) / len(xs)
+        return math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+
+    @property
     def below(self) -> list[str]:
         """Baselines that accepted more GPUs than `default`."""
         mine = self.accepted.get(packing.Policy.DEFAULT.value, 0)
@@ -195,6 +222,8 @@ class Cell:
             "acceptance_gpu": {p: round(self.acceptance(p), 6) for p in self.accepted},
             "best_baseline": self.best_baseline,
             "gap_closed": None if closed is None else round(closed, 4),
+            "gap_closed_by_seed": [round(x, 4) for x in self.closed_by_seed],
+            "gap_closed_se": None if (se := self.closed_se) is None else round(se, 4),
             "below": self.below,
         }
 
@@ -235,15 +264,20 @@ def run(
                 rows = family_rows(
                     fam, offers, load=load, requests=requests, seed=seed, baremetal_sku=bare[0] if bare else None
                 )
+                accepted: dict[str, int] = {}
+                offered = fluid = 0
                 for name in policies:
                     res = simulation.simulate(desired, rows, policy=name)
+                    accepted[name] = res.accepted_gpus
                     cell.accepted[name] = cell.accepted.get(name, 0) + res.accepted_gpus
                     if name == policies[0]:
-                        cell.offered += res.offered_gpus
-                        cell.fluid += round(res.fluid_bound_gpu * res.offered_gpus)
+                        offered, fluid = res.offered_gpus, round(res.fluid_bound_gpu * res.offered_gpus)
+                        cell.offered += offered
+                        cell.fluid += fluid
                     done += 1
                     if progress is not None:
                         progress(done, total, f"{fam.name} load {load} seed {seed} {name}")
+                cell.seeds.append((offered, fluid, accepted))
             cells.append(cell)
     return cells
 

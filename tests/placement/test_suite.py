@@ -159,3 +159,49 @@ def test_default_is_not_below_any_baseline_on_any_family_at_a_small_scale() -> N
     cells = suite.run(suite.FAMILIES, [0.8], seeds=1, requests=5000, nodes=64)
     assert len(cells) == len(suite.FAMILIES)
     assert {c.family: c.below for c in cells if c.below} == {}
+
+
+def test_cells_say_how_far_the_gap_closed_moves_between_streams() -> None:
+    """The per-seed gap closed and its standard error: a 3-seed cell swings by tenths at 64 hosts."""
+    base = {"first-fit": 900, "k8s-least-allocated": 500, "k8s-most-allocated": 880, "seed-rank": 890}
+    cell = suite.Cell("f", 0.9, False)
+    for offered, fluid, mine, ff in ((1000, 1000, 950, 900), (1000, 1000, 910, 900), (1000, 900, 990, 900)):
+        accepted = {**base, "default": mine, "first-fit": ff}
+        cell.seeds.append((offered, fluid, accepted))
+        cell.offered += offered
+        cell.fluid += fluid
+        for p, v in accepted.items():
+            cell.accepted[p] = cell.accepted.get(p, 0) + v
+    # the third stream has no gap to the fluid bound: it says nothing about closing one
+    assert cell.closed_by_seed == pytest.approx([0.5, 0.1])
+    assert cell.closed_se == pytest.approx(0.2)
+    doc = cell.as_dict()
+    assert doc["gap_closed_by_seed"] == [0.5, 0.1] and doc["gap_closed_se"] == 0.2
+    one = suite.Cell("g", 0.9, False, offered=1000, fluid=1000, accepted={**base, "default": 950})
+    assert one.closed_se is None and one.as_dict()["gap_closed_se"] is None  # no seeds recorded: no spread
+
+
+def test_a_suite_run_records_every_seed(capsys: pytest.CaptureFixture[str]) -> None:
+    cells = suite.run([suite.family("synth")], [0.9], seeds=2, requests=150, nodes=2)
+    (cell,) = cells
+    assert len(cell.seeds) == 2
+    assert sum(o for o, _, _ in cell.seeds) == cell.offered and sum(f for _, f, _ in cell.seeds) == cell.fluid
+    assert {p: sum(a[p] for _, _, a in cell.seeds) for p in cell.accepted} == cell.accepted
+    assert cli.main(
+        [
+            "simulate",
+            "--suite",
+            "--quiet",
+            "--seeds",
+            "2",
+            "--requests",
+            "150",
+            "--loads",
+            "0.9",
+            "--nodes",
+            "2",
+            "--families",
+            "synth",
+        ]
+    ) in (0, 1)
+    assert "± se" in capsys.readouterr().out
