@@ -325,7 +325,7 @@ def render_suite(cells: list[Any], families: list[Any], args: argparse.Namespace
     lines = [
         f"workload suite: {args.nodes} nodes, {args.seeds} seed(s) from {args.first_seed} x {args.requests} "
         "requests per family and load; acceptance_gpu summed over seeds; "
-        "± se: standard error of the gap closed per seed's stream",
+        "± se: standard error of the gap closed over the seeds' streams",
         "",
     ]
     head = f"{'family':<18} {'load':>4} " + " ".join(f"{short.get(p, p):>10}" for p in policies)

@@ -193,17 +193,24 @@ class Cell:
 
     @property
     def closed_se(self) -> float | None:
-        """Standard error of the mean of `closed_by_seed`: how far the cell moves with its streams.
+        """Standard error of `closed` over the cell's streams: how far the figure moves with its seeds.
 
-        At 64 hosts one changed decision moves a whole trajectory, so a cell of
-        a few seeds swings by tenths; a miss within about two of these is not
-        evidence that a policy is worse on the family (docs/placement.md).
+        `closed` is a ratio of sums (default's gain over the best baseline /
+        the best baseline's gap, summed over seeds), so this is the ratio
+        estimator's standard error: streams weigh by their gap, and a stream
+        with almost none left does not blow it up. At 64 hosts one changed
+        decision moves a whole trajectory; a miss within about two of these
+        says little about the policy (docs/placement.md, "Workload suite").
         """
-        xs = self.closed_by_seed
-        if len(xs) < 2:
+        closed, n = self.closed, len(self.seeds)
+        if closed is None or n < 2:
             return None
-        mean = sum(xs) / len(xs)
-        return math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+        best, mine = self.best_baseline, packing.Policy.DEFAULT.value
+        gains = [(a.get(mine, 0) - a.get(best, 0), fluid - a.get(best, 0)) for _, fluid, a in self.seeds]
+        mean_gap = sum(g for _, g in gains) / n
+        if mean_gap <= 0:
+            return None
+        return math.sqrt(sum((d - closed * g) ** 2 for d, g in gains) / (n * (n - 1))) / mean_gap
 
     @property
     def below(self) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 
 import pytest
@@ -165,18 +166,20 @@ def test_cells_say_how_far_the_gap_closed_moves_between_streams() -> None:
     """The per-seed gap closed and its standard error: a 3-seed cell swings by tenths at 64 hosts."""
     base = {"first-fit": 900, "k8s-least-allocated": 500, "k8s-most-allocated": 880, "seed-rank": 890}
     cell = suite.Cell("f", 0.9, False)
-    for offered, fluid, mine, ff in ((1000, 1000, 950, 900), (1000, 1000, 910, 900), (1000, 900, 990, 900)):
+    for offered, fluid, mine, ff in ((1000, 1000, 950, 900), (1000, 1000, 910, 900), (1000, 900, 900, 900)):
         accepted = {**base, "default": mine, "first-fit": ff}
         cell.seeds.append((offered, fluid, accepted))
         cell.offered += offered
         cell.fluid += fluid
         for p, v in accepted.items():
             cell.accepted[p] = cell.accepted.get(p, 0) + v
-    # the third stream has no gap to the fluid bound: it says nothing about closing one
+    # the third stream has no gap to the fluid bound: no ratio of its own, and it weighs nothing in the spread
+    assert cell.closed == pytest.approx(60 / 200)
     assert cell.closed_by_seed == pytest.approx([0.5, 0.1])
-    assert cell.closed_se == pytest.approx(0.2)
+    # ratio estimator: residuals 50 - 0.3 x 100, 10 - 0.3 x 100, 0; mean gap 200 / 3
+    assert cell.closed_se == pytest.approx(math.sqrt((20**2 + 20**2) / (3 * 2)) / (200 / 3))
     doc = cell.as_dict()
-    assert doc["gap_closed_by_seed"] == [0.5, 0.1] and doc["gap_closed_se"] == 0.2
+    assert doc["gap_closed_by_seed"] == [0.5, 0.1] and doc["gap_closed_se"] == pytest.approx(0.1732, abs=1e-4)
     one = suite.Cell("g", 0.9, False, offered=1000, fluid=1000, accepted={**base, "default": 950})
     assert one.closed_se is None and one.as_dict()["gap_closed_se"] is None  # no seeds recorded: no spread
 
