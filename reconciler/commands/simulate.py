@@ -350,7 +350,7 @@ def render_suite(cells: list[Any], families: list[Any], args: argparse.Namespace
     if worst:
         w = min(worst, key=lambda c: c.closed if c.closed is not None else 1.0)
         se = w.closed_se
-        spread = "" if se is None else f" ± {se:.0%} over {len(w.closed_by_seed)} streams"
+        spread = "" if se is None else f" ± {se:.0%} over {len(w.seeds)} streams"
         lines.append(f"worst family at load 0.9: {w.family} (closes {w.closed:.0%}{spread} of the best baseline's gap)")
     for c in cells:
         if c.held_out and abs(c.load - 0.9) < 1e-9:
