@@ -130,6 +130,7 @@ def reconcile(
     planner: Planner | None = None,
     fault: claims.Fault | None = None,
     memory: inventory.Memory | None = None,
+    observed: live.Memory | None = None,
     shown: progress.Progress | None = None,
     providers: Providers | None = None,
     probe: provider_protocols.SshProbe | None = None,
@@ -145,7 +146,8 @@ def reconcile(
     `providers` (default: built from the Fleet, credentials read at run time)
     after the placements. `delta`: how the reader built `state` from the
     revision before it, when it did (the watch loop): the inventory sync and
-    a warm planner work from the change.
+    a warm planner work from the change. `observed`: the loop's last observed
+    state, refreshed by what changed since (`store.observing`).
     """
     shown = shown or progress.Progress(style="off")
     planner = planner or planner_for(policy)
@@ -162,7 +164,7 @@ def reconcile(
             lifecycle.sync_settings(conn, state)
             moved = lifecycle.reschedule(conn, max_provision_attempts=lifecycle.fleet_settings(state)[1])
         with shown.phase("plan"):
-            plan = planner(state, live.observe(conn), delta)
+            plan = planner(state, live.observe(conn, observed), delta)
         with shown.phase("write claims"):
             applied = claims.apply(
                 conn, plan, revision=synced.revision, max_claim_attempts=max_claim_attempts(state), fault=fault
@@ -193,11 +195,11 @@ def reconcile(
         )
         raise
     except GpuaasError as e:
-        _doubt(memory)
+        _doubt(memory, observed)
         history.finish(conn, run_id, result="error", problems=[{"code": e.code, "message": e.message}])
         raise
     except Exception as e:  # a bug: still leave a finished history row behind, then surface it
-        _doubt(memory)
+        _doubt(memory, observed)
         history.finish(
             conn, run_id, result="error", problems=[{"code": reconciler_codes.GPUAAS_BUG, "message": repr(e)}]
         )
@@ -226,11 +228,13 @@ def refuse_edits(
         raise Invalid(problems)
 
 
-def _doubt(memory: inventory.Memory | None) -> None:
+def _doubt(memory: inventory.Memory | None, observed: live.Memory | None = None) -> None:
     """A step failed after the sync committed: the next sync compares every row (and so every node is
-    checked for a missing host plan again, not only the ones it adds)."""
+    checked for a missing host plan again, not only the ones it adds), and the next observe reads all."""
     if memory is not None:
         memory.generation = None
+    if observed is not None:
+        observed.forget()
 
 
 def _unplanned(conn: Connection, among: set[str] | None) -> set[str]:

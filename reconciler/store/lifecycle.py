@@ -30,7 +30,7 @@ report brings it back.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,13 +210,18 @@ def lifecycles(conn: Connection, allocation_ids: Iterable[str] | None = None) ->
     return out
 
 
-def avoided_nodes(conn: Connection) -> dict[str, frozenset[str]]:
-    """Per pending allocation, the nodes where an earlier attempt failed (the planner avoids them)."""
+def avoided_nodes(conn: Connection, ids: Collection[str] | None = None) -> dict[str, frozenset[str]]:
+    """Per pending allocation, the nodes where an earlier attempt failed (the planner avoids them).
+
+    `ids`: only these allocations (None: all)."""
+    among = "" if ids is None else " AND t.allocation_id = ANY(%(ids)s)"
     with dberrors.wrapped("read failed attempts"):
         rows = conn.execute(
-            "SELECT t.allocation_id, array_agg(DISTINCT t.node) FROM allocation_attempts t"
+            "SELECT t.allocation_id, array_agg(DISTINCT t.node) FROM allocation_attempts t"  # noqa: S608 (constant)
             " JOIN allocations a ON a.id = t.allocation_id WHERE a.status = 'pending'"
-            " GROUP BY t.allocation_id"
+            + among
+            + " GROUP BY t.allocation_id",
+            {} if ids is None else {"ids": sorted(ids)},
         ).fetchall()
     return {str(a): frozenset(str(n) for n in nodes) for a, nodes in rows}
 
