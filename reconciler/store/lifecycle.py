@@ -169,8 +169,19 @@ def liveness(conn: Connection) -> dict[str, Liveness]:
 
 
 def silent_nodes(conn: Connection) -> frozenset[str]:
+    """`node_liveness` (0061)'s unavailable nodes, read per commit from the silent reports out (the view
+    scans every node): a region's reported hosts are counted only where more than two are silent."""
     with dberrors.wrapped("read silent nodes"):
-        rows = conn.execute("SELECT node_name FROM node_liveness WHERE liveness = 'unavailable'").fetchall()
+        rows = conn.execute(
+            "WITH f AS (SELECT coalesce((SELECT host_liveness_ttl_s FROM fleet_settings), 90) AS ttl,"
+            "   coalesce((SELECT zone_disruption_fraction FROM fleet_settings), 0.55) AS fraction),"
+            " s AS (SELECT h.node_name, n.region FROM host_status h JOIN nodes n ON n.name = h.node_name"
+            "   CROSS JOIN f WHERE n.present AND h.reported_at < now() - make_interval(secs => f.ttl)),"
+            " d AS (SELECT s.region FROM s CROSS JOIN f GROUP BY s.region, f.fraction"
+            "   HAVING count(*) > 2 AND count(*) > f.fraction * (SELECT count(*) FROM host_status h"
+            "     JOIN nodes n ON n.name = h.node_name WHERE n.present AND n.region = s.region))"
+            " SELECT node_name FROM s WHERE region NOT IN (SELECT region FROM d)"
+        ).fetchall()
     return frozenset(str(r[0]) for r in rows)
 
 
