@@ -5,10 +5,9 @@
 -- attempt on every commit. The loop now keeps its last `Observed` and
 -- re-reads only the allocations and nodes named here since its watermark.
 --
--- observed_changes: one row per (transaction, allocation or node) whose
--- observed facts a statement changed, written by statement-level triggers
--- from the transition tables (a bulk write costs one INSERT ... SELECT, not
--- one call per row). `xid` is the writing transaction: a reader keeps the
+-- observed_changes: one row per allocation or node whose observed facts a
+-- statement changed (triggers below; an update logs only when a column the
+-- planner reads changed, so a host's heartbeat logs nothing). `xid` is the writing transaction: a reader keeps the
 -- xmin of the snapshot it read under as its watermark and next reads every
 -- row with xid >= it, so a transaction still open at the read (whose changes
 -- it could not see) is read next time, whatever order transactions commit in.
@@ -32,32 +31,30 @@ CREATE TABLE observed_horizon (
 );
 INSERT INTO observed_horizon DEFAULT VALUES;
 
--- TG_ARGV: kind, key column, then the columns whose change matters on UPDATE
--- (an update of other columns, such as a host report's heartbeat, logs nothing).
+-- Statement level, for the tables the reconciler writes in bulk (allocations and
+-- their claims: a cold apply inserts them by the thousand). TG_ARGV: kind, key column.
 CREATE FUNCTION observed_log() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
-DECLARE
-    watched text := '';
-    i int;
 BEGIN
-    IF TG_OP = 'INSERT' THEN
-        EXECUTE format('INSERT INTO public.observed_changes (kind, key) SELECT DISTINCT %L, %I FROM new_rows',
-                       TG_ARGV[0], TG_ARGV[1]);
-    ELSIF TG_OP = 'DELETE' THEN
-        EXECUTE format('INSERT INTO public.observed_changes (kind, key) SELECT DISTINCT %L, %I FROM old_rows',
-                       TG_ARGV[0], TG_ARGV[1]);
-    ELSE
-        FOR i IN 2 .. TG_NARGS - 1 LOOP
-            watched := watched || format(', %I', TG_ARGV[i]);
-        END LOOP;
-        EXECUTE format('INSERT INTO public.observed_changes (kind, key) SELECT DISTINCT %L, k FROM ('
-                       'SELECT %I AS k%s FROM new_rows EXCEPT SELECT %I%s FROM old_rows) d',
-                       TG_ARGV[0], TG_ARGV[1], watched, TG_ARGV[1], watched);
-    END IF;
+    EXECUTE format('INSERT INTO public.observed_changes (kind, key) SELECT DISTINCT %L, %I FROM %I',
+                   TG_ARGV[0], TG_ARGV[1], CASE WHEN TG_OP = 'DELETE' THEN 'old_rows' ELSE 'new_rows' END);
     RETURN NULL;
 END
 $$;
 REVOKE ALL ON FUNCTION observed_log() FROM PUBLIC;
+
+-- Row level, guarded by WHEN on UPDATE: the host tables take one upsert per report (a heartbeat
+-- changes nothing the planner reads and must not pay for a transition table), and an update of
+-- columns the planner does not read (the sync's revision stamps) calls nothing.
+CREATE FUNCTION observed_row() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+BEGIN
+    INSERT INTO public.observed_changes (kind, key)
+    VALUES (TG_ARGV[0], to_jsonb(CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END) ->> TG_ARGV[1]);
+    RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION observed_row() FROM PUBLIC;
 
 CREATE FUNCTION observed_truncated() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
@@ -73,25 +70,33 @@ DECLARE
     t record;
 BEGIN
     FOR t IN SELECT * FROM (VALUES
-        ('allocations', 'a', 'id', 'status, tenant'),
-        ('allocation_resource_claims', 'a', 'allocation_id', 'status, node_id, slot_index, claim_kind'),
-        ('retired_claims', 'a', 'allocation_id', 'claim_id, attempt'),
-        ('allocation_attempts', 'a', 'allocation_id', 'attempt, node'),
-        ('host_status', 'n', 'node_name', 'healthy, firmware_ready, drift'),
-        ('host_slot_status', 'n', 'node_name', 'slot_index, drift, wipe_state'),
-        ('node_image_cache', 'n', 'node_name', 'digest_sha256'),
-        ('machine_quarantine', 'n', 'node_name', 'node_name'),
-        ('node_profile_debts', 'n', 'node_name', 'node_name')
-    ) AS v (tbl, kind, keycol, watched) LOOP
-        EXECUTE format('CREATE TRIGGER observed_insert AFTER INSERT ON %I REFERENCING NEW TABLE AS new_rows'
-                       ' FOR EACH STATEMENT EXECUTE FUNCTION observed_log(%L, %L)', t.tbl, t.kind, t.keycol);
-        EXECUTE format('CREATE TRIGGER observed_delete AFTER DELETE ON %I REFERENCING OLD TABLE AS old_rows'
-                       ' FOR EACH STATEMENT EXECUTE FUNCTION observed_log(%L, %L)', t.tbl, t.kind, t.keycol);
-        EXECUTE format('CREATE TRIGGER observed_update AFTER UPDATE ON %I'
-                       ' REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows'
-                       ' FOR EACH STATEMENT EXECUTE FUNCTION observed_log(%L, %L, %s)',
-                       t.tbl, t.kind, t.keycol,
-                       (SELECT string_agg(quote_literal(trim(c)), ', ') FROM unnest(string_to_array(t.watched, ',')) c));
+        ('allocations', 'a', 'id', 'status, tenant', true),
+        ('allocation_resource_claims', 'a', 'allocation_id', 'status, node_id, slot_index, claim_kind', true),
+        ('retired_claims', 'a', 'allocation_id', 'claim_id, attempt', true),
+        ('allocation_attempts', 'a', 'allocation_id', 'attempt, node', true),
+        ('host_status', 'n', 'node_name', 'healthy, firmware_ready, drift', false),
+        ('host_slot_status', 'n', 'node_name', 'slot_index, drift, wipe_state', false),
+        ('node_image_cache', 'n', 'node_name', 'digest_sha256', false),
+        ('machine_quarantine', 'n', 'node_name', 'node_name', false),
+        ('node_profile_debts', 'n', 'node_name', 'node_name', false)
+    ) AS v (tbl, kind, keycol, watched, bulk) LOOP
+        IF t.bulk THEN
+            EXECUTE format('CREATE TRIGGER observed_insert AFTER INSERT ON %I REFERENCING NEW TABLE AS new_rows'
+                           ' FOR EACH STATEMENT EXECUTE FUNCTION observed_log(%L, %L)', t.tbl, t.kind, t.keycol);
+            EXECUTE format('CREATE TRIGGER observed_delete AFTER DELETE ON %I REFERENCING OLD TABLE AS old_rows'
+                           ' FOR EACH STATEMENT EXECUTE FUNCTION observed_log(%L, %L)', t.tbl, t.kind, t.keycol);
+        ELSE
+            EXECUTE format('CREATE TRIGGER observed_insert AFTER INSERT ON %I'
+                           ' FOR EACH ROW EXECUTE FUNCTION observed_row(%L, %L)', t.tbl, t.kind, t.keycol);
+            EXECUTE format('CREATE TRIGGER observed_delete AFTER DELETE ON %I'
+                           ' FOR EACH ROW EXECUTE FUNCTION observed_row(%L, %L)', t.tbl, t.kind, t.keycol);
+        END IF;
+        EXECUTE format('CREATE TRIGGER observed_update AFTER UPDATE ON %I FOR EACH ROW'
+                       ' WHEN ((%s) IS DISTINCT FROM (%s)) EXECUTE FUNCTION observed_row(%L, %L)',
+                       t.tbl,
+                       (SELECT string_agg('OLD.' || quote_ident(trim(c)), ', ') FROM unnest(string_to_array(t.watched, ',')) c),
+                       (SELECT string_agg('NEW.' || quote_ident(trim(c)), ', ') FROM unnest(string_to_array(t.watched, ',')) c),
+                       t.kind, t.keycol);
         EXECUTE format('CREATE TRIGGER observed_truncate AFTER TRUNCATE ON %I'
                        ' FOR EACH STATEMENT EXECUTE FUNCTION observed_truncated()', t.tbl);
     END LOOP;
