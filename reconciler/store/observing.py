@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from psycopg import pq
+
 from reconciler.plans import ExistingClaim, Observed, SlotKey
 from reconciler.store import leases, lifecycle
 from reconciler.store.connections import Connection
@@ -108,6 +110,10 @@ class Memory:
 
 
 def observe(conn: Connection, memory: Memory | None = None) -> Observed:
+    if memory is not None and conn.info.transaction_status != pq.TransactionStatus.IDLE:
+        # Inside a transaction its own writes are visible and may yet roll back: never kept.
+        memory.forget()
+        memory = None
     if memory is None:
         return _full(conn, Memory())
     try:

@@ -10,6 +10,7 @@ must really have been warm (no silent full read). Doubt reads everything.
 
 from __future__ import annotations
 
+import psycopg
 from psycopg.types.json import Jsonb
 
 from reconciler.store import connections, live
@@ -126,10 +127,18 @@ def test_doubt_reads_everything_again(fleet_repo: Repo, loop: LoopRun, conn: con
     with connections.connect(conn.info.dsn, autocommit=True) as other:
         assert live.observe(other, memory) == live.observe(conn)
     assert memory.full_reads == 2
+    # Inside a transaction its own writes are visible and may roll back: nothing of that read is kept.
+    with conn.transaction():
+        conn.execute("INSERT INTO host_status (node_name, healthy) VALUES (%s, false)", (S01,))
+        assert S01 in live.observe(conn, memory).unavailable_nodes
+        raise psycopg.Rollback()
+    assert live.observe(conn, memory) == live.observe(conn)
+    assert S01 not in live.observe(conn, memory).unavailable_nodes
+    assert memory.full_reads == 3
     # Read from another database (or server, or a re-created change log): everything again.
     memory.source = ("another", "database")
     live.observe(conn, memory)
-    assert memory.full_reads == 3
+    assert memory.full_reads == 4
 
 
 def test_a_missed_change_kind_is_seen_by_the_comparison(
