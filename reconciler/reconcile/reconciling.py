@@ -10,6 +10,7 @@ twice changes nothing the second time.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -183,7 +184,7 @@ def reconcile(
         with shown.phase("write host plans", unit="nodes") as ph:
             written = tuple(hostplans.write(conn, touched, revision=synced.revision, shown=ph))
         leased = None
-        if any(n.machine is not None for n in state.nodes.values()) or providers is not None:
+        if _declares_machines(state, delta) or providers is not None:
             leased = leasing.step(conn, state, providers or Providers.of(state), probe=probe, fault=lease_fault)
     except Invalid as e:  # refused like invalid YAML: recorded once, with every problem; nothing was written
         history.finish(
@@ -226,6 +227,26 @@ def refuse_edits(
     problems = immutables.check(state, held)
     if problems:
         raise Invalid(problems)
+
+
+# The last state asked about and its answer: a revision that changed no Node document has the same
+# answer as the state it was read from, without a walk over every node per commit.
+_machines_seen: tuple[weakref.ref[DesiredState], bool] | None = None
+
+
+def _declares_machines(state: DesiredState, delta: Delta | None) -> bool:
+    """Whether any node declares a machine provider (baremetal leases are then moved)."""
+    global _machines_seen  # noqa: PLW0603 (a one-entry memo, keyed by the state object itself)
+    seen = _machines_seen
+    if seen is not None and seen[0]() is state:
+        return seen[1]
+    base = delta.base() if delta is not None and "Node" not in delta.kinds() else None
+    if seen is not None and base is not None and base is seen[0]():
+        found = seen[1]
+    else:
+        found = any(n.machine is not None for n in state.nodes.values())
+    _machines_seen = (weakref.ref(state), found)
+    return found
 
 
 def _doubt(memory: inventory.Memory | None, observed: live.Memory | None = None) -> None:

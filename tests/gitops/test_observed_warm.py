@@ -152,3 +152,45 @@ def test_a_missed_change_kind_is_seen_by_the_comparison(
     conn.execute("ALTER TABLE host_status DISABLE TRIGGER observed_insert")
     conn.execute("INSERT INTO host_status (node_name, healthy) VALUES (%s, false)", (S01,))
     assert live.observe(conn, memory) != live.observe(conn)
+
+
+def test_the_machine_provider_check_follows_the_node_documents() -> None:
+    """Per commit, whether any node declares a machine is not a walk over every node when no Node
+    document changed; a Node change, or a state not read from the last one, is looked at again."""
+    import weakref
+
+    from desired import models as m
+    from desired.state import Delta, DesiredState
+    from gpuaas_tools.bench import synthetic
+    from reconciler.reconcile import reconciling
+
+    plain = synthetic.fleet(nodes=2)
+    assert reconciling._declares_machines(plain, None) is False
+    name, node = next(iter(plain.nodes.items()))
+    leased = m.NodeMachine(provider="maas", machine_id="abc")
+    with_machine = DesiredState(
+        **{**vars_of(plain), "nodes": {**plain.nodes, name: node.model_copy(update={"machine": leased})}}
+    )
+    # Read from `plain` with a Node change: looked at again.
+    assert reconciling._declares_machines(with_machine, Delta(weakref.ref(plain), frozenset({("Node", name)}))) is True
+    # An allocation commit on top: the answer carries over (no node was looked at: the nodes are not even read).
+    after = DesiredState(**{**vars_of(with_machine), "nodes": _Exploding()})
+    assert (
+        reconciling._declares_machines(after, Delta(weakref.ref(with_machine), frozenset({("Allocation", "a")})))
+        is True
+    )
+    # Read from a state that is not the last one asked about, or not read by delta: looked at again.
+    again = DesiredState(**vars_of(plain))
+    assert reconciling._declares_machines(again, Delta(weakref.ref(with_machine), frozenset())) is False
+    assert reconciling._declares_machines(with_machine, None) is True
+
+
+class _Exploding(dict):  # type: ignore[type-arg]
+    def values(self):  # type: ignore[no-untyped-def]
+        raise AssertionError("every node walked although no Node document changed")
+
+
+def vars_of(state: object) -> dict[str, object]:
+    import dataclasses
+
+    return {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}  # type: ignore[arg-type]
