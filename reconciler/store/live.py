@@ -103,16 +103,26 @@ def held(conn: Connection, *, ids: Iterable[str] | None = None, skus: Iterable[s
     allocation is pending again and may still be edited. The capacity shape
     is the one it was placed as (its claim kind when the row has none).
     """
+    skus = sorted(skus)
+    # One query text per shape, not `%(all)s OR ...`: a prepared generic plan for that scans every
+    # allocation, and the loop's guard asks about a commit's few allocations on every commit.
+    if ids is None:
+        among = ""
+    elif skus:
+        among = " AND (a.id = ANY(%(ids)s) OR a.sku = ANY(%(skus)s))"
+    else:
+        among = " AND a.id = ANY(%(ids)s)"
     with dberrors.wrapped("read held allocations"):
         rows = conn.execute(
-            "SELECT a.id, a.tenant, a.sku, a.region, a.gpu_count, a.image, a.vm_profile,"
+            "SELECT a.id, a.tenant, a.sku, a.region, a.gpu_count, a.image, a.vm_profile,"  # noqa: S608 (constants)
             " coalesce(a.capacity_shape, (SELECT CASE WHEN bool_or(c.claim_kind = 'node_exclusive')"
             "     THEN 'baremetal' ELSE 'gpu_slice' END FROM allocation_resource_claims c"
             "     WHERE c.allocation_id = a.id))"
             " FROM allocations a WHERE EXISTS (SELECT 1 FROM allocation_resource_claims c"
             "     WHERE c.allocation_id = a.id AND c.status = ANY(%(live)s)"
             "     AND NOT EXISTS (SELECT 1 FROM retired_claims rc WHERE rc.claim_id = c.id))"
-            " AND (%(all)s OR a.id = ANY(%(ids)s) OR a.sku = ANY(%(skus)s)) ORDER BY a.id",
-            {"live": list(_LIVE), "all": ids is None, "ids": sorted(ids or ()), "skus": sorted(skus)},
+            + among
+            + " ORDER BY a.id",
+            {"live": list(_LIVE), "ids": sorted(ids or ()), "skus": skus},
         ).fetchall()
     return {str(r[0]): immutables.Held(str(r[1]), str(r[2]), str(r[3]), int(r[4]), r[5], r[6], r[7]) for r in rows}
