@@ -33,36 +33,16 @@ INSERT INTO observed_horizon DEFAULT VALUES;
 
 -- Statement level, for the tables the reconciler writes in bulk (allocations and
 -- their claims: a cold apply inserts them by the thousand). TG_ARGV: kind, key column.
-CREATE FUNCTION observed_log() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
-BEGIN
-    EXECUTE format('INSERT INTO public.observed_changes (kind, key) SELECT DISTINCT %L, %I FROM %I',
-                   TG_ARGV[0], TG_ARGV[1], CASE WHEN TG_OP = 'DELETE' THEN 'old_rows' ELSE 'new_rows' END);
-    RETURN NULL;
-END
-$$;
+\ir functions/observed_log.sql
 REVOKE ALL ON FUNCTION observed_log() FROM PUBLIC;
 
 -- Row level, guarded by WHEN on UPDATE: the host tables take one upsert per report (a heartbeat
 -- changes nothing the planner reads and must not pay for a transition table), and an update of
 -- columns the planner does not read (the sync's revision stamps) calls nothing.
-CREATE FUNCTION observed_row() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
-BEGIN
-    INSERT INTO public.observed_changes (kind, key)
-    VALUES (TG_ARGV[0], to_jsonb(CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END) ->> TG_ARGV[1]);
-    RETURN NULL;
-END
-$$;
+\ir functions/observed_row.sql
 REVOKE ALL ON FUNCTION observed_row() FROM PUBLIC;
 
-CREATE FUNCTION observed_truncated() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
-BEGIN
-    UPDATE public.observed_horizon SET xid = pg_current_xact_id();
-    RETURN NULL;
-END
-$$;
+\ir functions/observed_truncated.sql
 REVOKE ALL ON FUNCTION observed_truncated() FROM PUBLIC;
 
 DO $$
