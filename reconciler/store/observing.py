@@ -24,6 +24,7 @@ the clock, not on a write).
 from __future__ import annotations
 
 import bisect
+import logging
 import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ from reconciler.store import leases, lifecycle
 from reconciler.store.connections import Connection
 from schemas import dberrors
 from schemas.states import ClaimKind, ClaimStatus, SlotStatus
+
+log = logging.getLogger("gpuaas.observing")
 
 LIVE = ("reserved", "provisioning", "active", "releasing")
 PRUNE_EVERY_S = 60.0  # a loop prunes the change log at most this often
@@ -97,6 +100,7 @@ class Memory:
         self.last: Observed | None = None  # parts unchanged since are handed on as they are
         self.pruned_at = -PRUNE_EVERY_S
         self.full_reads = 0
+        self.doubt = ""  # why the last full read after the first one was made (logged on gpuaas.observing)
         self.refreshes = 0
 
     def forget(self) -> None:
@@ -126,8 +130,9 @@ def observe(conn: Connection, memory: Memory | None = None) -> Observed:
         memory.refreshes += 1
         _prune(conn, memory)
         return got
-    except BaseException:
+    except BaseException as e:
         memory.forget()
+        memory.doubt = f"a refresh failed: {type(e).__name__}"
         raise
 
 
@@ -171,8 +176,19 @@ def _changes(conn: Connection, memory: Memory) -> tuple[list[str], list[str], in
         return None
     xmax, still_open, xmin, horizon = int(row[0]), [int(x) for x in row[1]], int(row[2]), int(row[3])
     oldest = min([memory.xmax, *memory.open])
-    if horizon >= oldest or xmin < oldest or tuple(row[4]) != memory.source:
-        return None  # pruned or truncated past what we read; a server behind our watermark; another database
+    doubt = (
+        "the change log was pruned or a watched table truncated past the last read"
+        if horizon >= oldest
+        else "the server's transactions are behind the last read (another cluster, a restore)"
+        if xmin < oldest
+        else "another database, server or change log"
+        if tuple(row[4]) != memory.source
+        else ""
+    )
+    if doubt:
+        memory.doubt = doubt
+        log.info("observed state read in full: %s", doubt)
+        return None
     return [str(a) for a in row[5]], [str(n) for n in row[6]], xmax, still_open
 
 
