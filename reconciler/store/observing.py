@@ -98,6 +98,7 @@ class Memory:
         self.allocations = _Allocations()
         self.nodes = _Nodes()
         self.last: Observed | None = None  # parts unchanged since are handed on as they are
+        self.down: frozenset[str] = frozenset()  # unavailable in `last` but for the silent nodes
         self.pruned_at = -PRUNE_EVERY_S
         self.full_reads = 0
         self.doubt = ""  # why the last full read after the first one was made (logged on gpuaas.observing)
@@ -111,6 +112,7 @@ class Memory:
         self.allocations = _Allocations()
         self.nodes = _Nodes()
         self.last = None
+        self.down = frozenset()
 
 
 def observe(conn: Connection, memory: Memory | None = None) -> Observed:
@@ -237,8 +239,7 @@ def _refresh(conn: Connection, memory: Memory, allocs: list[str] | None, nodes: 
         placed, avoid = frozenset(a.placed), MappingProxyType(dict(a.avoid))
     if kept_nodes and last is not None:
         firmware, images = last.firmware_ready, last.image_cache
-        slot_blocks, corrupt = last.slot_blocks, last.corrupt_nodes
-        down = memory_down(n)
+        slot_blocks, corrupt, down = last.slot_blocks, last.corrupt_nodes, memory.down
     else:
         firmware = MappingProxyType(
             {k: bool(f) for k, (_, f) in n.hosts.items() if f is not None} | dict.fromkeys(n.owed, False)
@@ -246,7 +247,8 @@ def _refresh(conn: Connection, memory: Memory, allocs: list[str] | None, nodes: 
         images = MappingProxyType(dict(n.images))
         slot_blocks = MappingProxyType({k: v for per in n.slot_blocks.values() for k, v in per.items()})
         corrupt = MappingProxyType(dict(n.corrupt))
-        down = memory_down(n)
+        # Unhealthy by their own report, or quarantined; the silent ones are added per read (the clock moves).
+        down = memory.down = frozenset(k for k, (healthy, _) in n.hosts.items() if healthy is False) | n.blocked
     got = Observed(
         claims=claims,
         slot_status=MappingProxyType({(str(x), int(i)): SlotStatus(str(s)) for x, i, s in odd}),
@@ -260,11 +262,6 @@ def _refresh(conn: Connection, memory: Memory, allocs: list[str] | None, nodes: 
     )
     memory.last = got
     return got
-
-
-def memory_down(n: _Nodes) -> frozenset[str]:
-    """Nodes unhealthy by their own report or quarantined (silent ones are added per read: the clock moves)."""
-    return frozenset(k for k, (healthy, _) in n.hosts.items() if healthy is False) | n.blocked
 
 
 def _keyed(sql: str, column: str, keys: Collection[str] | None, joiner: str = " AND ") -> tuple[str, dict[str, Any]]:

@@ -84,6 +84,10 @@ def test_warm_observe_equals_cold_after_every_change_kind(
         (S02,),
     )
     _same(conn, memory)
+    fleet_repo.request("a-3")  # a commit that changes only allocations: the node facts are handed on
+    loop.step()
+    _same(conn, memory)
+    assert memory.last is not None and S02 in memory.last.unavailable_nodes
     conn.execute("INSERT INTO node_profile_debts (node_name, allocation_id) VALUES (%s, 'a-2')", (S01,))
     _same(conn, memory)
     conn.execute("DELETE FROM machine_quarantine")
