@@ -67,6 +67,7 @@ class Memo:
         self._owners: dict[str, list[tuple[str, int]]] = {}  # shared MACs of the last walk
         self._last: weakref.ref[DesiredState] | None = None  # the last state validated (no parse problems)
         self._found: tuple[p.Problem, ...] = ()  # and its cross-file problems
+        self._ingress: tuple[weakref.ref[DesiredState], tuple[p.Problem, ...]] | None = None  # state, its overlaps
 
     def validate(self, result: LoadResult) -> LoadResult:
         """Add cross-file problems to a parse result, exactly as `validation.validate` (returns the same object)."""
@@ -83,9 +84,20 @@ class Memo:
             return validation.validate(result)
         if not result.problems:
             self._last, self._found = weakref.ref(state), tuple(found)
-        # Ingress ranges are compared across nodes: checked whole on every revision (cheap), never kept.
-        result.problems.extend([*found, *validation.ingress_overlaps(state)])
+        result.problems.extend([*found, *self._overlaps(result, last)])
         return result
+
+    def _overlaps(self, result: LoadResult, last: weakref.ref[DesiredState] | None) -> tuple[p.Problem, ...]:
+        """Ingress ranges compared across nodes: the last state's answer while no Node document changed
+        (a walk over every node, per commit), else checked whole."""
+        state, kept = result.state, self._ingress
+        delta = delta_since(result.delta, last() if last is not None else None)
+        if delta is not None and "Node" not in delta.kinds() and kept is not None and kept[0]() is delta.base():
+            found = kept[1]
+        else:
+            found = tuple(validation.ingress_overlaps(state))
+        self._ingress = (weakref.ref(state), found) if not result.problems else None
+        return found
 
     def adopt(self, result: LoadResult, found: list[p.Problem], owners: dict[str, list[tuple[str, int]]]) -> LoadResult:
         """`validate`'s answer for a tree an earlier run validated: its cross-file problems and shared MACs.
@@ -141,7 +153,9 @@ class Memo:
                 hit = self._kept[(kind, name)] = self._check(state, rules[kind], name, table[name])
                 clean = clean and not hit.problems
         self.checked, self.reused = len(wanted), len(self._kept) - len(wanted)
-        if not clean or any(True for _ in validation.machine_duplicates(state)):
+        # Machines are compared across nodes: the last state (validated clean or walked) had none
+        # duplicated, or a walk put them in `_found`; only a Node change can add one.
+        if not clean or ("Node" in delta.kinds() and any(True for _ in validation.machine_duplicates(state))):
             return None  # problems come in document order: the walk puts them there (reusing these checks)
         self.by_delta += 1
         return list(self._found)

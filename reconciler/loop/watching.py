@@ -129,6 +129,8 @@ class Loop:
         # no plain values kept beside the models (positions come from the bytes)
         self.blobs = BlobCache(keep_values=False)
         self.inventory = inventory.Memory()  # rows the last sync wrote: a commit re-syncs only what it changed
+        # the last observed claims and host facts: a commit re-reads only allocations and nodes it changed
+        self.observed = live.Memory()
         self.checks = validationmemo.Memo()  # cross-file problems per document: a commit re-checks only what it changed
         # the placement engine of the last plan, reset per changed node: a commit re-plans at O(change)
         self.plans = replanning.WarmPlanner(policy)
@@ -144,6 +146,7 @@ class Loop:
         if self.conn is not None and not self.conn.closed:
             self.conn.close()
         self.conn = None
+        self.observed.forget()  # a new session reads everything again (the memory checks that too)
 
     def _emit(self, event: Event) -> Event:
         self.log(event)
@@ -300,6 +303,7 @@ class Loop:
                 source=source,
                 planner=self._planner(),
                 memory=self.inventory,
+                observed=self.observed,
                 delta=loaded.delta,
             )
         except reconciling.Invalid as e:  # an edit of a held allocation: refused (and recorded) like invalid YAML
@@ -343,7 +347,7 @@ class Loop:
         if not work.any:
             return None
         if not work.host_reports:
-            plan = self.plans(state, live.observe(conn))
+            plan = self.plans(state, live.observe(conn, self.observed))
             if not (plan.placements or plan.releases):
                 return None
         t0 = time.perf_counter()
@@ -356,6 +360,7 @@ class Loop:
                 source=f"{revisions.RETRY_SOURCE} {self.source.label}",
                 planner=self._planner(),
                 memory=self.inventory,
+                observed=self.observed,
             )
         self.last_started = revisions.started_at(conn, result.run_id)
         return self._emit(
@@ -382,6 +387,7 @@ class Loop:
             if not mine:
                 return None
             self.inventory = inventory.Memory()
+            self.observed = live.Memory()
             self.plans = replanning.WarmPlanner(self.policy)
             result = reconciling.reconcile(
                 conn,
@@ -389,6 +395,7 @@ class Loop:
                 source=f"{revisions.APPLY_SOURCE} {self.source.label}",
                 planner=self._planner(),
                 memory=self.inventory,
+                observed=self.observed,
             )
         self.last_started = revisions.started_at(conn, result.run_id)
         if self.seen != rev:

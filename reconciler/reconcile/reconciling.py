@@ -10,6 +10,7 @@ twice changes nothing the second time.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -130,6 +131,7 @@ def reconcile(
     planner: Planner | None = None,
     fault: claims.Fault | None = None,
     memory: inventory.Memory | None = None,
+    observed: live.Memory | None = None,
     shown: progress.Progress | None = None,
     providers: Providers | None = None,
     probe: provider_protocols.SshProbe | None = None,
@@ -145,7 +147,8 @@ def reconcile(
     `providers` (default: built from the Fleet, credentials read at run time)
     after the placements. `delta`: how the reader built `state` from the
     revision before it, when it did (the watch loop): the inventory sync and
-    a warm planner work from the change.
+    a warm planner work from the change. `observed`: the loop's last observed
+    state, refreshed by what changed since (`store.observing`).
     """
     shown = shown or progress.Progress(style="off")
     planner = planner or planner_for(policy)
@@ -162,7 +165,7 @@ def reconcile(
             lifecycle.sync_settings(conn, state)
             moved = lifecycle.reschedule(conn, max_provision_attempts=lifecycle.fleet_settings(state)[1])
         with shown.phase("plan"):
-            plan = planner(state, live.observe(conn), delta)
+            plan = planner(state, live.observe(conn, observed), delta)
         with shown.phase("write claims"):
             applied = claims.apply(
                 conn, plan, revision=synced.revision, max_claim_attempts=max_claim_attempts(state), fault=fault
@@ -181,7 +184,7 @@ def reconcile(
         with shown.phase("write host plans", unit="nodes") as ph:
             written = tuple(hostplans.write(conn, touched, revision=synced.revision, shown=ph))
         leased = None
-        if any(n.machine is not None for n in state.nodes.values()) or providers is not None:
+        if _declares_machines(state, delta) or providers is not None:
             leased = leasing.step(conn, state, providers or Providers.of(state), probe=probe, fault=lease_fault)
     except Invalid as e:  # refused like invalid YAML: recorded once, with every problem; nothing was written
         history.finish(
@@ -193,11 +196,11 @@ def reconcile(
         )
         raise
     except GpuaasError as e:
-        _doubt(memory)
+        _doubt(memory, observed)
         history.finish(conn, run_id, result="error", problems=[{"code": e.code, "message": e.message}])
         raise
     except Exception as e:  # a bug: still leave a finished history row behind, then surface it
-        _doubt(memory)
+        _doubt(memory, observed)
         history.finish(
             conn, run_id, result="error", problems=[{"code": reconciler_codes.GPUAAS_BUG, "message": repr(e)}]
         )
@@ -226,11 +229,33 @@ def refuse_edits(
         raise Invalid(problems)
 
 
-def _doubt(memory: inventory.Memory | None) -> None:
+# The last state asked about and its answer: a revision that changed no Node document has the same
+# answer as the state it was read from, without a walk over every node per commit.
+_machines_seen: tuple[weakref.ref[DesiredState], bool] | None = None
+
+
+def _declares_machines(state: DesiredState, delta: Delta | None) -> bool:
+    """Whether any node declares a machine provider (baremetal leases are then moved)."""
+    global _machines_seen  # noqa: PLW0603 (a one-entry memo, keyed by the state object itself)
+    seen = _machines_seen
+    if seen is not None and seen[0]() is state:
+        return seen[1]
+    base = delta.base() if delta is not None and "Node" not in delta.kinds() else None
+    if seen is not None and base is not None and base is seen[0]():
+        found = seen[1]
+    else:
+        found = any(n.machine is not None for n in state.nodes.values())
+    _machines_seen = (weakref.ref(state), found)
+    return found
+
+
+def _doubt(memory: inventory.Memory | None, observed: live.Memory | None = None) -> None:
     """A step failed after the sync committed: the next sync compares every row (and so every node is
-    checked for a missing host plan again, not only the ones it adds)."""
+    checked for a missing host plan again, not only the ones it adds), and the next observe reads all."""
     if memory is not None:
         memory.generation = None
+    if observed is not None:
+        observed.forget()
 
 
 def _unplanned(conn: Connection, among: set[str] | None) -> set[str]:

@@ -216,14 +216,20 @@ def _sync(
             (slot_items, kept), maybe_gone = _slot_work(state, node_ids, memory if trust else None), None
             if memory is not None:
                 memory.slot_count = len(slot_items) + len(kept)
-        names = {v: k for k, v in node_ids.items()}
+        names: dict[Any, str] = {}  # node id -> name, built only when a slot change is named (not per commit)
+
+        def slot_label(key: tuple[Any, ...]) -> str:
+            if not names:
+                names.update((v, k) for k, v in node_ids.items())
+            return f"{names.get(key[0], key[0])}:{key[1]}"
+
         slots_written: list[tuple[Any, ...]] = []
         changes += _sync_table(
             conn,
             SLOTS,
             slot_items,
             revision,
-            label=lambda key: f"{names.get(key[0], key[0])}:{key[1]}",
+            label=slot_label,
             memory=mem(SLOTS),
             shown=shown,
             trust=trust,

@@ -9,7 +9,7 @@ provider calls themselves live in `reconciler.reconcile.leasing`.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -312,15 +312,23 @@ def drift(conn: Connection) -> list[dict[str, Any]]:
         ]
 
 
-def blocked_nodes(conn: Connection) -> frozenset[str]:
-    """Nodes no placement may use: a machine quarantined after a failed deploy."""
-    with dberrors.wrapped("read quarantined machines"):
-        return frozenset(str(r[0]) for r in conn.execute("SELECT node_name FROM machine_quarantine").fetchall())
+def blocked_nodes(conn: Connection, among: Collection[str] | None = None) -> frozenset[str]:
+    """Nodes no placement may use: a machine quarantined after a failed deploy (`among`: only these)."""
+    return _nodes_in(conn, "machine_quarantine", among, "read quarantined machines")
 
 
-def profile_debts(conn: Connection) -> frozenset[str]:
-    with dberrors.wrapped("read slice profile debts"):
-        return frozenset(str(r[0]) for r in conn.execute("SELECT node_name FROM node_profile_debts").fetchall())
+def profile_debts(conn: Connection, among: Collection[str] | None = None) -> frozenset[str]:
+    return _nodes_in(conn, "node_profile_debts", among, "read slice profile debts")
+
+
+def _nodes_in(conn: Connection, table: str, among: Collection[str] | None, doing: str) -> frozenset[str]:
+    sql = f"SELECT node_name FROM {table}"  # noqa: S608 (a constant table name)
+    with dberrors.wrapped(doing):
+        if among is None:
+            rows = conn.execute(sql).fetchall()
+        else:
+            rows = conn.execute(sql + " WHERE node_name = ANY(%s)", (sorted(among),)).fetchall()
+    return frozenset(str(r[0]) for r in rows)
 
 
 def summary(conn: Connection) -> dict[str, dict[str, int]]:

@@ -30,7 +30,7 @@ report brings it back.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,8 +169,19 @@ def liveness(conn: Connection) -> dict[str, Liveness]:
 
 
 def silent_nodes(conn: Connection) -> frozenset[str]:
+    """`node_liveness` (0061)'s unavailable nodes, read per commit from the silent reports out (the view
+    scans every node): a region's reported hosts are counted only where more than two are silent."""
     with dberrors.wrapped("read silent nodes"):
-        rows = conn.execute("SELECT node_name FROM node_liveness WHERE liveness = 'unavailable'").fetchall()
+        rows = conn.execute(
+            "WITH f AS (SELECT coalesce((SELECT host_liveness_ttl_s FROM fleet_settings), 90) AS ttl,"
+            "   coalesce((SELECT zone_disruption_fraction FROM fleet_settings), 0.55) AS fraction),"
+            " s AS (SELECT h.node_name, n.region FROM host_status h JOIN nodes n ON n.name = h.node_name"
+            "   CROSS JOIN f WHERE n.present AND h.reported_at < now() - make_interval(secs => f.ttl)),"
+            " d AS (SELECT s.region FROM s CROSS JOIN f GROUP BY s.region, f.fraction"
+            "   HAVING count(*) > 2 AND count(*) > f.fraction * (SELECT count(*) FROM host_status h"
+            "     JOIN nodes n ON n.name = h.node_name WHERE n.present AND n.region = s.region))"
+            " SELECT node_name FROM s WHERE region NOT IN (SELECT region FROM d)"
+        ).fetchall()
     return frozenset(str(r[0]) for r in rows)
 
 
@@ -210,13 +221,18 @@ def lifecycles(conn: Connection, allocation_ids: Iterable[str] | None = None) ->
     return out
 
 
-def avoided_nodes(conn: Connection) -> dict[str, frozenset[str]]:
-    """Per pending allocation, the nodes where an earlier attempt failed (the planner avoids them)."""
+def avoided_nodes(conn: Connection, ids: Collection[str] | None = None) -> dict[str, frozenset[str]]:
+    """Per pending allocation, the nodes where an earlier attempt failed (the planner avoids them).
+
+    `ids`: only these allocations (None: all)."""
+    among = "" if ids is None else " AND t.allocation_id = ANY(%(ids)s)"
     with dberrors.wrapped("read failed attempts"):
         rows = conn.execute(
-            "SELECT t.allocation_id, array_agg(DISTINCT t.node) FROM allocation_attempts t"
+            "SELECT t.allocation_id, array_agg(DISTINCT t.node) FROM allocation_attempts t"  # noqa: S608 (constant)
             " JOIN allocations a ON a.id = t.allocation_id WHERE a.status = 'pending'"
-            " GROUP BY t.allocation_id"
+            + among
+            + " GROUP BY t.allocation_id",
+            {} if ids is None else {"ids": sorted(ids)},
         ).fetchall()
     return {str(a): frozenset(str(n) for n in nodes) for a, nodes in rows}
 

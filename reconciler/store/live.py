@@ -5,98 +5,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
-from types import MappingProxyType
-
-from psycopg.rows import class_row
+from collections.abc import Collection, Iterable
 
 from policies import hostreports, immutables
-from reconciler.plans import ExistingClaim, Observed, SlotKey
-from reconciler.store import leases, lifecycle
+from reconciler.plans import Observed, SlotKey
+from reconciler.store import observing
 from reconciler.store.connections import Connection
 from schemas import dberrors
-from schemas.states import ClaimKind, ClaimStatus, SlotStatus
 
-_LIVE = ("reserved", "provisioning", "active", "releasing")
-
-
-@dataclass(frozen=True, slots=True)
-class _ClaimRow:
-    allocation_id: str
-    node: str
-    claim_kind: str
-    slot_index: int | None
-    status: str
-    tenant: str
-    retired_attempt: int | None  # the claim belongs to a failed attempt (releasing on the failed node)
+_LIVE = observing.LIVE
+Memory = observing.Memory
 
 
-def observe(conn: Connection) -> Observed:
-    with dberrors.wrapped("read observed state"):
-        claims = (
-            conn.cursor(row_factory=class_row(_ClaimRow))
-            .execute(
-                "SELECT c.allocation_id, n.name AS node, c.claim_kind, c.slot_index, c.status, a.tenant,"
-                " rc.attempt AS retired_attempt"
-                " FROM allocation_resource_claims c JOIN nodes n ON n.id = c.node_id"
-                " JOIN allocations a ON a.id = c.allocation_id"
-                " LEFT JOIN retired_claims rc ON rc.claim_id = c.id"
-                " WHERE c.status = ANY(%s) ORDER BY n.name, c.slot_index NULLS FIRST, c.allocation_id",
-                (list(_LIVE),),
-            )
-            .fetchall()
-        )
-        # Slots that are neither free nor simply claimed (the partial index slots_status_odd, 0084: the
-        # predicate must stay the index's, or the read is a scan of every slot again).
-        odd = conn.execute(
-            "SELECT n.name, s.slot_index, s.status FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id"
-            " WHERE s.status IN ('releasing', 'cleanup', 'cleanup_blocked', 'failed', 'disabled',"
-            " 'quarantined')"
-        ).fetchall()
-        hosts = conn.execute("SELECT node_name, healthy, firmware_ready FROM host_status").fetchall()
-        # A failed attempt's claims do not make the allocation placed: it is pending again.
-        placed = conn.execute(
-            "SELECT id FROM allocations WHERE status <> 'pending'"
-            " UNION SELECT DISTINCT c.allocation_id FROM allocation_resource_claims c"
-            " WHERE NOT EXISTS (SELECT 1 FROM retired_claims rc WHERE rc.claim_id = c.id)"
-        ).fetchall()
-        cached = conn.execute(
-            "SELECT node_name, array_agg(digest_sha256 ORDER BY digest_sha256) FROM node_image_cache GROUP BY node_name"
-        ).fetchall()
-    silent = lifecycle.silent_nodes(conn)
-    # Baremetal (issue 30): a machine quarantined after a failed deploy takes nothing new, and a
-    # slice-tagged node a lease wrote over serves no slice until its host agent reports again.
-    blocked = leases.blocked_nodes(conn)
-    owed = leases.profile_debts(conn)
-    avoid = lifecycle.avoided_nodes(conn)
-    slot_blocks, corrupt = host_blocks(conn)
-    slot_status: dict[SlotKey, SlotStatus] = {(str(n), int(i)): SlotStatus(str(s)) for n, i, s in odd}
-    return Observed(
-        claims=tuple(
-            ExistingClaim(
-                allocation_id=c.allocation_id
-                if c.retired_attempt is None
-                else lifecycle.retired_label(c.allocation_id, c.retired_attempt),
-                node=c.node,
-                kind=ClaimKind(c.claim_kind),
-                slot_index=c.slot_index,
-                status=ClaimStatus(c.status),
-                tenant=c.tenant,
-            )
-            for c in claims
-        ),
-        slot_status=MappingProxyType(slot_status),
-        firmware_ready=MappingProxyType(
-            {str(n): bool(f) for n, _, f in hosts if f is not None} | {n: False for n in owed}
-        ),
-        unavailable_nodes=frozenset(str(n) for n, healthy, _ in hosts if healthy is False) | silent | blocked,
-        placed=frozenset(str(r[0]) for r in placed),
-        avoid=MappingProxyType(avoid),
-        image_cache=MappingProxyType({str(n): frozenset(str(d) for d in ds) for n, ds in cached}),
-        slot_blocks=MappingProxyType(slot_blocks),
-        corrupt_nodes=MappingProxyType(corrupt),
-    )
+def observe(conn: Connection, memory: Memory | None = None) -> Observed:
+    """What the planner reads from the store. With `memory` (the watch loop), only what changed since
+    the memory's last read is read again (`observing`); without, everything."""
+    return observing.observe(conn, memory)
 
 
 # Drift codes of one report (an array of objects, checked by 0008), optionally only the node's own entries.
@@ -106,23 +30,31 @@ _CODES = (
 )
 
 
-def host_blocks(conn: Connection) -> tuple[dict[SlotKey, tuple[str, ...]], dict[str, tuple[str, ...]]]:
+def host_blocks(
+    conn: Connection, nodes: Collection[str] | None = None
+) -> tuple[dict[SlotKey, tuple[str, ...]], dict[str, tuple[str, ...]]]:
     """Slots their host reports drifted or unschedulable, and nodes it reports corrupt (`policies.hostreports`).
+
+    `nodes`: only these nodes' reports (None: every node's).
 
     Read from the hosts' last reports (`host_slot_status`, `host_status`), as
     they stand: a slot the host reports clear again is placeable again.
     """
     slot_codes = _CODES.format(col="drift", only="")
     node_codes = _CODES.format(col="drift", only="AND coalesce(jsonb_typeof(e -> 'slot_index'), 'null') = 'null'")
+    among = "" if nodes is None else " AND node_name = ANY(%(nodes)s)"
+    params = {} if nodes is None else {"nodes": sorted(nodes)}
     with dberrors.wrapped("read host drift reports"):
         # Only reports that say something: a clean fleet reads no JSON.
         slots = conn.execute(
             f"SELECT node_name, slot_index, {slot_codes}, wipe_state = 'failed' FROM host_slot_status"  # noqa: S608
-            " WHERE jsonb_typeof(drift) = 'array' AND (drift <> '[]' OR wipe_state = 'failed')"
+            " WHERE jsonb_typeof(drift) = 'array' AND (drift <> '[]' OR wipe_state = 'failed')" + among,
+            params,
         ).fetchall()
-        nodes = conn.execute(
+        own_rows = conn.execute(
             f"SELECT node_name, {node_codes} FROM host_status WHERE jsonb_typeof(drift) = 'array'"  # noqa: S608
-            " AND drift <> '[]'"
+            " AND drift <> '[]'" + among,
+            params,
         ).fetchall()
     blocks: dict[SlotKey, tuple[str, ...]] = {}
     for node, idx, codes, wipe_failed in slots:
@@ -142,7 +74,7 @@ def host_blocks(conn: Connection) -> tuple[dict[SlotKey, tuple[str, ...]], dict[
                     (sorted(per_node),),
                 ).fetchall()
             }
-    own = {str(n): [str(c) for c in codes or ()] for n, codes in nodes}
+    own = {str(n): [str(c) for c in codes or ()] for n, codes in own_rows}
     corrupt: dict[str, tuple[str, ...]] = {}
     for node in sorted(own.keys() | per_node.keys()):
         found = hostreports.node_corruption(own.get(node, ()), per_node.get(node, 0), reported.get(node, 0))
@@ -171,16 +103,26 @@ def held(conn: Connection, *, ids: Iterable[str] | None = None, skus: Iterable[s
     allocation is pending again and may still be edited. The capacity shape
     is the one it was placed as (its claim kind when the row has none).
     """
+    skus = sorted(skus)
+    # One query text per shape, not `%(all)s OR ...`: a prepared generic plan for that scans every
+    # allocation, and the loop's guard asks about a commit's few allocations on every commit.
+    if ids is None:
+        among = ""
+    elif skus:
+        among = " AND (a.id = ANY(%(ids)s) OR a.sku = ANY(%(skus)s))"
+    else:
+        among = " AND a.id = ANY(%(ids)s)"
     with dberrors.wrapped("read held allocations"):
         rows = conn.execute(
-            "SELECT a.id, a.tenant, a.sku, a.region, a.gpu_count, a.image, a.vm_profile,"
+            "SELECT a.id, a.tenant, a.sku, a.region, a.gpu_count, a.image, a.vm_profile,"  # noqa: S608 (constants)
             " coalesce(a.capacity_shape, (SELECT CASE WHEN bool_or(c.claim_kind = 'node_exclusive')"
             "     THEN 'baremetal' ELSE 'gpu_slice' END FROM allocation_resource_claims c"
             "     WHERE c.allocation_id = a.id))"
             " FROM allocations a WHERE EXISTS (SELECT 1 FROM allocation_resource_claims c"
             "     WHERE c.allocation_id = a.id AND c.status = ANY(%(live)s)"
             "     AND NOT EXISTS (SELECT 1 FROM retired_claims rc WHERE rc.claim_id = c.id))"
-            " AND (%(all)s OR a.id = ANY(%(ids)s) OR a.sku = ANY(%(skus)s)) ORDER BY a.id",
-            {"live": list(_LIVE), "all": ids is None, "ids": sorted(ids or ()), "skus": sorted(skus)},
+            + among
+            + " ORDER BY a.id",
+            {"live": list(_LIVE), "ids": sorted(ids or ()), "skus": skus},
         ).fetchall()
     return {str(r[0]): immutables.Held(str(r[1]), str(r[2]), str(r[3]), int(r[4]), r[5], r[6], r[7]) for r in rows}

@@ -2,9 +2,10 @@
 
 Random edit sequences on a copy of examples/fleet: documents added (copies:
 duplicate names), deleted (a SKU, a node, the Fleet: dangling references),
-changed to break a cross-file rule (a MAC taken from another node's map, an
-unknown SKU, region or image, the OS disk used as a slot disk, an IP outside
-the subnet, a GPU count the SKU does not allow), fixed again (the original
+changed to break a cross-file rule (a MAC taken from another node's map, one
+machine or one ingress address behind two nodes, an unknown SKU, region or
+image, the OS disk used as a slot disk, an IP outside the subnet, a GPU count
+the SKU does not allow), fixed again (the original
 bytes come back), moved to another path, or broken as YAML. After every
 step the problems of the incremental run, rendered with FILE:LINE:COL and in
 order, equal those of a full run from nothing.
@@ -58,7 +59,7 @@ def _steal_mac(rng: random.Random, root: Path) -> None:
 def _edit(rng: random.Random, root: Path, pool: list[Path]) -> None:
     files = sorted(root.rglob("*.yaml"))
     target = rng.choice(files)
-    what = rng.randrange(12)
+    what = rng.randrange(14)
     if what == 0:  # a copy of a document under another name: duplicate names
         src = rng.choice(pool)
         dest = root / src.parent.relative_to(EXAMPLE) / f"copy-{rng.randrange(100)}.yaml"
@@ -90,6 +91,17 @@ def _edit(rng: random.Random, root: Path, pool: list[Path]) -> None:
         _replace(target, rng, r"os_disk: \S+", "os_disk: /dev/disk/by-id/nvme-BOSS_OS")
     elif what == 10:
         _replace(target, rng, r"^(gpu_count|image): \S+", rng.choice(["gpu_count: 3", "image: nope", "gpu_count: 8"]))
+    elif what == 12:  # cross-node: one machine behind two nodes
+        ironic = [f for f in files if "provider: ironic-use1" in f.read_text()]
+        if ironic:
+            _replace(
+                rng.choice(ironic),
+                rng,
+                r"machine_id: \S+",
+                rng.choice(["machine_id: h200-use1-b01", "machine_id: h200-use1-b02"]),
+            )
+    elif what == 13:  # cross-node: two nodes' ingress ranges on one address
+        _replace(target, rng, r"^  address: \S+", "  address: 203.0.113.11")
     elif what == 11:
         if rng.random() < 0.5:  # the same bytes at another path
             target.rename(target.with_name(f"moved-{rng.randrange(100)}.yaml"))

@@ -52,6 +52,17 @@ def test_a_few_silent_nodes_are_unavailable_most_of_a_region_is_disrupted(region
         assert lifecycle.disruption(conn) == [{"region": "us-east-1", "nodes": 6, "silent": 5, "disrupted": True}]
 
 
+def test_silent_nodes_match_the_view_below_and_above_the_fraction(region_url: str) -> None:
+    """`silent_nodes` reads from the silent reports out, not through `node_liveness`: same answer.
+    Three of six silent is more than two but not over the fraction (0.55): still ordinary silence."""
+    for silent in (NODES[:3], NODES[:4], []):
+        silence(region_url, silent)
+        with hostdb.connect(region_url) as conn:
+            view = conn.execute("SELECT node_name FROM node_liveness WHERE liveness = 'unavailable'").fetchall()
+            assert lifecycle.silent_nodes(conn) == frozenset(str(r[0]) for r in view)
+            assert lifecycle.silent_nodes(conn) == (frozenset(silent) if len(silent) == 3 else frozenset())
+
+
 def test_disruption_is_shown_in_metrics_and_dashboard(region_url: str) -> None:
     silence(region_url, NODES[:5])
     for s in serve(region_url):
