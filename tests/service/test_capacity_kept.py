@@ -139,3 +139,30 @@ def test_a_request_does_not_wait_for_a_computation_that_cannot_end_in_time(
     assert answer.computed.as_of == as_of
     go.set()
     restarted.join(30)
+
+
+def test_a_restart_after_a_commit_serves_the_kept_document_without_waiting(
+    fleet_url: str, pool: Pool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kept document whose computation was quick still is not waited on: its time is another process's."""
+    with connections.connect(fleet_url, autocommit=True) as conn:
+        doc = statuscache.status_document(conn)
+        ident = keptcapacity.identity(conn)
+        old_key = statuscache.snapshot_key(conn)
+        conn.execute("SELECT txid_current()")  # a commit since: the kept document is stale
+    as_of = dt.datetime.now(dt.UTC)
+    assert keptcapacity.save(
+        tmp_path, fleet_url, None, ident=ident, snapshot=old_key, as_of=as_of, seconds=0.01, doc=doc
+    )
+    go = _blocked(monkeypatch)
+    restarted = _cache(pool, fleet_url, tmp_path, wait_s=20.0)
+    restarted.warm()
+    t0 = time.monotonic()
+    answer = restarted.get()
+    assert time.monotonic() - t0 < 10  # not the 20 s wait
+    assert answer.stale and answer.computed.kept
+    assert answer.computed.as_of == as_of
+    go.set()
+    fresh = restarted.get(wait_s=60.0)  # once computed here, a request waits for fresh ones again
+    assert not fresh.stale and not fresh.computed.kept
+    restarted.join(30)
