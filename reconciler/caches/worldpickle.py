@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copyreg
 import dataclasses
+import enum
 import functools
 import io
 import pickle
@@ -108,8 +109,10 @@ def interner() -> Callable[[Any], Any]:
     A 10,000-node world holds a third of a million tuples, two in three
     of them equal to another (`(True, ())` for every eligible slot, the same
     tags and profiles on every node): pickled once each and read back as
-    references, they cost the loader nothing. Equal is by value and by type
-    all the way down, so `(1,)` never stands for `(True,)` or `(1.0,)`.
+    references, they cost the loader nothing. Only tuples of atoms (strings,
+    numbers, None, enum members, such tuples) are merged, and equal means by
+    value and by type all the way down: `(1,)` never stands for `(True,)` or
+    `(1.0,)`, and two equal models or engine objects are never made one.
     """
     seen: dict[Any, Any] = {}
 
@@ -118,14 +121,27 @@ def interner() -> Callable[[Any], Any]:
             return value
         try:
             return seen.setdefault((value, _types(value)), value)
-        except TypeError:  # holds something unhashable: kept as it is
+        except (TypeError, _NotPlain):  # holds something other than atoms: kept as it is
             return value
 
     return intern
 
 
+class _NotPlain(Exception):
+    pass
+
+
+_ATOMS = frozenset({str, int, float, bool, bytes, type(None)})
+
+
 def _types(value: Any) -> Any:
-    return tuple(_types(x) for x in value) if type(value) is tuple else type(value)
+    """The type of every leaf of a tuple of atoms, in its shape; _NotPlain for anything else."""
+    kind = type(value)
+    if kind is tuple:
+        return tuple(_types(x) for x in value)
+    if kind in _ATOMS or isinstance(value, enum.Enum):  # an enum member is one object already
+        return kind
+    raise _NotPlain
 
 
 def _reducers(refuse: AbstractSet[int], intern: Callable[[Any], Any]) -> dict[type, Callable[[Any], Any]]:

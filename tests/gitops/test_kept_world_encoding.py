@@ -55,6 +55,10 @@ def test_equal_tuples_become_one_object_but_never_across_types() -> None:
     assert intern(((1,),)) is not intern(((True,),))
     unhashable = ([1],)
     assert intern(unhashable) is unhashable  # passed through, not an error
+    assert intern((m.Fabric.INFINIBAND, "x")) is intern(tuple([m.Fabric.INFINIBAND, "x"]))
+    # equal objects that are not atoms (models, engine parts) stay apart: identity may mean something there
+    model_a, model_b = m.Hugepages(), m.Hugepages()
+    assert model_a == model_b and intern((model_a,)) is not intern(tuple([model_b]))
 
 
 class _Attr:
