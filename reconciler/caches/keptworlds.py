@@ -27,7 +27,8 @@ edit, a full validation) gets exactly what the eager tables gave.
 Never trusted, like the rest of the cache: the row's HMAC under the store's
 secret key (its own domain, `Store.put_file`) is checked before a byte
 is unpickled, and the unpickler knows only the classes a base's world is
-made of. Anything odd is a miss: the base is read and planned again. Only a
+made of (`reconciler.caches.worldpickle`: the pickled forms that load
+quickest, and the allow-list). Anything odd is a miss: the base is read and planned again. Only a
 base that read without parse problems or errors is kept (a head is read by
 delta only from such a tree), and only the newest `MAX_WORLDS` are kept.
 """
