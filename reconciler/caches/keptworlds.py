@@ -117,7 +117,9 @@ def dump(
             and all(type(model) is m.SlotMap and not got for _, model, got in blob.docs)
         ):
             lazy[path] = ([(doc, got) for doc, _, got in blob.docs], blob.generation)
-            models[path] = zlib.compress(worldpickle.dumps([model for _, model, _ in blob.docs]), 1)
+            # read only when a change reads that slot map: interning would slow the dump for nothing
+            typed = worldpickle.dumps([model for _, model, _ in blob.docs], intern=worldpickle.as_is)
+            models[path] = zlib.compress(typed, 1)
         else:
             eager[path] = blob
     state = tree.state

@@ -127,6 +127,11 @@ def interner() -> Callable[[Any], Any]:
     return intern
 
 
+def as_is(value: Any) -> Any:
+    """The interner that merges nothing (for parts read rarely: interning costs at dump time)."""
+    return value
+
+
 class _NotPlain(Exception):
     pass
 
