@@ -24,7 +24,7 @@ class VmProfile(_Model):
     gpu_count: int = Field(ge=1, le=8)
     vcpu_count: int = Field(ge=1, le=1024)
     memory_mib: int = Field(ge=512)
-    hugepages: Hugepages = Hugepages()
+    hugepages: Hugepages = Hugepages.model_construct()
     guest_driver_profile: Name | None = None
     derived_from: Name | None = None  # a key of slice_vm_profiles
     notes: str = ""
@@ -74,8 +74,8 @@ class Sku(_Doc):
     exclusive_node: bool = False
     same_node_required: bool = True
     network_fabric: Annotated[Fabric, Strict(False)]
-    topology_policy: TopologyPolicy = TopologyPolicy()
-    resource_profile: ResourceProfile = ResourceProfile()
+    topology_policy: TopologyPolicy = TopologyPolicy.model_construct()
+    resource_profile: ResourceProfile = ResourceProfile.model_construct()
     gpu_hourly_price_minor: int = Field(ge=0)
     currency: Literal["USD", "EUR"] = "USD"
     active: bool = True

@@ -28,7 +28,7 @@ class ManagementNetwork(_Model):
 
     subnet: str = "10.100.0.0/24"
     gateway: str = "10.100.0.1"
-    dhcp_range: DhcpRange = DhcpRange(start="10.100.0.10", end="10.100.0.250")
+    dhcp_range: DhcpRange = DhcpRange.model_construct(start="10.100.0.10", end="10.100.0.250")
     bridge: Name = "gpuaasbr0"
 
     @model_validator(mode="after")
@@ -171,8 +171,8 @@ class Fleet(_Doc):
     kind: Literal["Fleet"]
     name: Name
     regions: Annotated[tuple[Region, ...], Strict(False)] = Field(min_length=1)
-    management_network: ManagementNetwork = ManagementNetwork()
-    placement: PlacementSettings = PlacementSettings()
+    management_network: ManagementNetwork = ManagementNetwork.model_construct()
+    placement: PlacementSettings = PlacementSettings.model_construct()
     graceful_shutdown_timeout_s: int = Field(default=defaults.SHUTDOWN_TIMEOUT_S, ge=1, le=3600)
     readiness_timeout_seconds: int = Field(
         default=defaults.READINESS_TIMEOUT_S,
@@ -205,7 +205,7 @@ class Fleet(_Doc):
         "unavailable: no new placements, its allocations flagged host_unreachable (never released).",
     )
     ingress: IngressSettings = Field(
-        default=IngressSettings(),
+        default=IngressSettings.model_construct(),
         description="Limits of tenant ingress: how many extra guest ports an allocation may expose.",
     )
     max_provision_attempts: int = Field(

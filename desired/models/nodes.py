@@ -169,7 +169,7 @@ class Slot(_Model):
     max_claims: int = Field(default=1, ge=1)
     parent_slot_id: str | None = None
     compute_milli: int = Field(default=1000, ge=0)
-    capacity_metadata: CapacityMetadata = CapacityMetadata()
+    capacity_metadata: CapacityMetadata = CapacityMetadata.model_construct()
     enabled: bool = True
     blockers: Annotated[tuple[Blocker, ...], Strict(False)] = ()
 

@@ -8,6 +8,7 @@ the commit it recorded, whatever the working tree holds.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -353,12 +354,28 @@ def _cat_file(repo: git.Repo, mode: str, keys: Sequence[str]) -> bytes | None:
     return out if isinstance(out, bytes) else None
 
 
+_COMMIT_ID = re.compile(r"[0-9a-f]{40}")
+# (repo folder, full object id) -> the commit git said it names. An object id names the same commit
+# forever, so a command that resolves it several times (a PR plan: its cache keys, then the read)
+# asks git once; a ref or a short id ("HEAD", "main", "abc123") can move and is asked every time.
+_RESOLVED: dict[tuple[str, str], str] = {}
+_RESOLVED_MAX = 1024
+
+
 def resolve(root: Path, rev: str) -> str:
+    known = (os.path.abspath(root), rev) if _COMMIT_ID.fullmatch(rev) else None
+    if known is not None and known in _RESOLVED:
+        return _RESOLVED[known]
     try:
         with git.Repo(root, search_parent_directories=True) as repo:
-            return str(repo.commit(rev).hexsha)
+            commit = str(repo.commit(rev).hexsha)
     except Exception as e:  # gitpython raises many unrelated types for a bad name
         raise RevisionError(f"unknown revision {rev!r}") from e
+    if known is not None:
+        if len(_RESOLVED) >= _RESOLVED_MAX:  # a watch loop's lifetime of commits: bounded
+            _RESOLVED.clear()
+        _RESOLVED[known] = commit
+    return commit
 
 
 def head(root: Path) -> str | None:

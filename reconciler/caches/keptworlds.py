@@ -27,33 +27,28 @@ edit, a full validation) gets exactly what the eager tables gave.
 Never trusted, like the rest of the cache: the row's HMAC under the store's
 secret key (its own domain, `Store.put_file`) is checked before a byte
 is unpickled, and the unpickler knows only the classes a base's world is
-made of. Anything odd is a miss: the base is read and planned again. Only a
+made of (`reconciler.caches.worldpickle`: the pickled forms that load
+quickest, and the allow-list). Anything odd is a miss: the base is read and planned again. Only a
 base that read without parse problems or errors is kept (a head is read by
 delta only from such a tree), and only the newest `MAX_WORLDS` are kept.
 """
 
 from __future__ import annotations
 
-import copyreg
 import dataclasses
-import functools
 import hashlib
 import io
 import logging
 import pickle
 import struct
-import types
 import zlib
 from collections.abc import Callable, Mapping
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from pydantic import BaseModel
-
 from desired.reading import documents
-from desired.reading.yamlio import Document
+from reconciler.caches import worldpickle
 
 if TYPE_CHECKING:
     from desired.problems import Problem
@@ -67,42 +62,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpuaas.plan")
 
 FORMAT = 1
-# The types a world is made of, by name: each a data type defined in that module of this project
-# (checked on use: a name a module merely imports, such as `desired.reading.safefiles.Path`, is never taken).
-# `desired.models`' pydantic models and enums are admitted as a family (`_model_classes`), and
-# `_model` and `_proxy` below are the only callables besides these types. Anything else is a miss.
-_TYPES: dict[str, frozenset[str]] = {
-    m: frozenset(names.split())
-    for m, names in {
-        "desired.state": "DesiredState Source",
-        "desired.reading.documents": "Blob",
-        "desired.reading.yamlio": "Document",
-        "desired.problems": "Problem Severity",
-        "policies.capability": "Capability CapabilityVerdict",
-        "policies.eligibility": "Ineligible",
-        "policies.fabric": "Mismatch",
-        "policies.packing": "Demand Option Policy",
-        "policies.topology": "Choice Layout",
-        "reconciler.plans": "Candidate ExistingClaim Observed Pending Placement Release",
-        "reconciler.placement.fleetgraph": "NodeFacts SlotFacts",
-        "reconciler.placement.inventory_diff": "CapabilityChange DocumentChange FieldChange InventoryDiff SlotChange",
-        "reconciler.placement.placing": "Engine",
-        "reconciler.placement.requests": "Placed Request Spec Specs Tier",
-        "reconciler.placement.fleetstate": "FleetState Node",
-        "reconciler.placement.picking": "Picker",
-        "reconciler.placement.strategies": "Buckets ByEnd Interleaved Patterns",
-        "reconciler.placement.explaining": "Explainer",
-        "reconciler.placement.counting": "FitCounter",
-        "reconciler.placement.index": "EndOrder NodeHeap SliceIndex WholeNodeIndex",
-        "reconciler.placement.capacity": "Blocked Memo NodeSummary Offer ReadModel Size",
-        "reconciler.placement.prplan": "BaseSide CapacityChange NodeChange",
-        "reconciler.placement.reasons": "Refused",
-        "schemas.states": "ClaimKind ClaimStatus SlotStatus",
-        "schemas.snapshots": "Profile",
-    }.items()
-}
-_BUILTINS = frozenset({"set", "frozenset", "slice"})
-_DATETIME = frozenset({"datetime", "date", "timezone", "timedelta"})
 
 
 def key(path: Path, commit: str, policy: str | None) -> str:
@@ -145,6 +104,7 @@ def dump(
     from desired import models as m
 
     suspended = planner.suspend()
+    intern = worldpickle.interner()
     if tree.problems or suspended is None:
         return None
     lazy: dict[str, tuple[list[tuple[Any, Any]], int]] = {}  # path -> ((doc, found) per document, generation)
@@ -157,7 +117,9 @@ def dump(
             and all(type(model) is m.SlotMap and not got for _, model, got in blob.docs)
         ):
             lazy[path] = ([(doc, got) for doc, _, got in blob.docs], blob.generation)
-            models[path] = zlib.compress(_dumps([model for _, model, _ in blob.docs]), 1)
+            # read only when a change reads that slot map: interning would slow the dump for nothing
+            typed = worldpickle.dumps([model for _, model, _ in blob.docs], intern=worldpickle.as_is)
+            models[path] = zlib.compress(typed, 1)
         else:
             eager[path] = blob
     state = tree.state
@@ -188,19 +150,26 @@ def dump(
         "found": found,
         "owners": dict(owners),
         "observed": observed,
-        "side": side,
+        "side": _interned_side(side, intern),
         "planner": suspended,
     }
     lazy_ids = {id(smap) for name, smap in state.slot_maps.items() if name in where}
     try:
-        core_bytes = _dumps(core, refuse=lazy_ids)
-    except (_Leak, pickle.PicklingError, TypeError, AttributeError) as e:
+        core_bytes = worldpickle.dumps(core, refuse=lazy_ids, intern=intern)
+    except (worldpickle.Leak, pickle.PicklingError, TypeError, AttributeError) as e:
         log.info("base world not kept: %s", e)
         return None
     return _frame(core_bytes, models)
 
 
-_NEWOBJ = copyreg.__newobj__  # type: ignore[attr-defined]  # pickle's NEWOBJ (typeshed does not list it)
+def _interned_side(side: BaseSide, intern: Callable[[Any], Any]) -> BaseSide:
+    """`side` with its per-slot answers and node modes interned (a few distinct values, 100,000 tuples)."""
+    return dataclasses.replace(
+        side,
+        schedulable={node: {i: intern(v) for i, v in slots.items()} for node, slots in side.schedulable.items()},
+        modes={node: intern(mode) for node, mode in side.modes.items()},
+    )
+
 
 # The payload: a header, the core pickle, then each lazy file's compressed pickle back to back.
 # The reader slices them out of one buffer (no copy), and inflates a file only when it is read.
@@ -246,147 +215,8 @@ def _unframe(payload: bytes) -> tuple[memoryview, Callable[[str], memoryview]] |
     return core, file_bytes
 
 
-class _Leak(Exception):
-    """A model the world keeps lazily was reached from what it keeps eagerly (it would be two objects)."""
-
-
-def _is_model_module(module: str) -> bool:
-    """A module of the desired-state models package (`desired.models.nodes`, ...)."""
-    return module.startswith("desired.models.")
-
-
-def _model(cls: type, values: dict[str, Any], fields_set: set[str], extra: Any, private: Any) -> Any:
-    """A pydantic model from its stored fields, without validation (pickle's way, in fewer steps)."""
-    if not (_is_model_module(getattr(cls, "__module__", "")) and issubclass(cls, BaseModel)):
-        raise pickle.UnpicklingError(f"{cls!r} is not a desired-state model")
-    obj = cls.__new__(cls)
-    setattr_ = object.__setattr__
-    setattr_(obj, "__dict__", values)
-    setattr_(obj, "__pydantic_fields_set__", fields_set)
-    setattr_(obj, "__pydantic_extra__", extra)
-    setattr_(obj, "__pydantic_private__", private)
-    return obj
-
-
-def _proxy(values: dict[Any, Any]) -> types.MappingProxyType[Any, Any]:
-    return types.MappingProxyType(values)
-
-
-def _dumps(value: Any, *, refuse: AbstractSet[int] = frozenset()) -> bytes:
-    out = io.BytesIO()
-    pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
-    # A dispatch table, not reducer_override: the pickler asks it only about objects of these exact
-    # types, where reducer_override was called for every one of half a million objects.
-    pickler.dispatch_table = _reducers(refuse)
-    pickler.dump(value)
-    return out.getvalue()
-
-
-def _reducers(refuse: AbstractSet[int]) -> dict[type, Callable[[Any], Any]]:
-    """How a world's objects are pickled, in the forms `_Unpickler` reads back quickest."""
-    packed: dict[int, bytes] = {}  # id(raw bytes) -> compressed: a file's documents share one
-
-    def model(obj: Any) -> Any:
-        if id(obj) in refuse:
-            raise _Leak(f"{type(obj).__name__} {getattr(obj, 'node', '')!r} is reached eagerly")
-        return _model, (
-            type(obj),
-            obj.__dict__,
-            obj.__pydantic_fields_set__,
-            obj.__pydantic_extra__,
-            obj.__pydantic_private__,
-        )
-
-    def document(obj: Any) -> Any:
-        fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-        if not obj.packed:
-            raw = obj.data
-            data = packed.get(id(raw))
-            if data is None:
-                data = packed[id(raw)] = zlib.compress(raw, 1)
-            fields.update(data=data, packed=True)
-        # copyreg.__newobj__ is pickle's own NEWOBJ, and a (None, slots) state is set at C speed (no
-        # Python call per document); a composed node tree is dropped (composed again when asked)
-        return _NEWOBJ, (Document,), (None, {**fields, "_node": None})
-
-    def plain(obj: Any) -> Any:
-        # A slotted dataclass is pickled through dataclasses' Python __setstate__ (fields() on
-        # every object, slow); its own __init__ takes the same fields positionally.
-        return type(obj), tuple(getattr(obj, f.name) for f in dataclasses.fields(obj))
-
-    table: dict[type, Callable[[Any], Any]] = dict.fromkeys(_model_classes(), model)
-    table.update(dict.fromkeys(_plain_dataclasses(), plain))
-    table[types.MappingProxyType] = lambda obj: (_proxy, (dict(obj),))
-    table[Document] = document
-    return table
-
-
-@functools.cache
-def _model_classes() -> tuple[type, ...]:
-    from desired import models
-
-    return tuple(v for v in vars(models).values() if models.defined_here(v) and issubclass(v, BaseModel))
-
-
-@functools.cache
-def _plain_dataclasses() -> frozenset[type]:
-    """Slotted dataclasses a world holds whose __init__ takes exactly their fields (no __post_init__)."""
-    from desired.reading.documents import Blob
-    from desired.state import Source
-    from policies.capability import CapabilityVerdict
-    from reconciler import plans
-    from reconciler.placement import fleetgraph
-
-    return frozenset({Source, Blob, fleetgraph.NodeFacts, CapabilityVerdict, plans.ExistingClaim})
-
-
-# ------------------------------------------------------------------ reading
-
-
-class _Unpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if module == __name__ and name in ("_model", "_proxy"):
-            return globals()[name]
-        if module == "builtins" and name in _BUILTINS:
-            import builtins
-
-            return getattr(builtins, name)
-        if module == "datetime" and name in _DATETIME:
-            import datetime
-
-            return getattr(datetime, name)
-        found = _allowed(module, name)
-        if found is not None:
-            return found
-        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a kept base")
-
-
-@functools.cache
-def _allowed(module: str, name: str) -> type | None:
-    """The type `module.name` when the allow-list names it and that module defines it (not imports it)."""
-    if _is_model_module(module):
-        return next(
-            (c for c in _model_classes() + _model_enums() if c.__name__ == name and c.__module__ == module), None
-        )
-    if name not in _TYPES.get(module, ()):
-        return None
-    import importlib
-
-    found = getattr(importlib.import_module(module), name, None)
-    return found if isinstance(found, type) and found.__module__ == module else None
-
-
-@functools.cache
-def _model_enums() -> tuple[type, ...]:
-    import enum
-
-    from desired import models
-
-    return tuple(v for v in vars(models).values() if models.defined_here(v) and issubclass(v, enum.Enum))
-
-
 def _loads(data: bytes | memoryview) -> Any:
-    return _Unpickler(io.BytesIO(data)).load()
+    return worldpickle.loads(data)
 
 
 class _Outer(pickle.Unpickler):

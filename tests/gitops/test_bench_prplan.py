@@ -7,10 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gpuaas_tools.bench import prplan
 
 
-def test_the_bench_times_every_case_and_checks_outputs(tmp_path: Path) -> None:
+def test_the_bench_times_every_case_and_checks_outputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")  # as on a development machine
     root = tmp_path / "repo"
     base = prplan._build(root, 12)
     said: list[str] = []
@@ -21,6 +24,9 @@ def test_the_bench_times_every_case_and_checks_outputs(tmp_path: Path) -> None:
     assert out["same_output"] is True
     assert len(list((tmp_path / "kept").glob("world-*"))) == 1  # the cached plans had a kept base to read
     assert len(said) == 7
+    # every plan ran from bytecode compiled into the bench's own temp dir, as an installed package does
+    assert list((tmp_path / "pycache").rglob("prplan.cpython-*.pyc"))
+    assert list((tmp_path / "pycache").rglob("keptworlds.cpython-*.pyc"))
     # each head was new: the base stays where it was, and the repo holds one commit per head
     assert (
         subprocess.run(

@@ -1,0 +1,77 @@
+"""How a kept base is pickled (`reconciler.caches.worldpickle`): equal tuples once, slots built in C, nothing else.
+
+The forms that make a world load faster must give back exactly the values
+dumped (same types, same equality), and widen what the unpickler accepts by
+nothing but `tuple.__new__`.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import pytest
+
+from desired import models as m
+from reconciler.caches import keptworlds, worldpickle
+from reconciler.placement import fleetgraph
+from schemas import states
+
+
+def _slot(index: int) -> fleetgraph.SlotFacts:
+    return fleetgraph.SlotFacts(
+        index,
+        "g0",
+        None,
+        0,
+        "h200",
+        f"0000:{index:02x}:00.0",
+        m.Fabric.INFINIBAND,
+        None,
+        "/dev/nvme0n1",
+        "",
+        None,
+        (),
+        states.SlotStatus.AVAILABLE,
+        True,
+    )
+
+
+def test_slot_facts_come_back_as_slot_facts() -> None:
+    slots = (_slot(0), _slot(1))
+    back = keptworlds._loads(worldpickle.dumps(slots))
+    assert back == slots and all(type(s) is fleetgraph.SlotFacts for s in back)
+    assert back[1].gpu_pci_address == "0000:01:00.0" and back[1].fabric is m.Fabric.INFINIBAND
+    assert back[0].status is states.SlotStatus.AVAILABLE and back[0].host_blocked == ()
+
+
+def test_equal_tuples_become_one_object_but_never_across_types() -> None:
+    intern = worldpickle.interner()
+    a, b = intern((True, ())), intern(tuple([True, ()]))
+    assert a is b
+    one, true, one_f = intern((1,)), intern((True,)), intern((1.0,))
+    assert type(one[0]) is int and type(true[0]) is bool and type(one_f[0]) is float  # equal, yet kept apart
+    assert intern(((1, "x"),)) is intern(tuple([(1, "x")]))
+    assert intern(((1,),)) is not intern(((True,),))
+    unhashable = ([1],)
+    assert intern(unhashable) is unhashable  # passed through, not an error
+    assert intern((m.Fabric.INFINIBAND, "x")) is intern(tuple([m.Fabric.INFINIBAND, "x"]))
+    # equal objects that are not atoms (models, engine parts) stay apart: identity may mean something there
+    model_a, model_b = m.Hugepages(), m.Hugepages()
+    assert model_a == model_b and intern((model_a,)) is not intern(tuple([model_b]))
+
+
+class _Attr:
+    def __init__(self, owner: Any, name: str) -> None:
+        self.owner, self.name = owner, name
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return getattr, (self.owner, self.name)
+
+
+@pytest.mark.parametrize(("owner", "name"), [(tuple, "__add__"), (str, "join"), (tuple, "__class__")])
+def test_the_unpickler_gives_no_other_attribute(owner: Any, name: str) -> None:
+    data = pickle.dumps(_Attr(owner, name), protocol=pickle.HIGHEST_PROTOCOL)
+    with pytest.raises(pickle.UnpicklingError, match="not allowed in a kept base"):
+        keptworlds._loads(data)
+    assert keptworlds.load(data, None) is None  # a world holding one is a miss, never an error
