@@ -320,7 +320,7 @@ def _upsert(conn: Connection, plans: list[codec.HostPlan], revision: str | None)
         str(n): int(g)
         for n, g in conn.execute("SELECT node_name, generation FROM host_plans WHERE node_name = ANY(%s)", (names,))
     }
-    specs = [json.dumps(codec.to_json(dataclasses.replace(plan, generation=0))) for plan in plans]
+    specs = [json.dumps(codec.to_json(_unstamped(plan))) for plan in plans]
     if len(plans) < COPY_FROM:
         rows = conn.execute(_FROM_ARRAYS, {"revision": revision, "nodes": names, "specs": specs})
         changed = {str(n): int(g) for n, g in rows}
@@ -332,6 +332,11 @@ def _upsert(conn: Connection, plans: list[codec.HostPlan], revision: str | None)
         changed = {str(n): int(g) for n, g in conn.execute(_FROM_STAGE, {"revision": revision})}
         conn.execute("DELETE FROM host_plan_stage")  # inside an outer transaction, ON COMMIT comes later
     return [Written(n, changed[n], changed=True) if n in changed else Written(n, have[n], changed=False) for n in names]
+
+
+def _unstamped(plan: codec.HostPlan) -> codec.HostPlan:
+    """The spec as compared and stored before the upsert stamps its generation (built plans already have 0)."""
+    return plan if plan.generation == 0 else dataclasses.replace(plan, generation=0)
 
 
 def read(conn: Connection, node: str) -> codec.HostPlan | None:
