@@ -31,6 +31,8 @@ class Located(Protocol):
     def index(self) -> int: ...
     @property
     def line(self) -> int: ...
+    @property
+    def blob(self) -> str | None: ...
     def locate(self, path: tuple[str | int, ...]) -> tuple[int, int]: ...
     def locate_value(self, path: tuple[str | int, ...]) -> tuple[int, int]: ...
 
@@ -40,6 +42,9 @@ class Source:
     """Where a model came from, for error positions."""
 
     doc: Located  # `desired.reading.yamlio.Document`
+    # The model the reader typed from `doc`: a state whose table holds another object (edited in
+    # code, not read) has content that `doc` does not name.
+    model: Any = None
 
     @property
     def file(self) -> str:
