@@ -451,7 +451,7 @@ def _sync_table(
             inserts.append(row)
             changes.append(RowChange(table.kind, show(key), "added"))
             continue
-        values = tuple(inventorywrites.plain_json(row[c]) if c in table.json_columns else row[c] for c in table.columns)
+        values = inventorywrites.compared(table, row)
         present, have = current[key]
         if not present or not inventorywrites.same(have, values):
             wrote.append(key)

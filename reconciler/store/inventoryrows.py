@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import ipaddress
 import json
 import weakref
 from collections.abc import Callable, Iterable
@@ -29,6 +28,21 @@ Row = dict[str, Any]
 Item = tuple[tuple[Any, ...], tuple[Any, ...], Callable[[], Row]]  # key, documents, row builder
 
 
+class JsonText(str):
+    """A JSON column's value already serialised (by pydantic, in Rust): a cold sync's COPY sends it
+    as it is; only a comparison with a stored row parses it (`inventorywrites.compared`)."""
+
+    __slots__ = ()
+
+
+def _json(model: Any, **options: Any) -> JsonText:
+    return JsonText(model.__pydantic_serializer__.to_json(model, **options).decode())
+
+
+def _json_list(models: Iterable[Any]) -> JsonText:
+    return JsonText("[" + ",".join(_json(x) for x in models) + "]")
+
+
 @dataclass(frozen=True, slots=True)
 class Table:
     name: str
@@ -36,6 +50,7 @@ class Table:
     key: tuple[str, ...]
     columns: tuple[str, ...]  # desired columns: compared, and written on change
     json_columns: frozenset[str] = frozenset()
+    inet_columns: frozenset[str] = frozenset()  # built as text; compared as the address the table returns
 
 
 # The Fleet's one row. host_liveness_ttl_s and max_provision_attempts are written by store/lifecycle.sync_settings.
@@ -164,6 +179,7 @@ SLOTS = Table(
         "ineligible_reasons",
     ),
     frozenset({"nvme_identity", "capacity_metadata", "blockers"}),
+    frozenset({"private_ip"}),
 )
 ALLOCATIONS = Table(
     "allocations",
@@ -330,10 +346,10 @@ def node_row(state: DesiredState, n: m.Node) -> Row:
         "firmware_ready": n.firmware_ready,
         "capability": verdict.capability.value,
         "capability_reasons": [code for code, _ in verdict.reasons],
-        "management_network": validation.management_network(state, n).model_dump(mode="json"),
+        "management_network": _json(validation.management_network(state, n)),
         "public_addresses": list(n.public_addresses),
-        "ingress": n.ingress.model_dump(mode="json") if n.ingress is not None else None,
-        "machine": n.machine.model_dump(mode="json") if n.machine is not None else None,
+        "ingress": _json(n.ingress) if n.ingress is not None else None,
+        "machine": _json(n.machine) if n.machine is not None else None,
     }
 
 
@@ -351,21 +367,21 @@ def _slot_rows(smap: m.SlotMap, node_id: Any) -> Iterable[Row]:
             "slot_group": s.slot_group,
             "pcie_pair": s.pcie_pair,
             "nvme_device": s.nvme_device,
-            "nvme_identity": s.nvme_identity.model_dump(mode="json", exclude_none=True) if s.nvme_identity else None,
+            "nvme_identity": _json(s.nvme_identity, exclude_none=True) if s.nvme_identity else None,
             "network_fabric": s.network_fabric.value,
             "fabric_vf_pci_address": s.fabric_vf_pci_address,
             "fabric_parent_device": s.fabric_parent_device,
             "fabric_claim_mode": s.fabric_claim_mode.value if s.fabric_claim_mode else None,
             "mac_address": s.mac_address,
-            "private_ip": ipaddress.ip_address(s.private_ip),
+            "private_ip": s.private_ip,
             "vcpu_count": s.vcpu_count,
             "memory_mib": s.memory_mib,
             "sharing_model": s.sharing_model.value,
             "max_claims": s.max_claims,
             "parent_slot_id": s.parent_slot_id,
             "compute_milli": s.compute_milli,
-            "capacity_metadata": s.capacity_metadata.model_dump(mode="json"),
-            "blockers": [b.model_dump(mode="json") for b in s.blockers],
+            "capacity_metadata": _json(s.capacity_metadata),
+            "blockers": _json_list(s.blockers),
             "approved": not smap.approval_required,
             "enabled": s.enabled,
             "eligible": not why,

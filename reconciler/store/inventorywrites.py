@@ -7,6 +7,7 @@ to write (it compares); nothing here reads a row to decide.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -16,7 +17,7 @@ from psycopg import sql
 from desired.state import DesiredState
 from reconciler.store import inventoryrows
 from reconciler.store.connections import Connection
-from reconciler.store.inventoryrows import FLEET, Row, Table
+from reconciler.store.inventoryrows import FLEET, JsonText, Row, Table
 
 
 def _jsonb(value: Any) -> Any:
@@ -27,12 +28,32 @@ def _jsonb(value: Any) -> Any:
 
 def plain_json(value: Any) -> Any:
     """What jsonb gives back: string keys only (e.g. workload_mix {1: 0.4} -> {"1": 0.4})."""
+    if isinstance(value, JsonText):
+        return json.loads(value)
     return json.loads(json.dumps(value))
 
 
-def _params(table: Table, row: Row, revision: str) -> Row:
+def compared(table: Table, row: Row) -> tuple[Any, ...]:
+    """The desired columns of `row` as the table gives them back (JSON parsed, addresses typed)."""
+    return tuple(
+        plain_json(row[c])
+        if c in table.json_columns
+        else ipaddress.ip_address(row[c])
+        if c in table.inet_columns
+        else row[c]
+        for c in table.columns
+    )
+
+
+def _json_param(value: Any) -> Any:
     # None stays SQL NULL (an optional JSON column such as nvme_identity), not JSON null.
-    out = {k: _jsonb(v) if k in table.json_columns and v is not None else v for k, v in row.items()}
+    if value is None:
+        return None
+    return _jsonb(json.loads(value) if isinstance(value, JsonText) else value)
+
+
+def _params(table: Table, row: Row, revision: str) -> Row:
+    out = {k: _json_param(v) if k in table.json_columns else v for k, v in row.items()}
     out["revision"] = revision
     return out
 
@@ -65,8 +86,8 @@ def write_rows(
         with conn.cursor().copy(stmt) as copy:
             for r in inserts:
                 values = [r[c] for c in every]
-                for i in json_at:
-                    if values[i] is not None:
+                for i in json_at:  # JSON text (JsonText) goes as it is
+                    if values[i] is not None and not isinstance(values[i], str):
                         values[i] = _jsonb(values[i])
                 copy.write_row((*values, True, revision))
         inserts = []
