@@ -82,13 +82,16 @@ def write_rows(
         stmt = sql.SQL("COPY {name} ({cols}, present, revision) FROM STDIN").format(
             name=name, cols=sql.SQL(", ").join(map(sql.Identifier, every))
         )
-        json_at = [i for i, c in enumerate(every) if c in table.json_columns]
+        json_at = {i for i, c in enumerate(every) if c in table.json_columns}
         with conn.cursor().copy(stmt) as copy:
             for r in inserts:
                 values = [r[c] for c in every]
-                for i in json_at:  # JSON text (JsonText) goes as it is
-                    if values[i] is not None and not isinstance(values[i], str):
-                        values[i] = _jsonb(values[i])
+                for i, v in enumerate(values):
+                    if i in json_at:  # JSON text (JsonText) goes as it is
+                        if v is not None and not isinstance(v, str):
+                            values[i] = _jsonb(v)
+                    elif type(v) is list:
+                        values[i] = _array_literal(v)
                 copy.write_row((*values, True, revision))
         inserts = []
     if inserts:
@@ -123,6 +126,23 @@ def write_rows(
         conn.cursor().executemany(
             stmt, [{**dict(zip(table.key, key, strict=True)), "revision": revision} for key in gone]
         )
+
+
+def _array_literal(items: list[Any]) -> Any:
+    """A list of text or numbers as PostgreSQL's array literal, which COPY passes on to the column's parser.
+
+    psycopg's list dumper is Python code per element and was the largest part of formatting a
+    cold sync's rows (text[] columns: tags, reasons); anything else goes to it unchanged.
+    """
+    parts = []
+    for x in items:
+        if isinstance(x, str):
+            parts.append('"' + x.replace("\\", "\\\\").replace('"', '\\"') + '"')
+        elif type(x) is int:
+            parts.append(str(x))
+        else:
+            return items
+    return "{" + ",".join(parts) + "}"
 
 
 def generation(conn: Connection) -> int:
