@@ -90,3 +90,11 @@ def test_a_cold_batch_goes_straight_in_with_the_specs_the_upsert_stores(
         if s.nvme_identity is not None
     }
     assert plan.disk_identities  # the fleet records identities: the columns were read
+
+
+def test_plan_specs_are_compressed_with_lz4(conn: Connection) -> None:
+    """Every spec is compressed on write and decompressed on compare and read: lz4, where the server has it."""
+    found = conn.execute(
+        "SELECT attcompression FROM pg_attribute WHERE attrelid = 'host_plans'::regclass AND attname = 'spec'"
+    ).fetchone()
+    assert found == ("l",)
