@@ -82,16 +82,18 @@ def write_rows(
         stmt = sql.SQL("COPY {name} ({cols}, present, revision) FROM STDIN").format(
             name=name, cols=sql.SQL(", ").join(map(sql.Identifier, every))
         )
-        json_at = {i for i, c in enumerate(every) if c in table.json_columns}
+        json_at = [i for i, c in enumerate(every) if c in table.json_columns]
+        # Array columns hold a list in every row (a builder's column has one type): found in the first.
+        array_at = [i for i, c in enumerate(every) if c not in table.json_columns and type(inserts[0][c]) is list]
         with conn.cursor().copy(stmt) as copy:
             for r in inserts:
                 values = [r[c] for c in every]
-                for i, v in enumerate(values):
-                    if i in json_at:  # JSON text (JsonText) goes as it is
-                        if v is not None and not isinstance(v, str):
-                            values[i] = _jsonb(v)
-                    elif type(v) is list:
-                        values[i] = _array_literal(v)
+                for i in json_at:  # JSON text (JsonText) goes as it is
+                    if values[i] is not None and not isinstance(values[i], str):
+                        values[i] = _jsonb(values[i])
+                for i in array_at:
+                    if type(values[i]) is list:
+                        values[i] = _array_literal(values[i])
                 copy.write_row((*values, True, revision))
         inserts = []
     if inserts:
