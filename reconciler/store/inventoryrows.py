@@ -421,6 +421,35 @@ def slot_items(smap: m.SlotMap, node_id: Any) -> list[Item]:
     return [((node_id, s.slot_index), (smap,), partial(row, i)) for i, s in enumerate(smap.slots)]
 
 
+def slot_work(
+    state: DesiredState, node_ids: dict[str, Any], memory: Memory | None
+) -> tuple[list[Item], list[tuple[Any, ...]]]:
+    """Slot rows to build and compare, and the keys of rows known in place without a look.
+
+    With a trusted memory, a SlotMap that is the very object of the last sync
+    wrote its rows already: its slots are neither itemised nor compared (at
+    10,000 nodes that was half of a commit's cost), only counted as wanted.
+    """
+    items: list[Item] = []
+    kept: list[tuple[Any, ...]] = []
+    for name, smap in sorted(state.slot_maps.items()):
+        node_id = node_ids.get(name)
+        if node_id is None:
+            continue
+        last = memory.slot_maps.get(name) if memory is not None else None
+        if last is not None and last[0] is smap and last[1] == node_id:
+            kept.extend(last[2])
+            continue
+        mine = slot_items(smap, node_id)
+        items.extend(mine)
+        if memory is not None:
+            memory.slot_maps[name] = (smap, node_id, tuple(key for key, _, _ in mine))
+    if memory is not None and len(memory.slot_maps) > len(state.slot_maps):
+        for gone in set(memory.slot_maps) - set(state.slot_maps):
+            del memory.slot_maps[gone]
+    return items, kept
+
+
 class _Work:
     """The documents of a table the sync itemises: all of them, or with a delta only the changed ones."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from psycopg import sql
@@ -67,6 +67,32 @@ def same(a: Any, b: Any) -> bool:
 COPY_FROM = 50  # new rows written by COPY from this many on (fewer: one INSERT each, no COPY set-up)
 
 
+def copy_rows(conn: Connection, table: Table, rows: Iterable[Row], *, revision: str) -> int:
+    """COPY new rows into `table` as they come (an iterator: the server stores rows while the caller
+    builds the next); how many were written."""
+    every = (*table.key, *table.columns)
+    stmt = sql.SQL("COPY {name} ({cols}, present, revision) FROM STDIN").format(
+        name=sql.Identifier(table.name), cols=sql.SQL(", ").join(map(sql.Identifier, every))
+    )
+    json_at = [i for i, c in enumerate(every) if c in table.json_columns]
+    array_at: list[int] | None = None
+    n = 0
+    with conn.cursor().copy(stmt) as copy:
+        for r in rows:
+            values = [r[c] for c in every]
+            if array_at is None:  # a builder's column holds a list in every row: found in the first
+                array_at = [i for i, v in enumerate(values) if i not in json_at and type(v) is list]
+            for i in json_at:  # JSON text (JsonText) goes as it is
+                if values[i] is not None and not isinstance(values[i], str):
+                    values[i] = _jsonb(values[i])
+            for i in array_at:
+                if type(values[i]) is list:
+                    values[i] = _array_literal(values[i])
+            copy.write_row((*values, True, revision))
+            n += 1
+    return n
+
+
 def write_rows(
     conn: Connection,
     table: Table,
@@ -79,22 +105,7 @@ def write_rows(
     name = sql.Identifier(table.name)
     every = (*table.key, *table.columns)
     if len(inserts) >= COPY_FROM:  # a cold sync: one COPY instead of a statement per row
-        stmt = sql.SQL("COPY {name} ({cols}, present, revision) FROM STDIN").format(
-            name=name, cols=sql.SQL(", ").join(map(sql.Identifier, every))
-        )
-        json_at = [i for i, c in enumerate(every) if c in table.json_columns]
-        # Array columns hold a list in every row (a builder's column has one type): found in the first.
-        array_at = [i for i, c in enumerate(every) if c not in table.json_columns and type(inserts[0][c]) is list]
-        with conn.cursor().copy(stmt) as copy:
-            for r in inserts:
-                values = [r[c] for c in every]
-                for i in json_at:  # JSON text (JsonText) goes as it is
-                    if values[i] is not None and not isinstance(values[i], str):
-                        values[i] = _jsonb(values[i])
-                for i in array_at:
-                    if type(values[i]) is list:
-                        values[i] = _array_literal(values[i])
-                copy.write_row((*values, True, revision))
+        copy_rows(conn, table, inserts, revision=revision)
         inserts = []
     if inserts:
         stmt = sql.SQL("INSERT INTO {name} ({cols}, present, revision) VALUES ({vals}, true, %(revision)s)").format(
