@@ -42,9 +42,10 @@ class Source:
     """Where a model came from, for error positions."""
 
     doc: Located  # `desired.reading.yamlio.Document`
-    # The model the reader typed from `doc`: a state whose table holds another object (edited in
-    # code, not read) has content that `doc` does not name.
-    model: Any = None
+    # id() of the model the reader typed from `doc`: a state whose table holds another object (edited
+    # in code, not read) has content that `doc` does not name. An id, not the model: a kept world
+    # pickles its sources without the models it keeps apart (reconciler/caches/keptworlds.py).
+    model_id: int = 0
 
     @property
     def file(self) -> str:

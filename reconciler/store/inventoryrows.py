@@ -221,7 +221,7 @@ def content_hash(state: DesiredState, memory: Memory | None = None, delta: Delta
 
     def one(kind: str, name: str, obj: Any) -> str:
         src = sources.get((kind, name))
-        if src is not None and src.model is obj and src.doc.blob is not None:
+        if src is not None and src.model_id == id(obj) and src.doc.blob is not None:
             return f"git:{src.doc.blob}:{src.doc.index}"
         if memory is not None:
             hit = memory.doc_hashes.get(id(obj))
