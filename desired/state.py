@@ -45,7 +45,7 @@ class Source:
     # id() of the model the reader typed from `doc`: a state whose table holds another object (edited
     # in code, not read) has content that `doc` does not name. An id, not the model: a kept world
     # pickles its sources without the models it keeps apart (reconciler/caches/keptworlds.py).
-    model_id: int = 0
+    model_id: int = field(default=0, compare=False)  # where it was read from is what compares
 
     @property
     def file(self) -> str:
