@@ -31,6 +31,8 @@ class Located(Protocol):
     def index(self) -> int: ...
     @property
     def line(self) -> int: ...
+    @property
+    def blob(self) -> str | None: ...
     def locate(self, path: tuple[str | int, ...]) -> tuple[int, int]: ...
     def locate_value(self, path: tuple[str | int, ...]) -> tuple[int, int]: ...
 
@@ -40,6 +42,10 @@ class Source:
     """Where a model came from, for error positions."""
 
     doc: Located  # `desired.reading.yamlio.Document`
+    # id() of the model the reader typed from `doc`: a state whose table holds another object (edited
+    # in code, not read) has content that `doc` does not name. An id, not the model: a kept world
+    # pickles its sources without the models it keeps apart (reconciler/caches/keptworlds.py).
+    model_id: int = field(default=0, compare=False)  # where it was read from is what compares
 
     @property
     def file(self) -> str:

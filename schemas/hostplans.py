@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 # Stable namespace so a VM's UUID is derived from its allocation id.
@@ -46,8 +46,16 @@ class DiskIdentity:
     backing_file: str | None = None  # a loop device (lab hosts)
 
     def as_dict(self) -> dict[str, Any]:
-        """The recorded fields only (the JSON of the plan and of evidence)."""
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        """The recorded fields only (the JSON of the plan and of evidence), in field order.
+
+        Read field by field: `dataclasses.asdict` deep-copies, and this runs for every slot of every plan.
+        """
+        out: dict[str, Any] = {"size_bytes": self.size_bytes}
+        for name in IDENTITY_FIELDS:
+            value = getattr(self, name)
+            if value is not None and name != "size_bytes":
+                out[name] = value
+        return out
 
     def differences(self, seen: DiskIdentity) -> list[str]:
         """The fields this (approved) identity records that `seen` does not match, in a fixed order."""

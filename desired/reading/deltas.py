@@ -165,7 +165,7 @@ class _Builder:
             self.state.fleet = model
         else:
             self.table(kind)[name] = model
-        self.state.sources[key] = Source(doc)
+        self.state.sources[key] = Source(doc, id(model))
 
     def order(self) -> None:
         """Tables that got a document before the end of file order: sorted as a full read has them."""

@@ -157,7 +157,7 @@ def _register(state: DesiredState, doc: Document, obj: Any, problems: list[p.Pro
         )
         return
     table[name] = obj
-    state.sources[(kind, name)] = Source(doc)
+    state.sources[(kind, name)] = Source(doc, id(obj))
     if kind == "Fleet":
         if state.fleet is not None:
             problems.append(p.Problem(p.FLEET_MULTIPLE, "only one Fleet document is allowed", doc.file, doc.line, 1))

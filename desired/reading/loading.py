@@ -175,9 +175,13 @@ def blobs_for(
                     if cancel is not None and cancel():
                         raise Cancelled
                 docs = []
+                key = refs[i].key
+                if key is None and typed and isinstance(data, bytes):  # a directory read without a cache
+                    key = blob_id(data)  # the id git gives these bytes: the same hash either way
                 for item in typed:
                     assert isinstance(data, bytes)  # noqa: S101 - only bytes parse to documents
-                    docs.append((Document(name, item.index, item.value, item.line, data), item.model, item.problems))
+                    doc = Document(name, item.index, item.value, item.line, data, blob=key)
+                    docs.append((doc, item.model, item.problems))
                 _settle(docs, cache, packed)
                 blobs[i] = Blob(name, found, docs)
                 if cache is not None and prune:  # a delta's blobs live in its tree: no history piles up here
@@ -260,7 +264,7 @@ def _from_disk(
         name = refs[i].name
         # Typed when the entry was written (the version it is keyed by names the models' code).
         docs = [
-            (Document(name, index, None, line, entry.data), model, dressed(found, name))
+            (Document(name, index, None, line, entry.data, blob=key), model, dressed(found, name))
             for index, line, model, found in entry.docs
         ]
         _settle(docs, cache, None)

@@ -99,6 +99,9 @@ class Document:
     # A long-lived tree (`gpuaas run`) keeps its files compressed: positions are wanted
     # only for problems, and YAML text compresses to a fraction of its size.
     packed: bool = False
+    # git's id of the file's bytes (set by the loader): with `index`, names the document's content
+    # without serialising it (the inventory's content hash).
+    blob: str | None = None
 
     @property
     def node(self) -> yaml.Node:

@@ -213,7 +213,7 @@ def _sync(
         if delta is not None and memory is not None:
             slot_items, kept, maybe_gone = _slot_delta(state, node_ids, memory, work.names("Node", "SlotMap"))
         else:
-            (slot_items, kept), maybe_gone = _slot_work(state, node_ids, memory if trust else None), None
+            (slot_items, kept), maybe_gone = inventoryrows.slot_work(state, node_ids, memory if trust else None), None
             if memory is not None:
                 memory.slot_count = len(slot_items) + len(kept)
         names: dict[Any, str] = {}  # node id -> name, built only when a slot change is named (not per commit)
@@ -317,35 +317,6 @@ def _node_ids(
     return ids
 
 
-def _slot_work(
-    state: DesiredState, node_ids: dict[str, Any], memory: Memory | None
-) -> tuple[list[Item], list[tuple[Any, ...]]]:
-    """Slot rows to build and compare, and the keys of rows known in place without a look.
-
-    With a trusted memory, a SlotMap that is the very object of the last sync
-    wrote its rows already: its slots are neither itemised nor compared (at
-    10,000 nodes that was half of a commit's cost), only counted as wanted.
-    """
-    items: list[Item] = []
-    kept: list[tuple[Any, ...]] = []
-    for name, smap in sorted(state.slot_maps.items()):
-        node_id = node_ids.get(name)
-        if node_id is None:
-            continue
-        last = memory.slot_maps.get(name) if memory is not None else None
-        if last is not None and last[0] is smap and last[1] == node_id:
-            kept.extend(last[2])
-            continue
-        mine = inventoryrows.slot_items(smap, node_id)
-        items.extend(mine)
-        if memory is not None:
-            memory.slot_maps[name] = (smap, node_id, tuple(key for key, _, _ in mine))
-    if memory is not None and len(memory.slot_maps) > len(state.slot_maps):
-        for gone in set(memory.slot_maps) - set(state.slot_maps):
-            del memory.slot_maps[gone]
-    return items, kept
-
-
 def changed_nodes(changes: Iterable[RowChange]) -> set[str]:
     """Nodes whose host plan inputs changed: the node row or one of its slots (a host plan reads
     nothing else of the inventory but the fleet settings; SKU and image edits reach running VMs
@@ -402,6 +373,37 @@ def _current(
 _WRITE_BATCH = 2000  # rows built before they are written: a cold sync's peak memory is one batch's
 
 
+def _copy_table(
+    conn: Connection,
+    table: Table,
+    items: Sequence[Item],
+    revision: str,
+    *,
+    show: Callable[[tuple[Any, ...]], str],
+    memory: _TableMemory | None,
+    written: list[tuple[Any, ...]] | None,
+    shown: progress.Phase | None,
+) -> list[RowChange]:
+    """A table with no row yet (a cold sync): one COPY fed as rows are built, so the server stores
+    rows while the next are built, and no batch of rows is held."""
+    changes: list[RowChange] = []
+    idents, wrote = memory.idents if memory is not None else {}, written if written is not None else []
+    phase = shown if shown is not None else progress.Phase("copy rows")
+
+    def rows() -> Iterable[Row]:
+        for n, (key, docs, build) in enumerate(items, start=1):
+            yield build()
+            idents[key] = docs
+            wrote.append(key)
+            changes.append(RowChange(table.kind, show(key), "added"))
+            if n % _WRITE_BATCH == 0:
+                phase.advance(_WRITE_BATCH)
+
+    inventorywrites.copy_rows(conn, table, rows(), revision=revision)
+    phase.advance(len(items) % _WRITE_BATCH)
+    return changes
+
+
 def _sync_table(
     conn: Connection,
     table: Table,
@@ -433,6 +435,9 @@ def _sync_table(
     def show(key: tuple[Any, ...]) -> str:
         return str(label(key)) if label else ":".join(str(k) for k in key)
 
+    if not current and maybe_gone is None and not kept and len(items) >= inventorywrites.COPY_FROM:
+        return _copy_table(conn, table, items, revision, show=show, memory=memory, written=written, shown=shown)
+
     inserts: list[Row] = []
     updates: list[Row] = []
     changes: list[RowChange] = []
@@ -457,7 +462,7 @@ def _sync_table(
             inserts.append(row)
             changes.append(RowChange(table.kind, show(key), "added"))
             continue
-        values = tuple(inventorywrites.plain_json(row[c]) if c in table.json_columns else row[c] for c in table.columns)
+        values = inventorywrites.compared(table, row)
         present, have = current[key]
         if not present or not inventorywrites.same(have, values):
             wrote.append(key)
@@ -469,9 +474,9 @@ def _sync_table(
         gone = [key for key in dict.fromkeys(maybe_gone) if key not in wanted and current.get(key, (False,))[0]]
     changes += [RowChange(table.kind, show(key), "removed") for key in sorted(gone, key=str)]
     wrote.extend(gone)
-    if memory is not None:
-        for key in gone:
-            memory.idents.pop(key, None)
+    idents = memory.idents if memory is not None else {}
+    for key in gone:
+        idents.pop(key, None)
 
     inventorywrites.write_rows(conn, table, inserts, updates, gone, revision=revision)
     if shown is not None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import ipaddress
 import json
 import weakref
 from collections.abc import Callable, Iterable
@@ -29,6 +28,21 @@ Row = dict[str, Any]
 Item = tuple[tuple[Any, ...], tuple[Any, ...], Callable[[], Row]]  # key, documents, row builder
 
 
+class JsonText(str):
+    """A JSON column's value already serialised (by pydantic, in Rust): a cold sync's COPY sends it
+    as it is; only a comparison with a stored row parses it (`inventorywrites.compared`)."""
+
+    __slots__ = ()
+
+
+def _json(model: Any, **options: Any) -> JsonText:
+    return JsonText(model.__pydantic_serializer__.to_json(model, **options).decode())
+
+
+def _json_list(models: Iterable[Any]) -> JsonText:
+    return JsonText("[" + ",".join(_json(x) for x in models) + "]")
+
+
 @dataclass(frozen=True, slots=True)
 class Table:
     name: str
@@ -36,6 +50,7 @@ class Table:
     key: tuple[str, ...]
     columns: tuple[str, ...]  # desired columns: compared, and written on change
     json_columns: frozenset[str] = frozenset()
+    inet_columns: frozenset[str] = frozenset()  # built as text; compared as the address the table returns
 
 
 # The Fleet's one row. host_liveness_ttl_s and max_provision_attempts are written by store/lifecycle.sync_settings.
@@ -164,6 +179,7 @@ SLOTS = Table(
         "ineligible_reasons",
     ),
     frozenset({"nvme_identity", "capacity_metadata", "blockers"}),
+    frozenset({"private_ip"}),
 )
 ALLOCATIONS = Table(
     "allocations",
@@ -186,18 +202,27 @@ ALLOCATIONS = Table(
 
 
 def content_hash(state: DesiredState, memory: Memory | None = None, delta: Delta | None = None) -> str:
-    """sha256 over every typed document, independent of file layout and comments.
+    """sha256 naming every typed document of `state`: it changes iff a document changes.
 
-    A hash of per-document hashes, so a Memory that saw a document (the same
-    model object: the blob cache hands it out again) does not dump it again;
-    for a state read by delta from the one it hashed last, only the tables
-    of changed kinds are listed again (`Memory.hash_parts`); `delta` is how
-    the reader built `state` from the state before it, when it did.
+    A document read from a file is named by git's blob id of that file and
+    its place there (`Document.blob`, `index`): the same bytes type to the
+    same model, so nothing is serialised (at 10,000 nodes dumping every model
+    was 3 s of a cold start). A comment or layout edit of a file therefore
+    changes the hash too. A model the state holds but no document typed (a
+    state edited in code) is named by a sha256 of its JSON instead; a Memory
+    that saw that object does not dump it again. For a state read by delta
+    from the one it hashed last, only the tables of changed kinds are listed
+    again (`Memory.hash_parts`); `delta` is how the reader built `state` from
+    the state before it, when it did.
     """
     delta = delta_since(delta, memory.hashed()) if memory is not None and memory.hashed else None
     into = (memory.doc_hashes if delta is not None else memory.doc_hashes_used) if memory is not None else {}
+    sources = state.sources
 
-    def one(obj: Any) -> str:
+    def one(kind: str, name: str, obj: Any) -> str:
+        src = sources.get((kind, name))
+        if src is not None and src.model_id == id(obj) and src.doc.blob is not None:
+            return f"git:{src.doc.blob}:{src.doc.index}"
         if memory is not None:
             hit = memory.doc_hashes.get(id(obj))
             if hit is not None and hit[0] is obj:
@@ -210,10 +235,17 @@ def content_hash(state: DesiredState, memory: Memory | None = None, delta: Delta
     parts: dict[str, bytes] = {}
     for kind, table in _hash_tables(state):
         kept = memory.hash_parts.get(kind) if memory is not None and delta is not None else None
-        if kept is not None and _KINDS[kind] not in delta.kinds():  # type: ignore[union-attr]
+        doc_kind = _KINDS[kind]
+        if kept is not None and doc_kind not in delta.kinds():  # type: ignore[union-attr]
             parts[kind] = kept
+        elif doc_kind == "Fleet":
+            parts[kind] = b"".join(
+                f"{kind}\0{name}\0{one(doc_kind, obj.name, obj)}\n".encode() for name, obj in table.items()
+            )
         else:
-            parts[kind] = b"".join(f"{kind}\0{name}\0{one(table[name])}\n".encode() for name in sorted(table))
+            parts[kind] = b"".join(
+                f"{kind}\0{name}\0{one(doc_kind, name, table[name])}\n".encode() for name in sorted(table)
+            )
     if memory is not None:
         base = delta.base() if delta is not None else None
         if base is None:
@@ -314,10 +346,10 @@ def node_row(state: DesiredState, n: m.Node) -> Row:
         "firmware_ready": n.firmware_ready,
         "capability": verdict.capability.value,
         "capability_reasons": [code for code, _ in verdict.reasons],
-        "management_network": validation.management_network(state, n).model_dump(mode="json"),
+        "management_network": _json(validation.management_network(state, n)),
         "public_addresses": list(n.public_addresses),
-        "ingress": n.ingress.model_dump(mode="json") if n.ingress is not None else None,
-        "machine": n.machine.model_dump(mode="json") if n.machine is not None else None,
+        "ingress": _json(n.ingress) if n.ingress is not None else None,
+        "machine": _json(n.machine) if n.machine is not None else None,
     }
 
 
@@ -335,21 +367,21 @@ def _slot_rows(smap: m.SlotMap, node_id: Any) -> Iterable[Row]:
             "slot_group": s.slot_group,
             "pcie_pair": s.pcie_pair,
             "nvme_device": s.nvme_device,
-            "nvme_identity": s.nvme_identity.model_dump(mode="json", exclude_none=True) if s.nvme_identity else None,
+            "nvme_identity": _json(s.nvme_identity, exclude_none=True) if s.nvme_identity else None,
             "network_fabric": s.network_fabric.value,
             "fabric_vf_pci_address": s.fabric_vf_pci_address,
             "fabric_parent_device": s.fabric_parent_device,
             "fabric_claim_mode": s.fabric_claim_mode.value if s.fabric_claim_mode else None,
             "mac_address": s.mac_address,
-            "private_ip": ipaddress.ip_address(s.private_ip),
+            "private_ip": s.private_ip,
             "vcpu_count": s.vcpu_count,
             "memory_mib": s.memory_mib,
             "sharing_model": s.sharing_model.value,
             "max_claims": s.max_claims,
             "parent_slot_id": s.parent_slot_id,
             "compute_milli": s.compute_milli,
-            "capacity_metadata": s.capacity_metadata.model_dump(mode="json"),
-            "blockers": [b.model_dump(mode="json") for b in s.blockers],
+            "capacity_metadata": _json(s.capacity_metadata),
+            "blockers": _json_list(s.blockers),
             "approved": not smap.approval_required,
             "enabled": s.enabled,
             "eligible": not why,
@@ -387,6 +419,35 @@ def slot_items(smap: m.SlotMap, node_id: Any) -> list[Item]:
         return built
 
     return [((node_id, s.slot_index), (smap,), partial(row, i)) for i, s in enumerate(smap.slots)]
+
+
+def slot_work(
+    state: DesiredState, node_ids: dict[str, Any], memory: Memory | None
+) -> tuple[list[Item], list[tuple[Any, ...]]]:
+    """Slot rows to build and compare, and the keys of rows known in place without a look.
+
+    With a trusted memory, a SlotMap that is the very object of the last sync
+    wrote its rows already: its slots are neither itemised nor compared (at
+    10,000 nodes that was half of a commit's cost), only counted as wanted.
+    """
+    items: list[Item] = []
+    kept: list[tuple[Any, ...]] = []
+    for name, smap in sorted(state.slot_maps.items()):
+        node_id = node_ids.get(name)
+        if node_id is None:
+            continue
+        last = memory.slot_maps.get(name) if memory is not None else None
+        if last is not None and last[0] is smap and last[1] == node_id:
+            kept.extend(last[2])
+            continue
+        mine = slot_items(smap, node_id)
+        items.extend(mine)
+        if memory is not None:
+            memory.slot_maps[name] = (smap, node_id, tuple(key for key, _, _ in mine))
+    if memory is not None and len(memory.slot_maps) > len(state.slot_maps):
+        for gone in set(memory.slot_maps) - set(state.slot_maps):
+            del memory.slot_maps[gone]
+    return items, kept
 
 
 class _Work:

@@ -7,8 +7,9 @@ to write (it compares); nothing here reads a row to decide.
 
 from __future__ import annotations
 
+import ipaddress
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from psycopg import sql
@@ -16,7 +17,7 @@ from psycopg import sql
 from desired.state import DesiredState
 from reconciler.store import inventoryrows
 from reconciler.store.connections import Connection
-from reconciler.store.inventoryrows import FLEET, Row, Table
+from reconciler.store.inventoryrows import FLEET, JsonText, Row, Table
 
 
 def _jsonb(value: Any) -> Any:
@@ -27,12 +28,32 @@ def _jsonb(value: Any) -> Any:
 
 def plain_json(value: Any) -> Any:
     """What jsonb gives back: string keys only (e.g. workload_mix {1: 0.4} -> {"1": 0.4})."""
+    if isinstance(value, JsonText):
+        return json.loads(value)
     return json.loads(json.dumps(value))
 
 
-def _params(table: Table, row: Row, revision: str) -> Row:
+def compared(table: Table, row: Row) -> tuple[Any, ...]:
+    """The desired columns of `row` as the table gives them back (JSON parsed, addresses typed)."""
+    return tuple(
+        plain_json(row[c])
+        if c in table.json_columns
+        else ipaddress.ip_address(row[c])
+        if c in table.inet_columns
+        else row[c]
+        for c in table.columns
+    )
+
+
+def _json_param(value: Any) -> Any:
     # None stays SQL NULL (an optional JSON column such as nvme_identity), not JSON null.
-    out = {k: _jsonb(v) if k in table.json_columns and v is not None else v for k, v in row.items()}
+    if value is None:
+        return None
+    return _jsonb(json.loads(value) if isinstance(value, JsonText) else value)
+
+
+def _params(table: Table, row: Row, revision: str) -> Row:
+    out = {k: _json_param(v) if k in table.json_columns else v for k, v in row.items()}
     out["revision"] = revision
     return out
 
@@ -44,6 +65,32 @@ def same(a: Any, b: Any) -> bool:
 
 
 COPY_FROM = 50  # new rows written by COPY from this many on (fewer: one INSERT each, no COPY set-up)
+
+
+def copy_rows(conn: Connection, table: Table, rows: Iterable[Row], *, revision: str) -> int:
+    """COPY new rows into `table` as they come (an iterator: the server stores rows while the caller
+    builds the next); how many were written."""
+    every = (*table.key, *table.columns)
+    stmt = sql.SQL("COPY {name} ({cols}, present, revision) FROM STDIN").format(
+        name=sql.Identifier(table.name), cols=sql.SQL(", ").join(map(sql.Identifier, every))
+    )
+    json_at = [i for i, c in enumerate(every) if c in table.json_columns]
+    array_at: list[int] | None = None
+    n = 0
+    with conn.cursor().copy(stmt) as copy:
+        for r in rows:
+            values = [r[c] for c in every]
+            if array_at is None:  # a builder's column holds a list in every row: found in the first
+                array_at = [i for i, v in enumerate(values) if i not in json_at and type(v) is list]
+            for i in json_at:  # JSON text (JsonText) goes as it is
+                if values[i] is not None and not isinstance(values[i], str):
+                    values[i] = _jsonb(values[i])
+            for i in array_at:
+                if type(values[i]) is list:
+                    values[i] = _array_literal(values[i])
+            copy.write_row((*values, True, revision))
+            n += 1
+    return n
 
 
 def write_rows(
@@ -58,17 +105,7 @@ def write_rows(
     name = sql.Identifier(table.name)
     every = (*table.key, *table.columns)
     if len(inserts) >= COPY_FROM:  # a cold sync: one COPY instead of a statement per row
-        stmt = sql.SQL("COPY {name} ({cols}, present, revision) FROM STDIN").format(
-            name=name, cols=sql.SQL(", ").join(map(sql.Identifier, every))
-        )
-        json_at = [i for i, c in enumerate(every) if c in table.json_columns]
-        with conn.cursor().copy(stmt) as copy:
-            for r in inserts:
-                values = [r[c] for c in every]
-                for i in json_at:
-                    if values[i] is not None:
-                        values[i] = _jsonb(values[i])
-                copy.write_row((*values, True, revision))
+        copy_rows(conn, table, inserts, revision=revision)
         inserts = []
     if inserts:
         stmt = sql.SQL("INSERT INTO {name} ({cols}, present, revision) VALUES ({vals}, true, %(revision)s)").format(
@@ -102,6 +139,23 @@ def write_rows(
         conn.cursor().executemany(
             stmt, [{**dict(zip(table.key, key, strict=True)), "revision": revision} for key in gone]
         )
+
+
+def _array_literal(items: list[Any]) -> Any:
+    """A list of text or numbers as PostgreSQL's array literal, which COPY passes on to the column's parser.
+
+    psycopg's list dumper is Python code per element and was the largest part of formatting a
+    cold sync's rows (text[] columns: tags, reasons); anything else goes to it unchanged.
+    """
+    parts = []
+    for x in items:
+        if isinstance(x, str):
+            parts.append('"' + x.replace("\\", "\\\\").replace('"', '\\"') + '"')
+        elif type(x) is int:
+            parts.append(str(x))
+        else:
+            return items
+    return "{" + ",".join(parts) + "}"
 
 
 def generation(conn: Connection) -> int:

@@ -9,6 +9,7 @@ import pytest
 from desired.state import DesiredState
 from reconciler.store import claims, connections, hostplans
 from reconciler.store.connections import Connection
+from schemas import hostplans as codec
 from schemas import progress
 from tests.claims.test_apply import slice_placement
 
@@ -62,3 +63,38 @@ def test_concurrent_writers_bump_a_changed_plan_once(conn: Connection, fleet: De
     assert set(generations.values()) == {1}
     plan = hostplans.read(conn, NODE)
     assert plan is not None and [v.allocation_id for v in plan.vms] == ["alloc-0000000"]
+
+
+def test_a_cold_batch_goes_straight_in_with_the_specs_the_upsert_stores(
+    conn: Connection, fleet: DesiredState, monkeypatch: pytest.MonkeyPatch, db_url: str
+) -> None:
+    """Nodes without a plan yet are COPYed into host_plans (generation 1), each host told by NOTIFY."""
+    monkeypatch.setattr(hostplans, "COPY_FROM", 1)
+    with connections.connect(db_url, autocommit=True) as listener:
+        listener.execute("LISTEN gpuaas_host_plan")
+        written = hostplans.write(conn)
+        notes = {n.payload for n in listener.notifies(timeout=10, stop_after=len(fleet.nodes))}
+    assert all(w.changed and w.generation == 1 for w in written)
+    assert notes == {f"{n}:1" for n in fleet.nodes}
+    cold = {str(n): str(s) for n, s in conn.execute("SELECT node_name, spec::text FROM host_plans")}
+    conn.execute("DELETE FROM host_plans")
+    monkeypatch.setattr(hostplans, "COPY_FROM", 10**9)  # the same plans through the upsert
+    hostplans.write(conn)
+    assert {str(n): str(s) for n, s in conn.execute("SELECT node_name, spec::text FROM host_plans")} == cold
+    plan = hostplans.read(conn, NODE)
+    assert plan is not None and plan.generation == 1
+    smap = fleet.slot_maps[NODE]
+    assert {i.slot_index: i.nvme_identity for i in plan.disk_identities} == {
+        s.slot_index: codec.DiskIdentity.from_dict(s.nvme_identity.model_dump(exclude_none=True))
+        for s in smap.slots
+        if s.nvme_identity is not None
+    }
+    assert plan.disk_identities  # the fleet records identities: the columns were read
+
+
+def test_plan_specs_are_compressed_with_lz4(conn: Connection) -> None:
+    """Every spec is compressed on write and decompressed on compare and read: lz4, where the server has it."""
+    found = conn.execute(
+        "SELECT attcompression FROM pg_attribute WHERE attrelid = 'host_plans'::regclass AND attname = 'spec'"
+    ).fetchone()
+    assert found == ("l",)
