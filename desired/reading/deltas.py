@@ -93,10 +93,10 @@ class _Builder:
             nodes=old.nodes,
             slot_maps=old.slot_maps,
             allocations=old.allocations,
-            sources=dict(old.sources),
+            # .copy(), not dict(): a kept base's LazyMap stays lazy (`reconciler.caches.lazymap`); a dict stays a dict
+            sources=old.sources.copy(),
             file_count=old.file_count,
         )
-        # .copy(), not dict(): a kept base's LazyMap stays lazy (`reconciler.caches.lazymap`); a dict stays a dict
         self.by_path = tree.by_path.copy()
         self.copied: set[str] = set()
         self.removed: dict[Key, Any] = {}  # key -> the document it came from, until put back in place

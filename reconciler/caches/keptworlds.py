@@ -19,10 +19,15 @@ writes stay as cheap as before), the second run keeps that base's world:
 - the placement engine brought to base with those claims
   (`replanning.WarmPlanner.suspend`), which head's plan syncs by delta.
 
-Slot maps are most of the tree's objects and a PR rarely reads them: each
-file holding only slot maps is pickled on its own and its models are built
-on first read (`reconciler.caches.lazymap`). A plan that reads them all (a slot map
-edit, a full validation) gets exactly what the eager tables gave.
+A PR reads a file or two of a tree of 20,000: each file's documents (and
+the slot maps, which only files hold) are pickled on their own and read on
+first use (`reconciler.caches.lazymap`), as are the state's sources (where
+each document is: path number and position). The core the plan always
+needs (the state's tables of models, the planned side, the engine) is one
+pickle; a file's documents name the core's models by (kind, name), so a
+file read later gives the very objects the state holds. A plan that reads
+every file (a slot map edit validates them all) gets exactly what the eager
+tables gave.
 
 Never trusted, like the rest of the cache: the row's HMAC under the store's
 secret key (its own domain, `Store.put_file`) is checked before a byte
@@ -35,6 +40,7 @@ delta only from such a tree), and only the newest `MAX_WORLDS` are kept.
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import hashlib
 import io
@@ -48,6 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from desired.reading import documents
+from desired.state import TABLES, Key
 from reconciler.caches import worldpickle
 
 if TYPE_CHECKING:
@@ -101,33 +108,31 @@ def dump(
     planner: WarmPlanner,
 ) -> bytes | None:
     """The payload that `load` restores, or None when this tree cannot be kept (logged)."""
-    from desired import models as m
-
     suspended = planner.suspend()
     intern = worldpickle.interner()
     if tree.problems or suspended is None:
         return None
-    lazy: dict[str, tuple[list[tuple[Any, Any]], int]] = {}  # path -> ((doc, found) per document, generation)
-    models: dict[str, bytes] = {}
-    eager: dict[str, Any] = {}
-    for path, blob in tree.by_path.items():
-        if (
-            blob.docs
-            and not blob.file_problems
-            and all(type(model) is m.SlotMap and not got for _, model, got in blob.docs)
-        ):
-            lazy[path] = ([(doc, got) for doc, _, got in blob.docs], blob.generation)
-            # read only when a change reads that slot map: interning would slow the dump for nothing
-            typed = worldpickle.dumps([model for _, model, _ in blob.docs], intern=worldpickle.as_is)
-            models[path] = zlib.compress(typed, 1)
-        else:
-            eager[path] = blob
     state = tree.state
+    refer = _table_models(state)
+    files: dict[str, bytes] = {}  # path -> its documents, pickled apart (read when a plan reads the file)
+    eager: dict[str, Any] = {}
+    try:
+        for path, blob in tree.by_path.items():
+            if blob.docs and not blob.file_problems:
+                # read only when a change reads the file: interning would slow the dump for nothing
+                typed = worldpickle.dumps((blob.docs, blob.generation), intern=worldpickle.as_is, refer=refer)
+                files[path] = zlib.compress(typed, 1)
+            else:
+                eager[path] = blob
+        sources = _positions(tree)
+    except (worldpickle.Leak, pickle.PicklingError, TypeError, AttributeError, _NotKept) as e:
+        log.info("base world not kept: %s", e)
+        return None
     where: dict[str, tuple[str, int]] = {}  # slot map name -> (its file, position among the file's documents)
     for name in state.slot_maps:
-        doc = state.sources[("SlotMap", name)].doc
-        if doc.file in lazy:
-            where[name] = (doc.file, next(i for i, (d, _) in enumerate(lazy[doc.file][0]) if d is doc))
+        file, index = sources.where[("SlotMap", name)]
+        if file in files:
+            where[name] = (file, index)
     kept_maps = {name: smap for name, smap in state.slot_maps.items() if name not in where}
     core = {
         "format": FORMAT,
@@ -135,7 +140,6 @@ def dump(
         "revision": tree.revision,
         "paths": list(tree.by_path),
         "eager": eager,
-        "lazy": lazy,
         "fleet": state.fleet,
         "skus": state.skus,
         "images": state.images,
@@ -144,7 +148,8 @@ def dump(
         "kept_maps": kept_maps,
         "where": where,
         "allocations": state.allocations,
-        "sources": state.sources,
+        "source_keys": sources.keys,
+        "source_at": sources.at,
         "state_revision": state.revision,
         "file_count": state.file_count,
         "found": found,
@@ -159,7 +164,53 @@ def dump(
     except (worldpickle.Leak, pickle.PicklingError, TypeError, AttributeError) as e:
         log.info("base world not kept: %s", e)
         return None
-    return _frame(core_bytes, models)
+    return _frame(core_bytes, files)
+
+
+class _NotKept(Exception):
+    """The tree is not as a reader leaves it (a source that is not its file's document): not kept."""
+
+
+def _table_models(state: DesiredState) -> dict[int, tuple[str, str]]:
+    """id -> (kind, name) of every model the core keeps in the state's tables (slot maps stay in their files)."""
+    refer: dict[int, tuple[str, str]] = {}
+    if state.fleet is not None:
+        refer[id(state.fleet)] = ("Fleet", state.fleet.name)
+    for kind, attr in TABLES.items():
+        if kind != "SlotMap":
+            refer.update((id(model), (kind, name)) for name, model in getattr(state, attr).items())
+    return refer
+
+
+@dataclass(frozen=True, slots=True)
+class _Positions:
+    keys: list[Key]  # every source's key, in the state's order
+    at: bytes  # array("I"): (path number, position among the file's documents) per key
+    where: dict[Key, tuple[str, int]]
+
+
+def _positions(tree: Tree) -> _Positions:
+    """Where every source's document is in the tree.
+
+    A restored source is that document again (`Source(doc, id(model))`):
+    only a tree whose every source is one of its files' documents is kept.
+    """
+    number = {path: i for i, path in enumerate(tree.by_path)}
+    place = {id(doc): (path, i) for path, blob in tree.by_path.items() for i, (doc, _, _) in enumerate(blob.docs)}
+    keys: list[Key] = []
+    at = array.array("I")
+    where: dict[Key, tuple[str, int]] = {}
+    for key, source in tree.state.sources.items():
+        found = place.get(id(source.doc))
+        if found is None:
+            raise _NotKept(f"the source of {key[0]} {key[1]!r} is not a document of the tree")
+        path, index = found
+        if source.model_id != id(tree.by_path[path].docs[index][1]):
+            raise _NotKept(f"{key[0]} {key[1]!r} is not the model its document was typed to")
+        keys.append(key)
+        at.extend((number[path], index))
+        where[key] = found
+    return _Positions(keys, at.tobytes(), where)
 
 
 def _interned_side(side: BaseSide, intern: Callable[[Any], Any]) -> BaseSide:
@@ -215,8 +266,8 @@ def _unframe(payload: bytes) -> tuple[memoryview, Callable[[str], memoryview]] |
     return core, file_bytes
 
 
-def _loads(data: bytes | memoryview) -> Any:
-    return worldpickle.loads(data)
+def _loads(data: bytes | memoryview, resolve: Callable[[tuple[str, str]], Any] | None = None) -> Any:
+    return worldpickle.loads(data, resolve)
 
 
 class _Outer(pickle.Unpickler):
@@ -234,7 +285,7 @@ def load(payload: bytes, policy: str | None) -> World | None:
 
 
 def _restore(payload: bytes, policy: str | None) -> World | None:
-    from desired.state import DesiredState
+    from desired.state import DesiredState, Source
     from reconciler import plans
     from reconciler.caches.lazymap import LazyMap
     from reconciler.placement.prplan import BaseSide
@@ -251,44 +302,74 @@ def _restore(payload: bytes, policy: str | None) -> World | None:
         and isinstance(core.get("side"), BaseSide)
         and isinstance(core.get("observed"), plans.Observed)
         and isinstance(core.get("planner"), tuple)
-        and all(isinstance(core.get(k), dict) for k in ("eager", "lazy", "where", "sources", "kept_maps"))
+        and all(isinstance(core.get(k), dict) for k in ("eager", "where", "kept_maps"))
+        and isinstance(core.get("paths"), list)
+        and isinstance(core.get("source_keys"), list)
+        and isinstance(core.get("source_at"), bytes)
     ):
         return None
-    lazy: dict[str, Any] = core["lazy"]
+    paths: list[str] = core["paths"]
     where: dict[str, tuple[str, int]] = core["where"]
-    made: dict[str, Any] = {}
-
-    def blob(path: str) -> Any:
-        got = made.get(path)
-        if got is None:
-            docs, generation = lazy[path]  # a file is kept lazily only when it has no problem of its own
-            typed = _loads(zlib.decompress(file_bytes(path)))
-            got = made[path] = documents.Blob(
-                path, [], [(doc, model, found) for (doc, found), model in zip(docs, typed, strict=True)], generation
-            )
-        return got
-
-    def slot_map(name: str) -> Any:
-        path, index = where[name]
-        return blob(path).docs[index][1]
-
-    by_path: LazyMap[str, Any] = LazyMap(core["paths"], blob)
-    for path, value in core["eager"].items():
-        by_path[path] = value
-    slot_maps: LazyMap[str, Any] = LazyMap(core["slot_maps"], slot_map)
-    for name, value in core["kept_maps"].items():
-        slot_maps[name] = value
+    at = array.array("I")
+    at.frombytes(core["source_at"])
+    keys: list[Key] = core["source_keys"]
+    if len(at) != 2 * len(keys):
+        return None
     state = DesiredState(
         fleet=core["fleet"],
         skus=core["skus"],
         images=core["images"],
         nodes=core["nodes"],
-        slot_maps=cast(dict[str, Any], slot_maps),
         allocations=core["allocations"],
-        sources=core["sources"],
         revision=core["state_revision"],
         file_count=core["file_count"],
     )
+
+    def model(ref: tuple[str, str]) -> Any:
+        kind, name = ref
+        if kind == "Fleet":
+            if state.fleet is None or state.fleet.name != name:
+                raise pickle.UnpicklingError(f"no Fleet {name!r} in the kept base")
+            return state.fleet
+        table = TABLES.get(kind)
+        if table is None or kind == "SlotMap" or name not in getattr(state, table):
+            raise pickle.UnpicklingError(f"no {kind} {name!r} in the kept base")
+        return getattr(state, table)[name]
+
+    # Both memoized: a base and the head read by delta from it share one object per file and document
+    # (`deltas` finds a changed file's documents in the state by identity).
+    made: dict[str, Any] = {}
+    made_sources: dict[Key, Any] = {}
+
+    def blob(path: str) -> Any:
+        got = made.get(path)
+        if got is None:
+            docs, generation = _loads(zlib.decompress(file_bytes(path)), model)  # kept apart: it has no problem
+            got = made[path] = documents.Blob(path, [], docs, generation)
+        return got
+
+    def slot_map(name: str) -> Any:
+        path, index = where[name]
+        return by_path[path].docs[index][1]
+
+    positions = dict(zip(keys, zip(at[0::2], at[1::2], strict=True), strict=True))
+
+    def source(key: Key) -> Any:
+        got = made_sources.get(key)
+        if got is None:
+            number, index = positions[key]
+            doc, typed, _ = by_path[paths[number]].docs[index]
+            got = made_sources[key] = Source(doc, id(typed))
+        return got
+
+    by_path: LazyMap[str, Any] = LazyMap(paths, blob)
+    for path, value in core["eager"].items():
+        by_path[path] = value
+    slot_maps: LazyMap[str, Any] = LazyMap(core["slot_maps"], slot_map)
+    for name, value in core["kept_maps"].items():
+        slot_maps[name] = value
+    state.slot_maps = cast(dict[str, Any], slot_maps)
+    state.sources = cast(dict[Key, Any], LazyMap(keys, source))
     tree = documents.Tree(core["origin"], core["revision"], cast(dict[str, Any], by_path), state, ())
     planner = WarmPlanner.resume(core["planner"], state, policy)
     return World(tree, list(core["found"]), core["owners"], core["observed"], core["side"], planner)

@@ -126,34 +126,30 @@ def test_plans_from_a_kept_base_equal_plans_from_scratch(
     assert rcs >= {0, 1, 2}
 
 
-def test_a_request_reads_no_slot_map_and_a_slot_map_edit_reads_them(
+def test_a_plan_reads_only_the_files_its_change_reads(
     based: tuple[Repo, str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     repo, base = based
     heads = _heads(repo, base)
     cache = tmp_path / "cache"
     _keep_world(capsys, repo.root, base, heads["same"], cache)
+    files = len(sources.load(repo.root, base).state.sources)  # one document per file here
     loads: list[int] = []
     real = keptworlds._loads
-    monkeypatch.setattr(keptworlds, "_loads", lambda data: (loads.append(1), real(data))[1])
-    # a release reads the node it frees (its slots go to cleanup: their facts are made again)
-    for kind, slot_map_files in (("request", 0), ("grow", 0), ("release", 1), ("drain", 1), ("mac", 2)):
+    monkeypatch.setattr(keptworlds, "_loads", lambda data, *rest: (loads.append(1), real(data, *rest))[1])
+    read: dict[str, int] = {}
+    for kind in ("request", "grow", "release", "drain", "mac"):
         loads.clear()
-        _run(
-            capsys,
-            str(repo.root),
-            "--offline",
-            "--base",
-            base,
-            "--head",
-            heads[kind],
-            "-o",
-            "json",
-            "--cache-dir",
-            str(cache),
-        )
-        # the world itself, then one load per slot-map file read (a MAC edit validates every slot map)
-        assert len(loads) == 1 + slot_map_files, kind
+        flags = ("--offline", "--base", base, "--head", heads[kind], "-o", "json", "--cache-dir", str(cache))
+        _run(capsys, str(repo.root), *flags)
+        read[kind] = len(loads) - 1  # the world's core, then one load per file read
+    assert read == {
+        "request": 1,  # the last allocation's file: a new one goes after it in file order
+        "grow": 1,  # the file it edits
+        "release": 2,  # the file it removes, the slot map of the node it frees (its slots go to cleanup)
+        "drain": 2,  # the node's file, its slot map (the node's slot facts are made again)
+        "mac": files,  # a MAC edit validates every slot map against every node: everything is read
+    }
 
 
 @pytest.mark.parametrize("damage", ["payload", "mac", "size", "symlink", "missing", "key", "code"])
@@ -329,18 +325,24 @@ def test_files_holding_several_documents_are_kept_and_plan_equal(
         want = _run(capsys, *flags, "--no-cache")
         assert _run(capsys, *flags, "--cache-dir", str(cache)) == want, kind
     assert used == [True] * len(heads)
-    # how it was kept: the paired file lazily (both its maps one load), the mixed file eagerly
+    # how it was kept: every file apart, read when first asked for; its models are the state's own
     store = blobpacks.open_store(cache)
     world = keptworlds.get(store, keptworlds.key(repo.root, base, None), None)
     assert world is not None
-    maps, files = world.state.slot_maps, world.tree.by_path
-    assert isinstance(maps, LazyMap) and isinstance(files, LazyMap)
-    # lazy: pair.yaml and the two slot maps still alone in a file; c01's map (in its node's file) is eager
-    assert maps.loaded() == 1 and files.loaded() == len(files) - 3
+    state, files = world.state, world.tree.by_path
+    maps, found = state.slot_maps, state.sources
+    assert isinstance(maps, LazyMap) and isinstance(files, LazyMap) and isinstance(found, LazyMap)
+    assert (maps.loaded(), files.loaded(), found.loaded()) == (0, 0, 0)
     s02 = maps["h200-use1-s02"]
-    assert maps.loaded() == 2 and maps["h200-use1-s02"] is s02
+    assert (maps.loaded(), files.loaded()) == (1, 1) and maps["h200-use1-s02"] is s02
     assert [model for _, model, _ in files["slotmaps/pair.yaml"].docs] == [s02, maps["h200-euw1-s01"]]
-    assert files["slotmaps/pair.yaml"].docs[0][1] is s02
+    assert files["slotmaps/pair.yaml"].docs[0][1] is s02 and files.loaded() == 1
+    # the mixed file: its node is the state's Node itself, its slot map the one the state's table gives
+    (node_doc, node, _), (_, c01_map, _) = files["nodes/c01-with-slots.yaml"].docs
+    assert node is state.nodes["h200-use1-c01"] and c01_map is maps["h200-use1-c01"]
+    source = found[("Node", "h200-use1-c01")]
+    assert source.doc is node_doc and source.model_id == id(node) and found[("Node", "h200-use1-c01")] is source
+    assert files.loaded() == 2
     store.close()
 
 
