@@ -3,6 +3,11 @@
 With a revision the tree is read straight from git objects, without a
 checkout, so CI can validate a PR head and the reconciler can apply exactly
 the commit it recorded, whatever the working tree holds.
+
+Revisions are resolved, and a revision read by delta from a kept tree, from
+the repository's own files where that is exactly what git reads
+(`gitobjects`: no GitPython import, no git process); everything else, and
+any doubt, goes through GitPython as before.
 """
 
 from __future__ import annotations
@@ -11,16 +16,17 @@ import logging
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
-
-import git
+from typing import TYPE_CHECKING, Any
 
 from desired import codes as desired_codes
 from desired import problems as p
-from desired.reading import deltas, loading, safefiles, yamlio
+from desired.reading import deltas, gitobjects, loading, safefiles, yamlio
 from desired.state import LoadResult
+
+if TYPE_CHECKING:
+    import git
 
 _MAX_BLOB = yamlio.MAX_FILE_BYTES + 1
 # Fewer blobs than this are read one by one: the Repo's running cat-file answers them sooner than
@@ -94,6 +100,8 @@ def revision_blob_ids(root: Path, rev: str) -> dict[str, str | None]:
 
 
 def _open(root: Path, rev: str, repo: git.Repo | None = None) -> tuple[git.Repo, Any, str]:
+    import git  # only where a revision is read whole or in an unusual repository (see `gitobjects`)
+
     try:
         repo = repo or git.Repo(root, search_parent_directories=True)
         commit = repo.commit(rev)
@@ -130,7 +138,13 @@ def _refs(repo: git.Repo, commit: Any, prefix: str) -> list[loading.FileRef]:
 
 
 def _ref(
-    repo: git.Repo, prefix: str, mode: str, sha: str, path: str, *, read_many: loading.ReadMany | None = None
+    repo: git.Repo | gitobjects.Repo,
+    prefix: str,
+    mode: str,
+    sha: str,
+    path: str,
+    *,
+    read_many: loading.ReadMany | None = None,
 ) -> loading.FileRef | None:
     """The FileRef of one tree entry, None when it is not read (not YAML, a submodule, a skipped directory)."""
     if mode in (_GITLINK_MODE, _TREE_MODE) or not path.endswith(safefiles.YAML_SUFFIXES):
@@ -156,6 +170,10 @@ def read_revision(
     tree is updated (`desired.reading.deltas`). On any doubt the whole tree is read,
     and the reason is logged and kept in `cache.last_full`.
     """
+    if cache is not None and cache.tree is not None:
+        fast = _fast_delta(root, rev, cache, cancel=cancel)
+        if fast is not None:
+            return fast
     # The kept tree's Repo is reused: its object reader (a `git cat-file` process) stays up between revisions.
     kept = cache.tree.extra.get(_REPO) if cache is not None and cache.tree is not None else None
     repo, commit, prefix = _open(root, rev, kept[1] if kept is not None and kept[0] == root else None)
@@ -166,6 +184,74 @@ def read_revision(
     finally:
         if cache is None:
             repo.close()
+
+
+def _fast_delta(root: Path, rev: str, cache: loading.BlobMemory, *, cancel: loading.Cancel | None) -> LoadResult | None:
+    """`rev` read by delta from the kept tree through `gitobjects`; None: read it the usual way.
+
+    Taken only where every step is read as git reads it: the repository,
+    `rev`, the kept revision being `rev` or an ancestor of it, both trees.
+    """
+    fast = gitobjects.open_repo(root)
+    if fast is None:
+        return None
+    try:
+        found = _fast_changes(fast, root, rev, cache)
+        got = deltas.apply(cache, found[0], found[1], cancel=cancel) if found is not None else None
+    except loading.Cancelled:
+        raise
+    except Exception as e:  # any doubt: the usual way gives the right answer
+        log.info("reading %s from git's files failed (%s: %s); asking git", rev, type(e).__name__, e)
+        return None
+    finally:
+        gitobjects.release()
+    if not isinstance(got, LoadResult):
+        return None  # the usual way reads it, whole if it must, and says why
+    cache.last_full = ""
+    return got
+
+
+def _fast_changes(
+    fast: gitobjects.Repo, root: Path, rev: str, cache: loading.BlobMemory
+) -> tuple[str, list[tuple[str, loading.FileRef | None]]] | None:
+    """The commit `rev` names and the files it changes from the kept tree's; None: not settled here."""
+    kept = cache.tree
+    top = fast.top.resolve()
+    prefix = Path(root).resolve().relative_to(top).as_posix()
+    prefix = "" if prefix in ("", ".") else prefix
+    commit = fast.commit(rev)
+    if kept is None or commit is None or kept.origin != f"{top}\0{prefix}":
+        return None
+    if kept.revision != commit:
+        parents = fast.parents(commit)
+        if parents is None or (kept.revision not in parents and not fast.is_ancestor(kept.revision, commit)):
+            return None  # not settled here, or not a descendant: the usual way says which
+    old, new = fast.tree_of(kept.revision), fast.tree_of(commit)
+    if old is None or new is None or (prefix and not fast.holds(new, prefix)):
+        return None
+    rows = fast.diff(old, new, prefix)
+    return (commit, _changes(fast, prefix, rows)) if rows is not None else None
+
+
+def _changes(
+    repo: git.Repo | gitobjects.Repo,
+    prefix: str,
+    rows: Iterable[tuple[str, str, str, str, str]],
+    read_many: loading.ReadMany | None = None,
+) -> list[tuple[str, loading.FileRef | None]]:
+    """The YAML files `diff-tree` rows (old mode, new mode, old id, new id, path) change: path -> new file or None."""
+    changes: list[tuple[str, loading.FileRef | None]] = []
+    for old_mode, new_mode, _, new_sha, path in rows:
+        if new_mode == _ABSENT_MODE:
+            if _ref(repo, prefix, old_mode, new_sha, path) is not None:
+                changes.append((path[len(prefix) + 1 :] if prefix else path, None))
+            continue
+        ref = _ref(repo, prefix, new_mode, new_sha, path, read_many=read_many)
+        if ref is not None:
+            changes.append((ref.name, ref))
+        elif _ref(repo, prefix, old_mode, new_sha, path) is not None:  # a YAML file became a submodule
+            changes.append((path[len(prefix) + 1 :] if prefix else path, None))
+    return changes
 
 
 def release(cache: loading.BlobMemory) -> None:
@@ -220,22 +306,13 @@ def _by_delta(
     out = repo.git.diff_tree(
         "-r", "-z", "--no-renames", kept.revision, commit.hexsha, "--", *([prefix] if prefix else [])
     )
-    changes: list[tuple[str, loading.FileRef | None]] = []
-    read_many = _batch_reader(repo)
     parts = out.split("\0")
-    for meta, path in zip(parts[0::2], parts[1::2], strict=False):
-        if not meta.startswith(":"):
-            continue
-        old_mode, new_mode, _, new_sha, _ = meta[1:].split(" ")
-        if new_mode == _ABSENT_MODE:
-            if _ref(repo, prefix, old_mode, new_sha, path) is not None:
-                changes.append((path[len(prefix) + 1 :] if prefix else path, None))
-            continue
-        ref = _ref(repo, prefix, new_mode, new_sha, path, read_many=read_many)
-        if ref is not None:
-            changes.append((ref.name, ref))
-        elif _ref(repo, prefix, old_mode, new_sha, path) is not None:  # a YAML file became a submodule
-            changes.append((path[len(prefix) + 1 :] if prefix else path, None))
+    rows = [
+        (*meta[1:].split(" ")[:4], path)
+        for meta, path in zip(parts[0::2], parts[1::2], strict=False)
+        if meta.startswith(":")
+    ]
+    changes = _changes(repo, prefix, rows, _batch_reader(repo))
     return deltas.apply(cache, str(commit.hexsha), changes, cancel=cancel)
 
 
@@ -243,10 +320,23 @@ def _constant(data: safefiles.FileData) -> Callable[[], safefiles.FileData]:
     return lambda: data
 
 
-def _blob_reader(repo: git.Repo, sha: str) -> Callable[[], safefiles.FileData]:
+def _blob_reader(repo: git.Repo | gitobjects.Repo, sha: str) -> Callable[[], safefiles.FileData]:
+    if isinstance(repo, gitobjects.Repo):
+        return _fast_blob_reader(repo, sha)
+
     def read() -> safefiles.FileData:
         # Oversized blobs are cut just past the limit: the reader refuses them by size.
         return bytes(repo.odb.stream(bytes.fromhex(sha)).read(_MAX_BLOB))
+
+    return read
+
+
+def _fast_blob_reader(repo: gitobjects.Repo, sha: str) -> Callable[[], safefiles.FileData]:
+    def read() -> safefiles.FileData:
+        got = repo.read(sha, _MAX_BLOB)  # oversized blobs are cut just past the limit, as below
+        if got is None or got[0] != "blob":
+            raise RevisionError(f"blob {sha} cannot be read from the repository's files")
+        return got[1]
 
     return read
 
@@ -348,7 +438,7 @@ def _cat_file(repo: git.Repo, mode: str, keys: Sequence[str]) -> bytes | None:
                 strip_newline_in_stdout=False,
                 kill_after_timeout=_BATCH_TIMEOUT_S,
             )
-    except (OSError, git.GitCommandError) as e:
+    except (OSError, _git_error()) as e:
         log.info("git cat-file %s failed (%s); reading blobs one by one", mode, e)
         return None
     return out if isinstance(out, bytes) else None
@@ -362,15 +452,34 @@ _RESOLVED: dict[tuple[str, str], str] = {}
 _RESOLVED_MAX = 1024
 
 
+def _git_error() -> type[Exception]:
+    import git
+
+    return git.GitCommandError
+
+
+def _fast_commit(root: Path, rev: str) -> str | None:
+    """The commit `rev` names read from the repository's files (`gitobjects`); None: ask git."""
+    fast = gitobjects.open_repo(root)
+    try:
+        return fast.commit(rev) if fast is not None else None
+    finally:
+        gitobjects.release()
+
+
 def resolve(root: Path, rev: str) -> str:
     known = (os.path.abspath(root), rev) if _COMMIT_ID.fullmatch(rev) else None
     if known is not None and known in _RESOLVED:
         return _RESOLVED[known]
-    try:
-        with git.Repo(root, search_parent_directories=True) as repo:
-            commit = str(repo.commit(rev).hexsha)
-    except Exception as e:  # gitpython raises many unrelated types for a bad name
-        raise RevisionError(f"unknown revision {rev!r}") from e
+    commit = _fast_commit(root, rev)
+    if commit is None:
+        import git
+
+        try:
+            with git.Repo(root, search_parent_directories=True) as repo:
+                commit = str(repo.commit(rev).hexsha)
+        except Exception as e:  # gitpython raises many unrelated types for a bad name
+            raise RevisionError(f"unknown revision {rev!r}") from e
     if known is not None:
         if len(_RESOLVED) >= _RESOLVED_MAX:  # a watch loop's lifetime of commits: bounded
             _RESOLVED.clear()
@@ -379,6 +488,11 @@ def resolve(root: Path, rev: str) -> str:
 
 
 def head(root: Path) -> str | None:
+    fast = _fast_commit(root, "HEAD")
+    if fast is not None:
+        return fast
+    import git
+
     try:
         with git.Repo(root, search_parent_directories=True) as repo:
             return str(repo.head.commit.hexsha)

@@ -359,3 +359,25 @@ def test_a_world_file_no_row_names_is_removed_when_the_next_is_kept(
     writing.write_bytes(b"being written")
     _keep_world(capsys, repo.root, base, heads["grow"], cache)
     assert not stray.exists() and writing.exists()
+
+
+def test_a_plan_from_a_kept_base_starts_no_gitpython(
+    based: tuple[Repo, str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refs and the PR's changes are read from the repository's files (`desired.reading.gitobjects`)."""
+    repo, base = based
+    heads = _heads(repo, base)
+    cache = tmp_path / "cache"
+    _keep_world(capsys, repo.root, base, heads["same"], cache)
+    repo.repo.git.pack_refs("--all")  # the branch names are read from packed-refs
+    repo.repo.git.gc("-q", "--prune=now")  # and the objects from packs
+    flags = (str(repo.root), "--offline", "--base", "main", "--head", heads["request"], "-o", "json")
+    want = _run(capsys, *flags, "--no-cache")
+
+    def no_gitpython(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("GitPython was asked")
+
+    monkeypatch.setattr(git, "Repo", no_gitpython)
+    used = _used(monkeypatch)
+    assert _run(capsys, *flags, "--cache-dir", str(cache)) == want
+    assert used == [True]

@@ -7,6 +7,7 @@ nothing but `tuple.__new__`.
 
 from __future__ import annotations
 
+import io
 import pickle
 from typing import Any
 
@@ -75,3 +76,23 @@ def test_the_unpickler_gives_no_other_attribute(owner: Any, name: str) -> None:
     with pytest.raises(pickle.UnpicklingError, match="not allowed in a kept base"):
         keptworlds._loads(data)
     assert keptworlds.load(data, None) is None  # a world holding one is a miss, never an error
+
+
+def test_a_file_names_the_cores_models_and_only_a_resolver_gives_them() -> None:
+    """A file kept apart pickles a model of the core as its (kind, name): read back, it is the core's object."""
+    sku = m.Sku.model_construct(sku="h200-slice")
+    other = m.Sku.model_construct(sku="other")
+    data = worldpickle.dumps([sku, (sku, other)], refer={id(sku): ("Sku", "h200-slice")})
+    got = worldpickle.loads(data, lambda ref: {("Sku", "h200-slice"): sku}[ref])
+    assert got[0] is sku and got[1][0] is sku and got[1][1] is not other and got[1][1] == other
+    with pytest.raises(pickle.UnpicklingError):  # without a resolver a reference is refused
+        worldpickle.loads(data)
+
+    class Odd(pickle.Pickler):
+        def persistent_id(self, obj: Any) -> Any:
+            return ["Sku", "h200-slice"] if obj is sku else None  # not a (kind, name) tuple
+
+    out = io.BytesIO()
+    Odd(out, protocol=pickle.HIGHEST_PROTOCOL).dump(sku)
+    with pytest.raises(pickle.UnpicklingError):
+        worldpickle.loads(out.getvalue(), lambda ref: sku)
