@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from reconciler import settings
+from reconciler.caches import cachefiles
 
 KEY_BYTES = 32
 DB_NAME = "blobs.sqlite3"
@@ -183,16 +184,51 @@ class Store:
         if row is None:
             return None
         mac, size = row
-        return self._trusted(namespace, key, mac, _read_private(self._file_path(namespace, key), size))
+        return self._trusted(namespace, key, mac, cachefiles.read_private(self._file_path(namespace, key), size))
 
-    def put_file(self, namespace: str, key: str, payload: bytes) -> None:
-        """Store one file record; keep only the newest of its namespace (each may be tens of MB)."""
+    def get_file_part(self, namespace: str, key: str) -> cachefiles.SignedFile | None:
+        """A file record put with `signed`: its signed bytes, once their HMAC verifies, and the file.
+
+        The rest of the file is the client's to check before it trusts a
+        byte of it, from what the signed bytes say (a digest per part:
+        `reconciler.caches.keptworlds` reads a few of thousands of parts).
+        """
         if namespace not in FILES:
             raise ValueError(f"no file namespace {namespace!r}")
+        row = self._select(f"SELECT mac, size FROM {namespace} WHERE key = ?", key)  # noqa: S608 - a known name
+        if row is None:
+            return None
+        mac, size = row
+        opened = cachefiles.open_private(self._file_path(namespace, key), size) if isinstance(size, int) else None
+        signed = int.from_bytes(mac[32:], "big") if isinstance(mac, bytes) and len(mac) == 40 else 0
+        if opened is None or not 0 < signed <= size:
+            if opened is not None:
+                opened.close()
+            self.rejected += 1
+            return None
+        with opened:
+            found = cachefiles.SignedFile(os.dup(opened.fileno()), size, os.pread(opened.fileno(), signed, 0))
+        if len(found.head) == signed and hmac.compare_digest(mac, self._part_mac(key, found.head, namespace, signed)):
+            found.on_damage = lambda: self.drop_file(namespace, key)  # type: ignore[method-assign]
+            return found
+        found.close()
+        self.rejected += 1
+        return None
+
+    def put_file(self, namespace: str, key: str, payload: bytes, *, signed: int | None = None) -> None:
+        """Store one file record; keep only the newest of its namespace (each may be tens of MB).
+
+        `signed`: the HMAC covers the first `signed` bytes only, and the
+        record is read with `get_file_part` (never `get_file`).
+        """
+        if namespace not in FILES:
+            raise ValueError(f"no file namespace {namespace!r}")
+        if signed is not None and not 0 < signed <= len(payload):
+            raise ValueError(f"signed length {signed} is not within the payload")
         path = self._file_path(namespace, key)
         prefix = _file_prefix(namespace)
         self._sweep_temps(prefix)
-        temp = path.with_name(f"{path.name}.{_writer_tag(os.getpid())}.tmp")
+        temp = path.with_name(f"{path.name}.{cachefiles.writer_tag(os.getpid())}.tmp")
         try:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             with os.fdopen(fd, "wb") as f:
@@ -203,7 +239,12 @@ class Store:
             with contextlib.suppress(OSError):
                 os.unlink(temp)
             return
-        row = (key, self._record_mac(key, payload, namespace), len(payload), time.time_ns())
+        mac = (
+            self._record_mac(key, payload, namespace)
+            if signed is None
+            else self._part_mac(key, memoryview(payload)[:signed], namespace, signed)
+        )
+        row = (key, mac, len(payload), time.time_ns())
         kept: set[str] = set()
 
         def write(db: sqlite3.Connection) -> None:
@@ -223,6 +264,18 @@ class Store:
                     with contextlib.suppress(OSError):
                         stale.unlink()
 
+    def drop_file(self, namespace: str, key: str) -> None:
+        """Remove a file record (one found damaged): its row, then its file."""
+        if namespace not in FILES:
+            raise ValueError(f"no file namespace {namespace!r}")
+
+        def write(db: sqlite3.Connection) -> None:
+            db.execute(f"DELETE FROM {namespace} WHERE key = ?", (key,))  # noqa: S608 - a known name
+
+        if self._transaction(write, busy=f"{WHAT.get(namespace, namespace)} not removed"):
+            with contextlib.suppress(OSError):
+                self._file_path(namespace, key).unlink()
+
     def _sweep_temps(self, prefix: str) -> None:
         """Remove the `<prefix>*.tmp` of writers that died mid-write (killed: tens of MB each, left for good).
 
@@ -235,7 +288,7 @@ class Store:
             owner = temp.name.removesuffix(".tmp").rpartition(".")[2]
             try:
                 st = os.lstat(temp)
-                if stat.S_ISREG(st.st_mode) and now - st.st_mtime > TEMP_GRACE_S and not _writer_alive(owner):
+                if stat.S_ISREG(st.st_mode) and now - st.st_mtime > TEMP_GRACE_S and not cachefiles.writer_alive(owner):
                     temp.unlink()
                     self.note(f"blob cache {self.directory}: removed {temp.name}, left by a writer that died")
             except OSError:
@@ -275,6 +328,13 @@ class Store:
         mac = hmac.new(self._secret, f"{namespace[:-1]}\0{key}\0".encode(), "sha256")
         mac.update(payload)
         return mac.digest()
+
+    def _part_mac(self, key: str, head: bytes | memoryview, namespace: str, signed: int) -> bytes:
+        # Its own domain: `part` stands where a whole record's key is (a key is hex), so neither MAC passes
+        # for the other; the signed length is in it and beside it (40 bytes: `get_file` never matches one).
+        mac = hmac.new(self._secret, f"{namespace[:-1]}\0part\0{signed}\0{key}\0".encode(), "sha256")
+        mac.update(head)
+        return mac.digest() + signed.to_bytes(8, "big")
 
     # ------------------------------------------------------------- writing
     def _transaction(self, write: Callable[[sqlite3.Connection], None], *, busy: str, attempts: int = 1) -> bool:
@@ -322,38 +382,6 @@ def _file_prefix(namespace: str) -> str:
     return f"{namespace[:-1]}-"
 
 
-def _start_time(pid: int) -> str | None:
-    """The start time of process `pid` (clock ticks since boot, /proc), None when unknown or not running."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    fields = raw.rpartition(b")")[2].split()  # after the command name, which may hold spaces
-    return fields[19].decode() if len(fields) > 19 else None
-
-
-def _writer_tag(pid: int) -> str:
-    """`<pid>-<start time>`: names a writer uniquely, even once its pid is reused."""
-    return f"{pid}-{_start_time(pid) or 0}"
-
-
-def _writer_alive(tag: str) -> bool:
-    """Whether the writer a temp file names still runs (an unreadable name counts as alive: kept)."""
-    pid_text, _, started = tag.partition("-")
-    if not pid_text.isdigit():
-        return True
-    pid = int(pid_text)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        pass  # exists, another user's
-    now = _start_time(pid)
-    return not (started and started != "0" and now is not None and now != started)  # pid reused: the writer died
-
-
 def open_store(
     directory: Path | None = None,
     *,
@@ -383,7 +411,7 @@ def open_store(
     try:
         _private_dir(directory)
         secret = _secret(directory / KEY_NAME)
-    except _Unsafe as e:
+    except cachefiles.Unsafe as e:
         say(f"blob cache {directory}: {e}; parsing without it")
         return None
     except OSError as e:
@@ -396,43 +424,14 @@ def _stderr_note(text: str) -> None:
     print(f"note: {text}", file=sys.stderr)
 
 
-class _Unsafe(Exception):
-    pass
-
-
-def _owned_private(st: os.stat_result, what: str) -> None:
-    if st.st_uid != os.geteuid():
-        raise _Unsafe(f"{what} belongs to another user (uid {st.st_uid})")
-    if st.st_mode & 0o022:
-        raise _Unsafe(f"{what} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})")
-
-
 def _private_dir(directory: Path) -> None:
     directory.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileExistsError):
         directory.mkdir(mode=0o700)
     st = os.lstat(directory)
     if not stat.S_ISDIR(st.st_mode):
-        raise _Unsafe("is not a directory (a symlink or a file)")
-    _owned_private(st, "the directory")
-
-
-def _read_private(path: Path, size: int) -> bytes | None:
-    """The bytes of a file of ours (regular, not writable by others, `size` long), or None."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        try:
-            _owned_private(st, path.name)
-        except _Unsafe:
-            return None
-        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
-            return None
-        data = f.read(size + 1)
-    return data if len(data) == size else None
+        raise cachefiles.Unsafe("is not a directory (a symlink or a file)")
+    cachefiles.owned_private(st, "the directory")
 
 
 def _private_file(path: Path) -> None:
@@ -448,8 +447,8 @@ def _private_file(path: Path) -> None:
         if not stat.S_ISREG(st.st_mode):
             raise sqlite3.OperationalError(f"{path} is not a regular file")
         try:
-            _owned_private(st, path.name)
-        except _Unsafe as e:
+            cachefiles.owned_private(st, path.name)
+        except cachefiles.Unsafe as e:
             raise sqlite3.OperationalError(str(e)) from e
     finally:
         os.close(fd)
@@ -477,19 +476,23 @@ def _secret(path: Path) -> bytes:
             continue
         except OSError as e:
             if e.errno == errno.ELOOP:
-                raise _Unsafe("the key file is a symbolic link") from e
+                raise cachefiles.Unsafe("the key file is a symbolic link") from e
             raise
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise _Unsafe("the key file is not a regular file")
-            _owned_private(st, "the key file")
+                raise cachefiles.Unsafe("the key file is not a regular file")
+            cachefiles.owned_private(st, "the key file")
             if st.st_mode & 0o044:
-                raise _Unsafe(f"the key file is readable by group or others (mode {stat.S_IMODE(st.st_mode):o})")
+                raise cachefiles.Unsafe(
+                    f"the key file is readable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+                )
             key = os.read(fd, KEY_BYTES + 1)
         finally:
             os.close(fd)
         if len(key) != KEY_BYTES:
-            raise _Unsafe("the key file is damaged (wrong length); remove the cache directory to start afresh")
+            raise cachefiles.Unsafe(
+                "the key file is damaged (wrong length); remove the cache directory to start afresh"
+            )
         return key
-    raise _Unsafe("the key file keeps disappearing")
+    raise cachefiles.Unsafe("the key file keeps disappearing")

@@ -43,7 +43,6 @@ from __future__ import annotations
 import array
 import dataclasses
 import hashlib
-import io
 import logging
 import pickle
 import struct
@@ -55,7 +54,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from desired.reading import documents
 from desired.state import TABLES, Key
-from reconciler.caches import worldpickle
+from reconciler.caches import cachefiles, worldpickle
 
 if TYPE_CHECKING:
     from desired.problems import Problem
@@ -113,6 +112,7 @@ def dump(
     if tree.problems or suspended is None:
         return None
     state = tree.state
+    paths = list(tree.by_path)
     refer = _table_models(state)
     files: dict[str, bytes] = {}  # path -> its documents, pickled apart (read when a plan reads the file)
     eager: dict[str, Any] = {}
@@ -138,7 +138,7 @@ def dump(
         "format": FORMAT,
         "origin": tree.origin,
         "revision": tree.revision,
-        "paths": list(tree.by_path),
+        "paths": paths,
         "eager": eager,
         "fleet": state.fleet,
         "skus": state.skus,
@@ -164,7 +164,7 @@ def dump(
     except (worldpickle.Leak, pickle.PicklingError, TypeError, AttributeError) as e:
         log.info("base world not kept: %s", e)
         return None
-    return _frame(core_bytes, files)
+    return _frame(core_bytes, paths, files)
 
 
 class _NotKept(Exception):
@@ -222,61 +222,68 @@ def _interned_side(side: BaseSide, intern: Callable[[Any], Any]) -> BaseSide:
     )
 
 
-# The payload: a header, the core pickle, then each lazy file's compressed pickle back to back.
-# The reader slices them out of one buffer (no copy), and inflates a file only when it is read.
+# The payload: a header, the core pickle, an index (per path: offset, length and SHA-256 of its file's
+# pickle; length 0 for a file kept in the core), then the files' compressed pickles back to back. The
+# store's HMAC covers header, core and index (`Store.put_file(signed=...)`); a file's bytes are read and
+# checked against the index when a plan first reads that file, and inflated then.
 _MAGIC = b"gpuaas-world\0"
 _HEADER = struct.Struct(f"<{len(_MAGIC)}sIQQ")  # magic, format, core length, index length
+_ENTRY = struct.Struct("<QQ32s")
 
 
-def _frame(core: bytes, models: Mapping[str, bytes]) -> bytes:
-    index: dict[str, tuple[int, int]] = {}
+def _frame(core: bytes, paths: list[str], files: Mapping[str, bytes]) -> bytes:
+    index = bytearray()
     at = 0
-    for path, data in models.items():
-        index[path] = (at, len(data))
+    for path in paths:
+        data = files.get(path, b"")
+        index += _ENTRY.pack(at, len(data), hashlib.sha256(data).digest())
         at += len(data)
-    index_bytes = pickle.dumps(index, protocol=pickle.HIGHEST_PROTOCOL)
-    return b"".join([_HEADER.pack(_MAGIC, FORMAT, len(core), len(index_bytes)), core, index_bytes, *models.values()])
+    return b"".join([_HEADER.pack(_MAGIC, FORMAT, len(core), len(index)), core, index, *files.values()])
 
 
-def _unframe(payload: bytes) -> tuple[memoryview, Callable[[str], memoryview]] | None:
-    """The core pickle, and what gives a lazy file's bytes, as views of `payload`; None: not a frame.
+def _signed(payload: bytes) -> int:
+    """How many leading bytes of a payload the store's HMAC covers: header, core and index."""
+    _, _, core_len, index_len = _HEADER.unpack_from(payload)
+    return int(_HEADER.size + core_len + index_len)
 
-    An index entry is checked when its file is read: a plan reads few of them.
+
+def _unframe(part: Any) -> tuple[memoryview, Callable[[int], bytes]] | None:
+    """The core pickle, and what gives file number i's checked bytes; None: not a frame.
+
+    `part`: a `cachefiles.SignedFile` (head verified, the rest read by offset) or plain trusted bytes.
     """
-    if len(payload) < _HEADER.size:
+    head = part.head if isinstance(part, cachefiles.SignedFile) else part
+    size = part.size if isinstance(part, cachefiles.SignedFile) else len(part)
+    if len(head) < _HEADER.size:
         return None
-    magic, version, core_len, index_len = _HEADER.unpack_from(payload)
-    if magic != _MAGIC or version != FORMAT or _HEADER.size + core_len + index_len > len(payload):
-        return None
-    view = memoryview(payload)
-    core = view[_HEADER.size : _HEADER.size + core_len]
+    magic, version, core_len, index_len = _HEADER.unpack_from(head)
     start = _HEADER.size + core_len + index_len
-    index = _Outer(io.BytesIO(view[_HEADER.size + core_len : start])).load()
-    if not isinstance(index, dict):
+    if magic != _MAGIC or version != FORMAT or start > len(head) or index_len % _ENTRY.size:
         return None
+    view = memoryview(head)
+    index = view[_HEADER.size + core_len : start]
 
-    def file_bytes(path: str) -> memoryview:
-        at, length = index[path]
-        if not (
-            type(at) is int and type(length) is int and at >= 0 and length >= 0 and start + at + length <= len(payload)
-        ):
-            raise pickle.UnpicklingError(f"index entry of {path} is out of bounds")
-        return view[start + at : start + at + length]
+    def file_bytes(number: int) -> bytes:
+        at, length, digest = _ENTRY.unpack_from(index, number * _ENTRY.size)
+        if length == 0 or start + at + length > size:
+            raise pickle.UnpicklingError(f"index entry {number} is out of bounds")
+        if isinstance(part, cachefiles.SignedFile):
+            return part.read_checked(start + at, length, digest)
+        return bytes(view[start + at : start + at + length])
 
-    return core, file_bytes
+    return view[_HEADER.size : _HEADER.size + core_len], file_bytes
 
 
 def _loads(data: bytes | memoryview, resolve: Callable[[tuple[str, str]], Any] | None = None) -> Any:
     return worldpickle.loads(data, resolve)
 
 
-class _Outer(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"{module}.{name}: a world's index holds paths and numbers only")
+def load(payload: bytes | cachefiles.SignedFile, policy: str | None) -> World | None:
+    """The world a payload holds, or None when it is not exactly what `dump` writes.
 
-
-def load(payload: bytes, policy: str | None) -> World | None:
-    """The world a payload holds, or None when it is not exactly what `dump` writes."""
+    From a signed record, a file whose bytes fail their check later raises
+    `cachefiles.Damaged` where it is read (the command plans again without it).
+    """
     try:
         return _restore(payload, policy)
     except Exception as e:  # a kept base is an optimization: whatever is odd, plan without it
@@ -284,10 +291,9 @@ def load(payload: bytes, policy: str | None) -> World | None:
         return None
 
 
-def _restore(payload: bytes, policy: str | None) -> World | None:
-    from desired.state import DesiredState, Source
+def _restore(payload: bytes | cachefiles.SignedFile, policy: str | None) -> World | None:
+    from desired.state import DesiredState
     from reconciler import plans
-    from reconciler.caches.lazymap import LazyMap
     from reconciler.placement.prplan import BaseSide
     from reconciler.placement.replanning import WarmPlanner
 
@@ -303,17 +309,13 @@ def _restore(payload: bytes, policy: str | None) -> World | None:
         and isinstance(core.get("observed"), plans.Observed)
         and isinstance(core.get("planner"), tuple)
         and all(isinstance(core.get(k), dict) for k in ("eager", "where", "kept_maps"))
-        and isinstance(core.get("paths"), list)
-        and isinstance(core.get("source_keys"), list)
+        and all(isinstance(core.get(k), list) for k in ("paths", "source_keys", "slot_maps"))
         and isinstance(core.get("source_at"), bytes)
     ):
         return None
-    paths: list[str] = core["paths"]
-    where: dict[str, tuple[str, int]] = core["where"]
     at = array.array("I")
     at.frombytes(core["source_at"])
-    keys: list[Key] = core["source_keys"]
-    if len(at) != 2 * len(keys):
+    if len(at) != 2 * len(core["source_keys"]):
         return None
     state = DesiredState(
         fleet=core["fleet"],
@@ -324,55 +326,71 @@ def _restore(payload: bytes, policy: str | None) -> World | None:
         revision=core["state_revision"],
         file_count=core["file_count"],
     )
-
-    def model(ref: tuple[str, str]) -> Any:
-        kind, name = ref
-        if kind == "Fleet":
-            if state.fleet is None or state.fleet.name != name:
-                raise pickle.UnpicklingError(f"no Fleet {name!r} in the kept base")
-            return state.fleet
-        table = TABLES.get(kind)
-        if table is None or kind == "SlotMap" or name not in getattr(state, table):
-            raise pickle.UnpicklingError(f"no {kind} {name!r} in the kept base")
-        return getattr(state, table)[name]
-
-    # Both memoized: a base and the head read by delta from it share one object per file and document
-    # (`deltas` finds a changed file's documents in the state by identity).
-    made: dict[str, Any] = {}
-    made_sources: dict[Key, Any] = {}
-
-    def blob(path: str) -> Any:
-        got = made.get(path)
-        if got is None:
-            docs, generation = _loads(zlib.decompress(file_bytes(path)), model)  # kept apart: it has no problem
-            got = made[path] = documents.Blob(path, [], docs, generation)
-        return got
-
-    def slot_map(name: str) -> Any:
-        path, index = where[name]
-        return by_path[path].docs[index][1]
-
-    positions = dict(zip(keys, zip(at[0::2], at[1::2], strict=True), strict=True))
-
-    def source(key: Key) -> Any:
-        got = made_sources.get(key)
-        if got is None:
-            number, index = positions[key]
-            doc, typed, _ = by_path[paths[number]].docs[index]
-            got = made_sources[key] = Source(doc, id(typed))
-        return got
-
-    by_path: LazyMap[str, Any] = LazyMap(paths, blob)
-    for path, value in core["eager"].items():
-        by_path[path] = value
-    slot_maps: LazyMap[str, Any] = LazyMap(core["slot_maps"], slot_map)
-    for name, value in core["kept_maps"].items():
-        slot_maps[name] = value
-    state.slot_maps = cast(dict[str, Any], slot_maps)
-    state.sources = cast(dict[Key, Any], LazyMap(keys, source))
-    tree = documents.Tree(core["origin"], core["revision"], cast(dict[str, Any], by_path), state, ())
+    files = _Files(core, state, file_bytes, at)
+    tree = documents.Tree(core["origin"], core["revision"], cast(dict[str, Any], files.by_path), state, ())
     planner = WarmPlanner.resume(core["planner"], state, policy)
     return World(tree, list(core["found"]), core["owners"], core["observed"], core["side"], planner)
+
+
+class _Files:
+    """A restored world's files, read on first use, and the sources and slot maps found in them.
+
+    All memoized: a base and the head read by delta from it share one
+    object per file and document (`deltas` finds a changed file's documents
+    in the state by identity), and a file's models are the core's own.
+    """
+
+    def __init__(self, core: dict[str, Any], state: DesiredState, file_bytes: Callable[[int], bytes], at: Any) -> None:
+        from reconciler.caches.lazymap import LazyMap
+
+        self.state, self.paths, self.where, self.file_bytes = state, core["paths"], core["where"], file_bytes
+        keys: list[Key] = core["source_keys"]
+        self.positions = dict(zip(keys, zip(at[0::2], at[1::2], strict=True), strict=True))
+        self.numbers: dict[str, int] = {}
+        self.made_sources: dict[Key, Any] = {}
+        self.by_path: LazyMap[str, Any] = LazyMap(self.paths, self.blob)
+        self.by_path.update(core["eager"])
+        slot_maps: LazyMap[str, Any] = LazyMap(core["slot_maps"], self.slot_map)
+        slot_maps.update(core["kept_maps"])
+        state.slot_maps = cast(dict[str, Any], slot_maps)
+        state.sources = cast(dict[Key, Any], LazyMap(keys, self.source))
+        self.made: dict[str, Any] = {}
+
+    def blob(self, path: str) -> Any:
+        got = self.made.get(path)
+        if got is None:
+            if not self.numbers:
+                self.numbers = {p: i for i, p in enumerate(self.paths)}
+            data = zlib.decompress(self.file_bytes(self.numbers[path]))
+            docs, generation = _loads(data, self.model)  # a file kept apart has no problem of its own
+            got = self.made[path] = documents.Blob(path, [], docs, generation)
+        return got
+
+    def model(self, ref: tuple[str, str]) -> Any:
+        """The core's model a file names by (kind, name)."""
+        kind, name = ref
+        if kind == "Fleet":
+            if self.state.fleet is None or self.state.fleet.name != name:
+                raise pickle.UnpicklingError(f"no Fleet {name!r} in the kept base")
+            return self.state.fleet
+        table = TABLES.get(kind)
+        if table is None or kind == "SlotMap" or name not in getattr(self.state, table):
+            raise pickle.UnpicklingError(f"no {kind} {name!r} in the kept base")
+        return getattr(self.state, table)[name]
+
+    def slot_map(self, name: str) -> Any:
+        path, index = self.where[name]
+        return self.by_path[path].docs[index][1]
+
+    def source(self, key: Key) -> Any:
+        from desired.state import Source
+
+        got = self.made_sources.get(key)
+        if got is None:
+            number, index = self.positions[key]
+            doc, typed, _ = self.by_path[self.paths[number]].docs[index]
+            got = self.made_sources[key] = Source(doc, id(typed))
+        return got
 
 
 # ------------------------------------------------------------------ the command's side
@@ -381,10 +399,10 @@ def _restore(payload: bytes, policy: str | None) -> World | None:
 def get(store: DiskStore | None, world_key: str | None, policy: str | None) -> World | None:
     if store is None or world_key is None:
         return None
-    payload = store.get_file("worlds", world_key)
-    return load(payload, policy) if payload is not None else None
+    part = store.get_file_part("worlds", world_key)
+    return load(part, policy) if part is not None else None
 
 
 def put(store: DiskStore, world_key: str, payload: bytes | None) -> None:
     if payload is not None:
-        store.put_file("worlds", world_key, payload)
+        store.put_file("worlds", world_key, payload, signed=_signed(payload))

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from reconciler import codes as reconciler_codes
 from reconciler import exiting
-from reconciler.caches import checkedtrees
+from reconciler.caches import cachefiles, checkedtrees
 from reconciler.commands import db
 from schemas import output, progress
 from schemas.errors import PermanentError, UsageError
@@ -130,7 +130,12 @@ def run(args: argparse.Namespace) -> int:
         # Two trees loaded and planned are millions of long-lived objects: full collections
         # walked them all (a third of the run at 10,000 nodes) for no memory back.
         with loading.collector_paused(), progress.for_args(args, "plan") as shown, shown.phase("plan"):
-            pr, head, digest = _plan(args, head_rev, reader)
+            try:
+                pr, head, digest = _plan(args, head_rev, reader)
+            except cachefiles.Damaged as e:  # a kept base's file changed on disk after it was opened
+                print(f"note: kept base not used: {e}; planning without it", file=sys.stderr)
+                reader = checkedtrees.open_reader(args)  # the first try's reader holds parts of that base
+                pr, head, digest = _plan(args, head_rev, reader, kept=False)
             exiting.skip_teardown()  # holds two trees' models: the console script need not free them
         outcome = planresults.Outcome(
             _render(pr, args.output),
@@ -158,9 +163,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plan(
-    args: argparse.Namespace, head_rev: str | None, reader: checkedtrees.Reader
+    args: argparse.Namespace, head_rev: str | None, reader: checkedtrees.Reader, *, kept: bool = True
 ) -> tuple[prplan.PrPlan, DesiredState, str]:
-    """The PR plan, the head it planned and the digest of the observed state it was planned against."""
+    """The PR plan, the head it planned and the digest of the observed state it was planned against.
+
+    `kept=False`: base is read and planned, never taken from a kept world.
+    """
     from desired.state import LoadResult
     from reconciler.caches import keptworlds
     from reconciler.placement import prplan, replanning
@@ -168,7 +176,7 @@ def _plan(
 
     digest = ""
     world_key, base_commit = _world_key(args)
-    world = keptworlds.get(reader.cache.disk, world_key, args.policy)
+    world = keptworlds.get(reader.cache.disk, world_key, args.policy) if kept else None
     keep: Callable[[prplan.BaseSide, plans.Observed], None] | None = None
     if world is not None:
         # Base as an earlier run left it: head is read by delta from its tree, its side is not planned again.

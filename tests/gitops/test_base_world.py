@@ -152,7 +152,7 @@ def test_a_plan_reads_only_the_files_its_change_reads(
     }
 
 
-@pytest.mark.parametrize("damage", ["payload", "mac", "size", "symlink", "missing", "key", "code"])
+@pytest.mark.parametrize("damage", ["core", "index", "mac", "size", "symlink", "missing", "key", "code"])
 def test_a_damaged_foreign_or_stale_world_is_not_used(
     based: tuple[Repo, str],
     tmp_path: Path,
@@ -166,8 +166,9 @@ def test_a_damaged_foreign_or_stale_world_is_not_used(
     _keep_world(capsys, repo.root, base, heads["grow"], cache)
     (world,) = _worlds(cache)
     data = world.read_bytes()
-    if damage == "payload":
-        world.write_bytes(data[:-100] + bytes(b ^ 1 for b in data[-100:]))
+    if damage in ("core", "index"):  # what the store's HMAC covers: the core, or a file's place and digest
+        at = 200 if damage == "core" else keptworlds._signed(data) - 40
+        world.write_bytes(data[:at] + bytes(b ^ 1 for b in data[at : at + 8]) + data[at + 8 :])
     elif damage == "mac":
         with sqlite3.connect(cache / cachestore.DB_NAME) as db:
             db.execute("UPDATE worlds SET mac = zeroblob(32)")
@@ -381,3 +382,31 @@ def test_a_plan_from_a_kept_base_starts_no_gitpython(
     used = _used(monkeypatch)
     assert _run(capsys, *flags, "--cache-dir", str(cache)) == want
     assert used == [True]
+
+
+def test_a_file_of_a_world_damaged_after_its_check_is_found_and_planned_without(
+    based: tuple[Repo, str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file's bytes are checked when the plan reads them (`cachefiles.SignedFile.read_checked`)."""
+    repo, base = based
+    heads = _heads(repo, base)
+    cache = tmp_path / "cache"
+    _keep_world(capsys, repo.root, base, heads["grow"], cache)
+    (world,) = _worlds(cache)
+    data = world.read_bytes()
+    signed = keptworlds._signed(data)
+    world.write_bytes(data[:signed] + bytes(b ^ 1 for b in data[signed:]))  # every file, none of the signed head
+    used = _used(monkeypatch)
+    flags = (str(repo.root), "--offline", "--base", base, "--head", heads["request"], "-o", "json")
+    want = _run(capsys, *flags, "--no-cache")
+    rc, out, err = _run(capsys, *flags, "--cache-dir", str(cache))
+    assert (rc, out) == want[:2] and "kept base not used" in err and "does not match its digest" in err
+    assert used == [True]  # restored (its head checks out), then a file it read did not
+    # the damaged world was removed, and the plan made without it kept base again: every file reads back
+    store = blobpacks.open_store(cache)
+    again_world = keptworlds.get(store, keptworlds.key(repo.root, base, None), None)
+    assert again_world is not None and all(blob.docs for blob in again_world.tree.by_path.values())
+    store.close()
+    flags = (str(repo.root), "--offline", "--base", base, "--head", heads["release"], "-o", "json")
+    again = _run(capsys, *flags, "--cache-dir", str(cache))
+    assert again == _run(capsys, *flags, "--no-cache") and used[-1] is True

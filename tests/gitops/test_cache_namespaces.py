@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 from pathlib import Path
 
 import pytest
 
-from reconciler.caches import blobpacks, cachestore
+from reconciler.caches import blobpacks, cachefiles, cachestore
 
 KEY = "ab" * 32
 
@@ -54,3 +55,28 @@ def test_the_blob_packs_are_a_client_of_the_same_store(tmp_path: Path) -> None:
         tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert tables == {"packs", "pack_entries", "results", "worlds", "capacity_documents"}
     assert store.get_record("results", KEY) == b"kept beside the packs"
+
+
+def test_a_file_signed_in_part_vouches_for_its_head_and_checks_the_rest_when_read(tmp_path: Path) -> None:
+    """`put_file(signed=n)`: the HMAC covers n bytes; the client checks the rest by digests those bytes hold."""
+    store = _store(tmp_path)
+    rest = b"a file of the world"
+    head = b"index:" + hashlib.sha256(rest).digest()
+    store.put_file("worlds", KEY, head + rest, signed=len(head))
+    assert store.get_file("worlds", KEY) is None  # never read whole: its HMAC covers only the head
+    part = store.get_file_part("worlds", KEY)
+    assert part is not None and part.head == head and part.size == len(head + rest)
+    assert part.read_checked(len(head), len(rest), head[6:]) == rest
+    with pytest.raises(cachefiles.Damaged):
+        part.read_checked(len(head), len(rest), hashlib.sha256(b"other").digest())
+    part.close()
+    assert store.get_file_part("worlds", KEY) is None  # found damaged: the record was removed
+    assert not (tmp_path / "cache" / f"world-{KEY}").exists()
+    store.put_file("worlds", KEY, head + rest, signed=len(head))
+    world = tmp_path / "cache" / f"world-{KEY}"
+    world.write_bytes(b"X" + (head + rest)[1:])  # the signed head changed: a miss
+    assert store.get_file_part("worlds", KEY) is None
+    store.put_file("worlds", KEY, head + rest)  # signed whole: read with get_file only
+    assert store.get_file_part("worlds", KEY) is None and store.get_file("worlds", KEY) == head + rest
+    with pytest.raises(ValueError, match="signed length"):
+        store.put_file("worlds", KEY, head, signed=len(head) + 1)

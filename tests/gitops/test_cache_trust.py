@@ -22,7 +22,7 @@ import pytest
 from desired.reading import loading
 from desired.state import Source
 from reconciler import cli, settings
-from reconciler.caches import blobpacks, cachestore, keptworlds
+from reconciler.caches import blobpacks, cachefiles, cachestore, keptworlds
 from tests.gitops.conftest import PEOPLE, Repo, make_fleet
 
 EVIL = "allocations/req-evil.yaml"
@@ -147,7 +147,7 @@ def test_a_killed_writers_world_temp_is_removed_and_a_live_ones_kept(tmp_path: P
     old = 1_000_000_000.0
     gone = tmp_path / "c" / f"world-{'b' * 64}.999999999-1.tmp"  # no such pid
     legacy = tmp_path / "c" / f"world-{'c' * 64}.999999998.tmp"  # the old name: a pid only
-    live = tmp_path / "c" / f"world-{'d' * 64}.{cachestore._writer_tag(os.getpid())}.tmp"
+    live = tmp_path / "c" / f"world-{'d' * 64}.{cachefiles.writer_tag(os.getpid())}.tmp"
     fresh = tmp_path / "c" / f"world-{'e' * 64}.999999997-1.tmp"  # dead, but young: left for now
     for path in (gone, legacy, live, fresh):
         path.write_bytes(b"x" * 10)
