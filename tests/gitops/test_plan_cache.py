@@ -166,3 +166,15 @@ def test_a_read_model_reusing_the_base_memo_equals_one_built_fresh(fleet_repo: R
             head_state, observed_after, engine=placing.Engine(head_state, observed_after)
         )
         assert memo.summaries and memo.slices
+
+
+def test_the_code_version_reads_every_python_source_of_the_packages(tmp_path: Path) -> None:
+    """What `code_version` hashes: each `.py` under a package, however deep, and nothing else."""
+    for rel in ("pkg/a.py", "pkg/sub/b.py", "pkg/sub/deeper/c.py", "pkg/notes.md", "pkg/a.pyc", "other/d.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x = 1\n")
+    (tmp_path / "pkg" / "link").symlink_to(tmp_path / "other", target_is_directory=True)  # not followed
+    assert sorted(planresults._sources(str(tmp_path), "pkg")) == ["pkg/a.py", "pkg/sub/b.py", "pkg/sub/deeper/c.py"]
+    root = Path(planresults.__file__).resolve().parents[2]
+    mine = {str(p.relative_to(root)) for pkg in planresults._PACKAGES for p in (root / pkg).rglob("*.py")}
+    assert {rel for pkg in planresults._PACKAGES for rel in planresults._sources(str(root), pkg)} == mine
