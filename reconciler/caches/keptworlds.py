@@ -46,7 +46,6 @@ import hashlib
 import logging
 import pickle
 import struct
-import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +66,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpuaas.plan")
 
-FORMAT = 1
+FORMAT = 2
+CHUNK = 64  # files per pickle kept apart: a file read costs reading its chunk
+_EAGER = 0xFFFFFFFF  # chunk_of of a file kept in the core
 
 
 def key(path: Path, commit: str, policy: str | None) -> str:
@@ -114,24 +115,31 @@ def dump(
     state = tree.state
     paths = list(tree.by_path)
     refer = _table_models(state)
-    files: dict[str, bytes] = {}  # path -> its documents, pickled apart (read when a plan reads the file)
+    apart: list[tuple[str, Any]] = []  # path, its documents: kept apart (read when a plan reads the file)
     eager: dict[str, Any] = {}
+    # A core model reached from a file other than as a document's own would be two objects: refused.
+    # Not interned (a file is read rarely) and not compressed (its documents' bytes are already).
+    pickled = worldpickle.dumper(refuse=refer.keys(), intern=worldpickle.as_is)
     try:
         for path, blob in tree.by_path.items():
             if blob.docs and not blob.file_problems:
-                # read only when a change reads the file: interning would slow the dump for nothing
-                typed = worldpickle.dumps((blob.docs, blob.generation), intern=worldpickle.as_is, refer=refer)
-                files[path] = zlib.compress(typed, 1)
+                apart.append((path, _apart(blob, refer)))
             else:
                 eager[path] = blob
+        # files in runs of CHUNK: one pickle each (20,000 pickles cost the run that keeps a base seconds)
+        chunks = [pickled(apart[i : i + CHUNK]) for i in range(0, len(apart), CHUNK)]
         sources = _positions(tree)
     except (worldpickle.Leak, pickle.PicklingError, TypeError, AttributeError, _NotKept) as e:
         log.info("base world not kept: %s", e)
         return None
     where: dict[str, tuple[str, int]] = {}  # slot map name -> (its file, position among the file's documents)
+    chunk_of = array.array("I", [_EAGER]) * len(paths)  # per path: the chunk holding its file
+    number = {path: i for i, path in enumerate(paths)}
+    for i, (path, _) in enumerate(apart):
+        chunk_of[number[path]] = i // CHUNK
     for name in state.slot_maps:
         file, index = sources.where[("SlotMap", name)]
-        if file in files:
+        if file not in eager:
             where[name] = (file, index)
     kept_maps = {name: smap for name, smap in state.slot_maps.items() if name not in where}
     core = {
@@ -139,6 +147,7 @@ def dump(
         "origin": tree.origin,
         "revision": tree.revision,
         "paths": paths,
+        "chunk_of": chunk_of.tobytes(),
         "eager": eager,
         "fleet": state.fleet,
         "skus": state.skus,
@@ -164,7 +173,18 @@ def dump(
     except (worldpickle.Leak, pickle.PicklingError, TypeError, AttributeError) as e:
         log.info("base world not kept: %s", e)
         return None
-    return _frame(core_bytes, paths, files)
+    return _frame(core_bytes, chunks)
+
+
+def _apart(blob: Any, refer: Mapping[int, tuple[str, str]]) -> tuple[Any, ...]:
+    """A file's documents as kept apart: each model the core keeps named by (kind, name), the others as they are."""
+    docs, named = [], []
+    for i, (doc, model, found) in enumerate(blob.docs):
+        ref = refer.get(id(model))
+        if ref is not None:
+            named.append((i, *ref))
+        docs.append((doc, None if ref is not None else model, found))
+    return docs, named, blob.generation
 
 
 class _NotKept(Exception):
@@ -222,23 +242,22 @@ def _interned_side(side: BaseSide, intern: Callable[[Any], Any]) -> BaseSide:
     )
 
 
-# The payload: a header, the core pickle, an index (per path: offset, length and SHA-256 of its file's
-# pickle; length 0 for a file kept in the core), then the files' compressed pickles back to back. The
-# store's HMAC covers header, core and index (`Store.put_file(signed=...)`); a file's bytes are read and
-# checked against the index when a plan first reads that file, and inflated then.
+# The payload: a header, the core pickle, an index (per chunk of CHUNK files kept apart: offset, length
+# and SHA-256 of its pickle), then the chunks back to back. The store's HMAC covers header, core and
+# index (`Store.put_file(signed=...)`); a chunk's bytes are read and checked against the index when a
+# plan first reads one of its files.
 _MAGIC = b"gpuaas-world\0"
 _HEADER = struct.Struct(f"<{len(_MAGIC)}sIQQ")  # magic, format, core length, index length
 _ENTRY = struct.Struct("<QQ32s")
 
 
-def _frame(core: bytes, paths: list[str], files: Mapping[str, bytes]) -> bytes:
+def _frame(core: bytes, chunks: list[bytes]) -> bytes:
     index = bytearray()
     at = 0
-    for path in paths:
-        data = files.get(path, b"")
+    for data in chunks:
         index += _ENTRY.pack(at, len(data), hashlib.sha256(data).digest())
         at += len(data)
-    return b"".join([_HEADER.pack(_MAGIC, FORMAT, len(core), len(index)), core, index, *files.values()])
+    return b"".join([_HEADER.pack(_MAGIC, FORMAT, len(core), len(index)), core, index, *chunks])
 
 
 def _signed(payload: bytes) -> int:
@@ -264,8 +283,10 @@ def _unframe(part: Any) -> tuple[memoryview, Callable[[int], bytes]] | None:
     index = view[_HEADER.size + core_len : start]
 
     def file_bytes(number: int) -> bytes:
+        if not 0 <= number < len(index) // _ENTRY.size:
+            raise pickle.UnpicklingError(f"no chunk {number} in the index")
         at, length, digest = _ENTRY.unpack_from(index, number * _ENTRY.size)
-        if length == 0 or start + at + length > size:
+        if start + at + length > size:
             raise pickle.UnpicklingError(f"index entry {number} is out of bounds")
         if isinstance(part, cachefiles.SignedFile):
             return part.read_checked(start + at, length, digest)
@@ -274,8 +295,8 @@ def _unframe(part: Any) -> tuple[memoryview, Callable[[int], bytes]] | None:
     return view[_HEADER.size : _HEADER.size + core_len], file_bytes
 
 
-def _loads(data: bytes | memoryview, resolve: Callable[[tuple[str, str]], Any] | None = None) -> Any:
-    return worldpickle.loads(data, resolve)
+def _loads(data: bytes | memoryview) -> Any:
+    return worldpickle.loads(data)
 
 
 def load(payload: bytes | cachefiles.SignedFile, policy: str | None) -> World | None:
@@ -311,6 +332,8 @@ def _restore(payload: bytes | cachefiles.SignedFile, policy: str | None) -> Worl
         and all(isinstance(core.get(k), dict) for k in ("eager", "where", "kept_maps"))
         and all(isinstance(core.get(k), list) for k in ("paths", "source_keys", "slot_maps"))
         and isinstance(core.get("source_at"), bytes)
+        and isinstance(core.get("chunk_of"), bytes)
+        and len(core["chunk_of"]) == 4 * len(core["paths"])
     ):
         return None
     at = array.array("I")
@@ -347,6 +370,8 @@ class _Files:
         keys: list[Key] = core["source_keys"]
         self.positions = dict(zip(keys, zip(at[0::2], at[1::2], strict=True), strict=True))
         self.numbers: dict[str, int] = {}
+        self.chunk_of = array.array("I")
+        self.chunk_of.frombytes(core["chunk_of"])
         self.made_sources: dict[Key, Any] = {}
         self.by_path: LazyMap[str, Any] = LazyMap(self.paths, self.blob)
         self.by_path.update(core["eager"])
@@ -361,14 +386,16 @@ class _Files:
         if got is None:
             if not self.numbers:
                 self.numbers = {p: i for i, p in enumerate(self.paths)}
-            data = zlib.decompress(self.file_bytes(self.numbers[path]))
-            docs, generation = _loads(data, self.model)  # a file kept apart has no problem of its own
-            got = self.made[path] = documents.Blob(path, [], docs, generation)
+            for name, (docs, named, generation) in _loads(self.file_bytes(self.chunk_of[self.numbers[path]])):
+                for i, kind, model in named:
+                    doc, _, found = docs[i]
+                    docs[i] = (doc, self.model(kind, model), found)
+                self.made[name] = documents.Blob(name, [], docs, generation)  # kept apart: no problem of its own
+            got = self.made[path]
         return got
 
-    def model(self, ref: tuple[str, str]) -> Any:
+    def model(self, kind: str, name: str) -> Any:
         """The core's model a file names by (kind, name)."""
-        kind, name = ref
         if kind == "Fleet":
             if self.state.fleet is None or self.state.fleet.name != name:
                 raise pickle.UnpicklingError(f"no Fleet {name!r} in the kept base")

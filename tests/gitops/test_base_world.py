@@ -132,6 +132,7 @@ def test_a_plan_reads_only_the_files_its_change_reads(
     repo, base = based
     heads = _heads(repo, base)
     cache = tmp_path / "cache"
+    monkeypatch.setattr(keptworlds, "CHUNK", 1)  # each file its own pickle: a load is a file read
     _keep_world(capsys, repo.root, base, heads["same"], cache)
     files = len(sources.load(repo.root, base).state.sources)  # one document per file here
     loads: list[int] = []

@@ -7,13 +7,13 @@ nothing but `tuple.__new__`.
 
 from __future__ import annotations
 
-import io
 import pickle
 from typing import Any
 
 import pytest
 
 from desired import models as m
+from desired.reading import documents
 from reconciler.caches import keptworlds, worldpickle
 from reconciler.placement import fleetgraph
 from schemas import states
@@ -78,21 +78,14 @@ def test_the_unpickler_gives_no_other_attribute(owner: Any, name: str) -> None:
     assert keptworlds.load(data, None) is None  # a world holding one is a miss, never an error
 
 
-def test_a_file_names_the_cores_models_and_only_a_resolver_gives_them() -> None:
-    """A file kept apart pickles a model of the core as its (kind, name): read back, it is the core's object."""
+def test_a_file_names_the_cores_models_and_never_holds_one() -> None:
+    """A file kept apart names each model the core keeps by (kind, name); any other path to one is refused."""
     sku = m.Sku.model_construct(sku="h200-slice")
-    other = m.Sku.model_construct(sku="other")
-    data = worldpickle.dumps([sku, (sku, other)], refer={id(sku): ("Sku", "h200-slice")})
-    got = worldpickle.loads(data, lambda ref: {("Sku", "h200-slice"): sku}[ref])
-    assert got[0] is sku and got[1][0] is sku and got[1][1] is not other and got[1][1] == other
-    with pytest.raises(pickle.UnpicklingError):  # without a resolver a reference is refused
-        worldpickle.loads(data)
-
-    class Odd(pickle.Pickler):
-        def persistent_id(self, obj: Any) -> Any:
-            return ["Sku", "h200-slice"] if obj is sku else None  # not a (kind, name) tuple
-
-    out = io.BytesIO()
-    Odd(out, protocol=pickle.HIGHEST_PROTOCOL).dump(sku)
-    with pytest.raises(pickle.UnpicklingError):
-        worldpickle.loads(out.getvalue(), lambda ref: sku)
+    loose = m.Sku.model_construct(sku="not-in-the-core")
+    blob = documents.Blob("skus.yaml", [], [("doc-a", sku, []), ("doc-b", loose, [])], 3)
+    refer = {id(sku): ("Sku", "h200-slice")}
+    docs, named, generation = worldpickle.loads(worldpickle.dumps(keptworlds._apart(blob, refer)))
+    assert named == [(0, "Sku", "h200-slice")] and docs[0] == ("doc-a", None, []) and generation == 3
+    assert docs[1][1] == loose and docs[1][1] is not loose
+    with pytest.raises(worldpickle.Leak):  # the core's model reached another way would be two objects
+        worldpickle.dumper(refuse=refer.keys())([("doc", None, [sku])])
