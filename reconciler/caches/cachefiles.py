@@ -9,8 +9,10 @@ those of writers that died.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
+import mmap
 import os
 import stat
 from pathlib import Path
@@ -39,21 +41,25 @@ class Damaged(Exception):
 class SignedFile:
     """A file record whose first bytes (`head`) were verified; the rest is read by offset, unverified.
 
-    Holds the file open (a descriptor, closed when this goes): the record
-    may be replaced on disk meanwhile, these are still the bytes verified.
+    The file is mapped (read-only): its head is hashed and unpickled from the
+    page cache without a copy, and the record may be replaced on disk
+    meanwhile (a new file is renamed over it): these are still the bytes verified.
     """
 
-    def __init__(self, fd: int, size: int, head: bytes) -> None:
-        self._fd, self.size, self.head = fd, size, head
+    def __init__(self, mapped: mmap.mmap, signed: int) -> None:
+        self._map, self.size = mapped, len(mapped)
+        self.head = memoryview(mapped)[:signed]
 
     def read(self, at: int, length: int) -> bytes:
         """`length` bytes at offset `at` (the client checks them: only `head` is vouched for)."""
         if at < 0 or length < 0 or at + length > self.size:
             raise ValueError(f"{length} bytes at {at} lie outside the {self.size}-byte record")
-        data = os.pread(self._fd, length, at)
-        if len(data) != length:
-            raise OSError(f"the record is shorter than its {self.size} bytes")
-        return data
+        return self._map[at : at + length]
+
+    def stream(self, at: int) -> mmap.mmap:
+        """The file to read from offset `at` on (an unpickler reads the signed head from it)."""
+        self._map.seek(at)
+        return self._map
 
     def read_checked(self, at: int, length: int, digest: bytes) -> bytes:
         """`read`, when the bytes' SHA-256 is `digest` (from the signed head); Damaged otherwise."""
@@ -67,9 +73,9 @@ class SignedFile:
         """Set by the store: what removes the record once a part of it is found damaged."""
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self.head.release()
+        with contextlib.suppress(BufferError):  # a view still held: unmapped when the map goes
+            self._map.close()
 
     def __del__(self) -> None:
         self.close()

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hmac
+import mmap
 import os
 import secrets
 import sqlite3
@@ -207,8 +208,14 @@ class Store:
             self.rejected += 1
             return None
         with opened:
-            found = cachefiles.SignedFile(os.dup(opened.fileno()), size, os.pread(opened.fileno(), signed, 0))
-        if len(found.head) == signed and hmac.compare_digest(mac, self._part_mac(key, found.head, namespace, signed)):
+            # Mapped, not copied: the bytes verified are those unpickled unless the file is written in place,
+            # which only this user can do (mode 0600, ours) and the writer never does (a new file is renamed in).
+            try:
+                found = cachefiles.SignedFile(mmap.mmap(opened.fileno(), size, access=mmap.ACCESS_READ), signed)
+            except (OSError, ValueError):  # an empty or unmappable file
+                self.rejected += 1
+                return None
+        if hmac.compare_digest(mac, self._part_mac(key, found.head, namespace, signed)):
             found.on_damage = lambda: self.drop_file(namespace, key)  # type: ignore[method-assign]
             return found
         found.close()

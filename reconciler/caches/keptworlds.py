@@ -266,8 +266,8 @@ def _signed(payload: bytes) -> int:
     return int(_HEADER.size + core_len + index_len)
 
 
-def _unframe(part: Any) -> tuple[memoryview, Callable[[int], bytes]] | None:
-    """The core pickle, and what gives file number i's checked bytes; None: not a frame.
+def _unframe(part: Any) -> tuple[Callable[[], Any], Callable[[int], bytes]] | None:
+    """What unpickles the core, and what gives chunk number i's checked bytes; None: not a frame.
 
     `part`: a `cachefiles.SignedFile` (head verified, the rest read by offset) or plain trusted bytes.
     """
@@ -292,7 +292,12 @@ def _unframe(part: Any) -> tuple[memoryview, Callable[[int], bytes]] | None:
             return part.read_checked(start + at, length, digest)
         return bytes(view[start + at : start + at + length])
 
-    return view[_HEADER.size : _HEADER.size + core_len], file_bytes
+    def core() -> Any:
+        if isinstance(part, cachefiles.SignedFile):
+            return worldpickle.load(part.stream(_HEADER.size))  # the unpickler stops at the core's end
+        return _loads(view[_HEADER.size : _HEADER.size + core_len])
+
+    return core, file_bytes
 
 
 def _loads(data: bytes | memoryview) -> Any:
@@ -321,8 +326,8 @@ def _restore(payload: bytes | cachefiles.SignedFile, policy: str | None) -> Worl
     framed = _unframe(payload)
     if framed is None:
         return None
-    core_bytes, file_bytes = framed
-    core = _loads(core_bytes)
+    load_core, file_bytes = framed
+    core = load_core()
     if not (
         isinstance(core, dict)
         and core.get("format") == FORMAT

@@ -291,3 +291,8 @@ def _model_enums() -> tuple[type, ...]:
 
 def loads(data: bytes | memoryview) -> Any:
     return _Unpickler(io.BytesIO(data)).load()
+
+
+def load(file: Any) -> Any:
+    """The value pickled at `file`'s position (a mapped kept base: read frame by frame, never copied whole)."""
+    return _Unpickler(file).load()
