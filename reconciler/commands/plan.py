@@ -179,6 +179,7 @@ def _plan(
     world = keptworlds.get(reader.cache.disk, world_key, args.policy) if kept else None
     keep: Callable[[prplan.BaseSide, plans.Observed], None] | None = None
     if world is not None:
+        exiting.hold(world)  # freed by the process's end, not object by object when this returns
         # Base as an earlier run left it: head is read by delta from its tree, its side is not planned again.
         reader.cache.tree = world.tree
         reader.memo.adopt(LoadResult(world.state, []), list(world.found), world.owners)
