@@ -15,7 +15,7 @@ from pathlib import Path
 import git
 import pytest
 
-from desired.reading import gitrepo, loading, safefiles, yamlio
+from desired.reading import gitobjects, gitrepo, loading, safefiles, yamlio
 from desired.state import LoadResult
 from reconciler.caches.blobs import BlobCache
 
@@ -127,9 +127,14 @@ def test_only_blobs_missing_from_the_cache_are_fetched(
     assert result == _one_by_one(tree, "HEAD", monkeypatch)
 
 
+@pytest.mark.parametrize("way", ["git", "files"])
 def test_a_read_by_delta_batches_its_changed_blobs(
-    tree: Path, reads: list[str], monkeypatch: pytest.MonkeyPatch
+    tree: Path, reads: list[str], monkeypatch: pytest.MonkeyPatch, way: str
 ) -> None:
+    """Through GitPython: one batch for the changed blobs. From the repository's files (`gitobjects`,
+    the usual way): each changed blob read from the object store, no git process at all."""
+    if way == "git":
+        monkeypatch.setattr(gitobjects, "open_repo", lambda root: None)
     cache = BlobCache()
     try:
         gitrepo.read_revision(tree, "HEAD", cache=cache)
@@ -141,8 +146,13 @@ def test_a_read_by_delta_batches_its_changed_blobs(
         assert cache.last_full == ""  # it was read by delta
     finally:
         gitrepo.release(cache)
-    assert calls == [("--batch-check", 5), ("--batch", 5)]
-    assert reads == []
+    if way == "git":
+        assert calls == [("--batch-check", 5), ("--batch", 5)]
+        assert reads == []
+    else:
+        assert calls == []
+        added = {ref.key for ref in gitrepo.revision_refs(tree, "HEAD") if ref.name.startswith("allocations/alloc-020")}
+        assert len(reads) == 5 and set(reads) == added
     assert by_delta == _one_by_one(tree, "HEAD", monkeypatch)
 
 

@@ -34,9 +34,12 @@ def test_a_commit_id_is_resolved_once_and_a_ref_each_time(tmp_path: Path, monkey
     assert opened == []  # known: git is not asked again
 
     second = _commit(repo, tmp_path, "two")
-    assert gitrepo.resolve(tmp_path, "HEAD") == second  # a ref moves: asked every time
+    assert gitrepo.resolve(tmp_path, "HEAD") == second  # a ref moves: read again every time
+    assert opened == []  # from the repository's files (desired.reading.gitobjects), not GitPython
     assert gitrepo.resolve(tmp_path, first[:12]) == first  # a short id may name another object later
-    assert len(opened) == 2
+    assert len(opened) == 1  # git's rules for short ids: asked of GitPython, every time
+    third = _commit(repo, tmp_path, "three")
+    assert gitrepo.resolve(tmp_path, "HEAD") == third
 
 
 def test_an_unknown_commit_id_is_still_refused(tmp_path: Path) -> None:
