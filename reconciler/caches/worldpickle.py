@@ -76,12 +76,18 @@ def _is_model_module(module: str) -> bool:
     return module.startswith("desired.models.")
 
 
-def _model(cls: type, values: dict[str, Any], fields_set: set[str], extra: Any, private: Any) -> Any:
+_MODELS_SEEN: set[type] = set()  # classes `_model` has checked: 10,000 nodes are checked once
+_setattr = object.__setattr__
+
+
+def _model(cls: Any, values: dict[str, Any], fields_set: set[str], extra: Any, private: Any) -> Any:
     """A pydantic model from its stored fields, without validation (pickle's way, in fewer steps)."""
-    if not (_is_model_module(getattr(cls, "__module__", "")) and issubclass(cls, BaseModel)):
-        raise pickle.UnpicklingError(f"{cls!r} is not a desired-state model")
+    if cls not in _MODELS_SEEN:
+        if not (_is_model_module(getattr(cls, "__module__", "")) and issubclass(cls, BaseModel)):
+            raise pickle.UnpicklingError(f"{cls!r} is not a desired-state model")
+        _MODELS_SEEN.add(cls)
     obj = cls.__new__(cls)
-    setattr_ = object.__setattr__
+    setattr_ = _setattr
     setattr_(obj, "__dict__", values)
     setattr_(obj, "__pydantic_fields_set__", fields_set)
     setattr_(obj, "__pydantic_extra__", extra)
