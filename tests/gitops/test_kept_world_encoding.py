@@ -89,3 +89,12 @@ def test_a_file_names_the_cores_models_and_never_holds_one() -> None:
     assert docs[1][1] == loose and docs[1][1] is not loose
     with pytest.raises(worldpickle.Leak):  # the core's model reached another way would be two objects
         worldpickle.dumper(refuse=refer.keys())([("doc", None, [sku])])
+
+
+def test_only_desired_state_models_are_built_without_validation() -> None:
+    """`_model` builds a model of `desired.models` from stored fields; any other class is refused, every time."""
+    built = worldpickle._model(m.Hugepages, dict(m.Hugepages().__dict__), set(), None, None)
+    assert type(built) is m.Hugepages and built == m.Hugepages()
+    for _ in range(2):  # a refusal is never remembered as a check passed
+        with pytest.raises(pickle.UnpicklingError, match="not a desired-state model"):
+            worldpickle._model(fleetgraph.NodeFacts, {}, set(), None, None)
