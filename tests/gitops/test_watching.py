@@ -187,6 +187,41 @@ def test_local_head_wakes_on_commit(fleet_repo: Repo) -> None:
         source.close()
 
 
+def test_local_head_never_sees_objects_being_written(fleet_repo: Repo) -> None:
+    """A `git gc` on a large repo deletes its loose objects by the hundred thousand: when the whole git
+    directory was watched, sorting out those events held a commit back for 25 s at 100,000 nodes."""
+    stop = threading.Event()
+    source = heads.LocalHead(fleet_repo.root, stop, debounce_ms=50, step_ms=10, tick_s=60.0)
+    seen: list[str] = []
+    wanted = source._wanted
+    source._wanted = lambda change, path: seen.append(path) or wanted(change, path)  # type: ignore[method-assign]
+    objects = Path(fleet_repo.repo.git_dir) / "objects" / "ee"
+    objects.mkdir(exist_ok=True)
+
+    def flood_then_commit() -> None:
+        for i in range(200):
+            (objects / f"{i:038x}").write_bytes(b"x")
+        fleet_repo.request("req-flood", 1)
+
+    try:
+        source.wait(0.05)  # the watcher is set up (returns at the short first tick)
+        before = source.current()
+        timer = threading.Timer(0.3, flood_then_commit)
+        timer.start()
+        deadline = time.monotonic() + 60.0  # loose: a commit alone takes seconds at load 10 on 2 cores
+        while source.current() == before and time.monotonic() < deadline:
+            source.wait(120.0)  # returns on a wake or at the 50 ms tick the first wait set
+        timer.join()
+        assert source.current() != before
+        assert seen and not [p for p in seen if "/objects/" in p]
+        git_dir = Path(fleet_repo.repo.git_dir).resolve()
+        assert source.watched == (git_dir, git_dir / "refs" / "heads")
+    finally:
+        source.close()
+        for f in objects.glob("*"):
+            f.unlink()
+
+
 def test_remote_branch_is_polled_and_applied_without_touching_the_checkout(
     fleet_repo: Repo, tmp_path: Path, db_url: str, conn: connections.Connection
 ) -> None:
