@@ -37,7 +37,6 @@ transactions first, then the loop returns.
 from __future__ import annotations
 
 import datetime as dt
-import gc
 import threading
 import time
 from collections.abc import Callable
@@ -52,6 +51,7 @@ from policies import validationmemo
 from reconciler import codes as reconciler_codes
 from reconciler import sources
 from reconciler.caches.blobs import BlobCache
+from reconciler.loop import heaps
 from reconciler.loop.looptypes import Event, Failing, Revisions
 from reconciler.placement import replanning
 from reconciler.plans import Planner
@@ -67,7 +67,6 @@ __all__ = [
     "HEAD_BEHIND",
     "NO_SCHEMA",
     "RECONVERGED",
-    "REHEAP_EVERY",
     "Connect",
     "Event",
     "Failing",
@@ -87,7 +86,6 @@ Connect = Callable[[], connections.Connection]
 Log = Callable[[Event], None]
 
 FRESH_RETRY_S = 1.0  # a new failure is retried this soon, on a fresh connection
-REHEAP_EVERY = 50  # revisions between full collections of the frozen heap (see Loop._settle_heap)
 
 
 class Loop:
@@ -124,7 +122,7 @@ class Loop:
         self.failing: Failing | None = None
         self.max_failing_s = max_failing_s
         self.gave_up = False  # failing for longer than max_failing_s: run() returned
-        self.applied_count = 0
+        self.heap = heaps.Heap(clock)  # the state in force frozen, its garbage collected when idle (heaps)
         # parsed documents by git blob id, and the last tree: a commit re-reads only what it changed;
         # no plain values kept beside the models (positions come from the bytes)
         self.blobs = BlobCache(keep_values=False)
@@ -207,17 +205,6 @@ class Loop:
             else f"failing for {now - since:.0f}s, try {tries}, next in {self.not_before - now:.0f}s"
         )
         return self._emit(Event("error", rev, f"{code}: {message} ({note})"))
-
-    def _settle_heap(self) -> None:
-        """Keep the collector off the state in force. At 10,000 nodes the cached documents are
-        millions of objects, and every full collection walked all of them (seconds per commit);
-        frozen, they are skipped. Garbage from older revisions is freed by reference counting; a
-        full unfrozen collection every REHEAP_EVERY revisions reclaims any cycles among it."""
-        self.applied_count += 1
-        if self.applied_count % REHEAP_EVERY == 0:
-            gc.unfreeze()
-            gc.collect()
-        gc.freeze()
 
     def failing_for(self) -> float:
         return 0.0 if self.failing is None else self.clock() - self.failing.since
@@ -317,7 +304,7 @@ class Loop:
                 )
             )
         self.seen, self.state, self.in_force = rev, loaded.state, rev
-        self._settle_heap()
+        self.heap.settle()
         self.last_started = revisions.started_at(conn, result.run_id)
         self.next_retry = self.clock() + self.interval
         return self._emit(
@@ -461,7 +448,10 @@ class Loop:
         last: Event | None = None
         try:
             while not self.stop.is_set() and not self.no_schema:
-                last = self.step() or last
+                event = self.step()
+                if event is None and not once:
+                    self.heap.idle()  # nothing came: a due full collection delays no commit now
+                last = event or last
                 if once:
                     self.next_retry = self.not_before = 0.0
                     return last if self.no_schema else (self.step() or last)
