@@ -53,7 +53,17 @@ class _GitRevisions:
 
     def is_ancestor(self, older: str, newer: str) -> bool:
         try:
-            return older != newer and bool(self.repo.is_ancestor(self.repo.commit(older), self.repo.commit(newer)))
+            if older == newer:
+                return False
+            old, new = self.repo.commit(older), self.repo.commit(newer)
+            # The loop's everyday question, "is the new commit an ancestor of the one applied before it
+            # (its parent)?", answered from the commits it already reads: a commit is no ancestor of its
+            # own parent. Each `git merge-base` is a process forked from the loop, 2.8 GB at 100,000 nodes.
+            if new in old.parents:
+                return False
+            if old in new.parents:
+                return True
+            return bool(self.repo.is_ancestor(old, new))
         except (git.GitCommandError, git.BadName, ValueError):
             return False  # a revision this clone does not have
 

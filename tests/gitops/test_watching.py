@@ -222,6 +222,27 @@ def test_local_head_never_sees_objects_being_written(fleet_repo: Repo) -> None:
             f.unlink()
 
 
+def test_local_head_ancestry_from_parents_and_from_git(fleet_repo: Repo) -> None:
+    """Parent and child are answered from the commits themselves; anything further asks git."""
+    base = fleet_repo.repo.head.commit.hexsha
+    one = fleet_repo.request("req-a1", 1)
+    two = fleet_repo.request("req-a2", 1)
+    fleet_repo.repo.git.checkout("-q", "-b", "side", base)
+    side = fleet_repo.request("req-a3", 1)
+    source = heads.LocalHead(fleet_repo.root, threading.Event())
+    try:
+        assert source.is_ancestor(base, one) and source.is_ancestor(one, two) and source.is_ancestor(base, two)
+        assert (
+            not source.is_ancestor(two, one) and not source.is_ancestor(one, base) and not source.is_ancestor(two, base)
+        )
+        assert (
+            not source.is_ancestor(one, side) and not source.is_ancestor(side, two) and source.is_ancestor(base, side)
+        )
+        assert not source.is_ancestor(two, two) and not source.is_ancestor("0" * 40, two)
+    finally:
+        source.close()
+
+
 def test_remote_branch_is_polled_and_applied_without_touching_the_checkout(
     fleet_repo: Repo, tmp_path: Path, db_url: str, conn: connections.Connection
 ) -> None:
