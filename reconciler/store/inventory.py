@@ -94,6 +94,7 @@ class Memory:
     full_syncs: int = 0
     hashed: weakref.ref[DesiredState] | None = None  # the state content_hash saw last, and its lines per table
     hash_parts: dict[str, bytes] = field(default_factory=dict)
+    hash_states: dict[str, tuple[bytes, Any]] = field(default_factory=dict)  # part -> the hasher after it
     synced: weakref.ref[DesiredState] | None = None  # the state the last sync brought the rows to
     slot_count: int = 0  # slot rows of that state
     delta_syncs: int = 0  # syncs that itemised only a delta's documents
