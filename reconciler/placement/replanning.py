@@ -226,10 +226,10 @@ class WarmPlanner:
         read_by: Delta | None,
     ) -> placing.Engine:
         """The kept engine, reset node by node to what `placing.Engine(desired, observed)` holds."""
-        self._check_shape(kept, desired)
+        self.last_sync, delta = _since(kept, desired, read_by)
+        self._check_shape(kept, desired, delta)
         engine = kept.engine
         engine.warnings.clear()  # they describe what a sync loaded; a kept list would only grow
-        self.last_sync, delta = _since(kept, desired, read_by)
         self.by_delta += delta is not None
         refacts = (
             _refacts(engine, desired, observed)
@@ -257,15 +257,17 @@ class WarmPlanner:
         self.last_reset = len(reset)
         return engine
 
-    def _check_shape(self, kept: _Kept, desired: DesiredState) -> None:
-        """Raise `_Cold` when what shapes the whole index changed."""
+    def _check_shape(self, kept: _Kept, desired: DesiredState, delta: Delta | None) -> None:
+        """Raise `_Cold` when what shapes the whole index changed. `delta`: how `desired` differs from the
+        state the engine was brought to (None: unknown); one that names no Node leaves the node names
+        as they were, and their 100,000 keys are not compared per commit."""
         if kept.age + 1 >= self.full_every:
             raise _Cold(f"periodic full rebuild (every {self.full_every} plans)")
         if desired.fleet is not kept.fleet and desired.fleet != kept.fleet:
             raise _Cold("the Fleet document changed (policy, workload mix or lease weighting)")
         if desired.skus != kept.skus:
             raise _Cold("SKUs changed")
-        if desired.nodes.keys() != kept.engine.by_name.keys():
+        if (delta is None or "Node" in delta.kinds()) and desired.nodes.keys() != kept.engine.by_name.keys():
             raise _Cold("nodes were added or removed (node order is the last tie-break)")
 
     @staticmethod
