@@ -2,26 +2,32 @@
 
 The loop holds millions of long-lived objects (documents by blob id, the
 inventory's idents, the placement engine, the observed claims). A full
-collection walks all of them: about 0.7 s at 5,000 nodes, seconds at
-100,000. So after each applied revision (`Heap.settle`):
+collection walks all of them: about 0.9 s at 10,000 nodes, seconds at
+100,000. So after each revision applied (`Heap.settle`):
 
-- the young generations (what this revision made; everything older is
-  frozen) are collected: that frees the reference cycles the revision made
-  and dropped, at the cost of what it made, not of the fleet;
-- then `gc.freeze()` moves the survivors out of the collector's sight.
+- a revision read by delta (a commit's few files): the young generations
+  (what it made; everything older is frozen) are collected, which frees the
+  reference cycles it made and dropped at the cost of what it made, not of
+  the fleet; then `gc.freeze()` moves the survivors out of the collector's
+  sight;
+- a revision read whole (the first, a cold build of millions of objects):
+  frozen as it is (collecting it would be the full walk), and a full
+  collection is due.
 
-Measured on the gitops bench: after 49 allocation commits with a young
-collection before each freeze, a full collection finds nothing more to
-free. What a young collection cannot free are frozen objects that become
-cyclic garbage later (a planner engine rebuilt cold, caches replaced after
-a reconverge, blobs pruned from the cache). A full collection (unfreeze,
-collect, freeze) reclaims them. It is due once the frozen heap has grown by
-GROWTH since the last full one, so leftover garbage stays below that share
-of the heap, and it runs only when the loop has been idle IDLE_S (`idle`),
-never on the path of a commit. After a large build (a cold apply: millions
-of young objects) the young collection would be a full walk: those objects
-are frozen as they are (YOUNG_MAX), and the growth they bring makes a full
-collection due at the next idle moment.
+Measured in-process on the gitops bench fleet: after 49 allocation commits
+settled so, a full collection finds nothing more to free (with a freeze
+alone, about 130 objects a commit waited for it). What a young collection
+cannot free are frozen objects that become cyclic garbage later (a planner
+engine rebuilt cold, caches replaced after a reconverge). A full collection
+(unfreeze, collect, freeze) reclaims them. It is due after a whole read, and
+once the objects frozen since the last full one reach GROWTH of what that
+one kept, so frozen garbage stays below that share of the live heap (plus
+one revision); they are counted as they are frozen, from the young
+generations (a few hundred objects a commit: `gc.get_freeze_count()` walks
+the whole frozen list, 0.35 s at 30,000 nodes). A due collection runs only
+when the loop has been idle IDLE_S (`idle`), never on the path of a commit;
+a commit that lands during one waits for it (seconds at 100,000 nodes,
+once after a start and then about every GROWTH of the heap in new objects).
 """
 
 from __future__ import annotations
@@ -33,9 +39,8 @@ from collections.abc import Callable
 
 log = logging.getLogger("gpuaas.loop")
 
-GROWTH = 0.25  # a full collection is due once the frozen heap grew by this share since the last one
+GROWTH = 0.25  # a full collection is due once this share of the kept heap was frozen since the last one
 IDLE_S = 2.0  # ... and runs once no revision was applied for this long
-YOUNG_MAX = 200_000  # more young objects than this (a cold apply): frozen without the young collection
 
 
 class Heap:
@@ -45,7 +50,8 @@ class Heap:
         self, clock: Callable[[], float] = time.monotonic, *, growth: float = GROWTH, idle_s: float = IDLE_S
     ) -> None:
         self.clock, self.growth, self.idle_s = clock, growth, idle_s
-        self.baseline: int | None = None  # frozen objects after the last full collection (None: none yet)
+        self.baseline: int | None = None  # objects the last full collection kept frozen (None: none yet)
+        self.frozen_since = 0  # objects frozen since (an upper bound: some have died since)
         self.due = False
         self.settled_at = clock()
         self.young_collections = 0
@@ -53,19 +59,19 @@ class Heap:
         self.last_full_s = 0.0
         self.last_freed = 0
 
-    def settle(self) -> None:
-        """After an applied revision: its own garbage collected, what lives on frozen."""
-        young = gc.get_count()[0] <= YOUNG_MAX
-        if young:
+    def settle(self, *, whole: bool) -> None:
+        """After an applied revision (`whole`: read whole, not by delta): its own garbage collected
+        unless that is a full walk, what lives on frozen."""
+        if whole:
+            gc.freeze()
+            self.due = True
+        else:
             self.young_collections += 1
             gc.collect()  # generations 0-2 only: the frozen (permanent) one is not walked
-        gc.freeze()
-        frozen = gc.get_freeze_count()
-        if self.baseline is None:
-            self.baseline = frozen
-        # frozen uncollected (a cold build's garbage with it), or grown past the share: collect when idle
-        if not young or frozen > self.baseline * (1 + self.growth):
-            self.due = True
+            self.frozen_since += sum(len(gc.get_objects(generation)) for generation in range(3))
+            gc.freeze()
+            if self.baseline is None or self.frozen_since > self.baseline * self.growth:
+                self.due = True
         self.settled_at = self.clock()
 
     def idle(self) -> bool:
@@ -76,7 +82,7 @@ class Heap:
         gc.unfreeze()
         self.last_freed = gc.collect()
         gc.freeze()
-        self.baseline = gc.get_freeze_count()
+        self.baseline, self.frozen_since = gc.get_freeze_count(), 0  # one walk, beside the collection's
         self.due = False
         self.full_collections += 1
         self.last_full_s = time.perf_counter() - t0

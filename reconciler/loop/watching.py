@@ -304,7 +304,7 @@ class Loop:
                 )
             )
         self.seen, self.state, self.in_force = rev, loaded.state, rev
-        self.heap.settle()
+        self.heap.settle(whole=loaded.delta is None)
         self.last_started = revisions.started_at(conn, result.run_id)
         self.next_retry = self.clock() + self.interval
         return self._emit(
