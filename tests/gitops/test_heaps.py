@@ -27,7 +27,7 @@ def _unfrozen() -> Iterator[None]:
 
 def _clock() -> tuple[list[float], heaps.Heap]:
     now = [0.0]
-    return now, heaps.Heap(lambda: now[0], growth=0.5, idle_s=2.0)
+    return now, heaps.Heap(lambda: now[0], growth=0.5, idle_s=2.0, young_every=2)
 
 
 def test_a_whole_read_is_frozen_as_it_is_and_collected_once_idle() -> None:
@@ -52,6 +52,8 @@ def test_a_commits_own_cycles_are_freed_when_it_settles() -> None:
     gone = Node()
     ref = weakref.ref(gone)
     del gone
+    heap.settle(whole=False)  # young_every=2: the first commit's objects stay young, unfrozen
+    assert ref() is not None and heap.young_collections == 0
     heap.settle(whole=False)
     assert ref() is None and heap.young_collections == 1 and not heap.due
 
@@ -64,11 +66,14 @@ def test_frozen_garbage_waits_until_enough_was_frozen_since() -> None:
     assert heap.baseline is not None
     kept = Node()
     ref = weakref.ref(kept)
+    heap.settle(whole=False)
     heap.settle(whole=False)  # `kept` lives on: frozen
-    del kept  # now garbage, but frozen: the next commit's young collection does not walk it
+    del kept  # now garbage, but frozen: the next commits' young collection does not walk it
+    heap.settle(whole=False)
     heap.settle(whole=False)
     assert ref() is not None and not heap.due
     many = [Node() for _ in range(heap.baseline)]  # half the kept heap (growth=0.5) frozen since
+    heap.settle(whole=False)
     heap.settle(whole=False)
     del many
     assert heap.due
