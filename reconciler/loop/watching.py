@@ -176,6 +176,8 @@ class Loop:
             elif now >= self.next_retry:
                 self.next_retry = now + self.interval
                 event = self._retry()
+            elif self.inventory.refresh_due() and now - self.heap.settled_at >= heaps.IDLE_S:
+                event = self._retry(compare=True)  # the periodic full comparison, while no commit waits
             else:
                 return None
         except Cancelled:
@@ -325,7 +327,9 @@ class Loop:
             )
         )
 
-    def _retry(self) -> Event | None:
+    def _retry(self, *, compare: bool = False) -> Event | None:
+        """The revision in force again, when something may move (or `compare`: the inventory memory's
+        periodic comparison of every row, `inventory.Memory.refresh_due`, run while the loop is idle)."""
         state, rev = self.state, self.in_force
         if state is None or rev is None:
             return None
@@ -337,9 +341,9 @@ class Loop:
             moved_back = latest is None or self.source.is_ancestor(latest, rev)
             return self._reconverge(state, rev, latest) if moved_back else None
         work = revisions.work(conn, self.last_started)
-        if not work.any:
+        if not (work.any or compare):
             return None
-        if not work.host_reports:
+        if not (work.host_reports or compare):
             plan = self.plans(state, live.observe(conn, self.observed))
             if not (plan.placements or plan.releases):
                 return None
@@ -347,6 +351,8 @@ class Loop:
         with revisions.try_lock(conn, rev) as mine:
             if not mine:
                 return None
+            if compare:
+                self.inventory.distrust()  # this sync reads and compares every row
             result = reconciling.reconcile(
                 conn,
                 state,
@@ -360,7 +366,7 @@ class Loop:
             Event(
                 "retried",
                 rev,
-                "",
+                "every inventory row compared while idle" if compare else "",
                 result.run_id,
                 MappingProxyType(result.counts()),
                 time.perf_counter() - t0,

@@ -177,6 +177,47 @@ def test_the_loops_session_never_compiles_a_statement(loop: LoopRun) -> None:
     assert row is not None and row[0] == "off"
 
 
+def test_the_periodic_full_comparison_runs_while_idle_not_on_a_commit(
+    fleet_repo: Repo, db_url: str, conn: connections.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every REFRESH_EVERY syncs every inventory row is compared again (10 s at 10,000 nodes): when
+    the loop is idle, and it puts back a row changed behind the memory's back."""
+    from reconciler.loop import heaps
+    from reconciler.store import inventory
+
+    monkeypatch.setattr(inventory.Memory, "REFRESH_EVERY", 2)
+    now = [0.0]
+    stop = threading.Event()
+    loop = watching.Loop(
+        fleet_repo.root,
+        heads.LocalHead(fleet_repo.root, stop),
+        lambda: connections.connect(db_url, autocommit=True),
+        stop=stop,
+        interval=3600.0,
+        clock=lambda: now[0],
+    )
+    try:
+        assert loop.step() is not None  # the cold apply: every row compared
+        conn.execute("UPDATE nodes SET pool = 'tampered' WHERE name = 'h200-use1-s01'")  # no generation bump
+        for name in ("req-idle-1", "req-idle-2"):
+            fleet_repo.request(name, 1)
+            event = loop.step()
+            assert event is not None and event.kind == "applied"
+        full = loop.inventory.full_syncs
+        assert loop.inventory.refresh_due() and full == 1  # due, yet neither commit paid for it
+        now[0] += heaps.IDLE_S / 2
+        assert loop.step() is None  # a commit may still be on its way
+        now[0] += heaps.IDLE_S
+        event = loop.step()
+        assert event is not None and event.kind == "retried" and "every inventory row compared" in event.message
+        assert loop.inventory.full_syncs == full + 1 and not loop.inventory.refresh_due()
+        row = conn.execute("SELECT pool FROM nodes WHERE name = 'h200-use1-s01'").fetchone()
+        assert row is not None and row[0] == "h200-slice"
+    finally:
+        loop.close()
+        loop.source.close()
+
+
 def test_local_head_wakes_on_commit(fleet_repo: Repo) -> None:
     stop = threading.Event()
     source = heads.LocalHead(fleet_repo.root, stop, debounce_ms=50, step_ms=10, tick_s=60.0)
