@@ -176,8 +176,10 @@ class Loop:
             elif now >= self.next_retry:
                 self.next_retry = now + self.interval
                 event = self._retry()
-            elif self.inventory.refresh_due() and now - self.heap.settled_at >= heaps.IDLE_S:
-                event = self._retry(compare=True)  # the periodic full comparison, while no commit waits
+            elif (
+                self.inventory.refresh_due() or self.plans.rebuild_due()
+            ) and now - self.heap.settled_at >= heaps.IDLE_S:
+                event = self._retry(periodic=True)  # the periodic full work, while no commit waits
             else:
                 return None
         except Cancelled:
@@ -327,9 +329,9 @@ class Loop:
             )
         )
 
-    def _retry(self, *, compare: bool = False) -> Event | None:
-        """The revision in force again, when something may move (or `compare`: the inventory memory's
-        periodic comparison of every row, `inventory.Memory.refresh_due`, run while the loop is idle)."""
+    def _retry(self, *, periodic: bool = False) -> Event | None:
+        """The revision in force again, when something may move; `periodic`: for the memories' full work
+        (`inventory.Memory.refresh_due`, `WarmPlanner.rebuild_due`: seconds at 10,000 nodes), while idle."""
         state, rev = self.state, self.in_force
         if state is None or rev is None:
             return None
@@ -341,9 +343,9 @@ class Loop:
             moved_back = latest is None or self.source.is_ancestor(latest, rev)
             return self._reconverge(state, rev, latest) if moved_back else None
         work = revisions.work(conn, self.last_started)
-        if not (work.any or compare):
+        if not (work.any or periodic):
             return None
-        if not (work.host_reports or compare):
+        if not (work.host_reports or periodic):
             plan = self.plans(state, live.observe(conn, self.observed))
             if not (plan.placements or plan.releases):
                 return None
@@ -351,8 +353,13 @@ class Loop:
         with revisions.try_lock(conn, rev) as mine:
             if not mine:
                 return None
-            if compare:
+            done = []
+            if periodic and self.inventory.refresh_due():
                 self.inventory.distrust()  # this sync reads and compares every row
+                done.append("every inventory row compared")
+            if periodic and self.plans.rebuild_due():
+                self.plans.rebuild()
+                done.append("placement engine built cold")
             result = reconciling.reconcile(
                 conn,
                 state,
@@ -366,7 +373,7 @@ class Loop:
             Event(
                 "retried",
                 rev,
-                "every inventory row compared while idle" if compare else "",
+                f"{' and '.join(done)} while idle" if done else "",
                 result.run_id,
                 MappingProxyType(result.counts()),
                 time.perf_counter() - t0,

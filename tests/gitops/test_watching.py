@@ -180,8 +180,9 @@ def test_the_loops_session_never_compiles_a_statement(loop: LoopRun) -> None:
 def test_the_periodic_full_comparison_runs_while_idle_not_on_a_commit(
     fleet_repo: Repo, db_url: str, conn: connections.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every REFRESH_EVERY syncs every inventory row is compared again (10 s at 10,000 nodes): when
-    the loop is idle, and it puts back a row changed behind the memory's back."""
+    """Every REFRESH_EVERY syncs every inventory row is compared again (10 s at 10,000 nodes), and every
+    full_every plans the placement engine is built cold (6 s): when the loop is idle, not on a commit.
+    The comparison puts back a row changed behind the memory's back."""
     from reconciler.loop import heaps
     from reconciler.store import inventory
 
@@ -196,6 +197,7 @@ def test_the_periodic_full_comparison_runs_while_idle_not_on_a_commit(
         interval=3600.0,
         clock=lambda: now[0],
     )
+    loop.plans.full_every = 3
     try:
         assert loop.step() is not None  # the cold apply: every row compared
         conn.execute("UPDATE nodes SET pool = 'tampered' WHERE name = 'h200-use1-s01'")  # no generation bump
@@ -203,14 +205,17 @@ def test_the_periodic_full_comparison_runs_while_idle_not_on_a_commit(
             fleet_repo.request(name, 1)
             event = loop.step()
             assert event is not None and event.kind == "applied"
-        full = loop.inventory.full_syncs
+        full, cold = loop.inventory.full_syncs, loop.plans.cold
         assert loop.inventory.refresh_due() and full == 1  # due, yet neither commit paid for it
+        assert loop.plans.rebuild_due() and cold == 1
         now[0] += heaps.IDLE_S / 2
         assert loop.step() is None  # a commit may still be on its way
         now[0] += heaps.IDLE_S
         event = loop.step()
-        assert event is not None and event.kind == "retried" and "every inventory row compared" in event.message
+        assert event is not None and event.kind == "retried"
+        assert event.message == "every inventory row compared and placement engine built cold while idle"
         assert loop.inventory.full_syncs == full + 1 and not loop.inventory.refresh_due()
+        assert loop.plans.cold == cold + 1 and not loop.plans.rebuild_due()
         row = conn.execute("SELECT pool FROM nodes WHERE name = 'h200-use1-s01'").fetchone()
         assert row is not None and row[0] == "h200-slice"
     finally:
