@@ -58,7 +58,6 @@ _VALIDATORS = {"operand", "ifname", "mac"}
 # once every value in its argv follows a literal "--" (or is a literal).
 ARGV_ALLOWED = {
     "desired/reading/gitrepo.py::_refs": "the value before '--' is commit.hexsha: 40 hex digits from git itself",
-    "desired/reading/gitrepo.py::_by_delta": "the values before '--' are two commit ids: 40 hex digits from git itself",
     "desired/reading/gitrepo.py::_cat_file": "argv is git's executable, 'cat-file', a mode checked against two "
     "literals and '--buffer'; the object ids go to stdin",
     "tools/gpuaas_tools/bench/claims.py::_pgbench": "bench tool: protocol defaults to a literal, numbers are ints, "

@@ -77,7 +77,7 @@ def check_ref_name(name: str, what: str = "name") -> str:
 _SYMLINK_MODE = "120000"
 _GITLINK_MODE = "160000"
 _TREE_MODE = "040000"
-_ABSENT_MODE = "000000"  # diff-tree's mode of the side where a path does not exist
+_ABSENT_MODE = gitobjects.ABSENT  # diff-tree's mode of the side where a path does not exist
 _REPO = "gitrepo.repo"  # Tree.extra: (root, the git.Repo it was read with)
 
 
@@ -177,6 +177,8 @@ def read_revision(
     # The kept tree's Repo is reused: its object reader (a `git cat-file` process) stays up between revisions.
     kept = cache.tree.extra.get(_REPO) if cache is not None and cache.tree is not None else None
     repo, commit, prefix = _open(root, rev, kept[1] if kept is not None and kept[0] == root else None)
+    if _COMMIT_ID.fullmatch(rev):  # `resolve` after a read opens no Repo of its own (a git process per commit)
+        _remember(root, rev, str(commit.hexsha))
     if kept is not None and kept[1] is not repo:
         kept[1].close()  # replaced below: its git processes end now, not whenever the collector finds them
     try:
@@ -302,16 +304,14 @@ def _by_delta(
         base = repo.commit(kept.revision)
         if base not in commit.parents and not repo.is_ancestor(base, commit):
             return f"{commit.hexsha[:12]} does not descend from the kept {kept.revision[:12]}"
-    # Two 40-hex commit ids, then '--' and the prefix: nothing here reads as an option.
-    out = repo.git.diff_tree(
-        "-r", "-z", "--no-renames", kept.revision, commit.hexsha, "--", *([prefix] if prefix else [])
+    # What `git diff-tree -r --no-renames` names, without a git process per commit (`treediffs`, which
+    # imports GitPython: only here, off a kept base's path).
+    from desired.reading import treediffs
+
+    rows = (
+        (c.old_mode, c.new_mode, "", c.new_id, c.path)
+        for c in treediffs.diff(repo, kept.revision, commit.hexsha, prefix)
     )
-    parts = out.split("\0")
-    rows = [
-        (*meta[1:].split(" ")[:4], path)
-        for meta, path in zip(parts[0::2], parts[1::2], strict=False)
-        if meta.startswith(":")
-    ]
     changes = _changes(repo, prefix, rows, _batch_reader(repo))
     return deltas.apply(cache, str(commit.hexsha), changes, cancel=cancel)
 
@@ -481,10 +481,14 @@ def resolve(root: Path, rev: str) -> str:
         except Exception as e:  # gitpython raises many unrelated types for a bad name
             raise RevisionError(f"unknown revision {rev!r}") from e
     if known is not None:
-        if len(_RESOLVED) >= _RESOLVED_MAX:  # a watch loop's lifetime of commits: bounded
-            _RESOLVED.clear()
-        _RESOLVED[known] = commit
+        _remember(root, rev, commit)
     return commit
+
+
+def _remember(root: Path, rev: str, commit: str) -> None:
+    if len(_RESOLVED) >= _RESOLVED_MAX:  # a watch loop's lifetime of commits: bounded
+        _RESOLVED.clear()
+    _RESOLVED[(os.path.abspath(root), rev)] = commit
 
 
 def head(root: Path) -> str | None:

@@ -4,9 +4,16 @@
   read straight from git objects (like `validate --rev`), never the working
   tree: a half-saved file or an uncommitted experiment is not desired state,
   and the revision recorded in history is a commit anyone can check out.
-  watchfiles watches the git directory (HEAD, refs/, packed-refs; objects/
-  and logs/ are ignored) with a short debounce, so a `git commit`, a merge,
-  a `git pull` or a `git checkout` wakes the loop at once.
+  watchfiles watches, each without its subdirectories, the git directory
+  (HEAD, packed-refs) and the directory of the branch HEAD names (for
+  `main`, refs/heads), with a short debounce, so a `git commit`, a merge, a
+  `git pull` or a `git checkout` wakes the loop at once. objects/ is never
+  watched: a `git gc` on a 200,000-file repo deletes as many loose objects,
+  and when the whole git directory was watched, sorting out those events
+  held a commit back for 25 s at 100,000 nodes (the first commit after a
+  cold start of `bench gitops`, while the fleet's first commit was packed).
+  The directories are worked out again on every wake (a checkout of another
+  branch moves HEAD); a tick (`tick_s`) wakes the loop anyway.
 - `RemoteBranch`: a clone polled every `interval` seconds with gitpython
   (`git fetch REMOTE +refs/heads/B:refs/remotes/REMOTE/B`, argv, no shell);
   the tree is read at the fetched commit, the checkout is never touched.
@@ -24,9 +31,8 @@ from desired.reading import gitrepo
 from reconciler import codes as reconciler_codes
 from schemas.errors import GpuaasError, TemporaryError, UsageError
 
-# Only these paths under the git directory say "a ref may have moved".
+# Only these entries of the git directory say "a ref may have moved".
 _GIT_REF_PATHS = ("HEAD", "packed-refs", "FETCH_HEAD", "ORIG_HEAD")
-_GIT_REF_DIRS = ("refs/",)
 
 
 def _repo(path: Path) -> git.Repo:
@@ -47,7 +53,17 @@ class _GitRevisions:
 
     def is_ancestor(self, older: str, newer: str) -> bool:
         try:
-            return older != newer and bool(self.repo.is_ancestor(self.repo.commit(older), self.repo.commit(newer)))
+            if older == newer:
+                return False
+            old, new = self.repo.commit(older), self.repo.commit(newer)
+            # The loop's everyday question, "is the new commit an ancestor of the one applied before it
+            # (its parent)?", answered from the commits it already reads: a commit is no ancestor of its
+            # own parent. Each `git merge-base` is a process forked from the loop, 2.8 GB at 100,000 nodes.
+            if new in old.parents:
+                return False
+            if old in new.parents:
+                return True
+            return bool(self.repo.is_ancestor(old, new))
         except (git.GitCommandError, git.BadName, ValueError):
             return False  # a revision this clone does not have
 
@@ -62,10 +78,11 @@ class LocalHead(_GitRevisions):
         self, path: Path, stop: threading.Event, *, debounce_ms: int = 200, step_ms: int = 20, tick_s: float = 1.0
     ) -> None:
         super().__init__(path, f"watch:{Path(path).resolve()}")
-        self.git_dirs = sorted({Path(self.repo.git_dir).resolve(), Path(self.repo.common_dir).resolve()})
+        self.git_dir, self.common_dir = Path(self.repo.git_dir).resolve(), Path(self.repo.common_dir).resolve()
         self.stop = stop
         self.debounce_ms, self.step_ms, self.tick_ms = debounce_ms, step_ms, max(1, int(tick_s * 1000))
         self._changes: Any = None
+        self.watched: tuple[Path, ...] = ()
 
     def current(self) -> str | None:
         try:
@@ -73,24 +90,41 @@ class LocalHead(_GitRevisions):
         except ValueError:  # an unborn branch: nothing committed yet
             return None
 
+    def _dirs(self) -> tuple[Path, ...]:
+        """The git directory (and a worktree's common one), and the directory of HEAD's branch ref: its
+        nearest existing one, as a packed-only branch's may not exist yet (its creation wakes the loop)."""
+        dirs = {self.git_dir, self.common_dir}
+        try:
+            head = (self.git_dir / "HEAD").read_text(errors="replace")
+        except OSError:
+            head = ""  # the tick still wakes the loop
+        if head.startswith("ref:"):
+            ref = (self.common_dir / head[4:].strip()).parent
+            while ref != self.common_dir and not ref.is_dir():
+                ref = ref.parent
+            if ref.is_relative_to(self.common_dir / "refs"):  # never a directory outside the refs
+                dirs.add(ref)
+        return tuple(sorted(dirs))
+
     def _wanted(self, _change: Any, path: str) -> bool:
-        for root in self.git_dirs:
-            try:
-                rel = Path(path).resolve().relative_to(root).as_posix()
-            except ValueError:
-                continue
-            return rel in _GIT_REF_PATHS or rel.startswith(_GIT_REF_DIRS)
-        return False
+        at = Path(path)
+        if at.parent in (self.git_dir, self.common_dir):
+            return at.name in _GIT_REF_PATHS
+        return True  # an entry of the branch's ref directory
 
     def wait(self, timeout: float) -> None:
         if self.stop.is_set():
             return
-        if self._changes is None:
+        dirs = self._dirs()
+        if self._changes is None or dirs != self.watched:
             import watchfiles
 
+            if self._changes is not None:
+                self._changes.close()
+            self.watched = dirs
             # yield_on_timeout: wake every tick so the loop can run retries and notice a stop.
             self._changes = watchfiles.watch(
-                *self.git_dirs,
+                *dirs,
                 watch_filter=self._wanted,
                 debounce=self.debounce_ms,
                 step=self.step_ms,
@@ -98,6 +132,7 @@ class LocalHead(_GitRevisions):
                 rust_timeout=min(self.tick_ms, max(1, int(timeout * 1000))),
                 yield_on_timeout=True,
                 raise_interrupt=False,
+                recursive=False,
             )
         next(self._changes, None)
 

@@ -37,7 +37,6 @@ transactions first, then the loop returns.
 from __future__ import annotations
 
 import datetime as dt
-import gc
 import threading
 import time
 from collections.abc import Callable
@@ -52,6 +51,7 @@ from policies import validationmemo
 from reconciler import codes as reconciler_codes
 from reconciler import sources
 from reconciler.caches.blobs import BlobCache
+from reconciler.loop import heaps
 from reconciler.loop.looptypes import Event, Failing, Revisions
 from reconciler.placement import replanning
 from reconciler.plans import Planner
@@ -67,7 +67,6 @@ __all__ = [
     "HEAD_BEHIND",
     "NO_SCHEMA",
     "RECONVERGED",
-    "REHEAP_EVERY",
     "Connect",
     "Event",
     "Failing",
@@ -87,7 +86,6 @@ Connect = Callable[[], connections.Connection]
 Log = Callable[[Event], None]
 
 FRESH_RETRY_S = 1.0  # a new failure is retried this soon, on a fresh connection
-REHEAP_EVERY = 50  # revisions between full collections of the frozen heap (see Loop._settle_heap)
 
 
 class Loop:
@@ -124,7 +122,7 @@ class Loop:
         self.failing: Failing | None = None
         self.max_failing_s = max_failing_s
         self.gave_up = False  # failing for longer than max_failing_s: run() returned
-        self.applied_count = 0
+        self.heap = heaps.Heap(clock)  # the state in force frozen, its garbage collected when idle (heaps)
         # parsed documents by git blob id, and the last tree: a commit re-reads only what it changed;
         # no plain values kept beside the models (positions come from the bytes)
         self.blobs = BlobCache(keep_values=False)
@@ -140,6 +138,12 @@ class Loop:
     def _conn(self) -> connections.Connection:
         if self.conn is None or self.conn.closed:
             self.conn = self.connect()
+            # A commit's statements are short, but at 100,000 nodes the estimated cost of some passes
+            # jit_above_cost, and every execution was compiled again (silent nodes: 46 ms a commit).
+            with dberrors.wrapped("configure the loop's session"):
+                self.conn.execute("SET jit = off")
+                if not self.conn.autocommit:
+                    self.conn.commit()
         return self.conn
 
     def close(self) -> None:
@@ -172,6 +176,10 @@ class Loop:
             elif now >= self.next_retry:
                 self.next_retry = now + self.interval
                 event = self._retry()
+            elif (
+                self.inventory.refresh_due() or self.plans.rebuild_due()
+            ) and now - self.heap.settled_at >= heaps.IDLE_S:
+                event = self._retry(periodic=True)  # the periodic full work, while no commit waits
             else:
                 return None
         except Cancelled:
@@ -207,17 +215,6 @@ class Loop:
             else f"failing for {now - since:.0f}s, try {tries}, next in {self.not_before - now:.0f}s"
         )
         return self._emit(Event("error", rev, f"{code}: {message} ({note})"))
-
-    def _settle_heap(self) -> None:
-        """Keep the collector off the state in force. At 10,000 nodes the cached documents are
-        millions of objects, and every full collection walked all of them (seconds per commit);
-        frozen, they are skipped. Garbage from older revisions is freed by reference counting; a
-        full unfrozen collection every REHEAP_EVERY revisions reclaims any cycles among it."""
-        self.applied_count += 1
-        if self.applied_count % REHEAP_EVERY == 0:
-            gc.unfreeze()
-            gc.collect()
-        gc.freeze()
 
     def failing_for(self) -> float:
         return 0.0 if self.failing is None else self.clock() - self.failing.since
@@ -317,7 +314,7 @@ class Loop:
                 )
             )
         self.seen, self.state, self.in_force = rev, loaded.state, rev
-        self._settle_heap()
+        self.heap.settle(whole=loaded.delta is None)
         self.last_started = revisions.started_at(conn, result.run_id)
         self.next_retry = self.clock() + self.interval
         return self._emit(
@@ -332,7 +329,9 @@ class Loop:
             )
         )
 
-    def _retry(self) -> Event | None:
+    def _retry(self, *, periodic: bool = False) -> Event | None:
+        """The revision in force again, when something may move; `periodic`: for the memories' full work
+        (`inventory.Memory.refresh_due`, `WarmPlanner.rebuild_due`: seconds at 10,000 nodes), while idle."""
         state, rev = self.state, self.in_force
         if state is None or rev is None:
             return None
@@ -344,9 +343,9 @@ class Loop:
             moved_back = latest is None or self.source.is_ancestor(latest, rev)
             return self._reconverge(state, rev, latest) if moved_back else None
         work = revisions.work(conn, self.last_started)
-        if not work.any:
+        if not (work.any or periodic):
             return None
-        if not work.host_reports:
+        if not (work.host_reports or periodic):
             plan = self.plans(state, live.observe(conn, self.observed))
             if not (plan.placements or plan.releases):
                 return None
@@ -354,6 +353,13 @@ class Loop:
         with revisions.try_lock(conn, rev) as mine:
             if not mine:
                 return None
+            done = []
+            if periodic and self.inventory.refresh_due():
+                self.inventory.distrust()  # this sync reads and compares every row
+                done.append("every inventory row compared")
+            if periodic and self.plans.rebuild_due():
+                self.plans.rebuild()
+                done.append("placement engine built cold")
             result = reconciling.reconcile(
                 conn,
                 state,
@@ -367,7 +373,7 @@ class Loop:
             Event(
                 "retried",
                 rev,
-                "",
+                f"{' and '.join(done)} while idle" if done else "",
                 result.run_id,
                 MappingProxyType(result.counts()),
                 time.perf_counter() - t0,
@@ -461,7 +467,10 @@ class Loop:
         last: Event | None = None
         try:
             while not self.stop.is_set() and not self.no_schema:
-                last = self.step() or last
+                event = self.step()
+                if event is None and not once:
+                    self.heap.idle()  # nothing came: a due full collection delays no commit now
+                last = event or last
                 if once:
                     self.next_retry = self.not_before = 0.0
                     return last if self.no_schema else (self.step() or last)

@@ -51,6 +51,7 @@ from reconciler.placement import fleetgraph, placing, planner
 log = logging.getLogger("gpuaas.planning")
 
 FULL_EVERY = 500  # plans between cold rebuilds: bounds what a missed case could cost
+STALE_MAX = 2  # without an idle moment to rebuild in (`rebuild_due`), a plan builds cold at this many times that
 MOST_MIN = 32  # a sync resetting more than this and half the fleet builds cold instead
 
 
@@ -97,13 +98,18 @@ class WarmPlanner:
         self.last_reset = 0  # nodes the last warm plan reset
         self.by_delta = 0  # warm syncs that built facts only for what a delta named (none: the same state)
         self.last_sync = ""  # how the last call found what changed: delta, reverse, same, full (or cold)
+        self._rebuild = False  # the next plan builds the engine cold (`rebuild`)
 
     def __call__(self, desired: DesiredState, observed: plans.Observed, delta: Delta | None = None) -> plans.Plan:
         """`planner.plan(desired, observed)`. `delta`: how the reader built `desired` from an earlier state, if so."""
         kept, self._kept = self._kept, None  # a plan that raises leaves no half-updated engine behind
+        why_cold = "first plan"
+        if self._rebuild and kept is not None:
+            kept, why_cold = None, f"periodic full rebuild, made while idle (every {self.full_every} plans)"
+        self._rebuild = False
         frozen = _frozen(kept, desired, delta)
         by_node, by_alloc = _group(observed.claims)
-        got = "first plan" if kept is None else self._warm(kept, desired, observed, by_node, by_alloc, delta=delta)
+        got = why_cold if kept is None else self._warm(kept, desired, observed, by_node, by_alloc, delta=delta)
         if isinstance(got, str):
             self.cold += 1
             self.last_cold, self.last_sync = got, "cold"
@@ -189,6 +195,15 @@ class WarmPlanner:
         planner._kept = _Kept(**dict(zip(names, fields, strict=True)), desired=weakref.ref(desired), delta=None)
         return planner
 
+    def rebuild_due(self) -> bool:
+        """`full_every` plans came from the kept engine: time for a cold build (the loop makes it while
+        idle, `rebuild`; a plan builds cold anyway after full_every * STALE_MAX)."""
+        return self._kept is not None and self._kept.age + 1 >= self.full_every
+
+    def rebuild(self) -> None:
+        """The next plan builds the engine cold (seconds at 10,000 nodes: never on a commit if avoidable)."""
+        self._rebuild = True
+
     def _warm(
         self,
         kept: _Kept,
@@ -226,10 +241,10 @@ class WarmPlanner:
         read_by: Delta | None,
     ) -> placing.Engine:
         """The kept engine, reset node by node to what `placing.Engine(desired, observed)` holds."""
-        self._check_shape(kept, desired)
+        self.last_sync, delta = _since(kept, desired, read_by)
+        self._check_shape(kept, desired, delta)
         engine = kept.engine
         engine.warnings.clear()  # they describe what a sync loaded; a kept list would only grow
-        self.last_sync, delta = _since(kept, desired, read_by)
         self.by_delta += delta is not None
         refacts = (
             _refacts(engine, desired, observed)
@@ -257,15 +272,17 @@ class WarmPlanner:
         self.last_reset = len(reset)
         return engine
 
-    def _check_shape(self, kept: _Kept, desired: DesiredState) -> None:
-        """Raise `_Cold` when what shapes the whole index changed."""
-        if kept.age + 1 >= self.full_every:
-            raise _Cold(f"periodic full rebuild (every {self.full_every} plans)")
+    def _check_shape(self, kept: _Kept, desired: DesiredState, delta: Delta | None) -> None:
+        """Raise `_Cold` when what shapes the whole index changed. `delta`: how `desired` differs from the
+        state the engine was brought to (None: unknown); one that names no Node leaves the node names
+        as they were, and their 100,000 keys are not compared per commit."""
+        if kept.age + 1 >= self.full_every * STALE_MAX:
+            raise _Cold(f"periodic full rebuild (every {self.full_every} plans, {kept.age + 1} without one)")
         if desired.fleet is not kept.fleet and desired.fleet != kept.fleet:
             raise _Cold("the Fleet document changed (policy, workload mix or lease weighting)")
         if desired.skus != kept.skus:
             raise _Cold("SKUs changed")
-        if desired.nodes.keys() != kept.engine.by_name.keys():
+        if (delta is None or "Node" in delta.kinds()) and desired.nodes.keys() != kept.engine.by_name.keys():
             raise _Cold("nodes were added or removed (node order is the last tie-break)")
 
     @staticmethod

@@ -258,7 +258,27 @@ def content_hash(state: DesiredState, memory: Memory | None = None, delta: Delta
                 if gone is not None and gone is not new[attr].get(key):
                     memory.doc_hashes.pop(id(gone), None)
         memory.hash_parts, memory.hashed = parts, weakref.ref(state)
-    return hashlib.sha256(b"".join(parts.values())).hexdigest()
+    return _digest(parts, memory)
+
+
+def _digest(parts: dict[str, bytes], memory: Memory | None) -> str:
+    """sha256 of the parts joined in order. With a memory, the hasher resumes after the leading parts
+    it hashed last time (the very same bytes): an allocation commit hashes the allocations' lines, not
+    the 16 MB of node and slot map lines of 100,000 nodes. The value is the one-shot hash's."""
+    h = hashlib.sha256()
+    states: dict[str, tuple[bytes, Any]] = {}
+    resume = memory is not None
+    for kind, part in parts.items():
+        was = memory.hash_states.get(kind) if memory is not None and resume else None
+        if was is not None and was[0] is part:
+            states[kind], h = was, was[1].copy()
+            continue
+        resume = False
+        h.update(part)
+        states[kind] = (part, h.copy())
+    if memory is not None:
+        memory.hash_states = states
+    return h.hexdigest()
 
 
 _KINDS = {

@@ -175,8 +175,12 @@ def silent_nodes(conn: Connection) -> frozenset[str]:
         rows = conn.execute(
             "WITH f AS (SELECT coalesce((SELECT host_liveness_ttl_s FROM fleet_settings), 90) AS ttl,"
             "   coalesce((SELECT zone_disruption_fraction FROM fleet_settings), 0.55) AS fraction),"
-            " s AS (SELECT h.node_name, n.region FROM host_status h JOIN nodes n ON n.name = h.node_name"
-            "   CROSS JOIN f WHERE n.present AND h.reported_at < now() - make_interval(secs => f.ttl)),"
+            # From the silent reports out: the cut-off is one value (not an interval per report), and each
+            # silent host's node is looked up by name (LIMIT 1 keeps the planner from joining every node
+            # by hash: 46 ms a commit at 100,000 nodes, whatever the reports).
+            " s AS (SELECT h.node_name, n.region FROM host_status h"
+            "   CROSS JOIN LATERAL (SELECT n.region FROM nodes n WHERE n.name = h.node_name AND n.present LIMIT 1) n"
+            "   WHERE h.reported_at < (SELECT now() - make_interval(secs => f.ttl) FROM f)),"
             " d AS (SELECT s.region FROM s CROSS JOIN f GROUP BY s.region, f.fraction"
             "   HAVING count(*) > 2 AND count(*) > f.fraction * (SELECT count(*) FROM host_status h"
             "     JOIN nodes n ON n.name = h.node_name WHERE n.present AND n.region = s.region))"

@@ -62,3 +62,29 @@ def test_the_hash_follows_every_document(fleet_repo: Repo) -> None:
     edited.nodes = {**before.nodes, node.name: node.model_copy(update={"admin_state": m.AdminState.DRAINING})}
     assert inventoryrows.content_hash(edited) != digest
     assert inventoryrows.content_hash(copy.copy(before)) == digest
+
+
+def test_a_kept_hash_resumes_after_unchanged_tables_and_equals_a_fresh_one(fleet_repo: Repo) -> None:
+    """The loop's memory hashes only the tables from the first changed kind on (`_digest`)."""
+    from reconciler.caches.blobs import BlobCache
+    from reconciler.store import inventory
+
+    cache, memory = BlobCache(keep_values=False), inventory.Memory()
+
+    def kept() -> str:
+        loaded = sources.load(fleet_repo.root, fleet_repo.repo.head.commit.hexsha, cache=cache)
+        assert not loaded.errors
+        warm = inventoryrows.content_hash(loaded.state, memory, loaded.delta)
+        assert warm == inventoryrows.content_hash(loaded.state)
+        return warm
+
+    seen = [kept()]
+    fleet_repo.request("req-hash", 1)  # the last table only: the hasher resumes after slot maps
+    seen.append(kept())
+    assert memory.hash_states["slot_maps"][0] is memory.hash_parts["slot_maps"]
+    fleet_repo.drain("h200-use1-s01")  # a node: nodes, slot maps and allocations hashed again
+    seen.append(kept())
+    fleet_repo.edit("skus/h200-sxm-slice.yaml", "\n", "\n# reviewed\n")
+    fleet_repo.commit("a comment")
+    seen.append(kept())
+    assert len(set(seen)) == 4

@@ -118,6 +118,8 @@ def test_bench_gitops_measures_commit_to_claim(db_url: str, capsys: pytest.Captu
     doc = json.loads(capsys.readouterr().out)
     assert doc["commits"] == 3 and doc["reconciler_exit"] == 0
     assert 0 < doc["min_s"] <= doc["p50_s"] <= doc["p95_s"] <= doc["max_s"] < 30
+    # plumbing commits: the latency starts when the commit lands, its writing is timed beside
+    assert doc["git"] == "plumbing" and doc["commit_p50_s"] > 0 and doc["p50_s"] < doc["end_to_end_p50_s"]
 
 
 def test_demo_step_shows_a_pr_plan_applies_it_and_prints_status(db_url: str, conn: connections.Connection) -> None:

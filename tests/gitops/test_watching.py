@@ -171,6 +171,58 @@ def test_sigterm_during_a_reconciliation_finishes_it_and_stops(
     assert [r[2] for r in history_rows(conn)] == ["changed"]
 
 
+def test_the_loops_session_never_compiles_a_statement(loop: LoopRun) -> None:
+    """JIT compiled some per-commit statements on every execution at 100,000 nodes (tens of ms each)."""
+    row = loop.loop._conn().execute("SHOW jit").fetchone()
+    assert row is not None and row[0] == "off"
+
+
+def test_the_periodic_full_comparison_runs_while_idle_not_on_a_commit(
+    fleet_repo: Repo, db_url: str, conn: connections.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every REFRESH_EVERY syncs every inventory row is compared again (10 s at 10,000 nodes), and every
+    full_every plans the placement engine is built cold (6 s): when the loop is idle, not on a commit.
+    The comparison puts back a row changed behind the memory's back."""
+    from reconciler.loop import heaps
+    from reconciler.store import inventory
+
+    monkeypatch.setattr(inventory.Memory, "REFRESH_EVERY", 2)
+    now = [0.0]
+    stop = threading.Event()
+    loop = watching.Loop(
+        fleet_repo.root,
+        heads.LocalHead(fleet_repo.root, stop),
+        lambda: connections.connect(db_url, autocommit=True),
+        stop=stop,
+        interval=3600.0,
+        clock=lambda: now[0],
+    )
+    loop.plans.full_every = 3
+    try:
+        assert loop.step() is not None  # the cold apply: every row compared
+        conn.execute("UPDATE nodes SET pool = 'tampered' WHERE name = 'h200-use1-s01'")  # no generation bump
+        for name in ("req-idle-1", "req-idle-2"):
+            fleet_repo.request(name, 1)
+            event = loop.step()
+            assert event is not None and event.kind == "applied"
+        full, cold = loop.inventory.full_syncs, loop.plans.cold
+        assert loop.inventory.refresh_due() and full == 1  # due, yet neither commit paid for it
+        assert loop.plans.rebuild_due() and cold == 1
+        now[0] += heaps.IDLE_S / 2
+        assert loop.step() is None  # a commit may still be on its way
+        now[0] += heaps.IDLE_S
+        event = loop.step()
+        assert event is not None and event.kind == "retried"
+        assert event.message == "every inventory row compared and placement engine built cold while idle"
+        assert loop.inventory.full_syncs == full + 1 and not loop.inventory.refresh_due()
+        assert loop.plans.cold == cold + 1 and not loop.plans.rebuild_due()
+        row = conn.execute("SELECT pool FROM nodes WHERE name = 'h200-use1-s01'").fetchone()
+        assert row is not None and row[0] == "h200-slice"
+    finally:
+        loop.close()
+        loop.source.close()
+
+
 def test_local_head_wakes_on_commit(fleet_repo: Repo) -> None:
     stop = threading.Event()
     source = heads.LocalHead(fleet_repo.root, stop, debounce_ms=50, step_ms=10, tick_s=60.0)
@@ -183,6 +235,62 @@ def test_local_head_wakes_on_commit(fleet_repo: Repo) -> None:
         timer.join()
         assert time.monotonic() - t0 < 30.0  # loose: a commit alone takes seconds at load 10 on 2 cores
         assert source.current() != before
+    finally:
+        source.close()
+
+
+def test_local_head_never_sees_objects_being_written(fleet_repo: Repo) -> None:
+    """A `git gc` on a large repo deletes its loose objects by the hundred thousand: when the whole git
+    directory was watched, sorting out those events held a commit back for 25 s at 100,000 nodes."""
+    stop = threading.Event()
+    source = heads.LocalHead(fleet_repo.root, stop, debounce_ms=50, step_ms=10, tick_s=60.0)
+    seen: list[str] = []
+    wanted = source._wanted
+    source._wanted = lambda change, path: seen.append(path) or wanted(change, path)  # type: ignore[method-assign]
+    objects = Path(fleet_repo.repo.git_dir) / "objects" / "ee"
+    objects.mkdir(exist_ok=True)
+
+    def flood_then_commit() -> None:
+        for i in range(200):
+            (objects / f"{i:038x}").write_bytes(b"x")
+        fleet_repo.request("req-flood", 1)
+
+    try:
+        source.wait(0.05)  # the watcher is set up (returns at the short first tick)
+        before = source.current()
+        timer = threading.Timer(0.3, flood_then_commit)
+        timer.start()
+        deadline = time.monotonic() + 60.0  # loose: a commit alone takes seconds at load 10 on 2 cores
+        while source.current() == before and time.monotonic() < deadline:
+            source.wait(120.0)  # returns on a wake or at the 50 ms tick the first wait set
+        timer.join()
+        assert source.current() != before
+        assert seen and not [p for p in seen if "/objects/" in p]
+        git_dir = Path(fleet_repo.repo.git_dir).resolve()
+        assert source.watched == (git_dir, git_dir / "refs" / "heads")
+    finally:
+        source.close()
+        for f in objects.glob("*"):
+            f.unlink()
+
+
+def test_local_head_ancestry_from_parents_and_from_git(fleet_repo: Repo) -> None:
+    """Parent and child are answered from the commits themselves; anything further asks git."""
+    base = fleet_repo.repo.head.commit.hexsha
+    one = fleet_repo.request("req-a1", 1)
+    two = fleet_repo.request("req-a2", 1)
+    fleet_repo.repo.git.checkout("-q", "-b", "side", base)
+    side = fleet_repo.request("req-a3", 1)
+    source = heads.LocalHead(fleet_repo.root, threading.Event())
+    try:
+        assert source.is_ancestor(base, one) and source.is_ancestor(one, two) and source.is_ancestor(base, two)
+        assert (
+            not source.is_ancestor(two, one) and not source.is_ancestor(one, base) and not source.is_ancestor(two, base)
+        )
+        assert (
+            not source.is_ancestor(one, side) and not source.is_ancestor(side, two) and source.is_ancestor(base, side)
+        )
+        assert not source.is_ancestor(two, two) and not source.is_ancestor("0" * 40, two)
     finally:
         source.close()
 
