@@ -22,6 +22,7 @@ from concurrent import futures
 from multiprocessing.process import BaseProcess
 
 from desired import problems as p
+from desired.reading import workervalues
 from desired.reading.documents import Typed, parse_one
 from desired.reading.packs import Codec, Encode, Encoded, Found, Packed
 from desired.reading.safefiles import FileData
@@ -98,7 +99,7 @@ def parse_all(
                     waited += _POLL_S
                     if waited >= WORKER_TIMEOUT_S:
                         raise _PoolStuck from None
-            results = _unpacked(file_list[done : done + len(chunk[1])], chunk, packs, codec)
+            results = _unpacked(file_list[done : done + min(step, len(file_list) - done)], chunk, packs, codec)
             done += len(results)
             yield from results
         delivered = True
@@ -177,34 +178,35 @@ if "forkserver" in mp.get_all_start_methods():
     _CONTEXT.set_forkserver_preload(["desired.reading.parsepool", "desired.reading.warm"])
 
 
-# What a worker sends back for a chunk: its pack (None: not wanted) and, per file, its documents
-# (None: they are in the pack), problems (None: in the pack) and compressed bytes.
-_Chunk = tuple[Encoded | None, list[tuple[list[Typed] | None, list[p.Problem] | None, bytes | None]]]
+# What a worker sends back for a chunk: its pack (None: not wanted) and its files as plain values
+# (`workervalues.encode`): a file whose documents are in the pack is sent as (None, None, bytes).
+_Chunk = tuple[Encoded | None, bytes]
 
 
 def _parse_chunk(chunk: list[tuple[str, FileData]], pack: bool, values: bool, encode: Encode | None) -> _Chunk:
-    # Typed here, beside the parse: models cross the pipe cheaper than the plain values they
-    # come from (their equal strings are one object, see models.compact), and the process
-    # that plans does not spend a second typing. Compressing here keeps that off it too.
-    # With `encode`, the models cross inside the cache's pack: encoded once, not twice.
-    out: list[tuple[list[Typed] | None, list[p.Problem] | None, bytes | None]] = []
+    # Typed here, beside the parse: the process that plans does not spend a second typing, and
+    # validation happens once, here. What crosses the pipe is plain values (`workervalues`), never
+    # pydantic's pickling of the models; with `encode`, the models cross inside the cache's pack
+    # (encoded once, not twice). Compressing here keeps that off the parent too.
+    sent: list[workervalues.SentFile] = []
     files: list[Packed] = []
     for name, data in chunk:
         typed, found = parse_one(name, data, values)
         packed = zlib.compress(data, 1) if pack and isinstance(data, bytes) else None
         if encode is not None and isinstance(data, bytes):
             files.append(_packed(data, typed, found))
-            out.append((None, None, packed))
+            sent.append((None, None, packed))
         else:
-            out.append((typed, found, packed))
-    return (encode(files) if encode is not None else None), out
+            docs = tuple((t.index, t.line, t.value, t.model, workervalues.sent(t.problems)) for t in typed)
+            sent.append((docs, workervalues.sent(found), packed))
+    return (encode(files) if encode is not None else None), workervalues.encode(sent)
 
 
 def _unpacked(
     chunk_files: list[tuple[str, FileData]], chunk: _Chunk, packs: list[Encoded] | None, codec: Codec | None
 ) -> list[_Result]:
     """A worker's chunk as per-file results, the documents of packed files read from its pack."""
-    encoded, parts = chunk
+    encoded, payload = chunk
     entries = codec.decode(encoded.payload) if encoded is not None and codec is not None else None
     if encoded is not None:
         if entries is None:
@@ -213,21 +215,19 @@ def _unpacked(
             packs.append(encoded)
     blobs = iter(encoded.blobs if encoded is not None else ())
     out: list[_Result] = []
-    for (name, _data), (sent, sent_found, packed) in zip(chunk_files, parts, strict=True):
-        if sent is None or sent_found is None:
+    for (name, _data), (docs, found, packed) in zip(chunk_files, workervalues.decode(payload), strict=True):
+        if docs is None or found is None:
             entry = entries[next(blobs)]  # type: ignore[index]  # packed files come with a pack
-            out.append(
-                (
-                    [
-                        Typed(index, line, None, model, dressed(problems, name))
-                        for index, line, model, problems in entry.docs
-                    ],
-                    dressed(entry.problems, name),
-                    packed,
-                )
-            )
-        else:
-            out.append((sent, sent_found, packed))
+            typed = [
+                Typed(index, line, None, model, dressed(problems, name)) for index, line, model, problems in entry.docs
+            ]
+            out.append((typed, dressed(entry.problems, name), packed))
+            continue
+        typed = [
+            Typed(index, line, value, model, workervalues.received(problems, name) if problems else [])
+            for index, line, value, model, problems in docs
+        ]
+        out.append((typed, workervalues.received(found, name) if found else [], packed))
     return out
 
 
