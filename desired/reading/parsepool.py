@@ -99,7 +99,7 @@ def parse_all(
                     waited += _POLL_S
                     if waited >= WORKER_TIMEOUT_S:
                         raise _PoolStuck from None
-            results = _unpacked(file_list[done : done + min(step, len(file_list) - done)], chunk, packs, codec)
+            results = _unpacked(file_list[done : done + len(chunk[1])], chunk, packs, codec)
             done += len(results)
             yield from results
         delivered = True
@@ -179,8 +179,8 @@ if "forkserver" in mp.get_all_start_methods():
 
 
 # What a worker sends back for a chunk: its pack (None: not wanted) and its files as plain values
-# (`workervalues.encode`): a file whose documents are in the pack is sent as (None, None, bytes).
-_Chunk = tuple[Encoded | None, bytes]
+# (`workervalues`): a file whose documents are in the pack is sent as (None, None, bytes).
+_Chunk = tuple[Encoded | None, list[workervalues.SentFile]]
 
 
 def _parse_chunk(chunk: list[tuple[str, FileData]], pack: bool, values: bool, encode: Encode | None) -> _Chunk:
@@ -199,14 +199,14 @@ def _parse_chunk(chunk: list[tuple[str, FileData]], pack: bool, values: bool, en
         else:
             docs = tuple((t.index, t.line, t.value, t.model, workervalues.sent(t.problems)) for t in typed)
             sent.append((docs, workervalues.sent(found), packed))
-    return (encode(files) if encode is not None else None), workervalues.encode(sent)
+    return (encode(files) if encode is not None else None), sent
 
 
 def _unpacked(
     chunk_files: list[tuple[str, FileData]], chunk: _Chunk, packs: list[Encoded] | None, codec: Codec | None
 ) -> list[_Result]:
     """A worker's chunk as per-file results, the documents of packed files read from its pack."""
-    encoded, payload = chunk
+    encoded, sent = chunk
     entries = codec.decode(encoded.payload) if encoded is not None and codec is not None else None
     if encoded is not None:
         if entries is None:
@@ -215,7 +215,7 @@ def _unpacked(
             packs.append(encoded)
     blobs = iter(encoded.blobs if encoded is not None else ())
     out: list[_Result] = []
-    for (name, _data), (docs, found, packed) in zip(chunk_files, workervalues.decode(payload), strict=True):
+    for (name, _data), (docs, found, packed) in zip(chunk_files, sent, strict=True):
         if docs is None or found is None:
             entry = entries[next(blobs)]  # type: ignore[index]  # packed files come with a pack
             typed = [

@@ -9,16 +9,15 @@ here a model reduces to `(class, fields, fields set)` and is made again
 in this process by `_model`, without validating a second time (the worker
 did). Problems go as tuples too, not as dataclass instances.
 
-Only this process's own pool workers' bytes are read here (as every result
-of that pool is, by pickle); `_model` still refuses anything but a
+The reduction is registered with multiprocessing's own pickler (the pipe's),
+so nothing here pickles; `_model` still refuses anything but a
 desired-state model class with a dict of fields and a set of field names.
 """
 
 from __future__ import annotations
 
 import functools
-import io
-import pickle
+from multiprocessing import reduction
 from typing import Any
 
 from desired import problems as p
@@ -40,25 +39,10 @@ def received(found: tuple[Sent, ...], name: str) -> list[p.Problem]:
     return [p.Problem(code, message, name, line, col, severity) for code, message, line, col, severity in found]
 
 
-def encode(files: list[SentFile]) -> bytes:
-    """The chunk's files as bytes for the pool's pipe (made in the worker)."""
-    out = io.BytesIO()
-    pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
-    pickler.dispatch_table = _reducers()  # asked only about objects of exactly these types
-    pickler.dump(files)
-    return out.getvalue()
-
-
-def decode(payload: bytes) -> list[SentFile]:
-    """The files `encode` sent; only ever our own pool worker's bytes."""
-    value: list[SentFile] = pickle.loads(payload)  # noqa: S301 - our own worker's bytes, as the pool's results are
-    return value
-
-
 def _model(cls: Any, values: Any, fields_set: Any) -> Any:
     """A desired-state model from the fields a worker validated it with, not validated again."""
     if not (cls in _model_classes() and type(values) is dict and type(fields_set) is set):
-        raise pickle.UnpicklingError(f"{cls!r}: not a desired-state model's fields")
+        raise TypeError(f"{cls!r}: not a desired-state model's fields")
     obj = cls.__new__(cls)
     setattr_ = object.__setattr__
     setattr_(obj, "__dict__", values)
@@ -86,6 +70,10 @@ def _reduce(obj: Any) -> tuple[Any, ...]:
     return _model, (type(obj), obj.__dict__, obj.__pydantic_fields_set__)
 
 
-@functools.cache
-def _reducers() -> dict[type, Any]:
-    return dict.fromkeys(_model_classes(), _reduce)
+def _register() -> None:
+    """The pool's pickler (multiprocessing's, in the worker) sends a model as `_reduce` says."""
+    for cls in _model_classes():
+        reduction.ForkingPickler.register(cls, _reduce)
+
+
+_register()  # on import: in the fork server (preloaded with the pool), so in every worker
