@@ -19,6 +19,7 @@ import time
 import zlib
 from collections.abc import Callable, Generator, Iterator
 from concurrent import futures
+from multiprocessing import forkserver
 from multiprocessing.process import BaseProcess
 
 from desired import problems as p
@@ -64,8 +65,8 @@ def parse_all(
     """
     if packs is not None and codec is None:
         raise ValueError("packs are made with a codec")
-    n = workers if workers is not None else (os.cpu_count() or 1)
-    if n <= 1 or len(file_list) < PARALLEL_THRESHOLD or "forkserver" not in mp.get_all_start_methods():
+    n = _pool_size(len(file_list), workers)
+    if n <= 1:
         yield from _parse_here(file_list, values, packs, codec)
         return
     # forkserver, never fork: the caller may run threads (watchfiles' inotify thread, a
@@ -112,6 +113,24 @@ def parse_all(
         # Also on Cancelled and on close() by the caller: queued chunks are dropped and
         # the workers are stopped, each wait bounded.
         _stop(pool, at_once=not delivered)
+
+
+def _pool_size(files: int, workers: int | None) -> int:
+    """How many workers parse `files` files (1: this process parses them)."""
+    n = workers if workers is not None else (os.cpu_count() or 1)
+    if n <= 1 or files < PARALLEL_THRESHOLD or "forkserver" not in mp.get_all_start_methods():
+        return 1
+    return n
+
+
+def prestart(files: int, workers: int | None) -> None:
+    """Start the fork server now when `files` files will go to a pool: a reader calls it before it reads them.
+
+    The server's start (an interpreter, the parser's imports, the models' validators) then runs
+    beside the reading instead of before the first worker; starting it is not waiting for it.
+    """
+    if _pool_size(files, workers) > 1:
+        forkserver.ensure_running()
 
 
 class _PoolStuck(Exception):
