@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from desired import problems as p
+from desired.reading import parsepool
 from desired.reading.documents import Blob, Tree, assemble
 from desired.reading.packs import Codec, Encoded, PackStore
 from desired.reading.parsepool import Cancel, Cancelled, dressed, parse_all
@@ -152,6 +153,7 @@ def blobs_for(
     if disk is not None and todo:
         todo = _from_disk(disk, refs, todo, blobs, cache=cache if prune else None, cancel=cancel)
     shown = progress.active()
+    parsepool.prestart(len(todo), workers)  # the pool's fork server starts while the files are read
     with shown.phase("read files", len(todo), unit="files") as read:
         files = _read_files(refs, todo, cancel, read)
     # A disk-backed cache (CLI runs) keeps no plain value: the store's packs are made where the

@@ -19,9 +19,11 @@ import time
 import zlib
 from collections.abc import Callable, Generator, Iterator
 from concurrent import futures
+from multiprocessing import forkserver
 from multiprocessing.process import BaseProcess
 
 from desired import problems as p
+from desired.reading import workervalues
 from desired.reading.documents import Typed, parse_one
 from desired.reading.packs import Codec, Encode, Encoded, Found, Packed
 from desired.reading.safefiles import FileData
@@ -63,8 +65,8 @@ def parse_all(
     """
     if packs is not None and codec is None:
         raise ValueError("packs are made with a codec")
-    n = workers if workers is not None else (os.cpu_count() or 1)
-    if n <= 1 or len(file_list) < PARALLEL_THRESHOLD or "forkserver" not in mp.get_all_start_methods():
+    n = _pool_size(len(file_list), workers)
+    if n <= 1:
         yield from _parse_here(file_list, values, packs, codec)
         return
     # forkserver, never fork: the caller may run threads (watchfiles' inotify thread, a
@@ -111,6 +113,24 @@ def parse_all(
         # Also on Cancelled and on close() by the caller: queued chunks are dropped and
         # the workers are stopped, each wait bounded.
         _stop(pool, at_once=not delivered)
+
+
+def _pool_size(files: int, workers: int | None) -> int:
+    """How many workers parse `files` files (1: this process parses them)."""
+    n = workers if workers is not None else (os.cpu_count() or 1)
+    if n <= 1 or files < PARALLEL_THRESHOLD or "forkserver" not in mp.get_all_start_methods():
+        return 1
+    return n
+
+
+def prestart(files: int, workers: int | None) -> None:
+    """Start the fork server now when `files` files will go to a pool: a reader calls it before it reads them.
+
+    The server's start (an interpreter, the parser's imports, the models' validators) then runs
+    beside the reading instead of before the first worker; starting it is not waiting for it.
+    """
+    if _pool_size(files, workers) > 1:
+        forkserver.ensure_running()
 
 
 class _PoolStuck(Exception):
@@ -177,34 +197,35 @@ if "forkserver" in mp.get_all_start_methods():
     _CONTEXT.set_forkserver_preload(["desired.reading.parsepool", "desired.reading.warm"])
 
 
-# What a worker sends back for a chunk: its pack (None: not wanted) and, per file, its documents
-# (None: they are in the pack), problems (None: in the pack) and compressed bytes.
-_Chunk = tuple[Encoded | None, list[tuple[list[Typed] | None, list[p.Problem] | None, bytes | None]]]
+# What a worker sends back for a chunk: its pack (None: not wanted) and its files as plain values
+# (`workervalues`): a file whose documents are in the pack is sent as (None, None, bytes).
+_Chunk = tuple[Encoded | None, list[workervalues.SentFile]]
 
 
 def _parse_chunk(chunk: list[tuple[str, FileData]], pack: bool, values: bool, encode: Encode | None) -> _Chunk:
-    # Typed here, beside the parse: models cross the pipe cheaper than the plain values they
-    # come from (their equal strings are one object, see models.compact), and the process
-    # that plans does not spend a second typing. Compressing here keeps that off it too.
-    # With `encode`, the models cross inside the cache's pack: encoded once, not twice.
-    out: list[tuple[list[Typed] | None, list[p.Problem] | None, bytes | None]] = []
+    # Typed here, beside the parse: the process that plans does not spend a second typing, and
+    # validation happens once, here. What crosses the pipe is plain values (`workervalues`), never
+    # pydantic's pickling of the models; with `encode`, the models cross inside the cache's pack
+    # (encoded once, not twice). Compressing here keeps that off the parent too.
+    sent: list[workervalues.SentFile] = []
     files: list[Packed] = []
     for name, data in chunk:
         typed, found = parse_one(name, data, values)
         packed = zlib.compress(data, 1) if pack and isinstance(data, bytes) else None
         if encode is not None and isinstance(data, bytes):
             files.append(_packed(data, typed, found))
-            out.append((None, None, packed))
+            sent.append((None, None, packed))
         else:
-            out.append((typed, found, packed))
-    return (encode(files) if encode is not None else None), out
+            docs = tuple((t.index, t.line, t.value, t.model, workervalues.sent(t.problems)) for t in typed)
+            sent.append((docs, workervalues.sent(found), packed))
+    return (encode(files) if encode is not None else None), sent
 
 
 def _unpacked(
     chunk_files: list[tuple[str, FileData]], chunk: _Chunk, packs: list[Encoded] | None, codec: Codec | None
 ) -> list[_Result]:
     """A worker's chunk as per-file results, the documents of packed files read from its pack."""
-    encoded, parts = chunk
+    encoded, sent = chunk
     entries = codec.decode(encoded.payload) if encoded is not None and codec is not None else None
     if encoded is not None:
         if entries is None:
@@ -213,21 +234,19 @@ def _unpacked(
             packs.append(encoded)
     blobs = iter(encoded.blobs if encoded is not None else ())
     out: list[_Result] = []
-    for (name, _data), (sent, sent_found, packed) in zip(chunk_files, parts, strict=True):
-        if sent is None or sent_found is None:
+    for (name, _data), (docs, found, packed) in zip(chunk_files, sent, strict=True):
+        if docs is None or found is None:
             entry = entries[next(blobs)]  # type: ignore[index]  # packed files come with a pack
-            out.append(
-                (
-                    [
-                        Typed(index, line, None, model, dressed(problems, name))
-                        for index, line, model, problems in entry.docs
-                    ],
-                    dressed(entry.problems, name),
-                    packed,
-                )
-            )
-        else:
-            out.append((sent, sent_found, packed))
+            typed = [
+                Typed(index, line, None, model, dressed(problems, name)) for index, line, model, problems in entry.docs
+            ]
+            out.append((typed, dressed(entry.problems, name), packed))
+            continue
+        typed = [
+            Typed(index, line, value, model, workervalues.received(problems, name) if problems else [])
+            for index, line, value, model, problems in docs
+        ]
+        out.append((typed, workervalues.received(found, name) if found else [], packed))
     return out
 
 

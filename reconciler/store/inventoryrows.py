@@ -39,8 +39,30 @@ def _json(model: Any, **options: Any) -> JsonText:
     return JsonText(model.__pydantic_serializer__.to_json(model, **options).decode())
 
 
-def _json_list(models: Iterable[Any]) -> JsonText:
+_EMPTY_LIST = JsonText("[]")
+
+
+def _json_list(models: tuple[Any, ...]) -> JsonText:
+    if not models:  # a slot's blockers, nearly always none: one shared text, not a join per slot
+        return _EMPTY_LIST
     return JsonText("[" + ",".join(_json(x) for x in models) + "]")
+
+
+# JSON of shared leaf models (`desired.models.compact` makes equal ones one object: a fleet's slots share
+# a handful of capacity records), by identity; the model is held, so its id is not reused meanwhile.
+_shared_json: dict[int, tuple[Any, JsonText]] = {}
+_MAX_SHARED_JSON = 4096
+
+
+def _json_shared(model: Any) -> JsonText:
+    hit = _shared_json.get(id(model))
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    text = _json(model)
+    if len(_shared_json) >= _MAX_SHARED_JSON:
+        _shared_json.clear()
+    _shared_json[id(model)] = (model, text)
+    return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,7 +422,7 @@ def _slot_rows(smap: m.SlotMap, node_id: Any) -> Iterable[Row]:
             "max_claims": s.max_claims,
             "parent_slot_id": s.parent_slot_id,
             "compute_milli": s.compute_milli,
-            "capacity_metadata": _json(s.capacity_metadata),
+            "capacity_metadata": _json_shared(s.capacity_metadata),
             "blockers": _json_list(s.blockers),
             "approved": not smap.approval_required,
             "enabled": s.enabled,

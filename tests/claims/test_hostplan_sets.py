@@ -68,7 +68,11 @@ def test_concurrent_writers_bump_a_changed_plan_once(conn: Connection, fleet: De
 def test_a_cold_batch_goes_straight_in_with_the_specs_the_upsert_stores(
     conn: Connection, fleet: DesiredState, monkeypatch: pytest.MonkeyPatch, db_url: str
 ) -> None:
-    """Nodes without a plan yet are COPYed into host_plans (generation 1), each host told by NOTIFY."""
+    """Nodes without a plan yet are COPYed into host_plans (generation 1), each host told by NOTIFY.
+
+    Their documents are made straight from the slot rows (`_spec`), not through the
+    codec's dataclasses: the stored specs are still exactly the upsert's, VMs included."""
+    assert claims.place(conn, slice_placement("alloc-0000000", NODE, (1,))).placed  # a claim before any plan
     monkeypatch.setattr(hostplans, "COPY_FROM", 1)
     with connections.connect(db_url, autocommit=True) as listener:
         listener.execute("LISTEN gpuaas_host_plan")
@@ -83,6 +87,7 @@ def test_a_cold_batch_goes_straight_in_with_the_specs_the_upsert_stores(
     assert {str(n): str(s) for n, s in conn.execute("SELECT node_name, spec::text FROM host_plans")} == cold
     plan = hostplans.read(conn, NODE)
     assert plan is not None and plan.generation == 1
+    assert [v.allocation_id for v in plan.vms] == ["alloc-0000000"]
     smap = fleet.slot_maps[NODE]
     assert {i.slot_index: i.nvme_identity for i in plan.disk_identities} == {
         s.slot_index: codec.DiskIdentity.from_dict(s.nvme_identity.model_dump(exclude_none=True))

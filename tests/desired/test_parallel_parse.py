@@ -176,3 +176,13 @@ def test_a_models_only_cache_takes_the_pool_s_models_in_packs_and_no_plain_value
     assert parallel.state.images == serial.state.images
     sources = list(parallel.state.sources.values())
     assert sources and all(s.doc.value is None for s in sources)
+
+
+def test_the_fork_server_is_started_before_the_files_are_read_only_for_a_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[int] = []
+    monkeypatch.setattr(parsepool.forkserver, "ensure_running", lambda: started.append(1))
+    parsepool.prestart(parsepool.PARALLEL_THRESHOLD - 1, 2)  # one process parses these
+    parsepool.prestart(parsepool.PARALLEL_THRESHOLD, 1)
+    assert started == []
+    parsepool.prestart(parsepool.PARALLEL_THRESHOLD, 2)
+    assert started == [1]
