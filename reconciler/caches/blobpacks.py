@@ -42,6 +42,7 @@ from typing import Any
 
 import yaml
 
+from desired.reading import modelfields
 from desired.reading.packs import Codec, Encoded, Entry, Found, Packed, TypedDoc
 from desired.reading.safefiles import blob_id as git_blob_id
 from reconciler.caches import cachestore
@@ -270,35 +271,19 @@ def encoded(files: Sequence[Packed]) -> Encoded:
 
 
 def _model(cls: Any, values: Any, fields_set: Any) -> Any:
-    """A desired-state model from the fields it was validated with, not validated again (pickle's way, in one step).
-
-    Only a model class of `desired.models`, with a dict of fields and a set
-    of the fields given: anything else is refused, and the pack is a miss.
-    """
-    if not (cls in _pydantic_models() and type(values) is dict and type(fields_set) is set):
-        raise pickle.UnpicklingError(f"{cls!r}: not a desired-state model's fields")
-    obj = cls.__new__(cls)
-    setattr_ = object.__setattr__
-    setattr_(obj, "__dict__", values)
-    setattr_(obj, "__pydantic_fields_set__", fields_set)
-    setattr_(obj, "__pydantic_extra__", None)  # extra fields are forbidden
-    setattr_(obj, "__pydantic_private__", None)  # the models hold no private attributes
-    return obj
-
-
-@functools.cache
-def _pydantic_models() -> frozenset[type]:
-    from pydantic import BaseModel
-
-    return frozenset(c for c in _model_classes().values() if issubclass(c, BaseModel))
+    """A model made again from its validated fields (`modelfields.rebuild`); a refusal makes the pack a miss."""
+    try:
+        return modelfields.rebuild(cls, values, fields_set)
+    except TypeError as e:
+        raise pickle.UnpicklingError(str(e)) from e
 
 
 @functools.cache
 def _reducers() -> dict[type, Any]:
     def reduce(obj: Any) -> tuple[Any, ...]:
-        return _model, (type(obj), obj.__dict__, obj.__pydantic_fields_set__)
+        return _model, modelfields.fields(obj)
 
-    return dict.fromkeys(_pydantic_models(), reduce)
+    return dict.fromkeys(modelfields.model_classes(), reduce)
 
 
 def decode_pack(payload: bytes) -> dict[str, Entry] | None:

@@ -174,14 +174,19 @@ class Store:
 
         self._transaction(write, busy=f"{WHAT.get(namespace, namespace)} not stored")
 
+    def _file_row(self, namespace: str, key: str) -> tuple[Any, Any] | None:
+        """The recorded MAC and size of a file record, None when there is none."""
+        if namespace not in FILES:
+            raise ValueError(f"no file namespace {namespace!r}")
+        row = self._select(f"SELECT mac, size FROM {namespace} WHERE key = ?", key)  # noqa: S608 - a known name
+        return None if row is None else (row[0], row[1])
+
     def get_file(self, namespace: str, key: str) -> bytes | None:
         """The payload of a file record, once its HMAC verifies.
 
         The file must be ours, regular, private and of the recorded size.
         """
-        if namespace not in FILES:
-            raise ValueError(f"no file namespace {namespace!r}")
-        row = self._select(f"SELECT mac, size FROM {namespace} WHERE key = ?", key)  # noqa: S608 - a known name
+        row = self._file_row(namespace, key)
         if row is None:
             return None
         mac, size = row
@@ -194,9 +199,7 @@ class Store:
         byte of it, from what the signed bytes say (a digest per part:
         `reconciler.caches.keptworlds` reads a few of thousands of parts).
         """
-        if namespace not in FILES:
-            raise ValueError(f"no file namespace {namespace!r}")
-        row = self._select(f"SELECT mac, size FROM {namespace} WHERE key = ?", key)  # noqa: S608 - a known name
+        row = self._file_row(namespace, key)
         if row is None:
             return None
         mac, size = row

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from desired import problems as p
-from desired.reading import parsepool, workervalues
+from desired.reading import modelfields, parsepool
 from desired.reading.documents import parse_one
 from desired.reading.safefiles import UnreadFile
 
@@ -58,4 +58,4 @@ def test_no_pydantic_pickling_crosses_the_pipe() -> None:
 
 def test_only_a_desired_state_model_is_made_from_sent_fields() -> None:
     with pytest.raises(TypeError):
-        workervalues._model(dict, {}, set())
+        modelfields.rebuild(dict, {}, set())
