@@ -48,7 +48,12 @@ def test_validate_on_a_terminal_redraws_parse_counts_and_rate(tree: Path) -> Non
     master, slave = pty.openpty()
     try:
         proc = subprocess.Popen(
-            [*CLI, "validate", str(tree), "--no-cache"], stdout=subprocess.DEVNULL, stderr=slave, env=_env()
+            [*CLI, "validate", str(tree), "--no-cache"],
+            stdout=subprocess.DEVNULL,
+            stderr=slave,
+            # Redrawn every 10 ms: on a quiet machine the parse of this tree ends within 0.2 s,
+            # and a redraw every 0.1 s could see none of its counts.
+            env=_env(GPUAAS_PROGRESS_INTERVAL="0.01"),
         )
         os.close(slave)
         chunks = []
@@ -74,7 +79,7 @@ def test_validate_piped_prints_plain_lines_with_counts(tree: Path) -> None:
         capture_output=True,
         text=True,
         timeout=300,
-        env=_env(GPUAAS_PROGRESS_INTERVAL="0.05"),
+        env=_env(GPUAAS_PROGRESS_INTERVAL="0.01"),
         check=True,
     )
     assert "\r" not in done.stderr and "\x1b" not in done.stderr
@@ -91,7 +96,7 @@ def test_validate_progress_json_lines_carry_counts(tree: Path) -> None:
         capture_output=True,
         text=True,
         timeout=300,
-        env=_env(GPUAAS_PROGRESS_INTERVAL="0.05"),
+        env=_env(GPUAAS_PROGRESS_INTERVAL="0.01"),
         check=True,
     )
     docs = [json.loads(line) for line in done.stderr.splitlines()]
