@@ -9,9 +9,7 @@ hang, so each of them reports its phases here:
   took a second or more;
 - not on a terminal (CI logs, journald), a plain line every
   $GPUAAS_PROGRESS_INTERVAL seconds (default 10) while a phase runs, and one
-  when a phase that was reported ends, so short runs stay silent (a
-  smaller $GPUAAS_PROGRESS_INTERVAL than 0.1 s also redraws a terminal's
-  line that often: a test sees a phase that ends in a fifth of a second);
+  when a phase that was reported ends, so short runs stay silent;
 - `--log-format json`: the same periodic records as JSON lines
   (`{"event": "progress", "phase": ..., "done": ..., "total": ..., "rate": ...}`).
 
@@ -133,8 +131,7 @@ class Progress:
         self._thread.start()
 
     def _tick(self) -> None:
-        tty_wait = min(_TTY_REDRAW, self.interval)
-        wait = max(tty_wait if self.style == "tty" else self.interval, 0.01)  # never a busy loop
+        wait = _TTY_REDRAW if self.style == "tty" else max(self.interval, 0.05)  # never a busy loop
         while not self._stop.wait(wait):
             with self._lock:
                 ph = self._current

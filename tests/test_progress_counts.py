@@ -44,16 +44,14 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_validate_on_a_terminal_redraws_parse_counts_and_rate(tree: Path) -> None:
+def test_validate_on_a_terminal_redraws_the_parse_phase_with_its_total(tree: Path) -> None:
     master, slave = pty.openpty()
     try:
         proc = subprocess.Popen(
             [*CLI, "validate", str(tree), "--no-cache"],
             stdout=subprocess.DEVNULL,
             stderr=slave,
-            # Redrawn every 10 ms: on a quiet machine the parse of this tree ends within 0.2 s,
-            # and a redraw every 0.1 s could see none of its counts.
-            env=_env(GPUAAS_PROGRESS_INTERVAL="0.01"),
+            env=_env(),
         )
         os.close(slave)
         chunks = []
@@ -70,7 +68,11 @@ def test_validate_on_a_terminal_redraws_parse_counts_and_rate(tree: Path) -> Non
         os.close(master)
     seen = b"".join(chunks).decode()
     assert "\r\x1b[K" in seen
-    assert "validate: parse files " in seen and f"/{FILES:,} files (" in seen and "/s)" in seen
+    # The phase and its total, redrawn in place. Its count and rate are not asserted here: on a quiet
+    # machine the workers' results can all arrive in the phase's last few milliseconds, between two
+    # redraws. A terminal's counts and rate are asserted with `fleet synth` (tests/test_progress.py),
+    # validate's counts piped and as JSON below.
+    assert "validate: parse files " in seen and f"/{FILES:,} files" in seen
 
 
 def test_validate_piped_prints_plain_lines_with_counts(tree: Path) -> None:
@@ -79,7 +81,7 @@ def test_validate_piped_prints_plain_lines_with_counts(tree: Path) -> None:
         capture_output=True,
         text=True,
         timeout=300,
-        env=_env(GPUAAS_PROGRESS_INTERVAL="0.01"),
+        env=_env(GPUAAS_PROGRESS_INTERVAL="0.05"),
         check=True,
     )
     assert "\r" not in done.stderr and "\x1b" not in done.stderr
@@ -96,7 +98,7 @@ def test_validate_progress_json_lines_carry_counts(tree: Path) -> None:
         capture_output=True,
         text=True,
         timeout=300,
-        env=_env(GPUAAS_PROGRESS_INTERVAL="0.01"),
+        env=_env(GPUAAS_PROGRESS_INTERVAL="0.05"),
         check=True,
     )
     docs = [json.loads(line) for line in done.stderr.splitlines()]
