@@ -4,9 +4,9 @@ A cold apply of 10,000 nodes runs for minutes; `fleet synth`, `plan`,
 `validate` of a large tree and image pulls run long too. Silence reads as a
 hang, so each of them reports its phases here:
 
-- on a terminal, one line redrawn in place (`plan: write host plans
-  4,210/10,000 (1,380/s) 3.1 s`), and a line left behind for each phase that
-  took a second or more;
+- on a terminal, one line drawn as each phase starts and redrawn in place
+  (`plan: write host plans 4,210/10,000 (1,380/s) 3.1 s`), and a line left
+  behind for each phase that took a second or more;
 - not on a terminal (CI logs, journald), a plain line every
   $GPUAAS_PROGRESS_INTERVAL seconds (default 10) while a phase runs, and one
   when a phase that was reported ends, so short runs stay silent;
@@ -90,6 +90,9 @@ class Progress:
         ph = Phase(name, total, started=time.monotonic(), unit=unit)
         with self._lock:
             outer, self._current = self._current, ph
+            if self.style == "tty":
+                # Drawn once as it starts: a phase shorter than a redraw tick would otherwise never show.
+                self._draw(ph)
         self._start_thread()
         try:
             yield ph

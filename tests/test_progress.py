@@ -27,7 +27,9 @@ def _env(**extra: str) -> dict[str, str]:
 def test_on_a_terminal_one_line_is_redrawn_with_counts_and_rate(tmp_path: Path) -> None:
     master, slave = pty.openpty()
     try:
-        proc = subprocess.Popen([*SYNTH, str(tmp_path / "fleet")], stdout=subprocess.DEVNULL, stderr=slave, env=_env())
+        # 800 nodes: a write phase of most of a second, so redraws catch it part way on a fast machine too.
+        cmd = [*SYNTH[:-3], "--nodes", "800", "--out", str(tmp_path / "fleet")]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=slave, env=_env())
         os.close(slave)
         chunks = []
         while True:
@@ -43,7 +45,20 @@ def test_on_a_terminal_one_line_is_redrawn_with_counts_and_rate(tmp_path: Path) 
         os.close(master)
     seen = b"".join(chunks).decode()
     assert "\r\x1b[K" in seen  # redrawn in place
-    assert "fleet synth: write" in seen and "/305 files" in seen and "/s)" in seen
+    assert "fleet synth: write" in seen and "/1,605 files" in seen and "/s)" in seen
+
+
+def test_on_a_terminal_a_phase_is_drawn_as_it_starts_however_short() -> None:
+    out = io.StringIO()
+    with progress.Progress(out, style="tty", title="validate") as shown:
+        with shown.phase("parse files", 805, unit="files") as ph:
+            ph.advance(805)  # over before the first redraw tick
+        with shown.phase("validate documents", 804, unit="documents"):
+            pass
+    seen = out.getvalue()
+    assert seen.startswith("\r\x1b[Kvalidate: parse files 0/805 files 0.0 s")
+    assert "\r\x1b[Kvalidate: validate documents 0/804 documents 0.0 s" in seen
+    assert seen.endswith("\r\x1b[K")  # nothing left behind for phases under a second
 
 
 def test_piped_it_prints_plain_periodic_lines(tmp_path: Path) -> None:
