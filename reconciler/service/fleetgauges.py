@@ -15,51 +15,22 @@ capacity ran out, not a count per state:
 
 The SKU families come from the capacity cache (what `status` computes), read
 as it stands: a scrape never plans. Everything else is one round of
-aggregate queries in a read-only transaction of its own (a collector beside
-the fleet totals'); when the store cannot be read these are left out and
-`gpuaas_database_up` says why.
+aggregate queries in the scrape's read-only transaction (the fleet totals'
+collector calls `read`); when the store cannot be read these are left out
+and `gpuaas_database_up` says why.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 import platform
 from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
-from reconciler.service import statuscache
-from reconciler.service.pool import Pool
 from reconciler.store.connections import Connection
 from schemas import dberrors
-from schemas.errors import GpuaasError
-
-log = logging.getLogger("gpuaas.serve")
-
-
-class LabelledCollector(Collector):
-    """`gpuaas_build_info` always; the labelled gauges when the store answers."""
-
-    def __init__(self, pool: Pool, capacity: statuscache.Cache) -> None:
-        self._pool = pool
-        self._capacity = capacity
-
-    def collect(self) -> Iterator[Metric]:
-        yield build_info()
-        try:
-            with self._pool.reading() as conn:
-                families = read(conn)
-                per_node = gpus_per_node(conn)
-        except GpuaasError as e:
-            log.warning("metrics: labelled gauges: %s: %s", e.code, e.message)
-            return
-        yield from families
-        answer = self._capacity.peek()
-        if answer is not None:
-            yield from capacity(answer.computed.doc, per_node)
 
 
 def _family(name: str, doc: str, labels: list[str], rows: list[tuple[list[str], float]]) -> GaugeMetricFamily:

@@ -1,7 +1,8 @@
 """/metrics: a Prometheus collector that reads the store at scrape time.
 
 Nothing is counted in this process: every sample comes from PostgreSQL in
-one read-only transaction per scrape, so any number of `serve` replicas
+one read-only transaction per scrape (the fleet totals and the labelled
+gauges of `fleetgauges` alike), so any number of `serve` replicas
 report the same values and a restart loses nothing. Counters only go up
 (Prometheus reads a drop as a restart and `increase()` invents runs): a run
 in progress is the gauge `gpuaas_reconciliations_running`, never a counter
@@ -47,6 +48,7 @@ class StoreCollector(Collector):
         self._capacity = capacity
 
     def collect(self) -> Iterator[Metric]:
+        yield fleetgauges.build_info()
         up = GaugeMetricFamily("gpuaas_database_up", "1 when the store could be read for this scrape")
         try:
             families = list(self._read())
@@ -69,6 +71,9 @@ class StoreCollector(Collector):
             ports = endpoints.used_ports(conn)
             now = conn.execute("SELECT now()").fetchone()
             guests = list(telemetries.families(conn))  # guest GPU telemetry, by allocation label
+            labelled = fleetgauges.read(conn)  # per node and region x SKU: what alerts need
+            per_node = fleetgauges.gpus_per_node(conn)
+            answer = self._capacity.peek(conn)
         runs = CounterMetricFamily("gpuaas_reconciliations", "Reconciliations finished, by result", labels=["result"])
         for result in ("changed", "unchanged", "error", "abandoned"):
             runs.add_metric([result], by_result.get(result, 0))
@@ -214,24 +219,25 @@ class StoreCollector(Collector):
             ["code"],
             {(k,): v for k, v in leased["drift"].items()},
         )
-        yield from self._capacity_families()
         yield from guests
+        yield from labelled
+        if answer is not None:
+            yield from _capacity_families(answer)
+            yield from fleetgauges.capacity(answer.computed.doc, per_node)
 
-    def _capacity_families(self) -> Iterator[Metric]:
-        answer = self._capacity.peek()
-        if answer is None:
-            return
-        launchable = GaugeMetricFamily(
-            "gpuaas_capacity_launchable",
-            "More requests of exactly this size that would be placed now",
-            labels=["region", "sku", "gpu_count"],
-        )
-        for offer in answer.computed.doc["capacity"]:
-            for size in offer["sizes"]:
-                launchable.add_metric([offer["region"], offer["sku"], str(size["gpu_count"])], size["launchable"])
-        yield launchable
-        age = (dt.datetime.now(dt.UTC) - answer.computed.as_of).total_seconds()
-        yield GaugeMetricFamily("gpuaas_capacity_age_seconds", "Age of the capacity numbers above", value=age)
+
+def _capacity_families(answer: statuscache.Answer) -> Iterator[Metric]:
+    launchable = GaugeMetricFamily(
+        "gpuaas_capacity_launchable",
+        "More requests of exactly this size that would be placed now",
+        labels=["region", "sku", "gpu_count"],
+    )
+    for offer in answer.computed.doc["capacity"]:
+        for size in offer["sizes"]:
+            launchable.add_metric([offer["region"], offer["sku"], str(size["gpu_count"])], size["launchable"])
+    yield launchable
+    age = (dt.datetime.now(dt.UTC) - answer.computed.as_of).total_seconds()
+    yield GaugeMetricFamily("gpuaas_capacity_age_seconds", "Age of the capacity numbers above", value=age)
 
 
 def _head_families(health: history.Health, now: dt.datetime | None) -> Iterator[Metric]:
@@ -261,6 +267,5 @@ def _head_families(health: history.Health, now: dt.datetime | None) -> Iterator[
 def registry(pool: Pool, capacity: statuscache.Cache) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
     reg.register(StoreCollector(pool, capacity))
-    reg.register(fleetgauges.LabelledCollector(pool, capacity))  # per node and region x SKU: what alerts need
     ProcessCollector(registry=reg)  # process_cpu_seconds_total, process_resident_memory_bytes, open fds...
     return reg

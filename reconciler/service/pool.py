@@ -6,6 +6,13 @@ and the database itself refuses a write, whatever a bug asks for. The pool
 checks a connection before handing it out (`check_connection`), so one that
 broke with its server is replaced, not used; a pool that cannot hand out a
 connection in time fails the request with `db.unavailable`.
+
+A pool that just failed to hand one out waits only `down_wait_s` (default 1 s)
+until a connection is handed out again: while the database is down, /readyz,
+/metrics and the API answer 503 or `gpuaas_database_up 0` in about a second,
+not after the whole wait each (a probe or a scrape times out at 1-10 s and
+would then report nothing at all). Its connection attempts go on in the
+background, so the first request after the database is back still gets one.
 """
 
 from __future__ import annotations
@@ -49,7 +56,11 @@ class Pool:
         statement_timeout_ms: int = 30_000,
         connect_timeout: int = 5,
         wait_timeout_s: float = 5.0,
+        down_wait_s: float = 1.0,
     ) -> None:
+        self.wait_timeout_s = wait_timeout_s
+        self.down_wait_s = min(down_wait_s, wait_timeout_s)
+        self._down = False  # set by a failure to hand out a connection, cleared by the next one handed out
         kwargs = session_kwargs(
             url,
             read_only=True,
@@ -77,16 +88,29 @@ class Pool:
     def stats(self) -> dict[str, int]:
         return dict(self._pool.get_stats())
 
+    @property
+    def down(self) -> bool:
+        """True from a failure to hand out a connection until one is handed out again."""
+        return self._down
+
     @contextlib.contextmanager
-    def reading(self) -> Iterator[connections.Connection]:
-        """A connection inside a read-only, repeatable-read transaction (rolled back at the end)."""
+    def reading(self, *, wait_s: float | None = None) -> Iterator[connections.Connection]:
+        """A connection inside a read-only, repeatable-read transaction (rolled back at the end).
+
+        `wait_s` bounds the wait for a connection (default: the pool's, or `down_wait_s` while down).
+        """
+        if wait_s is None:
+            wait_s = self.down_wait_s if self._down else self.wait_timeout_s
         try:
-            cm = self._pool.connection()
+            cm = self._pool.connection(timeout=wait_s)
             conn = cm.__enter__()
         except psycopg_pool.PoolTimeout as e:
+            self._down = True
             raise dberrors.DatabaseUnavailable(f"start a read-only transaction: {e}") from e
         except psycopg.Error as e:
+            self._down = True
             raise dberrors.translate(e, "start a read-only transaction") from e
+        self._down = False
         try:
             with dberrors.wrapped("start a read-only transaction"):
                 conn.execute(_BEGIN)

@@ -41,6 +41,10 @@ from reconciler.service.pool import Pool
 from reconciler.store.connections import Connection
 from schemas.errors import GpuaasError, PermanentError, TemporaryError
 
+# How long the start waits for a connection to load the kept document: a database that is down must not
+# hold back the listening socket (and /healthz) for the pool's whole wait; capacity is computed once it is back.
+_WARM_WAIT_S = 2.0
+
 
 class CapacityComputing(TemporaryError):
     code = reconciler_codes.API_CAPACITY_COMPUTING
@@ -172,10 +176,16 @@ class Cache:
                 )
             return Answer(cur, stale=cur.key != key)
 
-    def peek(self) -> Answer | None:
-        """The newest document without waiting (metrics, dashboard); starts a refresh when the store changed."""
-        with self._pool.reading() as conn:
+    def peek(self, conn: Connection | None = None) -> Answer | None:
+        """The newest document without waiting (metrics, dashboard); starts a refresh when the store changed.
+
+        `conn`: read the store's snapshot in that transaction (a scrape's own) rather than in one of its own.
+        """
+        if conn is not None:
             key = snapshot_key(conn)
+        else:
+            with self._pool.reading() as own:
+                key = snapshot_key(own)
         with self._cond:
             self._kick(key)
             cur = self._current
@@ -186,7 +196,7 @@ class Cache:
         if self._kept is not None and self._current is None:
             try:
                 with (
-                    self._pool.reading() as conn,
+                    self._pool.reading(wait_s=_WARM_WAIT_S) as conn,
                     loading.collector_paused(),
                 ):  # decoding 10,000 nodes: 0.36 s, with GC 3.4 s
                     kept = keptcapacity.load(*self._kept, self._policy, conn)

@@ -6,8 +6,10 @@ import csv
 import datetime as dt
 import io
 import json
+import threading
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -75,7 +77,31 @@ def test_metrics_read_the_store(served: Served, fleet_url: str) -> None:
 def test_metrics_say_the_database_is_down(tmp_path: Path) -> None:
     for s in serve(f"postgresql://postgres@/nothing?host={tmp_path}&port=5432"):
         status, _, body = s.get("/metrics")
-        assert status == 200 and _samples(body.decode())["gpuaas_database_up"][()] == 0
+        m = _samples(body.decode())
+        assert status == 200 and m["gpuaas_database_up"][()] == 0
+        assert len(m["gpuaas_build_info"]) == 1 and "gpuaas_node_live" not in m
+
+
+def test_a_scrape_reads_the_store_in_one_transaction(served: Served) -> None:
+    """The fleet totals, the labelled gauges and capacity's snapshot key share one read: one consistent
+    snapshot, and with the database down one wait for a connection, not one per collector."""
+    pool = served.httpd.service.pool
+    readers: list[str] = []
+    reading = pool.reading
+
+    def counted(**kw: Any) -> Any:
+        readers.append(threading.current_thread().name)
+        return reading(**kw)
+
+    served.json("/api/v1/capacity")  # computed now, so the scrape exports it
+    pool.reading = counted  # type: ignore[method-assign]
+    try:
+        m = _samples(served.get("/metrics")[2].decode())
+    finally:
+        del pool.reading
+    assert m["gpuaas_database_up"][()] == 1 and m["gpuaas_node_live"] and m["gpuaas_sku_units"]
+    assert m["gpuaas_capacity_launchable"]
+    assert len([r for r in readers if r != "gpuaas-capacity"]) == 1  # before: four (two collectors, two peeks)
 
 
 def _run_claims(url: str) -> dict[str, int]:
