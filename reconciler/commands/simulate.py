@@ -3,6 +3,7 @@
     gpuaas simulate --fleet DIR --workload FILE.csv [--policy NAME] [--json] [--repack-bound]
     gpuaas simulate --fleet DIR --workload FILE.csv --compare [--json] [--lease-ends terms|none|exact]
     gpuaas simulate --suite [--json] [--seeds N] [--first-seed S] [--loads 0.8,0.9,1.0] [--requests N] [--families a,b]
+                            [--lease-ends terms|none|exact]
 
 The CSV header is `arrival_s,duration_s,sku,gpus[,lease_s]` (`gpuaas fleet
 workload` writes one). A request arrives, holds its GPUs for `duration_s`,
