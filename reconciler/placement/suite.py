@@ -251,11 +251,15 @@ def run(
     nodes: int = NODES,
     first_seed: int = 1,
     progress: Progress | None = None,
+    lease_ends: simulation.LeaseEnds = simulation.LeaseEnds.TERMS,
 ) -> list[Cell]:
     """Every family x load x seed (`first_seed` ... `first_seed + seeds - 1`) through every policy.
 
     One `Cell` per family and load. Seeds past the ones a policy was chosen
     on (1-6 for issue 31's `default`) are fresh streams: `--first-seed 7`.
+    `lease_ends` is what each request tells the planner of its end
+    (`simulation.LeaseEnds`; only `default` reads it): `exact` measures what
+    knowing every departure would be worth on each family, an oracle.
     """
     desired = fleet(nodes)
     bare = sorted(s for s, sku in desired.skus.items() if sku.capacity_shape.value == "baremetal")
@@ -274,7 +278,7 @@ def run(
                 accepted: dict[str, int] = {}
                 offered = fluid = 0
                 for name in policies:
-                    res = simulation.simulate(desired, rows, policy=name)
+                    res = simulation.simulate(desired, rows, policy=name, lease_ends=lease_ends)
                     accepted[name] = res.accepted_gpus
                     cell.accepted[name] = cell.accepted.get(name, 0) + res.accepted_gpus
                     if name == policies[0]:

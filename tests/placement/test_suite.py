@@ -208,3 +208,25 @@ def test_a_suite_run_records_every_seed(capsys: pytest.CaptureFixture[str]) -> N
         ]
     ) in (0, 1)
     assert "± se" in capsys.readouterr().out
+
+
+def test_the_suite_tells_default_what_lease_ends_says(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--lease-ends` reaches the suite's runs (it was ignored there): only `default` reads it."""
+    fam = [suite.family("philly-terms")]
+    by_mode = {
+        mode: suite.run(fam, [1.0], seeds=1, requests=600, nodes=8, lease_ends=mode)[0].accepted
+        for mode in simulation.LeaseEnds
+    }
+    baselines = [{p: a for p, a in acc.items() if p != "default"} for acc in by_mode.values()]
+    assert all(b == baselines[0] for b in baselines)
+    # on this stream terms, the exact departures and no ends at all each place differently
+    assert len({acc["default"] for acc in by_mode.values()}) == 3
+    args = ["simulate", "--suite", "--seeds", "1", "--requests", "600", "--loads", "1.0", "--nodes", "8"]
+    assert cli.main([*args, "--json", "--families", "philly-terms", "--lease-ends", "exact"]) in (0, 1)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["lease_ends"] == "exact"
+    (cell,) = doc["cells"]
+    exact = by_mode[simulation.LeaseEnds.EXACT]
+    assert cell["acceptance_gpu"]["default"] == round(exact["default"] / cell["offered_gpus"], 6)
+    assert cli.main([*args, "--families", "philly-terms", "--quiet", "--no-lease-ends"]) in (0, 1)
+    assert "default told lease ends: none" in capsys.readouterr().out
