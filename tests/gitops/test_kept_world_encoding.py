@@ -14,6 +14,7 @@ import pytest
 
 from desired import models as m
 from desired.reading import documents
+from policies import capability
 from reconciler.caches import keptworlds, worldpickle
 from reconciler.placement import fleetgraph
 from schemas import states
@@ -60,6 +61,19 @@ def test_equal_tuples_become_one_object_but_never_across_types() -> None:
     # equal objects that are not atoms (models, engine parts) stay apart: identity may mean something there
     model_a, model_b = m.Hugepages(), m.Hugepages()
     assert model_a == model_b and intern((model_a,)) is not intern(tuple([model_b]))
+
+
+def test_equal_capability_verdicts_become_one_object_and_come_back_equal() -> None:
+    """10,000 nodes hold a handful of distinct verdicts: each is pickled once, read back as references."""
+    both = capability.Capability.BOTH_CAPABLE
+    a, b = capability.CapabilityVerdict(both), capability.CapabilityVerdict(both)
+    candidate = capability.Capability.SLICE_CANDIDATE
+    why = capability.CapabilityVerdict(candidate, ((capability.NO_SLICE_TAG, "no slice tag"),))
+    intern = worldpickle.interner()
+    assert intern(a) is a and intern(b) is a and intern(why) is why
+    assert intern(capability.CapabilityVerdict(candidate)) is not why  # other reasons: kept apart
+    back = keptworlds._loads(worldpickle.dumps([intern(a), intern(b), why]))
+    assert back == [a, b, why] and back[0] is back[1] and type(back[2]) is capability.CapabilityVerdict
 
 
 class _Attr:
