@@ -16,7 +16,7 @@ from desired import models as m
 from desired.reading import documents
 from policies import capability
 from reconciler.caches import keptworlds, worldpickle
-from reconciler.placement import fleetgraph
+from reconciler.placement import capacity, fleetgraph, prplan
 from schemas import states
 
 
@@ -112,3 +112,20 @@ def test_only_desired_state_models_are_built_without_validation() -> None:
     for _ in range(2):  # a refusal is never remembered as a check passed
         with pytest.raises(pickle.UnpicklingError, match="not a desired-state model"):
             worldpickle._model(fleetgraph.NodeFacts, {}, set(), None, None)
+
+
+def test_nodes_answered_alike_share_one_read_only_table_of_slots() -> None:
+    """A kept side holds one table per distinct per-slot answer, not one dict per node, and none can be edited."""
+    ok: dict[int, tuple[bool, tuple[str, ...]]] = {0: (True, ()), 1: (True, ())}
+    side = prplan.BaseSide(
+        pending={},
+        offers=capacity.ReadModel(),
+        memo=capacity.Memo(),
+        schedulable={"a": dict(ok), "b": dict(ok), "c": {0: (True, ()), 1: (False, ("slot.no_vf",))}},
+        modes={},
+    )
+    kept = keptworlds._loads(worldpickle.dumps(keptworlds._interned_side(side, worldpickle.interner())))
+    assert kept.schedulable == side.schedulable
+    assert kept.schedulable["a"] is kept.schedulable["b"] and kept.schedulable["c"] is not kept.schedulable["a"]
+    with pytest.raises(TypeError):
+        kept.schedulable["a"][0] = (False, ())  # type: ignore[index]
