@@ -13,7 +13,6 @@ every command of both agents gets this without registering anything.
 from __future__ import annotations
 
 import argparse
-import difflib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -22,6 +21,8 @@ _HINTS = "_gpuaas_hints"  # namespace attribute: unknown option -> close options
 
 def close(word: str, words: Iterable[str]) -> list[str]:
     """The spellings in `words` close to `word`, closest first (at most three)."""
+    import difflib  # only once a word is wrong: every command line pays for an import at start-up
+
     return difflib.get_close_matches(word, sorted(set(words)), n=3, cutoff=0.6)
 
 

@@ -46,3 +46,16 @@ def test_the_probe_sees_a_heavy_import() -> None:
         [sys.executable, "-c", probe, "--help"], capture_output=True, text=True, check=True, timeout=60
     )
     assert "networkx" in json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_command_line_without_typos_imports_no_suggestions() -> None:
+    """difflib ("did you mean") is imported once a word is wrong, not on every start of a plan."""
+    probe = _PROBE.format(heavy={"difflib"})
+    ok = subprocess.run(
+        [sys.executable, "-c", probe, "plan", "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert json.loads(ok.stdout.strip().splitlines()[-1]) == []
+    typo = subprocess.run(
+        [sys.executable, "-c", probe, "plna"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert "did you mean 'plan'" in typo.stderr and json.loads(typo.stdout.strip().splitlines()[-1]) == ["difflib"]

@@ -46,6 +46,7 @@ import hashlib
 import logging
 import pickle
 import struct
+import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,10 +235,20 @@ def _positions(tree: Tree) -> _Positions:
 
 
 def _interned_side(side: BaseSide, intern: Callable[[Any], Any]) -> BaseSide:
-    """`side` with its per-slot answers and node modes interned (a few distinct values, 100,000 tuples)."""
+    """`side` with its per-slot answers and node modes interned (a few distinct values, 100,000 tuples).
+
+    Nodes whose slots are all answered alike (most of a fleet) share one read-only table of them: one
+    object pickled, not 10,000 dicts of 8 entries made again on every load.
+    """
+    shared: dict[Any, Mapping[int, Any]] = {}
+
+    def one(slots: Mapping[int, Any]) -> Mapping[int, Any]:
+        table = {i: intern(v) for i, v in slots.items()}
+        return shared.setdefault(intern(tuple(table.items())), types.MappingProxyType(table))
+
     return dataclasses.replace(
         side,
-        schedulable={node: {i: intern(v) for i, v in slots.items()} for node, slots in side.schedulable.items()},
+        schedulable={node: one(slots) for node, slots in side.schedulable.items()},
         modes={node: intern(mode) for node, mode in side.modes.items()},
     )
 
@@ -373,7 +384,8 @@ class _Files:
 
         self.state, self.paths, self.where, self.file_bytes = state, core["paths"], core["where"], file_bytes
         keys: list[Key] = core["source_keys"]
-        self.positions = dict(zip(keys, zip(at[0::2], at[1::2], strict=True), strict=True))
+        self.keys, self.at = keys, at
+        self.positions: dict[Key, tuple[int, int]] | None = None  # built when a source is first read
         self.numbers: dict[str, int] = {}
         self.chunk_of = array.array("I")
         self.chunk_of.frombytes(core["chunk_of"])
@@ -419,6 +431,9 @@ class _Files:
 
         got = self.made_sources.get(key)
         if got is None:
+            if self.positions is None:  # a request's plan reads no source of base: 20,000 entries not built
+                at = self.at
+                self.positions = dict(zip(self.keys, zip(at[0::2], at[1::2], strict=True), strict=True))
             number, index = self.positions[key]
             doc, typed, _ = self.by_path[self.paths[number]].docs[index]
             got = self.made_sources[key] = Source(doc, id(typed))

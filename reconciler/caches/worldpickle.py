@@ -131,18 +131,33 @@ def interner() -> Callable[[Any], Any]:
     numbers, None, enum members, such tuples) are merged, and equal means by
     value and by type all the way down: `(1,)` never stands for `(True,)` or
     `(1.0,)`, and two equal models or engine objects are never made one.
+    Frozen value classes of atoms (`_value_classes`: a node's capability
+    verdict, one of a handful on 10,000 nodes) are merged the same way.
     """
     seen: dict[Any, Any] = {}
+    values = _value_classes()
 
     def intern(value: Any) -> Any:
-        if type(value) is not tuple:
-            return value
+        kind = type(value)
         try:
-            return seen.setdefault((value, _types(value)), value)
+            if kind is tuple:
+                return seen.setdefault((value, _types(value)), value)
+            if kind in values:
+                fields = tuple(getattr(value, name) for name in values[kind])
+                return seen.setdefault((kind, fields, _types(fields)), value)
         except (TypeError, _NotPlain):  # holds something other than atoms: kept as it is
-            return value
+            pass
+        return value
 
     return intern
+
+
+@functools.cache
+def _value_classes() -> dict[type, tuple[str, ...]]:
+    """Frozen dataclasses a world holds many equal copies of, which nothing tells apart but by value."""
+    from policies.capability import CapabilityVerdict
+
+    return {CapabilityVerdict: tuple(f.name for f in dataclasses.fields(CapabilityVerdict))}
 
 
 def as_is(value: Any) -> Any:

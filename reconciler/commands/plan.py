@@ -33,6 +33,7 @@ was computed against and the decisions. Nothing is saved when head is invalid.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -118,6 +119,19 @@ def _online(
 
 
 def run(args: argparse.Namespace) -> int:
+    # No cyclic collection from here on, imports included: what they and the plan make lives until
+    # the process ends, and each collection on the way walked all of it (the pydantic models' import
+    # alone set off several); the collector runs again as it was once the command is done.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _run(args)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _run(args: argparse.Namespace) -> int:
     from desired.reading import gitrepo, loading
     from reconciler.caches import planresults
 

@@ -151,6 +151,10 @@ class Memo:
     slices: dict[tuple[str, str], tuple[m.Sku, fleetgraph.NodeFacts, tuple[plans.ExistingClaim, ...], _SliceCounts]] = (
         field(default_factory=dict)
     )
+    # (baremetal SKU, node) -> inputs and the node's part of the offer: in use (True) or why it is not usable
+    wholes: dict[
+        tuple[str, str], tuple[m.Sku, fleetgraph.NodeFacts, tuple[plans.ExistingClaim, ...], bool, Blocked | None]
+    ] = field(default_factory=dict)
 
 
 def read_model(
@@ -181,7 +185,7 @@ def read_model(
         for region in regions:
             facts = [f for f in engine.facts if f.region == region]
             if sku.capacity_shape is m.CapacityShape.BAREMETAL:
-                offer = _baremetal_offer(engine, sku, region, facts, by_node=by_node, limit=limit)
+                offer = _baremetal_offer(engine, sku, region, facts, by_node=by_node, limit=limit, memo=memo)
             else:
                 offer = _slice_offer(engine, sku, region, facts, by_node=by_node, limit=limit, memo=memo)
             if offer is not None:
@@ -382,6 +386,7 @@ def _baremetal_offer(
     *,
     by_node: Mapping[str, list[plans.ExistingClaim]],
     limit: int,
+    memo: Memo,
 ) -> Offer | None:
     serving = [f for f in facts if f.baremetal_sku == sku.sku]
     if not serving:
@@ -389,12 +394,17 @@ def _baremetal_offer(
     in_use = 0
     blocked: Counter[str] = Counter()
     for f in serving:
-        claims = by_node.get(f.name, [])
-        if any(c.kind is states.ClaimKind.NODE_EXCLUSIVE for c in claims):
+        claims = tuple(by_node.get(f.name, ()))
+        hit = memo.wholes.get((sku.sku, f.name))
+        if hit is not None and hit[0] is sku and hit[1] is f and hit[2] == claims:
+            held, reason = hit[3], hit[4]
+        else:
+            held = any(c.kind is states.ClaimKind.NODE_EXCLUSIVE for c in claims)
+            reason = None if held else _whole_reason(sku, f, claims)
+            memo.wholes[sku.sku, f.name] = (sku, f, claims, held, reason)
+        if held:
             in_use += 1
-            continue
-        reason = _whole_reason(sku, f, claims)
-        if reason is not None:
+        elif reason is not None:
             blocked[reason.value] += 1
     usable = len(serving) - in_use - sum(blocked.values())
     sizes = _sizes(engine, sku, region, usable=usable, tenant="", limit=limit)
@@ -413,7 +423,7 @@ def _baremetal_offer(
     )
 
 
-def _whole_reason(sku: m.Sku, f: fleetgraph.NodeFacts, claims: list[plans.ExistingClaim]) -> Blocked | None:
+def _whole_reason(sku: m.Sku, f: fleetgraph.NodeFacts, claims: Sequence[plans.ExistingClaim]) -> Blocked | None:
     """The first reason, in this order: node, fabric, slice claims, cleanup, tenant."""
     fabric_ok = not f.slots or any(fabric.fabric_serves(sku.network_fabric, s.fabric) for s in f.slots)
     checks = (

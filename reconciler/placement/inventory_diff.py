@@ -237,7 +237,8 @@ def _capabilities(
     return out
 
 
-Slots = dict[int, tuple[bool, tuple[str, ...]]]  # slot index -> (schedulable, reasons)
+# slot index -> (schedulable, reasons); read only: a kept base shares one among equal nodes (caches.keptworlds)
+Slots = Mapping[int, tuple[bool, tuple[str, ...]]]
 
 
 def schedulable(
@@ -259,8 +260,9 @@ def schedulable(
             node_reasons = ("node.missing",)
         elif not node.slice_tagged:
             node_reasons = (capability.NO_SLICE_TAG,)
-        per_slot = out[node_name] = {}
+        per_slot: dict[int, tuple[bool, tuple[str, ...]]] = {}
         for idx, why in eligibility.eligible_slots(smap).items():
             reasons = node_reasons + tuple(r.code for r in why)
             per_slot[idx] = (not reasons, reasons)
+        out[node_name] = per_slot
     return out

@@ -14,8 +14,9 @@ import pytest
 
 from desired import models as m
 from desired.reading import documents
+from policies import capability
 from reconciler.caches import keptworlds, worldpickle
-from reconciler.placement import fleetgraph
+from reconciler.placement import capacity, fleetgraph, prplan
 from schemas import states
 
 
@@ -62,6 +63,19 @@ def test_equal_tuples_become_one_object_but_never_across_types() -> None:
     assert model_a == model_b and intern((model_a,)) is not intern(tuple([model_b]))
 
 
+def test_equal_capability_verdicts_become_one_object_and_come_back_equal() -> None:
+    """10,000 nodes hold a handful of distinct verdicts: each is pickled once, read back as references."""
+    both = capability.Capability.BOTH_CAPABLE
+    a, b = capability.CapabilityVerdict(both), capability.CapabilityVerdict(both)
+    candidate = capability.Capability.SLICE_CANDIDATE
+    why = capability.CapabilityVerdict(candidate, ((capability.NO_SLICE_TAG, "no slice tag"),))
+    intern = worldpickle.interner()
+    assert intern(a) is a and intern(b) is a and intern(why) is why
+    assert intern(capability.CapabilityVerdict(candidate)) is not why  # other reasons: kept apart
+    back = keptworlds._loads(worldpickle.dumps([intern(a), intern(b), why]))
+    assert back == [a, b, why] and back[0] is back[1] and type(back[2]) is capability.CapabilityVerdict
+
+
 class _Attr:
     def __init__(self, owner: Any, name: str) -> None:
         self.owner, self.name = owner, name
@@ -98,3 +112,20 @@ def test_only_desired_state_models_are_built_without_validation() -> None:
     for _ in range(2):  # a refusal is never remembered as a check passed
         with pytest.raises(pickle.UnpicklingError, match="not a desired-state model"):
             worldpickle._model(fleetgraph.NodeFacts, {}, set(), None, None)
+
+
+def test_nodes_answered_alike_share_one_read_only_table_of_slots() -> None:
+    """A kept side holds one table per distinct per-slot answer, not one dict per node, and none can be edited."""
+    ok: dict[int, tuple[bool, tuple[str, ...]]] = {0: (True, ()), 1: (True, ())}
+    side = prplan.BaseSide(
+        pending={},
+        offers=capacity.ReadModel(),
+        memo=capacity.Memo(),
+        schedulable={"a": dict(ok), "b": dict(ok), "c": {0: (True, ()), 1: (False, ("slot.no_vf",))}},
+        modes={},
+    )
+    kept = keptworlds._loads(worldpickle.dumps(keptworlds._interned_side(side, worldpickle.interner())))
+    assert kept.schedulable == side.schedulable
+    assert kept.schedulable["a"] is kept.schedulable["b"] and kept.schedulable["c"] is not kept.schedulable["a"]
+    with pytest.raises(TypeError):
+        kept.schedulable["a"][0] = (False, ())  # type: ignore[index]

@@ -7,6 +7,7 @@ foreign or made by other code is ignored and the plan computed again.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import sqlite3
@@ -178,3 +179,23 @@ def test_the_code_version_reads_every_python_source_of_the_packages(tmp_path: Pa
     root = Path(planresults.__file__).resolve().parents[2]
     mine = {str(p.relative_to(root)) for pkg in planresults._PACKAGES for p in (root / pkg).rglob("*.py")}
     assert {rel for pkg in planresults._PACKAGES for rel in planresults._sources(str(root), pkg)} == mine
+
+
+def test_the_plan_runs_without_cyclic_collection_and_restores_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Imports and planning make long-lived objects only: the collector is off while they run, on after."""
+    import gc
+
+    seen: list[bool] = []
+
+    def fake(_args: Any) -> int:
+        seen.append(gc.isenabled())
+        if len(seen) == 2:
+            raise RuntimeError("boom")
+        return 0
+
+    monkeypatch.setattr(plan_command, "_run", fake)
+    assert gc.isenabled()
+    assert plan_command.run(argparse.Namespace()) == 0
+    with pytest.raises(RuntimeError):
+        plan_command.run(argparse.Namespace())
+    assert seen == [False, False] and gc.isenabled()
