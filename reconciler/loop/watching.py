@@ -137,14 +137,19 @@ class Loop:
 
     def _conn(self) -> connections.Connection:
         if self.conn is None or self.conn.closed:
-            self.conn = self.connect()
-            # A commit's statements are short, but at 100,000 nodes the estimated cost of some passes
-            # jit_above_cost, and every execution was compiled again (silent nodes: 46 ms a commit).
-            with dberrors.wrapped("configure the loop's session"):
-                self.conn.execute("SET jit = off")
-                if not self.conn.autocommit:
-                    self.conn.commit()
+            self.conn = self._session()
         return self.conn
+
+    def _session(self) -> connections.Connection:
+        """A new session as the loop configures it (also a cold apply's second one for host plans)."""
+        conn = self.connect()
+        # A commit's statements are short, but at 100,000 nodes the estimated cost of some passes
+        # jit_above_cost, and every execution was compiled again (silent nodes: 46 ms a commit).
+        with dberrors.wrapped("configure the loop's session"):
+            conn.execute("SET jit = off")
+            if not conn.autocommit:
+                conn.commit()
+        return conn
 
     def close(self) -> None:
         if self.conn is not None and not self.conn.closed:
@@ -302,6 +307,7 @@ class Loop:
                 memory=self.inventory,
                 observed=self.observed,
                 delta=loaded.delta,
+                connect=self._session,
             )
         except reconciling.Invalid as e:  # an edit of a held allocation: refused (and recorded) like invalid YAML
             self.seen = rev
@@ -367,6 +373,7 @@ class Loop:
                 planner=self._planner(),
                 memory=self.inventory,
                 observed=self.observed,
+                connect=self._session,
             )
         self.last_started = revisions.started_at(conn, result.run_id)
         return self._emit(
@@ -402,6 +409,7 @@ class Loop:
                 planner=self._planner(),
                 memory=self.inventory,
                 observed=self.observed,
+                connect=self._session,
             )
         self.last_started = revisions.started_at(conn, result.run_id)
         if self.seen != rev:

@@ -11,7 +11,7 @@ twice changes nothing the second time.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -141,6 +141,7 @@ def reconcile(
     probe: provider_protocols.SshProbe | None = None,
     lease_fault: leasing.Fault | None = None,
     delta: Delta | None = None,
+    connect: Callable[[], Connection] | None = None,
 ) -> ReconcileResult:
     """Bring the store to `state`; every step is recorded in one history row.
 
@@ -152,7 +153,9 @@ def reconcile(
     after the placements. `delta`: how the reader built `state` from the
     revision before it, when it did (the watch loop): the inventory sync and
     a warm planner work from the change. `observed`: the loop's last observed
-    state, refreshed by what changed since (`store.observing`).
+    state, refreshed by what changed since (`store.observing`). `connect`
+    opens a second session for a write of many host plans (a cold apply's):
+    its batches then alternate between the two (`hostplans.write`).
     """
     shown = shown or progress.Progress(style="off")
     planner = planner or planner_for(policy)
@@ -186,7 +189,7 @@ def reconcile(
                 | {r.node for r in moved if r.node}
             )
         with shown.phase("write host plans", unit="nodes") as ph:
-            written = tuple(hostplans.write(conn, touched, revision=synced.revision, shown=ph))
+            written = tuple(hostplans.write(conn, touched, revision=synced.revision, shown=ph, connect=connect))
         leased = None
         if _declares_machines(state, delta) or providers is not None:
             leased = leasing.step(conn, state, providers or Providers.of(state), probe=probe, fault=lease_fault)
