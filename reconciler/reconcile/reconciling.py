@@ -57,6 +57,7 @@ class Invalid(PermanentError):
             f"{len(problems)} problem(s) against the store, first: {first.render()}; nothing applied", code=first.code
         )
         self.problems = problems
+        self.run_id: int | None = None  # the history row that records the refusal
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +143,7 @@ def reconcile(
     lease_fault: leasing.Fault | None = None,
     delta: Delta | None = None,
     connect: Callable[[], Connection] | None = None,
+    checked: Callable[[], object] | None = None,
 ) -> ReconcileResult:
     """Bring the store to `state`; every step is recorded in one history row.
 
@@ -156,6 +158,10 @@ def reconcile(
     state, refreshed by what changed since (`store.observing`). `connect`
     opens a second session for a write of many host plans (a cold apply's):
     its batches then alternate between the two (`hostplans.write`).
+    `checked` runs inside the inventory sync's transaction before it commits
+    (and after a failed sync): it raises `Invalid` when `state` breaks a
+    cross-file rule, so nothing is written; the watch loop runs the rules
+    of its first revision meanwhile.
     """
     shown = shown or progress.Progress(style="off")
     planner = planner or planner_for(policy)
@@ -164,9 +170,22 @@ def reconcile(
     try:
         pins = hostplans.pinned_images(conn)
         with shown.phase("sync inventory", unit="rows") as ph:
-            synced = inventory.sync(
-                conn, state, memory=memory, guard=partial(refuse_edits, conn, state), delta=delta, shown=ph
-            )
+            try:
+                synced = inventory.sync(
+                    conn,
+                    state,
+                    memory=memory,
+                    guard=partial(refuse_edits, conn, state),
+                    delta=delta,
+                    shown=ph,
+                    before_commit=checked,
+                )
+            except Invalid:
+                raise
+            except Exception:
+                if checked is not None:
+                    checked()  # rows of a tree that breaks the rules may not build: then its problems are the answer
+                raise
         with shown.phase("absorb host reports"):
             absorbed = cleanup.absorb(conn)
             lifecycle.sync_settings(conn, state)
@@ -194,6 +213,7 @@ def reconcile(
         if _declares_machines(state, delta) or providers is not None:
             leased = leasing.step(conn, state, providers or Providers.of(state), probe=probe, fault=lease_fault)
     except Invalid as e:  # refused like invalid YAML: recorded once, with every problem; nothing was written
+        e.run_id = run_id
         history.finish(
             conn,
             run_id,

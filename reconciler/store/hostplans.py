@@ -291,10 +291,8 @@ def write(
     locks taken in name order, then their inputs read in bulk (after the
     locks, so a plan is never built from older claims than one a concurrent
     writer stored), then one upsert (`store`). `shown` (a progress phase)
-    gets the node count and advances per batch. With `connect` and more than
-    one batch, the batches alternate between `conn` and a second session
-    (`_alternating`): while one waits on the server (its reads, its COPY),
-    the other's specs are built.
+    gets the node count and advances per batch. With `connect`, many batches
+    alternate between `conn` and a second session (`_alternating`).
     """
     if nodes is None:
         with dberrors.wrapped("list nodes for host plans"):
@@ -343,12 +341,10 @@ def _alternating(
 ) -> list[Written]:
     """`write`'s batches, the even ones on `conn` here, the odd ones on a second session in a thread.
 
-    Each batch is still its own transaction with its own locks (the two hold
-    disjoint sets, each taken in one sorted statement, so they never wait on
-    each other). A cold apply's batch spends about half its time waiting on
-    the server; the other half, building specs, now runs meanwhile. A failure
-    stops both sides after their current batch and is raised; batches written
-    before it stay, as they do one after the other.
+    Each batch is still one transaction with its own locks (disjoint sets, each taken in one sorted
+    statement: the two never wait on each other). A cold batch waits on the server about half its time;
+    the other's specs are built meanwhile. A failure stops both sides after their current batch and is
+    raised; batches written before it stay, as one after the other.
     """
     with dberrors.wrapped("read the pinned images"):
         pins = pinned_images(conn)
