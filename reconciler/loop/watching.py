@@ -274,6 +274,8 @@ class Loop:
         if not loaded.errors:
             self.state, self.in_force = loaded.state, rev
 
+    # Paused from the read to the apply: re-enabled between them, the collector walked the whole new tree.
+    @loading.collector_paused()
     def _apply(self, conn: connections.Connection, rev: str) -> Event:
         t0 = time.perf_counter()
         parsed = sources.parse(self.path, rev, cancel=self.stop.is_set, cache=self.blobs)
@@ -283,8 +285,7 @@ class Loop:
                     return self._reconcile(conn, rev, parsed, t0, checked=passed)
                 except beside.Broken as e:
                     return self._invalid(conn, rev, e.loaded, t0, e.run_id)
-        with loading.collector_paused():
-            loaded = sources.checked(parsed, self.checks.validate)
+        loaded = sources.checked(parsed, self.checks.validate)
         return self._invalid(conn, rev, loaded, t0) if loaded.errors else self._reconcile(conn, rev, loaded, t0)
 
     def _invalid(
