@@ -44,6 +44,28 @@ def load(
 def _load(
     path: Path, rev: str | None, *, cancel: loading.Cancel | None, cache: loading.BlobMemory | None, check: Check | None
 ) -> LoadResult:
+    return checked(_parse(path, rev, cancel=cancel, cache=cache), check)
+
+
+def parse(
+    path: Path, rev: str, *, cancel: loading.Cancel | None = None, cache: loading.BlobMemory | None = None
+) -> LoadResult:
+    """`load` without the cross-file rules: every file parsed and typed, with its own problems.
+
+    For a caller that runs the rules (`checked`) beside other work and acts on
+    the state only once they pass (the watch loop's first revision: the rules
+    run while the inventory sync's transaction, still open, waits on the
+    server).
+    """
+    if not path.exists():
+        raise PermanentError(f"{path}: no such directory", code=reconciler_codes.DESIRED_PATH_MISSING)
+    with loading.collector_paused():
+        return _parse(path, rev, cancel=cancel, cache=cache)
+
+
+def _parse(
+    path: Path, rev: str | None, *, cancel: loading.Cancel | None, cache: loading.BlobMemory | None
+) -> LoadResult:
     try:
         if rev is not None:
             parsed = gitrepo.read_revision(path, rev, cancel=cancel, cache=cache)
@@ -54,12 +76,17 @@ def _load(
             parsed = loading.parse_files(files, cancel=cancel, cache=cache)
     except gitrepo.RevisionError as e:
         raise PermanentError(str(e), code=gitrepo.RevisionError.code) from e
+    parsed.state.revision = revision
+    return parsed
+
+
+def checked(parsed: LoadResult, check: Check | None = None) -> LoadResult:
+    """The cross-file rules' problems added to a parse result (`parse`): `check`, else `validation.validate`."""
     state = parsed.state
     documents = len(state.nodes) + len(state.slot_maps) + len(state.skus) + len(state.images) + len(state.allocations)
     with progress.active().phase("validate documents", documents, unit="documents") as counted:
         result = check(parsed) if check is not None else validation.validate(parsed)
         counted.done = documents  # the rules run per kind, not per document: counted once, at the end
-    result.state.revision = revision
     return result
 
 

@@ -104,12 +104,20 @@ def run(args: argparse.Namespace) -> int:
             raise PermanentError(
                 f"{len(loaded.errors)} validation error(s): nothing applied", code=reconciler_codes.APPLY_INVALID
             )
-        with connections.connect(db.database_url(args), autocommit=True) as conn:
+        url = db.database_url(args)
+        with connections.connect(url, autocommit=True) as conn:
             migrations.migrate(conn)
             back = rewinds.check(conn, args.path, loaded.state, allow=args.allow_rewind)
             source = f"cli {args.path}" + (f" (rewind from {back.applied[:12]})" if back is not None else "")
             try:
-                result = reconciling.reconcile(conn, loaded.state, policy=args.policy, source=source, shown=shown)
+                result = reconciling.reconcile(
+                    conn,
+                    loaded.state,
+                    policy=args.policy,
+                    source=source,
+                    shown=shown,
+                    connect=lambda: connections.connect(url, autocommit=True),  # host plans' second session
+                )
             except reconciling.Invalid as e:  # an edit of an allocation that holds claims: printed as validation
                 for problem in e.problems:
                     print(problem.render(), file=sys.stderr)
@@ -233,11 +241,16 @@ def _run_saved(args: argparse.Namespace) -> int:
             code=reconciler_codes.APPLY_PLAN_STALE,
         )
     planfiles.check_desired(saved, inventoryrows.content_hash(loaded.state))
-    with connections.connect(db.database_url(args), autocommit=True) as conn:
+    url = db.database_url(args)
+    with connections.connect(url, autocommit=True) as conn:
         migrations.migrate(conn)
         planfiles.check_database(saved, planfiles.database_digest(conn))
         result = reconciling.reconcile(
-            conn, loaded.state, source=f"cli plan {args.path}", planner=planfiles.guarded_planner(saved)
+            conn,
+            loaded.state,
+            source=f"cli plan {args.path}",
+            planner=planfiles.guarded_planner(saved),
+            connect=lambda: connections.connect(url, autocommit=True),  # host plans' second session
         )
     doc = reconciling.summary(result)
     if args.output == "text":

@@ -45,13 +45,14 @@ from types import MappingProxyType
 
 import psycopg
 
+from desired.reading import loading
 from desired.reading.loading import Cancelled
-from desired.state import DesiredState
+from desired.state import DesiredState, LoadResult
 from policies import validationmemo
 from reconciler import codes as reconciler_codes
 from reconciler import sources
 from reconciler.caches.blobs import BlobCache
-from reconciler.loop import heaps
+from reconciler.loop import beside, heaps
 from reconciler.loop.looptypes import Event, Failing, Revisions
 from reconciler.placement import replanning
 from reconciler.plans import Planner
@@ -86,6 +87,7 @@ Connect = Callable[[], connections.Connection]
 Log = Callable[[Event], None]
 
 FRESH_RETRY_S = 1.0  # a new failure is retried this soon, on a fresh connection
+Check = Callable[[], object] | None  # raises when the state breaks the rules (beside.rules)
 
 
 class Loop:
@@ -137,14 +139,18 @@ class Loop:
 
     def _conn(self) -> connections.Connection:
         if self.conn is None or self.conn.closed:
-            self.conn = self.connect()
-            # A commit's statements are short, but at 100,000 nodes the estimated cost of some passes
-            # jit_above_cost, and every execution was compiled again (silent nodes: 46 ms a commit).
-            with dberrors.wrapped("configure the loop's session"):
-                self.conn.execute("SET jit = off")
-                if not self.conn.autocommit:
-                    self.conn.commit()
+            self.conn = self._session()
         return self.conn
+
+    def _session(self) -> connections.Connection:  # also a cold apply's second one, for host plans
+        conn = self.connect()
+        # A commit's statements are short, but at 100,000 nodes the estimated cost of some passes
+        # jit_above_cost, and every execution was compiled again (silent nodes: 46 ms a commit).
+        with dberrors.wrapped("configure the loop's session"):
+            conn.execute("SET jit = off")
+            if not conn.autocommit:
+                conn.commit()
+        return conn
 
     def close(self) -> None:
         if self.conn is not None and not self.conn.closed:
@@ -268,66 +274,58 @@ class Loop:
         if not loaded.errors:
             self.state, self.in_force = loaded.state, rev
 
+    # Paused from the read to the apply: re-enabled between them, the collector walked the whole new tree.
+    @loading.collector_paused()
     def _apply(self, conn: connections.Connection, rev: str) -> Event:
         t0 = time.perf_counter()
-        loaded = sources.load(self.path, rev, cancel=self.stop.is_set, cache=self.blobs, memo=self.checks)
-        source = f"{revisions.APPLY_SOURCE} {self.source.label}"
-        if loaded.errors:
-            run_id = history.start(conn, revision=rev, source=source)
-            history.finish(
-                conn,
-                run_id,
-                result="error",
-                counts={revisions.INVALID_COUNT: len(loaded.errors)},
-                problems=[{**e.as_dict(), "text": e.render()} for e in loaded.errors],
-            )
-            self.seen = rev
-            first = loaded.errors[0].render()
-            return self._emit(
-                Event(
-                    "invalid",
-                    rev,
-                    f"{len(loaded.errors)} validation error(s), first: {first}; the last valid revision stays in force",
-                    run_id,
-                    seconds=time.perf_counter() - t0,
-                )
-            )
+        parsed = sources.parse(self.path, rev, cancel=self.stop.is_set, cache=self.blobs)
+        if parsed.delta is None and not parsed.problems:  # read whole: the rules run while the sync waits (beside)
+            with beside.rules(parsed, self.checks.validate) as passed:
+                try:
+                    return self._reconcile(conn, rev, parsed, t0, checked=passed)
+                except beside.Broken as e:
+                    return self._invalid(conn, rev, e.loaded, t0, e.run_id)
+        loaded = sources.checked(parsed, self.checks.validate)
+        return self._invalid(conn, rev, loaded, t0) if loaded.errors else self._reconcile(conn, rev, loaded, t0)
+
+    def _invalid(
+        self, conn: connections.Connection, rev: str, loaded: LoadResult, t0: float, run_id: int | None = None
+    ) -> Event:
+        """Refuse a revision that breaks the rules: recorded once in history (`run_id`: already), nothing applied."""
+        if run_id is None:
+            run_id = beside.refused(conn, rev, f"{revisions.APPLY_SOURCE} {self.source.label}", loaded)
+        self.seen = rev
+        first = loaded.errors[0].render()
+        message = f"{len(loaded.errors)} validation error(s), first: {first}; the last valid revision stays in force"
+        return self._emit(Event("invalid", rev, message, run_id, seconds=time.perf_counter() - t0))
+
+    def _reconcile(
+        self, conn: connections.Connection, rev: str, loaded: LoadResult, t0: float, checked: Check = None
+    ) -> Event:
         # A failure is recorded in history by reconcile itself; step() backs off and retries.
         try:
             result = reconciling.reconcile(
                 conn,
                 loaded.state,
-                source=source,
+                source=f"{revisions.APPLY_SOURCE} {self.source.label}",
                 planner=self._planner(),
                 memory=self.inventory,
                 observed=self.observed,
                 delta=loaded.delta,
+                connect=self._session,
+                checked=checked,
             )
+        except beside.Broken:
+            raise
         except reconciling.Invalid as e:  # an edit of a held allocation: refused (and recorded) like invalid YAML
-            self.seen = rev
-            return self._emit(
-                Event(
-                    "invalid",
-                    rev,
-                    f"{e.message}; the last valid revision stays in force",
-                    seconds=time.perf_counter() - t0,
-                )
-            )
+            self.seen, message = rev, f"{e.message}; the last valid revision stays in force"
+            return self._emit(Event("invalid", rev, message, seconds=time.perf_counter() - t0))
         self.seen, self.state, self.in_force = rev, loaded.state, rev
         self.heap.settle(whole=loaded.delta is None)
         self.last_started = revisions.started_at(conn, result.run_id)
         self.next_retry = self.clock() + self.interval
-        return self._emit(
-            Event(
-                "applied",
-                rev,
-                "",
-                result.run_id,
-                MappingProxyType(result.counts()),
-                time.perf_counter() - t0,
-                result.changed,
-            )
-        )
+        counts = MappingProxyType(result.counts())
+        return self._emit(Event("applied", rev, "", result.run_id, counts, time.perf_counter() - t0, result.changed))
 
     def _retry(self, *, periodic: bool = False) -> Event | None:
         """The revision in force again, when something may move; `periodic`: for the memories' full work
@@ -367,6 +365,7 @@ class Loop:
                 planner=self._planner(),
                 memory=self.inventory,
                 observed=self.observed,
+                connect=self._session,
             )
         self.last_started = revisions.started_at(conn, result.run_id)
         return self._emit(
@@ -402,6 +401,7 @@ class Loop:
                 planner=self._planner(),
                 memory=self.inventory,
                 observed=self.observed,
+                connect=self._session,
             )
         self.last_started = revisions.started_at(conn, result.run_id)
         if self.seen != rev:

@@ -11,7 +11,7 @@ twice changes nothing the second time.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -57,6 +57,7 @@ class Invalid(PermanentError):
             f"{len(problems)} problem(s) against the store, first: {first.render()}; nothing applied", code=first.code
         )
         self.problems = problems
+        self.run_id: int | None = None  # the history row that records the refusal
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +142,8 @@ def reconcile(
     probe: provider_protocols.SshProbe | None = None,
     lease_fault: leasing.Fault | None = None,
     delta: Delta | None = None,
+    connect: Callable[[], Connection] | None = None,
+    checked: Callable[[], object] | None = None,
 ) -> ReconcileResult:
     """Bring the store to `state`; every step is recorded in one history row.
 
@@ -152,7 +155,13 @@ def reconcile(
     after the placements. `delta`: how the reader built `state` from the
     revision before it, when it did (the watch loop): the inventory sync and
     a warm planner work from the change. `observed`: the loop's last observed
-    state, refreshed by what changed since (`store.observing`).
+    state, refreshed by what changed since (`store.observing`). `connect`
+    opens a second session for a write of many host plans (a cold apply's):
+    its batches then alternate between the two (`hostplans.write`).
+    `checked` runs inside the inventory sync's transaction before it commits
+    (and after a failed sync): it raises `Invalid` when `state` breaks a
+    cross-file rule, so nothing is written; the watch loop runs the rules
+    of its first revision meanwhile.
     """
     shown = shown or progress.Progress(style="off")
     planner = planner or planner_for(policy)
@@ -161,9 +170,22 @@ def reconcile(
     try:
         pins = hostplans.pinned_images(conn)
         with shown.phase("sync inventory", unit="rows") as ph:
-            synced = inventory.sync(
-                conn, state, memory=memory, guard=partial(refuse_edits, conn, state), delta=delta, shown=ph
-            )
+            try:
+                synced = inventory.sync(
+                    conn,
+                    state,
+                    memory=memory,
+                    guard=partial(refuse_edits, conn, state),
+                    delta=delta,
+                    shown=ph,
+                    before_commit=checked,
+                )
+            except Invalid:
+                raise
+            except Exception:
+                if checked is not None:
+                    checked()  # rows of a tree that breaks the rules may not build: then its problems are the answer
+                raise
         with shown.phase("absorb host reports"):
             absorbed = cleanup.absorb(conn)
             lifecycle.sync_settings(conn, state)
@@ -186,11 +208,12 @@ def reconcile(
                 | {r.node for r in moved if r.node}
             )
         with shown.phase("write host plans", unit="nodes") as ph:
-            written = tuple(hostplans.write(conn, touched, revision=synced.revision, shown=ph))
+            written = tuple(hostplans.write(conn, touched, revision=synced.revision, shown=ph, connect=connect))
         leased = None
         if _declares_machines(state, delta) or providers is not None:
             leased = leasing.step(conn, state, providers or Providers.of(state), probe=probe, fault=lease_fault)
     except Invalid as e:  # refused like invalid YAML: recorded once, with every problem; nothing was written
+        e.run_id = run_id
         history.finish(
             conn,
             run_id,

@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
 
@@ -281,6 +283,7 @@ def write(
     *,
     revision: str | None = None,
     shown: progress.Phase | None = None,
+    connect: Callable[[], Connection] | None = None,
 ) -> list[Written]:
     """Rebuild the plans of `nodes` (default: every present node and every node holding claims).
 
@@ -288,7 +291,8 @@ def write(
     locks taken in name order, then their inputs read in bulk (after the
     locks, so a plan is never built from older claims than one a concurrent
     writer stored), then one upsert (`store`). `shown` (a progress phase)
-    gets the node count and advances per batch.
+    gets the node count and advances per batch. With `connect`, many batches
+    alternate between `conn` and a second session (`_alternating`).
     """
     if nodes is None:
         with dberrors.wrapped("list nodes for host plans"):
@@ -298,27 +302,83 @@ def write(
                 " ORDER BY name"
             ).fetchall()
         nodes = [str(r[0]) for r in rows]
-    out: list[Written] = []
     todo = sorted(set(nodes))
     if shown is not None:
         shown.total = len(todo)
+    batches = [todo[at : at + BATCH] for at in range(0, len(todo), BATCH)]
+    if connect is not None and len(batches) > 1:
+        return _alternating(conn, connect, batches, revision, shown)
+    out: list[Written] = []
     pins: tuple[str, ...] | None = None
-    for at in range(0, len(todo), BATCH):
-        batch = todo[at : at + BATCH]
-        with dberrors.wrapped(f"write the host plans of {len(batch)} node(s) from {batch[0]}"), conn.transaction():
-            _lock(conn, batch)
-            if pins is None:
+    for batch in batches:
+        if pins is None:
+            with dberrors.wrapped("read the pinned images"):
                 pins = pinned_images(conn)
-            have = _generations(conn, batch)
-            if not have and len(batch) >= COPY_FROM:  # a cold batch: documents straight from the rows
-                found, graceful, readiness = _inputs(conn, batch)
-                out += _copy_new(conn, ((n.name, _spec(n, pins, graceful, readiness)) for n in found), revision)
-            else:
-                plans = build_many(conn, batch, pinned=pins)
-                out += _upsert(conn, list(plans.values()), revision, have)
+        out += _write_batch(conn, batch, pins, revision)
         if shown is not None:
             shown.advance(len(batch))
     return out
+
+
+def _write_batch(conn: Connection, batch: list[str], pins: tuple[str, ...], revision: str | None) -> list[Written]:
+    """One batch in one transaction: its locks, its inputs read after them, its plans stored."""
+    with dberrors.wrapped(f"write the host plans of {len(batch)} node(s) from {batch[0]}"), conn.transaction():
+        _lock(conn, batch)
+        have = _generations(conn, batch)
+        if not have and len(batch) >= COPY_FROM:  # a cold batch: documents straight from the rows
+            found, graceful, readiness = _inputs(conn, batch)
+            return _copy_new(conn, ((n.name, _spec(n, pins, graceful, readiness)) for n in found), revision)
+        plans = build_many(conn, batch, pinned=pins)
+        return _upsert(conn, list(plans.values()), revision, have)
+
+
+def _alternating(
+    conn: Connection,
+    connect: Callable[[], Connection],
+    batches: list[list[str]],
+    revision: str | None,
+    shown: progress.Phase | None,
+) -> list[Written]:
+    """`write`'s batches, the even ones on `conn` here, the odd ones on a second session in a thread.
+
+    Each batch is still one transaction with its own locks (disjoint sets, each taken in one sorted
+    statement: the two never wait on each other). A cold batch waits on the server about half its time;
+    the other's specs are built meanwhile. A failure stops both sides after their current batch and is
+    raised; batches written before it stay, as one after the other.
+    """
+    with dberrors.wrapped("read the pinned images"):
+        pins = pinned_images(conn)
+    results: list[list[Written] | None] = [None] * len(batches)
+    failed = threading.Event()
+    counted = threading.Lock()
+
+    def run(c: Connection, mine: range) -> None:
+        try:
+            for i in mine:
+                if failed.is_set():
+                    return
+                results[i] = _write_batch(c, batches[i], pins, revision)
+                if shown is not None:
+                    with counted:
+                        shown.advance(len(batches[i]))
+        except BaseException:
+            failed.set()
+            raise
+
+    with dberrors.wrapped("open a second session for host plans"):
+        other = connect()
+    try:
+        with futures.ThreadPoolExecutor(1, thread_name_prefix="gpuaas-hostplans") as pool:
+            odd = pool.submit(run, other, range(1, len(batches), 2))
+            try:
+                run(conn, range(0, len(batches), 2))
+            finally:
+                error = odd.exception()  # waits for the other side: never left writing behind us
+        if error is not None:
+            raise error
+    finally:
+        other.close()
+    return [w for part in results if part is not None for w in part]
 
 
 def store(conn: Connection, plans: Iterable[codec.HostPlan], *, revision: str | None = None) -> list[Written]:

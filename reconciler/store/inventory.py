@@ -72,16 +72,14 @@ class _TableMemory:
 class Memory:
     """What the last sync of this process wrote or confirmed, so the next one costs what changed.
 
-    Trusted only while `inventory_generation` is the value our own last sync
-    left (no other writer since). Every REFRESH_EVERY syncs every row is read
-    and compared again: `refresh_due` says so, and the watch loop runs that
-    comparison when no commit is waiting (about 10 s at 10,000 nodes); a
-    sync trusts the memory for at most REFRESH_EVERY * STALE_MAX syncs, so a
-    stream of commits with no idle moment still gets it. Rows are keyed by the documents
-    (model objects) they were built from: an unchanged blob yields the same
-    object, so its rows are neither rebuilt nor compared. Row values are not
-    kept (memory follows the documents, not the rows): a sync reads the rows
-    it compares, all of them without a delta, only the delta's with one.
+    Trusted only while `inventory_generation` is the value our own last sync left (no other writer
+    since). Every REFRESH_EVERY syncs every row is read and compared again: `refresh_due` says so, and
+    the watch loop runs that comparison when no commit is waiting (about 10 s at 10,000 nodes); a sync
+    trusts the memory for at most REFRESH_EVERY * STALE_MAX syncs, so a stream of commits with no idle
+    moment still gets it. Rows are keyed by the documents (model objects) they were built from: an
+    unchanged blob yields the same object, so its rows are neither rebuilt nor compared. Row values are
+    not kept (memory follows the documents, not the rows): a sync reads the rows it compares, all of
+    them without a delta, only the delta's with one.
     """
 
     REFRESH_EVERY = 100
@@ -140,19 +138,19 @@ def sync(
     guard: Guard | None = None,
     delta: Delta | None = None,
     shown: progress.Phase | None = None,
+    before_commit: Callable[[], object] | None = None,
 ) -> SyncResult:
     """Project `state` into the inventory tables in one transaction.
 
-    With `memory` (kept by the watch loop across revisions), documents that
-    did not change since its last sync are neither turned into rows nor
-    compared; the result is the same as a sync without it. `guard` (`Guard`)
-    runs before the allocation rows are written; what it raises rolls the
-    whole sync back. `delta`: how the reader built `state` from the state
-    before it, when it did (with `memory`, only the documents it names are
-    itemised). `shown` (a progress phase) counts the rows compared.
+    With `memory` (kept by the watch loop across revisions), documents that did not change since its
+    last sync are neither turned into rows nor compared; the result is the same as a sync without it.
+    `guard` (`Guard`) runs before the allocation rows are written; what it raises rolls the whole sync
+    back. `delta`: how the reader built `state` from the state before it, when it did (with `memory`,
+    only the documents it names are itemised). `shown` (a progress phase) counts the rows compared.
+    `before_commit` runs last inside the transaction; what it raises rolls it back.
     """
     try:
-        return _sync(conn, state, memory=memory, guard=guard, read_by=delta, shown=shown)
+        return _sync(conn, state, memory=memory, guard=guard, read_by=delta, shown=shown, before_commit=before_commit)
     except BaseException:
         if memory is not None:  # what it holds may never have been committed
             memory.generation = None
@@ -168,6 +166,7 @@ def _sync(
     guard: Guard | None,
     read_by: Delta | None,
     shown: progress.Phase | None,
+    before_commit: Callable[[], object] | None,
 ) -> SyncResult:
     digest = inventoryrows.content_hash(state, memory, read_by)
     revision = inventoryrows.revision_key(state, digest)
@@ -286,6 +285,8 @@ def _sync(
                 " VALUES (%s, %s, %s, %s) ON CONFLICT (revision) DO NOTHING",
                 (revision, digest, state.file_count, Jsonb(counts)),
             )
+        if before_commit is not None:
+            before_commit()  # e.g. the loop's cross-file rules, run meanwhile (reconciler.loop.beside)
     return SyncResult(revision, digest, new_revision, tuple(changes), full=not trust)
 
 

@@ -103,3 +103,82 @@ def test_plan_specs_are_compressed_with_lz4(conn: Connection) -> None:
         "SELECT attcompression FROM pg_attribute WHERE attrelid = 'host_plans'::regclass AND attname = 'spec'"
     ).fetchone()
     assert found == ("l",)
+
+
+def _spy_batches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
+    """Which session wrote which batch: (id of the connection, first node)."""
+    seen: list[tuple[int, str]] = []
+    real = hostplans._write_batch
+
+    def spy(c: Connection, batch: list[str], pins: tuple[str, ...], revision: str | None) -> list[hostplans.Written]:
+        seen.append((id(c), batch[0]))
+        return real(c, batch, pins, revision)
+
+    monkeypatch.setattr(hostplans, "_write_batch", spy)
+    return seen
+
+
+def test_batches_alternate_between_two_sessions_and_store_what_one_session_stores(
+    conn: Connection, fleet: DesiredState, monkeypatch: pytest.MonkeyPatch, db_url: str
+) -> None:
+    """With a second session (`connect`), the odd batches are written there while this one writes the even:
+    the same plans, in the same order, as one session writing every batch; the second session is closed."""
+    assert claims.place(conn, slice_placement("alloc-0000000", NODE, (1,))).placed
+    monkeypatch.setattr(hostplans, "BATCH", 2)  # six nodes: three batches, one of them on the second session
+    monkeypatch.setattr(hostplans, "COPY_FROM", 1)
+    opened: list[Connection] = []
+
+    def connect() -> Connection:
+        opened.append(connections.connect(db_url, autocommit=True))
+        return opened[-1]
+
+    seen = _spy_batches(monkeypatch)
+    phase = progress.Phase("write host plans")
+    written = hostplans.write(conn, shown=phase, connect=connect)
+    assert len(opened) == 1 and opened[0].closed
+    nodes = sorted(fleet.nodes)
+    assert sorted(seen, key=lambda s: s[1]) == [
+        (id(conn), nodes[0]),
+        (id(opened[0]), nodes[2]),
+        (id(conn), nodes[4]),
+    ]
+    assert (phase.done, phase.total) == (6, 6)
+    two = {
+        str(n): (int(g), str(s)) for n, g, s in conn.execute("SELECT node_name, generation, spec::text FROM host_plans")
+    }
+    conn.execute("DELETE FROM host_plans")
+    assert hostplans.write(conn) == written  # one session: the same answer
+    one = {
+        str(n): (int(g), str(s)) for n, g, s in conn.execute("SELECT node_name, generation, spec::text FROM host_plans")
+    }
+    assert one == two and set(one) == set(nodes)
+
+
+def test_a_failed_batch_on_the_second_session_is_raised_and_stops_the_write(
+    conn: Connection, fleet: DesiredState, monkeypatch: pytest.MonkeyPatch, db_url: str
+) -> None:
+    monkeypatch.setattr(hostplans, "BATCH", 1)  # six batches: three on each side
+    opened: list[Connection] = []
+
+    def connect() -> Connection:
+        opened.append(connections.connect(db_url, autocommit=True))
+        return opened[-1]
+
+    seen: list[tuple[int, str]] = []
+    real = hostplans._write_batch
+
+    def spy(c: Connection, batch: list[str], pins: tuple[str, ...], revision: str | None) -> list[hostplans.Written]:
+        seen.append((id(c), batch[0]))
+        if c is not conn:
+            raise RuntimeError("the second session's batch failed")
+        return real(c, batch, pins, revision)
+
+    monkeypatch.setattr(hostplans, "_write_batch", spy)
+    with pytest.raises(RuntimeError, match="second session"):
+        hostplans.write(conn, connect=connect)
+    assert opened and opened[0].closed
+    assert sum(1 for c, _ in seen if c != id(conn)) == 1  # the failing side stopped at its first batch
+    # each batch is its own transaction: the failed one left nothing, the other side's stand (as one session's would)
+    nodes = sorted(fleet.nodes)
+    stored = {str(n) for (n,) in conn.execute("SELECT node_name FROM host_plans")}
+    assert stored <= {nodes[0], nodes[2], nodes[4]} and nodes[1] not in stored
