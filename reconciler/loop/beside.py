@@ -18,7 +18,7 @@ from concurrent import futures
 from desired.state import LoadResult
 from reconciler import sources
 from reconciler.reconcile import reconciling
-from reconciler.store import history, revisions
+from reconciler.store import history
 from reconciler.store.connections import Connection
 
 
@@ -51,11 +51,5 @@ def rules(parsed: LoadResult, check: sources.Check) -> Iterator[Callable[[], Loa
 def refused(conn: Connection, rev: str, source: str, loaded: LoadResult) -> int:
     """Record a revision refused for its problems: one history row with every error (what `Broken` leaves)."""
     run_id = history.start(conn, revision=rev, source=source)
-    history.finish(
-        conn,
-        run_id,
-        result="error",
-        counts={revisions.INVALID_COUNT: len(loaded.errors)},
-        problems=[{**e.as_dict(), "text": e.render()} for e in loaded.errors],
-    )
+    reconciling.finish_refused(conn, run_id, loaded.errors)
     return run_id

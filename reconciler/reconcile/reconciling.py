@@ -214,13 +214,7 @@ def reconcile(
             leased = leasing.step(conn, state, providers or Providers.of(state), probe=probe, fault=lease_fault)
     except Invalid as e:  # refused like invalid YAML: recorded once, with every problem; nothing was written
         e.run_id = run_id
-        history.finish(
-            conn,
-            run_id,
-            result="error",
-            counts={revisions.INVALID_COUNT: len(e.problems)},
-            problems=[{**x.as_dict(), "text": x.render()} for x in e.problems],
-        )
+        finish_refused(conn, run_id, e.problems)
         raise
     except GpuaasError as e:
         _doubt(memory, observed)
@@ -368,3 +362,14 @@ def summary(result: ReconcileResult) -> dict[str, Any]:
             for e in result.expired
         ],
     }
+
+
+def finish_refused(conn: Connection, run_id: int, problems: Sequence[p.Problem]) -> None:
+    """End history row `run_id` as a refused revision: an error with every problem, rendered as printed."""
+    history.finish(
+        conn,
+        run_id,
+        result="error",
+        counts={revisions.INVALID_COUNT: len(problems)},
+        problems=[{**x.as_dict(), "text": x.render()} for x in problems],
+    )
