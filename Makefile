@@ -30,8 +30,11 @@ APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config git \
 demo: deps
 	$(BIN)/gpuaas demo examples/fleet
 
+# Two workers: the suite mostly waits on PostgreSQL, git, dnsmasq and Ironic, so two interleave well on 2 cores
+# (measured beside another job: 597 s in one process, 390 s in two); each test's resources are its own
+# (names from the pid, temp dirs, a fresh database on its worker's server).
 test: deps lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2
 
 lint: deps
 	$(BIN)/ruff check desired policies reconciler host_reconciler schemas tools tests
