@@ -281,6 +281,8 @@ SERVE_WEBHOOK_SECRET_UNREADABLE = "serve.webhook_secret_unreadable"
 SIMULATE_ARGS_MISSING = "simulate.args.missing"
 # … does not validate (… errors); run gpuaas validate
 SIMULATE_FLEET_INVALID = "simulate.fleet.invalid"
+# --reserve-whole-host …: expected WINDOW_S:CAP[:AFTER]
+SIMULATE_RESERVE = "simulate.reserve"
 # --families: unknown … (known: …)
 SIMULATE_SUITE_FAMILY = "simulate.suite.family"
 # --loads …: loads must be in (0, 10]

@@ -3,7 +3,7 @@
     gpuaas simulate --fleet DIR --workload FILE.csv [--policy NAME] [--json] [--repack-bound]
     gpuaas simulate --fleet DIR --workload FILE.csv --compare [--json] [--lease-ends terms|none|exact]
     gpuaas simulate --suite [--json] [--seeds N] [--first-seed S] [--loads 0.8,0.9,1.0] [--requests N] [--families a,b]
-                            [--lease-ends terms|none|exact]
+                            [--lease-ends terms|none|exact] [--reserve-whole-host WINDOW_S:CAP[:AFTER]]
 
 The CSV header is `arrival_s,duration_s,sku,gpus[,lease_s]` (`gpuaas fleet
 workload` writes one). A request arrives, holds its GPUs for `duration_s`,
@@ -13,7 +13,9 @@ allocation leaves at `lease_s` if it runs to term); a row without one is an
 on-demand lease. `--lease-ends` says what the planner is told (only `default`
 reads it): `terms` (default) the rows' `lease_s`, `none` nothing (every
 lease on demand; `--no-lease-ends` is the same), `exact` the real departure
-(an oracle, for research). `--compare` also shows the repack bound beside
+(an oracle, for research). `--reserve-whole-host` (research, `default`
+only) refuses a small request that would open one of the last empty hosts
+while whole-host requests were lately refused (`reserving`). `--compare` also shows the repack bound beside
 the fluid bound. `--suite` replays every family of the workload suite
 (`reconciler.placement.suite`, docs/placement.md "Workload suite") on a
 synthetic 64-node fleet under every policy and exits 1 when `default`
@@ -68,6 +70,12 @@ def register(sub: Any) -> None:
         action="store_const",
         const=simulation.LeaseEnds.NONE.value,
         help="same as --lease-ends none",
+    )
+    p.add_argument(
+        "--reserve-whole-host",
+        metavar="WINDOW_S:CAP[:AFTER]",
+        help="research: default refuses a small request that would open one of the last R empty hosts, "
+        "R = min(CAP, whole-host requests refused in the last WINDOW_S seconds - (AFTER - 1)); --suite too",
     )
     p.add_argument("--repack-bound", action="store_true", help="also compute the repack bound (always with --compare)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -136,8 +144,9 @@ def run(args: argparse.Namespace) -> int:
     from reconciler import sources
     from reconciler.placement import simulation
 
+    reserve = _reserve(args)
     if args.suite:
-        return run_suite(args)
+        return run_suite(args, reserve)
     if args.fleet is None or args.workload is None:
         raise UsageError(
             "--fleet and --workload are required (or --suite)", code=reconciler_codes.SIMULATE_ARGS_MISSING
@@ -170,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
                 region=args.region,
                 lease_ends=simulation.LeaseEnds(args.lease_ends),
                 repack_bound_gpu=repack,
+                reserve=reserve,
             )
         )
     if args.json:
@@ -252,7 +262,18 @@ def _suite_progress(quiet: bool) -> Any:
     return report
 
 
-def run_suite(args: argparse.Namespace) -> int:
+def _reserve(args: argparse.Namespace) -> Any:
+    from reconciler.placement import reserving
+
+    if args.reserve_whole_host is None:
+        return None
+    try:
+        return reserving.Reserve.parse(args.reserve_whole_host)
+    except ValueError as e:
+        raise UsageError(f"--reserve-whole-host {e}", code=reconciler_codes.SIMULATE_RESERVE) from None
+
+
+def run_suite(args: argparse.Namespace, reserve: Any = None) -> int:
     from reconciler.placement import simulation, suite
 
     try:
@@ -287,6 +308,7 @@ def run_suite(args: argparse.Namespace) -> int:
         first_seed=args.first_seed,
         progress=_suite_progress(args.quiet),
         lease_ends=simulation.LeaseEnds(args.lease_ends),
+        reserve=reserve,
     )
     below = [c for c in cells if c.below]
     misses = suite.goal_misses(cells)
@@ -300,6 +322,7 @@ def run_suite(args: argparse.Namespace) -> int:
                     "requests": args.requests,
                     "loads": loads,
                     "lease_ends": args.lease_ends,
+                    "reserve_whole_host": None if reserve is None else str(reserve),
                     "families": [f.as_dict() for f in families],
                     "cells": [c.as_dict() for c in cells],
                     "default_below_a_baseline": len(below),
@@ -333,6 +356,8 @@ def render_suite(cells: list[Any], families: list[Any], args: argparse.Namespace
     ]
     if args.lease_ends != "terms":
         lines.insert(1, f"default told lease ends: {args.lease_ends} (the baselines never read them)")
+    if args.reserve_whole_host is not None:
+        lines.insert(1, f"default holds empty hosts back: --reserve-whole-host {args.reserve_whole_host} (research)")
     head = f"{'family':<18} {'load':>4} " + " ".join(f"{short.get(p, p):>10}" for p in policies)
     lines.append(head + f" {'fluid':>8} {'best base':>10} {'closed':>7} {'± se':>5}  note")
     by_name = {f.name: f for f in families}

@@ -44,6 +44,7 @@ from policies import packing
 from policies import topology as t
 from reconciler import plans
 from reconciler.placement import placing
+from reconciler.placement.reserving import WHOLE_HOST_GPUS, Gate, Reserve
 from reconciler.placement.synthesis import Offer, WorkloadRow
 
 Progress = Callable[[int, int], None]
@@ -87,6 +88,8 @@ class Result:
     lease_ends: bool = True  # some requests carried a lease end (only `default` reads them)
     lease_mode: str = LeaseEnds.TERMS.value
     repack_bound_gpu: float | None = None  # computed once per workload (`repack_bound`), when asked
+    reserve: str | None = None  # the reserve `default` ran with (`reserving.Reserve`), research only
+    held_for_reserve: int = 0  # small requests it refused to keep empty hosts
 
     @property
     def gap(self) -> float:
@@ -116,6 +119,8 @@ class Result:
             "gap_to_repack": None
             if self.repack_bound_gpu is None
             else round(self.repack_bound_gpu - self.acceptance_gpu, 6),
+            "reserve": self.reserve,
+            "held_for_reserve": self.held_for_reserve,
         }
 
 
@@ -193,6 +198,7 @@ def simulate(
     region: str | None = None,
     lease_ends: LeaseEnds = LeaseEnds.TERMS,
     repack_bound_gpu: float | None = None,
+    reserve: Reserve | None = None,
 ) -> Result:
     """Replay `rows` (sorted by arrival) against an empty fleet under `policy`.
 
@@ -200,7 +206,8 @@ def simulate(
     `LeaseEnds`); departures are the rows' own (`WorkloadRow.departure_s`)
     whatever the planner is told.
     `repack_bound_gpu` (from `repack_bound`, the same for every policy) is
-    carried into the result.
+    carried into the result. `reserve` holds empty hosts back from small
+    requests under `default` only (`reserving`, research).
     """
     lease_ends = LeaseEnds(lease_ends)
     engine = placing.Engine(desired, plans.Observed(), policy=policy)
@@ -214,6 +221,8 @@ def simulate(
     engine_s = 0.0
     step = max(1, len(rows) // 50)
     told = 0  # requests that carried a lease end
+    gate = Gate(reserve) if reserve is not None and engine.policy is packing.Policy.DEFAULT else None
+    whole_skus = {n for n, sku in desired.skus.items() if sku.capacity_shape is m.CapacityShape.BAREMETAL}
     for i, row in enumerate(rows):
         now = row.arrival_s
         started = clock()
@@ -228,7 +237,19 @@ def simulate(
         aid = f"r{i}"
         end = lease_end(row, lease_ends)
         told += end is not None
-        out = engine.place(placing.Request(aid, TENANT, row.sku, row.gpus, region, requested_at=now, ends_at=end))
+        request = placing.Request(aid, TENANT, row.sku, row.gpus, region, requested_at=now, ends_at=end)
+        if gate is None:
+            out = engine.place(request)
+        elif row.sku in whole_skus or row.gpus >= WHOLE_HOST_GPUS:
+            out = engine.place(request)
+            if not isinstance(out, placing.Placed):
+                gate.whole_refused(now)
+        else:
+            held, empty = gate.hold(now), engine.empty_nodes
+            out = engine.place(request)
+            if held and empty <= held and isinstance(out, placing.Placed) and engine.empty_nodes < empty:
+                engine.release(aid)  # it opened a host the reserve keeps
+                out = gate.refusal(empty)
         engine_s += clock() - started
         pool = pool_of.get(row.sku, "")
         tally.fluid(now, i, pool, row)
@@ -256,6 +277,8 @@ def simulate(
         lease_ends=told > 0,
         lease_mode=lease_ends.value,
         repack_bound_gpu=repack_bound_gpu,
+        reserve=None if gate is None else str(gate.reserve),
+        held_for_reserve=0 if gate is None else gate.held,
     )
 
 

@@ -27,6 +27,7 @@ from typing import Any
 from desired.state import DesiredState
 from policies import packing
 from reconciler.placement import simulation, synthesis
+from reconciler.placement.reserving import Reserve
 from reconciler.placement.synthesis import Offer, WorkloadRow
 
 # GPU-count mixes (share of slice requests). Sources and caveats: docs/placement.md, "Workload suite".
@@ -252,6 +253,7 @@ def run(
     first_seed: int = 1,
     progress: Progress | None = None,
     lease_ends: simulation.LeaseEnds = simulation.LeaseEnds.TERMS,
+    reserve: Reserve | None = None,
 ) -> list[Cell]:
     """Every family x load x seed (`first_seed` ... `first_seed + seeds - 1`) through every policy.
 
@@ -260,6 +262,8 @@ def run(
     `lease_ends` is what each request tells the planner of its end
     (`simulation.LeaseEnds`; only `default` reads it): `exact` measures what
     knowing every departure would be worth on each family, an oracle.
+    `reserve` holds empty hosts back from small requests under `default`
+    (`reserving.Reserve`, research; the baselines are never gated).
     """
     desired = fleet(nodes)
     bare = sorted(s for s, sku in desired.skus.items() if sku.capacity_shape.value == "baremetal")
@@ -278,7 +282,7 @@ def run(
                 accepted: dict[str, int] = {}
                 offered = fluid = 0
                 for name in policies:
-                    res = simulation.simulate(desired, rows, policy=name, lease_ends=lease_ends)
+                    res = simulation.simulate(desired, rows, policy=name, lease_ends=lease_ends, reserve=reserve)
                     accepted[name] = res.accepted_gpus
                     cell.accepted[name] = cell.accepted.get(name, 0) + res.accepted_gpus
                     if name == policies[0]:

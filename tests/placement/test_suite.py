@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from reconciler import cli
-from reconciler.placement import simulation, suite, synthesis
+from reconciler.placement import reserving, simulation, suite, synthesis
 
 BARE = synthesis.H200_BAREMETAL
 
@@ -230,3 +230,25 @@ def test_the_suite_tells_default_what_lease_ends_says(capsys: pytest.CaptureFixt
     assert cell["acceptance_gpu"]["default"] == round(exact["default"] / cell["offered_gpus"], 6)
     assert cli.main([*args, "--families", "philly-terms", "--quiet", "--no-lease-ends"]) in (0, 1)
     assert "default told lease ends: none" in capsys.readouterr().out
+
+
+def test_the_suite_runs_default_with_a_reserve_when_asked(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--reserve-whole-host` reaches `default`'s runs only; a bad spec is a usage error with its code."""
+    fam = [suite.family("synth-bursty")]
+    plain, held = (
+        suite.run(fam, [1.0], seeds=1, requests=1500, nodes=8, reserve=r)[0].accepted
+        for r in (None, reserving.Reserve(3600, 2))
+    )
+    assert {p: a for p, a in plain.items() if p != "default"} == {p: a for p, a in held.items() if p != "default"}
+    assert plain["default"] != held["default"]  # this bursty stream refuses whole hosts, so the reserve acts
+    args = ["simulate", "--suite", "--seeds", "1", "--requests", "1500", "--loads", "1.0", "--nodes", "8"]
+    assert cli.main([*args, "--json", "--quiet", "--families", "synth-bursty", "--reserve-whole-host", "3600:2"]) in (
+        0,
+        1,
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["reserve_whole_host"] == "3600:2"
+    assert doc["cells"][0]["acceptance_gpu"]["default"] == round(held["default"] / doc["cells"][0]["offered_gpus"], 6)
+    assert cli.main([*args, "--reserve-whole-host", "3600"]) == 1
+    err = capsys.readouterr().err
+    assert "simulate.reserve" in err and "WINDOW_S:CAP" in err and "Traceback" not in err

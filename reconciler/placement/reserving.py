@@ -1,0 +1,73 @@
+"""A simulator-only reserve of empty hosts for whole-host shapes (research, issue 31's fourth round).
+
+In a burst, small slices that arrive first take the last empty hosts and the
+whole-host requests behind them (baremetal, 8-GPU slices) are refused; no
+choice of host gets that back (docs/placement.md, third round). A reserve
+trades it back by refusing a small request that fits: while whole-host
+requests have lately been refused, a request that is not whole-host and that
+`default` would place by opening an empty host is refused instead, as long
+as the pool's empty hosts are at most the reserve
+
+    R = min(cap, whole-host requests refused in the last window_s - (after - 1))
+
+so a workload with no whole-host refusals reserves nothing. The planner has
+no such rule: the simulator drops a refused request, where the product keeps
+it pending and retries it each revision, so this measures the trade only in
+the loss model (`simulation`). Only `default` is gated; the baselines never are.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from reconciler.placement import reasons
+
+RESERVED = "reserved_for_whole_host"  # the simulator's refusal code; not a planner reason (reasons.py)
+WHOLE_HOST_GPUS = 8  # a slice of every GPU of an H200 or MI300X host
+
+
+@dataclass(frozen=True, slots=True)
+class Reserve:
+    window_s: float
+    cap: int
+    after: int = 1  # whole-host refusals in the window before the first host is held back
+
+    @classmethod
+    def parse(cls, text: str) -> Reserve:
+        """`WINDOW_S:CAP[:AFTER]`, e.g. `3600:2`; ValueError says what is wrong."""
+        parts = text.split(":")
+        if len(parts) not in (2, 3):
+            raise ValueError(f"{text!r}: expected WINDOW_S:CAP or WINDOW_S:CAP:AFTER, such as 3600:2")
+        try:
+            window, cap, after = float(parts[0]), int(parts[1]), int(parts[2]) if len(parts) == 3 else 1
+        except ValueError:
+            raise ValueError(f"{text!r}: WINDOW_S is seconds, CAP and AFTER whole numbers") from None
+        if not window > 0 or cap < 1 or after < 1:
+            raise ValueError(f"{text!r}: WINDOW_S must be above 0, CAP and AFTER at least 1")
+        return cls(window, cap, after)
+
+    def __str__(self) -> str:
+        return f"{self.window_s:g}:{self.cap}" + (f":{self.after}" if self.after != 1 else "")
+
+
+class Gate:
+    """One replay's reserve: the times whole-host requests were refused, and what it held back."""
+
+    def __init__(self, reserve: Reserve) -> None:
+        self.reserve = reserve
+        self.refused: deque[float] = deque()
+        self.held = 0  # requests refused for the reserve
+
+    def hold(self, now: float) -> int:
+        """The reserve R at `now`: empty hosts a small request may not open."""
+        while self.refused and self.refused[0] < now - self.reserve.window_s:
+            self.refused.popleft()
+        return min(self.reserve.cap, max(0, len(self.refused) - (self.reserve.after - 1)))
+
+    def whole_refused(self, now: float) -> None:
+        self.refused.append(now)
+
+    def refusal(self, empty_before: int) -> reasons.Refused:
+        self.held += 1
+        return reasons.Refused(RESERVED, f"held back: {empty_before} empty host(s), kept for refused whole-host demand")
