@@ -240,6 +240,11 @@ def render(results: list[simulation.Result]) -> str:
                 f"{mine[0].acceptance_gpu - best.acceptance_gpu:+.4f}, gap ratio {ratio:.2f} "
                 f"(closes {closed:.0%} of its gap to the fluid bound)",
             ]
+    lines += [
+        f"{r.policy} held back {r.held_for_reserve} small request(s) for --reserve-whole-host {r.reserve} (research)"
+        for r in results
+        if r.reserve is not None
+    ]
     return "\n".join(lines)
 
 

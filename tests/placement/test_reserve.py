@@ -8,8 +8,12 @@ refused; with one, the small slice is refused and the 8-GPU one gets the host.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+from reconciler import cli
 from reconciler.placement import reserving, simulation, synthesis
 from reconciler.placement.synthesis import H200_BAREMETAL, H200_SLICE, WorkloadRow
 
@@ -79,3 +83,24 @@ def test_the_spec_parses(text: str, parsed: reserving.Reserve) -> None:
 def test_a_bad_spec_says_what_it_expects(text: str) -> None:
     with pytest.raises(ValueError, match="WINDOW_S"):
         reserving.Reserve.parse(text)
+
+
+def test_simulate_one_workload_with_a_reserve_says_what_it_held_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fleet, work = tmp_path / "fleet", tmp_path / "w.csv"
+    assert cli.main(["fleet", "synth", "--nodes", "2", "--out", str(fleet)]) == 0
+    work.write_text(
+        "arrival_s,duration_s,sku,gpus\n" + "".join(f"{r.arrival_s},{r.duration_s},{r.sku},{r.gpus}\n" for r in _rows())
+    )
+    base = ["simulate", "--fleet", str(fleet), "--workload", str(work), "--quiet"]
+    capsys.readouterr()
+    assert cli.main([*base, "--json", "--reserve-whole-host", "3600:2"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["accepted_gpus"], doc["reserve"], doc["held_for_reserve"]) == (24, "3600:2", 1)
+    assert cli.main([*base, "--compare", "--reserve-whole-host", "3600:2"]) == 0
+    out = capsys.readouterr().out
+    assert "default held back 1 small request(s) for --reserve-whole-host 3600:2" in out
+    assert "first-fit held back" not in out
+    assert cli.main([*base, "--reserve-whole-host", "3600:-1"]) == 1
+    assert "simulate.reserve" in capsys.readouterr().err
