@@ -241,6 +241,13 @@ def render(results: list[simulation.Result]) -> str:
             + f"{r.gap:>8.4f} {r.accepted_requests:>9} {r.rejected_with_capacity:>9} "
             f"{r.mean_empty_nodes:>11.1f} {r.placements_per_second:>12.0f}"
         )
+    if first.wait_s is not None:
+        lines += ["", f"wait and retry: refused requests wait up to {first.wait_s:g} s (fluid_bound: a fluid queue)"]
+        lines += [
+            f"{r.policy:<22} {r.expired_requests} expired, {r.waited_requests} placed after waiting, "
+            f"wait mean {r.mean_wait_s:.0f} s, p95 {r.p95_wait_s:.0f} s, {r.gpu_seconds:.0f} GPU-seconds"
+            for r in results
+        ]
     if len(results) > 1:
         base = [r for r in results if r.policy != packing.Policy.DEFAULT.value]
         mine = [r for r in results if r.policy == packing.Policy.DEFAULT.value]

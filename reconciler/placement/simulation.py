@@ -39,9 +39,10 @@ placed or expired. `wait_s=0` is the loss model. The fluid bound becomes a
 fluid queue: the same order and deadline against each pool's aggregate free
 GPUs. Shortcuts (each exact; `_RETRY_SHORTCUTS = False` turns them off, and
 a test checks the figures are the same): the queue is retried only when
-something could have changed since its last pass, i.e. after a release or
-when the reserve's R went down (a placement only takes capacity, so a
-request refused since then is refused still); in a pass, a request its
+something could have changed since its last pass: at each departure instant
+(after its releases), and at an arrival only when the reserve's R went down
+(a placement only takes capacity, so a request refused since is refused
+still); in a pass, a request its
 pool's aggregate free GPUs cannot cover is skipped without an engine call,
 and so is a (sku, gpus) the engine already refused in that pass. With a
 reserve, the signal of `pending:CAP` is the whole-host requests pending at
@@ -433,7 +434,6 @@ class _Waiting:
         self.departures: list[tuple[float, int, str, str, int]] = []  # (leaves at, i, allocation id, pool, gpus)
         self.queue: OrderedDict[int, _Pending] = OrderedDict()  # request order: oldest first
         self.pending_whole = 0
-        self.freed = False  # something was released since the last pass
         self.gated_hold = 0  # the largest R the reserve refused with since the last pass began
         self.gated: set[int] = set()
         self.offered = self.offered_gpus = self.accepted = self.accepted_gpus = 0
@@ -492,7 +492,6 @@ class _Waiting:
     def _pass(self, now: float) -> None:
         """Retry every pending request, oldest first (the planner's revision)."""
         self._expire(now)
-        self.freed = False
         self.gated_hold = 0
         refused: set[tuple[str, int]] = set()  # shapes the engine refused in this pass: refused still
         for i, p in list(self.queue.items()):
@@ -517,7 +516,6 @@ class _Waiting:
                 _, _, gone, dpool, g = heapq.heappop(deps)
                 self.engine.release(gone)
                 self.free[dpool] += g
-            self.freed = True
             if self.queue:
                 self._pass(t_dep)
         self._expire(now)
@@ -527,7 +525,7 @@ class _Waiting:
         self._advance(now)
         self.empty_area += self.engine.empty_nodes * (now - self.last_t)
         self.last_t = now
-        if self.queue and (not _RETRY_SHORTCUTS or self.freed or self.hold(now) < self.gated_hold):
+        if self.queue and (not _RETRY_SHORTCUTS or self.hold(now) < self.gated_hold):
             self._pass(now)
         pool = self.pool_of.get(row.sku, "")
         whole = row.sku in self.whole_skus or row.gpus >= WHOLE_HOST_GPUS
