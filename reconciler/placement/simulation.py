@@ -120,7 +120,7 @@ class Result:
     mean_wait_s: float = 0.0  # mean wait of the placed requests, seconds (0 in the loss model)
     p95_wait_s: float = 0.0  # 95th percentile of the same
     waited_requests: int = 0  # placed requests that waited at all
-    gpu_seconds: float = 0.0  # GPU-seconds the placed requests held
+    gpu_seconds: float = 0.0  # wait mode: GPU-seconds the placed requests held
 
     @property
     def gap(self) -> float:
