@@ -281,10 +281,12 @@ SERVE_WEBHOOK_SECRET_UNREADABLE = "serve.webhook_secret_unreadable"
 SIMULATE_ARGS_MISSING = "simulate.args.missing"
 # … does not validate (… errors); run gpuaas validate
 SIMULATE_FLEET_INVALID = "simulate.fleet.invalid"
-# --reserve-whole-host …: expected WINDOW_S:CAP[:AFTER]
+# --reserve-whole-host …: expected WINDOW_S:CAP[:AFTER] or pending:CAP[:AFTER] (pending needs --wait-s)
 SIMULATE_RESERVE = "simulate.reserve"
 # --families: unknown … (known: …)
 SIMULATE_SUITE_FAMILY = "simulate.suite.family"
+# --wait-s …: expected a number of seconds >= 0, such as 3600
+SIMULATE_WAIT = "simulate.wait"
 # --loads …: loads must be in (0, 10]
 SIMULATE_SUITE_LOADS = "simulate.suite.loads"
 # --seeds, --requests and --nodes must be at least 1

@@ -1,9 +1,10 @@
 """`gpuaas simulate`: replay a workload CSV through the real planner engine.
 
-    gpuaas simulate --fleet DIR --workload FILE.csv [--policy NAME] [--json] [--repack-bound]
+    gpuaas simulate --fleet DIR --workload FILE.csv [--policy NAME] [--json] [--repack-bound] [--wait-s SECONDS]
     gpuaas simulate --fleet DIR --workload FILE.csv --compare [--json] [--lease-ends terms|none|exact]
     gpuaas simulate --suite [--json] [--seeds N] [--first-seed S] [--loads 0.8,0.9,1.0] [--requests N] [--families a,b]
                             [--lease-ends terms|none|exact] [--reserve-whole-host WINDOW_S:CAP[:AFTER]]
+                            [--wait-s SECONDS]
 
 The CSV header is `arrival_s,duration_s,sku,gpus[,lease_s]` (`gpuaas fleet
 workload` writes one). A request arrives, holds its GPUs for `duration_s`,
@@ -15,7 +16,12 @@ reads it): `terms` (default) the rows' `lease_s`, `none` nothing (every
 lease on demand; `--no-lease-ends` is the same), `exact` the real departure
 (an oracle, for research). `--reserve-whole-host` (research, `default`
 only) refuses a small request that would open one of the last empty hosts
-while whole-host requests were lately refused (`reserving`). `--compare` also shows the repack bound beside
+while whole-host requests were lately refused (`reserving`); `pending:CAP`
+counts whole-host requests pending now instead and needs `--wait-s`.
+`--wait-s SECONDS` replays the product's queue instead of the loss model: a
+refused request stays pending and is retried oldest first at every later
+arrival and departure until it has waited SECONDS, then is dropped
+(`simulation`, "Wait and retry"). `--compare` also shows the repack bound beside
 the fluid bound. `--suite` replays every family of the workload suite
 (`reconciler.placement.suite`, docs/placement.md "Workload suite") on a
 synthetic 64-node fleet under every policy and exits 1 when `default`
@@ -76,6 +82,12 @@ def register(sub: Any) -> None:
         metavar="WINDOW_S:CAP[:AFTER]",
         help="research: default refuses a small request that would open one of the last R empty hosts, "
         "R = min(CAP, whole-host requests refused in the last WINDOW_S seconds - (AFTER - 1)); --suite too",
+    )
+    p.add_argument(
+        "--wait-s",
+        metavar="SECONDS",
+        help="wait and retry: a refused request stays pending, retried oldest first at each arrival and departure, "
+        "and is dropped after SECONDS (the product's pending deadline; 0 = the loss model); --suite too",
     )
     p.add_argument("--repack-bound", action="store_true", help="also compute the repack bound (always with --compare)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -145,8 +157,9 @@ def run(args: argparse.Namespace) -> int:
     from reconciler.placement import simulation
 
     reserve = _reserve(args)
+    wait_s = _wait(args, reserve)
     if args.suite:
-        return run_suite(args, reserve)
+        return run_suite(args, reserve, wait_s)
     if args.fleet is None or args.workload is None:
         raise UsageError(
             "--fleet and --workload are required (or --suite)", code=reconciler_codes.SIMULATE_ARGS_MISSING
@@ -180,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
                 lease_ends=simulation.LeaseEnds(args.lease_ends),
                 repack_bound_gpu=repack,
                 reserve=reserve,
+                wait_s=wait_s,
             )
         )
     if args.json:
@@ -227,6 +241,13 @@ def render(results: list[simulation.Result]) -> str:
             + f"{r.gap:>8.4f} {r.accepted_requests:>9} {r.rejected_with_capacity:>9} "
             f"{r.mean_empty_nodes:>11.1f} {r.placements_per_second:>12.0f}"
         )
+    if first.wait_s is not None:
+        lines += ["", f"wait and retry: refused requests wait up to {first.wait_s:g} s (fluid_bound: a fluid queue)"]
+        lines += [
+            f"{r.policy:<22} {r.expired_requests} expired, {r.waited_requests} placed after waiting, "
+            f"wait mean {r.mean_wait_s:.0f} s, p95 {r.p95_wait_s:.0f} s, {r.gpu_seconds:.0f} GPU-seconds"
+            for r in results
+        ]
     if len(results) > 1:
         base = [r for r in results if r.policy != packing.Policy.DEFAULT.value]
         mine = [r for r in results if r.policy == packing.Policy.DEFAULT.value]
@@ -278,7 +299,30 @@ def _reserve(args: argparse.Namespace) -> Any:
         raise UsageError(f"--reserve-whole-host {e}", code=reconciler_codes.SIMULATE_RESERVE) from None
 
 
-def run_suite(args: argparse.Namespace, reserve: Any = None) -> int:
+def _wait(args: argparse.Namespace, reserve: Any) -> float | None:
+    import math
+
+    if args.wait_s is None:
+        if reserve is not None and reserve.pending:
+            raise UsageError(
+                f"--reserve-whole-host {args.reserve_whole_host}: a pending reserve needs --wait-s "
+                "(in the loss model nothing is ever pending)",
+                code=reconciler_codes.SIMULATE_RESERVE,
+            )
+        return None
+    try:
+        wait = float(args.wait_s)
+    except ValueError:
+        wait = float("nan")
+    if not (math.isfinite(wait) and wait >= 0):
+        raise UsageError(
+            f"--wait-s {args.wait_s!r}: expected a number of seconds >= 0, such as 3600",
+            code=reconciler_codes.SIMULATE_WAIT,
+        )
+    return wait
+
+
+def run_suite(args: argparse.Namespace, reserve: Any = None, wait_s: float | None = None) -> int:
     from reconciler.placement import simulation, suite
 
     try:
@@ -314,6 +358,7 @@ def run_suite(args: argparse.Namespace, reserve: Any = None) -> int:
         progress=_suite_progress(args.quiet),
         lease_ends=simulation.LeaseEnds(args.lease_ends),
         reserve=reserve,
+        wait_s=wait_s,
     )
     below = [c for c in cells if c.below]
     misses = suite.goal_misses(cells)
@@ -328,6 +373,7 @@ def run_suite(args: argparse.Namespace, reserve: Any = None) -> int:
                     "loads": loads,
                     "lease_ends": args.lease_ends,
                     "reserve_whole_host": None if reserve is None else str(reserve),
+                    "wait_s": wait_s,
                     "families": [f.as_dict() for f in families],
                     "cells": [c.as_dict() for c in cells],
                     "default_below_a_baseline": len(below),
@@ -363,6 +409,12 @@ def render_suite(cells: list[Any], families: list[Any], args: argparse.Namespace
         lines.insert(1, f"default told lease ends: {args.lease_ends} (the baselines never read them)")
     if args.reserve_whole_host is not None:
         lines.insert(1, f"default holds empty hosts back: --reserve-whole-host {args.reserve_whole_host} (research)")
+    if args.wait_s is not None:
+        lines.insert(
+            1,
+            f"wait and retry: refused requests wait up to {float(args.wait_s):g} s, retried oldest first "
+            "(acceptance = GPUs placed within the wait; fluid = a fluid queue, not a bound)",
+        )
     head = f"{'family':<18} {'load':>4} " + " ".join(f"{short.get(p, p):>10}" for p in policies)
     lines.append(head + f" {'fluid':>8} {'best base':>10} {'closed':>7} {'± se':>5}  note")
     by_name = {f.name: f for f in families}
@@ -370,7 +422,13 @@ def render_suite(cells: list[Any], families: list[Any], args: argparse.Namespace
         closed = c.closed
         fam = by_name[c.family]
         flag = "; ".join(
-            x for x in ("held out" if fam.held_out else "", "BELOW " + ",".join(c.below) if c.below else "") if x
+            x
+            for x in (
+                "held out" if fam.held_out else "",
+                "BELOW " + ",".join(c.below) if c.below else "",
+                c.wait_note(packing.Policy.DEFAULT.value),
+            )
+            if x
         )
         lines.append(
             f"{c.family:<18} {c.load:>4.2f} "

@@ -159,6 +159,36 @@ class Cell:
     accepted: dict[str, int] = field(default_factory=dict)
     # per seed, in run order: (offered GPUs, fluid-bound GPUs, GPUs accepted per policy)
     seeds: list[tuple[int, int, dict[str, int]]] = field(default_factory=list)
+    # wait-and-retry mode only, per policy: [placed requests, summed wait s, expired requests, summed per-seed p95 s]
+    waits: dict[str, list[float]] = field(default_factory=dict)
+
+    def add_waits(self, policy: str, res: simulation.Result) -> None:
+        if res.wait_s is None:
+            return
+        w = self.waits.setdefault(policy, [0.0, 0.0, 0.0, 0.0])
+        w[0] += res.accepted_requests
+        w[1] += res.mean_wait_s * res.accepted_requests
+        w[2] += res.expired_requests
+        w[3] += res.p95_wait_s
+
+    def wait_figures(self, policy: str) -> dict[str, float] | None:
+        """Requests expired, mean wait of the placed ones, and the mean over seeds of each stream's p95 wait."""
+        w = self.waits.get(policy)
+        if w is None:
+            return None
+        n = len(self.seeds) or 1
+        return {
+            "expired_requests": int(w[2]),
+            "mean_wait_s": round(w[1] / w[0], 1) if w[0] else 0.0,
+            "p95_wait_s": round(w[3] / n, 1),
+        }
+
+    def wait_note(self, policy: str) -> str:
+        f = self.wait_figures(policy)
+        if f is None:
+            return ""
+        expired, mean, p95 = f["expired_requests"], f["mean_wait_s"], f["p95_wait_s"]
+        return f"{policy}: {expired:.0f} expired, wait mean {mean:.0f} s, p95 {p95:.0f} s"
 
     def acceptance(self, policy: str) -> float:
         return self.accepted.get(policy, 0) / self.offered if self.offered else 1.0
@@ -233,6 +263,7 @@ class Cell:
             "gap_closed_by_seed": [round(x, 4) for x in self.closed_by_seed],
             "gap_closed_se": None if (se := self.closed_se) is None else round(se, 4),
             "below": self.below,
+            **({"waits": {p: self.wait_figures(p) for p in self.waits}} if self.waits else {}),
         }
 
 
@@ -254,6 +285,7 @@ def run(
     progress: Progress | None = None,
     lease_ends: simulation.LeaseEnds = simulation.LeaseEnds.TERMS,
     reserve: Reserve | None = None,
+    wait_s: float | None = None,
 ) -> list[Cell]:
     """Every family x load x seed (`first_seed` ... `first_seed + seeds - 1`) through every policy.
 
@@ -264,6 +296,9 @@ def run(
     knowing every departure would be worth on each family, an oracle.
     `reserve` holds empty hosts back from small requests under `default`
     (`reserving.Reserve`, research; the baselines are never gated).
+    `wait_s` replays every policy in wait-and-retry mode (`simulation`):
+    accepted GPUs are those placed within the wait, the fluid figure is the
+    fluid queue's, and each cell also sums expired requests and waits.
     """
     desired = fleet(nodes)
     bare = sorted(s for s, sku in desired.skus.items() if sku.capacity_shape.value == "baremetal")
@@ -282,8 +317,11 @@ def run(
                 accepted: dict[str, int] = {}
                 offered = fluid = 0
                 for name in policies:
-                    res = simulation.simulate(desired, rows, policy=name, lease_ends=lease_ends, reserve=reserve)
+                    res = simulation.simulate(
+                        desired, rows, policy=name, lease_ends=lease_ends, reserve=reserve, wait_s=wait_s
+                    )
                     accepted[name] = res.accepted_gpus
+                    cell.add_waits(name, res)
                     cell.accepted[name] = cell.accepted.get(name, 0) + res.accepted_gpus
                     if name == policies[0]:
                         offered, fluid = res.offered_gpus, round(res.fluid_bound_gpu * res.offered_gpus)
