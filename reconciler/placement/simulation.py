@@ -37,7 +37,7 @@ fails it (`policies.deadlines.overdue`). After the last arrival the replay
 goes on through departures until the queue is empty, so every request ends
 placed or expired. `wait_s=0` is the loss model. The fluid bound becomes a
 fluid queue: the same order and deadline against each pool's aggregate free
-GPUs. Shortcuts (each exact; `_RETRY_SHORTCUTS = False` turns them off, and
+GPUs. Shortcuts (each exact; `waiting.RETRY_SHORTCUTS = False` turns them off, and
 a test checks the figures are the same): the queue is retried only when
 something could have changed since its last pass: at each departure instant
 (after its releases), and at an arrival only when the reserve's R went down
@@ -56,11 +56,10 @@ from __future__ import annotations
 
 import enum
 import heapq
-import math
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from desired import models as m
@@ -69,7 +68,7 @@ from policies import packing
 from policies import topology as t
 from reconciler import plans
 from reconciler.placement import placing
-from reconciler.placement.reserving import RESERVED, WHOLE_HOST_GPUS, Gate, Reserve
+from reconciler.placement.reserving import WHOLE_HOST_GPUS, Gate, Reserve
 from reconciler.placement.synthesis import Offer, WorkloadRow
 
 Progress = Callable[[int, int], None]
@@ -231,6 +230,19 @@ def _region(engine: placing.Engine, region: str | None) -> str:
     return regions[0] if regions else ""
 
 
+def _wait(
+    desired: DesiredState,
+    rows: Sequence[WorkloadRow],
+    progress: Progress | None,
+    repack_bound_gpu: float | None,
+    **how: Any,
+) -> Result:
+    """`simulate` in wait-and-retry mode (`waiting`, imported here: it builds on this module's types)."""
+    from reconciler.placement import waiting
+
+    return waiting.Waiting(desired, rows, **how).run(progress, repack_bound_gpu)
+
+
 def simulate(
     desired: DesiredState,
     rows: Sequence[WorkloadRow],
@@ -257,9 +269,18 @@ def simulate(
     """
     lease_ends = LeaseEnds(lease_ends)
     if wait_s is not None or (reserve is not None and reserve.pending):
-        return _Waiting(
-            desired, rows, policy=policy, clock=clock, region=region, lease=lease_ends, reserve=reserve, wait=wait_s
-        ).run(progress, repack_bound_gpu)
+        return _wait(
+            desired,
+            rows,
+            progress,
+            repack_bound_gpu,
+            policy=policy,
+            clock=clock,
+            region=region,
+            lease=lease_ends,
+            reserve=reserve,
+            wait=wait_s,
+        )
     engine = placing.Engine(desired, plans.Observed(), policy=policy)
     region = _region(engine, region)
     capacity = pool_gpus(desired)
@@ -330,263 +351,6 @@ def simulate(
         reserve=None if gate is None else str(gate.reserve),
         held_for_reserve=0 if gate is None else gate.held,
     )
-
-
-_RETRY_SHORTCUTS = True  # the wait mode's exact shortcuts (module docstring); False retries naively
-
-
-@dataclass(slots=True)
-class _Pending:
-    i: int
-    row: WorkloadRow
-    pool: str
-    whole: bool
-
-
-class _FluidQueue:
-    """The fluid bound with a queue: each pool's aggregate free GPUs, oldest first, the same deadline."""
-
-    def __init__(self, capacity: dict[str, int], wait_s: float) -> None:
-        self.free = dict(capacity)
-        self.wait_s = wait_s
-        self.departures: list[tuple[float, int, str, int]] = []
-        self.queue: OrderedDict[int, tuple[str, WorkloadRow]] = OrderedDict()
-        self.gpus = 0
-
-    def _try(self, now: float, i: int, pool: str, row: WorkloadRow) -> bool:
-        if self.free.get(pool, 0) < row.gpus:
-            return False
-        self.free[pool] -= row.gpus
-        self.gpus += row.gpus
-        heapq.heappush(self.departures, (now + row.departure_s - row.arrival_s, i, pool, row.gpus))
-        return True
-
-    def _expire(self, now: float) -> None:
-        q = self.queue
-        while q:
-            _, row = q[next(iter(q))]
-            if now - row.arrival_s < self.wait_s:
-                break
-            q.popitem(last=False)
-
-    def _pass(self, now: float) -> None:
-        self._expire(now)
-        for i, (pool, row) in list(self.queue.items()):
-            if self._try(now, i, pool, row):
-                del self.queue[i]
-
-    def advance(self, now: float) -> None:
-        """Departures up to `now`, each instant followed by a pass over the queue; then expiry at `now`."""
-        deps = self.departures
-        while deps and deps[0][0] <= now:
-            t_dep = deps[0][0]
-            while deps and deps[0][0] == t_dep:
-                _, _, pool, g = heapq.heappop(deps)
-                self.free[pool] += g
-            if self.queue:
-                self._pass(t_dep)
-        self._expire(now)
-
-    def arrive(self, i: int, pool: str, row: WorkloadRow) -> None:
-        now = row.arrival_s
-        self.advance(now)  # nothing freed since the last pass: the queue cannot fit more than it did
-        if not self._try(now, i, pool, row):
-            self.queue[i] = (pool, row)
-
-    def drain(self) -> None:
-        while self.queue and self.departures:
-            self.advance(self.departures[0][0])
-
-
-class _Waiting:
-    """One replay in wait-and-retry mode (`simulate(wait_s=...)`, the module's docstring)."""
-
-    def __init__(
-        self,
-        desired: DesiredState,
-        rows: Sequence[WorkloadRow],
-        *,
-        policy: str | None,
-        clock: Callable[[], float],
-        region: str | None,
-        lease: LeaseEnds,
-        reserve: Reserve | None,
-        wait: float | None,
-    ) -> None:
-        wait_s = wait
-        if wait_s is None:
-            raise ValueError("a pending reserve needs wait_s: in the loss model nothing is ever pending")
-        if not (math.isfinite(wait_s) and wait_s >= 0):
-            raise ValueError(f"wait_s must be a finite number of seconds >= 0, not {wait_s!r}")
-        self.rows = rows
-        self.engine = placing.Engine(desired, plans.Observed(), policy=policy)
-        self.region = _region(self.engine, region)
-        self.clock = clock
-        self.lease_ends = lease
-        self.wait_s = wait_s
-        self.capacity = pool_gpus(desired)
-        self.free = dict(self.capacity)
-        self.pool_of = {name: sku.accelerator_model for name, sku in desired.skus.items()}
-        self.whole_skus = {n for n, sku in desired.skus.items() if sku.capacity_shape is m.CapacityShape.BAREMETAL}
-        default = self.engine.policy is packing.Policy.DEFAULT
-        self.gate = Gate(reserve) if reserve is not None and default else None
-        self.fluid = _FluidQueue(self.capacity, wait_s)
-        self.departures: list[tuple[float, int, str, str, int]] = []  # (leaves at, i, allocation id, pool, gpus)
-        self.queue: OrderedDict[int, _Pending] = OrderedDict()  # request order: oldest first
-        self.pending_whole = 0
-        self.gated_hold = 0  # the largest R the reserve refused with since the last pass began
-        self.gated: set[int] = set()
-        self.offered = self.offered_gpus = self.accepted = self.accepted_gpus = 0
-        self.with_capacity = self.expired = self.told = 0
-        self.by_size_offered: Counter[str] = Counter()
-        self.by_size_accepted: Counter[str] = Counter()
-        self.rejections: Counter[str] = Counter()
-        self.waits: list[float] = []
-        self.gpu_seconds = 0.0
-        self.engine_s = self.empty_area = 0.0
-        self.last_t = self.first_t = rows[0].arrival_s if rows else 0.0
-        self.draining = False
-
-    def hold(self, now: float) -> int:
-        return 0 if self.gate is None else self.gate.hold(now, self.pending_whole)
-
-    def _try(self, now: float, p: _Pending) -> placing.Placed | placing.Refused:
-        row = p.row if now == p.row.arrival_s else replace(p.row, arrival_s=now)  # it holds duration_s from now
-        aid = f"r{p.i}"
-        request = placing.Request(
-            aid, TENANT, row.sku, row.gpus, self.region, requested_at=now, ends_at=lease_end(row, self.lease_ends)
-        )
-        engine, gate = self.engine, self.gate
-        started = self.clock()
-        if gate is None or p.whole:
-            out = engine.place(request)
-        else:
-            held, empty = self.hold(now), engine.empty_nodes
-            out = engine.place(request)
-            if held and empty <= held and isinstance(out, placing.Placed) and engine.empty_nodes < empty:
-                engine.release(aid)  # it opened a host the reserve keeps
-                out = gate.refusal(empty)
-                self.gated_hold = max(self.gated_hold, held)
-                self.gated.add(p.i)
-        self.engine_s += self.clock() - started
-        if isinstance(out, placing.Placed):
-            self.accepted += 1
-            self.accepted_gpus += row.gpus
-            self.by_size_accepted[f"{row.sku}/{row.gpus}"] += 1
-            self.free[p.pool] -= row.gpus
-            heapq.heappush(self.departures, (row.departure_s, p.i, aid, p.pool, row.gpus))
-            self.waits.append(now - p.row.arrival_s)
-            self.gpu_seconds += row.gpus * (row.departure_s - now)
-        return out
-
-    def _expire(self, now: float) -> None:
-        q = self.queue
-        while q:
-            p = q[next(iter(q))]
-            if now - p.row.arrival_s < self.wait_s:
-                break
-            q.popitem(last=False)
-            self.expired += 1
-            self.pending_whole -= p.whole
-
-    def _pass(self, now: float) -> None:
-        """Retry every pending request, oldest first (the planner's revision)."""
-        self._expire(now)
-        self.gated_hold = 0
-        refused: set[tuple[str, int]] = set()  # shapes the engine refused in this pass: refused still
-        for i, p in list(self.queue.items()):
-            if _RETRY_SHORTCUTS and (self.free.get(p.pool, 0) < p.row.gpus or (p.row.sku, p.row.gpus) in refused):
-                continue
-            out = self._try(now, p)
-            if isinstance(out, placing.Placed):
-                del self.queue[i]
-                self.pending_whole -= p.whole
-            elif out.code != RESERVED:
-                refused.add((p.row.sku, p.row.gpus))
-
-    def _advance(self, now: float) -> None:
-        """Departures up to `now`; after each instant's releases the queue is retried."""
-        deps = self.departures
-        while deps and deps[0][0] <= now:
-            t_dep = deps[0][0]
-            if not self.draining:
-                self.empty_area += self.engine.empty_nodes * (t_dep - self.last_t)
-                self.last_t = t_dep
-            while deps and deps[0][0] == t_dep:
-                _, _, gone, dpool, g = heapq.heappop(deps)
-                self.engine.release(gone)
-                self.free[dpool] += g
-            if self.queue:
-                self._pass(t_dep)
-        self._expire(now)
-
-    def arrive(self, i: int, row: WorkloadRow) -> None:
-        now = row.arrival_s
-        self._advance(now)
-        self.empty_area += self.engine.empty_nodes * (now - self.last_t)
-        self.last_t = now
-        if self.queue and (not _RETRY_SHORTCUTS or self.hold(now) < self.gated_hold):
-            self._pass(now)
-        pool = self.pool_of.get(row.sku, "")
-        whole = row.sku in self.whole_skus or row.gpus >= WHOLE_HOST_GPUS
-        self.offered += 1
-        self.offered_gpus += row.gpus
-        self.by_size_offered[f"{row.sku}/{row.gpus}"] += 1
-        self.told += lease_end(row, self.lease_ends) is not None
-        out = self._try(now, _Pending(i, row, pool, whole))
-        if isinstance(out, placing.Refused):
-            self.rejections[out.code] += 1
-            if self.free.get(pool, 0) >= row.gpus:
-                self.with_capacity += 1
-            self.queue[i] = _Pending(i, row, pool, whole)
-            self.pending_whole += whole
-            if whole and self.gate is not None and not self.gate.reserve.pending:
-                self.gate.whole_refused(now)
-        self.fluid.arrive(i, pool, row)
-
-    def run(self, progress: Progress | None, repack_bound_gpu: float | None) -> Result:
-        rows = self.rows
-        step = max(1, len(rows) // 50)
-        for i, row in enumerate(rows):
-            self.arrive(i, row)
-            if progress is not None and (i + 1) % step == 0:
-                progress(i + 1, len(rows))
-        horizon = self.last_t - self.first_t
-        self.draining = True
-        while self.queue and self.departures:  # every request ends placed or expired
-            self._advance(self.departures[0][0])
-        self.expired += len(self.queue)  # nothing is running: the fleet empty could not take them
-        self.fluid.drain()
-        engine, offered_gpus = self.engine, self.offered_gpus
-        waits = sorted(self.waits)
-        return Result(
-            policy=engine.policy.value,
-            offered_requests=self.offered,
-            accepted_requests=self.accepted,
-            offered_gpus=offered_gpus,
-            accepted_gpus=self.accepted_gpus,
-            acceptance_gpu=self.accepted_gpus / offered_gpus if offered_gpus else 1.0,
-            fluid_bound_gpu=self.fluid.gpus / offered_gpus if offered_gpus else 1.0,
-            rejected_with_capacity=self.with_capacity,
-            mean_empty_nodes=self.empty_area / horizon if horizon > 0 else float(engine.empty_nodes),
-            placements_per_second=self.offered / self.engine_s if self.engine_s > 0 else 0.0,
-            nodes=len(engine.nodes),
-            pool_gpus=self.capacity,
-            engine_seconds=self.engine_s,
-            acceptance_by_size={k: self.by_size_accepted[k] / n for k, n in sorted(self.by_size_offered.items())},
-            rejections=dict(sorted(self.rejections.items())),
-            lease_ends=self.told > 0,
-            lease_mode=self.lease_ends.value,
-            repack_bound_gpu=repack_bound_gpu,
-            reserve=None if self.gate is None else str(self.gate.reserve),
-            held_for_reserve=len(self.gated),
-            wait_s=self.wait_s,
-            expired_requests=self.expired,
-            mean_wait_s=sum(waits) / len(waits) if waits else 0.0,
-            p95_wait_s=waits[max(0, math.ceil(0.95 * len(waits)) - 1)] if waits else 0.0,
-            waited_requests=sum(1 for w in waits if w > 0),
-            gpu_seconds=self.gpu_seconds,
-        )
 
 
 class _Repacker:

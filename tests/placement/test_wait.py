@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from reconciler import cli
-from reconciler.placement import reserving, simulation, suite, synthesis
+from reconciler.placement import reserving, simulation, suite, synthesis, waiting
 from reconciler.placement.synthesis import H200_SLICE, WorkloadRow
 
 R0 = WorkloadRow(0.0, 10.0, H200_SLICE, 8)  # host 1 until 10
@@ -152,7 +152,7 @@ def test_the_retry_shortcuts_give_the_naive_retrys_figures(
         return doc
 
     fast = figures()
-    monkeypatch.setattr(simulation, "_RETRY_SHORTCUTS", False)
+    monkeypatch.setattr(waiting, "RETRY_SHORTCUTS", False)
     naive = figures()
     assert fast == naive
     assert fast["expired_requests"] and fast["waited_requests"]  # the queue was at work
@@ -195,7 +195,7 @@ def test_a_request_the_reserve_refused_is_retried_when_the_reserve_falls(
     A 1-GPU request at 30 may not open host 1 (R = 1) and waits; at the arrival at 4000 R is 0 and it is
     placed, before the newcomer (not when the newcomer leaves at 4001).
     """
-    monkeypatch.setattr(simulation, "_RETRY_SHORTCUTS", shortcuts)
+    monkeypatch.setattr(waiting, "RETRY_SHORTCUTS", shortcuts)
     whole = WorkloadRow(2.0, 15.0, H200_SLICE, 8)
     small, newcomer = WorkloadRow(30.0, 100.0, H200_SLICE, 1), WorkloadRow(4000.0, 1.0, H200_SLICE, 1)
     res = _run(
