@@ -28,13 +28,25 @@ nothing back (nothing is ever pending), so `simulate` refuses that pairing.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from reconciler.placement import reasons
+from desired import models as m
+from reconciler.placement import placing, reasons
 
 RESERVED = "reserved_for_whole_host"  # the simulator's refusal code; not a planner reason (reasons.py)
 WHOLE_HOST_GPUS = 8  # a slice of every GPU of an H200 or MI300X host
 PENDING = "pending"  # the reserve kind driven by pending whole-host requests
+
+
+class WholeHost:
+    """Which requests take a whole host: a baremetal SKU's, or a slice of every GPU."""
+
+    def __init__(self, skus: Mapping[str, m.Sku]) -> None:
+        self.baremetal = frozenset(n for n, sku in skus.items() if sku.capacity_shape is m.CapacityShape.BAREMETAL)
+
+    def __call__(self, sku: str, gpus: int) -> bool:
+        return sku in self.baremetal or gpus >= WHOLE_HOST_GPUS
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +103,12 @@ class Gate:
     def whole_refused(self, now: float) -> None:
         self.refused.append(now)
 
-    def refusal(self, empty_before: int) -> reasons.Refused:
-        self.held += 1
-        return reasons.Refused(RESERVED, f"held back: {empty_before} empty host(s), kept for refused whole-host demand")
+    def place(self, engine: placing.Engine, request: placing.Request, held: int) -> placing.Placed | placing.Refused:
+        """`request` (not whole-host) placed, unless that opened one of the `held` empty hosts the reserve keeps."""
+        empty = engine.empty_nodes
+        out = engine.place(request)
+        if held and empty <= held and isinstance(out, placing.Placed) and engine.empty_nodes < empty:
+            engine.release(request.allocation_id)
+            self.held += 1
+            return reasons.Refused(RESERVED, f"held back: {empty} empty host(s), kept for refused whole-host demand")
+        return out

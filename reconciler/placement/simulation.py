@@ -68,7 +68,7 @@ from policies import packing
 from policies import topology as t
 from reconciler import plans
 from reconciler.placement import placing
-from reconciler.placement.reserving import WHOLE_HOST_GPUS, Gate, Reserve
+from reconciler.placement.reserving import Gate, Reserve, WholeHost
 from reconciler.placement.synthesis import Offer, WorkloadRow
 
 Progress = Callable[[int, int], None]
@@ -293,7 +293,7 @@ def simulate(
     step = max(1, len(rows) // 50)
     told = 0  # requests that carried a lease end
     gate = Gate(reserve) if reserve is not None and engine.policy is packing.Policy.DEFAULT else None
-    whole_skus = {n for n, sku in desired.skus.items() if sku.capacity_shape is m.CapacityShape.BAREMETAL}
+    whole = WholeHost(desired.skus)
     for i, row in enumerate(rows):
         now = row.arrival_s
         started = clock()
@@ -311,16 +311,12 @@ def simulate(
         request = placing.Request(aid, TENANT, row.sku, row.gpus, region, requested_at=now, ends_at=end)
         if gate is None:
             out = engine.place(request)
-        elif row.sku in whole_skus or row.gpus >= WHOLE_HOST_GPUS:
+        elif whole(row.sku, row.gpus):
             out = engine.place(request)
             if not isinstance(out, placing.Placed):
                 gate.whole_refused(now)
         else:
-            held, empty = gate.hold(now), engine.empty_nodes
-            out = engine.place(request)
-            if held and empty <= held and isinstance(out, placing.Placed) and engine.empty_nodes < empty:
-                engine.release(aid)  # it opened a host the reserve keeps
-                out = gate.refusal(empty)
+            out = gate.place(engine, request, gate.hold(now))
         engine_s += clock() - started
         pool = pool_of.get(row.sku, "")
         tally.fluid(now, i, pool, row)
@@ -371,7 +367,7 @@ class _Repacker:
         self.live = placing.Engine(desired, plans.Observed(), policy=first_fit)
         self.spare = placing.Engine(desired, plans.Observed(), policy=first_fit)
         self.region = _region(self.live, region)
-        self.whole = {name for name, sku in desired.skus.items() if sku.capacity_shape is m.CapacityShape.BAREMETAL}
+        self.whole = WholeHost(desired.skus).baremetal
         self.running: dict[str, tuple[str, int]] = {}  # allocation id -> (sku, gpus), in arrival order
         self.pool_of = {name: sku.accelerator_model for name, sku in desired.skus.items()}
         self.free = pool_gpus(desired)

@@ -13,12 +13,11 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from desired import models as m
 from desired.state import DesiredState
 from policies import packing
 from reconciler import plans
 from reconciler.placement import placing
-from reconciler.placement.reserving import RESERVED, WHOLE_HOST_GPUS, Gate, Reserve
+from reconciler.placement.reserving import RESERVED, Gate, Reserve, WholeHost
 from reconciler.placement.simulation import TENANT, LeaseEnds, Progress, Result, _region, lease_end, pool_gpus
 from reconciler.placement.synthesis import WorkloadRow
 
@@ -117,7 +116,7 @@ class Waiting:
         self.capacity = pool_gpus(desired)
         self.free = dict(self.capacity)
         self.pool_of = {name: sku.accelerator_model for name, sku in desired.skus.items()}
-        self.whole_skus = {n for n, sku in desired.skus.items() if sku.capacity_shape is m.CapacityShape.BAREMETAL}
+        self.whole = WholeHost(desired.skus)
         default = self.engine.policy is packing.Policy.DEFAULT
         self.gate = Gate(reserve) if reserve is not None and default else None
         self.fluid = _FluidQueue(self.capacity, wait_s)
@@ -151,11 +150,9 @@ class Waiting:
         if gate is None or p.whole:
             out = engine.place(request)
         else:
-            held, empty = self.hold(now), engine.empty_nodes
-            out = engine.place(request)
-            if held and empty <= held and isinstance(out, placing.Placed) and engine.empty_nodes < empty:
-                engine.release(aid)  # it opened a host the reserve keeps
-                out = gate.refusal(empty)
+            held = self.hold(now)
+            out = gate.place(engine, request, held)
+            if isinstance(out, placing.Refused) and out.code == RESERVED:
                 self.gated_hold = max(self.gated_hold, held)
                 self.gated.add(p.i)
         self.engine_s += self.clock() - started
@@ -218,7 +215,7 @@ class Waiting:
         if self.queue and (not RETRY_SHORTCUTS or self.hold(now) < self.gated_hold):
             self._pass(now)
         pool = self.pool_of.get(row.sku, "")
-        whole = row.sku in self.whole_skus or row.gpus >= WHOLE_HOST_GPUS
+        whole = self.whole(row.sku, row.gpus)
         self.offered += 1
         self.offered_gpus += row.gpus
         self.by_size_offered[f"{row.sku}/{row.gpus}"] += 1
