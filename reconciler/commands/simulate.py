@@ -46,6 +46,7 @@ WORKLOAD_LIMIT = 1024 * 1024 * 1024  # a CSV of millions of requests; never an e
 
 if TYPE_CHECKING:
     from reconciler.placement import simulation
+    from reconciler.placement.reserving import Reserve
 
 
 def register(sub: Any) -> None:
@@ -288,7 +289,7 @@ def _suite_progress(quiet: bool) -> Any:
     return report
 
 
-def _reserve(args: argparse.Namespace) -> Any:
+def _reserve(args: argparse.Namespace) -> Reserve | None:
     from reconciler.placement import reserving
 
     if args.reserve_whole_host is None:
@@ -299,7 +300,7 @@ def _reserve(args: argparse.Namespace) -> Any:
         raise UsageError(f"--reserve-whole-host {e}", code=reconciler_codes.SIMULATE_RESERVE) from None
 
 
-def _wait(args: argparse.Namespace, reserve: Any) -> float | None:
+def _wait(args: argparse.Namespace, reserve: Reserve | None) -> float | None:
     import math
 
     if args.wait_s is None:
@@ -322,7 +323,7 @@ def _wait(args: argparse.Namespace, reserve: Any) -> float | None:
     return wait
 
 
-def run_suite(args: argparse.Namespace, reserve: Any = None, wait_s: float | None = None) -> int:
+def run_suite(args: argparse.Namespace, reserve: Reserve | None = None, wait_s: float | None = None) -> int:
     from reconciler.placement import simulation, suite
 
     try:
