@@ -220,12 +220,13 @@ class Waiting:
         self.offered_gpus += row.gpus
         self.by_size_offered[f"{row.sku}/{row.gpus}"] += 1
         self.told += lease_end(row, self.lease_ends) is not None
-        out = self._try(now, _Pending(i, row, pool, whole))
+        pending = _Pending(i, row, pool, whole)
+        out = self._try(now, pending)
         if isinstance(out, placing.Refused):
             self.rejections[out.code] += 1
             if self.free.get(pool, 0) >= row.gpus:
                 self.with_capacity += 1
-            self.queue[i] = _Pending(i, row, pool, whole)
+            self.queue[i] = pending
             self.pending_whole += whole
             if whole and self.gate is not None and not self.gate.reserve.pending:
                 self.gate.whole_refused(now)
