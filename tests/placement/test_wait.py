@@ -171,6 +171,11 @@ def test_simulate_wait_s_on_the_command_line(tmp_path: Path, capsys: pytest.Capt
     assert (doc["wait_s"], doc["accepted_gpus"], doc["expired_requests"], doc["mean_wait_s"]) == (3600, 24, 0, 2.667)
     assert cli.main([*one, "--wait-s", "3600"]) == 0
     assert "wait" in capsys.readouterr().out
+    # the repack bound is the loss model's: it is not put beside a wait-and-retry replay
+    assert cli.main([*one, "--json", "--compare", "--wait-s", "3600"]) == 0
+    assert {r["repack_bound_gpu"] for r in json.loads(capsys.readouterr().out)["results"]} == {None}
+    assert cli.main([*one, "--json", "--compare"]) == 0
+    assert None not in {r["repack_bound_gpu"] for r in json.loads(capsys.readouterr().out)["results"]}
     args = ["simulate", "--suite", "--seeds", "1", "--requests", "300", "--loads", "1.0", "--nodes", "8", "--quiet"]
     assert cli.main([*args, "--json", "--families", "synth-bursty", "--wait-s", "3600"]) in (0, 1)
     doc = json.loads(capsys.readouterr().out)
