@@ -50,6 +50,17 @@ claim_order = requests.claim_order
 DEFAULT_SHARES: Mapping[int, float] = MappingProxyType({1: 0.4, 2: 0.25, 4: 0.2, 8: 0.15})
 
 
+def policy_of(desired: DesiredState, policy: str | None = None) -> packing.Policy:
+    """The packing policy: `policy` (an override), else the fleet's; ValueError naming the known ones."""
+    fleet = desired.fleet
+    name = policy or (fleet.placement.policy if fleet else packing.Policy.DEFAULT.value)
+    try:
+        return packing.Policy(name)
+    except ValueError:
+        known = ", ".join(p.value for p in packing.ALL)
+        raise ValueError(f"unknown placement policy {name!r}; known: {known}") from None
+
+
 class Engine:
     """Placement state of one fleet under one policy."""
 
@@ -62,12 +73,7 @@ class Engine:
         shares: Mapping[int, float] | None = None,
     ) -> None:
         fleet = desired.fleet
-        name = policy or (fleet.placement.policy if fleet else packing.Policy.DEFAULT.value)
-        try:
-            self.policy = packing.Policy(name)
-        except ValueError:
-            known = ", ".join(p.value for p in packing.ALL)
-            raise ValueError(f"unknown placement policy {name!r}; known: {known}") from None
+        self.policy = policy_of(desired, policy)
         if shares is None:
             shares = fleet.placement.workload_mix if fleet else DEFAULT_SHARES
         # The parts below share this state; tests read it, callers go through the methods here.

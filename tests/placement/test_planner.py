@@ -171,3 +171,39 @@ def test_plan_and_the_engine_agree_request_by_request() -> None:
             assert by_id[aid] == (out.node, out.slot_indexes)
         else:
             assert pending[aid] == out.code
+
+
+def _no_engine(*args: object, **kwargs: object) -> placing.Engine:
+    raise AssertionError("an engine was built for a plan with nothing to decide")
+
+
+def test_nothing_to_decide_builds_no_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An inventory with no requests (a first apply) plans without indexing every node and slot."""
+    desired = sources.load(EXAMPLES).state
+    desired.allocations = {}
+    monkeypatch.setattr(placing, "Engine", _no_engine)
+    assert planner.plan(desired, plans.Observed()) == plans.Plan((), (), ())
+    with pytest.raises(ValueError, match="unknown placement policy 'tetris'"):
+        planner.plan(desired, plans.Observed(), policy="tetris")
+
+
+def test_a_release_or_a_request_still_builds_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    desired = sources.load(EXAMPLES).state
+    monkeypatch.setattr(placing, "Engine", _no_engine)
+    with pytest.raises(AssertionError, match="nothing to decide"):
+        planner.plan(desired, plans.Observed())  # its present requests are placed
+    present = [a for a in desired.allocations.values() if a.state is m.AllocationState.PRESENT]
+    held = plans.Observed(placed=frozenset(a.id for a in present))
+    assert held.placed
+    planner.plan(desired, held)  # every request already holds claims and none is released: no engine
+    released = {a.id: a.model_copy(update={"state": m.AllocationState.RELEASED}) for a in present[:1]}
+    desired.allocations = {**desired.allocations, **released}
+    claim = plans.ExistingClaim(
+        allocation_id=present[0].id,
+        node="h200-use1-b01",
+        kind=states.ClaimKind.SLOT,
+        slot_index=0,
+        status=states.ClaimStatus.ACTIVE,
+    )
+    with pytest.raises(AssertionError, match="nothing to decide"):
+        planner.plan(desired, plans.Observed(claims=(claim,), placed=held.placed))
