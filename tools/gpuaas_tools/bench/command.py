@@ -6,6 +6,7 @@ from typing import Any
 
 from gpuaas_tools.bench import (
     agents,
+    applycold,
     baremetal,
     claims,
     console,
@@ -29,10 +30,11 @@ def register(sub: Any) -> None:
     commands.register_group(
         sub,
         "bench",
-        "benchmarks (validate, plan, prplan, claims, gitops, discover, host, ingress, serve, agents, console, request, "
-        "portal, baremetal, leasekill, telemetry)",
+        "benchmarks (validate, apply, plan, prplan, claims, gitops, discover, host, ingress, serve, agents, console, "
+        "request, portal, baremetal, leasekill, telemetry)",
         (
             validate,
+            applycold,
             discovery_bench,
             plan,
             host_bench,
