@@ -6,7 +6,10 @@ before it, through the same `placing.Engine` the simulator measures. An
 allocation marked released that still holds claims becomes a Release; one
 that already holds claims is never placed again; one that cannot be placed
 becomes a Pending with a stable code (`reconciler.placement.reasons`) and a sentence:
-among them one with no viable image (`plan.image_unavailable`, seed 002 §4).
+among them one with no viable image (`plan.image_unavailable`, seed 002 §4), and,
+when the fleet keeps a reserve of empty hosts for whole-host requests
+(`fleet.placement.whole_host_reserve`, `reserving.Holding`), a smaller request
+that would open one of them (`plan.sku_unavailable.reserved_for_whole_host`).
 
 Same input, same plan: no I/O, no clock, no randomness.
 """
@@ -21,7 +24,7 @@ from desired import models as m
 from desired.state import DesiredState
 from policies import images
 from reconciler import plans
-from reconciler.placement import placing, reasons
+from reconciler.placement import placing, reasons, reserving
 from schemas import states
 
 
@@ -48,6 +51,11 @@ def plan_with(engine: placing.Engine, desired: DesiredState, observed: plans.Obs
         (a for a in desired.allocations.values() if a.state is m.AllocationState.PRESENT and a.id not in held),
         key=lambda a: (a.requested_at, a.id),
     )
+    holding = reserving.Holding.of(engine, desired.fleet)
+    place = engine.place if holding is None else holding.place
+    if holding is not None:  # every whole-host request of the pass waits until it is placed
+        for alloc in todo:
+            holding.wait(_counted(alloc))
     for alloc in todo:
         sku_doc = desired.skus.get(alloc.sku)
         image = alloc.image or (default_image(desired, sku_doc) if sku_doc is not None else None)
@@ -59,6 +67,8 @@ def plan_with(engine: placing.Engine, desired: DesiredState, observed: plans.Obs
             why = images.unviable(desired.images, image, sku_doc, alloc.requested_at)
             if why is not None:
                 pending.append(_no_image(alloc, sku_doc, image, why))
+                if holding is not None:
+                    holding.wait(_counted(alloc), -1)  # never placed: no host is kept for it
                 continue
         req = placing.Request(
             alloc.id,
@@ -72,10 +82,12 @@ def plan_with(engine: placing.Engine, desired: DesiredState, observed: plans.Obs
             observed.avoid.get(alloc.id, frozenset()),
             image_doc.digest_sha256 if image_doc is not None else None,
         )
-        out = engine.place(req, alternatives=attempts)
+        out = place(req, alternatives=attempts)
         if isinstance(out, placing.Refused):
             pending.append(plans.Pending(alloc.id, out.code, out.message, MappingProxyType(dict(out.details))))
             continue
+        if holding is not None:
+            holding.wait(req, -1)
         placements.append(
             plans.Placement(
                 allocation_id=alloc.id,
@@ -92,6 +104,11 @@ def plan_with(engine: placing.Engine, desired: DesiredState, observed: plans.Obs
             )
         )
     return plans.Plan(tuple(placements), tuple(pending), releases)
+
+
+def _counted(alloc: m.Allocation) -> placing.Request:
+    """What the reserve reads of an allocation to count it (`reserving.Holding.wait`)."""
+    return placing.Request(alloc.id, alloc.tenant, alloc.sku, alloc.gpu_count, alloc.region, alloc.vm_profile)
 
 
 def _releases(
