@@ -188,9 +188,12 @@ class Engine:
         An allocation already held is answered with where it is. The nodes
         the request avoids are out of the indexes while it is picked (and
         explained, so a refusal counts only what the request could take).
-        `hold`, when the pick would open an empty host a whole-host request
-        could take, may answer a refusal instead: nothing is claimed, and the
-        request is not moved to another host (`reserving.Holding`).
+        `hold` is asked when the pick would open an empty host a whole-host
+        request could take (`reserving.Holding`). When it answers a refusal,
+        that pool's empty hosts are out of the indexes too and the request is
+        picked again: it may open another pool's empty host (asked again) or
+        take a used host of a later tier; with nothing left, the first
+        refusal is the answer and nothing is claimed.
         """
         spec = self._specs.get(req.sku, req.gpu_count, req.vm_profile)
         if isinstance(spec, Refused):
@@ -207,14 +210,31 @@ class Engine:
             found = self._picker.pick(req, spec.rule, whole, alternatives)
             if found is None:
                 return self._explainer.explain(req)
+            first: Refused | None = None
+            while hold is not None and not found[0].allocs and found[0].whole_ok:
+                pool = (found[0].facts.region, found[0].facts.pool)
+                refused = hold(pool)
+                if refused is None:
+                    break
+                first = first or refused
+                kept = [
+                    n
+                    for n in state.nodes
+                    if not n.allocs
+                    and n.whole_ok
+                    and (n.facts.region, n.facts.pool) == pool
+                    and n.name not in req.avoid
+                ]
+                for n in kept:
+                    state.unindex(n)
+                hidden += kept
+                found = self._picker.pick(req, spec.rule, whole, alternatives)
+                if found is None:
+                    return first
         finally:
             for n in hidden:
                 state.index(n)
         node, mask, alts = found
-        if hold is not None and not node.allocs and node.whole_ok:
-            refused = hold((node.facts.region, node.facts.pool))
-            if refused is not None:
-                return refused
         state.claim(
             node,
             req.allocation_id,

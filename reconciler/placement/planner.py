@@ -53,23 +53,17 @@ def plan_with(engine: placing.Engine, desired: DesiredState, observed: plans.Obs
     )
     holding = reserving.Holding.of(engine, desired.fleet)
     place = engine.place if holding is None else holding.place
-    if holding is not None:  # every whole-host request of the pass waits until it is placed
+    if holding is not None:  # every whole-host request of the pass that could be placed waits until it is
         for alloc in todo:
-            holding.wait(_counted(alloc))
+            whole = holding.whole(alloc.sku, alloc.gpu_count)
+            if whole and _image(desired, engine, alloc, desired.skus.get(alloc.sku))[2] is None:
+                holding.wait(_counted(alloc))
     for alloc in todo:
         sku_doc = desired.skus.get(alloc.sku)
-        image = alloc.image or (default_image(desired, sku_doc) if sku_doc is not None else None)
-        image_doc = desired.images.get(image) if image is not None else None
-        # Seed 002 §4: no placement without a viable image (a valid SKU and count first: their codes win).
-        if sku_doc is not None and not isinstance(
-            engine.spec(alloc.sku, alloc.gpu_count, alloc.vm_profile), placing.Refused
-        ):
-            why = images.unviable(desired.images, image, sku_doc, alloc.requested_at)
-            if why is not None:
-                pending.append(_no_image(alloc, sku_doc, image, why))
-                if holding is not None:
-                    holding.wait(_counted(alloc), -1)  # never placed: no host is kept for it
-                continue
+        image, image_doc, why = _image(desired, engine, alloc, sku_doc)
+        if why is not None and sku_doc is not None:
+            pending.append(_no_image(alloc, sku_doc, image, why))
+            continue
         req = placing.Request(
             alloc.id,
             alloc.tenant,
@@ -104,6 +98,18 @@ def plan_with(engine: placing.Engine, desired: DesiredState, observed: plans.Obs
             )
         )
     return plans.Plan(tuple(placements), tuple(pending), releases)
+
+
+def _image(
+    desired: DesiredState, engine: placing.Engine, alloc: m.Allocation, sku_doc: m.Sku | None
+) -> tuple[str | None, m.Image | None, str | None]:
+    """The allocation's image, its document, and why it is not viable (None: viable, or not asked yet)."""
+    image = alloc.image or (default_image(desired, sku_doc) if sku_doc is not None else None)
+    image_doc = desired.images.get(image) if image is not None else None
+    # Seed 002 §4: no placement without a viable image (a valid SKU and count first: their codes win).
+    if sku_doc is None or isinstance(engine.spec(alloc.sku, alloc.gpu_count, alloc.vm_profile), placing.Refused):
+        return image, image_doc, None
+    return image, image_doc, images.unviable(desired.images, image, sku_doc, alloc.requested_at)
 
 
 def _counted(alloc: m.Allocation) -> placing.Request:

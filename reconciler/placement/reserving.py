@@ -223,7 +223,9 @@ class Gate:
             empty = engine.empty_hosts(pool)
             if empty > held:
                 return None
-            self.held += 1
             return reasons.Refused(RESERVED, f"held back: {empty} empty host(s), kept for refused whole-host demand")
 
-        return engine.place(request, hold=hold if held else None)
+        out = engine.place(request, hold=hold if held else None)
+        if isinstance(out, placing.Refused) and out.code == RESERVED:
+            self.held += 1
+        return out
