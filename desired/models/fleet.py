@@ -119,9 +119,10 @@ class PlacementSettings(_Model):
         description="Policy default only; absent: no reserve. A request that is not whole-host (whole-host: a "
         "baremetal SKU, or a slice of 8 GPUs) and that the policy would place by opening an empty host stays "
         "pending (plan.sku_unavailable.reserved_for_whole_host) while that host's pool has no more empty hosts "
-        "than the reserve: min(max_hosts, W - (after_pending - 1)), W the whole-host requests requested "
-        "before it that the same planning pass could not place and that the pool could serve. Trades small "
-        "requests' waits for whole-host placements in bursts (docs/placement.md).",
+        "than the reserve: min(max_hosts, W - (after_pending - 1)), W the whole-host requests of the same "
+        "planning pass not placed so far (those before it that were refused, and every one after it) that the "
+        "pool could serve. Trades smaller requests' waits for whole-host placements in bursts "
+        "(docs/placement.md).",
     )
 
 
