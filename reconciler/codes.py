@@ -281,7 +281,8 @@ SERVE_WEBHOOK_SECRET_UNREADABLE = "serve.webhook_secret_unreadable"
 SIMULATE_ARGS_MISSING = "simulate.args.missing"
 # … does not validate (… errors); run gpuaas validate
 SIMULATE_FLEET_INVALID = "simulate.fleet.invalid"
-# --reserve-whole-host …: expected WINDOW_S:CAP[:AFTER] or pending:CAP[:AFTER] (pending needs --wait-s)
+# --reserve-whole-host …: expected WINDOW_S:CAP[:AFTER] or pending:CAP[:AFTER] (pending needs --wait-s);
+# --whole-host-reserve …: expected MAX_HOSTS[:AFTER_PENDING] (needs --wait-s; not with --reserve-whole-host)
 SIMULATE_RESERVE = "simulate.reserve"
 # --families: unknown … (known: …)
 SIMULATE_SUITE_FAMILY = "simulate.suite.family"

@@ -68,6 +68,7 @@ from desired.models.fleet import (
     PlacementSettings,
     Pool,
     Region,
+    WholeHostReserve,
 )
 from desired.models.nodes import (
     INGRESS_PORT_MAX,
@@ -144,6 +145,7 @@ __all__ = [
     "TopologyPolicy",
     "TopologyRule",
     "VmProfile",
+    "WholeHostReserve",
     "compact",
     "ip_int",
 ]

@@ -66,6 +66,24 @@ class Region(_Model):
     pools: Annotated[tuple[Pool, ...], Strict(False)] = Field(min_length=1)
 
 
+class WholeHostReserve(_Model):
+    """Empty hosts kept for whole-host requests (baremetal, or a slice of 8 GPUs) while they wait."""
+
+    max_hosts: int = Field(
+        ge=0,
+        le=10_000,
+        description="At most this many empty hosts per pool are kept from smaller requests while whole-host "
+        "requests wait for that pool. 0: no reserve (as if the setting were absent).",
+    )
+    after_pending: int = Field(
+        default=1,
+        ge=1,
+        le=10_000,
+        description="Whole-host requests that must be waiting before the first host is kept: the reserve is "
+        "min(max_hosts, waiting - (after_pending - 1)). Default 1.",
+    )
+
+
 class PlacementSettings(_Model):
     policy: Literal["default", "first-fit", "k8s-least-allocated", "k8s-most-allocated", "seed-rank"] = "default"
     max_claim_attempts: int = Field(default=defaults.CLAIM_CANDIDATES, ge=1, le=100)
@@ -95,6 +113,16 @@ class PlacementSettings(_Model):
     pending_deadline_by_sku: dict[Name, Annotated[int, Field(ge=0, le=90 * 86_400)]] = Field(
         default_factory=dict,
         description="Per SKU, overrides pending_deadline_seconds (e.g. 0 for a SKU sold as wait-listed).",
+    )
+    whole_host_reserve: WholeHostReserve | None = Field(
+        default=None,
+        description="Policy default only; absent: no reserve. A request that is not whole-host (whole-host: a "
+        "baremetal SKU, or a slice of 8 GPUs) and that the policy would place by opening an empty host stays "
+        "pending (plan.sku_unavailable.reserved_for_whole_host) while that host's pool has no more empty hosts "
+        "than the reserve: min(max_hosts, W - (after_pending - 1)), W the whole-host requests of the same "
+        "planning pass not placed so far (those before it that were refused, and every one after it) that the "
+        "pool could serve. Trades smaller requests' waits for whole-host placements in bursts "
+        "(docs/placement.md).",
     )
 
 

@@ -4,7 +4,7 @@
     gpuaas simulate --fleet DIR --workload FILE.csv --compare [--json] [--lease-ends terms|none|exact]
     gpuaas simulate --suite [--json] [--seeds N] [--first-seed S] [--loads 0.8,0.9,1.0] [--requests N] [--families a,b]
                             [--lease-ends terms|none|exact] [--reserve-whole-host WINDOW_S:CAP[:AFTER]]
-                            [--wait-s SECONDS]
+                            [--wait-s SECONDS] [--whole-host-reserve MAX_HOSTS[:AFTER_PENDING]]
 
 The CSV header is `arrival_s,duration_s,sku,gpus[,lease_s]` (`gpuaas fleet
 workload` writes one). A request arrives, holds its GPUs for `duration_s`,
@@ -18,6 +18,11 @@ lease on demand; `--no-lease-ends` is the same), `exact` the real departure
 only) refuses a small request that would open one of the last empty hosts
 while whole-host requests were lately refused (`reserving`); `pending:CAP`
 counts whole-host requests pending now instead and needs `--wait-s`.
+`--whole-host-reserve MAX_HOSTS[:AFTER_PENDING]` sets the product's
+`fleet.placement.whole_host_reserve` on the simulated fleet (a `--fleet`
+that has it runs it without the flag): `default` then holds small requests
+by the planner's own rule (`reserving.Holding`). It needs `--wait-s`: in
+the loss model nothing waits, so the planner's reserve would hold nothing.
 `--wait-s SECONDS` replays the product's queue instead of the loss model: a
 refused request stays pending and is retried oldest first at every later
 arrival and departure until it has waited SECONDS, then is dropped
@@ -45,6 +50,7 @@ from schemas.errors import UsageError
 WORKLOAD_LIMIT = 1024 * 1024 * 1024  # a CSV of millions of requests; never an endless device
 
 if TYPE_CHECKING:
+    from desired import models as m
     from reconciler.placement import simulation
     from reconciler.placement.reserving import Reserve
 
@@ -83,6 +89,13 @@ def register(sub: Any) -> None:
         metavar="WINDOW_S:CAP[:AFTER]",
         help="research: default refuses a small request that would open one of the last R empty hosts, "
         "R = min(CAP, whole-host requests refused in the last WINDOW_S seconds - (AFTER - 1)); --suite too",
+    )
+    p.add_argument(
+        "--whole-host-reserve",
+        metavar="MAX_HOSTS[:AFTER_PENDING]",
+        help="set the fleet's placement.whole_host_reserve: default keeps min(MAX_HOSTS, whole-host requests "
+        "waiting - (AFTER_PENDING - 1)) empty hosts per pool from smaller requests, by the planner's rule; "
+        "needs --wait-s; --suite too",
     )
     p.add_argument(
         "--wait-s",
@@ -155,12 +168,13 @@ def _progress(label: str) -> simulation.Progress:
 def run(args: argparse.Namespace) -> int:
     from policies import packing
     from reconciler import sources
-    from reconciler.placement import simulation
+    from reconciler.placement import reserving, simulation
 
     reserve = _reserve(args)
     wait_s = _wait(args, reserve)
+    whole = _whole_host_reserve(args, reserve, wait_s)
     if args.suite:
-        return run_suite(args, reserve, wait_s)
+        return run_suite(args, reserve, wait_s, whole)
     if args.fleet is None or args.workload is None:
         raise UsageError(
             "--fleet and --workload are required (or --suite)", code=reconciler_codes.SIMULATE_ARGS_MISSING
@@ -171,6 +185,14 @@ def run(args: argparse.Namespace) -> int:
             f"{args.fleet} does not validate ({len(result.errors)} errors); run gpuaas validate",
             code=reconciler_codes.SIMULATE_FLEET_INVALID,
         )
+    state = result.state
+    if whole is not None:
+        reserving.set_on_fleet(state, whole)
+    elif reserve is not None and state.fleet is not None and state.fleet.placement.whole_host_reserve is not None:
+        raise UsageError(
+            f"--reserve-whole-host: {args.fleet} sets placement.whole_host_reserve; run one reserve at a time",
+            code=reconciler_codes.SIMULATE_RESERVE,
+        )
     rows = _rows(args.workload)
     if not rows:
         raise UsageError(f"{args.workload}: no requests", code=reconciler_codes.SIMULATE_WORKLOAD_EMPTY)
@@ -180,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     # wait-and-retry replay it would read as a bound it is not, so it is left out there.
     if (args.compare or args.repack_bound) and wait_s is None:
         repack = simulation.repack_bound(
-            result.state, rows, region=args.region, progress=None if args.quiet else _progress("repack bound")
+            state, rows, region=args.region, progress=None if args.quiet else _progress("repack bound")
         )
     results = []
     for name in policies:
@@ -188,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
         progress = None if args.quiet else _progress(label)
         results.append(
             simulation.simulate(
-                result.state,
+                state,
                 rows,
                 policy=name,
                 progress=progress,
@@ -273,6 +295,12 @@ def render(results: list[simulation.Result]) -> str:
         for r in results
         if r.reserve is not None
     ]
+    lines += [
+        f"{r.policy} held back {r.held_for_reserve} small request(s) for placement.whole_host_reserve "
+        f"{r.whole_host_reserve} (the planner's rule)"
+        for r in results
+        if r.whole_host_reserve is not None
+    ]
     return "\n".join(lines)
 
 
@@ -329,7 +357,47 @@ def _wait(args: argparse.Namespace, reserve: Reserve | None) -> float | None:
     return wait
 
 
-def run_suite(args: argparse.Namespace, reserve: Reserve | None = None, wait_s: float | None = None) -> int:
+def _whole_host_reserve(
+    args: argparse.Namespace, reserve: Reserve | None, wait_s: float | None
+) -> m.WholeHostReserve | None:
+    """`--whole-host-reserve MAX_HOSTS[:AFTER_PENDING]` as the fleet setting, checked as the Fleet document is."""
+    from pydantic import ValidationError
+
+    from desired import models as m
+
+    text = args.whole_host_reserve
+    if text is None:
+        return None
+    if reserve is not None:
+        raise UsageError(
+            "--whole-host-reserve and --reserve-whole-host: run one reserve at a time",
+            code=reconciler_codes.SIMULATE_RESERVE,
+        )
+    if wait_s is None:
+        raise UsageError(
+            f"--whole-host-reserve {text}: needs --wait-s (in the loss model nothing waits, so it holds nothing)",
+            code=reconciler_codes.SIMULATE_RESERVE,
+        )
+    parts = text.split(":")
+    try:
+        if len(parts) not in (1, 2):
+            raise ValueError("too many parts")
+        numbers = [int(x) for x in parts]
+        return m.WholeHostReserve(max_hosts=numbers[0], after_pending=numbers[1] if len(numbers) == 2 else 1)
+    except (ValueError, ValidationError):
+        raise UsageError(
+            f"--whole-host-reserve {text!r}: expected MAX_HOSTS[:AFTER_PENDING], whole numbers, MAX_HOSTS >= 0 and "
+            "AFTER_PENDING >= 1, such as 2 or 2:2",
+            code=reconciler_codes.SIMULATE_RESERVE,
+        ) from None
+
+
+def run_suite(
+    args: argparse.Namespace,
+    reserve: Reserve | None = None,
+    wait_s: float | None = None,
+    whole: m.WholeHostReserve | None = None,
+) -> int:
     from reconciler.placement import simulation, suite
 
     try:
@@ -366,6 +434,7 @@ def run_suite(args: argparse.Namespace, reserve: Reserve | None = None, wait_s: 
         lease_ends=simulation.LeaseEnds(args.lease_ends),
         reserve=reserve,
         wait_s=wait_s,
+        whole_host_reserve=whole,
     )
     below = [c for c in cells if c.below]
     misses = suite.goal_misses(cells)
@@ -380,6 +449,7 @@ def run_suite(args: argparse.Namespace, reserve: Reserve | None = None, wait_s: 
                     "loads": loads,
                     "lease_ends": args.lease_ends,
                     "reserve_whole_host": None if reserve is None else str(reserve),
+                    **({} if whole is None else {"whole_host_reserve": whole.model_dump()}),
                     "wait_s": wait_s,
                     "families": [f.as_dict() for f in families],
                     "cells": [c.as_dict() for c in cells],
@@ -416,6 +486,12 @@ def render_suite(cells: list[Any], families: list[Any], args: argparse.Namespace
         lines.insert(1, f"default told lease ends: {args.lease_ends} (the baselines never read them)")
     if args.reserve_whole_host is not None:
         lines.insert(1, f"default holds empty hosts back: --reserve-whole-host {args.reserve_whole_host} (research)")
+    if args.whole_host_reserve is not None:
+        lines.insert(
+            1,
+            f"default keeps empty hosts for whole-host requests: placement.whole_host_reserve "
+            f"{args.whole_host_reserve} (the planner's rule)",
+        )
     if args.wait_s is not None:
         lines.insert(
             1,

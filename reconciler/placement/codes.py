@@ -29,6 +29,8 @@ SKU_UNAVAILABLE_NO_NODE = "plan.sku_unavailable.no_node"
 SKU_UNAVAILABLE_NODE_CORRUPT = "plan.sku_unavailable.node_corrupt"
 # tag/firmware/slot approval incomplete
 SKU_UNAVAILABLE_NOT_SLICE_READY = "plan.sku_unavailable.not_slice_ready"
+# a smaller request would open one of the empty hosts kept for whole-host requests waiting before it
+SKU_UNAVAILABLE_RESERVED_FOR_WHOLE_HOST = "plan.sku_unavailable.reserved_for_whole_host"
 # every candidate belongs to another org
 SKU_UNAVAILABLE_TENANT_BOUNDARY = "plan.sku_unavailable.tenant_boundary"
 # enough free GPUs in aggregate, no topology-safe set

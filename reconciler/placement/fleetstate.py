@@ -139,6 +139,8 @@ class FleetState:
         self._slice_lists: dict[tuple[str, str, str, Tier], list[SliceIndex]] = {}
         self._whole_lists: dict[tuple[str, str, str, Tier], list[WholeNodeIndex]] = {}
         self.empty_nodes = 0
+        # (region, pool) -> nodes with no claim that a whole-host request could take (`Node.whole_ok`)
+        self.empty_hosts: dict[tuple[str, str], int] = {}
         # bumped when a claim may have gone from a slot / when a node's facts were swapped
         self.freed_version = 0
         self.facts_version = 0
@@ -150,7 +152,7 @@ class FleetState:
         self._load_claims(observed.claims)
         for node in self.nodes:
             if not node.allocs:
-                self.empty_nodes += 1
+                self._emptied(node, 1)
             self.index(node)
 
     # ------------------------------------------------------------------ build
@@ -268,7 +270,7 @@ class FleetState:
         self.unindex(node)
         self.freed_version += 1
         if not node.allocs:
-            self.empty_nodes -= 1
+            self._emptied(node, -1)  # counted under its old facts
         touched = set(node.since)
         node.allocs.clear()
         node.since.clear()
@@ -280,7 +282,7 @@ class FleetState:
             self._load_claim(node, c)
             touched.add(c.allocation_id)
         if not node.allocs:
-            self.empty_nodes += 1
+            self._emptied(node, 1)
         self.index(node)
         return touched
 
@@ -384,7 +386,7 @@ class FleetState:
     def claim(self, node: Node, allocation_id: str, mask: int, *, exclusive: bool, since: float, end: float) -> None:
         self.unindex(node)
         if not node.allocs:
-            self.empty_nodes -= 1
+            self._emptied(node, -1)
         node.allocs[allocation_id] = mask
         node.since[allocation_id] = since
         node.ends[allocation_id] = end
@@ -406,9 +408,16 @@ class FleetState:
         if node.exclusive == allocation_id:
             node.exclusive = None
         if not node.allocs:
-            self.empty_nodes += 1
+            self._emptied(node, 1)
         self.index(node)
         return True
+
+    def _emptied(self, node: Node, step: int) -> None:
+        """A node became empty (+1) or stopped being empty (-1): the fleet's and its pool's counts."""
+        self.empty_nodes += step
+        if node.whole_ok:
+            key = (node.facts.region, node.facts.pool)
+            self.empty_hosts[key] = self.empty_hosts.get(key, 0) + step
 
     # ------------------------------------------------------------ partitions
 

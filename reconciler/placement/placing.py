@@ -23,7 +23,7 @@ give the same answers.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 
 from desired import models as m
@@ -46,6 +46,10 @@ Spec = requests.Spec
 Tier = requests.Tier
 lease_end = requests.lease_end
 claim_order = requests.claim_order
+
+Pool = tuple[str, str]  # (region, pool): where a node is declared
+# Asked, when a request's pick would open an empty host of a pool, whether to hold it back (`Engine.place`).
+Hold = Callable[[Pool], Refused | None]
 
 DEFAULT_SHARES: Mapping[int, float] = MappingProxyType({1: 0.4, 2: 0.25, 4: 0.2, 8: 0.15})
 
@@ -132,6 +136,33 @@ class Engine:
         """Nodes with no claim at all."""
         return self.state.empty_nodes
 
+    def empty_hosts(self, pool: Pool) -> int:
+        """Hosts of one pool with no claim that a whole-host request could take (active, cleaned, undrifted)."""
+        return self.state.empty_hosts.get(pool, 0)
+
+    def pools(self, sku_name: str, region: str, tenant: str) -> frozenset[Pool]:
+        """The pools holding a node a request of this SKU could take once it is empty (any tier).
+
+        Walks every node: callers keep the answer while `facts_version` stays the same.
+        """
+        sku = self.state.skus.get(sku_name)
+        if sku is None:
+            return frozenset()
+        if sku.capacity_shape is m.CapacityShape.BAREMETAL:
+            wholes = set(self.state.whole_lists(sku_name, region, tenant, Tier.ANY))
+            return frozenset(
+                (n.facts.region, n.facts.pool) for n in self.state.nodes if any(w in wholes for w in n.wholes)
+            )
+        parts = set(self.state.slice_lists(sku_name, region, tenant, Tier.ANY))
+        return frozenset(
+            (n.facts.region, n.facts.pool) for n in self.state.nodes if any(p in parts for p, _, _ in n.views)
+        )
+
+    @property
+    def facts_version(self) -> int:
+        """Bumped whenever a node's facts (and so its partitions and pool) change."""
+        return self.state.facts_version
+
     def slice_parts(self, sku: str) -> list[SliceIndex]:
         """Every partition of one slice SKU (any region, any org)."""
         return [p for (s, _, _, _), p in self.state.slice_parts.items() if s == sku]
@@ -157,12 +188,18 @@ class Engine:
         """The request shape checked against the SKUs, or why it is refused whatever the fleet holds."""
         return self._specs.get(sku_name, gpu_count, vm_profile)
 
-    def place(self, req: Request, *, alternatives: int = 0) -> Placed | Refused:
+    def place(self, req: Request, *, alternatives: int = 0, hold: Hold | None = None) -> Placed | Refused:
         """Choose and claim slots for one request; the claim stays until `release`.
 
         An allocation already held is answered with where it is. The nodes
         the request avoids are out of the indexes while it is picked (and
         explained, so a refusal counts only what the request could take).
+        `hold` is asked when the pick would open an empty host a whole-host
+        request could take (`reserving.Holding`). When it answers a refusal,
+        that pool's empty hosts are out of the indexes too and the request is
+        picked again: it may open another pool's empty host (asked again) or
+        take a used host of a later tier; with nothing left, the first
+        refusal is the answer and nothing is claimed.
         """
         spec = self._specs.get(req.sku, req.gpu_count, req.vm_profile)
         if isinstance(spec, Refused):
@@ -179,6 +216,27 @@ class Engine:
             found = self._picker.pick(req, spec.rule, whole, alternatives)
             if found is None:
                 return self._explainer.explain(req)
+            first: Refused | None = None
+            while hold is not None and not found[0].allocs and found[0].whole_ok:
+                pool = (found[0].facts.region, found[0].facts.pool)
+                refused = hold(pool)
+                if refused is None:
+                    break
+                first = first or refused
+                kept = [
+                    n
+                    for n in state.nodes
+                    if not n.allocs
+                    and n.whole_ok
+                    and (n.facts.region, n.facts.pool) == pool
+                    and n.name not in req.avoid
+                ]
+                for n in kept:
+                    state.unindex(n)
+                hidden += kept
+                found = self._picker.pick(req, spec.rule, whole, alternatives)
+                if found is None:
+                    return first
         finally:
             for n in hidden:
                 state.index(n)

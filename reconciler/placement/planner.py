@@ -6,7 +6,10 @@ before it, through the same `placing.Engine` the simulator measures. An
 allocation marked released that still holds claims becomes a Release; one
 that already holds claims is never placed again; one that cannot be placed
 becomes a Pending with a stable code (`reconciler.placement.reasons`) and a sentence:
-among them one with no viable image (`plan.image_unavailable`, seed 002 §4).
+among them one with no viable image (`plan.image_unavailable`, seed 002 §4), and,
+when the fleet keeps a reserve of empty hosts for whole-host requests
+(`fleet.placement.whole_host_reserve`, `reserving.Holding`), a smaller request
+that would open one of them (`plan.sku_unavailable.reserved_for_whole_host`).
 
 Same input, same plan: no I/O, no clock, no randomness.
 """
@@ -21,7 +24,7 @@ from desired import models as m
 from desired.state import DesiredState
 from policies import images
 from reconciler import plans
-from reconciler.placement import placing, reasons
+from reconciler.placement import placing, reasons, reserving
 from schemas import states
 
 
@@ -47,18 +50,20 @@ def plan_with(engine: placing.Engine, desired: DesiredState, observed: plans.Obs
     attempts = (desired.fleet.placement.max_claim_attempts if desired.fleet else defaults.CLAIM_CANDIDATES) - 1
     placements: list[plans.Placement] = []
     pending: list[plans.Pending] = []
-    for alloc in _to_place(desired, observed, by_alloc):
+    todo = _to_place(desired, observed, by_alloc)
+    holding = reserving.Holding.of(engine, desired.fleet)
+    place = engine.place if holding is None else holding.place
+    if holding is not None:  # every whole-host request of the pass that could be placed waits until it is
+        for alloc in todo:
+            whole = holding.whole(alloc.sku, alloc.gpu_count)
+            if whole and _image(desired, engine, alloc, desired.skus.get(alloc.sku))[2] is None:
+                holding.wait(_counted(alloc))
+    for alloc in todo:
         sku_doc = desired.skus.get(alloc.sku)
-        image = alloc.image or (default_image(desired, sku_doc) if sku_doc is not None else None)
-        image_doc = desired.images.get(image) if image is not None else None
-        # Seed 002 §4: no placement without a viable image (a valid SKU and count first: their codes win).
-        if sku_doc is not None and not isinstance(
-            engine.spec(alloc.sku, alloc.gpu_count, alloc.vm_profile), placing.Refused
-        ):
-            why = images.unviable(desired.images, image, sku_doc, alloc.requested_at)
-            if why is not None:
-                pending.append(_no_image(alloc, sku_doc, image, why))
-                continue
+        image, image_doc, why = _image(desired, engine, alloc, sku_doc)
+        if why is not None and sku_doc is not None:
+            pending.append(_no_image(alloc, sku_doc, image, why))
+            continue
         req = placing.Request(
             alloc.id,
             alloc.tenant,
@@ -71,10 +76,12 @@ def plan_with(engine: placing.Engine, desired: DesiredState, observed: plans.Obs
             observed.avoid.get(alloc.id, frozenset()),
             image_doc.digest_sha256 if image_doc is not None else None,
         )
-        out = engine.place(req, alternatives=attempts)
+        out = place(req, alternatives=attempts)
         if isinstance(out, placing.Refused):
             pending.append(plans.Pending(alloc.id, out.code, out.message, MappingProxyType(dict(out.details))))
             continue
+        if holding is not None:
+            holding.wait(req, -1)
         placements.append(
             plans.Placement(
                 allocation_id=alloc.id,
@@ -122,6 +129,23 @@ def _to_release(desired: DesiredState, by_alloc: dict[str, list[plans.ExistingCl
             continue  # already on its way out
         out.append(aid)
     return out
+
+
+def _image(
+    desired: DesiredState, engine: placing.Engine, alloc: m.Allocation, sku_doc: m.Sku | None
+) -> tuple[str | None, m.Image | None, str | None]:
+    """The allocation's image, its document, and why it is not viable (None: viable, or not asked yet)."""
+    image = alloc.image or (default_image(desired, sku_doc) if sku_doc is not None else None)
+    image_doc = desired.images.get(image) if image is not None else None
+    # Seed 002 §4: no placement without a viable image (a valid SKU and count first: their codes win).
+    if sku_doc is None or isinstance(engine.spec(alloc.sku, alloc.gpu_count, alloc.vm_profile), placing.Refused):
+        return image, image_doc, None
+    return image, image_doc, images.unviable(desired.images, image, sku_doc, alloc.requested_at)
+
+
+def _counted(alloc: m.Allocation) -> placing.Request:
+    """What the reserve reads of an allocation to count it (`reserving.Holding.wait`)."""
+    return placing.Request(alloc.id, alloc.tenant, alloc.sku, alloc.gpu_count, alloc.region, alloc.vm_profile)
 
 
 def _releases(

@@ -36,6 +36,8 @@ NODE_CORRUPT = placement_codes.SKU_UNAVAILABLE_NODE_CORRUPT  # the only candidat
 NO_EMPTY_NODE = placement_codes.SKU_UNAVAILABLE_NO_EMPTY_NODE  # baremetal: every candidate holds a claim
 TOPOLOGY = placement_codes.SKU_UNAVAILABLE_TOPOLOGY  # enough free GPUs in aggregate, no topology-safe set
 CAPACITY = placement_codes.SKU_UNAVAILABLE_CAPACITY  # not enough free GPUs in aggregate
+# It fits, but only by opening one of the empty hosts fleet.placement.whole_host_reserve keeps (`reserving`).
+RESERVED = placement_codes.SKU_UNAVAILABLE_RESERVED_FOR_WHOLE_HOST
 # No viable image (active, fits the SKU's target, with a digest): seed 002 §4. Details say why.
 IMAGE_UNAVAILABLE = placement_codes.IMAGE_UNAVAILABLE
 
@@ -54,6 +56,7 @@ ALL = (
     NO_EMPTY_NODE,
     TOPOLOGY,
     CAPACITY,
+    RESERVED,
     IMAGE_UNAVAILABLE,
 )
 

@@ -47,7 +47,10 @@ pool's aggregate free GPUs cannot cover is skipped without an engine call,
 and so is a (sku, gpus) the engine already refused in that pass. With a
 reserve, the signal of `pending:CAP` is the whole-host requests pending at
 the time; a `WINDOW_S:CAP` reserve counts a whole-host request's first
-refusal only (at its arrival), not its retries.
+refusal only (at its arrival), not its retries. When the fleet has
+`placement.whole_host_reserve`, `default` runs the planner's reserve
+(`reserving.Holding`, `waiting`); in the loss model nothing waits, so it
+would hold nothing, and the loss model leaves it out.
 
 Pure apart from the wall clock used to time the engine (injectable).
 """
@@ -114,6 +117,8 @@ class Result:
     repack_bound_gpu: float | None = None  # computed once per workload (`repack_bound`), when asked
     reserve: str | None = None  # the reserve `default` ran with (`reserving.Reserve`), research only
     held_for_reserve: int = 0  # small requests it refused to keep empty hosts
+    # the fleet's whole_host_reserve `default` ran with (`reserving.Holding.spec`; wait mode), None: none
+    whole_host_reserve: str | None = None
     wait_s: float | None = None  # wait-and-retry mode: how long a refused request waits (None: the loss model)
     expired_requests: int = 0  # wait mode: requests dropped after waiting wait_s
     mean_wait_s: float = 0.0  # mean wait of the placed requests, seconds (0 in the loss model)
@@ -150,6 +155,7 @@ class Result:
             if self.repack_bound_gpu is None
             else round(self.repack_bound_gpu - self.acceptance_gpu, 6),
             "reserve": self.reserve,
+            **({} if self.whole_host_reserve is None else {"whole_host_reserve": self.whole_host_reserve}),
             "held_for_reserve": self.held_for_reserve,
             **(
                 {}

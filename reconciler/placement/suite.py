@@ -24,9 +24,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from desired import models as m
 from desired.state import DesiredState
 from policies import packing
-from reconciler.placement import simulation, synthesis
+from reconciler.placement import reserving, simulation, synthesis
 from reconciler.placement.reserving import Reserve
 from reconciler.placement.synthesis import Offer, WorkloadRow
 
@@ -286,6 +287,7 @@ def run(
     lease_ends: simulation.LeaseEnds = simulation.LeaseEnds.TERMS,
     reserve: Reserve | None = None,
     wait_s: float | None = None,
+    whole_host_reserve: m.WholeHostReserve | None = None,
 ) -> list[Cell]:
     """Every family x load x seed (`first_seed` ... `first_seed + seeds - 1`) through every policy.
 
@@ -299,8 +301,12 @@ def run(
     `wait_s` replays every policy in wait-and-retry mode (`simulation`):
     accepted GPUs are those placed within the wait, the fluid figure is the
     fluid queue's, and each cell also sums expired requests and waits.
+    `whole_host_reserve` is set on the fleet: with `wait_s`, `default` keeps
+    empty hosts for whole-host requests by the planner's rule (`reserving.Holding`).
     """
     desired = fleet(nodes)
+    if whole_host_reserve is not None:
+        reserving.set_on_fleet(desired, whole_host_reserve)
     bare = sorted(s for s, sku in desired.skus.items() if sku.capacity_shape.value == "baremetal")
     offers = simulation.offers(desired, dict(SYNTH_MIX))
     policies = [p.value for p in packing.ALL]

@@ -3,6 +3,14 @@
 The product keeps a request it cannot place pending and retries it each
 revision, oldest first, until its deadline; the loss model drops it. This
 replays that queue, with the fluid bound as a fluid queue beside it.
+
+When the fleet keeps a reserve for whole-host requests
+(`fleet.placement.whole_host_reserve`), `default` runs the planner's own
+rule (`reserving.Holding`) with W the whole-host requests in the queue: one
+counts from its first refusal until it is placed or expires, as in the
+planner, where a pending whole-host request counts until placed. On the
+synthetic fleets (one pool) that is the research `pending:CAP[:AFTER]`'s
+count, and the figures are the same.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from desired.state import DesiredState
 from policies import packing
 from reconciler import plans
 from reconciler.placement import placing
-from reconciler.placement.reserving import RESERVED, Gate, Reserve, WholeHost
+from reconciler.placement.reserving import RESERVED, Gate, Holding, Reserve, WholeHost
 from reconciler.placement.simulation import TENANT, LeaseEnds, Progress, Result, _region, lease_end, pool_gpus
 from reconciler.placement.synthesis import WorkloadRow
 
@@ -119,6 +127,11 @@ class Waiting:
         self.whole = WholeHost(desired.skus)
         default = self.engine.policy is packing.Policy.DEFAULT
         self.gate = Gate(reserve) if reserve is not None and default else None
+        self.holding = Holding.of(self.engine, desired.fleet)  # the planner's reserve (default only)
+        if self.holding is not None and reserve is not None:
+            raise ValueError("a research reserve and the fleet's whole_host_reserve: run one at a time")
+        self.whole_gone = False  # a whole-host request left the queue since the last pass began (R may have fallen)
+        self.holding_any = False  # the planner's reserve held a request since the last pass began
         self.fluid = _FluidQueue(self.capacity, wait_s)
         self.departures: list[tuple[float, int, str, str, int]] = []  # (leaves at, i, allocation id, pool, gpus)
         self.queue: OrderedDict[int, _Pending] = OrderedDict()  # request order: oldest first
@@ -147,7 +160,15 @@ class Waiting:
         )
         engine, gate = self.engine, self.gate
         started = self.clock()
-        if gate is None or p.whole:
+        if self.holding is not None:
+            out = self.holding.place(request)
+            if isinstance(out, placing.Refused) and out.code == RESERVED:
+                self.holding_any = True
+                self.gated.add(p.i)
+            elif isinstance(out, placing.Placed) and p.whole and p.i in self.queue:
+                self.holding.wait(request, -1)
+                self.whole_gone = True
+        elif gate is None or p.whole:
             out = engine.place(request)
         else:
             held = self.hold(now)
@@ -175,11 +196,19 @@ class Waiting:
             q.popitem(last=False)
             self.expired += 1
             self.pending_whole -= p.whole
+            if p.whole and self.holding is not None:
+                self.holding.wait(self._request(p), -1)
+                self.whole_gone = True
+
+    def _request(self, p: _Pending) -> placing.Request:
+        """The request `p` stands for, as far as the reserve's count reads it (SKU, region, tenant)."""
+        return placing.Request(f"r{p.i}", TENANT, p.row.sku, p.row.gpus, self.region)
 
     def _pass(self, now: float) -> None:
         """Retry every pending request, oldest first (the planner's revision)."""
         self._expire(now)
         self.gated_hold = 0
+        self.whole_gone = self.holding_any = False
         refused: set[tuple[str, int]] = set()  # shapes the engine refused in this pass: refused still
         for i, p in list(self.queue.items()):
             if RETRY_SHORTCUTS and (self.free.get(p.pool, 0) < p.row.gpus or (p.row.sku, p.row.gpus) in refused):
@@ -212,7 +241,9 @@ class Waiting:
         self._advance(now)
         self.empty_area += self.engine.empty_nodes * (now - self.last_t)
         self.last_t = now
-        if self.queue and (not RETRY_SHORTCUTS or self.hold(now) < self.gated_hold):
+        if self.queue and (
+            not RETRY_SHORTCUTS or self.hold(now) < self.gated_hold or (self.whole_gone and self.holding_any)
+        ):
             self._pass(now)
         pool = self.pool_of.get(row.sku, "")
         whole = self.whole(row.sku, row.gpus)
@@ -228,6 +259,8 @@ class Waiting:
                 self.with_capacity += 1
             self.queue[i] = pending
             self.pending_whole += whole
+            if whole and self.holding is not None:
+                self.holding.wait(self._request(pending))
             if whole and self.gate is not None and not self.gate.reserve.pending:
                 self.gate.whole_refused(now)
         self.fluid.arrive(i, pool, row)
@@ -267,6 +300,7 @@ class Waiting:
             lease_mode=self.lease_ends.value,
             repack_bound_gpu=repack_bound_gpu,
             reserve=None if self.gate is None else str(self.gate.reserve),
+            whole_host_reserve=None if self.holding is None else self.holding.spec,
             held_for_reserve=len(self.gated),
             wait_s=self.wait_s,
             expired_requests=self.expired,

@@ -14,7 +14,7 @@ characters:
     -  not approvable (fabric_claim_mode shared_host, no VF)
 
 Words after the picture: `draining`, `maintenance`, `unhealthy`, `org=NAME`,
-`region=NAME`, `roce` (an MI300X RoCE host), `notag` (no slice profile tag),
+`region=NAME`, `pool=NAME` (default p1), `roce` (an MI300X RoCE host), `notag` (no slice profile tag),
 `fw-off` (firmware not ready), `share` (storage_mode share), `no-bm` (no
 baremetal_sku), `bm-only` (a baremetal host without a slot map; use `[]`).
 """
@@ -254,7 +254,7 @@ def world(picture: str | None) -> World:
     desired = DesiredState()
     desired.skus = skus()
     desired.images = images()
-    regions: dict[str, None] = {REGION: None}
+    regions: dict[str, dict[str, None]] = {REGION: {"p1": None}}
     claims: list[plans.ExistingClaim] = []
     status: dict[plans.SlotKey, states.SlotStatus] = {}
     unhealthy: set[str] = set()
@@ -267,13 +267,14 @@ def world(picture: str | None) -> World:
         opts = {w.split("=")[0]: (w.split("=", 1)[1] if "=" in w else True) for w in words}
         roce = "roce" in opts
         region = str(opts.get("region", REGION))
-        regions[region] = None
+        pool = str(opts.get("pool", "p1"))
+        regions.setdefault(region, {})[pool] = None
         node: dict[str, Any] = {
             "apiVersion": API,
             "kind": "Node",
             "name": name,
             "region": region,
-            "pool": "p1",
+            "pool": pool,
             "profile_tags": [
                 "gpuaas-profile-baremetal" if "notag" in opts or "bm-only" in opts else "gpuaas-profile-slice-vm"
             ],
@@ -323,7 +324,7 @@ def world(picture: str | None) -> World:
             "apiVersion": API,
             "kind": "Fleet",
             "name": "pictured",
-            "regions": [{"name": r, "pools": [{"name": "p1"}]} for r in regions],
+            "regions": [{"name": r, "pools": [{"name": p} for p in pools]} for r, pools in regions.items()],
         }
     )
     observed = plans.Observed(

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from desired import models as m
 from reconciler import cli
 from reconciler.placement import reserving, simulation, suite, synthesis, waiting
 from reconciler.placement.synthesis import H200_SLICE, WorkloadRow
@@ -129,7 +130,7 @@ def test_the_pending_reserve_spec() -> None:
             reserving.Reserve.parse(bad)
 
 
-@pytest.mark.parametrize("reserve", [None, "pending:2", "3600:2"])
+@pytest.mark.parametrize("reserve", [None, "pending:2", "3600:2", "fleet:2", "fleet:3:2"])
 def test_the_retry_shortcuts_give_the_naive_retrys_figures(
     monkeypatch: pytest.MonkeyPatch, reserve: str | None
 ) -> None:
@@ -143,7 +144,10 @@ def test_the_retry_shortcuts_give_the_naive_retrys_figures(
         seed=1,
         baremetal_sku=synthesis.H200_BAREMETAL,
     )
-    res = None if reserve is None else reserving.Reserve.parse(reserve)
+    res = None if reserve is None or reserve.startswith("fleet:") else reserving.Reserve.parse(reserve)
+    if reserve is not None and reserve.startswith("fleet:"):  # the planner's rule: fleet.placement.whole_host_reserve
+        _, cap, after = (reserve + ":1").split(":")[:3]
+        reserving.set_on_fleet(desired, m.WholeHostReserve(max_hosts=int(cap), after_pending=int(after)))
 
     def figures() -> dict[str, object]:
         doc = simulation.simulate(desired, rows, wait_s=3600, reserve=res).as_dict()
@@ -156,6 +160,33 @@ def test_the_retry_shortcuts_give_the_naive_retrys_figures(
     naive = figures()
     assert fast == naive
     assert fast["expired_requests"] and fast["waited_requests"]  # the queue was at work
+    assert fast["held_for_reserve"] or reserve is None  # and the reserve
+
+
+@pytest.mark.parametrize(("cap", "after"), [(1, 1), (2, 1), (2, 2)])
+def test_the_planners_reserve_gives_the_pending_reserves_figures_on_one_pool(cap: int, after: int) -> None:
+    """`fleet.placement.whole_host_reserve` runs the planner's rule (`reserving.Holding`); on the synthetic
+    fleet (one pool) its W is the research `pending:CAP:AFTER`'s, so every figure is the same."""
+    desired = suite.fleet(8)
+    rows = suite.family_rows(
+        suite.family("synth-bursty"),
+        simulation.offers(desired, dict(suite.SYNTH_MIX)),
+        load=1.0,
+        requests=1500,
+        seed=2,
+        baremetal_sku=synthesis.H200_BAREMETAL,
+    )
+    research = simulation.simulate(desired, rows, wait_s=3600, reserve=reserving.Reserve(0.0, cap, after, pending=True))
+    reserving.set_on_fleet(desired, m.WholeHostReserve(max_hosts=cap, after_pending=after))
+    planner = simulation.simulate(desired, rows, wait_s=3600)
+    assert planner.held_for_reserve > 0 and planner.whole_host_reserve == (f"{cap}" if after == 1 else f"{cap}:{after}")
+    mine, theirs = planner.as_dict(), research.as_dict()
+    for doc in (mine, theirs):
+        for key in ("engine_seconds", "placements_per_second", "reserve", "whole_host_reserve"):
+            doc.pop(key, None)
+    assert mine == theirs
+    plain = simulation.simulate(suite.fleet(8), rows, wait_s=3600)
+    assert plain.accepted_gpus != planner.accepted_gpus  # the reserve changed something
 
 
 def test_simulate_wait_s_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -208,3 +239,33 @@ def test_a_request_the_reserve_refused_is_retried_when_the_reserve_falls(
     )
     assert (res.accepted_requests, res.held_for_reserve) == (5, 1)
     assert res.mean_wait_s == pytest.approx((8 + 3970) / 5)
+
+
+def test_simulate_whole_host_reserve_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--whole-host-reserve MAX_HOSTS[:AFTER_PENDING]` sets the fleet's setting: the 1-GPU request may not
+    open the host the waiting 8-GPU one needs (as `pending:1` in the test above)."""
+    fleet, work = tmp_path / "fleet", tmp_path / "w.csv"
+    assert cli.main(["fleet", "synth", "--nodes", "2", "--out", str(fleet)]) == 0
+    rows = [R0, R1, WorkloadRow(2.0, 100.0, H200_SLICE, 1), WorkloadRow(3.0, 100.0, H200_SLICE, 8)]
+    work.write_text(
+        "arrival_s,duration_s,sku,gpus\n" + "".join(f"{r.arrival_s},{r.duration_s},{r.sku},{r.gpus}\n" for r in rows)
+    )
+    capsys.readouterr()
+    one = ["simulate", "--fleet", str(fleet), "--workload", str(work), "--quiet", "--wait-s", "50"]
+    assert cli.main([*one, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["accepted_gpus"], doc["held_for_reserve"], "whole_host_reserve" in doc) == (17, 0, False)
+    assert cli.main([*one, "--json", "--whole-host-reserve", "1"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["accepted_gpus"], doc["held_for_reserve"], doc["whole_host_reserve"]) == (24, 1, "1")
+    assert cli.main([*one, "--compare", "--whole-host-reserve", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "default held back 1 small request(s) for placement.whole_host_reserve 1 (the planner's rule)" in out
+    assert "first-fit held back" not in out
+    for bad in (["--whole-host-reserve", "2:0"], ["--whole-host-reserve", "x"], ["--whole-host-reserve", "1:2:3"]):
+        assert cli.main([*one, *bad]) == 1
+        assert "simulate.reserve" in capsys.readouterr().err
+    assert cli.main([*one, "--whole-host-reserve", "1", "--reserve-whole-host", "pending:1"]) == 1
+    assert "one reserve at a time" in capsys.readouterr().err
+    assert cli.main([*one[:-2], "--whole-host-reserve", "1"]) == 1  # no --wait-s
+    assert "needs --wait-s" in capsys.readouterr().err

@@ -27,7 +27,7 @@ from desired.state import DesiredState
 from gpuaas_tools.bench import synthetic
 from policies import eligibility, packing
 from reconciler import plans
-from reconciler.placement import fleetgraph, placing, planner, replanning
+from reconciler.placement import fleetgraph, placing, planner, reasons, replanning, reserving
 from schemas import states
 from tests.claims.test_inventory_incremental import _delta
 
@@ -219,13 +219,28 @@ def _observe(rng: random.Random, state: DesiredState, base: plans.Observed) -> p
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize(("seed", "by_delta"), [(1, False), (2, False), (3, True), (4, True)])
 def test_warm_plans_equal_cold_plans_over_random_edits(policy: str, seed: int, by_delta: bool) -> None:
+    _random_edits(policy, seed, by_delta)
+
+
+@pytest.mark.parametrize(("seed", "by_delta"), [(1, False), (2, False), (4, True), (6, True)])
+def test_warm_plans_equal_cold_plans_with_the_whole_host_reserve(seed: int, by_delta: bool) -> None:
+    """`fleet.placement.whole_host_reserve` on: the held requests and their reasons are the same warm and cold."""
+    held = _random_edits(packing.Policy.DEFAULT.value, seed, by_delta, m.WholeHostReserve(max_hosts=2))
+    assert held > 0  # the reserve held requests back
+
+
+def _random_edits(policy: str, seed: int, by_delta: bool, reserve: m.WholeHostReserve | None = None) -> int:
+    """Sixty random steps, the warm plan checked against a cold one after each; the requests held for the
+    reserve, summed over the plans."""
     rng = random.Random(seed)  # noqa: S311 - test randomness
     state = _fleet(nodes=10, baremetal_nodes=2, allocations=40, baremetal_allocations=2, gpus=(1, 2, 4, 8), seed=seed)
+    if reserve is not None:
+        reserving.set_on_fleet(state, reserve)
     db: Claims = {}
     base = plans.Observed()
     warm = replanning.WarmPlanner(policy)
     expected_cold = 1  # the first plan
-    placed = released = 0
+    placed = released = held = 0
     for step in range(60):
         new = copy.copy(state)
         roll = rng.random()
@@ -248,11 +263,13 @@ def test_warm_plans_equal_cold_plans_over_random_edits(policy: str, seed: int, b
         assert got == _cold(state, observed, policy), (step, warm.last_cold)
         placed += len(got.placements)
         released += len(got.releases)
+        held += sum(q.code == reasons.RESERVED for q in got.pending)
         _apply(rng, got, db)
         del before
     assert warm.cold == expected_cold, warm.last_cold  # every other plan came from the kept engine
     assert placed > 20 and released > 0  # the sequence exercised placing and releasing
     assert (warm.by_delta > 20) is by_delta
+    return held
 
 
 def test_a_placement_whose_apply_failed_is_not_believed() -> None:

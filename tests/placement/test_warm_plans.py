@@ -19,7 +19,7 @@ from desired.state import DesiredState
 from gpuaas_tools.bench import synthetic
 from policies import eligibility
 from reconciler import plans
-from reconciler.placement import fleetgraph, planner
+from reconciler.placement import fleetgraph, planner, reserving
 from schemas import states
 
 
@@ -60,12 +60,15 @@ def _observe(rng: random.Random, state: DesiredState) -> plans.Observed:
     )
 
 
+@pytest.mark.parametrize("reserve", [None, 2])  # fleet.placement.whole_host_reserve: absent, max_hosts 2
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_warm_plans_equal_cold_plans(seed: int) -> None:
+def test_warm_plans_equal_cold_plans(seed: int, reserve: int | None) -> None:
     rng = random.Random(seed)  # noqa: S311 - test randomness
     state = synthetic.fleet(
         nodes=8, baremetal_nodes=2, allocations=30, baremetal_allocations=2, gpus=(1, 2, 4, 8), seed=seed
     )
+    if reserve is not None:
+        reserving.set_on_fleet(state, m.WholeHostReserve(max_hosts=reserve))
     observed = plans.Observed()
     for _ in range(25):
         if rng.random() < 0.6:
