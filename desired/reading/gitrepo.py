@@ -16,7 +16,7 @@ import logging
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -92,11 +92,18 @@ def revision_refs(root: Path, rev: str) -> list[loading.FileRef]:
     return _refs(repo, commit, prefix)
 
 
-def revision_blob_ids(root: Path, rev: str) -> dict[str, str | None]:
-    """Path -> git blob id of every YAML file of `rev` under root (None: a symlink, never read)."""
+def revision_blob_ids(root: Path, rev: str, names: Collection[str] | None = None) -> dict[str, str | None]:
+    """Path -> git blob id of every YAML file of `rev` under root (None: a symlink, never read).
+
+    With `names` (paths relative to root): only those files are looked up.
+    """
+    if names is not None and not names:
+        return {}  # no pathspec would list the whole tree
     repo, commit, prefix = _open(root, rev)
     with repo:
-        return {ref.name: ref.key for ref in _refs(repo, commit, prefix)}
+        found = {ref.name: ref.key for ref in _refs(repo, commit, prefix, names)}
+    # A name that is a directory at `rev` lists the files below it: they were not asked for.
+    return found if names is None else {name: found[name] for name in names if name in found}
 
 
 def _open(root: Path, rev: str, repo: git.Repo | None = None) -> tuple[git.Repo, Any, str]:
@@ -120,9 +127,9 @@ def _open(root: Path, rev: str, repo: git.Repo | None = None) -> tuple[git.Repo,
     return repo, commit, prefix
 
 
-def _refs(repo: git.Repo, commit: Any, prefix: str) -> list[loading.FileRef]:
+def _refs(repo: git.Repo, commit: Any, prefix: str, names: Collection[str] | None = None) -> list[loading.FileRef]:
     # The commit id is 40 hex characters and the path comes after '--': nothing here reads as an option.
-    listing = repo.git.ls_tree("-r", "-z", "--full-tree", commit.hexsha, "--", *([prefix] if prefix else []))
+    listing = repo.git.ls_tree("-r", "-z", "--full-tree", commit.hexsha, "--", *_pathspecs(prefix, names))
     refs: list[loading.FileRef] = []
     read_many = _batch_reader(repo)
     for entry in listing.split("\0"):
@@ -135,6 +142,13 @@ def _refs(repo: git.Repo, commit: Any, prefix: str) -> list[loading.FileRef]:
             refs.append(ref)
     refs.sort(key=lambda r: r.name)
     return refs
+
+
+def _pathspecs(prefix: str, names: Collection[str] | None) -> list[str]:
+    if names is None:
+        return [prefix] if prefix else []
+    # Literal: a file named ':x.yaml' or 'a*.yaml' is that file, not a pattern or magic.
+    return [":(literal)" + (f"{prefix}/{name}" if prefix else name) for name in names]
 
 
 def _ref(

@@ -8,6 +8,7 @@ stops at one bad file, and never reads outside the tree.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import os
 import stat
@@ -66,6 +67,35 @@ def read_regular(path: Path | str) -> FileData:
         return UnreadFile(p.FILE_UNREADABLE, f"cannot be read: {e.strerror}")
     finally:
         os.close(fd)
+
+
+def is_read(rel: str) -> bool:
+    """Whether `iter_directory` reads a file at this relative path ('/'-separated): a YAML name outside
+    the directories it skips."""
+    folder, _, _ = rel.rpartition("/")
+    return rel.endswith(YAML_SUFFIXES) and _entered(folder)
+
+
+@functools.lru_cache(maxsize=4096)  # a tree has few folders and many files
+def _entered(folder: str) -> bool:
+    return not folder or not any(d in SKIP_DIRS or d.startswith(".") for d in folder.split("/"))
+
+
+def read_at(root: Path, rel: str) -> FileData | None:
+    """What `iter_directory(root)` yields for the file at `rel` (`is_read`), None where it yields nothing.
+
+    Only where no directory on the way is a symbolic link: `iter_directory`
+    reports such a directory and never enters it.
+    """
+    path = os.path.join(root, rel)
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            return None  # a directory with a YAML name is walked, not read
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError:
+        pass  # it is there but cannot be looked at: read_regular says why, as the walk would
+    return read_regular(path)
 
 
 def iter_directory(root: Path) -> Iterator[tuple[str, FileData]]:

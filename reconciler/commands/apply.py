@@ -31,7 +31,7 @@ import contextlib
 import sys
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -212,19 +212,17 @@ def _as_tree(loaded: LoadResult) -> LoadResult:
 def dirty_files(path: Path) -> list[str]:
     """YAML files under `path` whose working copy differs from HEAD, as `path (how)`, sorted.
 
-    Compares exactly what the two readers would read: every YAML file of the
-    directory (by git blob id) against every YAML file of HEAD under `path`.
+    Compares exactly what the two readers would read: a YAML file of the
+    directory (by git blob id) against the same file of HEAD under `path`.
+    Only the files git's index does not vouch for are read and compared
+    (`dirtytree.candidates`); every file, where git cannot vouch for the tree.
     Untracked files git ignores are not desired state and are left out.
     """
-    from desired.reading import gitrepo
+    from reconciler.commands import dirtytree
 
-    try:
-        committed = gitrepo.revision_blob_ids(path, "HEAD")
-    except gitrepo.RevisionError:  # path itself is not in HEAD: every file in it is new
-        committed = {}
-    working: dict[str, str | None] = {}
-    for name, data in safefiles.iter_directory(path):
-        working[name] = safefiles.blob_id(data) if isinstance(data, bytes) else None
+    names = dirtytree.candidates(path)
+    committed = _committed(path, names)
+    working = _working(path, names)
     out: dict[str, str] = {}
     for name in sorted(set(committed) | set(working)):
         if name not in working:
@@ -237,6 +235,35 @@ def dirty_files(path: Path) -> list[str]:
     for name in _ignored(path, untracked):
         del out[name]
     return [f"{name} ({how})" for name, how in out.items()]
+
+
+NAMED_MAX = 1000  # more files than this are looked up in HEAD's whole listing, not one by one
+
+
+def _committed(path: Path, names: set[str] | None) -> dict[str, str | None]:
+    """Name -> HEAD's blob id (None: a symlink) of the files named (None: of every file) under `path`."""
+    from desired.reading import gitrepo
+
+    try:
+        if names is not None and len(names) > NAMED_MAX:
+            whole = gitrepo.revision_blob_ids(path, "HEAD")
+            return {name: whole[name] for name in names if name in whole}
+        return gitrepo.revision_blob_ids(path, "HEAD", names)
+    except gitrepo.RevisionError:  # path itself is not in HEAD: every file in it is new
+        return {}
+
+
+def _working(path: Path, names: set[str] | None) -> dict[str, str | None]:
+    """Name -> blob id (None: not read, a symlink or a FIFO) of the files named (None: of every file) that
+    the working tree holds."""
+    found: Iterable[tuple[str, safefiles.FileData | None]]
+    if names is None:
+        found = safefiles.iter_directory(path)
+    else:
+        found = ((name, safefiles.read_at(path, name)) for name in sorted(names))
+    return {
+        name: safefiles.blob_id(data) if isinstance(data, bytes) else None for name, data in found if data is not None
+    }
 
 
 def _ignored(path: Path, names: list[str]) -> list[str]:
