@@ -96,8 +96,8 @@ def one_run(base_url: str, root: Path) -> dict[str, float]:
         with connections.connect(base_url, autocommit=True) as conn, dberrors.wrapped("drop scratch database"):
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
     return {
-        "validate_s": round(validate_s, 2),
-        "apply_s": round(apply_s, 2),
+        "validate_s": round(validate_s, 3),
+        "apply_s": round(apply_s, 3),
         "ratio": round(apply_s / validate_s, 2),
         "load_average_1m": round(load, 2),
     }
