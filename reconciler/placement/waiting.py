@@ -155,8 +155,12 @@ class Waiting:
     def _try(self, now: float, p: _Pending) -> placing.Placed | placing.Refused:
         row = p.row if now == p.row.arrival_s else replace(p.row, arrival_s=now)  # it holds duration_s from now
         aid = f"r{p.i}"
+        # A request placed late keeps the portal's requested_at, as the product's allocation does (placement
+        # ranks a host by its oldest request: `packing.node_key`), and a lease term counted from it
+        # (`requests.lease_end`); only the true departure, the EXACT oracle's end, moves with the placement.
+        ends = lease_end(row if self.lease_ends is LeaseEnds.EXACT else p.row, self.lease_ends)
         request = placing.Request(
-            aid, TENANT, row.sku, row.gpus, self.region, requested_at=now, ends_at=lease_end(row, self.lease_ends)
+            aid, TENANT, row.sku, row.gpus, self.region, requested_at=p.row.arrival_s, ends_at=ends
         )
         engine, gate = self.engine, self.gate
         started = self.clock()
