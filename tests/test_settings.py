@@ -12,7 +12,9 @@ from reconciler.store import connections
 
 ROOT = Path(__file__).resolve().parents[1] / "reconciler"
 # Reads of os.environ that are not settings: credentials a Fleet names by variable, a child's environment.
-OTHER_READERS = {"providers/registry.py", "reconcile/requests.py"}
+# Not settings: a provider's credential variable named in the Fleet; the environment handed on to git; the
+# variables that point git at another repository (apply's dirty check then compares every file itself).
+OTHER_READERS = {"providers/registry.py", "reconcile/requests.py", "commands/dirtytree.py"}
 TOOLS = ("bench/", "demo/", "providers/lab/")
 
 

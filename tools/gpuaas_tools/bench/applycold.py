@@ -90,8 +90,9 @@ def one_run(base_url: str, root: Path) -> dict[str, float]:
             migrations.migrate(conn)
         cli = [sys.executable, "-m", "reconciler.cli"]
         load = os.getloadavg()[0]
-        validate_s = _timed([*cli, "validate", str(root), "--no-cache", "--progress", "off"])
-        apply_s = _timed([*cli, "apply", str(root), "--progress", "off", "--db-url", url])
+        path = str(root.resolve())  # absolute: never read as an option
+        validate_s = _timed([*cli, "validate", "--no-cache", "--progress", "off", path])
+        apply_s = _timed([*cli, "apply", "--progress", "off", f"--db-url={url}", path])
     finally:
         with connections.connect(base_url, autocommit=True) as conn, dberrors.wrapped("drop scratch database"):
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
