@@ -9,13 +9,15 @@ duration from then.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from desired import models as m
+from desired.state import DesiredState
 from reconciler import cli
-from reconciler.placement import reserving, simulation, suite, synthesis, waiting
+from reconciler.placement import placing, reserving, simulation, suite, synthesis, waiting
 from reconciler.placement.synthesis import H200_SLICE, WorkloadRow
 
 R0 = WorkloadRow(0.0, 10.0, H200_SLICE, 8)  # host 1 until 10
@@ -33,6 +35,20 @@ def _run(
     return simulation.simulate(desired, rows, policy=policy, wait_s=wait_s, reserve=reserve)
 
 
+def _bursty(*, seed: int) -> tuple[DesiredState, list[WorkloadRow]]:
+    """An 8-host synthetic fleet and 1,500 `synth-bursty` requests at load 1.0: enough for the queue to work."""
+    desired = suite.fleet(8)
+    rows = suite.family_rows(
+        suite.family("synth-bursty"),
+        simulation.offers(desired, dict(suite.SYNTH_MIX)),
+        load=1.0,
+        requests=1500,
+        seed=seed,
+        baremetal_sku=synthesis.H200_BAREMETAL,
+    )
+    return desired, rows
+
+
 def test_a_refused_request_is_placed_when_a_host_frees_and_holds_it_from_then() -> None:
     late = WorkloadRow(55.0, 5.0, H200_SLICE, 8)  # r2 holds host 1 until 10 + 50 = 60, not 2 + 50
     rows = [R0, R1, R2, late]
@@ -47,6 +63,36 @@ def test_a_refused_request_is_placed_when_a_host_frees_and_holds_it_from_then() 
     assert waited.rejections == lost.rejections | {next(iter(lost.rejections)): 2}  # first refusals, at arrival
     doc = waited.as_dict()
     assert (doc["wait_s"], doc["expired_requests"], doc["p95_wait_s"]) == (3600, 0, 8)
+
+
+@pytest.mark.parametrize(
+    ("lease_ends", "ends_at"),
+    [
+        (simulation.LeaseEnds.TERMS, 2.0 + 70.0),
+        (simulation.LeaseEnds.EXACT, 10.0 + 50.0),
+        (simulation.LeaseEnds.NONE, None),
+    ],
+)
+def test_a_request_placed_late_keeps_its_requested_at_and_its_term(
+    monkeypatch: pytest.MonkeyPatch, lease_ends: simulation.LeaseEnds, ends_at: float | None
+) -> None:
+    """As the product's allocation does: `default` ranks a host by its oldest request (`packing.node_key`) and
+    a term is counted from the request (`requests.lease_end`); only the true departure moves with the placement."""
+    asked: dict[str, placing.Request] = {}
+    place = placing.Engine.place
+
+    def spy(engine: placing.Engine, req: placing.Request, **kw: object) -> placing.Placed | placing.Refused:
+        asked[req.allocation_id] = req
+        return place(engine, req, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(placing.Engine, "place", spy)
+    late = replace(R2, lease_s=70.0)  # r2 arrives at 2, is placed at 10 (host 1 frees), holds it 50 s
+    res = simulation.simulate(
+        synthesis.desired_state(synthesis.fleet_documents(2)), [R0, R1, late], wait_s=3600, lease_ends=lease_ends
+    )
+    assert res.waited_requests == 1
+    (r2,) = [req for aid, req in asked.items() if aid.endswith("2")]
+    assert (r2.requested_at, r2.ends_at) == (2.0, ends_at)
 
 
 @pytest.mark.parametrize(("wait_s", "placed"), [(5, False), (8, False), (8.5, True)])
@@ -75,16 +121,7 @@ def test_a_younger_request_that_fits_is_not_blocked_by_an_older_one() -> None:
 
 
 def test_off_the_loss_model_is_unchanged_and_a_zero_wait_is_the_loss_model() -> None:
-    fam = suite.family("synth-bursty")
-    desired = suite.fleet(8)
-    rows = suite.family_rows(
-        fam,
-        simulation.offers(desired, dict(suite.SYNTH_MIX)),
-        load=1.0,
-        requests=1500,
-        seed=1,
-        baremetal_sku=synthesis.H200_BAREMETAL,
-    )
+    desired, rows = _bursty(seed=1)
     for policy in ("default", "first-fit"):
         plain = simulation.simulate(desired, rows, policy=policy)
         off = simulation.simulate(desired, rows, policy=policy, wait_s=None)
@@ -135,15 +172,7 @@ def test_the_retry_shortcuts_give_the_naive_retrys_figures(
     monkeypatch: pytest.MonkeyPatch, reserve: str | None
 ) -> None:
     """Retrying only after a release (or a fall in R), and skipping what cannot fit, changes no figure."""
-    desired = suite.fleet(8)
-    rows = suite.family_rows(
-        suite.family("synth-bursty"),
-        simulation.offers(desired, dict(suite.SYNTH_MIX)),
-        load=1.0,
-        requests=1500,
-        seed=1,
-        baremetal_sku=synthesis.H200_BAREMETAL,
-    )
+    desired, rows = _bursty(seed=1)
     res = None if reserve is None or reserve.startswith("fleet:") else reserving.Reserve.parse(reserve)
     if reserve is not None and reserve.startswith("fleet:"):  # the planner's rule: fleet.placement.whole_host_reserve
         _, cap, after = (reserve + ":1").split(":")[:3]
@@ -167,15 +196,7 @@ def test_the_retry_shortcuts_give_the_naive_retrys_figures(
 def test_the_planners_reserve_gives_the_pending_reserves_figures_on_one_pool(cap: int, after: int) -> None:
     """`fleet.placement.whole_host_reserve` runs the planner's rule (`reserving.Holding`); on the synthetic
     fleet (one pool) its W is the research `pending:CAP:AFTER`'s, so every figure is the same."""
-    desired = suite.fleet(8)
-    rows = suite.family_rows(
-        suite.family("synth-bursty"),
-        simulation.offers(desired, dict(suite.SYNTH_MIX)),
-        load=1.0,
-        requests=1500,
-        seed=2,
-        baremetal_sku=synthesis.H200_BAREMETAL,
-    )
+    desired, rows = _bursty(seed=2)
     research = simulation.simulate(desired, rows, wait_s=3600, reserve=reserving.Reserve(0.0, cap, after, pending=True))
     reserving.set_on_fleet(desired, m.WholeHostReserve(max_hosts=cap, after_pending=after))
     planner = simulation.simulate(desired, rows, wait_s=3600)
