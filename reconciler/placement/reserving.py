@@ -144,10 +144,10 @@ class Holding:
         waiting = self.waiting[pool]
         return reasons.Refused(
             RESERVED,
-            f"it fits only on an empty host, and pool {name} in {region} has {empty} empty host(s) left: "
-            f"{held} are kept for the {waiting} whole-host request(s) (baremetal or 8 GPUs) that wait for that "
-            "pool (fleet.placement.whole_host_reserve); a smaller request opens an empty host there only while "
-            f"more than {held} are empty",
+            f"it fits only on an empty host, and pool {name} in {region} has {empty} empty host(s) left, no "
+            f"more than the {held} kept for the {waiting} whole-host request(s) (baremetal or 8 GPUs) waiting "
+            "for that pool (fleet.placement.whole_host_reserve); a smaller request opens an empty host there "
+            f"only while more than {held} are empty",
             MappingProxyType(
                 {
                     "region": region,
