@@ -149,13 +149,18 @@ def _inputs(conn: Connection, names: list[str]) -> tuple[list[_Node], int, int]:
         into = node.releasing if status == "releasing" else node.running
         into[str(alloc)].append((str(cid), snapshots.slot_claim_from_json(doc, where=where)))
     # The disk identity's fields come as columns: decoding 80,000 jsonb documents was most of reading them.
+    # The range adds nothing to the answer; it tells the planner where the batch's slots are. Node ids
+    # follow the order nodes were written (migration 0088), so a cold apply's batch of 1,000 nodes is one
+    # narrow range of the (node_id, slot_index) index; with `= ANY` alone it planned a scan of every slot
+    # row per batch (40-60 ms of the server's time each at 10,000 nodes, against 10 ms through the index).
     for row in conn.execute(
         "SELECT node_id, slot_index, gpu_pci_address, fabric_vf_pci_address, nvme_device, mac_address,"
         " host(private_ip) AS private_ip, numa_node, (nvme_identity ->> 'size_bytes')::numeric,"
         " nvme_identity ->> 'model', nvme_identity ->> 'serial', nvme_identity ->> 'wwid',"
         " nvme_identity ->> 'backing_file' FROM node_resource_slots"
-        " WHERE node_id = ANY(%s) AND present AND approved ORDER BY node_id, slot_index",
-        (ids,),
+        " WHERE node_id = ANY(%s) AND node_id BETWEEN %s AND %s AND present AND approved"
+        " ORDER BY node_id, slot_index",
+        (ids, min(ids, default=None), max(ids, default=None)),
     ).fetchall():
         by_id[row[0]].slots.append(row[1:])
     # The live public endpoints of the VMs each node runs (a releasing VM has none: its rules go first).

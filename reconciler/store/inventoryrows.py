@@ -506,8 +506,8 @@ class _Work:
     def docs(self, *kinds: str) -> list[Any]:
         table: dict[str, Any] = getattr(self.state, TABLE_OF[kinds[0]])
         names = self.names(*kinds)
-        if names is None:
-            return list(table.values())
+        if names is None:  # by name, as a delta's are: rows are written in that order (ids follow it)
+            return [table[n] for n in sorted(table)]
         return [table[n] for n in sorted(names) if n in table]
 
     def gone(self, *kinds: str) -> list[tuple[Any, ...]] | None:
