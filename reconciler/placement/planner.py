@@ -17,6 +17,7 @@ Same input, same plan: no I/O, no clock, no randomness.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 from types import MappingProxyType
 
 from desired import defaults
@@ -34,7 +35,7 @@ def plan(desired: DesiredState, observed: plans.Observed, *, policy: str | None 
     `policy` overrides `fleet.placement.policy` (one of `policies.packing.Policy`).
     """
     by_alloc = _claims_by_allocation(observed)
-    if not _to_place(desired, observed, by_alloc) and not _to_release(desired, by_alloc):
+    if not _any_to_place(desired, observed, by_alloc) and not _to_release(desired, by_alloc):
         # Nothing to decide (an inventory with no requests yet, its first apply above all): no engine,
         # whose index of every node and slot was half a second of a cold apply at 10,000 nodes.
         placing.policy_of(desired, policy)  # an unknown policy is refused all the same
@@ -107,15 +108,25 @@ def _claims_by_allocation(observed: plans.Observed) -> dict[str, list[plans.Exis
     return by_alloc
 
 
+def _unplaced(
+    desired: DesiredState, observed: plans.Observed, by_alloc: dict[str, list[plans.ExistingClaim]]
+) -> Iterator[m.Allocation]:
+    """Present allocations that hold no claims."""
+    held = set(by_alloc) | set(observed.placed)
+    return (a for a in desired.allocations.values() if a.state is m.AllocationState.PRESENT and a.id not in held)
+
+
+def _any_to_place(
+    desired: DesiredState, observed: plans.Observed, by_alloc: dict[str, list[plans.ExistingClaim]]
+) -> bool:
+    return any(True for _ in _unplaced(desired, observed, by_alloc))
+
+
 def _to_place(
     desired: DesiredState, observed: plans.Observed, by_alloc: dict[str, list[plans.ExistingClaim]]
 ) -> list[m.Allocation]:
-    """Present allocations that hold no claims, oldest request first (then by id)."""
-    held = set(by_alloc) | set(observed.placed)
-    return sorted(
-        (a for a in desired.allocations.values() if a.state is m.AllocationState.PRESENT and a.id not in held),
-        key=lambda a: (a.requested_at, a.id),
-    )
+    """`_unplaced`, oldest request first (then by id)."""
+    return sorted(_unplaced(desired, observed, by_alloc), key=lambda a: (a.requested_at, a.id))
 
 
 def _to_release(desired: DesiredState, by_alloc: dict[str, list[plans.ExistingClaim]]) -> list[str]:

@@ -63,7 +63,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from desired import models as m
 from desired.state import DesiredState
@@ -187,6 +187,59 @@ def pool_gpus(desired: DesiredState, observed: plans.Observed | None = None) -> 
         if sku is not None and sku.gpu_count:
             out[sku.accelerator_model] += sku.gpu_count
     return dict(out)
+
+
+class Counts(Protocol):
+    """What a replay counts of its requests (`_Tally`, `waiting.Waiting`)."""
+
+    offered: int
+    accepted: int
+    offered_gpus: int
+    accepted_gpus: int
+    with_capacity: int
+    by_size_offered: Counter[str]
+    by_size_accepted: Counter[str]
+    rejections: Counter[str]
+
+
+def counted(
+    engine: placing.Engine,
+    counts: Counts,
+    *,
+    fluid_gpus: int,
+    empty_area: float,
+    horizon: float,
+    engine_s: float,
+    capacity: dict[str, int],
+    told: int,
+    lease_ends: LeaseEnds,
+    repack_bound_gpu: float | None,
+    **mode: Any,
+) -> Result:
+    """A replay's counts as its Result, every share worked out here (the loss and the wait replays);
+    `mode`: the fields only one of them sets (the reserve's, the wait's)."""
+    offered_gpus = counts.offered_gpus
+    return Result(
+        policy=engine.policy.value,
+        offered_requests=counts.offered,
+        accepted_requests=counts.accepted,
+        offered_gpus=offered_gpus,
+        accepted_gpus=counts.accepted_gpus,
+        acceptance_gpu=counts.accepted_gpus / offered_gpus if offered_gpus else 1.0,
+        fluid_bound_gpu=fluid_gpus / offered_gpus if offered_gpus else 1.0,
+        rejected_with_capacity=counts.with_capacity,
+        mean_empty_nodes=empty_area / horizon if horizon > 0 else float(engine.empty_nodes),
+        placements_per_second=counts.offered / engine_s if engine_s > 0 else 0.0,
+        nodes=len(engine.nodes),
+        pool_gpus=capacity,
+        engine_seconds=engine_s,
+        acceptance_by_size={k: counts.by_size_accepted[k] / n for k, n in sorted(counts.by_size_offered.items())},
+        rejections=dict(sorted(counts.rejections.items())),
+        lease_ends=told > 0,
+        lease_mode=lease_ends.value,
+        repack_bound_gpu=repack_bound_gpu,
+        **mode,
+    )
 
 
 class _Tally:
@@ -329,26 +382,16 @@ def simulate(
         tally.outcome(i, aid, pool, row, out)
         if progress is not None and (i + 1) % step == 0:
             progress(i + 1, len(rows))
-    horizon = last_t - first_t
-    offered_gpus = tally.offered_gpus
-    return Result(
-        policy=engine.policy.value,
-        offered_requests=tally.offered,
-        accepted_requests=tally.accepted,
-        offered_gpus=offered_gpus,
-        accepted_gpus=tally.accepted_gpus,
-        acceptance_gpu=tally.accepted_gpus / offered_gpus if offered_gpus else 1.0,
-        fluid_bound_gpu=tally.fluid_gpus / offered_gpus if offered_gpus else 1.0,
-        rejected_with_capacity=tally.with_capacity,
-        mean_empty_nodes=empty_area / horizon if horizon > 0 else float(engine.empty_nodes),
-        placements_per_second=tally.offered / engine_s if engine_s > 0 else 0.0,
-        nodes=len(engine.nodes),
-        pool_gpus=capacity,
-        engine_seconds=engine_s,
-        acceptance_by_size={k: tally.by_size_accepted[k] / n for k, n in sorted(tally.by_size_offered.items())},
-        rejections=dict(sorted(tally.rejections.items())),
-        lease_ends=told > 0,
-        lease_mode=lease_ends.value,
+    return counted(
+        engine,
+        tally,
+        fluid_gpus=tally.fluid_gpus,
+        empty_area=empty_area,
+        horizon=last_t - first_t,
+        engine_s=engine_s,
+        capacity=capacity,
+        told=told,
+        lease_ends=lease_ends,
         repack_bound_gpu=repack_bound_gpu,
         reserve=None if gate is None else str(gate.reserve),
         held_for_reserve=0 if gate is None else gate.held,

@@ -26,7 +26,7 @@ from policies import packing
 from reconciler import plans
 from reconciler.placement import placing
 from reconciler.placement.reserving import RESERVED, Gate, Holding, Reserve, WholeHost
-from reconciler.placement.simulation import TENANT, LeaseEnds, Progress, Result, _region, lease_end, pool_gpus
+from reconciler.placement.simulation import TENANT, LeaseEnds, Progress, Result, _region, counted, lease_end, pool_gpus
 from reconciler.placement.synthesis import WorkloadRow
 
 RETRY_SHORTCUTS = True  # the exact shortcuts of `simulation`'s docstring; False retries naively (tests)
@@ -282,26 +282,17 @@ class Waiting:
             self._advance(self.departures[0][0])
         self.expired += len(self.queue)  # nothing is running: the fleet empty could not take them
         self.fluid.drain()
-        engine, offered_gpus = self.engine, self.offered_gpus
         waits = sorted(self.waits)
-        return Result(
-            policy=engine.policy.value,
-            offered_requests=self.offered,
-            accepted_requests=self.accepted,
-            offered_gpus=offered_gpus,
-            accepted_gpus=self.accepted_gpus,
-            acceptance_gpu=self.accepted_gpus / offered_gpus if offered_gpus else 1.0,
-            fluid_bound_gpu=self.fluid.gpus / offered_gpus if offered_gpus else 1.0,
-            rejected_with_capacity=self.with_capacity,
-            mean_empty_nodes=self.empty_area / horizon if horizon > 0 else float(engine.empty_nodes),
-            placements_per_second=self.offered / self.engine_s if self.engine_s > 0 else 0.0,
-            nodes=len(engine.nodes),
-            pool_gpus=self.capacity,
-            engine_seconds=self.engine_s,
-            acceptance_by_size={k: self.by_size_accepted[k] / n for k, n in sorted(self.by_size_offered.items())},
-            rejections=dict(sorted(self.rejections.items())),
-            lease_ends=self.told > 0,
-            lease_mode=self.lease_ends.value,
+        return counted(
+            self.engine,
+            self,
+            fluid_gpus=self.fluid.gpus,
+            empty_area=self.empty_area,
+            horizon=horizon,
+            engine_s=self.engine_s,
+            capacity=self.capacity,
+            told=self.told,
+            lease_ends=self.lease_ends,
             repack_bound_gpu=repack_bound_gpu,
             reserve=None if self.gate is None else str(self.gate.reserve),
             whole_host_reserve=None if self.holding is None else self.holding.spec,
