@@ -74,6 +74,8 @@ ARGV_ALLOWED = {
     "subcommands and options, and commit ids git itself printed",
     "tools/gpuaas_tools/bench/prplan.py::_plan": "bench tool: argv is sys.executable, a literal program, a temp path, "
     "commit ids git printed (hex, never '-') and literal flags",
+    "tools/gpuaas_tools/bench/serve.py::_restart": "bench tool: argv is sys.executable, literals and the "
+    "scratch database URL this bench made, as one --db-url=URL token",
     "tools/gpuaas_tools/bench/gitops.py::measure": "bench tool: argv is sys.executable, literals, a temp path, "
     "ints and the operator's own database URL",
     "reconciler/store/embedded.py::_run": "runner: pg_ctl/initdb argv built in this module from literals and "
