@@ -9,6 +9,8 @@ silence 5 of 6    -> the region is disrupted: the five are `disrupted`, not
 from __future__ import annotations
 
 import json
+import random
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -87,3 +89,103 @@ def test_status_names_the_disrupted_region(region_url: str) -> None:
     assert doc["disrupted_regions"] == [{"region": "us-east-1", "nodes": 6, "silent": 5, "disrupted": True}]
     assert "DISRUPTED" in status.render_text(doc)
     assert json.loads(json.dumps(doc, default=str))["disrupted_regions"][0]["silent"] == 5
+
+
+# Migration 0061's node_liveness, as it was before 0089 made it answer per node: the reference.
+LIVENESS_0061 = """
+WITH f AS (
+    SELECT coalesce((SELECT host_liveness_ttl_s FROM fleet_settings), 90) AS ttl,
+           coalesce((SELECT zone_disruption_fraction FROM fleet_settings), 0.55) AS fraction
+), base AS (
+    SELECT n.name AS node_name, n.region, h.reported_at, h.node_name IS NOT NULL AS reported, f.ttl,
+           (h.node_name IS NOT NULL AND h.reported_at < now() - make_interval(secs => f.ttl)) AS silent
+    FROM nodes n
+    LEFT JOIN host_status h ON h.node_name = n.name
+    CROSS JOIN f
+    WHERE n.present
+), regions AS (
+    SELECT b.region,
+           (count(*) FILTER (WHERE b.silent) > 2
+            AND count(*) FILTER (WHERE b.silent) > f.fraction * count(*) FILTER (WHERE b.reported)) AS disrupted
+    FROM base b CROSS JOIN f
+    GROUP BY b.region, f.fraction
+)
+SELECT b.node_name, b.reported_at, b.ttl AS ttl_s,
+       CASE WHEN NOT b.reported THEN NULL
+            ELSE round(extract(epoch FROM now() - b.reported_at)::numeric, 1) END AS silent_s,
+       CASE WHEN NOT b.reported THEN 'unknown'
+            WHEN b.silent AND r.disrupted THEN 'disrupted'
+            WHEN b.silent THEN 'unavailable'
+            ELSE 'live' END AS liveness,
+       b.region,
+       r.disrupted AS region_disrupted
+FROM base b JOIN regions r ON r.region = b.region
+"""
+
+
+def test_the_view_gives_what_0061_gave(region_url: str) -> None:
+    """Two more regions (one with a host that never reported, one node no longer present), then silence
+    patterns below, at and above the fraction in each, with and without fleet settings: row for row the same."""
+    rng = random.Random(7)  # noqa: S311 - which nodes go silent, not security
+    names = list(NODES)
+    with hostdb.connect(region_url) as conn:
+        for region, count in (("eu-west-1", 5), ("ap-south-1", 4)):
+            for i in range(count):
+                name = f"{region}-{i}"
+                add_node(conn, name)
+                conn.execute("UPDATE nodes SET region = %s WHERE name = %s", (region, name))
+                if i:  # the first never reports: unknown, and not counted as reported
+                    hostdb.heartbeat(conn, name)
+                names.append(name)
+        conn.execute("UPDATE nodes SET present = false WHERE name = 'eu-west-1-4'")
+    settings = (None, (60, 0.5), (3600, 0.9))
+    for step in range(12):
+        silent = rng.sample(names, rng.randrange(len(names) + 1))
+        silence(region_url, silent)
+        with hostdb.connect(region_url) as conn:
+            conn.execute("DELETE FROM fleet_settings")
+            ttl = settings[step % 3]
+            if ttl is not None:
+                conn.execute(
+                    "INSERT INTO fleet_settings (name, management_network, placement, graceful_shutdown_timeout_s,"
+                    " readiness_timeout_s, host_liveness_ttl_s, zone_disruption_fraction)"
+                    " VALUES ('fleet', '{}', '{}', 120, 300, %s, %s)",
+                    ttl,
+                )
+            now = conn.execute("SELECT * FROM node_liveness ORDER BY node_name").fetchall()
+            before = conn.execute(LIVENESS_0061 + " ORDER BY node_name").fetchall()
+            assert now == before, (step, sorted(silent), ttl)
+            assert {r[4] for r in now} <= {"live", "unavailable", "disrupted", "unknown"}
+
+
+def test_one_node_is_answered_without_counting_the_fleet(region_url: str) -> None:
+    """A lookup by node (what allocation_lifecycle does for GET /api/v1/allocations/{id}) reads that node by
+    its index and, for a live host, never counts the regions; a silent one counts them once."""
+    with hostdb.connect(region_url) as conn:
+        conn.execute(
+            "INSERT INTO nodes (name, region, pool, admin_state, storage_mode, os_disk, capability, management_network)"
+            " SELECT 'bulk-' || i, 'us-east-1', 'h200-slice', 'active', 'slice', '/dev/disk/by-id/nvme-OS',"
+            " 'both_capable', '{}'::jsonb FROM generate_series(1, 5000) i"
+        )
+        conn.execute("ANALYZE nodes")
+        conn.execute("ANALYZE host_status")
+    silence(region_url, NODES[:1])
+
+    def plan(node: str) -> dict[str, Any]:
+        with hostdb.connect(region_url) as conn:
+            row = conn.execute(
+                "EXPLAIN (ANALYZE, FORMAT JSON) SELECT liveness FROM node_liveness WHERE node_name = %s", (node,)
+            ).fetchone()
+        assert row is not None
+        return dict(row[0][0]["Plan"])
+
+    def walk(p: dict[str, Any]) -> list[dict[str, Any]]:
+        return [p, *(q for child in p.get("Plans", []) for q in walk(child))]
+
+    for node, counted in (("node-5", 0), ("node-0", 1)):
+        steps = walk(plan(node))
+        assert not [s for s in steps if s["Node Type"] == "Seq Scan" and s.get("Relation Name") == "nodes"], node
+        # the init plan that asks for the disrupted regions ran once for the silent node, never for the live one
+        inits = [s for s in steps if s.get("Parent Relationship") == "InitPlan" and s["Node Type"] == "Result"]
+        ran = [s["Actual Loops"] for s in inits]
+        assert sum(ran) == counted, (node, ran)
