@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import schemas
 from host_reconciler import hostdb
 from reconciler.store import lifecycle
 from tests.host.test_hostdb import add_node
@@ -91,36 +93,12 @@ def test_status_names_the_disrupted_region(region_url: str) -> None:
     assert json.loads(json.dumps(doc, default=str))["disrupted_regions"][0]["silent"] == 5
 
 
-# Migration 0061's node_liveness, as it was before 0089 made it answer per node: the reference.
-LIVENESS_0061 = """
-WITH f AS (
-    SELECT coalesce((SELECT host_liveness_ttl_s FROM fleet_settings), 90) AS ttl,
-           coalesce((SELECT zone_disruption_fraction FROM fleet_settings), 0.55) AS fraction
-), base AS (
-    SELECT n.name AS node_name, n.region, h.reported_at, h.node_name IS NOT NULL AS reported, f.ttl,
-           (h.node_name IS NOT NULL AND h.reported_at < now() - make_interval(secs => f.ttl)) AS silent
-    FROM nodes n
-    LEFT JOIN host_status h ON h.node_name = n.name
-    CROSS JOIN f
-    WHERE n.present
-), regions AS (
-    SELECT b.region,
-           (count(*) FILTER (WHERE b.silent) > 2
-            AND count(*) FILTER (WHERE b.silent) > f.fraction * count(*) FILTER (WHERE b.reported)) AS disrupted
-    FROM base b CROSS JOIN f
-    GROUP BY b.region, f.fraction
-)
-SELECT b.node_name, b.reported_at, b.ttl AS ttl_s,
-       CASE WHEN NOT b.reported THEN NULL
-            ELSE round(extract(epoch FROM now() - b.reported_at)::numeric, 1) END AS silent_s,
-       CASE WHEN NOT b.reported THEN 'unknown'
-            WHEN b.silent AND r.disrupted THEN 'disrupted'
-            WHEN b.silent THEN 'unavailable'
-            ELSE 'live' END AS liveness,
-       b.region,
-       r.disrupted AS region_disrupted
-FROM base b JOIN regions r ON r.region = b.region
-"""
+def _liveness_0061() -> str:
+    """Migration 0061's node_liveness query, read from the migration: the reference 0089 must answer as."""
+    text = (Path(schemas.__file__).parent / "sql" / "0061_zone_disruption.sql").read_text()
+    head = "CREATE OR REPLACE VIEW node_liveness AS"
+    body = text[text.index(head) + len(head) :]
+    return body[: body.index(";")]
 
 
 def test_the_view_gives_what_0061_gave(region_url: str) -> None:
@@ -153,7 +131,7 @@ def test_the_view_gives_what_0061_gave(region_url: str) -> None:
                     ttl,
                 )
             now = conn.execute("SELECT * FROM node_liveness ORDER BY node_name").fetchall()
-            before = conn.execute(LIVENESS_0061 + " ORDER BY node_name").fetchall()
+            before = conn.execute(_liveness_0061() + " ORDER BY node_name").fetchall()
             assert now == before, (step, sorted(silent), ttl)
             assert {r[4] for r in now} <= {"live", "unavailable", "disrupted", "unknown"}
 
