@@ -53,6 +53,18 @@ def test_allocations_list_and_filters_match_the_status_command(
     assert page["total"] == everything["total"] and [a["id"] for a in page["items"]] == [
         a["id"] for a in everything["items"][1:3]
     ]
+    # The total is every match whichever page is asked for: a first page that holds them all, a full one,
+    # one past the end, and with each filter (the node's needs the join the count otherwise leaves out).
+    for query, matches in (
+        ("", everything["items"]),
+        (f"&node={DRIFT_NODE}", on_node),
+        (f"&tenant={tenant}", [a for a in everything["items"] if a["tenant"] == tenant]),
+        ("&state=pending", pending),
+    ):
+        for limit, offset in ((len(matches) + 1, 0), (1, 0), (1, len(matches) - 1), (5, len(matches) + 3)):
+            got = served.json(f"/api/v1/allocations?limit={limit}&offset={offset}{query}")
+            assert got["total"] == len(matches), (query, limit, offset)
+            assert [a["id"] for a in got["items"]] == [a["id"] for a in matches[offset : offset + limit]]
 
 
 def test_allocation_detail_has_placement_boot_slot_host_phase_and_times(served: Served, fleet_url: str) -> None:
