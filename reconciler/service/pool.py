@@ -29,6 +29,10 @@ from reconciler.store import connections
 from schemas import dberrors
 
 READ_ONLY_OPTIONS = "-c default_transaction_read_only=on"
+# No JIT in the service's sessions (as in the loop's): the fleet-wide aggregates of the dashboard and
+# /metrics pass jit_above_cost on their estimates, and PostgreSQL compiled them again on every request
+# (the dashboard's slot overview at 10,000 nodes: 0.3 s of compiling for 0.1 s of work).
+NO_JIT_OPTIONS = "-c jit=off"
 _BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 
 
@@ -37,7 +41,11 @@ def session_kwargs(
 ) -> dict[str, Any]:
     """Connection keyword arguments: the URL's own options plus ours (read-only, statement timeout)."""
     params = conninfo.conninfo_to_dict(url)
-    extra = (READ_ONLY_OPTIONS if read_only else None, f"-c statement_timeout={int(statement_timeout_ms)}")
+    extra = (
+        READ_ONLY_OPTIONS if read_only else None,
+        NO_JIT_OPTIONS,
+        f"-c statement_timeout={int(statement_timeout_ms)}",
+    )
     options = " ".join(str(o) for o in (params.get("options"), *extra) if o)
     return {
         "options": options,
