@@ -130,8 +130,9 @@ def test_the_view_gives_what_0061_gave(region_url: str) -> None:
                     " VALUES ('fleet', '{}', '{}', 120, 300, %s, %s)",
                     ttl,
                 )
-            now = conn.execute("SELECT * FROM node_liveness ORDER BY node_name").fetchall()
-            before = conn.execute(_liveness_0061() + " ORDER BY node_name").fetchall()
+            with conn.transaction():  # one now() for both: silent_s is rounded to 0.1 s
+                now = conn.execute("SELECT * FROM node_liveness ORDER BY node_name").fetchall()
+                before = conn.execute(_liveness_0061() + " ORDER BY node_name").fetchall()
             assert now == before, (step, sorted(silent), ttl)
             assert {r[4] for r in now} <= {"live", "unavailable", "disrupted", "unknown"}
 
